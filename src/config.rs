@@ -1,0 +1,441 @@
+//! Every setting, read once at start from environment variables.
+//!
+//! [`Config::from_lookup`] takes a lookup function instead of reading the
+//! process environment, so tests build configurations without touching
+//! global state. A bad value fails at start with the variable's name.
+//!
+//! | variable | default | meaning |
+//! |---|---|---|
+//! | `QUOTA_ANON` | 33 | daily ceiling per anonymous source (IP) |
+//! | `QUOTA_TOKEN` | 333 | daily ceiling per token id; a valid token's `tier` claim overrides it |
+//! | `QUOTA_WARN_AT` | 200 | scans used from which the response carries a reminder |
+//! | `QUOTA_SOFT_WINDOW` | 30 | over-quota scans that get the soft delay |
+//! | `QUOTA_SOFT_DELAY_MS` | 5000 | soft delay |
+//! | `QUOTA_HARD_DELAY_MS` | 60000 | hard delay, beyond the soft window |
+//! | `QUOTA_RESET` | `utc-day` | `utc-day` (next 00:00 UTC) or `rolling` (24 h after the first scan) |
+//! | `QUOTA_HASH_SECRET` | — | HMAC key for subject digests; required in Lambda, ≥ 16 bytes |
+//! | `QUOTA_IPV6_PREFIX` | 64 | IPv6 addresses are counted per prefix of this length |
+//! | `QUOTA_TRUSTED_PROXIES` | empty | CIDRs whose `X-Forwarded-For` is believed |
+//! | `VALKEY_URL` | unset: in-memory store | `redis://` or `rediss://` URL of the quota Valkey |
+//! | `VALKEY_CLUSTER` | `false` | speak cluster mode (ElastiCache Serverless) |
+//! | `QUOTA_STORE_TIMEOUT_MS` | 100 | bound on every Valkey call |
+//! | `QUOTA_FAIL_MODE` | `open` | `open`: accept unmetered when Valkey fails; `closed`: 503 |
+//! | `QUOTA_DELAY_MODE` | `sleep` | `sleep` in the handler (rest deferred) or `defer` all of it |
+//! | `QUOTA_GATEWAY_TIMEOUT_MS` | 29000 | the gateway's integration timeout |
+//! | `QUOTA_DELAY_MARGIN_MS` | 1000 | kept free below the gateway and Lambda deadlines |
+//! | `SCAN_QUEUE_URL` | unset: stdout spool | an SQS queue URL, or `valkey-stream:<key>` |
+//! | `QUOTA_JWT_PUBLIC_KEY` | — | PEM text, or a path to a PEM file (RSA, P-256 or Ed25519) |
+//! | `QUOTA_JWT_JWKS` | — | JWKS JSON, or a path to it; keys picked by `kid` |
+//! | `QUOTA_JWT_ISSUER` | `stella-ops.org` | required `iss` |
+//! | `QUOTA_JWT_AUDIENCE` | unset: not checked | required `aud` |
+//! | `QUOTA_TRUST_GATEWAY_CLAIMS` | `false` | use claims an API Gateway JWT authorizer verified |
+//! | `QUOTA_METRICS_NAMESPACE` | `StellaOps/Quota` | CloudWatch namespace of the EMF lines |
+//! | `QUOTA_LISTEN` | `127.0.0.1:9000` | address of the local server (`quota-gate serve`) |
+
+use std::net::SocketAddr;
+use std::num::NonZeroU32;
+use std::str::FromStr;
+use std::time::Duration;
+
+use ipnet::IpNet;
+
+use crate::decide::Limits;
+
+/// A configuration error, naming the variable at fault.
+#[derive(Debug, thiserror::Error)]
+#[error("{var}: {problem}")]
+pub struct ConfigError {
+    pub var: &'static str,
+    pub problem: String,
+}
+
+impl ConfigError {
+    pub fn new(var: &'static str, problem: impl Into<String>) -> Self {
+        Self {
+            var,
+            problem: problem.into(),
+        }
+    }
+}
+
+/// When a counter expires.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ResetPolicy {
+    /// At the next 00:00 UTC after the first scan, by the Valkey server's clock.
+    UtcDay,
+    /// 24 hours after the first scan.
+    Rolling,
+}
+
+impl ResetPolicy {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::UtcDay => "utc-day",
+            Self::Rolling => "rolling",
+        }
+    }
+}
+
+/// What to do when the quota store cannot answer in time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FailMode {
+    /// Accept the scan without delay and say the quota was not checked.
+    Open,
+    /// Refuse with 503 and `Retry-After`.
+    Closed,
+}
+
+/// Where over-quota delay is spent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DelayMode {
+    /// Sleep in the handler as far as the gateway allows; defer the rest onto the job.
+    Sleep,
+    /// Answer at once; the whole delay holds the queued job back.
+    Defer,
+}
+
+/// Where accepted scans go.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum QueueTarget {
+    /// One JSON line per job on standard output (the local default).
+    Spool,
+    /// `XADD` to this stream key on the quota Valkey.
+    ValkeyStream(String),
+    /// An SQS queue URL.
+    Sqs(String),
+}
+
+/// The secret used by `quota-gate serve` when none is configured. Digests made
+/// with it are not private: it is in the source.
+pub const DEV_HASH_SECRET: &str = "quota-gate-local-development-secret";
+
+/// Every setting of the gate.
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub quota_anon: NonZeroU32,
+    pub quota_token: NonZeroU32,
+    pub warn_at: NonZeroU32,
+    pub soft_window: u32,
+    pub soft_delay: Duration,
+    pub hard_delay: Duration,
+    pub reset: ResetPolicy,
+    /// `None` when unset: Lambda refuses to start, the local server uses [`DEV_HASH_SECRET`].
+    pub hash_secret: Option<String>,
+    pub ipv6_prefix: u8,
+    pub trusted_proxies: Vec<IpNet>,
+    pub valkey_url: Option<String>,
+    pub valkey_cluster: bool,
+    pub store_timeout: Duration,
+    pub fail_mode: FailMode,
+    pub delay_mode: DelayMode,
+    pub gateway_timeout: Duration,
+    pub delay_margin: Duration,
+    pub queue: QueueTarget,
+    pub jwt_public_key: Option<String>,
+    pub jwt_jwks: Option<String>,
+    pub jwt_issuer: String,
+    pub jwt_audience: Option<String>,
+    pub trust_gateway_claims: bool,
+    pub metrics_namespace: String,
+    pub listen: SocketAddr,
+}
+
+impl Default for Config {
+    /// The documented defaults: what an empty environment gives.
+    fn default() -> Self {
+        Self::from_lookup(|_| None).expect("the defaults are valid")
+    }
+}
+
+impl Config {
+    /// Reads the process environment.
+    pub fn from_env() -> Result<Self, ConfigError> {
+        Self::from_lookup(|k| std::env::var(k).ok())
+    }
+
+    /// Builds the configuration from `lookup`, which returns a variable's value.
+    /// Empty values count as unset.
+    pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Self, ConfigError> {
+        let get = |k: &str| {
+            lookup(k)
+                .map(|v| v.trim().to_owned())
+                .filter(|v| !v.is_empty())
+        };
+        let parse = |k: &'static str, default: &str| -> Result<String, ConfigError> {
+            Ok(get(k).unwrap_or_else(|| default.to_owned()))
+        };
+        let num = |k: &'static str, default: &str| -> Result<u64, ConfigError> {
+            let raw = parse(k, default)?;
+            raw.parse::<u64>()
+                .map_err(|_| ConfigError::new(k, format!("expected a whole number, got {raw:?}")))
+        };
+        let nonzero = |k: &'static str, default: &str| -> Result<NonZeroU32, ConfigError> {
+            let n = num(k, default)?;
+            u32::try_from(n)
+                .ok()
+                .and_then(NonZeroU32::new)
+                .ok_or_else(|| ConfigError::new(k, format!("expected 1..={}, got {n}", u32::MAX)))
+        };
+        let millis = |k: &'static str, default: &str| num(k, default).map(Duration::from_millis);
+        let flag = |k: &'static str| -> Result<bool, ConfigError> {
+            match parse(k, "false")?.to_ascii_lowercase().as_str() {
+                "true" | "1" | "yes" => Ok(true),
+                "false" | "0" | "no" => Ok(false),
+                other => Err(ConfigError::new(
+                    k,
+                    format!("expected true or false, got {other:?}"),
+                )),
+            }
+        };
+
+        let reset = match parse("QUOTA_RESET", "utc-day")?.as_str() {
+            "utc-day" => ResetPolicy::UtcDay,
+            "rolling" => ResetPolicy::Rolling,
+            other => {
+                return Err(ConfigError::new(
+                    "QUOTA_RESET",
+                    format!("expected utc-day or rolling, got {other:?}"),
+                ));
+            }
+        };
+        let fail_mode = match parse("QUOTA_FAIL_MODE", "open")?.as_str() {
+            "open" => FailMode::Open,
+            "closed" => FailMode::Closed,
+            other => {
+                return Err(ConfigError::new(
+                    "QUOTA_FAIL_MODE",
+                    format!("expected open or closed, got {other:?}"),
+                ));
+            }
+        };
+        let delay_mode = match parse("QUOTA_DELAY_MODE", "sleep")?.as_str() {
+            "sleep" => DelayMode::Sleep,
+            "defer" => DelayMode::Defer,
+            other => {
+                return Err(ConfigError::new(
+                    "QUOTA_DELAY_MODE",
+                    format!("expected sleep or defer, got {other:?}"),
+                ));
+            }
+        };
+
+        let hash_secret = get("QUOTA_HASH_SECRET");
+        if let Some(s) = &hash_secret {
+            if s.len() < 16 {
+                return Err(ConfigError::new(
+                    "QUOTA_HASH_SECRET",
+                    "must be at least 16 bytes (32 random bytes recommended)",
+                ));
+            }
+        }
+
+        let ipv6_prefix = num("QUOTA_IPV6_PREFIX", "64")?;
+        if !(1..=128).contains(&ipv6_prefix) {
+            return Err(ConfigError::new(
+                "QUOTA_IPV6_PREFIX",
+                format!("expected 1..=128, got {ipv6_prefix}"),
+            ));
+        }
+
+        let trusted_proxies = get("QUOTA_TRUSTED_PROXIES")
+            .map(|raw| {
+                raw.split(',')
+                    .map(str::trim)
+                    .filter(|s| !s.is_empty())
+                    .map(|s| {
+                        IpNet::from_str(s)
+                            .or_else(|_| s.parse::<std::net::IpAddr>().map(IpNet::from))
+                            .map_err(|_| {
+                                ConfigError::new(
+                                    "QUOTA_TRUSTED_PROXIES",
+                                    format!("{s:?} is not an IP address or CIDR"),
+                                )
+                            })
+                    })
+                    .collect::<Result<Vec<_>, _>>()
+            })
+            .transpose()?
+            .unwrap_or_default();
+
+        let valkey_url = get("VALKEY_URL");
+        if let Some(url) = &valkey_url {
+            if !(url.starts_with("redis://")
+                || url.starts_with("rediss://")
+                || url.starts_with("valkey://")
+                || url.starts_with("valkeys://"))
+            {
+                return Err(ConfigError::new(
+                    "VALKEY_URL",
+                    "expected a redis://, rediss://, valkey:// or valkeys:// URL",
+                ));
+            }
+        }
+
+        let queue = match get("SCAN_QUEUE_URL") {
+            None => QueueTarget::Spool,
+            Some(url) => match url.strip_prefix("valkey-stream:") {
+                Some("") => {
+                    return Err(ConfigError::new(
+                        "SCAN_QUEUE_URL",
+                        "valkey-stream: needs a key",
+                    ));
+                }
+                Some(key) if valkey_url.is_none() => {
+                    return Err(ConfigError::new(
+                        "SCAN_QUEUE_URL",
+                        format!("valkey-stream:{key} needs VALKEY_URL"),
+                    ));
+                }
+                Some(key) => QueueTarget::ValkeyStream(key.to_owned()),
+                None if url.starts_with("https://") || url.starts_with("http://") => {
+                    QueueTarget::Sqs(url)
+                }
+                None => {
+                    return Err(ConfigError::new(
+                        "SCAN_QUEUE_URL",
+                        "expected an SQS queue URL (https://…) or valkey-stream:<key>",
+                    ));
+                }
+            },
+        };
+
+        let listen = parse("QUOTA_LISTEN", "127.0.0.1:9000")?;
+        let listen = listen.parse().map_err(|_| {
+            ConfigError::new(
+                "QUOTA_LISTEN",
+                format!("expected host:port, got {listen:?}"),
+            )
+        })?;
+
+        let store_timeout = millis("QUOTA_STORE_TIMEOUT_MS", "100")?;
+        if store_timeout.is_zero() {
+            return Err(ConfigError::new(
+                "QUOTA_STORE_TIMEOUT_MS",
+                "must be above 0",
+            ));
+        }
+
+        Ok(Self {
+            quota_anon: nonzero("QUOTA_ANON", "33")?,
+            quota_token: nonzero("QUOTA_TOKEN", "333")?,
+            warn_at: nonzero("QUOTA_WARN_AT", "200")?,
+            soft_window: u32::try_from(num("QUOTA_SOFT_WINDOW", "30")?)
+                .map_err(|_| ConfigError::new("QUOTA_SOFT_WINDOW", "too large"))?,
+            soft_delay: millis("QUOTA_SOFT_DELAY_MS", "5000")?,
+            hard_delay: millis("QUOTA_HARD_DELAY_MS", "60000")?,
+            reset,
+            hash_secret,
+            ipv6_prefix: ipv6_prefix as u8,
+            trusted_proxies,
+            valkey_url,
+            valkey_cluster: flag("VALKEY_CLUSTER")?,
+            store_timeout,
+            fail_mode,
+            delay_mode,
+            gateway_timeout: millis("QUOTA_GATEWAY_TIMEOUT_MS", "29000")?,
+            delay_margin: millis("QUOTA_DELAY_MARGIN_MS", "1000")?,
+            queue,
+            jwt_public_key: get("QUOTA_JWT_PUBLIC_KEY"),
+            jwt_jwks: get("QUOTA_JWT_JWKS"),
+            jwt_issuer: parse("QUOTA_JWT_ISSUER", "stella-ops.org")?,
+            jwt_audience: get("QUOTA_JWT_AUDIENCE"),
+            trust_gateway_claims: flag("QUOTA_TRUST_GATEWAY_CLAIMS")?,
+            metrics_namespace: parse("QUOTA_METRICS_NAMESPACE", "StellaOps/Quota")?,
+            listen,
+        })
+    }
+
+    /// The limits for a subject whose daily ceiling is `limit`.
+    pub fn limits(&self, limit: NonZeroU32) -> Limits {
+        Limits {
+            limit,
+            soft_window: self.soft_window,
+            soft_delay: self.soft_delay,
+            hard_delay: self.hard_delay,
+            warn_at: self.warn_at,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    fn config(vars: &[(&str, &str)]) -> Result<Config, ConfigError> {
+        let map: HashMap<String, String> = vars
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        Config::from_lookup(|k| map.get(k).cloned())
+    }
+
+    /// An empty environment gives the documented defaults.
+    #[test]
+    fn defaults() {
+        let c = Config::default();
+        assert_eq!(c.quota_anon.get(), 33);
+        assert_eq!(c.quota_token.get(), 333);
+        assert_eq!(c.warn_at.get(), 200);
+        assert_eq!(c.soft_window, 30);
+        assert_eq!(c.soft_delay, Duration::from_secs(5));
+        assert_eq!(c.hard_delay, Duration::from_secs(60));
+        assert_eq!(c.reset, ResetPolicy::UtcDay);
+        assert_eq!(c.queue, QueueTarget::Spool);
+        assert_eq!(c.gateway_timeout, Duration::from_millis(29_000));
+        assert_eq!(c.listen.to_string(), "127.0.0.1:9000");
+        assert_eq!(c.jwt_issuer, "stella-ops.org");
+        assert_eq!(c.metrics_namespace, "StellaOps/Quota");
+    }
+
+    /// Each bad value names its variable.
+    #[test]
+    fn bad_values_name_the_variable() {
+        for (var, value) in [
+            ("QUOTA_ANON", "0"),
+            ("QUOTA_ANON", "many"),
+            ("QUOTA_TOKEN", "-3"),
+            ("QUOTA_RESET", "weekly"),
+            ("QUOTA_FAIL_MODE", "maybe"),
+            ("QUOTA_DELAY_MODE", "later"),
+            ("QUOTA_HASH_SECRET", "short"),
+            ("QUOTA_IPV6_PREFIX", "129"),
+            ("QUOTA_TRUSTED_PROXIES", "10.0.0.0/8, nonsense"),
+            ("VALKEY_URL", "http://localhost"),
+            ("VALKEY_CLUSTER", "perhaps"),
+            ("SCAN_QUEUE_URL", "ftp://queue"),
+            ("SCAN_QUEUE_URL", "valkey-stream:jobs"),
+            ("QUOTA_LISTEN", "everywhere"),
+            ("QUOTA_STORE_TIMEOUT_MS", "0"),
+        ] {
+            let err = config(&[(var, value)]).unwrap_err();
+            assert_eq!(err.var, var, "{var}={value}: {err}");
+            assert!(err.to_string().starts_with(var));
+        }
+    }
+
+    /// Queue targets are told apart by their URL.
+    #[test]
+    fn queue_targets() {
+        let c = config(&[
+            ("VALKEY_URL", "redis://127.0.0.1:6379"),
+            ("SCAN_QUEUE_URL", "valkey-stream:scan-jobs"),
+        ])
+        .unwrap();
+        assert_eq!(c.queue, QueueTarget::ValkeyStream("scan-jobs".into()));
+        let url = "https://sqs.us-east-1.amazonaws.com/123456789012/scans";
+        let c = config(&[("SCAN_QUEUE_URL", url)]).unwrap();
+        assert_eq!(c.queue, QueueTarget::Sqs(url.into()));
+    }
+
+    /// Trusted proxies accept CIDRs and bare addresses.
+    #[test]
+    fn trusted_proxies() {
+        let c = config(&[(
+            "QUOTA_TRUSTED_PROXIES",
+            "10.0.0.0/8, 192.0.2.1,2001:db8::/32",
+        )])
+        .unwrap();
+        assert_eq!(c.trusted_proxies.len(), 3);
+    }
+}

@@ -1,0 +1,133 @@
+//! The anonymous subject: the caller's source IP, normalised.
+//!
+//! The address comes from the platform (the gateway's request context, or the
+//! socket peer locally), never from a client header, unless that direct peer
+//! is a configured trusted proxy. Normalising it stops one host from resetting
+//! its quota by rotating addresses: an IPv6 host owns a whole /64.
+
+use std::net::{IpAddr, Ipv6Addr};
+
+use http::HeaderMap;
+use ipnet::{IpNet, Ipv6Net};
+
+/// Parses a platform-given source address, tolerating the `/32` and `/128`
+/// suffixes that some events carry.
+pub fn parse_source(raw: &str) -> Option<IpAddr> {
+    let raw = raw.trim();
+    let addr = match raw.split_once('/') {
+        Some((addr, "32" | "128")) => addr,
+        Some(_) => return None,
+        None => raw,
+    };
+    let addr = addr.trim_start_matches('[').trim_end_matches(']');
+    addr.parse::<IpAddr>().ok().map(|ip| ip.to_canonical())
+}
+
+/// The client address: the peer itself, or, when the peer is a trusted proxy,
+/// the right-most `X-Forwarded-For` entry that is not itself trusted.
+pub fn client_ip(peer: IpAddr, headers: &HeaderMap, trusted: &[IpNet]) -> IpAddr {
+    let peer = peer.to_canonical();
+    let is_trusted = |ip: &IpAddr| trusted.iter().any(|net| net.contains(ip));
+    if !is_trusted(&peer) {
+        return peer;
+    }
+    let forwarded = headers
+        .get_all("x-forwarded-for")
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .collect::<Vec<_>>();
+    forwarded
+        .iter()
+        .rev()
+        .map(|s| parse_source(s))
+        .take_while(Option::is_some)
+        .flatten()
+        .find(|ip| !is_trusted(ip))
+        .unwrap_or(peer)
+}
+
+/// The counting material for an address: IPv4 as is, IPv6 as its prefix.
+pub fn material(ip: IpAddr, ipv6_prefix: u8) -> String {
+    match ip.to_canonical() {
+        IpAddr::V4(v4) => v4.to_string(),
+        IpAddr::V6(v6) => {
+            let net = Ipv6Net::new(v6, ipv6_prefix).map_or_else(
+                |_| Ipv6Net::new(Ipv6Addr::UNSPECIFIED, 0).expect("0 is a valid prefix"),
+                |n| n.trunc(),
+            );
+            net.to_string()
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http::HeaderValue;
+
+    /// Suffixes are stripped, mapped IPv6 becomes IPv4, other prefixes are refused.
+    #[test]
+    fn parsing() {
+        assert_eq!(
+            parse_source("203.0.113.7/32"),
+            Some("203.0.113.7".parse().unwrap())
+        );
+        assert_eq!(
+            parse_source("2001:db8::1/128"),
+            Some("2001:db8::1".parse().unwrap())
+        );
+        assert_eq!(
+            parse_source("::ffff:203.0.113.7"),
+            Some("203.0.113.7".parse().unwrap())
+        );
+        assert_eq!(
+            parse_source("[2001:db8::1]"),
+            Some("2001:db8::1".parse().unwrap())
+        );
+        assert_eq!(parse_source("203.0.113.0/24"), None);
+        assert_eq!(parse_source("not an ip"), None);
+        assert_eq!(parse_source(""), None);
+    }
+
+    /// Two addresses in one /64 share material; another /64 does not.
+    #[test]
+    fn ipv6_prefix() {
+        let a = material("2001:db8:abcd:12:1:2:3:4".parse().unwrap(), 64);
+        let b = material("2001:db8:abcd:12:ffff::9".parse().unwrap(), 64);
+        let c = material("2001:db8:abcd:13::1".parse().unwrap(), 64);
+        assert_eq!(a, "2001:db8:abcd:12::/64");
+        assert_eq!(a, b);
+        assert_ne!(a, c);
+        assert_eq!(material("203.0.113.7".parse().unwrap(), 64), "203.0.113.7");
+        assert_eq!(
+            material("::ffff:203.0.113.7".parse().unwrap(), 64),
+            "203.0.113.7"
+        );
+    }
+
+    fn xff(value: &str) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        h.insert("x-forwarded-for", HeaderValue::from_str(value).unwrap());
+        h
+    }
+
+    /// X-Forwarded-For is ignored unless the peer is trusted.
+    #[test]
+    fn forwarded_only_from_trusted_peers() {
+        let peer: IpAddr = "203.0.113.7".parse().unwrap();
+        assert_eq!(client_ip(peer, &xff("198.51.100.1"), &[]), peer);
+
+        let proxy: IpAddr = "10.0.0.5".parse().unwrap();
+        let trusted: Vec<IpNet> = vec!["10.0.0.0/8".parse().unwrap()];
+        // The client may prepend anything; only the entry the proxy appended counts.
+        let h = xff("1.2.3.4, 198.51.100.1, 10.0.0.9");
+        assert_eq!(
+            client_ip(proxy, &h, &trusted),
+            "198.51.100.1".parse::<IpAddr>().unwrap()
+        );
+        // Garbage where the proxy's entry should be: fall back to the peer.
+        assert_eq!(client_ip(proxy, &xff("nonsense"), &trusted), proxy);
+        assert_eq!(client_ip(proxy, &HeaderMap::new(), &trusted), proxy);
+    }
+}

@@ -1,0 +1,296 @@
+//! Token holders: JWTs verified locally against configured public keys.
+//!
+//! Each key is pinned to the one algorithm its type allows (RSA → RS256,
+//! P-256 → ES256, Ed25519 → EdDSA), so neither `alg: none` nor an HMAC token
+//! "signed" with the public key can pass: the header's `alg` is checked
+//! against the key before any signature work. `iss` must match, `exp` must be
+//! in the future and `nbf` not, with no leeway; `aud` is checked when
+//! configured; `tid` names the subject. Keys come from `QUOTA_JWT_PUBLIC_KEY`
+//! (one PEM) and/or `QUOTA_JWT_JWKS` (picked by `kid`, for rotation).
+
+use std::num::NonZeroU32;
+
+use base64::Engine;
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use jsonwebtoken::errors::ErrorKind;
+use jsonwebtoken::jwk::{AlgorithmParameters, EllipticCurve, JwkSet};
+use jsonwebtoken::{Algorithm, DecodingKey, Validation};
+use serde::Deserialize;
+use serde_json::Value;
+
+use crate::config::ConfigError;
+
+/// Tokens longer than this are not parsed at all.
+pub const MAX_TOKEN_BYTES: usize = 8 * 1024;
+
+/// A verified token's subject.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TokenSubject {
+    /// The token id claim: the counting material.
+    pub tid: String,
+    /// The token's own daily ceiling, from a numeric `tier` claim.
+    pub tier: Option<NonZeroU32>,
+}
+
+/// Why a presented token was not used. The string forms are part of the
+/// response contract (`token.reason`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Rejection {
+    NotBearer,
+    TooLarge,
+    Malformed,
+    AlgorithmNotAllowed,
+    UnknownKid,
+    NoVerificationKey,
+    BadSignature,
+    Expired,
+    NotYetValid,
+    WrongIssuer,
+    WrongAudience,
+    MissingTid,
+}
+
+impl Rejection {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::NotBearer => "not_bearer",
+            Self::TooLarge => "too_large",
+            Self::Malformed => "malformed",
+            Self::AlgorithmNotAllowed => "algorithm_not_allowed",
+            Self::UnknownKid => "unknown_kid",
+            Self::NoVerificationKey => "no_verification_key",
+            Self::BadSignature => "bad_signature",
+            Self::Expired => "expired",
+            Self::NotYetValid => "not_yet_valid",
+            Self::WrongIssuer => "wrong_issuer",
+            Self::WrongAudience => "wrong_audience",
+            Self::MissingTid => "missing_tid",
+        }
+    }
+}
+
+struct VerificationKey {
+    kid: Option<String>,
+    algorithm: Algorithm,
+    key: DecodingKey,
+}
+
+/// Verifies tokens against the configured keys.
+pub struct Verifier {
+    keys: Vec<VerificationKey>,
+    issuer: String,
+    audience: Option<String>,
+}
+
+impl std::fmt::Debug for Verifier {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Verifier")
+            .field("keys", &self.keys.len())
+            .finish()
+    }
+}
+
+#[derive(Deserialize)]
+struct Claims {
+    tid: Option<Value>,
+    tier: Option<Value>,
+}
+
+/// Reads `value` as inline text when it starts like one, else as a file path.
+fn inline_or_file(var: &'static str, value: &str, starts: &str) -> Result<String, ConfigError> {
+    if value.trim_start().starts_with(starts) {
+        return Ok(value.to_owned());
+    }
+    std::fs::read_to_string(value)
+        .map_err(|e| ConfigError::new(var, format!("cannot read {value:?}: {e}")))
+}
+
+/// A claim that may arrive as a JSON string or number (gateway claims are strings).
+fn claim_string(v: &Value) -> Option<String> {
+    match v {
+        Value::String(s) if !s.is_empty() => Some(s.clone()),
+        Value::Number(n) => Some(n.to_string()),
+        _ => None,
+    }
+}
+
+/// A positive whole `tier`, as a number or a numeric string.
+pub fn tier_from_claim(v: &Value) -> Option<NonZeroU32> {
+    match v {
+        Value::Number(n) => n
+            .as_u64()
+            .and_then(|n| u32::try_from(n).ok())
+            .and_then(NonZeroU32::new),
+        Value::String(s) => s.trim().parse::<u32>().ok().and_then(NonZeroU32::new),
+        _ => None,
+    }
+}
+
+impl Verifier {
+    /// Loads the keys named by the configuration; `None` when no key is set.
+    pub fn from_config(
+        public_key: Option<&str>,
+        jwks: Option<&str>,
+        issuer: &str,
+        audience: Option<&str>,
+    ) -> Result<Option<Self>, ConfigError> {
+        let mut keys = Vec::new();
+        if let Some(value) = public_key {
+            let pem = inline_or_file("QUOTA_JWT_PUBLIC_KEY", value, "-----BEGIN")?;
+            keys.push(pem_key(&pem)?);
+        }
+        if let Some(value) = jwks {
+            let json = inline_or_file("QUOTA_JWT_JWKS", value, "{")?;
+            keys.extend(jwks_keys(&json)?);
+        }
+        if keys.is_empty() {
+            return Ok(None);
+        }
+        Ok(Some(Self {
+            keys,
+            issuer: issuer.to_owned(),
+            audience: audience.map(str::to_owned),
+        }))
+    }
+
+    /// Verifies `token` (the part after `Bearer `).
+    pub fn verify(&self, token: &str) -> Result<TokenSubject, Rejection> {
+        if token.len() > MAX_TOKEN_BYTES {
+            return Err(Rejection::TooLarge);
+        }
+        let header = parse_header(token)?;
+        let algorithm = match header.get("alg").and_then(Value::as_str) {
+            Some("RS256") => Algorithm::RS256,
+            Some("ES256") => Algorithm::ES256,
+            Some("EdDSA") => Algorithm::EdDSA,
+            Some(_) => return Err(Rejection::AlgorithmNotAllowed),
+            None => return Err(Rejection::Malformed),
+        };
+        let kid = header.get("kid").and_then(Value::as_str);
+        let mut candidates = self
+            .keys
+            .iter()
+            .filter(|k| kid.is_none() || k.kid.is_none() || k.kid.as_deref() == kid)
+            .peekable();
+        if candidates.peek().is_none() {
+            return Err(Rejection::UnknownKid);
+        }
+        let mut rejection = Rejection::AlgorithmNotAllowed;
+        for key in candidates.filter(|k| k.algorithm == algorithm) {
+            match jsonwebtoken::decode::<Claims>(token, &key.key, &self.validation(algorithm)) {
+                Ok(data) => {
+                    let tid = data.claims.tid.as_ref().and_then(claim_string);
+                    let tid = tid.ok_or(Rejection::MissingTid)?;
+                    let tier = data.claims.tier.as_ref().and_then(tier_from_claim);
+                    return Ok(TokenSubject { tid, tier });
+                }
+                Err(e) => {
+                    rejection = map_error(e.kind());
+                    if rejection != Rejection::BadSignature {
+                        // The signature held: the claims are at fault, whatever other key we try.
+                        return Err(rejection);
+                    }
+                }
+            }
+        }
+        Err(rejection)
+    }
+
+    fn validation(&self, algorithm: Algorithm) -> Validation {
+        let mut v = Validation::new(algorithm);
+        v.leeway = 0;
+        v.validate_nbf = true;
+        v.set_issuer(&[&self.issuer]);
+        v.set_required_spec_claims(&["exp", "iss"]);
+        match &self.audience {
+            Some(aud) => v.set_audience(&[aud]),
+            None => v.validate_aud = false,
+        }
+        v
+    }
+}
+
+fn parse_header(token: &str) -> Result<serde_json::Map<String, Value>, Rejection> {
+    let mut parts = token.split('.');
+    let (Some(header), Some(_), Some(_), None) =
+        (parts.next(), parts.next(), parts.next(), parts.next())
+    else {
+        return Err(Rejection::Malformed);
+    };
+    let bytes = URL_SAFE_NO_PAD
+        .decode(header)
+        .map_err(|_| Rejection::Malformed)?;
+    match serde_json::from_slice(&bytes) {
+        Ok(Value::Object(map)) => Ok(map),
+        _ => Err(Rejection::Malformed),
+    }
+}
+
+fn map_error(kind: &ErrorKind) -> Rejection {
+    match kind {
+        ErrorKind::InvalidSignature => Rejection::BadSignature,
+        ErrorKind::ExpiredSignature => Rejection::Expired,
+        ErrorKind::ImmatureSignature => Rejection::NotYetValid,
+        ErrorKind::InvalidIssuer => Rejection::WrongIssuer,
+        ErrorKind::InvalidAudience => Rejection::WrongAudience,
+        ErrorKind::MissingRequiredClaim(c) if c == "iss" => Rejection::WrongIssuer,
+        ErrorKind::MissingRequiredClaim(c) if c == "aud" => Rejection::WrongAudience,
+        ErrorKind::InvalidAlgorithm => Rejection::AlgorithmNotAllowed,
+        _ => Rejection::Malformed,
+    }
+}
+
+/// One PEM public key, its algorithm fixed by its type.
+fn pem_key(pem: &str) -> Result<VerificationKey, ConfigError> {
+    let bytes = pem.as_bytes();
+    let (algorithm, key) = if let Ok(k) = DecodingKey::from_rsa_pem(bytes) {
+        (Algorithm::RS256, k)
+    } else if let Ok(k) = DecodingKey::from_ec_pem(bytes) {
+        (Algorithm::ES256, k)
+    } else if let Ok(k) = DecodingKey::from_ed_pem(bytes) {
+        (Algorithm::EdDSA, k)
+    } else {
+        return Err(ConfigError::new(
+            "QUOTA_JWT_PUBLIC_KEY",
+            "not an RSA, P-256 or Ed25519 public key in PEM form",
+        ));
+    };
+    Ok(VerificationKey {
+        kid: None,
+        algorithm,
+        key,
+    })
+}
+
+/// The usable keys of a JWKS; symmetric and unsupported keys are refused.
+fn jwks_keys(json: &str) -> Result<Vec<VerificationKey>, ConfigError> {
+    let err = |p: String| ConfigError::new("QUOTA_JWT_JWKS", p);
+    let set: JwkSet = serde_json::from_str(json).map_err(|e| err(format!("not a JWKS: {e}")))?;
+    set.keys
+        .iter()
+        .map(|jwk| {
+            let kid = jwk.common.key_id.clone();
+            let algorithm = match &jwk.algorithm {
+                AlgorithmParameters::RSA(_) => Algorithm::RS256,
+                AlgorithmParameters::EllipticCurve(p) if p.curve == EllipticCurve::P256 => {
+                    Algorithm::ES256
+                }
+                AlgorithmParameters::OctetKeyPair(p) if p.curve == EllipticCurve::Ed25519 => {
+                    Algorithm::EdDSA
+                }
+                AlgorithmParameters::OctetKey(_) => {
+                    return Err(err(format!(
+                        "key {kid:?} is symmetric; only public keys are accepted"
+                    )));
+                }
+                _ => return Err(err(format!("key {kid:?} uses an unsupported curve"))),
+            };
+            let key = DecodingKey::from_jwk(jwk).map_err(|e| err(format!("key {kid:?}: {e}")))?;
+            Ok(VerificationKey {
+                kid,
+                algorithm,
+                key,
+            })
+        })
+        .collect()
+}

@@ -1,0 +1,155 @@
+//! Step 2: who is asking, and under which quota.
+//!
+//! A valid bearer token puts the request in the token scope (`tid`); anything
+//! else, including an invalid token, falls back to the anonymous scope keyed
+//! by the normalised source IP, and the response says why the token was not
+//! used. The subject leaves this module only as a keyed [`Digest`].
+
+pub mod ip;
+pub mod jwt;
+
+use std::collections::HashMap;
+use std::net::IpAddr;
+use std::num::NonZeroU32;
+
+use http::{HeaderMap, header};
+use ipnet::IpNet;
+use serde_json::Value;
+
+use crate::config::{Config, ConfigError};
+use crate::digest::{Digest, Hasher, Scope};
+use crate::error::GateError;
+use jwt::{Rejection, Verifier};
+
+/// What became of a presented token.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TokenStatus {
+    Accepted,
+    Rejected(Rejection),
+}
+
+/// The counted subject of one request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Identity {
+    pub scope: Scope,
+    pub digest: Digest,
+    /// The daily ceiling that applies to this subject.
+    pub limit: NonZeroU32,
+    /// `None` when no token was presented.
+    pub token: Option<TokenStatus>,
+}
+
+/// What the platform tells us about a request besides its headers.
+#[derive(Debug, Clone, Default)]
+pub struct Origin<'a> {
+    /// The direct peer: the gateway's `sourceIp`, or the socket peer locally.
+    pub peer: Option<IpAddr>,
+    /// Claims an API Gateway JWT authorizer already verified.
+    pub gateway_claims: Option<&'a HashMap<String, String>>,
+}
+
+/// Turns requests into counted subjects.
+#[derive(Debug)]
+pub struct Identifier {
+    hasher: Hasher,
+    verifier: Option<Verifier>,
+    trusted_proxies: Vec<IpNet>,
+    ipv6_prefix: u8,
+    trust_gateway_claims: bool,
+    quota_anon: NonZeroU32,
+    quota_token: NonZeroU32,
+}
+
+impl Identifier {
+    /// Builds the identifier; `secret` is the HMAC key for digests.
+    pub fn new(config: &Config, secret: &[u8]) -> Result<Self, ConfigError> {
+        Ok(Self {
+            hasher: Hasher::new(secret),
+            verifier: Verifier::from_config(
+                config.jwt_public_key.as_deref(),
+                config.jwt_jwks.as_deref(),
+                &config.jwt_issuer,
+                config.jwt_audience.as_deref(),
+            )?,
+            trusted_proxies: config.trusted_proxies.clone(),
+            ipv6_prefix: config.ipv6_prefix,
+            trust_gateway_claims: config.trust_gateway_claims,
+            quota_anon: config.quota_anon,
+            quota_token: config.quota_token,
+        })
+    }
+
+    pub fn hasher(&self) -> &Hasher {
+        &self.hasher
+    }
+
+    /// Identifies the subject of a request.
+    pub fn identify(
+        &self,
+        headers: &HeaderMap,
+        origin: &Origin<'_>,
+    ) -> Result<Identity, GateError> {
+        if self.trust_gateway_claims {
+            if let Some(claims) = origin.gateway_claims {
+                if let Some(tid) = claims.get("tid").filter(|t| !t.is_empty()) {
+                    let tier = claims
+                        .get("tier")
+                        .and_then(|t| jwt::tier_from_claim(&Value::from(t.as_str())));
+                    return Ok(self.token_identity(tid, tier));
+                }
+            }
+        }
+        let token = match self.check_token(headers) {
+            None => None,
+            Some(Ok(subject)) => return Ok(self.token_identity(&subject.tid, subject.tier)),
+            Some(Err(rejection)) => Some(TokenStatus::Rejected(rejection)),
+        };
+        let peer = origin.peer.ok_or(GateError::NoSourceAddress)?;
+        let material = ip::material(
+            ip::client_ip(peer, headers, &self.trusted_proxies),
+            self.ipv6_prefix,
+        );
+        Ok(Identity {
+            scope: Scope::Ip,
+            digest: self.hasher.digest(Scope::Ip, &material),
+            limit: self.quota_anon,
+            token,
+        })
+    }
+
+    /// The anonymous subject for an address, as `identify` would make it
+    /// (the operator commands use this to find a client's counter).
+    pub fn ip_digest(&self, ip: IpAddr) -> Digest {
+        self.hasher
+            .digest(Scope::Ip, &ip::material(ip, self.ipv6_prefix))
+    }
+
+    fn token_identity(&self, tid: &str, tier: Option<NonZeroU32>) -> Identity {
+        Identity {
+            scope: Scope::Tid,
+            digest: self.hasher.digest(Scope::Tid, tid),
+            limit: tier.unwrap_or(self.quota_token),
+            token: Some(TokenStatus::Accepted),
+        }
+    }
+
+    /// `None` when no `Authorization` header was sent.
+    fn check_token(&self, headers: &HeaderMap) -> Option<Result<jwt::TokenSubject, Rejection>> {
+        let value = headers.get(header::AUTHORIZATION)?;
+        let Some(token) = value
+            .to_str()
+            .ok()
+            .and_then(|v| {
+                v.strip_prefix("Bearer ")
+                    .or_else(|| v.strip_prefix("bearer "))
+            })
+            .map(str::trim)
+        else {
+            return Some(Err(Rejection::NotBearer));
+        };
+        Some(match &self.verifier {
+            None => Err(Rejection::NoVerificationKey),
+            Some(v) => v.verify(token),
+        })
+    }
+}

@@ -1,0 +1,59 @@
+//! # quota-gate
+//!
+//! The daily free-tier quota gate in front of the Scanner API's `POST /scan`.
+//! It counts each scan in Valkey with one atomic script, slows callers who are
+//! over quota instead of refusing them, forwards every accepted scan to the
+//! scan queue and meters what it did as CloudWatch embedded-metric logs.
+//!
+//! # Layout
+//!
+//! The modules follow the request path, in order:
+//!
+//! | step | module | what it does |
+//! |---|---|---|
+//! | 1 | [`validate`] | `POST /scan`, a JSON object with a non-empty `image` |
+//! | 2 | [`identity`] | token (`tid`) or normalised source IP; never a client header |
+//! | 3 | [`digest`] | keyed HMAC-SHA256 of scope and material |
+//! | 4 | [`store`] | one atomic INCR + conditional EXPIREAT per request |
+//! | 5 | [`decide`] | pure: count and limits in, tier and delay out |
+//! | 6 | [`delay`] | splits the delay into sleep now and deferral on the job |
+//! | 7 | [`queue`] | enqueues the scan job (SQS, Valkey stream, stdout spool) |
+//! | 8 | [`respond`] | the 202 contract and the JSON errors |
+//! | 9 | [`meter`] | EMF lines and Prometheus counters |
+//!
+//! [`gate`] strings the steps together behind one [`gate::Gate::handle`]
+//! call; [`lambda`] and [`serve`] adapt it to API Gateway events and to a
+//! local HTTP server. [`config`] reads every setting once, at start, and
+//! [`error`] is the one place that maps failures to HTTP statuses.
+
+pub mod cli;
+pub mod config;
+pub mod decide;
+pub mod delay;
+pub mod digest;
+pub mod error;
+pub mod gate;
+pub mod identity;
+pub mod lambda;
+pub mod meter;
+pub mod queue;
+pub mod respond;
+pub mod serve;
+pub mod store;
+pub mod validate;
+pub mod valkey;
+
+pub use config::Config;
+pub use gate::{Gate, GateRequest};
+
+/// Logs to stderr (stdout carries EMF lines and spooled jobs), filtered by
+/// `RUST_LOG` (default `info`). Never logs an IP, a token or a digest.
+pub fn init_tracing() {
+    use tracing_subscriber::EnvFilter;
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(false)
+        .try_init();
+}

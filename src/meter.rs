@@ -1,0 +1,194 @@
+//! Step 9: what the gate did, as metrics.
+//!
+//! One call, [`Meter::record`], per counted request feeds two exporters:
+//! a CloudWatch embedded-metric-format (EMF) line on stdout, which Lambda
+//! ships to CloudWatch Logs and CloudWatch turns into metrics, and the
+//! `metrics` facade, which `quota-gate serve` renders as Prometheus text at
+//! `GET /metrics`. The only dimension is `Scope` (`ip` or `tid`): no
+//! per-client dimension, and no IP, token or digest in any line.
+//!
+//! The EMF line is written here rather than through an EMF crate: the crates
+//! available aggregate in a process-global recorder and flush documents
+//! later, while the gate wants one self-contained line per request that a
+//! test can read back from one handler instance.
+
+use std::io::Write;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use serde_json::{Map, Value, json};
+
+use crate::decide::Tier;
+use crate::digest::Scope;
+
+pub const SOFT_HITS: &str = "stella_quota_soft_hits_total";
+pub const HARD_HITS: &str = "stella_quota_hard_hits_total";
+pub const REMINDERS: &str = "stella_quota_reminders_total";
+pub const STORE_ERRORS: &str = "stella_quota_store_errors_total";
+pub const ENQUEUE_ERRORS: &str = "stella_quota_enqueue_errors_total";
+pub const DELAY_MS: &str = "stella_quota_delay_ms";
+
+/// Every counter, in EMF declaration order.
+pub const COUNTERS: [&str; 5] = [
+    SOFT_HITS,
+    HARD_HITS,
+    REMINDERS,
+    STORE_ERRORS,
+    ENQUEUE_ERRORS,
+];
+
+/// What happened to one counted request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Outcome {
+    pub scope: Scope,
+    /// `None` when the store did not answer and no decision was made.
+    pub tier: Option<Tier>,
+    pub reminder: bool,
+    /// The whole delay owed (slept and deferred).
+    pub delay: Duration,
+    pub store_error: bool,
+    pub enqueue_error: bool,
+}
+
+impl Outcome {
+    fn counter_values(&self) -> [u64; 5] {
+        [
+            u64::from(self.tier == Some(Tier::Soft)),
+            u64::from(self.tier == Some(Tier::Hard)),
+            u64::from(self.reminder),
+            u64::from(self.store_error),
+            u64::from(self.enqueue_error),
+        ]
+    }
+}
+
+type Sink = Arc<Mutex<Box<dyn Write + Send>>>;
+
+/// Records outcomes to the EMF sink and the `metrics` facade.
+#[derive(Clone)]
+pub struct Meter {
+    namespace: String,
+    emf: Option<Sink>,
+}
+
+impl Meter {
+    /// EMF lines to stdout in `namespace`.
+    pub fn stdout(namespace: impl Into<String>) -> Self {
+        Self::new(namespace, Some(Box::new(std::io::stdout())))
+    }
+
+    /// EMF lines to `sink` (or none at all).
+    pub fn new(namespace: impl Into<String>, sink: Option<Box<dyn Write + Send>>) -> Self {
+        Self {
+            namespace: namespace.into(),
+            emf: sink.map(|s| Arc::new(Mutex::new(s))),
+        }
+    }
+
+    /// Records one outcome in both exporters.
+    pub fn record(&self, outcome: &Outcome) {
+        let scope = outcome.scope.as_str();
+        for (name, value) in COUNTERS.iter().zip(outcome.counter_values()) {
+            metrics::counter!(*name, "scope" => scope).increment(value);
+        }
+        if outcome.tier.is_some() {
+            metrics::histogram!(DELAY_MS, "scope" => scope)
+                .record(outcome.delay.as_millis() as f64);
+        }
+        if let Some(sink) = &self.emf {
+            let now = SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .map_or(0, |d| d.as_millis() as u64);
+            let mut line = self.emf_line(outcome, now);
+            line.push('\n');
+            if let Ok(mut out) = sink.lock() {
+                // Metrics are best effort: a closed stdout must not fail a scan.
+                let _ = out.write_all(line.as_bytes()).and_then(|()| out.flush());
+            }
+        }
+    }
+
+    /// One EMF document for `outcome` at `timestamp_ms`.
+    pub fn emf_line(&self, outcome: &Outcome, timestamp_ms: u64) -> String {
+        let mut metrics: Vec<Value> = COUNTERS
+            .iter()
+            .map(|n| json!({"Name": n, "Unit": "Count"}))
+            .collect();
+        let mut doc = Map::new();
+        doc.insert("Scope".into(), outcome.scope.as_str().into());
+        for (name, value) in COUNTERS.iter().zip(outcome.counter_values()) {
+            doc.insert((*name).into(), value.into());
+        }
+        if let Some(tier) = outcome.tier {
+            // No decision, no delay sample: an outage must not drag p95 down.
+            metrics.push(json!({"Name": DELAY_MS, "Unit": "Milliseconds"}));
+            doc.insert(DELAY_MS.into(), (outcome.delay.as_millis() as u64).into());
+            doc.insert("tier".into(), tier.as_str().into());
+        }
+        doc.insert(
+            "_aws".into(),
+            json!({
+                "Timestamp": timestamp_ms,
+                "CloudWatchMetrics": [{
+                    "Namespace": self.namespace,
+                    "Dimensions": [["Scope"]],
+                    "Metrics": metrics,
+                }],
+            }),
+        );
+        Value::Object(doc).to_string()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn outcome(tier: Option<Tier>, delay_ms: u64) -> Outcome {
+        Outcome {
+            scope: Scope::Ip,
+            tier,
+            reminder: false,
+            delay: Duration::from_millis(delay_ms),
+            store_error: tier.is_none(),
+            enqueue_error: false,
+        }
+    }
+
+    /// Each declared metric and dimension is a top-level member, per the EMF spec.
+    #[test]
+    fn emf_structure() {
+        let meter = Meter::new("StellaOps/Quota", None);
+        for o in [
+            outcome(Some(Tier::Within), 0),
+            outcome(Some(Tier::Soft), 5000),
+            outcome(None, 0),
+        ] {
+            let doc: Value = serde_json::from_str(&meter.emf_line(&o, 1_796_032_800_000)).unwrap();
+            let aws = &doc["_aws"];
+            assert_eq!(aws["Timestamp"], 1_796_032_800_000u64);
+            let directive = &aws["CloudWatchMetrics"][0];
+            assert_eq!(directive["Namespace"], "StellaOps/Quota");
+            assert_eq!(directive["Dimensions"], json!([["Scope"]]));
+            assert_eq!(doc["Scope"], "ip");
+            for m in directive["Metrics"].as_array().unwrap() {
+                let name = m["Name"].as_str().unwrap();
+                assert!(doc[name].is_number(), "{name} missing");
+            }
+        }
+    }
+
+    /// Soft and hard tiers and the delay show in the values.
+    #[test]
+    fn values() {
+        let meter = Meter::new("ns", None);
+        let doc: Value =
+            serde_json::from_str(&meter.emf_line(&outcome(Some(Tier::Hard), 60_000), 0)).unwrap();
+        assert_eq!(doc[HARD_HITS], 1);
+        assert_eq!(doc[SOFT_HITS], 0);
+        assert_eq!(doc[DELAY_MS], 60_000);
+        let doc: Value = serde_json::from_str(&meter.emf_line(&outcome(None, 0), 0)).unwrap();
+        assert_eq!(doc[STORE_ERRORS], 1);
+        assert!(doc.get(DELAY_MS).is_none());
+    }
+}

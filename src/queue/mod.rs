@@ -1,0 +1,82 @@
+//! Step 7: forwarding accepted scans, behind one narrow trait.
+//!
+//! Every 202 stands for exactly one queued [`ScanJob`]: the gate counts,
+//! enqueues, and only then answers; a failed enqueue refunds the count and
+//! answers 503. Backends: [`spool::Spool`] (one JSON line per job on stdout,
+//! the local default) and [`stream::StreamQueue`] (`XADD` on the quota
+//! Valkey).
+
+pub mod spool;
+pub mod stream;
+
+use std::future::Future;
+use std::time::Duration;
+
+use serde::Serialize;
+use serde_json::{Map, Value};
+use uuid::Uuid;
+
+/// One accepted scan, as the scanner backend receives it.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ScanJob {
+    /// UUID v7: time-ordered, so queues and logs sort by arrival.
+    pub scan_id: Uuid,
+    /// When the gate received the request (RFC 3339, UTC).
+    pub received_at: String,
+    /// `ip` or `tid`.
+    pub scope: &'static str,
+    /// The subject's keyed digest (never the IP or token itself).
+    pub digest: String,
+    /// The decision tier: `within`, `soft` or `hard`.
+    pub tier: &'static str,
+    /// The daily ceiling that applied.
+    pub limit: u32,
+    /// The subject's count including this scan (0 when the store was unavailable).
+    pub count: u64,
+    /// The whole delay owed, in milliseconds.
+    pub delay_ms: u64,
+    /// The part of the delay not slept in the handler, held back on the job.
+    pub deferred_ms: u64,
+    /// The scan must not start before this instant (RFC 3339, UTC).
+    pub not_before: String,
+    /// The client's request body, untouched.
+    pub request: Map<String, Value>,
+}
+
+impl ScanJob {
+    /// The deferral as a `Duration`.
+    pub fn deferred(&self) -> Duration {
+        Duration::from_millis(self.deferred_ms)
+    }
+}
+
+/// Why a job could not be queued.
+#[derive(Debug, thiserror::Error)]
+pub enum QueueError {
+    #[error("the scan queue did not answer in time")]
+    Timeout,
+    #[error("scan queue error: {0}")]
+    Backend(String),
+}
+
+/// A scan queue.
+pub trait ScanQueue: Send + Sync + 'static {
+    /// Queues `job`, held back by `job.deferred_ms` where the backend can.
+    fn enqueue(&self, job: &ScanJob) -> impl Future<Output = Result<(), QueueError>> + Send;
+}
+
+/// The queue chosen by `SCAN_QUEUE_URL`.
+pub enum AnyQueue {
+    Spool(spool::Spool),
+    Stream(stream::StreamQueue),
+}
+
+impl ScanQueue for AnyQueue {
+    async fn enqueue(&self, job: &ScanJob) -> Result<(), QueueError> {
+        match self {
+            Self::Spool(q) => q.enqueue(job).await,
+            Self::Stream(q) => q.enqueue(job).await,
+        }
+    }
+}

@@ -1,0 +1,247 @@
+//! Step 8: the 202 Accepted contract. Never 429 under the free tier.
+//!
+//! Headers: `X-Stella-Quota-Remaining`, `X-Stella-Reset` (RFC 3339),
+//! `RateLimit-Policy` and `RateLimit` (IETF httpapi ratelimit-headers
+//! draft), `X-Stella-Quota-Delay-Ms`, and, when they apply,
+//! `X-Stella-Quota-Reminder` and `X-Stella-Quota: unavailable`.
+
+use bytes::Bytes;
+use http::{HeaderName, HeaderValue, Response, StatusCode, header};
+use serde::Serialize;
+use time::OffsetDateTime;
+use time::format_description::well_known::Rfc3339;
+use uuid::Uuid;
+
+use crate::delay::DelayPlan;
+use crate::digest::Scope;
+use crate::identity::TokenStatus;
+
+pub const REMAINING: HeaderName = HeaderName::from_static("x-stella-quota-remaining");
+pub const RESET: HeaderName = HeaderName::from_static("x-stella-reset");
+pub const POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
+pub const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
+pub const DELAY: HeaderName = HeaderName::from_static("x-stella-quota-delay-ms");
+pub const REMINDER: HeaderName = HeaderName::from_static("x-stella-quota-reminder");
+pub const QUOTA_STATE: HeaderName = HeaderName::from_static("x-stella-quota");
+
+/// The seconds in the policy window the headers advertise.
+const WINDOW_SECS: u64 = 86_400;
+
+/// Everything the 202 says.
+#[derive(Debug, Clone)]
+pub struct Accepted {
+    pub scan_id: Uuid,
+    pub scope: Scope,
+    pub limit: u32,
+    /// `None` when the store was unavailable and the scan was not counted.
+    pub used: Option<u64>,
+    pub remaining: u64,
+    /// Unix seconds.
+    pub reset_at: i64,
+    pub seconds_to_reset: u64,
+    pub plan: DelayPlan,
+    pub token: Option<TokenStatus>,
+    pub reminder: bool,
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct Body<'a> {
+    scan_id: Uuid,
+    status: &'static str,
+    delay_ms: u64,
+    slept_ms: u64,
+    deferred_ms: u64,
+    quota: Quota<'a>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    token: Option<Token>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    reminder: Option<&'a str>,
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct Quota<'a> {
+    scope: &'static str,
+    limit: u32,
+    used: Option<u64>,
+    remaining: u64,
+    reset_at: &'a str,
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    unavailable: bool,
+}
+
+#[derive(Serialize)]
+struct Token {
+    accepted: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    reason: Option<&'static str>,
+}
+
+/// An instant as RFC 3339 UTC with second precision (`2026-12-01T00:00:00Z`).
+pub fn rfc3339(unix_secs: i64) -> String {
+    OffsetDateTime::from_unix_timestamp(unix_secs)
+        .ok()
+        .and_then(|t| t.format(&Rfc3339).ok())
+        .unwrap_or_default()
+}
+
+fn millis(d: std::time::Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+impl Accepted {
+    /// The reminder sentence, when it applies. ASCII, so it fits a header.
+    pub fn reminder_text(&self, reset_at: &str) -> Option<String> {
+        let used = self.used.filter(|_| self.reminder)?;
+        Some(format!(
+            "You have used {used} scans today; your daily quota is {} and resets at {reset_at}.",
+            self.limit
+        ))
+    }
+
+    pub fn to_response(&self) -> Response<Bytes> {
+        let reset_at = rfc3339(self.reset_at);
+        let reminder = self.reminder_text(&reset_at);
+        let body = Body {
+            scan_id: self.scan_id,
+            status: "queued",
+            delay_ms: millis(self.plan.total),
+            slept_ms: millis(self.plan.sleep),
+            deferred_ms: millis(self.plan.deferred),
+            quota: Quota {
+                scope: self.scope.as_str(),
+                limit: self.limit,
+                used: self.used,
+                remaining: self.remaining,
+                reset_at: &reset_at,
+                unavailable: self.used.is_none(),
+            },
+            token: self.token.map(|t| match t {
+                TokenStatus::Accepted => Token {
+                    accepted: true,
+                    reason: None,
+                },
+                TokenStatus::Rejected(r) => Token {
+                    accepted: false,
+                    reason: Some(r.as_str()),
+                },
+            }),
+            reminder: reminder.as_deref(),
+        };
+        let mut response =
+            Response::new(Bytes::from(serde_json::to_vec(&body).unwrap_or_default()));
+        *response.status_mut() = StatusCode::ACCEPTED;
+        let h = response.headers_mut();
+        let text = |s: String| HeaderValue::from_str(&s).unwrap_or(HeaderValue::from_static(""));
+        h.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
+        h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+        h.insert(REMAINING, HeaderValue::from(self.remaining));
+        h.insert(RESET, text(reset_at.clone()));
+        h.insert(
+            POLICY,
+            text(format!("\"daily\";q={};w={WINDOW_SECS}", self.limit)),
+        );
+        h.insert(
+            RATELIMIT,
+            text(format!(
+                "\"daily\";r={};t={}",
+                self.remaining, self.seconds_to_reset
+            )),
+        );
+        h.insert(DELAY, HeaderValue::from(millis(self.plan.total)));
+        if let Some(r) = reminder {
+            h.insert(REMINDER, text(r));
+        }
+        if self.used.is_none() {
+            h.insert(QUOTA_STATE, HeaderValue::from_static("unavailable"));
+        }
+        response
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::identity::jwt::Rejection;
+    use std::time::Duration;
+
+    fn accepted() -> Accepted {
+        Accepted {
+            scan_id: Uuid::now_v7(),
+            scope: Scope::Ip,
+            limit: 33,
+            used: Some(34),
+            remaining: 0,
+            reset_at: 1_796_083_200,
+            seconds_to_reset: 3600,
+            plan: DelayPlan {
+                total: Duration::from_secs(5),
+                sleep: Duration::from_secs(5),
+                deferred: Duration::ZERO,
+            },
+            token: Some(TokenStatus::Rejected(Rejection::Expired)),
+            reminder: false,
+        }
+    }
+
+    /// Headers and body follow the response contract.
+    #[test]
+    fn contract() {
+        let r = accepted().to_response();
+        assert_eq!(r.status(), 202);
+        let h = r.headers();
+        assert_eq!(h[&REMAINING], "0");
+        assert_eq!(h[&RESET], "2026-12-01T00:00:00Z");
+        assert_eq!(h[&POLICY], "\"daily\";q=33;w=86400");
+        assert_eq!(h[&RATELIMIT], "\"daily\";r=0;t=3600");
+        assert_eq!(h[&DELAY], "5000");
+        assert!(h.get(&REMINDER).is_none());
+        let body: serde_json::Value = serde_json::from_slice(r.body()).unwrap();
+        assert_eq!(body["status"], "queued");
+        assert_eq!(body["delayMs"], 5000);
+        assert_eq!(body["sleptMs"], 5000);
+        assert_eq!(body["deferredMs"], 0);
+        assert_eq!(
+            body["quota"],
+            serde_json::json!({"scope":"ip","limit":33,"used":34,"remaining":0,"resetAt":"2026-12-01T00:00:00Z"})
+        );
+        assert_eq!(
+            body["token"],
+            serde_json::json!({"accepted": false, "reason": "expired"})
+        );
+        assert!(body.get("reminder").is_none());
+    }
+
+    /// The reminder shows in a header and the body; an unavailable store is said so.
+    #[test]
+    fn reminder_and_unavailable() {
+        let mut a = accepted();
+        a.reminder = true;
+        a.used = Some(200);
+        let r = a.to_response();
+        assert!(
+            r.headers()[&REMINDER]
+                .to_str()
+                .unwrap()
+                .contains("200 scans")
+        );
+        let body: serde_json::Value = serde_json::from_slice(r.body()).unwrap();
+        assert!(
+            body["reminder"]
+                .as_str()
+                .unwrap()
+                .contains("resets at 2026-12-01T00:00:00Z")
+        );
+
+        a.used = None;
+        let r = a.to_response();
+        assert_eq!(r.headers()[&QUOTA_STATE], "unavailable");
+        let body: serde_json::Value = serde_json::from_slice(r.body()).unwrap();
+        assert_eq!(body["quota"]["unavailable"], true);
+        assert!(body["quota"]["used"].is_null());
+    }
+}

@@ -1,0 +1,109 @@
+//! The local front end: `quota-gate serve`, an HTTP/1.1 server on the same
+//! [`Gate::handle`] as Lambda.
+//!
+//! Routes: `POST /scan` (the gate), `GET /healthz`, and `GET /metrics`
+//! (Prometheus text, when a recorder handle is given). The source address is
+//! the socket peer. Bodies are read at most 64 KiB + 1 bytes, so a 10 MiB
+//! upload costs nothing but a 413.
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http::{HeaderValue, Method, Request, Response, StatusCode, header};
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::body::Incoming;
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper_util::rt::TokioIo;
+use metrics_exporter_prometheus::PrometheusHandle;
+use tokio::net::TcpListener;
+
+use crate::error::GateError;
+use crate::gate::{Gate, GateRequest};
+use crate::queue::ScanQueue;
+use crate::store::QuotaStore;
+use crate::validate::MAX_BODY_BYTES;
+
+/// Serves `gate` on `listener` until `shutdown` completes.
+pub async fn serve<S: QuotaStore, Q: ScanQueue>(
+    listener: TcpListener,
+    gate: Arc<Gate<S, Q>>,
+    metrics: Option<PrometheusHandle>,
+    shutdown: impl Future<Output = ()>,
+) -> std::io::Result<()> {
+    tokio::pin!(shutdown);
+    loop {
+        let (stream, peer) = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok(conn) => conn,
+                Err(e) => {
+                    // Out of file descriptors and the like: keep serving the others.
+                    tracing::warn!(error = %e, "accept failed");
+                    continue;
+                }
+            },
+            () = &mut shutdown => return Ok(()),
+        };
+        let _ = stream.set_nodelay(true);
+        let gate = gate.clone();
+        let metrics = metrics.clone();
+        tokio::spawn(async move {
+            let service =
+                service_fn(move |request| route(gate.clone(), metrics.clone(), peer, request));
+            if let Err(e) = http1::Builder::new()
+                .serve_connection(TokioIo::new(stream), service)
+                .await
+            {
+                tracing::debug!(error = %e, "connection closed with an error");
+            }
+        });
+    }
+}
+
+async fn route<S: QuotaStore, Q: ScanQueue>(
+    gate: Arc<Gate<S, Q>>,
+    metrics: Option<PrometheusHandle>,
+    peer: SocketAddr,
+    request: Request<Incoming>,
+) -> Result<Response<Full<Bytes>>, Infallible> {
+    let path = request.uri().path();
+    if request.method() == Method::GET {
+        match (path, &metrics) {
+            ("/healthz", _) => return Ok(text(StatusCode::OK, "text/plain", "ok\n".into())),
+            ("/metrics", Some(handle)) => {
+                return Ok(text(
+                    StatusCode::OK,
+                    "text/plain; version=0.0.4",
+                    handle.render(),
+                ));
+            }
+            _ => {}
+        }
+    }
+    let (parts, body) = request.into_parts();
+    let body = match Limited::new(body, MAX_BODY_BYTES + 1).collect().await {
+        Ok(collected) => collected.to_bytes(),
+        Err(_) => return Ok(GateError::PayloadTooLarge.to_response().map(Full::new)),
+    };
+    let request = GateRequest {
+        method: parts.method,
+        path: parts.uri.path().to_owned(),
+        headers: parts.headers,
+        body,
+        peer: Some(peer.ip().to_canonical()),
+        gateway_claims: None,
+        remaining: None,
+    };
+    Ok(gate.handle(request).await.map(Full::new))
+}
+
+fn text(status: StatusCode, content_type: &'static str, body: String) -> Response<Full<Bytes>> {
+    let mut r = Response::new(Full::new(Bytes::from(body)));
+    *r.status_mut() = status;
+    r.headers_mut()
+        .insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
+    r
+}

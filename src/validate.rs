@@ -1,0 +1,235 @@
+//! Step 1: is this a scan request at all?
+//!
+//! `POST /scan` with a JSON object body of at most 64 KiB holding a non-empty
+//! string `image` of at most 1024 bytes. Every other field passes through to
+//! the job untouched. A request that fails here is answered with a clear JSON
+//! error and is never counted.
+
+use http::{HeaderMap, Method, header};
+use serde_json::{Map, Value};
+
+use crate::error::GateError;
+
+/// The largest body accepted.
+pub const MAX_BODY_BYTES: usize = 64 * 1024;
+/// The longest `image` accepted.
+pub const MAX_IMAGE_BYTES: usize = 1024;
+
+/// A validated scan request body.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ScanRequest {
+    /// The whole JSON object, `image` included, passed through to the job.
+    pub body: Map<String, Value>,
+}
+
+impl ScanRequest {
+    pub fn image(&self) -> &str {
+        self.body
+            .get("image")
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+    }
+}
+
+/// Whether `path` names the scan route: `/scan`, or `/<stage>/scan` when API
+/// Gateway keeps a named stage in the path. A trailing slash is tolerated.
+pub fn is_scan_path(path: &str) -> bool {
+    let path = path.trim_end_matches('/');
+    match path.strip_suffix("/scan") {
+        Some("") => true,
+        Some(prefix) => prefix.starts_with('/') && !prefix[1..].contains('/') && prefix.len() > 1,
+        None => false,
+    }
+}
+
+/// Checks route, method, media type and body, in that order.
+pub fn validate(
+    method: &Method,
+    path: &str,
+    headers: &HeaderMap,
+    body: &[u8],
+) -> Result<ScanRequest, GateError> {
+    if !is_scan_path(path) {
+        return Err(GateError::NotFound);
+    }
+    if method != Method::POST {
+        return Err(GateError::MethodNotAllowed);
+    }
+    if !is_json(headers) {
+        return Err(GateError::UnsupportedMediaType);
+    }
+    if body.len() > MAX_BODY_BYTES {
+        return Err(GateError::PayloadTooLarge);
+    }
+    parse_body(body)
+}
+
+fn is_json(headers: &HeaderMap) -> bool {
+    let Some(value) = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+    else {
+        return false;
+    };
+    let essence = value
+        .split(';')
+        .next()
+        .unwrap_or_default()
+        .trim()
+        .to_ascii_lowercase();
+    essence == "application/json"
+        || (essence.starts_with("application/") && essence.ends_with("+json"))
+}
+
+/// Parses and checks the body (the size was checked by the caller).
+pub fn parse_body(body: &[u8]) -> Result<ScanRequest, GateError> {
+    if body.is_empty() {
+        return Err(GateError::bad_request(
+            "empty_body",
+            "the body must be a JSON object",
+        ));
+    }
+    let text = std::str::from_utf8(body)
+        .map_err(|_| GateError::bad_request("invalid_utf8", "the body is not valid UTF-8"))?;
+    let value: Value = serde_json::from_str(text).map_err(|e| {
+        GateError::bad_request("invalid_json", format!("the body is not valid JSON: {e}"))
+    })?;
+    let Value::Object(map) = value else {
+        return Err(GateError::bad_request(
+            "not_an_object",
+            "the body must be a JSON object",
+        ));
+    };
+    match map.get("image") {
+        None => Err(GateError::bad_request(
+            "missing_image",
+            "the body needs a string field `image`",
+        )),
+        Some(Value::String(s)) if s.trim().is_empty() => Err(GateError::bad_request(
+            "empty_image",
+            "`image` must not be empty",
+        )),
+        Some(Value::String(s)) if s.len() > MAX_IMAGE_BYTES => Err(GateError::bad_request(
+            "image_too_long",
+            format!(
+                "`image` is {} bytes; at most {MAX_IMAGE_BYTES} are accepted",
+                s.len()
+            ),
+        )),
+        Some(Value::String(_)) => Ok(ScanRequest { body: map }),
+        Some(_) => Err(GateError::bad_request(
+            "invalid_image",
+            "`image` must be a string",
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http::HeaderValue;
+
+    fn json_headers() -> HeaderMap {
+        let mut h = HeaderMap::new();
+        h.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
+        h
+    }
+
+    fn code(r: Result<ScanRequest, GateError>) -> String {
+        match r {
+            Ok(_) => "ok".into(),
+            Err(e) => format!("{} {}", e.status().as_u16(), e.code()),
+        }
+    }
+
+    /// Each kind of bad input gets its own status and code.
+    #[test]
+    fn catalogue() {
+        let h = json_headers();
+        let post = Method::POST;
+        let long = format!(r#"{{"image":"{}"}}"#, "a".repeat(1025));
+        let big = vec![b' '; MAX_BODY_BYTES + 1];
+        for (method, path, headers, body, want) in [
+            (&post, "/scan", &h, &br#"{"image":"alpine:3"}"#[..], "ok"),
+            (
+                &post,
+                "/prod/scan",
+                &h,
+                &br#"{"image":"alpine:3","x":1}"#[..],
+                "ok",
+            ),
+            (&post, "/scan/", &h, &br#"{"image":"alpine:3"}"#[..], "ok"),
+            (&post, "/", &h, &b"{}"[..], "404 not_found"),
+            (&post, "/a/b/scan", &h, &b"{}"[..], "404 not_found"),
+            (&post, "/scans", &h, &b"{}"[..], "404 not_found"),
+            (
+                &Method::GET,
+                "/scan",
+                &h,
+                &b""[..],
+                "405 method_not_allowed",
+            ),
+            (
+                &post,
+                "/scan",
+                &HeaderMap::new(),
+                &b"{}"[..],
+                "415 unsupported_media_type",
+            ),
+            (&post, "/scan", &h, &big[..], "413 payload_too_large"),
+            (&post, "/scan", &h, &b""[..], "400 empty_body"),
+            (&post, "/scan", &h, &b"\xff\xfe"[..], "400 invalid_utf8"),
+            (&post, "/scan", &h, &b"{\"image\":"[..], "400 invalid_json"),
+            (&post, "/scan", &h, &b"[1,2]"[..], "400 not_an_object"),
+            (&post, "/scan", &h, &b"{}"[..], "400 missing_image"),
+            (
+                &post,
+                "/scan",
+                &h,
+                &br#"{"image":"  "}"#[..],
+                "400 empty_image",
+            ),
+            (
+                &post,
+                "/scan",
+                &h,
+                &br#"{"image":7}"#[..],
+                "400 invalid_image",
+            ),
+            (&post, "/scan", &h, long.as_bytes(), "400 image_too_long"),
+        ] {
+            assert_eq!(
+                code(validate(method, path, headers, body)),
+                want,
+                "{method} {path}"
+            );
+        }
+    }
+
+    /// Structured-syntax JSON media types and parameters are accepted; others are not.
+    #[test]
+    fn media_types() {
+        for (ct, ok) in [
+            ("application/json; charset=utf-8", true),
+            ("Application/JSON", true),
+            ("application/vnd.stella.scan+json", true),
+            ("text/plain", false),
+            ("application/x-www-form-urlencoded", false),
+        ] {
+            let mut h = HeaderMap::new();
+            h.insert(header::CONTENT_TYPE, HeaderValue::from_str(ct).unwrap());
+            assert_eq!(is_json(&h), ok, "{ct}");
+        }
+    }
+
+    /// Fields other than `image` pass through untouched.
+    #[test]
+    fn passthrough() {
+        let r = parse_body(br#"{"image":"alpine:3","policy":{"severity":"high"}}"#).unwrap();
+        assert_eq!(r.image(), "alpine:3");
+        assert_eq!(r.body["policy"]["severity"], "high");
+    }
+}

@@ -1,0 +1,273 @@
+//! Shared test harness: real `valkey-server` processes on free ports, gates
+//! built from plain variable lists, and the sample events in `events/`.
+#![allow(dead_code)]
+
+use std::collections::HashMap;
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::{HeaderMap, HeaderValue, Method, header};
+use quota_gate::config::Config;
+use quota_gate::gate::{Gate, GateRequest};
+use quota_gate::meter::Meter;
+use quota_gate::queue::ScanQueue;
+use quota_gate::queue::stream::StreamQueue;
+use quota_gate::store::valkey::ValkeyStore;
+use quota_gate::valkey::Valkey;
+
+/// The repository root.
+pub fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// The pinned `valkey-server`: `$VALKEY_SERVER`, else `.tools/bin/valkey-server`
+/// as installed by `scripts/test`.
+pub fn valkey_server_bin() -> PathBuf {
+    std::env::var_os("VALKEY_SERVER")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| root().join(".tools/bin/valkey-server"))
+}
+
+/// A port nobody listens on right now.
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// Waits until something accepts TCP connections on `addr`.
+pub fn wait_for_port(addr: SocketAddr, within: Duration) -> bool {
+    let deadline = Instant::now() + within;
+    while Instant::now() < deadline {
+        if TcpStream::connect_timeout(&addr, Duration::from_millis(100)).is_ok() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    false
+}
+
+/// A `valkey-server` of our own, killed on drop.
+pub struct ValkeyServer {
+    pub port: u16,
+    child: Child,
+    dir: PathBuf,
+}
+
+impl ValkeyServer {
+    /// Starts a throw-away standalone server with persistence off.
+    pub fn start() -> Self {
+        Self::start_with(&[])
+    }
+
+    /// Starts a server with extra `--option value` arguments.
+    pub fn start_with(extra: &[&str]) -> Self {
+        for _ in 0..5 {
+            let port = free_port();
+            let dir = std::env::temp_dir()
+                .join(format!("quota-gate-valkey-{port}-{}", std::process::id()));
+            std::fs::create_dir_all(&dir).unwrap();
+            let bin = valkey_server_bin();
+            let child = Command::new(&bin)
+                .args([
+                    "--port",
+                    &port.to_string(),
+                    "--bind",
+                    "127.0.0.1",
+                    "--save",
+                    "",
+                    "--appendonly",
+                    "no",
+                ])
+                .args(["--dir", dir.to_str().unwrap()])
+                .args(extra)
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .unwrap_or_else(|e| {
+                    panic!("cannot start {bin:?} (run scripts/test once to install it): {e}")
+                });
+            let mut server = Self { port, child, dir };
+            if wait_for_port(server.addr(), Duration::from_secs(5)) {
+                return server;
+            }
+            let _ = server.child.kill();
+        }
+        panic!("valkey-server did not start");
+    }
+
+    pub fn addr(&self) -> SocketAddr {
+        SocketAddr::from(([127, 0, 0, 1], self.port))
+    }
+
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    /// A plain client connection for assertions.
+    pub async fn client(&self) -> redis::aio::MultiplexedConnection {
+        redis::Client::open(self.url())
+            .unwrap()
+            .get_multiplexed_async_connection()
+            .await
+            .unwrap()
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+}
+
+impl Drop for ValkeyServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// A configuration from `vars` only (no process environment).
+pub fn config(vars: &[(&str, &str)]) -> Config {
+    let map: HashMap<String, String> = vars
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    Config::from_lookup(|k| map.get(k).cloned()).expect("valid test configuration")
+}
+
+pub const SECRET: &[u8] = b"test-secret-0123456789abcdef";
+
+/// A gate over `store` and `queue`, EMF lines discarded.
+pub fn gate<S, Q>(vars: &[(&str, &str)], store: S, queue: Q) -> Gate<S, Q>
+where
+    S: quota_gate::store::QuotaStore,
+    Q: ScanQueue,
+{
+    Gate::new(config(vars), SECRET, store, queue, Meter::new("test", None)).unwrap()
+}
+
+/// A gate on `server`, queueing to the stream `jobs` on the same server.
+pub fn valkey_gate(server: &ValkeyServer, vars: &[(&str, &str)]) -> Gate<ValkeyStore, StreamQueue> {
+    let url = server.url();
+    let mut all = vec![
+        ("VALKEY_URL", url.as_str()),
+        ("SCAN_QUEUE_URL", "valkey-stream:jobs"),
+    ];
+    all.extend_from_slice(vars);
+    let config = config(&all);
+    let valkey = Valkey::new(&url, false, config.store_timeout).unwrap();
+    Gate::new(
+        config,
+        SECRET,
+        ValkeyStore::new(valkey.clone()),
+        StreamQueue::new(valkey, "jobs"),
+        Meter::new("test", None),
+    )
+    .unwrap()
+}
+
+/// Every job queued on the stream `key`, oldest first.
+pub async fn stream_jobs(server: &ValkeyServer, key: &str) -> Vec<serde_json::Value> {
+    let mut c = server.client().await;
+    let reply: redis::streams::StreamRangeReply =
+        redis::AsyncCommands::xrange_all(&mut c, key).await.unwrap();
+    reply
+        .ids
+        .iter()
+        .map(|entry| {
+            let job: String = entry.get("job").unwrap();
+            serde_json::from_str(&job).unwrap()
+        })
+        .collect()
+}
+
+/// `POST /scan` from `ip` with a valid body.
+pub fn scan_from(ip: &str) -> GateRequest {
+    let mut headers = HeaderMap::new();
+    headers.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    GateRequest {
+        method: Method::POST,
+        path: "/scan".into(),
+        headers,
+        body: Bytes::from_static(br#"{"image":"registry.example.com/team/app:1.4.2"}"#),
+        peer: Some(ip.parse().unwrap()),
+        ..GateRequest::default()
+    }
+}
+
+/// The same with `Authorization: Bearer <token>`.
+pub fn scan_with_token(ip: &str, token: &str) -> GateRequest {
+    let mut r = scan_from(ip);
+    r.headers.insert(
+        header::AUTHORIZATION,
+        HeaderValue::from_str(&format!("Bearer {token}")).unwrap(),
+    );
+    r
+}
+
+/// A sample event's bytes.
+pub fn event_text(name: &str) -> String {
+    std::fs::read_to_string(root().join("events").join(name)).unwrap()
+}
+
+/// A sample event, parsed exactly as the Lambda runtime would.
+pub fn event(name: &str) -> lambda_http::Request {
+    lambda_http::request::from_str(&event_text(name)).unwrap_or_else(|e| panic!("{name}: {e}"))
+}
+
+/// The JSON body of a response.
+pub fn json(response: &http::Response<Bytes>) -> serde_json::Value {
+    serde_json::from_slice(response.body()).unwrap()
+}
+
+/// The path of a JWT test fixture.
+pub fn fixture(name: &str) -> String {
+    root()
+        .join("tests/fixtures/jwt")
+        .join(name)
+        .to_string_lossy()
+        .into_owned()
+}
+
+/// The bearer token carried by a sample event.
+pub fn event_token(name: &str) -> String {
+    let v: serde_json::Value = serde_json::from_str(&event_text(name)).unwrap();
+    let auth = v["headers"]["authorization"].as_str().unwrap();
+    auth.strip_prefix("Bearer ").unwrap().to_owned()
+}
+
+/// Mints a token with a test key; `alg` is RS256, ES256 or EdDSA.
+pub fn mint(alg: jsonwebtoken::Algorithm, claims: serde_json::Value) -> String {
+    use jsonwebtoken::{Algorithm, EncodingKey, Header};
+    let (file, kid) = match alg {
+        Algorithm::RS256 => ("rs256.key.pem", "rs-1"),
+        Algorithm::ES256 => ("es256.key.pem", "es-1"),
+        _ => ("ed25519.key.pem", "ed-1"),
+    };
+    let pem = std::fs::read(fixture(file)).unwrap();
+    let key = match alg {
+        Algorithm::RS256 => EncodingKey::from_rsa_pem(&pem),
+        Algorithm::ES256 => EncodingKey::from_ec_pem(&pem),
+        _ => EncodingKey::from_ed_pem(&pem),
+    }
+    .unwrap();
+    let mut header = Header::new(alg);
+    header.kid = Some(kid.into());
+    jsonwebtoken::encode(&header, &claims, &key).unwrap()
+}
+
+/// Unix seconds now.
+pub fn now() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs() as i64
+}
