@@ -2,6 +2,8 @@
 //! built from plain variable lists, and the sample events in `events/`.
 #![allow(dead_code)]
 
+pub mod moto;
+
 use std::collections::HashMap;
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::PathBuf;
