@@ -98,7 +98,9 @@ async fn serve(config: Config) -> Result<(), String> {
     } else {
         "in-memory"
     };
-    let meter = Meter::stdout(config.metrics_namespace.clone());
+    // Locally, metrics are served at /metrics; stdout stays a clean stream
+    // of spooled jobs, one JSON line each.
+    let meter = Meter::new(config.metrics_namespace.clone(), None);
     let gate = Gate::from_config(config, &secret, meter)
         .await
         .map_err(|e| format!("configuration error: {e}"))?;
