@@ -23,6 +23,14 @@ pub struct Cli {
 pub enum Command {
     /// Serve POST /scan, GET /healthz and GET /metrics on QUOTA_LISTEN (default 127.0.0.1:9000).
     Serve,
+    /// Show one client's counter, TTL, first-seen, next tier and reset (needs VALKEY_URL).
+    Inspect(crate::ops::command::InspectArgs),
+    /// Remove one client's counter and first-seen key (needs VALKEY_URL).
+    Reset(crate::ops::command::ResetArgs),
+    /// Remove every quota:* key, the seed's mass expiry (needs VALKEY_URL and --yes).
+    Purge(crate::ops::command::PurgeArgs),
+    /// Soft hits, hard hits, reminders and p95 delay per scope, from CloudWatch.
+    Stats(crate::ops::command::StatsArgs),
 }
 
 /// Bucket bounds (ms) for `stella_quota_delay_ms`: dense around the 1 s
@@ -34,10 +42,12 @@ pub const DELAY_BUCKETS_MS: [f64; 12] = [
 
 /// Installs the Prometheus recorder behind `GET /metrics`.
 pub fn install_prometheus() -> Result<PrometheusHandle, String> {
-    PrometheusBuilder::new()
+    let handle = PrometheusBuilder::new()
         .set_buckets_for_metric(Matcher::Full(DELAY_MS.into()), &DELAY_BUCKETS_MS)
         .and_then(|b| b.install_recorder())
-        .map_err(|e| e.to_string())
+        .map_err(|e| e.to_string())?;
+    crate::ops::describe_metrics();
+    Ok(handle)
 }
 
 /// Parses the command line and runs it.
@@ -64,6 +74,24 @@ pub fn main() -> ExitCode {
     let result = runtime.block_on(async {
         match cli.command {
             Command::Serve => serve(config).await,
+            Command::Inspect(args) => {
+                let secret = local_secret(&config);
+                crate::ops::command::inspect(args, &config, &secret)
+                    .await
+                    .map_err(|e| e.to_string())
+            }
+            Command::Reset(args) => {
+                let secret = local_secret(&config);
+                crate::ops::command::reset(args, &config, &secret)
+                    .await
+                    .map_err(|e| e.to_string())
+            }
+            Command::Purge(args) => crate::ops::command::purge(args, &config)
+                .await
+                .map_err(|e| e.to_string()),
+            Command::Stats(args) => crate::ops::command::stats(args, &config)
+                .await
+                .map_err(|e| e.to_string()),
         }
     });
     match result {

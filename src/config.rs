@@ -18,8 +18,11 @@
 //! | `QUOTA_TRUSTED_PROXIES` | empty | CIDRs whose `X-Forwarded-For` is believed |
 //! | `VALKEY_URL` | unset: in-memory store | `redis://` or `rediss://` URL of the quota Valkey |
 //! | `VALKEY_CLUSTER` | `false` | speak cluster mode (ElastiCache Serverless) |
+//! | `VALKEY_TLS_CA` | unset: the platform's roots | path to a PEM file of CA certificates trusted for `rediss://` (for a private CA; ElastiCache needs none) |
 //! | `QUOTA_STORE_TIMEOUT_MS` | 100 | bound on every Valkey call |
 //! | `QUOTA_FAIL_MODE` | `open` | `open`: accept unmetered when Valkey fails; `closed`: 503 |
+//! | `QUOTA_BREAKER_FAILURES` | 5 | consecutive store failures that open the circuit breaker; 0 turns it off |
+//! | `QUOTA_BREAKER_COOLDOWN_MS` | 1000 | how long an open breaker skips the store before one probe |
 //! | `QUOTA_DELAY_MODE` | `sleep` | `sleep` in the handler (rest deferred) or `defer` all of it |
 //! | `QUOTA_GATEWAY_TIMEOUT_MS` | 29000 | the gateway's integration timeout |
 //! | `QUOTA_DELAY_MARGIN_MS` | 1000 | kept free below the gateway and Lambda deadlines |
@@ -105,6 +108,41 @@ pub enum QueueTarget {
     Sqs(String),
 }
 
+/// CA certificates (PEM) read from `VALKEY_TLS_CA` at start.
+#[derive(Clone, PartialEq, Eq)]
+pub struct CaBundle {
+    /// Where it was read from, for messages.
+    pub path: String,
+    pub pem: Vec<u8>,
+}
+
+impl std::fmt::Debug for CaBundle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CaBundle")
+            .field("path", &self.path)
+            .finish()
+    }
+}
+
+impl CaBundle {
+    /// Reads the bundle now, so a missing or unreadable file stops the cold
+    /// start with the variable's name instead of failing every connection.
+    fn read(path: &str) -> Result<Self, ConfigError> {
+        let pem = std::fs::read(path)
+            .map_err(|e| ConfigError::new("VALKEY_TLS_CA", format!("cannot read {path:?}: {e}")))?;
+        if !String::from_utf8_lossy(&pem).contains("-----BEGIN CERTIFICATE-----") {
+            return Err(ConfigError::new(
+                "VALKEY_TLS_CA",
+                format!("{path:?} holds no PEM certificate"),
+            ));
+        }
+        Ok(Self {
+            path: path.to_owned(),
+            pem,
+        })
+    }
+}
+
 /// The secret used by `quota-gate serve` when none is configured. Digests made
 /// with it are not private: it is in the source.
 pub const DEV_HASH_SECRET: &str = "quota-gate-local-development-secret";
@@ -125,7 +163,12 @@ pub struct Config {
     pub trusted_proxies: Vec<IpNet>,
     pub valkey_url: Option<String>,
     pub valkey_cluster: bool,
+    /// Extra trust for `rediss://`: replaces the platform's roots when set.
+    pub valkey_tls_ca: Option<CaBundle>,
     pub store_timeout: Duration,
+    /// Consecutive failures that open the breaker (0: never opens).
+    pub breaker_failures: u32,
+    pub breaker_cool_down: Duration,
     pub fail_mode: FailMode,
     pub delay_mode: DelayMode,
     pub gateway_timeout: Duration,
@@ -271,6 +314,20 @@ impl Config {
             }
         }
 
+        let valkey_tls_ca = get("VALKEY_TLS_CA")
+            .map(|path| CaBundle::read(&path))
+            .transpose()?;
+        if valkey_tls_ca.is_some()
+            && !valkey_url
+                .as_deref()
+                .is_some_and(|u| u.starts_with("rediss://") || u.starts_with("valkeys://"))
+        {
+            return Err(ConfigError::new(
+                "VALKEY_TLS_CA",
+                "needs a rediss:// or valkeys:// VALKEY_URL",
+            ));
+        }
+
         let queue = match get("SCAN_QUEUE_URL") {
             None => QueueTarget::Spool,
             Some(url) => match url.strip_prefix("valkey-stream:") {
@@ -329,7 +386,11 @@ impl Config {
             trusted_proxies,
             valkey_url,
             valkey_cluster: flag("VALKEY_CLUSTER")?,
+            valkey_tls_ca,
             store_timeout,
+            breaker_failures: u32::try_from(num("QUOTA_BREAKER_FAILURES", "5")?)
+                .map_err(|_| ConfigError::new("QUOTA_BREAKER_FAILURES", "too large"))?,
+            breaker_cool_down: millis("QUOTA_BREAKER_COOLDOWN_MS", "1000")?,
             fail_mode,
             delay_mode,
             gateway_timeout: millis("QUOTA_GATEWAY_TIMEOUT_MS", "29000")?,
@@ -407,11 +468,50 @@ mod tests {
             ("SCAN_QUEUE_URL", "valkey-stream:jobs"),
             ("QUOTA_LISTEN", "everywhere"),
             ("QUOTA_STORE_TIMEOUT_MS", "0"),
+            ("VALKEY_TLS_CA", "/nonexistent/ca.pem"),
+            ("QUOTA_BREAKER_FAILURES", "some"),
+            ("QUOTA_BREAKER_COOLDOWN_MS", "-1"),
         ] {
             let err = config(&[(var, value)]).unwrap_err();
             assert_eq!(err.var, var, "{var}={value}: {err}");
             assert!(err.to_string().starts_with(var));
         }
+    }
+
+    /// VALKEY_TLS_CA is read at start, must hold a certificate and needs a TLS URL.
+    #[test]
+    fn tls_ca() {
+        let dir = std::env::temp_dir().join(format!("quota-gate-ca-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let good = dir.join("ca.pem");
+        std::fs::write(
+            &good,
+            "-----BEGIN CERTIFICATE-----\nAA==\n-----END CERTIFICATE-----\n",
+        )
+        .unwrap();
+        let bad = dir.join("empty.pem");
+        std::fs::write(&bad, "nothing here").unwrap();
+        let good = good.to_str().unwrap();
+        let c = config(&[
+            ("VALKEY_URL", "rediss://cache:6379"),
+            ("VALKEY_TLS_CA", good),
+        ])
+        .unwrap();
+        assert_eq!(c.valkey_tls_ca.unwrap().path, good);
+        for vars in [
+            vec![
+                ("VALKEY_URL", "redis://cache:6379"),
+                ("VALKEY_TLS_CA", good),
+            ],
+            vec![("VALKEY_TLS_CA", good)],
+            vec![
+                ("VALKEY_URL", "rediss://cache:6379"),
+                ("VALKEY_TLS_CA", bad.to_str().unwrap()),
+            ],
+        ] {
+            assert_eq!(config(&vars).unwrap_err().var, "VALKEY_TLS_CA", "{vars:?}");
+        }
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     /// Queue targets are told apart by their URL.

@@ -15,6 +15,7 @@ use time::format_description::well_known::Rfc3339;
 use tokio::time::{Instant, timeout};
 use uuid::Uuid;
 
+use crate::breaker::Breaker;
 use crate::config::{Config, ConfigError, FailMode, QueueTarget};
 use crate::decide::{Decision, Tier, decide};
 use crate::delay::{self, DelayPlan};
@@ -55,6 +56,8 @@ pub struct Gate<S, Q> {
     store: S,
     queue: Q,
     meter: Meter,
+    /// Skips the store after repeated failures (see [`crate::breaker`]).
+    breaker: Breaker,
 }
 
 impl Gate<AnyStore, AnyQueue> {
@@ -64,11 +67,7 @@ impl Gate<AnyStore, AnyQueue> {
         secret: &[u8],
         meter: Meter,
     ) -> Result<Self, ConfigError> {
-        let valkey = config
-            .valkey_url
-            .as_deref()
-            .map(|url| Valkey::new(url, config.valkey_cluster, config.store_timeout))
-            .transpose()?;
+        let valkey = Valkey::from_config(&config)?;
         let store = match &valkey {
             Some(v) => AnyStore::Valkey(ValkeyStore::new(v.clone())),
             None => AnyStore::Memory(MemoryStore::default()),
@@ -84,11 +83,11 @@ impl Gate<AnyStore, AnyQueue> {
                     "valkey-stream: needs VALKEY_URL",
                 ));
             }
-            (QueueTarget::Sqs(_), _) => {
-                return Err(ConfigError::new(
-                    "SCAN_QUEUE_URL",
-                    "SQS queues are not supported yet",
-                ));
+            (QueueTarget::Sqs(url), _) => {
+                // Once per cold start: region, credentials and AWS_ENDPOINT_URL
+                // are resolved here, and every invocation reuses the client.
+                let sdk = aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await;
+                AnyQueue::Sqs(crate::queue::sqs::SqsQueue::new(&sdk, url))
             }
         };
         Self::new(config, secret, store, queue, meter)
@@ -104,7 +103,9 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
         meter: Meter,
     ) -> Result<Self, ConfigError> {
         let identifier = Identifier::new(&config, secret)?;
+        let breaker = Breaker::new(config.breaker_failures, config.breaker_cool_down);
         Ok(Self {
+            breaker,
             config,
             identifier,
             store,
@@ -127,6 +128,10 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
 
     pub fn queue(&self) -> &Q {
         &self.queue
+    }
+
+    pub fn breaker(&self) -> &Breaker {
+        &self.breaker
     }
 
     /// Runs the whole request path and answers. Never panics on any input.
@@ -173,7 +178,12 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
         let (count, decision) = match counted {
             Ok(count) => (Some(count), decide(count.used, &limits)),
             Err(e) => {
-                tracing::warn!(error = %e, scope = %identity.scope, "quota store failed");
+                // An open breaker is one outage, already logged when it opened.
+                if matches!(e, StoreError::CircuitOpen) {
+                    tracing::debug!(scope = %identity.scope, "quota store skipped: breaker open");
+                } else {
+                    tracing::warn!(error = %e, scope = %identity.scope, "quota store failed");
+                }
                 if self.config.fail_mode == FailMode::Closed {
                     self.meter.record(&outcome);
                     return Err(GateError::StoreUnavailable);
@@ -212,9 +222,7 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
         if let Err(e) = self.enqueue(&job).await {
             tracing::warn!(error = %e, scope = %identity.scope, "enqueue failed; refunding");
             if count.is_some() {
-                if let Err(e) = timeout(self.config.store_timeout, self.store.refund(&key)).await {
-                    tracing::warn!(error = %e, "refund timed out");
-                }
+                self.refund(&key).await;
             }
             outcome.enqueue_error = true;
             self.meter.record(&outcome);
@@ -241,14 +249,32 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
         })
     }
 
-    /// One bounded store call.
+    /// One bounded store call, skipped while the breaker is open.
     async fn count(&self, key: &QuotaKey) -> Result<Count, StoreError> {
-        timeout(
+        if !self.breaker.admit() {
+            return Err(StoreError::CircuitOpen);
+        }
+        let counted = timeout(
             self.config.store_timeout,
             self.store.count(key, self.config.reset),
         )
         .await
-        .unwrap_or(Err(StoreError::Timeout))
+        .unwrap_or(Err(StoreError::Timeout));
+        self.breaker.record(counted.is_ok());
+        counted
+    }
+
+    /// Takes back a count after a failed enqueue, bounded like every store
+    /// call. A refund that fails leaves the subject one scan short for the
+    /// day; the client got a 503 either way, so it is logged, not retried.
+    async fn refund(&self, key: &QuotaKey) {
+        let refunded = timeout(self.config.store_timeout, self.store.refund(key))
+            .await
+            .unwrap_or(Err(StoreError::Timeout));
+        self.breaker.record(refunded.is_ok());
+        if let Err(e) = refunded {
+            tracing::warn!(error = %e, "refund failed");
+        }
     }
 
     async fn enqueue(&self, job: &ScanJob) -> Result<(), QueueError> {

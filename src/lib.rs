@@ -25,7 +25,9 @@
 //! call; [`lambda`] and [`serve`] adapt it to API Gateway events and to a
 //! local HTTP server. [`config`] reads every setting once, at start, and
 //! [`error`] is the one place that maps failures to HTTP statuses.
+//! [`ops`] holds the operator commands (inspect, reset, purge, stats).
 
+pub mod breaker;
 pub mod cli;
 pub mod config;
 pub mod decide;
@@ -36,6 +38,7 @@ pub mod gate;
 pub mod identity;
 pub mod lambda;
 pub mod meter;
+pub mod ops;
 pub mod queue;
 pub mod respond;
 pub mod serve;

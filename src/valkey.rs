@@ -1,31 +1,52 @@
-//! The connection to the quota Valkey, standalone or cluster.
+//! The connection to the quota Valkey, standalone or cluster, plain or TLS.
 //!
 //! Built once per cold start and shared by the quota store and the stream
 //! queue. Nothing connects at construction: a Lambda whose Valkey is down
 //! still starts (and fails open or closed per request) instead of
 //! crash-looping, and reconnects by itself once Valkey is back.
+//!
+//! TLS (`rediss://`, as ElastiCache Serverless always requires) is rustls
+//! with the aws-lc-rs provider, installed here as the process default so no
+//! rustls user in the process panics for want of one. Servers are verified
+//! against the platform's roots (ElastiCache certificates chain to Amazon's
+//! public roots), or only against `VALKEY_TLS_CA` when set. There is no
+//! switch to skip verification.
 
+use std::collections::BTreeSet;
+use std::sync::Arc;
 use std::time::Duration;
 
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
-use redis::{Cmd, Pipeline, RedisFuture, RedisResult, Value};
+use redis::{
+    Cmd, ConnectionAddr, ConnectionInfo, ErrorKind, IntoConnectionInfo, Pipeline, RedisError,
+    RedisFuture, RedisResult, TlsCertificates, Value,
+};
 use tokio::sync::OnceCell;
 
-use crate::config::ConfigError;
+use crate::config::{Config, ConfigError};
 
 /// A cheap, cloneable handle on the quota Valkey.
 #[derive(Clone)]
 pub struct Valkey {
-    inner: std::sync::Arc<Inner>,
+    inner: Arc<Inner>,
 }
 
-enum Inner {
+struct Inner {
+    kind: Kind,
+    /// The URL's connection settings (credentials, TLS, database), reused
+    /// for the per-primary connections a cluster purge opens.
+    info: ConnectionInfo,
+    tls: Option<TlsCertificates>,
+    timeout: Duration,
+}
+
+enum Kind {
     Standalone(ConnectionManager),
     Cluster {
-        client: Box<ClusterClient>,
-        connection: OnceCell<ClusterConnection>,
+        client: Arc<ClusterClient>,
+        connection: Arc<OnceCell<ClusterConnection>>,
     },
 }
 
@@ -36,52 +57,273 @@ pub enum Connection {
     Cluster(ClusterConnection),
 }
 
+/// Makes aws-lc-rs the process-wide rustls provider, once. rustls refuses to
+/// pick one itself when more than one is compiled in (the AWS SDK brings its
+/// own rustls), and would panic at the first TLS handshake.
+pub fn install_crypto_provider() {
+    // Err means a provider is installed already, which is all we need.
+    let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
+}
+
+fn is_tls(url: &str) -> bool {
+    url.starts_with("rediss://") || url.starts_with("valkeys://")
+}
+
 impl Valkey {
-    /// Prepares a connection to `url` without connecting. `timeout` bounds
-    /// each connection attempt and each response.
+    /// Prepares a connection to `url` without connecting, trusting the
+    /// platform's roots for `rediss://`. `timeout` bounds each connection
+    /// attempt and each response.
     pub fn new(url: &str, cluster: bool, timeout: Duration) -> Result<Self, ConfigError> {
-        let bad = |e: redis::RedisError| ConfigError::new("VALKEY_URL", e.to_string());
-        let inner = if cluster {
-            let client = ClusterClient::builder([url])
+        Self::with_tls_ca(url, cluster, timeout, None)
+    }
+
+    /// The Valkey named by `config` (`VALKEY_URL`, `VALKEY_CLUSTER`,
+    /// `VALKEY_TLS_CA`, `QUOTA_STORE_TIMEOUT_MS`); `None` when no URL is set.
+    pub fn from_config(config: &Config) -> Result<Option<Self>, ConfigError> {
+        config
+            .valkey_url
+            .as_deref()
+            .map(|url| {
+                Self::with_tls_ca(
+                    url,
+                    config.valkey_cluster,
+                    config.store_timeout,
+                    config.valkey_tls_ca.as_ref().map(|ca| ca.pem.as_slice()),
+                )
+            })
+            .transpose()
+    }
+
+    /// Like [`new`](Self::new), but a `rediss://` server must chain to one of
+    /// the PEM certificates in `ca` (and only to those).
+    pub fn with_tls_ca(
+        url: &str,
+        cluster: bool,
+        timeout: Duration,
+        ca: Option<&[u8]>,
+    ) -> Result<Self, ConfigError> {
+        let bad = |e: RedisError| ConfigError::new("VALKEY_URL", e.to_string());
+        if is_tls(url) {
+            install_crypto_provider();
+        }
+        let tls = ca.map(|pem| TlsCertificates {
+            client_tls: None,
+            root_cert: Some(pem.to_vec()),
+        });
+        let bad_ca = |e: RedisError| ConfigError::new("VALKEY_TLS_CA", e.to_string());
+        let info = url.into_connection_info().map_err(bad)?;
+        let kind = if cluster {
+            let mut builder = ClusterClient::builder([info.clone()])
                 .connection_timeout(timeout)
                 .response_timeout(timeout)
-                .retries(1)
+                .retries(1);
+            if let Some(certs) = &tls {
+                builder = builder.certs(certs.clone());
+            }
+            let client = builder
                 .build()
-                .map_err(bad)?;
-            Inner::Cluster {
-                client: Box::new(client),
-                connection: OnceCell::new(),
+                .map_err(if tls.is_some() { bad_ca } else { bad })?;
+            Kind::Cluster {
+                client: Arc::new(client),
+                connection: Arc::new(OnceCell::new()),
             }
         } else {
-            let client = redis::Client::open(url).map_err(bad)?;
+            let client = client_for(info.clone(), tls.as_ref()).map_err(if tls.is_some() {
+                bad_ca
+            } else {
+                bad
+            })?;
             let config = ConnectionManagerConfig::new()
                 .set_connection_timeout(Some(timeout))
                 .set_response_timeout(Some(timeout))
                 .set_number_of_retries(1);
-            Inner::Standalone(ConnectionManager::new_lazy_with_config(client, config).map_err(bad)?)
+            Kind::Standalone(ConnectionManager::new_lazy_with_config(client, config).map_err(bad)?)
         };
         Ok(Self {
-            inner: std::sync::Arc::new(inner),
+            inner: Arc::new(Inner {
+                kind,
+                info,
+                tls,
+                timeout,
+            }),
         })
     }
 
     pub fn is_cluster(&self) -> bool {
-        matches!(*self.inner, Inner::Cluster { .. })
+        matches!(self.inner.kind, Kind::Cluster { .. })
     }
 
     /// A connection, established on first use. A failed attempt is retried
     /// on the next call.
     pub async fn connection(&self) -> RedisResult<Connection> {
-        match &*self.inner {
-            Inner::Standalone(manager) => Ok(Connection::Standalone(manager.clone())),
-            Inner::Cluster { client, connection } => {
-                let c = connection
-                    .get_or_try_init(|| client.get_async_connection())
-                    .await?;
-                Ok(Connection::Cluster(c.clone()))
+        match &self.inner.kind {
+            Kind::Standalone(manager) => Ok(Connection::Standalone(manager.clone())),
+            Kind::Cluster { client, connection } => {
+                if let Some(c) = connection.get() {
+                    return Ok(Connection::Cluster(c.clone()));
+                }
+                // Connecting to a cluster (topology, then every node, each
+                // with a TLS handshake) can outlast one request's timeout. In
+                // a task of its own it survives the caller giving up, so the
+                // next request finds it connected instead of starting over.
+                let (client, cell) = (client.clone(), connection.clone());
+                let connect = tokio::spawn(async move {
+                    cell.get_or_try_init(|| client.get_async_connection())
+                        .await
+                        .cloned()
+                });
+                let c = connect.await.map_err(|e| {
+                    RedisError::from((ErrorKind::Client, "cluster connect task", e.to_string()))
+                })??;
+                Ok(Connection::Cluster(c))
             }
         }
     }
+
+    /// The address of every primary that serves slots, as the cluster
+    /// announces them (`CLUSTER SHARDS`). A standalone server is its own
+    /// only primary.
+    pub async fn primaries(&self) -> RedisResult<Vec<(String, u16)>> {
+        let Kind::Cluster { .. } = &self.inner.kind else {
+            return Ok(match self.inner.info.addr() {
+                ConnectionAddr::Tcp(host, port) | ConnectionAddr::TcpTls { host, port, .. } => {
+                    vec![(host.clone(), *port)]
+                }
+                _ => Vec::new(),
+            });
+        };
+        let mut conn = self.connection().await?;
+        let shards: Value = redis::cmd("CLUSTER")
+            .arg("SHARDS")
+            .query_async(&mut conn)
+            .await?;
+        primaries_from_shards(&shards, is_tls_addr(self.inner.info.addr()))
+    }
+
+    /// A standalone connection to one node at `host:port`, with the same
+    /// credentials, TLS trust and timeouts as the configured URL.
+    pub async fn node_connection(&self, host: &str, port: u16) -> RedisResult<Connection> {
+        let addr = match self.inner.info.addr() {
+            ConnectionAddr::TcpTls { insecure, .. } => ConnectionAddr::TcpTls {
+                host: host.to_owned(),
+                port,
+                insecure: *insecure,
+                tls_params: None,
+            },
+            _ => ConnectionAddr::Tcp(host.to_owned(), port),
+        };
+        let client = client_for(
+            self.inner.info.clone().set_addr(addr),
+            self.inner.tls.as_ref(),
+        )?;
+        let config = ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(self.inner.timeout))
+            .set_response_timeout(Some(self.inner.timeout))
+            .set_number_of_retries(1);
+        Ok(Connection::Standalone(
+            ConnectionManager::new_with_config(client, config).await?,
+        ))
+    }
+}
+
+fn is_tls_addr(addr: &ConnectionAddr) -> bool {
+    matches!(addr, ConnectionAddr::TcpTls { .. })
+}
+
+fn client_for(info: ConnectionInfo, tls: Option<&TlsCertificates>) -> RedisResult<redis::Client> {
+    match tls {
+        Some(certs) => redis::Client::build_with_tls(info, certs.clone()),
+        None => redis::Client::open(info),
+    }
+}
+
+/// A reply that is a map in RESP3 or a flat key/value array in RESP2, as pairs.
+fn pairs(v: &Value) -> Vec<(String, &Value)> {
+    let key = |k: &Value| match k {
+        Value::BulkString(b) => String::from_utf8_lossy(b).into_owned(),
+        Value::SimpleString(s) => s.clone(),
+        _ => String::new(),
+    };
+    match v {
+        Value::Map(m) => m.iter().map(|(k, v)| (key(k), v)).collect(),
+        Value::Array(a) => a.chunks_exact(2).map(|p| (key(&p[0]), &p[1])).collect(),
+        _ => Vec::new(),
+    }
+}
+
+fn text(v: &Value) -> Option<String> {
+    match v {
+        Value::BulkString(b) => Some(String::from_utf8_lossy(b).into_owned()),
+        Value::SimpleString(s) => Some(s.clone()),
+        Value::Int(n) => Some(n.to_string()),
+        _ => None,
+    }
+}
+
+fn items(v: &Value) -> &[Value] {
+    match v {
+        Value::Array(a) | Value::Set(a) => a,
+        _ => &[],
+    }
+}
+
+/// The primaries of a `CLUSTER SHARDS` reply: per shard that owns slots, its
+/// healthy `master` node, addressed by its preferred endpoint (hostname or
+/// IP, as the cluster is configured to announce) and its TLS port when the
+/// connection is TLS. A shard that owns slots but has no healthy primary is
+/// an error: skipping it would leave keys behind.
+pub fn primaries_from_shards(shards: &Value, tls: bool) -> RedisResult<Vec<(String, u16)>> {
+    let mut found = BTreeSet::new();
+    for shard in items(shards) {
+        let fields = pairs(shard);
+        let field = |name: &str| fields.iter().find(|(k, _)| k == name).map(|(_, v)| *v);
+        if field("slots").is_none_or(|s| items(s).is_empty()) {
+            continue;
+        }
+        let primary = field("nodes")
+            .map(items)
+            .unwrap_or_default()
+            .iter()
+            .find_map(|node| {
+                let node = pairs(node);
+                let get = |name: &str| {
+                    node.iter()
+                        .find(|(k, _)| k == name)
+                        .and_then(|(_, v)| text(v))
+                };
+                if get("role").as_deref() != Some("master")
+                    || get("health").as_deref() == Some("fail")
+                {
+                    return None;
+                }
+                let host = ["endpoint", "hostname", "ip"]
+                    .iter()
+                    .filter_map(|k| get(k))
+                    .find(|h| !h.is_empty() && h != "?")?;
+                let ports = if tls {
+                    ["tls-port", "port"]
+                } else {
+                    ["port", "tls-port"]
+                };
+                let port = ports
+                    .iter()
+                    .filter_map(|k| get(k))
+                    .find_map(|p| p.parse::<u16>().ok().filter(|p| *p != 0))?;
+                Some((host, port))
+            });
+        match primary {
+            Some(p) => {
+                found.insert(p);
+            }
+            None => {
+                return Err(RedisError::from((
+                    ErrorKind::ClusterConnectionNotFound,
+                    "a shard that owns slots has no healthy primary",
+                )));
+            }
+        }
+    }
+    Ok(found.into_iter().collect())
 }
 
 impl ConnectionLike for Connection {
@@ -109,5 +351,89 @@ impl ConnectionLike for Connection {
             Self::Standalone(c) => c.get_db(),
             Self::Cluster(c) => c.get_db(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn bulk(s: &str) -> Value {
+        Value::BulkString(s.as_bytes().to_vec())
+    }
+
+    fn node(fields: &[(&str, Value)]) -> Value {
+        Value::Array(
+            fields
+                .iter()
+                .flat_map(|(k, v)| [bulk(k), v.clone()])
+                .collect(),
+        )
+    }
+
+    fn shard(slots: Vec<Value>, nodes: Vec<Value>) -> Value {
+        Value::Array(vec![
+            bulk("slots"),
+            Value::Array(slots),
+            bulk("nodes"),
+            Value::Array(nodes),
+        ])
+    }
+
+    /// Primaries come from shards that own slots, by preferred endpoint, TLS port when TLS.
+    #[test]
+    fn primaries_from_a_shards_reply() {
+        let primary = node(&[
+            ("port", Value::Int(7001)),
+            ("tls-port", Value::Int(7101)),
+            ("ip", bulk("10.0.0.1")),
+            ("endpoint", bulk("node-1.cache.example")),
+            ("role", bulk("master")),
+            ("health", bulk("online")),
+        ]);
+        let replica = node(&[
+            ("port", Value::Int(7002)),
+            ("ip", bulk("10.0.0.2")),
+            ("endpoint", bulk("10.0.0.2")),
+            ("role", bulk("replica")),
+            ("health", bulk("online")),
+        ]);
+        let empty = node(&[
+            ("port", Value::Int(7003)),
+            ("ip", bulk("10.0.0.3")),
+            ("role", bulk("master")),
+            ("health", bulk("online")),
+        ]);
+        let reply = Value::Array(vec![
+            shard(
+                vec![Value::Int(0), Value::Int(16383)],
+                vec![replica, primary],
+            ),
+            shard(vec![], vec![empty]),
+        ]);
+        assert_eq!(
+            primaries_from_shards(&reply, false).unwrap(),
+            [("node-1.cache.example".to_owned(), 7001)]
+        );
+        assert_eq!(
+            primaries_from_shards(&reply, true).unwrap(),
+            [("node-1.cache.example".to_owned(), 7101)]
+        );
+    }
+
+    /// A shard owning slots with its primary failed is an error, not a silent skip.
+    #[test]
+    fn failed_primary_is_an_error() {
+        let failed = node(&[
+            ("port", Value::Int(7001)),
+            ("ip", bulk("10.0.0.1")),
+            ("role", bulk("master")),
+            ("health", bulk("fail")),
+        ]);
+        let reply = Value::Array(vec![shard(
+            vec![Value::Int(0), Value::Int(1)],
+            vec![failed],
+        )]);
+        assert!(primaries_from_shards(&reply, false).is_err());
     }
 }

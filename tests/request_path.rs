@@ -118,10 +118,13 @@ async fn rolling_ttl_and_healing() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn concurrent_counts_are_exact() {
     let server = ValkeyServer::start();
+    // A generous store timeout: this test is about exactness, not latency, and
+    // eight connections opening at once on a loaded CI machine can take a while.
     let vars = [
         ("QUOTA_ANON", "100"),
         ("QUOTA_SOFT_WINDOW", "30"),
         ("QUOTA_DELAY_MODE", "defer"),
+        ("QUOTA_STORE_TIMEOUT_MS", "2000"),
     ];
     // Eight gates, each with its own connection, as eight Lambda instances would have.
     let gates: Vec<_> = (0..8)

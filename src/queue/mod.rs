@@ -3,10 +3,12 @@
 //! Every 202 stands for exactly one queued [`ScanJob`]: the gate counts,
 //! enqueues, and only then answers; a failed enqueue refunds the count and
 //! answers 503. Backends: [`spool::Spool`] (one JSON line per job on stdout,
-//! the local default) and [`stream::StreamQueue`] (`XADD` on the quota
-//! Valkey).
+//! the local default), [`stream::StreamQueue`] (`XADD` on the quota
+//! Valkey) and [`sqs::SqsQueue`] (one `SendMessage`, held back by
+//! `DelaySeconds`).
 
 pub mod spool;
+pub mod sqs;
 pub mod stream;
 
 use std::future::Future;
@@ -70,6 +72,7 @@ pub trait ScanQueue: Send + Sync + 'static {
 pub enum AnyQueue {
     Spool(spool::Spool),
     Stream(stream::StreamQueue),
+    Sqs(sqs::SqsQueue),
 }
 
 impl ScanQueue for AnyQueue {
@@ -77,6 +80,7 @@ impl ScanQueue for AnyQueue {
         match self {
             Self::Spool(q) => q.enqueue(job).await,
             Self::Stream(q) => q.enqueue(job).await,
+            Self::Sqs(q) => q.enqueue(job).await,
         }
     }
 }

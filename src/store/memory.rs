@@ -2,8 +2,12 @@
 //!
 //! It is the default when no `VALKEY_URL` is set, so `quota-gate serve` runs
 //! with nothing else installed. Counters expire exactly as in Valkey, and
-//! expired entries are swept whenever the map doubles since the last sweep,
-//! so memory stays proportional to the subjects seen in one period.
+//! expired entries are swept whenever the map doubles since the last sweep
+//! (so sweeping costs O(1) amortised) and, at most once a minute, as soon as
+//! the earliest counter has expired (so at 00:00 UTC yesterday's subjects go
+//! at once instead of lingering until the map doubles again). Memory stays
+//! proportional to the subjects seen in one period; after a mass expiry the
+//! table's capacity is given back too.
 //! A std `Mutex` fits: it is never held across an `.await`.
 
 use std::collections::HashMap;
@@ -21,6 +25,11 @@ pub type Clock = Arc<dyn Fn() -> i64 + Send + Sync>;
 
 const MIN_SWEEP_LEN: usize = 1024;
 
+/// The least time between two sweeps triggered by expiry rather than size:
+/// with `rolling` counters something expires every second, and an O(n) sweep
+/// per second would be waste.
+const SWEEP_INTERVAL_SECS: i64 = 60;
+
 #[derive(Debug, Clone, Copy)]
 struct Entry {
     used: u64,
@@ -31,6 +40,28 @@ struct Entry {
 struct Inner {
     entries: HashMap<String, Entry>,
     sweep_at_len: usize,
+    /// No entry expires before this (exact after a sweep, lowered on insert).
+    earliest_reset: i64,
+    last_sweep: i64,
+}
+
+impl Inner {
+    /// Drops expired entries and returns spare capacity after a mass expiry.
+    fn sweep(&mut self, now: i64) {
+        self.entries.retain(|_, e| e.reset_at > now);
+        let len = self.entries.len();
+        if self.entries.capacity() > 4 * len.max(MIN_SWEEP_LEN) {
+            self.entries.shrink_to(2 * len);
+        }
+        self.sweep_at_len = (len * 2).max(MIN_SWEEP_LEN);
+        self.earliest_reset = self
+            .entries
+            .values()
+            .map(|e| e.reset_at)
+            .min()
+            .unwrap_or(i64::MAX);
+        self.last_sweep = now;
+    }
 }
 
 /// An in-memory quota store.
@@ -56,6 +87,8 @@ impl MemoryStore {
         let inner = Inner {
             entries: HashMap::new(),
             sweep_at_len: MIN_SWEEP_LEN,
+            earliest_reset: i64::MAX,
+            last_sweep: i64::MIN,
         };
         Self {
             inner: Arc::new(Mutex::new(inner)),
@@ -84,27 +117,31 @@ impl MemoryStore {
     fn count_now(&self, key: &QuotaKey, reset: ResetPolicy) -> Count {
         let now = (self.clock)();
         let mut inner = self.lock();
-        let entry = match Self::live(&inner, &key.counter, now) {
-            Some(mut e) => {
+        let entry = match inner.entries.get_mut(&key.counter) {
+            // The common case: no key copy, no second lookup.
+            Some(e) if e.reset_at > now => {
                 e.used += 1;
-                e
+                *e
             }
-            None => {
+            _ => {
                 let reset_at = match reset {
                     ResetPolicy::Rolling => now + 86_400,
                     ResetPolicy::UtcDay => now - now.rem_euclid(86_400) + 86_400,
                 };
-                Entry {
+                let e = Entry {
                     used: 1,
                     reset_at,
                     first_seen: now,
-                }
+                };
+                inner.entries.insert(key.counter.clone(), e);
+                inner.earliest_reset = inner.earliest_reset.min(reset_at);
+                e
             }
         };
-        inner.entries.insert(key.counter.clone(), entry);
-        if inner.entries.len() >= inner.sweep_at_len {
-            inner.entries.retain(|_, e| e.reset_at > now);
-            inner.sweep_at_len = (inner.entries.len() * 2).max(MIN_SWEEP_LEN);
+        let expired = now >= inner.earliest_reset
+            && now >= inner.last_sweep.saturating_add(SWEEP_INTERVAL_SECS);
+        if inner.entries.len() >= inner.sweep_at_len || expired {
+            inner.sweep(now);
         }
         Count {
             used: entry.used,
@@ -251,5 +288,18 @@ mod tests {
             s.count(&key(n), ResetPolicy::UtcDay).await.unwrap();
         }
         assert!(s.len() <= 20_000 + MIN_SWEEP_LEN, "len {}", s.len());
+    }
+
+    /// At 00:00 UTC yesterday's subjects go with the first count, not when the map next doubles.
+    #[tokio::test]
+    async fn sweeps_at_expiry() {
+        let (s, t) = clocked(T0);
+        for n in 0..5_000 {
+            s.count(&key(n), ResetPolicy::UtcDay).await.unwrap();
+        }
+        assert_eq!(s.len(), 5_000);
+        t.store(MIDNIGHT, Ordering::SeqCst);
+        assert_eq!(s.count(&key(9), ResetPolicy::UtcDay).await.unwrap().used, 1);
+        assert_eq!(s.len(), 1);
     }
 }

@@ -13,12 +13,17 @@ use crate::valkey::{Connection, Valkey};
 /// Keys removed per UNLINK in a purge.
 const PURGE_BATCH: usize = 500;
 
+/// Told how many keys each purge batch removed (or matched, in a dry run),
+/// so `quota-gate purge` can show progress on a long run.
+pub type PurgeProgress = std::sync::Arc<dyn Fn(u64) + Send + Sync>;
+
 /// A quota store on Valkey.
 #[derive(Clone)]
 pub struct ValkeyStore {
     valkey: Valkey,
     count: Script,
     refund: Script,
+    progress: Option<PurgeProgress>,
 }
 
 impl ValkeyStore {
@@ -27,7 +32,14 @@ impl ValkeyStore {
             valkey,
             count: Script::new(include_str!("count.lua")),
             refund: Script::new(include_str!("refund.lua")),
+            progress: None,
         }
+    }
+
+    /// Reports purge batches to `progress` (the request path never purges).
+    pub fn with_purge_progress(mut self, progress: PurgeProgress) -> Self {
+        self.progress = Some(progress);
+        self
     }
 
     pub fn valkey(&self) -> &Valkey {
@@ -87,18 +99,29 @@ impl QuotaStore for ValkeyStore {
     }
 
     async fn purge(&self, dry_run: bool) -> Result<u64, StoreError> {
-        if self.valkey.is_cluster() {
-            return Err(StoreError::Backend(
-                "purge: cluster mode needs per-primary scans".into(),
-            ));
+        if !self.valkey.is_cluster() {
+            let mut conn = self.connection().await?;
+            return purge_node(&mut conn, dry_run, self.progress.as_deref()).await;
         }
-        let mut conn = self.connection().await?;
-        purge_node(&mut conn, dry_run).await
+        // SCAN walks one node's keyspace, and a cluster connection would send
+        // each SCAN to a random node: so every primary is scanned through a
+        // connection of its own. Replicas hold copies and need nothing.
+        let mut removed = 0;
+        for (host, port) in self.valkey.primaries().await? {
+            let mut conn = self.valkey.node_connection(&host, port).await?;
+            removed += purge_node(&mut conn, dry_run, self.progress.as_deref()).await?;
+        }
+        Ok(removed)
     }
 }
 
-/// `SCAN MATCH quota:*` over one node, unlinking in batches.
-pub async fn purge_node(conn: &mut Connection, dry_run: bool) -> Result<u64, StoreError> {
+/// `SCAN MATCH quota:*` over one node, unlinking in batches; `progress`
+/// hears each batch's count.
+pub async fn purge_node(
+    conn: &mut Connection,
+    dry_run: bool,
+    progress: Option<&(dyn Fn(u64) + Send + Sync)>,
+) -> Result<u64, StoreError> {
     let mut cursor: u64 = 0;
     let mut removed = 0u64;
     loop {
@@ -111,14 +134,22 @@ pub async fn purge_node(conn: &mut Connection, dry_run: bool) -> Result<u64, Sto
             .query_async(conn)
             .await?;
         if !keys.is_empty() {
-            removed += if dry_run {
+            let batch = if dry_run {
                 keys.len() as u64
             } else {
-                redis::cmd("UNLINK")
-                    .arg(&keys)
-                    .query_async::<u64>(conn)
-                    .await?
+                // One UNLINK per key, pipelined: a multi-key UNLINK would be
+                // refused with CROSSSLOT by a cluster node, whose keys span
+                // many slots.
+                let mut pipe = redis::pipe();
+                for key in &keys {
+                    pipe.unlink(key);
+                }
+                pipe.query_async::<Vec<u64>>(conn).await?.iter().sum()
             };
+            removed += batch;
+            if let Some(report) = progress {
+                report(batch);
+            }
         }
         if next == 0 {
             return Ok(removed);

@@ -2,6 +2,7 @@
 //! built from plain variable lists, and the sample events in `events/`.
 #![allow(dead_code)]
 
+pub mod cluster;
 pub mod moto;
 
 use std::collections::HashMap;
@@ -71,36 +72,38 @@ impl ValkeyServer {
     pub fn start_with(extra: &[&str]) -> Self {
         for _ in 0..5 {
             let port = free_port();
-            let dir = std::env::temp_dir()
-                .join(format!("quota-gate-valkey-{port}-{}", std::process::id()));
-            std::fs::create_dir_all(&dir).unwrap();
-            let bin = valkey_server_bin();
-            let child = Command::new(&bin)
-                .args([
-                    "--port",
-                    &port.to_string(),
-                    "--bind",
-                    "127.0.0.1",
-                    "--save",
-                    "",
-                    "--appendonly",
-                    "no",
-                ])
-                .args(["--dir", dir.to_str().unwrap()])
-                .args(extra)
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .spawn()
-                .unwrap_or_else(|e| {
-                    panic!("cannot start {bin:?} (run scripts/test once to install it): {e}")
-                });
-            let mut server = Self { port, child, dir };
-            if wait_for_port(server.addr(), Duration::from_secs(5)) {
+            let dir = data_dir(port);
+            let mut server = Self {
+                port,
+                child: spawn_valkey(port, &dir, extra),
+                dir,
+            };
+            // Another test may have taken the port between our probe and the bind.
+            if server.is_ready(Duration::from_secs(10)) {
                 return server;
             }
             let _ = server.child.kill();
+            let _ = server.child.wait();
         }
         panic!("valkey-server did not start");
+    }
+
+    /// Whether our own process (not another test's server on the same port) answers.
+    fn is_ready(&mut self, within: Duration) -> bool {
+        let deadline = Instant::now() + within;
+        while Instant::now() < deadline {
+            if matches!(self.child.try_wait(), Ok(Some(_))) {
+                return false;
+            }
+            let info = redis::Client::open(self.url())
+                .and_then(|c| c.get_connection_with_timeout(Duration::from_millis(200)))
+                .and_then(|mut c| redis::cmd("INFO").arg("server").query::<String>(&mut c));
+            if let Ok(info) = info {
+                return info.contains(&format!("process_id:{}\r\n", self.child.id()));
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        false
     }
 
     pub fn addr(&self) -> SocketAddr {
@@ -272,4 +275,76 @@ pub fn now() -> i64 {
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
         .as_secs() as i64
+}
+
+/// The arguments every test server gets: `port`, loopback only, persistence off, data in `dir`.
+fn data_dir(port: u16) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("quota-gate-valkey-{port}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// A throw-away `valkey-server` on `port`: loopback only, persistence off unless `extra` says.
+fn spawn_valkey(port: u16, dir: &std::path::Path, extra: &[&str]) -> Child {
+    let bin = valkey_server_bin();
+    Command::new(&bin)
+        .args([
+            "--port",
+            &port.to_string(),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+        ])
+        .args(["--dir", &dir.to_string_lossy()])
+        .args(extra)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap_or_else(|e| {
+            panic!("cannot start {bin:?} (run scripts/test once to install it): {e}")
+        })
+}
+
+impl ValkeyServer {
+    /// Starts a server on a given `port` (one a gate was already pointed at), waiting for it.
+    pub fn start_on(port: u16, extra: &[&str]) -> Self {
+        let dir = data_dir(port);
+        let mut server = Self {
+            port,
+            child: spawn_valkey(port, &dir, extra),
+            dir,
+        };
+        assert!(
+            server.is_ready(Duration::from_secs(10)),
+            "valkey-server did not start on port {port}"
+        );
+        server
+    }
+
+    /// Sends `signal` (`KILL`, `STOP`, `CONT`) to the server process.
+    pub fn signal(&self, signal: &str) {
+        let status = Command::new("kill")
+            .arg(format!("-{signal}"))
+            .arg(self.pid().to_string())
+            .status()
+            .unwrap();
+        assert!(status.success(), "kill -{signal} failed");
+    }
+
+    /// SIGKILL (no shutdown, no goodbye to clients), then a new process on the
+    /// same port and data directory with `extra` options (an AOF survives).
+    pub fn crash_and_restart(&mut self, down_for: Duration, extra: &[&str]) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        std::thread::sleep(down_for);
+        self.child = spawn_valkey(self.port, &self.dir, extra);
+        assert!(
+            self.is_ready(Duration::from_secs(10)),
+            "valkey-server did not restart on port {}",
+            self.port
+        );
+    }
 }

@@ -29,7 +29,9 @@ impl MotoServer {
                 .stdout(Stdio::null())
                 .stderr(Stdio::null())
                 .spawn()
-                .unwrap_or_else(|e| panic!("cannot start {bin:?} (run scripts/test once to install it): {e}"));
+                .unwrap_or_else(|e| {
+                    panic!("cannot start {bin:?} (run scripts/test once to install it): {e}")
+                });
             let mut server = Self { port, child };
             if wait_for_port(server.addr(), Duration::from_secs(30)) {
                 return server;
@@ -54,9 +56,51 @@ impl MotoServer {
         aws_config::defaults(aws_config::BehaviorVersion::latest())
             .endpoint_url(self.endpoint())
             .region(aws_config::Region::new("us-east-1"))
-            .credentials_provider(aws_sdk_sqs::config::Credentials::new("testing", "testing", None, None, "test"))
+            .credentials_provider(aws_sdk_sqs::config::Credentials::new(
+                "testing", "testing", None, None, "test",
+            ))
             .load()
             .await
+    }
+
+    /// moto's own view of its state (`GET /moto-api/data.json`): every model
+    /// instance with its attributes, including what the SQS API never returns
+    /// (a message's `delayed_until` and `sent_timestamp`, hence its `DelaySeconds`).
+    pub fn model_data(&self) -> serde_json::Value {
+        use std::io::{Read, Write};
+        let mut stream = std::net::TcpStream::connect(self.addr()).unwrap();
+        stream
+            .set_read_timeout(Some(Duration::from_secs(10)))
+            .unwrap();
+        // HTTP/1.0: the server closes the connection after the answer, so
+        // reading to the end reads exactly one response.
+        write!(
+            stream,
+            "GET /moto-api/data.json HTTP/1.0\r\nHost: 127.0.0.1:{}\r\n\r\n",
+            self.port
+        )
+        .unwrap();
+        let mut raw = Vec::new();
+        stream.read_to_end(&mut raw).unwrap();
+        let text = String::from_utf8(raw).unwrap();
+        let (head, body) = text.split_once("\r\n\r\n").unwrap();
+        assert!(
+            head.starts_with("HTTP/1.") && head.contains(" 200 "),
+            "{head}"
+        );
+        serde_json::from_str(body).unwrap()
+    }
+
+    /// Every SQS message moto has created, in send order (deleted ones stay
+    /// listed: moto tracks instances, not queue contents).
+    pub fn sqs_messages(&self) -> Vec<serde_json::Value> {
+        let data = self.model_data();
+        let mut messages = data["sqs"]["Message"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        messages.sort_by_key(|m| m["sent_timestamp"].as_u64().unwrap_or(0));
+        messages
     }
 
     /// Stops the server (for outage tests).

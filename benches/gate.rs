@@ -1,0 +1,630 @@
+//! `cargo bench --bench gate`: quota-gate against the Valkey ceiling, in one run.
+//!
+//! Starts its own pinned `valkey-server` on a free port and prints one table:
+//!
+//! 1. the ceiling: `INCR` round trips/s from the gate's own redis-rs client
+//!    (a `ConnectionManager`, i.e. one multiplexed connection), N tasks each
+//!    awaiting one command at a time, no explicit pipelining;
+//! 2. `count.lua` alone (EVALSHA, through `ValkeyStore::count`);
+//! 3. full gate decisions in process (`Gate::handle`: validate, identify,
+//!    hash, count, decide, XADD to a Valkey stream, build the 202, write the
+//!    EMF line to `io::sink()` so stdout is not the bottleneck), delays zero,
+//!    for an IP and for JWT callers (EdDSA, ES256, RS256);
+//! 4. the same through `quota-gate serve` (the release binary cargo built
+//!    for this bench) under a loopback load generator in this process;
+//!
+//! then time to first request, peak RSS, binary and zip sizes, and the
+//! in-memory store's bound with 1,000,000 subjects, each next to its target.
+//!
+//! Modes: `cargo bench --bench gate` runs the full bench. Under `cargo test
+//! --all-targets` (no `--bench` argument), with `--quick` or with
+//! `QUOTA_BENCH_QUICK=1` it runs a tiny smoke version in about a second and
+//! fails only if something did not work, never on a figure.
+//! `QUOTA_BENCH_CONCURRENCY` (64) and `QUOTA_BENCH_SECS` (4) tune a full run.
+
+#[path = "../tests/common/mod.rs"]
+mod common;
+#[path = "gate/http.rs"]
+mod http;
+#[path = "gate/load.rs"]
+mod load;
+#[path = "gate/process.rs"]
+mod process;
+
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use jsonwebtoken::Algorithm;
+use quota_gate::config::ResetPolicy;
+use quota_gate::digest::{Hasher, Scope};
+use quota_gate::gate::{Gate, GateRequest};
+use quota_gate::meter::Meter;
+use quota_gate::queue::stream::StreamQueue;
+use quota_gate::store::valkey::ValkeyStore;
+use quota_gate::store::{QuotaKey, QuotaStore};
+use quota_gate::valkey::Valkey;
+use serde_json::json;
+
+use load::{Plan, Stats, closed_loop, with_cpu};
+
+/// Set in the child process that measures the in-memory store.
+pub const CHILD_ENV: &str = "QUOTA_BENCH_CHILD";
+
+const MIB: f64 = 1024.0 * 1024.0;
+
+type ValkeyGate = Gate<ValkeyStore, StreamQueue>;
+
+/// Which kind of line, for the ratio and target columns.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Ceiling,
+    Script,
+    InProcess,
+    Http,
+}
+
+struct Row {
+    name: String,
+    kind: Kind,
+    stats: Stats,
+    /// CPU µs per op: valkey-server, the gate's process, the HTTP generator.
+    cpu: [f64; 3],
+}
+
+impl Row {
+    fn new(name: &str, kind: Kind, (stats, cpu): (Stats, Vec<f64>)) -> Self {
+        let at = |i: usize| cpu.get(i).copied().unwrap_or(f64::NAN);
+        Self {
+            name: name.into(),
+            kind,
+            stats,
+            cpu: [at(0), at(1), at(2)],
+        }
+    }
+}
+
+struct Settings {
+    quick: bool,
+    plan: Plan,
+    start_runs: usize,
+    subjects: u64,
+}
+
+impl Settings {
+    fn from_env() -> Self {
+        let args: Vec<String> = std::env::args().collect();
+        let var = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
+        // cargo passes `--bench` only under `cargo bench`; `cargo test` runs
+        // this binary without it, and then it is a smoke test.
+        let quick = args.iter().any(|a| a == "--quick")
+            || var("QUOTA_BENCH_QUICK").is_some_and(|v| v != "0")
+            || !args.iter().any(|a| a == "--bench");
+        // A smoke run is a debug build, where one JWT check takes milliseconds:
+        // 64 in flight would only time out against the 100 ms store timeout.
+        let concurrency = var("QUOTA_BENCH_CONCURRENCY")
+            .and_then(|v| v.parse().ok())
+            .filter(|&c: &usize| (1..=1024).contains(&c))
+            .unwrap_or(if quick { 4 } else { 64 });
+        let secs = var("QUOTA_BENCH_SECS")
+            .and_then(|v| v.parse().ok())
+            .filter(|&s: &f64| s > 0.0 && s <= 600.0)
+            .unwrap_or(4.0);
+        let plan = if quick {
+            Plan {
+                concurrency,
+                warmup: Duration::ZERO,
+                measure: Duration::from_millis(250),
+            }
+        } else {
+            Plan {
+                concurrency,
+                warmup: Duration::from_secs(1),
+                measure: Duration::from_secs_f64(secs),
+            }
+        };
+        Self {
+            quick,
+            plan,
+            start_runs: if quick { 1 } else { 7 },
+            subjects: if quick { 20_000 } else { 1_000_000 },
+        }
+    }
+}
+
+fn main() -> ExitCode {
+    if let Ok(child) = std::env::var(CHILD_ENV) {
+        if let Some(n) = child.strip_prefix("memory:").and_then(|n| n.parse().ok()) {
+            process::memory_child(n);
+            return ExitCode::SUCCESS;
+        }
+        eprintln!("unknown {CHILD_ENV}={child}");
+        return ExitCode::FAILURE;
+    }
+    let settings = Settings::from_env();
+    match run(&settings) {
+        Ok(failures) if failures.is_empty() => {
+            if settings.quick {
+                println!("bench smoke: 1 passed, 0 failed");
+            }
+            ExitCode::SUCCESS
+        }
+        Ok(failures) => {
+            for f in &failures {
+                eprintln!("bench: {f}");
+            }
+            if settings.quick {
+                println!("bench smoke: 0 passed, 1 failed");
+            }
+            ExitCode::FAILURE
+        }
+        Err(e) => {
+            eprintln!("bench: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Runs everything; returns what did not work (never a missed figure).
+fn run(settings: &Settings) -> Result<Vec<String>, String> {
+    let plan = settings.plan;
+    let server = common::ValkeyServer::start();
+    let url = server.url();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| e.to_string())?;
+    let cpus = std::thread::available_parallelism().map_or(0, |n| n.get());
+    println!(
+        "quota-gate bench{}: {} in flight, {:.1} s per line after {:.1} s warm-up, \
+         valkey-server on 127.0.0.1:{}, {cpus} CPUs",
+        if settings.quick {
+            " (quick smoke run: figures mean nothing)"
+        } else {
+            ""
+        },
+        plan.concurrency,
+        plan.measure.as_secs_f64(),
+        plan.warmup.as_secs_f64(),
+        server.port,
+    );
+
+    let mut rows = Vec::new();
+    let mut failures = Vec::new();
+    let valkey_pid = server.pid().to_string();
+    runtime.block_on(in_process(
+        &url,
+        &valkey_pid,
+        plan,
+        &mut rows,
+        &mut failures,
+    ))?;
+
+    // 4: the release `quota-gate serve` under the loopback generator.
+    let serve = process::Serve::spawn(&url).map_err(|e| format!("spawn serve: {e}"))?;
+    serve.first_request(Instant::now())?;
+    let pid = serve.pid().to_string();
+    let idle_rss = process::proc_status_kib(&pid, "VmRSS:").unwrap_or(0);
+    let ed = token(Algorithm::EdDSA, "http-0");
+    for (name, request) in [
+        ("4 HTTP serve, IP", http::scan_request(None)),
+        ("4 HTTP serve, JWT EdDSA", http::scan_request(Some(&ed))),
+    ] {
+        runtime.block_on(clear_stream(&url));
+        let pids = [valkey_pid.clone(), pid.clone(), "self".into()];
+        let measured = http_line(serve.addr, request, plan, pids)?;
+        rows.push(Row::new(name, Kind::Http, measured));
+    }
+    let peak_rss = process::proc_status_kib(&pid, "VmHWM:").unwrap_or(0);
+    drop(serve);
+
+    for r in &rows {
+        if r.stats.errors > 0 || r.stats.ops == 0 {
+            failures.push(format!(
+                "{}: {} ops, {} errors (first: {})",
+                r.name,
+                r.stats.ops,
+                r.stats.errors,
+                r.stats.first_error.as_deref().unwrap_or("-")
+            ));
+        }
+    }
+    print_table(&rows);
+
+    // Start-up, size and memory.
+    let mut targets = Targets::default();
+    println!();
+    match process::start_times(&url, settings.start_runs) {
+        Ok(mut times) => {
+            times.sort_by_key(|t| t.1);
+            let (healthy, first) = times[times.len() / 2];
+            let (min, max) = (times[0].1, times[times.len() - 1].1);
+            targets.check(
+                "start: spawn to first 202 (serve, valkey connect included)",
+                first.as_secs_f64() * 1e3,
+                50.0,
+                "ms",
+                &format!(
+                    "median of {}, {:.1}–{:.1} ms; /healthz at {:.1} ms",
+                    times.len(),
+                    min.as_secs_f64() * 1e3,
+                    max.as_secs_f64() * 1e3,
+                    healthy.as_secs_f64() * 1e3
+                ),
+            );
+        }
+        Err(e) => failures.push(format!("start-up: {e}")),
+    }
+    targets.check(
+        "peak RSS of serve during line 4 (VmHWM)",
+        peak_rss as f64 / MIB,
+        32.0,
+        "MiB",
+        &format!("idle after start {:.1} MiB", idle_rss as f64 / MIB),
+    );
+    let scratch = std::env::temp_dir().join(format!("quota-gate-bench-{}", std::process::id()));
+    let _ = std::fs::create_dir_all(&scratch);
+    // Zipping a 200 MiB debug binary would be the slowest part of a smoke run.
+    let sizes = if settings.quick {
+        Err("skipped in a quick run (debug build)".to_string())
+    } else {
+        process::sizes(&process::bootstrap_bin(), &scratch)
+    };
+    match sizes {
+        Err(e) if settings.quick => println!("bootstrap size: {e}"),
+        Ok((raw, zipped)) => targets.check(
+            "bootstrap zip (x86_64)",
+            zipped as f64 / MIB,
+            5.0,
+            "MiB",
+            &format!(
+                "bootstrap {:.2} MiB unzipped, release profile",
+                raw as f64 / MIB
+            ),
+        ),
+        Err(e) => failures.push(format!("sizes: {e}")),
+    }
+    let _ = std::fs::remove_dir_all(&scratch);
+    match process::memory_figures(settings.subjects) {
+        Ok(m) => {
+            let grown = m.peak_day1.saturating_sub(m.baseline);
+            let per = grown as f64 / m.subjects as f64;
+            println!(
+                "memory store: {} subjects -> peak RSS +{:.1} MiB ({per:.0} B/subject); \
+                 next day {} new subjects -> {} entries after sweep, peak RSS +{:.1} MiB \
+                 ({})",
+                m.subjects,
+                grown as f64 / MIB,
+                m.subjects,
+                m.len_day2,
+                m.peak_day2.saturating_sub(m.baseline) as f64 / MIB,
+                if m.peak_day2 <= m.peak_day1 + m.peak_day1 / 10 {
+                    "bounded: expired entries were reused"
+                } else {
+                    "NOT bounded"
+                }
+            );
+            if m.len_day1 != m.subjects {
+                failures.push(format!(
+                    "memory store held {} of {}",
+                    m.len_day1, m.subjects
+                ));
+            }
+        }
+        Err(e) => failures.push(format!("memory store: {e}")),
+    }
+
+    // Throughput and latency targets, from the table.
+    let ceiling = rows
+        .iter()
+        .find(|r| r.kind == Kind::Ceiling)
+        .map(|r| r.stats.clone());
+    if let Some(c) = ceiling {
+        for r in &rows {
+            let (min_ratio, label) = match r.kind {
+                Kind::InProcess => (0.80, "≥ 0.80 × ceiling"),
+                Kind::Http => (0.50, "≥ 0.50 × ceiling"),
+                _ => continue,
+            };
+            let ratio = r.stats.per_sec / c.per_sec;
+            targets.check_min(&format!("{}: ratio", r.name), ratio, min_ratio, label);
+            if r.kind == Kind::InProcess {
+                targets.check(
+                    &format!("{}: p99 added", r.name),
+                    (r.stats.p99_us - c.p99_us) / 1e3,
+                    1.0,
+                    "ms",
+                    &format!("p99 {:.2} ms", r.stats.p99_us / 1e3),
+                );
+            }
+        }
+    }
+    println!(
+        "\ntargets: {} met, {} missed{}",
+        targets.met,
+        targets.missed,
+        if settings.quick {
+            " (quick run: not meaningful)"
+        } else {
+            ""
+        }
+    );
+    drop(server);
+    Ok(failures)
+}
+
+/// Lines 1–3, on this process's runtime.
+async fn in_process(
+    url: &str,
+    valkey_pid: &str,
+    plan: Plan,
+    rows: &mut Vec<Row>,
+    failures: &mut Vec<String>,
+) -> Result<(), String> {
+    let timeout = Duration::from_millis(100);
+    let hasher = Hasher::new(common::SECRET);
+    let pids = [valkey_pid.to_string(), "self".into()];
+
+    // 1: the ceiling. A fresh handle, so nothing is shared with the gate.
+    let valkey = Valkey::new(url, false, timeout).map_err(|e| e.to_string())?;
+    let keys: Arc<Vec<String>> = Arc::new(
+        (0..plan.concurrency)
+            .map(|t| format!("bench:incr:{t}"))
+            .collect(),
+    );
+    let run = closed_loop(plan, move |task, _| {
+        let valkey = valkey.clone();
+        let keys = keys.clone();
+        async move {
+            let mut conn = valkey.connection().await.map_err(|e| e.to_string())?;
+            redis::cmd("INCR")
+                .arg(&keys[task])
+                .query_async::<i64>(&mut conn)
+                .await
+                .map(drop)
+                .map_err(|e| e.to_string())
+        }
+    });
+    let measured = with_cpu(&pids, run).await;
+    rows.push(Row::new("1 ceiling: INCR", Kind::Ceiling, measured));
+
+    // 2: count.lua alone, one subject per task.
+    let store = ValkeyStore::new(Valkey::new(url, false, timeout).map_err(|e| e.to_string())?);
+    let keys: Arc<Vec<QuotaKey>> = Arc::new(
+        (0..plan.concurrency)
+            .map(|t| QuotaKey::new(Scope::Ip, &hasher.digest(Scope::Ip, &format!("10.9.0.{t}"))))
+            .collect(),
+    );
+    let run = closed_loop(plan, move |task, _| {
+        let store = store.clone();
+        let keys = keys.clone();
+        async move {
+            store
+                .count(&keys[task], ResetPolicy::UtcDay)
+                .await
+                .map(drop)
+                .map_err(|e| e.to_string())
+        }
+    });
+    let measured = with_cpu(&pids, run).await;
+    rows.push(Row::new("2 count.lua (EVALSHA)", Kind::Script, measured));
+
+    // 3: the whole gate, one subject per task.
+    let gate = Arc::new(valkey_gate(url)?);
+    let cases: [(&str, Option<Algorithm>); 4] = [
+        ("3 gate in process, IP", None),
+        ("3 gate in process, JWT EdDSA", Some(Algorithm::EdDSA)),
+        ("3 gate in process, JWT ES256", Some(Algorithm::ES256)),
+        ("3 gate in process, JWT RS256", Some(Algorithm::RS256)),
+    ];
+    for (name, alg) in cases {
+        clear_stream(url).await;
+        let requests: Arc<Vec<GateRequest>> = Arc::new(
+            (0..plan.concurrency)
+                .map(|t| {
+                    let ip = format!("10.{}.{}.{}", 1 + (t >> 16) % 200, (t >> 8) & 255, t & 255);
+                    match alg {
+                        None => common::scan_from(&ip),
+                        Some(a) => common::scan_with_token(&ip, &token(a, &format!("t{t}"))),
+                    }
+                })
+                .collect(),
+        );
+        // Each case must really take its path before it is timed.
+        let probe = gate.handle(requests[0].clone()).await;
+        let body: serde_json::Value = serde_json::from_slice(probe.body()).unwrap_or_default();
+        let expected_scope = if alg.is_some() { "tid" } else { "ip" };
+        if probe.status() != 202 || body["quota"]["scope"] != expected_scope {
+            failures.push(format!("{name}: probe answered {} {body}", probe.status()));
+            continue;
+        }
+        let g = gate.clone();
+        let run = closed_loop(plan, move |task, _| {
+            let gate = g.clone();
+            let request = requests[task].clone();
+            async move {
+                let response = gate.handle(request).await;
+                match response.status().as_u16() {
+                    202 => Ok(()),
+                    s => Err(format!(
+                        "status {s}: {}",
+                        String::from_utf8_lossy(response.body())
+                    )),
+                }
+            }
+        });
+        let measured = with_cpu(&pids, run).await;
+        rows.push(Row::new(name, Kind::InProcess, measured));
+    }
+    Ok(())
+}
+
+/// The gate as `quota-gate serve` builds it for this server: Valkey store,
+/// Valkey stream queue, delays zero, the test JWKS, EMF lines to a sink.
+fn valkey_gate(url: &str) -> Result<ValkeyGate, String> {
+    let jwks = common::fixture("jwks.json");
+    let config = common::config(&[
+        ("VALKEY_URL", url),
+        ("SCAN_QUEUE_URL", "valkey-stream:jobs"),
+        ("QUOTA_SOFT_DELAY_MS", "0"),
+        ("QUOTA_HARD_DELAY_MS", "0"),
+        ("QUOTA_JWT_JWKS", &jwks),
+    ]);
+    let valkey = Valkey::new(url, false, config.store_timeout).map_err(|e| e.to_string())?;
+    let meter = Meter::new(
+        config.metrics_namespace.clone(),
+        Some(Box::new(std::io::sink())),
+    );
+    Gate::new(
+        config,
+        common::SECRET,
+        ValkeyStore::new(valkey.clone()),
+        StreamQueue::new(valkey, "jobs"),
+        meter,
+    )
+    .map_err(|e| e.to_string())
+}
+
+/// A valid token for `tid`, signed with the test key for `alg`.
+fn token(alg: Algorithm, tid: &str) -> String {
+    let now = common::now();
+    common::mint(
+        alg,
+        json!({"iss": "stella-ops.org", "tid": tid, "iat": now - 60, "nbf": now - 60, "exp": now + 86_400}),
+    )
+}
+
+/// Drops the job stream between lines so it never grows large.
+async fn clear_stream(url: &str) {
+    if let Ok(client) = redis::Client::open(url) {
+        if let Ok(mut c) = client.get_multiplexed_async_connection().await {
+            let _: Result<i64, _> = redis::cmd("DEL").arg("jobs").query_async(&mut c).await;
+        }
+    }
+}
+
+/// Line 4: the generator on a current-thread runtime of its own, one
+/// keep-alive connection per in-flight request.
+fn http_line(
+    addr: std::net::SocketAddr,
+    request: Vec<u8>,
+    plan: Plan,
+    pids: [String; 3],
+) -> Result<(Stats, Vec<f64>), String> {
+    std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| e.to_string())?;
+        runtime.block_on(async move {
+            let mut conns = Vec::with_capacity(plan.concurrency);
+            for _ in 0..plan.concurrency {
+                let c = http::Connection::open(addr)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                conns.push(tokio::sync::Mutex::new(c));
+            }
+            let conns = Arc::new(conns);
+            let request: Arc<[u8]> = request.into();
+            let run = closed_loop(plan, move |task, _| {
+                let conns = conns.clone();
+                let request = request.clone();
+                async move {
+                    // Each task owns its connection: the lock is never contended.
+                    let mut c = conns[task].lock().await;
+                    match c.send(&request).await? {
+                        202 => Ok(()),
+                        s => Err(format!("status {s}")),
+                    }
+                }
+            });
+            Ok(with_cpu(&pids, run).await)
+        })
+    })
+    .join()
+    .map_err(|_| "load generator panicked".to_string())?
+}
+
+/// The table, as Markdown so it pastes into the docs as printed.
+fn print_table(rows: &[Row]) {
+    let ceiling = rows
+        .iter()
+        .find(|r| r.kind == Kind::Ceiling)
+        .map(|r| r.stats.clone());
+    let num = |v: f64, digits: usize| {
+        if v.is_finite() {
+            format!("{v:.digits$}")
+        } else {
+            "-".into()
+        }
+    };
+    println!();
+    println!(
+        "| line | ops/s | ratio | p50 µs | p99 µs | +p50 µs | +p99 µs \
+         | valkey CPU µs/op | gate CPU µs/op | generator CPU µs/op |"
+    );
+    println!("|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|");
+    for r in rows {
+        let s = &r.stats;
+        let (ratio, a50, a99) = match (&ceiling, r.kind) {
+            (Some(c), Kind::Ceiling) => (num(s.per_sec / c.per_sec, 2), f64::NAN, f64::NAN),
+            (Some(c), _) => (
+                num(s.per_sec / c.per_sec, 2),
+                s.p50_us - c.p50_us,
+                s.p99_us - c.p99_us,
+            ),
+            (None, _) => ("-".into(), f64::NAN, f64::NAN),
+        };
+        println!(
+            "| {} | {} | {ratio} | {} | {} | {} | {} | {} | {} | {} |",
+            r.name,
+            num(s.per_sec, 0),
+            num(s.p50_us, 0),
+            num(s.p99_us, 0),
+            num(a50, 0),
+            num(a99, 0),
+            num(r.cpu[0], 1),
+            num(r.cpu[1], 1),
+            num(r.cpu[2], 1),
+        );
+    }
+    println!(
+        "\nRound trips per op: INCR 1, EVALSHA 1, gate 2 (EVALSHA + XADD). +pXX: this \
+         line's percentile minus the ceiling's. CPU µs/op: each process's user+system \
+         time over the line (warm-up included) per operation; in lines 1-3 the gate \
+         and the load loop share one process. Line 4's generator runs in this \
+         process and competes with serve and valkey-server for the CPUs."
+    );
+}
+
+/// Prints figures next to their targets and tallies them.
+#[derive(Default)]
+struct Targets {
+    met: u32,
+    missed: u32,
+}
+
+impl Targets {
+    /// A figure that must stay at or below `max`.
+    fn check(&mut self, what: &str, value: f64, max: f64, unit: &str, note: &str) {
+        self.report(
+            what,
+            value <= max,
+            &format!("{value:.2} {unit} (target ≤ {max} {unit}); {note}"),
+        );
+    }
+
+    /// A figure that must reach `min`.
+    fn check_min(&mut self, what: &str, value: f64, min: f64, label: &str) {
+        self.report(what, value >= min, &format!("{value:.2} (target {label})"));
+    }
+
+    fn report(&mut self, what: &str, ok: bool, text: &str) {
+        if ok {
+            self.met += 1;
+        } else {
+            self.missed += 1;
+        }
+        println!("{} {what}: {text}", if ok { "met   " } else { "MISSED" });
+    }
+}

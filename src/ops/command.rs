@@ -1,0 +1,141 @@
+//! The operator subcommands' arguments and runners, so `cli.rs` stays a
+//! dispatcher. Results go to stdout (text, or JSON with `--json`); warnings
+//! and progress go to stderr.
+
+use std::io::{IsTerminal, Read};
+
+use clap::Args;
+use serde::Serialize;
+use time::OffsetDateTime;
+
+use super::progress::Progress;
+use super::subject::{self, SubjectArg};
+use super::{OpsError, purge, stats, valkey_store};
+use crate::config::Config;
+
+/// Which client: exactly one of `--ip` or `--token`.
+#[derive(Debug, Args)]
+#[group(required = true, multiple = false)]
+pub struct SubjectArgs {
+    /// The client's source address, as the gateway saw it (normalised as the handler does).
+    #[arg(long, value_name = "ADDR")]
+    pub ip: Option<String>,
+    /// A JWT (verified with the configured keys) or a bare token id; `-` reads it from stdin,
+    /// which keeps it out of the shell history.
+    #[arg(long, value_name = "JWT|TID")]
+    pub token: Option<String>,
+}
+
+impl SubjectArgs {
+    fn into_arg(self) -> Result<SubjectArg, OpsError> {
+        match (self.ip, self.token) {
+            (Some(ip), _) => Ok(SubjectArg::Ip(ip)),
+            (None, Some(t)) if t == "-" => {
+                let mut token = String::new();
+                std::io::stdin()
+                    .read_to_string(&mut token)
+                    .map_err(|e| OpsError::Usage(format!("--token -: cannot read stdin: {e}")))?;
+                Ok(SubjectArg::Token(token))
+            }
+            (None, Some(t)) => Ok(SubjectArg::Token(t)),
+            (None, None) => Err(OpsError::Usage("give --ip or --token".into())),
+        }
+    }
+}
+
+#[derive(Debug, Args)]
+pub struct InspectArgs {
+    #[command(flatten)]
+    pub subject: SubjectArgs,
+    /// Print JSON, for scripts.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct ResetArgs {
+    #[command(flatten)]
+    pub subject: SubjectArgs,
+    /// Print JSON, for scripts.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct PurgeArgs {
+    /// Only count the quota:* keys.
+    #[arg(long)]
+    pub dry_run: bool,
+    /// Really remove them (always required, except with --dry-run).
+    #[arg(long)]
+    pub yes: bool,
+    /// Print JSON, for scripts.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct StatsArgs {
+    /// The window to read, ending now: a number and s, m, h or d.
+    #[arg(long, default_value = "24h", value_name = "DURATION")]
+    pub since: String,
+    /// Print JSON, for scripts.
+    #[arg(long)]
+    pub json: bool,
+}
+
+fn print<T: Serialize>(
+    json: bool,
+    value: &T,
+    text: impl FnOnce(&T) -> String,
+) -> Result<(), OpsError> {
+    if json {
+        let line = serde_json::to_string_pretty(value)
+            .map_err(|e| OpsError::Usage(format!("cannot encode JSON: {e}")))?;
+        println!("{line}");
+    } else {
+        print!("{}", text(value));
+    }
+    Ok(())
+}
+
+/// `quota-gate inspect`.
+pub async fn inspect(args: InspectArgs, config: &Config, secret: &[u8]) -> Result<(), OpsError> {
+    let subject = subject::resolve(config, secret, &args.subject.into_arg()?)?;
+    let store = valkey_store(config)?;
+    let report = subject::inspect(&store, config, &subject).await?;
+    print(args.json, &report, subject::Inspection::render)
+}
+
+/// `quota-gate reset`.
+pub async fn reset(args: ResetArgs, config: &Config, secret: &[u8]) -> Result<(), OpsError> {
+    let subject = subject::resolve(config, secret, &args.subject.into_arg()?)?;
+    let store = valkey_store(config)?;
+    let removal = subject::reset(&store, &subject).await?;
+    print(args.json, &removal, subject::Removal::render)
+}
+
+/// `quota-gate purge`.
+pub async fn purge(args: PurgeArgs, config: &Config) -> Result<(), OpsError> {
+    purge::check_consent(args.dry_run, args.yes, std::io::stdin().is_terminal())?;
+    let store = valkey_store(config)?;
+    let verb = if args.dry_run { "found" } else { "removed" };
+    let report = purge::purge(store, args.dry_run, Some(Progress::stderr(verb))).await?;
+    print(args.json, &report, purge::PurgeReport::render)
+}
+
+/// `quota-gate stats`, with the AWS configuration from the environment
+/// (`AWS_REGION`, credentials, `AWS_ENDPOINT_URL` for a local endpoint).
+pub async fn stats(args: StatsArgs, config: &Config) -> Result<(), OpsError> {
+    let since = stats::parse_since(&args.since)?;
+    let sdk = aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await;
+    let client = aws_sdk_cloudwatch::Client::new(&sdk);
+    let report = stats::stats(
+        &client,
+        &config.metrics_namespace,
+        since,
+        OffsetDateTime::now_utc(),
+    )
+    .await?;
+    print(args.json, &report, stats::Stats::render)
+}

@@ -1,0 +1,94 @@
+//! The operator tools behind `quota-gate inspect | reset | purge | stats`.
+//!
+//! | command | module | what it does |
+//! |---|---|---|
+//! | `inspect` | [`subject`] | one client's counter, TTL, first-seen and next tier |
+//! | `reset` | [`subject`] | removes one client's counter and first-seen key |
+//! | `purge` | [`purge`] | the seed's mass expiry: every `quota:*` key, in batches |
+//! | `stats` | [`stats`] | soft and hard hits, reminders and p95 delay from CloudWatch |
+//!
+//! A client is found exactly as the handler finds it: the same
+//! [`Identifier`] normalises the address and hashes under the same secret,
+//! so an operator never has to know a digest. Nothing here prints an IP or a
+//! token; subjects are named by their key.
+//!
+//! The commands talk to the Valkey named by `VALKEY_URL`. The in-memory
+//! store exists only inside one `quota-gate serve` process, so without
+//! `VALKEY_URL` there is nothing to inspect and they say so.
+
+pub mod command;
+pub mod progress;
+pub mod purge;
+pub mod stats;
+pub mod subject;
+
+use std::time::Duration;
+
+use crate::config::{Config, ConfigError};
+use crate::store::StoreError;
+use crate::store::valkey::ValkeyStore;
+use crate::valkey::Valkey;
+
+/// The bound on each Valkey call from an operator command. The request
+/// path's `QUOTA_STORE_TIMEOUT_MS` (100 ms by default) protects clients; an
+/// operator unlinking 500 keys on a busy primary can wait longer.
+pub const OPS_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Why an operator command failed. The CLI prints it and exits non-zero.
+#[derive(Debug, thiserror::Error)]
+pub enum OpsError {
+    /// A bad or missing setting, naming its variable.
+    #[error("configuration error: {0}")]
+    Config(#[from] ConfigError),
+    /// Operator input that cannot name a client, or a refused action.
+    #[error("{0}")]
+    Usage(String),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error("CloudWatch: {0}")]
+    CloudWatch(String),
+}
+
+/// `# HELP` text for `GET /metrics`, so a scraper's UI says what each series
+/// counts. Called once the recorder is installed (descriptions sent before
+/// that are lost).
+pub fn describe_metrics() {
+    use crate::meter::{DELAY_MS, ENQUEUE_ERRORS, HARD_HITS, REMINDERS, SOFT_HITS, STORE_ERRORS};
+    metrics::describe_counter!(
+        SOFT_HITS,
+        "Scans over the daily quota, within the soft window (soft delay)."
+    );
+    metrics::describe_counter!(HARD_HITS, "Scans beyond the soft window (hard delay).");
+    metrics::describe_counter!(
+        REMINDERS,
+        "Scans answered with the soft reminder (count at or above QUOTA_WARN_AT)."
+    );
+    metrics::describe_counter!(
+        STORE_ERRORS,
+        "Scans the quota store could not count (timeout, error, open breaker)."
+    );
+    metrics::describe_counter!(
+        ENQUEUE_ERRORS,
+        "Scans refused with 503 because the scan queue failed."
+    );
+    metrics::describe_histogram!(
+        DELAY_MS,
+        metrics::Unit::Milliseconds,
+        "Delay owed per decided scan (slept plus deferred), in milliseconds."
+    );
+}
+
+/// The Valkey store `VALKEY_URL` names (cluster mode and TLS CA as the
+/// handler would use them), with the operator timeout.
+pub fn valkey_store(config: &Config) -> Result<ValkeyStore, OpsError> {
+    let mut config = config.clone();
+    config.store_timeout = config.store_timeout.max(OPS_TIMEOUT);
+    let valkey = Valkey::from_config(&config)?.ok_or_else(|| {
+        ConfigError::new(
+            "VALKEY_URL",
+            "not set: the in-memory store lives only inside `quota-gate serve`; \
+             point VALKEY_URL at the quota Valkey (and set VALKEY_CLUSTER=true for a cluster)",
+        )
+    })?;
+    Ok(ValkeyStore::new(valkey))
+}

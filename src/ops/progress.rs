@@ -1,0 +1,155 @@
+//! Progress for long purges, on stderr so stdout keeps only the result.
+//!
+//! On a terminal one status line is redrawn in place, at most every 100 ms;
+//! elsewhere (a log, CI) a plain line is written every few seconds, so a
+//! purge of millions of keys shows it is alive without flooding the log.
+//! The total is unknown in advance (SCAN has no count of matches), so this is
+//! a counter with a rate, not a bar.
+
+use std::io::{IsTerminal, Write};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// Redraw interval on a terminal.
+const TTY_INTERVAL: Duration = Duration::from_millis(100);
+/// Line interval in a log.
+const LOG_INTERVAL: Duration = Duration::from_secs(5);
+
+struct State {
+    done: u64,
+    last: Instant,
+    drawn: bool,
+    out: Box<dyn Write + Send>,
+}
+
+/// Counts purged keys and reports them.
+#[derive(Clone)]
+pub struct Progress {
+    verb: &'static str,
+    redraw: bool,
+    interval: Duration,
+    started: Instant,
+    state: Arc<Mutex<State>>,
+}
+
+impl Progress {
+    /// Reports to stderr, redrawing when stderr is a terminal.
+    pub fn stderr(verb: &'static str) -> Self {
+        let tty = std::io::stderr().is_terminal();
+        let interval = if tty { TTY_INTERVAL } else { LOG_INTERVAL };
+        Self::new(verb, Box::new(std::io::stderr()), tty, interval)
+    }
+
+    /// Reports to `out`; `redraw` rewrites one line in place.
+    pub fn new(
+        verb: &'static str,
+        out: Box<dyn Write + Send>,
+        redraw: bool,
+        interval: Duration,
+    ) -> Self {
+        let now = Instant::now();
+        Self {
+            verb,
+            redraw,
+            interval,
+            started: now,
+            state: Arc::new(Mutex::new(State {
+                done: 0,
+                last: now,
+                drawn: false,
+                out,
+            })),
+        }
+    }
+
+    /// Adds one batch; reports if the interval has passed.
+    pub fn add(&self, batch: u64) {
+        // Progress is cosmetic: a poisoned lock or a closed stderr must not stop a purge.
+        let Ok(mut s) = self.state.lock() else { return };
+        s.done += batch;
+        let now = Instant::now();
+        if now.duration_since(s.last) < self.interval {
+            return;
+        }
+        s.last = now;
+        let line = self.line(s.done, now);
+        let end = if self.redraw { "\r" } else { "\n" };
+        let _ = write!(
+            s.out,
+            "{}{line}{end}",
+            if self.redraw { "\x1b[2K" } else { "" }
+        );
+        let _ = s.out.flush();
+        s.drawn = true;
+    }
+
+    /// Keys counted so far.
+    pub fn done(&self) -> u64 {
+        self.state.lock().map_or(0, |s| s.done)
+    }
+
+    /// Clears the status line, so the final count stands alone.
+    pub fn finish(&self) {
+        let Ok(mut s) = self.state.lock() else { return };
+        if self.redraw && s.drawn {
+            let _ = write!(s.out, "\x1b[2K\r");
+            let _ = s.out.flush();
+        }
+    }
+
+    fn line(&self, done: u64, now: Instant) -> String {
+        let secs = now.duration_since(self.started).as_secs_f64();
+        let rate = if secs > 0.0 { done as f64 / secs } else { 0.0 };
+        format!("{} {done} quota keys ({rate:.0}/s, {secs:.0} s)", self.verb)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Clone, Default)]
+    struct Buf(Arc<Mutex<Vec<u8>>>);
+    impl Write for Buf {
+        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(b);
+            Ok(b.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    /// In a log, each report is a plain line with the running total.
+    #[test]
+    fn log_lines() {
+        let buf = Buf::default();
+        let p = Progress::new("removed", Box::new(buf.clone()), false, Duration::ZERO);
+        p.add(500);
+        p.add(250);
+        p.finish();
+        let text = String::from_utf8(buf.0.lock().unwrap().clone()).unwrap();
+        let lines: Vec<_> = text.lines().collect();
+        assert_eq!(lines.len(), 2, "{text:?}");
+        assert!(lines[1].starts_with("removed 750 quota keys"), "{text:?}");
+        assert_eq!(p.done(), 750);
+    }
+
+    /// Within the interval nothing is written; the count still adds up.
+    #[test]
+    fn throttled() {
+        let buf = Buf::default();
+        let p = Progress::new(
+            "removed",
+            Box::new(buf.clone()),
+            true,
+            Duration::from_secs(3600),
+        );
+        for _ in 0..10 {
+            p.add(10);
+        }
+        p.finish();
+        assert!(buf.0.lock().unwrap().is_empty());
+        assert_eq!(p.done(), 100);
+    }
+}

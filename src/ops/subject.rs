@@ -1,0 +1,359 @@
+//! `inspect` and `reset`: one client's counter, found as the handler finds it.
+//!
+//! `--ip` goes through the handler's own parsing ([`ip::parse_source`]) and
+//! normalisation ([`Identifier::ip_digest`]: IPv4-mapped to IPv4, IPv6 to its
+//! prefix). `--token` takes a JWT, verified with the configured keys exactly
+//! as a request's bearer token would be, or a bare `tid`. A token the handler
+//! would reject is refused here too: its requests are counted under their IP,
+//! not its `tid`, so showing the `tid` counter would mislead.
+
+use std::num::NonZeroU32;
+
+use serde::Serialize;
+use time::OffsetDateTime;
+use time::format_description::well_known::Rfc3339;
+
+use super::OpsError;
+use crate::config::Config;
+use crate::decide::decide;
+use crate::digest::Scope;
+use crate::identity::Identifier;
+use crate::identity::ip;
+use crate::identity::jwt::Verifier;
+use crate::store::{QuotaKey, QuotaStore, Snapshot};
+
+/// How the operator named a client.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SubjectArg {
+    /// A source address, as the gateway reports it (`/32` and `/128` allowed).
+    Ip(String),
+    /// A JWT (`Bearer ` prefix allowed) or a bare token id.
+    Token(String),
+}
+
+/// How the `tid` of a token subject was learnt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Basis {
+    /// The normalised source address.
+    Ip,
+    /// A JWT that verified with the configured keys.
+    VerifiedToken,
+    /// A bare `tid`: a token's own `tier` claim is unknown, so the default
+    /// token quota is assumed.
+    BareTid,
+}
+
+/// A client as the store knows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Subject {
+    pub scope: Scope,
+    pub key: QuotaKey,
+    /// The daily ceiling the handler would apply.
+    pub limit: NonZeroU32,
+    pub basis: Basis,
+}
+
+/// Finds the keys of the client `arg` names, hashing under `secret`.
+pub fn resolve(config: &Config, secret: &[u8], arg: &SubjectArg) -> Result<Subject, OpsError> {
+    let identifier = Identifier::new(config, secret)?;
+    match arg {
+        SubjectArg::Ip(raw) => {
+            let addr = ip::parse_source(raw).ok_or_else(|| {
+                OpsError::Usage(
+                    "--ip: not an IP address (a /32 or /128 suffix is allowed, no other prefix)"
+                        .into(),
+                )
+            })?;
+            let digest = identifier.ip_digest(addr);
+            Ok(Subject {
+                scope: Scope::Ip,
+                key: QuotaKey::new(Scope::Ip, &digest),
+                limit: config.quota_anon,
+                basis: Basis::Ip,
+            })
+        }
+        SubjectArg::Token(raw) => {
+            let raw = raw.trim();
+            let raw = raw
+                .strip_prefix("Bearer ")
+                .or_else(|| raw.strip_prefix("bearer "))
+                .unwrap_or(raw)
+                .trim();
+            if raw.is_empty() {
+                return Err(OpsError::Usage("--token: empty".into()));
+            }
+            let (tid, tier, basis) = if looks_like_jwt(raw) {
+                let subject = verify(config, raw)?;
+                (subject.tid, subject.tier, Basis::VerifiedToken)
+            } else {
+                (raw.to_owned(), None, Basis::BareTid)
+            };
+            let digest = identifier.hasher().digest(Scope::Tid, &tid);
+            Ok(Subject {
+                scope: Scope::Tid,
+                key: QuotaKey::new(Scope::Tid, &digest),
+                limit: tier.unwrap_or(config.quota_token),
+                basis,
+            })
+        }
+    }
+}
+
+/// Three dot-separated parts: a compact JWS. A `tid` is an opaque id.
+fn looks_like_jwt(raw: &str) -> bool {
+    raw.split('.').count() == 3
+}
+
+fn verify(config: &Config, token: &str) -> Result<crate::identity::jwt::TokenSubject, OpsError> {
+    let verifier = Verifier::from_config(
+        config.jwt_public_key.as_deref(),
+        config.jwt_jwks.as_deref(),
+        &config.jwt_issuer,
+        config.jwt_audience.as_deref(),
+    )?
+    .ok_or_else(|| {
+        OpsError::Usage(
+            "--token: this looks like a JWT, but neither QUOTA_JWT_PUBLIC_KEY nor \
+             QUOTA_JWT_JWKS is set, so it cannot be verified; set one, or pass the bare tid"
+                .into(),
+        )
+    })?;
+    verifier.verify(token).map_err(|rejection| {
+        OpsError::Usage(format!(
+            "--token: the token is not valid ({}): the gate counts its requests under \
+             the caller's IP, not its tid; use --ip, or pass the bare tid",
+            rejection.as_str()
+        ))
+    })
+}
+
+/// What the next scan of a client would get.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NextScan {
+    pub count: u64,
+    pub tier: &'static str,
+    pub delay_ms: u64,
+    pub reminder: bool,
+}
+
+/// The `inspect` report (also its `--json` form).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Inspection {
+    pub scope: &'static str,
+    pub basis: Basis,
+    pub key: String,
+    pub first_seen_key: String,
+    /// Whether the counter exists (it does not before the first scan of the period).
+    pub exists: bool,
+    pub count: u64,
+    pub limit: u32,
+    /// Scans left today, as `X-Stella-Quota-Remaining` last said.
+    pub remaining: u64,
+    /// `None` when the counter does not exist or (wrongly) never expires.
+    pub ttl_seconds: Option<u64>,
+    pub first_seen: Option<String>,
+    /// When the counter expires (RFC 3339, UTC), by this machine's clock plus the TTL.
+    pub reset_at: Option<String>,
+    pub next: NextScan,
+}
+
+impl Inspection {
+    /// Builds the report from a store snapshot; `now` is unix seconds.
+    pub fn new(config: &Config, subject: &Subject, snapshot: Option<&Snapshot>, now: i64) -> Self {
+        let count = snapshot.map_or(0, |s| s.used);
+        let ttl = snapshot.and_then(|s| s.ttl);
+        let limit = subject.limit;
+        let next = decide(count + 1, &config.limits(limit));
+        let reset_at = ttl.and_then(|t| {
+            let at = now.checked_add(i64::try_from(t).ok()?)?;
+            OffsetDateTime::from_unix_timestamp(at)
+                .ok()?
+                .format(&Rfc3339)
+                .ok()
+        });
+        Self {
+            scope: subject.scope.as_str(),
+            basis: subject.basis,
+            key: subject.key.counter.clone(),
+            first_seen_key: subject.key.first_seen.clone(),
+            exists: snapshot.is_some(),
+            count,
+            limit: limit.get(),
+            remaining: u64::from(limit.get()).saturating_sub(count),
+            ttl_seconds: ttl,
+            first_seen: snapshot.and_then(|s| s.first_seen.clone()),
+            reset_at,
+            next: NextScan {
+                count: count + 1,
+                tier: next.tier.as_str(),
+                delay_ms: next.delay.as_millis() as u64,
+                reminder: next.reminder,
+            },
+        }
+    }
+
+    /// The human form: one aligned `label  value` line each.
+    pub fn render(&self) -> String {
+        let basis = match self.basis {
+            Basis::Ip => "source address",
+            Basis::VerifiedToken => "verified token",
+            Basis::BareTid => "bare tid (a token's tier claim would override the limit)",
+        };
+        let ttl = match (self.exists, self.ttl_seconds) {
+            (false, _) => "-".to_owned(),
+            (true, Some(t)) => format!("{t} s"),
+            (true, None) => "none (the counter never expires: reset it)".to_owned(),
+        };
+        let mut next = format!("scan {}: {}", self.next.count, self.next.tier);
+        if self.next.delay_ms > 0 {
+            next.push_str(&format!(", delayed {} ms", self.next.delay_ms));
+        }
+        if self.next.reminder {
+            next.push_str(", with reminder");
+        }
+        let rows = [
+            ("scope", format!("{} ({basis})", self.scope)),
+            ("key", self.key.clone()),
+            ("count", self.count.to_string()),
+            ("limit", self.limit.to_string()),
+            ("remaining", self.remaining.to_string()),
+            ("ttl", ttl),
+            (
+                "first seen",
+                self.first_seen.clone().unwrap_or_else(|| "-".into()),
+            ),
+            (
+                "resets at",
+                self.reset_at
+                    .clone()
+                    .unwrap_or_else(|| "- (no counter: the next scan starts a period)".into()),
+            ),
+            ("next", next),
+        ];
+        let mut out = String::new();
+        for (label, value) in rows {
+            out.push_str(&format!("{label:<11} {value}\n"));
+        }
+        out
+    }
+}
+
+/// Reads a client's counter.
+pub async fn inspect<S: QuotaStore>(
+    store: &S,
+    config: &Config,
+    subject: &Subject,
+) -> Result<Inspection, OpsError> {
+    let snapshot = store.inspect(&subject.key).await?;
+    Ok(Inspection::new(
+        config,
+        subject,
+        snapshot.as_ref(),
+        OffsetDateTime::now_utc().unix_timestamp(),
+    ))
+}
+
+/// What `reset` removed (also its `--json` form).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Removal {
+    pub keys: [String; 2],
+    /// How many of `keys` existed and are now gone.
+    pub removed: u64,
+}
+
+impl Removal {
+    pub fn render(&self) -> String {
+        let [counter, first_seen] = &self.keys;
+        match self.removed {
+            0 => format!("nothing to remove: neither {counter} nor {first_seen} exists\n"),
+            n => format!(
+                "removed {n} key{}: {counter} and {first_seen}; the next scan counts 1\n",
+                if n == 1 { "" } else { "s" }
+            ),
+        }
+    }
+}
+
+/// Removes a client's counter and first-seen key.
+pub async fn reset<S: QuotaStore>(store: &S, subject: &Subject) -> Result<Removal, OpsError> {
+    let removed = store.reset(&subject.key).await?;
+    Ok(Removal {
+        keys: [subject.key.counter.clone(), subject.key.first_seen.clone()],
+        removed,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config() -> Config {
+        Config::from_lookup(|k| match k {
+            "QUOTA_ANON" => Some("3".into()),
+            "QUOTA_SOFT_WINDOW" => Some("2".into()),
+            _ => None,
+        })
+        .unwrap()
+    }
+
+    const SECRET: &[u8] = b"ops-test-secret-0123456789";
+
+    /// The handler's normalisation: suffixes, mapped IPv6 and /64 prefixes name one key.
+    #[test]
+    fn ip_normalisation_matches_the_handler() {
+        let c = config();
+        let key = |raw: &str| {
+            resolve(&c, SECRET, &SubjectArg::Ip(raw.into()))
+                .unwrap()
+                .key
+                .counter
+        };
+        assert_eq!(key("203.0.113.7"), key("203.0.113.7/32"));
+        assert_eq!(key("203.0.113.7"), key("::ffff:203.0.113.7"));
+        assert_eq!(key("2001:db8:1:2::1"), key("2001:db8:1:2:ffff::9/128"));
+        assert_ne!(key("2001:db8:1:2::1"), key("2001:db8:1:3::1"));
+        let identifier = Identifier::new(&c, SECRET).unwrap();
+        let digest = identifier.ip_digest("203.0.113.7".parse().unwrap());
+        assert_eq!(
+            key("203.0.113.7"),
+            QuotaKey::new(Scope::Ip, &digest).counter
+        );
+        assert!(resolve(&c, SECRET, &SubjectArg::Ip("203.0.113.0/24".into())).is_err());
+    }
+
+    /// A bare tid is hashed as is; a JWT without configured keys is refused.
+    #[test]
+    fn tokens() {
+        let c = config();
+        let s = resolve(&c, SECRET, &SubjectArg::Token("tid-123".into())).unwrap();
+        assert_eq!(s.basis, Basis::BareTid);
+        assert_eq!(s.limit, c.quota_token);
+        assert!(s.key.counter.starts_with("quota:tid:{"));
+        let err = resolve(&c, SECRET, &SubjectArg::Token("a.b.c".into())).unwrap_err();
+        assert!(err.to_string().contains("cannot be verified"), "{err}");
+    }
+
+    /// The next scan's tier follows `decide(count + 1)`; reset instant is now + TTL.
+    #[test]
+    fn next_tier_and_reset() {
+        let c = config();
+        let s = resolve(&c, SECRET, &SubjectArg::Ip("198.51.100.1".into())).unwrap();
+        let snap = Snapshot {
+            used: 3,
+            ttl: Some(60),
+            first_seen: Some("2026-11-30T00:00:01Z".into()),
+        };
+        let i = Inspection::new(&c, &s, Some(&snap), 1_796_000_000);
+        assert_eq!((i.count, i.remaining, i.next.tier), (3, 0, "soft"));
+        assert_eq!(i.next.delay_ms, c.soft_delay.as_millis() as u64);
+        assert_eq!(i.reset_at.as_deref(), Some("2026-11-30T00:54:20Z"));
+        let none = Inspection::new(&c, &s, None, 0);
+        assert_eq!((none.exists, none.count, none.remaining), (false, 0, 3));
+        assert_eq!(none.next.tier, "within");
+        assert!(i.render().contains(&s.key.counter));
+    }
+}

@@ -1,0 +1,143 @@
+//! An Amazon SQS queue as the scan queue (`SCAN_QUEUE_URL=https://sqs.…/<account>/<name>`).
+//!
+//! One `SendMessage` per accepted scan: the body is the [`ScanJob`] as JSON,
+//! the message attributes `scope` and `tier` (type `String`) let consumers
+//! and subscription filters route without parsing the body, and
+//! `DelaySeconds` holds the message back by the deferred part of the delay,
+//! so the scan cannot start before its delay has passed even when the
+//! handler slept only part of it.
+//!
+//! The client is built once per cold start from the SDK configuration
+//! (`aws_config`: region, credentials, `AWS_ENDPOINT_URL` for emulators) and
+//! shared by every invocation. Standard queues only: SQS refuses a
+//! per-message `DelaySeconds` on FIFO queues.
+
+use std::time::Duration;
+
+use aws_config::SdkConfig;
+use aws_sdk_sqs::Client;
+use aws_sdk_sqs::config::timeout::TimeoutConfig;
+use aws_sdk_sqs::error::{DisplayErrorContext, SdkError};
+use aws_sdk_sqs::types::MessageAttributeValue;
+
+use super::{QueueError, ScanJob, ScanQueue};
+use crate::delay::MAX_QUEUE_DEFERRAL;
+
+/// A TCP connect to the regional (or VPC-endpoint) SQS address takes
+/// milliseconds; a second means the network path is broken.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// One `SendMessage` attempt. Shorter than the gate's enqueue bound
+/// ([`crate::gate::ENQUEUE_TIMEOUT`]) so a hung attempt is retried by the
+/// SDK instead of using up the whole bound.
+const ATTEMPT_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Sends scan jobs to one SQS queue.
+#[derive(Clone, Debug)]
+pub struct SqsQueue {
+    client: Client,
+    url: String,
+}
+
+impl SqsQueue {
+    /// A queue at `url`, with a client built from `sdk` (which carries the
+    /// region, credentials and any `AWS_ENDPOINT_URL`).
+    pub fn new(sdk: &SdkConfig, url: impl Into<String>) -> Self {
+        let timeouts = TimeoutConfig::builder()
+            .connect_timeout(CONNECT_TIMEOUT)
+            .operation_attempt_timeout(ATTEMPT_TIMEOUT)
+            .build();
+        let config = aws_sdk_sqs::config::Builder::from(sdk)
+            .timeout_config(timeouts)
+            .build();
+        Self::with_client(Client::from_conf(config), url)
+    }
+
+    /// A queue at `url` over an existing client.
+    pub fn with_client(client: Client, url: impl Into<String>) -> Self {
+        Self {
+            client,
+            url: url.into(),
+        }
+    }
+
+    /// The queue URL.
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+}
+
+/// `DelaySeconds` for a deferral: rounded up, because rounding down would
+/// let the scan start before its delay has passed; capped at SQS's 900 s.
+/// A longer deferral (only with a configured hard delay beyond 15 min) is
+/// still carried whole by the job's `notBefore`, which consumers honour.
+pub fn delay_seconds(deferred: Duration) -> i32 {
+    let secs = deferred.as_nanos().div_ceil(1_000_000_000);
+    let capped = secs.min(u128::from(MAX_QUEUE_DEFERRAL.as_secs()));
+    // At most 900, so the conversion cannot fail.
+    i32::try_from(capped).unwrap_or(i32::MAX)
+}
+
+fn string_attribute(value: &str) -> Result<MessageAttributeValue, QueueError> {
+    MessageAttributeValue::builder()
+        .data_type("String")
+        .string_value(value)
+        .build()
+        .map_err(|e| QueueError::Backend(e.to_string()))
+}
+
+impl ScanQueue for SqsQueue {
+    async fn enqueue(&self, job: &ScanJob) -> Result<(), QueueError> {
+        let body = serde_json::to_string(job).map_err(|e| QueueError::Backend(e.to_string()))?;
+        self.client
+            .send_message()
+            .queue_url(&self.url)
+            .message_body(body)
+            .delay_seconds(delay_seconds(job.deferred()))
+            .message_attributes("scope", string_attribute(job.scope)?)
+            .message_attributes("tier", string_attribute(job.tier)?)
+            .send()
+            .await
+            .map_err(|e| match e {
+                SdkError::TimeoutError(_) => QueueError::Timeout,
+                // The context chain names the cause (QueueDoesNotExist,
+                // connection refused, access denied); the URL is not secret.
+                e => QueueError::Backend(DisplayErrorContext(&e).to_string()),
+            })?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// DelaySeconds rounds every started second up and never exceeds 900.
+    #[test]
+    fn delay_seconds_rounds_up_and_caps() {
+        let ms = Duration::from_millis;
+        assert_eq!(delay_seconds(Duration::ZERO), 0);
+        assert_eq!(delay_seconds(ms(1)), 1);
+        assert_eq!(delay_seconds(ms(999)), 1);
+        assert_eq!(delay_seconds(ms(1000)), 1);
+        assert_eq!(delay_seconds(ms(1001)), 2);
+        assert_eq!(delay_seconds(ms(32_000)), 32);
+        assert_eq!(delay_seconds(ms(60_000)), 60);
+        assert_eq!(delay_seconds(Duration::new(31, 1)), 32);
+        assert_eq!(delay_seconds(ms(899_001)), 900);
+        assert_eq!(delay_seconds(ms(900_000)), 900);
+        assert_eq!(delay_seconds(ms(3_600_000)), 900);
+        assert_eq!(delay_seconds(Duration::MAX), 900);
+    }
+
+    proptest::proptest! {
+        /// The message is never released before the deferral, nor a second later than needed.
+        #[test]
+        fn never_early(ms in 0u64..=900_000) {
+            let d = Duration::from_millis(ms);
+            let s = u64::try_from(delay_seconds(d)).unwrap_or(0);
+            proptest::prop_assert!(Duration::from_secs(s) >= d);
+            proptest::prop_assert!(Duration::from_secs(s) < d + Duration::from_secs(1));
+        }
+    }
+}

@@ -1,0 +1,733 @@
+//! The bad-input catalogue: every way a client can get a request wrong, with
+//! the status and body it must get and proof (against a real Valkey) that
+//! nothing was counted or queued. Token rejections fall back to the anonymous
+//! quota by design: for those the proof is that no token counter exists.
+//! `tests/request_path.rs` covers `alg: none`, HS256 with the public key,
+//! expired, not yet valid, wrong issuer, missing `tid` and garbage tokens;
+//! the cases here extend it. A property test ends the file: random events
+//! through parsing and identity never panic and never get a 5xx.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use common::*;
+use http::{HeaderValue, Method, header};
+use jsonwebtoken::Algorithm;
+use quota_gate::digest::Scope;
+use quota_gate::gate::{Gate, GateRequest};
+use quota_gate::lambda::to_gate_request;
+use quota_gate::queue::stream::StreamQueue;
+use quota_gate::store::QuotaKey;
+use quota_gate::store::valkey::ValkeyStore;
+use redis::AsyncCommands;
+use serde_json::{Value, json};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+type ValkeyGate = Gate<ValkeyStore, StreamQueue>;
+
+/// Nothing under quota:* and nothing queued.
+async fn assert_nothing_counted(server: &ValkeyServer) {
+    let mut c = server.client().await;
+    let keys: Vec<String> = c.keys("quota:*").await.unwrap();
+    assert!(keys.is_empty(), "counted: {keys:?}");
+    let jobs: u64 = c.xlen("jobs").await.unwrap();
+    assert_eq!(jobs, 0, "queued");
+}
+
+/// The request answers `status` with `{"error": code, "detail": …}`.
+async fn assert_refused(gate: &ValkeyGate, request: GateRequest, status: u16, code: &str) {
+    let r = gate.handle(request).await;
+    assert_eq!(r.status(), status, "{code}: {:?}", r.body());
+    assert_eq!(r.headers()[header::CONTENT_TYPE], "application/json");
+    let body = json(&r);
+    assert_eq!(body["error"], code);
+    assert!(
+        body["detail"].as_str().is_some_and(|d| !d.is_empty()),
+        "{body}"
+    );
+}
+
+fn with_body(body: impl Into<Bytes>) -> GateRequest {
+    let mut r = scan_from("203.0.113.7");
+    r.body = body.into();
+    r
+}
+
+/// One refusal against a fresh server: status, code, nothing counted.
+async fn refused(request: GateRequest, status: u16, code: &str) {
+    let server = ValkeyServer::start();
+    let gate = valkey_gate(&server, &[]);
+    assert_refused(&gate, request, status, code).await;
+    assert_nothing_counted(&server).await;
+}
+
+/// Malformed JSON: 400 invalid_json.
+#[tokio::test]
+async fn malformed_json() {
+    refused(with_body(r#"{"image": "a:1""#), 400, "invalid_json").await;
+}
+
+/// A JSON array, string or number is not an object: 400 not_an_object.
+#[tokio::test]
+async fn non_object_json() {
+    let server = ValkeyServer::start();
+    let gate = valkey_gate(&server, &[]);
+    for body in [r#"["image"]"#, r#""image""#, "42", "null", "true"] {
+        assert_refused(&gate, with_body(body), 400, "not_an_object").await;
+    }
+    assert_nothing_counted(&server).await;
+}
+
+/// An empty body: 400 empty_body.
+#[tokio::test]
+async fn empty_body() {
+    refused(with_body(""), 400, "empty_body").await;
+}
+
+/// No image, an empty or blank image, a non-string image: 400 with the matching code.
+#[tokio::test]
+async fn missing_or_empty_image() {
+    let server = ValkeyServer::start();
+    let gate = valkey_gate(&server, &[]);
+    for (body, code) in [
+        (r#"{}"#, "missing_image"),
+        (r#"{"Image":"a:1"}"#, "missing_image"),
+        (r#"{"image":""}"#, "empty_image"),
+        (r#"{"image":"   "}"#, "empty_image"),
+        (r#"{"image":null}"#, "invalid_image"),
+        (r#"{"image":["a:1"]}"#, "invalid_image"),
+    ] {
+        assert_refused(&gate, with_body(body), 400, code).await;
+    }
+    assert_nothing_counted(&server).await;
+}
+
+/// An image of 1025 bytes: 400 image_too_long (1024 is accepted).
+#[tokio::test]
+async fn over_long_image() {
+    let server = ValkeyServer::start();
+    let gate = valkey_gate(&server, &[]);
+    let long = json!({"image": "a".repeat(1025)}).to_string();
+    assert_refused(&gate, with_body(long), 400, "image_too_long").await;
+    assert_nothing_counted(&server).await;
+    let ok = json!({"image": "a".repeat(1024)}).to_string();
+    assert_eq!(gate.handle(with_body(ok)).await.status(), 202);
+}
+
+/// A body of 64 KiB + 1 handed to the gate: 413 payload_too_large.
+#[tokio::test]
+async fn over_64_kib_body() {
+    let padding = "x".repeat(64 * 1024);
+    refused(
+        with_body(json!({"image": "a:1", "pad": padding}).to_string()),
+        413,
+        "payload_too_large",
+    )
+    .await;
+}
+
+/// Bytes that are not UTF-8: 400 invalid_utf8.
+#[tokio::test]
+async fn invalid_utf8() {
+    refused(
+        with_body(&b"{\"image\":\"a\xff\xfe\"}"[..]),
+        400,
+        "invalid_utf8",
+    )
+    .await;
+}
+
+/// text/plain, form data, a missing or unreadable Content-Type: 415 unsupported_media_type.
+#[tokio::test]
+async fn wrong_content_type() {
+    let server = ValkeyServer::start();
+    let gate = valkey_gate(&server, &[]);
+    for ct in [
+        Some(&b"text/plain"[..]),
+        Some(b"application/x-www-form-urlencoded"),
+        Some(b"application/jsonp"),
+        Some(b"application/\xffjson"),
+        None,
+    ] {
+        let mut r = scan_from("203.0.113.7");
+        match ct {
+            Some(v) => {
+                r.headers
+                    .insert(header::CONTENT_TYPE, HeaderValue::from_bytes(v).unwrap());
+            }
+            None => {
+                r.headers.remove(header::CONTENT_TYPE);
+            }
+        }
+        assert_refused(&gate, r, 415, "unsupported_media_type").await;
+    }
+    assert_nothing_counted(&server).await;
+}
+
+/// GET, PUT, DELETE on /scan: 405 with Allow: POST; any other path: 404.
+#[tokio::test]
+async fn wrong_method_or_path() {
+    let server = ValkeyServer::start();
+    let gate = valkey_gate(&server, &[]);
+    for method in [Method::GET, Method::PUT, Method::DELETE, Method::PATCH] {
+        let mut r = scan_from("203.0.113.7");
+        r.method = method;
+        let response = gate.handle(r.clone()).await;
+        assert_eq!(response.headers()[header::ALLOW], "POST");
+        assert_refused(&gate, r, 405, "method_not_allowed").await;
+    }
+    for path in [
+        "/",
+        "/scans",
+        "/scan/extra",
+        "/a/b/scan",
+        "/admin",
+        "//scan",
+        "",
+    ] {
+        let mut r = scan_from("203.0.113.7");
+        r.path = path.into();
+        assert_refused(&gate, r, 404, "not_found").await;
+    }
+    assert_nothing_counted(&server).await;
+}
+
+fn token_gate(server: &ValkeyServer, extra: &[(&str, &str)]) -> ValkeyGate {
+    let key = fixture("ed25519.pub.pem");
+    let mut vars = vec![("QUOTA_JWT_PUBLIC_KEY", key.as_str())];
+    vars.extend_from_slice(extra);
+    valkey_gate(server, &vars)
+}
+
+/// The token is refused for `reason`; the scan is counted once, as its IP, never as a token.
+async fn assert_token_refused(gate: &ValkeyGate, server: &ValkeyServer, auth: &str, reason: &str) {
+    let mut r = scan_from("192.0.2.44");
+    r.headers
+        .insert(header::AUTHORIZATION, HeaderValue::from_str(auth).unwrap());
+    let response = gate.handle(r).await;
+    assert_eq!(response.status(), 202);
+    let body = json(&response);
+    assert_eq!(body["token"], json!({"accepted": false, "reason": reason}));
+    assert_eq!(body["quota"]["scope"], "ip", "{reason}");
+    let mut c = server.client().await;
+    let tid: Vec<String> = c.keys("quota:tid:*").await.unwrap();
+    assert!(tid.is_empty(), "{reason}: counted as a token: {tid:?}");
+}
+
+fn claims() -> Value {
+    json!({"iss": "stella-ops.org", "tid": "t-1", "exp": now() + 600})
+}
+
+/// A token for another audience is refused when QUOTA_JWT_AUDIENCE is set.
+#[tokio::test]
+async fn wrong_audience() {
+    let server = ValkeyServer::start();
+    let gate = token_gate(&server, &[("QUOTA_JWT_AUDIENCE", "scanner-api")]);
+    let mut c = claims();
+    c["aud"] = json!("billing-api");
+    let t = mint(Algorithm::EdDSA, c);
+    assert_token_refused(&gate, &server, &format!("Bearer {t}"), "wrong_audience").await;
+    // The right audience is accepted, so the refusal was about the audience.
+    let mut c = claims();
+    c["aud"] = json!("scanner-api");
+    let body = json(
+        &gate
+            .handle(scan_with_token("192.0.2.44", &mint(Algorithm::EdDSA, c)))
+            .await,
+    );
+    assert_eq!(body["token"]["accepted"], true);
+}
+
+/// A token over 8 KiB is not even parsed: too_large.
+#[tokio::test]
+async fn token_over_8_kib() {
+    let server = ValkeyServer::start();
+    let gate = token_gate(&server, &[]);
+    let mut c = claims();
+    c["pad"] = json!("p".repeat(8 * 1024));
+    let t = mint(Algorithm::EdDSA, c);
+    assert_token_refused(&gate, &server, &format!("Bearer {t}"), "too_large").await;
+}
+
+/// A valid token with one payload byte changed fails its signature: bad_signature.
+#[tokio::test]
+async fn tampered_token() {
+    use base64::Engine;
+    use base64::engine::general_purpose::URL_SAFE_NO_PAD as B64;
+    let server = ValkeyServer::start();
+    let gate = token_gate(&server, &[]);
+    let t = mint(Algorithm::EdDSA, claims());
+    let parts: Vec<&str> = t.split('.').collect();
+    let mut payload: Value = serde_json::from_slice(&B64.decode(parts[1]).unwrap()).unwrap();
+    payload["tier"] = json!(1_000_000);
+    let forged = format!(
+        "{}.{}.{}",
+        parts[0],
+        B64.encode(payload.to_string()),
+        parts[2]
+    );
+    assert_token_refused(&gate, &server, &format!("Bearer {forged}"), "bad_signature").await;
+}
+
+/// Basic auth, an empty bearer, two-part and non-base64 tokens: refused with a reason.
+#[tokio::test]
+async fn garbage_authorization() {
+    let server = ValkeyServer::start();
+    let gate = token_gate(&server, &[]);
+    for (auth, reason) in [
+        ("Basic dXNlcjpwYXNz", "not_bearer"),
+        ("Bearer", "not_bearer"),
+        ("Bearer ", "malformed"),
+        ("Bearer a.b", "malformed"),
+        ("Bearer !!!.@@@.###", "malformed"),
+        ("Bearer e30.e30.e30", "malformed"),
+    ] {
+        assert_token_refused(&gate, &server, auth, reason).await;
+    }
+}
+
+/// The anonymous digest `gate` gives `ip`'s counter key.
+fn ip_key(gate: &ValkeyGate, ip: &str) -> String {
+    let digest = gate.identifier().ip_digest(ip.parse().unwrap());
+    QuotaKey::new(Scope::Ip, &digest).counter
+}
+
+/// The counter keys that exist, sorted.
+async fn counters(server: &ValkeyServer) -> Vec<String> {
+    let mut c = server.client().await;
+    let mut keys: Vec<String> = c.keys("quota:ip:*").await.unwrap();
+    keys.retain(|k| !k.ends_with(":ts"));
+    keys.sort();
+    keys
+}
+
+/// X-Forwarded-For, Forwarded and X-Real-IP from an untrusted peer are ignored: the peer
+/// is counted, never the address the client claims.
+#[tokio::test]
+async fn forged_client_address_headers() {
+    let server = ValkeyServer::start();
+    let gate = valkey_gate(&server, &[]);
+    for (name, value) in [
+        ("x-forwarded-for", "198.51.100.1"),
+        ("x-forwarded-for", "198.51.100.1, 198.51.100.2"),
+        ("forwarded", "for=198.51.100.1;proto=https"),
+        ("forwarded", "for=\"[2001:db8::1]\""),
+        ("x-real-ip", "198.51.100.1"),
+        ("true-client-ip", "198.51.100.1"),
+        ("cf-connecting-ip", "198.51.100.1"),
+    ] {
+        let mut r = scan_from("203.0.113.7");
+        r.headers.insert(name, HeaderValue::from_static(value));
+        assert_eq!(gate.handle(r).await.status(), 202, "{name}");
+    }
+    assert_eq!(counters(&server).await, [ip_key(&gate, "203.0.113.7")]);
+    let mut c = server.client().await;
+    let used: u64 = c.get(ip_key(&gate, "203.0.113.7")).await.unwrap();
+    assert_eq!(
+        used, 7,
+        "all seven forged requests counted against the peer"
+    );
+}
+
+/// A lambda event with `sourceIp` replaced.
+fn event_from(source_ip: &str) -> GateRequest {
+    let mut v: Value = serde_json::from_str(&event_text("http-api-v2-ipv4.json")).unwrap();
+    v["requestContext"]["http"]["sourceIp"] = json!(source_ip);
+    to_gate_request(lambda_http::request::from_str(&v.to_string()).unwrap())
+}
+
+/// Source IPs with and without /32 or /128, and IPv4-mapped IPv6, are one subject each.
+#[tokio::test]
+async fn source_ip_forms() {
+    let server = ValkeyServer::start();
+    let gate = valkey_gate(&server, &[]);
+    for ip in [
+        "203.0.113.7",
+        "203.0.113.7/32",
+        "::ffff:203.0.113.7",
+        "::ffff:203.0.113.7/128",
+    ] {
+        assert_eq!(gate.handle(event_from(ip)).await.status(), 202, "{ip}");
+    }
+    for ip in [
+        "2001:db8:1:2::1",
+        "2001:db8:1:2::1/128",
+        "2001:db8:1:2:ffff::9",
+    ] {
+        assert_eq!(gate.handle(event_from(ip)).await.status(), 202, "{ip}");
+    }
+    let mut c = server.client().await;
+    let v4: u64 = c.get(ip_key(&gate, "203.0.113.7")).await.unwrap();
+    let v6: u64 = c.get(ip_key(&gate, "2001:db8:1:2::1")).await.unwrap();
+    assert_eq!((v4, v6), (4, 3));
+    assert_eq!(counters(&server).await.len(), 2);
+}
+
+/// A source the gateway should never send (a /24, garbage) is a deployment fault: 500
+/// no_source_address, and nothing is counted under any subject.
+#[tokio::test]
+async fn unusable_source_ip() {
+    let server = ValkeyServer::start();
+    let gate = valkey_gate(&server, &[]);
+    for ip in ["203.0.113.0/24", "not-an-ip", ""] {
+        assert_refused(&gate, event_from(ip), 500, "no_source_address").await;
+    }
+    assert_nothing_counted(&server).await;
+}
+
+/// The local server on a free port, stopped on drop.
+struct LocalServer {
+    addr: std::net::SocketAddr,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+}
+
+impl LocalServer {
+    async fn start(gate: ValkeyGate) -> Self {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        tokio::spawn(quota_gate::serve::serve(
+            listener,
+            Arc::new(gate),
+            None,
+            async move {
+                let _ = stopped.await;
+            },
+        ));
+        Self {
+            addr,
+            stop: Some(stop),
+        }
+    }
+
+    /// Sends `head` then `body_len` bytes of `{`-padding, concurrently reading the
+    /// answer; returns the status and the body, once the response is complete.
+    async fn raw(&self, head: String, body: Vec<u8>) -> (u16, Value) {
+        let stream = TcpStream::connect(self.addr).await.unwrap();
+        let (mut read, mut write) = stream.into_split();
+        // The server may answer and close before the upload ends: write errors are expected.
+        let writer = tokio::spawn(async move {
+            if write.write_all(head.as_bytes()).await.is_ok() {
+                for chunk in body.chunks(64 * 1024) {
+                    if write.write_all(chunk).await.is_err() {
+                        break;
+                    }
+                }
+            }
+            // Returned, not dropped: dropping would half-close the socket, and hyper
+            // drops a request whose client hung up before the answer.
+            write
+        });
+        let mut response = Vec::new();
+        let mut buf = vec![0u8; 16 * 1024];
+        let parsed = tokio::time::timeout(Duration::from_secs(20), async {
+            loop {
+                let n = read.read(&mut buf).await.unwrap_or(0);
+                if n == 0 {
+                    break;
+                }
+                response.extend_from_slice(&buf[..n]);
+                if let Some(parsed) = parse_response(&response) {
+                    return Some(parsed);
+                }
+            }
+            parse_response(&response)
+        })
+        .await
+        .expect("an answer within 20 s");
+        writer.abort();
+        parsed.unwrap_or_else(|| panic!("no response: {:?}", String::from_utf8_lossy(&response)))
+    }
+}
+
+impl Drop for LocalServer {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+    }
+}
+
+/// A complete HTTP/1.1 response with a Content-Length body, if `raw` holds one.
+fn parse_response(raw: &[u8]) -> Option<(u16, Value)> {
+    let text = String::from_utf8_lossy(raw);
+    let (head, body) = text.split_once("\r\n\r\n")?;
+    let status = head.split(' ').nth(1)?.parse().ok()?;
+    let length: usize = head
+        .lines()
+        .find_map(|l| {
+            let (k, v) = l.split_once(':')?;
+            k.eq_ignore_ascii_case("content-length")
+                .then(|| v.trim().parse().ok())?
+        })
+        .unwrap_or(0);
+    if body.len() < length {
+        return None;
+    }
+    Some((
+        status,
+        serde_json::from_str(&body[..length]).unwrap_or(Value::Null),
+    ))
+}
+
+/// A 10 MiB upload to the local server: 413 after reading at most 64 KiB + 1, nothing counted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ten_mib_body_over_http() {
+    let server = ValkeyServer::start();
+    let local = LocalServer::start(valkey_gate(&server, &[])).await;
+    let size = 10 * 1024 * 1024;
+    let head = format!(
+        "POST /scan HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n\
+         Content-Length: {size}\r\n\r\n"
+    );
+    let mut body = br#"{"image":"a:1","pad":""#.to_vec();
+    body.resize(size, b'x');
+    let (status, json) = local.raw(head, body).await;
+    assert_eq!(status, 413);
+    assert_eq!(json["error"], "payload_too_large");
+    // Chunked, with no length announced: the same limit applies.
+    let head = "POST /scan HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n\
+                Transfer-Encoding: chunked\r\n\r\n"
+        .to_owned();
+    let mut chunked = Vec::new();
+    for _ in 0..160 {
+        chunked.extend_from_slice(format!("{:x}\r\n", 64 * 1024).as_bytes());
+        chunked.extend(std::iter::repeat_n(b'x', 64 * 1024));
+        chunked.extend_from_slice(b"\r\n");
+    }
+    let (status, json) = local.raw(head, chunked).await;
+    assert_eq!(status, 413);
+    assert_eq!(json["error"], "payload_too_large");
+    assert_nothing_counted(&server).await;
+}
+
+/// 16 KiB headers over HTTP: a 16 KiB Content-Type is 415, a 16 KiB bearer token is
+/// refused as too_large (counted only as the peer), and the server stays up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sixteen_kib_headers_over_http() {
+    let server = ValkeyServer::start();
+    let local = LocalServer::start(token_gate(&server, &[])).await;
+    let big = "a".repeat(16 * 1024);
+    let body = br#"{"image":"a:1"}"#.to_vec();
+    let head = format!(
+        "POST /scan HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/{big}\r\n\
+         Content-Length: {}\r\n\r\n",
+        body.len()
+    );
+    let (status, json) = local.raw(head, body.clone()).await;
+    assert_eq!(
+        (status, json["error"].as_str()),
+        (415, Some("unsupported_media_type"))
+    );
+    assert_nothing_counted(&server).await;
+
+    let head = format!(
+        "POST /scan HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n\
+         Authorization: Bearer {big}\r\nX-Padding: {big}\r\nContent-Length: {}\r\n\r\n",
+        body.len()
+    );
+    let (status, json) = local.raw(head, body).await;
+    assert_eq!(status, 202);
+    assert_eq!(json["token"]["reason"], "too_large");
+    let mut c = server.client().await;
+    let tid: Vec<String> = c.keys("quota:tid:*").await.unwrap();
+    assert!(tid.is_empty());
+}
+
+mod random_events {
+    //! Random events through Lambda parsing, identity and the whole gate.
+
+    use super::*;
+    use proptest::prelude::*;
+    use quota_gate::queue::{QueueError, ScanJob, ScanQueue};
+    use quota_gate::store::memory::MemoryStore;
+
+    /// Accepts every job; the spool would print them.
+    struct Discard;
+
+    impl ScanQueue for Discard {
+        async fn enqueue(&self, _: &ScanJob) -> Result<(), QueueError> {
+            Ok(())
+        }
+    }
+
+    fn gate() -> Gate<MemoryStore, Discard> {
+        let key = fixture("ed25519.pub.pem");
+        common::gate(
+            &[
+                ("QUOTA_JWT_PUBLIC_KEY", key.as_str()),
+                ("QUOTA_DELAY_MODE", "defer"),
+            ],
+            MemoryStore::default(),
+            Discard,
+        )
+    }
+
+    fn json_value() -> impl Strategy<Value = Value> {
+        let leaf = prop_oneof![
+            Just(Value::Null),
+            any::<bool>().prop_map(Value::from),
+            any::<i64>().prop_map(Value::from),
+            any::<f64>().prop_map(|f| json!(f)),
+            ".{0,40}".prop_map(Value::from),
+        ];
+        leaf.prop_recursive(3, 24, 6, |inner| {
+            prop_oneof![
+                prop::collection::vec(inner.clone(), 0..6).prop_map(Value::from),
+                prop::collection::btree_map("(image|[a-z]{1,8}|.{0,8})", inner, 0..6)
+                    .prop_map(|m| Value::Object(m.into_iter().collect())),
+            ]
+        })
+    }
+
+    fn body() -> impl Strategy<Value = String> {
+        prop_oneof![
+            json_value().prop_map(|v| v.to_string()),
+            ".{0,200}",
+            ".{0,64}".prop_map(|image| json!({"image": image}).to_string()),
+        ]
+    }
+
+    fn method() -> impl Strategy<Value = String> {
+        prop_oneof![
+            Just("POST".to_owned()),
+            Just("GET".to_owned()),
+            "[A-Z]{1,8}",
+            ".{0,10}"
+        ]
+    }
+
+    fn path() -> impl Strategy<Value = String> {
+        prop_oneof![
+            Just("/scan".to_owned()),
+            Just("/prod/scan".to_owned()),
+            "/[a-z/]{0,20}",
+            // API Gateway's paths always start with a slash (lambda_http panics on one
+            // that does not, before any handler runs).
+            "/.{0,30}"
+        ]
+    }
+
+    fn headers() -> impl Strategy<Value = Vec<(String, String)>> {
+        let name = prop_oneof![
+            Just("content-type".to_owned()),
+            Just("authorization".to_owned()),
+            Just("x-forwarded-for".to_owned()),
+            Just("forwarded".to_owned()),
+            Just("x-real-ip".to_owned()),
+            ".{0,12}"
+        ];
+        let value = prop_oneof![
+            Just("application/json".to_owned()),
+            "Bearer [A-Za-z0-9._-]{0,80}",
+            ".{0,60}"
+        ];
+        prop::collection::vec((name, value), 0..6)
+    }
+
+    /// An HTTP API v2 event with the given parts; `source` is the gateway's sourceIp.
+    fn event(
+        method: &str,
+        path: &str,
+        headers: &[(String, String)],
+        body: &str,
+        base64: bool,
+        source: &str,
+    ) -> String {
+        use base64::Engine;
+        let headers: serde_json::Map<String, Value> = headers
+            .iter()
+            .map(|(k, v)| (k.clone(), Value::from(v.as_str())))
+            .collect();
+        let body = if base64 {
+            base64::engine::general_purpose::STANDARD.encode(body)
+        } else {
+            body.to_owned()
+        };
+        json!({
+            "version": "2.0",
+            "routeKey": "$default",
+            "rawPath": path,
+            "rawQueryString": "",
+            "headers": headers,
+            "requestContext": {
+                "accountId": "123456789012", "apiId": "api", "domainName": "example.com",
+                "domainPrefix": "api", "requestId": "r", "routeKey": "$default",
+                "stage": "$default", "time": "20/Nov/2026:08:30:12 +0000",
+                "timeEpoch": 1795163412417_u64,
+                "http": {"method": method, "path": path, "protocol": "HTTP/1.1",
+                         "sourceIp": source, "userAgent": "proptest"}
+            },
+            "body": body,
+            "isBase64Encoded": base64
+        })
+        .to_string()
+    }
+
+    fn runtime() -> tokio::runtime::Runtime {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(300))]
+
+        /// Whatever the client sends (method, path, headers, body), the answer is a 202 or a
+        /// JSON 4xx: never a panic, never a 5xx.
+        #[test]
+        fn client_parts_never_cause_a_5xx(
+            method in method(),
+            path in path(),
+            headers in headers(),
+            body in body(),
+            base64 in any::<bool>(),
+        ) {
+            let text = event(&method, &path, &headers, &body, base64, "203.0.113.7");
+            // Events the runtime itself cannot parse never reach the handler.
+            if let Ok(request) = lambda_http::request::from_str(&text) {
+                let r = runtime().block_on(gate().handle(to_gate_request(request)));
+                let status = r.status().as_u16();
+                prop_assert!(status == 202 || (400..500).contains(&status), "{status}: {:?}", r.body());
+                let answer: Value = serde_json::from_slice(r.body()).unwrap();
+                prop_assert!(status == 202 || answer["error"].is_string());
+            }
+        }
+
+        /// Random source addresses from the platform: a 202, or the documented 500 for an
+        /// unusable one; never a panic.
+        #[test]
+        fn any_source_ip_is_handled(source in prop_oneof![
+            ".{0,45}",
+            "[0-9a-f:./]{0,45}",
+            any::<std::net::IpAddr>().prop_map(|ip| ip.to_string()),
+        ]) {
+            let text = event("POST", "/scan", &[("content-type".into(), "application/json".into())],
+                r#"{"image":"a:1"}"#, false, &source);
+            if let Ok(request) = lambda_http::request::from_str(&text) {
+                let r = runtime().block_on(gate().handle(to_gate_request(request)));
+                let status = r.status().as_u16();
+                prop_assert!(status == 202 || status == 500, "{status}");
+                if status == 500 {
+                    let answer: Value = serde_json::from_slice(r.body()).unwrap();
+                    prop_assert_eq!(&answer["error"], "no_source_address");
+                }
+            }
+        }
+
+        /// Random JSON as a whole event: parsing either fails cleanly or yields a request the
+        /// gate answers without panicking.
+        #[test]
+        fn random_json_events(v in json_value()) {
+            if let Ok(request) = lambda_http::request::from_str(&v.to_string()) {
+                let r = runtime().block_on(gate().handle(to_gate_request(request)));
+                prop_assert!(r.status().as_u16() >= 200);
+            }
+        }
+    }
+}

@@ -1,0 +1,138 @@
+//! The request path against a local 3-primary Valkey cluster
+//! (`VALKEY_CLUSTER=true`): tiers, TTLs, exact counts under concurrency, and
+//! a purge that visits every primary.
+
+mod common;
+
+use std::sync::Arc;
+
+use common::cluster::{ValkeyCluster, cluster_gate};
+use common::*;
+use quota_gate::store::QuotaStore;
+use redis::AsyncCommands;
+
+/// Tiers in cluster mode: 1–3 no delay, 4–5 soft, 6+ hard, one job per 202.
+#[tokio::test]
+async fn tiers_against_a_cluster() {
+    let cluster = ValkeyCluster::start();
+    let gate = cluster_gate(
+        &cluster,
+        &[
+            ("QUOTA_ANON", "3"),
+            ("QUOTA_SOFT_WINDOW", "2"),
+            ("QUOTA_DELAY_MODE", "defer"),
+        ],
+    );
+    let mut delays = Vec::new();
+    for n in 1..=8u64 {
+        let r = gate.handle(scan_from("203.0.113.7")).await;
+        assert_eq!(r.status(), 202, "{:?}", r.body());
+        assert!(
+            r.headers().get("x-stella-quota").is_none(),
+            "store answered"
+        );
+        let body = json(&r);
+        assert_eq!(body["quota"]["used"], n);
+        delays.push(body["delayMs"].as_u64().unwrap());
+    }
+    assert_eq!(delays, [0, 0, 0, 5000, 5000, 60000, 60000, 60000]);
+    assert_eq!(cluster.stream_jobs("jobs").await.len(), 8);
+}
+
+/// utc-day and rolling TTLs hold on a cluster, for subjects spread over every primary.
+#[tokio::test]
+async fn ttls_against_a_cluster() {
+    let cluster = ValkeyCluster::start();
+    let day = cluster_gate(&cluster, &[]);
+    let rolling = cluster_gate(&cluster, &[("QUOTA_RESET", "rolling")]);
+    // Thirty subjects land on all three primaries with near certainty (3 × (2/3)^30 ≈ 1e-5).
+    for i in 0..30 {
+        let r = day.handle(scan_from(&format!("198.51.100.{i}"))).await;
+        assert_eq!(r.status(), 202);
+    }
+    let r = rolling.handle(scan_from("192.0.2.200")).await;
+    assert_eq!(r.status(), 202);
+    assert_eq!(cluster.nodes_holding("quota:*"), 3, "keys on every primary");
+
+    let mut c = cluster.client().await;
+    let (server_now, _): (i64, i64) = redis::cmd("TIME").query_async(&mut c).await.unwrap();
+    let to_midnight = 86_400 - server_now.rem_euclid(86_400);
+    let keys = cluster.keys("quota:*");
+    assert_eq!(keys.len(), 62, "counter and first-seen key per subject");
+    let mut long = 0;
+    for key in &keys {
+        let ttl: i64 = c.ttl(key).await.unwrap();
+        assert!(ttl > 0 && ttl <= 86_400, "{key}: ttl {ttl}");
+        if ttl > to_midnight + 2 {
+            long += 1;
+        }
+    }
+    // Only the rolling subject's two keys outlive midnight (unless it is nearly midnight).
+    assert!(long <= 2, "{long} keys expire after midnight");
+}
+
+/// 400 concurrent scans from one subject through eight cluster clients count 1…400 exactly once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_counts_are_exact_on_a_cluster() {
+    let cluster = ValkeyCluster::start();
+    let vars = [
+        ("QUOTA_ANON", "100"),
+        ("QUOTA_SOFT_WINDOW", "30"),
+        ("QUOTA_DELAY_MODE", "defer"),
+        // A loaded CI machine: the point here is exactness, not latency.
+        ("QUOTA_STORE_TIMEOUT_MS", "2000"),
+    ];
+    let gates: Vec<_> = (0..8)
+        .map(|_| Arc::new(cluster_gate(&cluster, &vars)))
+        .collect();
+    let tasks: Vec<_> = (0..400)
+        .map(|i| {
+            let gate = gates[i % gates.len()].clone();
+            tokio::spawn(async move { json(&gate.handle(scan_from("203.0.113.50")).await) })
+        })
+        .collect();
+    let mut counts = Vec::new();
+    for t in tasks {
+        let body = t.await.unwrap();
+        counts.push(body["quota"]["used"].as_u64().expect("counted"));
+    }
+    counts.sort_unstable();
+    assert_eq!(counts, (1..=400).collect::<Vec<u64>>());
+    assert_eq!(cluster.stream_jobs("jobs").await.len(), 400);
+}
+
+/// Purge in cluster mode removes every quota:* key on every primary and keeps every other key.
+#[tokio::test]
+async fn purge_visits_every_primary() {
+    let cluster = ValkeyCluster::start();
+    let gate = cluster_gate(&cluster, &[]);
+    for i in 0..40 {
+        assert_eq!(
+            gate.handle(scan_from(&format!("203.0.113.{i}")))
+                .await
+                .status(),
+            202
+        );
+    }
+    let mut c = cluster.client().await;
+    for i in 0..20 {
+        let _: () = c.set(format!("keep:{i}"), "x").await.unwrap();
+    }
+    assert_eq!(cluster.nodes_holding("quota:*"), 3);
+    assert_eq!(cluster.keys("quota:*").len(), 80);
+
+    let store = gate.store();
+    assert_eq!(store.purge(true).await.unwrap(), 80, "a dry run counts");
+    assert_eq!(cluster.keys("quota:*").len(), 80, "and removes nothing");
+    assert_eq!(store.purge(false).await.unwrap(), 80);
+    assert!(cluster.keys("quota:*").is_empty());
+    assert_eq!(cluster.keys("keep:*").len(), 20);
+    assert_eq!(
+        cluster.stream_jobs("jobs").await.len(),
+        40,
+        "the queue is kept"
+    );
+    // Counting resumes afterwards from 1.
+    let body = json(&gate.handle(scan_from("203.0.113.1")).await);
+    assert_eq!(body["quota"]["used"], 1);
+}

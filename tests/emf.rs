@@ -1,0 +1,354 @@
+//! The EMF lines the handler prints, read back from the meter's sink and
+//! checked against the CloudWatch embedded metric format specification:
+//!
+//! - the root is a JSON object with an `_aws` member;
+//! - `_aws.Timestamp` is an integer, milliseconds since the epoch;
+//! - `_aws.CloudWatchMetrics` is an array of directives, each with a
+//!   `Namespace` (1–255 characters), `Dimensions` (an array of dimension
+//!   sets, each an array of at most 30 names) and `Metrics` (at most 100
+//!   definitions, each a `Name` of 1–255 characters and an optional `Unit`
+//!   from CloudWatch's list);
+//! - every dimension named is a top-level member whose value is a string;
+//! - every metric named is a top-level member whose value is a number or an
+//!   array of at most 100 numbers.
+//!
+//! Beyond the specification, the names and units must be those
+//! `quota_gate::meter` declares, and no line may carry the client's address
+//! or digest.
+
+mod common;
+
+use std::io::Write;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use common::*;
+use quota_gate::gate::Gate;
+use quota_gate::meter::{self, Meter};
+use quota_gate::queue::{QueueError, ScanJob, ScanQueue};
+use quota_gate::store::memory::MemoryStore;
+use quota_gate::store::valkey::ValkeyStore;
+use quota_gate::valkey::Valkey;
+use serde_json::Value;
+
+/// The units CloudWatch accepts in a metric definition.
+const UNITS: &[&str] = &[
+    "Seconds",
+    "Microseconds",
+    "Milliseconds",
+    "Bytes",
+    "Kilobytes",
+    "Megabytes",
+    "Gigabytes",
+    "Terabytes",
+    "Bits",
+    "Kilobits",
+    "Megabits",
+    "Gigabits",
+    "Terabits",
+    "Percent",
+    "Count",
+    "Bytes/Second",
+    "Kilobytes/Second",
+    "Megabytes/Second",
+    "Gigabytes/Second",
+    "Terabytes/Second",
+    "Bits/Second",
+    "Kilobits/Second",
+    "Megabits/Second",
+    "Gigabits/Second",
+    "Terabits/Second",
+    "Count/Second",
+    "None",
+];
+
+const IP: &str = "203.0.113.7";
+
+/// A sink the test can read while the meter holds it.
+#[derive(Clone, Default)]
+struct Captured(Arc<Mutex<Vec<u8>>>);
+
+impl Write for Captured {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Captured {
+    fn meter(&self) -> Meter {
+        Meter::new("StellaOps/Quota", Some(Box::new(self.clone())))
+    }
+
+    /// Every line written so far, each parsed and checked against the spec.
+    fn documents(&self) -> Vec<Value> {
+        let text = String::from_utf8(self.0.lock().unwrap().clone()).unwrap();
+        assert!(text.is_empty() || text.ends_with('\n'), "lines end in \\n");
+        text.lines().map(check_emf).collect()
+    }
+}
+
+/// Checks one line against the EMF specification and meter's declarations; returns it parsed.
+fn check_emf(line: &str) -> Value {
+    assert!(!line.contains(IP), "no client address in metrics: {line}");
+    // CloudWatch Logs caps one event at 256 KiB.
+    assert!(line.len() < 256 * 1024);
+    let doc: Value = serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}: {line}"));
+    let root = doc.as_object().expect("the root is an object");
+    let aws = root["_aws"].as_object().expect("_aws is an object");
+
+    let ts = aws["Timestamp"].as_u64().expect("Timestamp is an integer");
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64;
+    assert!(
+        now.abs_diff(ts) < 60_000,
+        "Timestamp is epoch milliseconds: {ts}"
+    );
+
+    let directives = aws["CloudWatchMetrics"].as_array().expect("an array");
+    assert!(!directives.is_empty());
+    for d in directives {
+        let ns = d["Namespace"].as_str().expect("Namespace is a string");
+        assert!((1..=255).contains(&ns.len()));
+        assert_eq!(ns, "StellaOps/Quota");
+
+        let sets = d["Dimensions"].as_array().expect("Dimensions is an array");
+        assert_eq!(
+            d["Dimensions"],
+            serde_json::json!([["Scope"]]),
+            "Scope is the only dimension"
+        );
+        for set in sets {
+            let names = set.as_array().expect("a dimension set is an array");
+            assert!(names.len() <= 30);
+            for name in names {
+                let name = name.as_str().expect("dimension names are strings");
+                let value = root
+                    .get(name)
+                    .unwrap_or_else(|| panic!("dimension {name} missing"));
+                let value = value.as_str().expect("dimension values are strings");
+                assert!(["ip", "tid"].contains(&value));
+            }
+        }
+
+        let metrics = d["Metrics"].as_array().expect("Metrics is an array");
+        assert!(metrics.len() <= 100);
+        for m in metrics {
+            let name = m["Name"].as_str().expect("Name is a string");
+            assert!((1..=255).contains(&name.len()));
+            let unit = m["Unit"].as_str().expect("every metric declares its unit");
+            assert!(UNITS.contains(&unit), "{unit}");
+            let declared = if name == meter::DELAY_MS {
+                "Milliseconds"
+            } else {
+                assert!(meter::COUNTERS.contains(&name), "undeclared metric {name}");
+                "Count"
+            };
+            assert_eq!(unit, declared, "{name}");
+            match root.get(name) {
+                Some(Value::Number(_)) => {}
+                Some(Value::Array(values)) => {
+                    assert!(values.len() <= 100, "{name}: at most 100 values");
+                    assert!(values.iter().all(Value::is_number), "{name}");
+                }
+                other => panic!("metric {name} is not a top-level number: {other:?}"),
+            }
+        }
+    }
+    doc
+}
+
+/// The metric names one directive declares.
+fn declared(doc: &Value) -> Vec<&str> {
+    doc["_aws"]["CloudWatchMetrics"][0]["Metrics"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["Name"].as_str().unwrap())
+        .collect()
+}
+
+/// Asserts the counter values of one document, in `meter::COUNTERS` order.
+fn assert_counters(doc: &Value, expected: [u64; 5]) {
+    let got: Vec<u64> = meter::COUNTERS
+        .iter()
+        .map(|n| doc[*n].as_u64().unwrap())
+        .collect();
+    assert_eq!(got, expected, "{doc}");
+}
+
+/// Within, soft, hard and reminder scans each print one valid EMF line with the right counters and delay.
+#[tokio::test(start_paused = true)]
+async fn tiers_print_valid_emf() {
+    let sink = Captured::default();
+    let gate = Gate::new(
+        config(&[
+            ("QUOTA_ANON", "1"),
+            ("QUOTA_SOFT_WINDOW", "1"),
+            ("QUOTA_WARN_AT", "3"),
+        ]),
+        SECRET,
+        MemoryStore::default(),
+        Discard,
+        sink.meter(),
+    )
+    .unwrap();
+    for _ in 0..3 {
+        assert_eq!(gate.handle(scan_from(IP)).await.status(), 202);
+    }
+    let docs = sink.documents();
+    assert_eq!(docs.len(), 3, "one line per request");
+    let all: Vec<&str> = meter::COUNTERS
+        .iter()
+        .copied()
+        .chain([meter::DELAY_MS])
+        .collect();
+    for doc in &docs {
+        assert_eq!(
+            declared(doc),
+            all,
+            "every metric declared on every decided scan"
+        );
+        assert_eq!(doc["Scope"], "ip");
+    }
+    // [soft, hard, reminders, store errors, enqueue errors]
+    assert_counters(&docs[0], [0, 0, 0, 0, 0]);
+    assert_counters(&docs[1], [1, 0, 0, 0, 0]);
+    assert_counters(&docs[2], [0, 1, 1, 0, 0]);
+    let delays: Vec<u64> = docs
+        .iter()
+        .map(|d| d[meter::DELAY_MS].as_u64().unwrap())
+        .collect();
+    assert_eq!(
+        delays,
+        [0, 5_000, 60_000],
+        "the whole delay owed, slept or not"
+    );
+    let tiers: Vec<&str> = docs.iter().map(|d| d["tier"].as_str().unwrap()).collect();
+    assert_eq!(tiers, ["within", "soft", "hard"]);
+}
+
+/// Token holders are metered under Scope=tid, with no token material in the line.
+#[tokio::test]
+async fn token_scope_dimension() {
+    let sink = Captured::default();
+    let token = event_token("http-api-v2-token.json");
+    let gate = Gate::new(
+        config(&[("QUOTA_JWT_PUBLIC_KEY", &fixture("ed25519.pub.pem"))]),
+        SECRET,
+        MemoryStore::default(),
+        Discard,
+        sink.meter(),
+    )
+    .unwrap();
+    let r = gate.handle(scan_with_token(IP, &token)).await;
+    assert_eq!(json(&r)["quota"]["scope"], "tid");
+    let docs = sink.documents();
+    assert_eq!(docs.len(), 1);
+    assert_eq!(docs[0]["Scope"], "tid");
+    let line = docs[0].to_string();
+    assert!(
+        !line.contains(&token) && !line.contains("tenant-42"),
+        "{line}"
+    );
+}
+
+/// An unreachable store prints a store-error line with no delay sample, so an outage cannot drag p95 down.
+#[tokio::test]
+async fn store_error_prints_valid_emf() {
+    let sink = Captured::default();
+    let dead = format!("redis://127.0.0.1:{}", free_port());
+    let config = config(&[("VALKEY_URL", &dead), ("QUOTA_STORE_TIMEOUT_MS", "200")]);
+    let store = ValkeyStore::new(Valkey::new(&dead, false, config.store_timeout).unwrap());
+    let gate = Gate::new(config, SECRET, store, Discard, sink.meter()).unwrap();
+    let r = gate.handle(scan_from(IP)).await;
+    assert_eq!(r.status(), 202, "fail open by default");
+    let docs = sink.documents();
+    assert_eq!(docs.len(), 1);
+    assert_counters(&docs[0], [0, 0, 0, 1, 0]);
+    assert_eq!(declared(&docs[0]), meter::COUNTERS);
+    assert!(docs[0].get(meter::DELAY_MS).is_none());
+    assert!(docs[0].get("tier").is_none());
+}
+
+/// A failed enqueue prints an enqueue-error line.
+#[tokio::test]
+async fn enqueue_error_prints_valid_emf() {
+    let sink = Captured::default();
+    let gate = Gate::new(
+        config(&[]),
+        SECRET,
+        MemoryStore::default(),
+        Refuse,
+        sink.meter(),
+    )
+    .unwrap();
+    assert_eq!(gate.handle(scan_from(IP)).await.status(), 503);
+    let docs = sink.documents();
+    assert_eq!(docs.len(), 1);
+    assert_counters(&docs[0], [0, 0, 0, 0, 1]);
+}
+
+/// Requests refused before counting (bad input) print nothing.
+#[tokio::test]
+async fn rejected_requests_print_nothing() {
+    let sink = Captured::default();
+    let gate = Gate::new(
+        config(&[]),
+        SECRET,
+        MemoryStore::default(),
+        Discard,
+        sink.meter(),
+    )
+    .unwrap();
+    let mut bad = scan_from(IP);
+    bad.body = bytes::Bytes::from_static(br#"{"img":1}"#);
+    assert_eq!(gate.handle(bad).await.status(), 400);
+    assert!(sink.documents().is_empty());
+}
+
+/// The meter's own rendering holds the timestamp it is given, as an integer.
+#[test]
+fn timestamp_is_integer_milliseconds() {
+    let line = Meter::new("StellaOps/Quota", None).emf_line(
+        &meter::Outcome {
+            scope: quota_gate::digest::Scope::Ip,
+            tier: Some(quota_gate::decide::Tier::Hard),
+            reminder: false,
+            delay: Duration::from_secs(60),
+            store_error: false,
+            enqueue_error: false,
+        },
+        1_796_032_800_123,
+    );
+    let doc: Value = serde_json::from_str(&line).unwrap();
+    assert_eq!(doc["_aws"]["Timestamp"].as_u64(), Some(1_796_032_800_123));
+    assert!(
+        line.contains("\"Timestamp\":1796032800123"),
+        "no float: {line}"
+    );
+}
+
+/// Accepts every job.
+struct Discard;
+
+impl ScanQueue for Discard {
+    async fn enqueue(&self, _: &ScanJob) -> Result<(), QueueError> {
+        Ok(())
+    }
+}
+
+/// Refuses every job.
+struct Refuse;
+
+impl ScanQueue for Refuse {
+    async fn enqueue(&self, _: &ScanJob) -> Result<(), QueueError> {
+        Err(QueueError::Backend("refused by the test".into()))
+    }
+}

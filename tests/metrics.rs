@@ -1,0 +1,300 @@
+//! Prometheus `/metrics` on the real local HTTP server: counters equal what a
+//! scripted run sent, the delay histogram supports `histogram_quantile`, and
+//! every alert rule in `prometheus/alerts.yaml` names an exposed series.
+//!
+//! The metrics recorder is process-global, so this binary installs it once
+//! and runs the scripted traffic once ([`scripted_run`]); every test reads
+//! that one snapshot.
+
+mod common;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::SocketAddr;
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use common::*;
+use jsonwebtoken::Algorithm;
+use quota_gate::gate::Gate;
+use quota_gate::meter::Meter;
+use quota_gate::queue::spool::Spool;
+use quota_gate::store::memory::MemoryStore;
+use serde_json::json;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+/// 3 scans within quota, then 2 soft, then hard; reminders from the 5th.
+const VARS: &[(&str, &str)] = &[
+    ("QUOTA_ANON", "3"),
+    ("QUOTA_SOFT_WINDOW", "2"),
+    ("QUOTA_WARN_AT", "5"),
+    ("QUOTA_DELAY_MODE", "defer"),
+];
+const ANON_SCANS: u64 = 8;
+const TOKEN_SCANS: u64 = 2;
+
+/// One HTTP/1.1 exchange; returns the status and the body.
+async fn http(addr: SocketAddr, request: String) -> (u16, String) {
+    let mut stream = tokio::time::timeout(Duration::from_secs(10), TcpStream::connect(addr))
+        .await
+        .unwrap()
+        .unwrap();
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let mut raw = Vec::new();
+    tokio::time::timeout(Duration::from_secs(30), stream.read_to_end(&mut raw))
+        .await
+        .unwrap()
+        .unwrap();
+    let text = String::from_utf8(raw).unwrap();
+    let (head, body) = text.split_once("\r\n\r\n").unwrap();
+    let status = head.split(' ').nth(1).unwrap().parse().unwrap();
+    (status, body.to_owned())
+}
+
+fn scan(token: Option<&str>, body: &str) -> String {
+    let auth = token.map_or(String::new(), |t| format!("Authorization: Bearer {t}\r\n"));
+    format!(
+        "POST /scan HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\
+         Content-Type: application/json\r\n{auth}Content-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+}
+
+/// Sends the scripted traffic through `quota_gate::serve::serve` once and
+/// returns what `GET /metrics` said afterwards.
+fn scripted_run() -> &'static str {
+    static TEXT: OnceLock<String> = OnceLock::new();
+    TEXT.get_or_init(|| {
+        let runtime = tokio::runtime::Runtime::new().unwrap();
+        runtime.block_on(async {
+            let handle = quota_gate::cli::install_prometheus().unwrap();
+            let mut vars = VARS.to_vec();
+            let key = fixture("ed25519.pub.pem");
+            vars.push(("QUOTA_JWT_PUBLIC_KEY", &key));
+            let gate = Gate::new(
+                config(&vars),
+                SECRET,
+                MemoryStore::default(),
+                Spool::new(Box::new(std::io::sink())),
+                Meter::new("test", None),
+            )
+            .unwrap();
+            let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let addr = listener.local_addr().unwrap();
+            let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+            let server = tokio::spawn(quota_gate::serve::serve(
+                listener,
+                Arc::new(gate),
+                Some(handle),
+                async {
+                    let _ = stopped.await;
+                },
+            ));
+            let image = r#"{"image":"registry.example.com/team/app:1.4.2"}"#;
+            for _ in 0..ANON_SCANS {
+                assert_eq!(http(addr, scan(None, image)).await.0, 202);
+            }
+            let token = mint(
+                Algorithm::EdDSA,
+                json!({"iss": "stella-ops.org", "tid": "t-metrics", "exp": now() + 600}),
+            );
+            for _ in 0..TOKEN_SCANS {
+                assert_eq!(http(addr, scan(Some(&token), image)).await.0, 202);
+            }
+            // Refused requests are not counted, so they must not move any metric.
+            assert_eq!(http(addr, scan(None, r#"{"image":""}"#)).await.0, 400);
+            let (status, text) = http(
+                addr,
+                "GET /metrics HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n".into(),
+            )
+            .await;
+            assert_eq!(status, 200);
+            let _ = stop.send(());
+            server.await.unwrap().unwrap();
+            text
+        })
+    })
+}
+
+/// Every sample line of the exposition: `name{labels}` → value.
+fn samples(text: &str) -> BTreeMap<String, f64> {
+    text.lines()
+        .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
+        .map(|l| {
+            let (series, value) = l.rsplit_once(' ').unwrap();
+            (series.to_owned(), value.parse().unwrap())
+        })
+        .collect()
+}
+
+/// Series names (without labels) present in the exposition.
+fn series_names(text: &str) -> BTreeSet<String> {
+    samples(text)
+        .keys()
+        .map(|s| s.split('{').next().unwrap().to_owned())
+        .collect()
+}
+
+fn value(text: &str, series: &str) -> f64 {
+    *samples(text)
+        .get(series)
+        .unwrap_or_else(|| panic!("{series} missing from /metrics:\n{text}"))
+}
+
+/// Prometheus's `histogram_quantile` over one series' cumulative buckets.
+fn histogram_quantile(q: f64, buckets: &[(f64, f64)]) -> f64 {
+    let total = buckets.last().unwrap().1;
+    let rank = q * total;
+    let mut prev = (0.0, 0.0);
+    for &(le, count) in buckets {
+        if count >= rank {
+            if le.is_infinite() {
+                return prev.0;
+            }
+            return prev.0 + (le - prev.0) * (rank - prev.1) / (count - prev.1);
+        }
+        prev = (le, count);
+    }
+    f64::NAN
+}
+
+/// The `le`-sorted cumulative buckets of `stella_quota_delay_ms` for `scope`.
+fn delay_buckets(text: &str, scope: &str) -> Vec<(f64, f64)> {
+    let prefix = format!("stella_quota_delay_ms_bucket{{scope=\"{scope}\",le=\"");
+    let mut buckets: Vec<(f64, f64)> = samples(text)
+        .iter()
+        .filter_map(|(series, v)| {
+            let le = series.strip_prefix(&prefix)?.strip_suffix("\"}")?;
+            let le = if le == "+Inf" {
+                f64::INFINITY
+            } else {
+                le.parse().ok()?
+            };
+            Some((le, *v))
+        })
+        .collect();
+    buckets.sort_by(|a, b| a.0.total_cmp(&b.0));
+    buckets
+}
+
+/// The counters equal what was sent: 2 soft, 3 hard, 4 reminders, no errors, per scope.
+#[test]
+fn counters_equal_what_was_sent() {
+    let text = scripted_run();
+    let ip = |name: &str| value(text, &format!("{name}{{scope=\"ip\"}}"));
+    let tid = |name: &str| value(text, &format!("{name}{{scope=\"tid\"}}"));
+    assert_eq!(ip("stella_quota_soft_hits_total"), 2.0);
+    assert_eq!(ip("stella_quota_hard_hits_total"), 3.0);
+    assert_eq!(ip("stella_quota_reminders_total"), 4.0);
+    assert_eq!(ip("stella_quota_store_errors_total"), 0.0);
+    assert_eq!(ip("stella_quota_enqueue_errors_total"), 0.0);
+    assert_eq!(ip("stella_quota_delay_ms_count"), ANON_SCANS as f64);
+    assert_eq!(
+        ip("stella_quota_delay_ms_sum"),
+        2.0 * 5_000.0 + 3.0 * 60_000.0
+    );
+    assert_eq!(tid("stella_quota_soft_hits_total"), 0.0);
+    assert_eq!(tid("stella_quota_delay_ms_count"), TOKEN_SCANS as f64);
+}
+
+/// The exported names are exactly the seed's: no suffix added or dropped, counters typed as counters.
+#[test]
+fn names_are_the_seeds() {
+    let text = scripted_run();
+    for name in [
+        "stella_quota_soft_hits_total",
+        "stella_quota_hard_hits_total",
+        "stella_quota_reminders_total",
+        "stella_quota_store_errors_total",
+        "stella_quota_enqueue_errors_total",
+    ] {
+        assert!(
+            text.contains(&format!("# TYPE {name} counter")),
+            "{name}:\n{text}"
+        );
+        assert!(
+            text.contains(&format!("# HELP {name} ")),
+            "{name} has no help"
+        );
+    }
+    assert!(
+        text.contains("# TYPE stella_quota_delay_ms histogram"),
+        "{text}"
+    );
+    for name in series_names(text) {
+        assert!(
+            name.starts_with("stella_quota_"),
+            "unexpected series {name}"
+        );
+        assert!(!name.contains("_total_total"), "{name}");
+    }
+}
+
+/// The delay histogram has a bucket at the 1 s alert threshold, and `histogram_quantile(0.95, …)` lands in the right bucket.
+#[test]
+fn delay_histogram_supports_p95() {
+    let text = scripted_run();
+    let ip = delay_buckets(text, "ip");
+    let bounds: Vec<f64> = ip.iter().map(|b| b.0).collect();
+    for b in quota_gate::cli::DELAY_BUCKETS_MS {
+        assert!(bounds.contains(&b), "bucket {b} missing: {bounds:?}");
+    }
+    let at = |le: f64| ip.iter().find(|b| b.0 == le).unwrap().1;
+    assert_eq!(at(1_000.0), 3.0, "3 undelayed scans");
+    assert_eq!(at(5_000.0), 5.0, "+2 soft");
+    assert_eq!(at(60_000.0), 8.0, "+3 hard");
+    assert_eq!(at(f64::INFINITY), 8.0);
+    // 0.95 × 8 = 7.6 falls among the hard delays: (30 s, 60 s].
+    let p95 = histogram_quantile(0.95, &ip);
+    assert!(p95 > 30_000.0 && p95 <= 60_000.0, "p95 {p95}");
+    // Token scans were all within quota: p95 below the 1 s alert threshold.
+    let tid = histogram_quantile(0.95, &delay_buckets(text, "tid"));
+    assert!(tid < 1_000.0, "tid p95 {tid}");
+}
+
+/// The metric names each alert rule's expression uses, from `prometheus/alerts.yaml`.
+fn alert_metrics() -> BTreeMap<String, BTreeSet<String>> {
+    let rules = std::fs::read_to_string(root().join("prometheus/alerts.yaml")).unwrap();
+    let mut out = BTreeMap::new();
+    let mut alert = None;
+    for line in rules.lines().map(str::trim) {
+        if let Some(name) = line.strip_prefix("- alert:") {
+            alert = Some(name.trim().to_owned());
+        } else if let Some(expr) = line.strip_prefix("expr:") {
+            let metrics: BTreeSet<String> = expr
+                .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+                .filter(|w| w.starts_with("stella_"))
+                .map(str::to_owned)
+                .collect();
+            let name = alert.take().expect("expr: follows its - alert: line");
+            out.insert(name, metrics);
+        }
+    }
+    out
+}
+
+/// Each alert rule names only series the server really exposes, and the three seed rules are there.
+#[test]
+fn alert_rules_use_exposed_series() {
+    let exposed = series_names(scripted_run());
+    let alerts = alert_metrics();
+    assert_eq!(alerts.len(), 3, "{alerts:?}");
+    let mut used = BTreeSet::new();
+    for (alert, metrics) in &alerts {
+        assert!(!metrics.is_empty(), "{alert} names no metric");
+        for m in metrics {
+            assert!(
+                exposed.contains(m),
+                "{alert}: {m} is not exposed; have {exposed:?}"
+            );
+            used.insert(m.as_str());
+        }
+    }
+    for seed in [
+        "stella_quota_soft_hits_total",
+        "stella_quota_hard_hits_total",
+        "stella_quota_delay_ms_bucket",
+    ] {
+        assert!(used.contains(seed), "no rule on {seed}");
+    }
+}

@@ -1,0 +1,451 @@
+//! The operator commands against a real Valkey (inspect, reset, purge) and a
+//! real moto server (stats), through the library and through the binary.
+
+mod common;
+
+use std::process::{Command, Output, Stdio};
+use std::time::Duration;
+
+use aws_sdk_cloudwatch::primitives::DateTime;
+use aws_sdk_cloudwatch::types::{Dimension, MetricDatum, StandardUnit};
+use common::moto::MotoServer;
+use common::*;
+use jsonwebtoken::Algorithm;
+use quota_gate::Gate;
+use quota_gate::ops::progress::Progress;
+use quota_gate::ops::subject::{self, Basis, SubjectArg};
+use quota_gate::ops::{OpsError, purge, stats, valkey_store};
+use quota_gate::queue::stream::StreamQueue;
+use quota_gate::store::valkey::ValkeyStore;
+use redis::AsyncCommands;
+use serde_json::{Value, json};
+use time::OffsetDateTime;
+
+const TIERS: &[(&str, &str)] = &[
+    ("QUOTA_ANON", "3"),
+    ("QUOTA_TOKEN", "5"),
+    ("QUOTA_SOFT_WINDOW", "2"),
+    ("QUOTA_DELAY_MODE", "defer"),
+];
+
+/// The gate's variables plus `VALKEY_URL` (and the token key) for `server`.
+fn vars(server: &ValkeyServer) -> Vec<(&'static str, String)> {
+    let mut v: Vec<(&'static str, String)> =
+        TIERS.iter().map(|(k, v)| (*k, (*v).to_owned())).collect();
+    v.push(("VALKEY_URL", server.url()));
+    v.push(("QUOTA_JWT_PUBLIC_KEY", fixture("ed25519.pub.pem")));
+    v
+}
+
+fn ops_config(server: &ValkeyServer) -> quota_gate::Config {
+    let v = vars(server);
+    let borrowed: Vec<(&str, &str)> = v.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    config(&borrowed)
+}
+
+fn gate_on(server: &ValkeyServer) -> Gate<ValkeyStore, StreamQueue> {
+    let v = vars(server);
+    let borrowed: Vec<(&str, &str)> = v
+        .iter()
+        .filter(|(k, _)| *k != "VALKEY_URL")
+        .map(|(k, v)| (*k, v.as_str()))
+        .collect();
+    valkey_gate(server, &borrowed)
+}
+
+fn token(tid: &str, extra: Value) -> String {
+    let mut claims = json!({"iss": "stella-ops.org", "tid": tid, "exp": now() + 600});
+    if let (Some(c), Some(e)) = (claims.as_object_mut(), extra.as_object()) {
+        c.extend(e.clone());
+    }
+    mint(Algorithm::EdDSA, claims)
+}
+
+/// `inspect --ip` shows the count, TTL, first-seen and next tier after N requests, for any spelling of the address.
+#[tokio::test]
+async fn inspect_ip_after_requests() {
+    let server = ValkeyServer::start();
+    let gate = gate_on(&server);
+    for _ in 0..4 {
+        assert_eq!(gate.handle(scan_from("203.0.113.7")).await.status(), 202);
+    }
+    let config = ops_config(&server);
+    let store = valkey_store(&config).unwrap();
+    for spelling in ["203.0.113.7", "203.0.113.7/32", "::ffff:203.0.113.7"] {
+        let s = subject::resolve(&config, SECRET, &SubjectArg::Ip(spelling.into())).unwrap();
+        let i = subject::inspect(&store, &config, &s).await.unwrap();
+        assert!(i.exists, "{spelling}");
+        assert_eq!((i.count, i.limit, i.remaining), (4, 3, 0), "{spelling}");
+        assert_eq!(
+            (i.next.count, i.next.tier, i.next.delay_ms),
+            (5, "soft", 5000)
+        );
+        assert!(i.ttl_seconds.is_some_and(|t| t > 0 && t <= 86_400));
+        assert!(i.first_seen.as_deref().is_some_and(|f| f.contains('T')));
+        assert!(i.reset_at.as_deref().is_some_and(|r| r.ends_with('Z')));
+    }
+    // One more request lands in the tier inspect predicted.
+    let body = json(&gate.handle(scan_from("203.0.113.7")).await);
+    assert_eq!(body["delayMs"], 5000);
+    // An address never seen: no counter, the full quota ahead.
+    let s = subject::resolve(&config, SECRET, &SubjectArg::Ip("198.51.100.99".into())).unwrap();
+    let i = subject::inspect(&store, &config, &s).await.unwrap();
+    assert_eq!(
+        (i.exists, i.count, i.remaining, i.next.tier),
+        (false, 0, 3, "within")
+    );
+}
+
+/// `inspect --token` finds the tid counter from a verified JWT or a bare tid; an invalid JWT is refused.
+#[tokio::test]
+async fn inspect_token() {
+    let server = ValkeyServer::start();
+    let gate = gate_on(&server);
+    let t = token("tid-ops-1", json!({"tier": 7}));
+    for _ in 0..2 {
+        let r = gate.handle(scan_with_token("203.0.113.8", &t)).await;
+        assert_eq!(json(&r)["quota"]["scope"], "tid");
+    }
+    let config = ops_config(&server);
+    let store = valkey_store(&config).unwrap();
+
+    let s = subject::resolve(&config, SECRET, &SubjectArg::Token(format!("Bearer {t}"))).unwrap();
+    assert_eq!(s.basis, Basis::VerifiedToken);
+    let i = subject::inspect(&store, &config, &s).await.unwrap();
+    assert_eq!((i.scope, i.count, i.limit, i.remaining), ("tid", 2, 7, 5));
+
+    let bare = subject::resolve(&config, SECRET, &SubjectArg::Token("tid-ops-1".into())).unwrap();
+    assert_eq!(bare.key, s.key);
+    assert_eq!(bare.basis, Basis::BareTid);
+    assert_eq!(bare.limit.get(), 5, "a bare tid cannot know the tier claim");
+
+    let expired = mint(
+        Algorithm::EdDSA,
+        json!({"iss": "stella-ops.org", "tid": "tid-ops-1", "exp": now() - 60}),
+    );
+    let err = subject::resolve(&config, SECRET, &SubjectArg::Token(expired)).unwrap_err();
+    assert!(matches!(err, OpsError::Usage(_)));
+    assert!(err.to_string().contains("expired"), "{err}");
+}
+
+/// `reset` removes the counter and first-seen key; the next request counts 1.
+#[tokio::test]
+async fn reset_then_next_counts_one() {
+    let server = ValkeyServer::start();
+    let gate = gate_on(&server);
+    for _ in 0..6 {
+        gate.handle(scan_from("2001:db8:5:6::1")).await;
+    }
+    let config = ops_config(&server);
+    let store = valkey_store(&config).unwrap();
+    // Another host in the same /64 names the same client.
+    let s = subject::resolve(
+        &config,
+        SECRET,
+        &SubjectArg::Ip("2001:db8:5:6::beef".into()),
+    )
+    .unwrap();
+    let removal = subject::reset(&store, &s).await.unwrap();
+    assert_eq!(removal.removed, 2);
+    assert!(removal.render().contains(&s.key.counter));
+    let mut c = server.client().await;
+    let left: Vec<String> = c.keys("quota:*").await.unwrap();
+    assert!(left.is_empty(), "{left:?}");
+    let body = json(&gate.handle(scan_from("2001:db8:5:6::1")).await);
+    assert_eq!(body["quota"]["used"], 1);
+    assert_eq!(body["delayMs"], 0);
+    assert_eq!(subject::reset(&store, &s).await.unwrap().removed, 2);
+    assert_eq!(subject::reset(&store, &s).await.unwrap().removed, 0);
+}
+
+/// `purge` removes every quota:* key in batches, reports progress, and leaves other keys alone; a dry run removes nothing.
+#[tokio::test]
+async fn purge_only_quota_keys() {
+    let server = ValkeyServer::start();
+    let gate = gate_on(&server);
+    for ip in ["203.0.113.1", "203.0.113.2", "2001:db8::1"] {
+        gate.handle(scan_from(ip)).await;
+    }
+    let mut c = server.client().await;
+    // Enough keys for several SCAN/UNLINK batches.
+    let mut pipe = redis::pipe();
+    for i in 0..1_500 {
+        pipe.set(format!("quota:ip:{{seeded{i}}}"), 1).ignore();
+    }
+    let others = [
+        "jobs-other",
+        "quota",
+        "quotas:1",
+        "xquota:ip:1",
+        "QUOTA:ip:1",
+        "session:42",
+    ];
+    for k in others {
+        pipe.set(k, "keep").ignore();
+    }
+    let _: () = pipe.query_async(&mut c).await.unwrap();
+    let quota_keys = 1_500 + 3 * 2;
+
+    let config = ops_config(&server);
+    let dry = purge::purge(valkey_store(&config).unwrap(), true, None)
+        .await
+        .unwrap();
+    assert!(dry.dry_run);
+    assert!(
+        dry.keys >= quota_keys,
+        "a dry run counts at least every key: {}",
+        dry.keys
+    );
+    let left: Vec<String> = c.keys("quota:*").await.unwrap();
+    assert_eq!(left.len() as u64, quota_keys);
+
+    let sink = Box::new(std::io::sink());
+    let progress = Progress::new("removed", sink, false, Duration::ZERO);
+    let store = valkey_store(&config).unwrap();
+    let report = purge::purge(store, false, Some(progress.clone()))
+        .await
+        .unwrap();
+    assert_eq!(report.keys, quota_keys);
+    assert_eq!(progress.done(), quota_keys);
+    let left: Vec<String> = c.keys("quota:*").await.unwrap();
+    assert!(left.is_empty(), "{} quota keys left", left.len());
+    for k in others {
+        let v: Option<String> = c.get(k).await.unwrap();
+        assert_eq!(v.as_deref(), Some("keep"), "{k} must survive");
+    }
+    // The stream queue the gate wrote to survives too.
+    assert_eq!(stream_jobs(&server, "jobs").await.len(), 3);
+}
+
+/// Runs the real binary with only `env` set and stdin closed (not a terminal).
+fn quota_gate(args: &[&str], env: &[(&str, &str)]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_quota-gate"))
+        .args(args)
+        .env_clear()
+        .envs(env.iter().copied())
+        .stdin(Stdio::null())
+        .output()
+        .unwrap()
+}
+
+/// The binary: inspect --json, reset, purge refused without --yes off a terminal, purge --yes, and a clear error without VALKEY_URL.
+#[tokio::test]
+async fn binary_end_to_end() {
+    let server = ValkeyServer::start();
+    let gate = gate_on(&server);
+    for _ in 0..2 {
+        gate.handle(scan_from("192.0.2.10")).await;
+    }
+    let url = server.url();
+    let secret = std::str::from_utf8(SECRET).unwrap();
+    let env = [
+        ("VALKEY_URL", url.as_str()),
+        ("QUOTA_HASH_SECRET", secret),
+        ("QUOTA_ANON", "3"),
+        ("QUOTA_SOFT_WINDOW", "2"),
+    ];
+
+    let out = quota_gate(&["inspect", "--ip", "192.0.2.10", "--json"], &env);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(report["count"], 2);
+    assert_eq!(report["remaining"], 1);
+    assert_eq!(report["next"]["tier"], "within");
+    assert!(report["key"].as_str().unwrap().starts_with("quota:ip:{"));
+    // Neither output names the address.
+    let text = quota_gate(&["inspect", "--ip", "192.0.2.10"], &env);
+    assert!(text.status.success());
+    for stream in [&out.stdout, &out.stderr, &text.stdout, &text.stderr] {
+        assert!(!String::from_utf8_lossy(stream).contains("192.0.2.10"));
+    }
+    assert!(String::from_utf8_lossy(&text.stdout).contains("next        scan 3: within"));
+
+    let refused = quota_gate(&["purge"], &env);
+    assert!(!refused.status.success());
+    assert!(String::from_utf8_lossy(&refused.stderr).contains("--yes"));
+    let mut c = server.client().await;
+    let left: Vec<String> = c.keys("quota:*").await.unwrap();
+    assert_eq!(left.len(), 2, "a refused purge touches nothing");
+
+    let dry = quota_gate(&["purge", "--dry-run", "--json"], &env);
+    assert!(dry.status.success());
+    let dry: Value = serde_json::from_slice(&dry.stdout).unwrap();
+    assert_eq!(dry["keys"], 2);
+
+    let reset = quota_gate(&["reset", "--ip", "192.0.2.10/32"], &env);
+    assert!(reset.status.success());
+    assert!(String::from_utf8_lossy(&reset.stdout).starts_with("removed 2 keys"));
+    gate.handle(scan_from("192.0.2.10")).await;
+    let done = quota_gate(&["purge", "--yes"], &env);
+    assert!(
+        done.status.success(),
+        "{}",
+        String::from_utf8_lossy(&done.stderr)
+    );
+    assert!(String::from_utf8_lossy(&done.stdout).starts_with("removed 2 quota:* keys"));
+    let left: Vec<String> = c.keys("quota:*").await.unwrap();
+    assert!(left.is_empty());
+
+    // The dev secret is used, and said so, when QUOTA_HASH_SECRET is unset.
+    let dev = quota_gate(&["inspect", "--ip", "192.0.2.10"], &env[..1]);
+    assert!(dev.status.success());
+    assert!(String::from_utf8_lossy(&dev.stderr).contains("QUOTA_HASH_SECRET"));
+
+    let no_url = quota_gate(&["inspect", "--ip", "192.0.2.10"], &env[1..]);
+    assert!(!no_url.status.success());
+    let err = String::from_utf8_lossy(&no_url.stderr);
+    assert!(err.contains("VALKEY_URL") && err.contains("serve"), "{err}");
+    let bad = quota_gate(&["inspect", "--ip", "not-an-ip"], &env);
+    assert!(!bad.status.success());
+    let both = quota_gate(&["inspect", "--ip", "192.0.2.10", "--token", "t"], &env);
+    assert!(
+        !both.status.success(),
+        "--ip and --token exclude each other"
+    );
+}
+
+/// `stats` reads back the sums moto holds after a PutMetricData of known values, per scope.
+#[tokio::test]
+async fn stats_from_cloudwatch() {
+    let moto = MotoServer::start();
+    let sdk = moto.sdk_config().await;
+    let cw = aws_sdk_cloudwatch::Client::new(&sdk);
+    let ns = "StellaOps/QuotaTest";
+    let at = DateTime::from_secs(now() - 300);
+    let datum = |name: &str, scope: &str, values: &[f64], unit: StandardUnit| {
+        MetricDatum::builder()
+            .metric_name(name)
+            .dimensions(Dimension::builder().name("Scope").value(scope).build())
+            .set_values(Some(values.to_vec()))
+            .unit(unit)
+            .timestamp(at)
+            .build()
+    };
+    let data = vec![
+        datum(
+            "stella_quota_soft_hits_total",
+            "ip",
+            &[1.0, 1.0, 1.0, 0.0],
+            StandardUnit::Count,
+        ),
+        datum(
+            "stella_quota_hard_hits_total",
+            "ip",
+            &[1.0, 1.0],
+            StandardUnit::Count,
+        ),
+        datum(
+            "stella_quota_reminders_total",
+            "tid",
+            &[1.0, 1.0, 1.0, 1.0, 1.0],
+            StandardUnit::Count,
+        ),
+        datum(
+            "stella_quota_store_errors_total",
+            "ip",
+            &[1.0],
+            StandardUnit::Count,
+        ),
+        datum(
+            "stella_quota_delay_ms",
+            "ip",
+            &[0.0, 5000.0, 5000.0, 60000.0],
+            StandardUnit::Milliseconds,
+        ),
+        datum(
+            "stella_quota_delay_ms",
+            "tid",
+            &[0.0, 0.0],
+            StandardUnit::Milliseconds,
+        ),
+    ];
+    cw.put_metric_data()
+        .namespace(ns)
+        .set_metric_data(Some(data))
+        .send()
+        .await
+        .unwrap();
+
+    let end = OffsetDateTime::now_utc() + Duration::from_secs(60);
+    let s = stats::stats(&cw, ns, Duration::from_secs(3_600), end)
+        .await
+        .unwrap();
+    let ip = &s.scopes[0];
+    let tid = &s.scopes[1];
+    assert_eq!((ip.scope, tid.scope), ("ip", "tid"));
+    assert_eq!(
+        (
+            ip.scans,
+            ip.soft_hits,
+            ip.hard_hits,
+            ip.reminders,
+            ip.store_errors,
+            ip.enqueue_errors
+        ),
+        (4, 3, 2, 0, 1, 0)
+    );
+    assert_eq!((tid.scans, tid.soft_hits, tid.reminders), (2, 0, 5));
+    // moto computes no extended statistics (p95): the figure is absent, not invented.
+    // Against CloudWatch it is the p95 of the delay samples.
+    assert_eq!(ip.p95_delay_ms, None);
+    assert!(s.p95_error.is_some());
+    let table = s.render();
+    assert!(
+        table.contains("soft hits") && table.contains("p95 delay"),
+        "{table}"
+    );
+}
+
+/// On a 3-primary cluster: inspect and reset find a client's keys, and purge empties every primary of quota:* keys only.
+#[tokio::test]
+async fn cluster_inspect_reset_purge() {
+    let cluster = common::cluster::ValkeyCluster::start();
+    let gate = common::cluster::cluster_gate(&cluster, TIERS);
+    let ips: Vec<String> = (1..=30).map(|i| format!("198.51.100.{i}")).collect();
+    for ip in &ips {
+        gate.handle(scan_from(ip)).await;
+    }
+    for _ in 0..3 {
+        gate.handle(scan_from("198.51.100.1")).await;
+    }
+    assert_eq!(
+        cluster.nodes_holding("quota:*"),
+        3,
+        "keys spread over every primary"
+    );
+    let mut c = cluster.client().await;
+    let others = ["session:{a}", "session:{b}", "session:{c}", "quota"];
+    for k in others {
+        let _: () = c.set(k, "keep").await.unwrap();
+    }
+
+    let url = cluster.url();
+    let mut v: Vec<(&str, &str)> = TIERS.to_vec();
+    v.extend([("VALKEY_URL", url.as_str()), ("VALKEY_CLUSTER", "true")]);
+    let config = config(&v);
+    let store = valkey_store(&config).unwrap();
+    let s = subject::resolve(&config, SECRET, &SubjectArg::Ip("198.51.100.1".into())).unwrap();
+    let i = subject::inspect(&store, &config, &s).await.unwrap();
+    assert_eq!((i.count, i.next.tier), (4, "soft"));
+    let other = subject::resolve(&config, SECRET, &SubjectArg::Ip("198.51.100.2".into())).unwrap();
+    assert_eq!(subject::reset(&store, &other).await.unwrap().removed, 2);
+    let body = json(&gate.handle(scan_from("198.51.100.2")).await);
+    assert_eq!(body["quota"]["used"], 1);
+
+    let quota_keys = cluster.keys("quota:*").len() as u64;
+    assert_eq!(quota_keys, 60);
+    let progress = Progress::new("removed", Box::new(std::io::sink()), false, Duration::ZERO);
+    let report = purge::purge(store, false, Some(progress.clone()))
+        .await
+        .unwrap();
+    assert_eq!((report.keys, progress.done()), (quota_keys, quota_keys));
+    assert!(cluster.keys("quota:*").is_empty());
+    for k in others {
+        let v: Option<String> = c.get(k).await.unwrap();
+        assert_eq!(v.as_deref(), Some("keep"), "{k} must survive");
+    }
+}

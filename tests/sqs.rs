@@ -1,0 +1,345 @@
+//! The SQS scan queue against a real moto server, with a real Valkey as the
+//! quota store: one message per 202, the job as its body, `DelaySeconds` as
+//! the deferred part of the delay, and refunds when the queue fails.
+//!
+//! The SQS API never returns a message's `DelaySeconds`, so the tests read
+//! it from moto's own state (`/moto-api/data.json`: `delayed_until −
+//! sent_timestamp`), and one test also shows a delayed message really stays
+//! invisible until its delay has passed.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use aws_config::SdkConfig;
+use aws_sdk_sqs::types::QueueAttributeName;
+use common::moto::MotoServer;
+use common::*;
+use quota_gate::gate::{ENQUEUE_TIMEOUT, Gate};
+use quota_gate::meter::Meter;
+use quota_gate::queue::sqs::SqsQueue;
+use quota_gate::store::valkey::ValkeyStore;
+use quota_gate::valkey::Valkey;
+use redis::AsyncCommands;
+use serde_json::{Value, json};
+
+const IMAGE: &str = "registry.example.com/team/app:1.4.2";
+
+/// A Valkey server, a moto server and a standard queue on it.
+struct Rig {
+    valkey: ValkeyServer,
+    moto: MotoServer,
+    sdk: SdkConfig,
+    sqs: aws_sdk_sqs::Client,
+    queue_url: String,
+}
+
+impl Rig {
+    async fn start() -> Self {
+        let valkey = ValkeyServer::start();
+        let moto = MotoServer::start();
+        let sdk = moto.sdk_config().await;
+        let sqs = aws_sdk_sqs::Client::new(&sdk);
+        let queue_url = sqs
+            .create_queue()
+            .queue_name("scans")
+            .send()
+            .await
+            .unwrap()
+            .queue_url
+            .unwrap();
+        Self {
+            valkey,
+            moto,
+            sdk,
+            sqs,
+            queue_url,
+        }
+    }
+
+    /// A gate counting on the rig's Valkey and sending to `queue_url`.
+    fn gate(&self, queue_url: &str, vars: &[(&str, &str)]) -> Gate<ValkeyStore, SqsQueue> {
+        let url = self.valkey.url();
+        // A debug build on a busy CI machine: leave the store some slack.
+        let mut all = vec![
+            ("VALKEY_URL", url.as_str()),
+            ("SCAN_QUEUE_URL", queue_url),
+            ("QUOTA_STORE_TIMEOUT_MS", "1000"),
+        ];
+        all.extend_from_slice(vars);
+        let config = config(&all);
+        let valkey = Valkey::new(&url, false, config.store_timeout).unwrap();
+        Gate::new(
+            config,
+            SECRET,
+            ValkeyStore::new(valkey),
+            SqsQueue::new(&self.sdk, queue_url),
+            Meter::new("test", None),
+        )
+        .unwrap()
+    }
+
+    /// The counter of the one anonymous subject there is, if any.
+    async fn counter(&self) -> Option<u64> {
+        let mut c = self.valkey.client().await;
+        let keys: Vec<String> = c.keys("quota:ip:{*}").await.unwrap();
+        let counters: Vec<&String> = keys.iter().filter(|k| !k.ends_with(":ts")).collect();
+        assert!(counters.len() <= 1, "{counters:?}");
+        match counters.first() {
+            Some(k) => c.get(*k).await.unwrap(),
+            None => None,
+        }
+    }
+
+    async fn queue_attribute(&self, name: QueueAttributeName) -> u64 {
+        let out = self
+            .sqs
+            .get_queue_attributes()
+            .queue_url(&self.queue_url)
+            .attribute_names(name.clone())
+            .send()
+            .await
+            .unwrap();
+        out.attributes.unwrap()[&name].parse().unwrap()
+    }
+}
+
+/// The `DelaySeconds` moto applied to a message (0 when none).
+fn applied_delay_seconds(message: &Value) -> u64 {
+    let until = message["delayed_until"].as_f64().unwrap();
+    if until == 0.0 {
+        return 0;
+    }
+    let sent = message["sent_timestamp"].as_f64().unwrap();
+    // moto stamps `sent` and then computes `until = now + 1000·DelaySeconds`:
+    // the difference is the delay plus well under a second of bookkeeping.
+    ((until - sent) / 1000.0).floor() as u64
+}
+
+fn ceil_seconds(ms: u64) -> u64 {
+    ms.div_ceil(1000)
+}
+
+/// Each 202 sends exactly one message: the job as body, scope and tier as attributes, DelaySeconds = ceil(deferredMs / 1000).
+#[tokio::test]
+async fn one_message_per_202_with_the_job() {
+    let rig = Rig::start().await;
+    let gate = rig.gate(
+        &rig.queue_url,
+        &[
+            ("QUOTA_ANON", "2"),
+            ("QUOTA_SOFT_WINDOW", "1"),
+            ("QUOTA_SOFT_DELAY_MS", "1500"),
+            ("QUOTA_DELAY_MODE", "defer"),
+        ],
+    );
+    let mut answers = Vec::new();
+    for _ in 0..4 {
+        let r = gate.handle(scan_from("203.0.113.7")).await;
+        assert_eq!(r.status(), 202, "{:?}", r.body());
+        answers.push(json(&r));
+    }
+
+    let messages = rig.moto.sqs_messages();
+    assert_eq!(messages.len(), 4, "one message per 202");
+    let tiers = ["within", "within", "soft", "hard"];
+    for (n, ((message, answer), tier)) in messages.iter().zip(&answers).zip(tiers).enumerate() {
+        let job: Value = serde_json::from_str(message["body"].as_str().unwrap()).unwrap();
+        assert_eq!(job["scanId"], answer["scanId"]);
+        assert_eq!(job["tier"], tier);
+        assert_eq!(job["scope"], "ip");
+        assert_eq!(job["count"], n as u64 + 1);
+        assert_eq!(job["limit"], 2);
+        assert_eq!(job["delayMs"], answer["delayMs"]);
+        assert_eq!(job["deferredMs"], answer["deferredMs"]);
+        assert_eq!(job["request"], json!({ "image": IMAGE }));
+        assert_eq!(job["digest"].as_str().unwrap().len(), 64);
+        for field in ["receivedAt", "notBefore"] {
+            assert!(job[field].as_str().unwrap().ends_with('Z'), "{field}");
+        }
+        assert_eq!(
+            message["message_attributes"],
+            json!({
+                "scope": {"DataType": "String", "StringValue": "ip"},
+                "tier": {"DataType": "String", "StringValue": tier},
+            })
+        );
+        let deferred = answer["deferredMs"].as_u64().unwrap();
+        assert_eq!(
+            applied_delay_seconds(message),
+            ceil_seconds(deferred),
+            "{job}"
+        );
+    }
+    let applied: Vec<u64> = messages.iter().map(applied_delay_seconds).collect();
+    assert_eq!(
+        applied,
+        [0, 0, 2, 60],
+        "1.5 s rounds up to 2; the hard 60 s whole"
+    );
+
+    // What a consumer sees: the two undelayed jobs now, the others later.
+    assert_eq!(
+        rig.queue_attribute(QueueAttributeName::ApproximateNumberOfMessages)
+            .await,
+        2
+    );
+    assert_eq!(
+        rig.queue_attribute(QueueAttributeName::ApproximateNumberOfMessagesDelayed)
+            .await,
+        2
+    );
+    let received = rig
+        .sqs
+        .receive_message()
+        .queue_url(&rig.queue_url)
+        .max_number_of_messages(10)
+        .message_attribute_names("All")
+        .send()
+        .await
+        .unwrap()
+        .messages
+        .unwrap_or_default();
+    assert_eq!(received.len(), 2);
+    for m in &received {
+        let attrs = m.message_attributes.as_ref().unwrap();
+        assert_eq!(attrs["tier"].string_value(), Some("within"));
+        assert_eq!(attrs["scope"].data_type(), "String");
+    }
+}
+
+/// In sleep mode only the part beyond the budget is deferred, and a fractional second rounds up.
+#[tokio::test]
+async fn sleep_mode_defers_the_remainder() {
+    let rig = Rig::start().await;
+    // Budget 1.5 s − 1 s margin = 0.5 s of sleep; 1.7 s soft delay leaves 1.2 s.
+    let gate = rig.gate(
+        &rig.queue_url,
+        &[
+            ("QUOTA_ANON", "1"),
+            ("QUOTA_SOFT_DELAY_MS", "1700"),
+            ("QUOTA_GATEWAY_TIMEOUT_MS", "1500"),
+        ],
+    );
+    assert_eq!(gate.handle(scan_from("203.0.113.7")).await.status(), 202);
+    let started = Instant::now();
+    let r = gate.handle(scan_from("203.0.113.7")).await;
+    assert!(started.elapsed() >= Duration::from_millis(500));
+    assert_eq!(r.status(), 202);
+    let body = json(&r);
+    assert_eq!(
+        (body["sleptMs"].as_u64(), body["deferredMs"].as_u64()),
+        (Some(500), Some(1200))
+    );
+    let messages = rig.moto.sqs_messages();
+    assert_eq!(messages.len(), 2);
+    assert_eq!(
+        applied_delay_seconds(&messages[1]),
+        2,
+        "1.2 s rounds up to 2 s"
+    );
+}
+
+/// A delayed message stays invisible to consumers until its DelaySeconds have passed.
+#[tokio::test]
+async fn delayed_message_is_invisible_until_due() {
+    let rig = Rig::start().await;
+    let gate = rig.gate(
+        &rig.queue_url,
+        &[
+            ("QUOTA_ANON", "1"),
+            ("QUOTA_SOFT_DELAY_MS", "1000"),
+            ("QUOTA_DELAY_MODE", "defer"),
+        ],
+    );
+    assert_eq!(gate.handle(scan_from("198.51.100.5")).await.status(), 202);
+    let r = gate.handle(scan_from("198.51.100.5")).await;
+    let sent = Instant::now();
+    assert_eq!(json(&r)["deferredMs"], 1000);
+
+    let receive = |wait: i32| {
+        rig.sqs
+            .receive_message()
+            .queue_url(&rig.queue_url)
+            .max_number_of_messages(10)
+            .wait_time_seconds(wait)
+            .send()
+    };
+    let now: Vec<Value> = receive(0)
+        .await
+        .unwrap()
+        .messages
+        .unwrap_or_default()
+        .iter()
+        .map(|m| serde_json::from_str(m.body().unwrap()).unwrap())
+        .collect();
+    assert_eq!(now.len(), 1, "only the undelayed job is visible at once");
+    assert_eq!(now[0]["tier"], "within");
+
+    // Long polling returns as soon as the delayed job becomes visible.
+    let later = receive(3).await.unwrap().messages.unwrap_or_default();
+    let waited = sent.elapsed();
+    assert_eq!(later.len(), 1);
+    let job: Value = serde_json::from_str(later[0].body().unwrap()).unwrap();
+    assert_eq!(job["scanId"], json(&r)["scanId"]);
+    assert!(
+        waited >= Duration::from_millis(900),
+        "visible after {waited:?}"
+    );
+}
+
+/// A queue that does not exist gives 503 + Retry-After, queues nothing and leaves the counter where it was.
+#[tokio::test]
+async fn missing_queue_refunds() {
+    let rig = Rig::start().await;
+    let good = rig.gate(&rig.queue_url, &[]);
+    assert_eq!(good.handle(scan_from("203.0.113.9")).await.status(), 202);
+    assert_eq!(rig.counter().await, Some(1));
+
+    let missing = format!("{}/123456789012/no-such-queue", rig.moto.endpoint());
+    let bad = rig.gate(&missing, &[]);
+    for _ in 0..3 {
+        let r = bad.handle(scan_from("203.0.113.9")).await;
+        assert_eq!(r.status(), 503);
+        assert_eq!(r.headers()["retry-after"], "1");
+        assert_eq!(json(&r)["error"], "queue_unavailable");
+    }
+    assert_eq!(rig.counter().await, Some(1), "every failed scan refunded");
+    assert_eq!(rig.moto.sqs_messages().len(), 1, "nothing queued");
+}
+
+/// A first scan whose enqueue fails leaves its subject at zero.
+#[tokio::test]
+async fn failed_first_scan_leaves_zero() {
+    let rig = Rig::start().await;
+    let missing = format!("{}/123456789012/no-such-queue", rig.moto.endpoint());
+    let r = rig
+        .gate(&missing, &[])
+        .handle(scan_from("192.0.2.60"))
+        .await;
+    assert_eq!(r.status(), 503);
+    // The script created the key; the refund took the count back to 0.
+    assert_eq!(rig.counter().await.unwrap_or(0), 0);
+}
+
+/// A stopped emulator gives 503 + Retry-After within the enqueue bound and the counter is back where it was.
+#[tokio::test]
+async fn stopped_emulator_refunds() {
+    let mut rig = Rig::start().await;
+    let gate = rig.gate(&rig.queue_url, &[]);
+    assert_eq!(gate.handle(scan_from("203.0.113.9")).await.status(), 202);
+    assert_eq!(rig.counter().await, Some(1));
+
+    rig.moto.stop();
+    let started = Instant::now();
+    let r = gate.handle(scan_from("203.0.113.9")).await;
+    assert_eq!(r.status(), 503);
+    assert_eq!(r.headers()["retry-after"], "1");
+    assert_eq!(json(&r)["error"], "queue_unavailable");
+    assert!(
+        started.elapsed() < ENQUEUE_TIMEOUT + Duration::from_secs(1),
+        "took {:?}",
+        started.elapsed()
+    );
+    assert_eq!(rig.counter().await, Some(1), "the failed scan was refunded");
+}
