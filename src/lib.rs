@@ -25,7 +25,11 @@
 //! call; [`lambda`] and [`serve`] adapt it to API Gateway events and to a
 //! local HTTP server. [`config`] reads every setting once, at start, and
 //! [`error`] is the one place that maps failures to HTTP statuses.
-//! [`ops`] holds the operator commands (inspect, reset, purge, stats).
+//!
+//! Around the path: [`valkey`] is the lazy, shared connection (standalone or
+//! cluster, TLS) used by the store and the stream queue; [`breaker`] skips a
+//! failing store for a cool-down; [`cli`] is the `quota-gate` command and
+//! [`ops`] its operator tools (inspect, reset, purge, stats).
 
 pub mod breaker;
 pub mod cli;
