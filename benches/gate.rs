@@ -41,6 +41,8 @@ use quota_gate::digest::{Hasher, Scope};
 use quota_gate::gate::{Gate, GateRequest};
 use quota_gate::meter::Meter;
 use quota_gate::queue::stream::StreamQueue;
+use quota_gate::queue::{QueueError, ScanJob, ScanQueue};
+use quota_gate::store::memory::MemoryStore;
 use quota_gate::store::valkey::ValkeyStore;
 use quota_gate::store::{QuotaKey, QuotaStore};
 use quota_gate::valkey::Valkey;
@@ -58,6 +60,7 @@ type ValkeyGate = Gate<ValkeyStore, StreamQueue>;
 /// Which kind of line, for the ratio and target columns.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Kind {
+    NoIo,
     Ceiling,
     Script,
     InProcess,
@@ -137,6 +140,15 @@ fn main() -> ExitCode {
         if let Some(n) = child.strip_prefix("memory:").and_then(|n| n.parse().ok()) {
             process::memory_child(n);
             return ExitCode::SUCCESS;
+        }
+        if let Some(n) = child.strip_prefix("profile:").and_then(|n| n.parse().ok()) {
+            return match profile_child(n) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("profile: {e}");
+                    ExitCode::FAILURE
+                }
+            };
         }
         eprintln!("unknown {CHILD_ENV}={child}");
         return ExitCode::FAILURE;
@@ -230,6 +242,7 @@ fn run(settings: &Settings) -> Result<Vec<String>, String> {
         }
     }
     print_table(&rows);
+    println!("{}", runtime.block_on(commandstats(&url)));
 
     // Start-up, size and memory.
     let mut targets = Targets::default();
@@ -409,6 +422,22 @@ async fn in_process(
     let measured = with_cpu(&pids, run).await;
     rows.push(Row::new("2 count.lua (EVALSHA)", Kind::Script, measured));
 
+    // 0: the gate's own CPU, no I/O: the in-memory store and a queue that
+    // serializes the job as the stream queue does but sends nothing.
+    let bare = Arc::new(bare_gate()?);
+    let requests = Arc::new(ip_requests(plan.concurrency));
+    let run = closed_loop(plan, move |task, _| {
+        let gate = bare.clone();
+        let request = requests[task].clone();
+        async move { accepted(gate.handle(request).await) }
+    });
+    let measured = with_cpu(&pids, run).await;
+    rows.push(Row::new(
+        "0 gate, no I/O (memory store)",
+        Kind::NoIo,
+        measured,
+    ));
+
     // 3: the whole gate, one subject per task.
     let gate = Arc::new(valkey_gate(url)?);
     let cases: [(&str, Option<Algorithm>); 4] = [
@@ -442,21 +471,81 @@ async fn in_process(
         let run = closed_loop(plan, move |task, _| {
             let gate = g.clone();
             let request = requests[task].clone();
-            async move {
-                let response = gate.handle(request).await;
-                match response.status().as_u16() {
-                    202 => Ok(()),
-                    s => Err(format!(
-                        "status {s}: {}",
-                        String::from_utf8_lossy(response.body())
-                    )),
-                }
-            }
+            async move { accepted(gate.handle(request).await) }
         });
         let measured = with_cpu(&pids, run).await;
         rows.push(Row::new(name, Kind::InProcess, measured));
     }
     Ok(())
+}
+
+/// Ok for a 202, else the status and body.
+fn accepted(response: ::http::Response<bytes::Bytes>) -> Result<(), String> {
+    match response.status().as_u16() {
+        202 => Ok(()),
+        s => Err(format!(
+            "status {s}: {}",
+            String::from_utf8_lossy(response.body())
+        )),
+    }
+}
+
+/// One anonymous `POST /scan` per task, each from its own address.
+fn ip_requests(n: usize) -> Vec<GateRequest> {
+    (0..n)
+        .map(|t| {
+            common::scan_from(&format!(
+                "10.{}.{}.{}",
+                1 + (t >> 16) % 200,
+                (t >> 8) & 255,
+                t & 255
+            ))
+        })
+        .collect()
+}
+
+/// A queue that does the stream queue's CPU work (the job's JSON) and no I/O.
+struct SerializeOnly;
+
+impl ScanQueue for SerializeOnly {
+    async fn enqueue(&self, job: &ScanJob) -> Result<(), QueueError> {
+        let json = serde_json::to_string(job).map_err(|e| QueueError::Backend(e.to_string()))?;
+        std::hint::black_box((json, job.scan_id.to_string()));
+        Ok(())
+    }
+}
+
+/// The gate over the in-memory store and [`SerializeOnly`], delays zero.
+fn bare_gate() -> Result<Gate<MemoryStore, SerializeOnly>, String> {
+    let config = common::config(&[("QUOTA_SOFT_DELAY_MS", "0"), ("QUOTA_HARD_DELAY_MS", "0")]);
+    let meter = Meter::new(
+        config.metrics_namespace.clone(),
+        Some(Box::new(std::io::sink())),
+    );
+    Gate::new(
+        config,
+        common::SECRET,
+        MemoryStore::default(),
+        SerializeOnly,
+        meter,
+    )
+    .map_err(|e| e.to_string())
+}
+
+/// Child mode for callgrind: `n` decisions of the no-I/O gate on one thread.
+fn profile_child(n: u64) -> Result<(), String> {
+    let gate = bare_gate()?;
+    let requests = ip_requests(64);
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| e.to_string())?;
+    runtime.block_on(async {
+        for i in 0..n {
+            accepted(gate.handle(requests[(i % 64) as usize].clone()).await)?;
+        }
+        Ok(())
+    })
 }
 
 /// The gate as `quota-gate serve` builds it for this server: Valkey store,
@@ -491,6 +580,39 @@ fn token(alg: Algorithm, tid: &str) -> String {
     common::mint(
         alg,
         json!({"iss": "stella-ops.org", "tid": tid, "iat": now - 60, "nbf": now - 60, "exp": now + 86_400}),
+    )
+}
+
+/// Valkey's own time per command over the whole run (`INFO commandstats`):
+/// the server side of each line, without the client or the network.
+async fn commandstats(url: &str) -> String {
+    let Ok(client) = redis::Client::open(url) else {
+        return String::new();
+    };
+    let Ok(mut c) = client.get_multiplexed_async_connection().await else {
+        return String::new();
+    };
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(&mut c)
+        .await
+        .unwrap_or_default();
+    let per_call: Vec<String> = info
+        .lines()
+        .filter_map(|l| {
+            let (name, fields) = l.strip_prefix("cmdstat_")?.split_once(':')?;
+            if !["incr", "evalsha", "xadd"].contains(&name) {
+                return None;
+            }
+            let usec = fields
+                .split(',')
+                .find_map(|f| f.strip_prefix("usec_per_call="))?;
+            Some(format!("{name} {usec} µs"))
+        })
+        .collect();
+    format!(
+        "valkey-server time per call (INFO commandstats): {}",
+        per_call.join(", ")
     )
 }
 

@@ -24,15 +24,20 @@ pub struct DelayPlan {
     pub deferred: Duration,
 }
 
-/// The budget the handler may sleep: the earlier of the Lambda deadline and
-/// the gateway timeout, less the margin.
+/// The time left to answer at all: the earlier of the Lambda deadline and
+/// the gateway timeout.
+pub fn ceiling(remaining: Option<Duration>, gateway_timeout: Duration) -> Duration {
+    remaining.map_or(gateway_timeout, |r| r.min(gateway_timeout))
+}
+
+/// The budget the handler may sleep: the [`ceiling`] less the margin, which
+/// is kept for the enqueue and the response.
 pub fn budget(
     remaining: Option<Duration>,
     gateway_timeout: Duration,
     margin: Duration,
 ) -> Duration {
-    let ceiling = remaining.map_or(gateway_timeout, |r| r.min(gateway_timeout));
-    ceiling.saturating_sub(margin)
+    ceiling(remaining, gateway_timeout).saturating_sub(margin)
 }
 
 /// Splits `total` in `mode` given the sleep `budget`.

@@ -31,7 +31,8 @@ use crate::store::valkey::ValkeyStore;
 use crate::store::{AnyStore, Count, QuotaKey, QuotaStore, StoreError};
 use crate::valkey::Valkey;
 
-/// The longest an enqueue may take before the scan is refunded and refused.
+/// The longest an enqueue may take before the scan is refunded and refused
+/// (less when the gateway or Lambda deadline is nearer).
 pub const ENQUEUE_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// One HTTP request, as either front end hands it over.
@@ -207,6 +208,7 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
         let remaining = request
             .remaining
             .map(|r| r.saturating_sub(started.elapsed()));
+        let ceiling = delay::ceiling(remaining, self.config.gateway_timeout);
         let budget = delay::budget(
             remaining,
             self.config.gateway_timeout,
@@ -217,9 +219,13 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
             tokio::time::sleep(plan.sleep).await;
         }
 
-        // 7: forward; a failed enqueue takes its count back.
+        // 7: forward; a failed enqueue takes its count back. The enqueue, too,
+        // must end before the gateway gives up on us: a job queued after the
+        // client saw a gateway timeout would be retried and counted twice.
         let job = self.job(&identity, &scan.body, count, &decision, plan, received_at);
-        if let Err(e) = self.enqueue(&job).await {
+        let enqueue_within =
+            ENQUEUE_TIMEOUT.min((started + ceiling).saturating_duration_since(Instant::now()));
+        if let Err(e) = self.enqueue(&job, enqueue_within).await {
             tracing::warn!(error = %e, scope = %identity.scope, "enqueue failed; refunding");
             if count.is_some() {
                 self.refund(&key).await;
@@ -277,8 +283,8 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
         }
     }
 
-    async fn enqueue(&self, job: &ScanJob) -> Result<(), QueueError> {
-        timeout(ENQUEUE_TIMEOUT, self.queue.enqueue(job))
+    async fn enqueue(&self, job: &ScanJob, within: Duration) -> Result<(), QueueError> {
+        timeout(within, self.queue.enqueue(job))
             .await
             .unwrap_or(Err(QueueError::Timeout))
     }

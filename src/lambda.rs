@@ -34,13 +34,18 @@ pub fn to_gate_request(request: Request) -> GateRequest {
         }
         _ => None,
     };
-    let remaining = request.lambda_context_ref().map(|ctx| {
-        let now = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .unwrap_or_default()
-            .as_millis() as u64;
-        Duration::from_millis(ctx.deadline.saturating_sub(now))
-    });
+    // A deadline of 0 means the runtime gave none (a bare test event); a
+    // deadline already passed is a remaining time of zero, so nothing sleeps.
+    let remaining = request
+        .lambda_context_ref()
+        .filter(|ctx| ctx.deadline > 0)
+        .map(|ctx| {
+            let now = SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .unwrap_or_default()
+                .as_millis() as u64;
+            Duration::from_millis(ctx.deadline.saturating_sub(now))
+        });
     let (parts, body) = request.into_parts();
     let body = match body {
         Body::Empty => Bytes::new(),
@@ -55,7 +60,7 @@ pub fn to_gate_request(request: Request) -> GateRequest {
         body,
         peer,
         gateway_claims,
-        remaining: remaining.filter(|r| !r.is_zero()),
+        remaining,
     }
 }
 
