@@ -118,13 +118,13 @@ fn worker_ip(worker: usize) -> String {
     format!("198.51.100.{}", worker + 1)
 }
 
-/// `workers` tasks sending scans in a loop until `until`, one subject each.
-async fn load<S, Q>(gate: Arc<Gate<S, Q>>, workers: usize, until: Instant) -> Tally
+/// One task per worker sending scans in a loop until `until`, one subject each.
+async fn load<S, Q>(gate: Arc<Gate<S, Q>>, workers: std::ops::Range<usize>, until: Instant) -> Tally
 where
     S: quota_gate::store::QuotaStore,
     Q: ScanQueue,
 {
-    let tasks: Vec<_> = (0..workers)
+    let tasks: Vec<_> = workers
         .map(|w| {
             let gate = gate.clone();
             tokio::spawn(async move {
@@ -239,31 +239,9 @@ async fn store_killed_and_restarted_mid_run() {
         ],
     ));
     let until = Instant::now() + Duration::from_millis(3000);
-    let open_run = tokio::spawn(load(open.clone(), 4, until));
+    let open_run = tokio::spawn(load(open.clone(), 0..4, until));
     // Workers 4..8 so the closed gate's subjects differ from the open gate's.
-    let closed_run = tokio::spawn({
-        let closed = closed.clone();
-        async move {
-            let tasks: Vec<_> = (4..8)
-                .map(|w| {
-                    let gate = closed.clone();
-                    tokio::spawn(async move {
-                        let mut tally = Tally::default();
-                        while Instant::now() < until {
-                            tally.add(w, &gate.handle(scan_from(&worker_ip(w))).await);
-                            tokio::time::sleep(Duration::from_millis(3)).await;
-                        }
-                        tally
-                    })
-                })
-                .collect();
-            let mut total = Tally::default();
-            for t in tasks {
-                total.merge(t.await.expect("no worker panicked"));
-            }
-            total
-        }
-    });
+    let closed_run = tokio::spawn(load(closed.clone(), 4..8, until));
     tokio::time::sleep(Duration::from_millis(800)).await;
     // Down for 0.7 s; the restarted server has lost every counter (no persistence).
     tokio::task::block_in_place(|| store.crash_and_restart(Duration::from_millis(700), &[]));
@@ -464,7 +442,7 @@ async fn queue_killed_mid_run() {
     let mut queue = ValkeyServer::start_with(&durable);
     let gate = Arc::new(chaos_gate(&store.url(), &queue, &[]));
     let until = Instant::now() + Duration::from_millis(3000);
-    let run = tokio::spawn(load(gate.clone(), 6, until));
+    let run = tokio::spawn(load(gate.clone(), 0..6, until));
     tokio::time::sleep(Duration::from_millis(800)).await;
     tokio::task::block_in_place(|| queue.crash_and_restart(Duration::from_millis(700), &durable));
     let tally = run.await.expect("no panic");

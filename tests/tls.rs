@@ -10,11 +10,7 @@ use std::time::Duration;
 
 use common::cluster::ValkeyCluster;
 use common::*;
-use quota_gate::gate::Gate;
-use quota_gate::meter::Meter;
-use quota_gate::queue::stream::StreamQueue;
 use quota_gate::store::QuotaStore;
-use quota_gate::store::valkey::ValkeyStore;
 use quota_gate::valkey::Valkey;
 
 /// A throw-away CA and a server certificate for 127.0.0.1 and localhost.
@@ -161,21 +157,6 @@ impl Drop for TlsProxy {
     }
 }
 
-fn tls_gate(vars: &[(&str, &str)]) -> Gate<ValkeyStore, StreamQueue> {
-    let mut all = vec![("SCAN_QUEUE_URL", "valkey-stream:jobs")];
-    all.extend_from_slice(vars);
-    let config = config(&all);
-    let valkey = Valkey::from_config(&config).unwrap().unwrap();
-    Gate::new(
-        config,
-        SECRET,
-        ValkeyStore::new(valkey.clone()),
-        StreamQueue::new(valkey, "jobs"),
-        Meter::new("test", None),
-    )
-    .unwrap()
-}
-
 /// Over rediss:// with VALKEY_TLS_CA the gate counts and queues exactly as over plain TCP.
 #[tokio::test]
 async fn counts_over_tls() {
@@ -184,7 +165,7 @@ async fn counts_over_tls() {
     let proxy = TlsProxy::start(&pki, free_port(), server.port);
     let (url, ca) = (proxy.url(), pki.ca());
     // The first call pays for the handshake: allow for a loaded machine.
-    let gate = tls_gate(&[
+    let gate = stream_gate(&[
         ("VALKEY_URL", &url),
         ("VALKEY_TLS_CA", &ca),
         ("QUOTA_STORE_TIMEOUT_MS", "2000"),
@@ -217,7 +198,7 @@ async fn untrusted_server_is_refused() {
     ] {
         let mut vars = vars;
         vars.push(("QUOTA_STORE_TIMEOUT_MS", "1000"));
-        let gate = tls_gate(&vars);
+        let gate = stream_gate(&vars);
         let r = gate.handle(scan_from("203.0.113.8")).await;
         // The queue shares the refused connection, so the scan is not accepted either.
         assert_eq!(r.status(), 503, "{vars:?}");
@@ -271,7 +252,7 @@ async fn cluster_over_tls() {
         .collect();
     let url = format!("rediss://127.0.0.1:{}", tls_ports[0]);
     let ca = pki.ca();
-    let gate = tls_gate(&[
+    let gate = stream_gate(&[
         ("VALKEY_URL", &url),
         ("VALKEY_CLUSTER", "true"),
         ("VALKEY_TLS_CA", &ca),

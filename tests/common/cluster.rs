@@ -6,12 +6,10 @@
 use std::time::{Duration, Instant};
 
 use quota_gate::gate::Gate;
-use quota_gate::meter::Meter;
 use quota_gate::queue::stream::StreamQueue;
 use quota_gate::store::valkey::ValkeyStore;
-use quota_gate::valkey::Valkey;
 
-use super::{SECRET, ValkeyServer, config, free_port};
+use super::{ValkeyServer, free_port, stream_gate};
 
 /// The slot ranges of the three primaries.
 const SLOTS: [(u16, u16); 3] = [(0, 5460), (5461, 10922), (10923, 16383)];
@@ -165,20 +163,7 @@ pub fn cluster_gate(
     vars: &[(&str, &str)],
 ) -> Gate<ValkeyStore, StreamQueue> {
     let url = cluster.url();
-    let mut all = vec![
-        ("VALKEY_URL", url.as_str()),
-        ("VALKEY_CLUSTER", "true"),
-        ("SCAN_QUEUE_URL", "valkey-stream:jobs"),
-    ];
+    let mut all = vec![("VALKEY_URL", url.as_str()), ("VALKEY_CLUSTER", "true")];
     all.extend_from_slice(vars);
-    let config = config(&all);
-    let valkey = Valkey::from_config(&config).unwrap().unwrap();
-    Gate::new(
-        config,
-        SECRET,
-        ValkeyStore::new(valkey.clone()),
-        StreamQueue::new(valkey, "jobs"),
-        Meter::new("test", None),
-    )
-    .unwrap()
+    stream_gate(&all)
 }

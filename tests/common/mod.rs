@@ -156,16 +156,15 @@ where
     Gate::new(config(vars), SECRET, store, queue, Meter::new("test", None)).unwrap()
 }
 
-/// A gate on `server`, queueing to the stream `jobs` on the same server.
-pub fn valkey_gate(server: &ValkeyServer, vars: &[(&str, &str)]) -> Gate<ValkeyStore, StreamQueue> {
-    let url = server.url();
-    let mut all = vec![
-        ("VALKEY_URL", url.as_str()),
-        ("SCAN_QUEUE_URL", "valkey-stream:jobs"),
-    ];
+/// A gate on the Valkey that `vars` name (`VALKEY_URL`, …), queueing to the
+/// stream `jobs` on the same Valkey. Later entries of `vars` win.
+pub fn stream_gate(vars: &[(&str, &str)]) -> Gate<ValkeyStore, StreamQueue> {
+    let mut all = vec![("SCAN_QUEUE_URL", "valkey-stream:jobs")];
     all.extend_from_slice(vars);
     let config = config(&all);
-    let valkey = Valkey::new(&url, false, config.store_timeout).unwrap();
+    let valkey = Valkey::from_config(&config)
+        .unwrap()
+        .expect("VALKEY_URL is set");
     Gate::new(
         config,
         SECRET,
@@ -174,6 +173,14 @@ pub fn valkey_gate(server: &ValkeyServer, vars: &[(&str, &str)]) -> Gate<ValkeyS
         Meter::new("test", None),
     )
     .unwrap()
+}
+
+/// A gate on `server`, queueing to the stream `jobs` on the same server.
+pub fn valkey_gate(server: &ValkeyServer, vars: &[(&str, &str)]) -> Gate<ValkeyStore, StreamQueue> {
+    let url = server.url();
+    let mut all = vec![("VALKEY_URL", url.as_str())];
+    all.extend_from_slice(vars);
+    stream_gate(&all)
 }
 
 /// Every job queued on the stream `key`, oldest first.
