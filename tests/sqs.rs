@@ -40,14 +40,7 @@ impl Rig {
         let moto = MotoServer::start();
         let sdk = moto.sdk_config().await;
         let sqs = aws_sdk_sqs::Client::new(&sdk);
-        let queue_url = sqs
-            .create_queue()
-            .queue_name("scans")
-            .send()
-            .await
-            .unwrap()
-            .queue_url
-            .unwrap();
+        let queue_url = moto.create_queue("scans").await;
         Self {
             valkey,
             moto,

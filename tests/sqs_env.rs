@@ -32,15 +32,7 @@ fn from_config_respects_aws_endpoint_url() {
         .build()
         .unwrap();
     runtime.block_on(async {
-        let sqs = aws_sdk_sqs::Client::new(&moto.sdk_config().await);
-        let url = sqs
-            .create_queue()
-            .queue_name("scans")
-            .send()
-            .await
-            .unwrap()
-            .queue_url
-            .unwrap();
+        let url = moto.create_queue("scans").await;
         let gate = Gate::from_config(
             config(&[("SCAN_QUEUE_URL", &url)]),
             SECRET,

@@ -103,6 +103,13 @@ impl MotoServer {
         messages
     }
 
+    /// Creates an SQS queue named `name` and returns its URL.
+    pub async fn create_queue(&self, name: &str) -> String {
+        let sqs = aws_sdk_sqs::Client::new(&self.sdk_config().await);
+        let created = sqs.create_queue().queue_name(name).send().await.unwrap();
+        created.queue_url.unwrap()
+    }
+
     /// Stops the server (for outage tests).
     pub fn stop(&mut self) {
         let _ = self.child.kill();
