@@ -157,7 +157,7 @@ fn main() -> ExitCode {
     match run(&settings) {
         Ok(failures) if failures.is_empty() => {
             if settings.quick {
-                println!("bench smoke: 1 passed, 0 failed");
+                println!("bench: 1 passed, 0 failed");
             }
             ExitCode::SUCCESS
         }
@@ -166,7 +166,7 @@ fn main() -> ExitCode {
                 eprintln!("bench: {f}");
             }
             if settings.quick {
-                println!("bench smoke: 0 passed, 1 failed");
+                println!("bench: 0 passed, 1 failed");
             }
             ExitCode::FAILURE
         }

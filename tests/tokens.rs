@@ -1,0 +1,176 @@
+//! Token verification end to end: each key type, JWKS key selection by
+//! `kid`, claims from an API Gateway JWT authorizer, and keys refused at start.
+
+mod common;
+
+use common::*;
+use jsonwebtoken::{Algorithm, EncodingKey, Header};
+use quota_gate::gate::Gate;
+use quota_gate::lambda::to_gate_request;
+use quota_gate::meter::Meter;
+use quota_gate::queue::spool::Spool;
+use quota_gate::store::memory::MemoryStore;
+use serde_json::json;
+
+/// A gate on the in-memory store that throws its jobs away.
+fn memory_gate(vars: &[(&str, &str)]) -> Gate<MemoryStore, Spool> {
+    gate(
+        vars,
+        MemoryStore::default(),
+        Spool::new(Box::new(std::io::sink())),
+    )
+}
+
+fn claims(tid: &str) -> serde_json::Value {
+    json!({"iss": "stella-ops.org", "tid": tid, "tier": 50, "exp": now() + 600})
+}
+
+async fn token_answer(gate: &Gate<MemoryStore, Spool>, token: &str) -> serde_json::Value {
+    json(&gate.handle(scan_with_token("203.0.113.7", token)).await)
+}
+
+/// RS256, ES256 and EdDSA tokens each verify against their own PEM key, and only that one.
+#[tokio::test]
+async fn each_key_type_verifies_its_own_algorithm() {
+    let algs = [
+        (Algorithm::RS256, "rs256.pub.pem"),
+        (Algorithm::ES256, "es256.pub.pem"),
+        (Algorithm::EdDSA, "ed25519.pub.pem"),
+    ];
+    for (key_alg, pem) in algs {
+        let gate = memory_gate(&[("QUOTA_JWT_PUBLIC_KEY", &fixture(pem))]);
+        for (token_alg, _) in algs {
+            let body = token_answer(&gate, &mint(token_alg, claims("t-1"))).await;
+            if token_alg == key_alg {
+                assert_eq!(body["token"], json!({"accepted": true}), "{pem}");
+                assert_eq!(body["quota"]["limit"], 50, "the tier claim");
+            } else {
+                assert_eq!(
+                    body["token"]["reason"], "algorithm_not_allowed",
+                    "{pem} vs {token_alg:?}"
+                );
+            }
+        }
+    }
+}
+
+/// The public key may be given inline as PEM text instead of a path.
+#[tokio::test]
+async fn inline_pem() {
+    let pem = std::fs::read_to_string(fixture("ed25519.pub.pem")).unwrap();
+    let gate = memory_gate(&[("QUOTA_JWT_PUBLIC_KEY", &pem)]);
+    let body = token_answer(&gate, &mint(Algorithm::EdDSA, claims("t-1"))).await;
+    assert_eq!(body["token"], json!({"accepted": true}));
+}
+
+/// With a JWKS, each token is checked against the key its `kid` names.
+#[tokio::test]
+async fn jwks_picks_the_key_by_kid() {
+    let gate = memory_gate(&[("QUOTA_JWT_JWKS", &fixture("jwks.json"))]);
+    for alg in [Algorithm::RS256, Algorithm::ES256, Algorithm::EdDSA] {
+        let body = token_answer(&gate, &mint(alg, claims("t-1"))).await;
+        assert_eq!(body["token"], json!({"accepted": true}), "{alg:?}");
+    }
+    let ed_key =
+        EncodingKey::from_ed_pem(&std::fs::read(fixture("ed25519.key.pem")).unwrap()).unwrap();
+    let with_kid = |kid: Option<&str>| {
+        let mut header = Header::new(Algorithm::EdDSA);
+        header.kid = kid.map(str::to_owned);
+        jsonwebtoken::encode(&header, &claims("t-2"), &ed_key).unwrap()
+    };
+    // A kid nobody published, and a kid naming a key of another type.
+    let unknown = token_answer(&gate, &with_kid(Some("ed-9"))).await;
+    assert_eq!(unknown["token"]["reason"], "unknown_kid");
+    let mismatched = token_answer(&gate, &with_kid(Some("es-1"))).await;
+    assert_eq!(mismatched["token"]["reason"], "algorithm_not_allowed");
+    // No kid: any key of the token's algorithm may verify it.
+    let no_kid = token_answer(&gate, &with_kid(None)).await;
+    assert_eq!(no_kid["token"], json!({"accepted": true}));
+}
+
+/// A JWKS given inline as JSON text works like a file.
+#[tokio::test]
+async fn inline_jwks() {
+    let jwks = std::fs::read_to_string(fixture("jwks.json")).unwrap();
+    let gate = memory_gate(&[("QUOTA_JWT_JWKS", &jwks)]);
+    let body = token_answer(&gate, &mint(Algorithm::ES256, claims("t-1"))).await;
+    assert_eq!(body["token"], json!({"accepted": true}));
+}
+
+/// Symmetric JWKS keys, unreadable files and non-keys stop the start, naming the variable.
+#[test]
+fn bad_keys_fail_at_start() {
+    let symmetric = r#"{"keys":[{"kty":"oct","kid":"h","k":"c2VjcmV0LXNlY3JldC1zZWNyZXQ"}]}"#;
+    let not_a_key = "-----BEGIN PUBLIC KEY-----\nAAAA\n-----END PUBLIC KEY-----\n";
+    for (var, value) in [
+        ("QUOTA_JWT_JWKS", symmetric),
+        ("QUOTA_JWT_JWKS", "{not json"),
+        ("QUOTA_JWT_JWKS", "/nonexistent/jwks.json"),
+        ("QUOTA_JWT_PUBLIC_KEY", not_a_key),
+        ("QUOTA_JWT_PUBLIC_KEY", "/nonexistent/key.pem"),
+    ] {
+        let err = Gate::new(
+            config(&[(var, value)]),
+            SECRET,
+            MemoryStore::default(),
+            Spool::new(Box::new(std::io::sink())),
+            Meter::new("t", None),
+        )
+        .err()
+        .unwrap_or_else(|| panic!("{var}={value} was accepted"));
+        assert_eq!(err.var, var, "{err}");
+    }
+}
+
+/// The HTTP API v2 sample event with claims from a JWT authorizer added.
+fn authorized_event(claims: serde_json::Value) -> lambda_http::Request {
+    let mut event: serde_json::Value =
+        serde_json::from_str(&event_text("http-api-v2-ipv4.json")).unwrap();
+    event["requestContext"]["authorizer"] = json!({"jwt": {"claims": claims, "scopes": null}});
+    lambda_http::request::from_str(&event.to_string()).unwrap()
+}
+
+/// Authorizer claims are used only when QUOTA_TRUST_GATEWAY_CLAIMS is true, tier included.
+#[tokio::test]
+async fn gateway_claims_only_when_trusted() {
+    let claims = json!({"tid": "tenant-7", "tier": "1000", "iss": "stella-ops.org"});
+    let trusting = memory_gate(&[("QUOTA_TRUST_GATEWAY_CLAIMS", "true")]);
+    let body = json(
+        &trusting
+            .handle(to_gate_request(authorized_event(claims.clone())))
+            .await,
+    );
+    assert_eq!(body["quota"]["scope"], "tid");
+    assert_eq!(body["quota"]["limit"], 1000);
+
+    let default = memory_gate(&[]);
+    let body = json(
+        &default
+            .handle(to_gate_request(authorized_event(claims)))
+            .await,
+    );
+    assert_eq!(
+        body["quota"]["scope"], "ip",
+        "claims are ignored unless trusted"
+    );
+
+    // Trusted, but the authorizer's claims carry no tid: the anonymous quota.
+    let body = json(
+        &trusting
+            .handle(to_gate_request(authorized_event(json!({"sub": "x"}))))
+            .await,
+    );
+    assert_eq!(body["quota"]["scope"], "ip");
+}
+
+/// A gate with no key configured says so when a token is presented.
+#[tokio::test]
+async fn no_key_configured() {
+    let gate = memory_gate(&[]);
+    let body = token_answer(&gate, &mint(Algorithm::EdDSA, claims("t"))).await;
+    assert_eq!(
+        body["token"],
+        json!({"accepted": false, "reason": "no_verification_key"})
+    );
+    assert_eq!(body["quota"]["scope"], "ip");
+}
