@@ -81,13 +81,7 @@ impl Hasher {
         mac.update(scope.as_str().as_bytes());
         mac.update(b":");
         mac.update(material.as_bytes());
-        let bytes = mac.finalize().into_bytes();
-        let mut hex = String::with_capacity(64);
-        for b in bytes {
-            use fmt::Write;
-            let _ = write!(hex, "{b:02x}");
-        }
-        Digest(hex)
+        Digest(hex::encode(mac.finalize().into_bytes()))
     }
 }
 

@@ -80,6 +80,56 @@ pub struct Verifier {
     keys: Vec<VerificationKey>,
     issuer: String,
     audience: Option<String>,
+    verified: VerifiedCache,
+}
+
+/// Tokens that verified, until their `exp`, keyed by the SHA-256 of the token.
+///
+/// A client reuses one token for every scan (a CI pipeline all day long), and
+/// a signature check costs 40–330 µs of CPU. The same bytes under the same
+/// keys verify the same way, so only the time-bound claim is checked again on
+/// a hit (`nbf` had passed already). Only successes are kept, at most
+/// [`VERIFIED_CACHE_CAPACITY`], so garbage tokens cannot crowd it; when full,
+/// expired entries go first, then everything.
+#[derive(Default)]
+struct VerifiedCache {
+    entries: std::sync::Mutex<std::collections::HashMap<[u8; 32], (TokenSubject, i64)>>,
+}
+
+/// The most verified tokens remembered at once.
+pub const VERIFIED_CACHE_CAPACITY: usize = 10_000;
+
+fn unix_now() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs() as i64)
+}
+
+impl VerifiedCache {
+    fn key(token: &str) -> [u8; 32] {
+        use sha2::Digest as _;
+        sha2::Sha256::digest(token.as_bytes()).into()
+    }
+
+    fn get(&self, key: &[u8; 32]) -> Option<TokenSubject> {
+        let entries = self.entries.lock().ok()?;
+        let (subject, exp) = entries.get(key)?;
+        (*exp > unix_now()).then(|| subject.clone())
+    }
+
+    fn put(&self, key: [u8; 32], subject: &TokenSubject, exp: i64) {
+        let Ok(mut entries) = self.entries.lock() else {
+            return;
+        };
+        if entries.len() >= VERIFIED_CACHE_CAPACITY {
+            let now = unix_now();
+            entries.retain(|_, (_, exp)| *exp > now);
+            if entries.len() >= VERIFIED_CACHE_CAPACITY {
+                entries.clear();
+            }
+        }
+        entries.insert(key, (subject.clone(), exp));
+    }
 }
 
 impl std::fmt::Debug for Verifier {
@@ -94,6 +144,9 @@ impl std::fmt::Debug for Verifier {
 struct Claims {
     tid: Option<Value>,
     tier: Option<Value>,
+    /// Required by the validation, so present once decoding succeeds (a
+    /// number, possibly fractional).
+    exp: Option<Value>,
 }
 
 /// Reads `value` as inline text when it starts like one, else as a file path.
@@ -150,6 +203,7 @@ impl Verifier {
             keys,
             issuer: issuer.to_owned(),
             audience: audience.map(str::to_owned),
+            verified: VerifiedCache::default(),
         }))
     }
 
@@ -157,6 +211,10 @@ impl Verifier {
     pub fn verify(&self, token: &str) -> Result<TokenSubject, Rejection> {
         if token.len() > MAX_TOKEN_BYTES {
             return Err(Rejection::TooLarge);
+        }
+        let cache_key = VerifiedCache::key(token);
+        if let Some(subject) = self.verified.get(&cache_key) {
+            return Ok(subject);
         }
         let header = parse_header(token)?;
         let algorithm = match header.get("alg").and_then(Value::as_str) {
@@ -182,7 +240,11 @@ impl Verifier {
                     let tid = data.claims.tid.as_ref().and_then(claim_string);
                     let tid = tid.ok_or(Rejection::MissingTid)?;
                     let tier = data.claims.tier.as_ref().and_then(tier_from_claim);
-                    return Ok(TokenSubject { tid, tier });
+                    let subject = TokenSubject { tid, tier };
+                    if let Some(exp) = data.claims.exp.as_ref().and_then(Value::as_f64) {
+                        self.verified.put(cache_key, &subject, exp as i64);
+                    }
+                    return Ok(subject);
                 }
                 Err(e) => {
                     rejection = map_error(e.kind());
@@ -293,4 +355,43 @@ fn jwks_keys(json: &str) -> Result<Vec<VerificationKey>, ConfigError> {
             })
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn subject(tid: &str) -> TokenSubject {
+        TokenSubject {
+            tid: tid.into(),
+            tier: None,
+        }
+    }
+
+    /// A cached token is served only until its `exp`.
+    #[test]
+    fn cache_honours_exp() {
+        let cache = VerifiedCache::default();
+        let live = VerifiedCache::key("live");
+        let dead = VerifiedCache::key("dead");
+        cache.put(live, &subject("a"), unix_now() + 600);
+        cache.put(dead, &subject("b"), unix_now() - 1);
+        assert_eq!(cache.get(&live), Some(subject("a")));
+        assert_eq!(cache.get(&dead), None);
+        assert_eq!(cache.get(&VerifiedCache::key("never seen")), None);
+    }
+
+    /// The cache never holds more than its capacity.
+    #[test]
+    fn cache_is_bounded() {
+        let cache = VerifiedCache::default();
+        for n in 0..VERIFIED_CACHE_CAPACITY + 10 {
+            cache.put(
+                VerifiedCache::key(&n.to_string()),
+                &subject("t"),
+                unix_now() + 600,
+            );
+        }
+        assert!(cache.entries.lock().unwrap().len() <= VERIFIED_CACHE_CAPACITY);
+    }
 }
