@@ -68,7 +68,26 @@ type Sink = Arc<Mutex<Box<dyn Write + Send>>>;
 #[derive(Clone)]
 pub struct Meter {
     directives: Arc<Directives>,
+    /// Handles registered once per scope: a lookup per call would cost the
+    /// recorder a key hash and a map probe per metric per request.
+    handles: Arc<[ScopeHandles; 2]>,
     emf: Option<Sink>,
+}
+
+/// The `metrics` handles of one scope.
+struct ScopeHandles {
+    counters: [metrics::Counter; 5],
+    delay: metrics::Histogram,
+}
+
+impl ScopeHandles {
+    fn new(scope: Scope) -> Self {
+        let scope = scope.as_str();
+        Self {
+            counters: COUNTERS.map(|name| metrics::counter!(name, "scope" => scope)),
+            delay: metrics::histogram!(DELAY_MS, "scope" => scope),
+        }
+    }
 }
 
 /// The `CloudWatchMetrics` member, serialized once: it never changes after
@@ -106,23 +125,27 @@ impl Meter {
         Self::new(namespace, Some(Box::new(std::io::stdout())))
     }
 
-    /// EMF lines to `sink` (or none at all).
+    /// EMF lines to `sink` (or none at all). The `metrics` handles are
+    /// registered here, so install a recorder (Prometheus) before this.
     pub fn new(namespace: impl Into<String>, sink: Option<Box<dyn Write + Send>>) -> Self {
         Self {
             directives: Arc::new(Directives::new(&namespace.into())),
+            handles: Arc::new([ScopeHandles::new(Scope::Ip), ScopeHandles::new(Scope::Tid)]),
             emf: sink.map(|s| Arc::new(Mutex::new(s))),
         }
     }
 
     /// Records one outcome in both exporters.
     pub fn record(&self, outcome: &Outcome) {
-        let scope = outcome.scope.as_str();
-        for (name, value) in COUNTERS.iter().zip(outcome.counter_values()) {
-            metrics::counter!(*name, "scope" => scope).increment(value);
+        let handles = &self.handles[match outcome.scope {
+            Scope::Ip => 0,
+            Scope::Tid => 1,
+        }];
+        for (counter, value) in handles.counters.iter().zip(outcome.counter_values()) {
+            counter.increment(value);
         }
         if outcome.tier.is_some() {
-            metrics::histogram!(DELAY_MS, "scope" => scope)
-                .record(outcome.delay.as_millis() as f64);
+            handles.delay.record(outcome.delay.as_millis() as f64);
         }
         if let Some(sink) = &self.emf {
             let now = SystemTime::now()
