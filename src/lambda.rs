@@ -34,18 +34,7 @@ pub fn to_gate_request(request: Request) -> GateRequest {
         }
         _ => None,
     };
-    // A deadline of 0 means the runtime gave none (a bare test event); a
-    // deadline already passed is a remaining time of zero, so nothing sleeps.
-    let remaining = request
-        .lambda_context_ref()
-        .filter(|ctx| ctx.deadline > 0)
-        .map(|ctx| {
-            let now = SystemTime::now()
-                .duration_since(UNIX_EPOCH)
-                .unwrap_or_default()
-                .as_millis() as u64;
-            Duration::from_millis(ctx.deadline.saturating_sub(now))
-        });
+    let remaining = request.lambda_context_ref().and_then(time_left);
     let (parts, body) = request.into_parts();
     let body = match body {
         Body::Empty => Bytes::new(),
@@ -62,6 +51,20 @@ pub fn to_gate_request(request: Request) -> GateRequest {
         gateway_claims,
         remaining,
     }
+}
+
+/// Time left before the invocation's deadline. A deadline of 0 means the
+/// runtime gave none (a bare test event); one already passed is zero, so
+/// nothing sleeps.
+fn time_left(context: &lambda_runtime::Context) -> Option<Duration> {
+    if context.deadline == 0 {
+        return None;
+    }
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_millis() as u64;
+    Some(Duration::from_millis(context.deadline.saturating_sub(now)))
 }
 
 /// The gate's answer as a Lambda response (our bodies are always JSON text).
