@@ -75,29 +75,10 @@ async fn ttls_against_a_cluster() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn concurrent_counts_are_exact_on_a_cluster() {
     let cluster = ValkeyCluster::start();
-    let vars = [
-        ("QUOTA_ANON", "100"),
-        ("QUOTA_SOFT_WINDOW", "30"),
-        ("QUOTA_DELAY_MODE", "defer"),
-        // A loaded CI machine: the point here is exactness, not latency.
-        ("QUOTA_STORE_TIMEOUT_MS", "2000"),
-    ];
     let gates: Vec<_> = (0..8)
-        .map(|_| Arc::new(cluster_gate(&cluster, &vars)))
+        .map(|_| Arc::new(cluster_gate(&cluster, CONCURRENCY_VARS)))
         .collect();
-    let tasks: Vec<_> = (0..400)
-        .map(|i| {
-            let gate = gates[i % gates.len()].clone();
-            tokio::spawn(async move { json(&gate.handle(scan_from("203.0.113.50")).await) })
-        })
-        .collect();
-    let mut counts = Vec::new();
-    for t in tasks {
-        let body = t.await.unwrap();
-        counts.push(body["quota"]["used"].as_u64().expect("counted"));
-    }
-    counts.sort_unstable();
-    assert_eq!(counts, (1..=400).collect::<Vec<u64>>());
+    assert_400_concurrent_scans_count_exactly(&gates).await;
     assert_eq!(cluster.stream_jobs("jobs").await.len(), 400);
 }
 

@@ -118,40 +118,10 @@ async fn rolling_ttl_and_healing() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn concurrent_counts_are_exact() {
     let server = ValkeyServer::start();
-    // A generous store timeout: this test is about exactness, not latency, and
-    // eight connections opening at once on a loaded CI machine can take a while.
-    let vars = [
-        ("QUOTA_ANON", "100"),
-        ("QUOTA_SOFT_WINDOW", "30"),
-        ("QUOTA_DELAY_MODE", "defer"),
-        ("QUOTA_STORE_TIMEOUT_MS", "2000"),
-    ];
-    // Eight gates, each with its own connection, as eight Lambda instances would have.
     let gates: Vec<_> = (0..8)
-        .map(|_| Arc::new(valkey_gate(&server, &vars)))
+        .map(|_| Arc::new(valkey_gate(&server, CONCURRENCY_VARS)))
         .collect();
-    let mut tasks = Vec::new();
-    for i in 0..400 {
-        let gate = gates[i % gates.len()].clone();
-        tasks.push(tokio::spawn(async move {
-            json(&gate.handle(scan_from("203.0.113.50")).await)
-        }));
-    }
-    let mut counts = Vec::new();
-    let (mut soft, mut hard) = (0, 0);
-    for t in tasks {
-        let body = t.await.unwrap();
-        counts.push(body["quota"]["used"].as_u64().unwrap());
-        match body["delayMs"].as_u64().unwrap() {
-            0 => {}
-            5000 => soft += 1,
-            60000 => hard += 1,
-            other => panic!("unexpected delay {other}"),
-        }
-    }
-    counts.sort_unstable();
-    assert_eq!(counts, (1..=400).collect::<Vec<u64>>());
-    assert_eq!((soft, hard), (30, 270));
+    assert_400_concurrent_scans_count_exactly(&gates).await;
     assert_eq!(stream_jobs(&server, "jobs").await.len(), 400);
 }
 

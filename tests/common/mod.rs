@@ -9,6 +9,7 @@ use std::collections::HashMap;
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -181,6 +182,46 @@ pub fn valkey_gate(server: &ValkeyServer, vars: &[(&str, &str)]) -> Gate<ValkeyS
     let mut all = vec![("VALKEY_URL", url.as_str())];
     all.extend_from_slice(vars);
     stream_gate(&all)
+}
+
+/// Limits for the concurrency tests: 100 within, 30 soft, the rest hard,
+/// nothing slept, and a generous store timeout: these tests are about
+/// exactness, not latency, and connections opening at once on a loaded CI
+/// machine can take a while.
+pub const CONCURRENCY_VARS: &[(&str, &str)] = &[
+    ("QUOTA_ANON", "100"),
+    ("QUOTA_SOFT_WINDOW", "30"),
+    ("QUOTA_DELAY_MODE", "defer"),
+    ("QUOTA_STORE_TIMEOUT_MS", "2000"),
+];
+
+/// Sends 400 scans from one subject at once, spread over `gates` (each with
+/// its own connection, as separate Lambda instances would have), and checks
+/// the counts are 1…400 exactly once each, with 30 soft and 270 hard delays.
+pub async fn assert_400_concurrent_scans_count_exactly<Q: ScanQueue>(
+    gates: &[Arc<Gate<ValkeyStore, Q>>],
+) {
+    let tasks: Vec<_> = (0..400)
+        .map(|i| {
+            let gate = gates[i % gates.len()].clone();
+            tokio::spawn(async move { json(&gate.handle(scan_from("203.0.113.50")).await) })
+        })
+        .collect();
+    let mut counts = Vec::new();
+    let (mut soft, mut hard) = (0, 0);
+    for t in tasks {
+        let body = t.await.unwrap();
+        counts.push(body["quota"]["used"].as_u64().expect("counted"));
+        match body["delayMs"].as_u64().unwrap() {
+            0 => {}
+            5000 => soft += 1,
+            60000 => hard += 1,
+            other => panic!("unexpected delay {other}"),
+        }
+    }
+    counts.sort_unstable();
+    assert_eq!(counts, (1..=400).collect::<Vec<u64>>());
+    assert_eq!((soft, hard), (30, 270));
 }
 
 /// Every job queued on the stream `key`, oldest first.
