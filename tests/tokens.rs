@@ -174,3 +174,19 @@ async fn no_key_configured() {
     );
     assert_eq!(body["quota"]["scope"], "ip");
 }
+
+/// The auth scheme is case-insensitive: `BEARER` and `bearer` carry tokens too.
+#[tokio::test]
+async fn scheme_is_case_insensitive() {
+    let gate = memory_gate(&[("QUOTA_JWT_PUBLIC_KEY", &fixture("ed25519.pub.pem"))]);
+    let token = mint(Algorithm::EdDSA, claims("t-1"));
+    for scheme in ["BEARER", "bearer", "Bearer"] {
+        let mut request = scan_from("203.0.113.7");
+        request.headers.insert(
+            http::header::AUTHORIZATION,
+            http::HeaderValue::from_str(&format!("{scheme} {token}")).unwrap(),
+        );
+        let body = json(&gate.handle(request).await);
+        assert_eq!(body["token"], json!({"accepted": true}), "{scheme}");
+    }
+}

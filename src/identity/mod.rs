@@ -139,11 +139,10 @@ impl Identifier {
         let Some(token) = value
             .to_str()
             .ok()
-            .and_then(|v| {
-                v.strip_prefix("Bearer ")
-                    .or_else(|| v.strip_prefix("bearer "))
-            })
-            .map(str::trim)
+            // The scheme is case-insensitive (RFC 9110, section 11.1).
+            .and_then(|v| v.split_once(' '))
+            .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+            .map(|(_, token)| token.trim())
         else {
             return Some(Err(Rejection::NotBearer));
         };
