@@ -138,10 +138,33 @@ async fn serve(config: Config) -> Result<(), String> {
     let addr = listener.local_addr().map_err(|e| e.to_string())?;
     tracing::info!(%addr, store, "quota-gate serving POST /scan");
     let shutdown = async {
-        let _ = tokio::signal::ctrl_c().await;
-        tracing::info!("shutting down");
+        shutdown_signal().await;
+        tracing::info!("shutting down: finishing requests in flight");
     };
     crate::serve::serve(listener, Arc::new(gate), Some(metrics), shutdown)
         .await
         .map_err(|e| e.to_string())
+}
+
+/// Ctrl-C, or SIGTERM as container runtimes and systemd send it.
+async fn shutdown_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        match signal(SignalKind::terminate()) {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = tokio::signal::ctrl_c() => {}
+                    _ = term.recv() => {}
+                }
+            }
+            Err(_) => {
+                let _ = tokio::signal::ctrl_c().await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
 }

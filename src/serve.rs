@@ -10,6 +10,7 @@ use std::convert::Infallible;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Duration;
 
 use bytes::Bytes;
 use http::{HeaderValue, Method, Request, Response, StatusCode, header};
@@ -18,6 +19,7 @@ use hyper::body::Incoming;
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
+use hyper_util::server::graceful::GracefulShutdown;
 use metrics_exporter_prometheus::PrometheusHandle;
 use tokio::net::TcpListener;
 
@@ -27,7 +29,13 @@ use crate::queue::ScanQueue;
 use crate::store::QuotaStore;
 use crate::validate::MAX_BODY_BYTES;
 
-/// Serves `gate` on `listener` until `shutdown` completes.
+/// How long shutdown waits for requests in flight: a hard-tier scan may be
+/// asleep for up to the gateway budget (28 s by default).
+pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Serves `gate` on `listener` until `shutdown` completes, then stops
+/// accepting and lets the requests in flight finish (at most
+/// [`DRAIN_TIMEOUT`]), so a restart never drops a counted scan's answer.
 pub async fn serve<S: QuotaStore, Q: ScanQueue>(
     listener: TcpListener,
     gate: Arc<Gate<S, Q>>,
@@ -35,32 +43,42 @@ pub async fn serve<S: QuotaStore, Q: ScanQueue>(
     shutdown: impl Future<Output = ()>,
 ) -> std::io::Result<()> {
     tokio::pin!(shutdown);
+    let connections = GracefulShutdown::new();
     loop {
         let (stream, peer) = tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok(conn) => conn,
                 Err(e) => {
-                    // Out of file descriptors and the like: keep serving the others.
+                    // Out of file descriptors and the like: keep serving the
+                    // others, without spinning on the error.
                     tracing::warn!(error = %e, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
                     continue;
                 }
             },
-            () = &mut shutdown => return Ok(()),
+            () = &mut shutdown => break,
         };
         let _ = stream.set_nodelay(true);
         let gate = gate.clone();
         let metrics = metrics.clone();
+        let service =
+            service_fn(move |request| route(gate.clone(), metrics.clone(), peer, request));
+        let connection = connections
+            .watch(http1::Builder::new().serve_connection(TokioIo::new(stream), service));
         tokio::spawn(async move {
-            let service =
-                service_fn(move |request| route(gate.clone(), metrics.clone(), peer, request));
-            if let Err(e) = http1::Builder::new()
-                .serve_connection(TokioIo::new(stream), service)
-                .await
-            {
+            if let Err(e) = connection.await {
                 tracing::debug!(error = %e, "connection closed with an error");
             }
         });
     }
+    drop(listener);
+    if tokio::time::timeout(DRAIN_TIMEOUT, connections.shutdown())
+        .await
+        .is_err()
+    {
+        tracing::warn!("requests still in flight after {DRAIN_TIMEOUT:?}; closing them");
+    }
+    Ok(())
 }
 
 async fn route<S: QuotaStore, Q: ScanQueue>(

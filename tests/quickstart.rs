@@ -129,3 +129,39 @@ fn bad_configuration_names_the_variable() {
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("QUOTA_ANON"));
 }
+
+/// SIGTERM stops `serve` gracefully: a scan asleep in its soft delay still gets its 202,
+/// then the process exits cleanly.
+#[test]
+fn sigterm_finishes_requests_in_flight() {
+    let port = free_port();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_quota-gate"))
+        .arg("serve")
+        .env_clear()
+        .env("QUOTA_LISTEN", format!("127.0.0.1:{port}"))
+        .env("QUOTA_ANON", "1")
+        .env("QUOTA_SOFT_DELAY_MS", "1500")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let addr = SocketAddr::from(([127, 0, 0, 1], port));
+    assert!(
+        wait_for_port(addr, Duration::from_secs(10)),
+        "serve did not listen"
+    );
+    assert!(http(addr, &post_scan(r#"{"image":"a"}"#)).starts_with("HTTP/1.1 202"));
+    // The second scan is over quota: it sleeps 1.5 s before its answer.
+    let in_flight = std::thread::spawn(move || http(addr, &post_scan(r#"{"image":"a"}"#)));
+    std::thread::sleep(Duration::from_millis(300));
+    let status = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let answer = in_flight.join().unwrap();
+    assert!(answer.starts_with("HTTP/1.1 202"), "{answer}");
+    assert!(answer.contains("x-stella-quota-delay-ms: 1500"), "{answer}");
+    let exit = child.wait().unwrap();
+    assert!(exit.success(), "{exit:?}");
+}
