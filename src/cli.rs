@@ -126,9 +126,9 @@ async fn serve(config: Config) -> Result<(), String> {
     } else {
         "in-memory"
     };
-    // Locally, metrics are served at /metrics; stdout stays a clean stream
-    // of spooled jobs, one JSON line each.
-    let meter = Meter::new(config.metrics_namespace.clone(), None);
+    // The same EMF line per request as in Lambda (a CloudWatch agent or any
+    // log shipper can pick it up), besides the Prometheus text at /metrics.
+    let meter = Meter::stdout(config.metrics_namespace.clone());
     let gate = Gate::from_config(config, &secret, meter)
         .await
         .map_err(|e| format!("configuration error: {e}"))?;

@@ -84,13 +84,16 @@ fn serve_on_embedded_default() {
 
     let _ = child.kill();
     let stdout = child.stdout.take().unwrap();
-    let jobs: Vec<serde_json::Value> = BufReader::new(stdout)
+    let lines: Vec<serde_json::Value> = BufReader::new(stdout)
         .lines()
         .map_while(Result::ok)
         .map(|l| serde_json::from_str(&l).unwrap())
         .collect();
+    let (emf, jobs): (Vec<_>, Vec<_>) = lines.into_iter().partition(|l| l.get("_aws").is_some());
     assert_eq!(jobs.len(), 2, "one spooled job per 202, none for the 400");
     assert_eq!(jobs[0]["request"]["image"], "alpine:3.20");
+    assert_eq!(emf.len(), 2, "one EMF line per counted scan");
+    assert_eq!(emf[0]["Scope"], "ip");
     let mut stderr = String::new();
     child
         .stderr
