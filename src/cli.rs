@@ -46,7 +46,7 @@ pub fn install_prometheus() -> Result<PrometheusHandle, String> {
         .set_buckets_for_metric(Matcher::Full(DELAY_MS.into()), &DELAY_BUCKETS_MS)
         .and_then(|b| b.install_recorder())
         .map_err(|e| e.to_string())?;
-    crate::ops::describe_metrics();
+    crate::meter::describe();
     Ok(handle)
 }
 

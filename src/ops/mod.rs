@@ -49,35 +49,6 @@ pub enum OpsError {
     CloudWatch(String),
 }
 
-/// `# HELP` text for `GET /metrics`, so a scraper's UI says what each series
-/// counts. Called once the recorder is installed (descriptions sent before
-/// that are lost).
-pub fn describe_metrics() {
-    use crate::meter::{DELAY_MS, ENQUEUE_ERRORS, HARD_HITS, REMINDERS, SOFT_HITS, STORE_ERRORS};
-    metrics::describe_counter!(
-        SOFT_HITS,
-        "Scans over the daily quota, within the soft window (soft delay)."
-    );
-    metrics::describe_counter!(HARD_HITS, "Scans beyond the soft window (hard delay).");
-    metrics::describe_counter!(
-        REMINDERS,
-        "Scans answered with the soft reminder (count at or above QUOTA_WARN_AT)."
-    );
-    metrics::describe_counter!(
-        STORE_ERRORS,
-        "Scans the quota store could not count (timeout, error, open breaker)."
-    );
-    metrics::describe_counter!(
-        ENQUEUE_ERRORS,
-        "Scans refused with 503 because the scan queue failed."
-    );
-    metrics::describe_histogram!(
-        DELAY_MS,
-        metrics::Unit::Milliseconds,
-        "Delay owed per decided scan (slept plus deferred), in milliseconds."
-    );
-}
-
 /// The Valkey store `VALKEY_URL` names (cluster mode and TLS CA as the
 /// handler would use them), with the operator timeout.
 pub fn valkey_store(config: &Config) -> Result<ValkeyStore, OpsError> {
