@@ -518,18 +518,20 @@ impl ScanQueue for SerializeOnly {
 /// The gate over the in-memory store and [`SerializeOnly`], delays zero.
 fn bare_gate() -> Result<Gate<MemoryStore, SerializeOnly>, String> {
     let config = common::config(&[("QUOTA_SOFT_DELAY_MS", "0"), ("QUOTA_HARD_DELAY_MS", "0")]);
+    sink_gate(config, MemoryStore::default(), SerializeOnly)
+}
+
+/// A gate writing its EMF lines to `io::sink()`, so stdout is not what is measured.
+fn sink_gate<S: QuotaStore, Q: ScanQueue>(
+    config: quota_gate::Config,
+    store: S,
+    queue: Q,
+) -> Result<Gate<S, Q>, String> {
     let meter = Meter::new(
         config.metrics_namespace.clone(),
         Some(Box::new(std::io::sink())),
     );
-    Gate::new(
-        config,
-        common::SECRET,
-        MemoryStore::default(),
-        SerializeOnly,
-        meter,
-    )
-    .map_err(|e| e.to_string())
+    Gate::new(config, common::SECRET, store, queue, meter).map_err(|e| e.to_string())
 }
 
 /// Child mode for callgrind: `n` decisions of the no-I/O gate on one thread.
@@ -560,18 +562,11 @@ fn valkey_gate(url: &str) -> Result<ValkeyGate, String> {
         ("QUOTA_JWT_JWKS", &jwks),
     ]);
     let valkey = Valkey::new(url, false, config.store_timeout).map_err(|e| e.to_string())?;
-    let meter = Meter::new(
-        config.metrics_namespace.clone(),
-        Some(Box::new(std::io::sink())),
-    );
-    Gate::new(
+    sink_gate(
         config,
-        common::SECRET,
         ValkeyStore::new(valkey.clone()),
         StreamQueue::new(valkey, "jobs"),
-        meter,
     )
-    .map_err(|e| e.to_string())
 }
 
 /// A valid token for `tid`, signed with the test key for `alg`.

@@ -5,7 +5,7 @@ mod common;
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::process::{Command, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use common::{free_port, wait_for_port};
@@ -30,15 +30,15 @@ fn post_scan(body: &str) -> String {
     )
 }
 
-/// `quota-gate serve` on the embedded default answers POST /scan with 202 and the quota
-/// headers, spools one job line per scan on stdout, and serves /healthz and /metrics.
-#[test]
-fn serve_on_embedded_default() {
+/// `quota-gate serve` with nothing configured but `vars`, on a free port,
+/// listening; stdout and stderr are piped for the test to read.
+fn spawn_serve(vars: &[(&str, &str)]) -> (Child, SocketAddr) {
     let port = free_port();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_quota-gate"))
+    let child = Command::new(env!("CARGO_BIN_EXE_quota-gate"))
         .arg("serve")
         .env_clear()
         .env("QUOTA_LISTEN", format!("127.0.0.1:{port}"))
+        .envs(vars.iter().copied())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -48,6 +48,14 @@ fn serve_on_embedded_default() {
         wait_for_port(addr, Duration::from_secs(10)),
         "serve did not listen"
     );
+    (child, addr)
+}
+
+/// `quota-gate serve` on the embedded default answers POST /scan with 202 and the quota
+/// headers, spools one job line per scan on stdout, and serves /healthz and /metrics.
+#[test]
+fn serve_on_embedded_default() {
+    let (mut child, addr) = spawn_serve(&[]);
 
     let first = http(addr, &post_scan(r#"{"image":"alpine:3.20"}"#));
     assert!(first.starts_with("HTTP/1.1 202 Accepted"), "{first}");
@@ -137,22 +145,7 @@ fn bad_configuration_names_the_variable() {
 /// then the process exits cleanly.
 #[test]
 fn sigterm_finishes_requests_in_flight() {
-    let port = free_port();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_quota-gate"))
-        .arg("serve")
-        .env_clear()
-        .env("QUOTA_LISTEN", format!("127.0.0.1:{port}"))
-        .env("QUOTA_ANON", "1")
-        .env("QUOTA_SOFT_DELAY_MS", "1500")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let addr = SocketAddr::from(([127, 0, 0, 1], port));
-    assert!(
-        wait_for_port(addr, Duration::from_secs(10)),
-        "serve did not listen"
-    );
+    let (mut child, addr) = spawn_serve(&[("QUOTA_ANON", "1"), ("QUOTA_SOFT_DELAY_MS", "1500")]);
     assert!(http(addr, &post_scan(r#"{"image":"a"}"#)).starts_with("HTTP/1.1 202"));
     // The second scan is over quota: it sleeps 1.5 s before its answer.
     let in_flight = std::thread::spawn(move || http(addr, &post_scan(r#"{"image":"a"}"#)));
