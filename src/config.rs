@@ -26,6 +26,8 @@
 //! | `QUOTA_DELAY_MODE` | `sleep` | `sleep` in the handler (rest deferred) or `defer` all of it |
 //! | `QUOTA_GATEWAY_TIMEOUT_MS` | 29000 | the gateway's integration timeout |
 //! | `QUOTA_DELAY_MARGIN_MS` | 1000 | kept free below the gateway and Lambda deadlines |
+//! | `QUOTA_PACING` | `on` | `on`: a subject's over-quota scans start one delay apart; `off`: the seed's fixed per-request delays |
+//! | `QUOTA_MAX_BACKLOG_MS` | 900000 | a scan whose paced delay would exceed this is refused with 503 `backlog_full` |
 //! | `SCAN_QUEUE_URL` | unset: stdout spool | an SQS queue URL, or `valkey-stream:<key>` |
 //! | `QUOTA_JWT_PUBLIC_KEY` | — | PEM text, or a path to a PEM file (RSA, P-256 or Ed25519) |
 //! | `QUOTA_JWT_JWKS` | — | JWKS JSON, or a path to it; keys picked by `kid` |
@@ -95,6 +97,15 @@ pub enum DelayMode {
     Sleep,
     /// Answer at once; the whole delay holds the queued job back.
     Defer,
+}
+
+/// Whether a subject's over-quota scans are spread out one delay apart.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Pacing {
+    /// `slot_k = max(arrival_k, slot_(k-1)) + D(tier_k)`: a burst is spread out.
+    On,
+    /// The seed's fixed per-request delays.
+    Off,
 }
 
 /// Where accepted scans go.
@@ -173,6 +184,9 @@ pub struct Config {
     pub delay_mode: DelayMode,
     pub gateway_timeout: Duration,
     pub delay_margin: Duration,
+    pub pacing: Pacing,
+    /// The longest delay a paced scan may be given; beyond it, 503 `backlog_full`.
+    pub max_backlog: Duration,
     pub queue: QueueTarget,
     pub jwt_public_key: Option<String>,
     pub jwt_jwks: Option<String>,
@@ -258,6 +272,17 @@ impl Config {
                 return Err(ConfigError::new(
                     "QUOTA_DELAY_MODE",
                     format!("expected sleep or defer, got {other:?}"),
+                ));
+            }
+        };
+
+        let pacing = match parse("QUOTA_PACING", "on")?.as_str() {
+            "on" => Pacing::On,
+            "off" => Pacing::Off,
+            other => {
+                return Err(ConfigError::new(
+                    "QUOTA_PACING",
+                    format!("expected on or off, got {other:?}"),
                 ));
             }
         };
@@ -395,6 +420,8 @@ impl Config {
             delay_mode,
             gateway_timeout: millis("QUOTA_GATEWAY_TIMEOUT_MS", "29000")?,
             delay_margin: millis("QUOTA_DELAY_MARGIN_MS", "1000")?,
+            pacing,
+            max_backlog: millis("QUOTA_MAX_BACKLOG_MS", "900000")?,
             queue,
             jwt_public_key: get("QUOTA_JWT_PUBLIC_KEY"),
             jwt_jwks: get("QUOTA_JWT_JWKS"),
@@ -459,6 +486,8 @@ mod tests {
             ("QUOTA_RESET", "weekly"),
             ("QUOTA_FAIL_MODE", "maybe"),
             ("QUOTA_DELAY_MODE", "later"),
+            ("QUOTA_PACING", "maybe"),
+            ("QUOTA_MAX_BACKLOG_MS", "soon"),
             ("QUOTA_HASH_SECRET", "short"),
             ("QUOTA_IPV6_PREFIX", "129"),
             ("QUOTA_TRUSTED_PROXIES", "10.0.0.0/8, nonsense"),
