@@ -368,6 +368,20 @@ impl Config {
                         format!("valkey-stream:{key} needs VALKEY_URL"),
                     ));
                 }
+                Some(key)
+                    if key.contains(['{', '}'])
+                        && key
+                            .find('{')
+                            .is_none_or(|o| key[o + 1..].find('}').is_none_or(|len| len == 0)) =>
+                {
+                    return Err(ConfigError::new(
+                        "SCAN_QUEUE_URL",
+                        format!(
+                            "valkey-stream:{key}: braces in a stream key must form a \
+                             non-empty hash tag ({{tag}})"
+                        ),
+                    ));
+                }
                 Some(key) => QueueTarget::ValkeyStream(key.to_owned()),
                 None if url.starts_with("https://") || url.starts_with("http://") => {
                     QueueTarget::Sqs(url)

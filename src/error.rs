@@ -25,21 +25,52 @@ pub enum GateError {
     /// The body is not a valid scan request; `code` says which rule it broke.
     #[error("{detail}")]
     BadRequest { code: &'static str, detail: String },
-    /// The quota store failed and the gate fails closed.
-    #[error("the quota store is unavailable; retry shortly")]
+    /// `Idempotency-Key` is not 1–255 visible ASCII characters.
+    #[error("Idempotency-Key must be 1 to 255 visible ASCII characters")]
+    InvalidIdempotencyKey,
+    /// The key was used before with another body.
+    #[error("this Idempotency-Key was used with a different request body")]
+    IdempotencyMismatch,
+    /// The first request with this key has not answered yet.
+    #[error("a request with this Idempotency-Key is still in flight; retry after it answers")]
+    IdempotencyInProgress { retry_after: u64 },
+    /// The quota store failed and the gate fails closed. A count that may
+    /// still land is taken back after it.
+    #[error("the quota store is unavailable; the scan was not counted; retry shortly")]
     StoreUnavailable,
-    /// The scan could not be queued; its count was refunded.
-    #[error("the scan could not be queued and was not counted; retry shortly")]
-    QueueFailed,
+    /// The subject's paced backlog would exceed `QUOTA_MAX_BACKLOG_MS`.
+    #[error(
+        "too many of your scans are already waiting; not counted, nothing queued; retry after Retry-After seconds"
+    )]
+    BacklogFull { retry_after: u64 },
+    /// The scan could not be queued. Known failure: refunded, not queued.
+    /// Timeout: the job may still land (`"queued": "unknown"`).
+    #[error("{}", match queued {
+        Queued::No => "the scan could not be queued and was not counted; retry shortly",
+        Queued::Unknown => "the scan queue did not answer in time: the scan may still be queued; \
+            retry with the same Idempotency-Key to settle it (one job, one count)",
+    })]
+    QueueFailed { queued: Queued },
     /// The platform gave no source address; a deployment fault, not the client's.
     #[error("the request carries no source address")]
     NoSourceAddress,
+}
+
+/// Whether a refused scan's job may still land.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Queued {
+    /// Nothing was queued, and nothing will be.
+    No,
+    /// The queue did not answer in time: the job may land later.
+    Unknown,
 }
 
 #[derive(Serialize)]
 struct ErrorBody<'a> {
     error: &'a str,
     detail: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    queued: Option<serde_json::Value>,
 }
 
 impl GateError {
@@ -57,7 +88,12 @@ impl GateError {
             Self::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             Self::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             Self::BadRequest { .. } => StatusCode::BAD_REQUEST,
-            Self::StoreUnavailable | Self::QueueFailed => StatusCode::SERVICE_UNAVAILABLE,
+            Self::InvalidIdempotencyKey => StatusCode::BAD_REQUEST,
+            Self::IdempotencyMismatch => StatusCode::UNPROCESSABLE_ENTITY,
+            Self::IdempotencyInProgress { .. } => StatusCode::CONFLICT,
+            Self::StoreUnavailable | Self::QueueFailed { .. } | Self::BacklogFull { .. } => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
             Self::NoSourceAddress => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
@@ -70,17 +106,31 @@ impl GateError {
             Self::UnsupportedMediaType => "unsupported_media_type",
             Self::PayloadTooLarge => "payload_too_large",
             Self::BadRequest { code, .. } => code,
+            Self::InvalidIdempotencyKey => "invalid_idempotency_key",
+            Self::IdempotencyMismatch => "idempotency_key_mismatch",
+            Self::IdempotencyInProgress { .. } => "idempotency_in_progress",
             Self::StoreUnavailable => "store_unavailable",
-            Self::QueueFailed => "queue_unavailable",
+            Self::BacklogFull { .. } => "backlog_full",
+            Self::QueueFailed { .. } => "queue_unavailable",
             Self::NoSourceAddress => "no_source_address",
         }
     }
 
     /// The JSON error response.
     pub fn to_response(&self) -> Response<Bytes> {
+        let queued = match self {
+            Self::QueueFailed {
+                queued: Queued::Unknown,
+            } => Some(serde_json::Value::from("unknown")),
+            Self::QueueFailed { queued: Queued::No }
+            | Self::StoreUnavailable
+            | Self::BacklogFull { .. } => Some(serde_json::Value::from(false)),
+            _ => None,
+        };
         let body = serde_json::to_vec(&ErrorBody {
             error: self.code(),
             detail: self.to_string(),
+            queued,
         })
         .unwrap_or_default();
         let mut response = Response::new(Bytes::from(body));
@@ -95,8 +145,14 @@ impl GateError {
             Self::MethodNotAllowed => {
                 headers.insert(header::ALLOW, HeaderValue::from_static("POST"));
             }
-            Self::StoreUnavailable | Self::QueueFailed => {
+            Self::StoreUnavailable | Self::QueueFailed { .. } => {
                 headers.insert(header::RETRY_AFTER, HeaderValue::from(RETRY_AFTER_SECS));
+            }
+            Self::BacklogFull { retry_after } | Self::IdempotencyInProgress { retry_after } => {
+                headers.insert(
+                    header::RETRY_AFTER,
+                    HeaderValue::from((*retry_after).max(1)),
+                );
             }
             _ => {}
         }
@@ -111,12 +167,33 @@ mod tests {
     /// Error bodies are JSON with `error` and `detail`; 503s carry Retry-After.
     #[test]
     fn shapes() {
-        let r = GateError::QueueFailed.to_response();
+        let r = GateError::QueueFailed { queued: Queued::No }.to_response();
         assert_eq!(r.status(), 503);
         assert_eq!(r.headers()[header::RETRY_AFTER], "1");
         let body: serde_json::Value = serde_json::from_slice(r.body()).unwrap();
         assert_eq!(body["error"], "queue_unavailable");
+        assert_eq!(body["queued"], false);
         assert!(body["detail"].as_str().unwrap().contains("not counted"));
+
+        let r = GateError::QueueFailed {
+            queued: Queued::Unknown,
+        }
+        .to_response();
+        let body: serde_json::Value = serde_json::from_slice(r.body()).unwrap();
+        assert_eq!(body["queued"], "unknown");
+        assert!(body["detail"].as_str().unwrap().contains("Idempotency-Key"));
+
+        let r = GateError::BacklogFull { retry_after: 7 }.to_response();
+        assert_eq!(
+            (r.status().as_u16(), &r.headers()[header::RETRY_AFTER]),
+            (503, &"7".parse::<HeaderValue>().unwrap())
+        );
+        let r = GateError::IdempotencyInProgress { retry_after: 0 }.to_response();
+        assert_eq!(
+            (r.status().as_u16(), &r.headers()[header::RETRY_AFTER]),
+            (409, &"1".parse::<HeaderValue>().unwrap())
+        );
+        assert_eq!(GateError::IdempotencyMismatch.status(), 422);
 
         let r = GateError::MethodNotAllowed.to_response();
         assert_eq!(r.headers()[header::ALLOW], "POST");

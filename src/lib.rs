@@ -33,12 +33,14 @@
 
 pub mod breaker;
 pub mod cli;
+pub mod clock;
 pub mod config;
 pub mod decide;
 pub mod delay;
 pub mod digest;
 pub mod error;
 pub mod gate;
+pub mod idempotency;
 pub mod identity;
 pub mod lambda;
 pub mod meter;

@@ -26,15 +26,17 @@ pub const HARD_HITS: &str = "stella_quota_hard_hits_total";
 pub const REMINDERS: &str = "stella_quota_reminders_total";
 pub const STORE_ERRORS: &str = "stella_quota_store_errors_total";
 pub const ENQUEUE_ERRORS: &str = "stella_quota_enqueue_errors_total";
+pub const BACKLOG_REFUSALS: &str = "stella_quota_backlog_refusals_total";
 pub const DELAY_MS: &str = "stella_quota_delay_ms";
 
 /// Every counter, in EMF declaration order.
-pub const COUNTERS: [&str; 5] = [
+pub const COUNTERS: [&str; 6] = [
     SOFT_HITS,
     HARD_HITS,
     REMINDERS,
     STORE_ERRORS,
     ENQUEUE_ERRORS,
+    BACKLOG_REFUSALS,
 ];
 
 /// `# HELP` text for `GET /metrics`, so a scraper's UI says what each series
@@ -58,6 +60,10 @@ pub fn describe() {
         ENQUEUE_ERRORS,
         "Scans refused with 503 because the scan queue failed."
     );
+    metrics::describe_counter!(
+        BACKLOG_REFUSALS,
+        "Scans refused with 503 backlog_full: the paced delay would exceed QUOTA_MAX_BACKLOG_MS."
+    );
     metrics::describe_histogram!(
         DELAY_MS,
         metrics::Unit::Milliseconds,
@@ -65,12 +71,17 @@ pub fn describe() {
     );
 }
 
-/// What happened to one counted request.
+/// What happened to one scan request that reached the store.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Outcome {
     pub scope: Scope,
-    /// `None` when the store did not answer and no decision was made.
+    /// The decided tier; `None` when no decision was made (the store did
+    /// not answer, or the scan was refused).
     pub tier: Option<Tier>,
+    /// Accepted while the store did not answer: `"tier":"unmetered"`.
+    pub unmetered: bool,
+    /// Refused with 503 `backlog_full`.
+    pub backlog_refused: bool,
     pub reminder: bool,
     /// The whole delay owed (slept and deferred).
     pub delay: Duration,
@@ -79,13 +90,28 @@ pub struct Outcome {
 }
 
 impl Outcome {
-    fn counter_values(&self) -> [u64; 5] {
+    /// A request the store could not answer (or refused before deciding).
+    pub fn new(scope: Scope) -> Self {
+        Self {
+            scope,
+            tier: None,
+            unmetered: false,
+            backlog_refused: false,
+            reminder: false,
+            delay: Duration::ZERO,
+            store_error: false,
+            enqueue_error: false,
+        }
+    }
+
+    fn counter_values(&self) -> [u64; 6] {
         [
             u64::from(self.tier == Some(Tier::Soft)),
             u64::from(self.tier == Some(Tier::Hard)),
             u64::from(self.reminder),
             u64::from(self.store_error),
             u64::from(self.enqueue_error),
+            u64::from(self.backlog_refused),
         ]
     }
 }
@@ -104,7 +130,7 @@ pub struct Meter {
 
 /// The `metrics` handles of one scope.
 struct ScopeHandles {
-    counters: [metrics::Counter; 5],
+    counters: [metrics::Counter; 6],
     delay: metrics::Histogram,
 }
 
@@ -213,6 +239,8 @@ impl Meter {
                 outcome.delay.as_millis(),
                 tier.as_str()
             );
+        } else if outcome.unmetered {
+            line.push_str(r#","tier":"unmetered""#);
         }
         line.push('}');
         line
@@ -225,12 +253,11 @@ mod tests {
 
     fn outcome(tier: Option<Tier>, delay_ms: u64) -> Outcome {
         Outcome {
-            scope: Scope::Ip,
             tier,
-            reminder: false,
+            unmetered: tier.is_none(),
             delay: Duration::from_millis(delay_ms),
             store_error: tier.is_none(),
-            enqueue_error: false,
+            ..Outcome::new(Scope::Ip)
         }
     }
 
@@ -268,6 +295,7 @@ mod tests {
         assert_eq!(doc[DELAY_MS], 60_000);
         let doc: Value = serde_json::from_str(&meter.emf_line(&outcome(None, 0), 0)).unwrap();
         assert_eq!(doc[STORE_ERRORS], 1);
+        assert_eq!(doc["tier"], "unmetered");
         assert!(doc.get(DELAY_MS).is_none());
     }
 }

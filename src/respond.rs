@@ -23,6 +23,7 @@ pub const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
 pub const DELAY: HeaderName = HeaderName::from_static("x-stella-quota-delay-ms");
 pub const REMINDER: HeaderName = HeaderName::from_static("x-stella-quota-reminder");
 pub const QUOTA_STATE: HeaderName = HeaderName::from_static("x-stella-quota");
+pub const REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");
 
 /// The seconds in the policy window the headers advertise.
 const WINDOW_SECS: u64 = 86_400;
@@ -40,6 +41,8 @@ pub struct Accepted {
     pub reset_at: i64,
     pub seconds_to_reset: u64,
     pub plan: DelayPlan,
+    /// When the scan may start (unix ms): arrival plus the whole delay.
+    pub not_before_ms: i64,
     pub token: Option<TokenStatus>,
     pub reminder: bool,
 }
@@ -52,6 +55,7 @@ struct Body<'a> {
     delay_ms: u64,
     slept_ms: u64,
     deferred_ms: u64,
+    not_before: &'a str,
     quota: Quota<'a>,
     #[serde(skip_serializing_if = "Option::is_none")]
     token: Option<Token>,
@@ -86,6 +90,51 @@ pub fn rfc3339(unix_secs: i64) -> String {
         .unwrap_or_default()
 }
 
+/// An instant in unix milliseconds as RFC 3339 UTC (`2026-12-01T00:00:05.25Z`).
+pub fn rfc3339_ms(unix_ms: i64) -> String {
+    OffsetDateTime::from_unix_timestamp_nanos(i128::from(unix_ms) * 1_000_000)
+        .ok()
+        .and_then(|t| t.format(&Rfc3339).ok())
+        .unwrap_or_default()
+}
+
+/// A 202 as an idempotency record keeps it: its headers and body.
+#[derive(Serialize, serde::Deserialize)]
+struct Saved {
+    headers: Vec<(String, String)>,
+    body: String,
+}
+
+/// Saves an answer for replay.
+pub fn save(response: &Response<Bytes>) -> String {
+    let saved = Saved {
+        headers: response
+            .headers()
+            .iter()
+            .filter_map(|(k, v)| Some((k.as_str().to_owned(), v.to_str().ok()?.to_owned())))
+            .collect(),
+        body: String::from_utf8_lossy(response.body()).into_owned(),
+    };
+    serde_json::to_string(&saved).unwrap_or_default()
+}
+
+/// The saved answer again, marked `Idempotent-Replayed: true`; `None` if
+/// what was saved cannot be read.
+pub fn replay(saved: &str) -> Option<Response<Bytes>> {
+    let saved: Saved = serde_json::from_str(saved).ok()?;
+    let mut response = Response::new(Bytes::from(saved.body));
+    *response.status_mut() = StatusCode::ACCEPTED;
+    let h = response.headers_mut();
+    for (k, v) in saved.headers {
+        h.append(
+            HeaderName::from_bytes(k.as_bytes()).ok()?,
+            HeaderValue::from_str(&v).ok()?,
+        );
+    }
+    h.insert(REPLAYED, HeaderValue::from_static("true"));
+    Some(response)
+}
+
 fn millis(d: std::time::Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
@@ -103,12 +152,14 @@ impl Accepted {
     pub fn to_response(&self) -> Response<Bytes> {
         let reset_at = rfc3339(self.reset_at);
         let reminder = self.reminder_text(&reset_at);
+        let not_before = rfc3339_ms(self.not_before_ms);
         let body = Body {
             scan_id: self.scan_id,
             status: "queued",
             delay_ms: millis(self.plan.total),
             slept_ms: millis(self.plan.sleep),
             deferred_ms: millis(self.plan.deferred),
+            not_before: &not_before,
             quota: Quota {
                 scope: self.scope.as_str(),
                 limit: self.limit,
@@ -183,6 +234,7 @@ mod tests {
                 sleep: Duration::from_secs(5),
                 deferred: Duration::ZERO,
             },
+            not_before_ms: 1_796_079_605_250,
             token: Some(TokenStatus::Rejected(Rejection::Expired)),
             reminder: false,
         }
@@ -205,6 +257,7 @@ mod tests {
         assert_eq!(body["delayMs"], 5000);
         assert_eq!(body["sleptMs"], 5000);
         assert_eq!(body["deferredMs"], 0);
+        assert_eq!(body["notBefore"], "2026-11-30T23:00:05.25Z");
         assert_eq!(
             body["quota"],
             serde_json::json!({"scope":"ip","limit":33,"used":34,"remaining":0,"resetAt":"2026-12-01T00:00:00Z"})
@@ -214,6 +267,18 @@ mod tests {
             serde_json::json!({"accepted": false, "reason": "expired"})
         );
         assert!(body.get("reminder").is_none());
+    }
+
+    /// A saved answer replays with the same headers and body, marked replayed.
+    #[test]
+    fn save_and_replay() {
+        let first = accepted().to_response();
+        let again = replay(&save(&first)).unwrap();
+        assert_eq!(again.status(), 202);
+        assert_eq!(again.body(), first.body());
+        assert_eq!(again.headers()[&RATELIMIT], first.headers()[&RATELIMIT]);
+        assert_eq!(again.headers()[&REPLAYED], "true");
+        assert!(replay("not json").is_none());
     }
 
     /// The reminder shows in a header and the body; an unavailable store is said so.

@@ -561,6 +561,7 @@ mod random_events {
             &[
                 ("QUOTA_JWT_PUBLIC_KEY", key.as_str()),
                 ("QUOTA_DELAY_MODE", "defer"),
+                ("QUOTA_PACING", "off"),
             ],
             MemoryStore::default(),
             Discard,

@@ -33,7 +33,11 @@ fn chaos_gate(
     vars: &[(&str, &str)],
 ) -> Gate<ValkeyStore, StreamQueue> {
     // Defer: over-quota scans must not sleep through the run.
-    let mut all = vec![("VALKEY_URL", store_url), ("QUOTA_DELAY_MODE", "defer")];
+    let mut all = vec![
+        ("VALKEY_URL", store_url),
+        ("QUOTA_DELAY_MODE", "defer"),
+        ("QUOTA_PACING", "off"),
+    ];
     all.extend_from_slice(vars);
     let config = config(&all);
     let store = Valkey::from_config(&config).unwrap().unwrap();

@@ -8,7 +8,6 @@ use std::sync::Arc;
 
 use common::cluster::{ValkeyCluster, cluster_gate};
 use common::*;
-use quota_gate::store::QuotaStore;
 use redis::AsyncCommands;
 
 /// Tiers in cluster mode: 1–3 no delay, 4–5 soft, 6+ hard, one job per 202.
@@ -21,6 +20,7 @@ async fn tiers_against_a_cluster() {
             ("QUOTA_ANON", "3"),
             ("QUOTA_SOFT_WINDOW", "2"),
             ("QUOTA_DELAY_MODE", "defer"),
+            ("QUOTA_PACING", "off"),
         ],
     );
     let mut delays = Vec::new();
@@ -103,9 +103,13 @@ async fn purge_visits_every_primary() {
     assert_eq!(cluster.keys("quota:*").len(), 80);
 
     let store = gate.store();
-    assert_eq!(store.purge(true).await.unwrap(), 80, "a dry run counts");
+    assert_eq!(
+        store.purge(true, None).await.unwrap(),
+        80,
+        "a dry run counts"
+    );
     assert_eq!(cluster.keys("quota:*").len(), 80, "and removes nothing");
-    assert_eq!(store.purge(false).await.unwrap(), 80);
+    assert_eq!(store.purge(false, None).await.unwrap(), 80);
     assert!(cluster.keys("quota:*").is_empty());
     assert_eq!(cluster.keys("keep:*").len(), 20);
     assert_eq!(

@@ -175,7 +175,7 @@ fn declared(doc: &Value) -> Vec<&str> {
 }
 
 /// Asserts the counter values of one document, in `meter::COUNTERS` order.
-fn assert_counters(doc: &Value, expected: [u64; 5]) {
+fn assert_counters(doc: &Value, expected: [u64; 6]) {
     let got: Vec<u64> = meter::COUNTERS
         .iter()
         .map(|n| doc[*n].as_u64().unwrap())
@@ -198,7 +198,8 @@ async fn tiers_print_valid_emf() {
         Discard,
         sink.meter(),
     )
-    .unwrap();
+    .unwrap()
+    .with_clock(quota_gate::clock::Clock::tokio());
     for _ in 0..3 {
         assert_eq!(gate.handle(scan_from(IP)).await.status(), 202);
     }
@@ -218,9 +219,9 @@ async fn tiers_print_valid_emf() {
         assert_eq!(doc["Scope"], "ip");
     }
     // [soft, hard, reminders, store errors, enqueue errors]
-    assert_counters(&docs[0], [0, 0, 0, 0, 0]);
-    assert_counters(&docs[1], [1, 0, 0, 0, 0]);
-    assert_counters(&docs[2], [0, 1, 1, 0, 0]);
+    assert_counters(&docs[0], [0, 0, 0, 0, 0, 0]);
+    assert_counters(&docs[1], [1, 0, 0, 0, 0, 0]);
+    assert_counters(&docs[2], [0, 1, 1, 0, 0, 0]);
     let delays: Vec<u64> = docs
         .iter()
         .map(|d| d[meter::DELAY_MS].as_u64().unwrap())
@@ -271,10 +272,13 @@ async fn store_error_prints_valid_emf() {
     assert_eq!(r.status(), 202, "fail open by default");
     let docs = sink.documents();
     assert_eq!(docs.len(), 1);
-    assert_counters(&docs[0], [0, 0, 0, 1, 0]);
+    assert_counters(&docs[0], [0, 0, 0, 1, 0, 0]);
+    assert_eq!(
+        docs[0]["tier"], "unmetered",
+        "a scan accepted uncounted says so"
+    );
     assert_eq!(declared(&docs[0]), meter::COUNTERS);
     assert!(docs[0].get(meter::DELAY_MS).is_none());
-    assert!(docs[0].get("tier").is_none());
 }
 
 /// A failed enqueue prints an enqueue-error line.
@@ -292,7 +296,7 @@ async fn enqueue_error_prints_valid_emf() {
     assert_eq!(gate.handle(scan_from(IP)).await.status(), 503);
     let docs = sink.documents();
     assert_eq!(docs.len(), 1);
-    assert_counters(&docs[0], [0, 0, 0, 0, 1]);
+    assert_counters(&docs[0], [0, 0, 0, 0, 1, 0]);
 }
 
 /// Requests refused before counting (bad input) print nothing.
@@ -318,12 +322,9 @@ async fn rejected_requests_print_nothing() {
 fn timestamp_is_integer_milliseconds() {
     let line = Meter::new("StellaOps/Quota", None).emf_line(
         &meter::Outcome {
-            scope: quota_gate::digest::Scope::Ip,
             tier: Some(quota_gate::decide::Tier::Hard),
-            reminder: false,
             delay: Duration::from_secs(60),
-            store_error: false,
-            enqueue_error: false,
+            ..meter::Outcome::new(quota_gate::digest::Scope::Ip)
         },
         1_796_032_800_123,
     );

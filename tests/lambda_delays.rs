@@ -13,6 +13,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use common::*;
+use quota_gate::clock::Clock;
 use quota_gate::gate::{Gate, GateRequest};
 use quota_gate::lambda::to_gate_request;
 use quota_gate::queue::sqs::delay_seconds;
@@ -46,7 +47,7 @@ fn gate_with(vars: &[(&str, &str)]) -> (Gate<MemoryStore, Recorder>, Recorder) {
     let mut all = HARD_ON_SECOND.to_vec();
     all.extend_from_slice(vars);
     (
-        gate(&all, MemoryStore::default(), recorder.clone()),
+        gate(&all, MemoryStore::default(), recorder.clone()).with_clock(Clock::tokio()),
         recorder,
     )
 }
@@ -168,4 +169,64 @@ async fn function_url_sleeps_the_full_delay() {
         (Some(60_000), Some(0))
     );
     assert_eq!(recorder.last().deferred_ms, 0);
+}
+
+/// A client that waits for each answer sees exactly the seed's delays with
+/// pacing on (the default), through the Lambda front end: soft 1 s three
+/// times, then hard 3 s, each slept whole (the budget is above both).
+#[tokio::test(start_paused = true)]
+async fn sequential_client_sees_the_seeds_delays() {
+    let (gate, recorder) = gate_with(&[
+        ("QUOTA_ANON", "2"),
+        ("QUOTA_SOFT_WINDOW", "3"),
+        ("QUOTA_SOFT_DELAY_MS", "1000"),
+        ("QUOTA_HARD_DELAY_MS", "3000"),
+    ]);
+    let mut delays = Vec::new();
+    for _ in 0..10 {
+        let started = Instant::now();
+        let r = gate
+            .handle(http_api_event(Some(Duration::from_secs(35))))
+            .await;
+        let body = json(&r);
+        let delay = body["delayMs"].as_u64().unwrap();
+        assert_eq!(body["sleptMs"], delay, "slept whole");
+        assert_eq!(started.elapsed(), Duration::from_millis(delay));
+        delays.push(delay);
+    }
+    assert_eq!(
+        delays,
+        [0, 0, 1000, 1000, 1000, 3000, 3000, 3000, 3000, 3000]
+    );
+    assert_eq!(recorder.0.lock().unwrap().len(), 10);
+}
+
+/// The same scans sent at once are spread out: each starts one delay after
+/// the one before, soft then hard.
+#[tokio::test(start_paused = true)]
+async fn parallel_client_is_paced() {
+    let (gate, recorder) = gate_with(&[
+        ("QUOTA_ANON", "2"),
+        ("QUOTA_SOFT_WINDOW", "3"),
+        ("QUOTA_SOFT_DELAY_MS", "1000"),
+        ("QUOTA_HARD_DELAY_MS", "3000"),
+        ("QUOTA_DELAY_MODE", "defer"),
+    ]);
+    let gate = Arc::new(gate);
+    let tasks: Vec<_> = (0..10)
+        .map(|_| {
+            let gate = gate.clone();
+            tokio::spawn(async move { json(&gate.handle(http_api_event(None)).await) })
+        })
+        .collect();
+    let mut delays = Vec::new();
+    for t in tasks {
+        delays.push(t.await.unwrap()["delayMs"].as_u64().unwrap());
+    }
+    delays.sort_unstable();
+    assert_eq!(
+        delays,
+        [0, 0, 1000, 2000, 3000, 6000, 9000, 12000, 15000, 18000]
+    );
+    assert_eq!(recorder.0.lock().unwrap().len(), 10);
 }

@@ -29,6 +29,7 @@ const VARS: &[(&str, &str)] = &[
     ("QUOTA_SOFT_WINDOW", "2"),
     ("QUOTA_WARN_AT", "5"),
     ("QUOTA_DELAY_MODE", "defer"),
+    ("QUOTA_PACING", "off"),
 ];
 const ANON_SCANS: u64 = 8;
 const TOKEN_SCANS: u64 = 2;

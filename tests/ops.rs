@@ -26,6 +26,7 @@ const TIERS: &[(&str, &str)] = &[
     ("QUOTA_TOKEN", "5"),
     ("QUOTA_SOFT_WINDOW", "2"),
     ("QUOTA_DELAY_MODE", "defer"),
+    ("QUOTA_PACING", "off"),
 ];
 
 /// The gate's variables plus `VALKEY_URL` (and the token key) for `server`.

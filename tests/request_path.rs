@@ -21,6 +21,7 @@ const TIERS: &[(&str, &str)] = &[
     ("QUOTA_ANON", "3"),
     ("QUOTA_SOFT_WINDOW", "2"),
     ("QUOTA_DELAY_MODE", "defer"),
+    ("QUOTA_PACING", "off"),
 ];
 
 /// Requests 1–3 get no delay, 4–5 the soft delay, 6+ the hard delay; headers follow.

@@ -124,6 +124,7 @@ async fn one_message_per_202_with_the_job() {
             ("QUOTA_SOFT_WINDOW", "1"),
             ("QUOTA_SOFT_DELAY_MS", "1500"),
             ("QUOTA_DELAY_MODE", "defer"),
+            ("QUOTA_PACING", "off"),
         ],
     );
     let mut answers = Vec::new();
@@ -243,6 +244,7 @@ async fn delayed_message_is_invisible_until_due() {
             ("QUOTA_ANON", "1"),
             ("QUOTA_SOFT_DELAY_MS", "1000"),
             ("QUOTA_DELAY_MODE", "defer"),
+            ("QUOTA_PACING", "off"),
         ],
     );
     assert_eq!(gate.handle(scan_from("198.51.100.5")).await.status(), 202);

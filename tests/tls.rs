@@ -10,7 +10,6 @@ use std::time::Duration;
 
 use common::cluster::ValkeyCluster;
 use common::*;
-use quota_gate::store::QuotaStore;
 use quota_gate::valkey::Valkey;
 
 /// A throw-away CA and a server certificate for 127.0.0.1 and localhost.
@@ -177,7 +176,7 @@ async fn counts_over_tls() {
         assert_eq!(json(&r)["quota"]["used"], n);
     }
     assert_eq!(stream_jobs(&server, "jobs").await.len(), 3);
-    assert_eq!(gate.store().purge(false).await.unwrap(), 2);
+    assert_eq!(gate.store().purge(false, None).await.unwrap(), 2);
 }
 
 /// A server the trusted roots do not vouch for is never used: not with the platform's
@@ -266,7 +265,7 @@ async fn cluster_over_tls() {
     let body = json(&gate.handle(scan_from("198.51.100.0")).await);
     assert_eq!(body["quota"]["used"], 2);
     assert_eq!(cluster.nodes_holding("quota:*"), 3);
-    assert_eq!(gate.store().purge(false).await.unwrap(), 60);
+    assert_eq!(gate.store().purge(false, None).await.unwrap(), 60);
     assert!(cluster.keys("quota:*").is_empty());
     // Read back over the gate's own TLS connection: the nodes announce only TLS ports.
     let mut conn = gate.store().valkey().connection().await.unwrap();

@@ -5,14 +5,13 @@
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::{Duration, Instant};
 
 use quota_gate::config::ResetPolicy;
 use quota_gate::digest::{Hasher, Scope};
 use quota_gate::store::memory::MemoryStore;
-use quota_gate::store::{QuotaKey, QuotaStore};
+use quota_gate::store::{CountArgs, QuotaKey, QuotaStore, period_end};
 
 use super::common::{fixture, free_port};
 use super::http;
@@ -139,9 +138,8 @@ pub fn sizes(binary: &Path, scratch: &Path) -> Result<(u64, u64), String> {
 pub fn memory_child(n: u64) {
     let baseline = proc_status_kib("self", "VmRSS:").unwrap_or(0);
     // 2026-11-30T10:00:00Z, then one second past the next midnight.
-    let t = Arc::new(AtomicI64::new(1_796_032_800));
-    let c = t.clone();
-    let store = MemoryStore::with_clock(Arc::new(move || c.load(Ordering::Relaxed)));
+    let t = AtomicI64::new(1_796_032_800);
+    let store = MemoryStore::default();
     let hasher = Hasher::new(b"bench-secret-0123456789abcdef0123");
     let runtime = tokio::runtime::Builder::new_current_thread()
         .build()
@@ -151,7 +149,13 @@ pub fn memory_child(n: u64) {
             for i in from..from + n {
                 let ip = std::net::Ipv4Addr::from(i as u32).to_string();
                 let key = QuotaKey::new(Scope::Ip, &hasher.digest(Scope::Ip, &ip));
-                let _ = store.count(&key, ResetPolicy::UtcDay).await;
+                let now = t.load(Ordering::Relaxed);
+                let args = CountArgs {
+                    key: &key,
+                    period_end: period_end(ResetPolicy::UtcDay, now),
+                    now,
+                };
+                let _ = store.count(args).await;
             }
         })
     };

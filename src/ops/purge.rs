@@ -8,14 +8,12 @@
 //! ask, so a missing `--yes` is a mistake in the script and is refused too.
 //! `--dry-run` only counts, and needs no consent.
 
-use std::sync::Arc;
 use std::time::Instant;
 
 use serde::Serialize;
 
 use super::OpsError;
 use super::progress::Progress;
-use crate::store::QuotaStore;
 use crate::store::valkey::ValkeyStore;
 
 /// Refuses a real purge without `--yes`; `interactive` is whether stdin is a terminal.
@@ -68,14 +66,13 @@ pub async fn purge(
     progress: Option<Progress>,
 ) -> Result<PurgeReport, OpsError> {
     let started = Instant::now();
-    let store = match &progress {
-        Some(p) => {
-            let p = p.clone();
-            store.with_purge_progress(Arc::new(move |batch| p.add(batch)))
-        }
-        None => store,
-    };
-    let result = store.purge(dry_run).await;
+    let report = progress.clone().map(|p| move |batch| p.add(batch));
+    let result = store
+        .purge(
+            dry_run,
+            report.as_ref().map(|r| r as &(dyn Fn(u64) + Send + Sync)),
+        )
+        .await;
     if let Some(p) = &progress {
         p.finish();
     }

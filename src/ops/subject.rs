@@ -20,7 +20,8 @@ use crate::digest::Scope;
 use crate::identity::Identifier;
 use crate::identity::ip;
 use crate::identity::jwt::Verifier;
-use crate::store::{QuotaKey, QuotaStore, Snapshot};
+use crate::store::QuotaKey;
+use crate::store::valkey::{Snapshot, ValkeyStore};
 
 /// How the operator named a client.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -157,12 +158,22 @@ pub struct Inspection {
     pub first_seen: Option<String>,
     /// When the counter expires (RFC 3339, UTC), by this machine's clock plus the TTL.
     pub reset_at: Option<String>,
+    /// When the last paced scan may start (RFC 3339, UTC), if it is still ahead.
+    pub next_free_slot: Option<String>,
+    /// How far ahead that is, in ms: the wait a scan arriving now would add.
+    pub backlog_ms: u64,
     pub next: NextScan,
 }
 
 impl Inspection {
     /// Builds the report from a store snapshot; `now` is unix seconds.
     pub fn new(config: &Config, subject: &Subject, snapshot: Option<&Snapshot>, now: i64) -> Self {
+        let slot = snapshot
+            .and_then(|s| s.slot_ms)
+            .filter(|slot| *slot > now.saturating_mul(1000));
+        let backlog_ms = slot.map_or(0, |slot| {
+            u64::try_from(slot - now.saturating_mul(1000)).unwrap_or(0)
+        });
         let count = snapshot.map_or(0, |s| s.used);
         let ttl = snapshot.and_then(|s| s.ttl);
         let limit = subject.limit;
@@ -186,6 +197,8 @@ impl Inspection {
             ttl_seconds: ttl,
             first_seen: snapshot.and_then(|s| s.first_seen.clone()),
             reset_at,
+            next_free_slot: slot.map(crate::respond::rfc3339_ms),
+            backlog_ms,
             next: NextScan {
                 count: count + 1,
                 tier: next.tier.as_str(),
@@ -231,6 +244,13 @@ impl Inspection {
                     .clone()
                     .unwrap_or_else(|| "- (no counter: the next scan starts a period)".into()),
             ),
+            (
+                "next slot",
+                match &self.next_free_slot {
+                    Some(at) => format!("{at} (backlog {} ms)", self.backlog_ms),
+                    None => "- (no paced backlog)".into(),
+                },
+            ),
             ("next", next),
         ];
         let mut out = String::new();
@@ -242,8 +262,8 @@ impl Inspection {
 }
 
 /// Reads a client's counter.
-pub async fn inspect<S: QuotaStore>(
-    store: &S,
+pub async fn inspect(
+    store: &ValkeyStore,
     config: &Config,
     subject: &Subject,
 ) -> Result<Inspection, OpsError> {
@@ -260,29 +280,31 @@ pub async fn inspect<S: QuotaStore>(
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Removal {
-    pub keys: [String; 2],
-    /// How many of `keys` existed and are now gone.
+    /// The subject's counter; its first-seen, pacing and idempotency keys share its prefix.
+    pub key: String,
+    /// How many of the subject's keys existed and are now gone.
     pub removed: u64,
 }
 
 impl Removal {
     pub fn render(&self) -> String {
-        let [counter, first_seen] = &self.keys;
         match self.removed {
-            0 => format!("nothing to remove: neither {counter} nor {first_seen} exists\n"),
+            0 => format!("nothing to remove: no key of {} exists\n", self.key),
             n => format!(
-                "removed {n} key{}: {counter} and {first_seen}; the next scan counts 1\n",
-                if n == 1 { "" } else { "s" }
+                "removed {n} key{} of {} (counter, first-seen, pacing slot, idempotency records); \
+                 the next scan counts 1\n",
+                if n == 1 { "" } else { "s" },
+                self.key
             ),
         }
     }
 }
 
-/// Removes a client's counter and first-seen key.
-pub async fn reset<S: QuotaStore>(store: &S, subject: &Subject) -> Result<Removal, OpsError> {
+/// Removes a client's counter, first-seen key, pacing slot and idempotency records.
+pub async fn reset(store: &ValkeyStore, subject: &Subject) -> Result<Removal, OpsError> {
     let removed = store.reset(&subject.key).await?;
     Ok(Removal {
-        keys: [subject.key.counter.clone(), subject.key.first_seen.clone()],
+        key: subject.key.counter.clone(),
         removed,
     })
 }
@@ -346,8 +368,11 @@ mod tests {
             used: 3,
             ttl: Some(60),
             first_seen: Some("2026-11-30T00:00:01Z".into()),
+            slot_ms: Some(1_796_000_012_500),
         };
         let i = Inspection::new(&c, &s, Some(&snap), 1_796_000_000);
+        assert_eq!(i.backlog_ms, 12_500);
+        assert_eq!(i.next_free_slot.as_deref(), Some("2026-11-30T00:53:32.5Z"));
         assert_eq!((i.count, i.remaining, i.next.tier), (3, 0, "soft"));
         assert_eq!(i.next.delay_ms, c.soft_delay.as_millis() as u64);
         assert_eq!(i.reset_at.as_deref(), Some("2026-11-30T00:54:20Z"));

@@ -30,11 +30,12 @@ pub struct ScanJob {
     pub scope: &'static str,
     /// The subject's keyed digest (never the IP or token itself).
     pub digest: String,
-    /// The decision tier: `within`, `soft` or `hard`.
+    /// The decision tier: `within`, `soft` or `hard`; `unmetered` when the
+    /// store did not answer and the scan was accepted uncounted.
     pub tier: &'static str,
     /// The daily ceiling that applied.
     pub limit: u32,
-    /// The subject's count including this scan (0 when the store was unavailable).
+    /// The subject's count including this scan (0 when `unmetered`).
     pub count: u64,
     /// The whole delay owed, in milliseconds.
     pub delay_ms: u64,
@@ -42,6 +43,9 @@ pub struct ScanJob {
     pub deferred_ms: u64,
     /// The scan must not start before this instant (RFC 3339, UTC).
     pub not_before: String,
+    /// `not_before` in unix milliseconds (not serialized).
+    #[serde(skip)]
+    pub not_before_ms: i64,
     /// The client's request body, untouched.
     pub request: Map<String, Value>,
 }
@@ -56,6 +60,7 @@ impl ScanJob {
 /// Why a job could not be queued.
 #[derive(Debug, thiserror::Error)]
 pub enum QueueError {
+    /// Sent, but no answer in time: the job may still land.
     #[error("the scan queue did not answer in time")]
     Timeout,
     #[error("scan queue error: {0}")]
@@ -66,6 +71,13 @@ pub enum QueueError {
 pub trait ScanQueue: Send + Sync + 'static {
     /// Queues `job`, held back by `job.deferred_ms` where the backend can.
     fn enqueue(&self, job: &ScanJob) -> impl Future<Output = Result<(), QueueError>> + Send;
+
+    /// Queues `job` unless a job with its `scanId` was queued before: what a
+    /// keyed retry uses. Backends that cannot tell queue it again, and
+    /// consumers deduplicate on `scanId`.
+    fn enqueue_once(&self, job: &ScanJob) -> impl Future<Output = Result<(), QueueError>> + Send {
+        self.enqueue(job)
+    }
 }
 
 /// The queue chosen by `SCAN_QUEUE_URL`.
@@ -81,6 +93,14 @@ impl ScanQueue for AnyQueue {
             Self::Spool(q) => q.enqueue(job).await,
             Self::Stream(q) => q.enqueue(job).await,
             Self::Sqs(q) => q.enqueue(job).await,
+        }
+    }
+
+    async fn enqueue_once(&self, job: &ScanJob) -> Result<(), QueueError> {
+        match self {
+            Self::Spool(q) => q.enqueue_once(job).await,
+            Self::Stream(q) => q.enqueue_once(job).await,
+            Self::Sqs(q) => q.enqueue_once(job).await,
         }
     }
 }

@@ -2,42 +2,71 @@
 //!
 //! `XADD <key> * job <json> scanId <uuid>` on the quota Valkey. A stream
 //! cannot hold an entry back, so consumers honour the job's `notBefore`.
+//!
+//! A keyed scan's job is added at most once per `scanId`: `land.lua` sets a
+//! marker key beside the stream (same hash tag, so one slot in a cluster)
+//! and adds the entry only if the marker was new, in one atomic step. A
+//! retry after a timeout can then queue the same job again safely: if the
+//! first attempt landed after all, the second adds nothing.
 
-use redis::AsyncCommands;
+use redis::{AsyncCommands, Script};
 
 use super::{QueueError, ScanJob, ScanQueue};
 use crate::valkey::Valkey;
+
+/// How long a landed `scanId` is remembered: as long as a key's record.
+const MARKER_TTL_SECS: i64 = crate::store::IDEMPOTENCY_TTL_SECS;
 
 /// Appends jobs to a stream.
 #[derive(Clone)]
 pub struct StreamQueue {
     valkey: Valkey,
     key: String,
+    /// `{<key>}:scan:` (or `<key>:scan:` when the key has a hash tag of its
+    /// own): the marker keys' prefix, in the stream's slot.
+    marker_prefix: String,
+    land: Script,
+}
+
+fn backend(e: redis::RedisError) -> QueueError {
+    if e.is_timeout() {
+        QueueError::Timeout
+    } else {
+        QueueError::Backend(e.to_string())
+    }
+}
+
+/// Whether `key` carries a non-empty `{…}` hash tag.
+fn has_hash_tag(key: &str) -> bool {
+    key.find('{')
+        .and_then(|open| key[open + 1..].find('}'))
+        .is_some_and(|len| len > 0)
 }
 
 impl StreamQueue {
     pub fn new(valkey: Valkey, key: impl Into<String>) -> Self {
+        let key = key.into();
+        let marker_prefix = if has_hash_tag(&key) {
+            format!("{key}:scan:")
+        } else {
+            format!("{{{key}}}:scan:")
+        };
         Self {
             valkey,
-            key: key.into(),
+            key,
+            marker_prefix,
+            land: Script::new(include_str!("land.lua")),
         }
     }
 
-    pub fn key(&self) -> &str {
-        &self.key
+    fn json(job: &ScanJob) -> Result<String, QueueError> {
+        serde_json::to_string(job).map_err(|e| QueueError::Backend(e.to_string()))
     }
 }
 
 impl ScanQueue for StreamQueue {
     async fn enqueue(&self, job: &ScanJob) -> Result<(), QueueError> {
-        let backend = |e: redis::RedisError| {
-            if e.is_timeout() {
-                QueueError::Timeout
-            } else {
-                QueueError::Backend(e.to_string())
-            }
-        };
-        let json = serde_json::to_string(job).map_err(|e| QueueError::Backend(e.to_string()))?;
+        let json = Self::json(job)?;
         let mut conn = self.valkey.connection().await.map_err(backend)?;
         let _: String = conn
             .xadd(
@@ -48,5 +77,36 @@ impl ScanQueue for StreamQueue {
             .await
             .map_err(backend)?;
         Ok(())
+    }
+
+    async fn enqueue_once(&self, job: &ScanJob) -> Result<(), QueueError> {
+        let json = Self::json(job)?;
+        let scan_id = job.scan_id.to_string();
+        let mut conn = self.valkey.connection().await.map_err(backend)?;
+        let _: i64 = self
+            .land
+            .key(&self.key)
+            .key(format!("{}{scan_id}", self.marker_prefix))
+            .arg(json)
+            .arg(&scan_id)
+            .arg(MARKER_TTL_SECS)
+            .invoke_async(&mut conn)
+            .await
+            .map_err(backend)?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Marker keys share the stream's slot: a plain key becomes the tag.
+    #[test]
+    fn hash_tags() {
+        assert!(!has_hash_tag("jobs"));
+        assert!(has_hash_tag("jobs{scan}"));
+        assert!(!has_hash_tag("jobs{}"));
+        assert!(!has_hash_tag("jobs}{"));
     }
 }

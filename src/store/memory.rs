@@ -1,27 +1,23 @@
-//! The embedded store: `count.lua`'s semantics in process.
+//! The embedded store: the Valkey store's semantics in process.
 //!
 //! It is the default when no `VALKEY_URL` is set, so `quota-gate serve` runs
-//! with nothing else installed. Counters expire exactly as in Valkey, and
-//! expired entries are swept whenever the map doubles since the last sweep
-//! (so sweeping costs O(1) amortised) and, at most once a minute, as soon as
-//! the earliest counter has expired (so at 00:00 UTC yesterday's subjects go
-//! at once instead of lingering until the map doubles again). Memory stays
+//! with nothing else installed. Counters, pacing slots and idempotency
+//! records expire exactly as in Valkey; time comes in with each call. Expired
+//! entries are swept whenever the map doubles since the last sweep (so
+//! sweeping costs O(1) amortised) and, at most once a minute, as soon as the
+//! earliest entry has expired (so at 00:00 UTC yesterday's subjects go at
+//! once instead of lingering until the map doubles again). Memory stays
 //! proportional to the subjects seen in one period; after a mass expiry the
 //! table's capacity is given back too.
 //! A std `Mutex` fits: it is never held across an `.await`.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{SystemTime, UNIX_EPOCH};
 
-use time::OffsetDateTime;
-use time::format_description::well_known::Rfc3339;
-
-use super::{Count, QuotaKey, QuotaStore, Snapshot, StoreError};
-use crate::config::ResetPolicy;
-
-/// A source of unix seconds.
-pub type Clock = Arc<dyn Fn() -> i64 + Send + Sync>;
+use super::{
+    Claim, Claimed, Count, CountArgs, IDEMPOTENCY_TTL_SECS, PaceArgs, Paced, QuotaKey, QuotaStore,
+    Record, StoreError, next_slot,
+};
 
 const MIN_SWEEP_LEN: usize = 1024;
 
@@ -34,11 +30,14 @@ const SWEEP_INTERVAL_SECS: i64 = 60;
 struct Entry {
     used: u64,
     reset_at: i64,
-    first_seen: i64,
+    /// The pacing slot (unix ms); 0 until a scan is paced.
+    slot_ms: i64,
 }
 
 struct Inner {
     entries: HashMap<String, Entry>,
+    /// Idempotency records and when they expire (unix s).
+    records: HashMap<String, (Record, i64)>,
     sweep_at_len: usize,
     /// No entry expires before this (exact after a sweep, lowered on insert).
     earliest_reset: i64,
@@ -49,6 +48,7 @@ impl Inner {
     /// Drops expired entries and returns spare capacity after a mass expiry.
     fn sweep(&mut self, now: i64) {
         self.entries.retain(|_, e| e.reset_at > now);
+        self.records.retain(|_, (_, expires)| *expires > now);
         let len = self.entries.len();
         if self.entries.capacity() > 4 * len.max(MIN_SWEEP_LEN) {
             self.entries.shrink_to(2 * len);
@@ -62,41 +62,84 @@ impl Inner {
             .unwrap_or(i64::MAX);
         self.last_sweep = now;
     }
+
+    fn live(&mut self, key: &str, now: i64) -> Option<&mut Entry> {
+        self.entries.get_mut(key).filter(|e| e.reset_at > now)
+    }
+
+    fn record(&mut self, key: &str, now: i64) -> Option<&mut Record> {
+        match self.records.get_mut(key) {
+            Some((record, expires)) if *expires > now => Some(record),
+            _ => None,
+        }
+    }
+
+    fn count(&mut self, args: CountArgs<'_>) -> Count {
+        let now = args.now;
+        let entry = match self.entries.get_mut(&args.key.counter) {
+            // The common case: no key copy, no second lookup.
+            Some(e) if e.reset_at > now => {
+                e.used += 1;
+                *e
+            }
+            _ => {
+                let e = Entry {
+                    used: 1,
+                    reset_at: args.period_end,
+                    slot_ms: 0,
+                };
+                self.entries.insert(args.key.counter.clone(), e);
+                self.earliest_reset = self.earliest_reset.min(e.reset_at);
+                e
+            }
+        };
+        let expired = now >= self.earliest_reset
+            && now >= self.last_sweep.saturating_add(SWEEP_INTERVAL_SECS);
+        if self.entries.len() >= self.sweep_at_len || expired {
+            self.sweep(now);
+        }
+        Count {
+            used: entry.used,
+            reset_at: entry.reset_at,
+            now,
+        }
+    }
+
+    /// DECR of one period only, never below zero.
+    fn refund(&mut self, counter: &str, reset_at: i64, now: i64) {
+        if let Some(e) = self.live(counter, now).filter(|e| e.reset_at <= reset_at) {
+            e.used = e.used.saturating_sub(1);
+        }
+    }
 }
 
 /// An in-memory quota store.
 #[derive(Clone)]
 pub struct MemoryStore {
     inner: Arc<Mutex<Inner>>,
-    clock: Clock,
 }
 
 impl Default for MemoryStore {
     fn default() -> Self {
-        Self::with_clock(Arc::new(|| {
-            SystemTime::now()
-                .duration_since(UNIX_EPOCH)
-                .map_or(0, |d| d.as_secs() as i64)
-        }))
-    }
-}
-
-impl MemoryStore {
-    /// A store reading time from `clock` (tests pass a settable one).
-    pub fn with_clock(clock: Clock) -> Self {
         let inner = Inner {
             entries: HashMap::new(),
+            records: HashMap::new(),
             sweep_at_len: MIN_SWEEP_LEN,
             earliest_reset: i64::MAX,
             last_sweep: i64::MIN,
         };
         Self {
             inner: Arc::new(Mutex::new(inner)),
-            clock,
         }
     }
+}
 
-    /// Live and not yet swept entries.
+fn unix_now() -> i64 {
+    time::OffsetDateTime::now_utc().unix_timestamp()
+}
+
+impl MemoryStore {
+    /// Live and not yet swept counters.
     pub fn len(&self) -> usize {
         self.lock().entries.len()
     }
@@ -105,119 +148,142 @@ impl MemoryStore {
         self.len() == 0
     }
 
+    /// A subject's count at `now` (unix s), for tests and the local server's logs.
+    pub fn used(&self, key: &QuotaKey, now: i64) -> Option<u64> {
+        self.lock().live(&key.counter, now).map(|e| e.used)
+    }
+
     fn lock(&self) -> MutexGuard<'_, Inner> {
         // A panic while holding the lock cannot leave an entry half-written.
         self.inner.lock().unwrap_or_else(|e| e.into_inner())
     }
-
-    fn live(inner: &Inner, key: &str, now: i64) -> Option<Entry> {
-        inner.entries.get(key).copied().filter(|e| e.reset_at > now)
-    }
-
-    fn count_now(&self, key: &QuotaKey, reset: ResetPolicy) -> Count {
-        let now = (self.clock)();
-        let mut inner = self.lock();
-        let entry = match inner.entries.get_mut(&key.counter) {
-            // The common case: no key copy, no second lookup.
-            Some(e) if e.reset_at > now => {
-                e.used += 1;
-                *e
-            }
-            _ => {
-                let reset_at = match reset {
-                    ResetPolicy::Rolling => now + 86_400,
-                    ResetPolicy::UtcDay => now - now.rem_euclid(86_400) + 86_400,
-                };
-                let e = Entry {
-                    used: 1,
-                    reset_at,
-                    first_seen: now,
-                };
-                inner.entries.insert(key.counter.clone(), e);
-                inner.earliest_reset = inner.earliest_reset.min(reset_at);
-                e
-            }
-        };
-        let expired = now >= inner.earliest_reset
-            && now >= inner.last_sweep.saturating_add(SWEEP_INTERVAL_SECS);
-        if inner.entries.len() >= inner.sweep_at_len || expired {
-            inner.sweep(now);
-        }
-        Count {
-            used: entry.used,
-            reset_at: entry.reset_at,
-            now,
-        }
-    }
-}
-
-fn iso8601(secs: i64) -> Option<String> {
-    OffsetDateTime::from_unix_timestamp(secs)
-        .ok()?
-        .format(&Rfc3339)
-        .ok()
 }
 
 impl QuotaStore for MemoryStore {
-    async fn count(&self, key: &QuotaKey, reset: ResetPolicy) -> Result<Count, StoreError> {
-        Ok(self.count_now(key, reset))
+    async fn count(&self, args: CountArgs<'_>) -> Result<Count, StoreError> {
+        Ok(self.lock().count(args))
     }
 
-    async fn refund(&self, key: &QuotaKey) -> Result<(), StoreError> {
-        let now = (self.clock)();
+    async fn count_keyed(&self, args: CountArgs<'_>, claim: &Claim) -> Result<Claimed, StoreError> {
         let mut inner = self.lock();
-        if Self::live(&inner, &key.counter, now).is_some() {
-            if let Some(e) = inner.entries.get_mut(&key.counter) {
-                e.used = e.used.saturating_sub(1);
+        if let Some(record) = inner.record(&claim.record, args.now) {
+            return Ok(Claimed::Existing(record.clone()));
+        }
+        let count = inner.count(args);
+        let record = Record {
+            state: "pending".into(),
+            scan_id: claim.scan_id.clone(),
+            fingerprint: claim.fingerprint.clone(),
+            received_ms: claim.received_ms,
+            lease_until_ms: claim.lease_until_ms,
+            count: count.used,
+            reset_at: count.reset_at,
+            delay_ms: None,
+            response: None,
+        };
+        inner.records.insert(
+            claim.record.clone(),
+            (record, args.now + IDEMPOTENCY_TTL_SECS),
+        );
+        Ok(Claimed::New(count))
+    }
+
+    async fn pace(&self, args: PaceArgs<'_>) -> Result<Paced, StoreError> {
+        let now = args.arrival_ms.div_euclid(1000);
+        let mut inner = self.lock();
+        let previous = inner.live(&args.key.counter, now).map_or(0, |e| e.slot_ms);
+        match next_slot(
+            previous,
+            args.arrival_ms,
+            args.delay_ms,
+            args.max_backlog_ms,
+        ) {
+            Ok(slot) => {
+                if let Some(e) = inner.live(&args.key.counter, now) {
+                    e.slot_ms = slot;
+                }
+                let delay_ms = u64::try_from(slot - args.arrival_ms).unwrap_or(0);
+                if let Some(record) = args.record.and_then(|r| inner.record(r, now)) {
+                    record.delay_ms = Some(delay_ms);
+                }
+                Ok(Paced::Slot { delay_ms })
+            }
+            Err(retry_after_ms) => {
+                inner.refund(&args.key.counter, args.reset_at, now);
+                if let Some(record) = args.record {
+                    inner.records.remove(record);
+                }
+                Ok(Paced::Full { retry_after_ms })
+            }
+        }
+    }
+
+    async fn refund(
+        &self,
+        key: &QuotaKey,
+        reset_at: i64,
+        record: Option<(&str, &str)>,
+    ) -> Result<(), StoreError> {
+        let now = unix_now();
+        let mut inner = self.lock();
+        inner.refund(&key.counter, reset_at, now);
+        if let Some((record, scan_id)) = record {
+            if inner
+                .records
+                .get(record)
+                .is_some_and(|(r, _)| r.scan_id == scan_id)
+            {
+                inner.records.remove(record);
             }
         }
         Ok(())
     }
 
-    async fn inspect(&self, key: &QuotaKey) -> Result<Option<Snapshot>, StoreError> {
-        let now = (self.clock)();
-        let inner = self.lock();
-        Ok(Self::live(&inner, &key.counter, now).map(|e| Snapshot {
-            used: e.used,
-            ttl: u64::try_from(e.reset_at - now).ok(),
-            first_seen: iso8601(e.first_seen),
-        }))
-    }
-
-    async fn reset(&self, key: &QuotaKey) -> Result<u64, StoreError> {
-        let now = (self.clock)();
+    async fn update_record(
+        &self,
+        record: &str,
+        fields: &[(&str, String)],
+    ) -> Result<(), StoreError> {
+        let now = unix_now();
         let mut inner = self.lock();
-        let existed = Self::live(&inner, &key.counter, now).is_some();
-        inner.entries.remove(&key.counter);
-        // The counter and its first-seen key live and die together here.
-        Ok(if existed { 2 } else { 0 })
-    }
-
-    async fn purge(&self, dry_run: bool) -> Result<u64, StoreError> {
-        let now = (self.clock)();
-        let mut inner = self.lock();
-        let live = inner.entries.values().filter(|e| e.reset_at > now).count() as u64;
-        if !dry_run {
-            inner.entries.clear();
+        if inner.record(record, now).is_none() {
+            inner.records.insert(
+                record.to_owned(),
+                (Record::default(), now + IDEMPOTENCY_TTL_SECS),
+            );
         }
-        Ok(live * 2)
+        if let Some((r, _)) = inner.records.get_mut(record) {
+            for (field, value) in fields {
+                r.set(field, value);
+            }
+        }
+        Ok(())
+    }
+
+    async fn take_over(
+        &self,
+        record: &str,
+        previous_until: i64,
+        lease_until_ms: i64,
+    ) -> Result<bool, StoreError> {
+        let now = unix_now();
+        let mut inner = self.lock();
+        match inner.record(record, now) {
+            Some(r) if r.state == "pending" && r.lease_until_ms == previous_until => {
+                r.lease_until_ms = lease_until_ms;
+                Ok(true)
+            }
+            _ => Ok(false),
+        }
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::ResetPolicy;
     use crate::digest::{Hasher, Scope};
-    use std::sync::atomic::{AtomicI64, Ordering};
-
-    fn clocked(start: i64) -> (MemoryStore, Arc<AtomicI64>) {
-        let t = Arc::new(AtomicI64::new(start));
-        let c = t.clone();
-        (
-            MemoryStore::with_clock(Arc::new(move || c.load(Ordering::SeqCst))),
-            t,
-        )
-    }
+    use crate::store::period_end;
 
     fn key(n: u32) -> QuotaKey {
         QuotaKey::new(
@@ -230,62 +296,66 @@ mod tests {
     const T0: i64 = 1_796_032_800;
     const MIDNIGHT: i64 = 1_796_083_200;
 
+    async fn count(s: &MemoryStore, k: &QuotaKey, reset: ResetPolicy, now: i64) -> Count {
+        s.count(CountArgs {
+            key: k,
+            period_end: period_end(reset, now),
+            now,
+        })
+        .await
+        .unwrap()
+    }
+
     /// utc-day counters expire at the next 00:00 UTC and then start again at 1.
     #[tokio::test]
     async fn utc_day_expiry() {
-        let (s, t) = clocked(T0);
+        let s = MemoryStore::default();
         let k = key(1);
-        let c = s.count(&k, ResetPolicy::UtcDay).await.unwrap();
+        let c = count(&s, &k, ResetPolicy::UtcDay, T0).await;
         assert_eq!((c.used, c.reset_at), (1, MIDNIGHT));
-        assert_eq!(s.count(&k, ResetPolicy::UtcDay).await.unwrap().used, 2);
-        t.store(MIDNIGHT, Ordering::SeqCst);
-        let c = s.count(&k, ResetPolicy::UtcDay).await.unwrap();
+        assert_eq!(count(&s, &k, ResetPolicy::UtcDay, T0).await.used, 2);
+        let c = count(&s, &k, ResetPolicy::UtcDay, MIDNIGHT).await;
         assert_eq!((c.used, c.reset_at), (1, MIDNIGHT + 86_400));
     }
 
     /// rolling counters expire 24 h after the first scan, not after the last.
     #[tokio::test]
     async fn rolling_expiry() {
-        let (s, t) = clocked(T0);
+        let s = MemoryStore::default();
         let k = key(1);
-        s.count(&k, ResetPolicy::Rolling).await.unwrap();
-        t.store(T0 + 86_399, Ordering::SeqCst);
-        let c = s.count(&k, ResetPolicy::Rolling).await.unwrap();
+        count(&s, &k, ResetPolicy::Rolling, T0).await;
+        let c = count(&s, &k, ResetPolicy::Rolling, T0 + 86_399).await;
         assert_eq!((c.used, c.reset_at), (2, T0 + 86_400));
-        t.store(T0 + 86_400, Ordering::SeqCst);
-        assert_eq!(s.count(&k, ResetPolicy::Rolling).await.unwrap().used, 1);
+        assert_eq!(
+            count(&s, &k, ResetPolicy::Rolling, T0 + 86_400).await.used,
+            1
+        );
     }
 
-    /// Refund, inspect and reset behave like their Valkey twins.
+    /// A refund takes back a count of its own period only.
     #[tokio::test]
-    async fn refund_inspect_reset() {
-        let (s, _) = clocked(T0);
+    async fn refund_is_tied_to_its_period() {
+        let s = MemoryStore::default();
         let k = key(1);
-        for _ in 0..3 {
-            s.count(&k, ResetPolicy::UtcDay).await.unwrap();
-        }
-        s.refund(&k).await.unwrap();
-        let snap = s.inspect(&k).await.unwrap().unwrap();
-        assert_eq!(snap.used, 2);
-        assert_eq!(snap.ttl, Some((MIDNIGHT - T0) as u64));
-        assert_eq!(snap.first_seen.as_deref(), Some("2026-11-30T10:00:00Z"));
-        assert_eq!(s.reset(&k).await.unwrap(), 2);
-        assert_eq!(s.inspect(&k).await.unwrap(), None);
-        // Refunding a counter that is gone must not create one.
-        s.refund(&k).await.unwrap();
-        assert_eq!(s.inspect(&k).await.unwrap(), None);
+        let now = unix_now();
+        let first = count(&s, &k, ResetPolicy::UtcDay, now).await;
+        count(&s, &k, ResetPolicy::UtcDay, now).await;
+        s.refund(&k, first.reset_at, None).await.unwrap();
+        assert_eq!(s.used(&k, now), Some(1));
+        // A refund of yesterday's scan leaves today's counter alone.
+        s.refund(&k, first.reset_at - 86_400, None).await.unwrap();
+        assert_eq!(s.used(&k, now), Some(1));
     }
 
     /// Memory stays bounded: expired subjects are swept as new ones arrive.
     #[tokio::test]
     async fn sweeps_expired() {
-        let (s, t) = clocked(T0);
+        let s = MemoryStore::default();
         for n in 0..10_000 {
-            s.count(&key(n), ResetPolicy::UtcDay).await.unwrap();
+            count(&s, &key(n), ResetPolicy::UtcDay, T0).await;
         }
-        t.store(MIDNIGHT + 1, Ordering::SeqCst);
         for n in 10_000..30_000 {
-            s.count(&key(n), ResetPolicy::UtcDay).await.unwrap();
+            count(&s, &key(n), ResetPolicy::UtcDay, MIDNIGHT + 1).await;
         }
         assert!(s.len() <= 20_000 + MIN_SWEEP_LEN, "len {}", s.len());
     }
@@ -293,13 +363,15 @@ mod tests {
     /// At 00:00 UTC yesterday's subjects go with the first count, not when the map next doubles.
     #[tokio::test]
     async fn sweeps_at_expiry() {
-        let (s, t) = clocked(T0);
+        let s = MemoryStore::default();
         for n in 0..5_000 {
-            s.count(&key(n), ResetPolicy::UtcDay).await.unwrap();
+            count(&s, &key(n), ResetPolicy::UtcDay, T0).await;
         }
         assert_eq!(s.len(), 5_000);
-        t.store(MIDNIGHT, Ordering::SeqCst);
-        assert_eq!(s.count(&key(9), ResetPolicy::UtcDay).await.unwrap().used, 1);
+        assert_eq!(
+            count(&s, &key(9), ResetPolicy::UtcDay, MIDNIGHT).await.used,
+            1
+        );
         assert_eq!(s.len(), 1);
     }
 }

@@ -1,56 +1,76 @@
 //! Step 4: counting, behind one narrow trait.
 //!
-//! A [`QuotaStore`] increments a subject's counter and reports the count and
-//! when it resets, in one atomic step. [`valkey::ValkeyStore`] runs the
-//! `count.lua` script on Valkey (standalone or cluster); [`memory::MemoryStore`]
-//! has the same semantics in process, for the local default and unit tests.
+//! A [`QuotaStore`] serves the request path: it counts a scan (plain
+//! commands, one round trip), paces an over-quota scan, keeps the
+//! idempotency record of a keyed scan, and takes a count back.
+//! [`valkey::ValkeyStore`] does it on Valkey (standalone or cluster);
+//! [`memory::MemoryStore`] has the same semantics in process, for the local
+//! default and unit tests.
 //!
-//! Key layout (the braces are hash tags: both keys of a subject live in one
-//! cluster slot, which a multi-key script on ElastiCache Serverless requires):
+//! Key layout (the braces are hash tags: every key of a subject lives in one
+//! cluster slot, which ElastiCache Serverless requires of a multi-key call):
 //!
 //! | key | value | expiry |
 //! |---|---|---|
-//! | `quota:ip:{<digest>}` | scans counted today | next 00:00 UTC, or 24 h after the first scan |
-//! | `quota:ip:{<digest>}:ts` | first scan, ISO 8601 | same |
-//! | `quota:tid:{<digest>}` / `quota:tid:{<digest>}:ts` | the same for token holders | same |
+//! | `quota:<scope>:{<digest>}` | scans counted this period | next 00:00 UTC, or 24 h after the first scan |
+//! | `quota:<scope>:{<digest>}:ts` | first scan, ISO 8601 | the counter's |
+//! | `quota:<scope>:{<digest>}:slot` | when the last paced scan may start (unix ms) | the counter's |
+//! | `quota:<scope>:{<digest>}:idem:<sha-256 of the key>` | one `Idempotency-Key`'s record (a hash) | 24 h after the first request |
 
 pub mod memory;
 pub mod valkey;
 
 use std::future::Future;
 
-use crate::config::ResetPolicy;
+use sha2::{Digest as _, Sha256};
+
 use crate::digest::{Digest, Scope};
 
 /// The pattern matching every key the gate writes.
 pub const KEY_PATTERN: &str = "quota:*";
 
-/// The two keys of one subject.
+/// How long an idempotency record answers repeats of its key.
+pub const IDEMPOTENCY_TTL_SECS: i64 = 86_400;
+
+/// The keys of one subject.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct QuotaKey {
     pub counter: String,
     pub first_seen: String,
+    pub slot: String,
 }
 
 impl QuotaKey {
     pub fn new(scope: Scope, digest: &Digest) -> Self {
         let counter = format!("quota:{scope}:{{{digest}}}");
-        let first_seen = format!("{counter}:ts");
         Self {
+            first_seen: format!("{counter}:ts"),
+            slot: format!("{counter}:slot"),
             counter,
-            first_seen,
         }
+    }
+
+    /// The record key of one `Idempotency-Key`: a digest of the client's
+    /// key (which may be anything visible), beside the subject's counter.
+    pub fn idempotency(&self, client_key: &str) -> String {
+        let hash = Sha256::digest(client_key.as_bytes());
+        format!("{}:idem:{}", self.counter, hex::encode(&hash[..16]))
+    }
+
+    /// A `SCAN MATCH` pattern for every key of the subject.
+    pub fn pattern(&self) -> String {
+        format!("{}*", self.counter)
     }
 }
 
-/// The result of one increment, instants in unix seconds by the store's clock.
+/// The result of one increment. Instants in unix seconds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Count {
-    /// The count after this increment (1 for the first scan of the day).
+    /// The count after this increment (1 for the first scan of the period).
     pub used: u64,
-    /// When the counter expires.
+    /// When the counter expires, as the store holds it.
     pub reset_at: i64,
-    /// The store's clock when it counted.
+    /// The gate's clock when it counted.
     pub now: i64,
 }
 
@@ -60,19 +80,150 @@ impl Count {
     }
 }
 
-/// What an operator sees of one subject.
+/// When a new counter expires: the next 00:00 UTC after `now`, or 24 h on.
+pub fn period_end(reset: crate::config::ResetPolicy, now: i64) -> i64 {
+    match reset {
+        crate::config::ResetPolicy::Rolling => now + 86_400,
+        crate::config::ResetPolicy::UtcDay => now - now.rem_euclid(86_400) + 86_400,
+    }
+}
+
+/// One count request: which subject, and the expiry a new counter gets.
+#[derive(Debug, Clone, Copy)]
+pub struct CountArgs<'a> {
+    pub key: &'a QuotaKey,
+    /// The expiry a counter without one gets (`EXPIREAT … NX`).
+    pub period_end: i64,
+    /// Unix seconds.
+    pub now: i64,
+}
+
+/// What a keyed request leaves in its record before it is counted.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Snapshot {
-    pub used: u64,
-    /// Seconds until the counter expires; `None` if it has no expiry.
-    pub ttl: Option<u64>,
-    /// The first scan of the period, ISO 8601.
-    pub first_seen: Option<String>,
+pub struct Claim {
+    /// The record's key ([`QuotaKey::idempotency`]).
+    pub record: String,
+    pub scan_id: String,
+    /// SHA-256 of the request body, hex: the same key with another body is refused.
+    pub fingerprint: String,
+    /// Unix ms when the gate received the request.
+    pub received_ms: i64,
+    /// Unix ms until which the first request may still be in flight.
+    pub lease_until_ms: i64,
+}
+
+/// An idempotency record as the store holds it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Record {
+    /// `pending` until the job is queued and the answer saved, then `done`.
+    pub state: String,
+    pub scan_id: String,
+    pub fingerprint: String,
+    pub received_ms: i64,
+    pub lease_until_ms: i64,
+    /// The count the first request got (0 when it was not counted).
+    pub count: u64,
+    /// The counter's expiry the first request saw.
+    pub reset_at: i64,
+    /// The paced delay, once pacing decided it.
+    pub delay_ms: Option<u64>,
+    /// The saved answer (JSON), once `done`.
+    pub response: Option<String>,
+}
+
+impl Record {
+    pub fn is_done(&self) -> bool {
+        self.state == "done"
+    }
+
+    /// Sets one field from its stored text; unknown fields are ignored.
+    pub fn set(&mut self, field: &str, value: &str) {
+        let int = || value.parse::<i64>().unwrap_or(0);
+        match field {
+            "state" => self.state = value.to_owned(),
+            "scanId" => self.scan_id = value.to_owned(),
+            "fp" => self.fingerprint = value.to_owned(),
+            "received" => self.received_ms = int(),
+            "until" => self.lease_until_ms = int(),
+            "count" => self.count = value.parse().unwrap_or(0),
+            "resetAt" => self.reset_at = int(),
+            "delayMs" => self.delay_ms = value.parse().ok(),
+            "response" => self.response = Some(value.to_owned()),
+            _ => {}
+        }
+    }
+
+    /// Builds a record from a hash's field/value pairs.
+    pub fn from_pairs<'a>(pairs: impl IntoIterator<Item = (&'a str, &'a str)>) -> Self {
+        let mut r = Self::default();
+        for (field, value) in pairs {
+            r.set(field, value);
+        }
+        r
+    }
+}
+
+/// The answer to a keyed count.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Claimed {
+    /// The key is new: the record is written and the scan counted.
+    New(Count),
+    /// The key was seen before: nothing counted; here is its record.
+    Existing(Record),
+}
+
+/// One pacing step: `slot = max(arrival, previous slot) + delay`.
+#[derive(Debug, Clone, Copy)]
+pub struct PaceArgs<'a> {
+    pub key: &'a QuotaKey,
+    /// The record of a keyed scan, to note its delay in.
+    pub record: Option<&'a str>,
+    /// Unix ms when the scan arrived.
+    pub arrival_ms: i64,
+    /// The tier's delay.
+    pub delay_ms: u64,
+    /// The longest delay that may be given (`QUOTA_MAX_BACKLOG_MS`).
+    pub max_backlog_ms: u64,
+    /// The counter's expiry (unix s): the slot key expires with it.
+    pub reset_at: i64,
+}
+
+/// The answer to one pacing step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Paced {
+    /// The scan may start `delay_ms` after its arrival; the slot moved on.
+    Slot { delay_ms: u64 },
+    /// The delay would exceed the cap: the count (and a keyed scan's record)
+    /// was taken back and the slot did not move; a slot within the cap frees
+    /// up in `retry_after_ms`.
+    Full { retry_after_ms: u64 },
+}
+
+/// The pacing rule, as a pure function: the start of a scan arriving at
+/// `arrival_ms` whose tier delays it `delay_ms`, after the subject's
+/// previous slot. Returns the new slot, or `Err(retry_after_ms)` when the
+/// delay would exceed `max_backlog_ms`.
+pub fn next_slot(
+    previous: i64,
+    arrival_ms: i64,
+    delay_ms: u64,
+    max_backlog_ms: u64,
+) -> Result<i64, u64> {
+    let delay = i64::try_from(delay_ms).unwrap_or(i64::MAX);
+    let start = previous.max(arrival_ms).saturating_add(delay);
+    let wait = u64::try_from(start - arrival_ms).unwrap_or(0);
+    if wait > max_backlog_ms {
+        // The first arrival at which this delay fits the cap.
+        Err(wait - max_backlog_ms)
+    } else {
+        Ok(start)
+    }
 }
 
 /// Why the store could not answer.
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum StoreError {
+    /// Sent, but no answer in time: the command may still run.
     #[error("the quota store did not answer in time")]
     Timeout,
     #[error("the quota store is being skipped after repeated failures")]
@@ -91,29 +242,51 @@ impl From<redis::RedisError> for StoreError {
     }
 }
 
-/// A counter store with the semantics of `count.lua`.
+/// The request path's store.
 pub trait QuotaStore: Send + Sync + 'static {
-    /// Increments the counter, setting the expiry and first-seen key if missing.
-    fn count(
+    /// INCR the counter, give it `period_end` if it has no expiry, write the
+    /// first-seen key if missing, and read the counter's expiry back.
+    fn count(&self, args: CountArgs<'_>) -> impl Future<Output = Result<Count, StoreError>> + Send;
+
+    /// For a keyed scan: if `claim.record` exists, return it and count
+    /// nothing; else write it (`pending`) and count, atomically.
+    fn count_keyed(
+        &self,
+        args: CountArgs<'_>,
+        claim: &Claim,
+    ) -> impl Future<Output = Result<Claimed, StoreError>> + Send;
+
+    /// One pacing step ([`next_slot`]); on `Full` takes the count back.
+    fn pace(&self, args: PaceArgs<'_>) -> impl Future<Output = Result<Paced, StoreError>> + Send;
+
+    /// Takes back one count of the period that ends at `reset_at` (a no-op
+    /// if the counter is gone or belongs to a later period), and removes
+    /// `record` if it still names `scan_id`.
+    fn refund(
         &self,
         key: &QuotaKey,
-        reset: ResetPolicy,
-    ) -> impl Future<Output = Result<Count, StoreError>> + Send;
+        reset_at: i64,
+        record: Option<(&str, &str)>,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send;
 
-    /// Takes back one count (after a failed enqueue); a no-op if the counter is gone.
-    fn refund(&self, key: &QuotaKey) -> impl Future<Output = Result<(), StoreError>> + Send;
-
-    /// Reads a subject's counter without changing it.
-    fn inspect(
+    /// Updates a record: `fields` are set, and the record gets its 24 h
+    /// expiry if it has none (a record written here first, because the
+    /// claim has not landed yet, still expires).
+    fn update_record(
         &self,
-        key: &QuotaKey,
-    ) -> impl Future<Output = Result<Option<Snapshot>, StoreError>> + Send;
+        record: &str,
+        fields: &[(&str, String)],
+    ) -> impl Future<Output = Result<(), StoreError>> + Send;
 
-    /// Removes a subject's keys; returns how many existed.
-    fn reset(&self, key: &QuotaKey) -> impl Future<Output = Result<u64, StoreError>> + Send;
-
-    /// Removes every `quota:*` key (or only counts them when `dry_run`); returns how many.
-    fn purge(&self, dry_run: bool) -> impl Future<Output = Result<u64, StoreError>> + Send;
+    /// Takes over a `pending` record whose lease ran out: sets a new lease
+    /// if the record still holds `previous_until`. `false` when another
+    /// request took it first.
+    fn take_over(
+        &self,
+        record: &str,
+        previous_until: i64,
+        lease_until_ms: i64,
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send;
 }
 
 /// The store chosen by `VALKEY_URL`.
@@ -123,40 +296,52 @@ pub enum AnyStore {
     Valkey(valkey::ValkeyStore),
 }
 
+macro_rules! dispatch {
+    ($self:ident, $s:ident => $call:expr) => {
+        match $self {
+            Self::Memory($s) => $call.await,
+            Self::Valkey($s) => $call.await,
+        }
+    };
+}
+
 impl QuotaStore for AnyStore {
-    async fn count(&self, key: &QuotaKey, reset: ResetPolicy) -> Result<Count, StoreError> {
-        match self {
-            Self::Memory(s) => s.count(key, reset).await,
-            Self::Valkey(s) => s.count(key, reset).await,
-        }
+    async fn count(&self, args: CountArgs<'_>) -> Result<Count, StoreError> {
+        dispatch!(self, s => s.count(args))
     }
 
-    async fn refund(&self, key: &QuotaKey) -> Result<(), StoreError> {
-        match self {
-            Self::Memory(s) => s.refund(key).await,
-            Self::Valkey(s) => s.refund(key).await,
-        }
+    async fn count_keyed(&self, args: CountArgs<'_>, claim: &Claim) -> Result<Claimed, StoreError> {
+        dispatch!(self, s => s.count_keyed(args, claim))
     }
 
-    async fn inspect(&self, key: &QuotaKey) -> Result<Option<Snapshot>, StoreError> {
-        match self {
-            Self::Memory(s) => s.inspect(key).await,
-            Self::Valkey(s) => s.inspect(key).await,
-        }
+    async fn pace(&self, args: PaceArgs<'_>) -> Result<Paced, StoreError> {
+        dispatch!(self, s => s.pace(args))
     }
 
-    async fn reset(&self, key: &QuotaKey) -> Result<u64, StoreError> {
-        match self {
-            Self::Memory(s) => s.reset(key).await,
-            Self::Valkey(s) => s.reset(key).await,
-        }
+    async fn refund(
+        &self,
+        key: &QuotaKey,
+        reset_at: i64,
+        record: Option<(&str, &str)>,
+    ) -> Result<(), StoreError> {
+        dispatch!(self, s => s.refund(key, reset_at, record))
     }
 
-    async fn purge(&self, dry_run: bool) -> Result<u64, StoreError> {
-        match self {
-            Self::Memory(s) => s.purge(dry_run).await,
-            Self::Valkey(s) => s.purge(dry_run).await,
-        }
+    async fn update_record(
+        &self,
+        record: &str,
+        fields: &[(&str, String)],
+    ) -> Result<(), StoreError> {
+        dispatch!(self, s => s.update_record(record, fields))
+    }
+
+    async fn take_over(
+        &self,
+        record: &str,
+        previous_until: i64,
+        lease_until_ms: i64,
+    ) -> Result<bool, StoreError> {
+        dispatch!(self, s => s.take_over(record, previous_until, lease_until_ms))
     }
 }
 
@@ -164,6 +349,7 @@ impl QuotaStore for AnyStore {
 mod tests {
     use super::*;
     use crate::digest::Hasher;
+    use proptest::prelude::*;
 
     /// Keys follow the spec's layout, with the digest as the hash tag.
     #[test]
@@ -172,7 +358,69 @@ mod tests {
         let k = QuotaKey::new(Scope::Ip, &d);
         assert_eq!(k.counter, format!("quota:ip:{{{d}}}"));
         assert_eq!(k.first_seen, format!("quota:ip:{{{d}}}:ts"));
+        assert_eq!(k.slot, format!("quota:ip:{{{d}}}:slot"));
+        let idem = k.idempotency("retry-1");
+        assert!(idem.starts_with(&format!("quota:ip:{{{d}}}:idem:")));
+        assert_eq!(idem.len(), k.counter.len() + 6 + 32);
+        assert_ne!(idem, k.idempotency("retry-2"));
         let k = QuotaKey::new(Scope::Tid, &d);
         assert!(k.counter.starts_with("quota:tid:{"));
+    }
+
+    /// A burst of five hard-tier scans is spread out one delay apart; a
+    /// scan past the cap is refused with the wait until it would fit.
+    #[test]
+    fn pacing_example() {
+        let mut slot = 0;
+        let mut delays = Vec::new();
+        for _ in 0..3 {
+            slot = next_slot(slot, 1_000, 3_000, 10_000).unwrap();
+            delays.push(slot - 1_000);
+        }
+        assert_eq!(delays, [3_000, 6_000, 9_000]);
+        // The fourth would wait 12 s: 2 s past the cap.
+        assert_eq!(next_slot(slot, 1_000, 3_000, 10_000), Err(2_000));
+        // Two seconds later it fits.
+        assert_eq!(next_slot(slot, 3_000, 3_000, 10_000), Ok(13_000));
+    }
+
+    proptest! {
+        /// Delays are never negative, and never above the cap.
+        #[test]
+        fn never_negative(prev in 0i64..1_000_000, arrival in 0i64..1_000_000, d in 0u64..100_000, cap in 0u64..1_000_000) {
+            match next_slot(prev, arrival, d, cap) {
+                Ok(slot) => {
+                    prop_assert!(slot >= arrival);
+                    prop_assert!((slot - arrival) as u64 <= cap);
+                    prop_assert!(slot >= prev);
+                }
+                Err(retry) => prop_assert!(retry > 0),
+            }
+        }
+
+        /// A client that waits for each answer sees exactly the tier's delay.
+        #[test]
+        fn sequential_reproduces_the_seed(delays in proptest::collection::vec(0u64..100_000, 1..50), gap in 0i64..1_000) {
+            let (mut slot, mut arrival) = (0i64, 1_000_000i64);
+            for d in delays {
+                let next = next_slot(slot, arrival, d, u64::MAX).unwrap();
+                prop_assert_eq!((next - arrival) as u64, d);
+                slot = next;
+                // The answer comes once the delay has passed; the next scan after it.
+                arrival = slot + gap;
+            }
+        }
+
+        /// A burst's slots increase strictly by each scan's delay.
+        #[test]
+        fn burst_is_spread(delays in proptest::collection::vec(1u64..100_000, 1..50), arrival in 0i64..1_000_000) {
+            let mut slot = 0i64;
+            for d in delays {
+                let next = next_slot(slot, arrival, d, u64::MAX).unwrap();
+                prop_assert_eq!(next, slot.max(arrival) + d as i64);
+                prop_assert!(next > slot);
+                slot = next;
+            }
+        }
     }
 }

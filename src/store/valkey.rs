@@ -1,13 +1,23 @@
-//! The Valkey quota store: `count.lua` through EVALSHA (falling back to EVAL
-//! once after a server restart flushed the script cache).
+//! The Valkey quota store.
 //!
-//! Both keys of a subject share a hash tag, so the script is routed to one
-//! slot in cluster mode and a CROSSSLOT error cannot happen.
+//! The hot path is plain commands in one pipelined round trip (`INCR`,
+//! `EXPIREAT … NX`, `SET …:ts NX EXAT`, `EXPIRETIME`): a server-side script
+//! would cost Valkey some 40 INCRs per scan. Scripts run only where a
+//! decision must be atomic and the request is off the hot path anyway: a
+//! keyed scan's claim (`claim.lua`), pacing an over-quota scan (`pace.lua`),
+//! a refund after a failure (`refund.lua`) and taking over an abandoned
+//! record (`take_over.lua`). Every key of a subject shares its hash tag, so
+//! each call is single-slot in cluster mode.
+//!
+//! Operator reads and writes (`inspect`, `reset`, `purge`) are inherent
+//! methods, off the request path's trait.
 
-use redis::{AsyncCommands, Script};
+use redis::{Script, Value};
 
-use super::{Count, KEY_PATTERN, QuotaKey, QuotaStore, Snapshot, StoreError};
-use crate::config::ResetPolicy;
+use super::{
+    Claim, Claimed, Count, CountArgs, IDEMPOTENCY_TTL_SECS, KEY_PATTERN, PaceArgs, Paced, QuotaKey,
+    QuotaStore, Record, StoreError,
+};
 use crate::valkey::{Connection, Valkey};
 
 /// Keys removed per UNLINK in a purge.
@@ -21,25 +31,60 @@ pub type PurgeProgress = std::sync::Arc<dyn Fn(u64) + Send + Sync>;
 #[derive(Clone)]
 pub struct ValkeyStore {
     valkey: Valkey,
-    count: Script,
+    claim: Script,
+    pace: Script,
     refund: Script,
-    progress: Option<PurgeProgress>,
+    take_over: Script,
+}
+
+/// What an operator sees of one subject.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Snapshot {
+    pub used: u64,
+    /// Seconds until the counter expires; `None` if it has no expiry.
+    pub ttl: Option<u64>,
+    /// The first scan of the period, ISO 8601.
+    pub first_seen: Option<String>,
+    /// When the last paced scan may start (unix ms), if any was paced.
+    pub slot_ms: Option<i64>,
+}
+
+fn iso8601(secs: i64) -> String {
+    crate::respond::rfc3339(secs)
+}
+
+fn int(v: &Value) -> i64 {
+    match v {
+        Value::Int(n) => *n,
+        Value::BulkString(b) => std::str::from_utf8(b)
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(0),
+        _ => 0,
+    }
+}
+
+fn text(v: &Value) -> &str {
+    match v {
+        Value::BulkString(b) => std::str::from_utf8(b).unwrap_or_default(),
+        Value::SimpleString(s) => s,
+        _ => "",
+    }
+}
+
+fn unexpected(what: &str) -> StoreError {
+    StoreError::Backend(format!("unexpected reply to {what}"))
 }
 
 impl ValkeyStore {
     pub fn new(valkey: Valkey) -> Self {
         Self {
             valkey,
-            count: Script::new(include_str!("count.lua")),
+            claim: Script::new(include_str!("claim.lua")),
+            pace: Script::new(include_str!("pace.lua")),
             refund: Script::new(include_str!("refund.lua")),
-            progress: None,
+            take_over: Script::new(include_str!("take_over.lua")),
         }
-    }
-
-    /// Reports purge batches to `progress` (the request path never purges).
-    pub fn with_purge_progress(mut self, progress: PurgeProgress) -> Self {
-        self.progress = Some(progress);
-        self
     }
 
     pub fn valkey(&self) -> &Valkey {
@@ -49,59 +94,51 @@ impl ValkeyStore {
     async fn connection(&self) -> Result<Connection, StoreError> {
         Ok(self.valkey.connection().await?)
     }
-}
 
-impl QuotaStore for ValkeyStore {
-    async fn count(&self, key: &QuotaKey, reset: ResetPolicy) -> Result<Count, StoreError> {
+    /// Reads a subject's counter without changing it.
+    pub async fn inspect(&self, key: &QuotaKey) -> Result<Option<Snapshot>, StoreError> {
         let mut conn = self.connection().await?;
-        let (used, reset_at, now): (u64, i64, i64) = self
-            .count
-            .key(&key.counter)
-            .key(&key.first_seen)
-            .arg(reset.as_str())
-            .invoke_async(&mut conn)
-            .await?;
-        Ok(Count {
-            used,
-            reset_at,
-            now,
-        })
-    }
-
-    async fn refund(&self, key: &QuotaKey) -> Result<(), StoreError> {
-        let mut conn = self.connection().await?;
-        let _: i64 = self
-            .refund
-            .key(&key.counter)
-            .invoke_async(&mut conn)
-            .await?;
-        Ok(())
-    }
-
-    async fn inspect(&self, key: &QuotaKey) -> Result<Option<Snapshot>, StoreError> {
-        let mut conn = self.connection().await?;
-        let (used, ttl, first_seen): (Option<u64>, i64, Option<String>) = redis::pipe()
-            .get(&key.counter)
-            .ttl(&key.counter)
-            .get(&key.first_seen)
-            .query_async(&mut conn)
-            .await?;
+        let (used, ttl, first_seen, slot): (Option<u64>, i64, Option<String>, Option<i64>) =
+            redis::pipe()
+                .get(&key.counter)
+                .ttl(&key.counter)
+                .get(&key.first_seen)
+                .get(&key.slot)
+                .query_async(&mut conn)
+                .await?;
         Ok(used.map(|used| Snapshot {
             used,
             ttl: u64::try_from(ttl).ok(),
             first_seen,
+            slot_ms: slot,
         }))
     }
 
-    async fn reset(&self, key: &QuotaKey) -> Result<u64, StoreError> {
-        let mut conn = self.connection().await?;
-        Ok(conn.del(&[&key.counter, &key.first_seen]).await?)
+    /// Removes every key of a subject (counter, first-seen, pacing slot and
+    /// idempotency records); returns how many existed.
+    pub async fn reset(&self, key: &QuotaKey) -> Result<u64, StoreError> {
+        self.remove_matching(&key.pattern(), false, None).await
     }
 
-    async fn purge(&self, dry_run: bool) -> Result<u64, StoreError> {
+    /// Removes every `quota:*` key (or only counts them when `dry_run`),
+    /// reporting each batch to `progress`; returns how many.
+    pub async fn purge(
+        &self,
+        dry_run: bool,
+        progress: Option<&(dyn Fn(u64) + Send + Sync)>,
+    ) -> Result<u64, StoreError> {
+        self.remove_matching(KEY_PATTERN, dry_run, progress).await
+    }
+
+    async fn remove_matching(
+        &self,
+        pattern: &str,
+        dry_run: bool,
+        progress: Option<&(dyn Fn(u64) + Send + Sync)>,
+    ) -> Result<u64, StoreError> {
         if !self.valkey.is_cluster() {
             let mut conn = self.connection().await?;
-            return purge_node(&mut conn, dry_run, self.progress.as_deref()).await;
+            return purge_node(&mut conn, pattern, dry_run, progress).await;
         }
         // SCAN walks one node's keyspace, and a cluster connection would send
         // each SCAN to a random node: so every primary is scanned through a
@@ -109,16 +146,157 @@ impl QuotaStore for ValkeyStore {
         let mut removed = 0;
         for (host, port) in self.valkey.primaries().await? {
             let mut conn = self.valkey.node_connection(&host, port).await?;
-            removed += purge_node(&mut conn, dry_run, self.progress.as_deref()).await?;
+            removed += purge_node(&mut conn, pattern, dry_run, progress).await?;
         }
         Ok(removed)
     }
 }
 
-/// `SCAN MATCH quota:*` over one node, unlinking in batches; `progress`
-/// hears each batch's count.
+impl QuotaStore for ValkeyStore {
+    async fn count(&self, args: CountArgs<'_>) -> Result<Count, StoreError> {
+        let key = args.key;
+        let mut conn = self.connection().await?;
+        let (used, reset_at): (u64, i64) = redis::pipe()
+            .incr(&key.counter, 1)
+            .cmd("EXPIREAT")
+            .arg(&key.counter)
+            .arg(args.period_end)
+            .arg("NX")
+            .ignore()
+            .cmd("SET")
+            .arg(&key.first_seen)
+            .arg(iso8601(args.now))
+            .arg("EXAT")
+            .arg(args.period_end)
+            .arg("NX")
+            .ignore()
+            .cmd("EXPIRETIME")
+            .arg(&key.counter)
+            .query_async(&mut conn)
+            .await?;
+        Ok(Count {
+            used,
+            reset_at,
+            now: args.now,
+        })
+    }
+
+    async fn count_keyed(&self, args: CountArgs<'_>, claim: &Claim) -> Result<Claimed, StoreError> {
+        let key = args.key;
+        let mut conn = self.connection().await?;
+        let reply: Vec<Value> = self
+            .claim
+            .key(&key.counter)
+            .key(&key.first_seen)
+            .key(&claim.record)
+            .arg(args.period_end)
+            .arg(iso8601(args.now))
+            .arg(&claim.scan_id)
+            .arg(&claim.fingerprint)
+            .arg(claim.received_ms)
+            .arg(claim.lease_until_ms)
+            .arg(IDEMPOTENCY_TTL_SECS)
+            .invoke_async(&mut conn)
+            .await?;
+        match reply.as_slice() {
+            [Value::Int(0), Value::Array(fields)] => {
+                let pairs = fields.chunks_exact(2).map(|p| (text(&p[0]), text(&p[1])));
+                Ok(Claimed::Existing(Record::from_pairs(pairs)))
+            }
+            [used, reset_at] => Ok(Claimed::New(Count {
+                used: u64::try_from(int(used)).map_err(|_| unexpected("claim"))?,
+                reset_at: int(reset_at),
+                now: args.now,
+            })),
+            _ => Err(unexpected("claim")),
+        }
+    }
+
+    async fn pace(&self, args: PaceArgs<'_>) -> Result<Paced, StoreError> {
+        let mut conn = self.connection().await?;
+        let mut invocation = self.pace.key(&args.key.slot);
+        invocation.key(&args.key.counter);
+        if let Some(record) = args.record {
+            invocation.key(record);
+        }
+        let (fits, ms): (i64, i64) = invocation
+            .arg(args.arrival_ms)
+            .arg(args.delay_ms)
+            .arg(args.max_backlog_ms)
+            .arg(args.reset_at)
+            .invoke_async(&mut conn)
+            .await?;
+        let ms = u64::try_from(ms).unwrap_or(0);
+        Ok(if fits == 1 {
+            Paced::Slot { delay_ms: ms }
+        } else {
+            Paced::Full { retry_after_ms: ms }
+        })
+    }
+
+    async fn refund(
+        &self,
+        key: &QuotaKey,
+        reset_at: i64,
+        record: Option<(&str, &str)>,
+    ) -> Result<(), StoreError> {
+        let mut conn = self.connection().await?;
+        let mut invocation = self.refund.key(&key.counter);
+        if let Some((record, _)) = record {
+            invocation.key(record);
+        }
+        let _: i64 = invocation
+            .arg(reset_at)
+            .arg(record.map_or("", |(_, scan_id)| scan_id))
+            .invoke_async(&mut conn)
+            .await?;
+        Ok(())
+    }
+
+    async fn update_record(
+        &self,
+        record: &str,
+        fields: &[(&str, String)],
+    ) -> Result<(), StoreError> {
+        let mut conn = self.connection().await?;
+        let mut pipe = redis::pipe();
+        pipe.cmd("HSET").arg(record);
+        for (field, value) in fields {
+            pipe.arg(*field).arg(value);
+        }
+        pipe.ignore()
+            .cmd("EXPIRE")
+            .arg(record)
+            .arg(IDEMPOTENCY_TTL_SECS)
+            .arg("NX")
+            .ignore();
+        let () = pipe.query_async(&mut conn).await?;
+        Ok(())
+    }
+
+    async fn take_over(
+        &self,
+        record: &str,
+        previous_until: i64,
+        lease_until_ms: i64,
+    ) -> Result<bool, StoreError> {
+        let mut conn = self.connection().await?;
+        let taken: i64 = self
+            .take_over
+            .key(record)
+            .arg(previous_until)
+            .arg(lease_until_ms)
+            .invoke_async(&mut conn)
+            .await?;
+        Ok(taken == 1)
+    }
+}
+
+/// `SCAN MATCH <pattern>` over one node, unlinking in batches (or only
+/// counting, in a dry run); `progress` hears each batch's count.
 pub async fn purge_node(
     conn: &mut Connection,
+    pattern: &str,
     dry_run: bool,
     progress: Option<&(dyn Fn(u64) + Send + Sync)>,
 ) -> Result<u64, StoreError> {
@@ -128,7 +306,7 @@ pub async fn purge_node(
         let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
             .arg(cursor)
             .arg("MATCH")
-            .arg(KEY_PATTERN)
+            .arg(pattern)
             .arg("COUNT")
             .arg(PURGE_BATCH)
             .query_async(conn)

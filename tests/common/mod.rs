@@ -185,19 +185,28 @@ pub fn valkey_gate(server: &ValkeyServer, vars: &[(&str, &str)]) -> Gate<ValkeyS
 }
 
 /// Limits for the concurrency tests: 100 within, 30 soft, the rest hard,
-/// nothing slept, and a generous store timeout: these tests are about
-/// exactness, not latency, and connections opening at once on a loaded CI
-/// machine can take a while.
+/// nothing slept, pacing on with room for the whole burst's backlog, and a
+/// generous store timeout: these tests are about exactness, not latency, and
+/// connections opening at once on a loaded CI machine can take a while.
 pub const CONCURRENCY_VARS: &[(&str, &str)] = &[
     ("QUOTA_ANON", "100"),
     ("QUOTA_SOFT_WINDOW", "30"),
     ("QUOTA_DELAY_MODE", "defer"),
+    ("QUOTA_MAX_BACKLOG_MS", "86400000"),
     ("QUOTA_STORE_TIMEOUT_MS", "2000"),
 ];
 
+/// An RFC 3339 instant as unix milliseconds.
+pub fn unix_ms(rfc3339: &str) -> i64 {
+    let t = time::OffsetDateTime::parse(rfc3339, &time::format_description::well_known::Rfc3339)
+        .unwrap_or_else(|e| panic!("{rfc3339:?}: {e}"));
+    (t.unix_timestamp_nanos() / 1_000_000) as i64
+}
+
 /// Sends 400 scans from one subject at once, spread over `gates` (each with
 /// its own connection, as separate Lambda instances would have), and checks
-/// the counts are 1…400 exactly once each, with 30 soft and 270 hard delays.
+/// the counts are 1…400 exactly once each, with 30 soft and 270 hard scans
+/// whose start slots are all distinct and one delay apart (pacing).
 pub async fn assert_400_concurrent_scans_count_exactly<Q: ScanQueue>(
     gates: &[Arc<Gate<ValkeyStore, Q>>],
 ) {
@@ -208,20 +217,27 @@ pub async fn assert_400_concurrent_scans_count_exactly<Q: ScanQueue>(
         })
         .collect();
     let mut counts = Vec::new();
-    let (mut soft, mut hard) = (0, 0);
+    let mut slots = Vec::new();
     for t in tasks {
         let body = t.await.unwrap();
-        counts.push(body["quota"]["used"].as_u64().expect("counted"));
-        match body["delayMs"].as_u64().unwrap() {
-            0 => {}
-            5000 => soft += 1,
-            60000 => hard += 1,
-            other => panic!("unexpected delay {other}"),
+        let used = body["quota"]["used"].as_u64().expect("counted");
+        counts.push(used);
+        if used > 100 {
+            let tier_delay = if used <= 130 { 5000 } else { 60000 };
+            slots.push((unix_ms(body["notBefore"].as_str().unwrap()), tier_delay));
+        } else {
+            assert_eq!(body["delayMs"], 0, "within quota: no delay");
         }
     }
     counts.sort_unstable();
     assert_eq!(counts, (1..=400).collect::<Vec<u64>>());
-    assert_eq!((soft, hard), (30, 270));
+    slots.sort_unstable();
+    assert_eq!(slots.iter().filter(|(_, d)| *d == 5000).count(), 30);
+    assert_eq!(slots.len(), 300);
+    for pair in slots.windows(2) {
+        let ((before, _), (after, delay)) = (pair[0], pair[1]);
+        assert_eq!(after - before, delay, "slots one delay apart: {pair:?}");
+    }
 }
 
 /// Every job queued on the stream `key`, oldest first.

@@ -1,0 +1,46 @@
+//! The gate's clock, read once per request and passed down.
+//!
+//! [`Clock::System`] is the wall clock. [`Clock::Tokio`] is the wall clock
+//! at its creation advanced by Tokio's clock, so a test with paused Tokio
+//! time sees the time it skips: a 5 s sleep moves this clock 5 s on.
+
+use std::time::{SystemTime, UNIX_EPOCH};
+
+/// A source of unix milliseconds.
+#[derive(Debug, Clone, Copy, Default)]
+pub enum Clock {
+    /// The system's wall clock.
+    #[default]
+    System,
+    /// The wall clock at `at`, advanced by Tokio's clock since.
+    Tokio {
+        wall_ms: i64,
+        at: tokio::time::Instant,
+    },
+}
+
+fn wall_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+}
+
+impl Clock {
+    /// A clock that follows Tokio's (paused or not) from now on.
+    pub fn tokio() -> Self {
+        Self::Tokio {
+            wall_ms: wall_ms(),
+            at: tokio::time::Instant::now(),
+        }
+    }
+
+    /// Unix milliseconds.
+    pub fn now_ms(&self) -> i64 {
+        match self {
+            Self::System => wall_ms(),
+            Self::Tokio { wall_ms, at } => {
+                wall_ms + i64::try_from(at.elapsed().as_millis()).unwrap_or(i64::MAX)
+            }
+        }
+    }
+}

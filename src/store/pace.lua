@@ -1,0 +1,34 @@
+-- One pacing step: slot = max(arrival, previous slot) + delay.
+--
+-- KEYS[1] the subject's slot key, KEYS[2] its counter, KEYS[3] (optional) a
+-- keyed scan's record. ARGV: arrival (unix ms), the tier's delay (ms), the
+-- backlog cap (ms), the counter's expiry (unix s).
+-- Returns {1, delay} and moves the slot on; or, when the delay would exceed
+-- the cap, {0, ms until it would fit}: the slot stays, the count is taken
+-- back (if it is still this period's) and the record removed.
+local arrival = tonumber(ARGV[1])
+local delay = tonumber(ARGV[2])
+local cap = tonumber(ARGV[3])
+local reset_at = tonumber(ARGV[4])
+local previous = tonumber(redis.call('GET', KEYS[1]) or '0')
+local start = math.max(previous, arrival) + delay
+local wait = start - arrival
+if wait > cap then
+  local expiry = redis.call('EXPIRETIME', KEYS[2])
+  if expiry ~= -2 and expiry <= reset_at then
+    redis.call('DECR', KEYS[2])
+  end
+  if KEYS[3] then
+    redis.call('DEL', KEYS[3])
+  end
+  return {0, wait - cap}
+end
+if reset_at > 0 then
+  redis.call('SET', KEYS[1], string.format('%.0f', start), 'EXAT', reset_at)
+else
+  redis.call('SET', KEYS[1], string.format('%.0f', start), 'EX', 86400)
+end
+if KEYS[3] then
+  redis.call('HSET', KEYS[3], 'delayMs', string.format('%.0f', wait))
+end
+return {1, wait}
