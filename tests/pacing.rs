@@ -1,0 +1,263 @@
+//! Pacing against parallel clients (issue: "a parallel client is slowed as
+//! much as a patient one"), on a real Valkey (standalone and cluster) and the
+//! in-memory store: a burst is spread out one delay apart, `QUOTA_PACING=off`
+//! gives the seed's fixed delays, and the backlog cap refuses what would wait
+//! too long without counting it or queueing anything.
+
+mod common;
+
+use std::sync::{Arc, Mutex};
+
+use common::cluster::{ValkeyCluster, cluster_gate};
+use common::*;
+use quota_gate::gate::Gate;
+use quota_gate::queue::{QueueError, ScanJob, ScanQueue};
+use quota_gate::store::QuotaStore;
+use quota_gate::store::memory::MemoryStore;
+use serde_json::Value;
+
+/// 2 within, 3 soft (1 s), then hard (3 s); nothing slept.
+const BURST: &[(&str, &str)] = &[
+    ("QUOTA_ANON", "2"),
+    ("QUOTA_SOFT_WINDOW", "3"),
+    ("QUOTA_SOFT_DELAY_MS", "1000"),
+    ("QUOTA_HARD_DELAY_MS", "3000"),
+    ("QUOTA_DELAY_MODE", "defer"),
+    ("QUOTA_STORE_TIMEOUT_MS", "2000"),
+];
+
+const IP: &str = "198.51.100.77";
+
+fn vars(extra: &[(&'static str, &'static str)]) -> Vec<(&'static str, &'static str)> {
+    let mut all = BURST.to_vec();
+    all.extend_from_slice(extra);
+    all
+}
+
+/// Keeps every job in memory.
+#[derive(Clone, Default)]
+struct Jobs(Arc<Mutex<Vec<ScanJob>>>);
+
+impl ScanQueue for Jobs {
+    async fn enqueue(&self, job: &ScanJob) -> Result<(), QueueError> {
+        self.0.lock().unwrap().push(job.clone());
+        Ok(())
+    }
+}
+
+/// Sends `n` scans from one address at once; returns each answer's status and body.
+async fn burst<S: QuotaStore, Q: ScanQueue>(gate: Gate<S, Q>, n: usize) -> Vec<(u16, Value)> {
+    let gate = Arc::new(gate);
+    let tasks: Vec<_> = (0..n)
+        .map(|_| {
+            let gate = gate.clone();
+            tokio::spawn(async move {
+                let r = gate.handle(scan_from(IP)).await;
+                (r.status().as_u16(), json(&r))
+            })
+        })
+        .collect();
+    let mut answers = Vec::new();
+    for t in tasks {
+        answers.push(t.await.unwrap());
+    }
+    answers
+}
+
+/// The jobs' `notBefore` instants of the over-quota scans, sorted, and the
+/// earliest `receivedAt` of all.
+fn schedule(jobs: &[Value]) -> (Vec<i64>, i64) {
+    let mut slots: Vec<i64> = jobs
+        .iter()
+        .filter(|j| j["tier"] != "within")
+        .map(|j| unix_ms(j["notBefore"].as_str().unwrap()))
+        .collect();
+    slots.sort_unstable();
+    let start = jobs
+        .iter()
+        .map(|j| unix_ms(j["receivedAt"].as_str().unwrap()))
+        .min()
+        .unwrap();
+    (slots, start)
+}
+
+/// 12 at once: all 202, one job each; the 10 over quota start at least 1 s
+/// apart, the last at least 3×1 s + 7×3 s after the burst.
+fn assert_paced(answers: &[(u16, Value)], jobs: &[Value]) {
+    assert!(answers.iter().all(|(s, _)| *s == 202), "{answers:?}");
+    assert_eq!(jobs.len(), 12, "one job per 202");
+    let (slots, start) = schedule(jobs);
+    assert_eq!(slots.len(), 10);
+    for pair in slots.windows(2) {
+        assert!(pair[1] - pair[0] >= 1000, "one delay apart: {slots:?}");
+    }
+    assert!(slots[9] - start >= 3 * 1000 + 7 * 3000, "{slots:?}");
+    let mut delays: Vec<u64> = answers
+        .iter()
+        .map(|(_, b)| b["delayMs"].as_u64().unwrap())
+        .collect();
+    delays.sort_unstable();
+    // Each answer's delay is its job's: what X-Stella-Quota-Delay-Ms says.
+    assert_eq!(delays.iter().filter(|d| **d == 0).count(), 2);
+    assert!(delays[11] >= 23_000, "{delays:?}");
+}
+
+fn memory_jobs(jobs: &Jobs) -> Vec<Value> {
+    jobs.0
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|j| serde_json::to_value(j).unwrap())
+        .collect()
+}
+
+#[tokio::test]
+async fn burst_is_paced_in_memory() {
+    let jobs = Jobs::default();
+    let answers = burst(gate(&vars(&[]), MemoryStore::default(), jobs.clone()), 12).await;
+    assert_paced(&answers, &memory_jobs(&jobs));
+}
+
+#[tokio::test]
+async fn burst_is_paced_on_valkey() {
+    let server = ValkeyServer::start();
+    let answers = burst(valkey_gate(&server, &vars(&[])), 12).await;
+    assert_paced(&answers, &stream_jobs(&server, "jobs").await);
+    // The slot key shares the subject's tag and the counter's expiry.
+    let mut c = server.client().await;
+    let keys: Vec<String> = redis::AsyncCommands::keys(&mut c, "quota:ip:*:slot")
+        .await
+        .unwrap();
+    assert_eq!(keys.len(), 1);
+    let counter = keys[0].trim_end_matches(":slot");
+    let (slot_expiry, counter_expiry): (i64, i64) = redis::pipe()
+        .cmd("EXPIRETIME")
+        .arg(&keys[0])
+        .cmd("EXPIRETIME")
+        .arg(counter)
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    assert_eq!(slot_expiry, counter_expiry);
+}
+
+#[tokio::test]
+async fn burst_is_paced_on_a_cluster() {
+    let cluster = ValkeyCluster::start();
+    let answers = burst(cluster_gate(&cluster, &vars(&[])), 12).await;
+    assert_paced(&answers, &cluster.stream_jobs("jobs").await);
+}
+
+/// `QUOTA_PACING=off`: the seed's fixed delays, whatever the parallelism.
+#[tokio::test]
+async fn pacing_off_gives_fixed_delays() {
+    let server = ValkeyServer::start();
+    let answers = burst(valkey_gate(&server, &vars(&[("QUOTA_PACING", "off")])), 12).await;
+    let mut delays: Vec<u64> = answers
+        .iter()
+        .map(|(_, b)| b["delayMs"].as_u64().unwrap())
+        .collect();
+    delays.sort_unstable();
+    assert_eq!(
+        delays,
+        [
+            0, 0, 1000, 1000, 1000, 3000, 3000, 3000, 3000, 3000, 3000, 3000
+        ]
+    );
+    let jobs = Jobs::default();
+    let answers = burst(
+        gate(
+            &vars(&[("QUOTA_PACING", "off")]),
+            MemoryStore::default(),
+            jobs.clone(),
+        ),
+        12,
+    )
+    .await;
+    let mut memory: Vec<u64> = answers
+        .iter()
+        .map(|(_, b)| b["delayMs"].as_u64().unwrap())
+        .collect();
+    memory.sort_unstable();
+    assert_eq!(memory, delays);
+}
+
+/// With a 10 s cap, part of the burst is refused with 503 backlog_full and
+/// Retry-After ≥ 1: the count equals the 202s, one job per 202, no accepted
+/// scan delayed past the cap, and the refusals counted nowhere.
+async fn assert_capped<S: QuotaStore, Q: ScanQueue>(
+    gate: Gate<S, Q>,
+    jobs: impl AsyncFnOnce() -> Vec<Value>,
+    count: impl AsyncFnOnce() -> u64,
+) {
+    let gate = Arc::new(gate);
+    let tasks: Vec<_> = (0..12)
+        .map(|_| {
+            let gate = gate.clone();
+            tokio::spawn(async move { gate.handle(scan_from(IP)).await })
+        })
+        .collect();
+    let (mut accepted, mut refused) = (0u64, 0u64);
+    for t in tasks {
+        let r = t.await.unwrap();
+        match r.status().as_u16() {
+            202 => {
+                accepted += 1;
+                assert!(json(&r)["delayMs"].as_u64().unwrap() <= 10_000);
+            }
+            503 => {
+                refused += 1;
+                assert_eq!(json(&r)["error"], "backlog_full");
+                let retry: u64 = r.headers()["retry-after"]
+                    .to_str()
+                    .unwrap()
+                    .parse()
+                    .unwrap();
+                assert!(retry >= 1);
+            }
+            other => panic!("unexpected {other}"),
+        }
+    }
+    assert!(refused > 0, "the cap refused part of the burst");
+    assert_eq!(jobs().await.len() as u64, accepted, "one job per 202");
+    assert_eq!(count().await, accepted, "refusals are not counted");
+}
+
+#[tokio::test]
+async fn backlog_cap_on_valkey() {
+    let server = ValkeyServer::start();
+    let gate = valkey_gate(&server, &vars(&[("QUOTA_MAX_BACKLOG_MS", "10000")]));
+    assert_capped(
+        gate,
+        async || stream_jobs(&server, "jobs").await,
+        async || {
+            let mut c = server.client().await;
+            let keys: Vec<String> = redis::AsyncCommands::keys(&mut c, "quota:ip:{*}")
+                .await
+                .unwrap();
+            redis::AsyncCommands::get(&mut c, &keys[0]).await.unwrap()
+        },
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn backlog_cap_in_memory() {
+    let jobs = Jobs::default();
+    let store = MemoryStore::default();
+    let gate = gate(
+        &vars(&[("QUOTA_MAX_BACKLOG_MS", "10000")]),
+        store.clone(),
+        jobs.clone(),
+    );
+    let key = quota_gate::store::QuotaKey::new(
+        quota_gate::digest::Scope::Ip,
+        &gate.identifier().ip_digest(IP.parse().unwrap()),
+    );
+    assert_capped(
+        gate,
+        async || memory_jobs(&jobs),
+        async || store.used(&key, now()).unwrap(),
+    )
+    .await;
+}
