@@ -244,7 +244,9 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
                     return Err(GateError::StoreUnavailable);
                 }
                 outcome.unmetered = true;
-                Metering::Unmetered
+                Metering::Unmetered {
+                    count_may_land: matches!(e, StoreError::Timeout),
+                }
             }
         };
 
@@ -300,7 +302,7 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
         let accepted = self.accepted(&identity, &limits, &metering, &job, plan, now);
         let response = accepted.to_response();
         if let Some(claim) = &claim {
-            self.save(&claim.record, &response).await;
+            self.save(claim, &response).await;
         }
         Ok(response)
     }
@@ -347,7 +349,9 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
             return Err(GateError::IdempotencyInProgress { retry_after: 1 });
         }
         let metering = if record.count == 0 {
-            Metering::Unmetered
+            Metering::Unmetered {
+                count_may_land: false,
+            }
         } else {
             Metering::Counted {
                 count: Count {
@@ -361,7 +365,7 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
         let delay = match (&metering, record.delay_ms) {
             (Metering::Counted { .. }, Some(ms)) => Duration::from_millis(ms),
             (Metering::Counted { decision, .. }, None) => decision.delay,
-            (Metering::Unmetered, _) => Duration::ZERO,
+            (Metering::Unmetered { .. }, _) => Duration::ZERO,
         };
         // Nothing is slept again: what is left of the delay holds the job back.
         let owed = record
@@ -398,7 +402,7 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
             now_ms.div_euclid(1000),
         );
         let response = accepted.to_response();
-        self.save(&claim.record, &response).await;
+        self.save(claim, &response).await;
         Ok(response)
     }
 
@@ -503,12 +507,8 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
         let unknown = matches!(e, QueueError::Timeout);
         match (unknown, claim) {
             (true, Some(claim)) => {
-                let released = timeout(
-                    self.config.store_timeout,
-                    self.store
-                        .update_record(&claim.record, &[("until", "0".to_owned())]),
-                )
-                .await;
+                let released =
+                    timeout(self.config.store_timeout, self.store.release(&claim.record)).await;
                 if !matches!(released, Ok(Ok(()))) {
                     tracing::warn!(
                         "could not release an idempotency lease; the retry waits for it"
@@ -516,9 +516,21 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
                 }
             }
             _ => {
-                if let Metering::Counted { count, .. } = metering {
+                let period = match metering {
+                    Metering::Counted { count, .. } => Some(count.reset_at),
+                    Metering::Unmetered {
+                        count_may_land: true,
+                    } => Some(period_end(
+                        self.config.reset,
+                        self.clock.now_ms().div_euclid(1000),
+                    )),
+                    Metering::Unmetered {
+                        count_may_land: false,
+                    } => None,
+                };
+                if let Some(period) = period {
                     let record = claim.map(|c| (c.record.as_str(), c.scan_id.as_str()));
-                    self.refund(key, count.reset_at, record).await;
+                    self.refund(key, period, record).await;
                 }
             }
         }
@@ -530,14 +542,18 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
     /// Saves a keyed scan's answer, for its repeats. If this fails, a
     /// repeat finds the record pending and queues the same job again once
     /// its lease is over (which the stream deduplicates).
-    async fn save(&self, record: &str, response: &Response<Bytes>) {
+    /// The fingerprint and scanId are written too: when the claim itself
+    /// never landed (the store stalled, the scan was accepted unmetered), this
+    /// is the whole record.
+    async fn save(&self, claim: &Claim, response: &Response<Bytes>) {
         let fields = [
             ("state", "done".to_owned()),
+            ("fp", claim.fingerprint.clone()),
             ("response", respond::save(response)),
         ];
         let saved = timeout(
             self.config.store_timeout,
-            self.store.update_record(record, &fields),
+            self.store.update_record(&claim.record, &fields),
         )
         .await;
         if !matches!(saved, Ok(Ok(()))) {
@@ -562,7 +578,7 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
                 count.reset_at,
                 count.seconds_to_reset(),
             ),
-            Metering::Unmetered => {
+            Metering::Unmetered { .. } => {
                 let (reset_at, secs) = next_utc_midnight(now);
                 (None, u64::from(limits.limit.get()), false, reset_at, secs)
             }
@@ -622,8 +638,14 @@ fn millis_i64(d: Duration) -> i64 {
 /// accepted uncounted because the store did not answer (fail open).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Metering {
-    Counted { count: Count, decision: Decision },
-    Unmetered,
+    Counted {
+        count: Count,
+        decision: Decision,
+    },
+    Unmetered {
+        /// The count timed out: it was sent and may still land.
+        count_may_land: bool,
+    },
 }
 
 impl Metering {
@@ -631,7 +653,7 @@ impl Metering {
     pub fn tier(&self) -> &'static str {
         match self {
             Self::Counted { decision, .. } => decision.tier.as_str(),
-            Self::Unmetered => "unmetered",
+            Self::Unmetered { .. } => "unmetered",
         }
     }
 
@@ -639,7 +661,7 @@ impl Metering {
     pub fn used(&self) -> u64 {
         match self {
             Self::Counted { count, .. } => count.used,
-            Self::Unmetered => 0,
+            Self::Unmetered { .. } => 0,
         }
     }
 }

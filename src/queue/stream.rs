@@ -9,7 +9,7 @@
 //! retry after a timeout can then queue the same job again safely: if the
 //! first attempt landed after all, the second adds nothing.
 
-use redis::{AsyncCommands, Script};
+use redis::AsyncCommands;
 
 use super::{QueueError, ScanJob, ScanQueue};
 use crate::valkey::Valkey;
@@ -25,8 +25,9 @@ pub struct StreamQueue {
     /// `{<key>}:scan:` (or `<key>:scan:` when the key has a hash tag of its
     /// own): the marker keys' prefix, in the stream's slot.
     marker_prefix: String,
-    land: Script,
 }
+
+const LAND: &str = include_str!("land.lua");
 
 fn backend(e: redis::RedisError) -> QueueError {
     if e.is_timeout() {
@@ -55,7 +56,6 @@ impl StreamQueue {
             valkey,
             key,
             marker_prefix,
-            land: Script::new(include_str!("land.lua")),
         }
     }
 
@@ -83,14 +83,12 @@ impl ScanQueue for StreamQueue {
         let json = Self::json(job)?;
         let scan_id = job.scan_id.to_string();
         let mut conn = self.valkey.connection().await.map_err(backend)?;
-        let _: i64 = self
-            .land
-            .key(&self.key)
-            .key(format!("{}{scan_id}", self.marker_prefix))
+        let marker = format!("{}{scan_id}", self.marker_prefix);
+        let _: i64 = crate::store::valkey::eval(LAND, &[&self.key, &marker])
             .arg(json)
             .arg(&scan_id)
             .arg(MARKER_TTL_SECS)
-            .invoke_async(&mut conn)
+            .query_async(&mut conn)
             .await
             .map_err(backend)?;
         Ok(())

@@ -239,6 +239,13 @@ impl QuotaStore for MemoryStore {
         Ok(())
     }
 
+    async fn release(&self, record: &str) -> Result<(), StoreError> {
+        if let Some(r) = self.lock().record(record, unix_now()) {
+            r.lease_until_ms = 0;
+        }
+        Ok(())
+    }
+
     async fn update_record(
         &self,
         record: &str,

@@ -269,6 +269,10 @@ pub trait QuotaStore: Send + Sync + 'static {
         record: Option<(&str, &str)>,
     ) -> impl Future<Output = Result<(), StoreError>> + Send;
 
+    /// Frees a pending record's lease (if the record exists), so a retry
+    /// need not wait for it: its attempt gave up without knowing the outcome.
+    fn release(&self, record: &str) -> impl Future<Output = Result<(), StoreError>> + Send;
+
     /// Updates a record: `fields` are set, and the record gets its 24 h
     /// expiry if it has none (a record written here first, because the
     /// claim has not landed yet, still expires).
@@ -325,6 +329,10 @@ impl QuotaStore for AnyStore {
         record: Option<(&str, &str)>,
     ) -> Result<(), StoreError> {
         dispatch!(self, s => s.refund(key, reset_at, record))
+    }
+
+    async fn release(&self, record: &str) -> Result<(), StoreError> {
+        dispatch!(self, s => s.release(record))
     }
 
     async fn update_record(

@@ -2,7 +2,8 @@
 //!
 //! The hot path is plain commands in one pipelined round trip (`INCR`,
 //! `EXPIREAT … NX`, `SET …:ts NX EXAT`, `EXPIRETIME`): a server-side script
-//! would cost Valkey some 40 INCRs per scan. Scripts run only where a
+//! would cost Valkey some 40 INCRs per scan. Scripts (sent whole with
+//! `EVAL`, see [`eval`]) run only where a
 //! decision must be atomic and the request is off the hot path anyway: a
 //! keyed scan's claim (`claim.lua`), pacing an over-quota scan (`pace.lua`),
 //! a refund after a failure (`refund.lua`) and taking over an abandoned
@@ -12,7 +13,7 @@
 //! Operator reads and writes (`inspect`, `reset`, `purge`) are inherent
 //! methods, off the request path's trait.
 
-use redis::{Script, Value};
+use redis::Value;
 
 use super::{
     Claim, Claimed, Count, CountArgs, IDEMPOTENCY_TTL_SECS, KEY_PATTERN, PaceArgs, Paced, QuotaKey,
@@ -27,14 +28,31 @@ const PURGE_BATCH: usize = 500;
 /// so `quota-gate purge` can show progress on a long run.
 pub type PurgeProgress = std::sync::Arc<dyn Fn(u64) + Send + Sync>;
 
+const CLAIM: &str = include_str!("claim.lua");
+const PACE: &str = include_str!("pace.lua");
+const REFUND: &str = include_str!("refund.lua");
+const TAKE_OVER: &str = include_str!("take_over.lua");
+
+/// Frees a record's lease, if the record exists.
+const RELEASE: &str = "if redis.call('EXISTS', KEYS[1]) == 1 then \
+    redis.call('HSET', KEYS[1], 'until', '0') end";
+
+/// `EVAL <script> <keys>`: the whole script in one command, which Valkey
+/// compiles once and caches. Not `EVALSHA` with a fallback to `EVAL` on
+/// `NOSCRIPT`: that is two commands, and a caller that times out after the
+/// first never sends the second. A late claim would then never land while
+/// the refund sent after it would, taking back a count that was never made.
+/// One command each keeps "sent" meaning "will run, in order".
+pub(crate) fn eval(script: &str, keys: &[&str]) -> redis::Cmd {
+    let mut cmd = redis::cmd("EVAL");
+    cmd.arg(script).arg(keys.len()).arg(keys);
+    cmd
+}
+
 /// A quota store on Valkey.
 #[derive(Clone)]
 pub struct ValkeyStore {
     valkey: Valkey,
-    claim: Script,
-    pace: Script,
-    refund: Script,
-    take_over: Script,
 }
 
 /// What an operator sees of one subject.
@@ -78,13 +96,7 @@ fn unexpected(what: &str) -> StoreError {
 
 impl ValkeyStore {
     pub fn new(valkey: Valkey) -> Self {
-        Self {
-            valkey,
-            claim: Script::new(include_str!("claim.lua")),
-            pace: Script::new(include_str!("pace.lua")),
-            refund: Script::new(include_str!("refund.lua")),
-            take_over: Script::new(include_str!("take_over.lua")),
-        }
+        Self { valkey }
     }
 
     pub fn valkey(&self) -> &Valkey {
@@ -184,11 +196,7 @@ impl QuotaStore for ValkeyStore {
     async fn count_keyed(&self, args: CountArgs<'_>, claim: &Claim) -> Result<Claimed, StoreError> {
         let key = args.key;
         let mut conn = self.connection().await?;
-        let reply: Vec<Value> = self
-            .claim
-            .key(&key.counter)
-            .key(&key.first_seen)
-            .key(&claim.record)
+        let reply: Vec<Value> = eval(CLAIM, &[&key.counter, &key.first_seen, &claim.record])
             .arg(args.period_end)
             .arg(iso8601(args.now))
             .arg(&claim.scan_id)
@@ -196,7 +204,7 @@ impl QuotaStore for ValkeyStore {
             .arg(claim.received_ms)
             .arg(claim.lease_until_ms)
             .arg(IDEMPOTENCY_TTL_SECS)
-            .invoke_async(&mut conn)
+            .query_async(&mut conn)
             .await?;
         match reply.as_slice() {
             [Value::Int(0), Value::Array(fields)] => {
@@ -214,17 +222,14 @@ impl QuotaStore for ValkeyStore {
 
     async fn pace(&self, args: PaceArgs<'_>) -> Result<Paced, StoreError> {
         let mut conn = self.connection().await?;
-        let mut invocation = self.pace.key(&args.key.slot);
-        invocation.key(&args.key.counter);
-        if let Some(record) = args.record {
-            invocation.key(record);
-        }
-        let (fits, ms): (i64, i64) = invocation
+        let mut keys = vec![args.key.slot.as_str(), args.key.counter.as_str()];
+        keys.extend(args.record);
+        let (fits, ms): (i64, i64) = eval(PACE, &keys)
             .arg(args.arrival_ms)
             .arg(args.delay_ms)
             .arg(args.max_backlog_ms)
             .arg(args.reset_at)
-            .invoke_async(&mut conn)
+            .query_async(&mut conn)
             .await?;
         let ms = u64::try_from(ms).unwrap_or(0);
         Ok(if fits == 1 {
@@ -241,15 +246,19 @@ impl QuotaStore for ValkeyStore {
         record: Option<(&str, &str)>,
     ) -> Result<(), StoreError> {
         let mut conn = self.connection().await?;
-        let mut invocation = self.refund.key(&key.counter);
-        if let Some((record, _)) = record {
-            invocation.key(record);
-        }
-        let _: i64 = invocation
+        let mut keys = vec![key.counter.as_str()];
+        keys.extend(record.map(|(r, _)| r));
+        let _: i64 = eval(REFUND, &keys)
             .arg(reset_at)
             .arg(record.map_or("", |(_, scan_id)| scan_id))
-            .invoke_async(&mut conn)
+            .query_async(&mut conn)
             .await?;
+        Ok(())
+    }
+
+    async fn release(&self, record: &str) -> Result<(), StoreError> {
+        let mut conn = self.connection().await?;
+        let () = eval(RELEASE, &[record]).query_async(&mut conn).await?;
         Ok(())
     }
 
@@ -281,12 +290,10 @@ impl QuotaStore for ValkeyStore {
         lease_until_ms: i64,
     ) -> Result<bool, StoreError> {
         let mut conn = self.connection().await?;
-        let taken: i64 = self
-            .take_over
-            .key(record)
+        let taken: i64 = eval(TAKE_OVER, &[record])
             .arg(previous_until)
             .arg(lease_until_ms)
-            .invoke_async(&mut conn)
+            .query_async(&mut conn)
             .await?;
         Ok(taken == 1)
     }

@@ -1,0 +1,422 @@
+//! `Idempotency-Key`, and what the gate promises through a store that
+//! stalls (SIGSTOP) instead of failing cleanly: a timeout does not cancel a
+//! command already sent, so every answer must stay true once the late
+//! commands have run.
+
+mod common;
+
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use common::*;
+use http::HeaderValue;
+use quota_gate::digest::Scope;
+use quota_gate::gate::{Gate, GateRequest};
+use quota_gate::queue::{QueueError, ScanJob, ScanQueue};
+use quota_gate::store::memory::MemoryStore;
+use quota_gate::store::{QuotaKey, QuotaStore};
+use serde_json::Value;
+
+const IP: &str = "198.51.100.90";
+
+fn keyed(ip: &str, key: &str) -> GateRequest {
+    let mut r = scan_from(ip);
+    r.headers
+        .insert("idempotency-key", HeaderValue::from_str(key).unwrap());
+    r
+}
+
+/// Keeps every job in memory.
+#[derive(Clone, Default)]
+struct Jobs(Arc<Mutex<Vec<ScanJob>>>);
+
+impl ScanQueue for Jobs {
+    async fn enqueue(&self, job: &ScanJob) -> Result<(), QueueError> {
+        self.0.lock().unwrap().push(job.clone());
+        Ok(())
+    }
+}
+
+/// The subject's counter on `server` (0 when it does not exist).
+async fn count_on<S: QuotaStore, Q: ScanQueue>(
+    gate: &Gate<S, Q>,
+    server: &ValkeyServer,
+    ip: &str,
+) -> u64 {
+    let key = QuotaKey::new(Scope::Ip, &gate.identifier().ip_digest(ip.parse().unwrap()));
+    let mut c = server.client().await;
+    let n: Option<u64> = redis::AsyncCommands::get(&mut c, &key.counter)
+        .await
+        .unwrap();
+    n.unwrap_or(0)
+}
+
+/// Replay, mismatch, invalid keys and other subjects, against `gate`;
+/// `jobs` reads the queue, `count` the subject's counter.
+async fn contract<S: QuotaStore, Q: ScanQueue>(
+    gate: &Gate<S, Q>,
+    jobs: impl AsyncFn() -> usize,
+    count: impl AsyncFn(&str) -> u64,
+) {
+    let first = gate.handle(keyed(IP, "order-42")).await;
+    assert_eq!(first.status(), 202);
+    assert!(first.headers().get("idempotent-replayed").is_none());
+    let again = gate.handle(keyed(IP, "order-42")).await;
+    assert_eq!(again.status(), 202);
+    assert_eq!(again.headers()["idempotent-replayed"], "true");
+    assert_eq!(json(&again)["scanId"], json(&first)["scanId"]);
+    assert_eq!(
+        json(&again)["quota"],
+        json(&first)["quota"],
+        "same quota figures"
+    );
+    assert_eq!(
+        again.headers()["x-stella-quota-remaining"],
+        first.headers()["x-stella-quota-remaining"]
+    );
+    assert_eq!(count(IP).await, 1, "a replay is not counted");
+    assert_eq!(jobs().await, 1, "a replay is not queued");
+
+    // The same key with another body.
+    let mut other = keyed(IP, "order-42");
+    other.body = bytes::Bytes::from_static(br#"{"image":"debian:12"}"#);
+    let r = gate.handle(other).await;
+    assert_eq!(r.status(), 422);
+    assert_eq!(json(&r)["error"], "idempotency_key_mismatch");
+
+    // Invalid keys: 400, not counted.
+    for bad in ["", &"k".repeat(256), "caf\u{e9}"] {
+        let mut r = scan_from(IP);
+        r.headers.insert(
+            "idempotency-key",
+            HeaderValue::from_bytes(bad.as_bytes()).unwrap(),
+        );
+        let r = gate.handle(r).await;
+        assert_eq!(r.status(), 400, "{bad:?}");
+        assert_eq!(json(&r)["error"], "invalid_idempotency_key");
+    }
+    assert_eq!(count(IP).await, 1, "invalid keys are not counted");
+
+    // Another subject with the same key is another scan.
+    let theirs = gate.handle(keyed("198.51.100.91", "order-42")).await;
+    assert_eq!(theirs.status(), 202);
+    assert!(theirs.headers().get("idempotent-replayed").is_none());
+    assert_ne!(json(&theirs)["scanId"], json(&first)["scanId"]);
+    assert_eq!(jobs().await, 2);
+}
+
+#[tokio::test]
+async fn keyed_retries_on_valkey() {
+    let server = ValkeyServer::start();
+    let gate = valkey_gate(&server, &[]);
+    contract(
+        &gate,
+        async || stream_jobs(&server, "jobs").await.len(),
+        async |ip| count_on(&gate, &server, ip).await,
+    )
+    .await;
+    // The record lives beside the counter, under the subject's hash tag.
+    let mut c = server.client().await;
+    let records: Vec<String> = redis::AsyncCommands::keys(&mut c, "quota:ip:{*}:idem:*")
+        .await
+        .unwrap();
+    assert_eq!(records.len(), 2);
+    let ttl: i64 = redis::AsyncCommands::ttl(&mut c, &records[0])
+        .await
+        .unwrap();
+    assert!(ttl > 86_000 && ttl <= 86_400, "24 h: {ttl}");
+}
+
+#[tokio::test]
+async fn keyed_retries_in_memory() {
+    let jobs = Jobs::default();
+    let store = MemoryStore::default();
+    let gate = gate(&[], store.clone(), jobs.clone());
+    let used = |ip: &str| {
+        let key = QuotaKey::new(Scope::Ip, &gate.identifier().ip_digest(ip.parse().unwrap()));
+        store.used(&key, now()).unwrap_or(0)
+    };
+    contract(
+        &gate,
+        async || jobs.0.lock().unwrap().len(),
+        async |ip| used(ip),
+    )
+    .await;
+}
+
+/// While the first request with a key sleeps its delay, a repeat is 409
+/// with Retry-After, and is neither counted nor queued.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn repeat_in_flight_is_409() {
+    let server = ValkeyServer::start();
+    let gate = Arc::new(valkey_gate(
+        &server,
+        &[("QUOTA_ANON", "1"), ("QUOTA_SOFT_DELAY_MS", "1500")],
+    ));
+    assert_eq!(gate.handle(scan_from(IP)).await.status(), 202);
+    let slow = {
+        let gate = gate.clone();
+        tokio::spawn(async move { gate.handle(keyed(IP, "slow-1")).await })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let r = gate.handle(keyed(IP, "slow-1")).await;
+    assert_eq!(r.status(), 409);
+    assert_eq!(json(&r)["error"], "idempotency_in_progress");
+    let retry: u64 = r.headers()["retry-after"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(retry >= 1);
+    let first = slow.await.unwrap();
+    assert_eq!(first.status(), 202);
+    assert_eq!(json(&first)["delayMs"], 1500);
+    // Once answered, a repeat is a replay, at once.
+    let started = std::time::Instant::now();
+    let again = gate.handle(keyed(IP, "slow-1")).await;
+    assert!(
+        started.elapsed() < Duration::from_millis(500),
+        "not delayed"
+    );
+    assert_eq!(again.headers()["idempotent-replayed"], "true");
+    assert_eq!(count_on(&*gate, &server, IP).await, 2);
+    assert_eq!(stream_jobs(&server, "jobs").await.len(), 2);
+}
+
+/// Retries `request` until it is answered 202 (503 and 409 say to retry).
+async fn settle<S: QuotaStore, Q: ScanQueue>(gate: &Gate<S, Q>, key: &str) -> Value {
+    for _ in 0..100 {
+        let r = gate.handle(keyed(IP, key)).await;
+        match r.status().as_u16() {
+            202 => return json(&r),
+            409 | 503 => tokio::time::sleep(Duration::from_millis(200)).await,
+            other => panic!("{key}: unexpected {other}: {:?}", r.body()),
+        }
+    }
+    panic!("{key} never settled");
+}
+
+/// The stall: 12 keyed scans sent while Valkey is stopped (SIGSTOP) past
+/// the store timeout, Valkey resumed, then each key retried until 202.
+/// Every key ends as exactly one job in the stream, whose scanId is the one
+/// its client holds, no stray job, and the count grew by exactly 12.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keyed_scans_settle_exactly_once_after_a_stall() {
+    let server = ValkeyServer::start();
+    let gate = Arc::new(valkey_gate(
+        &server,
+        &[
+            ("QUOTA_STORE_TIMEOUT_MS", "200"),
+            ("QUOTA_BREAKER_FAILURES", "0"),
+            ("QUOTA_GATEWAY_TIMEOUT_MS", "5000"),
+            ("QUOTA_DELAY_MODE", "defer"),
+        ],
+    ));
+    // Connect first, so the stall hits commands, not the handshake; and
+    // load the scripts, so the late ones run rather than fail NOSCRIPT.
+    let warm = gate.handle(keyed("192.0.2.1", "warm-up")).await;
+    assert_eq!(warm.status(), 202);
+    assert_eq!(
+        gate.handle(keyed("192.0.2.1", "warm-up")).await.status(),
+        202
+    );
+    let jobs_before = stream_jobs(&server, "jobs").await.len();
+
+    server.signal("STOP");
+    let tasks: Vec<_> = (0..12)
+        .map(|i| {
+            let gate = gate.clone();
+            tokio::spawn(async move {
+                let r = gate.handle(keyed(IP, &format!("stall-{i}"))).await;
+                (r.status().as_u16(), json(&r))
+            })
+        })
+        .collect();
+    let mut first_answers = Vec::new();
+    for t in tasks {
+        first_answers.push(t.await.unwrap());
+    }
+    tokio::time::sleep(Duration::from_millis(2_500)).await;
+    server.signal("CONT");
+    for (status, body) in &first_answers {
+        match status {
+            503 => assert_eq!(body["queued"], "unknown", "{body}"),
+            202 => {}
+            other => panic!("unexpected {other}: {body}"),
+        }
+    }
+    assert!(
+        first_answers.iter().any(|(s, _)| *s == 503),
+        "the stall was felt"
+    );
+
+    let mut held = HashSet::new();
+    for i in 0..12 {
+        let body = settle(&*gate, &format!("stall-{i}")).await;
+        held.insert(body["scanId"].as_str().unwrap().to_owned());
+    }
+    assert_eq!(held.len(), 12, "one scanId per key");
+    let jobs = stream_jobs(&server, "jobs").await;
+    let ours: Vec<&Value> = jobs[jobs_before..].iter().collect();
+    let queued: HashSet<String> = ours
+        .iter()
+        .map(|j| j["scanId"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(ours.len(), 12, "exactly one job per key: {ours:?}");
+    assert_eq!(
+        queued, held,
+        "every job is one a client holds, and the reverse"
+    );
+    for job in &ours {
+        assert!(
+            !(job["tier"] == "within" && job["count"] == 0),
+            "no uncounted job passes as within: {job}"
+        );
+    }
+    assert_eq!(
+        count_on(&*gate, &server, IP).await,
+        12,
+        "counted once per key"
+    );
+}
+
+/// Without a key, through the same stall: each 503 says whether its job
+/// may still land, and once the stall is over the counter holds exactly the
+/// 202s (a late job of a 503 runs uncounted, never charged twice); every 202
+/// has its job; no job is `within` with count 0.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unkeyed_answers_stay_true_after_a_stall() {
+    let server = ValkeyServer::start();
+    let gate = Arc::new(valkey_gate(
+        &server,
+        &[
+            ("QUOTA_STORE_TIMEOUT_MS", "200"),
+            ("QUOTA_BREAKER_FAILURES", "0"),
+            ("QUOTA_DELAY_MODE", "defer"),
+        ],
+    ));
+    assert_eq!(gate.handle(scan_from(IP)).await.status(), 202);
+    server.signal("STOP");
+    let tasks: Vec<_> = (0..10)
+        .map(|_| {
+            let gate = gate.clone();
+            tokio::spawn(async move {
+                let r = gate.handle(scan_from(IP)).await;
+                (r.status().as_u16(), json(&r))
+            })
+        })
+        .collect();
+    let mut answers = Vec::new();
+    for t in tasks {
+        answers.push(t.await.unwrap());
+    }
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    server.signal("CONT");
+    // After the stall, the gate works again (the breaker is off).
+    let mut after = 0;
+    for _ in 0..50 {
+        if gate.handle(scan_from(IP)).await.status() == 202 {
+            after += 1;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(after, 1);
+    let accepted: Vec<&Value> = answers
+        .iter()
+        .filter(|(s, _)| *s == 202)
+        .map(|(_, b)| b)
+        .collect();
+    for (status, body) in &answers {
+        assert!(*status == 202 || *status == 503, "{status}: {body}");
+        if *status == 503 {
+            assert_eq!(
+                body["queued"], "unknown",
+                "the gate cannot know: it says so"
+            );
+        }
+    }
+    let jobs = stream_jobs(&server, "jobs").await;
+    let queued: HashSet<&str> = jobs.iter().map(|j| j["scanId"].as_str().unwrap()).collect();
+    for body in &accepted {
+        assert!(
+            queued.contains(body["scanId"].as_str().unwrap()),
+            "a 202 without a job"
+        );
+    }
+    for job in &jobs {
+        assert!(!(job["tier"] == "within" && job["count"] == 0), "{job}");
+    }
+    // The first and last scans plus every 202 of the stall; nothing for a 503.
+    assert_eq!(
+        count_on(&*gate, &server, IP).await,
+        2 + accepted.len() as u64
+    );
+}
+
+/// Fail closed through a stall: the 503s say "not counted", and once the
+/// stall is over that is still true (the refund runs after the late count).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn closed_mode_refusals_are_not_counted_after_a_stall() {
+    let server = ValkeyServer::start();
+    let gate = Arc::new(valkey_gate(
+        &server,
+        &[
+            ("QUOTA_STORE_TIMEOUT_MS", "200"),
+            ("QUOTA_BREAKER_FAILURES", "0"),
+            ("QUOTA_FAIL_MODE", "closed"),
+        ],
+    ));
+    assert_eq!(gate.handle(scan_from(IP)).await.status(), 202);
+    server.signal("STOP");
+    for key in [None, Some("closed-1"), None] {
+        let request = match key {
+            Some(k) => keyed(IP, k),
+            None => scan_from(IP),
+        };
+        let r = gate.handle(request).await;
+        assert_eq!(r.status(), 503);
+        assert_eq!(json(&r)["error"], "store_unavailable");
+    }
+    tokio::time::sleep(Duration::from_millis(1_000)).await;
+    server.signal("CONT");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(
+        count_on(&*gate, &server, IP).await,
+        1,
+        "only the scan before the stall"
+    );
+    // The keyed refusal left no record behind: a retry is a fresh scan.
+    let r = gate.handle(keyed(IP, "closed-1")).await;
+    assert_eq!(r.status(), 202);
+    assert!(r.headers().get("idempotent-replayed").is_none());
+    assert_eq!(json(&r)["quota"]["used"], 2);
+}
+
+/// A refund issued after 00:00 UTC leaves the new day's counter alone.
+#[tokio::test]
+async fn refund_is_tied_to_its_day() {
+    let server = ValkeyServer::start();
+    let gate = valkey_gate(&server, &[]);
+    let key = QuotaKey::new(Scope::Ip, &gate.identifier().ip_digest(IP.parse().unwrap()));
+    let mut c = server.client().await;
+    let today_end = now() - now().rem_euclid(86_400) + 86_400;
+    // Today's counter (the new day, from the refund's point of view) at 5.
+    let _: () = redis::cmd("SET")
+        .arg(&key.counter)
+        .arg(5)
+        .arg("EXAT")
+        .arg(today_end)
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    // A refund of a scan counted yesterday (whose counter expired at today's start).
+    gate.store()
+        .refund(&key, today_end - 86_400, None)
+        .await
+        .unwrap();
+    assert_eq!(count_on(&gate, &server, IP).await, 5);
+    gate.store().refund(&key, today_end, None).await.unwrap();
+    assert_eq!(count_on(&gate, &server, IP).await, 4);
+}
