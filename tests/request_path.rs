@@ -115,6 +115,28 @@ async fn rolling_ttl_and_healing() {
     assert!(ttl > 0, "ttl {ttl}");
 }
 
+/// A counter created by hand without an expiry (a crash between INCR and
+/// EXPIRE in an older client, say) gets the next 00:00 UTC on the subject's
+/// next scan: EXPIREAT … NX rides along with every count.
+#[tokio::test]
+async fn counter_without_expiry_heals_on_next_scan() {
+    let server = ValkeyServer::start();
+    let gate = valkey_gate(&server, &[]);
+    let key = quota_gate::store::QuotaKey::new(
+        quota_gate::digest::Scope::Ip,
+        &gate.identifier().ip_digest("198.51.100.22".parse().unwrap()),
+    );
+    let mut c = server.client().await;
+    let _: () = c.set(&key.counter, 5).await.unwrap();
+    assert_eq!(c.ttl::<_, i64>(&key.counter).await.unwrap(), -1);
+    let body = json(&gate.handle(scan_from("198.51.100.22")).await);
+    assert_eq!(body["quota"]["used"], 6);
+    let ttl: i64 = c.ttl(&key.counter).await.unwrap();
+    let to_midnight = 86_400 - now().rem_euclid(86_400);
+    assert!(ttl > 0 && ttl <= to_midnight, "ttl {ttl}, midnight in {to_midnight}");
+    assert_eq!(body["quota"]["resetAt"], quota_gate::respond::rfc3339(now() + to_midnight));
+}
+
 /// 400 concurrent scans from one subject over many connections count 1…400 exactly once each.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn concurrent_counts_are_exact() {
@@ -348,4 +370,15 @@ async fn sample_events() {
             assert_eq!(json(&r)["quota"]["scope"], scope, "{name}");
         }
     }
+    // The keyed event, twice: the second is the first's 202 again, not counted.
+    let first = gate
+        .handle(to_gate_request(event("http-api-v2-idempotent.json")))
+        .await;
+    assert_eq!(first.status(), 202);
+    let again = gate
+        .handle(to_gate_request(event("http-api-v2-idempotent.json")))
+        .await;
+    assert_eq!(again.headers()["idempotent-replayed"], "true");
+    assert_eq!(json(&again)["scanId"], json(&first)["scanId"]);
+    assert_eq!(json(&again)["quota"]["used"], 1);
 }
