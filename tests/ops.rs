@@ -129,6 +129,28 @@ async fn inspect_token() {
     assert!(err.to_string().contains("expired"), "{err}");
 }
 
+/// The handler and `--token` derive the subject through the same function:
+/// a scan sent with `Authorization: BEARER <jwt>` (any case of the scheme)
+/// counts under the key `--token "BEARER <jwt>"` finds.
+#[tokio::test]
+async fn token_subject_is_derived_once() {
+    let server = ValkeyServer::start();
+    let gate = gate_on(&server);
+    let t = token("tid-ops-case", json!({}));
+    let mut request = scan_from("203.0.113.9");
+    request.headers.insert(
+        http::header::AUTHORIZATION,
+        format!("BEARER {t}").parse().unwrap(),
+    );
+    assert_eq!(json(&gate.handle(request).await)["quota"]["scope"], "tid");
+    let config = ops_config(&server);
+    let s = subject::resolve(&config, SECRET, &SubjectArg::Token(format!("BEARER {t}"))).unwrap();
+    let i = subject::inspect(&valkey_store(&config).unwrap(), &config, &s)
+        .await
+        .unwrap();
+    assert_eq!((i.scope, i.count), ("tid", 1));
+}
+
 /// `reset` removes the counter and first-seen key; the next request counts 1.
 #[tokio::test]
 async fn reset_then_next_counts_one() {

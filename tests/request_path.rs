@@ -124,7 +124,9 @@ async fn counter_without_expiry_heals_on_next_scan() {
     let gate = valkey_gate(&server, &[]);
     let key = quota_gate::store::QuotaKey::new(
         quota_gate::digest::Scope::Ip,
-        &gate.identifier().ip_digest("198.51.100.22".parse().unwrap()),
+        &gate
+            .identifier()
+            .ip_digest("198.51.100.22".parse().unwrap()),
     );
     let mut c = server.client().await;
     let _: () = c.set(&key.counter, 5).await.unwrap();
@@ -133,8 +135,14 @@ async fn counter_without_expiry_heals_on_next_scan() {
     assert_eq!(body["quota"]["used"], 6);
     let ttl: i64 = c.ttl(&key.counter).await.unwrap();
     let to_midnight = 86_400 - now().rem_euclid(86_400);
-    assert!(ttl > 0 && ttl <= to_midnight, "ttl {ttl}, midnight in {to_midnight}");
-    assert_eq!(body["quota"]["resetAt"], quota_gate::respond::rfc3339(now() + to_midnight));
+    assert!(
+        ttl > 0 && ttl <= to_midnight,
+        "ttl {ttl}, midnight in {to_midnight}"
+    );
+    assert_eq!(
+        body["quota"]["resetAt"],
+        quota_gate::respond::rfc3339(now() + to_midnight)
+    );
 }
 
 /// 400 concurrent scans from one subject over many connections count 1…400 exactly once each.

@@ -124,7 +124,26 @@ impl Identifier {
             .digest(Scope::Ip, &ip::material(ip, self.ipv6_prefix))
     }
 
-    fn token_identity(&self, tid: &str, tier: Option<NonZeroU32>) -> Identity {
+    /// The anonymous subject of a (direct, already trusted) address.
+    pub fn ip_identity(&self, ip: IpAddr) -> Identity {
+        Identity {
+            scope: Scope::Ip,
+            digest: self.ip_digest(ip),
+            limit: self.quota_anon,
+            token: None,
+        }
+    }
+
+    /// Verifies a bearer token (without its scheme) with the configured keys.
+    pub fn verify(&self, token: &str) -> Result<jwt::TokenSubject, Rejection> {
+        match &self.verifier {
+            None => Err(Rejection::NoVerificationKey),
+            Some(v) => v.verify(token),
+        }
+    }
+
+    /// The token subject of `tid`, its limit from `tier` or `QUOTA_TOKEN`.
+    pub fn token_identity(&self, tid: &str, tier: Option<NonZeroU32>) -> Identity {
         Identity {
             scope: Scope::Tid,
             digest: self.hasher.digest(Scope::Tid, tid),
@@ -136,19 +155,19 @@ impl Identifier {
     /// `None` when no `Authorization` header was sent.
     fn check_token(&self, headers: &HeaderMap) -> Option<Result<jwt::TokenSubject, Rejection>> {
         let value = headers.get(header::AUTHORIZATION)?;
-        let Some(token) = value
-            .to_str()
-            .ok()
-            // The scheme is case-insensitive (RFC 9110, section 11.1).
-            .and_then(|v| v.split_once(' '))
-            .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
-            .map(|(_, token)| token.trim())
-        else {
+        let Some(token) = value.to_str().ok().and_then(bearer) else {
             return Some(Err(Rejection::NotBearer));
         };
-        Some(match &self.verifier {
-            None => Err(Rejection::NoVerificationKey),
-            Some(v) => v.verify(token),
-        })
+        Some(self.verify(token))
     }
+}
+
+/// The token of an `Authorization: Bearer <token>` value; `None` for any
+/// other scheme. The scheme is case-insensitive (RFC 9110, section 11.1).
+pub fn bearer(value: &str) -> Option<&str> {
+    value
+        .trim()
+        .split_once(' ')
+        .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+        .map(|(_, token)| token.trim())
 }

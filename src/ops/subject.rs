@@ -17,9 +17,8 @@ use super::OpsError;
 use crate::config::Config;
 use crate::decide::decide;
 use crate::digest::Scope;
-use crate::identity::Identifier;
-use crate::identity::ip;
-use crate::identity::jwt::Verifier;
+use crate::identity::jwt::Rejection;
+use crate::identity::{self, Identifier, ip};
 use crate::store::QuotaKey;
 use crate::store::valkey::{Snapshot, ValkeyStore};
 
@@ -55,10 +54,11 @@ pub struct Subject {
     pub basis: Basis,
 }
 
-/// Finds the keys of the client `arg` names, hashing under `secret`.
+/// Finds the keys of the client `arg` names, hashing under `secret`,
+/// through the same [`Identifier`] functions the handler uses.
 pub fn resolve(config: &Config, secret: &[u8], arg: &SubjectArg) -> Result<Subject, OpsError> {
     let identifier = Identifier::new(config, secret)?;
-    match arg {
+    let (identity, basis) = match arg {
         SubjectArg::Ip(raw) => {
             let addr = ip::parse_source(raw).ok_or_else(|| {
                 OpsError::Usage(
@@ -66,39 +66,30 @@ pub fn resolve(config: &Config, secret: &[u8], arg: &SubjectArg) -> Result<Subje
                         .into(),
                 )
             })?;
-            let digest = identifier.ip_digest(addr);
-            Ok(Subject {
-                scope: Scope::Ip,
-                key: QuotaKey::new(Scope::Ip, &digest),
-                limit: config.quota_anon,
-                basis: Basis::Ip,
-            })
+            (identifier.ip_identity(addr), Basis::Ip)
         }
         SubjectArg::Token(raw) => {
-            let raw = raw.trim();
-            let raw = raw
-                .strip_prefix("Bearer ")
-                .or_else(|| raw.strip_prefix("bearer "))
-                .unwrap_or(raw)
-                .trim();
-            if raw.is_empty() {
+            let token = identity::bearer(raw).unwrap_or(raw.trim());
+            if token.is_empty() {
                 return Err(OpsError::Usage("--token: empty".into()));
             }
-            let (tid, tier, basis) = if looks_like_jwt(raw) {
-                let subject = verify(config, raw)?;
-                (subject.tid, subject.tier, Basis::VerifiedToken)
+            if looks_like_jwt(token) {
+                let subject = identifier.verify(token).map_err(refused)?;
+                (
+                    identifier.token_identity(&subject.tid, subject.tier),
+                    Basis::VerifiedToken,
+                )
             } else {
-                (raw.to_owned(), None, Basis::BareTid)
-            };
-            let digest = identifier.hasher().digest(Scope::Tid, &tid);
-            Ok(Subject {
-                scope: Scope::Tid,
-                key: QuotaKey::new(Scope::Tid, &digest),
-                limit: tier.unwrap_or(config.quota_token),
-                basis,
-            })
+                (identifier.token_identity(token, None), Basis::BareTid)
+            }
         }
-    }
+    };
+    Ok(Subject {
+        scope: identity.scope,
+        key: QuotaKey::new(identity.scope, &identity.digest),
+        limit: identity.limit,
+        basis,
+    })
 }
 
 /// Three dot-separated parts: a compact JWS. A `tid` is an opaque id.
@@ -106,26 +97,18 @@ fn looks_like_jwt(raw: &str) -> bool {
     raw.split('.').count() == 3
 }
 
-fn verify(config: &Config, token: &str) -> Result<crate::identity::jwt::TokenSubject, OpsError> {
-    let verifier = Verifier::from_config(
-        config.jwt_public_key.as_deref(),
-        config.jwt_jwks.as_deref(),
-        &config.jwt_issuer,
-        config.jwt_audience.as_deref(),
-    )?
-    .ok_or_else(|| {
-        OpsError::Usage(
-            "--token: this looks like a JWT, but neither QUOTA_JWT_PUBLIC_KEY nor \
-             QUOTA_JWT_JWKS is set, so it cannot be verified; set one, or pass the bare tid"
-                .into(),
-        )
-    })?;
-    verifier.verify(token).map_err(|rejection| {
-        OpsError::Usage(format!(
+/// Why a JWT given to `--token` names no counter.
+fn refused(rejection: Rejection) -> OpsError {
+    OpsError::Usage(match rejection {
+        Rejection::NoVerificationKey => "--token: this looks like a JWT, but neither \
+            QUOTA_JWT_PUBLIC_KEY nor QUOTA_JWT_JWKS is set, so it cannot be verified; set one, \
+            or pass the bare tid"
+            .into(),
+        rejection => format!(
             "--token: the token is not valid ({}): the gate counts its requests under \
              the caller's IP, not its tid; use --ip, or pass the bare tid",
             rejection.as_str()
-        ))
+        ),
     })
 }
 
