@@ -18,8 +18,6 @@
 
 mod common;
 
-use std::io::Write;
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use common::*;
@@ -64,32 +62,11 @@ const UNITS: &[&str] = &[
 
 const IP: &str = "203.0.113.7";
 
-/// A sink the test can read while the meter holds it.
-#[derive(Clone, Default)]
-struct Captured(Arc<Mutex<Vec<u8>>>);
-
-impl Write for Captured {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(buf);
-        Ok(buf.len())
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-impl Captured {
-    fn meter(&self) -> Meter {
-        Meter::new("StellaOps/Quota", Some(Box::new(self.clone())))
-    }
-
-    /// Every line written so far, each parsed and checked against the spec.
-    fn documents(&self) -> Vec<Value> {
-        let text = String::from_utf8(self.0.lock().unwrap().clone()).unwrap();
-        assert!(text.is_empty() || text.ends_with('\n'), "lines end in \\n");
-        text.lines().map(check_emf).collect()
-    }
+/// Every line `sink` holds, each parsed and checked against the spec.
+fn documents(sink: &Capture) -> Vec<Value> {
+    let text = sink.text();
+    assert!(text.is_empty() || text.ends_with('\n'), "lines end in \\n");
+    text.lines().map(check_emf).collect()
 }
 
 /// Checks one line against the EMF specification and meter's declarations; returns it parsed.
@@ -186,7 +163,7 @@ fn assert_counters(doc: &Value, expected: [u64; 6]) {
 /// Within, soft, hard and reminder scans each print one valid EMF line with the right counters and delay.
 #[tokio::test(start_paused = true)]
 async fn tiers_print_valid_emf() {
-    let sink = Captured::default();
+    let sink = Capture::default();
     let gate = Gate::new(
         config(&[
             ("QUOTA_ANON", "1"),
@@ -203,7 +180,7 @@ async fn tiers_print_valid_emf() {
     for _ in 0..3 {
         assert_eq!(gate.handle(scan_from(IP)).await.status(), 202);
     }
-    let docs = sink.documents();
+    let docs = documents(&sink);
     assert_eq!(docs.len(), 3, "one line per request");
     let all: Vec<&str> = meter::COUNTERS
         .iter()
@@ -238,7 +215,7 @@ async fn tiers_print_valid_emf() {
 /// Token holders are metered under Scope=tid, with no token material in the line.
 #[tokio::test]
 async fn token_scope_dimension() {
-    let sink = Captured::default();
+    let sink = Capture::default();
     let token = event_token("http-api-v2-token.json");
     let gate = Gate::new(
         config(&[("QUOTA_JWT_PUBLIC_KEY", &fixture("ed25519.pub.pem"))]),
@@ -250,7 +227,7 @@ async fn token_scope_dimension() {
     .unwrap();
     let r = gate.handle(scan_with_token(IP, &token)).await;
     assert_eq!(json(&r)["quota"]["scope"], "tid");
-    let docs = sink.documents();
+    let docs = documents(&sink);
     assert_eq!(docs.len(), 1);
     assert_eq!(docs[0]["Scope"], "tid");
     let line = docs[0].to_string();
@@ -263,14 +240,14 @@ async fn token_scope_dimension() {
 /// An unreachable store prints a store-error line with no delay sample, so an outage cannot drag p95 down.
 #[tokio::test]
 async fn store_error_prints_valid_emf() {
-    let sink = Captured::default();
+    let sink = Capture::default();
     let dead = format!("redis://127.0.0.1:{}", free_port());
     let config = config(&[("VALKEY_URL", &dead), ("QUOTA_STORE_TIMEOUT_MS", "200")]);
     let store = ValkeyStore::new(Valkey::new(&dead, false, config.store_timeout).unwrap());
     let gate = Gate::new(config, SECRET, store, Discard, sink.meter()).unwrap();
     let r = gate.handle(scan_from(IP)).await;
     assert_eq!(r.status(), 202, "fail open by default");
-    let docs = sink.documents();
+    let docs = documents(&sink);
     assert_eq!(docs.len(), 1);
     assert_counters(&docs[0], [0, 0, 0, 1, 0, 0]);
     assert_eq!(
@@ -284,7 +261,7 @@ async fn store_error_prints_valid_emf() {
 /// A failed enqueue prints an enqueue-error line.
 #[tokio::test]
 async fn enqueue_error_prints_valid_emf() {
-    let sink = Captured::default();
+    let sink = Capture::default();
     let gate = Gate::new(
         config(&[]),
         SECRET,
@@ -294,7 +271,7 @@ async fn enqueue_error_prints_valid_emf() {
     )
     .unwrap();
     assert_eq!(gate.handle(scan_from(IP)).await.status(), 503);
-    let docs = sink.documents();
+    let docs = documents(&sink);
     assert_eq!(docs.len(), 1);
     assert_counters(&docs[0], [0, 0, 0, 0, 1, 0]);
 }
@@ -302,7 +279,7 @@ async fn enqueue_error_prints_valid_emf() {
 /// Requests refused before counting (bad input) print nothing.
 #[tokio::test]
 async fn rejected_requests_print_nothing() {
-    let sink = Captured::default();
+    let sink = Capture::default();
     let gate = Gate::new(
         config(&[]),
         SECRET,
@@ -314,7 +291,7 @@ async fn rejected_requests_print_nothing() {
     let mut bad = scan_from(IP);
     bad.body = bytes::Bytes::from_static(br#"{"img":1}"#);
     assert_eq!(gate.handle(bad).await.status(), 400);
-    assert!(sink.documents().is_empty());
+    assert!(documents(&sink).is_empty());
 }
 
 /// The meter's own rendering holds the timestamp it is given, as an integer.

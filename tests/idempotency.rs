@@ -6,14 +6,14 @@
 mod common;
 
 use std::collections::HashSet;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use common::*;
 use http::HeaderValue;
 use quota_gate::digest::Scope;
 use quota_gate::gate::{Gate, GateRequest};
-use quota_gate::queue::{QueueError, ScanJob, ScanQueue};
+use quota_gate::queue::ScanQueue;
 use quota_gate::store::memory::MemoryStore;
 use quota_gate::store::{QuotaKey, QuotaStore};
 use serde_json::Value;
@@ -25,17 +25,6 @@ fn keyed(ip: &str, key: &str) -> GateRequest {
     r.headers
         .insert("idempotency-key", HeaderValue::from_str(key).unwrap());
     r
-}
-
-/// Keeps every job in memory.
-#[derive(Clone, Default)]
-struct Jobs(Arc<Mutex<Vec<ScanJob>>>);
-
-impl ScanQueue for Jobs {
-    async fn enqueue(&self, job: &ScanJob) -> Result<(), QueueError> {
-        self.0.lock().unwrap().push(job.clone());
-        Ok(())
-    }
 }
 
 /// The subject's counter on `server` (0 when it does not exist).
@@ -130,19 +119,14 @@ async fn keyed_retries_on_valkey() {
 
 #[tokio::test]
 async fn keyed_retries_in_memory() {
-    let jobs = Jobs::default();
+    let jobs = RecordingQueue::default();
     let store = MemoryStore::default();
     let gate = gate(&[], store.clone(), jobs.clone());
     let used = |ip: &str| {
         let key = QuotaKey::new(Scope::Ip, &gate.identifier().ip_digest(ip.parse().unwrap()));
         store.used(&key, now()).unwrap_or(0)
     };
-    contract(
-        &gate,
-        async || jobs.0.lock().unwrap().len(),
-        async |ip| used(ip),
-    )
-    .await;
+    contract(&gate, async || jobs.len(), async |ip| used(ip)).await;
 }
 
 /// While the first request with a key sleeps its delay, a repeat is 409

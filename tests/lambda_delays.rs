@@ -9,41 +9,24 @@
 
 mod common;
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use common::*;
 use quota_gate::clock::Clock;
 use quota_gate::gate::{Gate, GateRequest};
 use quota_gate::lambda::to_gate_request;
+use quota_gate::queue::ScanJob;
 use quota_gate::queue::sqs::delay_seconds;
-use quota_gate::queue::{QueueError, ScanJob, ScanQueue};
 use quota_gate::store::memory::MemoryStore;
 use serde_json::Value;
 use tokio::time::Instant;
 
-/// Keeps every job in memory.
-#[derive(Clone, Default)]
-struct Recorder(Arc<Mutex<Vec<ScanJob>>>);
-
-impl ScanQueue for Recorder {
-    async fn enqueue(&self, job: &ScanJob) -> Result<(), QueueError> {
-        self.0.lock().unwrap().push(job.clone());
-        Ok(())
-    }
-}
-
-impl Recorder {
-    fn last(&self) -> ScanJob {
-        self.0.lock().unwrap().last().cloned().unwrap()
-    }
-}
-
 /// One scan of quota, no soft window: the second scan is hard-tier.
 const HARD_ON_SECOND: &[(&str, &str)] = &[("QUOTA_ANON", "1"), ("QUOTA_SOFT_WINDOW", "0")];
 
-fn gate_with(vars: &[(&str, &str)]) -> (Gate<MemoryStore, Recorder>, Recorder) {
-    let recorder = Recorder::default();
+fn gate_with(vars: &[(&str, &str)]) -> (Gate<MemoryStore, RecordingQueue>, RecordingQueue) {
+    let recorder = RecordingQueue::default();
     let mut all = HARD_ON_SECOND.to_vec();
     all.extend_from_slice(vars);
     (
@@ -66,8 +49,8 @@ fn http_api_event(remaining: Option<Duration>) -> GateRequest {
 
 /// Sends the over-quota scan and returns the body, the virtual time it took and the job.
 async fn hard_scan(
-    gate: &Gate<MemoryStore, Recorder>,
-    recorder: &Recorder,
+    gate: &Gate<MemoryStore, RecordingQueue>,
+    recorder: &RecordingQueue,
     remaining: Option<Duration>,
 ) -> (Value, Duration, ScanJob) {
     let first = gate.handle(http_api_event(remaining)).await;
@@ -134,7 +117,7 @@ async fn lambda_remaining_time_caps_the_sleep() {
 /// The soft tier's 5 s fits the budget whole: slept, nothing deferred.
 #[tokio::test(start_paused = true)]
 async fn soft_tier_sleeps_whole() {
-    let recorder = Recorder::default();
+    let recorder = RecordingQueue::default();
     let gate = gate(
         &[("QUOTA_ANON", "1")],
         MemoryStore::default(),
@@ -198,7 +181,7 @@ async fn sequential_client_sees_the_seeds_delays() {
         delays,
         [0, 0, 1000, 1000, 1000, 3000, 3000, 3000, 3000, 3000]
     );
-    assert_eq!(recorder.0.lock().unwrap().len(), 10);
+    assert_eq!(recorder.len(), 10);
 }
 
 /// The same scans sent at once are spread out: each starts one delay after
@@ -228,5 +211,5 @@ async fn parallel_client_is_paced() {
         delays,
         [0, 0, 1000, 2000, 3000, 6000, 9000, 12000, 15000, 18000]
     );
-    assert_eq!(recorder.0.lock().unwrap().len(), 10);
+    assert_eq!(recorder.len(), 10);
 }

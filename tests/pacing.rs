@@ -6,12 +6,12 @@
 
 mod common;
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use common::cluster::{ValkeyCluster, cluster_gate};
 use common::*;
 use quota_gate::gate::Gate;
-use quota_gate::queue::{QueueError, ScanJob, ScanQueue};
+use quota_gate::queue::ScanQueue;
 use quota_gate::store::QuotaStore;
 use quota_gate::store::memory::MemoryStore;
 use serde_json::Value;
@@ -32,17 +32,6 @@ fn vars(extra: &[(&'static str, &'static str)]) -> Vec<(&'static str, &'static s
     let mut all = BURST.to_vec();
     all.extend_from_slice(extra);
     all
-}
-
-/// Keeps every job in memory.
-#[derive(Clone, Default)]
-struct Jobs(Arc<Mutex<Vec<ScanJob>>>);
-
-impl ScanQueue for Jobs {
-    async fn enqueue(&self, job: &ScanJob) -> Result<(), QueueError> {
-        self.0.lock().unwrap().push(job.clone());
-        Ok(())
-    }
 }
 
 /// Sends `n` scans from one address at once; returns each answer's status and body.
@@ -102,20 +91,11 @@ fn assert_paced(answers: &[(u16, Value)], jobs: &[Value]) {
     assert!(delays[11] >= 23_000, "{delays:?}");
 }
 
-fn memory_jobs(jobs: &Jobs) -> Vec<Value> {
-    jobs.0
-        .lock()
-        .unwrap()
-        .iter()
-        .map(|j| serde_json::to_value(j).unwrap())
-        .collect()
-}
-
 #[tokio::test]
 async fn burst_is_paced_in_memory() {
-    let jobs = Jobs::default();
+    let jobs = RecordingQueue::default();
     let answers = burst(gate(&vars(&[]), MemoryStore::default(), jobs.clone()), 12).await;
-    assert_paced(&answers, &memory_jobs(&jobs));
+    assert_paced(&answers, &jobs.json());
 }
 
 #[tokio::test]
@@ -164,7 +144,7 @@ async fn pacing_off_gives_fixed_delays() {
             0, 0, 1000, 1000, 1000, 3000, 3000, 3000, 3000, 3000, 3000, 3000
         ]
     );
-    let jobs = Jobs::default();
+    let jobs = RecordingQueue::default();
     let answers = burst(
         gate(
             &vars(&[("QUOTA_PACING", "off")]),
@@ -243,7 +223,7 @@ async fn backlog_cap_on_valkey() {
 
 #[tokio::test]
 async fn backlog_cap_in_memory() {
-    let jobs = Jobs::default();
+    let jobs = RecordingQueue::default();
     let store = MemoryStore::default();
     let gate = gate(
         &vars(&[("QUOTA_MAX_BACKLOG_MS", "10000")]),
@@ -256,7 +236,7 @@ async fn backlog_cap_in_memory() {
     );
     assert_capped(
         gate,
-        async || memory_jobs(&jobs),
+        async || jobs.json(),
         async || store.used(&key, now()).unwrap(),
     )
     .await;

@@ -6,10 +6,11 @@ pub mod cluster;
 pub mod moto;
 
 use std::collections::HashMap;
+use std::io::Write;
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -17,8 +18,8 @@ use http::{HeaderMap, HeaderValue, Method, header};
 use quota_gate::config::Config;
 use quota_gate::gate::{Gate, GateRequest};
 use quota_gate::meter::Meter;
-use quota_gate::queue::ScanQueue;
 use quota_gate::queue::stream::StreamQueue;
+use quota_gate::queue::{QueueError, ScanJob, ScanQueue};
 use quota_gate::store::valkey::ValkeyStore;
 use quota_gate::valkey::Valkey;
 
@@ -410,5 +411,70 @@ impl ValkeyServer {
             "valkey-server did not restart on port {}",
             self.port
         );
+    }
+}
+
+/// A queue in memory: exactly the jobs the gate enqueued, nothing in the way.
+#[derive(Clone, Default)]
+pub struct RecordingQueue(Arc<Mutex<Vec<ScanJob>>>);
+
+impl ScanQueue for RecordingQueue {
+    async fn enqueue(&self, job: &ScanJob) -> Result<(), QueueError> {
+        self.0.lock().unwrap().push(job.clone());
+        Ok(())
+    }
+}
+
+impl RecordingQueue {
+    pub fn jobs(&self) -> Vec<ScanJob> {
+        self.0.lock().unwrap().clone()
+    }
+
+    pub fn len(&self) -> usize {
+        self.0.lock().unwrap().len()
+    }
+
+    pub fn last(&self) -> ScanJob {
+        self.0.lock().unwrap().last().cloned().expect("a job")
+    }
+
+    /// The jobs as the queue's consumers see them (JSON).
+    pub fn json(&self) -> Vec<serde_json::Value> {
+        self.jobs()
+            .iter()
+            .map(|j| serde_json::to_value(j).unwrap())
+            .collect()
+    }
+}
+
+/// A sink the test can read while a meter holds it (EMF lines).
+#[derive(Clone, Default)]
+pub struct Capture(Arc<Mutex<Vec<u8>>>);
+
+impl Write for Capture {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Capture {
+    /// A meter writing its EMF lines here.
+    pub fn meter(&self) -> Meter {
+        Meter::new("StellaOps/Quota", Some(Box::new(self.clone())))
+    }
+
+    /// Everything written so far.
+    pub fn text(&self) -> String {
+        String::from_utf8(self.0.lock().unwrap().clone()).unwrap()
+    }
+
+    /// How many lines contain `needle`.
+    pub fn count(&self, needle: &str) -> usize {
+        self.text().lines().filter(|l| l.contains(needle)).count()
     }
 }
