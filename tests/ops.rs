@@ -181,6 +181,42 @@ async fn reset_then_next_counts_one() {
     assert_eq!(subject::reset(&store, &s).await.unwrap().removed, 0);
 }
 
+/// With pacing on, `inspect` shows the paced backlog, and `reset` clears the
+/// slot and the idempotency records along with the counter.
+#[tokio::test]
+async fn inspect_shows_backlog_and_reset_clears_it() {
+    let server = ValkeyServer::start();
+    let v: Vec<(&str, String)> = vars(&server)
+        .into_iter()
+        .filter(|(k, _)| !["VALKEY_URL", "QUOTA_PACING"].contains(k))
+        .collect();
+    let borrowed: Vec<(&str, &str)> = v.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let gate = valkey_gate(&server, &borrowed);
+    let mut keyed = scan_from("198.51.100.60");
+    keyed
+        .headers
+        .insert("idempotency-key", "ops-1".parse().unwrap());
+    gate.handle(keyed).await;
+    for _ in 0..5 {
+        gate.handle(scan_from("198.51.100.60")).await;
+    }
+    let config = ops_config(&server);
+    let store = valkey_store(&config).unwrap();
+    let s = subject::resolve(&config, SECRET, &SubjectArg::Ip("198.51.100.60".into())).unwrap();
+    let i = subject::inspect(&store, &config, &s).await.unwrap();
+    // Scans 4, 5 (soft, 5 s) and 6 (hard, 60 s) sent at once: the line ends ~70 s out.
+    assert!(i.backlog_ms > 60_000, "{i:?}");
+    assert!(i.next_free_slot.is_some());
+    assert!(i.render().contains("next slot"), "{}", i.render());
+    let removal = subject::reset(&store, &s).await.unwrap();
+    assert_eq!(removal.removed, 4, "counter, first-seen, slot, one record");
+    let mut c = server.client().await;
+    let left: Vec<String> = c.keys("quota:*").await.unwrap();
+    assert!(left.is_empty(), "{left:?}");
+    let i = subject::inspect(&store, &config, &s).await.unwrap();
+    assert_eq!((i.exists, i.backlog_ms), (false, 0));
+}
+
 /// `purge` removes every quota:* key in batches, reports progress, and leaves other keys alone; a dry run removes nothing.
 #[tokio::test]
 async fn purge_only_quota_keys() {

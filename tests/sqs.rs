@@ -338,3 +338,42 @@ async fn stopped_emulator_refunds() {
     );
     assert_eq!(rig.counter().await, Some(1), "the failed scan was refunded");
 }
+
+/// A scan accepted while the store is down (fail open) goes to SQS as
+/// `unmetered`: in the body (`count` 0) and in the `tier` attribute, never `within`.
+#[tokio::test]
+async fn unmetered_scans_say_so_on_sqs() {
+    let rig = Rig::start().await;
+    let config = config(&[
+        ("VALKEY_URL", "redis://127.0.0.1:1"),
+        ("SCAN_QUEUE_URL", rig.queue_url.as_str()),
+    ]);
+    let down = Valkey::new("redis://127.0.0.1:1", false, config.store_timeout).unwrap();
+    let gate = Gate::new(
+        config,
+        SECRET,
+        ValkeyStore::new(down),
+        SqsQueue::new(&rig.sdk, &rig.queue_url),
+        Meter::new("test", None),
+    )
+    .unwrap();
+    let r = gate.handle(scan_from("203.0.113.10")).await;
+    assert_eq!(r.status(), 202);
+    assert_eq!(r.headers()["x-stella-quota"], "unavailable");
+    let received = rig
+        .sqs
+        .receive_message()
+        .queue_url(&rig.queue_url)
+        .message_attribute_names("All")
+        .send()
+        .await
+        .unwrap();
+    let message = &received.messages.unwrap()[0];
+    let job: Value = serde_json::from_str(message.body().unwrap()).unwrap();
+    assert_eq!(
+        (job["tier"].as_str(), job["count"].as_u64()),
+        (Some("unmetered"), Some(0))
+    );
+    let attrs = message.message_attributes.as_ref().unwrap();
+    assert_eq!(attrs["tier"].string_value(), Some("unmetered"));
+}
