@@ -24,25 +24,13 @@ use crate::meter::{DELAY_MS, ENQUEUE_ERRORS, HARD_HITS, REMINDERS, SOFT_HITS, ST
 /// The longest window: CloudWatch keeps hourly data for 455 days.
 const MAX_WINDOW: Duration = Duration::from_secs(455 * 86_400);
 
-/// Parses `--since`: a whole number and a unit, `s`, `m`, `h` or `d` (`24h`, `90m`, `7d`).
+/// Parses `--since` with `humantime`: `24h`, `90m`, `7d`, `1h 30m`, `2days`.
 pub fn parse_since(raw: &str) -> Result<Duration, OpsError> {
-    let bad = || {
+    let window = humantime::parse_duration(raw.trim()).map_err(|e| {
         OpsError::Usage(format!(
-            "--since: expected a number and a unit (s, m, h, d), like 24h or 7d; got {raw:?}"
+            "--since: expected a duration like 24h, 90m or 7d ({e}); got {raw:?}"
         ))
-    };
-    let raw = raw.trim();
-    let split = raw.find(|c: char| !c.is_ascii_digit()).ok_or_else(bad)?;
-    let (number, unit) = raw.split_at(split);
-    let n: u64 = number.parse().map_err(|_| bad())?;
-    let unit = match unit {
-        "s" => 1,
-        "m" => 60,
-        "h" => 3_600,
-        "d" => 86_400,
-        _ => return Err(bad()),
-    };
-    let window = Duration::from_secs(n.checked_mul(unit).ok_or_else(bad)?);
+    })?;
     if window < Duration::from_secs(60) || window > MAX_WINDOW {
         return Err(OpsError::Usage(format!(
             "--since: between 1m and 455d (CloudWatch's periods and retention); got {raw:?}"
@@ -280,18 +268,19 @@ impl Stats {
 mod tests {
     use super::*;
 
-    /// Windows parse in s, m, h and d, within CloudWatch's bounds.
+    /// Windows parse as humantime durations, within CloudWatch's bounds.
     #[test]
     fn since() {
         assert_eq!(parse_since("24h").unwrap(), Duration::from_secs(86_400));
         assert_eq!(parse_since("90m").unwrap(), Duration::from_secs(5_400));
         assert_eq!(parse_since("7d").unwrap(), Duration::from_secs(604_800));
         assert_eq!(parse_since("60s").unwrap(), Duration::from_secs(60));
+        assert_eq!(parse_since("24 hours").unwrap(), Duration::from_secs(86_400));
+        assert_eq!(parse_since("1h 30m").unwrap(), Duration::from_secs(5_400));
         for bad in [
             "",
             "24",
             "h",
-            "24 hours",
             "-1h",
             "30s",
             "500d",
