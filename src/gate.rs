@@ -293,7 +293,7 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
             outcome.enqueue_error = true;
             self.meter.record(&outcome);
             return Err(self
-                .enqueue_failed(e, &key, &metering, claim.as_ref())
+                .enqueue_failed(e, &key, &metering, claim.as_ref(), count_args.period_end)
                 .await);
         }
 
@@ -389,8 +389,9 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
         let within =
             ENQUEUE_TIMEOUT.min((started + ceiling).saturating_duration_since(Instant::now()));
         if let Err(e) = self.enqueue(&job, true, within).await {
+            let period = period_end(self.config.reset, now_ms.div_euclid(1000));
             return Err(self
-                .enqueue_failed(e, subject.key, &metering, Some(claim))
+                .enqueue_failed(e, subject.key, &metering, Some(claim), period)
                 .await);
         }
         let accepted = self.accepted(
@@ -502,6 +503,7 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
         key: &QuotaKey,
         metering: &Metering,
         claim: Option<&Claim>,
+        period_end: i64,
     ) -> GateError {
         tracing::warn!(error = %e, scope = %key_scope(key), "enqueue failed");
         let unknown = matches!(e, QueueError::Timeout);
@@ -520,10 +522,7 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
                     Metering::Counted { count, .. } => Some(count.reset_at),
                     Metering::Unmetered {
                         count_may_land: true,
-                    } => Some(period_end(
-                        self.config.reset,
-                        self.clock.now_ms().div_euclid(1000),
-                    )),
+                    } => Some(period_end),
                     Metering::Unmetered {
                         count_may_land: false,
                     } => None,

@@ -275,17 +275,12 @@ mod tests {
         assert_eq!(parse_since("90m").unwrap(), Duration::from_secs(5_400));
         assert_eq!(parse_since("7d").unwrap(), Duration::from_secs(604_800));
         assert_eq!(parse_since("60s").unwrap(), Duration::from_secs(60));
-        assert_eq!(parse_since("24 hours").unwrap(), Duration::from_secs(86_400));
+        assert_eq!(
+            parse_since("24 hours").unwrap(),
+            Duration::from_secs(86_400)
+        );
         assert_eq!(parse_since("1h 30m").unwrap(), Duration::from_secs(5_400));
-        for bad in [
-            "",
-            "24",
-            "h",
-            "-1h",
-            "30s",
-            "500d",
-            "99999999999999999999d",
-        ] {
+        for bad in ["", "24", "h", "-1h", "30s", "500d", "99999999999999999999d"] {
             assert!(parse_since(bad).is_err(), "{bad}");
         }
     }
