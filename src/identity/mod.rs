@@ -79,10 +79,6 @@ impl Identifier {
         })
     }
 
-    pub fn hasher(&self) -> &Hasher {
-        &self.hasher
-    }
-
     /// Identifies the subject of a request.
     pub fn identify(
         &self,
