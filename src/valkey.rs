@@ -12,7 +12,6 @@
 //! public roots), or only against `VALKEY_TLS_CA` when set. There is no
 //! switch to skip verification.
 
-use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -20,8 +19,8 @@ use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
 use redis::{
-    Cmd, ConnectionAddr, ConnectionInfo, ErrorKind, IntoConnectionInfo, Pipeline, RedisError,
-    RedisFuture, RedisResult, TlsCertificates, Value,
+    Cmd, ConnectionInfo, ErrorKind, IntoConnectionInfo, Pipeline, RedisError, RedisFuture,
+    RedisResult, TlsCertificates, Value,
 };
 use tokio::sync::OnceCell;
 
@@ -36,7 +35,7 @@ pub struct Valkey {
 struct Inner {
     kind: Kind,
     /// The URL's connection settings (credentials, TLS, database), reused
-    /// for the per-primary connections a cluster purge opens.
+    /// for the per-primary connections a cluster purge opens (`ops::nodes`).
     info: ConnectionInfo,
     tls: Option<TlsCertificates>,
     timeout: Duration,
@@ -180,150 +179,30 @@ impl Valkey {
         }
     }
 
-    /// The address of every primary that serves slots, as the cluster
-    /// announces them (`CLUSTER SHARDS`). A standalone server is its own
-    /// only primary.
-    pub async fn primaries(&self) -> RedisResult<Vec<(String, u16)>> {
-        let Kind::Cluster { .. } = &self.inner.kind else {
-            return Ok(match self.inner.info.addr() {
-                ConnectionAddr::Tcp(host, port) | ConnectionAddr::TcpTls { host, port, .. } => {
-                    vec![(host.clone(), *port)]
-                }
-                _ => Vec::new(),
-            });
-        };
-        let mut conn = self.connection().await?;
-        let shards: Value = redis::cmd("CLUSTER")
-            .arg("SHARDS")
-            .query_async(&mut conn)
-            .await?;
-        primaries_from_shards(&shards, is_tls_addr(self.inner.info.addr()))
+    /// The URL's connection settings (credentials, TLS, database).
+    pub(crate) fn info(&self) -> &ConnectionInfo {
+        &self.inner.info
     }
 
-    /// A standalone connection to one node at `host:port`, with the same
-    /// credentials, TLS trust and timeouts as the configured URL.
-    pub async fn node_connection(&self, host: &str, port: u16) -> RedisResult<Connection> {
-        let addr = match self.inner.info.addr() {
-            ConnectionAddr::TcpTls { insecure, .. } => ConnectionAddr::TcpTls {
-                host: host.to_owned(),
-                port,
-                insecure: *insecure,
-                tls_params: None,
-            },
-            _ => ConnectionAddr::Tcp(host.to_owned(), port),
-        };
-        let client = client_for(
-            self.inner.info.clone().set_addr(addr),
-            self.inner.tls.as_ref(),
-        )?;
-        let config = ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(self.inner.timeout))
-            .set_response_timeout(Some(self.inner.timeout))
-            .set_number_of_retries(1);
-        Ok(Connection::Standalone(
-            ConnectionManager::new_with_config(client, config).await?,
-        ))
+    /// Extra TLS trust (`VALKEY_TLS_CA`), if any.
+    pub(crate) fn tls(&self) -> Option<&TlsCertificates> {
+        self.inner.tls.as_ref()
+    }
+
+    /// The bound on each connection attempt and response.
+    pub(crate) fn timeout(&self) -> Duration {
+        self.inner.timeout
     }
 }
 
-fn is_tls_addr(addr: &ConnectionAddr) -> bool {
-    matches!(addr, ConnectionAddr::TcpTls { .. })
-}
-
-fn client_for(info: ConnectionInfo, tls: Option<&TlsCertificates>) -> RedisResult<redis::Client> {
+pub(crate) fn client_for(
+    info: ConnectionInfo,
+    tls: Option<&TlsCertificates>,
+) -> RedisResult<redis::Client> {
     match tls {
         Some(certs) => redis::Client::build_with_tls(info, certs.clone()),
         None => redis::Client::open(info),
     }
-}
-
-/// A reply that is a map in RESP3 or a flat key/value array in RESP2, as pairs.
-fn pairs(v: &Value) -> Vec<(String, &Value)> {
-    let key = |k: &Value| match k {
-        Value::BulkString(b) => String::from_utf8_lossy(b).into_owned(),
-        Value::SimpleString(s) => s.clone(),
-        _ => String::new(),
-    };
-    match v {
-        Value::Map(m) => m.iter().map(|(k, v)| (key(k), v)).collect(),
-        Value::Array(a) => a.chunks_exact(2).map(|p| (key(&p[0]), &p[1])).collect(),
-        _ => Vec::new(),
-    }
-}
-
-fn text(v: &Value) -> Option<String> {
-    match v {
-        Value::BulkString(b) => Some(String::from_utf8_lossy(b).into_owned()),
-        Value::SimpleString(s) => Some(s.clone()),
-        Value::Int(n) => Some(n.to_string()),
-        _ => None,
-    }
-}
-
-fn items(v: &Value) -> &[Value] {
-    match v {
-        Value::Array(a) | Value::Set(a) => a,
-        _ => &[],
-    }
-}
-
-/// The primaries of a `CLUSTER SHARDS` reply: per shard that owns slots, its
-/// healthy `master` node, addressed by its preferred endpoint (hostname or
-/// IP, as the cluster is configured to announce) and its TLS port when the
-/// connection is TLS. A shard that owns slots but has no healthy primary is
-/// an error: skipping it would leave keys behind.
-pub fn primaries_from_shards(shards: &Value, tls: bool) -> RedisResult<Vec<(String, u16)>> {
-    let mut found = BTreeSet::new();
-    for shard in items(shards) {
-        let fields = pairs(shard);
-        let field = |name: &str| fields.iter().find(|(k, _)| k == name).map(|(_, v)| *v);
-        if field("slots").is_none_or(|s| items(s).is_empty()) {
-            continue;
-        }
-        let primary = field("nodes")
-            .map(items)
-            .unwrap_or_default()
-            .iter()
-            .find_map(|node| {
-                let node = pairs(node);
-                let get = |name: &str| {
-                    node.iter()
-                        .find(|(k, _)| k == name)
-                        .and_then(|(_, v)| text(v))
-                };
-                if get("role").as_deref() != Some("master")
-                    || get("health").as_deref() == Some("fail")
-                {
-                    return None;
-                }
-                let host = ["endpoint", "hostname", "ip"]
-                    .iter()
-                    .filter_map(|k| get(k))
-                    .find(|h| !h.is_empty() && h != "?")?;
-                let ports = if tls {
-                    ["tls-port", "port"]
-                } else {
-                    ["port", "tls-port"]
-                };
-                let port = ports
-                    .iter()
-                    .filter_map(|k| get(k))
-                    .find_map(|p| p.parse::<u16>().ok().filter(|p| *p != 0))?;
-                Some((host, port))
-            });
-        match primary {
-            Some(p) => {
-                found.insert(p);
-            }
-            None => {
-                return Err(RedisError::from((
-                    ErrorKind::ClusterConnectionNotFound,
-                    "a shard that owns slots has no healthy primary",
-                )));
-            }
-        }
-    }
-    Ok(found.into_iter().collect())
 }
 
 impl ConnectionLike for Connection {
@@ -351,89 +230,5 @@ impl ConnectionLike for Connection {
             Self::Standalone(c) => c.get_db(),
             Self::Cluster(c) => c.get_db(),
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn bulk(s: &str) -> Value {
-        Value::BulkString(s.as_bytes().to_vec())
-    }
-
-    fn node(fields: &[(&str, Value)]) -> Value {
-        Value::Array(
-            fields
-                .iter()
-                .flat_map(|(k, v)| [bulk(k), v.clone()])
-                .collect(),
-        )
-    }
-
-    fn shard(slots: Vec<Value>, nodes: Vec<Value>) -> Value {
-        Value::Array(vec![
-            bulk("slots"),
-            Value::Array(slots),
-            bulk("nodes"),
-            Value::Array(nodes),
-        ])
-    }
-
-    /// Primaries come from shards that own slots, by preferred endpoint, TLS port when TLS.
-    #[test]
-    fn primaries_from_a_shards_reply() {
-        let primary = node(&[
-            ("port", Value::Int(7001)),
-            ("tls-port", Value::Int(7101)),
-            ("ip", bulk("10.0.0.1")),
-            ("endpoint", bulk("node-1.cache.example")),
-            ("role", bulk("master")),
-            ("health", bulk("online")),
-        ]);
-        let replica = node(&[
-            ("port", Value::Int(7002)),
-            ("ip", bulk("10.0.0.2")),
-            ("endpoint", bulk("10.0.0.2")),
-            ("role", bulk("replica")),
-            ("health", bulk("online")),
-        ]);
-        let empty = node(&[
-            ("port", Value::Int(7003)),
-            ("ip", bulk("10.0.0.3")),
-            ("role", bulk("master")),
-            ("health", bulk("online")),
-        ]);
-        let reply = Value::Array(vec![
-            shard(
-                vec![Value::Int(0), Value::Int(16383)],
-                vec![replica, primary],
-            ),
-            shard(vec![], vec![empty]),
-        ]);
-        assert_eq!(
-            primaries_from_shards(&reply, false).unwrap(),
-            [("node-1.cache.example".to_owned(), 7001)]
-        );
-        assert_eq!(
-            primaries_from_shards(&reply, true).unwrap(),
-            [("node-1.cache.example".to_owned(), 7101)]
-        );
-    }
-
-    /// A shard owning slots with its primary failed is an error, not a silent skip.
-    #[test]
-    fn failed_primary_is_an_error() {
-        let failed = node(&[
-            ("port", Value::Int(7001)),
-            ("ip", bulk("10.0.0.1")),
-            ("role", bulk("master")),
-            ("health", bulk("fail")),
-        ]);
-        let reply = Value::Array(vec![shard(
-            vec![Value::Int(0), Value::Int(1)],
-            vec![failed],
-        )]);
-        assert!(primaries_from_shards(&reply, false).is_err());
     }
 }

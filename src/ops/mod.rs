@@ -17,6 +17,8 @@
 //! `VALKEY_URL` there is nothing to inspect and they say so.
 
 pub mod command;
+pub mod keys;
+pub mod nodes;
 pub mod progress;
 pub mod purge;
 pub mod stats;

@@ -14,13 +14,14 @@ use time::OffsetDateTime;
 use time::format_description::well_known::Rfc3339;
 
 use super::OpsError;
+use super::keys::Snapshot;
 use crate::config::Config;
 use crate::decide::decide;
 use crate::digest::Scope;
 use crate::identity::jwt::Rejection;
 use crate::identity::{self, Identifier, ip};
 use crate::store::QuotaKey;
-use crate::store::valkey::{Snapshot, ValkeyStore};
+use crate::store::valkey::ValkeyStore;
 
 /// How the operator named a client.
 #[derive(Debug, Clone, PartialEq, Eq)]

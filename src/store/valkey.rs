@@ -10,23 +10,16 @@
 //! record (`take_over.lua`). Every key of a subject shares its hash tag, so
 //! each call is single-slot in cluster mode.
 //!
-//! Operator reads and writes (`inspect`, `reset`, `purge`) are inherent
-//! methods, off the request path's trait.
+//! Operator reads and writes (`inspect`, `reset`, `purge`) live with the
+//! operators, in [`crate::ops::keys`].
 
 use redis::Value;
 
 use super::{
-    Claim, Claimed, Count, CountArgs, IDEMPOTENCY_TTL_SECS, KEY_PATTERN, PaceArgs, Paced, QuotaKey,
-    QuotaStore, Record, StoreError,
+    Claim, Claimed, Count, CountArgs, IDEMPOTENCY_TTL_SECS, PaceArgs, Paced, QuotaKey, QuotaStore,
+    Record, StoreError,
 };
 use crate::valkey::{Connection, Valkey};
-
-/// Keys removed per UNLINK in a purge.
-const PURGE_BATCH: usize = 500;
-
-/// Told how many keys each purge batch removed (or matched, in a dry run),
-/// so `quota-gate purge` can show progress on a long run.
-pub type PurgeProgress = std::sync::Arc<dyn Fn(u64) + Send + Sync>;
 
 const CLAIM: &str = include_str!("claim.lua");
 const PACE: &str = include_str!("pace.lua");
@@ -53,18 +46,6 @@ pub(crate) fn eval(script: &str, keys: &[&str]) -> redis::Cmd {
 #[derive(Clone)]
 pub struct ValkeyStore {
     valkey: Valkey,
-}
-
-/// What an operator sees of one subject.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Snapshot {
-    pub used: u64,
-    /// Seconds until the counter expires; `None` if it has no expiry.
-    pub ttl: Option<u64>,
-    /// The first scan of the period, ISO 8601.
-    pub first_seen: Option<String>,
-    /// When the last paced scan may start (unix ms), if any was paced.
-    pub slot_ms: Option<i64>,
 }
 
 fn iso8601(secs: i64) -> String {
@@ -105,62 +86,6 @@ impl ValkeyStore {
 
     async fn connection(&self) -> Result<Connection, StoreError> {
         Ok(self.valkey.connection().await?)
-    }
-
-    /// Reads a subject's counter without changing it.
-    pub async fn inspect(&self, key: &QuotaKey) -> Result<Option<Snapshot>, StoreError> {
-        let mut conn = self.connection().await?;
-        let (used, ttl, first_seen, slot): (Option<u64>, i64, Option<String>, Option<i64>) =
-            redis::pipe()
-                .get(&key.counter)
-                .ttl(&key.counter)
-                .get(&key.first_seen)
-                .get(&key.slot)
-                .query_async(&mut conn)
-                .await?;
-        Ok(used.map(|used| Snapshot {
-            used,
-            ttl: u64::try_from(ttl).ok(),
-            first_seen,
-            slot_ms: slot,
-        }))
-    }
-
-    /// Removes every key of a subject (counter, first-seen, pacing slot and
-    /// idempotency records); returns how many existed.
-    pub async fn reset(&self, key: &QuotaKey) -> Result<u64, StoreError> {
-        self.remove_matching(&key.pattern(), false, None).await
-    }
-
-    /// Removes every `quota:*` key (or only counts them when `dry_run`),
-    /// reporting each batch to `progress`; returns how many.
-    pub async fn purge(
-        &self,
-        dry_run: bool,
-        progress: Option<&(dyn Fn(u64) + Send + Sync)>,
-    ) -> Result<u64, StoreError> {
-        self.remove_matching(KEY_PATTERN, dry_run, progress).await
-    }
-
-    async fn remove_matching(
-        &self,
-        pattern: &str,
-        dry_run: bool,
-        progress: Option<&(dyn Fn(u64) + Send + Sync)>,
-    ) -> Result<u64, StoreError> {
-        if !self.valkey.is_cluster() {
-            let mut conn = self.connection().await?;
-            return purge_node(&mut conn, pattern, dry_run, progress).await;
-        }
-        // SCAN walks one node's keyspace, and a cluster connection would send
-        // each SCAN to a random node: so every primary is scanned through a
-        // connection of its own. Replicas hold copies and need nothing.
-        let mut removed = 0;
-        for (host, port) in self.valkey.primaries().await? {
-            let mut conn = self.valkey.node_connection(&host, port).await?;
-            removed += purge_node(&mut conn, pattern, dry_run, progress).await?;
-        }
-        Ok(removed)
     }
 }
 
@@ -296,49 +221,5 @@ impl QuotaStore for ValkeyStore {
             .query_async(&mut conn)
             .await?;
         Ok(taken == 1)
-    }
-}
-
-/// `SCAN MATCH <pattern>` over one node, unlinking in batches (or only
-/// counting, in a dry run); `progress` hears each batch's count.
-pub async fn purge_node(
-    conn: &mut Connection,
-    pattern: &str,
-    dry_run: bool,
-    progress: Option<&(dyn Fn(u64) + Send + Sync)>,
-) -> Result<u64, StoreError> {
-    let mut cursor: u64 = 0;
-    let mut removed = 0u64;
-    loop {
-        let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
-            .arg(cursor)
-            .arg("MATCH")
-            .arg(pattern)
-            .arg("COUNT")
-            .arg(PURGE_BATCH)
-            .query_async(conn)
-            .await?;
-        if !keys.is_empty() {
-            let batch = if dry_run {
-                keys.len() as u64
-            } else {
-                // One UNLINK per key, pipelined: a multi-key UNLINK would be
-                // refused with CROSSSLOT by a cluster node, whose keys span
-                // many slots.
-                let mut pipe = redis::pipe();
-                for key in &keys {
-                    pipe.unlink(key);
-                }
-                pipe.query_async::<Vec<u64>>(conn).await?.iter().sum()
-            };
-            removed += batch;
-            if let Some(report) = progress {
-                report(batch);
-            }
-        }
-        if next == 0 {
-            return Ok(removed);
-        }
-        cursor = next;
     }
 }
