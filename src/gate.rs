@@ -30,7 +30,7 @@ use crate::store::memory::MemoryStore;
 use crate::store::valkey::ValkeyStore;
 use crate::store::{
     AnyStore, Claim, Claimed, Count, CountArgs, PaceArgs, Paced, QuotaKey, QuotaStore, Record,
-    StoreError, period_end,
+    Refund, StoreError, period_end,
 };
 use crate::valkey::Valkey;
 
@@ -461,13 +461,15 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
     /// the count is stuck in a stalled store, the refund runs after it. A
     /// refund that fails leaves the subject one scan short for the day; the
     /// client got a 503 either way, so it is logged, not retried.
-    async fn refund(&self, key: &QuotaKey, reset_at: i64, record: Option<(&str, &str)>) {
-        let refunded = timeout(
-            self.config.store_timeout,
-            self.store.refund(key, reset_at, record),
-        )
-        .await
-        .unwrap_or(Err(StoreError::Timeout));
+    async fn refund(&self, key: &QuotaKey, period_end: i64, record: Option<(&str, &str)>) {
+        let refund = Refund {
+            key,
+            period_end,
+            record,
+        };
+        let refunded = timeout(self.config.store_timeout, self.store.refund(refund))
+            .await
+            .unwrap_or(Err(StoreError::Timeout));
         if let Err(e) = refunded {
             tracing::warn!(error = %e, "refund failed");
         }

@@ -15,7 +15,7 @@ use quota_gate::digest::Scope;
 use quota_gate::gate::{Gate, GateRequest};
 use quota_gate::queue::ScanQueue;
 use quota_gate::store::memory::MemoryStore;
-use quota_gate::store::{QuotaKey, QuotaStore};
+use quota_gate::store::{QuotaKey, QuotaStore, Refund};
 use serde_json::Value;
 
 const IP: &str = "198.51.100.90";
@@ -208,19 +208,12 @@ async fn keyed_scans_settle_exactly_once_after_a_stall() {
     let jobs_before = stream_jobs(&server, "jobs").await.len();
 
     server.signal("STOP");
-    let tasks: Vec<_> = (0..12)
-        .map(|i| {
-            let gate = gate.clone();
-            tokio::spawn(async move {
-                let r = gate.handle(keyed(IP, &format!("stall-{i}"))).await;
-                (r.status().as_u16(), json(&r))
-            })
-        })
-        .collect();
-    let mut first_answers = Vec::new();
-    for t in tasks {
-        first_answers.push(t.await.unwrap());
-    }
+    let first_answers: Vec<(u16, Value)> =
+        all_at_once(&gate, (0..12).map(|i| keyed(IP, &format!("stall-{i}"))))
+            .await
+            .iter()
+            .map(|r| (r.status().as_u16(), json(r)))
+            .collect();
     tokio::time::sleep(Duration::from_millis(2_500)).await;
     server.signal("CONT");
     for (status, body) in &first_answers {
@@ -282,19 +275,11 @@ async fn unkeyed_answers_stay_true_after_a_stall() {
     ));
     assert_eq!(gate.handle(scan_from(IP)).await.status(), 202);
     server.signal("STOP");
-    let tasks: Vec<_> = (0..10)
-        .map(|_| {
-            let gate = gate.clone();
-            tokio::spawn(async move {
-                let r = gate.handle(scan_from(IP)).await;
-                (r.status().as_u16(), json(&r))
-            })
-        })
+    let answers: Vec<(u16, Value)> = all_at_once(&gate, (0..10).map(|_| scan_from(IP)))
+        .await
+        .iter()
+        .map(|r| (r.status().as_u16(), json(r)))
         .collect();
-    let mut answers = Vec::new();
-    for t in tasks {
-        answers.push(t.await.unwrap());
-    }
     tokio::time::sleep(Duration::from_millis(1_500)).await;
     server.signal("CONT");
     // After the stall, the gate works again (the breaker is off).
@@ -396,11 +381,16 @@ async fn refund_is_tied_to_its_day() {
         .await
         .unwrap();
     // A refund of a scan counted yesterday (whose counter expired at today's start).
+    let refund = |period_end| Refund {
+        key: &key,
+        period_end,
+        record: None,
+    };
     gate.store()
-        .refund(&key, today_end - 86_400, None)
+        .refund(refund(today_end - 86_400))
         .await
         .unwrap();
     assert_eq!(count_on(&gate, &server, IP).await, 5);
-    gate.store().refund(&key, today_end, None).await.unwrap();
+    gate.store().refund(refund(today_end)).await.unwrap();
     assert_eq!(count_on(&gate, &server, IP).await, 4);
 }

@@ -195,17 +195,11 @@ async fn parallel_client_is_paced() {
         ("QUOTA_HARD_DELAY_MS", "3000"),
         ("QUOTA_DELAY_MODE", "defer"),
     ]);
-    let gate = Arc::new(gate);
-    let tasks: Vec<_> = (0..10)
-        .map(|_| {
-            let gate = gate.clone();
-            tokio::spawn(async move { json(&gate.handle(http_api_event(None)).await) })
-        })
+    let answers = all_at_once(&Arc::new(gate), (0..10).map(|_| http_api_event(None))).await;
+    let mut delays: Vec<u64> = answers
+        .iter()
+        .map(|r| json(r)["delayMs"].as_u64().unwrap())
         .collect();
-    let mut delays = Vec::new();
-    for t in tasks {
-        delays.push(t.await.unwrap()["delayMs"].as_u64().unwrap());
-    }
     delays.sort_unstable();
     assert_eq!(
         delays,

@@ -36,21 +36,11 @@ fn vars(extra: &[(&'static str, &'static str)]) -> Vec<(&'static str, &'static s
 
 /// Sends `n` scans from one address at once; returns each answer's status and body.
 async fn burst<S: QuotaStore, Q: ScanQueue>(gate: Gate<S, Q>, n: usize) -> Vec<(u16, Value)> {
-    let gate = Arc::new(gate);
-    let tasks: Vec<_> = (0..n)
-        .map(|_| {
-            let gate = gate.clone();
-            tokio::spawn(async move {
-                let r = gate.handle(scan_from(IP)).await;
-                (r.status().as_u16(), json(&r))
-            })
-        })
-        .collect();
-    let mut answers = Vec::new();
-    for t in tasks {
-        answers.push(t.await.unwrap());
-    }
+    let answers = all_at_once(&Arc::new(gate), (0..n).map(|_| scan_from(IP))).await;
     answers
+        .iter()
+        .map(|r| (r.status().as_u16(), json(r)))
+        .collect()
 }
 
 /// The jobs' `notBefore` instants of the over-quota scans, sorted, and the
@@ -170,16 +160,9 @@ async fn assert_capped<S: QuotaStore, Q: ScanQueue>(
     jobs: impl AsyncFnOnce() -> Vec<Value>,
     count: impl AsyncFnOnce() -> u64,
 ) {
-    let gate = Arc::new(gate);
-    let tasks: Vec<_> = (0..12)
-        .map(|_| {
-            let gate = gate.clone();
-            tokio::spawn(async move { gate.handle(scan_from(IP)).await })
-        })
-        .collect();
+    let answers = all_at_once(&Arc::new(gate), (0..12).map(|_| scan_from(IP))).await;
     let (mut accepted, mut refused) = (0u64, 0u64);
-    for t in tasks {
-        let r = t.await.unwrap();
+    for r in answers {
         match r.status().as_u16() {
             202 => {
                 accepted += 1;

@@ -16,7 +16,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::{
     Claim, Claimed, Count, CountArgs, IDEMPOTENCY_TTL_SECS, PaceArgs, Paced, QuotaKey, QuotaStore,
-    Record, StoreError, next_slot,
+    Record, Refund, StoreError, next_slot,
 };
 
 const MIN_SWEEP_LEN: usize = 1024;
@@ -218,16 +218,11 @@ impl QuotaStore for MemoryStore {
         }
     }
 
-    async fn refund(
-        &self,
-        key: &QuotaKey,
-        reset_at: i64,
-        record: Option<(&str, &str)>,
-    ) -> Result<(), StoreError> {
+    async fn refund(&self, refund: Refund<'_>) -> Result<(), StoreError> {
         let now = unix_now();
         let mut inner = self.lock();
-        inner.refund(&key.counter, reset_at, now);
-        if let Some((record, scan_id)) = record {
+        inner.refund(&refund.key.counter, refund.period_end, now);
+        if let Some((record, scan_id)) = refund.record {
             if inner
                 .records
                 .get(record)
@@ -267,17 +262,12 @@ impl QuotaStore for MemoryStore {
         Ok(())
     }
 
-    async fn take_over(
-        &self,
-        record: &str,
-        previous_until: i64,
-        lease_until_ms: i64,
-    ) -> Result<bool, StoreError> {
+    async fn take_over(&self, record: &str, seen: i64, until: i64) -> Result<bool, StoreError> {
         let now = unix_now();
         let mut inner = self.lock();
         match inner.record(record, now) {
-            Some(r) if r.state == "pending" && r.lease_until_ms == previous_until => {
-                r.lease_until_ms = lease_until_ms;
+            Some(r) if r.state == "pending" && r.lease_until_ms == seen => {
+                r.lease_until_ms = until;
                 Ok(true)
             }
             _ => Ok(false),
@@ -347,10 +337,15 @@ mod tests {
         let now = unix_now();
         let first = count(&s, &k, ResetPolicy::UtcDay, now).await;
         count(&s, &k, ResetPolicy::UtcDay, now).await;
-        s.refund(&k, first.reset_at, None).await.unwrap();
+        let refund = |period_end| Refund {
+            key: &k,
+            period_end,
+            record: None,
+        };
+        s.refund(refund(first.reset_at)).await.unwrap();
         assert_eq!(s.used(&k, now), Some(1));
         // A refund of yesterday's scan leaves today's counter alone.
-        s.refund(&k, first.reset_at - 86_400, None).await.unwrap();
+        s.refund(refund(first.reset_at - 86_400)).await.unwrap();
         assert_eq!(s.used(&k, now), Some(1));
     }
 

@@ -188,6 +188,16 @@ pub struct PaceArgs<'a> {
     pub reset_at: i64,
 }
 
+/// One refund: a count of the period that ends at `period_end` (unix s),
+/// and a keyed scan's record if it still names `scan_id`.
+#[derive(Debug, Clone, Copy)]
+pub struct Refund<'a> {
+    pub key: &'a QuotaKey,
+    pub period_end: i64,
+    /// The record's key and the scanId it must still name.
+    pub record: Option<(&'a str, &'a str)>,
+}
+
 /// The answer to one pacing step.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Paced {
@@ -259,15 +269,10 @@ pub trait QuotaStore: Send + Sync + 'static {
     /// One pacing step ([`next_slot`]); on `Full` takes the count back.
     fn pace(&self, args: PaceArgs<'_>) -> impl Future<Output = Result<Paced, StoreError>> + Send;
 
-    /// Takes back one count of the period that ends at `reset_at` (a no-op
-    /// if the counter is gone or belongs to a later period), and removes
-    /// `record` if it still names `scan_id`.
-    fn refund(
-        &self,
-        key: &QuotaKey,
-        reset_at: i64,
-        record: Option<(&str, &str)>,
-    ) -> impl Future<Output = Result<(), StoreError>> + Send;
+    /// Takes back one count of its period (a no-op if the counter is gone or
+    /// belongs to a later period), and removes the record if it still names
+    /// the scan.
+    fn refund(&self, refund: Refund<'_>) -> impl Future<Output = Result<(), StoreError>> + Send;
 
     /// Frees a pending record's lease (if the record exists), so a retry
     /// need not wait for it: its attempt gave up without knowing the outcome.
@@ -282,14 +287,14 @@ pub trait QuotaStore: Send + Sync + 'static {
         fields: &[(&str, String)],
     ) -> impl Future<Output = Result<(), StoreError>> + Send;
 
-    /// Takes over a `pending` record whose lease ran out: sets a new lease
-    /// if the record still holds `previous_until`. `false` when another
-    /// request took it first.
+    /// Takes over a `pending` record whose lease ran out: sets the lease to
+    /// `until` (unix ms) if the record still holds the `seen` one. `false`
+    /// when another request took it first.
     fn take_over(
         &self,
         record: &str,
-        previous_until: i64,
-        lease_until_ms: i64,
+        seen: i64,
+        until: i64,
     ) -> impl Future<Output = Result<bool, StoreError>> + Send;
 }
 
@@ -322,13 +327,8 @@ impl QuotaStore for AnyStore {
         dispatch!(self, s => s.pace(args))
     }
 
-    async fn refund(
-        &self,
-        key: &QuotaKey,
-        reset_at: i64,
-        record: Option<(&str, &str)>,
-    ) -> Result<(), StoreError> {
-        dispatch!(self, s => s.refund(key, reset_at, record))
+    async fn refund(&self, refund: Refund<'_>) -> Result<(), StoreError> {
+        dispatch!(self, s => s.refund(refund))
     }
 
     async fn release(&self, record: &str) -> Result<(), StoreError> {
@@ -343,13 +343,8 @@ impl QuotaStore for AnyStore {
         dispatch!(self, s => s.update_record(record, fields))
     }
 
-    async fn take_over(
-        &self,
-        record: &str,
-        previous_until: i64,
-        lease_until_ms: i64,
-    ) -> Result<bool, StoreError> {
-        dispatch!(self, s => s.take_over(record, previous_until, lease_until_ms))
+    async fn take_over(&self, record: &str, seen: i64, until: i64) -> Result<bool, StoreError> {
+        dispatch!(self, s => s.take_over(record, seen, until))
     }
 }
 

@@ -16,8 +16,8 @@
 use redis::Value;
 
 use super::{
-    Claim, Claimed, Count, CountArgs, IDEMPOTENCY_TTL_SECS, PaceArgs, Paced, QuotaKey, QuotaStore,
-    Record, StoreError,
+    Claim, Claimed, Count, CountArgs, IDEMPOTENCY_TTL_SECS, PaceArgs, Paced, QuotaStore, Record,
+    Refund, StoreError,
 };
 use crate::valkey::{Connection, Valkey};
 
@@ -164,18 +164,13 @@ impl QuotaStore for ValkeyStore {
         })
     }
 
-    async fn refund(
-        &self,
-        key: &QuotaKey,
-        reset_at: i64,
-        record: Option<(&str, &str)>,
-    ) -> Result<(), StoreError> {
+    async fn refund(&self, refund: Refund<'_>) -> Result<(), StoreError> {
         let mut conn = self.connection().await?;
-        let mut keys = vec![key.counter.as_str()];
-        keys.extend(record.map(|(r, _)| r));
+        let mut keys = vec![refund.key.counter.as_str()];
+        keys.extend(refund.record.map(|(r, _)| r));
         let _: i64 = eval(REFUND, &keys)
-            .arg(reset_at)
-            .arg(record.map_or("", |(_, scan_id)| scan_id))
+            .arg(refund.period_end)
+            .arg(refund.record.map_or("", |(_, scan_id)| scan_id))
             .query_async(&mut conn)
             .await?;
         Ok(())
@@ -208,16 +203,11 @@ impl QuotaStore for ValkeyStore {
         Ok(())
     }
 
-    async fn take_over(
-        &self,
-        record: &str,
-        previous_until: i64,
-        lease_until_ms: i64,
-    ) -> Result<bool, StoreError> {
+    async fn take_over(&self, record: &str, seen: i64, until: i64) -> Result<bool, StoreError> {
         let mut conn = self.connection().await?;
         let taken: i64 = eval(TAKE_OVER, &[record])
-            .arg(previous_until)
-            .arg(lease_until_ms)
+            .arg(seen)
+            .arg(until)
             .query_async(&mut conn)
             .await?;
         Ok(taken == 1)

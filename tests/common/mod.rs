@@ -478,3 +478,27 @@ impl Capture {
         self.text().lines().filter(|l| l.contains(needle)).count()
     }
 }
+
+/// Sends `requests` to `gate` all at once, each in a task of its own, and
+/// returns each answer as it came (in request order).
+pub async fn all_at_once<S, Q>(
+    gate: &Arc<Gate<S, Q>>,
+    requests: impl IntoIterator<Item = GateRequest>,
+) -> Vec<http::Response<Bytes>>
+where
+    S: quota_gate::store::QuotaStore,
+    Q: ScanQueue,
+{
+    let tasks: Vec<_> = requests
+        .into_iter()
+        .map(|request| {
+            let gate = gate.clone();
+            tokio::spawn(async move { gate.handle(request).await })
+        })
+        .collect();
+    let mut answers = Vec::with_capacity(tasks.len());
+    for t in tasks {
+        answers.push(t.await.expect("no panic"));
+    }
+    answers
+}
