@@ -147,12 +147,7 @@ async fn repeat_in_flight_is_409() {
     let r = gate.handle(keyed(IP, "slow-1")).await;
     assert_eq!(r.status(), 409);
     assert_eq!(json(&r)["error"], "idempotency_in_progress");
-    let retry: u64 = r.headers()["retry-after"]
-        .to_str()
-        .unwrap()
-        .parse()
-        .unwrap();
-    assert!(retry >= 1);
+    assert!(retry_after(&r) >= 1);
     let first = slow.await.unwrap();
     assert_eq!(first.status(), 202);
     assert_eq!(json(&first)["delayMs"], 1500);

@@ -171,12 +171,7 @@ async fn assert_capped<S: QuotaStore, Q: ScanQueue>(
             503 => {
                 refused += 1;
                 assert_eq!(json(&r)["error"], "backlog_full");
-                let retry: u64 = r.headers()["retry-after"]
-                    .to_str()
-                    .unwrap()
-                    .parse()
-                    .unwrap();
-                assert!(retry >= 1);
+                assert!(retry_after(&r) >= 1);
             }
             other => panic!("unexpected {other}"),
         }

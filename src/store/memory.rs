@@ -15,8 +15,8 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::{
-    Claim, Claimed, Count, CountArgs, IDEMPOTENCY_TTL_SECS, PaceArgs, Paced, QuotaKey, QuotaStore,
-    Record, Refund, StoreError, next_slot,
+    Claim, Claimed, Count, CountArgs, Field, IDEMPOTENCY_TTL_SECS, PaceArgs, Paced, QuotaKey,
+    QuotaStore, Record, Refund, StoreError, next_slot,
 };
 
 const MIN_SWEEP_LEN: usize = 1024;
@@ -241,11 +241,7 @@ impl QuotaStore for MemoryStore {
         Ok(())
     }
 
-    async fn update_record(
-        &self,
-        record: &str,
-        fields: &[(&str, String)],
-    ) -> Result<(), StoreError> {
+    async fn update_record(&self, record: &str, fields: &[Field]) -> Result<(), StoreError> {
         let now = unix_now();
         let mut inner = self.lock();
         if inner.record(record, now).is_none() {

@@ -163,6 +163,9 @@ impl Record {
     }
 }
 
+/// One field of a record and its value, as [`QuotaStore::update_record`] sets it.
+pub type Field = (&'static str, String);
+
 /// The answer to a keyed count.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Claimed {
@@ -284,7 +287,7 @@ pub trait QuotaStore: Send + Sync + 'static {
     fn update_record(
         &self,
         record: &str,
-        fields: &[(&str, String)],
+        fields: &[Field],
     ) -> impl Future<Output = Result<(), StoreError>> + Send;
 
     /// Takes over a `pending` record whose lease ran out: sets the lease to
@@ -335,11 +338,7 @@ impl QuotaStore for AnyStore {
         dispatch!(self, s => s.release(record))
     }
 
-    async fn update_record(
-        &self,
-        record: &str,
-        fields: &[(&str, String)],
-    ) -> Result<(), StoreError> {
+    async fn update_record(&self, record: &str, fields: &[Field]) -> Result<(), StoreError> {
         dispatch!(self, s => s.update_record(record, fields))
     }
 

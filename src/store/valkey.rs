@@ -16,8 +16,8 @@
 use redis::Value;
 
 use super::{
-    Claim, Claimed, Count, CountArgs, IDEMPOTENCY_TTL_SECS, PaceArgs, Paced, QuotaStore, Record,
-    Refund, StoreError,
+    Claim, Claimed, Count, CountArgs, Field, IDEMPOTENCY_TTL_SECS, PaceArgs, Paced, QuotaStore,
+    Record, Refund, StoreError,
 };
 use crate::valkey::{Connection, Valkey};
 
@@ -182,11 +182,7 @@ impl QuotaStore for ValkeyStore {
         Ok(())
     }
 
-    async fn update_record(
-        &self,
-        record: &str,
-        fields: &[(&str, String)],
-    ) -> Result<(), StoreError> {
+    async fn update_record(&self, record: &str, fields: &[Field]) -> Result<(), StoreError> {
         let mut conn = self.connection().await?;
         let mut pipe = redis::pipe();
         pipe.cmd("HSET").arg(record);

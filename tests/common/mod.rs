@@ -502,3 +502,12 @@ where
     }
     answers
 }
+
+/// The whole seconds of a response's `Retry-After`.
+pub fn retry_after(response: &http::Response<Bytes>) -> u64 {
+    response.headers()[header::RETRY_AFTER]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap()
+}
