@@ -134,14 +134,7 @@ impl ValkeyCluster {
 
     /// Every job on the stream `key`, oldest first.
     pub async fn stream_jobs(&self, key: &str) -> Vec<serde_json::Value> {
-        let mut c = self.client().await;
-        let reply: redis::streams::StreamRangeReply =
-            redis::AsyncCommands::xrange_all(&mut c, key).await.unwrap();
-        reply
-            .ids
-            .iter()
-            .map(|entry| serde_json::from_str(&entry.get::<String>("job").unwrap()).unwrap())
-            .collect()
+        super::jobs_on(&mut self.client().await, key).await
     }
 }
 

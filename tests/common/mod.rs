@@ -243,16 +243,25 @@ pub async fn assert_400_concurrent_scans_count_exactly<Q: ScanQueue>(
 
 /// Every job queued on the stream `key`, oldest first.
 pub async fn stream_jobs(server: &ValkeyServer, key: &str) -> Vec<serde_json::Value> {
-    let mut c = server.client().await;
-    let reply: redis::streams::StreamRangeReply =
-        redis::AsyncCommands::xrange_all(&mut c, key).await.unwrap();
+    jobs_on(&mut server.client().await, key).await
+}
+
+/// Every job on the stream `key` through `conn` (standalone or cluster), oldest first.
+pub async fn jobs_on(
+    conn: &mut impl redis::aio::ConnectionLike,
+    key: &str,
+) -> Vec<serde_json::Value> {
+    let reply: redis::streams::StreamRangeReply = redis::cmd("XRANGE")
+        .arg(key)
+        .arg("-")
+        .arg("+")
+        .query_async(conn)
+        .await
+        .unwrap();
     reply
         .ids
         .iter()
-        .map(|entry| {
-            let job: String = entry.get("job").unwrap();
-            serde_json::from_str(&job).unwrap()
-        })
+        .map(|entry| serde_json::from_str(&entry.get::<String>("job").unwrap()).unwrap())
         .collect()
 }
 
