@@ -303,8 +303,12 @@ fn run(settings: &Settings) -> Result<Vec<String>, String> {
         } else {
             (150_000.0 * plan.measure.as_secs_f64()) as u64
         };
-        let (stats, cpu) =
-            external::redis_benchmark(server.port, plan.concurrency, n, &[valkey_pid.clone()])?;
+        let (stats, cpu) = external::redis_benchmark(
+            server.port,
+            plan.concurrency,
+            n,
+            std::slice::from_ref(&valkey_pid),
+        )?;
         // No server process of its own: valkey-server, -, redis-benchmark.
         let measured = (stats, vec![cpu[0], f64::NAN, cpu[1]]);
         rows.insert(
