@@ -1,9 +1,10 @@
 //! # quota-gate
 //!
 //! The daily free-tier quota gate in front of the Scanner API's `POST /scan`.
-//! It counts each scan in Valkey with one atomic script, slows callers who are
-//! over quota instead of refusing them, forwards every accepted scan to the
-//! scan queue and meters what it did as CloudWatch embedded-metric logs.
+//! It counts each scan in Valkey with one round trip of plain commands, slows
+//! callers who are over quota instead of refusing them (paced, so a parallel
+//! burst waits in line), forwards every accepted scan to the scan queue and
+//! meters what it did as CloudWatch embedded-metric logs.
 //!
 //! # Layout
 //!
@@ -14,22 +15,25 @@
 //! | 1 | [`validate`] | `POST /scan`, a JSON object with a non-empty `image` |
 //! | 2 | [`identity`] | token (`tid`) or normalised source IP; never a client header |
 //! | 3 | [`digest`] | keyed HMAC-SHA256 of scope and material |
-//! | 4 | [`store`] | one atomic INCR + conditional EXPIREAT per request |
+//! | 4 | [`store`] | INCR + EXPIREAT NX + SET NX + EXPIRETIME, one pipeline; a keyed scan's record |
 //! | 5 | [`decide`] | pure: count and limits in, tier and delay out |
-//! | 6 | [`delay`] | splits the delay into sleep now and deferral on the job |
+//! | 6 | [`store`], [`delay`] | pacing (`store::next_slot`), then sleep now and deferral on the job |
 //! | 7 | [`queue`] | enqueues the scan job (SQS, Valkey stream, stdout spool) |
 //! | 8 | [`respond`] | the 202 contract and the JSON errors |
 //! | 9 | [`meter`] | EMF lines and Prometheus counters |
 //!
 //! [`gate`] strings the steps together behind one [`gate::Gate::handle`]
-//! call; [`lambda`] and [`serve`] adapt it to API Gateway events and to a
-//! local HTTP server. [`config`] reads every setting once, at start, and
-//! [`error`] is the one place that maps failures to HTTP statuses.
+//! call, reading the [`clock`] once per request; [`idempotency`] checks the
+//! `Idempotency-Key` whose record the store keeps; [`lambda`] and [`serve`]
+//! adapt the gate to API Gateway events and to a local HTTP server.
+//! [`config`] reads every setting once, at start, and [`error`] is the one
+//! place that maps failures to HTTP statuses.
 //!
 //! Around the path: [`valkey`] is the lazy, shared connection (standalone or
 //! cluster, TLS) used by the store and the stream queue; [`breaker`] skips a
 //! failing store for a cool-down; [`cli`] is the `quota-gate` command and
-//! [`ops`] its operator tools (inspect, reset, purge, stats).
+//! [`ops`] its operator tools (inspect, reset, purge, stats), which own what
+//! only operators need: reading and removing keys, visiting every primary.
 
 pub mod breaker;
 pub mod cli;
