@@ -8,7 +8,7 @@
 //! | `stats` | [`stats`] | soft and hard hits, reminders and p95 delay from CloudWatch |
 //!
 //! A client is found exactly as the handler finds it: the same
-//! [`Identifier`] normalises the address and hashes under the same secret,
+//! [`Identifier`](crate::identity::Identifier) normalises the address and hashes under the same secret,
 //! so an operator never has to know a digest. Nothing here prints an IP or a
 //! token; subjects are named by their key.
 //!

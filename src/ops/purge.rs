@@ -1,6 +1,6 @@
 //! `purge`: the seed's mass expiry. Every `quota:*` key goes, found with
 //! `SCAN MATCH` and removed with `UNLINK` in batches (on every primary of a
-//! cluster), through [`QuotaStore::purge`]; nothing else on the server is
+//! cluster), through [`ValkeyStore::purge`](crate::store::valkey::ValkeyStore::purge); nothing else on the server is
 //! touched.
 //!
 //! Consent: a real purge always needs `--yes`. On a terminal the refusal

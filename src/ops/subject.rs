@@ -56,7 +56,7 @@ pub struct Subject {
 }
 
 /// Finds the keys of the client `arg` names, hashing under `secret`,
-/// through the same [`Identifier`] functions the handler uses.
+/// through the same [`Identifier`](crate::identity::Identifier) functions the handler uses.
 pub fn resolve(config: &Config, secret: &[u8], arg: &SubjectArg) -> Result<Subject, OpsError> {
     let identifier = Identifier::new(config, secret)?;
     let (identity, basis) = match arg {

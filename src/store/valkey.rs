@@ -3,7 +3,7 @@
 //! The hot path is plain commands in one pipelined round trip (`INCR`,
 //! `EXPIREAT … NX`, `SET …:ts NX EXAT`, `EXPIRETIME`): a server-side script
 //! would cost Valkey some 40 INCRs per scan. Scripts (sent whole with
-//! `EVAL`, see [`eval`]) run only where a
+//! `EVAL`, see `eval`) run only where a
 //! decision must be atomic and the request is off the hot path anyway: a
 //! keyed scan's claim (`claim.lua`), pacing an over-quota scan (`pace.lua`),
 //! a refund after a failure (`refund.lua`) and taking over an abandoned
