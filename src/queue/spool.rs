@@ -220,3 +220,115 @@ impl ScanQueue for Spool {
         self.out.write_acknowledged(line).await
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+    use std::sync::mpsc::{Sender, channel};
+    use std::time::Duration;
+
+    use super::*;
+
+    /// A sink whose writes block until the test lets them through, like a
+    /// pipe nobody reads; what got through is kept.
+    #[derive(Clone)]
+    struct Stuck {
+        gate: Arc<Mutex<std::sync::mpsc::Receiver<()>>>,
+        written: Arc<Mutex<Vec<u8>>>,
+    }
+
+    impl Stuck {
+        fn new() -> (Self, Sender<()>) {
+            let (open, gate) = channel();
+            let sink = Self {
+                gate: Arc::new(Mutex::new(gate)),
+                written: Arc::default(),
+            };
+            (sink, open)
+        }
+
+        fn lines(&self) -> usize {
+            self.written
+                .lock()
+                .unwrap()
+                .iter()
+                .filter(|b| **b == b'\n')
+                .count()
+        }
+    }
+
+    impl Write for Stuck {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            let _ = self.gate.lock().unwrap().recv();
+            self.written.lock().unwrap().extend_from_slice(buf);
+            Ok(buf.len())
+        }
+
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    fn job() -> ScanJob {
+        ScanJob {
+            scan_id: uuid::Uuid::now_v7(),
+            received_at: "2026-11-30T12:00:00Z".into(),
+            scope: "ip",
+            digest: "d".into(),
+            tier: "within",
+            limit: 33,
+            count: 1,
+            delay_ms: 0,
+            deferred_ms: 0,
+            not_before: "2026-11-30T12:00:00Z".into(),
+            request: serde_json::Map::new(),
+        }
+    }
+
+    /// With the writer stuck and its queue full, an enqueue fails at once, an
+    /// EMF line is given back, and a job given up before the writer took it
+    /// is never written.
+    #[tokio::test]
+    async fn full_queue_fails_fast_and_withdrawn_jobs_stay_unwritten() {
+        let (sink, open) = Stuck::new();
+        let spool = Spool::with_capacity(Box::new(sink.clone()), 2);
+        // The first job is taken by the writer, which blocks writing it.
+        let first = tokio::spawn({
+            let spool = spool.clone();
+            async move { spool.enqueue(&job()).await }
+        });
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        // Two more fill the queue; they time out (the gate's enqueue timeout).
+        for _ in 0..2 {
+            let job = job();
+            let waited = tokio::time::timeout(Duration::from_millis(50), spool.enqueue(&job));
+            assert!(waited.await.is_err());
+        }
+        // Full: refused at once, whether job or EMF line.
+        let started = std::time::Instant::now();
+        assert!(spool.enqueue(&job()).await.is_err());
+        assert!(spool.out.try_line(b"emf\n".to_vec()).is_err());
+        assert!(started.elapsed() < Duration::from_millis(50));
+        // The reader comes back: the first job is written and acknowledged,
+        // the two given up are not written.
+        for _ in 0..10 {
+            let _ = open.send(());
+        }
+        assert!(first.await.unwrap().is_ok());
+        // Once the writer has skipped the withdrawn ones, there is room again.
+        let mut last = spool.enqueue(&job()).await;
+        for _ in 0..100 {
+            if last.is_ok() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            last = spool.enqueue(&job()).await;
+        }
+        last.unwrap();
+        assert_eq!(
+            sink.lines(),
+            2,
+            "the first job and the last, nothing withdrawn"
+        );
+    }
+}
