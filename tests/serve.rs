@@ -305,3 +305,57 @@ fn oversize_expect_continue_is_refused_before_the_body() {
     let _ = child.kill();
     let _ = child.wait();
 }
+
+/// The case: under `ulimit -n 256`, 300 connections that send
+/// nothing. The connection cap is lowered to fit the limit (and says so), so
+/// the process never runs out of descriptors: /healthz and a scan on new
+/// connections are answered once the idle ones are let go.
+#[test]
+fn open_file_limit_lowers_the_connection_cap() {
+    let port = common::free_port();
+    let addr = SocketAddr::from(([127, 0, 0, 1], port));
+    let mut child = std::process::Command::new("sh")
+        .arg("-c")
+        .arg("ulimit -n 256 && exec \"$0\" serve")
+        .arg(env!("CARGO_BIN_EXE_quota-gate"))
+        .env_clear()
+        .env("QUOTA_LISTEN", addr.to_string())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    assert!(common::wait_for_port(addr, Duration::from_secs(10)));
+    let idle: Vec<TcpStream> = (0..300)
+        .map(|_| TcpStream::connect(addr).unwrap())
+        .collect();
+    let started = Instant::now();
+    let mut health = TcpStream::connect(addr).unwrap();
+    health
+        .set_read_timeout(Some(Duration::from_secs(20)))
+        .unwrap();
+    health
+        .write_all(request("GET", "/healthz").as_bytes())
+        .unwrap();
+    let mut answer = String::new();
+    let _ = health.read_to_string(&mut answer);
+    eprintln!(
+        "/healthz behind 300 idle connections: {:?}",
+        started.elapsed()
+    );
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer:?}");
+    assert!(started.elapsed() < Duration::from_secs(15));
+    let (status, _, response) = timed_scan(addr);
+    assert_eq!(status, 202, "{response}");
+    drop(idle);
+    let _ = child.kill();
+    let mut stderr = String::new();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut stderr)
+        .unwrap();
+    let _ = child.wait();
+    assert!(stderr.contains("open-file limit"), "{stderr}");
+    assert!(!stderr.contains("Too many open files"), "{stderr}");
+}
