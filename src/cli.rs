@@ -154,10 +154,23 @@ async fn serve(config: Config) -> Result<(), String> {
         shutdown_signal().await;
         tracing::info!("shutting down: finishing requests in flight");
     };
-    crate::serve::serve_with(listener, Arc::new(gate), Some(metrics), limits, shutdown)
-        .await
-        .map_err(|e| e.to_string())
+    let served =
+        crate::serve::serve_with(listener, Arc::new(gate), Some(metrics), limits, shutdown)
+            .await
+            .map_err(|e| e.to_string());
+    // The last EMF lines and log lines out, unless nobody is reading.
+    LineWriter::stdout().drain(EXIT_DRAIN).await;
+    if let Some(stderr) = STDERR.get() {
+        stderr.drain(EXIT_DRAIN).await;
+    }
+    served
 }
+
+/// How long a stopping `serve` waits for its stdout and stderr readers.
+const EXIT_DRAIN: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// `serve`'s non-blocking stderr, for the logs.
+static STDERR: std::sync::OnceLock<LineWriter> = std::sync::OnceLock::new();
 
 /// File descriptors kept for everything but client connections: the
 /// listener, Valkey and queue connections, stdio, the runtime's own.
@@ -210,7 +223,11 @@ fn init_tracing(command: &Command) {
         .with_ansi(false);
     let _ = match command {
         Command::Serve => {
-            let stderr = LineWriter::spawn("stderr", Box::new(std::io::stderr()), LINE_QUEUE);
+            let stderr = STDERR
+                .get_or_init(|| {
+                    LineWriter::spawn("stderr", Box::new(std::io::stderr()), LINE_QUEUE)
+                })
+                .clone();
             builder
                 .with_writer(move || LogLine(stderr.clone()))
                 .try_init()

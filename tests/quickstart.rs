@@ -220,4 +220,13 @@ fn sigterm_finishes_requests_in_flight() {
     assert!(answer.contains("x-stella-quota-delay-ms: 1500"), "{answer}");
     let exit = child.wait().unwrap();
     assert!(exit.success(), "{exit:?}");
+    // The non-blocking log writer is drained before the process exits.
+    let mut stderr = String::new();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut stderr)
+        .unwrap();
+    assert!(stderr.contains("shutting down"), "{stderr}");
 }

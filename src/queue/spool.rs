@@ -119,6 +119,16 @@ impl LineWriter {
     }
 }
 
+impl LineWriter {
+    /// Waits (at most `within`) until every line handed over so far is
+    /// written and flushed: for a clean exit. False if the writer is stuck.
+    pub async fn drain(&self, within: std::time::Duration) -> bool {
+        tokio::time::timeout(within, self.write_acknowledged(Vec::new()))
+            .await
+            .is_ok_and(|r| r.is_ok())
+    }
+}
+
 /// Withdraws a job not yet taken by the writer when its enqueue is dropped.
 struct Withdraw(Arc<AtomicU8>);
 
