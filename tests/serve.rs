@@ -359,3 +359,28 @@ fn open_file_limit_lowers_the_connection_cap() {
     assert!(stderr.contains("open-file limit"), "{stderr}");
     assert!(!stderr.contains("Too many open files"), "{stderr}");
 }
+
+/// A body that stops arriving gets 408 after 10 s, and the scan is not counted.
+#[test]
+fn stalled_body_gets_408() {
+    let (mut child, addr) = spawn_serve(&[]);
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    let started = Instant::now();
+    s.write_all(
+        b"POST /scan HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n\
+          content-length: 100\r\n\r\n{\"image\":",
+    )
+    .unwrap();
+    let mut answer = String::new();
+    let _ = s.read_to_string(&mut answer);
+    let took = started.elapsed();
+    eprintln!("stalled body answered after {took:?}");
+    assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+    assert!(answer.contains("request_timeout"), "{answer}");
+    assert!(took >= Duration::from_secs(9) && took < Duration::from_secs(13));
+    let first = http(addr, &post_scan(r#"{"image":"a"}"#));
+    assert!(first.contains("x-stella-quota-remaining: 32"), "{first}");
+    let _ = child.kill();
+    let _ = child.wait();
+}
