@@ -109,14 +109,21 @@ pub const CONFIG_ERROR_TYPE: &str = "Runtime.ConfigError";
 pub async fn report_init_error(api: &str, error_type: &str, message: &str) -> std::io::Result<u16> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let body = serde_json::json!({"errorMessage": message, "errorType": error_type}).to_string();
+    // Lambda gives `host:port`; `cargo lambda watch` a URL with a path prefix
+    // (`http://[::]:9000/.rt/bootstrap`).
+    let api = api.strip_prefix("http://").unwrap_or(api);
+    let (authority, prefix) = match api.find('/') {
+        Some(i) => (&api[..i], api[i..].trim_end_matches('/')),
+        None => (api, ""),
+    };
     let request = format!(
-        "POST /2018-06-01/runtime/init/error HTTP/1.1\r\nHost: {api}\r\n\
+        "POST {prefix}/2018-06-01/runtime/init/error HTTP/1.1\r\nHost: {authority}\r\n\
          Lambda-Runtime-Function-Error-Type: {error_type}\r\n\
          Content-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
         body.len()
     );
     let exchange = async {
-        let mut stream = tokio::net::TcpStream::connect(api).await?;
+        let mut stream = tokio::net::TcpStream::connect(authority).await?;
         stream.write_all(request.as_bytes()).await?;
         let mut response = Vec::new();
         stream.read_to_end(&mut response).await?;

@@ -86,60 +86,74 @@ fn bootstrap_requires_hash_secret() {
     assert!(stderr.contains("QUOTA_HASH_SECRET"), "{stderr}");
 }
 
+/// A stand-in Runtime API: accepts one request on `listener` and returns its
+/// request line and headers, and its body.
+fn capture_one_request(listener: std::net::TcpListener) -> (Vec<String>, String) {
+    use std::io::{BufRead as _, Write as _};
+    let (stream, _) = listener.accept().unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let mut reader = BufReader::new(stream.try_clone().unwrap());
+    let mut head = Vec::new();
+    let mut length = 0;
+    loop {
+        let mut line = String::new();
+        reader.read_line(&mut line).unwrap();
+        if line == "\r\n" || line.is_empty() {
+            break;
+        }
+        if let Some(v) = line.to_ascii_lowercase().strip_prefix("content-length:") {
+            length = v.trim().parse().unwrap();
+        }
+        head.push(line.trim_end().to_owned());
+    }
+    let mut body = vec![0; length];
+    reader.read_exact(&mut body).unwrap();
+    let reply = "HTTP/1.1 202 Accepted\r\ncontent-length: 16\r\n\r\n{\"status\":\"OK\"}";
+    (&stream).write_all(reply.as_bytes()).unwrap();
+    (head, String::from_utf8(body).unwrap())
+}
+
 /// Under a Lambda runtime, a configuration error at cold start is posted to the
 /// Runtime API as the function's init error, naming the variable, before the
-/// process exits non-zero (a stand-in Runtime API: a listener on a free port).
+/// process exits non-zero. `AWS_LAMBDA_RUNTIME_API` is `host:port` in Lambda
+/// and a URL with a path prefix under `cargo lambda watch`; both are served.
 #[test]
 fn bootstrap_reports_config_error_to_runtime_api() {
-    use std::io::{BufRead as _, Write as _};
-    let api = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let addr = api.local_addr().unwrap();
-    let server = std::thread::spawn(move || {
-        let (stream, _) = api.accept().unwrap();
-        stream
-            .set_read_timeout(Some(Duration::from_secs(10)))
+    for (form, prefix) in [("lambda", ""), ("cargo-lambda", "/.rt/bootstrap")] {
+        let api = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = api.local_addr().unwrap();
+        let value = match form {
+            "lambda" => addr.to_string(),
+            _ => format!("http://{addr}{prefix}"),
+        };
+        let server = std::thread::spawn(move || capture_one_request(api));
+        let out = Command::new(env!("CARGO_BIN_EXE_bootstrap"))
+            .env_clear()
+            .env("AWS_LAMBDA_RUNTIME_API", value)
+            .env("QUOTA_HARD_DELAY_MS", "18446744073709551615")
+            .output()
             .unwrap();
-        let mut reader = BufReader::new(stream.try_clone().unwrap());
-        let mut head = Vec::new();
-        let mut length = 0;
-        loop {
-            let mut line = String::new();
-            reader.read_line(&mut line).unwrap();
-            if line == "\r\n" || line.is_empty() {
-                break;
-            }
-            if let Some(v) = line.to_ascii_lowercase().strip_prefix("content-length:") {
-                length = v.trim().parse().unwrap();
-            }
-            head.push(line.trim_end().to_owned());
-        }
-        let mut body = vec![0; length];
-        reader.read_exact(&mut body).unwrap();
-        let reply = "HTTP/1.1 202 Accepted\r\ncontent-length: 16\r\n\r\n{\"status\":\"OK\"}";
-        (&stream).write_all(reply.as_bytes()).unwrap();
-        (head, String::from_utf8(body).unwrap())
-    });
-    let out = Command::new(env!("CARGO_BIN_EXE_bootstrap"))
-        .env_clear()
-        .env("AWS_LAMBDA_RUNTIME_API", addr.to_string())
-        .env("QUOTA_HARD_DELAY_MS", "18446744073709551615")
-        .output()
-        .unwrap();
-    assert!(!out.status.success());
-    let (head, body) = server.join().unwrap();
-    assert_eq!(head[0], "POST /2018-06-01/runtime/init/error HTTP/1.1");
-    assert!(
-        head.iter()
-            .any(|h| h
+        assert!(!out.status.success());
+        let (head, body) = server.join().unwrap();
+        assert_eq!(
+            head[0],
+            format!("POST {prefix}/2018-06-01/runtime/init/error HTTP/1.1"),
+            "{form}"
+        );
+        assert!(
+            head.iter().any(|h| h
                 .eq_ignore_ascii_case("lambda-runtime-function-error-type: Runtime.ConfigError")),
-        "{head:?}"
-    );
-    let body: serde_json::Value = serde_json::from_str(&body).unwrap();
-    assert_eq!(body["errorType"], "Runtime.ConfigError");
-    let message = body["errorMessage"].as_str().unwrap();
-    assert!(message.starts_with("QUOTA_HARD_DELAY_MS"), "{message}");
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(stderr.contains("QUOTA_HARD_DELAY_MS"), "{stderr}");
+            "{head:?}"
+        );
+        let body: serde_json::Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(body["errorType"], "Runtime.ConfigError");
+        let message = body["errorMessage"].as_str().unwrap();
+        assert!(message.starts_with("QUOTA_HARD_DELAY_MS"), "{message}");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.contains("QUOTA_HARD_DELAY_MS"), "{stderr}");
+    }
 }
 
 /// `HEAD /healthz` is 200 like `GET`; `/scan/` (trailing slash) is 404, as
