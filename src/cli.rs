@@ -10,6 +10,8 @@ use tokio::net::TcpListener;
 use crate::config::{Config, DEV_HASH_SECRET};
 use crate::gate::Gate;
 use crate::meter::{DELAY_MS, Meter};
+use crate::queue::spool::{LINE_QUEUE, LineWriter};
+use crate::serve::ServeLimits;
 
 /// Daily free-tier quota gate for the Scanner API.
 #[derive(Debug, Parser)]
@@ -53,7 +55,7 @@ pub fn install_prometheus() -> Result<PrometheusHandle, String> {
 /// Parses the command line and runs it.
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
-    crate::init_tracing();
+    init_tracing(&cli.command);
     let config = match Config::from_env() {
         Ok(c) => c,
         Err(e) => {
@@ -89,9 +91,14 @@ pub fn main() -> ExitCode {
             Command::Purge(args) => crate::ops::command::purge(args, &config)
                 .await
                 .map_err(|e| e.to_string()),
-            Command::Stats(args) => crate::ops::command::stats(args, &config)
-                .await
-                .map_err(|e| e.to_string()),
+            Command::Stats(args) => {
+                crate::ops::stats::preflight()
+                    .await
+                    .map_err(|e| e.to_string())?;
+                crate::ops::command::stats(args, &config)
+                    .await
+                    .map_err(|e| e.to_string())
+            }
         }
     });
     match result {
@@ -127,8 +134,14 @@ async fn serve(config: Config) -> Result<(), String> {
         "in-memory"
     };
     // The same EMF line per request as in Lambda (a CloudWatch agent or any
-    // log shipper can pick it up), besides the Prometheus text at /metrics.
-    let meter = Meter::stdout(config.metrics_namespace.clone());
+    // log shipper can pick it up), besides the Prometheus text at /metrics;
+    // through the non-blocking writer, so a stdout nobody reads costs lines
+    // (counted), never requests.
+    let meter = Meter::background_stdout(config.metrics_namespace.clone());
+    let limits = ServeLimits {
+        max_connections: connection_cap(config.max_connections as usize),
+        ..ServeLimits::default()
+    };
     let gate = Gate::from_config(config, &secret, meter)
         .await
         .map_err(|e| format!("configuration error: {e}"))?;
@@ -141,9 +154,101 @@ async fn serve(config: Config) -> Result<(), String> {
         shutdown_signal().await;
         tracing::info!("shutting down: finishing requests in flight");
     };
-    crate::serve::serve(listener, Arc::new(gate), Some(metrics), shutdown)
-        .await
-        .map_err(|e| e.to_string())
+    let served =
+        crate::serve::serve_with(listener, Arc::new(gate), Some(metrics), limits, shutdown)
+            .await
+            .map_err(|e| e.to_string());
+    // The last EMF lines and log lines out, unless nobody is reading.
+    LineWriter::stdout().drain(EXIT_DRAIN).await;
+    if let Some(stderr) = STDERR.get() {
+        stderr.drain(EXIT_DRAIN).await;
+    }
+    served
+}
+
+/// How long a stopping `serve` waits for its stdout and stderr readers.
+const EXIT_DRAIN: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// `serve`'s non-blocking stderr, for the logs.
+static STDERR: std::sync::OnceLock<LineWriter> = std::sync::OnceLock::new();
+
+/// File descriptors kept for everything but client connections: the
+/// listener, Valkey and queue connections, stdio, the runtime's own.
+const RESERVED_FDS: usize = 64;
+
+/// `QUOTA_MAX_CONNECTIONS`, lowered (with a warning) to fit the process's
+/// open-file limit: past that limit `accept` fails, and so would /healthz.
+fn connection_cap(configured: usize) -> usize {
+    let Some(limit) = open_file_limit() else {
+        return configured;
+    };
+    let fits = limit.saturating_sub(RESERVED_FDS).max(1);
+    if configured > fits {
+        tracing::warn!(
+            configured,
+            open_file_limit = limit,
+            "QUOTA_MAX_CONNECTIONS is above what the open-file limit allows; using {fits}"
+        );
+        fits
+    } else {
+        configured
+    }
+}
+
+/// The soft `RLIMIT_NOFILE`, from `/proc/self/limits` (Linux; `None` elsewhere).
+fn open_file_limit() -> Option<usize> {
+    let limits = std::fs::read_to_string("/proc/self/limits").ok()?;
+    limits
+        .lines()
+        .find_map(|l| l.strip_prefix("Max open files"))?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
+}
+
+/// Logs to stderr, filtered by `RUST_LOG` (default `info`; the AWS SDK's own
+/// chatter only from `error`). `serve` logs through a non-blocking writer,
+/// like its stdout: a stderr nobody reads loses log lines, never requests.
+fn init_tracing(command: &Command) {
+    use tracing_subscriber::EnvFilter;
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| {
+        EnvFilter::new(
+            "info,aws_config=error,aws_smithy_runtime=error,aws_smithy_runtime_api=error,\
+             aws_sdk_cloudwatch=error,aws_sdk_sqs=error,aws_sdk_sts=error,aws_sdk_sso=error",
+        )
+    });
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_ansi(false);
+    let _ = match command {
+        Command::Serve => {
+            let stderr = STDERR
+                .get_or_init(|| {
+                    LineWriter::spawn("stderr", Box::new(std::io::stderr()), LINE_QUEUE)
+                })
+                .clone();
+            builder
+                .with_writer(move || LogLine(stderr.clone()))
+                .try_init()
+        }
+        _ => builder.with_writer(std::io::stderr).try_init(),
+    };
+}
+
+/// One formatted log event, handed to the stderr writer thread (dropped
+/// when its queue is full).
+struct LogLine(LineWriter);
+
+impl std::io::Write for LogLine {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let _ = self.0.try_line(buf.to_vec());
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
 }
 
 /// Ctrl-C, or SIGTERM as container runtimes and systemd send it.

@@ -6,28 +6,28 @@
 //!
 //! | variable | default | meaning |
 //! |---|---|---|
-//! | `QUOTA_ANON` | 33 | daily ceiling per anonymous source (IP) |
-//! | `QUOTA_TOKEN` | 333 | daily ceiling per token id; a valid token's `tier` claim overrides it |
-//! | `QUOTA_WARN_AT` | 200 | scans used from which the response carries a reminder |
-//! | `QUOTA_SOFT_WINDOW` | 30 | over-quota scans that get the soft delay |
-//! | `QUOTA_SOFT_DELAY_MS` | 5000 | soft delay |
-//! | `QUOTA_HARD_DELAY_MS` | 60000 | hard delay, beyond the soft window |
+//! | `QUOTA_ANON` | 33 | daily ceiling per anonymous source (IP); 1 … 4294967295 |
+//! | `QUOTA_TOKEN` | 333 | daily ceiling per token id; a valid token's `tier` claim overrides it; 1 … 4294967295 |
+//! | `QUOTA_WARN_AT` | 200 | scans used from which the response carries a reminder; 1 … 4294967295 |
+//! | `QUOTA_SOFT_WINDOW` | 30 | over-quota scans that get the soft delay; 0 … 4294967295 |
+//! | `QUOTA_SOFT_DELAY_MS` | 5000 | soft delay; 0 … 86400000 (24 h) |
+//! | `QUOTA_HARD_DELAY_MS` | 60000 | hard delay, beyond the soft window; 0 … 86400000 (24 h) |
 //! | `QUOTA_RESET` | `utc-day` | `utc-day` (next 00:00 UTC) or `rolling` (24 h after the first scan) |
 //! | `QUOTA_HASH_SECRET` | — | HMAC key for subject digests; required in Lambda, ≥ 16 bytes |
-//! | `QUOTA_IPV6_PREFIX` | 64 | IPv6 addresses are counted per prefix of this length |
+//! | `QUOTA_IPV6_PREFIX` | 64 | IPv6 addresses are counted per prefix of this length; 1 … 128 |
 //! | `QUOTA_TRUSTED_PROXIES` | empty | CIDRs whose `X-Forwarded-For` is believed |
 //! | `VALKEY_URL` | unset: in-memory store | `redis://` or `rediss://` URL of the quota Valkey |
 //! | `VALKEY_CLUSTER` | `false` | speak cluster mode (ElastiCache Serverless) |
 //! | `VALKEY_TLS_CA` | unset: the platform's roots | path to a PEM file of CA certificates trusted for `rediss://` (for a private CA; ElastiCache needs none) |
-//! | `QUOTA_STORE_TIMEOUT_MS` | 100 | bound on every Valkey call |
+//! | `QUOTA_STORE_TIMEOUT_MS` | 100 | bound on every Valkey call; 1 … 86400000 (24 h) |
 //! | `QUOTA_FAIL_MODE` | `open` | `open`: accept unmetered when Valkey fails; `closed`: 503 |
-//! | `QUOTA_BREAKER_FAILURES` | 5 | consecutive store failures that open the circuit breaker; 0 turns it off |
-//! | `QUOTA_BREAKER_COOLDOWN_MS` | 1000 | how long an open breaker skips the store before one probe |
+//! | `QUOTA_BREAKER_FAILURES` | 5 | consecutive store failures that open the circuit breaker; 0 turns it off; 0 … 4294967295 |
+//! | `QUOTA_BREAKER_COOLDOWN_MS` | 1000 | how long an open breaker skips the store before one probe; 0 … 86400000 (24 h) |
 //! | `QUOTA_DELAY_MODE` | `sleep` | `sleep` in the handler (rest deferred) or `defer` all of it |
-//! | `QUOTA_GATEWAY_TIMEOUT_MS` | 29000 | the gateway's integration timeout |
-//! | `QUOTA_DELAY_MARGIN_MS` | 1000 | kept free below the gateway and Lambda deadlines |
+//! | `QUOTA_GATEWAY_TIMEOUT_MS` | 29000 | the gateway's integration timeout; 1 … 86400000 (24 h) |
+//! | `QUOTA_DELAY_MARGIN_MS` | 1000 | kept free below the gateway and Lambda deadlines; 0 … 86400000 (24 h) |
 //! | `QUOTA_PACING` | `on` | `on`: a subject's over-quota scans start one delay apart; `off`: the seed's fixed per-request delays |
-//! | `QUOTA_MAX_BACKLOG_MS` | 900000 | a scan whose paced delay would exceed this is refused with 503 `backlog_full` |
+//! | `QUOTA_MAX_BACKLOG_MS` | 900000 | a scan whose paced delay would exceed this is refused with 503 `backlog_full`; 0 … 86400000 (24 h) |
 //! | `SCAN_QUEUE_URL` | unset: stdout spool | an SQS queue URL, or `valkey-stream:<key>` |
 //! | `QUOTA_JWT_PUBLIC_KEY` | — | PEM text, or a path to a PEM file (RSA, P-256 or Ed25519) |
 //! | `QUOTA_JWT_JWKS` | — | JWKS JSON, or a path to it; keys picked by `kid` |
@@ -36,6 +36,7 @@
 //! | `QUOTA_TRUST_GATEWAY_CLAIMS` | `false` | use claims an API Gateway JWT authorizer verified |
 //! | `QUOTA_METRICS_NAMESPACE` | `StellaOps/Quota` | CloudWatch namespace of the EMF lines |
 //! | `QUOTA_LISTEN` | `127.0.0.1:9000` | address of the local server (`quota-gate serve`) |
+//! | `QUOTA_MAX_CONNECTIONS` | 1024 | connections `quota-gate serve` keeps open at once (more wait until one closes); 1 … 1000000, keep it below `ulimit -n` |
 
 use std::net::SocketAddr;
 use std::num::NonZeroU32;
@@ -154,6 +155,27 @@ impl CaBundle {
     }
 }
 
+/// The largest daily ceiling, window or failure count: 2^32 − 1.
+pub const MAX_LIMIT: u64 = u32::MAX as u64;
+/// The longest delay or timeout: 24 h, in milliseconds.
+pub const MAX_MILLIS: u64 = 86_400_000;
+/// The most connections `QUOTA_MAX_CONNECTIONS` may allow.
+pub const MAX_CONNECTIONS: u64 = 1_000_000;
+
+/// Parses a whole number in `min..=max` for the variable `var`.
+pub fn ranged_number(var: &'static str, raw: &str, min: u64, max: u64) -> Result<u64, ConfigError> {
+    let expected = || format!("expected a whole number in {min}..={max}, got {raw:?}");
+    let n: u64 = raw
+        .trim()
+        .parse()
+        .map_err(|_| ConfigError::new(var, expected()))?;
+    if (min..=max).contains(&n) {
+        Ok(n)
+    } else {
+        Err(ConfigError::new(var, expected()))
+    }
+}
+
 /// The secret used by `quota-gate serve` when none is configured. Digests made
 /// with it are not private: it is in the source.
 pub const DEV_HASH_SECRET: &str = "quota-gate-local-development-secret";
@@ -195,6 +217,8 @@ pub struct Config {
     pub trust_gateway_claims: bool,
     pub metrics_namespace: String,
     pub listen: SocketAddr,
+    /// Connections `quota-gate serve` keeps open at once.
+    pub max_connections: u32,
 }
 
 impl Default for Config {
@@ -221,19 +245,22 @@ impl Config {
         let parse = |k: &'static str, default: &str| -> Result<String, ConfigError> {
             Ok(get(k).unwrap_or_else(|| default.to_owned()))
         };
-        let num = |k: &'static str, default: &str| -> Result<u64, ConfigError> {
-            let raw = parse(k, default)?;
-            raw.parse::<u64>()
-                .map_err(|_| ConfigError::new(k, format!("expected a whole number, got {raw:?}")))
+        // Every numeric setting has a range (documented in the table above):
+        // a value outside it stops the start, naming the variable, so no value
+        // can make a later request overflow.
+        let ranged = |k: &'static str, default: &str, min: u64, max: u64| {
+            ranged_number(k, &parse(k, default)?, min, max)
         };
-        let nonzero = |k: &'static str, default: &str| -> Result<NonZeroU32, ConfigError> {
-            let n = num(k, default)?;
-            u32::try_from(n)
-                .ok()
-                .and_then(NonZeroU32::new)
-                .ok_or_else(|| ConfigError::new(k, format!("expected 1..={}, got {n}", u32::MAX)))
+        let limit = |k: &'static str, default: &str| -> Result<NonZeroU32, ConfigError> {
+            let n = ranged(k, default, 1, MAX_LIMIT)?;
+            NonZeroU32::new(n as u32).ok_or_else(|| ConfigError::new(k, "must be above 0"))
         };
-        let millis = |k: &'static str, default: &str| num(k, default).map(Duration::from_millis);
+        let count = |k: &'static str, default: &str| -> Result<u32, ConfigError> {
+            Ok(ranged(k, default, 0, MAX_LIMIT)? as u32)
+        };
+        let millis = |k: &'static str, default: &str, min: u64| {
+            ranged(k, default, min, MAX_MILLIS).map(Duration::from_millis)
+        };
         let flag = |k: &'static str| -> Result<bool, ConfigError> {
             match parse(k, "false")?.to_ascii_lowercase().as_str() {
                 "true" | "1" | "yes" => Ok(true),
@@ -297,13 +324,7 @@ impl Config {
             }
         }
 
-        let ipv6_prefix = num("QUOTA_IPV6_PREFIX", "64")?;
-        if !(1..=128).contains(&ipv6_prefix) {
-            return Err(ConfigError::new(
-                "QUOTA_IPV6_PREFIX",
-                format!("expected 1..=128, got {ipv6_prefix}"),
-            ));
-        }
+        let ipv6_prefix = ranged("QUOTA_IPV6_PREFIX", "64", 1, 128)?;
 
         let trusted_proxies = get("QUOTA_TRUSTED_PROXIES")
             .map(|raw| {
@@ -403,22 +424,15 @@ impl Config {
             )
         })?;
 
-        let store_timeout = millis("QUOTA_STORE_TIMEOUT_MS", "100")?;
-        if store_timeout.is_zero() {
-            return Err(ConfigError::new(
-                "QUOTA_STORE_TIMEOUT_MS",
-                "must be above 0",
-            ));
-        }
+        let store_timeout = millis("QUOTA_STORE_TIMEOUT_MS", "100", 1)?;
 
         Ok(Self {
-            quota_anon: nonzero("QUOTA_ANON", "33")?,
-            quota_token: nonzero("QUOTA_TOKEN", "333")?,
-            warn_at: nonzero("QUOTA_WARN_AT", "200")?,
-            soft_window: u32::try_from(num("QUOTA_SOFT_WINDOW", "30")?)
-                .map_err(|_| ConfigError::new("QUOTA_SOFT_WINDOW", "too large"))?,
-            soft_delay: millis("QUOTA_SOFT_DELAY_MS", "5000")?,
-            hard_delay: millis("QUOTA_HARD_DELAY_MS", "60000")?,
+            quota_anon: limit("QUOTA_ANON", "33")?,
+            quota_token: limit("QUOTA_TOKEN", "333")?,
+            warn_at: limit("QUOTA_WARN_AT", "200")?,
+            soft_window: count("QUOTA_SOFT_WINDOW", "30")?,
+            soft_delay: millis("QUOTA_SOFT_DELAY_MS", "5000", 0)?,
+            hard_delay: millis("QUOTA_HARD_DELAY_MS", "60000", 0)?,
             reset,
             hash_secret,
             ipv6_prefix: ipv6_prefix as u8,
@@ -427,15 +441,14 @@ impl Config {
             valkey_cluster: flag("VALKEY_CLUSTER")?,
             valkey_tls_ca,
             store_timeout,
-            breaker_failures: u32::try_from(num("QUOTA_BREAKER_FAILURES", "5")?)
-                .map_err(|_| ConfigError::new("QUOTA_BREAKER_FAILURES", "too large"))?,
-            breaker_cool_down: millis("QUOTA_BREAKER_COOLDOWN_MS", "1000")?,
+            breaker_failures: count("QUOTA_BREAKER_FAILURES", "5")?,
+            breaker_cool_down: millis("QUOTA_BREAKER_COOLDOWN_MS", "1000", 0)?,
             fail_mode,
             delay_mode,
-            gateway_timeout: millis("QUOTA_GATEWAY_TIMEOUT_MS", "29000")?,
-            delay_margin: millis("QUOTA_DELAY_MARGIN_MS", "1000")?,
+            gateway_timeout: millis("QUOTA_GATEWAY_TIMEOUT_MS", "29000", 1)?,
+            delay_margin: millis("QUOTA_DELAY_MARGIN_MS", "1000", 0)?,
             pacing,
-            max_backlog: millis("QUOTA_MAX_BACKLOG_MS", "900000")?,
+            max_backlog: millis("QUOTA_MAX_BACKLOG_MS", "900000", 0)?,
             queue,
             jwt_public_key: get("QUOTA_JWT_PUBLIC_KEY"),
             jwt_jwks: get("QUOTA_JWT_JWKS"),
@@ -444,6 +457,7 @@ impl Config {
             trust_gateway_claims: flag("QUOTA_TRUST_GATEWAY_CLAIMS")?,
             metrics_namespace: parse("QUOTA_METRICS_NAMESPACE", "StellaOps/Quota")?,
             listen,
+            max_connections: ranged("QUOTA_MAX_CONNECTIONS", "1024", 1, MAX_CONNECTIONS)? as u32,
         })
     }
 

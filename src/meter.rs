@@ -11,6 +11,13 @@
 //! available aggregate in a process-global recorder and flush documents
 //! later, while the gate wants one self-contained line per request that a
 //! test can read back from one handler instance.
+//!
+//! Two ways out for the EMF line: a synchronous sink, written and flushed
+//! before `record` returns (Lambda: the process is frozen after the response,
+//! so the line must be out by then; tests read their capture sink back at
+//! once), and the non-blocking [`LineWriter`] of `quota-gate serve`, where a
+//! stdout nobody reads must never hold a request: when its queue is full the
+//! line is dropped and counted in [`EMF_DROPPED`].
 
 use std::io::Write;
 use std::sync::{Arc, Mutex};
@@ -20,6 +27,7 @@ use serde_json::{Value, json};
 
 use crate::decide::Tier;
 use crate::digest::Scope;
+use crate::queue::spool::LineWriter;
 
 pub const SOFT_HITS: &str = "stella_quota_soft_hits_total";
 pub const HARD_HITS: &str = "stella_quota_hard_hits_total";
@@ -28,6 +36,9 @@ pub const STORE_ERRORS: &str = "stella_quota_store_errors_total";
 pub const ENQUEUE_ERRORS: &str = "stella_quota_enqueue_errors_total";
 pub const BACKLOG_REFUSALS: &str = "stella_quota_backlog_refusals_total";
 pub const DELAY_MS: &str = "stella_quota_delay_ms";
+/// EMF lines dropped because the output queue was full (`serve` only): a
+/// stdout reader that is slow or gone.
+pub const EMF_DROPPED: &str = "stella_quota_emf_dropped_total";
 
 /// Every counter, in EMF declaration order.
 pub const COUNTERS: [&str; 6] = [
@@ -63,6 +74,10 @@ pub fn describe() {
     metrics::describe_counter!(
         BACKLOG_REFUSALS,
         "Scans refused with 503 backlog_full: the paced delay would exceed QUOTA_MAX_BACKLOG_MS."
+    );
+    metrics::describe_counter!(
+        EMF_DROPPED,
+        "EMF lines dropped because standard output was not read fast enough."
     );
     metrics::describe_histogram!(
         DELAY_MS,
@@ -116,7 +131,14 @@ impl Outcome {
     }
 }
 
-type Sink = Arc<Mutex<Box<dyn Write + Send>>>;
+/// Where EMF lines go.
+#[derive(Clone)]
+enum Sink {
+    /// Written and flushed before `record` returns.
+    Sync(Arc<Mutex<Box<dyn Write + Send>>>),
+    /// Queued for a writer thread; dropped (and counted) when the queue is full.
+    Background(LineWriter, metrics::Counter),
+}
 
 /// Records outcomes to the EMF sink and the `metrics` facade.
 #[derive(Clone)]
@@ -174,9 +196,26 @@ impl Directives {
 }
 
 impl Meter {
-    /// EMF lines to stdout in `namespace`.
+    /// EMF lines to stdout in `namespace`, each written and flushed before
+    /// [`Meter::record`] returns: for Lambda, which freezes the process once
+    /// the response is sent.
     pub fn stdout(namespace: impl Into<String>) -> Self {
         Self::new(namespace, Some(Box::new(std::io::stdout())))
+    }
+
+    /// EMF lines to stdout through the shared non-blocking
+    /// [`LineWriter::stdout`]: for `quota-gate serve`, where no request may
+    /// wait on a pipe. A line that finds the queue full is dropped and
+    /// counted in [`EMF_DROPPED`].
+    pub fn background_stdout(namespace: impl Into<String>) -> Self {
+        Self::with_writer(namespace, LineWriter::stdout())
+    }
+
+    /// EMF lines through `writer`, dropped and counted when it is full.
+    pub fn with_writer(namespace: impl Into<String>, writer: LineWriter) -> Self {
+        let mut meter = Self::new(namespace, None);
+        meter.emf = Some(Sink::Background(writer, metrics::counter!(EMF_DROPPED)));
+        meter
     }
 
     /// EMF lines to `sink` (or none at all). The `metrics` handles are
@@ -185,7 +224,7 @@ impl Meter {
         Self {
             directives: Arc::new(Directives::new(&namespace.into())),
             handles: Arc::new([ScopeHandles::new(Scope::Ip), ScopeHandles::new(Scope::Tid)]),
-            emf: sink.map(|s| Arc::new(Mutex::new(s))),
+            emf: sink.map(|s| Sink::Sync(Arc::new(Mutex::new(s)))),
         }
     }
 
@@ -207,9 +246,18 @@ impl Meter {
                 .map_or(0, |d| d.as_millis() as u64);
             let mut line = self.emf_line(outcome, now);
             line.push('\n');
-            if let Ok(mut out) = sink.lock() {
-                // Metrics are best effort: a closed stdout must not fail a scan.
-                let _ = out.write_all(line.as_bytes()).and_then(|()| out.flush());
+            match sink {
+                Sink::Sync(out) => {
+                    if let Ok(mut out) = out.lock() {
+                        // Metrics are best effort: a closed stdout must not fail a scan.
+                        let _ = out.write_all(line.as_bytes()).and_then(|()| out.flush());
+                    }
+                }
+                Sink::Background(writer, dropped) => {
+                    if writer.try_line(line.into_bytes()).is_err() {
+                        dropped.increment(1);
+                    }
+                }
             }
         }
     }

@@ -32,9 +32,9 @@ impl ScanRequest {
 }
 
 /// Whether `path` names the scan route: `/scan`, or `/<stage>/scan` when API
-/// Gateway keeps a named stage in the path. A trailing slash is tolerated.
+/// Gateway keeps a named stage in the path. Nothing else: `/scan/` is 404,
+/// as the README's error table says.
 pub fn is_scan_path(path: &str) -> bool {
-    let path = path.trim_end_matches('/');
     match path.strip_suffix("/scan") {
         Some("") => true,
         Some(prefix) => prefix.starts_with('/') && !prefix[1..].contains('/') && prefix.len() > 1,
@@ -161,7 +161,8 @@ mod tests {
                 &br#"{"image":"alpine:3","x":1}"#[..],
                 "ok",
             ),
-            (&post, "/scan/", &h, &br#"{"image":"alpine:3"}"#[..], "ok"),
+            (&post, "/scan/", &h, &b"{}"[..], "404 not_found"),
+            (&post, "/prod/scan/", &h, &b"{}"[..], "404 not_found"),
             (&post, "/", &h, &b"{}"[..], "404 not_found"),
             (&post, "/a/b/scan", &h, &b"{}"[..], "404 not_found"),
             (&post, "/scans", &h, &b"{}"[..], "404 not_found"),

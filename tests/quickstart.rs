@@ -3,53 +3,11 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{SocketAddr, TcpStream};
-use std::process::{Child, Command, Stdio};
+use std::io::{BufRead, BufReader, Read};
+use std::process::Command;
 use std::time::Duration;
 
-use common::{free_port, wait_for_port};
-
-/// Sends one raw HTTP/1.1 request and returns the whole response text.
-fn http(addr: SocketAddr, request: &str) -> String {
-    let mut stream = TcpStream::connect(addr).unwrap();
-    stream
-        .set_read_timeout(Some(Duration::from_secs(10)))
-        .unwrap();
-    stream.write_all(request.as_bytes()).unwrap();
-    let mut response = String::new();
-    stream.read_to_string(&mut response).unwrap();
-    response
-}
-
-fn post_scan(body: &str) -> String {
-    format!(
-        "POST /scan HTTP/1.1\r\nhost: localhost\r\ncontent-type: application/json\r\n\
-         content-length: {}\r\nconnection: close\r\n\r\n{body}",
-        body.len()
-    )
-}
-
-/// `quota-gate serve` with nothing configured but `vars`, on a free port,
-/// listening; stdout and stderr are piped for the test to read.
-fn spawn_serve(vars: &[(&str, &str)]) -> (Child, SocketAddr) {
-    let port = free_port();
-    let child = Command::new(env!("CARGO_BIN_EXE_quota-gate"))
-        .arg("serve")
-        .env_clear()
-        .env("QUOTA_LISTEN", format!("127.0.0.1:{port}"))
-        .envs(vars.iter().copied())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let addr = SocketAddr::from(([127, 0, 0, 1], port));
-    assert!(
-        wait_for_port(addr, Duration::from_secs(10)),
-        "serve did not listen"
-    );
-    (child, addr)
-}
+use common::serve::{http, post_scan, spawn_serve};
 
 /// `quota-gate serve` on the embedded default answers POST /scan with 202 and the quota
 /// headers, spools one job line per scan on stdout, and serves /healthz and /metrics.
@@ -128,6 +86,122 @@ fn bootstrap_requires_hash_secret() {
     assert!(stderr.contains("QUOTA_HASH_SECRET"), "{stderr}");
 }
 
+/// A stand-in Runtime API: accepts one request on `listener` and returns its
+/// request line and headers, and its body.
+fn capture_one_request(listener: std::net::TcpListener) -> (Vec<String>, String) {
+    use std::io::{BufRead as _, Write as _};
+    let (stream, _) = listener.accept().unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let mut reader = BufReader::new(stream.try_clone().unwrap());
+    let mut head = Vec::new();
+    let mut length = 0;
+    loop {
+        let mut line = String::new();
+        reader.read_line(&mut line).unwrap();
+        if line == "\r\n" || line.is_empty() {
+            break;
+        }
+        if let Some(v) = line.to_ascii_lowercase().strip_prefix("content-length:") {
+            length = v.trim().parse().unwrap();
+        }
+        head.push(line.trim_end().to_owned());
+    }
+    let mut body = vec![0; length];
+    reader.read_exact(&mut body).unwrap();
+    let reply = "HTTP/1.1 202 Accepted\r\ncontent-length: 16\r\n\r\n{\"status\":\"OK\"}";
+    (&stream).write_all(reply.as_bytes()).unwrap();
+    (head, String::from_utf8(body).unwrap())
+}
+
+/// Under a Lambda runtime, a configuration error at cold start is posted to the
+/// Runtime API as the function's init error, naming the variable, before the
+/// process exits non-zero. `AWS_LAMBDA_RUNTIME_API` is `host:port` in Lambda
+/// and a URL with a path prefix under `cargo lambda watch`; both are served.
+#[test]
+fn bootstrap_reports_config_error_to_runtime_api() {
+    for (form, prefix) in [("lambda", ""), ("cargo-lambda", "/.rt/bootstrap")] {
+        let api = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = api.local_addr().unwrap();
+        let value = match form {
+            "lambda" => addr.to_string(),
+            _ => format!("http://{addr}{prefix}"),
+        };
+        let server = std::thread::spawn(move || capture_one_request(api));
+        let out = Command::new(env!("CARGO_BIN_EXE_bootstrap"))
+            .env_clear()
+            .env("AWS_LAMBDA_RUNTIME_API", value)
+            .env("QUOTA_HARD_DELAY_MS", "18446744073709551615")
+            .output()
+            .unwrap();
+        assert!(!out.status.success());
+        let (head, body) = server.join().unwrap();
+        assert_eq!(
+            head[0],
+            format!("POST {prefix}/2018-06-01/runtime/init/error HTTP/1.1"),
+            "{form}"
+        );
+        assert!(
+            head.iter().any(|h| h
+                .eq_ignore_ascii_case("lambda-runtime-function-error-type: Runtime.ConfigError")),
+            "{head:?}"
+        );
+        let body: serde_json::Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(body["errorType"], "Runtime.ConfigError");
+        let message = body["errorMessage"].as_str().unwrap();
+        assert!(message.starts_with("QUOTA_HARD_DELAY_MS"), "{message}");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.contains("QUOTA_HARD_DELAY_MS"), "{stderr}");
+    }
+}
+
+/// `HEAD /healthz` is 200 like `GET`; `/scan/` (trailing slash) is 404, as
+/// the README's error table says.
+#[test]
+fn healthz_head_and_exact_scan_path() {
+    let (mut child, addr) = spawn_serve(&[]);
+    let head = http(addr, &common::serve::request("HEAD", "/healthz"));
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    assert!(!head.ends_with("ok\n"), "HEAD has no body: {head}");
+    let slash = http(
+        addr,
+        &post_scan(r#"{"image":"alpine:3.20"}"#).replacen("/scan", "/scan/", 1),
+    );
+    assert!(slash.starts_with("HTTP/1.1 404"), "{slash}");
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
+/// `quota-gate stats` without AWS configuration says what to set, in a
+/// sentence, not the SDK's error chain.
+#[test]
+fn stats_without_aws_configuration_says_what_to_set() {
+    let home = std::env::temp_dir().join(format!("quota-gate-nohome-{}", std::process::id()));
+    std::fs::create_dir_all(&home).unwrap();
+    let stats = |vars: &[(&str, &str)]| {
+        Command::new(env!("CARGO_BIN_EXE_quota-gate"))
+            .args(["stats", "--since", "1h"])
+            .env_clear()
+            .env("HOME", &home)
+            .env("AWS_EC2_METADATA_DISABLED", "true")
+            .envs(vars.iter().copied())
+            .output()
+            .unwrap()
+    };
+    let out = stats(&[]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(stderr.contains("AWS_REGION"), "{stderr}");
+    assert!(stderr.len() < 400, "{} bytes: {stderr}", stderr.len());
+    let out = stats(&[("AWS_REGION", "eu-west-1")]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(stderr.contains("AWS_ACCESS_KEY_ID"), "{stderr}");
+    assert!(stderr.len() < 400, "{} bytes: {stderr}", stderr.len());
+    let _ = std::fs::remove_dir_all(&home);
+}
+
 /// A bad value stops `serve` at start with the variable's name.
 #[test]
 fn bad_configuration_names_the_variable() {
@@ -160,4 +234,13 @@ fn sigterm_finishes_requests_in_flight() {
     assert!(answer.contains("x-stella-quota-delay-ms: 1500"), "{answer}");
     let exit = child.wait().unwrap();
     assert!(exit.success(), "{exit:?}");
+    // The non-blocking log writer is drained before the process exits.
+    let mut stderr = String::new();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut stderr)
+        .unwrap();
+    assert!(stderr.contains("shutting down"), "{stderr}");
 }

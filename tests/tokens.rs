@@ -190,3 +190,44 @@ async fn scheme_is_case_insensitive() {
         assert_eq!(body["token"], json!({"accepted": true}), "{scheme}");
     }
 }
+
+/// With a PEM key beside the JWKS, a `kid` nobody published is still
+/// `unknown_kid`, as with the JWKS alone (not `algorithm_not_allowed` from
+/// the PEM key of another type).
+#[tokio::test]
+async fn unknown_kid_with_pem_and_jwks() {
+    let gate = memory_gate(&[
+        ("QUOTA_JWT_PUBLIC_KEY", &fixture("rs256.pub.pem")),
+        ("QUOTA_JWT_JWKS", &fixture("jwks.json")),
+    ]);
+    let ed_key =
+        EncodingKey::from_ed_pem(&std::fs::read(fixture("ed25519.key.pem")).unwrap()).unwrap();
+    let mut header = Header::new(Algorithm::EdDSA);
+    header.kid = Some("ed-9".into());
+    let token = jsonwebtoken::encode(&header, &claims("t-3"), &ed_key).unwrap();
+    let body = token_answer(&gate, &token).await;
+    assert_eq!(body["token"]["reason"], "unknown_kid", "{body}");
+    // Known kids still verify, and the PEM key still verifies its own tokens.
+    for alg in [Algorithm::RS256, Algorithm::EdDSA] {
+        let body = token_answer(&gate, &mint(alg, claims("t-4"))).await;
+        assert_eq!(body["token"], json!({"accepted": true}), "{alg:?}");
+    }
+}
+
+/// The `tier` claim overrides the ceiling only as a JSON number; a string
+/// (`"999999"`) is ignored, as the README says.
+#[tokio::test]
+async fn tier_claim_must_be_numeric() {
+    let gate = memory_gate(&[("QUOTA_JWT_PUBLIC_KEY", &fixture("ed25519.pub.pem"))]);
+    let numeric = json!({"iss": "stella-ops.org", "tid": "t-5", "tier": 50, "exp": now() + 600});
+    let body = token_answer(&gate, &mint(Algorithm::EdDSA, numeric)).await;
+    assert_eq!(body["quota"]["limit"], 50, "{body}");
+    let string =
+        json!({"iss": "stella-ops.org", "tid": "t-6", "tier": "999999", "exp": now() + 600});
+    let body = token_answer(&gate, &mint(Algorithm::EdDSA, string)).await;
+    assert_eq!(body["token"], json!({"accepted": true}), "{body}");
+    assert_eq!(
+        body["quota"]["limit"], 333,
+        "a string tier is ignored: {body}"
+    );
+}

@@ -1,19 +1,51 @@
 //! The AWS Lambda entry point: read the configuration, build the clients
 //! once per cold start, and serve invocations.
+//!
+//! A configuration error is printed and, under a Lambda runtime, reported to
+//! the Runtime API as the function's init error (`Runtime.ConfigError`, with
+//! the variable's name), so the invocation shows the cause instead of a bare
+//! "Runtime exited"; then the process exits non-zero.
 
+use std::process::ExitCode;
 use std::sync::Arc;
 
+use quota_gate::Config;
+use quota_gate::gate::Gate;
+use quota_gate::lambda::{CONFIG_ERROR_TYPE, report_init_error};
 use quota_gate::meter::Meter;
-use quota_gate::{Config, Gate};
 
 #[tokio::main]
-async fn main() -> Result<(), lambda_http::Error> {
+async fn main() -> ExitCode {
     quota_gate::init_tracing();
-    let config = Config::from_env()?;
+    let gate = match start().await {
+        Ok(gate) => gate,
+        Err(message) => {
+            eprintln!("quota-gate: configuration error: {message}");
+            if let Ok(api) = std::env::var("AWS_LAMBDA_RUNTIME_API") {
+                if let Err(e) = report_init_error(&api, CONFIG_ERROR_TYPE, &message).await {
+                    eprintln!("quota-gate: could not report the init error to {api}: {e}");
+                }
+            }
+            return ExitCode::from(2);
+        }
+    };
+    match quota_gate::lambda::run(Arc::new(gate)).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("quota-gate: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// The gate of this cold start, or why there is none (naming the variable).
+async fn start() -> Result<Gate<quota_gate::store::AnyStore, quota_gate::queue::AnyQueue>, String> {
+    let config = Config::from_env().map_err(|e| e.to_string())?;
     let secret = config.hash_secret.clone().ok_or(
         "QUOTA_HASH_SECRET: required in Lambda (32 random bytes, e.g. from Secrets Manager)",
     )?;
     let meter = Meter::stdout(config.metrics_namespace.clone());
-    let gate = Gate::from_config(config, secret.as_bytes(), meter).await?;
-    quota_gate::lambda::run(Arc::new(gate)).await
+    Gate::from_config(config, secret.as_bytes(), meter)
+        .await
+        .map_err(|e| e.to_string())
 }

@@ -167,7 +167,18 @@ fn claim_string(v: &Value) -> Option<String> {
     }
 }
 
-/// A positive whole `tier`, as a number or a numeric string.
+/// A token's `tier` claim: a positive whole JSON number, as the README says.
+/// Anything else (a string such as `"999999"`, a fraction, 0) is ignored and
+/// the configured ceiling applies.
+pub fn tier_from_token_claim(v: &Value) -> Option<NonZeroU32> {
+    match v {
+        Value::Number(_) => tier_from_claim(v),
+        _ => None,
+    }
+}
+
+/// A positive whole `tier`, as a number or a numeric string (API Gateway
+/// hands its authorizer's claims over as strings).
 pub fn tier_from_claim(v: &Value) -> Option<NonZeroU32> {
     match v {
         Value::Number(n) => n
@@ -233,13 +244,20 @@ impl Verifier {
         if candidates.peek().is_none() {
             return Err(Rejection::UnknownKid);
         }
+        // With a JWKS configured, a `kid` none of its keys carries is unknown,
+        // whatever a key-less QUOTA_JWT_PUBLIC_KEY beside it makes of the
+        // token (unless it verifies it): the same answer as the JWKS alone.
+        let kid_unknown = kid.is_some_and(|kid| {
+            self.keys.iter().any(|k| k.kid.is_some())
+                && !self.keys.iter().any(|k| k.kid.as_deref() == Some(kid))
+        });
         let mut rejection = Rejection::AlgorithmNotAllowed;
         for key in candidates.filter(|k| k.algorithm == algorithm) {
             match jsonwebtoken::decode::<Claims>(token, &key.key, &self.validation(algorithm)) {
                 Ok(data) => {
                     let tid = data.claims.tid.as_ref().and_then(claim_string);
                     let tid = tid.ok_or(Rejection::MissingTid)?;
-                    let tier = data.claims.tier.as_ref().and_then(tier_from_claim);
+                    let tier = data.claims.tier.as_ref().and_then(tier_from_token_claim);
                     let subject = TokenSubject { tid, tier };
                     if let Some(exp) = data.claims.exp.as_ref().and_then(Value::as_f64) {
                         self.verified.put(cache_key, &subject, exp as i64);
@@ -248,12 +266,18 @@ impl Verifier {
                 }
                 Err(e) => {
                     rejection = map_error(e.kind());
-                    if rejection != Rejection::BadSignature {
+                    if rejection == Rejection::BadSignature && kid_unknown {
+                        rejection = Rejection::UnknownKid;
+                    }
+                    if rejection != Rejection::BadSignature && rejection != Rejection::UnknownKid {
                         // The signature held: the claims are at fault, whatever other key we try.
                         return Err(rejection);
                     }
                 }
             }
+        }
+        if kid_unknown && rejection == Rejection::AlgorithmNotAllowed {
+            return Err(Rejection::UnknownKid);
         }
         Err(rejection)
     }

@@ -24,6 +24,37 @@ use crate::meter::{DELAY_MS, ENQUEUE_ERRORS, HARD_HITS, REMINDERS, SOFT_HITS, ST
 /// The longest window: CloudWatch keeps hourly data for 455 days.
 const MAX_WINDOW: Duration = Duration::from_secs(455 * 86_400);
 
+/// How long the credential chain may look (instance metadata included)
+/// before `stats` says there are no credentials.
+const CREDENTIALS_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Checks up front that the AWS SDK has a region and credentials, so a
+/// machine without AWS configuration gets one short sentence instead of the
+/// SDK's whole error chain.
+pub async fn preflight() -> Result<(), OpsError> {
+    use aws_sdk_cloudwatch::config::ProvideCredentials;
+    let sdk = aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await;
+    if sdk.region().is_none() {
+        return Err(OpsError::Usage(
+            "stats reads CloudWatch and needs an AWS region: set AWS_REGION \
+             (or AWS_PROFILE with a region in ~/.aws/config)"
+                .into(),
+        ));
+    }
+    let no_credentials = || {
+        OpsError::Usage(
+            "stats reads CloudWatch and needs AWS credentials: set AWS_PROFILE, or \
+             AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (cloudwatch:GetMetricData)"
+                .into(),
+        )
+    };
+    let provider = sdk.credentials_provider().ok_or_else(no_credentials)?;
+    match tokio::time::timeout(CREDENTIALS_TIMEOUT, provider.provide_credentials()).await {
+        Ok(Ok(_)) => Ok(()),
+        _ => Err(no_credentials()),
+    }
+}
+
 /// Parses `--since` with `humantime`: `24h`, `90m`, `7d`, `1h 30m`, `2days`.
 pub fn parse_since(raw: &str) -> Result<Duration, OpsError> {
     let window = humantime::parse_duration(raw.trim()).map_err(|e| {

@@ -4,6 +4,7 @@
 
 pub mod cluster;
 pub mod moto;
+pub mod serve;
 
 use std::collections::HashMap;
 use std::io::Write;
