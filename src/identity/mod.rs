@@ -162,7 +162,7 @@ impl Identifier {
 /// other scheme. The scheme is case-insensitive (RFC 9110, section 11.1).
 pub fn bearer(value: &str) -> Option<&str> {
     value
-        .trim()
+        .trim_start()
         .split_once(' ')
         .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
         .map(|(_, token)| token.trim())
