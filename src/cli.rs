@@ -7,7 +7,7 @@ use clap::{Parser, Subcommand};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use tokio::net::TcpListener;
 
-use crate::config::{Config, DEV_HASH_SECRET};
+use crate::config::Config;
 use crate::gate::Gate;
 use crate::meter::{DELAY_MS, Meter};
 use crate::queue::spool::{LINE_QUEUE, LineWriter};
@@ -112,16 +112,10 @@ pub fn main() -> ExitCode {
 
 /// The hash secret, or the built-in development one, said out loud.
 fn local_secret(config: &Config) -> Vec<u8> {
-    match &config.hash_secret {
-        Some(s) => s.as_bytes().to_vec(),
-        None => {
-            tracing::warn!(
-                "QUOTA_HASH_SECRET is unset: using the built-in development secret; \
-                 digests are not private. Set it for anything but local testing."
-            );
-            DEV_HASH_SECRET.as_bytes().to_vec()
-        }
-    }
+    config
+        .hash_secret(true)
+        .map(<[u8]>::to_vec)
+        .unwrap_or_default()
 }
 
 async fn serve(config: Config) -> Result<(), String> {

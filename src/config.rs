@@ -64,49 +64,79 @@ impl ConfigError {
     }
 }
 
-/// When a counter expires.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ResetPolicy {
-    /// At the next 00:00 UTC after the first scan, by the Valkey server's clock.
-    UtcDay,
-    /// 24 hours after the first scan.
-    Rolling,
+/// A setting that is one of a few words: the enum, its variants' words, and
+/// `FromStr` that names the words it expects.
+macro_rules! word_setting {
+    ($(#[$doc:meta])* $name:ident { $($(#[$vdoc:meta])* $variant:ident = $word:literal,)+ }) => {
+        $(#[$doc])*
+        #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+        pub enum $name {
+            $($(#[$vdoc])* $variant,)+
+        }
+
+        impl $name {
+            /// The word that names it in the environment.
+            pub fn as_str(self) -> &'static str {
+                match self {
+                    $(Self::$variant => $word,)+
+                }
+            }
+        }
+
+        impl FromStr for $name {
+            type Err = String;
+
+            fn from_str(word: &str) -> Result<Self, String> {
+                match word {
+                    $($word => Ok(Self::$variant),)+
+                    other => Err(format!(
+                        "expected {}, got {other:?}",
+                        [$($word),+].join(" or ")
+                    )),
+                }
+            }
+        }
+    };
 }
 
-impl ResetPolicy {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::UtcDay => "utc-day",
-            Self::Rolling => "rolling",
-        }
+word_setting! {
+    /// When a counter expires.
+    ResetPolicy {
+        /// At the next 00:00 UTC after the first scan.
+        UtcDay = "utc-day",
+        /// 24 hours after the first scan.
+        Rolling = "rolling",
     }
 }
 
-/// What to do when the quota store cannot answer in time.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum FailMode {
-    /// Accept the scan without delay and say the quota was not checked.
-    Open,
-    /// Refuse with 503 and `Retry-After`.
-    Closed,
+word_setting! {
+    /// What to do when the quota store cannot answer in time.
+    FailMode {
+        /// Accept the scan without delay and say the quota was not checked.
+        Open = "open",
+        /// Refuse with 503 and `Retry-After`.
+        Closed = "closed",
+    }
 }
 
-/// Where over-quota delay is spent.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum DelayMode {
-    /// Sleep in the handler as far as the gateway allows; defer the rest onto the job.
-    Sleep,
-    /// Answer at once; the whole delay holds the queued job back.
-    Defer,
+word_setting! {
+    /// Where over-quota delay is spent.
+    DelayMode {
+        /// Sleep in the handler as far as the gateway allows; defer the rest onto the job.
+        Sleep = "sleep",
+        /// Answer at once; the whole delay holds the queued job back.
+        Defer = "defer",
+    }
 }
 
-/// Whether a subject's over-quota scans are spread out one delay apart.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Pacing {
-    /// `slot_k = max(arrival_k, slot_(k-1)) + D(tier_k)`: a burst is spread out.
-    On,
-    /// The seed's fixed per-request delays.
-    Off,
+word_setting! {
+    /// Whether a subject's over-quota scans are spread out one delay apart.
+    Pacing {
+        /// `slot_k = max(arrival_k, slot_(k-1)) + D(tier_k)`: a burst is spread out.
+        On = "on",
+        /// The seed's fixed per-request delays.
+        Off = "off",
+    }
 }
 
 /// Where accepted scans go.
@@ -190,8 +220,8 @@ pub struct Config {
     pub soft_delay: Duration,
     pub hard_delay: Duration,
     pub reset: ResetPolicy,
-    /// `None` when unset: Lambda refuses to start, the local server uses [`DEV_HASH_SECRET`].
-    pub hash_secret: Option<String>,
+    /// `None` when unset; read it through [`Config::hash_secret`].
+    hash_secret: Option<String>,
     pub ipv6_prefix: u8,
     pub trusted_proxies: Vec<IpNet>,
     pub valkey_url: Option<String>,
@@ -272,47 +302,17 @@ impl Config {
             }
         };
 
-        let reset = match parse("QUOTA_RESET", "utc-day")?.as_str() {
-            "utc-day" => ResetPolicy::UtcDay,
-            "rolling" => ResetPolicy::Rolling,
-            other => {
-                return Err(ConfigError::new(
-                    "QUOTA_RESET",
-                    format!("expected utc-day or rolling, got {other:?}"),
-                ));
-            }
-        };
-        let fail_mode = match parse("QUOTA_FAIL_MODE", "open")?.as_str() {
-            "open" => FailMode::Open,
-            "closed" => FailMode::Closed,
-            other => {
-                return Err(ConfigError::new(
-                    "QUOTA_FAIL_MODE",
-                    format!("expected open or closed, got {other:?}"),
-                ));
-            }
-        };
-        let delay_mode = match parse("QUOTA_DELAY_MODE", "sleep")?.as_str() {
-            "sleep" => DelayMode::Sleep,
-            "defer" => DelayMode::Defer,
-            other => {
-                return Err(ConfigError::new(
-                    "QUOTA_DELAY_MODE",
-                    format!("expected sleep or defer, got {other:?}"),
-                ));
-            }
-        };
-
-        let pacing = match parse("QUOTA_PACING", "on")?.as_str() {
-            "on" => Pacing::On,
-            "off" => Pacing::Off,
-            other => {
-                return Err(ConfigError::new(
-                    "QUOTA_PACING",
-                    format!("expected on or off, got {other:?}"),
-                ));
-            }
-        };
+        fn word<T: FromStr<Err = String>>(
+            var: &'static str,
+            raw: String,
+        ) -> Result<T, ConfigError> {
+            raw.parse()
+                .map_err(|problem| ConfigError::new(var, problem))
+        }
+        let reset = word("QUOTA_RESET", parse("QUOTA_RESET", "utc-day")?)?;
+        let fail_mode = word("QUOTA_FAIL_MODE", parse("QUOTA_FAIL_MODE", "open")?)?;
+        let delay_mode = word("QUOTA_DELAY_MODE", parse("QUOTA_DELAY_MODE", "sleep")?)?;
+        let pacing = word("QUOTA_PACING", parse("QUOTA_PACING", "on")?)?;
 
         let hash_secret = get("QUOTA_HASH_SECRET");
         if let Some(s) = &hash_secret {
@@ -459,6 +459,28 @@ impl Config {
             listen,
             max_connections: ranged("QUOTA_MAX_CONNECTIONS", "1024", 1, MAX_CONNECTIONS)? as u32,
         })
+    }
+
+    /// The HMAC key for digests: `QUOTA_HASH_SECRET`. Unset, it is an error
+    /// where a real deployment runs (Lambda), and the built-in
+    /// [`DEV_HASH_SECRET`] with a warning where `development` is allowed
+    /// (`quota-gate serve` and the operator commands on a laptop). The one
+    /// place that decides it.
+    pub fn hash_secret(&self, development: bool) -> Result<&[u8], ConfigError> {
+        match &self.hash_secret {
+            Some(secret) => Ok(secret.as_bytes()),
+            None if development => {
+                tracing::warn!(
+                    "QUOTA_HASH_SECRET is unset: using the built-in development secret; \
+                     digests are not private. Set it for anything but local testing."
+                );
+                Ok(DEV_HASH_SECRET.as_bytes())
+            }
+            None => Err(ConfigError::new(
+                "QUOTA_HASH_SECRET",
+                "required in Lambda (32 random bytes, e.g. from Secrets Manager)",
+            )),
+        }
     }
 
     /// The limits for a subject whose daily ceiling is `limit`.

@@ -41,11 +41,12 @@ async fn main() -> ExitCode {
 /// The gate of this cold start, or why there is none (naming the variable).
 async fn start() -> Result<Gate<quota_gate::store::AnyStore, quota_gate::queue::AnyQueue>, String> {
     let config = Config::from_env().map_err(|e| e.to_string())?;
-    let secret = config.hash_secret.clone().ok_or(
-        "QUOTA_HASH_SECRET: required in Lambda (32 random bytes, e.g. from Secrets Manager)",
-    )?;
+    let secret = config
+        .hash_secret(false)
+        .map_err(|e| e.to_string())?
+        .to_vec();
     let meter = Meter::stdout(config.metrics_namespace.clone());
-    Gate::from_config(config, secret.as_bytes(), meter)
+    Gate::from_config(config, &secret, meter)
         .await
         .map_err(|e| e.to_string())
 }
