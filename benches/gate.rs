@@ -323,6 +323,9 @@ fn run(settings: &Settings) -> Result<Vec<String>, String> {
         plan.measure.as_secs_f64()
     };
     let wrk_warmup = !settings.quick;
+    let wrk = |addr, pids: &[String]| {
+        external::wrk(addr, plan.concurrency, wrk_secs, wrk_warmup, &scratch, pids)
+    };
     let ip_request = http::scan_request(None);
 
     // 4f, 5f: the HTTP floor under both generators.
@@ -339,14 +342,7 @@ fn run(settings: &Settings) -> Result<Vec<String>, String> {
     let mut wrk_rows = Vec::new();
     if external {
         let pids = [valkey_pid.clone(), floor_pid];
-        let measured = external::wrk(
-            floor.addr,
-            plan.concurrency,
-            wrk_secs,
-            wrk_warmup,
-            &scratch,
-            &pids,
-        )?;
+        let measured = wrk(floor.addr, &pids)?;
         wrk_rows.push(Row::new(
             "HTTP floor, wrk (fixed 202)",
             Kind::WrkFloor,
@@ -373,14 +369,7 @@ fn run(settings: &Settings) -> Result<Vec<String>, String> {
     if external {
         runtime.block_on(clear_stream(&url));
         let pids = [valkey_pid.clone(), pid.clone()];
-        let measured = external::wrk(
-            serve.addr,
-            plan.concurrency,
-            wrk_secs,
-            wrk_warmup,
-            &scratch,
-            &pids,
-        )?;
+        let measured = wrk(serve.addr, &pids)?;
         wrk_rows.push(Row::new("HTTP serve, IP, wrk", Kind::WrkHttp, measured));
     }
     let peak_rss = process::proc_status_kib(&pid, "VmHWM:").unwrap_or(0);

@@ -7,7 +7,7 @@ use std::io::{BufRead, BufReader, Read};
 use std::process::Command;
 use std::time::Duration;
 
-use common::serve::{http, post_scan, spawn_serve};
+use common::serve::{http, post_scan, spawn_serve, stderr_of};
 
 /// `quota-gate serve` on the embedded default answers POST /scan with 202 and the quota
 /// headers, spools one job line per scan on stdout, and serves /healthz and /metrics.
@@ -60,13 +60,7 @@ fn serve_on_embedded_default() {
     assert_eq!(jobs[0]["request"]["image"], "alpine:3.20");
     assert_eq!(emf.len(), 2, "one EMF line per counted scan");
     assert_eq!(emf[0]["Scope"], "ip");
-    let mut stderr = String::new();
-    child
-        .stderr
-        .take()
-        .unwrap()
-        .read_to_string(&mut stderr)
-        .unwrap();
+    let stderr = stderr_of(&mut child);
     assert!(
         stderr.contains("development secret"),
         "serve says it uses the dev secret: {stderr}"
@@ -235,12 +229,6 @@ fn sigterm_finishes_requests_in_flight() {
     let exit = child.wait().unwrap();
     assert!(exit.success(), "{exit:?}");
     // The non-blocking log writer is drained before the process exits.
-    let mut stderr = String::new();
-    child
-        .stderr
-        .take()
-        .unwrap()
-        .read_to_string(&mut stderr)
-        .unwrap();
+    let stderr = stderr_of(&mut child);
     assert!(stderr.contains("shutting down"), "{stderr}");
 }

@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use common::serve::{http, post_scan, request, spawn_serve};
+use common::serve::{http, post_scan, request, spawn_serve, stderr_of};
 use common::{ValkeyServer, stream_jobs};
 
 /// One scan on its own connection: the status code and how long it took.
@@ -348,13 +348,7 @@ fn open_file_limit_lowers_the_connection_cap() {
     assert_eq!(status, 202, "{response}");
     drop(idle);
     let _ = child.kill();
-    let mut stderr = String::new();
-    child
-        .stderr
-        .take()
-        .unwrap()
-        .read_to_string(&mut stderr)
-        .unwrap();
+    let stderr = stderr_of(&mut child);
     let _ = child.wait();
     assert!(stderr.contains("open-file limit"), "{stderr}");
     assert!(!stderr.contains("Too many open files"), "{stderr}");

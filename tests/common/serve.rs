@@ -54,3 +54,15 @@ pub fn spawn_serve(vars: &[(&str, &str)]) -> (Child, SocketAddr) {
     );
     (child, addr)
 }
+
+/// Everything `child` wrote to its (piped) stderr, once it has closed it.
+pub fn stderr_of(child: &mut Child) -> String {
+    let mut stderr = String::new();
+    child
+        .stderr
+        .take()
+        .expect("stderr piped")
+        .read_to_string(&mut stderr)
+        .unwrap();
+    stderr
+}
