@@ -14,7 +14,9 @@ use http::HeaderValue;
 use quota_gate::digest::Scope;
 use quota_gate::gate::{Gate, GateRequest};
 use quota_gate::queue::ScanQueue;
+use quota_gate::queue::stream::StreamQueue;
 use quota_gate::store::memory::MemoryStore;
+use quota_gate::store::valkey::ValkeyStore;
 use quota_gate::store::{QuotaKey, QuotaStore, Refund};
 use serde_json::Value;
 
@@ -163,6 +165,21 @@ async fn repeat_in_flight_is_409() {
     assert_eq!(stream_jobs(&server, "jobs").await.len(), 2);
 }
 
+/// A gate on `server` for the stall tests: a 200 ms store timeout (the stall
+/// outlasts it), no breaker (each request meets the stall itself), nothing slept.
+fn stall_gate(
+    server: &ValkeyServer,
+    extra: &[(&str, &str)],
+) -> Arc<Gate<ValkeyStore, StreamQueue>> {
+    let mut vars = vec![
+        ("QUOTA_STORE_TIMEOUT_MS", "200"),
+        ("QUOTA_BREAKER_FAILURES", "0"),
+        ("QUOTA_DELAY_MODE", "defer"),
+    ];
+    vars.extend_from_slice(extra);
+    Arc::new(valkey_gate(server, &vars))
+}
+
 /// Retries `request` until it is answered 202 (503 and 409 say to retry).
 async fn settle<S: QuotaStore, Q: ScanQueue>(gate: &Gate<S, Q>, key: &str) -> Value {
     for _ in 0..100 {
@@ -183,15 +200,7 @@ async fn settle<S: QuotaStore, Q: ScanQueue>(gate: &Gate<S, Q>, key: &str) -> Va
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn keyed_scans_settle_exactly_once_after_a_stall() {
     let server = ValkeyServer::start();
-    let gate = Arc::new(valkey_gate(
-        &server,
-        &[
-            ("QUOTA_STORE_TIMEOUT_MS", "200"),
-            ("QUOTA_BREAKER_FAILURES", "0"),
-            ("QUOTA_GATEWAY_TIMEOUT_MS", "5000"),
-            ("QUOTA_DELAY_MODE", "defer"),
-        ],
-    ));
+    let gate = stall_gate(&server, &[("QUOTA_GATEWAY_TIMEOUT_MS", "5000")]);
     // Connect first, so the stall hits commands, not the handshake; and
     // load the scripts, so the late ones run rather than fail NOSCRIPT.
     let warm = gate.handle(keyed("192.0.2.1", "warm-up")).await;
@@ -260,14 +269,7 @@ async fn keyed_scans_settle_exactly_once_after_a_stall() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unkeyed_answers_stay_true_after_a_stall() {
     let server = ValkeyServer::start();
-    let gate = Arc::new(valkey_gate(
-        &server,
-        &[
-            ("QUOTA_STORE_TIMEOUT_MS", "200"),
-            ("QUOTA_BREAKER_FAILURES", "0"),
-            ("QUOTA_DELAY_MODE", "defer"),
-        ],
-    ));
+    let gate = stall_gate(&server, &[]);
     assert_eq!(gate.handle(scan_from(IP)).await.status(), 202);
     server.signal("STOP");
     let answers: Vec<(u16, Value)> = all_at_once(&gate, (0..10).map(|_| scan_from(IP)))
@@ -324,14 +326,7 @@ async fn unkeyed_answers_stay_true_after_a_stall() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn closed_mode_refusals_are_not_counted_after_a_stall() {
     let server = ValkeyServer::start();
-    let gate = Arc::new(valkey_gate(
-        &server,
-        &[
-            ("QUOTA_STORE_TIMEOUT_MS", "200"),
-            ("QUOTA_BREAKER_FAILURES", "0"),
-            ("QUOTA_FAIL_MODE", "closed"),
-        ],
-    ));
+    let gate = stall_gate(&server, &[("QUOTA_FAIL_MODE", "closed")]);
     assert_eq!(gate.handle(scan_from(IP)).await.status(), 202);
     server.signal("STOP");
     for key in [None, Some("closed-1"), None] {
