@@ -219,3 +219,29 @@ async fn backlog_cap_in_memory() {
     )
     .await;
 }
+
+/// A tier delay longer than the cap: the first such scan is served (nothing
+/// is queued ahead of it), the next is refused until the line moves.
+#[tokio::test]
+async fn a_delay_longer_than_the_cap_is_served_one_at_a_time() {
+    let server = ValkeyServer::start();
+    let gate = valkey_gate(
+        &server,
+        &[
+            ("QUOTA_ANON", "1"),
+            ("QUOTA_SOFT_WINDOW", "0"),
+            ("QUOTA_HARD_DELAY_MS", "20000"),
+            ("QUOTA_MAX_BACKLOG_MS", "10000"),
+            ("QUOTA_DELAY_MODE", "defer"),
+        ],
+    );
+    let mut answers = Vec::new();
+    for _ in 0..3 {
+        let r = gate.handle(scan_from(IP)).await;
+        answers.push((
+            r.status().as_u16(),
+            json(&r)["delayMs"].as_u64().unwrap_or(0),
+        ));
+    }
+    assert_eq!(answers, [(202, 0), (202, 20_000), (503, 0)]);
+}

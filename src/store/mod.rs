@@ -215,7 +215,8 @@ pub enum Paced {
 /// The pacing rule, as a pure function: the start of a scan arriving at
 /// `arrival_ms` whose tier delays it `delay_ms`, after the subject's
 /// previous slot. Returns the new slot, or `Err(retry_after_ms)` when the
-/// delay would exceed `max_backlog_ms`.
+/// delay would exceed `max_backlog_ms` (or the tier's own delay, if that is
+/// longer: a scan with nothing ahead of it always gets its slot).
 pub fn next_slot(
     previous: i64,
     arrival_ms: i64,
@@ -225,9 +226,12 @@ pub fn next_slot(
     let delay = i64::try_from(delay_ms).unwrap_or(i64::MAX);
     let start = previous.max(arrival_ms).saturating_add(delay);
     let wait = u64::try_from(start - arrival_ms).unwrap_or(0);
-    if wait > max_backlog_ms {
+    // A scan with nothing queued ahead of it is never refused: the cap bounds
+    // the pile-up, not a tier delay configured longer than the cap.
+    let cap = max_backlog_ms.max(delay_ms);
+    if wait > cap {
         // The first arrival at which this delay fits the cap.
-        Err(wait - max_backlog_ms)
+        Err(wait - cap)
     } else {
         Ok(start)
     }
@@ -384,6 +388,9 @@ mod tests {
         assert_eq!(next_slot(slot, 1_000, 3_000, 10_000), Err(2_000));
         // Two seconds later it fits.
         assert_eq!(next_slot(slot, 3_000, 3_000, 10_000), Ok(13_000));
+        // A tier delay longer than the cap is served, one at a time.
+        assert_eq!(next_slot(0, 1_000, 20_000, 10_000), Ok(21_000));
+        assert_eq!(next_slot(21_000, 1_000, 20_000, 10_000), Err(20_000));
     }
 
     proptest! {
@@ -393,7 +400,7 @@ mod tests {
             match next_slot(prev, arrival, d, cap) {
                 Ok(slot) => {
                     prop_assert!(slot >= arrival);
-                    prop_assert!((slot - arrival) as u64 <= cap);
+                    prop_assert!((slot - arrival) as u64 <= cap.max(d));
                     prop_assert!(slot >= prev);
                 }
                 Err(retry) => prop_assert!(retry > 0),

@@ -13,6 +13,8 @@ local reset_at = tonumber(ARGV[4])
 local previous = tonumber(redis.call('GET', KEYS[1]) or '0')
 local start = math.max(previous, arrival) + delay
 local wait = start - arrival
+-- A scan with nothing queued ahead is never refused (store::next_slot).
+cap = math.max(cap, delay)
 if wait > cap then
   local expiry = redis.call('EXPIRETIME', KEYS[2])
   if expiry ~= -2 and expiry <= reset_at then
