@@ -60,7 +60,8 @@ impl ScanJob {
 /// Why a job could not be queued.
 #[derive(Debug, thiserror::Error)]
 pub enum QueueError {
-    /// Sent, but no answer in time: the job may still land.
+    /// Sent, but no answer (in time, or at all: the connection dropped):
+    /// the job may have landed, or still land.
     #[error("the scan queue did not answer in time")]
     Timeout,
     #[error("scan queue error: {0}")]

@@ -29,8 +29,13 @@ pub struct StreamQueue {
 
 const LAND: &str = include_str!("land.lua");
 
+/// A refused connection sent nothing, and an error reply means the server
+/// refused the command: not queued. A timeout or a connection that dropped
+/// after the command went out leaves the outcome unknown.
 fn backend(e: redis::RedisError) -> QueueError {
-    if e.is_timeout() {
+    if e.is_connection_refusal() {
+        QueueError::Backend(e.to_string())
+    } else if e.is_timeout() || e.is_io_error() || e.is_connection_dropped() {
         QueueError::Timeout
     } else {
         QueueError::Backend(e.to_string())
