@@ -466,9 +466,16 @@ async fn queue_killed_mid_run() {
         extra <= tally.unknown,
         "a job landed behind a 503 that said it was not queued"
     );
-    // Refunds: each subject's counter equals its 202s, so the next scan is one more.
+    // Refunds: each subject's counter equals its 202s, so the next counted scan is one
+    // more (once the queue's connection is back: a 503 meanwhile is refunded too).
     for (worker, accepted) in &tally.accepted_by {
-        let body = json(&gate.handle(scan_from(&worker_ip(*worker))).await);
+        let body = until_counted(
+            &*gate,
+            &worker_ip(*worker),
+            Duration::from_secs(10),
+            &mut Vec::new(),
+        )
+        .await;
         assert_eq!(body["quota"]["used"], accepted + 1, "worker {worker}");
     }
     assert_every_quota_key_expires(&store).await;
