@@ -78,7 +78,8 @@ fn assert_paced(answers: &[(u16, Value)], jobs: &[Value]) {
     delays.sort_unstable();
     // Each answer's delay is its job's: what X-Stella-Quota-Delay-Ms says.
     assert_eq!(delays.iter().filter(|d| **d == 0).count(), 2);
-    assert!(delays[11] >= 23_000, "{delays:?}");
+    // Unpaced it would be 3 s; the exact line is checked on the slots above.
+    assert!(delays[11] >= 18_000, "{delays:?}");
 }
 
 #[tokio::test]
