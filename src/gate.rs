@@ -283,12 +283,9 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
             tokio::time::sleep(plan.sleep).await;
         }
 
-        // 7: forward. The enqueue, too, must end before the gateway gives up
-        // on us: a job queued after the client saw a gateway timeout would
-        // be retried and counted twice.
+        // 7: forward, within the answer's deadline.
         let job = self.job(&identity, &scan.body, scan_id, &metering, plan, now_ms);
-        let within =
-            ENQUEUE_TIMEOUT.min((started + ceiling).saturating_duration_since(Instant::now()));
+        let within = enqueue_within(started, ceiling);
         if let Err(e) = self.enqueue(&job, claim.is_some(), within).await {
             outcome.enqueue_error = true;
             self.meter.record(&outcome);
@@ -386,8 +383,7 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
             plan,
             record.received_ms,
         );
-        let within =
-            ENQUEUE_TIMEOUT.min((started + ceiling).saturating_duration_since(Instant::now()));
+        let within = enqueue_within(started, ceiling);
         if let Err(e) = self.enqueue(&job, true, within).await {
             let period = period_end(self.config.reset, now_ms.div_euclid(1000));
             return Err(self
@@ -507,7 +503,7 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
         claim: Option<&Claim>,
         period_end: i64,
     ) -> GateError {
-        tracing::warn!(error = %e, scope = %key_scope(key), "enqueue failed");
+        tracing::warn!(error = %e, "enqueue failed");
         let unknown = matches!(e, QueueError::Timeout);
         match (unknown, claim) {
             (true, Some(claim)) => {
@@ -626,9 +622,11 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
     }
 }
 
-/// The scope a key belongs to, for logs (never the digest).
-fn key_scope(key: &QuotaKey) -> &str {
-    key.counter.split(':').nth(1).unwrap_or_default()
+/// How long an enqueue may take: at most [`ENQUEUE_TIMEOUT`], and never past
+/// the answer's deadline (`started + ceiling`): a job queued after the client
+/// saw a gateway timeout would be retried and counted twice.
+fn enqueue_within(started: Instant, ceiling: Duration) -> Duration {
+    ENQUEUE_TIMEOUT.min((started + ceiling).saturating_duration_since(Instant::now()))
 }
 
 fn millis_i64(d: Duration) -> i64 {
