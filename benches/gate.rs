@@ -730,7 +730,7 @@ fn sink_gate<S: QuotaStore, Q: ScanQueue>(
         config.metrics_namespace.clone(),
         Some(Box::new(std::io::sink())),
     );
-    Gate::new(config, common::SECRET, store, queue, meter).map_err(|e| e.to_string())
+    Gate::new(config, store, queue, meter).map_err(|e| e.to_string())
 }
 
 /// Child mode for callgrind: `n` decisions of the no-I/O gate on one thread.
@@ -760,7 +760,7 @@ fn valkey_gate(url: &str, connections: usize) -> Result<ValkeyGate, String> {
         ("QUOTA_HARD_DELAY_MS", "0"),
         ("QUOTA_JWT_JWKS", &jwks),
     ]);
-    let valkey = Valkey::with_connections(url, config.store_timeout, connections)
+    let valkey = Valkey::with_connections(url, config.store.timeout, connections)
         .map_err(|e| e.to_string())?;
     sink_gate(
         config,

@@ -76,18 +76,12 @@ pub fn main() -> ExitCode {
     let result = runtime.block_on(async {
         match cli.command {
             Command::Serve => serve(config).await,
-            Command::Inspect(args) => {
-                let secret = local_secret(&config);
-                crate::ops::command::inspect(args, &config, &secret)
-                    .await
-                    .map_err(|e| e.to_string())
-            }
-            Command::Reset(args) => {
-                let secret = local_secret(&config);
-                crate::ops::command::reset(args, &config, &secret)
-                    .await
-                    .map_err(|e| e.to_string())
-            }
+            Command::Inspect(args) => crate::ops::command::inspect(args, &config)
+                .await
+                .map_err(|e| e.to_string()),
+            Command::Reset(args) => crate::ops::command::reset(args, &config)
+                .await
+                .map_err(|e| e.to_string()),
             Command::Purge(args) => crate::ops::command::purge(args, &config)
                 .await
                 .map_err(|e| e.to_string()),
@@ -110,19 +104,10 @@ pub fn main() -> ExitCode {
     }
 }
 
-/// The hash secret, or the built-in development one, said out loud.
-fn local_secret(config: &Config) -> Vec<u8> {
-    config
-        .hash_secret(true)
-        .map(<[u8]>::to_vec)
-        .unwrap_or_default()
-}
-
 async fn serve(config: Config) -> Result<(), String> {
     let metrics = install_prometheus()?;
-    let secret = local_secret(&config);
-    let listen = config.listen;
-    let store = if config.valkey_url.is_some() {
+    let listen = config.serve.listen;
+    let store = if config.store.valkey.is_some() {
         "valkey"
     } else {
         "in-memory"
@@ -133,10 +118,10 @@ async fn serve(config: Config) -> Result<(), String> {
     // (counted), never requests.
     let meter = Meter::background_stdout(config.metrics_namespace.clone());
     let limits = ServeLimits {
-        max_connections: connection_cap(config.max_connections as usize),
+        max_connections: connection_cap(config.serve.max_connections as usize),
         ..ServeLimits::default()
     };
-    let gate = Gate::from_config(config, &secret, meter)
+    let gate = Gate::from_config(config, meter)
         .await
         .map_err(|e| format!("configuration error: {e}"))?;
     let listener = TcpListener::bind(listen)

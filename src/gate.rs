@@ -67,11 +67,7 @@ pub struct Gate<S, Q> {
 
 impl Gate<AnyStore, AnyQueue> {
     /// Builds the store and queue `config` names. Nothing connects yet.
-    pub async fn from_config(
-        config: Config,
-        secret: &[u8],
-        meter: Meter,
-    ) -> Result<Self, ConfigError> {
+    pub async fn from_config(config: Config, meter: Meter) -> Result<Self, ConfigError> {
         let valkey = Valkey::from_config(&config)?;
         let store = match &valkey {
             Some(v) => AnyStore::Valkey(ValkeyStore::new(v.clone())),
@@ -95,20 +91,17 @@ impl Gate<AnyStore, AnyQueue> {
                 AnyQueue::Sqs(crate::queue::sqs::SqsQueue::new(&sdk, url))
             }
         };
-        Self::new(config, secret, store, queue, meter)
+        Self::new(config, store, queue, meter)
     }
 }
 
 impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
-    pub fn new(
-        config: Config,
-        secret: &[u8],
-        store: S,
-        queue: Q,
-        meter: Meter,
-    ) -> Result<Self, ConfigError> {
-        let identifier = Identifier::new(&config, secret)?;
-        let breaker = Breaker::new(config.breaker_failures, config.breaker_cool_down);
+    pub fn new(config: Config, store: S, queue: Q, meter: Meter) -> Result<Self, ConfigError> {
+        let identifier = Identifier::new(&config)?;
+        let breaker = Breaker::new(
+            config.store.breaker_failures,
+            config.store.breaker_cool_down,
+        );
         Ok(Self {
             breaker,
             config,
@@ -178,9 +171,9 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
         };
         let identity = self.identifier.identify(&request.headers, &origin)?;
         let key = QuotaKey::new(identity.scope, &identity.digest);
-        let limits = self.config.limits(identity.limit);
+        let limits = self.config.policy.limits(identity.limit);
         let remaining = request.remaining;
-        let ceiling = delay::ceiling(remaining, self.config.gateway_timeout);
+        let ceiling = delay::ceiling(remaining, self.config.policy.gateway_timeout);
         let scan_id = Uuid::now_v7();
         let claim = idempotency_key.map(|k| Claim {
             record: key.idempotency(k),
@@ -193,7 +186,7 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
         // 4: count (a keyed scan claims its record in the same step).
         let count_args = CountArgs {
             key: &key,
-            period_end: period_end(self.config.reset, now),
+            period_end: period_end(self.config.policy.reset, now),
             now,
         };
         let counted = match &claim {
@@ -231,7 +224,7 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
                 } else {
                     tracing::warn!(error = %e, scope = %identity.scope, "quota store failed");
                 }
-                if self.config.fail_mode == FailMode::Closed {
+                if self.config.store.fail_mode == FailMode::Closed {
                     if matches!(e, StoreError::Timeout) {
                         // The count may still land when the store wakes up:
                         // take it back behind it, so "not counted" stays true.
@@ -275,10 +268,10 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
         let remaining = remaining.map(|r| r.saturating_sub(started.elapsed()));
         let budget = delay::budget(
             remaining,
-            self.config.gateway_timeout,
-            self.config.delay_margin,
+            self.config.policy.gateway_timeout,
+            self.config.policy.delay_margin,
         );
-        let plan = delay::plan(delay, self.config.delay_mode, budget);
+        let plan = delay::plan(delay, self.config.policy.delay_mode, budget);
         if !plan.sleep.is_zero() {
             tokio::time::sleep(plan.sleep).await;
         }
@@ -385,7 +378,7 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
         );
         let within = enqueue_within(started, ceiling);
         if let Err(e) = self.enqueue(&job, true, within).await {
-            let period = period_end(self.config.reset, now_ms.div_euclid(1000));
+            let period = period_end(self.config.policy.reset, now_ms.div_euclid(1000));
             return Err(self
                 .enqueue_failed(e, subject.key, &metering, Some(claim), period)
                 .await);
@@ -414,7 +407,7 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
         tier_delay: Duration,
         reset_at: i64,
     ) -> Result<Duration, u64> {
-        if self.config.pacing == Pacing::Off {
+        if self.config.policy.pacing == Pacing::Off {
             return Ok(tier_delay);
         }
         let args = PaceArgs {
@@ -422,7 +415,8 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
             record: claim.map(|c| c.record.as_str()),
             arrival_ms: now_ms,
             delay_ms: u64::try_from(tier_delay.as_millis()).unwrap_or(u64::MAX),
-            max_backlog_ms: u64::try_from(self.config.max_backlog.as_millis()).unwrap_or(u64::MAX),
+            max_backlog_ms: u64::try_from(self.config.policy.max_backlog.as_millis())
+                .unwrap_or(u64::MAX),
             reset_at,
         };
         match self.bounded(self.store.pace(args)).await {
@@ -445,7 +439,7 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
         if !self.breaker.admit() {
             return Err(StoreError::CircuitOpen);
         }
-        let result = timeout(self.config.store_timeout, call)
+        let result = timeout(self.config.store.timeout, call)
             .await
             .unwrap_or(Err(StoreError::Timeout));
         self.breaker.record(result.is_ok());
@@ -463,7 +457,7 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
             period_end,
             record,
         };
-        let refunded = timeout(self.config.store_timeout, self.store.refund(refund))
+        let refunded = timeout(self.config.store.timeout, self.store.refund(refund))
             .await
             .unwrap_or(Err(StoreError::Timeout));
         if let Err(e) = refunded {
@@ -508,7 +502,7 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
         match (unknown, claim) {
             (true, Some(claim)) => {
                 let released =
-                    timeout(self.config.store_timeout, self.store.release(&claim.record)).await;
+                    timeout(self.config.store.timeout, self.store.release(&claim.record)).await;
                 if !matches!(released, Ok(Ok(()))) {
                     tracing::warn!(
                         "could not release an idempotency lease; the retry waits for it"
@@ -549,7 +543,7 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
             ("response", respond::save(response)),
         ];
         let saved = timeout(
-            self.config.store_timeout,
+            self.config.store.timeout,
             self.store.update_record(&claim.record, &fields),
         )
         .await;

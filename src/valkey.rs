@@ -99,14 +99,15 @@ impl Valkey {
     /// `VALKEY_TLS_CA`, `QUOTA_STORE_TIMEOUT_MS`); `None` when no URL is set.
     pub fn from_config(config: &Config) -> Result<Option<Self>, ConfigError> {
         config
-            .valkey_url
-            .as_deref()
-            .map(|url| {
+            .store
+            .valkey
+            .as_ref()
+            .map(|v| {
                 Self::with_tls_ca(
-                    url,
-                    config.valkey_cluster,
-                    config.store_timeout,
-                    config.valkey_tls_ca.as_ref().map(|ca| ca.pem.as_slice()),
+                    &v.url,
+                    v.cluster,
+                    config.store.timeout,
+                    v.tls_ca.as_ref().map(|ca| ca.pem.as_slice()),
                 )
             })
             .transpose()

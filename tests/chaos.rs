@@ -43,7 +43,6 @@ fn chaos_gate(
     let queue = Valkey::new(&queue.url(), false, QUEUE_TIMEOUT).unwrap();
     Gate::new(
         config,
-        SECRET,
         ValkeyStore::new(store),
         StreamQueue::new(queue, "jobs"),
         Meter::new("test", None),
@@ -296,7 +295,6 @@ async fn hung_store_latency_and_breaker() {
         let queue = RecordingQueue::default();
         let gate = Gate::new(
             config,
-            SECRET,
             ValkeyStore::new(valkey),
             queue.clone(),
             Meter::new("test", None),
@@ -494,7 +492,6 @@ async fn cold_start_with_store_down() {
         let store = Valkey::from_config(&config).unwrap().unwrap();
         Gate::new(
             config,
-            SECRET,
             ValkeyStore::new(store),
             StreamQueue::new(
                 Valkey::new(&queue.url(), false, QUEUE_TIMEOUT).unwrap(),

@@ -6,31 +6,23 @@ mod common;
 
 use std::collections::HashMap;
 
-use common::{SECRET, scan_from};
+use common::scan_from;
 use proptest::prelude::*;
 use quota_gate::config::Config;
+use quota_gate::config::vars::VARIABLES;
 use quota_gate::gate::Gate;
 use quota_gate::meter::Meter;
 use quota_gate::queue::spool::Spool;
 use quota_gate::store::memory::MemoryStore;
 
-/// Every numeric variable of `src/config.rs`'s table.
-const NUMERIC: [&str; 14] = [
-    "QUOTA_ANON",
-    "QUOTA_TOKEN",
-    "QUOTA_WARN_AT",
-    "QUOTA_SOFT_WINDOW",
-    "QUOTA_SOFT_DELAY_MS",
-    "QUOTA_HARD_DELAY_MS",
-    "QUOTA_IPV6_PREFIX",
-    "QUOTA_STORE_TIMEOUT_MS",
-    "QUOTA_BREAKER_FAILURES",
-    "QUOTA_BREAKER_COOLDOWN_MS",
-    "QUOTA_GATEWAY_TIMEOUT_MS",
-    "QUOTA_DELAY_MARGIN_MS",
-    "QUOTA_MAX_BACKLOG_MS",
-    "QUOTA_MAX_CONNECTIONS",
-];
+/// Every numeric variable, from the table the parser reads its ranges from.
+fn numeric() -> Vec<&'static str> {
+    VARIABLES
+        .iter()
+        .filter(|v| v.range.is_some())
+        .map(|v| v.name)
+        .collect()
+}
 
 /// Small limits so a few scans reach the soft and hard tiers; nothing sleeps.
 const BASE: [(&str, &str); 5] = [
@@ -59,7 +51,6 @@ fn check(var: &'static str, value: &str) -> Result<(), String> {
     };
     let gate = Gate::new(
         config,
-        SECRET,
         MemoryStore::default(),
         Spool::new(Box::new(std::io::sink())),
         Meter::new("test", Some(Box::new(std::io::sink()))),
@@ -91,7 +82,7 @@ fn check(var: &'static str, value: &str) -> Result<(), String> {
 /// The four values of the issue, on every numeric variable.
 #[test]
 fn every_numeric_variable_refuses_or_serves_the_bad_values() {
-    for var in NUMERIC {
+    for var in numeric() {
         for value in ["18446744073709551615", "-1", "0", "abc"] {
             check(var, value).unwrap();
         }
@@ -108,15 +99,12 @@ fn every_numeric_variable_refuses_or_serves_the_bad_values() {
 /// Each range's ends are accepted, one past them refused.
 #[test]
 fn range_ends() {
-    for (var, min, max) in [
-        ("QUOTA_ANON", 1, u64::from(u32::MAX)),
-        ("QUOTA_SOFT_WINDOW", 0, u64::from(u32::MAX)),
-        ("QUOTA_HARD_DELAY_MS", 0, 86_400_000),
-        ("QUOTA_STORE_TIMEOUT_MS", 1, 86_400_000),
-        ("QUOTA_IPV6_PREFIX", 1, 128),
-        ("QUOTA_MAX_CONNECTIONS", 1, 1_000_000),
-    ] {
-        let parse = |v: u64| Config::from_lookup(|k| (k == var).then(|| v.to_string()));
+    assert_eq!(numeric().len(), 14);
+    for v in VARIABLES {
+        let (var, Some((min, max))) = (v.name, v.range) else {
+            continue;
+        };
+        let parse = |n: u64| Config::from_lookup(|k| (k == var).then(|| n.to_string()));
         assert!(parse(min).is_ok(), "{var}={min}");
         assert!(parse(max).is_ok(), "{var}={max}");
         assert_eq!(parse(max + 1).unwrap_err().var, var);
@@ -143,7 +131,7 @@ proptest! {
     /// Any value on any numeric variable: a clean error naming it, or a gate
     /// that serves every tier without panicking.
     #[test]
-    fn any_value_is_refused_or_served(var in proptest::sample::select(&NUMERIC[..]), value in value()) {
+    fn any_value_is_refused_or_served(var in proptest::sample::select(numeric()), value in value()) {
         check(var, &value).map_err(TestCaseError::fail)?;
     }
 }

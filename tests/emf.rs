@@ -170,7 +170,6 @@ async fn tiers_print_valid_emf() {
             ("QUOTA_SOFT_WINDOW", "1"),
             ("QUOTA_WARN_AT", "3"),
         ]),
-        SECRET,
         MemoryStore::default(),
         Discard,
         sink.meter(),
@@ -219,7 +218,6 @@ async fn token_scope_dimension() {
     let token = event_token("http-api-v2-token.json");
     let gate = Gate::new(
         config(&[("QUOTA_JWT_PUBLIC_KEY", &fixture("ed25519.pub.pem"))]),
-        SECRET,
         MemoryStore::default(),
         Discard,
         sink.meter(),
@@ -243,8 +241,8 @@ async fn store_error_prints_valid_emf() {
     let sink = Capture::default();
     let dead = format!("redis://127.0.0.1:{}", free_port());
     let config = config(&[("VALKEY_URL", &dead), ("QUOTA_STORE_TIMEOUT_MS", "200")]);
-    let store = ValkeyStore::new(Valkey::new(&dead, false, config.store_timeout).unwrap());
-    let gate = Gate::new(config, SECRET, store, Discard, sink.meter()).unwrap();
+    let store = ValkeyStore::new(Valkey::new(&dead, false, config.store.timeout).unwrap());
+    let gate = Gate::new(config, store, Discard, sink.meter()).unwrap();
     let r = gate.handle(scan_from(IP)).await;
     assert_eq!(r.status(), 202, "fail open by default");
     let docs = documents(&sink);
@@ -262,14 +260,7 @@ async fn store_error_prints_valid_emf() {
 #[tokio::test]
 async fn enqueue_error_prints_valid_emf() {
     let sink = Capture::default();
-    let gate = Gate::new(
-        config(&[]),
-        SECRET,
-        MemoryStore::default(),
-        Refuse,
-        sink.meter(),
-    )
-    .unwrap();
+    let gate = Gate::new(config(&[]), MemoryStore::default(), Refuse, sink.meter()).unwrap();
     assert_eq!(gate.handle(scan_from(IP)).await.status(), 503);
     let docs = documents(&sink);
     assert_eq!(docs.len(), 1);
@@ -280,14 +271,7 @@ async fn enqueue_error_prints_valid_emf() {
 #[tokio::test]
 async fn rejected_requests_print_nothing() {
     let sink = Capture::default();
-    let gate = Gate::new(
-        config(&[]),
-        SECRET,
-        MemoryStore::default(),
-        Discard,
-        sink.meter(),
-    )
-    .unwrap();
+    let gate = Gate::new(config(&[]), MemoryStore::default(), Discard, sink.meter()).unwrap();
     let mut bad = scan_from(IP);
     bad.body = bytes::Bytes::from_static(br#"{"img":1}"#);
     assert_eq!(gate.handle(bad).await.status(), 400);

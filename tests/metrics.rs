@@ -74,7 +74,6 @@ fn scripted_run() -> &'static str {
             vars.push(("QUOTA_JWT_PUBLIC_KEY", &key));
             let gate = Gate::new(
                 config(&vars),
-                SECRET,
                 MemoryStore::default(),
                 Spool::new(Box::new(std::io::sink())),
                 Meter::new("test", None),

@@ -73,7 +73,7 @@ async fn inspect_ip_after_requests() {
     let config = ops_config(&server);
     let store = valkey_store(&config).unwrap();
     for spelling in ["203.0.113.7", "203.0.113.7/32", "::ffff:203.0.113.7"] {
-        let s = subject::resolve(&config, SECRET, &SubjectArg::Ip(spelling.into())).unwrap();
+        let s = subject::resolve(&config, &SubjectArg::Ip(spelling.into())).unwrap();
         let i = subject::inspect(&store, &config, &s).await.unwrap();
         assert!(i.exists, "{spelling}");
         assert_eq!((i.count, i.limit, i.remaining), (4, 3, 0), "{spelling}");
@@ -89,7 +89,7 @@ async fn inspect_ip_after_requests() {
     let body = json(&gate.handle(scan_from("203.0.113.7")).await);
     assert_eq!(body["delayMs"], 5000);
     // An address never seen: no counter, the full quota ahead.
-    let s = subject::resolve(&config, SECRET, &SubjectArg::Ip("198.51.100.99".into())).unwrap();
+    let s = subject::resolve(&config, &SubjectArg::Ip("198.51.100.99".into())).unwrap();
     let i = subject::inspect(&store, &config, &s).await.unwrap();
     assert_eq!(
         (i.exists, i.count, i.remaining, i.next.tier),
@@ -110,12 +110,12 @@ async fn inspect_token() {
     let config = ops_config(&server);
     let store = valkey_store(&config).unwrap();
 
-    let s = subject::resolve(&config, SECRET, &SubjectArg::Token(format!("Bearer {t}"))).unwrap();
+    let s = subject::resolve(&config, &SubjectArg::Token(format!("Bearer {t}"))).unwrap();
     assert_eq!(s.basis, Basis::VerifiedToken);
     let i = subject::inspect(&store, &config, &s).await.unwrap();
     assert_eq!((i.scope, i.count, i.limit, i.remaining), ("tid", 2, 7, 5));
 
-    let bare = subject::resolve(&config, SECRET, &SubjectArg::Token("tid-ops-1".into())).unwrap();
+    let bare = subject::resolve(&config, &SubjectArg::Token("tid-ops-1".into())).unwrap();
     assert_eq!(bare.key, s.key);
     assert_eq!(bare.basis, Basis::BareTid);
     assert_eq!(bare.limit.get(), 5, "a bare tid cannot know the tier claim");
@@ -124,7 +124,7 @@ async fn inspect_token() {
         Algorithm::EdDSA,
         json!({"iss": "stella-ops.org", "tid": "tid-ops-1", "exp": now() - 60}),
     );
-    let err = subject::resolve(&config, SECRET, &SubjectArg::Token(expired)).unwrap_err();
+    let err = subject::resolve(&config, &SubjectArg::Token(expired)).unwrap_err();
     assert!(matches!(err, OpsError::Usage(_)));
     assert!(err.to_string().contains("expired"), "{err}");
 }
@@ -144,7 +144,7 @@ async fn token_subject_is_derived_once() {
     );
     assert_eq!(json(&gate.handle(request).await)["quota"]["scope"], "tid");
     let config = ops_config(&server);
-    let s = subject::resolve(&config, SECRET, &SubjectArg::Token(format!("BEARER {t}"))).unwrap();
+    let s = subject::resolve(&config, &SubjectArg::Token(format!("BEARER {t}"))).unwrap();
     let i = subject::inspect(&valkey_store(&config).unwrap(), &config, &s)
         .await
         .unwrap();
@@ -162,12 +162,7 @@ async fn reset_then_next_counts_one() {
     let config = ops_config(&server);
     let store = valkey_store(&config).unwrap();
     // Another host in the same /64 names the same client.
-    let s = subject::resolve(
-        &config,
-        SECRET,
-        &SubjectArg::Ip("2001:db8:5:6::beef".into()),
-    )
-    .unwrap();
+    let s = subject::resolve(&config, &SubjectArg::Ip("2001:db8:5:6::beef".into())).unwrap();
     let removal = subject::reset(&store, &s).await.unwrap();
     assert_eq!(removal.removed, 2);
     assert!(removal.render().contains(&s.key.counter));
@@ -202,7 +197,7 @@ async fn inspect_shows_backlog_and_reset_clears_it() {
     }
     let config = ops_config(&server);
     let store = valkey_store(&config).unwrap();
-    let s = subject::resolve(&config, SECRET, &SubjectArg::Ip("198.51.100.60".into())).unwrap();
+    let s = subject::resolve(&config, &SubjectArg::Ip("198.51.100.60".into())).unwrap();
     let i = subject::inspect(&store, &config, &s).await.unwrap();
     // Scans 4, 5 (soft, 5 s) and 6 (hard, 60 s) sent at once: the line ends ~70 s out.
     assert!(i.backlog_ms > 60_000, "{i:?}");
@@ -487,10 +482,10 @@ async fn cluster_inspect_reset_purge() {
     v.extend([("VALKEY_URL", url.as_str()), ("VALKEY_CLUSTER", "true")]);
     let config = config(&v);
     let store = valkey_store(&config).unwrap();
-    let s = subject::resolve(&config, SECRET, &SubjectArg::Ip("198.51.100.1".into())).unwrap();
+    let s = subject::resolve(&config, &SubjectArg::Ip("198.51.100.1".into())).unwrap();
     let i = subject::inspect(&store, &config, &s).await.unwrap();
     assert_eq!((i.count, i.next.tier), (4, "soft"));
-    let other = subject::resolve(&config, SECRET, &SubjectArg::Ip("198.51.100.2".into())).unwrap();
+    let other = subject::resolve(&config, &SubjectArg::Ip("198.51.100.2".into())).unwrap();
     assert_eq!(subject::reset(&store, &other).await.unwrap().removed, 2);
     let body = json(&gate.handle(scan_from("198.51.100.2")).await);
     assert_eq!(body["quota"]["used"], 1);

@@ -309,11 +309,10 @@ async fn failed_enqueue_refunds() {
         ("VALKEY_URL", &server.url()),
         ("QUOTA_STORE_TIMEOUT_MS", "200"),
     ]);
-    let store = ValkeyStore::new(Valkey::new(&server.url(), false, config.store_timeout).unwrap());
+    let store = ValkeyStore::new(Valkey::new(&server.url(), false, config.store.timeout).unwrap());
     let queue_valkey = Valkey::new(&queue_server.url(), false, Duration::from_millis(200)).unwrap();
     let gate = Gate::new(
         config,
-        SECRET,
         store,
         StreamQueue::new(queue_valkey, "jobs"),
         Meter::new("t", None),

@@ -61,10 +61,9 @@ impl Rig {
         ];
         all.extend_from_slice(vars);
         let config = config(&all);
-        let valkey = Valkey::new(&url, false, config.store_timeout).unwrap();
+        let valkey = Valkey::new(&url, false, config.store.timeout).unwrap();
         Gate::new(
             config,
-            SECRET,
             ValkeyStore::new(valkey),
             SqsQueue::new(&self.sdk, queue_url),
             Meter::new("test", None),
@@ -348,10 +347,9 @@ async fn unmetered_scans_say_so_on_sqs() {
         ("VALKEY_URL", "redis://127.0.0.1:1"),
         ("SCAN_QUEUE_URL", rig.queue_url.as_str()),
     ]);
-    let down = Valkey::new("redis://127.0.0.1:1", false, config.store_timeout).unwrap();
+    let down = Valkey::new("redis://127.0.0.1:1", false, config.store.timeout).unwrap();
     let gate = Gate::new(
         config,
-        SECRET,
         ValkeyStore::new(down),
         SqsQueue::new(&rig.sdk, &rig.queue_url),
         Meter::new("test", None),

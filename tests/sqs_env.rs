@@ -35,7 +35,6 @@ fn from_config_respects_aws_endpoint_url() {
         let url = moto.create_queue("scans").await;
         let gate = Gate::from_config(
             config(&[("SCAN_QUEUE_URL", &url)]),
-            SECRET,
             Meter::new("test", None),
         )
         .await

@@ -1,49 +1,43 @@
-//! The SAM template and the README keep up with the configuration: every
-//! variable in `src/config.rs`'s table is set by `template.yaml` and listed in
-//! the README's configuration table.
+//! The SAM template and the README keep up with the configuration: both are
+//! checked against the one table of variables, `config::vars::VARIABLES`.
 
 use std::path::PathBuf;
+
+use quota_gate::config::vars::{Applies, VARIABLES, markdown_table};
 
 fn read(path: &str) -> String {
     std::fs::read_to_string(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(path)).unwrap()
 }
 
-/// The variables named in the first column of `src/config.rs`'s table.
-fn config_variables() -> Vec<String> {
-    read("src/config.rs")
-        .lines()
-        .filter_map(|l| l.strip_prefix("//! | `"))
-        .filter_map(|l| l.split('`').next())
-        .map(str::to_owned)
-        .collect()
-}
-
-/// Every setting reaches the function through template.yaml (but the local
-/// server's address and connection cap, which Lambda does not use, and a CA
-/// file path, which a Lambda zip would have to ship).
+/// Every setting the Lambda function reads reaches it through template.yaml
+/// (not the local server's own settings, a local CA file path, which a
+/// Lambda zip would have to ship, or the log filter).
 #[test]
 fn template_sets_every_variable() {
     let template = read("template.yaml");
-    let vars = config_variables();
-    assert!(vars.len() > 20, "{vars:?}");
-    for var in vars.iter().filter(|v| {
-        !["QUOTA_LISTEN", "QUOTA_MAX_CONNECTIONS", "VALKEY_TLS_CA"].contains(&v.as_str())
-    }) {
+    let lambda: Vec<_> = VARIABLES
+        .iter()
+        .filter(|v| v.applies == Applies::Everywhere)
+        .collect();
+    assert!(lambda.len() > 20, "{lambda:?}");
+    for var in lambda {
         assert!(
-            template.contains(&format!("          {var}: ")),
-            "template.yaml does not set {var}"
+            template.contains(&format!("          {}: ", var.name)),
+            "template.yaml does not set {}",
+            var.name
         );
     }
 }
 
-/// Every setting is documented in the README's configuration table.
+/// The README's configuration table is the table, row for row. After a
+/// change to `VARIABLES`, print it with `cargo test --test template --
+/// --nocapture` and paste it.
 #[test]
-fn readme_lists_every_variable() {
+fn readme_table_is_the_variables_table() {
     let readme = read("README.md");
-    for var in config_variables() {
-        assert!(
-            readme.contains(&format!("| `{var}` |")),
-            "README.md does not list {var}"
-        );
-    }
+    let table = markdown_table();
+    assert!(
+        readme.contains(&table),
+        "README.md's configuration table differs from config::vars::VARIABLES; it should be:\n\n{table}"
+    );
 }

@@ -111,7 +111,6 @@ fn bad_keys_fail_at_start() {
     ] {
         let err = Gate::new(
             config(&[(var, value)]),
-            SECRET,
             MemoryStore::default(),
             Spool::new(Box::new(std::io::sink())),
             Meter::new("t", None),

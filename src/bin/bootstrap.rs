@@ -40,13 +40,11 @@ async fn main() -> ExitCode {
 
 /// The gate of this cold start, or why there is none (naming the variable).
 async fn start() -> Result<Gate<quota_gate::store::AnyStore, quota_gate::queue::AnyQueue>, String> {
-    let config = Config::from_env().map_err(|e| e.to_string())?;
-    let secret = config
-        .hash_secret(false)
-        .map_err(|e| e.to_string())?
-        .to_vec();
+    let config = Config::from_env()
+        .and_then(Config::require_hash_secret)
+        .map_err(|e| e.to_string())?;
     let meter = Meter::stdout(config.metrics_namespace.clone());
-    Gate::from_config(config, &secret, meter)
+    Gate::from_config(config, meter)
         .await
         .map_err(|e| e.to_string())
 }

@@ -61,21 +61,29 @@ pub struct Identifier {
 }
 
 impl Identifier {
-    /// Builds the identifier; `secret` is the HMAC key for digests.
-    pub fn new(config: &Config, secret: &[u8]) -> Result<Self, ConfigError> {
+    /// Builds the identifier: digests keyed with [`Config::hash_secret`]
+    /// (saying so when that is the built-in development secret).
+    pub fn new(config: &Config) -> Result<Self, ConfigError> {
+        if config.uses_development_secret() {
+            tracing::warn!(
+                "QUOTA_HASH_SECRET is unset: using the built-in development secret; \
+                 digests are not private. Set it for anything but local testing."
+            );
+        }
+        let jwt = &config.identity.jwt;
         Ok(Self {
-            hasher: Hasher::new(secret),
+            hasher: Hasher::new(config.hash_secret()),
             verifier: Verifier::from_config(
-                config.jwt_public_key.as_deref(),
-                config.jwt_jwks.as_deref(),
-                &config.jwt_issuer,
-                config.jwt_audience.as_deref(),
+                jwt.public_key.as_deref(),
+                jwt.jwks.as_deref(),
+                &jwt.issuer,
+                jwt.audience.as_deref(),
             )?,
-            trusted_proxies: config.trusted_proxies.clone(),
-            ipv6_prefix: config.ipv6_prefix,
-            trust_gateway_claims: config.trust_gateway_claims,
-            quota_anon: config.quota_anon,
-            quota_token: config.quota_token,
+            trusted_proxies: config.identity.trusted_proxies.clone(),
+            ipv6_prefix: config.identity.ipv6_prefix,
+            trust_gateway_claims: config.identity.jwt.trust_gateway_claims,
+            quota_anon: config.policy.quota_anon,
+            quota_token: config.policy.quota_token,
         })
     }
 

@@ -100,16 +100,16 @@ fn print<T: Serialize>(
 }
 
 /// `quota-gate inspect`.
-pub async fn inspect(args: InspectArgs, config: &Config, secret: &[u8]) -> Result<(), OpsError> {
-    let subject = subject::resolve(config, secret, &args.subject.into_arg()?)?;
+pub async fn inspect(args: InspectArgs, config: &Config) -> Result<(), OpsError> {
+    let subject = subject::resolve(config, &args.subject.into_arg()?)?;
     let store = valkey_store(config)?;
     let report = subject::inspect(&store, config, &subject).await?;
     print(args.json, &report, subject::Inspection::render)
 }
 
 /// `quota-gate reset`.
-pub async fn reset(args: ResetArgs, config: &Config, secret: &[u8]) -> Result<(), OpsError> {
-    let subject = subject::resolve(config, secret, &args.subject.into_arg()?)?;
+pub async fn reset(args: ResetArgs, config: &Config) -> Result<(), OpsError> {
+    let subject = subject::resolve(config, &args.subject.into_arg()?)?;
     let store = valkey_store(config)?;
     let removal = subject::reset(&store, &subject).await?;
     print(args.json, &removal, subject::Removal::render)

@@ -55,7 +55,7 @@ pub enum OpsError {
 /// handler would use them), with the operator timeout.
 pub fn valkey_store(config: &Config) -> Result<ValkeyStore, OpsError> {
     let mut config = config.clone();
-    config.store_timeout = config.store_timeout.max(OPS_TIMEOUT);
+    config.store.timeout = config.store.timeout.max(OPS_TIMEOUT);
     let valkey = Valkey::from_config(&config)?.ok_or_else(|| {
         ConfigError::new(
             "VALKEY_URL",

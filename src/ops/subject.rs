@@ -55,10 +55,11 @@ pub struct Subject {
     pub basis: Basis,
 }
 
-/// Finds the keys of the client `arg` names, hashing under `secret`,
-/// through the same [`Identifier`](crate::identity::Identifier) functions the handler uses.
-pub fn resolve(config: &Config, secret: &[u8], arg: &SubjectArg) -> Result<Subject, OpsError> {
-    let identifier = Identifier::new(config, secret)?;
+/// Finds the keys of the client `arg` names, hashing under
+/// [`Config::hash_secret`], through the same
+/// [`Identifier`](crate::identity::Identifier) functions the handler uses.
+pub fn resolve(config: &Config, arg: &SubjectArg) -> Result<Subject, OpsError> {
+    let identifier = Identifier::new(config)?;
     let (identity, basis) = match arg {
         SubjectArg::Ip(raw) => {
             let addr = ip::parse_source(raw).ok_or_else(|| {
@@ -161,7 +162,7 @@ impl Inspection {
         let count = snapshot.map_or(0, |s| s.used);
         let ttl = snapshot.and_then(|s| s.ttl);
         let limit = subject.limit;
-        let next = decide(count + 1, &config.limits(limit));
+        let next = decide(count + 1, &config.policy.limits(limit));
         let reset_at = ttl.and_then(|t| {
             let at = now.checked_add(i64::try_from(t).ok()?)?;
             OffsetDateTime::from_unix_timestamp(at)
@@ -301,19 +302,18 @@ mod tests {
         Config::from_lookup(|k| match k {
             "QUOTA_ANON" => Some("3".into()),
             "QUOTA_SOFT_WINDOW" => Some("2".into()),
+            "QUOTA_HASH_SECRET" => Some("ops-test-secret-0123456789".into()),
             _ => None,
         })
         .unwrap()
     }
-
-    const SECRET: &[u8] = b"ops-test-secret-0123456789";
 
     /// The handler's normalisation: suffixes, mapped IPv6 and /64 prefixes name one key.
     #[test]
     fn ip_normalisation_matches_the_handler() {
         let c = config();
         let key = |raw: &str| {
-            resolve(&c, SECRET, &SubjectArg::Ip(raw.into()))
+            resolve(&c, &SubjectArg::Ip(raw.into()))
                 .unwrap()
                 .key
                 .counter
@@ -322,24 +322,24 @@ mod tests {
         assert_eq!(key("203.0.113.7"), key("::ffff:203.0.113.7"));
         assert_eq!(key("2001:db8:1:2::1"), key("2001:db8:1:2:ffff::9/128"));
         assert_ne!(key("2001:db8:1:2::1"), key("2001:db8:1:3::1"));
-        let identifier = Identifier::new(&c, SECRET).unwrap();
+        let identifier = Identifier::new(&c).unwrap();
         let digest = identifier.ip_digest("203.0.113.7".parse().unwrap());
         assert_eq!(
             key("203.0.113.7"),
             QuotaKey::new(Scope::Ip, &digest).counter
         );
-        assert!(resolve(&c, SECRET, &SubjectArg::Ip("203.0.113.0/24".into())).is_err());
+        assert!(resolve(&c, &SubjectArg::Ip("203.0.113.0/24".into())).is_err());
     }
 
     /// A bare tid is hashed as is; a JWT without configured keys is refused.
     #[test]
     fn tokens() {
         let c = config();
-        let s = resolve(&c, SECRET, &SubjectArg::Token("tid-123".into())).unwrap();
+        let s = resolve(&c, &SubjectArg::Token("tid-123".into())).unwrap();
         assert_eq!(s.basis, Basis::BareTid);
-        assert_eq!(s.limit, c.quota_token);
+        assert_eq!(s.limit, c.policy.quota_token);
         assert!(s.key.counter.starts_with("quota:tid:{"));
-        let err = resolve(&c, SECRET, &SubjectArg::Token("a.b.c".into())).unwrap_err();
+        let err = resolve(&c, &SubjectArg::Token("a.b.c".into())).unwrap_err();
         assert!(err.to_string().contains("cannot be verified"), "{err}");
     }
 
@@ -347,7 +347,7 @@ mod tests {
     #[test]
     fn next_tier_and_reset() {
         let c = config();
-        let s = resolve(&c, SECRET, &SubjectArg::Ip("198.51.100.1".into())).unwrap();
+        let s = resolve(&c, &SubjectArg::Ip("198.51.100.1".into())).unwrap();
         let snap = Snapshot {
             used: 3,
             ttl: Some(60),
@@ -358,7 +358,7 @@ mod tests {
         assert_eq!(i.backlog_ms, 12_500);
         assert_eq!(i.next_free_slot.as_deref(), Some("2026-11-30T00:53:32.5Z"));
         assert_eq!((i.count, i.remaining, i.next.tier), (3, 0, "soft"));
-        assert_eq!(i.next.delay_ms, c.soft_delay.as_millis() as u64);
+        assert_eq!(i.next.delay_ms, c.policy.soft_delay.as_millis() as u64);
         assert_eq!(i.reset_at.as_deref(), Some("2026-11-30T00:54:20Z"));
         let none = Inspection::new(&c, &s, None, 0);
         assert_eq!((none.exists, none.count, none.remaining), (false, 0, 3));

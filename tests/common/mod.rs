@@ -139,16 +139,18 @@ impl Drop for ValkeyServer {
     }
 }
 
-/// A configuration from `vars` only (no process environment).
+/// A configuration from `vars` only (no process environment), hashing with
+/// [`SECRET`] unless `vars` set `QUOTA_HASH_SECRET`.
 pub fn config(vars: &[(&str, &str)]) -> Config {
-    let map: HashMap<String, String> = vars
-        .iter()
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .collect();
+    let mut map: HashMap<String, String> =
+        HashMap::from([("QUOTA_HASH_SECRET".to_owned(), SECRET_TEXT.to_owned())]);
+    map.extend(vars.iter().map(|(k, v)| (k.to_string(), v.to_string())));
     Config::from_lookup(|k| map.get(k).cloned()).expect("valid test configuration")
 }
 
-pub const SECRET: &[u8] = b"test-secret-0123456789abcdef";
+/// The hash secret of test configurations.
+pub const SECRET_TEXT: &str = "test-secret-0123456789abcdef";
+pub const SECRET: &[u8] = SECRET_TEXT.as_bytes();
 
 /// A gate over `store` and `queue`, EMF lines discarded.
 pub fn gate<S, Q>(vars: &[(&str, &str)], store: S, queue: Q) -> Gate<S, Q>
@@ -156,7 +158,7 @@ where
     S: quota_gate::store::QuotaStore,
     Q: ScanQueue,
 {
-    Gate::new(config(vars), SECRET, store, queue, Meter::new("test", None)).unwrap()
+    Gate::new(config(vars), store, queue, Meter::new("test", None)).unwrap()
 }
 
 /// A gate on the Valkey that `vars` name (`VALKEY_URL`, …), queueing to the
@@ -170,7 +172,6 @@ pub fn stream_gate(vars: &[(&str, &str)]) -> Gate<ValkeyStore, StreamQueue> {
         .expect("VALKEY_URL is set");
     Gate::new(
         config,
-        SECRET,
         ValkeyStore::new(valkey.clone()),
         StreamQueue::new(valkey, "jobs"),
         Meter::new("test", None),

@@ -1,0 +1,684 @@
+//! Every setting, read once at start from environment variables.
+//!
+//! [`Config::from_lookup`] takes a lookup function instead of reading the
+//! process environment, so tests build configurations without touching
+//! global state. A bad value fails at start with the variable's name.
+//!
+//! The variables, their defaults and ranges are one table,
+//! [`vars::VARIABLES`]: the parser reads its defaults and ranges from it, the
+//! README's configuration table is its [`vars::markdown_table`] (a test
+//! compares them), and `tests/template.rs` checks `template.yaml` against it.
+//!
+//! The settings are grouped by who reads them: [`Policy`] (the quota and its
+//! delays: [`crate::decide`], [`crate::delay`], pacing), [`IdentityConfig`]
+//! (the hash secret, proxies, [`JwtConfig`]), [`StoreConfig`] (Valkey, its
+//! timeout and failure handling), the [`QueueTarget`] and [`ServeConfig`].
+//! A plain environment variable table was chosen over clap's `env` feature:
+//! Lambda has no command line, and one parser serves both binaries.
+
+pub mod vars;
+
+use std::net::SocketAddr;
+use std::num::NonZeroU32;
+use std::str::FromStr;
+use std::time::Duration;
+
+use ipnet::IpNet;
+
+use crate::decide::Limits;
+use vars::{DefaultValue, variable};
+
+/// A configuration error, naming the variable at fault.
+#[derive(Debug, thiserror::Error)]
+#[error("{var}: {problem}")]
+pub struct ConfigError {
+    pub var: &'static str,
+    pub problem: String,
+}
+
+impl ConfigError {
+    pub fn new(var: &'static str, problem: impl Into<String>) -> Self {
+        Self {
+            var,
+            problem: problem.into(),
+        }
+    }
+}
+
+/// A setting that is one of a few words: the enum, its variants' words, and
+/// `FromStr` that names the words it expects.
+macro_rules! word_setting {
+    ($(#[$doc:meta])* $name:ident { $($(#[$vdoc:meta])* $variant:ident = $word:literal,)+ }) => {
+        $(#[$doc])*
+        #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+        pub enum $name {
+            $($(#[$vdoc])* $variant,)+
+        }
+
+        impl $name {
+            /// The word that names it in the environment.
+            pub fn as_str(self) -> &'static str {
+                match self {
+                    $(Self::$variant => $word,)+
+                }
+            }
+        }
+
+        impl FromStr for $name {
+            type Err = String;
+
+            fn from_str(word: &str) -> Result<Self, String> {
+                match word {
+                    $($word => Ok(Self::$variant),)+
+                    other => Err(format!(
+                        "expected {}, got {other:?}",
+                        [$($word),+].join(" or ")
+                    )),
+                }
+            }
+        }
+    };
+}
+
+word_setting! {
+    /// When a counter expires.
+    ResetPolicy {
+        /// At the next 00:00 UTC after the first scan.
+        UtcDay = "utc-day",
+        /// 24 hours after the first scan.
+        Rolling = "rolling",
+    }
+}
+
+word_setting! {
+    /// What to do when the quota store cannot answer in time.
+    FailMode {
+        /// Accept the scan without delay and say the quota was not checked.
+        Open = "open",
+        /// Refuse with 503 and `Retry-After`.
+        Closed = "closed",
+    }
+}
+
+word_setting! {
+    /// Where over-quota delay is spent.
+    DelayMode {
+        /// Sleep in the handler as far as the gateway allows; defer the rest onto the job.
+        Sleep = "sleep",
+        /// Answer at once; the whole delay holds the queued job back.
+        Defer = "defer",
+    }
+}
+
+word_setting! {
+    /// Whether a subject's over-quota scans are spread out one delay apart.
+    Pacing {
+        /// `slot_k = max(arrival_k, slot_(k-1)) + D(tier_k)`: a burst is spread out.
+        On = "on",
+        /// The seed's fixed per-request delays.
+        Off = "off",
+    }
+}
+
+/// Where accepted scans go.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum QueueTarget {
+    /// One JSON line per job on standard output (the local default).
+    Spool,
+    /// `XADD` to this stream key on the quota Valkey.
+    ValkeyStream(String),
+    /// An SQS queue URL.
+    Sqs(String),
+}
+
+/// CA certificates (PEM) read from `VALKEY_TLS_CA` at start.
+#[derive(Clone, PartialEq, Eq)]
+pub struct CaBundle {
+    /// Where it was read from, for messages.
+    pub path: String,
+    pub pem: Vec<u8>,
+}
+
+impl std::fmt::Debug for CaBundle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CaBundle")
+            .field("path", &self.path)
+            .finish()
+    }
+}
+
+impl CaBundle {
+    /// Reads the bundle now, so a missing or unreadable file stops the cold
+    /// start with the variable's name instead of failing every connection.
+    fn read(path: &str) -> Result<Self, ConfigError> {
+        let pem = std::fs::read(path)
+            .map_err(|e| ConfigError::new("VALKEY_TLS_CA", format!("cannot read {path:?}: {e}")))?;
+        if !String::from_utf8_lossy(&pem).contains("-----BEGIN CERTIFICATE-----") {
+            return Err(ConfigError::new(
+                "VALKEY_TLS_CA",
+                format!("{path:?} holds no PEM certificate"),
+            ));
+        }
+        Ok(Self {
+            path: path.to_owned(),
+            pem,
+        })
+    }
+}
+
+/// Parses a whole number in `min..=max` for the variable `var`.
+pub fn ranged_number(var: &'static str, raw: &str, min: u64, max: u64) -> Result<u64, ConfigError> {
+    let expected = || format!("expected a whole number in {min}..={max}, got {raw:?}");
+    let n: u64 = raw
+        .trim()
+        .parse()
+        .map_err(|_| ConfigError::new(var, expected()))?;
+    if (min..=max).contains(&n) {
+        Ok(n)
+    } else {
+        Err(ConfigError::new(var, expected()))
+    }
+}
+
+/// The secret used by `quota-gate serve` when none is configured. Digests made
+/// with it are not private: it is in the source.
+pub const DEV_HASH_SECRET: &str = "quota-gate-local-development-secret";
+
+/// The HMAC key for subject digests (`QUOTA_HASH_SECRET`).
+#[derive(Clone, PartialEq, Eq)]
+enum HashSecret {
+    Configured(String),
+    /// Unset: [`DEV_HASH_SECRET`], where a development secret is allowed.
+    Development,
+}
+
+impl std::fmt::Debug for HashSecret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::Configured(_) => "Configured(…)",
+            Self::Development => "Development",
+        })
+    }
+}
+
+/// The quota and what happens past it.
+#[derive(Debug, Clone)]
+pub struct Policy {
+    pub quota_anon: NonZeroU32,
+    pub quota_token: NonZeroU32,
+    pub warn_at: NonZeroU32,
+    pub soft_window: u32,
+    pub soft_delay: Duration,
+    pub hard_delay: Duration,
+    pub reset: ResetPolicy,
+    pub pacing: Pacing,
+    /// The longest delay a paced scan may be given; beyond it, 503 `backlog_full`.
+    pub max_backlog: Duration,
+    pub delay_mode: DelayMode,
+    pub gateway_timeout: Duration,
+    pub delay_margin: Duration,
+}
+
+impl Policy {
+    /// The limits for a subject whose daily ceiling is `limit`.
+    pub fn limits(&self, limit: NonZeroU32) -> Limits {
+        Limits {
+            limit,
+            soft_window: self.soft_window,
+            soft_delay: self.soft_delay,
+            hard_delay: self.hard_delay,
+            warn_at: self.warn_at,
+        }
+    }
+}
+
+/// How a request becomes a subject.
+#[derive(Debug, Clone)]
+pub struct IdentityConfig {
+    /// Read it through [`Config::hash_secret`].
+    hash_secret: HashSecret,
+    pub ipv6_prefix: u8,
+    pub trusted_proxies: Vec<IpNet>,
+    pub jwt: JwtConfig,
+}
+
+/// How bearer tokens are verified.
+#[derive(Debug, Clone)]
+pub struct JwtConfig {
+    pub public_key: Option<String>,
+    pub jwks: Option<String>,
+    pub issuer: String,
+    pub audience: Option<String>,
+    pub trust_gateway_claims: bool,
+}
+
+/// The quota Valkey.
+#[derive(Debug, Clone)]
+pub struct ValkeyConfig {
+    pub url: String,
+    pub cluster: bool,
+    /// Extra trust for `rediss://`: replaces the platform's roots when set.
+    pub tls_ca: Option<CaBundle>,
+}
+
+/// The quota store and what to do when it fails.
+#[derive(Debug, Clone)]
+pub struct StoreConfig {
+    /// `None`: the in-memory store.
+    pub valkey: Option<ValkeyConfig>,
+    /// Bound on every store call.
+    pub timeout: Duration,
+    pub fail_mode: FailMode,
+    /// Consecutive failures that open the breaker (0: never opens).
+    pub breaker_failures: u32,
+    pub breaker_cool_down: Duration,
+}
+
+/// The local server (`quota-gate serve`).
+#[derive(Debug, Clone)]
+pub struct ServeConfig {
+    pub listen: SocketAddr,
+    /// Connections kept open at once.
+    pub max_connections: u32,
+}
+
+/// Every setting of the gate.
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub policy: Policy,
+    pub identity: IdentityConfig,
+    pub store: StoreConfig,
+    /// A [`QueueTarget::ValkeyStream`] only ever comes with a
+    /// [`StoreConfig::valkey`]: the parser refuses one without the other.
+    pub queue: QueueTarget,
+    /// CloudWatch namespace of the EMF lines.
+    pub metrics_namespace: String,
+    pub serve: ServeConfig,
+}
+
+impl Default for Config {
+    /// The documented defaults: what an empty environment gives.
+    fn default() -> Self {
+        Self::from_lookup(|_| None).expect("the defaults are valid")
+    }
+}
+
+impl Config {
+    /// Reads the process environment.
+    pub fn from_env() -> Result<Self, ConfigError> {
+        Self::from_lookup(|k| std::env::var(k).ok())
+    }
+
+    /// Builds the configuration from `lookup`, which returns a variable's
+    /// value. Empty values count as unset; defaults and ranges come from
+    /// [`vars::VARIABLES`].
+    pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Self, ConfigError> {
+        let get = |k: &'static str| {
+            let _ = variable(k);
+            lookup(k)
+                .map(|v| v.trim().to_owned())
+                .filter(|v| !v.is_empty())
+        };
+        let text = |k: &'static str| -> String {
+            match variable(k).default {
+                DefaultValue::Value(default) => get(k).unwrap_or_else(|| default.to_owned()),
+                DefaultValue::Unset(_) => get(k).unwrap_or_default(),
+            }
+        };
+        // Every numeric setting has a range: a value outside it stops the
+        // start, naming the variable, so no value can make a later request
+        // overflow.
+        let number = |k: &'static str| -> Result<u64, ConfigError> {
+            let (min, max) = variable(k).range.expect("a numeric variable has a range");
+            ranged_number(k, &text(k), min, max)
+        };
+        let limit = |k: &'static str| -> Result<NonZeroU32, ConfigError> {
+            NonZeroU32::new(number(k)? as u32).ok_or_else(|| ConfigError::new(k, "must be above 0"))
+        };
+        let count = |k: &'static str| Ok::<_, ConfigError>(number(k)? as u32);
+        let millis = |k: &'static str| number(k).map(Duration::from_millis);
+        let flag = |k: &'static str| -> Result<bool, ConfigError> {
+            match text(k).to_ascii_lowercase().as_str() {
+                "true" | "1" | "yes" => Ok(true),
+                "false" | "0" | "no" => Ok(false),
+                other => Err(ConfigError::new(
+                    k,
+                    format!("expected true or false, got {other:?}"),
+                )),
+            }
+        };
+        fn word<T: FromStr<Err = String>>(k: &'static str, raw: String) -> Result<T, ConfigError> {
+            raw.parse().map_err(|problem| ConfigError::new(k, problem))
+        }
+
+        let hash_secret = match get("QUOTA_HASH_SECRET") {
+            Some(s) if s.len() < 16 => {
+                return Err(ConfigError::new(
+                    "QUOTA_HASH_SECRET",
+                    "must be at least 16 bytes (32 random bytes recommended)",
+                ));
+            }
+            Some(s) => HashSecret::Configured(s),
+            None => HashSecret::Development,
+        };
+
+        let trusted_proxies = text("QUOTA_TRUSTED_PROXIES")
+            .split(',')
+            .map(str::trim)
+            .filter(|s| !s.is_empty())
+            .map(|s| {
+                IpNet::from_str(s)
+                    .or_else(|_| s.parse::<std::net::IpAddr>().map(IpNet::from))
+                    .map_err(|_| {
+                        ConfigError::new(
+                            "QUOTA_TRUSTED_PROXIES",
+                            format!("{s:?} is not an IP address or CIDR"),
+                        )
+                    })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+
+        let cluster = flag("VALKEY_CLUSTER")?;
+        let valkey = get("VALKEY_URL").map(ValkeyConfig::parse).transpose()?;
+        let tls_ca = get("VALKEY_TLS_CA")
+            .map(|path| CaBundle::read(&path))
+            .transpose()?;
+        let valkey = match (valkey, tls_ca) {
+            (None, None) => None,
+            (Some(v), tls_ca) if tls_ca.is_none() || v.is_tls() => Some(ValkeyConfig {
+                cluster,
+                tls_ca,
+                ..v
+            }),
+            _ => {
+                return Err(ConfigError::new(
+                    "VALKEY_TLS_CA",
+                    "needs a rediss:// or valkeys:// VALKEY_URL",
+                ));
+            }
+        };
+        let queue = QueueTarget::parse(get("SCAN_QUEUE_URL"), valkey.is_some())?;
+
+        let listen = text("QUOTA_LISTEN");
+        let listen = listen.parse().map_err(|_| {
+            ConfigError::new(
+                "QUOTA_LISTEN",
+                format!("expected host:port, got {listen:?}"),
+            )
+        })?;
+
+        Ok(Self {
+            policy: Policy {
+                quota_anon: limit("QUOTA_ANON")?,
+                quota_token: limit("QUOTA_TOKEN")?,
+                warn_at: limit("QUOTA_WARN_AT")?,
+                soft_window: count("QUOTA_SOFT_WINDOW")?,
+                soft_delay: millis("QUOTA_SOFT_DELAY_MS")?,
+                hard_delay: millis("QUOTA_HARD_DELAY_MS")?,
+                reset: word("QUOTA_RESET", text("QUOTA_RESET"))?,
+                pacing: word("QUOTA_PACING", text("QUOTA_PACING"))?,
+                max_backlog: millis("QUOTA_MAX_BACKLOG_MS")?,
+                delay_mode: word("QUOTA_DELAY_MODE", text("QUOTA_DELAY_MODE"))?,
+                gateway_timeout: millis("QUOTA_GATEWAY_TIMEOUT_MS")?,
+                delay_margin: millis("QUOTA_DELAY_MARGIN_MS")?,
+            },
+            identity: IdentityConfig {
+                hash_secret,
+                ipv6_prefix: number("QUOTA_IPV6_PREFIX")? as u8,
+                trusted_proxies,
+                jwt: JwtConfig {
+                    public_key: get("QUOTA_JWT_PUBLIC_KEY"),
+                    jwks: get("QUOTA_JWT_JWKS"),
+                    issuer: text("QUOTA_JWT_ISSUER"),
+                    audience: get("QUOTA_JWT_AUDIENCE"),
+                    trust_gateway_claims: flag("QUOTA_TRUST_GATEWAY_CLAIMS")?,
+                },
+            },
+            store: StoreConfig {
+                valkey,
+                timeout: millis("QUOTA_STORE_TIMEOUT_MS")?,
+                fail_mode: word("QUOTA_FAIL_MODE", text("QUOTA_FAIL_MODE"))?,
+                breaker_failures: count("QUOTA_BREAKER_FAILURES")?,
+                breaker_cool_down: millis("QUOTA_BREAKER_COOLDOWN_MS")?,
+            },
+            queue,
+            metrics_namespace: text("QUOTA_METRICS_NAMESPACE"),
+            serve: ServeConfig {
+                listen,
+                max_connections: number("QUOTA_MAX_CONNECTIONS")? as u32,
+            },
+        })
+    }
+
+    /// Refuses a configuration without `QUOTA_HASH_SECRET`: where a real
+    /// deployment runs (Lambda), the built-in development secret would make
+    /// every digest guessable.
+    pub fn require_hash_secret(self) -> Result<Self, ConfigError> {
+        match self.identity.hash_secret {
+            HashSecret::Configured(_) => Ok(self),
+            HashSecret::Development => Err(ConfigError::new(
+                "QUOTA_HASH_SECRET",
+                "required in Lambda (32 random bytes, e.g. from Secrets Manager)",
+            )),
+        }
+    }
+
+    /// Whether digests use the built-in [`DEV_HASH_SECRET`] (`QUOTA_HASH_SECRET` unset).
+    pub fn uses_development_secret(&self) -> bool {
+        self.identity.hash_secret == HashSecret::Development
+    }
+
+    /// The HMAC key for digests: `QUOTA_HASH_SECRET`, or the built-in
+    /// [`DEV_HASH_SECRET`] where it is unset (which only Lambda refuses, see
+    /// [`Config::require_hash_secret`]). The one place that decides it.
+    pub fn hash_secret(&self) -> &[u8] {
+        match &self.identity.hash_secret {
+            HashSecret::Configured(secret) => secret.as_bytes(),
+            HashSecret::Development => DEV_HASH_SECRET.as_bytes(),
+        }
+    }
+}
+
+impl ValkeyConfig {
+    fn parse(url: String) -> Result<Self, ConfigError> {
+        const SCHEMES: [&str; 4] = ["redis://", "rediss://", "valkey://", "valkeys://"];
+        if !SCHEMES.iter().any(|s| url.starts_with(s)) {
+            return Err(ConfigError::new(
+                "VALKEY_URL",
+                "expected a redis://, rediss://, valkey:// or valkeys:// URL",
+            ));
+        }
+        Ok(Self {
+            url,
+            cluster: false,
+            tls_ca: None,
+        })
+    }
+
+    fn is_tls(&self) -> bool {
+        self.url.starts_with("rediss://") || self.url.starts_with("valkeys://")
+    }
+}
+
+impl QueueTarget {
+    /// `SCAN_QUEUE_URL`: unset, an SQS URL, or `valkey-stream:<key>` (which
+    /// needs Valkey).
+    fn parse(url: Option<String>, has_valkey: bool) -> Result<Self, ConfigError> {
+        let err = |problem: String| Err(ConfigError::new("SCAN_QUEUE_URL", problem));
+        let Some(url) = url else {
+            return Ok(Self::Spool);
+        };
+        match url.strip_prefix("valkey-stream:") {
+            Some("") => err("valkey-stream: needs a key".into()),
+            Some(key) if !has_valkey => err(format!("valkey-stream:{key} needs VALKEY_URL")),
+            // Braces in a key are a cluster hash tag: they must enclose something.
+            Some(key)
+                if key.contains(['{', '}'])
+                    && key
+                        .find('{')
+                        .is_none_or(|o| key[o + 1..].find('}').is_none_or(|len| len == 0)) =>
+            {
+                err(format!(
+                    "valkey-stream:{key}: braces in a stream key must form a non-empty hash \
+                     tag ({{tag}})"
+                ))
+            }
+            Some(key) => Ok(Self::ValkeyStream(key.to_owned())),
+            None if url.starts_with("https://") || url.starts_with("http://") => Ok(Self::Sqs(url)),
+            None => err("expected an SQS queue URL (https://…) or valkey-stream:<key>".into()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    fn config(vars: &[(&str, &str)]) -> Result<Config, ConfigError> {
+        let map: HashMap<String, String> = vars
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        Config::from_lookup(|k| map.get(k).cloned())
+    }
+
+    /// An empty environment gives the documented defaults.
+    #[test]
+    fn defaults() {
+        let c = Config::default();
+        assert_eq!(c.policy.quota_anon.get(), 33);
+        assert_eq!(c.policy.quota_token.get(), 333);
+        assert_eq!(c.policy.warn_at.get(), 200);
+        assert_eq!(c.policy.soft_window, 30);
+        assert_eq!(c.policy.soft_delay, Duration::from_secs(5));
+        assert_eq!(c.policy.hard_delay, Duration::from_secs(60));
+        assert_eq!(c.policy.reset, ResetPolicy::UtcDay);
+        assert_eq!(c.queue, QueueTarget::Spool);
+        assert_eq!(c.policy.gateway_timeout, Duration::from_millis(29_000));
+        assert_eq!(c.serve.listen.to_string(), "127.0.0.1:9000");
+        assert_eq!(c.identity.jwt.issuer, "stella-ops.org");
+        assert_eq!(c.metrics_namespace, "StellaOps/Quota");
+    }
+
+    /// Each bad value names its variable.
+    #[test]
+    fn bad_values_name_the_variable() {
+        for (var, value) in [
+            ("QUOTA_ANON", "0"),
+            ("QUOTA_ANON", "many"),
+            ("QUOTA_TOKEN", "-3"),
+            ("QUOTA_RESET", "weekly"),
+            ("QUOTA_FAIL_MODE", "maybe"),
+            ("QUOTA_DELAY_MODE", "later"),
+            ("QUOTA_PACING", "maybe"),
+            ("QUOTA_MAX_BACKLOG_MS", "soon"),
+            ("QUOTA_HASH_SECRET", "short"),
+            ("QUOTA_IPV6_PREFIX", "129"),
+            ("QUOTA_TRUSTED_PROXIES", "10.0.0.0/8, nonsense"),
+            ("VALKEY_URL", "http://localhost"),
+            ("VALKEY_CLUSTER", "perhaps"),
+            ("SCAN_QUEUE_URL", "ftp://queue"),
+            ("SCAN_QUEUE_URL", "valkey-stream:jobs"),
+            ("QUOTA_LISTEN", "everywhere"),
+            ("QUOTA_STORE_TIMEOUT_MS", "0"),
+            ("VALKEY_TLS_CA", "/nonexistent/ca.pem"),
+            ("QUOTA_BREAKER_FAILURES", "some"),
+            ("QUOTA_BREAKER_COOLDOWN_MS", "-1"),
+        ] {
+            let err = config(&[(var, value)]).unwrap_err();
+            assert_eq!(err.var, var, "{var}={value}: {err}");
+            assert!(err.to_string().starts_with(var));
+        }
+    }
+
+    /// VALKEY_TLS_CA is read at start, must hold a certificate and needs a TLS URL.
+    #[test]
+    fn tls_ca() {
+        let dir = std::env::temp_dir().join(format!("quota-gate-ca-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let good = dir.join("ca.pem");
+        std::fs::write(
+            &good,
+            "-----BEGIN CERTIFICATE-----\nAA==\n-----END CERTIFICATE-----\n",
+        )
+        .unwrap();
+        let bad = dir.join("empty.pem");
+        std::fs::write(&bad, "nothing here").unwrap();
+        let good = good.to_str().unwrap();
+        let c = config(&[
+            ("VALKEY_URL", "rediss://cache:6379"),
+            ("VALKEY_TLS_CA", good),
+        ])
+        .unwrap();
+        assert_eq!(c.store.valkey.unwrap().tls_ca.unwrap().path, good);
+        for vars in [
+            vec![
+                ("VALKEY_URL", "redis://cache:6379"),
+                ("VALKEY_TLS_CA", good),
+            ],
+            vec![("VALKEY_TLS_CA", good)],
+            vec![
+                ("VALKEY_URL", "rediss://cache:6379"),
+                ("VALKEY_TLS_CA", bad.to_str().unwrap()),
+            ],
+        ] {
+            assert_eq!(config(&vars).unwrap_err().var, "VALKEY_TLS_CA", "{vars:?}");
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// Queue targets are told apart by their URL.
+    #[test]
+    fn queue_targets() {
+        let c = config(&[
+            ("VALKEY_URL", "redis://127.0.0.1:6379"),
+            ("SCAN_QUEUE_URL", "valkey-stream:scan-jobs"),
+        ])
+        .unwrap();
+        assert_eq!(c.queue, QueueTarget::ValkeyStream("scan-jobs".into()));
+        let url = "https://sqs.us-east-1.amazonaws.com/123456789012/scans";
+        let c = config(&[("SCAN_QUEUE_URL", url)]).unwrap();
+        assert_eq!(c.queue, QueueTarget::Sqs(url.into()));
+    }
+
+    /// Trusted proxies accept CIDRs and bare addresses.
+    #[test]
+    fn trusted_proxies() {
+        let c = config(&[(
+            "QUOTA_TRUSTED_PROXIES",
+            "10.0.0.0/8, 192.0.2.1,2001:db8::/32",
+        )])
+        .unwrap();
+        assert_eq!(c.identity.trusted_proxies.len(), 3);
+    }
+
+    /// The secret is decided here: configured, or the development one that
+    /// only Lambda refuses.
+    #[test]
+    fn hash_secret() {
+        let c = Config::default();
+        assert!(c.uses_development_secret());
+        assert_eq!(c.hash_secret(), DEV_HASH_SECRET.as_bytes());
+        assert_eq!(
+            c.require_hash_secret().unwrap_err().var,
+            "QUOTA_HASH_SECRET"
+        );
+        let c = config(&[("QUOTA_HASH_SECRET", "0123456789abcdef0123")]).unwrap();
+        assert_eq!(c.hash_secret(), b"0123456789abcdef0123");
+        assert!(c.require_hash_secret().is_ok());
+    }
+
+    /// Every variable the parser reads is in the table (it panics on one
+    /// that is not), and every numeric default lies in its range.
+    #[test]
+    fn table_defaults_are_valid() {
+        let _ = Config::default();
+        for v in vars::VARIABLES {
+            if let (Some((min, max)), DefaultValue::Value(d)) = (v.range, v.default) {
+                let n: u64 = d.parse().unwrap();
+                assert!((min..=max).contains(&n), "{}", v.name);
+            }
+        }
+    }
+}
