@@ -132,6 +132,14 @@ mod tests {
         }
     }
 
+    /// A breaker opened by `threshold` failures, its cool-down just over.
+    async fn cooled(threshold: u32) -> Breaker {
+        let b = Breaker::new(threshold, COOL);
+        fail(&b, threshold);
+        tokio::time::advance(COOL).await;
+        b
+    }
+
     /// It opens after exactly `threshold` consecutive failures, not before.
     #[tokio::test(start_paused = true)]
     async fn opens_after_threshold() {
@@ -172,9 +180,7 @@ mod tests {
     /// A failed probe opens the breaker for another full cool-down.
     #[tokio::test(start_paused = true)]
     async fn failed_probe_reopens() {
-        let b = Breaker::new(2, COOL);
-        fail(&b, 2);
-        tokio::time::advance(COOL).await;
+        let b = cooled(2).await;
         assert!(b.admit());
         b.record(false);
         assert!(b.is_open());
@@ -187,9 +193,7 @@ mod tests {
     /// A probe that never reports (its request was dropped) does not wedge the breaker.
     #[tokio::test(start_paused = true)]
     async fn lost_probe_is_replaced() {
-        let b = Breaker::new(1, COOL);
-        fail(&b, 1);
-        tokio::time::advance(COOL).await;
+        let b = cooled(1).await;
         assert!(b.admit());
         tokio::time::advance(COOL).await;
         assert!(b.admit(), "a new probe once the first is overdue");

@@ -153,10 +153,18 @@ mod tests {
         Value::BulkString(s.as_bytes().to_vec())
     }
 
-    fn node(fields: &[(&str, Value)]) -> Value {
+    /// A node of `CLUSTER SHARDS`: its port, IP, role and health, plus `extra` fields.
+    fn node(port: i64, ip: &str, role: &str, health: &str, extra: &[(&str, Value)]) -> Value {
+        let fields = [
+            ("port", Value::Int(port)),
+            ("ip", bulk(ip)),
+            ("role", bulk(role)),
+            ("health", bulk(health)),
+        ];
         Value::Array(
             fields
                 .iter()
+                .chain(extra)
                 .flat_map(|(k, v)| [bulk(k), v.clone()])
                 .collect(),
         )
@@ -174,27 +182,24 @@ mod tests {
     /// Primaries come from shards that own slots, by preferred endpoint, TLS port when TLS.
     #[test]
     fn primaries_from_a_shards_reply() {
-        let primary = node(&[
-            ("port", Value::Int(7001)),
-            ("tls-port", Value::Int(7101)),
-            ("ip", bulk("10.0.0.1")),
-            ("endpoint", bulk("node-1.cache.example")),
-            ("role", bulk("master")),
-            ("health", bulk("online")),
-        ]);
-        let replica = node(&[
-            ("port", Value::Int(7002)),
-            ("ip", bulk("10.0.0.2")),
-            ("endpoint", bulk("10.0.0.2")),
-            ("role", bulk("replica")),
-            ("health", bulk("online")),
-        ]);
-        let empty = node(&[
-            ("port", Value::Int(7003)),
-            ("ip", bulk("10.0.0.3")),
-            ("role", bulk("master")),
-            ("health", bulk("online")),
-        ]);
+        let primary = node(
+            7001,
+            "10.0.0.1",
+            "master",
+            "online",
+            &[
+                ("tls-port", Value::Int(7101)),
+                ("endpoint", bulk("node-1.cache.example")),
+            ],
+        );
+        let replica = node(
+            7002,
+            "10.0.0.2",
+            "replica",
+            "online",
+            &[("endpoint", bulk("10.0.0.2"))],
+        );
+        let empty = node(7003, "10.0.0.3", "master", "online", &[]);
         let reply = Value::Array(vec![
             shard(
                 vec![Value::Int(0), Value::Int(16383)],
@@ -215,12 +220,7 @@ mod tests {
     /// A shard owning slots with its primary failed is an error, not a silent skip.
     #[test]
     fn failed_primary_is_an_error() {
-        let failed = node(&[
-            ("port", Value::Int(7001)),
-            ("ip", bulk("10.0.0.1")),
-            ("role", bulk("master")),
-            ("health", bulk("fail")),
-        ]);
+        let failed = node(7001, "10.0.0.1", "master", "fail", &[]);
         let reply = Value::Array(vec![shard(
             vec![Value::Int(0), Value::Int(1)],
             vec![failed],
