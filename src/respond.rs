@@ -6,7 +6,7 @@
 //! `X-Stella-Quota-Reminder` and `X-Stella-Quota: unavailable`.
 
 use bytes::Bytes;
-use http::{HeaderName, HeaderValue, Response, StatusCode, header};
+use http::{HeaderMap, HeaderName, HeaderValue, Response, StatusCode, header};
 use serde::Serialize;
 use time::OffsetDateTime;
 use time::format_description::well_known::Rfc3339;
@@ -183,6 +183,8 @@ impl Accepted {
         let mut response =
             Response::new(Bytes::from(serde_json::to_vec(&body).unwrap_or_default()));
         *response.status_mut() = StatusCode::ACCEPTED;
+        // Sized for every header below at once: no rehash while inserting.
+        *response.headers_mut() = HeaderMap::with_capacity(12);
         let h = response.headers_mut();
         let text = |s: String| HeaderValue::from_str(&s).unwrap_or(HeaderValue::from_static(""));
         h.insert(

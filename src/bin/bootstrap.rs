@@ -14,6 +14,10 @@ use quota_gate::gate::Gate;
 use quota_gate::lambda::{CONFIG_ERROR_TYPE, report_init_error};
 use quota_gate::meter::Meter;
 
+/// mimalloc, as in `quota-gate` (see there).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[tokio::main]
 async fn main() -> ExitCode {
     quota_gate::init_tracing();

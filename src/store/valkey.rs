@@ -93,8 +93,11 @@ impl QuotaStore for ValkeyStore {
     async fn count(&self, args: CountArgs<'_>) -> Result<Count, StoreError> {
         let key = args.key;
         let mut conn = self.connection().await?;
+        // Plain `INCR`, not `INCRBY 1` (which `pipe().incr` sends): one
+        // argument less to parse, measurably cheaper for Valkey.
         let (used, reset_at): (u64, i64) = redis::pipe()
-            .incr(&key.counter, 1)
+            .cmd("INCR")
+            .arg(&key.counter)
             .cmd("EXPIREAT")
             .arg(&key.counter)
             .arg(args.period_end)
