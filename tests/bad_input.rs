@@ -7,7 +7,7 @@
 //! the cases here extend it. A property test ends the file: random events
 //! through parsing and identity never panic and never get a 5xx.
 
-mod common;
+use quota_gate_testkit as common;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -452,25 +452,13 @@ impl Drop for LocalServer {
     }
 }
 
-/// A complete HTTP/1.1 response with a Content-Length body, if `raw` holds one.
+/// The status and JSON body of the response in `raw`, once it is complete.
 fn parse_response(raw: &[u8]) -> Option<(u16, Value)> {
-    let text = String::from_utf8_lossy(raw);
-    let (head, body) = text.split_once("\r\n\r\n")?;
-    let status = head.split(' ').nth(1)?.parse().ok()?;
-    let length: usize = head
-        .lines()
-        .find_map(|l| {
-            let (k, v) = l.split_once(':')?;
-            k.eq_ignore_ascii_case("content-length")
-                .then(|| v.trim().parse().ok())?
-        })
-        .unwrap_or(0);
-    if body.len() < length {
-        return None;
-    }
+    let head = common::client::parse_response(raw).ok()??;
+    let body = raw.get(head.body)?;
     Some((
-        status,
-        serde_json::from_str(&body[..length]).unwrap_or(Value::Null),
+        head.status,
+        serde_json::from_slice(body).unwrap_or(Value::Null),
     ))
 }
 
@@ -543,18 +531,8 @@ mod random_events {
 
     use super::*;
     use proptest::prelude::*;
-    use quota_gate::queue::{QueueError, ScanJob, ScanQueue};
     use quota_gate::store::memory::MemoryStore;
     use std::cell::Cell;
-
-    /// Accepts every job; the spool would print them.
-    struct Discard;
-
-    impl ScanQueue for Discard {
-        async fn enqueue(&self, _: &ScanJob) -> Result<(), QueueError> {
-            Ok(())
-        }
-    }
 
     fn gate() -> Gate<MemoryStore, Discard> {
         let key = fixture("ed25519.pub.pem");

@@ -7,7 +7,7 @@
 //! prints the added latency with the breaker off and open; run with
 //! `--nocapture` to see the figures.
 
-mod common;
+use quota_gate_testkit as common;
 
 use std::collections::HashMap;
 use std::sync::Arc;

@@ -2,7 +2,7 @@
 //! (`VALKEY_CLUSTER=true`): tiers, TTLs, exact counts under concurrency, and
 //! a purge that visits every primary.
 
-mod common;
+use quota_gate_testkit as common;
 
 use std::sync::Arc;
 

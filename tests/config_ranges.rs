@@ -2,7 +2,7 @@
 //! start with a message naming the variable, and any value inside it gives a
 //! gate that serves every tier without panicking.
 
-mod common;
+use quota_gate_testkit as common;
 
 use std::collections::HashMap;
 

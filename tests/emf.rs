@@ -16,14 +16,13 @@
 //! `quota_gate::meter` declares, and no line may carry the client's address
 //! or digest.
 
-mod common;
+use quota_gate_testkit as common;
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use common::*;
 use quota_gate::gate::Gate;
 use quota_gate::meter::{self, Meter};
-use quota_gate::queue::{QueueError, ScanJob, ScanQueue};
 use quota_gate::store::memory::MemoryStore;
 use quota_gate::store::valkey::ValkeyStore;
 use quota_gate::valkey::Valkey;
@@ -311,22 +310,4 @@ fn timestamp_is_integer_milliseconds() {
         line.contains("\"Timestamp\":1796032800123"),
         "no float: {line}"
     );
-}
-
-/// Accepts every job.
-struct Discard;
-
-impl ScanQueue for Discard {
-    async fn enqueue(&self, _: &ScanJob) -> Result<(), QueueError> {
-        Ok(())
-    }
-}
-
-/// Refuses every job.
-struct Refuse;
-
-impl ScanQueue for Refuse {
-    async fn enqueue(&self, _: &ScanJob) -> Result<(), QueueError> {
-        Err(QueueError::Backend("refused by the test".into()))
-    }
 }

@@ -3,7 +3,7 @@
 //! command already sent, so every answer must stay true once the late
 //! commands have run.
 
-mod common;
+use quota_gate_testkit as common;
 
 use std::collections::HashSet;
 use std::sync::Arc;

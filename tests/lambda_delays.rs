@@ -7,7 +7,7 @@
 //! the elapsed (virtual) time is exactly what it slept. The SQS side of the
 //! deferral (DelaySeconds on a real queue) is in `tests/sqs.rs`.
 
-mod common;
+use quota_gate_testkit as common;
 
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};

@@ -1,7 +1,7 @@
 //! The operator commands against a real Valkey (inspect, reset, purge) and a
 //! real moto server (stats), through the library and through the binary.
 
-mod common;
+use quota_gate_testkit as common;
 
 use std::process::{Command, Output, Stdio};
 use std::time::Duration;
@@ -274,6 +274,39 @@ async fn purge_only_quota_keys() {
     }
     // The stream queue the gate wrote to survives too.
     assert_eq!(stream_jobs(&server, "jobs").await.len(), 3);
+}
+
+/// Off a terminal, each progress report is a plain line with the running total.
+#[test]
+fn progress_in_a_log() {
+    let out = Capture::default();
+    let p = Progress::new("removed", Box::new(out.clone()), false, Duration::ZERO);
+    p.add(500);
+    p.add(250);
+    p.finish();
+    let text = out.text();
+    let lines: Vec<_> = text.lines().collect();
+    assert_eq!(lines.len(), 2, "{text:?}");
+    assert!(lines[1].starts_with("removed 750 quota keys"), "{text:?}");
+    assert_eq!(p.done(), 750);
+}
+
+/// Within the interval nothing is written; the count still adds up.
+#[test]
+fn progress_is_throttled() {
+    let out = Capture::default();
+    let p = Progress::new(
+        "removed",
+        Box::new(out.clone()),
+        true,
+        Duration::from_secs(3600),
+    );
+    for _ in 0..10 {
+        p.add(10);
+    }
+    p.finish();
+    assert_eq!(out.text(), "");
+    assert_eq!(p.done(), 100);
 }
 
 /// Runs the real binary with only `env` set and stdin closed (not a terminal).

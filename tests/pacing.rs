@@ -4,7 +4,7 @@
 //! gives the seed's fixed delays, and the backlog cap refuses what would wait
 //! too long without counting it or queueing anything.
 
-mod common;
+use quota_gate_testkit as common;
 
 use std::sync::Arc;
 

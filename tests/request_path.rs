@@ -1,7 +1,7 @@
 //! The whole request path against a real Valkey server: tiers, keys, TTLs,
 //! concurrency, identity and the no-loss rules.
 
-mod common;
+use quota_gate_testkit as common;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -7,7 +7,7 @@
 //! sent_timestamp`), and one test also shows a delayed message really stays
 //! invisible until its delay has passed.
 
-mod common;
+use quota_gate_testkit as common;
 
 use std::time::{Duration, Instant};
 

@@ -1,7 +1,7 @@
 //! Token verification end to end: each key type, JWKS key selection by
 //! `kid`, claims from an API Gateway JWT authorizer, and keys refused at start.
 
-mod common;
+use quota_gate_testkit as common;
 
 use common::*;
 use jsonwebtoken::{Algorithm, EncodingKey, Header};
