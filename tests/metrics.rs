@@ -21,14 +21,6 @@ use quota_gate::store::memory::MemoryStore;
 use serde_json::json;
 use tokio::net::TcpListener;
 
-/// 3 scans within quota, then 2 soft, then hard; reminders from the 5th.
-const VARS: &[(&str, &str)] = &[
-    ("QUOTA_ANON", "3"),
-    ("QUOTA_SOFT_WINDOW", "2"),
-    ("QUOTA_WARN_AT", "5"),
-    ("QUOTA_DELAY_MODE", "defer"),
-    ("QUOTA_PACING", "off"),
-];
 const ANON_SCANS: u64 = 8;
 const TOKEN_SCANS: u64 = 2;
 
@@ -40,11 +32,11 @@ fn scripted_run() -> &'static str {
         let runtime = tokio::runtime::Runtime::new().unwrap();
         runtime.block_on(async {
             let handle = quota_gate::cli::install_prometheus().unwrap();
-            let mut vars = VARS.to_vec();
+            // The seed's tiers (3 within, 2 soft, then hard); reminders from the 5th.
             let key = fixture("ed25519.pub.pem");
-            vars.push(("QUOTA_JWT_PUBLIC_KEY", &key));
+            let extra = [("QUOTA_WARN_AT", "5"), ("QUOTA_JWT_PUBLIC_KEY", &key)];
             let gate = Gate::new(
-                config(&vars),
+                config(&with_vars(TIERS, &extra)),
                 SECRET,
                 MemoryStore::default(),
                 Spool::new(Box::new(std::io::sink())),

@@ -311,7 +311,16 @@ where
     S: quota_gate::store::QuotaStore,
     Q: ScanQueue,
 {
-    Gate::new(config(vars), SECRET, store, queue, Meter::new("test", None)).unwrap()
+    metered_gate(vars, store, queue, Meter::new("test", None))
+}
+
+/// A gate over `store` and `queue` whose EMF lines go to `meter`.
+pub fn metered_gate<S, Q>(vars: &[(&str, &str)], store: S, queue: Q, meter: Meter) -> Gate<S, Q>
+where
+    S: quota_gate::store::QuotaStore,
+    Q: ScanQueue,
+{
+    Gate::new(config(vars), SECRET, store, queue, meter).unwrap()
 }
 
 /// A gate on the Valkey that `vars` name (`VALKEY_URL`, …), queueing to the
@@ -340,11 +349,61 @@ pub fn valkey_gate(server: &ValkeyServer, vars: &[(&str, &str)]) -> Gate<ValkeyS
     stream_gate(&with_vars(&[("VALKEY_URL", url.as_str())], vars))
 }
 
-/// Limits for the concurrency tests: 100 within, 30 soft, the rest hard,
+/// A gate on `server` that verifies tokens with the Ed25519 test key; and `extra`.
+pub fn token_gate(server: &ValkeyServer, extra: &[(&str, &str)]) -> Gate<ValkeyStore, StreamQueue> {
+    let key = fixture("ed25519.pub.pem");
+    valkey_gate(server, &with_vars(&[("QUOTA_JWT_PUBLIC_KEY", &key)], extra))
+}
+
+/// The seed's tiers at small limits: 3 scans within quota, 2 soft (5 s),
+/// then hard (60 s); nothing slept, no pacing.
+pub const TIERS: &[(&str, &str)] = &[
+    ("QUOTA_ANON", "3"),
+    ("QUOTA_SOFT_WINDOW", "2"),
+    ("QUOTA_DELAY_MODE", "defer"),
+    ("QUOTA_PACING", "off"),
+];
+
+/// The seed's example at a small scale: 2 scans within quota, 3 soft (1 s),
+/// then hard (3 s).
+pub const SEED_DELAYS: &[(&str, &str)] = &[
+    ("QUOTA_ANON", "2"),
+    ("QUOTA_SOFT_WINDOW", "3"),
+    ("QUOTA_SOFT_DELAY_MS", "1000"),
+    ("QUOTA_HARD_DELAY_MS", "3000"),
+];
+
+/// Sends 8 scans from one address, one at a time, to a gate configured with
+/// [`TIERS`]: each is a 202 counted by the store (1…8) with the quota
+/// headers, and the delays are none for 1–3, soft for 4–5, hard for 6–8.
+pub async fn assert_tiers<S, Q>(gate: &Gate<S, Q>)
+where
+    S: quota_gate::store::QuotaStore,
+    Q: ScanQueue,
+{
+    let answers = one_at_a_time(gate, (0..8).map(|_| scan_from("203.0.113.7"))).await;
+    let mut delays = Vec::new();
+    for (n, r) in (1u64..).zip(&answers) {
+        assert_eq!(r.status(), 202, "{:?}", r.body());
+        assert!(
+            r.headers().get("x-stella-quota").is_none(),
+            "store answered"
+        );
+        let body = json(r);
+        assert_eq!(body["quota"]["used"], n);
+        let remaining = 3u64.saturating_sub(n).to_string();
+        assert_eq!(r.headers()["x-stella-quota-remaining"], remaining.as_str());
+        assert_eq!(r.headers()["ratelimit-policy"], "\"daily\";q=3;w=86400");
+        delays.push(body["delayMs"].as_u64().unwrap());
+    }
+    assert_eq!(delays, [0, 0, 0, 5000, 5000, 60000, 60000, 60000]);
+}
+
+/// Limits for the concurrency test: 100 within, 30 soft, the rest hard,
 /// nothing slept, pacing on with room for the whole burst's backlog, and a
-/// generous store timeout: these tests are about exactness, not latency, and
+/// generous store timeout: the test is about exactness, not latency, and
 /// connections opening at once on a loaded CI machine can take a while.
-pub const CONCURRENCY_VARS: &[(&str, &str)] = &[
+const CONCURRENCY_VARS: &[(&str, &str)] = &[
     ("QUOTA_ANON", "100"),
     ("QUOTA_SOFT_WINDOW", "30"),
     ("QUOTA_DELAY_MODE", "defer"),
@@ -359,13 +418,17 @@ pub fn unix_ms(rfc3339: &str) -> i64 {
     (t.unix_timestamp_nanos() / 1_000_000) as i64
 }
 
-/// Sends 400 scans from one subject at once, spread over `gates` (each with
-/// its own connection, as separate Lambda instances would have), and checks
-/// the counts are 1…400 exactly once each, with 30 soft and 270 hard scans
-/// whose start slots are all distinct and one delay apart (pacing).
+/// Sends 400 scans from one subject at once, spread over eight gates that
+/// `make_gate` builds from the variables it is given (each with its own
+/// connection, as separate Lambda instances would have), and checks the
+/// counts are 1…400 exactly once each, with 30 soft and 270 hard scans whose
+/// start slots are all distinct and one delay apart (pacing).
 pub async fn assert_400_concurrent_scans_count_exactly<Q: ScanQueue>(
-    gates: &[Arc<Gate<ValkeyStore, Q>>],
+    make_gate: impl Fn(&[(&str, &str)]) -> Gate<ValkeyStore, Q>,
 ) {
+    let gates: Vec<_> = (0..8)
+        .map(|_| Arc::new(make_gate(CONCURRENCY_VARS)))
+        .collect();
     let tasks: Vec<_> = (0..400)
         .map(|i| {
             let gate = gates[i % gates.len()].clone();
@@ -531,6 +594,31 @@ where
         answers.push(t.await.expect("no panic"));
     }
     answers
+}
+
+/// Sends `requests` to `gate` one after another, each once the answer to
+/// the one before is in, and returns the answers in order.
+pub async fn one_at_a_time<S, Q>(
+    gate: &Gate<S, Q>,
+    requests: impl IntoIterator<Item = GateRequest>,
+) -> Vec<http::Response<Bytes>>
+where
+    S: quota_gate::store::QuotaStore,
+    Q: ScanQueue,
+{
+    let mut answers = Vec::new();
+    for request in requests {
+        answers.push(gate.handle(request).await);
+    }
+    answers
+}
+
+/// Each response's status and JSON body.
+pub fn statuses_and_bodies(responses: &[http::Response<Bytes>]) -> Vec<(u16, serde_json::Value)> {
+    responses
+        .iter()
+        .map(|r| (r.status().as_u16(), json(r)))
+        .collect()
 }
 
 /// The whole seconds of a response's `Retry-After`.
