@@ -1,6 +1,6 @@
 //! The one HTTP/1.1 client of the tests and the bench: a request is built as
 //! text and written as is, and the response is read up to its
-//! `Content-Length`. Blocking one-shot exchanges ([`send`], [`http`]) serve
+//! `Content-Length`. Blocking one-shot exchanges ([`send`], [`http()`]) serve
 //! the tests and the bench's probes; keep-alive [`Connection`]s serve the
 //! bench's load generator. Hand-rolled rather than a full client: tests see
 //! the exact response text, and the generator's own CPU, which competes with

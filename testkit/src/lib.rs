@@ -13,7 +13,11 @@
 //!   and the jobs they queued on a Valkey stream ([`stream_jobs`]);
 //! - requests: `POST /scan` from an address, with or without a token
 //!   ([`scan_from`], [`scan_with_token`]), the sample events of `events/`,
-//!   test JWTs signed with the keys of `tests/fixtures/jwt/` ([`mint`]);
+//!   test JWTs signed with the keys of `tests/fixtures/jwt/` ([`mint`]),
+//!   sent [`all_at_once`] or [`one_at_a_time`];
+//! - scenarios several files share: the seed's tiers ([`TIERS`], checked by
+//!   [`assert_tiers`]), the seed's delays ([`SEED_DELAYS`]), and exact
+//!   counts under concurrency ([`assert_400_concurrent_scans_count_exactly`]);
 //! - the one HTTP/1.1 client of the tests and the bench ([`client`]);
 //! - fakes: queues that record, discard or refuse jobs ([`RecordingQueue`],
 //!   [`Discard`], [`Refuse`]) and a sink that collects what is written to it,
