@@ -7,7 +7,7 @@
 //! prints the added latency with the breaker off and open; run with
 //! `--nocapture` to see the figures.
 
-mod common;
+use quota_gate_testkit as common;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -65,7 +65,7 @@ struct Tally {
 }
 
 impl Tally {
-    fn add(&mut self, worker: usize, r: &http::Response<bytes::Bytes>) {
+    fn add(&mut self, worker: usize, r: &Response) {
         let status = r.status().as_u16();
         *self.statuses.entry(status).or_default() += 1;
         let body = json(r);
@@ -182,6 +182,32 @@ async fn assert_one_job_per_202(queue: &ValkeyServer, accepted: &[String]) -> us
         assert_eq!(on_stream.get(id), Some(&1), "202 {id} queued once");
     }
     jobs.len() - accepted.len()
+}
+
+type Response = http::Response<bytes::Bytes>;
+
+/// Sends `n` scans to `gate` one at a time, the i-th from `ip(i)`; each must
+/// be a 202 that passes `check`. Returns their latencies, sorted.
+async fn latencies<S, Q>(
+    gate: &Gate<S, Q>,
+    n: usize,
+    ip: impl Fn(usize) -> String,
+    check: impl Fn(&Response),
+) -> Vec<Duration>
+where
+    S: quota_gate::store::QuotaStore,
+    Q: ScanQueue,
+{
+    let mut took = Vec::with_capacity(n);
+    for i in 0..n {
+        let started = Instant::now();
+        let r = gate.handle(scan_from(&ip(i))).await;
+        took.push(started.elapsed());
+        assert_eq!(r.status(), 202);
+        check(&r);
+    }
+    took.sort_unstable();
+    took
 }
 
 fn percentile(sorted: &[Duration], p: f64) -> Duration {
@@ -312,16 +338,7 @@ async fn hung_store_latency_and_breaker() {
         let r = g.handle(scan_from("192.0.2.1")).await;
         assert!(r.headers().get("x-stella-quota").is_none());
     }
-    let mut healthy = Vec::new();
-    for i in 0..200 {
-        let started = Instant::now();
-        let r = breaker
-            .handle(scan_from(&format!("192.0.2.{}", i % 50)))
-            .await;
-        healthy.push(started.elapsed());
-        assert_eq!(r.status(), 202);
-    }
-    healthy.sort_unstable();
+    let healthy = latencies(&breaker, 200, |i| format!("192.0.2.{}", i % 50), |_| {}).await;
 
     store.signal("STOP");
     // Breaker off: every request waits out the timeout, five at a time.
@@ -355,18 +372,15 @@ async fn hung_store_latency_and_breaker() {
         assert_eq!(r.headers()["x-stella-quota"], "unavailable");
         assert!(opening.len() <= 5, "the breaker opens after 5 failures");
     }
-    let mut open = Vec::new();
-    for i in 0..2000 {
-        let started = Instant::now();
-        let r = breaker
-            .handle(scan_from(&format!("203.0.113.{}", i % 200)))
-            .await;
-        open.push(started.elapsed());
-        assert_eq!(r.status(), 202);
-        assert_eq!(r.headers()["x-stella-quota"], "unavailable");
-    }
+    let unmetered = |r: &Response| assert_eq!(r.headers()["x-stella-quota"], "unavailable");
+    let open = latencies(
+        &breaker,
+        2000,
+        |i| format!("203.0.113.{}", i % 200),
+        unmetered,
+    )
+    .await;
     assert!(breaker.breaker().is_open(), "measured while open");
-    open.sort_unstable();
     store.signal("CONT");
 
     let (p50, p99, max) = (

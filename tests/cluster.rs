@@ -2,9 +2,7 @@
 //! (`VALKEY_CLUSTER=true`): tiers, TTLs, exact counts under concurrency, and
 //! a purge that visits every primary.
 
-mod common;
-
-use std::sync::Arc;
+use quota_gate_testkit as common;
 
 use common::cluster::{ValkeyCluster, cluster_gate};
 use common::*;
@@ -14,28 +12,7 @@ use redis::AsyncCommands;
 #[tokio::test]
 async fn tiers_against_a_cluster() {
     let cluster = ValkeyCluster::start();
-    let gate = cluster_gate(
-        &cluster,
-        &[
-            ("QUOTA_ANON", "3"),
-            ("QUOTA_SOFT_WINDOW", "2"),
-            ("QUOTA_DELAY_MODE", "defer"),
-            ("QUOTA_PACING", "off"),
-        ],
-    );
-    let mut delays = Vec::new();
-    for n in 1..=8u64 {
-        let r = gate.handle(scan_from("203.0.113.7")).await;
-        assert_eq!(r.status(), 202, "{:?}", r.body());
-        assert!(
-            r.headers().get("x-stella-quota").is_none(),
-            "store answered"
-        );
-        let body = json(&r);
-        assert_eq!(body["quota"]["used"], n);
-        delays.push(body["delayMs"].as_u64().unwrap());
-    }
-    assert_eq!(delays, [0, 0, 0, 5000, 5000, 60000, 60000, 60000]);
+    assert_tiers(&cluster_gate(&cluster, TIERS)).await;
     assert_eq!(cluster.stream_jobs("jobs").await.len(), 8);
 }
 
@@ -75,10 +52,7 @@ async fn ttls_against_a_cluster() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn concurrent_counts_are_exact_on_a_cluster() {
     let cluster = ValkeyCluster::start();
-    let gates: Vec<_> = (0..8)
-        .map(|_| Arc::new(cluster_gate(&cluster, CONCURRENCY_VARS)))
-        .collect();
-    assert_400_concurrent_scans_count_exactly(&gates).await;
+    assert_400_concurrent_scans_count_exactly(|vars| cluster_gate(&cluster, vars)).await;
     assert_eq!(cluster.stream_jobs("jobs").await.len(), 400);
 }
 

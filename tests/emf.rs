@@ -16,14 +16,13 @@
 //! `quota_gate::meter` declares, and no line may carry the client's address
 //! or digest.
 
-mod common;
+use quota_gate_testkit as common;
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use common::*;
 use quota_gate::gate::Gate;
 use quota_gate::meter::{self, Meter};
-use quota_gate::queue::{QueueError, ScanJob, ScanQueue};
 use quota_gate::store::memory::MemoryStore;
 use quota_gate::store::valkey::ValkeyStore;
 use quota_gate::valkey::Valkey;
@@ -164,18 +163,13 @@ fn assert_counters(doc: &Value, expected: [u64; 6]) {
 #[tokio::test(start_paused = true)]
 async fn tiers_print_valid_emf() {
     let sink = Capture::default();
-    let gate = Gate::new(
-        config(&[
-            ("QUOTA_ANON", "1"),
-            ("QUOTA_SOFT_WINDOW", "1"),
-            ("QUOTA_WARN_AT", "3"),
-        ]),
-        MemoryStore::default(),
-        Discard,
-        sink.meter(),
-    )
-    .unwrap()
-    .with_clock(quota_gate::clock::Clock::tokio());
+    let tiers = [
+        ("QUOTA_ANON", "1"),
+        ("QUOTA_SOFT_WINDOW", "1"),
+        ("QUOTA_WARN_AT", "3"),
+    ];
+    let gate = metered_gate(&tiers, MemoryStore::default(), Discard, sink.meter())
+        .with_clock(quota_gate::clock::Clock::tokio());
     for _ in 0..3 {
         assert_eq!(gate.handle(scan_from(IP)).await.status(), 202);
     }
@@ -216,13 +210,9 @@ async fn tiers_print_valid_emf() {
 async fn token_scope_dimension() {
     let sink = Capture::default();
     let token = event_token("http-api-v2-token.json");
-    let gate = Gate::new(
-        config(&[("QUOTA_JWT_PUBLIC_KEY", &fixture("ed25519.pub.pem"))]),
-        MemoryStore::default(),
-        Discard,
-        sink.meter(),
-    )
-    .unwrap();
+    let key = fixture("ed25519.pub.pem");
+    let vars = [("QUOTA_JWT_PUBLIC_KEY", key.as_str())];
+    let gate = metered_gate(&vars, MemoryStore::default(), Discard, sink.meter());
     let r = gate.handle(scan_with_token(IP, &token)).await;
     assert_eq!(json(&r)["quota"]["scope"], "tid");
     let docs = documents(&sink);
@@ -260,7 +250,7 @@ async fn store_error_prints_valid_emf() {
 #[tokio::test]
 async fn enqueue_error_prints_valid_emf() {
     let sink = Capture::default();
-    let gate = Gate::new(config(&[]), MemoryStore::default(), Refuse, sink.meter()).unwrap();
+    let gate = metered_gate(&[], MemoryStore::default(), Refuse, sink.meter());
     assert_eq!(gate.handle(scan_from(IP)).await.status(), 503);
     let docs = documents(&sink);
     assert_eq!(docs.len(), 1);
@@ -271,7 +261,7 @@ async fn enqueue_error_prints_valid_emf() {
 #[tokio::test]
 async fn rejected_requests_print_nothing() {
     let sink = Capture::default();
-    let gate = Gate::new(config(&[]), MemoryStore::default(), Discard, sink.meter()).unwrap();
+    let gate = metered_gate(&[], MemoryStore::default(), Discard, sink.meter());
     let mut bad = scan_from(IP);
     bad.body = bytes::Bytes::from_static(br#"{"img":1}"#);
     assert_eq!(gate.handle(bad).await.status(), 400);
@@ -295,22 +285,4 @@ fn timestamp_is_integer_milliseconds() {
         line.contains("\"Timestamp\":1796032800123"),
         "no float: {line}"
     );
-}
-
-/// Accepts every job.
-struct Discard;
-
-impl ScanQueue for Discard {
-    async fn enqueue(&self, _: &ScanJob) -> Result<(), QueueError> {
-        Ok(())
-    }
-}
-
-/// Refuses every job.
-struct Refuse;
-
-impl ScanQueue for Refuse {
-    async fn enqueue(&self, _: &ScanJob) -> Result<(), QueueError> {
-        Err(QueueError::Backend("refused by the test".into()))
-    }
 }

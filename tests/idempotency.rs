@@ -3,7 +3,7 @@
 //! command already sent, so every answer must stay true once the late
 //! commands have run.
 
-mod common;
+use quota_gate_testkit as common;
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -180,6 +180,22 @@ fn stall_gate(
     Arc::new(valkey_gate(server, &vars))
 }
 
+/// Stops `server` (SIGSTOP), sends `requests` to `gate` all at once, lets
+/// `stall` pass once they are answered, and resumes the server; returns each
+/// answer's status and body.
+async fn through_a_stall(
+    server: &ValkeyServer,
+    gate: &Arc<Gate<ValkeyStore, StreamQueue>>,
+    requests: impl IntoIterator<Item = GateRequest>,
+    stall: Duration,
+) -> Vec<(u16, Value)> {
+    server.signal("STOP");
+    let answers = statuses_and_bodies(&all_at_once(gate, requests).await);
+    tokio::time::sleep(stall).await;
+    server.signal("CONT");
+    answers
+}
+
 /// Retries `request` until it is answered 202 (503 and 409 say to retry).
 async fn settle<S: QuotaStore, Q: ScanQueue>(gate: &Gate<S, Q>, key: &str) -> Value {
     for _ in 0..100 {
@@ -211,15 +227,8 @@ async fn keyed_scans_settle_exactly_once_after_a_stall() {
     );
     let jobs_before = stream_jobs(&server, "jobs").await.len();
 
-    server.signal("STOP");
-    let first_answers: Vec<(u16, Value)> =
-        all_at_once(&gate, (0..12).map(|i| keyed(IP, &format!("stall-{i}"))))
-            .await
-            .iter()
-            .map(|r| (r.status().as_u16(), json(r)))
-            .collect();
-    tokio::time::sleep(Duration::from_millis(2_500)).await;
-    server.signal("CONT");
+    let keys = (0..12).map(|i| keyed(IP, &format!("stall-{i}")));
+    let first_answers = through_a_stall(&server, &gate, keys, Duration::from_millis(2_500)).await;
     for (status, body) in &first_answers {
         match status {
             503 => assert_eq!(body["queued"], "unknown", "{body}"),
@@ -271,14 +280,8 @@ async fn unkeyed_answers_stay_true_after_a_stall() {
     let server = ValkeyServer::start();
     let gate = stall_gate(&server, &[]);
     assert_eq!(gate.handle(scan_from(IP)).await.status(), 202);
-    server.signal("STOP");
-    let answers: Vec<(u16, Value)> = all_at_once(&gate, (0..10).map(|_| scan_from(IP)))
-        .await
-        .iter()
-        .map(|r| (r.status().as_u16(), json(r)))
-        .collect();
-    tokio::time::sleep(Duration::from_millis(1_500)).await;
-    server.signal("CONT");
+    let scans = (0..10).map(|_| scan_from(IP));
+    let answers = through_a_stall(&server, &gate, scans, Duration::from_millis(1_500)).await;
     // After the stall, the gate works again (the breaker is off).
     let mut after = 0;
     for _ in 0..50 {
@@ -328,18 +331,13 @@ async fn closed_mode_refusals_are_not_counted_after_a_stall() {
     let server = ValkeyServer::start();
     let gate = stall_gate(&server, &[("QUOTA_FAIL_MODE", "closed")]);
     assert_eq!(gate.handle(scan_from(IP)).await.status(), 202);
-    server.signal("STOP");
-    for key in [None, Some("closed-1"), None] {
-        let request = match key {
-            Some(k) => keyed(IP, k),
-            None => scan_from(IP),
-        };
-        let r = gate.handle(request).await;
-        assert_eq!(r.status(), 503);
-        assert_eq!(json(&r)["error"], "store_unavailable");
+    let scans = [scan_from(IP), keyed(IP, "closed-1"), scan_from(IP)];
+    for (status, body) in through_a_stall(&server, &gate, scans, Duration::from_secs(1)).await {
+        assert_eq!(
+            (status, body["error"].as_str()),
+            (503, Some("store_unavailable"))
+        );
     }
-    tokio::time::sleep(Duration::from_millis(1_000)).await;
-    server.signal("CONT");
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert_eq!(
         count_on(&*gate, &server, IP).await,

@@ -7,7 +7,7 @@
 //! the elapsed (virtual) time is exactly what it slept. The SQS side of the
 //! deferral (DelaySeconds on a real queue) is in `tests/sqs.rs`.
 
-mod common;
+use quota_gate_testkit as common;
 
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -27,8 +27,7 @@ const HARD_ON_SECOND: &[(&str, &str)] = &[("QUOTA_ANON", "1"), ("QUOTA_SOFT_WIND
 
 fn gate_with(vars: &[(&str, &str)]) -> (Gate<MemoryStore, RecordingQueue>, RecordingQueue) {
     let recorder = RecordingQueue::default();
-    let mut all = HARD_ON_SECOND.to_vec();
-    all.extend_from_slice(vars);
+    let all = with_vars(HARD_ON_SECOND, vars);
     (
         gate(&all, MemoryStore::default(), recorder.clone()).with_clock(Clock::tokio()),
         recorder,
@@ -159,12 +158,7 @@ async fn function_url_sleeps_the_full_delay() {
 /// times, then hard 3 s, each slept whole (the budget is above both).
 #[tokio::test(start_paused = true)]
 async fn sequential_client_sees_the_seeds_delays() {
-    let (gate, recorder) = gate_with(&[
-        ("QUOTA_ANON", "2"),
-        ("QUOTA_SOFT_WINDOW", "3"),
-        ("QUOTA_SOFT_DELAY_MS", "1000"),
-        ("QUOTA_HARD_DELAY_MS", "3000"),
-    ]);
+    let (gate, recorder) = gate_with(SEED_DELAYS);
     let mut delays = Vec::new();
     for _ in 0..10 {
         let started = Instant::now();
@@ -188,13 +182,7 @@ async fn sequential_client_sees_the_seeds_delays() {
 /// the one before, soft then hard.
 #[tokio::test(start_paused = true)]
 async fn parallel_client_is_paced() {
-    let (gate, recorder) = gate_with(&[
-        ("QUOTA_ANON", "2"),
-        ("QUOTA_SOFT_WINDOW", "3"),
-        ("QUOTA_SOFT_DELAY_MS", "1000"),
-        ("QUOTA_HARD_DELAY_MS", "3000"),
-        ("QUOTA_DELAY_MODE", "defer"),
-    ]);
+    let (gate, recorder) = gate_with(&with_vars(SEED_DELAYS, &[("QUOTA_DELAY_MODE", "defer")]));
     let answers = all_at_once(&Arc::new(gate), (0..10).map(|_| http_api_event(None))).await;
     let mut delays: Vec<u64> = answers
         .iter()

@@ -6,13 +6,12 @@
 //! and runs the scripted traffic once ([`scripted_run`]); every test reads
 //! that one snapshot.
 
-mod common;
+use quota_gate_testkit as common;
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::net::SocketAddr;
 use std::sync::{Arc, OnceLock};
-use std::time::Duration;
 
+use common::client::{Connection, build, get_request, scan_request};
 use common::*;
 use jsonwebtoken::Algorithm;
 use quota_gate::gate::Gate;
@@ -20,46 +19,10 @@ use quota_gate::meter::Meter;
 use quota_gate::queue::spool::Spool;
 use quota_gate::store::memory::MemoryStore;
 use serde_json::json;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpListener;
 
-/// 3 scans within quota, then 2 soft, then hard; reminders from the 5th.
-const VARS: &[(&str, &str)] = &[
-    ("QUOTA_ANON", "3"),
-    ("QUOTA_SOFT_WINDOW", "2"),
-    ("QUOTA_WARN_AT", "5"),
-    ("QUOTA_DELAY_MODE", "defer"),
-    ("QUOTA_PACING", "off"),
-];
 const ANON_SCANS: u64 = 8;
 const TOKEN_SCANS: u64 = 2;
-
-/// One HTTP/1.1 exchange; returns the status and the body.
-async fn http(addr: SocketAddr, request: String) -> (u16, String) {
-    let mut stream = tokio::time::timeout(Duration::from_secs(10), TcpStream::connect(addr))
-        .await
-        .unwrap()
-        .unwrap();
-    stream.write_all(request.as_bytes()).await.unwrap();
-    let mut raw = Vec::new();
-    tokio::time::timeout(Duration::from_secs(30), stream.read_to_end(&mut raw))
-        .await
-        .unwrap()
-        .unwrap();
-    let text = String::from_utf8(raw).unwrap();
-    let (head, body) = text.split_once("\r\n\r\n").unwrap();
-    let status = head.split(' ').nth(1).unwrap().parse().unwrap();
-    (status, body.to_owned())
-}
-
-fn scan(token: Option<&str>, body: &str) -> String {
-    let auth = token.map_or(String::new(), |t| format!("Authorization: Bearer {t}\r\n"));
-    format!(
-        "POST /scan HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\
-         Content-Type: application/json\r\n{auth}Content-Length: {}\r\n\r\n{body}",
-        body.len()
-    )
-}
 
 /// Sends the scripted traffic through `quota_gate::serve::serve` once and
 /// returns what `GET /metrics` said afterwards.
@@ -69,11 +32,11 @@ fn scripted_run() -> &'static str {
         let runtime = tokio::runtime::Runtime::new().unwrap();
         runtime.block_on(async {
             let handle = quota_gate::cli::install_prometheus().unwrap();
-            let mut vars = VARS.to_vec();
+            // The seed's tiers (3 within, 2 soft, then hard); reminders from the 5th.
             let key = fixture("ed25519.pub.pem");
-            vars.push(("QUOTA_JWT_PUBLIC_KEY", &key));
+            let extra = [("QUOTA_WARN_AT", "5"), ("QUOTA_JWT_PUBLIC_KEY", &key)];
             let gate = Gate::new(
-                config(&vars),
+                config(&with_vars(TIERS, &extra)),
                 MemoryStore::default(),
                 Spool::new(Box::new(std::io::sink())),
                 Meter::new("test", None),
@@ -90,25 +53,30 @@ fn scripted_run() -> &'static str {
                     let _ = stopped.await;
                 },
             ));
-            let image = r#"{"image":"registry.example.com/team/app:1.4.2"}"#;
+            let mut client = Connection::open(addr).await.unwrap();
+            let mut send =
+                async |request: String| client.exchange(request.as_bytes()).await.unwrap();
             for _ in 0..ANON_SCANS {
-                assert_eq!(http(addr, scan(None, image)).await.0, 202);
+                assert_eq!(send(scan_request(None)).await.0, 202);
             }
             let token = mint(
                 Algorithm::EdDSA,
                 json!({"iss": "stella-ops.org", "tid": "t-metrics", "exp": now() + 600}),
             );
             for _ in 0..TOKEN_SCANS {
-                assert_eq!(http(addr, scan(Some(&token), image)).await.0, 202);
+                assert_eq!(send(scan_request(Some(&token))).await.0, 202);
             }
             // Refused requests are not counted, so they must not move any metric.
-            assert_eq!(http(addr, scan(None, r#"{"image":""}"#)).await.0, 400);
-            let (status, text) = http(
-                addr,
-                "GET /metrics HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n".into(),
-            )
-            .await;
+            let empty_image = build(
+                "POST",
+                "/scan",
+                &[("Content-Type", "application/json")],
+                r#"{"image":""}"#,
+            );
+            assert_eq!(send(empty_image).await.0, 400);
+            let (status, text) = send(get_request("/metrics")).await;
             assert_eq!(status, 200);
+            drop(client);
             let _ = stop.send(());
             server.await.unwrap().unwrap();
             text

@@ -1,7 +1,7 @@
 //! The operator commands against a real Valkey (inspect, reset, purge) and a
 //! real moto server (stats), through the library and through the binary.
 
-mod common;
+use quota_gate_testkit as common;
 
 use std::process::{Command, Output, Stdio};
 use std::time::Duration;
@@ -21,37 +21,22 @@ use redis::AsyncCommands;
 use serde_json::{Value, json};
 use time::OffsetDateTime;
 
-const TIERS: &[(&str, &str)] = &[
-    ("QUOTA_ANON", "3"),
-    ("QUOTA_TOKEN", "5"),
-    ("QUOTA_SOFT_WINDOW", "2"),
-    ("QUOTA_DELAY_MODE", "defer"),
-    ("QUOTA_PACING", "off"),
-];
-
-/// The gate's variables plus `VALKEY_URL` (and the token key) for `server`.
-fn vars(server: &ValkeyServer) -> Vec<(&'static str, String)> {
-    let mut v: Vec<(&'static str, String)> =
-        TIERS.iter().map(|(k, v)| (*k, (*v).to_owned())).collect();
-    v.push(("VALKEY_URL", server.url()));
-    v.push(("QUOTA_JWT_PUBLIC_KEY", fixture("ed25519.pub.pem")));
-    v
+/// The seed's tiers at small limits, and 5 scans a day for a token without
+/// a tier claim.
+fn ops_tiers() -> Vec<(&'static str, &'static str)> {
+    with_vars(TIERS, &[("QUOTA_TOKEN", "5")])
 }
 
+/// What the operator commands read for `server`: the gate's configuration.
 fn ops_config(server: &ValkeyServer) -> quota_gate::Config {
-    let v = vars(server);
-    let borrowed: Vec<(&str, &str)> = v.iter().map(|(k, v)| (*k, v.as_str())).collect();
-    config(&borrowed)
+    let (url, key) = (server.url(), fixture("ed25519.pub.pem"));
+    let extra = [("VALKEY_URL", url.as_str()), ("QUOTA_JWT_PUBLIC_KEY", &key)];
+    config(&with_vars(&ops_tiers(), &extra))
 }
 
+/// The gate on `server` whose keys the operator commands look at.
 fn gate_on(server: &ValkeyServer) -> Gate<ValkeyStore, StreamQueue> {
-    let v = vars(server);
-    let borrowed: Vec<(&str, &str)> = v
-        .iter()
-        .filter(|(k, _)| *k != "VALKEY_URL")
-        .map(|(k, v)| (*k, v.as_str()))
-        .collect();
-    valkey_gate(server, &borrowed)
+    token_gate(server, &ops_tiers())
 }
 
 fn token(tid: &str, extra: Value) -> String {
@@ -67,8 +52,8 @@ fn token(tid: &str, extra: Value) -> String {
 async fn inspect_ip_after_requests() {
     let server = ValkeyServer::start();
     let gate = gate_on(&server);
-    for _ in 0..4 {
-        assert_eq!(gate.handle(scan_from("203.0.113.7")).await.status(), 202);
+    for r in one_at_a_time(&gate, vec![scan_from("203.0.113.7"); 4]).await {
+        assert_eq!(r.status(), 202);
     }
     let config = ops_config(&server);
     let store = valkey_store(&config).unwrap();
@@ -156,9 +141,7 @@ async fn token_subject_is_derived_once() {
 async fn reset_then_next_counts_one() {
     let server = ValkeyServer::start();
     let gate = gate_on(&server);
-    for _ in 0..6 {
-        gate.handle(scan_from("2001:db8:5:6::1")).await;
-    }
+    one_at_a_time(&gate, vec![scan_from("2001:db8:5:6::1"); 6]).await;
     let config = ops_config(&server);
     let store = valkey_store(&config).unwrap();
     // Another host in the same /64 names the same client.
@@ -181,20 +164,13 @@ async fn reset_then_next_counts_one() {
 #[tokio::test]
 async fn inspect_shows_backlog_and_reset_clears_it() {
     let server = ValkeyServer::start();
-    let v: Vec<(&str, String)> = vars(&server)
-        .into_iter()
-        .filter(|(k, _)| !["VALKEY_URL", "QUOTA_PACING"].contains(k))
-        .collect();
-    let borrowed: Vec<(&str, &str)> = v.iter().map(|(k, v)| (*k, v.as_str())).collect();
-    let gate = valkey_gate(&server, &borrowed);
+    let gate = token_gate(&server, &with_vars(&ops_tiers(), &[("QUOTA_PACING", "on")]));
     let mut keyed = scan_from("198.51.100.60");
     keyed
         .headers
         .insert("idempotency-key", "ops-1".parse().unwrap());
-    gate.handle(keyed).await;
-    for _ in 0..5 {
-        gate.handle(scan_from("198.51.100.60")).await;
-    }
+    let scans = vec![scan_from("198.51.100.60"); 5];
+    one_at_a_time(&gate, std::iter::once(keyed).chain(scans)).await;
     let config = ops_config(&server);
     let store = valkey_store(&config).unwrap();
     let s = subject::resolve(&config, &SubjectArg::Ip("198.51.100.60".into())).unwrap();
@@ -271,6 +247,39 @@ async fn purge_only_quota_keys() {
     assert_eq!(stream_jobs(&server, "jobs").await.len(), 3);
 }
 
+/// Off a terminal, each progress report is a plain line with the running total.
+#[test]
+fn progress_in_a_log() {
+    let out = Capture::default();
+    let p = Progress::new("removed", Box::new(out.clone()), false, Duration::ZERO);
+    p.add(500);
+    p.add(250);
+    p.finish();
+    let text = out.text();
+    let lines: Vec<_> = text.lines().collect();
+    assert_eq!(lines.len(), 2, "{text:?}");
+    assert!(lines[1].starts_with("removed 750 quota keys"), "{text:?}");
+    assert_eq!(p.done(), 750);
+}
+
+/// Within the interval nothing is written; the count still adds up.
+#[test]
+fn progress_is_throttled() {
+    let out = Capture::default();
+    let p = Progress::new(
+        "removed",
+        Box::new(out.clone()),
+        true,
+        Duration::from_secs(3600),
+    );
+    for _ in 0..10 {
+        p.add(10);
+    }
+    p.finish();
+    assert_eq!(out.text(), "");
+    assert_eq!(p.done(), 100);
+}
+
 /// Runs the real binary with only `env` set and stdin closed (not a terminal).
 fn quota_gate(args: &[&str], env: &[(&str, &str)]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_quota-gate"))
@@ -287,9 +296,7 @@ fn quota_gate(args: &[&str], env: &[(&str, &str)]) -> Output {
 async fn binary_end_to_end() {
     let server = ValkeyServer::start();
     let gate = gate_on(&server);
-    for _ in 0..2 {
-        gate.handle(scan_from("192.0.2.10")).await;
-    }
+    one_at_a_time(&gate, vec![scan_from("192.0.2.10"); 2]).await;
     let url = server.url();
     let secret = std::str::from_utf8(SECRET).unwrap();
     let env = [
@@ -458,14 +465,10 @@ async fn stats_from_cloudwatch() {
 #[tokio::test]
 async fn cluster_inspect_reset_purge() {
     let cluster = common::cluster::ValkeyCluster::start();
-    let gate = common::cluster::cluster_gate(&cluster, TIERS);
-    let ips: Vec<String> = (1..=30).map(|i| format!("198.51.100.{i}")).collect();
-    for ip in &ips {
-        gate.handle(scan_from(ip)).await;
-    }
-    for _ in 0..3 {
-        gate.handle(scan_from("198.51.100.1")).await;
-    }
+    let gate = common::cluster::cluster_gate(&cluster, &ops_tiers());
+    let subjects = (1..=30).map(|i| scan_from(&format!("198.51.100.{i}")));
+    let again = vec![scan_from("198.51.100.1"); 3];
+    one_at_a_time(&gate, subjects.chain(again)).await;
     assert_eq!(
         cluster.nodes_holding("quota:*"),
         3,
@@ -478,9 +481,8 @@ async fn cluster_inspect_reset_purge() {
     }
 
     let url = cluster.url();
-    let mut v: Vec<(&str, &str)> = TIERS.to_vec();
-    v.extend([("VALKEY_URL", url.as_str()), ("VALKEY_CLUSTER", "true")]);
-    let config = config(&v);
+    let cluster_vars = [("VALKEY_URL", url.as_str()), ("VALKEY_CLUSTER", "true")];
+    let config = config(&with_vars(&ops_tiers(), &cluster_vars));
     let store = valkey_store(&config).unwrap();
     let s = subject::resolve(&config, &SubjectArg::Ip("198.51.100.1".into())).unwrap();
     let i = subject::inspect(&store, &config, &s).await.unwrap();

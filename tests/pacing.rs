@@ -4,7 +4,7 @@
 //! gives the seed's fixed delays, and the backlog cap refuses what would wait
 //! too long without counting it or queueing anything.
 
-mod common;
+use quota_gate_testkit as common;
 
 use std::sync::Arc;
 
@@ -16,31 +16,30 @@ use quota_gate::store::QuotaStore;
 use quota_gate::store::memory::MemoryStore;
 use serde_json::Value;
 
-/// 2 within, 3 soft (1 s), then hard (3 s); nothing slept.
-const BURST: &[(&str, &str)] = &[
-    ("QUOTA_ANON", "2"),
-    ("QUOTA_SOFT_WINDOW", "3"),
-    ("QUOTA_SOFT_DELAY_MS", "1000"),
-    ("QUOTA_HARD_DELAY_MS", "3000"),
-    ("QUOTA_DELAY_MODE", "defer"),
-    ("QUOTA_STORE_TIMEOUT_MS", "2000"),
-];
-
 const IP: &str = "198.51.100.77";
 
+/// [`SEED_DELAYS`], nothing slept, a store timeout for a loaded machine; and `extra`.
 fn vars(extra: &[(&'static str, &'static str)]) -> Vec<(&'static str, &'static str)> {
-    let mut all = BURST.to_vec();
-    all.extend_from_slice(extra);
-    all
+    let burst = [
+        ("QUOTA_DELAY_MODE", "defer"),
+        ("QUOTA_STORE_TIMEOUT_MS", "2000"),
+    ];
+    with_vars(&with_vars(SEED_DELAYS, &burst), extra)
 }
 
 /// Sends `n` scans from one address at once; returns each answer's status and body.
 async fn burst<S: QuotaStore, Q: ScanQueue>(gate: Gate<S, Q>, n: usize) -> Vec<(u16, Value)> {
-    let answers = all_at_once(&Arc::new(gate), (0..n).map(|_| scan_from(IP))).await;
-    answers
+    statuses_and_bodies(&all_at_once(&Arc::new(gate), (0..n).map(|_| scan_from(IP))).await)
+}
+
+/// The answers' delays, sorted.
+fn sorted_delays(answers: &[(u16, Value)]) -> Vec<u64> {
+    let mut delays: Vec<u64> = answers
         .iter()
-        .map(|r| (r.status().as_u16(), json(r)))
-        .collect()
+        .map(|(_, b)| b["delayMs"].as_u64().unwrap())
+        .collect();
+    delays.sort_unstable();
+    delays
 }
 
 /// The jobs' `notBefore` instants of the over-quota scans, sorted, and the
@@ -71,11 +70,7 @@ fn assert_paced(answers: &[(u16, Value)], jobs: &[Value]) {
         assert!(pair[1] - pair[0] >= 1000, "one delay apart: {slots:?}");
     }
     assert!(slots[9] - start >= 3 * 1000 + 7 * 3000, "{slots:?}");
-    let mut delays: Vec<u64> = answers
-        .iter()
-        .map(|(_, b)| b["delayMs"].as_u64().unwrap())
-        .collect();
-    delays.sort_unstable();
+    let delays = sorted_delays(answers);
     // Each answer's delay is its job's: what X-Stella-Quota-Delay-Ms says.
     assert_eq!(delays.iter().filter(|d| **d == 0).count(), 2);
     // Unpaced it would be 3 s; the exact line is checked on the slots above.
@@ -123,34 +118,16 @@ async fn burst_is_paced_on_a_cluster() {
 #[tokio::test]
 async fn pacing_off_gives_fixed_delays() {
     let server = ValkeyServer::start();
-    let answers = burst(valkey_gate(&server, &vars(&[("QUOTA_PACING", "off")])), 12).await;
-    let mut delays: Vec<u64> = answers
-        .iter()
-        .map(|(_, b)| b["delayMs"].as_u64().unwrap())
-        .collect();
-    delays.sort_unstable();
+    let off = vars(&[("QUOTA_PACING", "off")]);
+    let delays = sorted_delays(&burst(valkey_gate(&server, &off), 12).await);
     assert_eq!(
         delays,
         [
             0, 0, 1000, 1000, 1000, 3000, 3000, 3000, 3000, 3000, 3000, 3000
         ]
     );
-    let jobs = RecordingQueue::default();
-    let answers = burst(
-        gate(
-            &vars(&[("QUOTA_PACING", "off")]),
-            MemoryStore::default(),
-            jobs.clone(),
-        ),
-        12,
-    )
-    .await;
-    let mut memory: Vec<u64> = answers
-        .iter()
-        .map(|(_, b)| b["delayMs"].as_u64().unwrap())
-        .collect();
-    memory.sort_unstable();
-    assert_eq!(memory, delays);
+    let memory = burst(gate(&off, MemoryStore::default(), Discard), 12).await;
+    assert_eq!(sorted_delays(&memory), delays);
 }
 
 /// With a 10 s cap, part of the burst is refused with 503 backlog_full and
@@ -236,13 +213,15 @@ async fn a_delay_longer_than_the_cap_is_served_one_at_a_time() {
             ("QUOTA_DELAY_MODE", "defer"),
         ],
     );
-    let mut answers = Vec::new();
-    for _ in 0..3 {
-        let r = gate.handle(scan_from(IP)).await;
-        answers.push((
-            r.status().as_u16(),
-            json(&r)["delayMs"].as_u64().unwrap_or(0),
-        ));
-    }
+    let answers: Vec<(u16, u64)> = one_at_a_time(&gate, (0..3).map(|_| scan_from(IP)))
+        .await
+        .iter()
+        .map(|r| {
+            (
+                r.status().as_u16(),
+                json(r)["delayMs"].as_u64().unwrap_or(0),
+            )
+        })
+        .collect();
     assert_eq!(answers, [(202, 0), (202, 20_000), (503, 0)]);
 }

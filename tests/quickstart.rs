@@ -1,13 +1,14 @@
 //! The README's first command, run as a new user would: the real binary,
 //! nothing configured, answering the README's curl example.
 
-mod common;
+use quota_gate_testkit as common;
 
 use std::io::{BufRead, BufReader, Read};
 use std::process::Command;
 use std::time::Duration;
 
-use common::serve::{http, post_scan, spawn_serve, stderr_of};
+use common::client::{http, post_scan, request};
+use common::serve::{spawn_serve, stderr_of};
 
 /// `quota-gate serve` on the embedded default answers POST /scan with 202 and the quota
 /// headers, spools one job line per scan on stdout, and serves /healthz and /metrics.
@@ -31,24 +32,18 @@ fn serve_on_embedded_default() {
     let bad = http(addr, &post_scan(r#"{"img":1}"#));
     assert!(bad.starts_with("HTTP/1.1 400"), "{bad}");
 
-    let health = http(
-        addr,
-        "GET /healthz HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n",
-    );
+    let health = http(addr, &request("GET", "/healthz"));
     assert!(
         health.starts_with("HTTP/1.1 200") && health.ends_with("ok\n"),
         "{health}"
     );
-    let metrics = http(
-        addr,
-        "GET /metrics HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n",
-    );
+    let metrics = http(addr, &request("GET", "/metrics"));
     assert!(
         metrics.contains("stella_quota_soft_hits_total"),
         "{metrics}"
     );
 
-    let _ = child.kill();
+    child.kill_now();
     let stdout = child.stdout.take().unwrap();
     let lines: Vec<serde_json::Value> = BufReader::new(stdout)
         .lines()
@@ -65,7 +60,6 @@ fn serve_on_embedded_default() {
         stderr.contains("development secret"),
         "serve says it uses the dev secret: {stderr}"
     );
-    let _ = child.wait();
 }
 
 /// The Lambda bootstrap refuses to start without a hash secret, naming the variable.
@@ -154,8 +148,8 @@ fn bootstrap_reports_config_error_to_runtime_api() {
 /// the README's error table says.
 #[test]
 fn healthz_head_and_exact_scan_path() {
-    let (mut child, addr) = spawn_serve(&[]);
-    let head = http(addr, &common::serve::request("HEAD", "/healthz"));
+    let (_serve, addr) = spawn_serve(&[]);
+    let head = http(addr, &request("HEAD", "/healthz"));
     assert!(head.starts_with("HTTP/1.1 200"), "{head}");
     assert!(!head.ends_with("ok\n"), "HEAD has no body: {head}");
     let slash = http(
@@ -163,8 +157,6 @@ fn healthz_head_and_exact_scan_path() {
         &post_scan(r#"{"image":"alpine:3.20"}"#).replacen("/scan", "/scan/", 1),
     );
     assert!(slash.starts_with("HTTP/1.1 404"), "{slash}");
-    let _ = child.kill();
-    let _ = child.wait();
 }
 
 /// `quota-gate stats` without AWS configuration says what to set, in a

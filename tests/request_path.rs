@@ -1,9 +1,8 @@
 //! The whole request path against a real Valkey server: tiers, keys, TTLs,
 //! concurrency, identity and the no-loss rules.
 
-mod common;
+use quota_gate_testkit as common;
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use common::*;
@@ -17,32 +16,11 @@ use quota_gate::valkey::Valkey;
 use redis::AsyncCommands;
 use serde_json::json;
 
-const TIERS: &[(&str, &str)] = &[
-    ("QUOTA_ANON", "3"),
-    ("QUOTA_SOFT_WINDOW", "2"),
-    ("QUOTA_DELAY_MODE", "defer"),
-    ("QUOTA_PACING", "off"),
-];
-
 /// Requests 1–3 get no delay, 4–5 the soft delay, 6+ the hard delay; headers follow.
 #[tokio::test]
 async fn tiers_against_valkey() {
     let server = ValkeyServer::start();
-    let gate = valkey_gate(&server, TIERS);
-    let mut seen = Vec::new();
-    for n in 1..=8u64 {
-        let r = gate.handle(scan_from("203.0.113.7")).await;
-        assert_eq!(r.status(), 202);
-        let body = json(&r);
-        assert_eq!(body["quota"]["used"], n);
-        assert_eq!(
-            r.headers()["x-stella-quota-remaining"],
-            3u64.saturating_sub(n).to_string().as_str()
-        );
-        assert_eq!(r.headers()["ratelimit-policy"], "\"daily\";q=3;w=86400");
-        seen.push(body["delayMs"].as_u64().unwrap());
-    }
-    assert_eq!(seen, [0, 0, 0, 5000, 5000, 60000, 60000, 60000]);
+    assert_tiers(&valkey_gate(&server, TIERS)).await;
     let jobs = stream_jobs(&server, "jobs").await;
     assert_eq!(jobs.len(), 8, "one job per 202");
     let tiers: Vec<_> = jobs
@@ -149,10 +127,7 @@ async fn counter_without_expiry_heals_on_next_scan() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn concurrent_counts_are_exact() {
     let server = ValkeyServer::start();
-    let gates: Vec<_> = (0..8)
-        .map(|_| Arc::new(valkey_gate(&server, CONCURRENCY_VARS)))
-        .collect();
-    assert_400_concurrent_scans_count_exactly(&gates).await;
+    assert_400_concurrent_scans_count_exactly(|vars| valkey_gate(&server, vars)).await;
     assert_eq!(stream_jobs(&server, "jobs").await.len(), 400);
 }
 
@@ -197,17 +172,11 @@ async fn identity_is_not_forgeable() {
     );
 }
 
-fn token_vars() -> Vec<(&'static str, String)> {
-    vec![("QUOTA_JWT_PUBLIC_KEY", fixture("ed25519.pub.pem"))]
-}
-
 /// A valid token is counted under quota:tid:{…}, separately from its IP, with its tier as limit.
 #[tokio::test]
 async fn token_holders_counted_separately() {
     let server = ValkeyServer::start();
-    let vars = token_vars();
-    let vars: Vec<(&str, &str)> = vars.iter().map(|(k, v)| (*k, v.as_str())).collect();
-    let gate = valkey_gate(&server, &vars);
+    let gate = token_gate(&server, &[]);
     let anon = json(
         &gate
             .handle(to_gate_request(event("http-api-v2-ipv4.json")))
@@ -242,9 +211,7 @@ async fn bad_tokens_fall_back_to_anonymous() {
     use base64::Engine;
     use base64::engine::general_purpose::URL_SAFE_NO_PAD as B64;
     let server = ValkeyServer::start();
-    let vars = token_vars();
-    let vars: Vec<(&str, &str)> = vars.iter().map(|(k, v)| (*k, v.as_str())).collect();
-    let gate = valkey_gate(&server, &vars);
+    let gate = token_gate(&server, &[]);
 
     let claims =
         json!({"iss": "stella-ops.org", "tid": "evil", "tier": 100000, "exp": now() + 600});
@@ -334,34 +301,11 @@ async fn failed_enqueue_refunds() {
     assert_eq!(used, 1, "only the accepted scan is counted");
 }
 
-/// Requests that fail validation are answered 4xx and never counted or queued.
-#[tokio::test]
-async fn bad_requests_are_not_counted() {
-    let server = ValkeyServer::start();
-    let gate = valkey_gate(&server, &[]);
-    let bad = gate
-        .handle(to_gate_request(event("http-api-v2-bad-body.json")))
-        .await;
-    assert_eq!(bad.status(), 400);
-    assert_eq!(json(&bad)["error"], "missing_image");
-    let mut wrong_method = scan_from("203.0.113.7");
-    wrong_method.method = http::Method::GET;
-    assert_eq!(gate.handle(wrong_method).await.status(), 405);
-    let mut wrong_path = scan_from("203.0.113.7");
-    wrong_path.path = "/admin".into();
-    assert_eq!(gate.handle(wrong_path).await.status(), 404);
-    let mut c = server.client().await;
-    let keys: Vec<String> = c.keys("*").await.unwrap();
-    assert!(keys.is_empty(), "{keys:?}");
-}
-
 /// Every sample event answers what events/README.md says.
 #[tokio::test]
 async fn sample_events() {
     let server = ValkeyServer::start();
-    let vars = token_vars();
-    let vars: Vec<(&str, &str)> = vars.iter().map(|(k, v)| (*k, v.as_str())).collect();
-    let gate = valkey_gate(&server, &vars);
+    let gate = token_gate(&server, &[]);
     for (name, status, scope) in [
         ("http-api-v2-ipv4.json", 202, Some("ip")),
         ("http-api-v2-ipv6.json", 202, Some("ip")),

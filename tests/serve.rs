@@ -6,7 +6,7 @@
 //! Every test runs the real binary, against a real `valkey-server` where a
 //! store or stream is involved.
 
-mod common;
+use quota_gate_testkit as common;
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -14,26 +14,17 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use common::serve::{http, post_scan, request, spawn_serve, stderr_of};
-use common::{ValkeyServer, stream_jobs};
+use common::client::{get_request, http, post_scan, request, send};
+use common::serve::{spawn_serve, spawn_serve_with_open_files, stderr_of};
+use common::{KillOnDrop, ValkeyServer, stream_jobs, with_vars};
 
-/// One scan on its own connection: the status code and how long it took.
+/// One scan on its own connection: the status code (0 for no answer), how
+/// long it took, and the response (or what went wrong).
 fn timed_scan(addr: SocketAddr) -> (u16, Duration, String) {
     let started = Instant::now();
-    let mut stream = TcpStream::connect(addr).unwrap();
-    stream
-        .set_read_timeout(Some(Duration::from_secs(30)))
-        .unwrap();
-    stream
-        .write_all(post_scan(r#"{"image":"alpine:3.20"}"#).as_bytes())
-        .unwrap();
-    let mut response = String::new();
-    let _ = stream.read_to_string(&mut response);
-    let status = response
-        .split_whitespace()
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(0);
+    let scan = post_scan(r#"{"image":"alpine:3.20"}"#);
+    let (status, response) =
+        send(addr, scan.as_bytes(), Duration::from_secs(30)).unwrap_or_else(|e| (0, e));
     (status, started.elapsed(), response)
 }
 
@@ -58,6 +49,30 @@ fn burst(addr: SocketAddr, clients: usize, scans: usize) -> Vec<(u16, Duration, 
         .collect()
 }
 
+/// Writes `bytes` (an unfinished or oversize request) on a new connection
+/// and reads what comes back until the server closes or `within` passes.
+fn raw_exchange(addr: SocketAddr, bytes: &[u8], within: Duration) -> String {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(within)).unwrap();
+    s.write_all(bytes).unwrap();
+    let mut answer = String::new();
+    let _ = s.read_to_string(&mut answer);
+    answer
+}
+
+/// `GET /healthz` on the open connection `s`, answered 200; `s` stays open.
+fn healthz_on(s: &mut TcpStream) {
+    s.write_all(get_request("/healthz").as_bytes()).unwrap();
+    let mut buf = [0u8; 512];
+    let n = s.read(&mut buf).unwrap();
+    assert!(buf[..n].starts_with(b"HTTP/1.1 200"));
+}
+
+/// Runs `future` to its end on a runtime of its own.
+fn block_on<F: std::future::Future>(future: F) -> F::Output {
+    tokio::runtime::Runtime::new().unwrap().block_on(future)
+}
+
 /// A health check that must answer quickly.
 fn assert_healthy(addr: SocketAddr) {
     let started = Instant::now();
@@ -79,19 +94,28 @@ fn metric(addr: SocketAddr, name: &str) -> f64 {
         .sum()
 }
 
+/// `serve` counting on a Valkey of its own, with room for every scan of a
+/// test and a store timeout that a loaded machine cannot miss; and `extra`.
+fn serve_on_valkey(extra: &[(&str, &str)]) -> (ValkeyServer, KillOnDrop, SocketAddr) {
+    let valkey = ValkeyServer::start();
+    let url = valkey.url();
+    let (child, addr) = spawn_serve(&with_vars(
+        &[
+            ("VALKEY_URL", url.as_str()),
+            ("QUOTA_ANON", "100000"),
+            ("QUOTA_STORE_TIMEOUT_MS", "2000"),
+        ],
+        extra,
+    ));
+    (valkey, child, addr)
+}
+
 /// With a Valkey stream queue, stdout carries only EMF lines. Nobody reads it:
 /// 800 scans from 16 clients are all 202 within 10 s each, /healthz stays
 /// 200, and the stream holds one job per 202.
 #[test]
 fn stuck_stdout_never_holds_a_request_with_a_stream_queue() {
-    let valkey = ValkeyServer::start();
-    let url = valkey.url();
-    let (mut child, addr) = spawn_serve(&[
-        ("VALKEY_URL", &url),
-        ("SCAN_QUEUE_URL", "valkey-stream:jobs"),
-        ("QUOTA_ANON", "100000"),
-        ("QUOTA_STORE_TIMEOUT_MS", "2000"),
-    ]);
+    let (valkey, _serve, addr) = serve_on_valkey(&[("SCAN_QUEUE_URL", "valkey-stream:jobs")]);
     // stdout is a pipe this test never reads: it is full after a few hundred lines.
     let started = Instant::now();
     let answers = burst(addr, 16, 800);
@@ -104,9 +128,7 @@ fn stuck_stdout_never_holds_a_request_with_a_stream_queue() {
         assert_eq!(*status, 202, "{response}");
         assert!(*took < Duration::from_secs(10), "a scan took {took:?}");
     }
-    let jobs = tokio::runtime::Runtime::new()
-        .unwrap()
-        .block_on(stream_jobs(&valkey, "jobs"));
+    let jobs = block_on(stream_jobs(&valkey, "jobs"));
     assert_eq!(jobs.len(), accepted);
     // Past the writer's queue (4096 lines) EMF lines are dropped, and counted.
     assert!(http(addr, &request("GET", "/metrics")).contains("stella_quota_emf_dropped_total"));
@@ -116,8 +138,6 @@ fn stuck_stdout_never_holds_a_request_with_a_stream_queue() {
     eprintln!("after 4800 scans, EMF lines dropped: {dropped}");
     assert!(dropped > 0.0, "{dropped}");
     assert_healthy(addr);
-    let _ = child.kill();
-    let _ = child.wait();
 }
 
 /// With the stdout spool and nobody reading stdout, scans that cannot be
@@ -126,14 +146,7 @@ fn stuck_stdout_never_holds_a_request_with_a_stream_queue() {
 /// and every 202 has its job line once the reader comes back.
 #[test]
 fn stuck_stdout_spool_answers_503_in_time_and_refunds() {
-    let valkey = ValkeyServer::start();
-    let url = valkey.url();
-    let (mut child, addr) = spawn_serve(&[
-        ("VALKEY_URL", &url),
-        ("QUOTA_ANON", "100000"),
-        ("QUOTA_STORE_TIMEOUT_MS", "2000"),
-        ("QUOTA_GATEWAY_TIMEOUT_MS", "2000"),
-    ]);
+    let (valkey, mut child, addr) = serve_on_valkey(&[("QUOTA_GATEWAY_TIMEOUT_MS", "2000")]);
     let answers = burst(addr, 16, 300);
     assert_healthy(addr);
     let accepted = answers.iter().filter(|a| a.0 == 202).count();
@@ -150,7 +163,7 @@ fn stuck_stdout_spool_answers_503_in_time_and_refunds() {
         assert!(*took < Duration::from_secs(4), "a refusal took {took:?}");
     }
     // Refunded: the counter holds exactly the accepted scans.
-    let count: u64 = tokio::runtime::Runtime::new().unwrap().block_on(async {
+    let count: u64 = block_on(async {
         let mut c = valkey.client().await;
         let keys: Vec<String> = redis::cmd("KEYS")
             .arg("quota:ip:*")
@@ -166,14 +179,17 @@ fn stuck_stdout_spool_answers_503_in_time_and_refunds() {
     });
     assert_eq!(count, accepted as u64, "refused scans are refunded");
     // The reader comes back: every 202 has its job.
-    let mut stdout = child.stdout.take().unwrap();
-    let _ = child.kill();
+    child.kill_now();
     let mut out = String::new();
-    stdout.read_to_string(&mut out).unwrap();
+    child
+        .stdout
+        .take()
+        .unwrap()
+        .read_to_string(&mut out)
+        .unwrap();
     let jobs = out.lines().filter(|l| l.contains("\"scanId\"")).count();
     eprintln!("job lines once read: {jobs} (202s: {accepted})");
     assert!(jobs >= accepted, "{jobs} job lines for {accepted} × 202");
-    let _ = child.wait();
 }
 
 /// 100 connections that never finish their headers are closed within 15 s,
@@ -181,7 +197,7 @@ fn stuck_stdout_spool_answers_503_in_time_and_refunds() {
 /// closed too.
 #[test]
 fn slow_and_idle_connections_are_closed() {
-    let (mut child, addr) = spawn_serve(&[]);
+    let (_serve, addr) = spawn_serve(&[]);
     let opened = Instant::now();
     let slow: Vec<TcpStream> = (0..100)
         .map(|_| {
@@ -192,11 +208,7 @@ fn slow_and_idle_connections_are_closed() {
         .collect();
     // An idle keep-alive connection: one request answered, then nothing.
     let mut idle = TcpStream::connect(addr).unwrap();
-    idle.write_all(b"GET /healthz HTTP/1.1\r\nhost: x\r\n\r\n")
-        .unwrap();
-    let mut first = [0u8; 512];
-    let n = idle.read(&mut first).unwrap();
-    assert!(first[..n].starts_with(b"HTTP/1.1 200"));
+    healthz_on(&mut idle);
     let idle_since = Instant::now();
 
     assert_healthy(addr);
@@ -221,23 +233,17 @@ fn slow_and_idle_connections_are_closed() {
         "{idle_closed:?}"
     );
     assert_healthy(addr);
-    let _ = child.kill();
-    let _ = child.wait();
 }
 
 /// At `QUOTA_MAX_CONNECTIONS` a new connection waits (the open ones keep
 /// working), and /healthz answers on it as soon as an old one closes.
 #[test]
 fn connection_cap_waits_for_a_free_slot() {
-    let (mut child, addr) = spawn_serve(&[("QUOTA_MAX_CONNECTIONS", "4")]);
+    let (_serve, addr) = spawn_serve(&[("QUOTA_MAX_CONNECTIONS", "4")]);
     let mut open: Vec<TcpStream> = (0..4)
         .map(|_| {
             let mut s = TcpStream::connect(addr).unwrap();
-            s.write_all(b"GET /healthz HTTP/1.1\r\nhost: x\r\n\r\n")
-                .unwrap();
-            let mut buf = [0u8; 256];
-            let n = s.read(&mut buf).unwrap();
-            assert!(buf[..n].starts_with(b"HTTP/1.1 200"));
+            healthz_on(&mut s);
             s
         })
         .collect();
@@ -252,11 +258,7 @@ fn connection_cap_waits_for_a_free_slot() {
     let mut buf = [0u8; 256];
     assert!(fifth.read(&mut buf).is_err(), "answered past the cap");
     // An open one still serves its next request.
-    open[0]
-        .write_all(b"GET /healthz HTTP/1.1\r\nhost: x\r\n\r\n")
-        .unwrap();
-    let n = open[0].read(&mut buf).unwrap();
-    assert!(buf[..n].starts_with(b"HTTP/1.1 200"));
+    healthz_on(&mut open[0]);
     // One closes: the fifth is served at once.
     let closed = Instant::now();
     drop(open.pop());
@@ -268,42 +270,31 @@ fn connection_cap_waits_for_a_free_slot() {
     assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
     eprintln!("served {:?} after a slot freed", closed.elapsed());
     assert!(closed.elapsed() < Duration::from_secs(2));
-    let _ = child.kill();
-    let _ = child.wait();
 }
 
 /// `Expect: 100-continue` with a 10 MiB `Content-Length` gets 413 at once,
 /// never `100 Continue`, and no body byte is sent.
 #[test]
 fn oversize_expect_continue_is_refused_before_the_body() {
-    let (mut child, addr) = spawn_serve(&[]);
-    let mut s = TcpStream::connect(addr).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let (_serve, addr) = spawn_serve(&[]);
+    // The head alone: the body would only follow a `100 Continue`.
+    let upload = |path: &str| {
+        let head = format!(
+            "POST {path} HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n\
+             content-length: 10485760\r\nexpect: 100-continue\r\n\r\n"
+        );
+        raw_exchange(addr, head.as_bytes(), Duration::from_secs(5))
+    };
     let started = Instant::now();
-    s.write_all(
-        b"POST /scan HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n\
-          content-length: 10485760\r\nexpect: 100-continue\r\n\r\n",
-    )
-    .unwrap();
-    let mut answer = String::new();
-    let _ = s.read_to_string(&mut answer);
+    let answer = upload("/scan");
     assert!(answer.starts_with("HTTP/1.1 413"), "{answer}");
     assert!(answer.contains("payload_too_large"), "{answer}");
     assert!(started.elapsed() < Duration::from_secs(2));
     // The same length to another path is still a 404, and not counted either way.
-    let mut s = TcpStream::connect(addr).unwrap();
-    s.write_all(
-        b"POST /other HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n\
-          content-length: 10485760\r\nexpect: 100-continue\r\n\r\n",
-    )
-    .unwrap();
-    let mut answer = String::new();
-    let _ = s.read_to_string(&mut answer);
+    let answer = upload("/other");
     assert!(answer.starts_with("HTTP/1.1 404"), "{answer}");
     let first = http(addr, &post_scan(r#"{"image":"a"}"#));
     assert!(first.contains("x-stella-quota-remaining: 32"), "{first}");
-    let _ = child.kill();
-    let _ = child.wait();
 }
 
 /// The issue's case: under `ulimit -n 256`, 300 connections that send
@@ -312,32 +303,14 @@ fn oversize_expect_continue_is_refused_before_the_body() {
 /// connections are answered once the idle ones are let go.
 #[test]
 fn open_file_limit_lowers_the_connection_cap() {
-    let port = common::free_port();
-    let addr = SocketAddr::from(([127, 0, 0, 1], port));
-    let mut child = std::process::Command::new("sh")
-        .arg("-c")
-        .arg("ulimit -n 256 && exec \"$0\" serve")
-        .arg(env!("CARGO_BIN_EXE_quota-gate"))
-        .env_clear()
-        .env("QUOTA_LISTEN", addr.to_string())
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    assert!(common::wait_for_port(addr, Duration::from_secs(10)));
+    let (mut child, addr) = spawn_serve_with_open_files(256, &[]);
     let idle: Vec<TcpStream> = (0..300)
         .map(|_| TcpStream::connect(addr).unwrap())
         .collect();
     let started = Instant::now();
-    let mut health = TcpStream::connect(addr).unwrap();
-    health
-        .set_read_timeout(Some(Duration::from_secs(20)))
-        .unwrap();
-    health
-        .write_all(request("GET", "/healthz").as_bytes())
-        .unwrap();
-    let mut answer = String::new();
-    let _ = health.read_to_string(&mut answer);
+    let health = request("GET", "/healthz");
+    let (_, answer) =
+        send(addr, health.as_bytes(), Duration::from_secs(20)).unwrap_or_else(|e| (0, e));
     eprintln!(
         "/healthz behind 300 idle connections: {:?}",
         started.elapsed()
@@ -347,9 +320,8 @@ fn open_file_limit_lowers_the_connection_cap() {
     let (status, _, response) = timed_scan(addr);
     assert_eq!(status, 202, "{response}");
     drop(idle);
-    let _ = child.kill();
+    child.kill_now();
     let stderr = stderr_of(&mut child);
-    let _ = child.wait();
     assert!(stderr.contains("open-file limit"), "{stderr}");
     assert!(!stderr.contains("Too many open files"), "{stderr}");
 }
@@ -357,17 +329,14 @@ fn open_file_limit_lowers_the_connection_cap() {
 /// A body that stops arriving gets 408 after 10 s, and the scan is not counted.
 #[test]
 fn stalled_body_gets_408() {
-    let (mut child, addr) = spawn_serve(&[]);
-    let mut s = TcpStream::connect(addr).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    let (_serve, addr) = spawn_serve(&[]);
     let started = Instant::now();
-    s.write_all(
+    let answer = raw_exchange(
+        addr,
         b"POST /scan HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n\
           content-length: 100\r\n\r\n{\"image\":",
-    )
-    .unwrap();
-    let mut answer = String::new();
-    let _ = s.read_to_string(&mut answer);
+        Duration::from_secs(20),
+    );
     let took = started.elapsed();
     eprintln!("stalled body answered after {took:?}");
     assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
@@ -375,6 +344,4 @@ fn stalled_body_gets_408() {
     assert!(took >= Duration::from_secs(9) && took < Duration::from_secs(13));
     let first = http(addr, &post_scan(r#"{"image":"a"}"#));
     assert!(first.contains("x-stella-quota-remaining: 32"), "{first}");
-    let _ = child.kill();
-    let _ = child.wait();
 }

@@ -7,12 +7,12 @@
 //! sent_timestamp`), and one test also shows a delayed message really stays
 //! invisible until its delay has passed.
 
-mod common;
+use quota_gate_testkit as common;
 
 use std::time::{Duration, Instant};
 
 use aws_config::SdkConfig;
-use aws_sdk_sqs::types::QueueAttributeName;
+use aws_sdk_sqs::types::{Message, QueueAttributeName};
 use common::moto::MotoServer;
 use common::*;
 use quota_gate::gate::{ENQUEUE_TIMEOUT, Gate};
@@ -83,6 +83,27 @@ impl Rig {
         }
     }
 
+    /// A queue URL on the rig's moto that names no queue.
+    fn missing_queue_url(&self) -> String {
+        format!("{}/123456789012/no-such-queue", self.moto.endpoint())
+    }
+
+    /// What a consumer receives now, attributes included (long polling for
+    /// up to `wait` seconds while nothing is visible).
+    async fn receive(&self, wait: i32) -> Vec<Message> {
+        self.sqs
+            .receive_message()
+            .queue_url(&self.queue_url)
+            .max_number_of_messages(10)
+            .message_attribute_names("All")
+            .wait_time_seconds(wait)
+            .send()
+            .await
+            .unwrap()
+            .messages
+            .unwrap_or_default()
+    }
+
     async fn queue_attribute(&self, name: QueueAttributeName) -> u64 {
         let out = self
             .sqs
@@ -106,6 +127,18 @@ fn applied_delay_seconds(message: &Value) -> u64 {
     // moto stamps `sent` and then computes `until = now + 1000·DelaySeconds`:
     // the difference is the delay plus well under a second of bookkeeping.
     ((until - sent) / 1000.0).floor() as u64
+}
+
+/// The job a message carries.
+fn job_of(message: &Message) -> Value {
+    serde_json::from_str(message.body().unwrap()).unwrap()
+}
+
+/// A scan refused because the queue is out of reach: 503, `Retry-After`, `queue_unavailable`.
+fn assert_queue_unavailable(r: &http::Response<bytes::Bytes>) {
+    assert_eq!(r.status(), 503);
+    assert_eq!(r.headers()["retry-after"], "1");
+    assert_eq!(json(r)["error"], "queue_unavailable");
 }
 
 fn ceil_seconds(ms: u64) -> u64 {
@@ -182,17 +215,7 @@ async fn one_message_per_202_with_the_job() {
             .await,
         2
     );
-    let received = rig
-        .sqs
-        .receive_message()
-        .queue_url(&rig.queue_url)
-        .max_number_of_messages(10)
-        .message_attribute_names("All")
-        .send()
-        .await
-        .unwrap()
-        .messages
-        .unwrap_or_default();
+    let received = rig.receive(0).await;
     assert_eq!(received.len(), 2);
     for m in &received {
         let attrs = m.message_attributes.as_ref().unwrap();
@@ -201,25 +224,30 @@ async fn one_message_per_202_with_the_job() {
     }
 }
 
-/// In sleep mode only the part beyond the budget is deferred, and a fractional second rounds up.
-#[tokio::test]
-async fn sleep_mode_defers_the_remainder() {
+/// A new rig, and through a gate on it with `vars` one scan within quota
+/// (a quota of 1), then the soft one the test is about: the rig, that
+/// scan's body, when it was answered and how long it took.
+async fn soft_scan(vars: &[(&str, &str)]) -> (Rig, Value, Instant, Duration) {
     let rig = Rig::start().await;
-    // Budget 1.5 s − 1 s margin = 0.5 s of sleep; 1.7 s soft delay leaves 1.2 s.
-    let gate = rig.gate(
-        &rig.queue_url,
-        &[
-            ("QUOTA_ANON", "1"),
-            ("QUOTA_SOFT_DELAY_MS", "1700"),
-            ("QUOTA_GATEWAY_TIMEOUT_MS", "1500"),
-        ],
-    );
+    let gate = rig.gate(&rig.queue_url, &with_vars(&[("QUOTA_ANON", "1")], vars));
     assert_eq!(gate.handle(scan_from("203.0.113.7")).await.status(), 202);
     let started = Instant::now();
     let r = gate.handle(scan_from("203.0.113.7")).await;
-    assert!(started.elapsed() >= Duration::from_millis(500));
-    assert_eq!(r.status(), 202);
-    let body = json(&r);
+    let answered = Instant::now();
+    assert_eq!(r.status(), 202, "{:?}", r.body());
+    (rig, json(&r), answered, answered - started)
+}
+
+/// In sleep mode only the part beyond the budget is deferred, and a fractional second rounds up.
+#[tokio::test]
+async fn sleep_mode_defers_the_remainder() {
+    // Budget 1.5 s − 1 s margin = 0.5 s of sleep; 1.7 s soft delay leaves 1.2 s.
+    let (rig, body, _, took) = soft_scan(&[
+        ("QUOTA_SOFT_DELAY_MS", "1700"),
+        ("QUOTA_GATEWAY_TIMEOUT_MS", "1500"),
+    ])
+    .await;
+    assert!(took >= Duration::from_millis(500));
     assert_eq!(
         (body["sleptMs"].as_u64(), body["deferredMs"].as_u64()),
         (Some(500), Some(1200))
@@ -236,46 +264,22 @@ async fn sleep_mode_defers_the_remainder() {
 /// A delayed message stays invisible to consumers until its DelaySeconds have passed.
 #[tokio::test]
 async fn delayed_message_is_invisible_until_due() {
-    let rig = Rig::start().await;
-    let gate = rig.gate(
-        &rig.queue_url,
-        &[
-            ("QUOTA_ANON", "1"),
-            ("QUOTA_SOFT_DELAY_MS", "1000"),
-            ("QUOTA_DELAY_MODE", "defer"),
-            ("QUOTA_PACING", "off"),
-        ],
-    );
-    assert_eq!(gate.handle(scan_from("198.51.100.5")).await.status(), 202);
-    let r = gate.handle(scan_from("198.51.100.5")).await;
-    let sent = Instant::now();
-    assert_eq!(json(&r)["deferredMs"], 1000);
+    let defer = [
+        ("QUOTA_SOFT_DELAY_MS", "1000"),
+        ("QUOTA_DELAY_MODE", "defer"),
+    ];
+    let (rig, body, answered, _) = soft_scan(&defer).await;
+    assert_eq!(body["deferredMs"], 1000);
 
-    let receive = |wait: i32| {
-        rig.sqs
-            .receive_message()
-            .queue_url(&rig.queue_url)
-            .max_number_of_messages(10)
-            .wait_time_seconds(wait)
-            .send()
-    };
-    let now: Vec<Value> = receive(0)
-        .await
-        .unwrap()
-        .messages
-        .unwrap_or_default()
-        .iter()
-        .map(|m| serde_json::from_str(m.body().unwrap()).unwrap())
-        .collect();
+    let now = rig.receive(0).await;
     assert_eq!(now.len(), 1, "only the undelayed job is visible at once");
-    assert_eq!(now[0]["tier"], "within");
+    assert_eq!(job_of(&now[0])["tier"], "within");
 
     // Long polling returns as soon as the delayed job becomes visible.
-    let later = receive(3).await.unwrap().messages.unwrap_or_default();
-    let waited = sent.elapsed();
+    let later = rig.receive(3).await;
+    let waited = answered.elapsed();
     assert_eq!(later.len(), 1);
-    let job: Value = serde_json::from_str(later[0].body().unwrap()).unwrap();
-    assert_eq!(job["scanId"], json(&r)["scanId"]);
+    assert_eq!(job_of(&later[0])["scanId"], body["scanId"]);
     assert!(
         waited >= Duration::from_millis(900),
         "visible after {waited:?}"
@@ -290,13 +294,9 @@ async fn missing_queue_refunds() {
     assert_eq!(good.handle(scan_from("203.0.113.9")).await.status(), 202);
     assert_eq!(rig.counter().await, Some(1));
 
-    let missing = format!("{}/123456789012/no-such-queue", rig.moto.endpoint());
-    let bad = rig.gate(&missing, &[]);
+    let bad = rig.gate(&rig.missing_queue_url(), &[]);
     for _ in 0..3 {
-        let r = bad.handle(scan_from("203.0.113.9")).await;
-        assert_eq!(r.status(), 503);
-        assert_eq!(r.headers()["retry-after"], "1");
-        assert_eq!(json(&r)["error"], "queue_unavailable");
+        assert_queue_unavailable(&bad.handle(scan_from("203.0.113.9")).await);
     }
     assert_eq!(rig.counter().await, Some(1), "every failed scan refunded");
     assert_eq!(rig.moto.sqs_messages().len(), 1, "nothing queued");
@@ -306,12 +306,11 @@ async fn missing_queue_refunds() {
 #[tokio::test]
 async fn failed_first_scan_leaves_zero() {
     let rig = Rig::start().await;
-    let missing = format!("{}/123456789012/no-such-queue", rig.moto.endpoint());
     let r = rig
-        .gate(&missing, &[])
+        .gate(&rig.missing_queue_url(), &[])
         .handle(scan_from("192.0.2.60"))
         .await;
-    assert_eq!(r.status(), 503);
+    assert_queue_unavailable(&r);
     // The script created the key; the refund took the count back to 0.
     assert_eq!(rig.counter().await.unwrap_or(0), 0);
 }
@@ -326,10 +325,7 @@ async fn stopped_emulator_refunds() {
 
     rig.moto.stop();
     let started = Instant::now();
-    let r = gate.handle(scan_from("203.0.113.9")).await;
-    assert_eq!(r.status(), 503);
-    assert_eq!(r.headers()["retry-after"], "1");
-    assert_eq!(json(&r)["error"], "queue_unavailable");
+    assert_queue_unavailable(&gate.handle(scan_from("203.0.113.9")).await);
     assert!(
         started.elapsed() < ENQUEUE_TIMEOUT + Duration::from_secs(1),
         "took {:?}",
@@ -358,16 +354,9 @@ async fn unmetered_scans_say_so_on_sqs() {
     let r = gate.handle(scan_from("203.0.113.10")).await;
     assert_eq!(r.status(), 202);
     assert_eq!(r.headers()["x-stella-quota"], "unavailable");
-    let received = rig
-        .sqs
-        .receive_message()
-        .queue_url(&rig.queue_url)
-        .message_attribute_names("All")
-        .send()
-        .await
-        .unwrap();
-    let message = &received.messages.unwrap()[0];
-    let job: Value = serde_json::from_str(message.body().unwrap()).unwrap();
+    let received = rig.receive(0).await;
+    let message = &received[0];
+    let job = job_of(message);
     assert_eq!(
         (job["tier"].as_str(), job["count"].as_u64()),
         (Some("unmetered"), Some(0))

@@ -5,7 +5,7 @@
 //! A binary of its own, with a single test, because it sets process
 //! environment variables: no other test may run beside it.
 
-mod common;
+use quota_gate_testkit as common;
 
 use common::moto::MotoServer;
 use common::*;

@@ -2,10 +2,10 @@
 //! front of `valkey-server` (the pinned build has no TLS of its own), with a
 //! test CA and server certificate made by `openssl` at test time.
 
-mod common;
+use quota_gate_testkit as common;
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use common::cluster::ValkeyCluster;
@@ -114,7 +114,7 @@ impl Drop for TestPki {
 /// `stunnel4` accepting TLS on `port` and forwarding to a plain backend, killed on drop.
 struct TlsProxy {
     port: u16,
-    child: Child,
+    _child: KillOnDrop,
 }
 
 impl TlsProxy {
@@ -136,9 +136,12 @@ impl TlsProxy {
             .stderr(Stdio::null())
             .spawn()
             .expect("stunnel4 is installed (scripts/test installs it)");
-        let proxy = Self { port, child };
+        let proxy = Self {
+            port,
+            _child: KillOnDrop::new(child),
+        };
         assert!(
-            wait_for_port(([127, 0, 0, 1], port).into(), Duration::from_secs(10)),
+            wait_for_port(loopback(port), Duration::from_secs(10)),
             "stunnel did not start"
         );
         proxy
@@ -146,13 +149,6 @@ impl TlsProxy {
 
     fn url(&self) -> String {
         format!("rediss://127.0.0.1:{}", self.port)
-    }
-}
-
-impl Drop for TlsProxy {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 

@@ -1,7 +1,7 @@
 //! Token verification end to end: each key type, JWKS key selection by
 //! `kid`, claims from an API Gateway JWT authorizer, and keys refused at start.
 
-mod common;
+use quota_gate_testkit as common;
 
 use common::*;
 use jsonwebtoken::{Algorithm, EncodingKey, Header};
@@ -54,13 +54,31 @@ async fn each_key_type_verifies_its_own_algorithm() {
     }
 }
 
-/// The public key may be given inline as PEM text instead of a path.
+/// Keys may be given inline, as PEM or JWKS text, instead of a path.
 #[tokio::test]
-async fn inline_pem() {
-    let pem = std::fs::read_to_string(fixture("ed25519.pub.pem")).unwrap();
-    let gate = memory_gate(&[("QUOTA_JWT_PUBLIC_KEY", &pem)]);
-    let body = token_answer(&gate, &mint(Algorithm::EdDSA, claims("t-1"))).await;
-    assert_eq!(body["token"], json!({"accepted": true}));
+async fn inline_keys() {
+    for (var, file, alg) in [
+        ("QUOTA_JWT_PUBLIC_KEY", "ed25519.pub.pem", Algorithm::EdDSA),
+        ("QUOTA_JWT_JWKS", "jwks.json", Algorithm::ES256),
+    ] {
+        let text = std::fs::read_to_string(fixture(file)).unwrap();
+        let gate = memory_gate(&[(var, &text)]);
+        let body = token_answer(&gate, &mint(alg, claims("t-1"))).await;
+        assert_eq!(body["token"], json!({"accepted": true}), "{var}");
+    }
+}
+
+/// An EdDSA token for `tid` signed with the test key, its header's `kid` set to `kid`.
+fn ed_token(kid: Option<&str>, tid: &str) -> String {
+    let pem = std::fs::read(fixture("ed25519.key.pem")).unwrap();
+    let mut header = Header::new(Algorithm::EdDSA);
+    header.kid = kid.map(str::to_owned);
+    jsonwebtoken::encode(
+        &header,
+        &claims(tid),
+        &EncodingKey::from_ed_pem(&pem).unwrap(),
+    )
+    .unwrap()
 }
 
 /// With a JWKS, each token is checked against the key its `kid` names.
@@ -71,30 +89,14 @@ async fn jwks_picks_the_key_by_kid() {
         let body = token_answer(&gate, &mint(alg, claims("t-1"))).await;
         assert_eq!(body["token"], json!({"accepted": true}), "{alg:?}");
     }
-    let ed_key =
-        EncodingKey::from_ed_pem(&std::fs::read(fixture("ed25519.key.pem")).unwrap()).unwrap();
-    let with_kid = |kid: Option<&str>| {
-        let mut header = Header::new(Algorithm::EdDSA);
-        header.kid = kid.map(str::to_owned);
-        jsonwebtoken::encode(&header, &claims("t-2"), &ed_key).unwrap()
-    };
     // A kid nobody published, and a kid naming a key of another type.
-    let unknown = token_answer(&gate, &with_kid(Some("ed-9"))).await;
+    let unknown = token_answer(&gate, &ed_token(Some("ed-9"), "t-2")).await;
     assert_eq!(unknown["token"]["reason"], "unknown_kid");
-    let mismatched = token_answer(&gate, &with_kid(Some("es-1"))).await;
+    let mismatched = token_answer(&gate, &ed_token(Some("es-1"), "t-2")).await;
     assert_eq!(mismatched["token"]["reason"], "algorithm_not_allowed");
     // No kid: any key of the token's algorithm may verify it.
-    let no_kid = token_answer(&gate, &with_kid(None)).await;
+    let no_kid = token_answer(&gate, &ed_token(None, "t-2")).await;
     assert_eq!(no_kid["token"], json!({"accepted": true}));
-}
-
-/// A JWKS given inline as JSON text works like a file.
-#[tokio::test]
-async fn inline_jwks() {
-    let jwks = std::fs::read_to_string(fixture("jwks.json")).unwrap();
-    let gate = memory_gate(&[("QUOTA_JWT_JWKS", &jwks)]);
-    let body = token_answer(&gate, &mint(Algorithm::ES256, claims("t-1"))).await;
-    assert_eq!(body["token"], json!({"accepted": true}));
 }
 
 /// Symmetric JWKS keys, unreadable files and non-keys stop the start, naming the variable.
@@ -199,12 +201,7 @@ async fn unknown_kid_with_pem_and_jwks() {
         ("QUOTA_JWT_PUBLIC_KEY", &fixture("rs256.pub.pem")),
         ("QUOTA_JWT_JWKS", &fixture("jwks.json")),
     ]);
-    let ed_key =
-        EncodingKey::from_ed_pem(&std::fs::read(fixture("ed25519.key.pem")).unwrap()).unwrap();
-    let mut header = Header::new(Algorithm::EdDSA);
-    header.kid = Some("ed-9".into());
-    let token = jsonwebtoken::encode(&header, &claims("t-3"), &ed_key).unwrap();
-    let body = token_answer(&gate, &token).await;
+    let body = token_answer(&gate, &ed_token(Some("ed-9"), "t-3")).await;
     assert_eq!(body["token"]["reason"], "unknown_kid", "{body}");
     // Known kids still verify, and the PEM key still verifies its own tokens.
     for alg in [Algorithm::RS256, Algorithm::EdDSA] {

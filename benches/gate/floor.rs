@@ -9,7 +9,7 @@
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use ::http::{HeaderValue, Request, Response, StatusCode, header};
@@ -22,8 +22,7 @@ use hyper_util::rt::TokioIo;
 use hyper_util::server::graceful::GracefulShutdown;
 use tokio::net::TcpListener;
 
-use super::common::free_port;
-use super::http;
+use quota_gate_testkit::{KillOnDrop, client, free_port, loopback};
 
 /// A body of about the gate's size, so the write is comparable.
 const BODY: &str = r#"{"scanId":"0192f3a4-0000-7000-8000-000000000000","status":"queued","delayMs":0,"sleptMs":0,"deferredMs":0,"quota":{"scope":"ip","limit":33,"used":1,"remaining":32,"resetAt":"2026-12-01T00:00:00Z"}}"#;
@@ -73,12 +72,12 @@ async fn answer(request: Request<Incoming>) -> Result<Response<Full<Bytes>>, Inf
 /// A running floor server, killed on drop.
 pub struct Floor {
     pub addr: SocketAddr,
-    child: Child,
+    child: KillOnDrop,
 }
 
 impl Floor {
     pub fn spawn() -> Result<Self, String> {
-        let addr = SocketAddr::from(([127, 0, 0, 1], free_port()));
+        let addr = loopback(free_port());
         let exe = std::env::current_exe().map_err(|e| e.to_string())?;
         let child = Command::new(exe)
             .env(super::CHILD_ENV, format!("floor:{addr}"))
@@ -87,11 +86,14 @@ impl Floor {
             .stderr(Stdio::inherit())
             .spawn()
             .map_err(|e| format!("spawn floor: {e}"))?;
-        let floor = Self { addr, child };
+        let floor = Self {
+            addr,
+            child: KillOnDrop::new(child),
+        };
         let deadline = Instant::now() + Duration::from_secs(10);
-        let request = http::scan_request(None);
+        let request = client::scan_request(None);
         loop {
-            match http::once(addr, &request, Duration::from_secs(2)) {
+            match client::once(addr, request.as_bytes(), Duration::from_secs(2)) {
                 Ok(202) => return Ok(floor),
                 _ if Instant::now() > deadline => {
                     return Err("the HTTP floor did not answer within 10 s".into());
@@ -103,12 +105,5 @@ impl Floor {
 
     pub fn pid(&self) -> u32 {
         self.child.id()
-    }
-}
-
-impl Drop for Floor {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }

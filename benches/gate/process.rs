@@ -4,7 +4,7 @@
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::{Duration, Instant};
 
@@ -13,8 +13,7 @@ use quota_gate::digest::{Hasher, Scope};
 use quota_gate::store::memory::MemoryStore;
 use quota_gate::store::{CountArgs, QuotaKey, QuotaStore, period_end};
 
-use super::common::{fixture, free_port};
-use super::http;
+use quota_gate_testkit::{KillOnDrop, client, fixture, free_port, loopback};
 
 /// The serve binary cargo built for this bench (release profile under `cargo bench`).
 pub fn serve_bin() -> PathBuf {
@@ -29,14 +28,14 @@ pub fn bootstrap_bin() -> PathBuf {
 /// A running `quota-gate serve`, killed on drop.
 pub struct Serve {
     pub addr: SocketAddr,
-    child: Child,
+    child: KillOnDrop,
 }
 
 impl Serve {
     /// Spawns `quota-gate serve` on a free port against `valkey_url`, EMF
     /// lines going to /dev/null, delays zero.
     pub fn spawn(valkey_url: &str) -> std::io::Result<Self> {
-        let addr = SocketAddr::from(([127, 0, 0, 1], free_port()));
+        let addr = loopback(free_port());
         let child = Command::new(serve_bin())
             .arg("serve")
             .env("VALKEY_URL", valkey_url)
@@ -51,7 +50,10 @@ impl Serve {
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()?;
-        Ok(Self { addr, child })
+        Ok(Self {
+            addr,
+            child: KillOnDrop::new(child),
+        })
     }
 
     pub fn pid(&self) -> u32 {
@@ -62,27 +64,21 @@ impl Serve {
     /// Returns (time to healthy, time to the first 202) since `started`.
     pub fn first_request(&self, started: Instant) -> Result<(Duration, Duration), String> {
         let deadline = started + Duration::from_secs(10);
-        let health = http::get_request("/healthz");
+        let health = client::get_request("/healthz");
         let healthy = loop {
             if Instant::now() > deadline {
                 return Err("serve did not answer /healthz within 10 s".into());
             }
-            match http::once(self.addr, &health, Duration::from_secs(2)) {
+            match client::once(self.addr, health.as_bytes(), Duration::from_secs(2)) {
                 Ok(200) => break started.elapsed(),
                 _ => std::thread::sleep(Duration::from_micros(500)),
             }
         };
-        match http::once(self.addr, &http::scan_request(None), Duration::from_secs(2))? {
+        let scan = client::scan_request(None);
+        match client::once(self.addr, scan.as_bytes(), Duration::from_secs(2))? {
             202 => Ok((healthy, started.elapsed())),
             s => Err(format!("first POST /scan answered {s}")),
         }
-    }
-}
-
-impl Drop for Serve {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 

@@ -9,7 +9,7 @@ use quota_gate::gate::Gate;
 use quota_gate::queue::stream::StreamQueue;
 use quota_gate::store::valkey::ValkeyStore;
 
-use super::{ValkeyServer, free_port, stream_gate};
+use crate::{ValkeyServer, free_port, jobs_on, stream_gate, with_vars};
 
 /// The slot ranges of the three primaries.
 const SLOTS: [(u16, u16); 3] = [(0, 5460), (5461, 10922), (10923, 16383)];
@@ -134,7 +134,7 @@ impl ValkeyCluster {
 
     /// Every job on the stream `key`, oldest first.
     pub async fn stream_jobs(&self, key: &str) -> Vec<serde_json::Value> {
-        super::jobs_on(&mut self.client().await, key).await
+        jobs_on(&mut self.client().await, key).await
     }
 }
 
@@ -156,7 +156,8 @@ pub fn cluster_gate(
     vars: &[(&str, &str)],
 ) -> Gate<ValkeyStore, StreamQueue> {
     let url = cluster.url();
-    let mut all = vec![("VALKEY_URL", url.as_str()), ("VALKEY_CLUSTER", "true")];
-    all.extend_from_slice(vars);
-    stream_gate(&all)
+    stream_gate(&with_vars(
+        &[("VALKEY_URL", url.as_str()), ("VALKEY_CLUSTER", "true")],
+        vars,
+    ))
 }

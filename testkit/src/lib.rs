@@ -1,17 +1,43 @@
-//! Shared test harness: real `valkey-server` processes on free ports, gates
-//! built from plain variable lists, and the sample events in `events/`.
-#![allow(dead_code)]
+//! The shared harness of quota-gate's integration tests (`tests/*.rs`) and
+//! its benchmark (`benches/gate/`): a dev-only crate of the workspace, never
+//! published. Each test file imports it as `use quota_gate_testkit as common;`.
+//!
+//! What it provides:
+//!
+//! - local servers, each a real process on a free port, killed on drop
+//!   ([`KillOnDrop`]): a pinned `valkey-server` ([`ValkeyServer`]), a
+//!   3-primary Valkey cluster ([`cluster`]), a `moto` server for SQS and
+//!   CloudWatch ([`moto`]), and `quota-gate serve` itself ([`serve`]);
+//! - gates built from plain variable lists, never from the process
+//!   environment ([`config`], [`gate`], [`valkey_gate`], [`stream_gate`]),
+//!   and the jobs they queued on a Valkey stream ([`stream_jobs`]);
+//! - requests: `POST /scan` from an address, with or without a token
+//!   ([`scan_from`], [`scan_with_token`]), the sample events of `events/`,
+//!   test JWTs signed with the keys of `tests/fixtures/jwt/` ([`mint`]),
+//!   sent [`all_at_once`] or [`one_at_a_time`];
+//! - scenarios several files share: the seed's tiers ([`TIERS`], checked by
+//!   [`assert_tiers`]), the seed's delays ([`SEED_DELAYS`]), and exact
+//!   counts under concurrency ([`assert_400_concurrent_scans_count_exactly`]);
+//! - the one HTTP/1.1 client of the tests and the bench ([`client`]);
+//! - fakes: queues that record, discard or refuse jobs ([`RecordingQueue`],
+//!   [`Discard`], [`Refuse`]) and a sink that collects what is written to it,
+//!   EMF lines or progress ([`Capture`]).
 
+pub mod client;
 pub mod cluster;
 pub mod moto;
 pub mod serve;
 
+mod fakes;
+
+pub use fakes::{Capture, Discard, RecordingQueue, Refuse};
+
 use std::collections::HashMap;
-use std::io::Write;
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::path::PathBuf;
+use std::ops::{Deref, DerefMut};
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -19,14 +45,35 @@ use http::{HeaderMap, HeaderValue, Method, header};
 use quota_gate::config::Config;
 use quota_gate::gate::{Gate, GateRequest};
 use quota_gate::meter::Meter;
+use quota_gate::queue::ScanQueue;
 use quota_gate::queue::stream::StreamQueue;
-use quota_gate::queue::{QueueError, ScanJob, ScanQueue};
 use quota_gate::store::valkey::ValkeyStore;
 use quota_gate::valkey::Valkey;
 
-/// The repository root.
+/// The repository root (this crate lives in `testkit/`, one level below).
 pub fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("testkit/ has a parent")
+        .to_path_buf()
+}
+
+/// A binary of the `quota-gate` package (`quota-gate`, `bootstrap`), as
+/// Cargo built it for the running test or bench: beside the `deps/` folder
+/// that holds the test's own executable.
+pub fn bin(name: &str) -> PathBuf {
+    let exe = std::env::current_exe().expect("the test's own path");
+    let mut dir = exe.parent().expect("a folder").to_path_buf();
+    if dir.ends_with("deps") {
+        dir.pop();
+    }
+    let path = dir.join(format!("{name}{}", std::env::consts::EXE_SUFFIX));
+    assert!(
+        path.exists(),
+        "{} not built (cargo builds it for integration tests and benches)",
+        path.display()
+    );
+    path
 }
 
 /// The pinned `valkey-server`: `$VALKEY_SERVER`, else `.tools/bin/valkey-server`
@@ -46,6 +93,11 @@ pub fn free_port() -> u16 {
         .port()
 }
 
+/// `127.0.0.1:port`.
+pub fn loopback(port: u16) -> SocketAddr {
+    SocketAddr::from(([127, 0, 0, 1], port))
+}
+
 /// Waits until something accepts TCP connections on `addr`.
 pub fn wait_for_port(addr: SocketAddr, within: Duration) -> bool {
     let deadline = Instant::now() + within;
@@ -58,10 +110,46 @@ pub fn wait_for_port(addr: SocketAddr, within: Duration) -> bool {
     false
 }
 
+/// A child process that is killed and reaped when dropped, so a failing
+/// test leaves no server behind. Derefs to the [`Child`] (its pipes, its id).
+pub struct KillOnDrop(Child);
+
+impl KillOnDrop {
+    pub fn new(child: Child) -> Self {
+        Self(child)
+    }
+
+    /// Kills the process now (SIGKILL) and waits for it.
+    pub fn kill_now(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+impl Deref for KillOnDrop {
+    type Target = Child;
+
+    fn deref(&self) -> &Child {
+        &self.0
+    }
+}
+
+impl DerefMut for KillOnDrop {
+    fn deref_mut(&mut self) -> &mut Child {
+        &mut self.0
+    }
+}
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        self.kill_now();
+    }
+}
+
 /// A `valkey-server` of our own, killed on drop.
 pub struct ValkeyServer {
     pub port: u16,
-    child: Child,
+    child: KillOnDrop,
     dir: PathBuf,
 }
 
@@ -74,21 +162,28 @@ impl ValkeyServer {
     /// Starts a server with extra `--option value` arguments.
     pub fn start_with(extra: &[&str]) -> Self {
         for _ in 0..5 {
-            let port = free_port();
-            let dir = data_dir(port);
-            let mut server = Self {
-                port,
-                child: spawn_valkey(port, &dir, extra),
-                dir,
-            };
-            // Another test may have taken the port between our probe and the bind.
-            if server.is_ready(Duration::from_secs(10)) {
+            // Another test may take the port between our probe and the bind.
+            if let Some(server) = Self::try_start(free_port(), extra) {
                 return server;
             }
-            let _ = server.child.kill();
-            let _ = server.child.wait();
         }
         panic!("valkey-server did not start");
+    }
+
+    /// Starts a server on a given `port` (one a gate was already pointed at), waiting for it.
+    pub fn start_on(port: u16, extra: &[&str]) -> Self {
+        Self::try_start(port, extra)
+            .unwrap_or_else(|| panic!("valkey-server did not start on port {port}"))
+    }
+
+    fn try_start(port: u16, extra: &[&str]) -> Option<Self> {
+        let dir = data_dir(port);
+        let mut server = Self {
+            port,
+            child: spawn_valkey(port, &dir, extra),
+            dir,
+        };
+        server.is_ready(Duration::from_secs(10)).then_some(server)
     }
 
     /// Whether our own process (not another test's server on the same port) answers.
@@ -110,7 +205,7 @@ impl ValkeyServer {
     }
 
     pub fn addr(&self) -> SocketAddr {
-        SocketAddr::from(([127, 0, 0, 1], self.port))
+        loopback(self.port)
     }
 
     pub fn url(&self) -> String {
@@ -129,14 +224,68 @@ impl ValkeyServer {
     pub fn pid(&self) -> u32 {
         self.child.id()
     }
+
+    /// Sends `signal` (`KILL`, `STOP`, `CONT`) to the server process.
+    pub fn signal(&self, signal: &str) {
+        let status = Command::new("kill")
+            .arg(format!("-{signal}"))
+            .arg(self.pid().to_string())
+            .status()
+            .unwrap();
+        assert!(status.success(), "kill -{signal} failed");
+    }
+
+    /// SIGKILL (no shutdown, no goodbye to clients), then a new process on the
+    /// same port and data directory with `extra` options (an AOF survives).
+    pub fn crash_and_restart(&mut self, down_for: Duration, extra: &[&str]) {
+        self.child.kill_now();
+        std::thread::sleep(down_for);
+        self.child = spawn_valkey(self.port, &self.dir, extra);
+        assert!(
+            self.is_ready(Duration::from_secs(10)),
+            "valkey-server did not restart on port {}",
+            self.port
+        );
+    }
 }
 
 impl Drop for ValkeyServer {
     fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        self.child.kill_now();
         let _ = std::fs::remove_dir_all(&self.dir);
     }
+}
+
+/// A fresh data directory for the server on `port`.
+fn data_dir(port: u16) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("quota-gate-valkey-{port}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// A throw-away `valkey-server` on `port`: loopback only, persistence off unless `extra` says.
+fn spawn_valkey(port: u16, dir: &Path, extra: &[&str]) -> KillOnDrop {
+    let bin = valkey_server_bin();
+    let child = Command::new(&bin)
+        .args([
+            "--port",
+            &port.to_string(),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+        ])
+        .args(["--dir", &dir.to_string_lossy()])
+        .args(extra)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap_or_else(|e| {
+            panic!("cannot start {bin:?} (run scripts/test once to install it): {e}")
+        });
+    KillOnDrop::new(child)
 }
 
 /// A configuration from `vars` only (no process environment), hashing with
@@ -146,6 +295,16 @@ pub fn config(vars: &[(&str, &str)]) -> Config {
         HashMap::from([("QUOTA_HASH_SECRET".to_owned(), SECRET_TEXT.to_owned())]);
     map.extend(vars.iter().map(|(k, v)| (k.to_string(), v.to_string())));
     Config::from_lookup(|k| map.get(k).cloned()).expect("valid test configuration")
+}
+
+/// `base` followed by `extra`: a variable list where `extra` wins.
+pub fn with_vars<'a>(
+    base: &[(&'a str, &'a str)],
+    extra: &[(&'a str, &'a str)],
+) -> Vec<(&'a str, &'a str)> {
+    let mut all = base.to_vec();
+    all.extend_from_slice(extra);
+    all
 }
 
 /// The hash secret of test configurations.
@@ -158,15 +317,25 @@ where
     S: quota_gate::store::QuotaStore,
     Q: ScanQueue,
 {
-    Gate::new(config(vars), store, queue, Meter::new("test", None)).unwrap()
+    metered_gate(vars, store, queue, Meter::new("test", None))
+}
+
+/// A gate over `store` and `queue` whose EMF lines go to `meter`.
+pub fn metered_gate<S, Q>(vars: &[(&str, &str)], store: S, queue: Q, meter: Meter) -> Gate<S, Q>
+where
+    S: quota_gate::store::QuotaStore,
+    Q: ScanQueue,
+{
+    Gate::new(config(vars), store, queue, meter).unwrap()
 }
 
 /// A gate on the Valkey that `vars` name (`VALKEY_URL`, …), queueing to the
 /// stream `jobs` on the same Valkey. Later entries of `vars` win.
 pub fn stream_gate(vars: &[(&str, &str)]) -> Gate<ValkeyStore, StreamQueue> {
-    let mut all = vec![("SCAN_QUEUE_URL", "valkey-stream:jobs")];
-    all.extend_from_slice(vars);
-    let config = config(&all);
+    let config = config(&with_vars(
+        &[("SCAN_QUEUE_URL", "valkey-stream:jobs")],
+        vars,
+    ));
     let valkey = Valkey::from_config(&config)
         .unwrap()
         .expect("VALKEY_URL is set");
@@ -182,16 +351,64 @@ pub fn stream_gate(vars: &[(&str, &str)]) -> Gate<ValkeyStore, StreamQueue> {
 /// A gate on `server`, queueing to the stream `jobs` on the same server.
 pub fn valkey_gate(server: &ValkeyServer, vars: &[(&str, &str)]) -> Gate<ValkeyStore, StreamQueue> {
     let url = server.url();
-    let mut all = vec![("VALKEY_URL", url.as_str())];
-    all.extend_from_slice(vars);
-    stream_gate(&all)
+    stream_gate(&with_vars(&[("VALKEY_URL", url.as_str())], vars))
 }
 
-/// Limits for the concurrency tests: 100 within, 30 soft, the rest hard,
+/// A gate on `server` that verifies tokens with the Ed25519 test key; and `extra`.
+pub fn token_gate(server: &ValkeyServer, extra: &[(&str, &str)]) -> Gate<ValkeyStore, StreamQueue> {
+    let key = fixture("ed25519.pub.pem");
+    valkey_gate(server, &with_vars(&[("QUOTA_JWT_PUBLIC_KEY", &key)], extra))
+}
+
+/// The seed's tiers at small limits: 3 scans within quota, 2 soft (5 s),
+/// then hard (60 s); nothing slept, no pacing.
+pub const TIERS: &[(&str, &str)] = &[
+    ("QUOTA_ANON", "3"),
+    ("QUOTA_SOFT_WINDOW", "2"),
+    ("QUOTA_DELAY_MODE", "defer"),
+    ("QUOTA_PACING", "off"),
+];
+
+/// The seed's example at a small scale: 2 scans within quota, 3 soft (1 s),
+/// then hard (3 s).
+pub const SEED_DELAYS: &[(&str, &str)] = &[
+    ("QUOTA_ANON", "2"),
+    ("QUOTA_SOFT_WINDOW", "3"),
+    ("QUOTA_SOFT_DELAY_MS", "1000"),
+    ("QUOTA_HARD_DELAY_MS", "3000"),
+];
+
+/// Sends 8 scans from one address, one at a time, to a gate configured with
+/// [`TIERS`]: each is a 202 counted by the store (1…8) with the quota
+/// headers, and the delays are none for 1–3, soft for 4–5, hard for 6–8.
+pub async fn assert_tiers<S, Q>(gate: &Gate<S, Q>)
+where
+    S: quota_gate::store::QuotaStore,
+    Q: ScanQueue,
+{
+    let answers = one_at_a_time(gate, (0..8).map(|_| scan_from("203.0.113.7"))).await;
+    let mut delays = Vec::new();
+    for (n, r) in (1u64..).zip(&answers) {
+        assert_eq!(r.status(), 202, "{:?}", r.body());
+        assert!(
+            r.headers().get("x-stella-quota").is_none(),
+            "store answered"
+        );
+        let body = json(r);
+        assert_eq!(body["quota"]["used"], n);
+        let remaining = 3u64.saturating_sub(n).to_string();
+        assert_eq!(r.headers()["x-stella-quota-remaining"], remaining.as_str());
+        assert_eq!(r.headers()["ratelimit-policy"], "\"daily\";q=3;w=86400");
+        delays.push(body["delayMs"].as_u64().unwrap());
+    }
+    assert_eq!(delays, [0, 0, 0, 5000, 5000, 60000, 60000, 60000]);
+}
+
+/// Limits for the concurrency test: 100 within, 30 soft, the rest hard,
 /// nothing slept, pacing on with room for the whole burst's backlog, and a
-/// generous store timeout: these tests are about exactness, not latency, and
+/// generous store timeout: the test is about exactness, not latency, and
 /// connections opening at once on a loaded CI machine can take a while.
-pub const CONCURRENCY_VARS: &[(&str, &str)] = &[
+const CONCURRENCY_VARS: &[(&str, &str)] = &[
     ("QUOTA_ANON", "100"),
     ("QUOTA_SOFT_WINDOW", "30"),
     ("QUOTA_DELAY_MODE", "defer"),
@@ -206,13 +423,17 @@ pub fn unix_ms(rfc3339: &str) -> i64 {
     (t.unix_timestamp_nanos() / 1_000_000) as i64
 }
 
-/// Sends 400 scans from one subject at once, spread over `gates` (each with
-/// its own connection, as separate Lambda instances would have), and checks
-/// the counts are 1…400 exactly once each, with 30 soft and 270 hard scans
-/// whose start slots are all distinct and one delay apart (pacing).
+/// Sends 400 scans from one subject at once, spread over eight gates that
+/// `make_gate` builds from the variables it is given (each with its own
+/// connection, as separate Lambda instances would have), and checks the
+/// counts are 1…400 exactly once each, with 30 soft and 270 hard scans whose
+/// start slots are all distinct and one delay apart (pacing).
 pub async fn assert_400_concurrent_scans_count_exactly<Q: ScanQueue>(
-    gates: &[Arc<Gate<ValkeyStore, Q>>],
+    make_gate: impl Fn(&[(&str, &str)]) -> Gate<ValkeyStore, Q>,
 ) {
+    let gates: Vec<_> = (0..8)
+        .map(|_| Arc::new(make_gate(CONCURRENCY_VARS)))
+        .collect();
     let tasks: Vec<_> = (0..400)
         .map(|i| {
             let gate = gates[i % gates.len()].clone();
@@ -267,6 +488,9 @@ pub async fn jobs_on(
         .collect()
 }
 
+/// The body every valid test scan carries.
+pub const SCAN_BODY: &str = r#"{"image":"registry.example.com/team/app:1.4.2"}"#;
+
 /// `POST /scan` from `ip` with a valid body.
 pub fn scan_from(ip: &str) -> GateRequest {
     let mut headers = HeaderMap::new();
@@ -278,7 +502,7 @@ pub fn scan_from(ip: &str) -> GateRequest {
         method: Method::POST,
         path: "/scan".into(),
         headers,
-        body: Bytes::from_static(br#"{"image":"registry.example.com/team/app:1.4.2"}"#),
+        body: Bytes::from_static(SCAN_BODY.as_bytes()),
         peer: Some(ip.parse().unwrap()),
         ..GateRequest::default()
     }
@@ -353,143 +577,6 @@ pub fn now() -> i64 {
         .as_secs() as i64
 }
 
-/// The arguments every test server gets: `port`, loopback only, persistence off, data in `dir`.
-fn data_dir(port: u16) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("quota-gate-valkey-{port}-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
-}
-
-/// A throw-away `valkey-server` on `port`: loopback only, persistence off unless `extra` says.
-fn spawn_valkey(port: u16, dir: &std::path::Path, extra: &[&str]) -> Child {
-    let bin = valkey_server_bin();
-    Command::new(&bin)
-        .args([
-            "--port",
-            &port.to_string(),
-            "--bind",
-            "127.0.0.1",
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-        ])
-        .args(["--dir", &dir.to_string_lossy()])
-        .args(extra)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap_or_else(|e| {
-            panic!("cannot start {bin:?} (run scripts/test once to install it): {e}")
-        })
-}
-
-impl ValkeyServer {
-    /// Starts a server on a given `port` (one a gate was already pointed at), waiting for it.
-    pub fn start_on(port: u16, extra: &[&str]) -> Self {
-        let dir = data_dir(port);
-        let mut server = Self {
-            port,
-            child: spawn_valkey(port, &dir, extra),
-            dir,
-        };
-        assert!(
-            server.is_ready(Duration::from_secs(10)),
-            "valkey-server did not start on port {port}"
-        );
-        server
-    }
-
-    /// Sends `signal` (`KILL`, `STOP`, `CONT`) to the server process.
-    pub fn signal(&self, signal: &str) {
-        let status = Command::new("kill")
-            .arg(format!("-{signal}"))
-            .arg(self.pid().to_string())
-            .status()
-            .unwrap();
-        assert!(status.success(), "kill -{signal} failed");
-    }
-
-    /// SIGKILL (no shutdown, no goodbye to clients), then a new process on the
-    /// same port and data directory with `extra` options (an AOF survives).
-    pub fn crash_and_restart(&mut self, down_for: Duration, extra: &[&str]) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        std::thread::sleep(down_for);
-        self.child = spawn_valkey(self.port, &self.dir, extra);
-        assert!(
-            self.is_ready(Duration::from_secs(10)),
-            "valkey-server did not restart on port {}",
-            self.port
-        );
-    }
-}
-
-/// A queue in memory: exactly the jobs the gate enqueued, nothing in the way.
-#[derive(Clone, Default)]
-pub struct RecordingQueue(Arc<Mutex<Vec<ScanJob>>>);
-
-impl ScanQueue for RecordingQueue {
-    async fn enqueue(&self, job: &ScanJob) -> Result<(), QueueError> {
-        self.0.lock().unwrap().push(job.clone());
-        Ok(())
-    }
-}
-
-impl RecordingQueue {
-    pub fn jobs(&self) -> Vec<ScanJob> {
-        self.0.lock().unwrap().clone()
-    }
-
-    pub fn len(&self) -> usize {
-        self.0.lock().unwrap().len()
-    }
-
-    pub fn last(&self) -> ScanJob {
-        self.0.lock().unwrap().last().cloned().expect("a job")
-    }
-
-    /// The jobs as the queue's consumers see them (JSON).
-    pub fn json(&self) -> Vec<serde_json::Value> {
-        self.jobs()
-            .iter()
-            .map(|j| serde_json::to_value(j).unwrap())
-            .collect()
-    }
-}
-
-/// A sink the test can read while a meter holds it (EMF lines).
-#[derive(Clone, Default)]
-pub struct Capture(Arc<Mutex<Vec<u8>>>);
-
-impl Write for Capture {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(buf);
-        Ok(buf.len())
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-impl Capture {
-    /// A meter writing its EMF lines here.
-    pub fn meter(&self) -> Meter {
-        Meter::new("StellaOps/Quota", Some(Box::new(self.clone())))
-    }
-
-    /// Everything written so far.
-    pub fn text(&self) -> String {
-        String::from_utf8(self.0.lock().unwrap().clone()).unwrap()
-    }
-
-    /// How many lines contain `needle`.
-    pub fn count(&self, needle: &str) -> usize {
-        self.text().lines().filter(|l| l.contains(needle)).count()
-    }
-}
-
 /// Sends `requests` to `gate` all at once, each in a task of its own, and
 /// returns each answer as it came (in request order).
 pub async fn all_at_once<S, Q>(
@@ -512,6 +599,31 @@ where
         answers.push(t.await.expect("no panic"));
     }
     answers
+}
+
+/// Sends `requests` to `gate` one after another, each once the answer to
+/// the one before is in, and returns the answers in order.
+pub async fn one_at_a_time<S, Q>(
+    gate: &Gate<S, Q>,
+    requests: impl IntoIterator<Item = GateRequest>,
+) -> Vec<http::Response<Bytes>>
+where
+    S: quota_gate::store::QuotaStore,
+    Q: ScanQueue,
+{
+    let mut answers = Vec::new();
+    for request in requests {
+        answers.push(gate.handle(request).await);
+    }
+    answers
+}
+
+/// Each response's status and JSON body.
+pub fn statuses_and_bodies(responses: &[http::Response<Bytes>]) -> Vec<(u16, serde_json::Value)> {
+    responses
+        .iter()
+        .map(|r| (r.status().as_u16(), json(r)))
+        .collect()
 }
 
 /// The whole seconds of a response's `Retry-After`.

@@ -28,17 +28,9 @@
 //! fails only if something did not work, never on a figure.
 //! `QUOTA_BENCH_CONCURRENCY` (64) and `QUOTA_BENCH_SECS` (4) tune a full run.
 
-#[path = "../tests/common/mod.rs"]
-mod common;
-#[path = "gate/external.rs"]
 mod external;
-#[path = "gate/floor.rs"]
 mod floor;
-#[path = "gate/http.rs"]
-mod http;
-#[path = "gate/load.rs"]
 mod load;
-#[path = "gate/process.rs"]
 mod process;
 
 use std::process::ExitCode;
@@ -56,6 +48,7 @@ use quota_gate::store::memory::MemoryStore;
 use quota_gate::store::valkey::ValkeyStore;
 use quota_gate::store::{CountArgs, QuotaKey, QuotaStore, period_end};
 use quota_gate::valkey::{STANDALONE_CONNECTIONS, Valkey};
+use quota_gate_testkit::{self as common, client};
 use serde_json::json;
 
 use load::{Plan, Stats, closed_loop, with_cpu};
@@ -326,7 +319,7 @@ fn run(settings: &Settings) -> Result<Vec<String>, String> {
     let wrk = |addr, pids: &[String]| {
         external::wrk(addr, plan.concurrency, wrk_secs, wrk_warmup, &scratch, pids)
     };
-    let ip_request = http::scan_request(None);
+    let ip_request = client::scan_request(None).into_bytes();
 
     // 4f, 5f: the HTTP floor under both generators.
     let mut http_rows = Vec::new();
@@ -359,7 +352,10 @@ fn run(settings: &Settings) -> Result<Vec<String>, String> {
     let ed = token(Algorithm::EdDSA, "http-0");
     for (name, request) in [
         ("HTTP serve, IP", ip_request.clone()),
-        ("HTTP serve, JWT EdDSA", http::scan_request(Some(&ed))),
+        (
+            "HTTP serve, JWT EdDSA",
+            client::scan_request(Some(&ed)).into_bytes(),
+        ),
     ] {
         runtime.block_on(clear_stream(&url));
         let pids = [valkey_pid.clone(), pid.clone(), "self".into()];
@@ -641,7 +637,7 @@ async fn in_process(
         let requests: Arc<Vec<GateRequest>> = Arc::new(
             (0..plan.concurrency)
                 .map(|t| {
-                    let ip = format!("10.{}.{}.{}", 1 + (t >> 16) % 200, (t >> 8) & 255, t & 255);
+                    let ip = task_ip(t);
                     match alg {
                         None => common::scan_from(&ip),
                         Some(a) => common::scan_with_token(&ip, &token(a, &format!("t{t}"))),
@@ -689,18 +685,14 @@ fn accepted(response: ::http::Response<bytes::Bytes>) -> Result<(), String> {
     }
 }
 
+/// The address of task `t`: each task is a subject of its own.
+fn task_ip(t: usize) -> String {
+    format!("10.{}.{}.{}", 1 + (t >> 16) % 200, (t >> 8) & 255, t & 255)
+}
+
 /// One anonymous `POST /scan` per task, each from its own address.
 fn ip_requests(n: usize) -> Vec<GateRequest> {
-    (0..n)
-        .map(|t| {
-            common::scan_from(&format!(
-                "10.{}.{}.{}",
-                1 + (t >> 16) % 200,
-                (t >> 8) & 255,
-                t & 255
-            ))
-        })
-        .collect()
+    (0..n).map(|t| common::scan_from(&task_ip(t))).collect()
 }
 
 /// A queue that does the stream queue's CPU work (the job's JSON) and no I/O.
@@ -874,7 +866,7 @@ fn http_line(
         runtime.block_on(async move {
             let mut conns = Vec::with_capacity(plan.concurrency);
             for _ in 0..plan.concurrency {
-                let c = http::Connection::open(addr)
+                let c = client::Connection::open(addr)
                     .await
                     .map_err(|e| e.to_string())?;
                 conns.push(tokio::sync::Mutex::new(c));

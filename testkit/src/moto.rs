@@ -2,10 +2,11 @@
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use super::{free_port, root, wait_for_port};
+use crate::client::{http, request};
+use crate::{KillOnDrop, free_port, loopback, root, wait_for_port};
 
 /// `moto_server` from `.tools/venv` (installed by `scripts/test`), or `$MOTO_SERVER`.
 pub fn moto_server_bin() -> PathBuf {
@@ -16,7 +17,7 @@ pub fn moto_server_bin() -> PathBuf {
 
 pub struct MotoServer {
     pub port: u16,
-    child: Child,
+    child: KillOnDrop,
 }
 
 impl MotoServer {
@@ -32,17 +33,19 @@ impl MotoServer {
                 .unwrap_or_else(|e| {
                     panic!("cannot start {bin:?} (run scripts/test once to install it): {e}")
                 });
-            let mut server = Self { port, child };
+            let server = Self {
+                port,
+                child: KillOnDrop::new(child),
+            };
             if wait_for_port(server.addr(), Duration::from_secs(30)) {
                 return server;
             }
-            let _ = server.child.kill();
         }
         panic!("moto_server did not start");
     }
 
     pub fn addr(&self) -> SocketAddr {
-        SocketAddr::from(([127, 0, 0, 1], self.port))
+        loopback(self.port)
     }
 
     /// The endpoint to give the AWS SDK (`AWS_ENDPOINT_URL`).
@@ -67,23 +70,8 @@ impl MotoServer {
     /// instance with its attributes, including what the SQS API never returns
     /// (a message's `delayed_until` and `sent_timestamp`, hence its `DelaySeconds`).
     pub fn model_data(&self) -> serde_json::Value {
-        use std::io::{Read, Write};
-        let mut stream = std::net::TcpStream::connect(self.addr()).unwrap();
-        stream
-            .set_read_timeout(Some(Duration::from_secs(10)))
-            .unwrap();
-        // HTTP/1.0: the server closes the connection after the answer, so
-        // reading to the end reads exactly one response.
-        write!(
-            stream,
-            "GET /moto-api/data.json HTTP/1.0\r\nHost: 127.0.0.1:{}\r\n\r\n",
-            self.port
-        )
-        .unwrap();
-        let mut raw = Vec::new();
-        stream.read_to_end(&mut raw).unwrap();
-        let text = String::from_utf8(raw).unwrap();
-        let (head, body) = text.split_once("\r\n\r\n").unwrap();
+        let response = http(self.addr(), &request("GET", "/moto-api/data.json"));
+        let (head, body) = response.split_once("\r\n\r\n").unwrap();
         assert!(
             head.starts_with("HTTP/1.") && head.contains(" 200 "),
             "{head}"
@@ -112,13 +100,6 @@ impl MotoServer {
 
     /// Stops the server (for outage tests).
     pub fn stop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Drop for MotoServer {
-    fn drop(&mut self) {
-        self.stop();
+        self.child.kill_now();
     }
 }
