@@ -13,7 +13,6 @@
 //! switch to skip verification.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
@@ -43,19 +42,15 @@ struct Inner {
 }
 
 enum Kind {
-    /// Multiplexed connections, handed out in turn.
-    Standalone {
-        managers: Box<[ConnectionManager]>,
-        next: AtomicUsize,
-    },
+    /// One multiplexed connection, shared by every request (several used in
+    /// turn measured worse: fewer commands share each socket read and write,
+    /// see docs/benchmarks.md).
+    Standalone(ConnectionManager),
     Cluster {
         client: Arc<ClusterClient>,
         connection: Arc<OnceCell<ClusterConnection>>,
     },
 }
-
-/// Multiplexed connections to a standalone server.
-pub const STANDALONE_CONNECTIONS: usize = 1;
 
 /// One connection, standalone or cluster, usable with any redis command.
 #[derive(Clone)]
@@ -84,17 +79,6 @@ impl Valkey {
         Self::with_tls_ca(url, cluster, timeout, None)
     }
 
-    /// Like [`new`](Self::new) with `connections` multiplexed connections to
-    /// a standalone server, used in turn (at least one; a cluster keeps its
-    /// one connection per node).
-    pub fn with_connections(
-        url: &str,
-        timeout: Duration,
-        connections: usize,
-    ) -> Result<Self, ConfigError> {
-        Self::build(url, false, timeout, None, connections)
-    }
-
     /// The Valkey named by `config` (`VALKEY_URL`, `VALKEY_CLUSTER`,
     /// `VALKEY_TLS_CA`, `QUOTA_STORE_TIMEOUT_MS`); `None` when no URL is set.
     pub fn from_config(config: &Config) -> Result<Option<Self>, ConfigError> {
@@ -120,16 +104,6 @@ impl Valkey {
         cluster: bool,
         timeout: Duration,
         ca: Option<&[u8]>,
-    ) -> Result<Self, ConfigError> {
-        Self::build(url, cluster, timeout, ca, STANDALONE_CONNECTIONS)
-    }
-
-    fn build(
-        url: &str,
-        cluster: bool,
-        timeout: Duration,
-        ca: Option<&[u8]>,
-        connections: usize,
     ) -> Result<Self, ConfigError> {
         let bad = |e: RedisError| ConfigError::new("VALKEY_URL", e.to_string());
         if is_tls(url) {
@@ -166,14 +140,7 @@ impl Valkey {
                 .set_connection_timeout(Some(timeout))
                 .set_response_timeout(Some(timeout))
                 .set_number_of_retries(1);
-            let managers = (0..connections.max(1))
-                .map(|_| ConnectionManager::new_lazy_with_config(client.clone(), config.clone()))
-                .collect::<RedisResult<_>>()
-                .map_err(bad)?;
-            Kind::Standalone {
-                managers,
-                next: AtomicUsize::new(0),
-            }
+            Kind::Standalone(ConnectionManager::new_lazy_with_config(client, config).map_err(bad)?)
         };
         Ok(Self {
             inner: Arc::new(Inner {
@@ -193,10 +160,7 @@ impl Valkey {
     /// on the next call.
     pub async fn connection(&self) -> RedisResult<Connection> {
         match &self.inner.kind {
-            Kind::Standalone { managers, next } => {
-                let i = next.fetch_add(1, Ordering::Relaxed) % managers.len();
-                Ok(Connection::Standalone(managers[i].clone()))
-            }
+            Kind::Standalone(manager) => Ok(Connection::Standalone(manager.clone())),
             Kind::Cluster { client, connection } => {
                 if let Some(c) = connection.get() {
                     return Ok(Connection::Cluster(c.clone()));

@@ -33,6 +33,11 @@ mod floor;
 mod load;
 mod process;
 
+/// The allocator of the shipped binaries, so the in-process lines measure
+/// what `serve` and Lambda run.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -47,7 +52,7 @@ use quota_gate::queue::{QueueError, ScanJob, ScanQueue};
 use quota_gate::store::memory::MemoryStore;
 use quota_gate::store::valkey::ValkeyStore;
 use quota_gate::store::{CountArgs, QuotaKey, QuotaStore, period_end};
-use quota_gate::valkey::{STANDALONE_CONNECTIONS, Valkey};
+use quota_gate::valkey::Valkey;
 use quota_gate_testkit::{self as common, client};
 use serde_json::json;
 
@@ -617,19 +622,13 @@ async fn in_process(
         measured,
     ));
 
-    // 3: the whole gate, one subject per task; the last case is the
-    // experiment of several multiplexed Valkey connections used in turn.
-    let one = Arc::new(valkey_gate(url, STANDALONE_CONNECTIONS)?);
-    let cases: [(&str, Option<Algorithm>, &Arc<ValkeyGate>); 5] = [
+    // 3: the whole gate, one subject per task.
+    let one = Arc::new(valkey_gate(url)?);
+    let cases: [(&str, Option<Algorithm>, &Arc<ValkeyGate>); 4] = [
         ("gate in process, IP", None, &one),
         ("gate in process, JWT EdDSA", Some(Algorithm::EdDSA), &one),
         ("gate in process, JWT ES256", Some(Algorithm::ES256), &one),
         ("gate in process, JWT RS256", Some(Algorithm::RS256), &one),
-        (
-            "gate in process, IP, 4 Valkey connections (experiment)",
-            None,
-            &Arc::new(valkey_gate(url, 4)?),
-        ),
     ];
     let mut first = true;
     for (name, alg, gate) in cases {
@@ -743,7 +742,7 @@ fn profile_child(n: u64) -> Result<(), String> {
 
 /// The gate as `quota-gate serve` builds it for this server: Valkey store,
 /// Valkey stream queue, delays zero, the test JWKS, EMF lines to a sink.
-fn valkey_gate(url: &str, connections: usize) -> Result<ValkeyGate, String> {
+fn valkey_gate(url: &str) -> Result<ValkeyGate, String> {
     let jwks = common::fixture("jwks.json");
     let config = common::config(&[
         ("VALKEY_URL", url),
@@ -752,8 +751,7 @@ fn valkey_gate(url: &str, connections: usize) -> Result<ValkeyGate, String> {
         ("QUOTA_HARD_DELAY_MS", "0"),
         ("QUOTA_JWT_JWKS", &jwks),
     ]);
-    let valkey = Valkey::with_connections(url, config.store.timeout, connections)
-        .map_err(|e| e.to_string())?;
+    let valkey = Valkey::new(url, false, config.store.timeout).map_err(|e| e.to_string())?;
     sink_gate(
         config,
         ValkeyStore::new(valkey.clone()),
