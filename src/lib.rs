@@ -26,8 +26,9 @@
 //! call, reading the [`clock`] once per request; [`idempotency`] checks the
 //! `Idempotency-Key` whose record the store keeps; [`lambda`] and [`serve`]
 //! adapt the gate to API Gateway events and to a local HTTP server.
-//! [`config`] reads every setting once, at start, and [`error`] is the one
-//! place that maps failures to HTTP statuses.
+//! [`config`] reads every setting once, at start, from one table of
+//! variables ([`config::vars`]) into grouped settings, and settles the hash
+//! secret; [`error`] is the one place that maps failures to HTTP statuses.
 //!
 //! Around the path: [`valkey`] is the lazy, shared connection (standalone or
 //! cluster, TLS) used by the store and the stream queue; [`breaker`] skips a
