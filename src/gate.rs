@@ -421,7 +421,13 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
         };
         match self.bounded(self.store.pace(args)).await {
             Ok(Paced::Slot { delay_ms }) => Ok(Duration::from_millis(delay_ms)),
-            Ok(Paced::Full { retry_after_ms }) => Err(retry_after_ms.div_ceil(1000).max(1)),
+            Ok(Paced::Full { retry_after_ms }) => {
+                // Refused, so not counted: take the count (and a keyed
+                // scan's record) back, bounded to the counter that counted it.
+                let record = claim.map(|c| (c.record.as_str(), c.scan_id.as_str()));
+                self.refund(key, reset_at, record).await;
+                Err(retry_after_ms.div_ceil(1000).max(1))
+            }
             Err(e) => {
                 // Counted already: slow it by its tier at least.
                 tracing::warn!(error = %e, "pacing failed; using the tier's delay");

@@ -17,7 +17,10 @@ use quota_gate::queue::ScanQueue;
 use quota_gate::queue::stream::StreamQueue;
 use quota_gate::store::memory::MemoryStore;
 use quota_gate::store::valkey::ValkeyStore;
-use quota_gate::store::{QuotaKey, QuotaStore, Refund};
+use quota_gate::store::{
+    Claim, Claimed, Count, CountArgs, Field, PaceArgs, Paced, QuotaKey, QuotaStore, Refund,
+    StoreError,
+};
 use serde_json::Value;
 
 const IP: &str = "198.51.100.90";
@@ -381,4 +384,139 @@ async fn refund_is_tied_to_its_day() {
     assert_eq!(count_on(&gate, &server, IP).await, 5);
     gate.store().refund(refund(today_end)).await.unwrap();
     assert_eq!(count_on(&gate, &server, IP).await, 4);
+}
+
+/// The Valkey store, but each pacing step is sent only when the test says
+/// so: the stall of "a reply that comes after the gate gave up", placed
+/// exactly between the count and the pacing step (a `SIGSTOP` cannot be
+/// timed into the microseconds between the two). The step itself is the
+/// real `pace.lua` on the real server; it runs late, as a stalled one would.
+#[derive(Clone)]
+struct LatePace {
+    inner: ValkeyStore,
+    go: Arc<tokio::sync::Semaphore>,
+    ran: Arc<tokio::sync::Mutex<Vec<Paced>>>,
+}
+
+impl QuotaStore for LatePace {
+    async fn count(&self, args: CountArgs<'_>) -> Result<Count, StoreError> {
+        self.inner.count(args).await
+    }
+    async fn count_keyed(&self, args: CountArgs<'_>, claim: &Claim) -> Result<Claimed, StoreError> {
+        self.inner.count_keyed(args, claim).await
+    }
+    async fn pace(&self, args: PaceArgs<'_>) -> Result<Paced, StoreError> {
+        let (store, go, ran) = (self.inner.clone(), self.go.clone(), self.ran.clone());
+        let (key, record) = (args.key.clone(), args.record.map(str::to_owned));
+        let (arrival_ms, delay_ms, max_backlog_ms, reset_at) = (
+            args.arrival_ms,
+            args.delay_ms,
+            args.max_backlog_ms,
+            args.reset_at,
+        );
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        // Detached: the gate dropping its future does not stop the step.
+        tokio::spawn(async move {
+            go.acquire().await.unwrap().forget();
+            let args = PaceArgs {
+                key: &key,
+                record: record.as_deref(),
+                arrival_ms,
+                delay_ms,
+                max_backlog_ms,
+                reset_at,
+            };
+            let paced = store.pace(args).await;
+            if let Ok(p) = &paced {
+                ran.lock().await.push(*p);
+            }
+            let _ = tx.send(paced);
+        });
+        rx.await.unwrap_or(Err(StoreError::Timeout))
+    }
+    async fn refund(&self, refund: Refund<'_>) -> Result<(), StoreError> {
+        self.inner.refund(refund).await
+    }
+    async fn release(&self, record: &str) -> Result<(), StoreError> {
+        self.inner.release(record).await
+    }
+    async fn update_record(&self, record: &str, fields: &[Field]) -> Result<(), StoreError> {
+        self.inner.update_record(record, fields).await
+    }
+    async fn take_over(&self, record: &str, seen: i64, until: i64) -> Result<bool, StoreError> {
+        self.inner.take_over(record, seen, until).await
+    }
+}
+
+/// A pacing step that times out is a scan accepted with its tier's delay;
+/// when the step then runs late and finds the backlog full, it must not
+/// take that scan's count back or drop its record (it used to: the scan ran
+/// uncounted, and a keyed retry was queued again). A refusal the gate does
+/// see still takes its count back.
+#[tokio::test]
+async fn a_late_pacing_step_never_uncounts_an_accepted_scan() {
+    let server = ValkeyServer::start();
+    // 1 within, then hard 60 s; the backlog holds one hard slot.
+    let vars = [
+        ("VALKEY_URL", server.url()),
+        ("SCAN_QUEUE_URL", "valkey-stream:jobs".to_owned()),
+        ("QUOTA_ANON", "1".to_owned()),
+        ("QUOTA_SOFT_WINDOW", "0".to_owned()),
+        ("QUOTA_DELAY_MODE", "defer".to_owned()),
+        ("QUOTA_MAX_BACKLOG_MS", "60000".to_owned()),
+        ("QUOTA_STORE_TIMEOUT_MS", "200".to_owned()),
+    ];
+    let vars: Vec<(&str, &str)> = vars.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let config = config(&vars);
+    let valkey = quota_gate::valkey::Valkey::from_config(&config)
+        .unwrap()
+        .unwrap();
+    let store = LatePace {
+        inner: ValkeyStore::new(valkey.clone()),
+        go: Arc::new(tokio::sync::Semaphore::new(0)),
+        ran: Arc::default(),
+    };
+    let gate = Gate::new(
+        config,
+        store.clone(),
+        StreamQueue::new(valkey, "jobs"),
+        quota_gate::meter::Meter::new("test", None),
+    )
+    .unwrap();
+
+    // Within quota: no pacing step. Over it: the first step runs in time.
+    assert_eq!(gate.handle(keyed(IP, "k-1")).await.status(), 202);
+    store.go.add_permits(1);
+    assert_eq!(gate.handle(keyed(IP, "k-2")).await.status(), 202);
+    // The third scan's step is held past the store timeout: accepted.
+    let late = gate.handle(keyed(IP, "k-3")).await;
+    assert_eq!(late.status(), 202, "{}", json(&late));
+    assert_eq!(count_on(&gate, &server, IP).await, 3);
+    // Now the step runs: the backlog is full, and it must change nothing.
+    store.go.add_permits(1);
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while store.ran.lock().await.len() < 2 && std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(matches!(store.ran.lock().await[1], Paced::Full { .. }));
+    assert_eq!(
+        count_on(&gate, &server, IP).await,
+        3,
+        "the accepted scan stays counted"
+    );
+    assert_eq!(stream_jobs(&server, "jobs").await.len(), 3);
+    // Its record stays: a retry is a replay, not a second job.
+    let retry = gate.handle(keyed(IP, "k-3")).await;
+    assert_eq!(retry.status(), 202);
+    assert_eq!(retry.headers()["idempotent-replayed"], "true");
+    assert_eq!(json(&retry)["scanId"], json(&late)["scanId"]);
+    assert_eq!(stream_jobs(&server, "jobs").await.len(), 3);
+
+    // A refusal the gate sees in time: 503, count taken back, nothing queued.
+    store.go.add_permits(1);
+    let refused = gate.handle(keyed(IP, "k-4")).await;
+    assert_eq!(refused.status(), 503, "{}", json(&refused));
+    assert_eq!(json(&refused)["error"], "backlog_full");
+    assert_eq!(count_on(&gate, &server, IP).await, 3);
+    assert_eq!(stream_jobs(&server, "jobs").await.len(), 3);
 }

@@ -208,13 +208,7 @@ impl QuotaStore for MemoryStore {
                 }
                 Ok(Paced::Slot { delay_ms })
             }
-            Err(retry_after_ms) => {
-                inner.refund(&args.key.counter, args.reset_at, now);
-                if let Some(record) = args.record {
-                    inner.records.remove(record);
-                }
-                Ok(Paced::Full { retry_after_ms })
-            }
+            Err(retry_after_ms) => Ok(Paced::Full { retry_after_ms }),
         }
     }
 

@@ -206,9 +206,9 @@ pub struct Refund<'a> {
 pub enum Paced {
     /// The scan may start `delay_ms` after its arrival; the slot moved on.
     Slot { delay_ms: u64 },
-    /// The delay would exceed the cap: the count (and a keyed scan's record)
-    /// was taken back and the slot did not move; a slot within the cap frees
-    /// up in `retry_after_ms`.
+    /// The delay would exceed the cap: nothing changed (the caller takes the
+    /// count back, see [`QuotaStore::pace`]); a slot within the cap frees up
+    /// in `retry_after_ms`.
     Full { retry_after_ms: u64 },
 }
 
@@ -273,7 +273,10 @@ pub trait QuotaStore: Send + Sync + 'static {
         claim: &Claim,
     ) -> impl Future<Output = Result<Claimed, StoreError>> + Send;
 
-    /// One pacing step ([`next_slot`]); on `Full` takes the count back.
+    /// One pacing step ([`next_slot`]). `Full` changes nothing: the caller
+    /// refunds the count with its next call. A refund inside the step would
+    /// be wrong when the caller timed out waiting for it and accepted the
+    /// scan anyway (a late step would then uncount a queued scan).
     fn pace(&self, args: PaceArgs<'_>) -> impl Future<Output = Result<Paced, StoreError>> + Send;
 
     /// Takes back one count of its period (a no-op if the counter is gone or

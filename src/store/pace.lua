@@ -1,11 +1,13 @@
 -- One pacing step: slot = max(arrival, previous slot) + delay.
 --
--- KEYS[1] the subject's slot key, KEYS[2] its counter, KEYS[3] (optional) a
--- keyed scan's record. ARGV: arrival (unix ms), the tier's delay (ms), the
--- backlog cap (ms), the counter's expiry (unix s).
+-- KEYS[1] the subject's slot key, KEYS[2] (optional) a keyed scan's record.
+-- ARGV: arrival (unix ms), the tier's delay (ms), the backlog cap (ms), the
+-- counter's expiry (unix s).
 -- Returns {1, delay} and moves the slot on; or, when the delay would exceed
--- the cap, {0, ms until it would fit}: the slot stays, the count is taken
--- back (if it is still this period's) and the record removed.
+-- the cap, {0, ms until it would fit} and changes nothing. The refusal's
+-- refund is the gate's next command, never this script's: a gate that timed
+-- out waiting for this reply has already accepted the scan with its tier's
+-- delay, so a late run of this script must leave its count and record alone.
 local arrival = tonumber(ARGV[1])
 local delay = tonumber(ARGV[2])
 local cap = tonumber(ARGV[3])
@@ -16,13 +18,6 @@ local wait = start - arrival
 -- A scan with nothing queued ahead is never refused (store::next_slot).
 cap = math.max(cap, delay)
 if wait > cap then
-  local expiry = redis.call('EXPIRETIME', KEYS[2])
-  if expiry ~= -2 and expiry <= reset_at then
-    redis.call('DECR', KEYS[2])
-  end
-  if KEYS[3] then
-    redis.call('DEL', KEYS[3])
-  end
   return {0, wait - cap}
 end
 if reset_at > 0 then
@@ -30,7 +25,7 @@ if reset_at > 0 then
 else
   redis.call('SET', KEYS[1], string.format('%.0f', start), 'EX', 86400)
 end
-if KEYS[3] then
-  redis.call('HSET', KEYS[3], 'delayMs', string.format('%.0f', wait))
+if KEYS[2] then
+  redis.call('HSET', KEYS[2], 'delayMs', string.format('%.0f', wait))
 end
 return {1, wait}

@@ -150,7 +150,7 @@ impl QuotaStore for ValkeyStore {
 
     async fn pace(&self, args: PaceArgs<'_>) -> Result<Paced, StoreError> {
         let mut conn = self.connection().await?;
-        let mut keys = vec![args.key.slot.as_str(), args.key.counter.as_str()];
+        let mut keys = vec![args.key.slot.as_str()];
         keys.extend(args.record);
         let (fits, ms): (i64, i64) = eval(PACE, &keys)
             .arg(args.arrival_ms)
