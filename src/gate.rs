@@ -68,10 +68,22 @@ pub struct Gate<S, Q> {
 impl Gate<AnyStore, AnyQueue> {
     /// Builds the store and queue `config` names. Nothing connects yet.
     pub async fn from_config(config: Config, meter: Meter) -> Result<Self, ConfigError> {
+        Self::from_config_sharing(config, meter, &MemoryStore::default()).await
+    }
+
+    /// Like [`from_config`](Self::from_config), but counting in `memory`
+    /// when no Valkey is configured: the gates of one process (`serve`'s
+    /// workers) share their in-memory counters. A Valkey connection is each
+    /// gate's own.
+    pub async fn from_config_sharing(
+        config: Config,
+        meter: Meter,
+        memory: &MemoryStore,
+    ) -> Result<Self, ConfigError> {
         let valkey = Valkey::from_config(&config)?;
         let store = match &valkey {
             Some(v) => AnyStore::Valkey(ValkeyStore::new(v.clone())),
-            None => AnyStore::Memory(MemoryStore::default()),
+            None => AnyStore::Memory(memory.clone()),
         };
         let queue = match (&config.queue, &valkey) {
             (QueueTarget::Spool, _) => AnyQueue::Spool(Spool::default()),

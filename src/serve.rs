@@ -98,9 +98,28 @@ pub async fn serve_with<S: QuotaStore, Q: ScanQueue>(
     limits: ServeLimits,
     shutdown: impl Future<Output = ()>,
 ) -> std::io::Result<()> {
+    let slots = connection_slots(limits);
+    serve_sharing(listener, gate, metrics, limits, slots, shutdown).await
+}
+
+/// The semaphore that holds open connections to [`ServeLimits::max_connections`].
+pub fn connection_slots(limits: ServeLimits) -> Arc<Semaphore> {
+    Arc::new(Semaphore::new(limits.max_connections.max(1)))
+}
+
+/// [`serve_with`], taking connection slots from `slots`, which several
+/// servers on one listening socket (`quota-gate serve`'s workers, one per
+/// core) share, so the cap holds for the process.
+pub async fn serve_sharing<S: QuotaStore, Q: ScanQueue>(
+    listener: TcpListener,
+    gate: Arc<Gate<S, Q>>,
+    metrics: Option<PrometheusHandle>,
+    limits: ServeLimits,
+    slots: Arc<Semaphore>,
+    shutdown: impl Future<Output = ()>,
+) -> std::io::Result<()> {
     tokio::pin!(shutdown);
     let connections = GracefulShutdown::new();
-    let slots = Arc::new(Semaphore::new(limits.max_connections.max(1)));
     let mut builder = http1::Builder::new();
     builder
         .timer(TokioTimer::new())

@@ -345,3 +345,23 @@ fn stalled_body_gets_408() {
     let first = http(addr, &post_scan(r#"{"image":"a"}"#));
     assert!(first.contains("x-stella-quota-remaining: 32"), "{first}");
 }
+
+/// The workers (here 4, one single-threaded runtime each, accepting on one
+/// socket) share one in-memory store: 40 scans at once from 8 clients, each
+/// on its own connection, are counted 1 … 40, each once.
+#[test]
+fn workers_share_one_in_memory_count() {
+    let (_serve, addr) = spawn_serve(&[("QUOTA_SERVE_WORKERS", "4"), ("QUOTA_ANON", "1000")]);
+    let answers = burst(addr, 8, 40);
+    let mut used: Vec<u64> = answers
+        .iter()
+        .map(|(status, _, body)| {
+            assert_eq!(*status, 202, "{body}");
+            let json: serde_json::Value =
+                serde_json::from_str(body.split("\r\n\r\n").nth(1).unwrap_or(body)).unwrap();
+            json["quota"]["used"].as_u64().unwrap()
+        })
+        .collect();
+    used.sort_unstable();
+    assert_eq!(used, (1..=40).collect::<Vec<u64>>());
+}

@@ -280,6 +280,8 @@ pub struct ServeConfig {
     pub listen: SocketAddr,
     /// Connections kept open at once.
     pub max_connections: u32,
+    /// Single-threaded workers; 0: one per CPU.
+    pub workers: u16,
 }
 
 /// Every setting of the gate.
@@ -446,6 +448,7 @@ impl Config {
             serve: ServeConfig {
                 listen,
                 max_connections: number("QUOTA_MAX_CONNECTIONS")? as u32,
+                workers: number("QUOTA_SERVE_WORKERS")? as u16,
             },
         })
     }

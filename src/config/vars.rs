@@ -9,6 +9,8 @@ pub const MAX_MILLIS: u64 = 86_400_000;
 pub const MAX_LIMIT: u64 = u32::MAX as u64;
 /// The most connections `QUOTA_MAX_CONNECTIONS` may allow.
 pub const MAX_CONNECTIONS: u64 = 1_000_000;
+/// The most workers `QUOTA_SERVE_WORKERS` may ask for.
+pub const MAX_WORKERS: u64 = 256;
 
 /// What an unset variable means.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -268,6 +270,17 @@ pub const VARIABLES: &[Variable] = &[
             MAX_CONNECTIONS,
             "connections `quota-gate serve` keeps open at once; more wait in the listen backlog \
              until one closes. Keep it below the open-file limit (`ulimit -n`)",
+        )
+    },
+    Variable {
+        applies: Applies::Serve,
+        ..number(
+            "QUOTA_SERVE_WORKERS",
+            "0",
+            0,
+            MAX_WORKERS,
+            "`quota-gate serve`'s workers, each a single-threaded runtime with its own Valkey \
+             connection accepting on the one socket; 0: one per CPU",
         )
     },
     Variable {
