@@ -1,8 +1,9 @@
 //! The HTTP floor: what HTTP alone costs here. A child process of the bench
 //! binary runs a minimal hyper server on the same runtime settings and the
 //! same connection setup as `quota-gate serve` (`src/cli.rs`,
-//! `src/serve.rs`: Tokio's multi-thread runtime, `TCP_NODELAY`, hyper's
-//! HTTP/1.1 connection watched for graceful shutdown), reads the request's
+//! `src/serve.rs`: one single-threaded Tokio runtime per CPU on one shared
+//! listening socket, `TCP_NODELAY`, hyper's HTTP/1.1 connection watched for
+//! graceful shutdown), reads the request's
 //! body as `serve` does (at most 64 KiB + 1 bytes) and answers every request
 //! with a fixed 202. Same load generator, same request: the difference to
 //! `serve` is the gate.
@@ -30,13 +31,33 @@ const BODY: &str = r#"{"scanId":"0192f3a4-0000-7000-8000-000000000000","status":
 /// Child mode: serves the floor on `addr` until killed.
 pub fn child(addr: &str) -> Result<(), String> {
     let addr: SocketAddr = addr.parse().map_err(|e| format!("{addr}: {e}"))?;
-    // The runtime `quota-gate serve` builds (src/cli.rs).
-    let runtime = tokio::runtime::Builder::new_multi_thread()
+    // The workers `quota-gate serve` runs (src/cli.rs): one single-threaded
+    // runtime per CPU, all accepting on one listening socket.
+    let listener = std::net::TcpListener::bind(addr).map_err(|e| e.to_string())?;
+    listener.set_nonblocking(true).map_err(|e| e.to_string())?;
+    let workers = std::thread::available_parallelism().map_or(1, usize::from);
+    let threads: Vec<_> = (0..workers)
+        .map(|_| {
+            let listener = listener.try_clone().map_err(|e| e.to_string())?;
+            Ok(std::thread::spawn(move || worker(listener)))
+        })
+        .collect::<Result<_, String>>()?;
+    for thread in threads {
+        thread
+            .join()
+            .map_err(|_| "a floor worker panicked".to_owned())??;
+    }
+    Ok(())
+}
+
+/// One worker: accepts and serves until killed.
+fn worker(listener: std::net::TcpListener) -> Result<(), String> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .map_err(|e| e.to_string())?;
     runtime.block_on(async move {
-        let listener = TcpListener::bind(addr).await.map_err(|e| e.to_string())?;
+        let listener = TcpListener::from_std(listener).map_err(|e| e.to_string())?;
         let connections = GracefulShutdown::new();
         loop {
             let Ok((stream, _peer)) = listener.accept().await else {
