@@ -64,11 +64,15 @@ impl Identifier {
     /// Builds the identifier: digests keyed with [`Config::hash_secret`]
     /// (saying so when that is the built-in development secret).
     pub fn new(config: &Config) -> Result<Self, ConfigError> {
+        // Once per process, however many gates it builds (`serve`'s workers).
+        static WARNED: std::sync::Once = std::sync::Once::new();
         if config.uses_development_secret() {
-            tracing::warn!(
-                "QUOTA_HASH_SECRET is unset: using the built-in development secret; \
-                 digests are not private. Set it for anything but local testing."
-            );
+            WARNED.call_once(|| {
+                tracing::warn!(
+                    "QUOTA_HASH_SECRET is unset: using the built-in development secret; \
+                     digests are not private. Set it for anything but local testing."
+                );
+            });
         }
         let jwt = &config.identity.jwt;
         Ok(Self {
