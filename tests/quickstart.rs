@@ -163,13 +163,12 @@ fn healthz_head_and_exact_scan_path() {
 /// sentence, not the SDK's error chain.
 #[test]
 fn stats_without_aws_configuration_says_what_to_set() {
-    let home = std::env::temp_dir().join(format!("quota-gate-nohome-{}", std::process::id()));
-    std::fs::create_dir_all(&home).unwrap();
+    let home = tempfile::tempdir().unwrap();
     let stats = |vars: &[(&str, &str)]| {
         Command::new(env!("CARGO_BIN_EXE_quota-gate"))
             .args(["stats", "--since", "1h"])
             .env_clear()
-            .env("HOME", &home)
+            .env("HOME", home.path())
             .env("AWS_EC2_METADATA_DISABLED", "true")
             .envs(vars.iter().copied())
             .output()
@@ -185,7 +184,6 @@ fn stats_without_aws_configuration_says_what_to_set() {
     assert!(!out.status.success());
     assert!(stderr.contains("AWS_ACCESS_KEY_ID"), "{stderr}");
     assert!(stderr.len() < 400, "{} bytes: {stderr}", stderr.len());
-    let _ = std::fs::remove_dir_all(&home);
 }
 
 /// A bad value stops `serve` at start with the variable's name.

@@ -14,6 +14,8 @@ use quota_gate::valkey::Valkey;
 
 /// A throw-away CA and a server certificate for 127.0.0.1 and localhost.
 struct TestPki {
+    /// Removed on drop.
+    _tmp: tempfile::TempDir,
     dir: PathBuf,
 }
 
@@ -32,12 +34,11 @@ fn openssl(dir: &Path, args: &[&str]) {
 
 impl TestPki {
     fn new(name: &str) -> Self {
-        let dir = std::env::temp_dir().join(format!(
-            "quota-gate-pki-{name}-{}-{}",
-            std::process::id(),
-            free_port()
-        ));
-        std::fs::create_dir_all(&dir).unwrap();
+        let tmp = tempfile::Builder::new()
+            .prefix(&format!("quota-gate-pki-{name}-"))
+            .tempdir()
+            .unwrap();
+        let dir = tmp.path().to_path_buf();
         let ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1"];
         openssl(
             &dir,
@@ -97,17 +98,11 @@ impl TestPki {
                 "server.pem",
             ],
         );
-        Self { dir }
+        Self { _tmp: tmp, dir }
     }
 
     fn ca(&self) -> String {
         self.dir.join("ca.pem").to_string_lossy().into_owned()
-    }
-}
-
-impl Drop for TestPki {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
 

@@ -598,8 +598,8 @@ mod tests {
     /// VALKEY_TLS_CA is read at start, must hold a certificate and needs a TLS URL.
     #[test]
     fn tls_ca() {
-        let dir = std::env::temp_dir().join(format!("quota-gate-ca-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path();
         let good = dir.join("ca.pem");
         std::fs::write(
             &good,
@@ -628,7 +628,6 @@ mod tests {
         ] {
             assert_eq!(config(&vars).unwrap_err().var, "VALKEY_TLS_CA", "{vars:?}");
         }
-        let _ = std::fs::remove_dir_all(&dir);
     }
 
     /// Queue targets are told apart by their URL.

@@ -90,10 +90,19 @@ pub struct Verifier {
 /// keys verify the same way, so only the time-bound claim is checked again on
 /// a hit (`nbf` had passed already). Only successes are kept, at most
 /// [`VERIFIED_CACHE_CAPACITY`], so garbage tokens cannot crowd it; when full,
-/// expired entries go first, then everything.
-#[derive(Default)]
+/// the least useful entry goes (`quick_cache`), not the whole cache.
 struct VerifiedCache {
-    entries: std::sync::Mutex<std::collections::HashMap<[u8; 32], (TokenSubject, i64)>>,
+    /// Bounded by `quick_cache`'s eviction (recently and often used tokens
+    /// stay); an entry past its `exp` is never served, and is evicted in time.
+    entries: quick_cache::sync::Cache<[u8; 32], (TokenSubject, i64)>,
+}
+
+impl Default for VerifiedCache {
+    fn default() -> Self {
+        Self {
+            entries: quick_cache::sync::Cache::new(VERIFIED_CACHE_CAPACITY),
+        }
+    }
 }
 
 /// The most verified tokens remembered at once.
@@ -112,23 +121,12 @@ impl VerifiedCache {
     }
 
     fn get(&self, key: &[u8; 32]) -> Option<TokenSubject> {
-        let entries = self.entries.lock().ok()?;
-        let (subject, exp) = entries.get(key)?;
-        (*exp > unix_now()).then(|| subject.clone())
+        let (subject, exp) = self.entries.get(key)?;
+        (exp > unix_now()).then_some(subject)
     }
 
     fn put(&self, key: [u8; 32], subject: &TokenSubject, exp: i64) {
-        let Ok(mut entries) = self.entries.lock() else {
-            return;
-        };
-        if entries.len() >= VERIFIED_CACHE_CAPACITY {
-            let now = unix_now();
-            entries.retain(|_, (_, exp)| *exp > now);
-            if entries.len() >= VERIFIED_CACHE_CAPACITY {
-                entries.clear();
-            }
-        }
-        entries.insert(key, (subject.clone(), exp));
+        self.entries.insert(key, (subject.clone(), exp));
     }
 }
 
@@ -416,6 +414,9 @@ mod tests {
                 unix_now() + 600,
             );
         }
-        assert!(cache.entries.lock().unwrap().len() <= VERIFIED_CACHE_CAPACITY);
+        assert!(cache.entries.len() <= VERIFIED_CACHE_CAPACITY);
+        // A full cache still serves the newest token (nothing was cleared).
+        let last = VerifiedCache::key(&(VERIFIED_CACHE_CAPACITY + 9).to_string());
+        assert_eq!(cache.get(&last), Some(subject("t")));
     }
 }

@@ -150,7 +150,8 @@ impl Drop for KillOnDrop {
 pub struct ValkeyServer {
     pub port: u16,
     child: KillOnDrop,
-    dir: PathBuf,
+    /// Removed on drop, after the server is gone.
+    dir: tempfile::TempDir,
 }
 
 impl ValkeyServer {
@@ -177,10 +178,13 @@ impl ValkeyServer {
     }
 
     fn try_start(port: u16, extra: &[&str]) -> Option<Self> {
-        let dir = data_dir(port);
+        let dir = tempfile::Builder::new()
+            .prefix(&format!("quota-gate-valkey-{port}-"))
+            .tempdir()
+            .unwrap();
         let mut server = Self {
             port,
-            child: spawn_valkey(port, &dir, extra),
+            child: spawn_valkey(port, dir.path(), extra),
             dir,
         };
         server.is_ready(Duration::from_secs(10)).then_some(server)
@@ -240,7 +244,7 @@ impl ValkeyServer {
     pub fn crash_and_restart(&mut self, down_for: Duration, extra: &[&str]) {
         self.child.kill_now();
         std::thread::sleep(down_for);
-        self.child = spawn_valkey(self.port, &self.dir, extra);
+        self.child = spawn_valkey(self.port, self.dir.path(), extra);
         assert!(
             self.is_ready(Duration::from_secs(10)),
             "valkey-server did not restart on port {}",
@@ -252,15 +256,7 @@ impl ValkeyServer {
 impl Drop for ValkeyServer {
     fn drop(&mut self) {
         self.child.kill_now();
-        let _ = std::fs::remove_dir_all(&self.dir);
     }
-}
-
-/// A fresh data directory for the server on `port`.
-fn data_dir(port: u16) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("quota-gate-valkey-{port}-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
 }
 
 /// A throw-away `valkey-server` on `port`: loopback only, persistence off unless `extra` says.
