@@ -2,9 +2,10 @@
 //! text and written as is, and the response is read up to its
 //! `Content-Length`. Blocking one-shot exchanges ([`send`], [`http()`]) serve
 //! the tests and the bench's probes; keep-alive [`Connection`]s serve the
-//! bench's load generator. Hand-rolled rather than a full client: tests see
-//! the exact response text, and the generator's own CPU, which competes with
-//! the server's on 2 cores, stays as small as possible.
+//! bench's load generator. Requests are written as bytes and responses
+//! parsed with `httparse` (hyper's own parser) rather than through a full
+//! client: tests see the exact response text, and the generator's own CPU,
+//! which competes with the server's on 2 cores, stays as small as possible.
 //!
 //! Tests that need malformed or unfinished requests (slow headers, a stalled
 //! body, a connection held open) use raw sockets instead.
@@ -71,28 +72,27 @@ pub struct Head {
 /// The head of the first response in `buf`, once the whole head is there
 /// (the body may still be on its way: compare `buf.len()` with `body.end`).
 pub fn parse_response(buf: &[u8]) -> Result<Option<Head>, String> {
-    let Some(head_end) = buf.windows(4).position(|w| w == b"\r\n\r\n") else {
-        return Ok(None);
+    let mut headers = [httparse::EMPTY_HEADER; 32];
+    let mut response = httparse::Response::new(&mut headers);
+    let head_len = match response.parse(buf).map_err(|e| e.to_string())? {
+        httparse::Status::Complete(len) => len,
+        httparse::Status::Partial => return Ok(None),
     };
-    let head = std::str::from_utf8(&buf[..head_end]).map_err(|e| e.to_string())?;
-    let mut lines = head.split("\r\n");
-    let status = lines
-        .next()
-        .and_then(|l| l.split(' ').nth(1))
-        .and_then(|s| s.parse::<u16>().ok())
-        .ok_or_else(|| format!("bad status line in {head:?}"))?;
-    let mut length = 0usize;
-    for line in lines {
-        if let Some((name, value)) = line.split_once(':') {
-            if name.eq_ignore_ascii_case("content-length") {
-                length = value.trim().parse().map_err(|_| "bad content-length")?;
-            }
-        }
-    }
-    let start = head_end + 4;
+    let status = response.code.ok_or("no status code")?;
+    let length = match response
+        .headers
+        .iter()
+        .find(|h| h.name.eq_ignore_ascii_case("content-length"))
+    {
+        Some(h) => std::str::from_utf8(h.value)
+            .ok()
+            .and_then(|v| v.trim().parse::<usize>().ok())
+            .ok_or("bad content-length")?,
+        None => 0,
+    };
     Ok(Some(Head {
         status,
-        body: start..start + length,
+        body: head_len..head_len + length,
     }))
 }
 
