@@ -316,6 +316,8 @@ impl Config {
     /// [`vars::VARIABLES`].
     pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Self, ConfigError> {
         let get = |k: &'static str| {
+            // Only names in the table are read (`variable` panics on any
+            // other, so every test that builds a configuration checks it).
             let _ = variable(k);
             lookup(k)
                 .map(|v| v.trim().to_owned())
