@@ -8,11 +8,10 @@ use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use tokio::net::TcpListener;
 
 use crate::config::Config;
-use crate::gate::Gate;
+use crate::gate::{Gate, Shared};
 use crate::meter::{DELAY_MS, Meter};
 use crate::queue::spool::{LINE_QUEUE, LineWriter};
 use crate::serve::ServeLimits;
-use crate::store::memory::MemoryStore;
 
 /// Daily free-tier quota gate for the Scanner API.
 #[derive(Debug, Parser)]
@@ -112,8 +111,8 @@ pub fn main() -> ExitCode {
 /// thread: no cross-thread wake-ups, which under load cost a multi-thread
 /// runtime about a fifth of `serve`'s CPU (docs/benchmarks.md). The workers
 /// share the connection cap, the in-memory store (without Valkey), the
-/// stdout writer and the Prometheus recorder; each has its own breaker, as
-/// each has its own connection.
+/// stdout writer, the Prometheus recorder and the AWS configuration; each
+/// has its own breaker, as each has its own connection.
 async fn serve(config: Config) -> Result<(), String> {
     let metrics = install_prometheus()?;
     let listen = config.serve.listen;
@@ -136,12 +135,12 @@ async fn serve(config: Config) -> Result<(), String> {
         ..ServeLimits::default()
     };
     let slots = crate::serve::connection_slots(limits);
-    let memory = MemoryStore::default();
+    let shared = Shared::default();
     // Every gate first, so a configuration error stops the start before
     // anything listens.
     let mut gates = Vec::with_capacity(workers);
     for _ in 0..workers {
-        let gate = Gate::from_config_sharing(config.clone(), meter.clone(), &memory)
+        let gate = Gate::from_config_sharing(config.clone(), meter.clone(), &shared)
             .await
             .map_err(|e| format!("configuration error: {e}"))?;
         gates.push(gate);
@@ -256,19 +255,12 @@ fn open_file_limit() -> Option<usize> {
         .ok()
 }
 
-/// Logs to stderr, filtered by `RUST_LOG` (default `info`; the AWS SDK's own
-/// chatter only from `error`). `serve` logs through a non-blocking writer,
-/// like its stdout: a stderr nobody reads loses log lines, never requests.
+/// Logs to stderr, filtered by [`crate::log_filter`]. `serve` logs through
+/// a non-blocking writer, like its stdout: a stderr nobody reads loses log
+/// lines, never requests.
 fn init_tracing(command: &Command) {
-    use tracing_subscriber::EnvFilter;
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| {
-        EnvFilter::new(
-            "info,aws_config=error,aws_smithy_runtime=error,aws_smithy_runtime_api=error,\
-             aws_sdk_cloudwatch=error,aws_sdk_sqs=error,aws_sdk_sts=error,aws_sdk_sso=error",
-        )
-    });
     let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
+        .with_env_filter(crate::log_filter())
         .with_ansi(false);
     let _ = match command {
         Command::Serve => {

@@ -7,6 +7,7 @@
 use std::collections::HashMap;
 use std::future::Future;
 use std::net::IpAddr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -65,25 +66,32 @@ pub struct Gate<S, Q> {
     clock: Clock,
 }
 
+/// What the gates of one process share: the in-memory counters (used when
+/// no Valkey is configured) and the AWS configuration, resolved once.
+#[derive(Clone, Default)]
+pub struct Shared {
+    memory: MemoryStore,
+    sdk: Arc<tokio::sync::OnceCell<aws_config::SdkConfig>>,
+}
+
 impl Gate<AnyStore, AnyQueue> {
     /// Builds the store and queue `config` names. Nothing connects yet.
     pub async fn from_config(config: Config, meter: Meter) -> Result<Self, ConfigError> {
-        Self::from_config_sharing(config, meter, &MemoryStore::default()).await
+        Self::from_config_sharing(config, meter, &Shared::default()).await
     }
 
-    /// Like [`from_config`](Self::from_config), but counting in `memory`
-    /// when no Valkey is configured: the gates of one process (`serve`'s
-    /// workers) share their in-memory counters. A Valkey connection is each
-    /// gate's own.
+    /// Like [`from_config`](Self::from_config), for one of several gates in
+    /// a process (`serve`'s workers): they share what `shared` holds. A
+    /// Valkey connection and an SQS client are each gate's own.
     pub async fn from_config_sharing(
         config: Config,
         meter: Meter,
-        memory: &MemoryStore,
+        shared: &Shared,
     ) -> Result<Self, ConfigError> {
         let valkey = Valkey::from_config(&config)?;
         let store = match &valkey {
             Some(v) => AnyStore::Valkey(ValkeyStore::new(v.clone())),
-            None => AnyStore::Memory(memory.clone()),
+            None => AnyStore::Memory(shared.memory.clone()),
         };
         let queue = match (&config.queue, &valkey) {
             (QueueTarget::Spool, _) => AnyQueue::Spool(Spool::default()),
@@ -97,10 +105,15 @@ impl Gate<AnyStore, AnyQueue> {
                 ));
             }
             (QueueTarget::Sqs(url), _) => {
-                // Once per cold start: region, credentials and AWS_ENDPOINT_URL
-                // are resolved here, and every invocation reuses the client.
-                let sdk = aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await;
-                AnyQueue::Sqs(crate::queue::sqs::SqsQueue::new(&sdk, url))
+                // Once per process: region, credentials and AWS_ENDPOINT_URL
+                // are resolved here, and every invocation reuses them.
+                let sdk = shared
+                    .sdk
+                    .get_or_init(
+                        || aws_config::load_defaults(aws_config::BehaviorVersion::latest()),
+                    )
+                    .await;
+                AnyQueue::Sqs(crate::queue::sqs::SqsQueue::new(sdk, url))
             }
         };
         Self::new(config, store, queue, meter)

@@ -61,13 +61,22 @@ pub use config::Config;
 pub use gate::{Gate, GateRequest};
 
 /// Logs to stderr (stdout carries EMF lines and spooled jobs), filtered by
-/// `RUST_LOG` (default `info`). Never logs an IP, a token or a digest.
+/// [`log_filter`]. Never logs an IP, a token or a digest.
 pub fn init_tracing() {
-    use tracing_subscriber::EnvFilter;
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
     let _ = tracing_subscriber::fmt()
-        .with_env_filter(filter)
+        .with_env_filter(log_filter())
         .with_writer(std::io::stderr)
         .with_ansi(false)
         .try_init();
+}
+
+/// `RUST_LOG`, or by default `info`, with the AWS SDK's own chatter only from
+/// `error`.
+pub fn log_filter() -> tracing_subscriber::EnvFilter {
+    tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
+        tracing_subscriber::EnvFilter::new(
+            "info,aws_config=error,aws_smithy_runtime=error,aws_smithy_runtime_api=error,\
+             aws_sdk_cloudwatch=error,aws_sdk_sqs=error,aws_sdk_sts=error,aws_sdk_sso=error",
+        )
+    })
 }

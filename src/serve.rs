@@ -55,9 +55,6 @@ pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
 /// A request body must arrive completely within this long of its headers.
 pub const BODY_READ_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// The default cap on open connections (`QUOTA_MAX_CONNECTIONS`).
-pub const DEFAULT_MAX_CONNECTIONS: usize = 1024;
-
 /// Connection limits of the local server.
 #[derive(Debug, Clone, Copy)]
 pub struct ServeLimits {
@@ -70,7 +67,8 @@ pub struct ServeLimits {
 impl Default for ServeLimits {
     fn default() -> Self {
         Self {
-            max_connections: DEFAULT_MAX_CONNECTIONS,
+            // `QUOTA_MAX_CONNECTIONS`'s default, from the one table.
+            max_connections: crate::Config::default().serve.max_connections as usize,
             header_read_timeout: HEADER_READ_TIMEOUT,
             body_read_timeout: BODY_READ_TIMEOUT,
         }

@@ -67,10 +67,6 @@ pub fn install_crypto_provider() {
     let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
 }
 
-fn is_tls(url: &str) -> bool {
-    url.starts_with("rediss://") || url.starts_with("valkeys://")
-}
-
 impl Valkey {
     /// Prepares a connection to `url` without connecting, trusting the
     /// platform's roots for `rediss://`. `timeout` bounds each connection
@@ -106,7 +102,7 @@ impl Valkey {
         ca: Option<&[u8]>,
     ) -> Result<Self, ConfigError> {
         let bad = |e: RedisError| ConfigError::new("VALKEY_URL", e.to_string());
-        if is_tls(url) {
+        if crate::config::is_tls_url(url) {
             install_crypto_provider();
         }
         let tls = ca.map(|pem| TlsCertificates {

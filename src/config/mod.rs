@@ -501,8 +501,13 @@ impl ValkeyConfig {
     }
 
     fn is_tls(&self) -> bool {
-        self.url.starts_with("rediss://") || self.url.starts_with("valkeys://")
+        is_tls_url(&self.url)
     }
+}
+
+/// Whether a Valkey URL asks for TLS (`rediss://` or `valkeys://`).
+pub fn is_tls_url(url: &str) -> bool {
+    url.starts_with("rediss://") || url.starts_with("valkeys://")
 }
 
 impl QueueTarget {
