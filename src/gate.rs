@@ -2,7 +2,10 @@
 //!
 //! The gate is generic over its [`QuotaStore`] and [`ScanQueue`], so the same
 //! handler runs against Valkey, the in-memory store, a stream or the spool,
-//! in production and in tests alike.
+//! in production and in tests alike. It is the I/O driver only: what a scan
+//! gets is decided by [`crate::decide`], and what a failure or a repeated
+//! `Idempotency-Key` leads to by the pure rules of [`crate::settle`]; the
+//! gate sends what they say, in order, on one connection.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -12,13 +15,14 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http::{HeaderMap, Method, Response};
+use serde_json::{Map, Value};
 use tokio::time::{Instant, timeout};
 use uuid::Uuid;
 
 use crate::breaker::Breaker;
 use crate::clock::Clock;
-use crate::config::{Config, ConfigError, FailMode, Pacing, QueueTarget};
-use crate::decide::{Decision, decide};
+use crate::config::{Config, ConfigError, DelayMode, Pacing, QueueTarget};
+use crate::decide::{Limits, decide};
 use crate::delay::{self, DelayPlan};
 use crate::error::{GateError, Queued};
 use crate::identity::{Identifier, Identity, Origin};
@@ -27,11 +31,15 @@ use crate::queue::spool::Spool;
 use crate::queue::stream::StreamQueue;
 use crate::queue::{AnyQueue, QueueError, ScanJob, ScanQueue};
 use crate::respond::{self, Accepted};
+use crate::settle::{
+    AfterStoreFailure, Failure, Metering, Repeat, Settlement, after_store_failure, on_repeat,
+    settle,
+};
 use crate::store::memory::MemoryStore;
 use crate::store::valkey::ValkeyStore;
 use crate::store::{
     AnyStore, Claim, Claimed, Count, CountArgs, PaceArgs, Paced, QuotaKey, QuotaStore, Record,
-    Refund, StoreError, period_end,
+    RecordField, RecordState, Refund, StoreError, period_end,
 };
 use crate::valkey::Valkey;
 
@@ -164,9 +172,22 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
         &self.breaker
     }
 
+    /// Starts the store's connection in the background on the current
+    /// runtime (the stream queue shares it), so the first request finds it
+    /// connected.
+    pub fn warm_up(&self) {
+        self.store.warm_up();
+    }
+
     /// Runs the whole request path and answers. Never panics on any input.
+    /// Every request that reached the store is metered once, whatever its exit.
     pub async fn handle(&self, request: GateRequest) -> Response<Bytes> {
-        match self.process(request).await {
+        let mut outcome = None;
+        let result = self.process(request, &mut outcome).await;
+        if let Some(outcome) = &outcome {
+            self.meter.record(outcome);
+        }
+        match result {
             Ok(response) => response,
             Err(e) => {
                 if e.status().is_server_error() {
@@ -177,11 +198,14 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
         }
     }
 
-    async fn process(&self, request: GateRequest) -> Result<Response<Bytes>, GateError> {
+    async fn process(
+        &self,
+        request: GateRequest,
+        outcome: &mut Option<Outcome>,
+    ) -> Result<Response<Bytes>, GateError> {
         let started = Instant::now();
         // The one clock reading of this request.
         let now_ms = self.clock.now_ms();
-        let now = now_ms.div_euclid(1000);
         // 1–3: validate, identify, hash.
         let scan = crate::validate::validate(
             &request.method,
@@ -195,240 +219,242 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
             gateway_claims: request.gateway_claims.as_ref(),
         };
         let identity = self.identifier.identify(&request.headers, &origin)?;
+        let attempt = self.attempt(identity, idempotency_key, &request, now_ms, started);
+        let outcome = outcome.insert(Outcome::new(attempt.identity.scope));
+        // 4–5: count (a keyed scan claims its record in the same step), decide.
+        let metering = match self.count(&attempt).await {
+            Ok(Claimed::New(count)) => Metering::Counted {
+                count,
+                decision: decide(count.used, &attempt.limits),
+            },
+            Ok(Claimed::Existing(record)) => {
+                return self.repeat(&attempt, &scan.body, record, outcome).await;
+            }
+            Err(e) => self.store_failed(&attempt, e, outcome).await?,
+        };
+        let fresh = Scan {
+            scan_id: attempt.claim.as_ref().map_or_else(Uuid::now_v7, |c| c.scan_id),
+            metering,
+            received_ms: now_ms,
+            paced: None,
+            resumed: false,
+        };
+        self.run(&attempt, &scan.body, fresh, outcome).await
+    }
+
+    /// Everything the later steps need to know about this request.
+    fn attempt(
+        &self,
+        identity: Identity,
+        idempotency_key: Option<&str>,
+        request: &GateRequest,
+        now_ms: i64,
+        started: Instant,
+    ) -> Attempt {
         let key = QuotaKey::new(identity.scope, &identity.digest);
         let limits = self.config.policy.limits(identity.limit);
-        let remaining = request.remaining;
-        let ceiling = delay::ceiling(remaining, self.config.policy.gateway_timeout);
-        let scan_id = Uuid::now_v7();
+        let ceiling = delay::ceiling(request.remaining, self.config.policy.gateway_timeout);
         let claim = idempotency_key.map(|k| Claim {
             record: key.idempotency(k),
-            scan_id: scan_id.to_string(),
+            scan_id: Uuid::now_v7(),
             fingerprint: crate::idempotency::fingerprint(&request.body),
             received_ms: now_ms,
             lease_until_ms: now_ms.saturating_add(millis_i64(ceiling)),
         });
+        Attempt {
+            period_end: period_end(self.config.policy.reset, now_ms.div_euclid(1000)),
+            identity,
+            key,
+            limits,
+            claim,
+            now_ms,
+            ceiling,
+            remaining: request.remaining,
+            started,
+        }
+    }
 
-        // 4: count (a keyed scan claims its record in the same step).
-        let count_args = CountArgs {
-            key: &key,
-            period_end: period_end(self.config.policy.reset, now),
-            now,
+    /// Step 4: one round trip; a keyed scan claims its record with it.
+    async fn count(&self, attempt: &Attempt) -> Result<Claimed, StoreError> {
+        let args = CountArgs {
+            key: &attempt.key,
+            period_end: attempt.period_end,
+            now: attempt.now(),
         };
-        let counted = match &claim {
-            None => self.bounded(self.store.count(count_args)).await,
-            Some(claim) => match self
-                .bounded(self.store.count_keyed(count_args, claim))
-                .await
-            {
-                Ok(Claimed::New(count)) => Ok(count),
-                Ok(Claimed::Existing(record)) => {
-                    let subject = Subject {
-                        identity: &identity,
-                        key: &key,
-                        limits: &limits,
-                    };
-                    return self
-                        .resume(subject, &scan.body, claim, record, now_ms, started, ceiling)
-                        .await;
-                }
-                Err(e) => Err(e),
-            },
+        match &attempt.claim {
+            None => self.bounded(self.store.count(args)).await.map(Claimed::New),
+            Some(claim) => self.bounded(self.store.count_keyed(args, claim)).await,
+        }
+    }
+
+    /// The count failed: settle what it may leave behind, then refuse, or
+    /// go on unmetered (fail open).
+    async fn store_failed(
+        &self,
+        attempt: &Attempt,
+        e: StoreError,
+        outcome: &mut Outcome,
+    ) -> Result<Metering, GateError> {
+        outcome.store_error = true;
+        let scope = attempt.identity.scope;
+        // An open breaker is one outage, already logged when it opened.
+        if matches!(e, StoreError::CircuitOpen) {
+            tracing::debug!(%scope, "quota store skipped: breaker open");
+        } else {
+            tracing::warn!(error = %e, %scope, "quota store failed");
+        }
+        let metering = if e.may_land() {
+            Metering::Unknown {
+                period_end: attempt.period_end,
+            }
+        } else {
+            Metering::Unmetered
         };
-        let mut outcome = Outcome::new(identity.scope);
-        // 5: decide.
-        let metering = match counted {
-            Ok(count) => Metering::Counted {
-                count,
-                decision: decide(count.used, &limits),
-            },
-            Err(e) => {
-                outcome.store_error = true;
-                // An open breaker is one outage, already logged when it opened.
-                if matches!(e, StoreError::CircuitOpen) {
-                    tracing::debug!(scope = %identity.scope, "quota store skipped: breaker open");
-                } else {
-                    tracing::warn!(error = %e, scope = %identity.scope, "quota store failed");
-                }
-                if self.config.store.fail_mode == FailMode::Closed {
-                    if matches!(e, StoreError::Timeout) {
-                        // The count may still land when the store wakes up:
-                        // take it back behind it, so "not counted" stays true.
-                        let record = claim
-                            .as_ref()
-                            .map(|c| (c.record.as_str(), c.scan_id.as_str()));
-                        self.refund(&key, count_args.period_end, record).await;
-                    }
-                    self.meter.record(&outcome);
-                    return Err(GateError::StoreUnavailable);
-                }
+        let mode = self.config.store.fail_mode;
+        let keyed = attempt.claim.is_some();
+        let settlement = settle(&metering, keyed, Failure::Store { mode });
+        self.apply(attempt, attempt.scan_id(), settlement).await;
+        match after_store_failure(&metering, keyed, mode) {
+            AfterStoreFailure::Refuse => Err(GateError::StoreUnavailable),
+            AfterStoreFailure::Unsettled => Err(GateError::StoreUnsettled),
+            AfterStoreFailure::Unmetered => {
                 outcome.unmetered = true;
-                Metering::Unmetered {
-                    count_may_land: matches!(e, StoreError::Timeout),
-                }
-            }
-        };
-
-        // 6: pace, then spend the delay within the platform's limits.
-        let delay = match &metering {
-            Metering::Counted { count, decision } if !decision.delay.is_zero() => {
-                let paced = self
-                    .pace(&key, claim.as_ref(), now_ms, decision.delay, count.reset_at)
-                    .await;
-                match paced {
-                    Ok(delay) => delay,
-                    Err(retry_after) => {
-                        outcome.backlog_refused = true;
-                        self.meter.record(&outcome);
-                        return Err(GateError::BacklogFull { retry_after });
+                if let Some(claim) = &attempt.claim {
+                    // The claim never landed: the record is written now, with
+                    // this scan's identity, so a retry re-queues this job.
+                    let fields = claim.uncounted();
+                    let written = self
+                        .bounded(self.store.update_record(&claim.record, &fields, attempt.now()))
+                        .await;
+                    if let Err(e) = written {
+                        tracing::debug!(error = %e, "could not record an unmetered keyed scan");
                     }
                 }
+                Ok(Metering::Unmetered)
             }
-            _ => Duration::ZERO,
+        }
+    }
+
+    /// Answers a key seen before, by [`on_repeat`]'s rule.
+    async fn repeat(
+        &self,
+        attempt: &Attempt,
+        body: &Map<String, Value>,
+        record: Record,
+        outcome: &mut Outcome,
+    ) -> Result<Response<Bytes>, GateError> {
+        let Some(claim) = &attempt.claim else {
+            return Err(GateError::StoreUnavailable);
         };
-        if let Metering::Counted { decision, .. } = &metering {
+        match on_repeat(&record, claim, attempt.now_ms, self.sleep_cap(attempt)) {
+            Repeat::Replay(saved) => respond::replay(&saved).ok_or(GateError::StoreUnavailable),
+            Repeat::Mismatch => Err(GateError::IdempotencyMismatch),
+            Repeat::InProgress { retry_after } => {
+                Err(GateError::IdempotencyInProgress { retry_after })
+            }
+            Repeat::TakeOver => {
+                // Only one retry may finish an abandoned attempt.
+                let lease = attempt.now_ms.saturating_add(millis_i64(attempt.ceiling));
+                let taken = self
+                    .bounded(self.store.take_over(
+                        &claim.record,
+                        record.lease_until_ms,
+                        lease,
+                        attempt.now(),
+                    ))
+                    .await;
+                if !matches!(taken, Ok(true)) {
+                    return Err(GateError::IdempotencyInProgress { retry_after: 1 });
+                }
+                let resumed = Scan::resumed(&record, attempt);
+                self.run(attempt, body, resumed, outcome).await
+            }
+        }
+    }
+
+    /// Steps 6–8 for a scan that may go ahead: pace, sleep, queue, answer,
+    /// and save the answer for a keyed retry.
+    async fn run(
+        &self,
+        attempt: &Attempt,
+        body: &Map<String, Value>,
+        scan: Scan,
+        outcome: &mut Outcome,
+    ) -> Result<Response<Bytes>, GateError> {
+        let delay = self.delay_of(attempt, &scan, outcome).await?;
+        if let Metering::Counted { decision, .. } = &scan.metering {
             outcome.tier = Some(decision.tier);
             outcome.reminder = decision.reminder;
             outcome.delay = delay;
         }
-        let remaining = remaining.map(|r| r.saturating_sub(started.elapsed()));
-        let budget = delay::budget(
-            remaining,
-            self.config.policy.gateway_timeout,
-            self.config.policy.delay_margin,
-        );
-        let plan = delay::plan(delay, self.config.policy.delay_mode, budget);
+        let plan = self.plan(attempt, &scan, delay);
         if !plan.sleep.is_zero() {
             tokio::time::sleep(plan.sleep).await;
         }
-
         // 7: forward, within the answer's deadline.
-        let job = self.job(&identity, &scan.body, scan_id, &metering, plan, now_ms);
-        let within = enqueue_within(started, ceiling);
-        if let Err(e) = self.enqueue(&job, claim.is_some(), within).await {
+        let job = self.job(&attempt.identity, body, &scan, plan);
+        let within = enqueue_within(attempt.started, attempt.ceiling);
+        if let Err(e) = self.enqueue(&job, attempt.claim.is_some(), within).await {
+            tracing::warn!(error = %e, "enqueue failed");
             outcome.enqueue_error = true;
-            self.meter.record(&outcome);
-            return Err(self
-                .enqueue_failed(e, &key, &metering, claim.as_ref(), count_args.period_end)
-                .await);
+            let (failure, queued) = match e {
+                QueueError::Timeout => (Failure::QueueUnknown, Queued::Unknown),
+                QueueError::Backend(_) => (Failure::NotQueued, Queued::No),
+            };
+            let settlement = settle(&scan.metering, attempt.claim.is_some(), failure);
+            self.apply(attempt, scan.scan_id, settlement).await;
+            return Err(GateError::QueueFailed { queued });
         }
-
-        // 8–9: answer, save the answer for a keyed retry, and meter.
-        self.meter.record(&outcome);
-        let accepted = self.accepted(&identity, &limits, &metering, &job, plan, now);
-        let response = accepted.to_response();
-        if let Some(claim) = &claim {
-            self.save(claim, &response).await;
+        // 8: answer, and save the answer for a keyed retry.
+        let response = self.accepted(attempt, &scan.metering, &job, plan).to_response();
+        if let Some(claim) = &attempt.claim {
+            self.save(claim, scan.scan_id, &response, attempt.now()).await;
         }
         Ok(response)
     }
 
-    /// Answers a key seen before: replay, mismatch, in progress, or finish
-    /// the job an earlier attempt left unsettled.
-    #[allow(clippy::too_many_arguments)]
-    async fn resume(
+    /// Step 6: the delay a scan owes, paced; a scan past the backlog cap is
+    /// refused (and its count taken back).
+    async fn delay_of(
         &self,
-        subject: Subject<'_>,
-        body: &serde_json::Map<String, serde_json::Value>,
-        claim: &Claim,
-        record: Record,
-        now_ms: i64,
-        started: Instant,
-        ceiling: Duration,
-    ) -> Result<Response<Bytes>, GateError> {
-        if record.fingerprint != claim.fingerprint {
-            return Err(GateError::IdempotencyMismatch);
+        attempt: &Attempt,
+        scan: &Scan,
+        outcome: &mut Outcome,
+    ) -> Result<Duration, GateError> {
+        let Metering::Counted { count, decision } = &scan.metering else {
+            return Ok(Duration::ZERO);
+        };
+        if let Some(paced) = scan.paced {
+            return Ok(paced);
         }
-        if record.is_done() {
-            if let Some(response) = record.response.as_deref().and_then(respond::replay) {
-                return Ok(response);
+        if decision.delay.is_zero() {
+            return Ok(Duration::ZERO);
+        }
+        match self.pace(attempt, scan, decision.delay, count.reset_at).await {
+            Ok(delay) => Ok(delay),
+            Err(retry_after_ms) => {
+                outcome.backlog_refused = true;
+                outcome.tier = None;
+                let settlement = settle(&scan.metering, attempt.claim.is_some(), Failure::BacklogFull);
+                self.apply(attempt, scan.scan_id, settlement).await;
+                // Never past the counter's reset: from then the scan is within quota.
+                let retry_after = retry_after_ms
+                    .div_ceil(1000)
+                    .min(count.seconds_to_reset())
+                    .max(1);
+                Err(GateError::BacklogFull { retry_after })
             }
         }
-        if now_ms < record.lease_until_ms {
-            let wait = (record.lease_until_ms - now_ms).div_euclid(1000) + 1;
-            return Err(GateError::IdempotencyInProgress {
-                retry_after: u64::try_from(wait).unwrap_or(1),
-            });
-        }
-        // The attempt that wrote the record gave up without knowing whether
-        // its job landed (or died). Take over its lease, so only one retry
-        // re-queues, and queue the same job once more: the stream adds it at
-        // most once per scanId; SQS consumers deduplicate on it.
-        let lease = now_ms.saturating_add(millis_i64(ceiling));
-        let taken = self
-            .bounded(
-                self.store
-                    .take_over(&claim.record, record.lease_until_ms, lease),
-            )
-            .await;
-        if !matches!(taken, Ok(true)) {
-            return Err(GateError::IdempotencyInProgress { retry_after: 1 });
-        }
-        let metering = if record.count == 0 {
-            Metering::Unmetered {
-                count_may_land: false,
-            }
-        } else {
-            Metering::Counted {
-                count: Count {
-                    used: record.count,
-                    reset_at: record.reset_at,
-                    now: now_ms.div_euclid(1000),
-                },
-                decision: decide(record.count, subject.limits),
-            }
-        };
-        let delay = match (&metering, record.delay_ms) {
-            (Metering::Counted { .. }, Some(ms)) => Duration::from_millis(ms),
-            (Metering::Counted { decision, .. }, None) => decision.delay,
-            (Metering::Unmetered { .. }, _) => Duration::ZERO,
-        };
-        // Nothing is slept again: what is left of the delay holds the job back.
-        let owed = record
-            .received_ms
-            .saturating_add(millis_i64(delay))
-            .saturating_sub(now_ms);
-        let plan = DelayPlan {
-            total: delay,
-            sleep: Duration::ZERO,
-            deferred: Duration::from_millis(u64::try_from(owed).unwrap_or(0)).min(delay),
-        };
-        let scan_id = record.scan_id.parse().unwrap_or_else(|_| Uuid::now_v7());
-        let job = self.job(
-            subject.identity,
-            body,
-            scan_id,
-            &metering,
-            plan,
-            record.received_ms,
-        );
-        let within = enqueue_within(started, ceiling);
-        if let Err(e) = self.enqueue(&job, true, within).await {
-            let period = period_end(self.config.policy.reset, now_ms.div_euclid(1000));
-            return Err(self
-                .enqueue_failed(e, subject.key, &metering, Some(claim), period)
-                .await);
-        }
-        let accepted = self.accepted(
-            subject.identity,
-            subject.limits,
-            &metering,
-            &job,
-            plan,
-            now_ms.div_euclid(1000),
-        );
-        let response = accepted.to_response();
-        self.save(claim, &response).await;
-        Ok(response)
     }
 
-    /// One pacing step; the delay the scan gets, or `Err(retry_after_secs)`
+    /// One pacing step: the delay the scan gets, or `Err(retry_after_ms)`
     /// when it would exceed the backlog cap. With pacing off, or when the
-    /// store fails here, the tier's fixed delay.
+    /// store fails here, the tier's fixed delay (the scan is counted, so it
+    /// is slowed by its tier at least).
     async fn pace(
         &self,
-        key: &QuotaKey,
-        claim: Option<&Claim>,
-        now_ms: i64,
+        attempt: &Attempt,
+        scan: &Scan,
         tier_delay: Duration,
         reset_at: i64,
     ) -> Result<Duration, u64> {
@@ -436,9 +462,9 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
             return Ok(tier_delay);
         }
         let args = PaceArgs {
-            key,
-            record: claim.map(|c| c.record.as_str()),
-            arrival_ms: now_ms,
+            key: &attempt.key,
+            record: attempt.claim.as_ref().map(|c| c.record.as_str()),
+            arrival_ms: scan.received_ms,
             delay_ms: u64::try_from(tier_delay.as_millis()).unwrap_or(u64::MAX),
             max_backlog_ms: u64::try_from(self.config.policy.max_backlog.as_millis())
                 .unwrap_or(u64::MAX),
@@ -446,23 +472,55 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
         };
         match self.bounded(self.store.pace(args)).await {
             Ok(Paced::Slot { delay_ms }) => Ok(Duration::from_millis(delay_ms)),
-            Ok(Paced::Full { retry_after_ms }) => {
-                // Refused, so not counted: take the count (and a keyed
-                // scan's record) back, bounded to the counter that counted it.
-                let record = claim.map(|c| (c.record.as_str(), c.scan_id.as_str()));
-                self.refund(key, reset_at, record).await;
-                Err(retry_after_ms.div_ceil(1000).max(1))
-            }
+            Ok(Paced::Full { retry_after_ms }) => Err(retry_after_ms),
             Err(e) => {
-                // Counted already: slow it by its tier at least.
                 tracing::warn!(error = %e, "pacing failed; using the tier's delay");
                 Ok(tier_delay)
             }
         }
     }
 
-    /// One store call, bounded by the store timeout and skipped while the
-    /// breaker is open.
+    /// How the delay is spent: a fresh scan sleeps what fits the budget and
+    /// defers the rest; a resumed one sleeps nothing again, and what is left
+    /// of its delay holds its job back.
+    fn plan(&self, attempt: &Attempt, scan: &Scan, delay: Duration) -> DelayPlan {
+        if scan.resumed {
+            let owed = scan
+                .received_ms
+                .saturating_add(millis_i64(delay))
+                .saturating_sub(attempt.now_ms);
+            return DelayPlan {
+                total: delay,
+                sleep: Duration::ZERO,
+                deferred: Duration::from_millis(u64::try_from(owed).unwrap_or(0)).min(delay),
+            };
+        }
+        let remaining = attempt
+            .remaining
+            .map(|r| r.saturating_sub(attempt.started.elapsed()));
+        let budget = delay::budget(
+            remaining,
+            self.config.policy.gateway_timeout,
+            self.config.policy.delay_margin,
+        );
+        delay::plan(delay, self.config.policy.delay_mode, budget)
+    }
+
+    /// The longest the first attempt of a key may sleep: what a 409 waits for.
+    fn sleep_cap(&self, attempt: &Attempt) -> Duration {
+        match self.config.policy.delay_mode {
+            DelayMode::Defer => Duration::ZERO,
+            DelayMode::Sleep => delay::budget(
+                attempt.remaining,
+                self.config.policy.gateway_timeout,
+                self.config.policy.delay_margin,
+            ),
+        }
+    }
+
+    /// One store call of the request path, skipped while the breaker is
+    /// open. The store bounds its own wait (and keeps a command it gave up
+    /// on in flight); the bound here only backs it up.
     async fn bounded<T>(
         &self,
         call: impl Future<Output = Result<T, StoreError>>,
@@ -470,38 +528,40 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
         if !self.breaker.admit() {
             return Err(StoreError::CircuitOpen);
         }
-        let result = timeout(self.config.store.timeout, call)
+        let result = timeout(self.config.store.timeout * 2, call)
             .await
-            .unwrap_or(Err(StoreError::Timeout));
+            .unwrap_or(Err(StoreError::Unanswered));
         self.breaker.record(result.is_ok());
         result
     }
 
-    /// Takes back a count (of its own period only) and a keyed scan's
-    /// record. Sent on the same connection after the count, so even when
-    /// the count is stuck in a stalled store, the refund runs after it. A
-    /// refund that fails leaves the subject one scan short for the day; the
-    /// client got a 503 either way, so it is logged, not retried.
-    async fn refund(&self, key: &QuotaKey, period_end: i64, record: Option<(&str, &str)>) {
-        let refund = Refund {
-            key,
-            period_end,
-            record,
+    /// Carries out a [`Settlement`], behind everything sent before it on
+    /// the same connection. A refund that fails leaves the subject one scan
+    /// short for the day (logged, not retried: the client got a 503 either
+    /// way); a release that fails makes the retry wait out the lease.
+    async fn apply(&self, attempt: &Attempt, scan_id: Uuid, settlement: Settlement) {
+        let done = match settlement {
+            Settlement::Nothing => return,
+            Settlement::Refund { period_end } => {
+                let refund = Refund {
+                    key: &attempt.key,
+                    period_end,
+                    record: attempt.claim.as_ref().map(|c| (c.record.as_str(), scan_id)),
+                    now: attempt.now(),
+                };
+                self.store.refund(refund).await
+            }
+            Settlement::Release => match &attempt.claim {
+                Some(claim) => self.store.release(&claim.record, attempt.now()).await,
+                None => return,
+            },
         };
-        let refunded = timeout(self.config.store.timeout, self.store.refund(refund))
-            .await
-            .unwrap_or(Err(StoreError::Timeout));
-        if let Err(e) = refunded {
-            tracing::warn!(error = %e, "refund failed");
+        if let Err(e) = done {
+            tracing::warn!(error = %e, ?settlement, "could not settle a failed scan");
         }
     }
 
-    async fn enqueue(
-        &self,
-        job: &ScanJob,
-        keyed: bool,
-        within: Duration,
-    ) -> Result<(), QueueError> {
+    async fn enqueue(&self, job: &ScanJob, keyed: bool, within: Duration) -> Result<(), QueueError> {
         let enqueue = async {
             if keyed {
                 self.queue.enqueue_once(job).await
@@ -514,84 +574,31 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
             .unwrap_or(Err(QueueError::Timeout))
     }
 
-    /// After a failed enqueue: the 503, with the count and record put right.
-    /// A known failure refunds. A timeout may still land: a keyed scan keeps
-    /// its count and record, and frees its lease so the retry settles it; an
-    /// unkeyed one is refunded (after the job, if the job is stuck in the
-    /// same stalled Valkey), so a late job runs uncounted rather than a
-    /// missing one being charged.
-    async fn enqueue_failed(
-        &self,
-        e: QueueError,
-        key: &QuotaKey,
-        metering: &Metering,
-        claim: Option<&Claim>,
-        period_end: i64,
-    ) -> GateError {
-        tracing::warn!(error = %e, "enqueue failed");
-        let unknown = matches!(e, QueueError::Timeout);
-        match (unknown, claim) {
-            (true, Some(claim)) => {
-                let released =
-                    timeout(self.config.store.timeout, self.store.release(&claim.record)).await;
-                if !matches!(released, Ok(Ok(()))) {
-                    tracing::warn!(
-                        "could not release an idempotency lease; the retry waits for it"
-                    );
-                }
-            }
-            _ => {
-                let period = match metering {
-                    Metering::Counted { count, .. } => Some(count.reset_at),
-                    Metering::Unmetered {
-                        count_may_land: true,
-                    } => Some(period_end),
-                    Metering::Unmetered {
-                        count_may_land: false,
-                    } => None,
-                };
-                if let Some(period) = period {
-                    let record = claim.map(|c| (c.record.as_str(), c.scan_id.as_str()));
-                    self.refund(key, period, record).await;
-                }
-            }
-        }
-        GateError::QueueFailed {
-            queued: if unknown { Queued::Unknown } else { Queued::No },
-        }
-    }
-
-    /// Saves a keyed scan's answer, for its repeats. If this fails, a
-    /// repeat finds the record pending and queues the same job again once
-    /// its lease is over (which the stream deduplicates).
-    /// The fingerprint and scanId are written too: when the claim itself
-    /// never landed (the store stalled, the scan was accepted unmetered), this
-    /// is the whole record.
-    async fn save(&self, claim: &Claim, response: &Response<Bytes>) {
+    /// Saves a keyed scan's answer, for its repeats: the state, the scanId,
+    /// the fingerprint and the answer, which are the whole record when the
+    /// claim never landed. If this fails, a repeat finds the record pending
+    /// and queues the same job again once its lease is over (which the
+    /// stream deduplicates).
+    async fn save(&self, claim: &Claim, scan_id: Uuid, response: &Response<Bytes>, now: i64) {
         let fields = [
-            ("state", "done".to_owned()),
-            ("fp", claim.fingerprint.clone()),
-            ("response", respond::save(response)),
+            (RecordField::State, RecordState::Done.name().to_owned()),
+            (RecordField::ScanId, scan_id.to_string()),
+            (RecordField::Fingerprint, claim.fingerprint.clone()),
+            (RecordField::Response, respond::save(response)),
         ];
-        let saved = timeout(
-            self.config.store.timeout,
-            self.store.update_record(&claim.record, &fields),
-        )
-        .await;
-        if !matches!(saved, Ok(Ok(()))) {
-            tracing::warn!("could not save an idempotent answer");
+        if let Err(e) = self.store.update_record(&claim.record, &fields, now).await {
+            tracing::warn!(error = %e, "could not save an idempotent answer");
         }
     }
 
     fn accepted(
         &self,
-        identity: &Identity,
-        limits: &crate::decide::Limits,
+        attempt: &Attempt,
         metering: &Metering,
         job: &ScanJob,
         plan: DelayPlan,
-        now: i64,
     ) -> Accepted {
+        let limits = &attempt.limits;
         let (used, remaining, reminder, reset_at, seconds_to_reset) = match metering {
             Metering::Counted { count, decision } => (
                 Some(count.used),
@@ -600,14 +607,14 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
                 count.reset_at,
                 count.seconds_to_reset(),
             ),
-            Metering::Unmetered { .. } => {
-                let (reset_at, secs) = next_utc_midnight(now);
+            Metering::Unmetered | Metering::Unknown { .. } => {
+                let (reset_at, secs) = next_utc_midnight(attempt.now());
                 (None, u64::from(limits.limit.get()), false, reset_at, secs)
             }
         };
         Accepted {
             scan_id: job.scan_id,
-            scope: identity.scope,
+            scope: attempt.identity.scope,
             limit: limits.limit.get(),
             used,
             remaining,
@@ -615,7 +622,7 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
             seconds_to_reset,
             plan,
             not_before_ms: job.not_before_ms,
-            token: identity.token,
+            token: attempt.identity.token,
             reminder,
         }
     }
@@ -623,26 +630,93 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
     fn job(
         &self,
         identity: &Identity,
-        body: &serde_json::Map<String, serde_json::Value>,
-        scan_id: Uuid,
-        metering: &Metering,
+        body: &Map<String, Value>,
+        scan: &Scan,
         plan: DelayPlan,
-        received_ms: i64,
     ) -> ScanJob {
-        let not_before_ms = received_ms.saturating_add(millis_i64(plan.total));
+        let not_before_ms = scan.received_ms.saturating_add(millis_i64(plan.total));
         ScanJob {
-            scan_id,
-            received_at: respond::rfc3339_ms(received_ms),
+            scan_id: scan.scan_id,
+            received_at: respond::rfc3339_ms(scan.received_ms),
             scope: identity.scope.as_str(),
             digest: identity.digest.to_string(),
-            tier: metering.tier(),
+            tier: scan.metering.tier(),
             limit: identity.limit.get(),
-            count: metering.used(),
+            count: scan.metering.used(),
             delay_ms: u64::try_from(plan.total.as_millis()).unwrap_or(u64::MAX),
             deferred_ms: u64::try_from(plan.deferred.as_millis()).unwrap_or(u64::MAX),
             not_before: respond::rfc3339_ms(not_before_ms),
             not_before_ms,
             request: body.clone(),
+        }
+    }
+}
+
+/// One request, as the steps after identification see it.
+struct Attempt {
+    identity: Identity,
+    key: QuotaKey,
+    limits: Limits,
+    /// A keyed request's claim on its record.
+    claim: Option<Claim>,
+    /// The one clock reading, unix ms.
+    now_ms: i64,
+    /// The expiry a new counter gets (unix s).
+    period_end: i64,
+    /// The answer's deadline: min(Lambda's remaining time, gateway timeout).
+    ceiling: Duration,
+    /// Lambda's remaining time at arrival, if in Lambda.
+    remaining: Option<Duration>,
+    started: Instant,
+}
+
+impl Attempt {
+    /// Unix seconds.
+    fn now(&self) -> i64 {
+        self.now_ms.div_euclid(1000)
+    }
+
+    /// The claim's scanId (nil for an unkeyed scan, whose refunds name none).
+    fn scan_id(&self) -> Uuid {
+        self.claim.as_ref().map_or(Uuid::nil(), |c| c.scan_id)
+    }
+}
+
+/// The scan that goes ahead: a fresh one, or one a retry took over.
+struct Scan {
+    /// Every job of a keyed scan carries its record's scanId.
+    scan_id: Uuid,
+    metering: Metering,
+    /// Unix ms when the scan arrived (the first attempt's, when resumed).
+    received_ms: i64,
+    /// The delay pacing gave it already (a resumed scan's record has it).
+    paced: Option<Duration>,
+    /// Taken over from an earlier attempt: nothing is slept again.
+    resumed: bool,
+}
+
+impl Scan {
+    /// The scan an abandoned attempt left: its identity, its count (0: not
+    /// counted) and its delay, once pacing decided it.
+    fn resumed(record: &Record, attempt: &Attempt) -> Self {
+        let metering = if record.count == 0 {
+            Metering::Unmetered
+        } else {
+            Metering::Counted {
+                count: Count {
+                    used: record.count,
+                    reset_at: record.reset_at,
+                    now: attempt.now(),
+                },
+                decision: decide(record.count, &attempt.limits),
+            }
+        };
+        Self {
+            scan_id: record.scan_id,
+            metering,
+            received_ms: record.received_ms,
+            paced: record.delay_ms.map(Duration::from_millis),
+            resumed: true,
         }
     }
 }
@@ -656,46 +730,6 @@ fn enqueue_within(started: Instant, ceiling: Duration) -> Duration {
 
 fn millis_i64(d: Duration) -> i64 {
     i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
-}
-
-/// How a scan was metered: counted, with the decision on its count, or
-/// accepted uncounted because the store did not answer (fail open).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Metering {
-    Counted {
-        count: Count,
-        decision: Decision,
-    },
-    Unmetered {
-        /// The count timed out: it was sent and may still land.
-        count_may_land: bool,
-    },
-}
-
-impl Metering {
-    /// The job's and the logs' tier: `within`, `soft`, `hard` or `unmetered`.
-    pub fn tier(&self) -> &'static str {
-        match self {
-            Self::Counted { decision, .. } => decision.tier.as_str(),
-            Self::Unmetered { .. } => "unmetered",
-        }
-    }
-
-    /// The count, 0 when unmetered.
-    pub fn used(&self) -> u64 {
-        match self {
-            Self::Counted { count, .. } => count.used,
-            Self::Unmetered { .. } => 0,
-        }
-    }
-}
-
-/// The subject of one request, as the later steps need it.
-#[derive(Clone, Copy)]
-struct Subject<'a> {
-    identity: &'a Identity,
-    key: &'a QuotaKey,
-    limits: &'a crate::decide::Limits,
 }
 
 /// The next 00:00 UTC and the seconds to it (used only when the store, which

@@ -53,6 +53,7 @@ pub mod ops;
 pub mod queue;
 pub mod respond;
 pub mod serve;
+pub mod settle;
 pub mod store;
 pub mod validate;
 pub mod valkey;

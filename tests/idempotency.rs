@@ -376,6 +376,7 @@ async fn refund_is_tied_to_its_day() {
         key: &key,
         period_end,
         record: None,
+        now: now(),
     };
     gate.store()
         .refund(refund(today_end - 86_400))
@@ -432,19 +433,30 @@ impl QuotaStore for LatePace {
             }
             let _ = tx.send(paced);
         });
-        rx.await.unwrap_or(Err(StoreError::Timeout))
+        rx.await.unwrap_or(Err(StoreError::Unanswered))
     }
     async fn refund(&self, refund: Refund<'_>) -> Result<(), StoreError> {
         self.inner.refund(refund).await
     }
-    async fn release(&self, record: &str) -> Result<(), StoreError> {
-        self.inner.release(record).await
+    async fn release(&self, record: &str, now: i64) -> Result<(), StoreError> {
+        self.inner.release(record, now).await
     }
-    async fn update_record(&self, record: &str, fields: &[Field]) -> Result<(), StoreError> {
-        self.inner.update_record(record, fields).await
+    async fn update_record(
+        &self,
+        record: &str,
+        fields: &[Field],
+        now: i64,
+    ) -> Result<(), StoreError> {
+        self.inner.update_record(record, fields, now).await
     }
-    async fn take_over(&self, record: &str, seen: i64, until: i64) -> Result<bool, StoreError> {
-        self.inner.take_over(record, seen, until).await
+    async fn take_over(
+        &self,
+        record: &str,
+        seen: i64,
+        until: i64,
+        now: i64,
+    ) -> Result<bool, StoreError> {
+        self.inner.take_over(record, seen, until, now).await
     }
 }
 
