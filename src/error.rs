@@ -78,6 +78,9 @@ struct ErrorBody<'a> {
     detail: String,
     #[serde(skip_serializing_if = "Option::is_none")]
     queued: Option<serde_json::Value>,
+    /// `"unknown"` when the count may still land (a keyed retry settles it).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    counted: Option<&'static str>,
 }
 
 impl GateError {
@@ -142,6 +145,7 @@ impl GateError {
             error: self.code(),
             detail: self.to_string(),
             queued,
+            counted: matches!(self, Self::StoreUnsettled).then_some("unknown"),
         })
         .unwrap_or_default();
         let mut response = Response::new(Bytes::from(body));

@@ -234,7 +234,12 @@ async fn keyed_scans_settle_exactly_once_after_a_stall() {
     let first_answers = through_a_stall(&server, &gate, keys, Duration::from_millis(2_500)).await;
     for (status, body) in &first_answers {
         match status {
-            503 => assert_eq!(body["queued"], "unknown", "{body}"),
+            // The job may land (queued unknown), or nothing was queued and
+            // the count may land (counted unknown): the retry settles both.
+            503 => assert!(
+                body["queued"] == "unknown" || body["counted"] == "unknown",
+                "{body}"
+            ),
             202 => {}
             other => panic!("unexpected {other}: {body}"),
         }
