@@ -8,11 +8,18 @@
 //! [`vars::VARIABLES`]: the parser reads its defaults and ranges from it, the
 //! README's configuration table is its [`vars::markdown_table`] (a test
 //! compares them), and `tests/template.rs` checks `template.yaml` against it.
+//! Each row is a typed `const` handle (`vars::QUOTA_ANON`, a [`vars::Var`]),
+//! and the parser reads a variable only through its handle, never by a
+//! string: a misspelt name, or a word read as a number, is a compile error
+//! rather than a panic at start, and a test checks the parser reads every row.
 //!
-//! The settings are grouped by who reads them: [`Policy`] (the quota and its
-//! delays: [`crate::decide`], [`crate::delay`], pacing), [`IdentityConfig`]
-//! (the hash secret, proxies, [`JwtConfig`]), [`StoreConfig`] (Valkey, its
-//! timeout and failure handling), the [`QueueTarget`] and [`ServeConfig`].
+//! The settings are grouped by who reads them, and each group reads its own
+//! variables (`from_vars`): [`Policy`] (the quota and its delays:
+//! [`crate::decide`], [`crate::delay`], pacing), [`IdentityConfig`] (the hash
+//! secret, proxies, [`JwtConfig`]), [`StoreConfig`] (Valkey, its timeout and
+//! failure handling), the [`QueueTarget`] and [`ServeConfig`]. They are read
+//! in that order, so with several bad values the first group's error is the
+//! one reported.
 //! A plain environment variable table was chosen over clap's `env` feature:
 //! Lambda has no command line, and one parser serves both binaries.
 

@@ -471,7 +471,11 @@ mod tests {
             .filter(|v| v.applies != Applies::Logging)
             .map(|v| v.name.to_owned())
             .collect();
-        assert_eq!(asked.into_inner(), rows);
+        let asked = asked.into_inner();
+        let unread: Vec<_> = rows.difference(&asked).collect();
+        let outside: Vec<_> = asked.difference(&rows).collect();
+        assert!(unread.is_empty(), "rows no handle reads: {unread:?}");
+        assert!(outside.is_empty(), "read but not in the table: {outside:?}");
     }
 
     /// A handle's range and its row's range are the same numbers.
