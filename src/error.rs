@@ -104,9 +104,7 @@ impl GateError {
             Self::StoreUnavailable
             | Self::StoreUnsettled
             | Self::QueueFailed { .. }
-            | Self::BacklogFull { .. } => {
-                StatusCode::SERVICE_UNAVAILABLE
-            }
+            | Self::BacklogFull { .. } => StatusCode::SERVICE_UNAVAILABLE,
             Self::NoSourceAddress => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }

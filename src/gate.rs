@@ -233,7 +233,10 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
             Err(e) => self.store_failed(&attempt, e, outcome).await?,
         };
         let fresh = Scan {
-            scan_id: attempt.claim.as_ref().map_or_else(Uuid::now_v7, |c| c.scan_id),
+            scan_id: attempt
+                .claim
+                .as_ref()
+                .map_or_else(Uuid::now_v7, |c| c.scan_id),
             metering,
             received_ms: now_ms,
             paced: None,
@@ -324,7 +327,10 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
                     // this scan's identity, so a retry re-queues this job.
                     let fields = claim.uncounted();
                     let written = self
-                        .bounded(self.store.update_record(&claim.record, &fields, attempt.now()))
+                        .bounded(
+                            self.store
+                                .update_record(&claim.record, &fields, attempt.now()),
+                        )
                         .await;
                     if let Err(e) = written {
                         tracing::debug!(error = %e, "could not record an unmetered keyed scan");
@@ -406,9 +412,12 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
             return Err(GateError::QueueFailed { queued });
         }
         // 8: answer, and save the answer for a keyed retry.
-        let response = self.accepted(attempt, &scan.metering, &job, plan).to_response();
+        let response = self
+            .accepted(attempt, &scan.metering, &job, plan)
+            .to_response();
         if let Some(claim) = &attempt.claim {
-            self.save(claim, scan.scan_id, &response, attempt.now()).await;
+            self.save(claim, scan.scan_id, &response, attempt.now())
+                .await;
         }
         Ok(response)
     }
@@ -430,12 +439,19 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
         if decision.delay.is_zero() {
             return Ok(Duration::ZERO);
         }
-        match self.pace(attempt, scan, decision.delay, count.reset_at).await {
+        match self
+            .pace(attempt, scan, decision.delay, count.reset_at)
+            .await
+        {
             Ok(delay) => Ok(delay),
             Err(retry_after_ms) => {
                 outcome.backlog_refused = true;
                 outcome.tier = None;
-                let settlement = settle(&scan.metering, attempt.claim.is_some(), Failure::BacklogFull);
+                let settlement = settle(
+                    &scan.metering,
+                    attempt.claim.is_some(),
+                    Failure::BacklogFull,
+                );
                 self.apply(attempt, scan.scan_id, settlement).await;
                 // Never past the counter's reset: from then the scan is within quota.
                 let retry_after = retry_after_ms
@@ -561,7 +577,12 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
         }
     }
 
-    async fn enqueue(&self, job: &ScanJob, keyed: bool, within: Duration) -> Result<(), QueueError> {
+    async fn enqueue(
+        &self,
+        job: &ScanJob,
+        keyed: bool,
+        within: Duration,
+    ) -> Result<(), QueueError> {
         let enqueue = async {
             if keyed {
                 self.queue.enqueue_once(job).await

@@ -78,9 +78,9 @@ pub fn on_repeat(record: &Record, claim: &Claim, now_ms: i64, sleep_cap: Duratio
         }
     }
     if now_ms < record.lease_until_ms {
-        let slept = record
-            .delay_ms
-            .map_or(0, |d| d.min(u64::try_from(sleep_cap.as_millis()).unwrap_or(u64::MAX)));
+        let slept = record.delay_ms.map_or(0, |d| {
+            d.min(u64::try_from(sleep_cap.as_millis()).unwrap_or(u64::MAX))
+        });
         let expected_end = record
             .received_ms
             .saturating_add(i64::try_from(slept).unwrap_or(i64::MAX))
@@ -141,7 +141,13 @@ pub fn settle(metering: &Metering, keyed: bool, failure: Failure) -> Settlement 
         },
         // A count that may land: closed mode promises "not counted"; an
         // unkeyed scan that goes on unmetered must not be charged either.
-        (Unknown { period_end }, _, Store { mode: FailMode::Closed })
+        (
+            Unknown { period_end },
+            _,
+            Store {
+                mode: FailMode::Closed,
+            },
+        )
         | (Unknown { period_end }, false, _) => Settlement::Refund {
             period_end: *period_end,
         },
@@ -312,15 +318,43 @@ mod tests {
         let cap = Duration::from_secs(28);
         // (done, lease end, delay, now, fingerprint matches) → answer
         let table = [
-            (true, 39_000, None, 12_000, true, Repeat::Replay("{}".into())),
+            (
+                true,
+                39_000,
+                None,
+                12_000,
+                true,
+                Repeat::Replay("{}".into()),
+            ),
             (true, 39_000, None, 12_000, false, Repeat::Mismatch),
             (false, 39_000, None, 12_000, false, Repeat::Mismatch),
             // In flight, within tier: done 1 s after arrival at the latest.
-            (false, 39_000, None, 10_500, true, Repeat::InProgress { retry_after: 1 }),
+            (
+                false,
+                39_000,
+                None,
+                10_500,
+                true,
+                Repeat::InProgress { retry_after: 1 },
+            ),
             // In flight, sleeping 5 s: 4 s after arrival, 2 s left.
-            (false, 39_000, Some(5_000), 14_000, true, Repeat::InProgress { retry_after: 2 }),
+            (
+                false,
+                39_000,
+                Some(5_000),
+                14_000,
+                true,
+                Repeat::InProgress { retry_after: 2 },
+            ),
             // A 60 s delay sleeps the cap (28 s) at most, never past the lease.
-            (false, 39_000, Some(60_000), 20_000, true, Repeat::InProgress { retry_after: 19 }),
+            (
+                false,
+                39_000,
+                Some(60_000),
+                20_000,
+                true,
+                Repeat::InProgress { retry_after: 19 },
+            ),
             // Lease over (or released): take over.
             (false, 39_000, Some(5_000), 39_000, true, Repeat::TakeOver),
             (false, 0, None, 10_500, true, Repeat::TakeOver),

@@ -80,7 +80,7 @@ enum Kind {
     /// One multiplexed connection, shared by every request of the process or
     /// worker (several used in turn measured worse: fewer commands share
     /// each socket read and write, see docs/benchmarks.md).
-    Standalone(redis::Client),
+    Standalone(Box<redis::Client>),
     Cluster(Arc<ClusterClient>),
 }
 
@@ -210,7 +210,10 @@ impl Valkey {
         };
         // A bad CA surfaces when the client is built; name the right variable.
         let bad = |e: RedisError| {
-            ConfigError::new(if tls.is_some() { var } else { "VALKEY_URL" }, e.to_string())
+            ConfigError::new(
+                if tls.is_some() { var } else { "VALKEY_URL" },
+                e.to_string(),
+            )
         };
         let connect_timeout = timeout.max(MIN_CONNECT_TIMEOUT);
         let kind = if cluster {
@@ -223,7 +226,9 @@ impl Valkey {
             }
             Kind::Cluster(Arc::new(builder.build().map_err(bad)?))
         } else {
-            Kind::Standalone(client_for(info.clone(), tls.as_ref()).map_err(bad)?)
+            Kind::Standalone(Box::new(
+                client_for(info.clone(), tls.as_ref()).map_err(bad)?,
+            ))
         };
         let (current, watching) = watch::channel(None);
         Ok(Self {

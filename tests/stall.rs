@@ -124,7 +124,10 @@ fn run(case: Case, round: usize) {
         ("SCAN_QUEUE_URL", "valkey-stream:jobs"),
         ("QUOTA_BREAKER_FAILURES", "0"),
         ("QUOTA_SERVE_WORKERS", workers.as_str()),
-        ("QUOTA_FAIL_MODE", if case.closed { "closed" } else { "open" }),
+        (
+            "QUOTA_FAIL_MODE",
+            if case.closed { "closed" } else { "open" },
+        ),
         ("QUOTA_DELAY_MODE", "defer"),
     ];
     if case.over_quota {
@@ -177,7 +180,7 @@ fn run(case: Case, round: usize) {
     let grew = counter(&rt, &server) - before;
 
     check_keyed(&tag, &first, &settled, jobs);
-    let counted_unkeyed = check_unkeyed(&tag, case, &unkeyed, &settled, jobs);
+    let counted_unkeyed = check_unkeyed(&tag, case, &unkeyed, &after, &settled, jobs);
     for a in &after {
         assert_eq!(a.status, 202, "{tag}: {}", a.body);
         assert!(!a.unmetered, "{tag}: unmetered after the store was back");
@@ -209,7 +212,10 @@ fn check_keyed(
             "{tag}: {key} settled unmetered: {}",
             answer.body
         );
-        assert_eq!(job["delayMs"], answer.body["delayMs"], "{tag}: {key}: {job}");
+        assert_eq!(
+            job["delayMs"], answer.body["delayMs"],
+            "{tag}: {key}: {job}"
+        );
         assert_eq!(job["notBefore"], answer.body["notBefore"], "{tag}: {key}");
         if let Some(first_id) = first[key].body["scanId"].as_str() {
             assert_eq!(first_id, id, "{tag}: {key} changed its scanId");
@@ -223,11 +229,13 @@ fn check_unkeyed(
     tag: &str,
     case: Case,
     unkeyed: &[Answer],
+    after: &[Answer],
     settled: &HashMap<String, Answer>,
     jobs: &[Value],
 ) -> usize {
     let keyed_ids: HashSet<&str> = settled
         .values()
+        .chain(after)
         .map(|a| a.body["scanId"].as_str().unwrap())
         .collect();
     let mut counted = 0;
@@ -291,13 +299,48 @@ fn cases() -> Vec<Case> {
     ]
 }
 
+/// Every combination of the matrix (`STALL_MATRIX=full`, for the soak).
+fn full_matrix() -> Vec<Case> {
+    let mut all = Vec::new();
+    for gap in [0, 100, 300] {
+        for stall in [1, 3, 6] {
+            for retry_after in [0, 3] {
+                for closed in [false, true] {
+                    for workers in [1, 2] {
+                        for warm_all in [false, true] {
+                            for over_quota in [false, true] {
+                                all.push(Case {
+                                    gap: Duration::from_millis(gap),
+                                    stall: Duration::from_secs(stall),
+                                    retry_after: Duration::from_secs(retry_after),
+                                    closed,
+                                    workers,
+                                    warm_all,
+                                    over_quota,
+                                });
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+    all
+}
+
 /// Every case of the covering subset, twice, four at a time: exactly one
 /// job and one count per keyed scan, and every unkeyed answer true afterwards.
+/// `STALL_MATRIX=full` and `STALL_ROUNDS=n` make it the soak (`scripts/stall-soak`).
 #[test]
 fn every_timing_of_a_stall_settles_exactly_once() {
-    let runs: Vec<(Case, usize)> = cases()
+    let full = std::env::var("STALL_MATRIX").is_ok_and(|m| m == "full");
+    let rounds: usize = std::env::var("STALL_ROUNDS")
+        .ok()
+        .and_then(|r| r.parse().ok())
+        .unwrap_or(2);
+    let runs: Vec<(Case, usize)> = if full { full_matrix() } else { cases() }
         .into_iter()
-        .flat_map(|c| (0..2).map(move |r| (c, r)))
+        .flat_map(|c| (0..rounds).map(move |r| (c, r)))
         .collect();
     for batch in runs.chunks(4) {
         let threads: Vec<_> = batch

@@ -181,8 +181,12 @@ impl QuotaStore for ValkeyStore {
         let mut keys = vec![refund.key.counter.as_str()];
         keys.extend(refund.record.map(|(r, _)| r));
         let mut cmd = eval(REFUND, &keys);
-        cmd.arg(refund.period_end)
-            .arg(refund.record.map(|(_, id)| id.to_string()).unwrap_or_default());
+        cmd.arg(refund.period_end).arg(
+            refund
+                .record
+                .map(|(_, id)| id.to_string())
+                .unwrap_or_default(),
+        );
         let _: i64 = self.send(cmd).await?;
         Ok(())
     }
