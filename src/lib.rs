@@ -23,7 +23,9 @@
 //! | 9 | [`meter`] | EMF lines and Prometheus counters |
 //!
 //! [`gate`] strings the steps together behind one [`gate::Gate::handle`]
-//! call, reading the [`clock`] once per request; [`idempotency`] checks the
+//! call, reading the [`clock`] once per request; it is the I/O driver only:
+//! what every failure and every repeated key leads to is decided by the pure
+//! rules of [`settle`]; [`idempotency`] checks the
 //! `Idempotency-Key` whose record the store keeps; [`lambda`] and [`serve`]
 //! adapt the gate to API Gateway events and to a local HTTP server.
 //! [`config`] reads every setting once, at start, from one table of
