@@ -338,10 +338,10 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
         if record.fingerprint != claim.fingerprint {
             return Err(GateError::IdempotencyMismatch);
         }
-        if record.is_done() {
-            if let Some(response) = record.response.as_deref().and_then(respond::replay) {
-                return Ok(response);
-            }
+        if record.is_done()
+            && let Some(response) = record.response.as_deref().and_then(respond::replay)
+        {
+            return Ok(response);
         }
         if now_ms < record.lease_until_ms {
             let wait = (record.lease_until_ms - now_ms).div_euclid(1000) + 1;

@@ -216,14 +216,13 @@ impl QuotaStore for MemoryStore {
         let now = unix_now();
         let mut inner = self.lock();
         inner.refund(&refund.key.counter, refund.period_end, now);
-        if let Some((record, scan_id)) = refund.record {
-            if inner
+        if let Some((record, scan_id)) = refund.record
+            && inner
                 .records
                 .get(record)
                 .is_some_and(|(r, _)| r.scan_id == scan_id)
-            {
-                inner.records.remove(record);
-            }
+        {
+            inner.records.remove(record);
         }
         Ok(())
     }
