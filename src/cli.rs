@@ -25,9 +25,9 @@ pub struct Cli {
 pub enum Command {
     /// Serve POST /scan, GET /healthz and GET /metrics on QUOTA_LISTEN (default 127.0.0.1:9000).
     Serve,
-    /// Show one client's counter, TTL, first-seen, next tier and reset (needs VALKEY_URL).
+    /// Show one client's counter, TTL, first-seen, reset, paced backlog and next tier (needs VALKEY_URL).
     Inspect(crate::ops::command::InspectArgs),
-    /// Remove one client's counter and first-seen key (needs VALKEY_URL).
+    /// Remove one client's keys: counter, first-seen, pacing slot, idempotency records (needs VALKEY_URL).
     Reset(crate::ops::command::ResetArgs),
     /// Remove every quota:* key, the seed's mass expiry (needs VALKEY_URL and --yes).
     Purge(crate::ops::command::PurgeArgs),

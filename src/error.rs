@@ -28,6 +28,11 @@ pub enum GateError {
     /// `Idempotency-Key` is not 1–255 visible ASCII characters.
     #[error("Idempotency-Key must be 1 to 255 visible ASCII characters")]
     InvalidIdempotencyKey,
+    /// `Idempotency-Key` was sent more than once: which one is meant is unknown.
+    #[error(
+        "Idempotency-Key was sent {count} times; send it once (1 to 255 visible ASCII characters)"
+    )]
+    RepeatedIdempotencyKey { count: usize },
     /// The key was used before with another body.
     #[error("this Idempotency-Key was used with a different request body")]
     IdempotencyMismatch,
@@ -91,6 +96,15 @@ impl GateError {
         }
     }
 
+    /// 503 `backlog_full` with `Retry-After` = `retry_after` seconds, but never
+    /// past the counter's reset (`seconds_to_reset`): the reset clears the
+    /// paced slot with the counter, so a retry then is not refused.
+    pub fn backlog_full(retry_after: u64, seconds_to_reset: u64) -> Self {
+        Self::BacklogFull {
+            retry_after: retry_after.min(seconds_to_reset.max(1)),
+        }
+    }
+
     pub fn status(&self) -> StatusCode {
         match self {
             Self::NotFound => StatusCode::NOT_FOUND,
@@ -98,7 +112,9 @@ impl GateError {
             Self::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             Self::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             Self::BadRequest { .. } => StatusCode::BAD_REQUEST,
-            Self::InvalidIdempotencyKey => StatusCode::BAD_REQUEST,
+            Self::InvalidIdempotencyKey | Self::RepeatedIdempotencyKey { .. } => {
+                StatusCode::BAD_REQUEST
+            }
             Self::IdempotencyMismatch => StatusCode::UNPROCESSABLE_ENTITY,
             Self::IdempotencyInProgress { .. } => StatusCode::CONFLICT,
             Self::StoreUnavailable
@@ -117,7 +133,9 @@ impl GateError {
             Self::UnsupportedMediaType => "unsupported_media_type",
             Self::PayloadTooLarge => "payload_too_large",
             Self::BadRequest { code, .. } => code,
-            Self::InvalidIdempotencyKey => "invalid_idempotency_key",
+            Self::InvalidIdempotencyKey | Self::RepeatedIdempotencyKey { .. } => {
+                "invalid_idempotency_key"
+            }
             Self::IdempotencyMismatch => "idempotency_key_mismatch",
             Self::IdempotencyInProgress { .. } => "idempotency_in_progress",
             Self::StoreUnavailable | Self::StoreUnsettled => "store_unavailable",
@@ -201,6 +219,28 @@ mod tests {
             (r.status().as_u16(), &r.headers()[header::RETRY_AFTER]),
             (503, &"7".parse::<HeaderValue>().unwrap())
         );
+        let r = GateError::backlog_full(86_401, 9_282).to_response();
+        assert_eq!(
+            r.headers()[header::RETRY_AFTER],
+            "9282",
+            "capped at the reset"
+        );
+        let r = GateError::backlog_full(30, 9_282).to_response();
+        assert_eq!(r.headers()[header::RETRY_AFTER], "30");
+        let r = GateError::backlog_full(30, 0).to_response();
+        assert_eq!(r.headers()[header::RETRY_AFTER], "1", "never 0");
+
+        let r = GateError::RepeatedIdempotencyKey { count: 2 }.to_response();
+        let body: serde_json::Value = serde_json::from_slice(r.body()).unwrap();
+        assert_eq!(
+            (r.status().as_u16(), &body["error"]),
+            (400, &"invalid_idempotency_key".into())
+        );
+        assert!(
+            body["detail"].as_str().unwrap().contains("sent 2 times"),
+            "{body}"
+        );
+
         let r = GateError::IdempotencyInProgress { retry_after: 0 }.to_response();
         assert_eq!(
             (r.status().as_u16(), &r.headers()[header::RETRY_AFTER]),

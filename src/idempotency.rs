@@ -26,14 +26,15 @@ pub const HEADER: &str = "idempotency-key";
 pub const MAX_KEY_LEN: usize = 255;
 
 /// The request's `Idempotency-Key`: `None` when absent, 400 when not 1–255
-/// visible ASCII characters (or sent twice).
+/// visible ASCII characters, and a 400 saying so when sent more than once.
 pub fn key(headers: &HeaderMap) -> Result<Option<&str>, GateError> {
     let mut values = headers.get_all(HEADER).iter();
     let Some(value) = values.next() else {
         return Ok(None);
     };
-    if values.next().is_some() {
-        return Err(GateError::InvalidIdempotencyKey);
+    let count = headers.get_all(HEADER).iter().count();
+    if count > 1 {
+        return Err(GateError::RepeatedIdempotencyKey { count });
     }
     let bytes = value.as_bytes();
     if bytes.is_empty() || bytes.len() > MAX_KEY_LEN || !bytes.iter().all(u8::is_ascii_graphic) {
@@ -90,7 +91,9 @@ mod tests {
             assert_eq!(err.code(), "invalid_idempotency_key", "{bad:?}");
             assert_eq!(err.status(), 400);
         }
-        assert!(key(&headers(&[b"a", b"b"])).is_err(), "two keys");
+        let twice = key(&headers(&[b"a", b"a"])).unwrap_err();
+        assert_eq!(twice.status(), 400);
+        assert!(twice.to_string().contains("sent 2 times"), "{twice}");
     }
 
     /// The same bytes give the same fingerprint; any change another.

@@ -90,11 +90,16 @@ pub fn rfc3339(unix_secs: i64) -> String {
         .unwrap_or_default()
 }
 
-/// An instant in unix milliseconds as RFC 3339 UTC (`2026-12-01T00:00:05.25Z`).
+/// An instant in unix milliseconds as RFC 3339 UTC, always with three
+/// fraction digits (`2026-12-01T00:00:05.250Z`, `…:05.000Z`): the same width
+/// for every instant, as the docs show it.
 pub fn rfc3339_ms(unix_ms: i64) -> String {
+    const MS: &[time::format_description::BorrowedFormatItem<'_>] = time::macros::format_description!(
+        "[year]-[month]-[day]T[hour]:[minute]:[second].[subsecond digits:3]Z"
+    );
     OffsetDateTime::from_unix_timestamp_nanos(i128::from(unix_ms) * 1_000_000)
         .ok()
-        .and_then(|t| t.format(&Rfc3339).ok())
+        .and_then(|t| t.format(MS).ok())
         .unwrap_or_default()
 }
 
@@ -143,8 +148,9 @@ impl Accepted {
     /// The reminder sentence, when it applies. ASCII, so it fits a header.
     pub fn reminder_text(&self, reset_at: &str) -> Option<String> {
         let used = self.used.filter(|_| self.reminder)?;
+        let scans = if used == 1 { "scan" } else { "scans" };
         Some(format!(
-            "You have used {used} scans today; your daily quota is {} and resets at {reset_at}.",
+            "You have used {used} {scans} today; your daily quota is {} and resets at {reset_at}.",
             self.limit
         ))
     }
@@ -242,6 +248,14 @@ mod tests {
         }
     }
 
+    /// Instants in ms always carry three fraction digits, even when they are zeros.
+    #[test]
+    fn milliseconds_are_three_digits() {
+        assert_eq!(rfc3339_ms(1_796_083_200_000), "2026-12-01T00:00:00.000Z");
+        assert_eq!(rfc3339_ms(1_796_083_205_250), "2026-12-01T00:00:05.250Z");
+        assert_eq!(rfc3339_ms(1_796_083_205_001), "2026-12-01T00:00:05.001Z");
+    }
+
     /// Headers and body follow the response contract.
     #[test]
     fn contract() {
@@ -259,7 +273,7 @@ mod tests {
         assert_eq!(body["delayMs"], 5000);
         assert_eq!(body["sleptMs"], 5000);
         assert_eq!(body["deferredMs"], 0);
-        assert_eq!(body["notBefore"], "2026-11-30T23:00:05.25Z");
+        assert_eq!(body["notBefore"], "2026-11-30T23:00:05.250Z");
         assert_eq!(
             body["quota"],
             serde_json::json!({"scope":"ip","limit":33,"used":34,"remaining":0,"resetAt":"2026-12-01T00:00:00Z"})
@@ -303,6 +317,10 @@ mod tests {
                 .unwrap()
                 .contains("resets at 2026-12-01T00:00:00Z")
         );
+
+        a.used = Some(1);
+        let one = a.reminder_text("x").unwrap();
+        assert!(one.starts_with("You have used 1 scan today;"), "{one}");
 
         a.used = None;
         let r = a.to_response();

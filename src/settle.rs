@@ -72,10 +72,10 @@ pub fn on_repeat(record: &Record, claim: &Claim, now_ms: i64, sleep_cap: Duratio
     if record.fingerprint != claim.fingerprint {
         return Repeat::Mismatch;
     }
-    if record.is_done() {
-        if let Some(saved) = &record.response {
-            return Repeat::Replay(saved.clone());
-        }
+    if record.is_done()
+        && let Some(saved) = &record.response
+    {
+        return Repeat::Replay(saved.clone());
     }
     if now_ms < record.lease_until_ms {
         let slept = record.delay_ms.map_or(0, |d| {

@@ -841,10 +841,10 @@ fn print_valkey_time(t: &ValkeyTime) -> Option<f64> {
 
 /// Drops the job stream between lines so it never grows large.
 async fn clear_stream(url: &str) {
-    if let Ok(client) = redis::Client::open(url) {
-        if let Ok(mut c) = client.get_multiplexed_async_connection().await {
-            let _: Result<i64, _> = redis::cmd("DEL").arg("jobs").query_async(&mut c).await;
-        }
+    if let Ok(client) = redis::Client::open(url)
+        && let Ok(mut c) = client.get_multiplexed_async_connection().await
+    {
+        let _: Result<i64, _> = redis::cmd("DEL").arg("jobs").query_async(&mut c).await;
     }
 }
 

@@ -25,10 +25,10 @@ async fn main() -> ExitCode {
         Ok(gate) => gate,
         Err(message) => {
             eprintln!("quota-gate: configuration error: {message}");
-            if let Ok(api) = std::env::var("AWS_LAMBDA_RUNTIME_API") {
-                if let Err(e) = report_init_error(&api, CONFIG_ERROR_TYPE, &message).await {
-                    eprintln!("quota-gate: could not report the init error to {api}: {e}");
-                }
+            if let Ok(api) = std::env::var("AWS_LAMBDA_RUNTIME_API")
+                && let Err(e) = report_init_error(&api, CONFIG_ERROR_TYPE, &message).await
+            {
+                eprintln!("quota-gate: could not report the init error to {api}: {e}");
             }
             return ExitCode::from(2);
         }

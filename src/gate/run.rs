@@ -99,11 +99,10 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
                 );
                 self.apply(attempt, scan.scan_id, settlement).await;
                 // Never past the counter's reset: from then the scan is within quota.
-                let retry_after = retry_after_ms
-                    .div_ceil(1000)
-                    .min(count.seconds_to_reset())
-                    .max(1);
-                Err(GateError::BacklogFull { retry_after })
+                Err(GateError::backlog_full(
+                    retry_after_ms.div_ceil(1000),
+                    count.seconds_to_reset(),
+                ))
             }
         }
     }

@@ -97,15 +97,14 @@ impl Identifier {
         headers: &HeaderMap,
         origin: &Origin<'_>,
     ) -> Result<Identity, GateError> {
-        if self.trust_gateway_claims {
-            if let Some(claims) = origin.gateway_claims {
-                if let Some(tid) = claims.get("tid").filter(|t| !t.is_empty()) {
-                    let tier = claims
-                        .get("tier")
-                        .and_then(|t| jwt::tier_from_claim(&Value::from(t.as_str())));
-                    return Ok(self.token_identity(tid, tier));
-                }
-            }
+        if self.trust_gateway_claims
+            && let Some(claims) = origin.gateway_claims
+            && let Some(tid) = claims.get("tid").filter(|t| !t.is_empty())
+        {
+            let tier = claims
+                .get("tier")
+                .and_then(|t| jwt::tier_from_claim(&Value::from(t.as_str())));
+            return Ok(self.token_identity(tid, tier));
         }
         let token = match self.check_token(headers) {
             None => None,

@@ -17,8 +17,9 @@ const PURGE_BATCH: usize = 500;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Snapshot {
     pub used: u64,
-    /// Seconds until the counter expires; `None` if it has no expiry.
-    pub ttl: Option<u64>,
+    /// When the counter expires (unix seconds, Valkey's own `EXPIRETIME`, the
+    /// instant every 202 reports); `None` if it has no expiry.
+    pub expires_at: Option<i64>,
     /// The first scan of the period, ISO 8601.
     pub first_seen: Option<String>,
     /// When the last paced scan may start (unix ms), if any was paced.
@@ -29,17 +30,19 @@ impl ValkeyStore {
     /// Reads a subject's counter without changing it.
     pub async fn inspect(&self, key: &QuotaKey) -> Result<Option<Snapshot>, StoreError> {
         let mut conn = self.valkey().connection().await?;
-        let (used, ttl, first_seen, slot): (Option<u64>, i64, Option<String>, Option<i64>) =
+        let (used, expires_at, first_seen, slot): (Option<u64>, i64, Option<String>, Option<i64>) =
             redis::pipe()
                 .get(&key.counter)
-                .ttl(&key.counter)
+                .cmd("EXPIRETIME")
+                .arg(&key.counter)
                 .get(&key.first_seen)
                 .get(&key.slot)
                 .query_async(&mut conn)
                 .await?;
         Ok(used.map(|used| Snapshot {
             used,
-            ttl: u64::try_from(ttl).ok(),
+            // -1: no expiry; -2: gone since the GET.
+            expires_at: Some(expires_at).filter(|at| *at >= 0),
             first_seen,
             slot_ms: slot,
         }))

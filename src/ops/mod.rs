@@ -2,8 +2,8 @@
 //!
 //! | command | module | what it does |
 //! |---|---|---|
-//! | `inspect` | [`subject`] | one client's counter, TTL, first-seen and next tier |
-//! | `reset` | [`subject`] | removes one client's counter and first-seen key |
+//! | `inspect` | [`subject`] | one client's counter, TTL, first-seen, reset, paced backlog and next tier |
+//! | `reset` | [`subject`] | removes all of one client's keys: counter, first-seen, pacing slot, idempotency records |
 //! | `purge` | [`purge`] | the seed's mass expiry: every `quota:*` key, in batches |
 //! | `stats` | [`stats`] | soft and hard hits, reminders and p95 delay from CloudWatch |
 //!

@@ -45,14 +45,15 @@ pub struct PurgeReport {
 
 impl PurgeReport {
     pub fn render(&self) -> String {
+        let keys = if self.keys == 1 { "key" } else { "keys" };
         if self.dry_run {
             format!(
-                "dry run: {} quota:* keys would be removed (found in {:.1} s)\n",
+                "dry run: {} quota:* {keys} would be removed (found in {:.1} s)\n",
                 self.keys, self.seconds
             )
         } else {
             format!(
-                "removed {} quota:* keys in {:.1} s\n",
+                "removed {} quota:* {keys} in {:.1} s\n",
                 self.keys, self.seconds
             )
         }

@@ -11,7 +11,6 @@ use std::num::NonZeroU32;
 
 use serde::Serialize;
 use time::OffsetDateTime;
-use time::format_description::well_known::Rfc3339;
 
 use super::OpsError;
 use super::keys::Snapshot;
@@ -141,7 +140,8 @@ pub struct Inspection {
     /// `None` when the counter does not exist or (wrongly) never expires.
     pub ttl_seconds: Option<u64>,
     pub first_seen: Option<String>,
-    /// When the counter expires (RFC 3339, UTC), by this machine's clock plus the TTL.
+    /// When the counter expires (RFC 3339, UTC): its `EXPIRETIME`, the instant
+    /// the gate's answers report as `resetAt`.
     pub reset_at: Option<String>,
     /// When the last paced scan may start (RFC 3339, UTC), if it is still ahead.
     pub next_free_slot: Option<String>,
@@ -160,16 +160,11 @@ impl Inspection {
             u64::try_from(slot - now.saturating_mul(1000)).unwrap_or(0)
         });
         let count = snapshot.map_or(0, |s| s.used);
-        let ttl = snapshot.and_then(|s| s.ttl);
+        let expires_at = snapshot.and_then(|s| s.expires_at);
+        let ttl = expires_at.map(|at| u64::try_from(at.saturating_sub(now)).unwrap_or(0));
         let limit = subject.limit;
         let next = decide(count + 1, &config.policy.limits(limit));
-        let reset_at = ttl.and_then(|t| {
-            let at = now.checked_add(i64::try_from(t).ok()?)?;
-            OffsetDateTime::from_unix_timestamp(at)
-                .ok()?
-                .format(&Rfc3339)
-                .ok()
-        });
+        let reset_at = expires_at.map(crate::respond::rfc3339);
         Self {
             scope: subject.scope.as_str(),
             basis: subject.basis,
@@ -350,13 +345,16 @@ mod tests {
         let s = resolve(&c, &SubjectArg::Ip("198.51.100.1".into())).unwrap();
         let snap = Snapshot {
             used: 3,
-            ttl: Some(60),
+            expires_at: Some(1_796_000_060),
             first_seen: Some("2026-11-30T00:00:01Z".into()),
             slot_ms: Some(1_796_000_012_500),
         };
         let i = Inspection::new(&c, &s, Some(&snap), 1_796_000_000);
         assert_eq!(i.backlog_ms, 12_500);
-        assert_eq!(i.next_free_slot.as_deref(), Some("2026-11-30T00:53:32.5Z"));
+        assert_eq!(
+            i.next_free_slot.as_deref(),
+            Some("2026-11-30T00:53:32.500Z")
+        );
         assert_eq!((i.count, i.remaining, i.next.tier), (3, 0, "soft"));
         assert_eq!(i.next.delay_ms, c.policy.soft_delay.as_millis() as u64);
         assert_eq!(i.reset_at.as_deref(), Some("2026-11-30T00:54:20Z"));

@@ -217,10 +217,10 @@ impl QuotaStore for MemoryStore {
     }
 
     async fn release(&self, record: &str, now: i64) -> Result<(), StoreError> {
-        if let Some(r) = self.lock().record(record, now) {
-            if r.state == RecordState::Pending {
-                r.lease_until_ms = 0;
-            }
+        if let Some(r) = self.lock().record(record, now)
+            && r.state == RecordState::Pending
+        {
+            r.lease_until_ms = 0;
         }
         Ok(())
     }

@@ -1,0 +1,486 @@
+//! The docs cannot go stale: their examples are run and compared with what the
+//! program prints, and the lists they repeat are checked against the one place
+//! each is defined (the template, the alert rules, `meter.rs`, a real Valkey's
+//! keys, the lock file).
+
+use quota_gate_testkit as common;
+
+use std::collections::BTreeSet;
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::Duration;
+
+use common::*;
+use http::HeaderValue;
+use quota_gate::ops::subject::{self, SubjectArg};
+use redis::AsyncCommands;
+
+fn read(path: &str) -> String {
+    std::fs::read_to_string(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(path))
+        .unwrap_or_else(|e| panic!("{path}: {e}"))
+}
+
+/// The text of the fenced blocks after `marker` in `doc`, in order.
+fn blocks_after<'a>(doc: &'a str, marker: &str) -> Vec<&'a str> {
+    let from = doc.find(marker).unwrap_or_else(|| panic!("{marker:?}"));
+    // Split on fences: odd pieces are the blocks (info string on their first line).
+    doc[from..]
+        .split("```")
+        .skip(1)
+        .step_by(2)
+        .map(|b| b.split_once('\n').map_or("", |(_, text)| text))
+        .collect()
+}
+
+/// The text of the first fenced block after `marker` in `doc`.
+fn block_after<'a>(doc: &'a str, marker: &str) -> &'a str {
+    blocks_after(doc, marker)[0]
+}
+
+/// The first column of the markdown table whose header line starts with `header`,
+/// backticks removed.
+fn first_column(doc: &str, header: &str) -> Vec<String> {
+    let from = doc.find(header).unwrap_or_else(|| panic!("{header:?}"));
+    doc[from..]
+        .lines()
+        .skip(2)
+        .take_while(|l| l.starts_with('|'))
+        .map(|l| l.split('|').nth(1).unwrap().trim().replace('`', ""))
+        .collect()
+}
+
+/// Resource names in template.yaml of the given `Type`.
+fn template_resources(kind: &str) -> BTreeSet<String> {
+    let template = read("template.yaml");
+    let lines: Vec<&str> = template.lines().collect();
+    lines
+        .windows(2)
+        .filter(|w| w[1].trim() == format!("Type: {kind}"))
+        .filter(|w| w[0].starts_with("  ") && !w[0].starts_with("   "))
+        .map(|w| w[0].trim().trim_end_matches(':').to_owned())
+        .collect()
+}
+
+/// The names of template.yaml's parameters.
+fn template_parameters() -> BTreeSet<String> {
+    let template = read("template.yaml");
+    let section = template
+        .split("\nParameters:\n")
+        .nth(1)
+        .unwrap()
+        .split("\nRules:\n")
+        .next()
+        .unwrap();
+    section
+        .lines()
+        .filter(|l| l.starts_with("  ") && !l.starts_with("   ") && l.ends_with(':'))
+        .map(|l| l.trim().trim_end_matches(':').to_owned())
+        .collect()
+}
+
+fn number_word(n: usize) -> &'static str {
+    [
+        "zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine",
+    ]
+    .get(n)
+    .copied()
+    .unwrap_or("many")
+}
+
+/// Every `console` example of docs/operations.md (`--help`, `inspect`,
+/// `reset`, `purge`) prints what the doc shows, run by trycmd against a real
+/// Valkey holding the scans the doc describes.
+#[tokio::test(flavor = "multi_thread")]
+async fn operator_examples_print_what_the_doc_shows() {
+    let server = ValkeyServer::start();
+    let gate = valkey_gate(&server, &[("QUOTA_DELAY_MODE", "defer")]);
+    let scans = (0..35).map(|_| scan_from("203.0.113.7"));
+    let others = (0..3).map(|_| scan_from("198.51.100.23"));
+    for r in one_at_a_time(&gate, scans.chain(others)).await {
+        assert_eq!(r.status(), 202);
+    }
+    let url = server.url();
+    tokio::task::spawn_blocking(move || {
+        trycmd::TestCases::new()
+            .register_bin(
+                "quota-gate",
+                PathBuf::from(env!("CARGO_BIN_EXE_quota-gate")),
+            )
+            .env("VALKEY_URL", url)
+            .env("QUOTA_HASH_SECRET", SECRET_TEXT)
+            .env("RUST_LOG", "warn")
+            .case("docs/operations.md")
+            .run();
+    })
+    .await
+    .unwrap();
+}
+
+/// Every `quota-gate …` command the README's "Operate" block shows is one of
+/// docs/operations.md's examples (run above), or `stats` (run by tests/ops.rs
+/// against moto).
+#[test]
+fn readme_operator_commands_are_the_runbooks() {
+    let readme = read("README.md");
+    let runbook = read("docs/operations.md");
+    let block = block_after(&readme, "## Operate");
+    let commands: Vec<&str> = block
+        .lines()
+        .map(|l| l.split('#').next().unwrap().trim())
+        .filter(|l| l.starts_with("quota-gate "))
+        .collect();
+    assert!(commands.len() >= 5, "{block}");
+    for command in commands {
+        let sub = command.split_whitespace().nth(1).unwrap();
+        assert!(
+            runbook.contains(&format!("$ {command}\n"))
+                || runbook.contains(&format!("$ quota-gate {sub} ")),
+            "README's `{command}` has no example in docs/operations.md"
+        );
+    }
+}
+
+/// The README's "Try it" request, sent to `serve` as written, answers with the
+/// status, the header names and the JSON keys the README shows, and the values
+/// it shows for a first scan.
+#[test]
+fn try_it_answers_as_shown() {
+    let readme = read("README.md");
+    let blocks = blocks_after(&readme, "## Try it");
+    let command = blocks[0].replace("\\\n", " ");
+    let shown = blocks[1];
+    let (shown_head, shown_body) = shown.split_once("\n\n").unwrap();
+
+    // The request exactly as the curl line builds it.
+    assert!(command.contains("curl -si -X POST http://127.0.0.1:9000/scan"));
+    let header = command
+        .split("-H '")
+        .nth(1)
+        .unwrap()
+        .split('\'')
+        .next()
+        .unwrap();
+    let (name, value) = header.split_once(": ").unwrap();
+    let body = command
+        .split("-d '")
+        .nth(1)
+        .unwrap()
+        .split('\'')
+        .next()
+        .unwrap();
+    let (_serve, addr) = serve::spawn_serve(&[]);
+    let request = client::build(
+        "POST",
+        "/scan",
+        &[(name, value), ("Connection", "close")],
+        body,
+    );
+    let (status, text) = client::send(addr, request.as_bytes(), Duration::from_secs(30)).unwrap();
+    let (head, answer) = text.split_once("\r\n\r\n").unwrap();
+
+    assert_eq!(
+        head.lines().next().unwrap(),
+        shown_head.lines().next().unwrap()
+    );
+    assert_eq!(status, 202);
+    let names = |lines: Vec<&str>| -> BTreeSet<String> {
+        lines
+            .iter()
+            .filter_map(|l| l.split_once(':'))
+            .map(|(n, _)| n.to_ascii_lowercase())
+            .filter(|n| !["content-length", "date", "connection"].contains(&n.as_str()))
+            .collect()
+    };
+    assert_eq!(
+        names(head.lines().skip(1).collect()),
+        names(shown_head.lines().skip(1).collect()),
+        "header names"
+    );
+    let shown_json: serde_json::Value = serde_json::from_str(shown_body).unwrap();
+    let answer_json: serde_json::Value = serde_json::from_str(answer).unwrap();
+    assert_eq!(keys(&answer_json), keys(&shown_json), "JSON keys");
+    for field in ["status", "delayMs", "sleptMs", "deferredMs"] {
+        assert_eq!(answer_json[field], shown_json[field], "{field}");
+    }
+    for field in ["scope", "limit", "used", "remaining"] {
+        assert_eq!(answer_json["quota"][field], shown_json["quota"][field]);
+    }
+    for line in shown_head.lines().skip(1) {
+        let (n, v) = line.split_once(": ").unwrap();
+        let got = head
+            .lines()
+            .find_map(|l| {
+                l.split_once(": ")
+                    .filter(|(an, _)| an.eq_ignore_ascii_case(n))
+            })
+            .map(|(_, v)| v)
+            .unwrap();
+        match n {
+            "x-stella-reset" | "ratelimit" => assert_eq!(shape(got), shape(v), "{n}: {got} vs {v}"),
+            _ => assert_eq!(got, v, "{n}"),
+        }
+    }
+    // Instants as shown: seconds for the reset, three fraction digits for notBefore.
+    let (got, doc) = (&answer_json["notBefore"], &shown_json["notBefore"]);
+    assert_eq!(shape(got.as_str().unwrap()), shape(doc.as_str().unwrap()));
+    for id in [&answer_json["scanId"], &shown_json["scanId"]] {
+        let id = uuid::Uuid::parse_str(id.as_str().unwrap()).unwrap();
+        assert_eq!(id.get_version_num(), 7, "{id}");
+    }
+}
+
+/// `text` with every run of digits as one `0` and every letter a…f as `x`:
+/// what two instants or headers of the same form share.
+fn shape(text: &str) -> String {
+    let mut out = String::new();
+    for c in text.chars() {
+        let c = match c {
+            '0'..='9' => '0',
+            'a'..='f' => 'x',
+            c => c,
+        };
+        if !(c == '0' && out.ends_with('0')) {
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// Every key path of a JSON value (`quota.limit`, …).
+fn keys(v: &serde_json::Value) -> BTreeSet<String> {
+    let mut out = BTreeSet::new();
+    if let Some(map) = v.as_object() {
+        for (k, child) in map {
+            out.insert(k.clone());
+            out.extend(keys(child).into_iter().map(|c| format!("{k}.{c}")));
+        }
+    }
+    out
+}
+
+/// The alarms the README and docs/aws.md list, and the count docs/aws.md
+/// states, are template.yaml's CloudWatch alarms.
+#[test]
+fn alarms_are_the_templates() {
+    let alarms = template_resources("AWS::CloudWatch::Alarm");
+    assert!(alarms.len() >= 5, "{alarms:?}");
+    let expand = |names: Vec<String>| -> BTreeSet<String> {
+        names
+            .iter()
+            .flat_map(|n| n.split(", "))
+            .flat_map(|n| match n.split_once("{Ip,Tid}") {
+                Some((a, b)) => vec![format!("{a}Ip{b}"), format!("{a}Tid{b}")],
+                None => vec![n.to_owned()],
+            })
+            .collect()
+    };
+    let readme = read("README.md");
+    assert_eq!(
+        expand(first_column(&readme, "| alarm | fires when |")),
+        alarms,
+        "README's alarm table"
+    );
+    let aws = read("docs/aws.md");
+    assert_eq!(
+        expand(first_column(&aws, "| alarm (`template.yaml`) |")),
+        alarms,
+        "docs/aws.md's alarm table"
+    );
+    assert!(
+        aws.contains(&format!("| {} alarms |", alarms.len())),
+        "docs/aws.md's resource table should say {} alarms",
+        alarms.len()
+    );
+    assert!(readme.contains(&format!("{} CloudWatch alarms", alarms.len())));
+}
+
+/// The rules docs name are prometheus/alerts.yaml's, and the README counts them right.
+#[test]
+fn alert_rules_are_the_rule_files() {
+    let rules: BTreeSet<String> = read("prometheus/alerts.yaml")
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("- alert: "))
+        .map(str::to_owned)
+        .collect();
+    assert!(rules.len() >= 4, "{rules:?}");
+    let runbook: BTreeSet<String> = read("docs/operations.md")
+        .lines()
+        .filter_map(|l| l.strip_prefix("### StellaQuota"))
+        .map(|n| format!("StellaQuota{n}"))
+        .collect();
+    assert_eq!(runbook, rules, "docs/operations.md has a section per rule");
+    let readme = read("README.md");
+    let phrase = format!(
+        "`prometheus/alerts.yaml` holds {} rules",
+        number_word(rules.len())
+    );
+    assert!(readme.contains(&phrase), "README should say: {phrase}");
+}
+
+/// docs/aws.md's list of the gate's settings names every template parameter
+/// that sets one of the function's variables (`QUOTA_ANON: !Ref QuotaAnon`).
+#[test]
+fn aws_parameter_list_is_the_templates() {
+    let template = read("template.yaml");
+    let aws = read("docs/aws.md");
+    let list = aws
+        .split("Every setting of the gate is a parameter (")
+        .nth(1)
+        .unwrap()
+        .split("). Outputs:")
+        .next()
+        .unwrap();
+    let parameters = template_parameters();
+    let setting: Vec<&str> = template
+        .lines()
+        .filter_map(|l| l.trim_start().split_once(": !Ref "))
+        .filter(|(var, _)| var.starts_with("QUOTA_") || var.starts_with("VALKEY_"))
+        .map(|(_, p)| p.trim())
+        .collect();
+    assert!(setting.len() > 20, "{setting:?}");
+    for parameter in setting {
+        assert!(parameters.contains(parameter), "{parameter}");
+        assert!(
+            list.contains(&format!("`{parameter}`")),
+            "docs/aws.md's parameter list lacks `{parameter}`"
+        );
+    }
+}
+
+/// docs/operations.md's metrics table is `meter.rs`'s metrics.
+#[test]
+fn metrics_table_is_the_meters() {
+    use quota_gate::meter::{COUNTERS, DELAY_MS, EMF_DROPPED};
+    let mut metrics: BTreeSet<String> = COUNTERS.iter().map(|s| s.to_string()).collect();
+    metrics.insert(DELAY_MS.into());
+    metrics.insert(EMF_DROPPED.into());
+    let table: BTreeSet<String> = first_column(&read("docs/operations.md"), "| metric | type |")
+        .into_iter()
+        .collect();
+    assert_eq!(table, metrics);
+}
+
+/// A subject's keys in a real Valkey (a keyed, paced, over-quota scan writes
+/// them all) are the key tables' rows, and `reset` removes every one of them.
+#[tokio::test]
+async fn key_tables_are_what_valkey_holds() {
+    let server = ValkeyServer::start();
+    let gate = valkey_gate(
+        &server,
+        &[("QUOTA_ANON", "1"), ("QUOTA_DELAY_MODE", "defer")],
+    );
+    let mut keyed = scan_from("203.0.113.7");
+    keyed
+        .headers
+        .insert("idempotency-key", HeaderValue::from_static("doc-key-1"));
+    for r in one_at_a_time(&gate, [scan_from("203.0.113.7"), keyed]).await {
+        assert_eq!(r.status(), 202);
+    }
+    let mut c = server.client().await;
+    let found: Vec<String> = c.keys("quota:*").await.unwrap();
+    let config = config(&[("VALKEY_URL", &server.url())]);
+    let who = subject::resolve(&config, &SubjectArg::Ip("203.0.113.7".into())).unwrap();
+    let digest = who
+        .key
+        .counter
+        .trim_start_matches("quota:ip:{")
+        .trim_end_matches('}')
+        .to_owned();
+    let shapes: BTreeSet<String> = found
+        .iter()
+        .map(|k| {
+            let k = k.replace(&digest, "<digest>");
+            match k.split_once(":idem:") {
+                Some((head, _)) => format!("{head}:idem:"),
+                None => k,
+            }
+        })
+        .collect();
+    for (doc, header) in [
+        ("README.md", "| key | value | expiry |"),
+        ("docs/operations.md", "| key | value | expiry |"),
+    ] {
+        let rows: BTreeSet<String> = first_column(&read(doc), header)
+            .into_iter()
+            .filter(|r| r.starts_with("quota:ip:"))
+            .map(|r| match r.split_once(":idem:") {
+                Some((head, _)) => format!("{head}:idem:"),
+                None => r,
+            })
+            .collect();
+        assert_eq!(rows, shapes, "{doc}'s key table");
+    }
+    let store = quota_gate::ops::valkey_store(&config).unwrap();
+    let removal = subject::reset(&store, &who).await.unwrap();
+    assert_eq!(removal.removed as usize, found.len());
+    let left: Vec<String> = c.keys("quota:*").await.unwrap();
+    assert!(left.is_empty(), "{left:?}");
+}
+
+/// Cargo.toml's `rust-version` is the newest one the locked dependencies
+/// declare (for every platform): neither a promise they break nor stricter
+/// than they need.
+#[test]
+fn rust_version_is_the_locked_dependencies() {
+    let out = Command::new(env!("CARGO"))
+        .args(["metadata", "--locked", "--format-version", "1"])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let metadata: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let version = |v: &str| -> (u32, u32) {
+        let mut parts = v.split('.').map(|p| p.parse::<u32>().unwrap());
+        (parts.next().unwrap(), parts.next().unwrap_or(0))
+    };
+    let packages = metadata["packages"].as_array().unwrap();
+    let newest = packages
+        .iter()
+        .filter(|p| !p["source"].is_null())
+        .filter_map(|p| {
+            Some((
+                version(p["rust_version"].as_str()?),
+                p["name"].as_str()?.to_owned(),
+            ))
+        })
+        .max()
+        .unwrap();
+    let ours = packages
+        .iter()
+        .find(|p| p["name"] == "quota-gate")
+        .and_then(|p| p["rust_version"].as_str())
+        .map(version)
+        .unwrap();
+    assert_eq!(
+        ours, newest.0,
+        "rust-version should be {:?}, what {} needs",
+        newest.0, newest.1
+    );
+    let readme = read("README.md");
+    assert!(readme.contains(&format!("Rust ({}.{} or later)", ours.0, ours.1)));
+}
+
+/// The hash secret's minimums the docs state are the ones enforced: 16 bytes
+/// by the code (README), the template's `MinLength` (docs/aws.md).
+#[test]
+fn hash_secret_minimum_is_the_codes() {
+    let secret = |s: &str| {
+        quota_gate::Config::from_lookup(|k| (k == "QUOTA_HASH_SECRET").then(|| s.to_owned()))
+    };
+    assert!(secret(&"x".repeat(15)).is_err());
+    assert!(secret(&"x".repeat(16)).is_ok());
+    assert!(read("README.md").contains("≥ 16 bytes"));
+    let template = read("template.yaml");
+    let min_length = template
+        .split("\n  HashSecret:\n")
+        .nth(1)
+        .and_then(|p| p.lines().find_map(|l| l.trim().strip_prefix("MinLength: ")))
+        .unwrap();
+    let aws = read("docs/aws.md");
+    assert!(aws.contains(&format!("at least {min_length} characters")));
+    assert!(aws.contains("under 16 bytes"));
+}
