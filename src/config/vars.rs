@@ -291,6 +291,15 @@ pub const VARIABLES: &[Variable] = &[
             "log filter; logs go to stderr and never contain an IP, token or digest",
         )
     },
+    Variable {
+        applies: Applies::Logging,
+        ..var(
+            "QUOTA_LOG_FORMAT",
+            Value("text"),
+            "`text` or `json` (one object a line) for `quota-gate`'s logs; Lambda follows the \
+             function's `LogFormat` (`JSON` in the template) instead",
+        )
+    },
 ];
 
 /// The row of `name`. Every name the parser reads is in the table: a name
