@@ -76,12 +76,17 @@ impl LogFormat {
     /// `QUOTA_LOG_FORMAT` (`text` or `json`, any case; unset: `text`), as
     /// `quota-gate` reads it. A bad value is an error naming the variable.
     pub fn from_env() -> Result<Self, String> {
+        Self::from_lookup(|k| std::env::var(k).ok())
+    }
+
+    /// The same from a lookup function (tests pass a map).
+    pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Self, String> {
         let name = config::vars::variable("QUOTA_LOG_FORMAT").name;
-        match std::env::var(name) {
-            Err(_) => Ok(Self::Text),
-            Ok(v) if v.eq_ignore_ascii_case("text") => Ok(Self::Text),
-            Ok(v) if v.eq_ignore_ascii_case("json") => Ok(Self::Json),
-            Ok(v) => Err(format!("{name}={v:?}: expected json or text")),
+        match lookup(name) {
+            None => Ok(Self::Text),
+            Some(v) if v.eq_ignore_ascii_case("text") => Ok(Self::Text),
+            Some(v) if v.eq_ignore_ascii_case("json") => Ok(Self::Json),
+            Some(v) => Err(format!("{name}={v:?}: expected json or text")),
         }
     }
 
@@ -133,4 +138,23 @@ pub fn log_filter() -> tracing_subscriber::EnvFilter {
              aws_sdk_cloudwatch=error,aws_sdk_sqs=error,aws_sdk_sts=error,aws_sdk_sso=error",
         )
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::LogFormat;
+
+    /// `QUOTA_LOG_FORMAT` takes `json` or `text` in any case, defaults to
+    /// text, and names itself when it is anything else.
+    #[test]
+    fn log_format() {
+        let with = |v: &str| {
+            let v = v.to_owned();
+            LogFormat::from_lookup(move |k| (k == "QUOTA_LOG_FORMAT").then(|| v.clone()))
+        };
+        assert_eq!(LogFormat::from_lookup(|_| None), Ok(LogFormat::Text));
+        assert_eq!(with("JSON"), Ok(LogFormat::Json));
+        assert_eq!(with("text"), Ok(LogFormat::Text));
+        assert!(with("xml").unwrap_err().contains("QUOTA_LOG_FORMAT"));
+    }
 }
