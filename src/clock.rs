@@ -1,5 +1,15 @@
 //! The gate's clock, read once per request and passed down.
 //!
+//! Everything the gate decides or stores about a request uses that one
+//! reading: the counter's period, the idempotency record's times and lease,
+//! the pacing arrival, `receivedAt` and `notBefore`, and the in-memory
+//! store's expiries (every store call takes `now`). Two readings are not
+//! the request's, on purpose: the JWT check (`jsonwebtoken` compares
+//! `exp`/`nbf` with the system clock itself, and the verified-token cache
+//! follows it, so a cached token expires exactly when a fresh check would
+//! refuse it), and the EMF line's `Timestamp`, which is when the line was
+//! written, as CloudWatch expects.
+//!
 //! [`Clock::System`] is the wall clock. [`Clock::Tokio`] is the wall clock
 //! at its creation advanced by Tokio's clock, so a test with paused Tokio
 //! time sees the time it skips: a 5 s sleep moves this clock 5 s on.

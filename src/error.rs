@@ -38,6 +38,13 @@ pub enum GateError {
     /// still land is taken back after it.
     #[error("the quota store is unavailable; the scan was not counted; retry shortly")]
     StoreUnavailable,
+    /// The store did not answer a keyed scan's count: it may still land, and
+    /// nothing was queued. The retry with the same key settles it.
+    #[error(
+        "the quota store did not answer in time: the scan may have been counted and was not queued; \
+         retry with the same Idempotency-Key to settle it (one job, one count)"
+    )]
+    StoreUnsettled,
     /// The subject's paced backlog would exceed `QUOTA_MAX_BACKLOG_MS`.
     #[error(
         "too many of your scans are already waiting; not counted, nothing queued; retry after Retry-After seconds"
@@ -71,6 +78,9 @@ struct ErrorBody<'a> {
     detail: String,
     #[serde(skip_serializing_if = "Option::is_none")]
     queued: Option<serde_json::Value>,
+    /// `"unknown"` when the count may still land (a keyed retry settles it).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    counted: Option<&'static str>,
 }
 
 impl GateError {
@@ -91,9 +101,10 @@ impl GateError {
             Self::InvalidIdempotencyKey => StatusCode::BAD_REQUEST,
             Self::IdempotencyMismatch => StatusCode::UNPROCESSABLE_ENTITY,
             Self::IdempotencyInProgress { .. } => StatusCode::CONFLICT,
-            Self::StoreUnavailable | Self::QueueFailed { .. } | Self::BacklogFull { .. } => {
-                StatusCode::SERVICE_UNAVAILABLE
-            }
+            Self::StoreUnavailable
+            | Self::StoreUnsettled
+            | Self::QueueFailed { .. }
+            | Self::BacklogFull { .. } => StatusCode::SERVICE_UNAVAILABLE,
             Self::NoSourceAddress => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
@@ -109,7 +120,7 @@ impl GateError {
             Self::InvalidIdempotencyKey => "invalid_idempotency_key",
             Self::IdempotencyMismatch => "idempotency_key_mismatch",
             Self::IdempotencyInProgress { .. } => "idempotency_in_progress",
-            Self::StoreUnavailable => "store_unavailable",
+            Self::StoreUnavailable | Self::StoreUnsettled => "store_unavailable",
             Self::BacklogFull { .. } => "backlog_full",
             Self::QueueFailed { .. } => "queue_unavailable",
             Self::NoSourceAddress => "no_source_address",
@@ -124,6 +135,7 @@ impl GateError {
             } => Some(serde_json::Value::from("unknown")),
             Self::QueueFailed { queued: Queued::No }
             | Self::StoreUnavailable
+            | Self::StoreUnsettled
             | Self::BacklogFull { .. } => Some(serde_json::Value::from(false)),
             _ => None,
         };
@@ -131,6 +143,7 @@ impl GateError {
             error: self.code(),
             detail: self.to_string(),
             queued,
+            counted: matches!(self, Self::StoreUnsettled).then_some("unknown"),
         })
         .unwrap_or_default();
         let mut response = Response::new(Bytes::from(body));
@@ -145,7 +158,7 @@ impl GateError {
             Self::MethodNotAllowed => {
                 headers.insert(header::ALLOW, HeaderValue::from_static("POST"));
             }
-            Self::StoreUnavailable | Self::QueueFailed { .. } => {
+            Self::StoreUnavailable | Self::StoreUnsettled | Self::QueueFailed { .. } => {
                 headers.insert(header::RETRY_AFTER, HeaderValue::from(RETRY_AFTER_SECS));
             }
             Self::BacklogFull { retry_after } | Self::IdempotencyInProgress { retry_after } => {

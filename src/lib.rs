@@ -23,7 +23,9 @@
 //! | 9 | [`meter`] | EMF lines and Prometheus counters |
 //!
 //! [`gate`] strings the steps together behind one [`gate::Gate::handle`]
-//! call, reading the [`clock`] once per request; [`idempotency`] checks the
+//! call, reading the [`clock`] once per request; it is the I/O driver only:
+//! what every failure and every repeated key leads to is decided by the pure
+//! rules of [`settle`]; [`idempotency`] checks the
 //! `Idempotency-Key` whose record the store keeps; [`lambda`] and [`serve`]
 //! adapt the gate to API Gateway events and to a local HTTP server.
 //! [`config`] reads every setting once, at start, from one table of
@@ -53,6 +55,7 @@ pub mod ops;
 pub mod queue;
 pub mod respond;
 pub mod serve;
+pub mod settle;
 pub mod store;
 pub mod validate;
 pub mod valkey;
@@ -81,7 +84,7 @@ impl LogFormat {
 
     /// The same from a lookup function (tests pass a map).
     pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Self, String> {
-        let name = config::vars::variable("QUOTA_LOG_FORMAT").name;
+        let name = config::vars::QUOTA_LOG_FORMAT.row.name;
         match lookup(name) {
             None => Ok(Self::Text),
             Some(v) if v.eq_ignore_ascii_case("text") => Ok(Self::Text),

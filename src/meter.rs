@@ -6,7 +6,7 @@
 //! `metrics` facade, which `quota-gate serve` renders as Prometheus text at
 //! `GET /metrics`. Every metric has the dimension `Scope` (`ip` or `tid`);
 //! one, [`REQUESTS`], also has `Outcome`, what the request came to (one of
-//! the seven [`OUTCOMES`]), so a dashboard shows requests by outcome. Both
+//! the eight [`OUTCOMES`]), so a dashboard shows requests by outcome. Both
 //! take a fixed, short list of values: no per-client dimension, and no IP,
 //! token or digest in any line. `Outcome` is a dimension of that one metric
 //! only (a second EMF directive), so the other metrics are not multiplied by
@@ -44,9 +44,11 @@ pub const DELAY_MS: &str = "stella_quota_delay_ms";
 /// Every metered request, by `Outcome` (a label in Prometheus).
 pub const REQUESTS: &str = "stella_quota_requests_total";
 /// What a metered request came to: accepted in a tier, accepted without a
-/// count (the store did not answer, fail-open), or refused with the 503's
-/// error code. Bad input is never metered.
-pub const OUTCOMES: [&str; 7] = [
+/// count (the store did not answer, fail-open), refused with the 503's
+/// error code, or a repeat of an `Idempotency-Key` answered from its record
+/// (the first answer replayed, 409 or 422; not counted again). Bad input is
+/// never metered.
+pub const OUTCOMES: [&str; 8] = [
     "within",
     "soft",
     "hard",
@@ -54,6 +56,7 @@ pub const OUTCOMES: [&str; 7] = [
     "backlog_full",
     "store_unavailable",
     "queue_unavailable",
+    "repeat",
 ];
 /// EMF lines dropped because the output queue was full (`serve` only): a
 /// stdout reader that is slow or gone.
@@ -103,7 +106,7 @@ pub fn describe() {
     );
     metrics::describe_counter!(
         REQUESTS,
-        "Scans that reached the quota store, by outcome (within, soft, hard, unmetered, or the 503's code)."
+        "Scans that reached the quota store, by outcome (within, soft, hard, unmetered, the 503's code, or repeat)."
     );
     metrics::describe_counter!(
         EMF_DROPPED,
@@ -195,7 +198,8 @@ impl Outcome {
             (false, false, Some(Tier::Soft)) => 1,
             (false, false, Some(Tier::Hard)) => 2,
             (false, false, None) if self.unmetered => 3,
-            (false, false, None) => 5,
+            (false, false, None) if self.store_error => 5,
+            (false, false, None) => 7,
         }
     }
 
@@ -235,7 +239,7 @@ struct ScopeHandles {
     counters: [metrics::Counter; 6],
     delay: metrics::Histogram,
     /// [`REQUESTS`], one per outcome, in [`OUTCOMES`] order.
-    requests: [metrics::Counter; 7],
+    requests: [metrics::Counter; 8],
 }
 
 impl ScopeHandles {
@@ -459,6 +463,7 @@ mod tests {
             ..Outcome::new(Scope::Ip)
         };
         assert_eq!(backlog.outcome(), "backlog_full");
+        assert_eq!(Outcome::new(Scope::Ip).outcome(), "repeat");
         assert_eq!(refused(|o| o.backlog_refused = true), "backlog_full");
         let doc: Value =
             serde_json::from_str(&Meter::new("ns", None).emf_line(&closed, 0)).unwrap();

@@ -117,6 +117,8 @@ pub async fn serve_sharing<S: QuotaStore, Q: ScanQueue>(
     shutdown: impl Future<Output = ()>,
 ) -> std::io::Result<()> {
     tokio::pin!(shutdown);
+    // This worker's store connection, driven by its own runtime, from now.
+    gate.warm_up();
     let connections = GracefulShutdown::new();
     let mut builder = http1::Builder::new();
     builder

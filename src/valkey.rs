@@ -1,9 +1,20 @@
 //! The connection to the quota Valkey, standalone or cluster, plain or TLS.
 //!
-//! Built once per cold start and shared by the quota store and the stream
-//! queue. Nothing connects at construction: a Lambda whose Valkey is down
-//! still starts (and fails open or closed per request) instead of
-//! crash-looping, and reconnects by itself once Valkey is back.
+//! Built once per cold start (or per `serve` worker) and shared by the quota
+//! store and the stream queue. Construction connects nothing, so a Lambda
+//! whose Valkey is down still starts (and fails open or closed per request)
+//! instead of crash-looping. A connector task, started at start-up by
+//! [`Valkey::warm_up`] (or by the first command), connects in the background
+//! and reconnects whenever the connection breaks.
+//!
+//! **Know what was sent.** [`Valkey::send`] says how a command failed
+//! ([`SendError`]): never sent (no live connection within the caller's
+//! timeout, a failed connect: it did not happen), sent and unanswered (it
+//! may still run), or refused by the server. A command never waits on an
+//! old connection attempt's error: a caller that finds no live connection
+//! waits for the connector's next attempt, within its own timeout, and
+//! wakes it from its backoff. A caller that times out does not cancel what
+//! it sent: the command stays in flight in a task of its own.
 //!
 //! TLS (`rediss://`, as ElastiCache Serverless always requires) is rustls
 //! with the aws-lc-rs provider, installed here as the process default so no
@@ -13,18 +24,34 @@
 //! switch to skip verification.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
+use redis::aio::{ConnectionLike, MultiplexedConnection};
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
 use redis::{
-    Cmd, ConnectionInfo, ErrorKind, IntoConnectionInfo, Pipeline, RedisError, RedisFuture,
-    RedisResult, TlsCertificates, Value,
+    AsyncConnectionConfig, Cmd, ConnectionInfo, FromRedisValue, IntoConnectionInfo, Pipeline,
+    RedisError, RedisFuture, RedisResult, TlsCertificates, Value,
 };
-use tokio::sync::OnceCell;
+use tokio::sync::{Notify, watch};
+use tokio::time::{Instant, timeout, timeout_at};
 
 use crate::config::{Config, ConfigError};
+
+/// The least time a connection attempt is given, whatever the store
+/// timeout: a TLS handshake to a cluster can outlast 100 ms, and an attempt
+/// runs in the background, not on a request's clock.
+const MIN_CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Waits between failed connection attempts: doubling from the first to the
+/// second, and cut short whenever a request needs the connection.
+const RETRY_FIRST: Duration = Duration::from_millis(50);
+const RETRY_MOST: Duration = Duration::from_secs(2);
+
+/// How long a command the caller stopped waiting for is still awaited in the
+/// background (see [`Valkey::send`]); after that its answer is dropped.
+const DETACHED_WAIT: Duration = Duration::from_secs(300);
 
 /// A cheap, cloneable handle on the quota Valkey.
 #[derive(Clone)]
@@ -39,24 +66,93 @@ struct Inner {
     info: ConnectionInfo,
     tls: Option<TlsCertificates>,
     timeout: Duration,
+    link: Arc<Link>,
+    /// Held so the connector sees a reader until the last handle is gone.
+    _watching: watch::Receiver<Option<Live>>,
+    /// Whether the connector task runs (it starts on first use, in the
+    /// runtime of the caller, so each `serve` worker's connection is driven
+    /// by that worker's own runtime).
+    started: AtomicBool,
 }
 
+#[derive(Clone)]
 enum Kind {
-    /// One multiplexed connection, shared by every request (several used in
-    /// turn measured worse: fewer commands share each socket read and write,
-    /// see docs/benchmarks.md).
-    Standalone(ConnectionManager),
-    Cluster {
-        client: Arc<ClusterClient>,
-        connection: Arc<OnceCell<ClusterConnection>>,
-    },
+    /// One multiplexed connection, shared by every request of the process or
+    /// worker (several used in turn measured worse: fewer commands share
+    /// each socket read and write, see docs/benchmarks.md).
+    Standalone(Box<redis::Client>),
+    Cluster(Arc<ClusterClient>),
+}
+
+/// The live connection, as the connector task keeps it.
+struct Link {
+    current: watch::Sender<Option<Live>>,
+    /// Wakes the connector: the connection broke, or a request is waiting
+    /// for one (so a retry is not held back by the backoff).
+    wake: Notify,
+    /// Why the last connection attempt failed, for the errors callers see.
+    last_error: std::sync::Mutex<Option<String>>,
+}
+
+/// One established connection and its generation (so a failure reported
+/// on an old connection does not drop its replacement).
+#[derive(Clone)]
+struct Live {
+    generation: u64,
+    connection: Connection,
 }
 
 /// One connection, standalone or cluster, usable with any redis command.
 #[derive(Clone)]
 pub enum Connection {
-    Standalone(ConnectionManager),
+    Standalone(MultiplexedConnection),
     Cluster(ClusterConnection),
+}
+
+/// Why a command got no answer: the distinction every recovery rule rests
+/// on. Only a command that left the process can still run.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum SendError {
+    /// Never written: no connection within the timeout, or a connection
+    /// attempt failed. The command did not happen and never will.
+    #[error("not sent: {0}")]
+    NotSent(String),
+    /// Written, then no answer in time (or the connection broke before the
+    /// answer): the command may still run when the server wakes up.
+    #[error("sent, no answer in time")]
+    Unanswered,
+    /// The server answered with an error (or an answer of the wrong shape):
+    /// the command ran, or was refused, and that is final.
+    #[error("{0}")]
+    Refused(String),
+}
+
+/// A command or a pipeline, owned, so that it can outlive its caller.
+pub enum Request {
+    Cmd(Cmd),
+    Pipe(Pipeline),
+}
+
+impl From<Cmd> for Request {
+    fn from(c: Cmd) -> Self {
+        Self::Cmd(c)
+    }
+}
+
+impl From<Pipeline> for Request {
+    fn from(p: Pipeline) -> Self {
+        Self::Pipe(p)
+    }
+}
+
+impl Request {
+    async fn send(&self, conn: &mut Connection) -> RedisResult<Value> {
+        // `query_async` leaves out the answers of `ignore()`d commands.
+        match self {
+            Self::Cmd(c) => c.query_async(conn).await,
+            Self::Pipe(p) => p.query_async(conn).await,
+        }
+    }
 }
 
 /// Makes aws-lc-rs the process-wide rustls provider, once. rustls refuses to
@@ -69,8 +165,8 @@ pub fn install_crypto_provider() {
 
 impl Valkey {
     /// Prepares a connection to `url` without connecting, trusting the
-    /// platform's roots for `rediss://`. `timeout` bounds each connection
-    /// attempt and each response.
+    /// platform's roots for `rediss://`. `timeout` bounds each command the
+    /// request path sends.
     pub fn new(url: &str, cluster: bool, timeout: Duration) -> Result<Self, ConfigError> {
         Self::with_tls_ca(url, cluster, timeout, None)
     }
@@ -101,7 +197,6 @@ impl Valkey {
         timeout: Duration,
         ca: Option<&[u8]>,
     ) -> Result<Self, ConfigError> {
-        let bad = |e: RedisError| ConfigError::new("VALKEY_URL", e.to_string());
         if crate::config::is_tls_url(url) {
             install_crypto_provider();
         }
@@ -109,73 +204,136 @@ impl Valkey {
             client_tls: None,
             root_cert: Some(pem.to_vec()),
         });
-        let bad_ca = |e: RedisError| ConfigError::new("VALKEY_TLS_CA", e.to_string());
-        let info = url.into_connection_info().map_err(bad)?;
+        let (var, info) = match url.into_connection_info() {
+            Ok(info) => ("VALKEY_TLS_CA", info),
+            Err(e) => return Err(ConfigError::new("VALKEY_URL", e.to_string())),
+        };
+        // A bad CA surfaces when the client is built; name the right variable.
+        let bad = |e: RedisError| {
+            ConfigError::new(
+                if tls.is_some() { var } else { "VALKEY_URL" },
+                e.to_string(),
+            )
+        };
+        let connect_timeout = timeout.max(MIN_CONNECT_TIMEOUT);
         let kind = if cluster {
             let mut builder = ClusterClient::builder([info.clone()])
-                .connection_timeout(timeout)
-                .response_timeout(timeout)
+                .connection_timeout(connect_timeout)
+                .response_timeout(DETACHED_WAIT)
                 .retries(1);
             if let Some(certs) = &tls {
                 builder = builder.certs(certs.clone());
             }
-            let client = builder
-                .build()
-                .map_err(if tls.is_some() { bad_ca } else { bad })?;
-            Kind::Cluster {
-                client: Arc::new(client),
-                connection: Arc::new(OnceCell::new()),
-            }
+            Kind::Cluster(Arc::new(builder.build().map_err(bad)?))
         } else {
-            let client = client_for(info.clone(), tls.as_ref()).map_err(if tls.is_some() {
-                bad_ca
-            } else {
-                bad
-            })?;
-            let config = ConnectionManagerConfig::new()
-                .set_connection_timeout(Some(timeout))
-                .set_response_timeout(Some(timeout))
-                .set_number_of_retries(1);
-            Kind::Standalone(ConnectionManager::new_lazy_with_config(client, config).map_err(bad)?)
+            Kind::Standalone(Box::new(
+                client_for(info.clone(), tls.as_ref()).map_err(bad)?,
+            ))
         };
+        let (current, watching) = watch::channel(None);
         Ok(Self {
             inner: Arc::new(Inner {
                 kind,
                 info,
                 tls,
                 timeout,
+                link: Arc::new(Link {
+                    current,
+                    wake: Notify::new(),
+                    last_error: std::sync::Mutex::new(None),
+                }),
+                _watching: watching,
+                started: AtomicBool::new(false),
             }),
         })
     }
 
     pub fn is_cluster(&self) -> bool {
-        matches!(self.inner.kind, Kind::Cluster { .. })
+        matches!(self.inner.kind, Kind::Cluster(_))
     }
 
-    /// A connection, established on first use. A failed attempt is retried
-    /// on the next call.
+    /// Starts connecting in the background now, on the current Tokio
+    /// runtime, and keeps the connection up from then on (reconnecting with
+    /// a short backoff whenever it breaks). Called at start, so the first
+    /// request finds a connection; otherwise the first use starts it.
+    pub fn warm_up(&self) {
+        if self.inner.started.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let (kind, link) = (self.inner.kind.clone(), self.inner.link.clone());
+        let connect_timeout = self.inner.timeout.max(MIN_CONNECT_TIMEOUT);
+        tokio::spawn(keep_connected(kind, link, connect_timeout));
+    }
+
+    /// The live connection, waiting for one at most until `deadline`.
+    async fn live(&self, deadline: Instant) -> Result<Live, SendError> {
+        self.warm_up();
+        let link = &self.inner.link;
+        let mut current = link.current.subscribe();
+        if current.borrow().is_none() {
+            // Cut the connector's backoff short: someone is waiting.
+            link.wake.notify_one();
+        }
+        match timeout_at(deadline, current.wait_for(Option::is_some)).await {
+            Ok(Ok(live)) => live
+                .as_ref()
+                .cloned()
+                .ok_or_else(|| SendError::NotSent("no connection".into())),
+            _ => Err(SendError::NotSent(match link.last_error() {
+                Some(e) => format!("no connection to Valkey within the timeout ({e})"),
+                None => "no connection to Valkey within the timeout".into(),
+            })),
+        }
+    }
+
+    /// A connection for commands outside the request path (operator tools,
+    /// tests), waiting for it at most the store timeout.
     pub async fn connection(&self) -> RedisResult<Connection> {
-        match &self.inner.kind {
-            Kind::Standalone(manager) => Ok(Connection::Standalone(manager.clone())),
-            Kind::Cluster { client, connection } => {
-                if let Some(c) = connection.get() {
-                    return Ok(Connection::Cluster(c.clone()));
-                }
-                // Connecting to a cluster (topology, then every node, each
-                // with a TLS handshake) can outlast one request's timeout. In
-                // a task of its own it survives the caller giving up, so the
-                // next request finds it connected instead of starting over.
-                let (client, cell) = (client.clone(), connection.clone());
-                let connect = tokio::spawn(async move {
-                    cell.get_or_try_init(|| client.get_async_connection())
-                        .await
-                        .cloned()
+        let wait = self.inner.timeout.max(MIN_CONNECT_TIMEOUT);
+        self.live(Instant::now() + wait)
+            .await
+            .map(|live| live.connection)
+            .map_err(|e| RedisError::from((redis::ErrorKind::Io, "Valkey", e.to_string())))
+    }
+
+    /// Sends `request` and waits for its answer at most `within`, saying
+    /// which of the three ways it failed ([`SendError`]).
+    ///
+    /// A caller that stops waiting does not cancel a command it sent: the
+    /// command stays in flight, awaited in a task of its own, so it is
+    /// written even if the socket was busy, and commands sent after it on
+    /// this connection (a refund after a count) run after it.
+    pub async fn send<T: FromRedisValue>(
+        &self,
+        request: impl Into<Request>,
+        within: Duration,
+    ) -> Result<T, SendError> {
+        let deadline = Instant::now() + within;
+        let Live {
+            generation,
+            mut connection,
+        } = self.live(deadline).await?;
+        let request = request.into();
+        let mut call = Box::pin(async move { request.send(&mut connection).await });
+        let answer = match timeout_at(deadline, &mut call).await {
+            Ok(answer) => answer,
+            Err(_) => {
+                tokio::spawn(async move {
+                    let _ = timeout(DETACHED_WAIT, call).await;
                 });
-                let c = connect.await.map_err(|e| {
-                    RedisError::from((ErrorKind::Client, "cluster connect task", e.to_string()))
-                })??;
-                Ok(Connection::Cluster(c))
+                return Err(SendError::Unanswered);
             }
+        };
+        match answer {
+            Ok(value) => T::from_redis_value(value).map_err(|e| SendError::Refused(e.to_string())),
+            Err(e) if e.is_unrecoverable_error() || e.is_io_error() || e.is_timeout() => {
+                // The connection broke with the command on it: it may have
+                // run. The next command waits for a fresh connection.
+                self.inner.link.broken(generation);
+                tracing::debug!(error = %e, "Valkey connection lost");
+                Err(SendError::Unanswered)
+            }
+            Err(e) => Err(SendError::Refused(e.to_string())),
         }
     }
 
@@ -189,9 +347,97 @@ impl Valkey {
         self.inner.tls.as_ref()
     }
 
-    /// The bound on each connection attempt and response.
+    /// The bound on each command of the request path.
     pub(crate) fn timeout(&self) -> Duration {
         self.inner.timeout
+    }
+}
+
+impl Link {
+    fn last_error(&self) -> Option<String> {
+        self.last_error.lock().ok().and_then(|e| e.clone())
+    }
+
+    fn set_last_error(&self, error: Option<String>) {
+        if let Ok(mut last) = self.last_error.lock() {
+            *last = error;
+        }
+    }
+
+    /// Drops the connection of `generation`, if it is still the current one,
+    /// and wakes the connector.
+    fn broken(&self, generation: u64) {
+        self.current.send_if_modified(|current| {
+            let stale = current.as_ref().is_some_and(|l| l.generation == generation);
+            if stale {
+                *current = None;
+            }
+            stale
+        });
+        self.wake.notify_one();
+    }
+}
+
+impl Kind {
+    async fn connect(&self, connect_timeout: Duration) -> RedisResult<Connection> {
+        match self {
+            Self::Standalone(client) => {
+                // No response timeout on the connection itself: callers bound
+                // their own wait, and a command they gave up on is still
+                // awaited (`Valkey::send`), never cut off.
+                let config = AsyncConnectionConfig::new()
+                    .set_connection_timeout(Some(connect_timeout))
+                    .set_response_timeout(None);
+                let c = client
+                    .get_multiplexed_async_connection_with_config(&config)
+                    .await?;
+                Ok(Connection::Standalone(c))
+            }
+            Self::Cluster(client) => Ok(Connection::Cluster(client.get_async_connection().await?)),
+        }
+    }
+}
+
+/// The connector: connects, and reconnects whenever the connection breaks,
+/// until every handle on the Valkey is gone.
+async fn keep_connected(kind: Kind, link: Arc<Link>, connect_timeout: Duration) {
+    let mut generation = 0;
+    let mut backoff = RETRY_FIRST;
+    loop {
+        if link.current.is_closed() {
+            return;
+        }
+        if link.current.borrow().is_none() {
+            match timeout(connect_timeout, kind.connect(connect_timeout)).await {
+                Ok(Ok(connection)) => {
+                    generation += 1;
+                    link.current.send_replace(Some(Live {
+                        generation,
+                        connection,
+                    }));
+                    backoff = RETRY_FIRST;
+                    link.set_last_error(None);
+                }
+                failed => {
+                    let why = match failed {
+                        Ok(Err(e)) => e.to_string(),
+                        _ => "timed out".to_owned(),
+                    };
+                    tracing::debug!(error = %why, "cannot connect to Valkey; retrying");
+                    link.set_last_error(Some(why));
+                    tokio::select! {
+                        () = tokio::time::sleep(backoff) => {}
+                        () = link.wake.notified() => {}
+                    }
+                    backoff = (backoff * 2).min(RETRY_MOST);
+                    continue;
+                }
+            }
+        }
+        tokio::select! {
+            () = link.wake.notified() => {}
+            () = link.current.closed() => return,
+        }
     }
 }
 

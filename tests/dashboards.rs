@@ -4,7 +4,8 @@
 //! - CloudWatch: the dashboard body in `template.yaml` is read back and every
 //!   quota metric it plots, with its dimensions, must be carried by an EMF
 //!   line of a scripted run of the real gate (within, soft, hard, backlog
-//!   refusal, queue failure, fail open on a stopped Valkey, fail closed);
+//!   refusal, queue failure, keyed repeat, fail open on a stopped Valkey,
+//!   fail closed);
 //!   AWS/Lambda and AWS/SQS metrics must be ones AWS publishes.
 //! - Grafana: `grafana/quota-gate.json` is loaded, and every panel query, its
 //!   template variables substituted, is evaluated by a real Prometheus that
@@ -149,7 +150,7 @@ fn emf_metrics(text: &str) -> BTreeSet<MetricId> {
 }
 
 /// The scripted run through the library gate, per scope: within, soft,
-/// hard, backlog refusal; a queue failure; then a real Valkey that counts
+/// hard, backlog refusal; a queue failure; a keyed scan and its repeat; then a real Valkey that counts
 /// one scan and is stopped: fail open, then fail closed. Returns the EMF text.
 async fn scripted_emf_run() -> String {
     let sink = Capture::default();
@@ -171,8 +172,18 @@ async fn scripted_emf_run() -> String {
         assert_eq!(statuses.map(|s| s.as_u16()), [202, 202, 202, 503]);
     }
     let refusing = metered_gate(&vars, MemoryStore::default(), Refuse, sink.meter());
+    let keyed = metered_gate(&vars, MemoryStore::default(), Discard, sink.meter());
     for request in requests {
         assert_eq!(refusing.handle(request()).await.status(), 503);
+        let with_key = || {
+            let mut r = request();
+            r.headers
+                .insert("idempotency-key", "dashboards-1".parse().unwrap());
+            r
+        };
+        assert_eq!(keyed.handle(with_key()).await.status(), 202);
+        let again = keyed.handle(with_key()).await;
+        assert_eq!(again.headers()["idempotent-replayed"], "true");
     }
 
     let server = ValkeyServer::start();

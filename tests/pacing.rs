@@ -225,3 +225,58 @@ async fn a_delay_longer_than_the_cap_is_served_one_at_a_time() {
         .collect();
     assert_eq!(answers, [(202, 0), (202, 20_000), (503, 0)]);
 }
+
+/// `pace.lua` on a real Valkey and the pure `store::next_slot` agree on every
+/// input: the same slot, the same delay, the same refusal and wait.
+#[test]
+fn pace_script_matches_the_pure_rule() {
+    use proptest::prelude::*;
+    use quota_gate::digest::{Hasher, Scope};
+    use quota_gate::store::valkey::ValkeyStore;
+    use quota_gate::store::{PaceArgs, Paced, QuotaKey, next_slot};
+    use quota_gate::valkey::Valkey;
+
+    let server = ValkeyServer::start();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let valkey = Valkey::new(&server.url(), false, std::time::Duration::from_secs(2)).unwrap();
+    let store = ValkeyStore::new(valkey);
+    let key = QuotaKey::new(
+        Scope::Ip,
+        &Hasher::new(b"0123456789abcdef").digest(Scope::Ip, IP),
+    );
+    let now_ms = 1_796_032_800_000i64;
+    let config = ProptestConfig::with_cases(200);
+    proptest!(config, |(previous in 0i64..2_000_000, ahead in 0i64..2_000_000,
+                        delay in 0u64..1_000_000, cap in 0u64..2_000_000)| {
+        let arrival = now_ms + ahead;
+        let previous = if previous == 0 { 0 } else { now_ms + previous };
+        let reply = rt.block_on(async {
+            let mut c = server.client().await;
+            let _: () = redis::cmd("SET").arg(&key.slot).arg(previous)
+                .query_async(&mut c).await.unwrap();
+            let args = PaceArgs {
+                key: &key,
+                record: None,
+                arrival_ms: arrival,
+                delay_ms: delay,
+                max_backlog_ms: cap,
+                reset_at: 0,
+            };
+            let paced = store.pace(args).await.unwrap();
+            let slot: i64 = redis::cmd("GET").arg(&key.slot).query_async(&mut c).await.unwrap();
+            (paced, slot)
+        });
+        match next_slot(previous, arrival, delay, cap) {
+            Ok(slot) => {
+                let wait = u64::try_from(slot - arrival).unwrap();
+                prop_assert_eq!(reply, (Paced::Slot { delay_ms: wait }, slot));
+            }
+            Err(retry_after_ms) => {
+                prop_assert_eq!(reply, (Paced::Full { retry_after_ms }, previous));
+            }
+        }
+    });
+}

@@ -50,7 +50,10 @@ async fn start() -> Result<Gate<quota_gate::store::AnyStore, quota_gate::queue::
         .and_then(Config::require_hash_secret)
         .map_err(|e| e.to_string())?;
     let meter = Meter::stdout(config.metrics_namespace.clone());
-    Gate::from_config(config, meter)
+    let gate = Gate::from_config(config, meter)
         .await
-        .map_err(|e| e.to_string())
+        .map_err(|e| e.to_string())?;
+    // Connect during the cold start, not in the first request.
+    gate.warm_up();
+    Ok(gate)
 }

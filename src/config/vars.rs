@@ -2,6 +2,19 @@
 //! parser (defaults and ranges), by the README's configuration table (a test
 //! checks it is [`markdown_table`]'s output) and by the template test (which
 //! variables `template.yaml` must set).
+//!
+//! Each row is a `const` handle ([`Var`]) and [`VARIABLES`] is built from
+//! those handles, so the parser names a variable by its handle, never by a
+//! string: a misspelt name, or a variable read as the wrong kind (a word
+//! as a number), does not compile. A handle's kind ([`Whole`], [`Flag`],
+//! [`Word`], [`Text`], [`Optional`]) says how it is read and, for a number,
+//! carries its range. To add a variable: one `const` here, one entry in
+//! [`VARIABLES`] (a test checks the parser reads every row), one read in the
+//! group of settings that uses it.
+
+use std::marker::PhantomData;
+
+use super::{DelayMode, FailMode, Pacing, ResetPolicy};
 
 /// The longest delay or timeout: 24 h, in milliseconds.
 pub const MAX_MILLIS: u64 = 86_400_000;
@@ -35,7 +48,7 @@ pub enum Applies {
     Logging,
 }
 
-/// One environment variable.
+/// One environment variable: a row of the table.
 #[derive(Debug, Clone, Copy)]
 pub struct Variable {
     pub name: &'static str,
@@ -46,11 +59,66 @@ pub struct Variable {
     pub applies: Applies,
 }
 
-const fn var(name: &'static str, default: DefaultValue, meaning: &'static str) -> Variable {
+/// A typed handle on one row: `K` says how the parser reads the variable.
+#[derive(Debug, Clone, Copy)]
+pub struct Var<K> {
+    pub row: Variable,
+    pub kind: K,
+}
+
+/// A whole number in `min..=max` (both ends included).
+#[derive(Debug, Clone, Copy)]
+pub struct Whole {
+    pub min: u64,
+    pub max: u64,
+}
+
+/// `true` or `false` (also `1`/`0`, `yes`/`no`).
+#[derive(Debug, Clone, Copy)]
+pub struct Flag;
+
+/// One of the words of the setting `T` (its `FromStr` names them).
+#[derive(Debug, Clone, Copy)]
+pub struct Word<T>(PhantomData<fn() -> T>);
+
+/// Text with a default, parsed (if at all) by its reader.
+#[derive(Debug, Clone, Copy)]
+pub struct Text;
+
+/// Text that may be absent: unset means something of its own.
+#[derive(Debug, Clone, Copy)]
+pub struct Optional;
+
+impl<K> Var<K> {
+    /// The variable's name, as errors and the README spell it.
+    pub const fn name(&self) -> &'static str {
+        self.row.name
+    }
+}
+
+impl<K: Copy> Var<K> {
+    /// The same row, read only where `applies` says.
+    const fn applies(self, applies: Applies) -> Self {
+        Var {
+            row: Variable {
+                applies,
+                ..self.row
+            },
+            kind: self.kind,
+        }
+    }
+}
+
+const fn row(
+    name: &'static str,
+    default: DefaultValue,
+    range: Option<(u64, u64)>,
+    meaning: &'static str,
+) -> Variable {
     Variable {
         name,
         default,
-        range: None,
+        range,
         meaning,
         applies: Applies::Everywhere,
     }
@@ -62,254 +130,295 @@ const fn number(
     min: u64,
     max: u64,
     meaning: &'static str,
-) -> Variable {
-    Variable {
-        range: Some((min, max)),
-        ..var(name, Value(default), meaning)
+) -> Var<Whole> {
+    Var {
+        row: row(name, Value(default), Some((min, max)), meaning),
+        kind: Whole { min, max },
+    }
+}
+
+const fn flag(name: &'static str, default: &'static str, meaning: &'static str) -> Var<Flag> {
+    Var {
+        row: row(name, Value(default), None, meaning),
+        kind: Flag,
+    }
+}
+
+const fn word<T>(name: &'static str, default: &'static str, meaning: &'static str) -> Var<Word<T>> {
+    Var {
+        row: row(name, Value(default), None, meaning),
+        kind: Word(PhantomData),
+    }
+}
+
+const fn text(name: &'static str, default: &'static str, meaning: &'static str) -> Var<Text> {
+    Var {
+        row: row(name, Value(default), None, meaning),
+        kind: Text,
+    }
+}
+
+const fn optional(name: &'static str, unset: &'static str, meaning: &'static str) -> Var<Optional> {
+    Var {
+        row: row(name, Unset(unset), None, meaning),
+        kind: Optional,
     }
 }
 
 use DefaultValue::{Unset, Value};
 
+pub const QUOTA_ANON: Var<Whole> = number(
+    "QUOTA_ANON",
+    "33",
+    1,
+    MAX_LIMIT,
+    "daily ceiling per anonymous source (IP, or IPv6 /64)",
+);
+pub const QUOTA_TOKEN: Var<Whole> = number(
+    "QUOTA_TOKEN",
+    "333",
+    1,
+    MAX_LIMIT,
+    "daily ceiling per token id; a valid token's numeric `tier` claim overrides it",
+);
+pub const QUOTA_WARN_AT: Var<Whole> = number(
+    "QUOTA_WARN_AT",
+    "200",
+    1,
+    MAX_LIMIT,
+    "scans used from which the response carries a reminder",
+);
+pub const QUOTA_SOFT_WINDOW: Var<Whole> = number(
+    "QUOTA_SOFT_WINDOW",
+    "30",
+    0,
+    MAX_LIMIT,
+    "over-quota scans that get the soft delay",
+);
+pub const QUOTA_SOFT_DELAY_MS: Var<Whole> = number(
+    "QUOTA_SOFT_DELAY_MS",
+    "5000",
+    0,
+    MAX_MILLIS,
+    "delay for scans L+1 … L+W",
+);
+pub const QUOTA_HARD_DELAY_MS: Var<Whole> = number(
+    "QUOTA_HARD_DELAY_MS",
+    "60000",
+    0,
+    MAX_MILLIS,
+    "delay beyond the soft window",
+);
+pub const QUOTA_RESET: Var<Word<ResetPolicy>> = word(
+    "QUOTA_RESET",
+    "utc-day",
+    "`utc-day`: reset at 00:00 UTC; `rolling`: 24 h after the first scan",
+);
+pub const QUOTA_HASH_SECRET: Var<Optional> = optional(
+    "QUOTA_HASH_SECRET",
+    "—",
+    "HMAC key for digests, ≥ 16 bytes (use 32 random bytes). **Required in Lambda**; `serve` \
+     and the operator commands fall back to a built-in development secret and warn",
+);
+pub const QUOTA_IPV6_PREFIX: Var<Whole> = number(
+    "QUOTA_IPV6_PREFIX",
+    "64",
+    1,
+    128,
+    "IPv6 sources are counted per prefix of this length",
+);
+pub const QUOTA_TRUSTED_PROXIES: Var<Optional> = optional(
+    "QUOTA_TRUSTED_PROXIES",
+    "empty",
+    "comma-separated CIDRs; only when the direct peer is one of them is `X-Forwarded-For` \
+     read (right-most untrusted entry)",
+);
+pub const VALKEY_URL: Var<Optional> = optional(
+    "VALKEY_URL",
+    "unset → in-memory",
+    "`redis://`, `rediss://` (TLS), `valkey://` or `valkeys://`",
+);
+pub const VALKEY_CLUSTER: Var<Flag> = flag(
+    "VALKEY_CLUSTER",
+    "false",
+    "cluster mode (ElastiCache Serverless)",
+);
+pub const VALKEY_TLS_CA: Var<Optional> = optional(
+    "VALKEY_TLS_CA",
+    "unset → platform roots",
+    "PEM file of CA certificates trusted for `rediss://` (a private CA; ElastiCache needs \
+     none); read at start",
+)
+.applies(Applies::LocalFile);
+pub const QUOTA_STORE_TIMEOUT_MS: Var<Whole> = number(
+    "QUOTA_STORE_TIMEOUT_MS",
+    "100",
+    1,
+    MAX_MILLIS,
+    "bound on every Valkey call",
+);
+pub const QUOTA_FAIL_MODE: Var<Word<FailMode>> = word(
+    "QUOTA_FAIL_MODE",
+    "open",
+    "`open`: accept unmetered, mark `X-Stella-Quota: unavailable`; `closed`: 503 + \
+     `Retry-After`",
+);
+pub const QUOTA_BREAKER_FAILURES: Var<Whole> = number(
+    "QUOTA_BREAKER_FAILURES",
+    "5",
+    0,
+    MAX_LIMIT,
+    "consecutive store failures that open the circuit breaker (0: off)",
+);
+pub const QUOTA_BREAKER_COOLDOWN_MS: Var<Whole> = number(
+    "QUOTA_BREAKER_COOLDOWN_MS",
+    "1000",
+    0,
+    MAX_MILLIS,
+    "how long an open breaker skips the store before one probe",
+);
+pub const QUOTA_DELAY_MODE: Var<Word<DelayMode>> = word(
+    "QUOTA_DELAY_MODE",
+    "sleep",
+    "`sleep` (seed behaviour, capped by the budget) or `defer`",
+);
+pub const QUOTA_GATEWAY_TIMEOUT_MS: Var<Whole> = number(
+    "QUOTA_GATEWAY_TIMEOUT_MS",
+    "29000",
+    1,
+    MAX_MILLIS,
+    "the gateway's integration timeout",
+);
+pub const QUOTA_DELAY_MARGIN_MS: Var<Whole> = number(
+    "QUOTA_DELAY_MARGIN_MS",
+    "1000",
+    0,
+    MAX_MILLIS,
+    "kept free below the gateway and Lambda deadlines",
+);
+pub const QUOTA_PACING: Var<Word<Pacing>> = word(
+    "QUOTA_PACING",
+    "on",
+    "`on`: a subject's over-quota scans start one delay apart ([Delays](#delays)); `off`: the \
+     seed's fixed per-request delays",
+);
+pub const QUOTA_MAX_BACKLOG_MS: Var<Whole> = number(
+    "QUOTA_MAX_BACKLOG_MS",
+    "900000",
+    0,
+    MAX_MILLIS,
+    "the longest paced delay a scan may get; beyond it 503 `backlog_full` + `Retry-After`, not \
+     counted",
+);
+pub const SCAN_QUEUE_URL: Var<Optional> = optional(
+    "SCAN_QUEUE_URL",
+    "unset → stdout spool",
+    "an SQS queue URL, or `valkey-stream:<key>` (XADD on the quota Valkey; needs `VALKEY_URL`)",
+);
+pub const QUOTA_JWT_PUBLIC_KEY: Var<Optional> = optional(
+    "QUOTA_JWT_PUBLIC_KEY",
+    "—",
+    "PEM text or path: RSA (RS256), P-256 (ES256) or Ed25519 (EdDSA) public key",
+);
+pub const QUOTA_JWT_JWKS: Var<Optional> = optional(
+    "QUOTA_JWT_JWKS",
+    "—",
+    "JWKS JSON or path; keys picked by `kid` (rotation)",
+);
+pub const QUOTA_JWT_ISSUER: Var<Text> =
+    text("QUOTA_JWT_ISSUER", "stella-ops.org", "required `iss`");
+pub const QUOTA_JWT_AUDIENCE: Var<Optional> = optional(
+    "QUOTA_JWT_AUDIENCE",
+    "unset → not checked",
+    "required `aud`",
+);
+pub const QUOTA_TRUST_GATEWAY_CLAIMS: Var<Flag> = flag(
+    "QUOTA_TRUST_GATEWAY_CLAIMS",
+    "false",
+    "use the claims an API Gateway JWT authorizer verified (`tid`, `tier`)",
+);
+pub const QUOTA_METRICS_NAMESPACE: Var<Text> = text(
+    "QUOTA_METRICS_NAMESPACE",
+    "StellaOps/Quota",
+    "CloudWatch namespace of the EMF lines",
+);
+pub const QUOTA_LISTEN: Var<Text> = text(
+    "QUOTA_LISTEN",
+    "127.0.0.1:9000",
+    "address of `quota-gate serve`",
+)
+.applies(Applies::Serve);
+pub const QUOTA_MAX_CONNECTIONS: Var<Whole> = number(
+    "QUOTA_MAX_CONNECTIONS",
+    "1024",
+    1,
+    MAX_CONNECTIONS,
+    "connections `quota-gate serve` keeps open at once; more wait in the listen backlog until \
+     one closes. Keep it below the open-file limit (`ulimit -n`)",
+)
+.applies(Applies::Serve);
+pub const QUOTA_SERVE_WORKERS: Var<Whole> = number(
+    "QUOTA_SERVE_WORKERS",
+    "0",
+    0,
+    MAX_WORKERS,
+    "`quota-gate serve`'s workers, each a single-threaded runtime with its own Valkey \
+     connection accepting on the one socket; 0: one per CPU",
+)
+.applies(Applies::Serve);
+/// Read by the logger (`tracing`'s `EnvFilter`), not by [`super::Config`].
+pub const RUST_LOG: Var<Text> = text(
+    "RUST_LOG",
+    "info",
+    "log filter; logs go to stderr and never contain an IP, token or digest",
+)
+.applies(Applies::Logging);
+/// Read by the logger ([`crate::LogFormat`]), not by [`super::Config`].
+pub const QUOTA_LOG_FORMAT: Var<Text> = text(
+    "QUOTA_LOG_FORMAT",
+    "text",
+    "`text` or `json` (one object a line) for `quota-gate`'s logs; Lambda follows the \
+     function's `LogFormat` (`JSON` in the template) instead",
+)
+.applies(Applies::Logging);
+
 /// Every variable, in the README's order.
 pub const VARIABLES: &[Variable] = &[
-    number(
-        "QUOTA_ANON",
-        "33",
-        1,
-        MAX_LIMIT,
-        "daily ceiling per anonymous source (IP, or IPv6 /64)",
-    ),
-    number(
-        "QUOTA_TOKEN",
-        "333",
-        1,
-        MAX_LIMIT,
-        "daily ceiling per token id; a valid token's numeric `tier` claim overrides it",
-    ),
-    number(
-        "QUOTA_WARN_AT",
-        "200",
-        1,
-        MAX_LIMIT,
-        "scans used from which the response carries a reminder",
-    ),
-    number(
-        "QUOTA_SOFT_WINDOW",
-        "30",
-        0,
-        MAX_LIMIT,
-        "over-quota scans that get the soft delay",
-    ),
-    number(
-        "QUOTA_SOFT_DELAY_MS",
-        "5000",
-        0,
-        MAX_MILLIS,
-        "delay for scans L+1 … L+W",
-    ),
-    number(
-        "QUOTA_HARD_DELAY_MS",
-        "60000",
-        0,
-        MAX_MILLIS,
-        "delay beyond the soft window",
-    ),
-    var(
-        "QUOTA_RESET",
-        Value("utc-day"),
-        "`utc-day`: reset at 00:00 UTC; `rolling`: 24 h after the first scan",
-    ),
-    var(
-        "QUOTA_HASH_SECRET",
-        Unset("—"),
-        "HMAC key for digests, ≥ 16 bytes (use 32 random bytes). **Required in Lambda**; `serve` \
-         and the operator commands fall back to a built-in development secret and warn",
-    ),
-    number(
-        "QUOTA_IPV6_PREFIX",
-        "64",
-        1,
-        128,
-        "IPv6 sources are counted per prefix of this length",
-    ),
-    var(
-        "QUOTA_TRUSTED_PROXIES",
-        Unset("empty"),
-        "comma-separated CIDRs; only when the direct peer is one of them is `X-Forwarded-For` \
-         read (right-most untrusted entry)",
-    ),
-    var(
-        "VALKEY_URL",
-        Unset("unset → in-memory"),
-        "`redis://`, `rediss://` (TLS), `valkey://` or `valkeys://`",
-    ),
-    var(
-        "VALKEY_CLUSTER",
-        Value("false"),
-        "cluster mode (ElastiCache Serverless)",
-    ),
-    Variable {
-        applies: Applies::LocalFile,
-        ..var(
-            "VALKEY_TLS_CA",
-            Unset("unset → platform roots"),
-            "PEM file of CA certificates trusted for `rediss://` (a private CA; ElastiCache \
-             needs none); read at start",
-        )
-    },
-    number(
-        "QUOTA_STORE_TIMEOUT_MS",
-        "100",
-        1,
-        MAX_MILLIS,
-        "bound on every Valkey call",
-    ),
-    var(
-        "QUOTA_FAIL_MODE",
-        Value("open"),
-        "`open`: accept unmetered, mark `X-Stella-Quota: unavailable`; `closed`: 503 + \
-         `Retry-After`",
-    ),
-    number(
-        "QUOTA_BREAKER_FAILURES",
-        "5",
-        0,
-        MAX_LIMIT,
-        "consecutive store failures that open the circuit breaker (0: off)",
-    ),
-    number(
-        "QUOTA_BREAKER_COOLDOWN_MS",
-        "1000",
-        0,
-        MAX_MILLIS,
-        "how long an open breaker skips the store before one probe",
-    ),
-    var(
-        "QUOTA_DELAY_MODE",
-        Value("sleep"),
-        "`sleep` (seed behaviour, capped by the budget) or `defer`",
-    ),
-    number(
-        "QUOTA_GATEWAY_TIMEOUT_MS",
-        "29000",
-        1,
-        MAX_MILLIS,
-        "the gateway's integration timeout",
-    ),
-    number(
-        "QUOTA_DELAY_MARGIN_MS",
-        "1000",
-        0,
-        MAX_MILLIS,
-        "kept free below the gateway and Lambda deadlines",
-    ),
-    var(
-        "QUOTA_PACING",
-        Value("on"),
-        "`on`: a subject's over-quota scans start one delay apart ([Delays](#delays)); `off`: \
-         the seed's fixed per-request delays",
-    ),
-    number(
-        "QUOTA_MAX_BACKLOG_MS",
-        "900000",
-        0,
-        MAX_MILLIS,
-        "the longest paced delay a scan may get; beyond it 503 `backlog_full` + `Retry-After`, \
-         not counted",
-    ),
-    var(
-        "SCAN_QUEUE_URL",
-        Unset("unset → stdout spool"),
-        "an SQS queue URL, or `valkey-stream:<key>` (XADD on the quota Valkey; needs `VALKEY_URL`)",
-    ),
-    var(
-        "QUOTA_JWT_PUBLIC_KEY",
-        Unset("—"),
-        "PEM text or path: RSA (RS256), P-256 (ES256) or Ed25519 (EdDSA) public key",
-    ),
-    var(
-        "QUOTA_JWT_JWKS",
-        Unset("—"),
-        "JWKS JSON or path; keys picked by `kid` (rotation)",
-    ),
-    var(
-        "QUOTA_JWT_ISSUER",
-        Value("stella-ops.org"),
-        "required `iss`",
-    ),
-    var(
-        "QUOTA_JWT_AUDIENCE",
-        Unset("unset → not checked"),
-        "required `aud`",
-    ),
-    var(
-        "QUOTA_TRUST_GATEWAY_CLAIMS",
-        Value("false"),
-        "use the claims an API Gateway JWT authorizer verified (`tid`, `tier`)",
-    ),
-    var(
-        "QUOTA_METRICS_NAMESPACE",
-        Value("StellaOps/Quota"),
-        "CloudWatch namespace of the EMF lines",
-    ),
-    Variable {
-        applies: Applies::Serve,
-        ..var(
-            "QUOTA_LISTEN",
-            Value("127.0.0.1:9000"),
-            "address of `quota-gate serve`",
-        )
-    },
-    Variable {
-        applies: Applies::Serve,
-        ..number(
-            "QUOTA_MAX_CONNECTIONS",
-            "1024",
-            1,
-            MAX_CONNECTIONS,
-            "connections `quota-gate serve` keeps open at once; more wait in the listen backlog \
-             until one closes. Keep it below the open-file limit (`ulimit -n`)",
-        )
-    },
-    Variable {
-        applies: Applies::Serve,
-        ..number(
-            "QUOTA_SERVE_WORKERS",
-            "0",
-            0,
-            MAX_WORKERS,
-            "`quota-gate serve`'s workers, each a single-threaded runtime with its own Valkey \
-             connection accepting on the one socket; 0: one per CPU",
-        )
-    },
-    Variable {
-        applies: Applies::Logging,
-        ..var(
-            "RUST_LOG",
-            Value("info"),
-            "log filter; logs go to stderr and never contain an IP, token or digest",
-        )
-    },
-    Variable {
-        applies: Applies::Logging,
-        ..var(
-            "QUOTA_LOG_FORMAT",
-            Value("text"),
-            "`text` or `json` (one object a line) for `quota-gate`'s logs; Lambda follows the \
-             function's `LogFormat` (`JSON` in the template) instead",
-        )
-    },
+    QUOTA_ANON.row,
+    QUOTA_TOKEN.row,
+    QUOTA_WARN_AT.row,
+    QUOTA_SOFT_WINDOW.row,
+    QUOTA_SOFT_DELAY_MS.row,
+    QUOTA_HARD_DELAY_MS.row,
+    QUOTA_RESET.row,
+    QUOTA_HASH_SECRET.row,
+    QUOTA_IPV6_PREFIX.row,
+    QUOTA_TRUSTED_PROXIES.row,
+    VALKEY_URL.row,
+    VALKEY_CLUSTER.row,
+    VALKEY_TLS_CA.row,
+    QUOTA_STORE_TIMEOUT_MS.row,
+    QUOTA_FAIL_MODE.row,
+    QUOTA_BREAKER_FAILURES.row,
+    QUOTA_BREAKER_COOLDOWN_MS.row,
+    QUOTA_DELAY_MODE.row,
+    QUOTA_GATEWAY_TIMEOUT_MS.row,
+    QUOTA_DELAY_MARGIN_MS.row,
+    QUOTA_PACING.row,
+    QUOTA_MAX_BACKLOG_MS.row,
+    SCAN_QUEUE_URL.row,
+    QUOTA_JWT_PUBLIC_KEY.row,
+    QUOTA_JWT_JWKS.row,
+    QUOTA_JWT_ISSUER.row,
+    QUOTA_JWT_AUDIENCE.row,
+    QUOTA_TRUST_GATEWAY_CLAIMS.row,
+    QUOTA_METRICS_NAMESPACE.row,
+    QUOTA_LISTEN.row,
+    QUOTA_MAX_CONNECTIONS.row,
+    QUOTA_SERVE_WORKERS.row,
+    RUST_LOG.row,
+    QUOTA_LOG_FORMAT.row,
 ];
-
-/// The row of `name`. Every name the parser reads is in the table: a name
-/// that is not is a bug, caught by every test that builds a configuration.
-pub fn variable(name: &str) -> &'static Variable {
-    VARIABLES
-        .iter()
-        .find(|v| v.name == name)
-        .unwrap_or_else(|| panic!("{name} is not in config::vars::VARIABLES"))
-}
 
 /// A number as the README writes it: `86400000 (24 h)` for the longest millis.
 fn bound(n: u64) -> String {
@@ -339,4 +448,50 @@ pub fn markdown_table() -> String {
         ));
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::cell::RefCell;
+    use std::collections::BTreeSet;
+
+    /// No two rows share a name, so a name finds one row.
+    #[test]
+    fn names_are_unique() {
+        let mut seen = BTreeSet::new();
+        for v in VARIABLES {
+            assert!(seen.insert(v.name), "{} is in the table twice", v.name);
+        }
+    }
+
+    /// The parser asks for exactly the table's rows (less the logger's): no
+    /// row that no handle reads, and no handle read that is not in the table.
+    #[test]
+    fn every_row_is_read_through_a_handle() {
+        let asked = RefCell::new(BTreeSet::new());
+        super::super::Config::from_lookup(|name| {
+            asked.borrow_mut().insert(name.to_owned());
+            None
+        })
+        .unwrap();
+        let rows: BTreeSet<String> = VARIABLES
+            .iter()
+            .filter(|v| v.applies != Applies::Logging)
+            .map(|v| v.name.to_owned())
+            .collect();
+        let asked = asked.into_inner();
+        let unread: Vec<_> = rows.difference(&asked).collect();
+        let outside: Vec<_> = asked.difference(&rows).collect();
+        assert!(unread.is_empty(), "rows no handle reads: {unread:?}");
+        assert!(outside.is_empty(), "read but not in the table: {outside:?}");
+    }
+
+    /// A handle's range and its row's range are the same numbers.
+    #[test]
+    fn number_handles_carry_their_rows_range() {
+        for var in [QUOTA_ANON, QUOTA_IPV6_PREFIX, QUOTA_SERVE_WORKERS] {
+            assert_eq!(var.row.range, Some((var.kind.min, var.kind.max)));
+        }
+    }
 }

@@ -6,7 +6,6 @@
 
 use std::collections::BTreeSet;
 
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{ConnectionAddr, ErrorKind, RedisError, RedisResult, Value};
 
 use crate::valkey::{Connection, Valkey, client_for};
@@ -47,12 +46,13 @@ pub async fn node_connection(valkey: &Valkey, host: &str, port: u16) -> RedisRes
         _ => ConnectionAddr::Tcp(host.to_owned(), port),
     };
     let client = client_for(valkey.info().clone().set_addr(addr), valkey.tls())?;
-    let config = ConnectionManagerConfig::new()
+    let config = redis::AsyncConnectionConfig::new()
         .set_connection_timeout(Some(valkey.timeout()))
-        .set_response_timeout(Some(valkey.timeout()))
-        .set_number_of_retries(1);
+        .set_response_timeout(Some(valkey.timeout()));
     Ok(Connection::Standalone(
-        ConnectionManager::new_with_config(client, config).await?,
+        client
+            .get_multiplexed_async_connection_with_config(&config)
+            .await?,
     ))
 }
 

@@ -9,10 +9,8 @@
 //! retry after a timeout can then queue the same job again safely: if the
 //! first attempt landed after all, the second adds nothing.
 
-use redis::AsyncCommands;
-
 use super::{QueueError, ScanJob, ScanQueue};
-use crate::valkey::Valkey;
+use crate::valkey::{SendError, Valkey};
 
 /// How long a landed `scanId` is remembered: as long as a key's record.
 const MARKER_TTL_SECS: i64 = crate::store::IDEMPOTENCY_TTL_SECS;
@@ -29,16 +27,12 @@ pub struct StreamQueue {
 
 const LAND: &str = include_str!("land.lua");
 
-/// A refused connection sent nothing, and an error reply means the server
-/// refused the command: not queued. A timeout or a connection that dropped
-/// after the command went out leaves the outcome unknown.
-fn backend(e: redis::RedisError) -> QueueError {
-    if e.is_connection_refusal() {
-        QueueError::Backend(e.to_string())
-    } else if e.is_timeout() || e.is_io_error() || e.is_connection_dropped() {
-        QueueError::Timeout
-    } else {
-        QueueError::Backend(e.to_string())
+/// Not sent, or refused by the server: not queued. Sent and unanswered:
+/// the job may still land.
+fn backend(e: SendError) -> QueueError {
+    match e {
+        SendError::Unanswered => QueueError::Timeout,
+        SendError::NotSent(why) | SendError::Refused(why) => QueueError::Backend(why),
     }
 }
 
@@ -69,33 +63,31 @@ impl StreamQueue {
     }
 }
 
+/// How long the stream waits for its own answer; the gate's bound (never
+/// past the answer's deadline) is usually shorter.
+const SEND_WITHIN: std::time::Duration = crate::gate::ENQUEUE_TIMEOUT;
+
 impl ScanQueue for StreamQueue {
     async fn enqueue(&self, job: &ScanJob) -> Result<(), QueueError> {
         let json = Self::json(job)?;
-        let mut conn = self.valkey.connection().await.map_err(backend)?;
-        let _: String = conn
-            .xadd(
-                &self.key,
-                "*",
-                &[("job", json.as_str()), ("scanId", &job.scan_id.to_string())],
-            )
-            .await
-            .map_err(backend)?;
+        let mut cmd = redis::cmd("XADD");
+        cmd.arg(&self.key)
+            .arg("*")
+            .arg("job")
+            .arg(json)
+            .arg("scanId")
+            .arg(job.scan_id.to_string());
+        let _: String = self.valkey.send(cmd, SEND_WITHIN).await.map_err(backend)?;
         Ok(())
     }
 
     async fn enqueue_once(&self, job: &ScanJob) -> Result<(), QueueError> {
         let json = Self::json(job)?;
         let scan_id = job.scan_id.to_string();
-        let mut conn = self.valkey.connection().await.map_err(backend)?;
         let marker = format!("{}{scan_id}", self.marker_prefix);
-        let _: i64 = crate::store::valkey::eval(LAND, &[&self.key, &marker])
-            .arg(json)
-            .arg(&scan_id)
-            .arg(MARKER_TTL_SECS)
-            .query_async(&mut conn)
-            .await
-            .map_err(backend)?;
+        let mut cmd = crate::store::valkey::eval(LAND, &[&self.key, &marker]);
+        cmd.arg(json).arg(&scan_id).arg(MARKER_TTL_SECS);
+        let _: i64 = self.valkey.send(cmd, SEND_WITHIN).await.map_err(backend)?;
         Ok(())
     }
 }

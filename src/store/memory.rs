@@ -16,7 +16,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::{
     Claim, Claimed, Count, CountArgs, Field, IDEMPOTENCY_TTL_SECS, PaceArgs, Paced, QuotaKey,
-    QuotaStore, Record, Refund, StoreError, next_slot,
+    QuotaStore, Record, RecordState, Refund, StoreError, next_slot,
 };
 
 const MIN_SWEEP_LEN: usize = 1024;
@@ -134,10 +134,6 @@ impl Default for MemoryStore {
     }
 }
 
-fn unix_now() -> i64 {
-    time::OffsetDateTime::now_utc().unix_timestamp()
-}
-
 impl MemoryStore {
     /// Live and not yet swept counters.
     pub fn len(&self) -> usize {
@@ -170,17 +166,7 @@ impl QuotaStore for MemoryStore {
             return Ok(Claimed::Existing(record.clone()));
         }
         let count = inner.count(args);
-        let record = Record {
-            state: "pending".into(),
-            scan_id: claim.scan_id.clone(),
-            fingerprint: claim.fingerprint.clone(),
-            received_ms: claim.received_ms,
-            lease_until_ms: claim.lease_until_ms,
-            count: count.used,
-            reset_at: count.reset_at,
-            delay_ms: None,
-            response: None,
-        };
+        let record = Record::claimed(claim, count.used, count.reset_at);
         inner.records.insert(
             claim.record.clone(),
             (record, args.now + IDEMPOTENCY_TTL_SECS),
@@ -213,50 +199,64 @@ impl QuotaStore for MemoryStore {
     }
 
     async fn refund(&self, refund: Refund<'_>) -> Result<(), StoreError> {
-        let now = unix_now();
+        let now = refund.now;
         let mut inner = self.lock();
-        inner.refund(&refund.key.counter, refund.period_end, now);
+        // As refund.lua: a keyed refund is the claim's own, or nothing.
         if let Some((record, scan_id)) = refund.record {
-            if inner
-                .records
-                .get(record)
-                .is_some_and(|(r, _)| r.scan_id == scan_id)
-            {
-                inner.records.remove(record);
+            let counted = match inner.record(record, now) {
+                Some(r) if r.scan_id == scan_id => r.count > 0,
+                _ => return Ok(()),
+            };
+            inner.records.remove(record);
+            if !counted {
+                return Ok(());
+            }
+        }
+        inner.refund(&refund.key.counter, refund.period_end, now);
+        Ok(())
+    }
+
+    async fn release(&self, record: &str, now: i64) -> Result<(), StoreError> {
+        if let Some(r) = self.lock().record(record, now) {
+            if r.state == RecordState::Pending {
+                r.lease_until_ms = 0;
             }
         }
         Ok(())
     }
 
-    async fn release(&self, record: &str) -> Result<(), StoreError> {
-        if let Some(r) = self.lock().record(record, unix_now()) {
-            r.lease_until_ms = 0;
-        }
-        Ok(())
-    }
-
-    async fn update_record(&self, record: &str, fields: &[Field]) -> Result<(), StoreError> {
-        let now = unix_now();
+    async fn update_record(
+        &self,
+        record: &str,
+        fields: &[Field],
+        now: i64,
+    ) -> Result<(), StoreError> {
         let mut inner = self.lock();
-        if inner.record(record, now).is_none() {
-            inner.records.insert(
-                record.to_owned(),
-                (Record::default(), now + IDEMPOTENCY_TTL_SECS),
-            );
-        }
-        if let Some((r, _)) = inner.records.get_mut(record) {
-            for (field, value) in fields {
-                r.set(field, value);
+        match inner.records.get_mut(record) {
+            Some((r, expires)) if *expires > now => r.apply(fields),
+            _ => {
+                // Valkey's HSET makes a hash from nothing: a record whose
+                // claim never landed is these fields alone.
+                let mut r = Record::claimed(&Claim::default(), 0, 0);
+                r.apply(fields);
+                inner
+                    .records
+                    .insert(record.to_owned(), (r, now + IDEMPOTENCY_TTL_SECS));
             }
         }
         Ok(())
     }
 
-    async fn take_over(&self, record: &str, seen: i64, until: i64) -> Result<bool, StoreError> {
-        let now = unix_now();
+    async fn take_over(
+        &self,
+        record: &str,
+        seen: i64,
+        until: i64,
+        now: i64,
+    ) -> Result<bool, StoreError> {
         let mut inner = self.lock();
         match inner.record(record, now) {
-            Some(r) if r.state == "pending" && r.lease_until_ms == seen => {
+            Some(r) if r.state == RecordState::Pending && r.lease_until_ms == seen => {
                 r.lease_until_ms = until;
                 Ok(true)
             }
@@ -324,13 +324,14 @@ mod tests {
     async fn refund_is_tied_to_its_period() {
         let s = MemoryStore::default();
         let k = key(1);
-        let now = unix_now();
+        let now = T0;
         let first = count(&s, &k, ResetPolicy::UtcDay, now).await;
         count(&s, &k, ResetPolicy::UtcDay, now).await;
         let refund = |period_end| Refund {
             key: &k,
             period_end,
             record: None,
+            now,
         };
         s.refund(refund(first.reset_at)).await.unwrap();
         assert_eq!(s.used(&k, now), Some(1));

@@ -23,6 +23,7 @@ pub mod valkey;
 use std::future::Future;
 
 use sha2::{Digest as _, Sha256};
+use uuid::Uuid;
 
 use crate::digest::{Digest, Scope};
 
@@ -99,11 +100,11 @@ pub struct CountArgs<'a> {
 }
 
 /// What a keyed request leaves in its record before it is counted.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Claim {
     /// The record's key ([`QuotaKey::idempotency`]).
     pub record: String,
-    pub scan_id: String,
+    pub scan_id: Uuid,
     /// SHA-256 of the request body, hex: the same key with another body is refused.
     pub fingerprint: String,
     /// Unix ms when the gate received the request.
@@ -112,12 +113,100 @@ pub struct Claim {
     pub lease_until_ms: i64,
 }
 
+impl Claim {
+    /// The fields that make a record of this claim on their own (state
+    /// `pending`, not counted, lease free): written when the claim itself
+    /// never reached the store, so a retry finds the scan's identity.
+    pub fn uncounted(&self) -> Vec<Field> {
+        vec![
+            (RecordField::State, RecordState::Pending.name().to_owned()),
+            (RecordField::ScanId, self.scan_id.to_string()),
+            (RecordField::Fingerprint, self.fingerprint.clone()),
+            (RecordField::Received, self.received_ms.to_string()),
+            (RecordField::Until, "0".to_owned()),
+            (RecordField::Count, "0".to_owned()),
+        ]
+    }
+}
+
+/// Declares the fields of an idempotency record once: the enum, its names as
+/// stored, and the list of all of them. The Lua scripts spell the same names
+/// (a test reads them and checks).
+macro_rules! record_fields {
+    ($($(#[$doc:meta])* $variant:ident = $name:literal,)+) => {
+        /// One field of an idempotency record (a Valkey hash).
+        #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+        pub enum RecordField {
+            $($(#[$doc])* $variant,)+
+        }
+
+        impl RecordField {
+            pub const ALL: &[Self] = &[$(Self::$variant),+];
+
+            /// The hash field's name.
+            pub const fn name(self) -> &'static str {
+                match self {
+                    $(Self::$variant => $name,)+
+                }
+            }
+
+            pub fn parse(name: &str) -> Option<Self> {
+                match name {
+                    $($name => Some(Self::$variant),)+
+                    _ => None,
+                }
+            }
+        }
+    };
+}
+
+record_fields! {
+    /// [`RecordState`].
+    State = "state",
+    /// The scan's UUID: every job of the key carries it.
+    ScanId = "scanId",
+    /// SHA-256 of the body, hex.
+    Fingerprint = "fp",
+    /// Unix ms when the first request arrived.
+    Received = "received",
+    /// Unix ms until which an attempt holds the key (0: free to take over).
+    Until = "until",
+    /// The count the claim got (0: not counted).
+    Count = "count",
+    /// The counter's expiry (unix s) the claim saw.
+    ResetAt = "resetAt",
+    /// The paced delay (ms), once pacing decided it.
+    DelayMs = "delayMs",
+    /// The saved answer (JSON), once done.
+    Response = "response",
+}
+
+/// Where a keyed scan stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum RecordState {
+    /// An attempt holds it (or gave up on it without knowing its outcome).
+    #[default]
+    Pending,
+    /// The job is queued and the answer saved.
+    Done,
+}
+
+impl RecordState {
+    pub const ALL: &[Self] = &[Self::Pending, Self::Done];
+
+    pub const fn name(self) -> &'static str {
+        match self {
+            Self::Pending => "pending",
+            Self::Done => "done",
+        }
+    }
+}
+
 /// An idempotency record as the store holds it.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Record {
-    /// `pending` until the job is queued and the answer saved, then `done`.
-    pub state: String,
-    pub scan_id: String,
+    pub state: RecordState,
+    pub scan_id: Uuid,
     pub fingerprint: String,
     pub received_ms: i64,
     pub lease_until_ms: i64,
@@ -132,39 +221,93 @@ pub struct Record {
 }
 
 impl Record {
+    /// The record a claim writes, counted `count` with the counter expiring
+    /// at `reset_at`.
+    pub fn claimed(claim: &Claim, count: u64, reset_at: i64) -> Self {
+        Self {
+            state: RecordState::Pending,
+            scan_id: claim.scan_id,
+            fingerprint: claim.fingerprint.clone(),
+            received_ms: claim.received_ms,
+            lease_until_ms: claim.lease_until_ms,
+            count,
+            reset_at,
+            delay_ms: None,
+            response: None,
+        }
+    }
+
     pub fn is_done(&self) -> bool {
-        self.state == "done"
+        self.state == RecordState::Done
     }
 
-    /// Sets one field from its stored text; unknown fields are ignored.
-    pub fn set(&mut self, field: &str, value: &str) {
-        let int = || value.parse::<i64>().unwrap_or(0);
-        match field {
-            "state" => self.state = value.to_owned(),
-            "scanId" => self.scan_id = value.to_owned(),
-            "fp" => self.fingerprint = value.to_owned(),
-            "received" => self.received_ms = int(),
-            "until" => self.lease_until_ms = int(),
-            "count" => self.count = value.parse().unwrap_or(0),
-            "resetAt" => self.reset_at = int(),
-            "delayMs" => self.delay_ms = value.parse().ok(),
-            "response" => self.response = Some(value.to_owned()),
-            _ => {}
+    /// Builds a record from a hash's field/value pairs. A record without a
+    /// valid `scanId` or state is an error, never a fresh identity: every
+    /// job of a key must carry the one it was given.
+    pub fn from_pairs<'a>(
+        pairs: impl IntoIterator<Item = (&'a str, &'a str)>,
+    ) -> Result<Self, StoreError> {
+        let mut text: [Option<&str>; RecordField::ALL.len()] = Default::default();
+        for (name, value) in pairs {
+            if let Some(field) = RecordField::parse(name) {
+                text[field as usize] = Some(value);
+            }
         }
+        let get = |f: RecordField| text[f as usize];
+        let int = |f: RecordField| get(f).and_then(|v| v.parse::<i64>().ok()).unwrap_or(0);
+        let bad = |what: &str| StoreError::Backend(format!("idempotency record: {what}"));
+        let state = match get(RecordField::State) {
+            Some(s) if s == RecordState::Done.name() => RecordState::Done,
+            Some(s) if s == RecordState::Pending.name() => RecordState::Pending,
+            _ => return Err(bad("no valid state")),
+        };
+        let scan_id = get(RecordField::ScanId)
+            .and_then(|v| v.parse().ok())
+            .ok_or_else(|| bad("no valid scanId"))?;
+        Ok(Self {
+            state,
+            scan_id,
+            fingerprint: get(RecordField::Fingerprint).unwrap_or_default().to_owned(),
+            received_ms: int(RecordField::Received),
+            lease_until_ms: int(RecordField::Until),
+            count: u64::try_from(int(RecordField::Count)).unwrap_or(0),
+            reset_at: int(RecordField::ResetAt),
+            delay_ms: get(RecordField::DelayMs).and_then(|v| v.parse().ok()),
+            response: get(RecordField::Response).map(str::to_owned),
+        })
     }
 
-    /// Builds a record from a hash's field/value pairs.
-    pub fn from_pairs<'a>(pairs: impl IntoIterator<Item = (&'a str, &'a str)>) -> Self {
-        let mut r = Self::default();
-        for (field, value) in pairs {
-            r.set(field, value);
+    /// Sets fields as [`QuotaStore::update_record`] writes them.
+    pub fn apply(&mut self, fields: &[Field]) {
+        for (field, value) in fields {
+            let int = || value.parse::<i64>().unwrap_or(0);
+            match field {
+                RecordField::State => {
+                    self.state = if value == RecordState::Done.name() {
+                        RecordState::Done
+                    } else {
+                        RecordState::Pending
+                    }
+                }
+                RecordField::ScanId => {
+                    if let Ok(id) = value.parse() {
+                        self.scan_id = id;
+                    }
+                }
+                RecordField::Fingerprint => self.fingerprint.clone_from(value),
+                RecordField::Received => self.received_ms = int(),
+                RecordField::Until => self.lease_until_ms = int(),
+                RecordField::Count => self.count = u64::try_from(int()).unwrap_or(0),
+                RecordField::ResetAt => self.reset_at = int(),
+                RecordField::DelayMs => self.delay_ms = value.parse().ok(),
+                RecordField::Response => self.response = Some(value.clone()),
+            }
         }
-        r
     }
 }
 
 /// One field of a record and its value, as [`QuotaStore::update_record`] sets it.
-pub type Field = (&'static str, String);
+pub type Field = (RecordField, String);
 
 /// The answer to a keyed count.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -198,7 +341,9 @@ pub struct Refund<'a> {
     pub key: &'a QuotaKey,
     pub period_end: i64,
     /// The record's key and the scanId it must still name.
-    pub record: Option<(&'a str, &'a str)>,
+    pub record: Option<(&'a str, Uuid)>,
+    /// Unix s (the in-memory store's clock; Valkey uses its own).
+    pub now: i64,
 }
 
 /// The answer to one pacing step.
@@ -237,30 +382,60 @@ pub fn next_slot(
     }
 }
 
-/// Why the store could not answer.
+/// Why the store could not answer. The first two did not happen; only
+/// [`Unanswered`](Self::Unanswered) may still run.
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum StoreError {
-    /// Sent, but no answer in time: the command may still run.
-    #[error("the quota store did not answer in time")]
-    Timeout,
+    /// Never sent (no live connection within the timeout, a failed connect).
+    #[error("the quota store is unreachable: {0}")]
+    NotSent(String),
+    /// Skipped by the open breaker: never sent.
     #[error("the quota store is being skipped after repeated failures")]
     CircuitOpen,
+    /// Sent, but no answer in time: the command may still run.
+    #[error("the quota store did not answer in time")]
+    Unanswered,
+    /// The store answered with an error: final.
     #[error("quota store error: {0}")]
     Backend(String),
 }
 
+impl StoreError {
+    /// Whether the command may still run later.
+    pub fn may_land(&self) -> bool {
+        matches!(self, Self::Unanswered)
+    }
+}
+
+/// For the operator tools' direct commands (off the request path, where
+/// nothing is settled after a failure).
 impl From<redis::RedisError> for StoreError {
     fn from(e: redis::RedisError) -> Self {
         if e.is_timeout() {
-            Self::Timeout
+            Self::Unanswered
         } else {
             Self::Backend(e.to_string())
         }
     }
 }
 
+impl From<crate::valkey::SendError> for StoreError {
+    fn from(e: crate::valkey::SendError) -> Self {
+        use crate::valkey::SendError;
+        match e {
+            SendError::NotSent(why) => Self::NotSent(why),
+            SendError::Unanswered => Self::Unanswered,
+            SendError::Refused(why) => Self::Backend(why),
+        }
+    }
+}
+
 /// The request path's store.
 pub trait QuotaStore: Send + Sync + 'static {
+    /// Starts connecting in the background, on the current runtime, so the
+    /// first request finds a connection. A no-op for stores without one.
+    fn warm_up(&self) {}
+
     /// INCR the counter, give it `period_end` if it has no expiry, write the
     /// first-seen key if missing, and read the counter's expiry back.
     fn count(&self, args: CountArgs<'_>) -> impl Future<Output = Result<Count, StoreError>> + Send;
@@ -284,9 +459,15 @@ pub trait QuotaStore: Send + Sync + 'static {
     /// the scan.
     fn refund(&self, refund: Refund<'_>) -> impl Future<Output = Result<(), StoreError>> + Send;
 
-    /// Frees a pending record's lease (if the record exists), so a retry
-    /// need not wait for it: its attempt gave up without knowing the outcome.
-    fn release(&self, record: &str) -> impl Future<Output = Result<(), StoreError>> + Send;
+    /// Frees a pending record's lease (if a pending record exists), so a
+    /// retry need not wait for it: its attempt gave up without knowing the
+    /// outcome.
+    /// `now` is unix s, as in every call: the in-memory store's clock.
+    fn release(
+        &self,
+        record: &str,
+        now: i64,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send;
 
     /// Updates a record: `fields` are set, and the record gets its 24 h
     /// expiry if it has none (a record written here first, because the
@@ -295,6 +476,7 @@ pub trait QuotaStore: Send + Sync + 'static {
         &self,
         record: &str,
         fields: &[Field],
+        now: i64,
     ) -> impl Future<Output = Result<(), StoreError>> + Send;
 
     /// Takes over a `pending` record whose lease ran out: sets the lease to
@@ -305,6 +487,7 @@ pub trait QuotaStore: Send + Sync + 'static {
         record: &str,
         seen: i64,
         until: i64,
+        now: i64,
     ) -> impl Future<Output = Result<bool, StoreError>> + Send;
 }
 
@@ -325,6 +508,13 @@ macro_rules! dispatch {
 }
 
 impl QuotaStore for AnyStore {
+    fn warm_up(&self) {
+        match self {
+            Self::Memory(s) => s.warm_up(),
+            Self::Valkey(s) => s.warm_up(),
+        }
+    }
+
     async fn count(&self, args: CountArgs<'_>) -> Result<Count, StoreError> {
         dispatch!(self, s => s.count(args))
     }
@@ -341,16 +531,27 @@ impl QuotaStore for AnyStore {
         dispatch!(self, s => s.refund(refund))
     }
 
-    async fn release(&self, record: &str) -> Result<(), StoreError> {
-        dispatch!(self, s => s.release(record))
+    async fn release(&self, record: &str, now: i64) -> Result<(), StoreError> {
+        dispatch!(self, s => s.release(record, now))
     }
 
-    async fn update_record(&self, record: &str, fields: &[Field]) -> Result<(), StoreError> {
-        dispatch!(self, s => s.update_record(record, fields))
+    async fn update_record(
+        &self,
+        record: &str,
+        fields: &[Field],
+        now: i64,
+    ) -> Result<(), StoreError> {
+        dispatch!(self, s => s.update_record(record, fields, now))
     }
 
-    async fn take_over(&self, record: &str, seen: i64, until: i64) -> Result<bool, StoreError> {
-        dispatch!(self, s => s.take_over(record, seen, until))
+    async fn take_over(
+        &self,
+        record: &str,
+        seen: i64,
+        until: i64,
+        now: i64,
+    ) -> Result<bool, StoreError> {
+        dispatch!(self, s => s.take_over(record, seen, until, now))
     }
 }
 

@@ -6,8 +6,9 @@
 //! `EVAL`, see `eval`) run only where a
 //! decision must be atomic and the request is off the hot path anyway: a
 //! keyed scan's claim (`claim.lua`), pacing an over-quota scan (`pace.lua`),
-//! a refund after a failure (`refund.lua`) and taking over an abandoned
-//! record (`take_over.lua`). Every key of a subject shares its hash tag, so
+//! a refund after a failure (`refund.lua`), freeing an abandoned attempt's
+//! lease (`release.lua`) and taking over an abandoned record
+//! (`take_over.lua`). Every key of a subject shares its hash tag, so
 //! each call is single-slot in cluster mode.
 //!
 //! Operator reads and writes (`inspect`, `reset`, `purge`) live with the
@@ -19,16 +20,23 @@ use super::{
     Claim, Claimed, Count, CountArgs, Field, IDEMPOTENCY_TTL_SECS, PaceArgs, Paced, QuotaStore,
     Record, Refund, StoreError,
 };
-use crate::valkey::{Connection, Valkey};
+use crate::valkey::{Request, Valkey};
 
 const CLAIM: &str = include_str!("claim.lua");
 const PACE: &str = include_str!("pace.lua");
 const REFUND: &str = include_str!("refund.lua");
+const RELEASE: &str = include_str!("release.lua");
 const TAKE_OVER: &str = include_str!("take_over.lua");
 
-/// Frees a record's lease, if the record exists.
-const RELEASE: &str = "if redis.call('EXISTS', KEYS[1]) == 1 then \
-    redis.call('HSET', KEYS[1], 'until', '0') end";
+/// Every script that reads or writes an idempotency record, for the test
+/// that checks they spell the record's fields as [`super::RecordField`] does.
+pub const RECORD_SCRIPTS: [(&str, &str); 5] = [
+    ("claim.lua", CLAIM),
+    ("pace.lua", PACE),
+    ("refund.lua", REFUND),
+    ("release.lua", RELEASE),
+    ("take_over.lua", TAKE_OVER),
+];
 
 /// `EVAL <script> <keys>`: the whole script in one command, which Valkey
 /// compiles once and caches. Not `EVALSHA` with a fallback to `EVAL` on
@@ -84,19 +92,26 @@ impl ValkeyStore {
         &self.valkey
     }
 
-    async fn connection(&self) -> Result<Connection, StoreError> {
-        Ok(self.valkey.connection().await?)
+    /// Sends one request of the request path, bounded by the store timeout.
+    async fn send<T: redis::FromRedisValue>(
+        &self,
+        request: impl Into<Request>,
+    ) -> Result<T, StoreError> {
+        Ok(self.valkey.send(request, self.valkey.timeout()).await?)
     }
 }
 
 impl QuotaStore for ValkeyStore {
+    fn warm_up(&self) {
+        self.valkey.warm_up();
+    }
+
     async fn count(&self, args: CountArgs<'_>) -> Result<Count, StoreError> {
         let key = args.key;
-        let mut conn = self.connection().await?;
+        let mut pipe = redis::pipe();
         // Plain `INCR`, not `INCRBY 1` (which `pipe().incr` sends): one
         // argument less to parse, measurably cheaper for Valkey.
-        let (used, reset_at): (u64, i64) = redis::pipe()
-            .cmd("INCR")
+        pipe.cmd("INCR")
             .arg(&key.counter)
             .cmd("EXPIREAT")
             .arg(&key.counter)
@@ -111,9 +126,8 @@ impl QuotaStore for ValkeyStore {
             .arg("NX")
             .ignore()
             .cmd("EXPIRETIME")
-            .arg(&key.counter)
-            .query_async(&mut conn)
-            .await?;
+            .arg(&key.counter);
+        let (used, reset_at): (u64, i64) = self.send(pipe).await?;
         Ok(Count {
             used,
             reset_at,
@@ -123,21 +137,19 @@ impl QuotaStore for ValkeyStore {
 
     async fn count_keyed(&self, args: CountArgs<'_>, claim: &Claim) -> Result<Claimed, StoreError> {
         let key = args.key;
-        let mut conn = self.connection().await?;
-        let reply: Vec<Value> = eval(CLAIM, &[&key.counter, &key.first_seen, &claim.record])
-            .arg(args.period_end)
+        let mut cmd = eval(CLAIM, &[&key.counter, &key.first_seen, &claim.record]);
+        cmd.arg(args.period_end)
             .arg(iso8601(args.now))
-            .arg(&claim.scan_id)
+            .arg(claim.scan_id.to_string())
             .arg(&claim.fingerprint)
             .arg(claim.received_ms)
             .arg(claim.lease_until_ms)
-            .arg(IDEMPOTENCY_TTL_SECS)
-            .query_async(&mut conn)
-            .await?;
+            .arg(IDEMPOTENCY_TTL_SECS);
+        let reply: Vec<Value> = self.send(cmd).await?;
         match reply.as_slice() {
             [Value::Int(0), Value::Array(fields)] => {
                 let pairs = fields.chunks_exact(2).map(|p| (text(&p[0]), text(&p[1])));
-                Ok(Claimed::Existing(Record::from_pairs(pairs)))
+                Ok(Claimed::Existing(Record::from_pairs(pairs)?))
             }
             [used, reset_at] => Ok(Claimed::New(Count {
                 used: u64::try_from(int(used)).map_err(|_| unexpected("claim"))?,
@@ -149,16 +161,14 @@ impl QuotaStore for ValkeyStore {
     }
 
     async fn pace(&self, args: PaceArgs<'_>) -> Result<Paced, StoreError> {
-        let mut conn = self.connection().await?;
         let mut keys = vec![args.key.slot.as_str()];
         keys.extend(args.record);
-        let (fits, ms): (i64, i64) = eval(PACE, &keys)
-            .arg(args.arrival_ms)
+        let mut cmd = eval(PACE, &keys);
+        cmd.arg(args.arrival_ms)
             .arg(args.delay_ms)
             .arg(args.max_backlog_ms)
-            .arg(args.reset_at)
-            .query_async(&mut conn)
-            .await?;
+            .arg(args.reset_at);
+        let (fits, ms): (i64, i64) = self.send(cmd).await?;
         let ms = u64::try_from(ms).unwrap_or(0);
         Ok(if fits == 1 {
             Paced::Slot { delay_ms: ms }
@@ -168,29 +178,34 @@ impl QuotaStore for ValkeyStore {
     }
 
     async fn refund(&self, refund: Refund<'_>) -> Result<(), StoreError> {
-        let mut conn = self.connection().await?;
         let mut keys = vec![refund.key.counter.as_str()];
         keys.extend(refund.record.map(|(r, _)| r));
-        let _: i64 = eval(REFUND, &keys)
-            .arg(refund.period_end)
-            .arg(refund.record.map_or("", |(_, scan_id)| scan_id))
-            .query_async(&mut conn)
-            .await?;
+        let mut cmd = eval(REFUND, &keys);
+        cmd.arg(refund.period_end).arg(
+            refund
+                .record
+                .map(|(_, id)| id.to_string())
+                .unwrap_or_default(),
+        );
+        let _: i64 = self.send(cmd).await?;
         Ok(())
     }
 
-    async fn release(&self, record: &str) -> Result<(), StoreError> {
-        let mut conn = self.connection().await?;
-        let () = eval(RELEASE, &[record]).query_async(&mut conn).await?;
+    async fn release(&self, record: &str, _now: i64) -> Result<(), StoreError> {
+        let _: i64 = self.send(eval(RELEASE, &[record])).await?;
         Ok(())
     }
 
-    async fn update_record(&self, record: &str, fields: &[Field]) -> Result<(), StoreError> {
-        let mut conn = self.connection().await?;
+    async fn update_record(
+        &self,
+        record: &str,
+        fields: &[Field],
+        _now: i64,
+    ) -> Result<(), StoreError> {
         let mut pipe = redis::pipe();
         pipe.cmd("HSET").arg(record);
         for (field, value) in fields {
-            pipe.arg(*field).arg(value);
+            pipe.arg(field.name()).arg(value);
         }
         pipe.ignore()
             .cmd("EXPIRE")
@@ -198,17 +213,71 @@ impl QuotaStore for ValkeyStore {
             .arg(IDEMPOTENCY_TTL_SECS)
             .arg("NX")
             .ignore();
-        let () = pipe.query_async(&mut conn).await?;
+        let () = self.send(pipe).await?;
         Ok(())
     }
 
-    async fn take_over(&self, record: &str, seen: i64, until: i64) -> Result<bool, StoreError> {
-        let mut conn = self.connection().await?;
-        let taken: i64 = eval(TAKE_OVER, &[record])
-            .arg(seen)
-            .arg(until)
-            .query_async(&mut conn)
-            .await?;
+    async fn take_over(
+        &self,
+        record: &str,
+        seen: i64,
+        until: i64,
+        _now: i64,
+    ) -> Result<bool, StoreError> {
+        let mut cmd = eval(TAKE_OVER, &[record]);
+        cmd.arg(seen).arg(until);
+        let taken: i64 = self.send(cmd).await?;
         Ok(taken == 1)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::{RecordField, RecordState};
+
+    /// The quoted words of a script: field names, states and command names.
+    fn quoted(script: &str) -> Vec<&str> {
+        script
+            .lines()
+            .filter(|l| !l.trim_start().starts_with("--"))
+            .flat_map(|l| l.split('\'').skip(1).step_by(2))
+            .collect()
+    }
+
+    /// Every script spells the record's fields and states exactly as
+    /// `RecordField` and `RecordState` do: a word that is not a command
+    /// must be one of them.
+    #[test]
+    fn scripts_use_the_record_names() {
+        let names: Vec<&str> = RecordField::ALL
+            .iter()
+            .map(|f| f.name())
+            .chain(RecordState::ALL.iter().map(|s| s.name()))
+            .collect();
+        let mut seen = std::collections::HashSet::new();
+        for (file, script) in RECORD_SCRIPTS {
+            for word in quoted(script) {
+                let command = word.chars().all(|c| c.is_ascii_uppercase());
+                // Numbers and the EXAT/EX/NX options are arguments, not names.
+                let argument = word.parse::<f64>().is_ok() || word.starts_with('%');
+                assert!(
+                    command || argument || names.contains(&word),
+                    "{file}: '{word}' is not a record field or state"
+                );
+                seen.insert(word);
+            }
+        }
+        // The claim writes the whole record but its response and delay.
+        for field in RecordField::ALL {
+            let written_later = matches!(field, RecordField::Response | RecordField::DelayMs);
+            assert!(
+                written_later || quoted(CLAIM).contains(&field.name()),
+                "claim.lua does not write {}",
+                field.name()
+            );
+        }
+        assert!(quoted(PACE).contains(&RecordField::DelayMs.name()));
+        assert!(seen.contains(RecordState::Pending.name()));
     }
 }
