@@ -55,7 +55,14 @@ pub fn install_prometheus() -> Result<PrometheusHandle, String> {
 /// Parses the command line and runs it.
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
-    init_tracing(&cli.command);
+    let format = match crate::LogFormat::from_env() {
+        Ok(f) => f,
+        Err(e) => {
+            eprintln!("quota-gate: configuration error: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    init_tracing(&cli.command, format);
     let config = match Config::from_env() {
         Ok(c) => c,
         Err(e) => {
@@ -255,26 +262,21 @@ fn open_file_limit() -> Option<usize> {
         .ok()
 }
 
-/// Logs to stderr, filtered by [`crate::log_filter`]. `serve` logs through
+/// Logs to stderr in `format`, filtered by [`crate::log_filter`]. `serve` logs through
 /// a non-blocking writer, like its stdout: a stderr nobody reads loses log
 /// lines, never requests.
-fn init_tracing(command: &Command) {
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(crate::log_filter())
-        .with_ansi(false);
-    let _ = match command {
+fn init_tracing(command: &Command, format: crate::LogFormat) {
+    match command {
         Command::Serve => {
             let stderr = STDERR
                 .get_or_init(|| {
                     LineWriter::spawn("stderr", Box::new(std::io::stderr()), LINE_QUEUE)
                 })
                 .clone();
-            builder
-                .with_writer(move || LogLine(stderr.clone()))
-                .try_init()
+            crate::init_tracing_with(format, move || LogLine(stderr.clone()));
         }
-        _ => builder.with_writer(std::io::stderr).try_init(),
-    };
+        _ => crate::init_tracing(format),
+    }
 }
 
 /// One formatted log event, handed to the stderr writer thread (dropped

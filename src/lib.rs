@@ -63,14 +63,73 @@ pub mod valkey;
 pub use config::Config;
 pub use gate::{Gate, GateRequest};
 
-/// Logs to stderr (stdout carries EMF lines and spooled jobs), filtered by
-/// [`log_filter`]. Never logs an IP, a token or a digest.
-pub fn init_tracing() {
-    let _ = tracing_subscriber::fmt()
+/// How log lines are written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LogFormat {
+    /// `tracing`'s plain lines (the default).
+    Text,
+    /// One JSON object a line: `timestamp`, `level`, the event's fields at
+    /// the top level (`message`, `error`, `code`, …) and `span`, the
+    /// current span's fields, so under Lambda every line carries the
+    /// runtime's `span.requestId`.
+    Json,
+}
+
+impl LogFormat {
+    /// `QUOTA_LOG_FORMAT` (`text` or `json`, any case; unset: `text`), as
+    /// `quota-gate` reads it. A bad value is an error naming the variable.
+    pub fn from_env() -> Result<Self, String> {
+        Self::from_lookup(|k| std::env::var(k).ok())
+    }
+
+    /// The same from a lookup function (tests pass a map).
+    pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Self, String> {
+        let name = config::vars::QUOTA_LOG_FORMAT.row.name;
+        match lookup(name) {
+            None => Ok(Self::Text),
+            Some(v) if v.eq_ignore_ascii_case("text") => Ok(Self::Text),
+            Some(v) if v.eq_ignore_ascii_case("json") => Ok(Self::Json),
+            Some(v) => Err(format!("{name}={v:?}: expected json or text")),
+        }
+    }
+
+    /// The Lambda function's log format, from `AWS_LAMBDA_LOG_FORMAT`, which
+    /// Lambda sets from the function's `LoggingConfig` (`JSON` or `Text`),
+    /// read as `lambda_runtime`'s own subscriber reads it: `JSON` in any
+    /// case is JSON, anything else text.
+    pub fn lambda() -> Self {
+        match std::env::var("AWS_LAMBDA_LOG_FORMAT") {
+            Ok(v) if v.eq_ignore_ascii_case("json") => Self::Json,
+            _ => Self::Text,
+        }
+    }
+}
+
+/// Logs to stderr (stdout carries EMF lines and spooled jobs) in `format`,
+/// filtered by [`log_filter`]. Never logs an IP, a token or a digest.
+pub fn init_tracing(format: LogFormat) {
+    init_tracing_with(format, std::io::stderr);
+}
+
+/// Logs to `writer` in `format`, filtered by [`log_filter`], without ANSI
+/// colours. A second call does nothing.
+pub fn init_tracing_with<W>(format: LogFormat, writer: W)
+where
+    W: for<'w> tracing_subscriber::fmt::MakeWriter<'w> + Send + Sync + 'static,
+{
+    let builder = tracing_subscriber::fmt()
         .with_env_filter(log_filter())
-        .with_writer(std::io::stderr)
         .with_ansi(false)
-        .try_init();
+        .with_writer(writer);
+    let _ = match format {
+        LogFormat::Text => builder.try_init(),
+        LogFormat::Json => builder
+            .json()
+            .flatten_event(true)
+            .with_current_span(true)
+            .with_span_list(false)
+            .try_init(),
+    };
 }
 
 /// `RUST_LOG`, or by default `info`, with the AWS SDK's own chatter only from
@@ -82,4 +141,23 @@ pub fn log_filter() -> tracing_subscriber::EnvFilter {
              aws_sdk_cloudwatch=error,aws_sdk_sqs=error,aws_sdk_sts=error,aws_sdk_sso=error",
         )
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::LogFormat;
+
+    /// `QUOTA_LOG_FORMAT` takes `json` or `text` in any case, defaults to
+    /// text, and names itself when it is anything else.
+    #[test]
+    fn log_format() {
+        let with = |v: &str| {
+            let v = v.to_owned();
+            LogFormat::from_lookup(move |k| (k == "QUOTA_LOG_FORMAT").then(|| v.clone()))
+        };
+        assert_eq!(LogFormat::from_lookup(|_| None), Ok(LogFormat::Text));
+        assert_eq!(with("JSON"), Ok(LogFormat::Json));
+        assert_eq!(with("text"), Ok(LogFormat::Text));
+        assert!(with("xml").unwrap_err().contains("QUOTA_LOG_FORMAT"));
+    }
 }

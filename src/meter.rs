@@ -4,8 +4,13 @@
 //! a CloudWatch embedded-metric-format (EMF) line on stdout, which Lambda
 //! ships to CloudWatch Logs and CloudWatch turns into metrics, and the
 //! `metrics` facade, which `quota-gate serve` renders as Prometheus text at
-//! `GET /metrics`. The only dimension is `Scope` (`ip` or `tid`): no
-//! per-client dimension, and no IP, token or digest in any line.
+//! `GET /metrics`. Every metric has the dimension `Scope` (`ip` or `tid`);
+//! one, [`REQUESTS`], also has `Outcome`, what the request came to (one of
+//! the eight [`OUTCOMES`]), so a dashboard shows requests by outcome. Both
+//! take a fixed, short list of values: no per-client dimension, and no IP,
+//! token or digest in any line. `Outcome` is a dimension of that one metric
+//! only (a second EMF directive), so the other metrics are not multiplied by
+//! it in CloudWatch's bill.
 //!
 //! The EMF line is written here rather than through an EMF crate: the crates
 //! available aggregate in a process-global recorder and flush documents
@@ -36,9 +41,33 @@ pub const STORE_ERRORS: &str = "stella_quota_store_errors_total";
 pub const ENQUEUE_ERRORS: &str = "stella_quota_enqueue_errors_total";
 pub const BACKLOG_REFUSALS: &str = "stella_quota_backlog_refusals_total";
 pub const DELAY_MS: &str = "stella_quota_delay_ms";
+/// Every metered request, by `Outcome` (a label in Prometheus).
+pub const REQUESTS: &str = "stella_quota_requests_total";
+/// What a metered request came to: accepted in a tier, accepted without a
+/// count (the store did not answer, fail-open), refused with the 503's
+/// error code, or a repeat of an `Idempotency-Key` answered from its record
+/// (the first answer replayed, 409 or 422; not counted again). Bad input is
+/// never metered.
+pub const OUTCOMES: [&str; 8] = [
+    "within",
+    "soft",
+    "hard",
+    "unmetered",
+    "backlog_full",
+    "store_unavailable",
+    "queue_unavailable",
+    "repeat",
+];
 /// EMF lines dropped because the output queue was full (`serve` only): a
 /// stdout reader that is slow or gone.
 pub const EMF_DROPPED: &str = "stella_quota_emf_dropped_total";
+
+/// Resident memory of the process, in bytes (`serve`'s `/metrics` only).
+pub const PROCESS_RSS: &str = "process_resident_memory_bytes";
+/// Open file descriptors of the process (`serve`'s `/metrics` only): the
+/// open client connections plus a fixed handful (the listening socket,
+/// stdio, the Valkey connections).
+pub const PROCESS_OPEN_FDS: &str = "process_open_fds";
 
 /// Every counter, in EMF declaration order.
 pub const COUNTERS: [&str; 6] = [
@@ -76,14 +105,48 @@ pub fn describe() {
         "Scans refused with 503 backlog_full: the paced delay would exceed QUOTA_MAX_BACKLOG_MS."
     );
     metrics::describe_counter!(
+        REQUESTS,
+        "Scans that reached the quota store, by outcome (within, soft, hard, unmetered, the 503's code, or repeat)."
+    );
+    metrics::describe_counter!(
         EMF_DROPPED,
         "EMF lines dropped because standard output was not read fast enough."
+    );
+    metrics::describe_gauge!(
+        PROCESS_RSS,
+        metrics::Unit::Bytes,
+        "Resident memory of the process (VmRSS), sampled at each scrape."
+    );
+    metrics::describe_gauge!(
+        PROCESS_OPEN_FDS,
+        "Open file descriptors: the open client connections plus a fixed handful."
     );
     metrics::describe_histogram!(
         DELAY_MS,
         metrics::Unit::Milliseconds,
         "Delay owed per decided scan (slept plus deferred), in milliseconds."
     );
+}
+
+/// Sets [`PROCESS_RSS`] and [`PROCESS_OPEN_FDS`] from `/proc/self`, for a
+/// scrape about to be rendered. The names are those of Prometheus's own
+/// process collectors, so stock dashboards find them. Elsewhere than Linux
+/// nothing is set.
+pub fn sample_process() {
+    let rss_kib = std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|status| {
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix("VmRSS:"))
+                .and_then(|v| v.split_whitespace().next()?.parse::<u64>().ok())
+        });
+    if let Some(kib) = rss_kib {
+        metrics::gauge!(PROCESS_RSS).set((kib * 1024) as f64);
+    }
+    if let Ok(fds) = std::fs::read_dir("/proc/self/fd") {
+        metrics::gauge!(PROCESS_OPEN_FDS).set(fds.count() as f64);
+    }
 }
 
 /// What happened to one scan request that reached the store.
@@ -116,6 +179,27 @@ impl Outcome {
             delay: Duration::ZERO,
             store_error: false,
             enqueue_error: false,
+        }
+    }
+
+    /// What the request came to: one of [`OUTCOMES`]. A refusal wins over
+    /// the tier it had been given (a soft scan whose enqueue failed was
+    /// refused, not slowed).
+    pub fn outcome(&self) -> &'static str {
+        OUTCOMES[self.outcome_index()]
+    }
+
+    /// The position of [`Outcome::outcome`] in [`OUTCOMES`].
+    fn outcome_index(&self) -> usize {
+        match (self.enqueue_error, self.backlog_refused, self.tier) {
+            (true, ..) => 6,
+            (false, true, _) => 4,
+            (false, false, Some(Tier::Within)) => 0,
+            (false, false, Some(Tier::Soft)) => 1,
+            (false, false, Some(Tier::Hard)) => 2,
+            (false, false, None) if self.unmetered => 3,
+            (false, false, None) if self.store_error => 5,
+            (false, false, None) => 7,
         }
     }
 
@@ -154,6 +238,8 @@ pub struct Meter {
 struct ScopeHandles {
     counters: [metrics::Counter; 6],
     delay: metrics::Histogram,
+    /// [`REQUESTS`], one per outcome, in [`OUTCOMES`] order.
+    requests: [metrics::Counter; 8],
 }
 
 impl ScopeHandles {
@@ -162,6 +248,8 @@ impl ScopeHandles {
         Self {
             counters: COUNTERS.map(|name| metrics::counter!(name, "scope" => scope)),
             delay: metrics::histogram!(DELAY_MS, "scope" => scope),
+            requests: OUTCOMES
+                .map(|outcome| metrics::counter!(REQUESTS, "scope" => scope, "outcome" => outcome)),
         }
     }
 }
@@ -185,8 +273,12 @@ impl Directives {
             if with_delay {
                 metrics.push(json!({"Name": DELAY_MS, "Unit": "Milliseconds"}));
             }
-            json!([{"Namespace": namespace, "Dimensions": [["Scope"]], "Metrics": metrics}])
-                .to_string()
+            json!([
+                {"Namespace": namespace, "Dimensions": [["Scope"]], "Metrics": metrics},
+                {"Namespace": namespace, "Dimensions": [["Scope", "Outcome"]],
+                 "Metrics": [{"Name": REQUESTS, "Unit": "Count"}]}
+            ])
+            .to_string()
         };
         Self {
             decided: directive(true),
@@ -237,6 +329,7 @@ impl Meter {
         for (counter, value) in handles.counters.iter().zip(outcome.counter_values()) {
             counter.increment(value);
         }
+        handles.requests[outcome.outcome_index()].increment(1);
         if outcome.tier.is_some() {
             handles.delay.record(outcome.delay.as_millis() as f64);
         }
@@ -273,8 +366,9 @@ impl Meter {
         let mut line = String::with_capacity(directive.len() + 320);
         let _ = write!(
             line,
-            r#"{{"_aws":{{"Timestamp":{timestamp_ms},"CloudWatchMetrics":{directive}}},"Scope":"{}""#,
-            outcome.scope.as_str()
+            r#"{{"_aws":{{"Timestamp":{timestamp_ms},"CloudWatchMetrics":{directive}}},"Scope":"{}","Outcome":"{}","{REQUESTS}":1"#,
+            outcome.scope.as_str(),
+            outcome.outcome()
         );
         for (name, value) in COUNTERS.iter().zip(outcome.counter_values()) {
             let _ = write!(line, r#","{name}":{value}"#);
@@ -345,5 +439,36 @@ mod tests {
         assert_eq!(doc[STORE_ERRORS], 1);
         assert_eq!(doc["tier"], "unmetered");
         assert!(doc.get(DELAY_MS).is_none());
+    }
+
+    /// Each kind of request maps to its outcome; a refusal wins over the tier.
+    #[test]
+    fn outcomes() {
+        let refused = |f: fn(&mut Outcome)| {
+            let mut o = outcome(Some(Tier::Soft), 5000);
+            f(&mut o);
+            o.outcome()
+        };
+        assert_eq!(outcome(Some(Tier::Within), 0).outcome(), "within");
+        assert_eq!(outcome(Some(Tier::Hard), 0).outcome(), "hard");
+        assert_eq!(outcome(None, 0).outcome(), "unmetered");
+        assert_eq!(refused(|o| o.enqueue_error = true), "queue_unavailable");
+        let closed = Outcome {
+            store_error: true,
+            ..Outcome::new(Scope::Tid)
+        };
+        assert_eq!(closed.outcome(), "store_unavailable");
+        let backlog = Outcome {
+            backlog_refused: true,
+            ..Outcome::new(Scope::Ip)
+        };
+        assert_eq!(backlog.outcome(), "backlog_full");
+        assert_eq!(Outcome::new(Scope::Ip).outcome(), "repeat");
+        assert_eq!(refused(|o| o.backlog_refused = true), "backlog_full");
+        let doc: Value =
+            serde_json::from_str(&Meter::new("ns", None).emf_line(&closed, 0)).unwrap();
+        assert_eq!(doc["Outcome"], "store_unavailable");
+        assert_eq!(doc[REQUESTS], 1);
+        assert_eq!(doc["Scope"], "tid");
     }
 }

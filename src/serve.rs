@@ -184,6 +184,7 @@ async fn route<S: QuotaStore, Q: ScanQueue>(
         match (path, &metrics) {
             ("/healthz", _) => return Ok(text(StatusCode::OK, "text/plain", "ok\n".into())),
             ("/metrics", Some(handle)) => {
+                crate::meter::sample_process();
                 return Ok(text(
                     StatusCode::OK,
                     "text/plain; version=0.0.4",

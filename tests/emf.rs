@@ -95,11 +95,15 @@ fn check_emf(line: &str) -> Value {
         assert_eq!(ns, "StellaOps/Quota");
 
         let sets = d["Dimensions"].as_array().expect("Dimensions is an array");
-        assert_eq!(
-            d["Dimensions"],
-            serde_json::json!([["Scope"]]),
-            "Scope is the only dimension"
-        );
+        // Scope everywhere; Outcome only on the requests counter.
+        let requests_only =
+            d["Metrics"] == serde_json::json!([{"Name": meter::REQUESTS, "Unit": "Count"}]);
+        let expected = if requests_only {
+            serde_json::json!([["Scope", "Outcome"]])
+        } else {
+            serde_json::json!([["Scope"]])
+        };
+        assert_eq!(d["Dimensions"], expected, "no other dimension");
         for set in sets {
             let names = set.as_array().expect("a dimension set is an array");
             assert!(names.len() <= 30);
@@ -109,7 +113,12 @@ fn check_emf(line: &str) -> Value {
                     .get(name)
                     .unwrap_or_else(|| panic!("dimension {name} missing"));
                 let value = value.as_str().expect("dimension values are strings");
-                assert!(["ip", "tid"].contains(&value));
+                let allowed: &[&str] = if name == "Scope" {
+                    &["ip", "tid"]
+                } else {
+                    &meter::OUTCOMES
+                };
+                assert!(allowed.contains(&value), "{name}={value}");
             }
         }
 
@@ -123,7 +132,10 @@ fn check_emf(line: &str) -> Value {
             let declared = if name == meter::DELAY_MS {
                 "Milliseconds"
             } else {
-                assert!(meter::COUNTERS.contains(&name), "undeclared metric {name}");
+                assert!(
+                    meter::COUNTERS.contains(&name) || name == meter::REQUESTS,
+                    "undeclared metric {name}"
+                );
                 "Count"
             };
             assert_eq!(unit, declared, "{name}");

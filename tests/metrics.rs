@@ -189,9 +189,15 @@ fn names_are_the_seeds() {
         text.contains("# TYPE stella_quota_delay_ms histogram"),
         "{text}"
     );
+    // Besides the gate's own, only the process gauges sampled at each scrape,
+    // under the names of Prometheus's process collector.
+    let process = [
+        quota_gate::meter::PROCESS_RSS,
+        quota_gate::meter::PROCESS_OPEN_FDS,
+    ];
     for name in series_names(text) {
         assert!(
-            name.starts_with("stella_quota_"),
+            name.starts_with("stella_quota_") || process.contains(&name.as_str()),
             "unexpected series {name}"
         );
         assert!(!name.contains("_total_total"), "{name}");

@@ -20,7 +20,9 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    quota_gate::init_tracing();
+    // JSON when the function's LoggingConfig says so; the runtime's span
+    // puts the request id on every line logged during an invocation.
+    quota_gate::init_tracing(quota_gate::LogFormat::lambda());
     let gate = match start().await {
         Ok(gate) => gate,
         Err(message) => {

@@ -373,6 +373,14 @@ pub const RUST_LOG: Var<Text> = text(
     "log filter; logs go to stderr and never contain an IP, token or digest",
 )
 .applies(Applies::Logging);
+/// Read by the logger ([`crate::LogFormat`]), not by [`super::Config`].
+pub const QUOTA_LOG_FORMAT: Var<Text> = text(
+    "QUOTA_LOG_FORMAT",
+    "text",
+    "`text` or `json` (one object a line) for `quota-gate`'s logs; Lambda follows the \
+     function's `LogFormat` (`JSON` in the template) instead",
+)
+.applies(Applies::Logging);
 
 /// Every variable, in the README's order.
 pub const VARIABLES: &[Variable] = &[
@@ -409,6 +417,7 @@ pub const VARIABLES: &[Variable] = &[
     QUOTA_MAX_CONNECTIONS.row,
     QUOTA_SERVE_WORKERS.row,
     RUST_LOG.row,
+    QUOTA_LOG_FORMAT.row,
 ];
 
 /// A number as the README writes it: `86400000 (24 h)` for the longest millis.

@@ -630,3 +630,19 @@ pub fn retry_after(response: &http::Response<Bytes>) -> u64 {
         .parse()
         .unwrap()
 }
+
+/// Fails if `text` holds any of `secrets`, a token's signature, or a run of
+/// 64 hex digits (a digest).
+pub fn assert_nothing_personal(text: &str, secrets: &[&str]) {
+    for secret in secrets {
+        assert!(!text.contains(secret), "{secret} in:\n{text}");
+        if let Some(signature) = secret.rsplit('.').next().filter(|s| s.len() > 16) {
+            assert!(!text.contains(signature), "a token signature in:\n{text}");
+        }
+    }
+    let mut run = 0;
+    for c in text.chars() {
+        run = if c.is_ascii_hexdigit() { run + 1 } else { 0 };
+        assert!(run < 64, "a digest-like hex run in:\n{text}");
+    }
+}

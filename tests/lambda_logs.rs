@@ -1,0 +1,147 @@
+//! The Lambda logs are JSON lines with the runtime's request id and nothing
+//! personal: the sample events go through the real runtime emulator
+//! (`cargo lambda watch --only-lambda-apis`, `cargo lambda invoke`) to the
+//! built `bootstrap` with `AWS_LAMBDA_LOG_FORMAT=JSON`, as the template's
+//! `LogFormat: JSON` sets it. Needs `cargo-lambda` on `PATH`.
+
+use quota_gate_testkit as common;
+
+use std::collections::BTreeSet;
+use std::io::Read;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use common::serve::stderr_of;
+use common::*;
+use serde_json::Value;
+
+/// The source address of a sample event, without a `/32` or `/128` suffix.
+fn source_ip(event: &Value) -> String {
+    let context = &event["requestContext"];
+    let ip = context["http"]["sourceIp"]
+        .as_str()
+        .or_else(|| context["identity"]["sourceIp"].as_str())
+        .unwrap();
+    ip.split('/').next().unwrap().to_owned()
+}
+
+/// `cargo lambda` run from the repository root.
+fn cargo_lambda() -> Command {
+    let mut command = Command::new("cargo-lambda");
+    command.arg("lambda").current_dir(root());
+    command
+}
+
+/// Sample events through the real runtime emulator to `bootstrap` with the
+/// template's JSON log format: every log line is JSON with the runtime's
+/// request id, and no line (log or EMF) carries an IP, a token or a digest.
+#[test]
+fn lambda_logs_are_json_with_the_request_id() {
+    let valkey = ValkeyServer::start();
+    let port = free_port();
+    let mut emulator = KillOnDrop::new(
+        cargo_lambda()
+            .args([
+                "watch",
+                "--only-lambda-apis",
+                "--invoke-address",
+                "127.0.0.1",
+            ])
+            .args(["--invoke-port", &port.to_string()])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("cargo-lambda on PATH"),
+    );
+    assert!(
+        wait_for_port(loopback(port), Duration::from_secs(60)),
+        "the emulator did not listen"
+    );
+    let secret = "dashboards-test-secret-0123456789abcdef";
+    let bootstrap = KillOnDrop::new(
+        Command::new(bin("bootstrap"))
+            .env_clear()
+            .env(
+                "AWS_LAMBDA_RUNTIME_API",
+                format!("http://127.0.0.1:{port}/.rt"),
+            )
+            .env("AWS_LAMBDA_FUNCTION_NAME", "_")
+            .env("AWS_LAMBDA_FUNCTION_VERSION", "1")
+            .env("AWS_LAMBDA_FUNCTION_MEMORY_SIZE", "128")
+            .env("AWS_LAMBDA_LOG_FORMAT", "JSON")
+            .env("QUOTA_HASH_SECRET", secret)
+            .env("QUOTA_JWT_PUBLIC_KEY", fixture("ed25519.pub.pem"))
+            .env("VALKEY_URL", valkey.url())
+            .env("QUOTA_BREAKER_FAILURES", "0")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    let events = [
+        "http-api-v2-ipv4.json",
+        "http-api-v2-ipv6.json",
+        "http-api-v2-token.json",
+        "rest-v1.json",
+        "function-url.json",
+        "http-api-v2-bad-body.json",
+    ];
+    let invoke = |event: &str| {
+        let out = cargo_lambda()
+            .args(["invoke", "_", "--invoke-address", "127.0.0.1"])
+            .args(["--invoke-port", &port.to_string()])
+            .args(["--data-file", &format!("events/{event}")])
+            .output()
+            .unwrap();
+        (!out.status.success()).then(|| format!("{event}: {out:?}"))
+    };
+    let mut failed: Vec<String> = events.iter().filter_map(|e| invoke(e)).collect();
+    // The store goes away: each scan is accepted unmetered and says so in a warning.
+    drop(valkey);
+    failed.extend(events[..5].iter().filter_map(|e| invoke(e)));
+    let (stdout, stderr) = finish(bootstrap);
+    emulator.kill_now();
+    assert!(
+        failed.is_empty(),
+        "{failed:?}\nbootstrap's stderr:\n{stderr}"
+    );
+
+    let mut request_ids = BTreeSet::new();
+    for line in stderr.lines() {
+        let doc: Value = serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}: {line}"));
+        assert!(
+            doc["level"].is_string() && doc["message"].is_string(),
+            "{line}"
+        );
+        if let Some(id) = doc["span"]["requestId"].as_str() {
+            request_ids.insert(id.to_owned());
+        }
+    }
+    assert!(
+        request_ids.len() >= 5,
+        "a warning with its own request id per unmetered scan: {stderr}"
+    );
+    let emf: Vec<&str> = stdout.lines().filter(|l| l.contains("\"_aws\"")).collect();
+    assert!(emf.len() >= 9, "{stdout}");
+    let mut secrets: Vec<String> = events
+        .iter()
+        .map(|e| source_ip(&serde_json::from_str(&event_text(e)).unwrap()))
+        .collect();
+    secrets.push(event_token("http-api-v2-token.json"));
+    let secrets: Vec<&str> = secrets.iter().map(String::as_str).collect();
+    assert_nothing_personal(&stderr, &secrets);
+    assert_nothing_personal(&emf.join("\n"), &secrets);
+}
+
+/// Stops `child` and returns its stdout and stderr.
+fn finish(mut child: KillOnDrop) -> (String, String) {
+    child.kill_now();
+    let mut stdout = String::new();
+    child
+        .stdout
+        .take()
+        .unwrap()
+        .read_to_string(&mut stdout)
+        .unwrap();
+    (stdout, stderr_of(&mut child))
+}
