@@ -78,6 +78,9 @@ impl Worker {
     /// or given back on stop.
     pub async fn process(&self, d: Delivery) {
         let mut failures = 0;
+        // One token for the whole delivery: a claim that timed out but
+        // landed is this task's own, and a retry of it gets in.
+        let token = self.token();
         loop {
             let wait = schedule::hold(d.job.not_before_ms, now_ms());
             if !wait.is_zero() {
@@ -97,7 +100,6 @@ impl Worker {
             let Waited::Done(Ok(slot)) = self.renewing(&d, None, slot).await else {
                 return self.source.give_back(&d).await;
             };
-            let token = self.token();
             match self.markers.claim(d.job.scan_id, &token, self.lease).await {
                 Err(e) => {
                     tracing::warn!(error = %e, "cannot claim a scan's marker; trying again");
