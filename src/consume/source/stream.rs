@@ -113,7 +113,8 @@ impl StreamSource {
             .into_iter()
             .flat_map(|r| r.keys)
             .flat_map(|k| k.ids)
-            .collect();
+            .collect::<Vec<_>>();
+        tracing::debug!(entries = entries.len(), max, "read");
         Ok(self.deliveries(entries).await)
     }
 
