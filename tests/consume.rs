@@ -486,3 +486,71 @@ async fn queued(sqs: &aws_sdk_sqs::Client, url: &str) -> u64 {
     })
     .sum()
 }
+
+/// The job contract: every job the gate really writes (within, soft and
+/// hard tiers, IP scope) validates against docs/job.schema.json, which
+/// requires exactly the fields the type writes, and rejects what a consumer
+/// could not honour.
+#[tokio::test]
+async fn jobs_match_the_published_schema() {
+    use quota_gate::store::memory::MemoryStore;
+    let schema: Value = serde_json::from_str(
+        &std::fs::read_to_string(root().join("docs/job.schema.json")).unwrap(),
+    )
+    .unwrap();
+    // Formats (date-time) asserted, not only annotated.
+    let validator = jsonschema::options()
+        .should_validate_formats(true)
+        .build(&schema)
+        .unwrap();
+    let jobs = RecordingQueue::default();
+    let gate = gate(TIERS, MemoryStore::default(), jobs.clone());
+    for _ in 0..8 {
+        assert_eq!(gate.handle(scan_from("203.0.113.9")).await.status(), 202);
+    }
+    let written = jobs.json();
+    let tiers: std::collections::HashSet<&str> = written
+        .iter()
+        .map(|j| j["tier"].as_str().unwrap())
+        .collect();
+    assert_eq!(tiers.len(), 3, "{tiers:?}");
+    for job in &written {
+        let errors: Vec<String> = validator.iter_errors(job).map(|e| e.to_string()).collect();
+        assert!(errors.is_empty(), "{job}: {errors:?}");
+        let read = quota_gate::job::ScanJob::from_json(&job.to_string()).unwrap();
+        assert_eq!(
+            &serde_json::to_value(&read).unwrap(),
+            job,
+            "read back the same"
+        );
+    }
+    let mut required: Vec<&str> = schema["required"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_str().unwrap())
+        .collect();
+    let mut fields: Vec<&str> = written[0]
+        .as_object()
+        .unwrap()
+        .keys()
+        .map(String::as_str)
+        .collect();
+    required.sort_unstable();
+    fields.sort_unstable();
+    assert_eq!(
+        required, fields,
+        "the schema names every field the gate writes"
+    );
+    for (field, bad) in [
+        ("scope", json!("cookie")),
+        ("tier", json!("gold")),
+        ("version", json!(2)),
+        ("notBefore", json!("soon")),
+        ("scanId", json!("not-a-uuid")),
+    ] {
+        let mut job = written[0].clone();
+        job[field] = bad;
+        assert!(!validator.is_valid(&job), "{field}");
+    }
+}
