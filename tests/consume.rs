@@ -554,3 +554,66 @@ async fn jobs_match_the_published_schema() {
         assert!(!validator.is_valid(&job), "{field}");
     }
 }
+
+/// SIGTERM: the running scan finishes within the grace period, the held
+/// one is neither run nor acknowledged, and another consumer runs it once
+/// after the lease, still no sooner than its notBefore.
+#[tokio::test(flavor = "multi_thread")]
+async fn sigterm_drains_running_and_leaves_held_pending() {
+    let valkey = ValkeyServer::start();
+    let vars = stream_vars(&valkey);
+    let scanner = Scanner::new();
+    let mut slow = refs(&vars);
+    slow.push(("SLEEP", "1"));
+    let args = ["--lease", "2s", "--grace", "10s"];
+    let mut a = consume(&scanner, "a", &args, &slow, Stdio::null());
+    let (running, held) = (job(now_ms()), job(now_ms() + 4000));
+    xadd(&valkey, "jobs", &running).await;
+    xadd(&valkey, "jobs", &held).await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while scanner.lines().is_empty() {
+        assert!(Instant::now() < deadline, "{}", errors_of(&scanner, "a"));
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let term = Command::new("kill")
+        .args(["-TERM", &a.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(term.success());
+    let status = a.wait().unwrap();
+    assert!(status.success(), "{status}: {}", errors_of(&scanner, "a"));
+    let lines = scanner.lines();
+    let ran = |job: &Value, what: &str| {
+        lines
+            .iter()
+            .filter(|l| l.what == what && l.scan_id == job["scanId"].as_str().unwrap())
+            .count()
+    };
+    assert_eq!(
+        (ran(&running, "start"), ran(&running, "end")),
+        (1, 1),
+        "finished within the grace"
+    );
+    assert_eq!(ran(&held, "start"), 0);
+    assert_eq!(
+        pending(&valkey, "jobs").await,
+        1,
+        "the held job is left pending, not acked"
+    );
+    let _b = consume(
+        &scanner,
+        "b",
+        &["--lease", "2s"],
+        &refs(&vars),
+        Stdio::null(),
+    );
+    let lines = scanner.wait_for_ends(2, Duration::from_secs(15));
+    let starts: Vec<&Line> = lines
+        .iter()
+        .filter(|l| l.what == "start" && l.scan_id == held["scanId"].as_str().unwrap())
+        .collect();
+    assert_eq!(starts.len(), 1, "{lines:?}");
+    assert_eq!(starts[0].tag, "b");
+    assert!(starts[0].at_ms >= unix_ms(held["notBefore"].as_str().unwrap()));
+    assert_eq!(pending(&valkey, "jobs").await, 0);
+}
