@@ -116,7 +116,7 @@ fn consume(
         .env("PATH", std::env::var("PATH").unwrap_or_default())
         .env("LOG", scanner.log())
         .env("TAG", tag)
-        .env("RUST_LOG", "info,quota_gate=debug")
+        .env("RUST_LOG", "info")
         .envs(vars.iter().copied())
         .stdin(stdin)
         .stdout(Stdio::null())

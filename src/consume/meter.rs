@@ -76,7 +76,6 @@ impl ConsumeMeter {
     /// One more (or one fewer) job waiting for its `notBefore`.
     pub fn held(&self, delta: i64) {
         let now = self.held.fetch_add(delta, Ordering::Relaxed) + delta;
-        #[allow(clippy::cast_precision_loss)]
         metrics::gauge!(HELD, "source" => self.source).set(now as f64);
     }
 
@@ -84,7 +83,6 @@ impl ConsumeMeter {
         let source = self.source;
         let name = match event {
             Event::Started { lateness_ms } => {
-                #[allow(clippy::cast_precision_loss)]
                 metrics::histogram!(LATENESS_MS, "source" => source).record(lateness_ms as f64);
                 STARTED
             }
