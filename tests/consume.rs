@@ -617,3 +617,122 @@ async fn sigterm_drains_running_and_leaves_held_pending() {
     assert!(starts[0].at_ms >= unix_ms(held["notBefore"].as_str().unwrap()));
     assert_eq!(pending(&valkey, "jobs").await, 0);
 }
+
+/// A scanner that keeps failing: retried with backoff, then the job goes to
+/// `<stream>:dead` with its failures and last error, and is acked.
+#[tokio::test(flavor = "multi_thread")]
+async fn failing_job_dead_lettered_after_max_attempts() {
+    let valkey = ValkeyServer::start();
+    let vars = stream_vars(&valkey);
+    let scanner = Scanner::new();
+    let failing = format!("{} && exit 3", scanner.exec());
+    let errors = std::fs::File::create(scanner.dir.path().join("f.err")).unwrap();
+    let mut child = Command::new(bin("quota-gate"))
+        .args(["consume", "--no-emf", "--exec", &failing])
+        .args(["--max-attempts", "3", "--backoff", "100ms", "--lease", "2s"])
+        .env_clear()
+        .env("PATH", std::env::var("PATH").unwrap_or_default())
+        .env("LOG", scanner.log())
+        .env("TAG", "f")
+        .envs(refs(&vars))
+        .stdout(Stdio::null())
+        .stderr(errors)
+        .spawn()
+        .map(KillOnDrop::new)
+        .unwrap();
+    let job = job(now_ms());
+    xadd(&valkey, "jobs", &job).await;
+    let mut c = valkey.client().await;
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let dead: redis::streams::StreamRangeReply = loop {
+        let dead: redis::streams::StreamRangeReply = c.xrange_all("jobs:dead").await.unwrap();
+        if !dead.ids.is_empty() {
+            break dead;
+        }
+        assert!(Instant::now() < deadline, "{}", errors_of(&scanner, "f"));
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(dead.ids.len(), 1);
+    let entry = &dead.ids[0];
+    assert_eq!(entry.get::<String>("job").unwrap(), job.to_string());
+    assert_eq!(entry.get::<String>("failures").unwrap(), "3");
+    assert!(entry.get::<String>("error").unwrap().contains("exit"));
+    let starts = scanner.lines().iter().filter(|l| l.what == "start").count();
+    assert_eq!(starts, 3, "three attempts");
+    assert_eq!(
+        pending(&valkey, "jobs").await,
+        0,
+        "acked once dead-lettered"
+    );
+    child.kill_now();
+}
+
+/// `--post`: the job JSON reaches an HTTP scanner; a 500 is retried, a 204 is done.
+#[tokio::test(flavor = "multi_thread")]
+async fn post_hands_the_job_to_an_http_scanner() {
+    use std::io::{Read, Write};
+    let valkey = ValkeyServer::start();
+    let vars = stream_vars(&valkey);
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}/scan", listener.local_addr().unwrap());
+    let bodies = std::sync::Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+    let seen = bodies.clone();
+    std::thread::spawn(move || {
+        for (i, conn) in listener.incoming().enumerate() {
+            let mut conn = conn.unwrap();
+            conn.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+            let mut buf = Vec::new();
+            let mut chunk = [0u8; 4096];
+            while !String::from_utf8_lossy(&buf).contains("\"request\"") {
+                let n = conn.read(&mut chunk).unwrap();
+                if n == 0 {
+                    break;
+                }
+                buf.extend_from_slice(&chunk[..n]);
+            }
+            seen.lock()
+                .unwrap()
+                .push(String::from_utf8_lossy(&buf).into_owned());
+            let status = if i == 0 {
+                "500 Internal Server Error"
+            } else {
+                "204 No Content"
+            };
+            let _ = write!(conn, "HTTP/1.1 {status}\r\ncontent-length: 0\r\n\r\n");
+        }
+    });
+    let scanner = Scanner::new();
+    let errors = std::fs::File::create(scanner.dir.path().join("p.err")).unwrap();
+    let _child = Command::new(bin("quota-gate"))
+        .args(["consume", "--no-emf", "--post", &url, "--backoff", "100ms"])
+        .env_clear()
+        .envs(refs(&vars))
+        .stdout(Stdio::null())
+        .stderr(errors)
+        .spawn()
+        .map(KillOnDrop::new)
+        .unwrap();
+    let job = job(now_ms());
+    xadd(&valkey, "jobs", &job).await;
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let posted = bodies.lock().unwrap().len();
+        if posted >= 2 && pending(&valkey, "jobs").await == 0 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "{}", errors_of(&scanner, "p"));
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let bodies = bodies.lock().unwrap().clone();
+    assert_eq!(bodies.len(), 2, "one retry after the 500");
+    for request in &bodies {
+        assert!(request.starts_with("POST /scan HTTP/1.1"), "{request}");
+        assert!(
+            request
+                .to_lowercase()
+                .contains("content-type: application/json")
+        );
+        let (_, body) = request.split_once("\r\n\r\n").unwrap();
+        assert_eq!(body, job.to_string());
+    }
+}
