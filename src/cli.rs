@@ -33,6 +33,8 @@ pub enum Command {
     Purge(crate::ops::command::PurgeArgs),
     /// Soft hits, hard hits, reminders and p95 delay per scope, from CloudWatch.
     Stats(crate::ops::command::StatsArgs),
+    /// Run queued scans: each no sooner than its notBefore, each scanId once.
+    Consume(crate::consume::ConsumeArgs),
 }
 
 /// Bucket bounds (ms) for `stella_quota_delay_ms`: dense around the 1 s
@@ -92,6 +94,7 @@ pub fn main() -> ExitCode {
             Command::Purge(args) => crate::ops::command::purge(args, &config)
                 .await
                 .map_err(|e| e.to_string()),
+            Command::Consume(args) => crate::consume::run(args, config).await,
             Command::Stats(args) => {
                 crate::ops::stats::preflight()
                     .await

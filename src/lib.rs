@@ -18,9 +18,10 @@
 //! | 4 | [`store`] | INCR + EXPIREAT NX + SET NX + EXPIRETIME, one pipeline; a keyed scan's record |
 //! | 5 | [`decide`] | pure: count and limits in, tier and delay out |
 //! | 6 | [`store`], [`delay`] | pacing (`store::next_slot`), then sleep now and deferral on the job |
-//! | 7 | [`queue`] | enqueues the scan job (SQS, Valkey stream, stdout spool) |
+//! | 7 | [`queue`], [`job`] | enqueues the scan job (SQS, Valkey stream, stdout spool); [`job::ScanJob`] is the one job type |
 //! | 8 | [`respond`] | the 202 contract and the JSON errors |
 //! | 9 | [`meter`] | EMF lines and Prometheus counters |
+//! | after | [`consume`] | `quota-gate consume`: holds each job until `notBefore`, runs each `scanId` once |
 //!
 //! [`gate`] strings the steps together behind one [`gate::Gate::handle`]
 //! call, reading the [`clock`] once per request; it is the I/O driver only:
@@ -42,6 +43,7 @@ pub mod breaker;
 pub mod cli;
 pub mod clock;
 pub mod config;
+pub mod consume;
 pub mod decide;
 pub mod delay;
 pub mod digest;
@@ -49,6 +51,7 @@ pub mod error;
 pub mod gate;
 pub mod idempotency;
 pub mod identity;
+pub mod job;
 pub mod lambda;
 pub mod meter;
 pub mod ops;

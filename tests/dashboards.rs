@@ -109,7 +109,7 @@ fn dashboard_metrics(body: &Value) -> Vec<MetricId> {
                 .filter_map(Value::as_str)
                 .collect();
             assert!(
-                words.len() >= 2 && words.len() % 2 == 0 && !words.contains(&"..."),
+                words.len() >= 2 && words.len().is_multiple_of(2) && !words.contains(&"..."),
                 "a metric row is namespace, name and dimension pairs: {row}"
             );
             let dims = words[2..]
@@ -263,11 +263,12 @@ fn resources(template: &str) -> BTreeMap<String, Vec<&str>> {
     let mut out: BTreeMap<String, Vec<&str>> = BTreeMap::new();
     let mut current = None;
     for line in template.lines() {
-        if let Some(name) = line.strip_prefix("  ").and_then(|l| l.strip_suffix(':')) {
-            if !name.starts_with(' ') && !name.starts_with('#') {
-                current = Some(name.to_owned());
-                continue;
-            }
+        if let Some(name) = line.strip_prefix("  ").and_then(|l| l.strip_suffix(':'))
+            && !name.starts_with(' ')
+            && !name.starts_with('#')
+        {
+            current = Some(name.to_owned());
+            continue;
         }
         if !line.starts_with("  ") && !line.is_empty() {
             current = None;

@@ -241,6 +241,7 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
     ) -> ScanJob {
         let not_before_ms = scan.received_ms.saturating_add(millis_i64(plan.total));
         ScanJob {
+            version: crate::job::JOB_VERSION,
             scan_id: scan.scan_id,
             received_at: respond::rfc3339_ms(scan.received_ms),
             scope: identity.scope.as_str(),

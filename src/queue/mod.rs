@@ -12,50 +12,9 @@ pub mod sqs;
 pub mod stream;
 
 use std::future::Future;
-use std::time::Duration;
 
-use serde::Serialize;
-use serde_json::{Map, Value};
-use uuid::Uuid;
-
-/// One accepted scan, as the scanner backend receives it.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct ScanJob {
-    /// UUID v7: time-ordered, so queues and logs sort by arrival.
-    pub scan_id: Uuid,
-    /// When the gate received the request (RFC 3339, UTC).
-    pub received_at: String,
-    /// `ip` or `tid`.
-    pub scope: &'static str,
-    /// The subject's keyed digest (never the IP or token itself).
-    pub digest: String,
-    /// The decision tier: `within`, `soft` or `hard`; `unmetered` when the
-    /// store did not answer and the scan was accepted uncounted.
-    pub tier: &'static str,
-    /// The daily ceiling that applied.
-    pub limit: u32,
-    /// The subject's count including this scan (0 when `unmetered`).
-    pub count: u64,
-    /// The whole delay owed, in milliseconds.
-    pub delay_ms: u64,
-    /// The part of the delay not slept in the handler, held back on the job.
-    pub deferred_ms: u64,
-    /// The scan must not start before this instant (RFC 3339, UTC).
-    pub not_before: String,
-    /// `not_before` in unix milliseconds (not serialized).
-    #[serde(skip)]
-    pub not_before_ms: i64,
-    /// The client's request body, untouched.
-    pub request: Map<String, Value>,
-}
-
-impl ScanJob {
-    /// The deferral as a `Duration`.
-    pub fn deferred(&self) -> Duration {
-        Duration::from_millis(self.deferred_ms)
-    }
-}
+/// The job type lives in [`crate::job`], shared with the consumer.
+pub use crate::job::ScanJob;
 
 /// Why a job could not be queued.
 #[derive(Debug, thiserror::Error)]

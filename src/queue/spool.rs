@@ -302,6 +302,7 @@ mod tests {
 
     fn job() -> ScanJob {
         ScanJob {
+            version: crate::job::JOB_VERSION,
             scan_id: uuid::Uuid::now_v7(),
             received_at: "2026-11-30T12:00:00Z".into(),
             scope: "ip",

@@ -1,0 +1,148 @@
+//! What the consumer did, as metrics, in the gate's two forms: an EMF line
+//! per event on stdout (through the non-blocking stdout writer, off with
+//! `--no-emf`) and the `metrics` facade, rendered as Prometheus text when
+//! `--metrics-listen` is given. The only dimension is `Source` (`stream`,
+//! `sqs`, `stdin`); no scanId, digest or image in any metric.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use serde_json::{Map, Value, json};
+
+use crate::queue::spool::LineWriter;
+
+pub const STARTED: &str = "stella_consumer_jobs_started_total";
+pub const SUCCEEDED: &str = "stella_consumer_jobs_succeeded_total";
+pub const FAILED: &str = "stella_consumer_jobs_failed_total";
+pub const DEAD_LETTERED: &str = "stella_consumer_jobs_dead_lettered_total";
+/// Deliveries of a scan that had already run: acknowledged, not run.
+pub const DUPLICATES: &str = "stella_consumer_duplicates_total";
+/// Jobs waiting for their `notBefore` right now.
+pub const HELD: &str = "stella_consumer_held_jobs";
+/// Start − `notBefore`, per started job.
+pub const LATENESS_MS: &str = "stella_consumer_lateness_ms";
+
+/// Bucket bounds (ms) for the lateness histogram: a consumer keeping up
+/// starts within milliseconds; seconds mean it is short of `--concurrency`.
+pub const LATENESS_BUCKETS_MS: [f64; 10] = [
+    1.0, 5.0, 10.0, 50.0, 100.0, 250.0, 500.0, 1000.0, 5000.0, 30000.0,
+];
+
+/// One thing that happened to a job.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Event {
+    Started { lateness_ms: i64 },
+    Succeeded,
+    Failed,
+    DeadLettered,
+    Duplicate,
+}
+
+/// Records events to EMF lines and the `metrics` facade.
+#[derive(Clone)]
+pub struct ConsumeMeter {
+    namespace: Arc<str>,
+    source: &'static str,
+    emf: Option<LineWriter>,
+    held: Arc<AtomicI64>,
+}
+
+impl ConsumeMeter {
+    pub fn new(namespace: &str, source: &'static str, emf: bool) -> Self {
+        Self {
+            namespace: namespace.into(),
+            source,
+            emf: emf.then(LineWriter::stdout),
+            held: Arc::default(),
+        }
+    }
+
+    /// `# HELP` text for Prometheus.
+    pub fn describe() {
+        metrics::describe_counter!(STARTED, "Jobs handed to the scanner.");
+        metrics::describe_counter!(SUCCEEDED, "Hand-offs the scanner took (exit 0, 2xx).");
+        metrics::describe_counter!(FAILED, "Hand-offs that failed (retried, or dead-lettered).");
+        metrics::describe_counter!(DEAD_LETTERED, "Jobs given up after their last attempt.");
+        metrics::describe_counter!(DUPLICATES, "Deliveries of a scan that had already run.");
+        metrics::describe_gauge!(HELD, "Jobs waiting for their notBefore.");
+        metrics::describe_histogram!(
+            LATENESS_MS,
+            metrics::Unit::Milliseconds,
+            "Start minus notBefore, per started job."
+        );
+    }
+
+    /// One more (or one fewer) job waiting for its `notBefore`.
+    pub fn held(&self, delta: i64) {
+        let now = self.held.fetch_add(delta, Ordering::Relaxed) + delta;
+        metrics::gauge!(HELD, "source" => self.source).set(now as f64);
+    }
+
+    pub fn record(&self, event: Event) {
+        let source = self.source;
+        let name = match event {
+            Event::Started { lateness_ms } => {
+                metrics::histogram!(LATENESS_MS, "source" => source).record(lateness_ms as f64);
+                STARTED
+            }
+            Event::Succeeded => SUCCEEDED,
+            Event::Failed => FAILED,
+            Event::DeadLettered => DEAD_LETTERED,
+            Event::Duplicate => DUPLICATES,
+        };
+        metrics::counter!(name, "source" => source).increment(1);
+        if let Some(out) = &self.emf {
+            let mut line = self.emf_line(event, name).into_bytes();
+            line.push(b'\n');
+            // A stdout nobody reads loses metric lines, never jobs.
+            let _ = out.try_line(line);
+        }
+    }
+
+    /// The EMF document for one event.
+    pub fn emf_line(&self, event: Event, name: &str) -> String {
+        let timestamp = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis());
+        let mut metrics = vec![
+            json!({"Name": name, "Unit": "Count"}),
+            json!({"Name": HELD, "Unit": "Count"}),
+        ];
+        let mut doc = Map::new();
+        doc.insert(name.into(), 1.into());
+        doc.insert(HELD.into(), self.held.load(Ordering::Relaxed).into());
+        if let Event::Started { lateness_ms } = event {
+            metrics.push(json!({"Name": LATENESS_MS, "Unit": "Milliseconds"}));
+            doc.insert(LATENESS_MS.into(), lateness_ms.into());
+        }
+        doc.insert(
+            "_aws".into(),
+            json!({"Timestamp": timestamp, "CloudWatchMetrics": [{
+                "Namespace": &*self.namespace, "Dimensions": [["Source"]], "Metrics": metrics}]}),
+        );
+        doc.insert("Source".into(), self.source.into());
+        Value::Object(doc).to_string()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A started job's line declares its counter, the held gauge and the lateness, dimension Source only.
+    #[test]
+    fn emf_shape() {
+        let meter = ConsumeMeter::new("StellaOps/Quota", "stream", false);
+        meter.held(2);
+        let line = meter.emf_line(Event::Started { lateness_ms: 12 }, STARTED);
+        let doc: Value = serde_json::from_str(&line).unwrap();
+        let cw = &doc["_aws"]["CloudWatchMetrics"][0];
+        assert_eq!(cw["Dimensions"], json!([["Source"]]));
+        assert_eq!(cw["Metrics"].as_array().unwrap().len(), 3);
+        assert_eq!(doc[STARTED], 1);
+        assert_eq!(doc[HELD], 2);
+        assert_eq!(doc[LATENESS_MS], 12);
+        assert_eq!(doc["Source"], "stream");
+    }
+}

@@ -1,0 +1,410 @@
+//! `quota-gate consume`: the consumer that honours `notBefore` and runs each
+//! `scanId` once.
+//!
+//! The gate's delay ends here: a Valkey stream or the stdout spool cannot
+//! hold a job back, and SQS only for 900 s. The consumer reads the queue the
+//! gate writes to (the same `SCAN_QUEUE_URL`, `VALKEY_URL`,
+//! `VALKEY_CLUSTER`, … unless `--from` says otherwise), holds each job until
+//! its `notBefore` in a task of its own (so held jobs never block due ones),
+//! and hands due jobs to the scanner, at most `--concurrency` at once.
+//!
+//! | part | file | what it does |
+//! |---|---|---|
+//! | rules | [`schedule`] | pure: hold time, marker claims, retry or dead-letter, SQS visibility |
+//! | sources | [`source`] | stream (group, reclaim, ack), SQS (long poll, visibility, delete), stdin |
+//! | markers | [`marker`] | one run per `scanId`: a leased marker in Valkey (or in process) |
+//! | hand-off | [`handoff`] | `--exec` command or `--post` URL |
+//! | one job | [`worker`] | hold → run slot → marker → hand-off → settle |
+//! | metrics | [`meter`] | EMF lines and Prometheus: started, succeeded, failed, dead-lettered, held, lateness |
+//!
+//! **Stopping.** On SIGTERM (or Ctrl-C) the consumer reads nothing more;
+//! held jobs are given back (stream: left pending, reclaimed by another
+//! consumer after the lease; SQS: visible again; spool: written back to
+//! stdout); running hand-offs get `--grace` to finish, then are killed and
+//! left unacknowledged. Nothing is acknowledged that did not run. At the end
+//! of standard input the consumer finishes every job it read, then exits.
+
+pub mod handoff;
+pub mod marker;
+pub mod meter;
+pub mod schedule;
+pub mod source;
+pub mod worker;
+
+use std::net::SocketAddr;
+use std::num::{NonZeroU32, NonZeroUsize};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use tokio::sync::{Semaphore, watch};
+use tokio::task::JoinSet;
+
+use crate::config::{Config, QueueTarget};
+use crate::valkey::Valkey;
+use handoff::Handoff;
+use marker::Markers;
+use meter::ConsumeMeter;
+use schedule::RetryPolicy;
+use source::AnySource;
+use worker::{Worker, WorkerParts};
+
+/// Unix milliseconds, by the wall clock.
+pub(crate) fn now_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+}
+
+/// `quota-gate consume` options.
+#[derive(Debug, clap::Args)]
+pub struct ConsumeArgs {
+    /// Where jobs come from: `-` (stdin, the spool), `valkey-stream:<key>` or
+    /// an SQS queue URL. Default: the queue the gate writes to (SCAN_QUEUE_URL).
+    #[arg(long)]
+    pub from: Option<String>,
+    /// The scanner command (`sh -c`): job JSON on stdin, SCAN_ID and IMAGE in its environment; exit 0 = done.
+    #[arg(long, required_unless_present = "post", conflicts_with = "post")]
+    pub exec: Option<String>,
+    /// The scanner URL (http://): the job JSON is POSTed; 2xx = done.
+    #[arg(long)]
+    pub post: Option<String>,
+    /// Hand-offs running at once.
+    #[arg(long, default_value = "4")]
+    pub concurrency: NonZeroUsize,
+    /// Jobs read and not yet finished (held or running), at most.
+    #[arg(long, default_value = "1024")]
+    pub max_held: NonZeroUsize,
+    /// The stream's consumer group.
+    #[arg(long, default_value = "quota-gate")]
+    pub group: String,
+    /// This consumer's name in the group. Default: <host>-<pid>.
+    #[arg(long)]
+    pub consumer: Option<String>,
+    /// How long a job stays with a consumer that stopped renewing it (stream
+    /// entry, SQS visibility, scanId marker). At least 1 s.
+    #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
+    pub lease: Duration,
+    /// Failed hand-offs before a job is dead-lettered (`<stream>:dead`).
+    #[arg(long, default_value = "5")]
+    pub max_attempts: NonZeroU32,
+    /// The wait after the first failure, doubled after each (at most 5 min).
+    #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
+    pub backoff: Duration,
+    /// How long running hand-offs may take to finish after SIGTERM.
+    #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
+    pub grace: Duration,
+    /// Serve Prometheus text at GET /metrics on this address.
+    #[arg(long)]
+    pub metrics_listen: Option<SocketAddr>,
+    /// No EMF metric lines on stdout.
+    #[arg(long)]
+    pub no_emf: bool,
+}
+
+/// The longest wait between attempts.
+const BACKOFF_CAP: Duration = Duration::from_secs(300);
+
+/// What `--from` (or `SCAN_QUEUE_URL`) names.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum From {
+    Stdin,
+    Stream(String),
+    Sqs(String),
+}
+
+impl From {
+    /// `--from`, else the gate's own queue.
+    pub fn resolve(from: Option<&str>, queue: &QueueTarget) -> Result<Self, String> {
+        match from {
+            None => Ok(match queue {
+                QueueTarget::Spool => Self::Stdin,
+                QueueTarget::ValkeyStream(key) => Self::Stream(key.clone()),
+                QueueTarget::Sqs(url) => Self::Sqs(url.clone()),
+            }),
+            Some("-") => Ok(Self::Stdin),
+            Some(s) => match s.strip_prefix("valkey-stream:") {
+                Some("") => Err("--from valkey-stream: needs a key".into()),
+                Some(key) => Ok(Self::Stream(key.into())),
+                None if s.starts_with("https://") || s.starts_with("http://") => {
+                    Ok(Self::Sqs(s.into()))
+                }
+                None => Err(format!(
+                    "--from {s}: expected -, valkey-stream:<key> or an SQS queue URL"
+                )),
+            },
+        }
+    }
+}
+
+/// `<host>-<pid>`: unique among live consumers, readable in `XINFO CONSUMERS`.
+fn default_consumer() -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .or_else(|| std::env::var("HOSTNAME").ok())
+        .map(|h| h.trim().to_owned())
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "consumer".into());
+    format!("{host}-{}", std::process::id())
+}
+
+/// The Valkey of `config` with a response timeout of `timeout`.
+fn valkey(config: &Config, timeout: Duration) -> Result<Option<Valkey>, String> {
+    config
+        .store
+        .valkey
+        .as_ref()
+        .map(|v| {
+            Valkey::with_tls_ca(
+                &v.url,
+                v.cluster,
+                timeout,
+                v.tls_ca.as_ref().map(|ca| ca.pem.as_slice()),
+            )
+            .map_err(|e| e.to_string())
+        })
+        .transpose()
+}
+
+/// Opens the source and its markers.
+async fn open(
+    from: &From,
+    args: &ConsumeArgs,
+    config: &Config,
+    consumer: &str,
+) -> Result<(AnySource, Markers), String> {
+    // Marker and ack calls: the store's bound, with room for a busy machine.
+    let ops_timeout = config.store.timeout.max(Duration::from_secs(1));
+    let ops = valkey(config, ops_timeout)?;
+    match from {
+        From::Stdin => Ok((AnySource::Stdin(Default::default()), Markers::local())),
+        From::Stream(key) => {
+            let ops = ops.ok_or("a valkey-stream source needs VALKEY_URL")?;
+            let reads = valkey(config, source::stream::BLOCK + ops_timeout)?
+                .ok_or("a valkey-stream source needs VALKEY_URL")?;
+            let s = source::stream::StreamSource::open(
+                reads,
+                ops.clone(),
+                key,
+                &args.group,
+                consumer,
+                args.lease,
+            )
+            .await?;
+            Ok((AnySource::Stream(s), Markers::valkey(ops, key)))
+        }
+        From::Sqs(url) => {
+            let sdk = aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await;
+            let s = source::sqs::SqsSource::new(&sdk, url, args.lease);
+            let name = url.rsplit('/').next().unwrap_or("queue");
+            let markers = match ops {
+                Some(ops) => Markers::valkey(ops, &format!("sqs:{name}")),
+                None => {
+                    tracing::warn!(
+                        "no VALKEY_URL: scanId markers are kept in this process only; \
+                         a message SQS delivers twice to two consumers may run twice"
+                    );
+                    Markers::local()
+                }
+            };
+            Ok((AnySource::Sqs(s), markers))
+        }
+    }
+}
+
+/// Runs the consumer until SIGTERM (or the end of standard input).
+pub async fn run(args: ConsumeArgs, config: Config) -> Result<(), String> {
+    if args.lease < Duration::from_secs(1) {
+        return Err("--lease must be at least 1s".into());
+    }
+    let handoff = match (&args.exec, &args.post) {
+        (Some(command), None) => Handoff::Exec(command.clone()),
+        (None, Some(url)) => Handoff::post(url)?,
+        _ => return Err("give one of --exec or --post".into()),
+    };
+    if let Some(addr) = args.metrics_listen {
+        serve_metrics(addr).await?;
+    }
+    let from = From::resolve(args.from.as_deref(), &config.queue)?;
+    let consumer = args.consumer.clone().unwrap_or_else(default_consumer);
+    let (source, markers) = open(&from, &args, &config, &consumer).await?;
+    let meter = ConsumeMeter::new(&config.metrics_namespace, source.name(), !args.no_emf);
+    let (stop, stopping) = watch::channel(false);
+    tracing::info!(source = source.name(), consumer, "quota-gate consuming");
+    let worker = Arc::new(Worker::new(WorkerParts {
+        source,
+        markers,
+        handoff,
+        concurrency: args.concurrency.get(),
+        policy: RetryPolicy {
+            max_attempts: args.max_attempts,
+            base: args.backoff,
+            cap: BACKOFF_CAP,
+        },
+        lease: args.lease,
+        meter,
+        stopping,
+        consumer,
+    }));
+    let (tasks, stopped) = intake(worker, args.max_held.get(), &stop).await;
+    finish(tasks, args.grace, stopped, &stop).await;
+    crate::queue::spool::LineWriter::stdout()
+        .drain(Duration::from_secs(2))
+        .await;
+    Ok(())
+}
+
+/// Reads jobs and starts a task for each, at most `max_held` unfinished,
+/// until SIGTERM (then says stop to the tasks, and returns `true`) or the
+/// end of input.
+async fn intake(
+    worker: Arc<Worker>,
+    max_held: usize,
+    stop: &watch::Sender<bool>,
+) -> (JoinSet<()>, bool) {
+    let room = Arc::new(Semaphore::new(max_held));
+    let mut tasks = JoinSet::new();
+    let mut signal = std::pin::pin!(shutdown_signal());
+    loop {
+        while tasks.try_join_next().is_some() {}
+        let read = async {
+            let permits = room.clone().acquire_many_owned(1).await;
+            let free = room.available_permits() + 1;
+            (permits, worker.source.next(free.min(64)).await)
+        };
+        let (first, next) = tokio::select! {
+            () = &mut signal => {
+                tracing::info!("stopping: no new jobs; running ones get the grace period");
+                let _ = stop.send(true);
+                return (tasks, true);
+            }
+            read = read => read,
+        };
+        let deliveries = match next {
+            Ok(Some(d)) => d,
+            Ok(None) => {
+                tracing::info!("end of input: finishing the jobs read");
+                return (tasks, false);
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot read jobs; trying again");
+                tokio::time::sleep(Duration::from_millis(500)).await;
+                continue;
+            }
+        };
+        let mut first = first.ok();
+        for d in deliveries {
+            let permit = match first.take() {
+                Some(p) => Some(p),
+                None => room.clone().try_acquire_owned().ok(),
+            };
+            let worker = worker.clone();
+            tasks.spawn(async move {
+                let _permit = permit;
+                worker.process(d).await;
+            });
+        }
+    }
+}
+
+/// Waits for the tasks; once stopping (`stopped`, or a signal now), at
+/// most `grace` more, then ends the rest (their hand-offs are killed and
+/// nothing of theirs is acknowledged).
+async fn finish(
+    mut tasks: JoinSet<()>,
+    grace: Duration,
+    stopped: bool,
+    stop: &watch::Sender<bool>,
+) {
+    let stop_then_grace = async {
+        if !stopped {
+            shutdown_signal().await;
+            tracing::info!("stopping: running jobs get the grace period");
+            let _ = stop.send(true);
+        }
+        tokio::time::sleep(grace).await;
+    };
+    tokio::select! {
+        () = async { while tasks.join_next().await.is_some() {} } => {}
+        () = stop_then_grace => {}
+    }
+    if !tasks.is_empty() {
+        tracing::warn!(
+            jobs = tasks.len(),
+            "grace period over: stopping the hand-offs still running"
+        );
+        tasks.shutdown().await;
+    }
+}
+
+/// Ctrl-C, or SIGTERM as container runtimes and systemd send it.
+async fn shutdown_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        if let Ok(mut term) = signal(SignalKind::terminate()) {
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = term.recv() => {}
+            }
+            return;
+        }
+    }
+    let _ = tokio::signal::ctrl_c().await;
+}
+
+/// `GET /metrics` (any path, in fact) as Prometheus text on `addr`.
+async fn serve_metrics(addr: SocketAddr) -> Result<(), String> {
+    use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
+    use tokio::io::AsyncWriteExt;
+    let handle = PrometheusBuilder::new()
+        .set_buckets_for_metric(
+            Matcher::Full(meter::LATENESS_MS.into()),
+            &meter::LATENESS_BUCKETS_MS,
+        )
+        .and_then(|b| b.install_recorder())
+        .map_err(|e| e.to_string())?;
+    ConsumeMeter::describe();
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(|e| format!("cannot listen on {addr}: {e}"))?;
+    tokio::spawn(async move {
+        while let Ok((mut conn, _)) = listener.accept().await {
+            let body = handle.render();
+            tokio::spawn(async move {
+                let head = format!(
+                    "HTTP/1.1 200 OK\r\ncontent-type: text/plain; version=0.0.4\r\n\
+                     content-length: {}\r\nconnection: close\r\n\r\n",
+                    body.len()
+                );
+                let _ = conn.write_all(head.as_bytes()).await;
+                let _ = conn.write_all(body.as_bytes()).await;
+            });
+        }
+    });
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `--from` overrides the gate's queue; without it the consumer reads where the gate writes.
+    #[test]
+    fn sources() {
+        let sqs = "https://sqs.us-east-1.amazonaws.com/1/scans";
+        let stream = QueueTarget::ValkeyStream("jobs".into());
+        assert_eq!(From::resolve(None, &QueueTarget::Spool), Ok(From::Stdin));
+        assert_eq!(
+            From::resolve(None, &stream),
+            Ok(From::Stream("jobs".into()))
+        );
+        assert_eq!(From::resolve(Some("-"), &stream), Ok(From::Stdin));
+        assert_eq!(From::resolve(Some(sqs), &stream), Ok(From::Sqs(sqs.into())));
+        assert_eq!(
+            From::resolve(Some("valkey-stream:a{b}"), &QueueTarget::Spool),
+            Ok(From::Stream("a{b}".into()))
+        );
+        assert!(From::resolve(Some("valkey-stream:"), &stream).is_err());
+        assert!(From::resolve(Some("ftp://x"), &stream).is_err());
+    }
+}

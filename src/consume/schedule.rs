@@ -1,0 +1,290 @@
+//! The consumer's rules, pure: when a job may start, what a `scanId` marker
+//! allows, and what follows a hand-off. No clock, no client: the current
+//! time is an argument, and the async code only carries out the answer.
+
+use std::num::NonZeroU32;
+use std::time::Duration;
+
+/// SQS's longest visibility timeout (12 h).
+pub const MAX_VISIBILITY_SECS: u64 = 43_200;
+
+/// How long a job must still be held: zero once `not_before_ms` has come.
+pub fn hold(not_before_ms: i64, now_ms: i64) -> Duration {
+    Duration::from_millis(u64::try_from(not_before_ms.saturating_sub(now_ms)).unwrap_or(0))
+}
+
+/// How late a start is (start − `notBefore`, ms); negative would be early,
+/// which [`hold`] rules out.
+pub fn lateness_ms(start_ms: i64, not_before_ms: i64) -> i64 {
+    start_ms.saturating_sub(not_before_ms)
+}
+
+/// How a not-yet-due SQS message is held: by its visibility timeout for
+/// whole seconds (rounded down, so it comes back before `notBefore`, never
+/// after), the last fraction of a second in memory. `None`: less than a
+/// second to go, hold it in memory. Capped at SQS's 12 h; a longer hold
+/// takes several rounds.
+pub fn sqs_visibility(wait: Duration) -> Option<i32> {
+    let secs = wait.as_secs().min(MAX_VISIBILITY_SECS);
+    // At most 43 200, so the conversion cannot fail.
+    (secs > 0).then(|| i32::try_from(secs).unwrap_or(i32::MAX))
+}
+
+/// Retries and dead-lettering.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RetryPolicy {
+    /// Failed hand-offs before the job is dead-lettered.
+    pub max_attempts: NonZeroU32,
+    /// The wait after the first failure; doubled after each further one.
+    pub base: Duration,
+    /// The longest wait between attempts.
+    pub cap: Duration,
+}
+
+impl RetryPolicy {
+    /// The wait after the `failures`-th failure (1-based): `base · 2^(failures−1)`, at most `cap`.
+    pub fn backoff(&self, failures: u32) -> Duration {
+        let doublings = failures.saturating_sub(1).min(31);
+        self.base.saturating_mul(1 << doublings).min(self.cap)
+    }
+}
+
+/// How one hand-off ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// The scanner took the job (exit 0, 2xx).
+    Done,
+    /// It did not (non-zero exit, non-2xx, no answer).
+    Failed,
+}
+
+/// What follows a hand-off.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Settlement {
+    /// Keep the marker as done, then acknowledge (ack / delete) the job.
+    Ack,
+    /// Release the marker and try again after this wait.
+    RetryAfter(Duration),
+    /// Release the marker and move the job to the dead-letter stream (SQS:
+    /// leave it to the queue's redrive policy).
+    DeadLetter,
+}
+
+/// The rule after a hand-off, `failures` counting this one if it failed.
+pub fn settle(outcome: Outcome, failures: u32, policy: &RetryPolicy) -> Settlement {
+    match outcome {
+        Outcome::Done => Settlement::Ack,
+        Outcome::Failed if failures >= policy.max_attempts.get() => Settlement::DeadLetter,
+        Outcome::Failed => Settlement::RetryAfter(policy.backoff(failures)),
+    }
+}
+
+/// A `scanId` marker: what a consumer knows about one scan.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Marker {
+    /// Nobody runs it, nobody ran it.
+    Free,
+    /// One attempt runs it, under `token`, until its lease ends.
+    Held { token: String, until_ms: i64 },
+    /// It ran to success: never again.
+    Done,
+}
+
+/// The answer to a claim.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Claim {
+    /// This attempt may run the scan (a claim by the same token renews it).
+    Claimed,
+    /// It already ran: acknowledge without running.
+    Done,
+    /// Another attempt holds a live lease: come back later.
+    Busy,
+}
+
+/// Claims `marker` for `token` at `now_ms` for `lease_ms`. The Valkey
+/// script (`claim.lua`) applies the same rule, with key expiry as the lease.
+pub fn claim(marker: &Marker, token: &str, now_ms: i64, lease_ms: i64) -> (Marker, Claim) {
+    let held = || Marker::Held {
+        token: token.to_owned(),
+        until_ms: now_ms.saturating_add(lease_ms),
+    };
+    match marker {
+        Marker::Done => (Marker::Done, Claim::Done),
+        Marker::Held { token: t, until_ms } if t != token && *until_ms > now_ms => {
+            (marker.clone(), Claim::Busy)
+        }
+        Marker::Free | Marker::Held { .. } => (held(), Claim::Claimed),
+    }
+}
+
+/// Releases `token`'s hold after a failure; anyone else's stays.
+pub fn release(marker: &Marker, token: &str) -> Marker {
+    match marker {
+        Marker::Held { token: t, .. } if t == token => Marker::Free,
+        other => other.clone(),
+    }
+}
+
+/// What a consumer does about a marker it could not claim.
+pub fn on_claim(claim: Claim, lease: Duration) -> Step {
+    match claim {
+        Claim::Claimed => Step::Run,
+        Claim::Done => Step::AckDuplicate,
+        // The holder's lease ends within one lease; by then it has either
+        // finished (done) or died (free).
+        Claim::Busy => Step::Later(lease / 2),
+    }
+}
+
+/// The step a claim leads to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Step {
+    Run,
+    AckDuplicate,
+    Later(Duration),
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    fn policy(max: u32) -> RetryPolicy {
+        RetryPolicy {
+            max_attempts: NonZeroU32::new(max).unwrap(),
+            base: Duration::from_millis(200),
+            cap: Duration::from_secs(30),
+        }
+    }
+
+    /// Every outcome and failure count, against the policy: ack on success,
+    /// retry with a growing wait, dead-letter at the limit.
+    #[test]
+    fn settle_table() {
+        let p = policy(3);
+        let ms = Duration::from_millis;
+        assert_eq!(settle(Outcome::Done, 0, &p), Settlement::Ack);
+        assert_eq!(settle(Outcome::Done, 2, &p), Settlement::Ack);
+        assert_eq!(
+            settle(Outcome::Failed, 1, &p),
+            Settlement::RetryAfter(ms(200))
+        );
+        assert_eq!(
+            settle(Outcome::Failed, 2, &p),
+            Settlement::RetryAfter(ms(400))
+        );
+        assert_eq!(settle(Outcome::Failed, 3, &p), Settlement::DeadLetter);
+        assert_eq!(settle(Outcome::Failed, 9, &p), Settlement::DeadLetter);
+        assert_eq!(policy(40).backoff(30), Duration::from_secs(30));
+    }
+
+    /// Each marker state against each claimant: done stays done, a live
+    /// lease keeps others out, an expired one or the holder's own token gets in.
+    #[test]
+    fn claim_table() {
+        let held = Marker::Held {
+            token: "a".into(),
+            until_ms: 100,
+        };
+        assert_eq!(claim(&Marker::Free, "a", 0, 10).1, Claim::Claimed);
+        assert_eq!(claim(&Marker::Done, "a", 0, 10).1, Claim::Done);
+        assert_eq!(claim(&held, "a", 50, 10).1, Claim::Claimed);
+        assert_eq!(claim(&held, "b", 50, 10).1, Claim::Busy);
+        assert_eq!(claim(&held, "b", 100, 10).1, Claim::Claimed);
+        assert_eq!(release(&held, "b"), held);
+        assert_eq!(release(&held, "a"), Marker::Free);
+        assert_eq!(release(&Marker::Done, "a"), Marker::Done);
+        let lease = Duration::from_secs(4);
+        assert_eq!(on_claim(Claim::Claimed, lease), Step::Run);
+        assert_eq!(on_claim(Claim::Done, lease), Step::AckDuplicate);
+        assert_eq!(on_claim(Claim::Busy, lease), Step::Later(lease / 2));
+    }
+
+    /// One attempt's action on a marker.
+    #[derive(Debug, Clone)]
+    enum Act {
+        /// Attempt `n` claims; if it gets the claim it runs, and then
+        /// either succeeds (done) or fails (release).
+        Try { n: u8, succeeds: bool },
+        /// Time passes.
+        Wait(u16),
+    }
+
+    fn act() -> impl Strategy<Value = Act> {
+        prop_oneof![
+            (0u8..6, any::<bool>()).prop_map(|(n, succeeds)| Act::Try { n, succeeds }),
+            (0u16..500).prop_map(Act::Wait),
+        ]
+    }
+
+    proptest! {
+        /// A job is never started before its notBefore, and a due job is never held.
+        #[test]
+        fn never_early(not_before in -1_000_000i64..1_000_000, now in -1_000_000i64..1_000_000) {
+            let start = now + i64::try_from(hold(not_before, now).as_millis()).unwrap();
+            prop_assert!(start >= not_before);
+            prop_assert!(lateness_ms(start, not_before) >= 0);
+            if not_before <= now {
+                prop_assert_eq!(hold(not_before, now), Duration::ZERO);
+            } else {
+                prop_assert_eq!(start, not_before);
+            }
+        }
+
+        /// Visibility never brings a message back after its notBefore, nor
+        /// a second or more before it (unless capped at 12 h).
+        #[test]
+        fn visibility_is_never_late(ms in 0u64..100_000_000) {
+            let wait = Duration::from_millis(ms);
+            match sqs_visibility(wait) {
+                None => prop_assert!(wait < Duration::from_secs(1)),
+                Some(secs) => {
+                    let back = Duration::from_secs(u64::try_from(secs).unwrap());
+                    prop_assert!(back <= wait);
+                    prop_assert!(wait - back < Duration::from_secs(1) || secs == 43_200);
+                }
+            }
+        }
+
+        /// Backoff grows with every failure and never passes its cap.
+        #[test]
+        fn backoff_grows_to_cap(f in 1u32..100) {
+            let p = policy(5);
+            prop_assert!(p.backoff(f) <= p.cap);
+            prop_assert!(p.backoff(f + 1) >= p.backoff(f));
+        }
+
+        /// Whatever attempts claim, run, fail and wait in whatever order,
+        /// the scan runs to success at most once, never two runs overlap
+        /// within a lease, and after a success nobody runs it again.
+        #[test]
+        fn runs_once(acts in proptest::collection::vec(act(), 1..60)) {
+            let lease = 100;
+            let (mut marker, mut now, mut successes) = (Marker::Free, 0i64, 0);
+            for a in acts {
+                match a {
+                    Act::Wait(ms) => now += i64::from(ms),
+                    Act::Try { n, succeeds } => {
+                        let token = format!("t{n}");
+                        let (next, answer) = claim(&marker, &token, now, lease);
+                        if answer == Claim::Claimed {
+                            prop_assert!(!matches!(&marker, Marker::Held { token: t, until_ms }
+                                if *t != token && *until_ms > now), "claimed over a live lease");
+                            prop_assert!(marker != Marker::Done);
+                            if succeeds {
+                                successes += 1;
+                                marker = Marker::Done;
+                            } else {
+                                marker = release(&next, &token);
+                            }
+                        } else {
+                            marker = next;
+                        }
+                    }
+                }
+            }
+            prop_assert!(successes <= 1);
+        }
+    }
+}

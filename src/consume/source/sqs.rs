@@ -1,0 +1,140 @@
+//! An SQS queue, long-polled.
+//!
+//! A received message is invisible to other consumers for one lease
+//! (`VisibilityTimeout`), renewed every quarter lease while this consumer
+//! holds it, and deleted after its scan succeeded. A message whose
+//! `notBefore` is still ahead (only when the deferral was longer than the
+//! 900 s `DelaySeconds` covers, or clocks disagree) is held by its
+//! visibility: made invisible until just before `notBefore`
+//! ([`schedule::sqs_visibility`](crate::consume::schedule::sqs_visibility)),
+//! the last fraction of a second waited in memory. A failed scan comes back
+//! after its backoff the same way; after `maxReceiveCount` receives the
+//! queue's redrive policy moves it to the dead-letter queue (holds count as
+//! receives too: leave room for them).
+
+use std::time::Duration;
+
+use aws_sdk_sqs::Client;
+use aws_sdk_sqs::config::timeout::TimeoutConfig;
+use aws_sdk_sqs::error::DisplayErrorContext;
+
+use super::{Delivery, Handle};
+use crate::consume::schedule;
+use crate::job::ScanJob;
+
+/// The long poll: `ReceiveMessage` waits this long for a first message.
+const WAIT_SECS: i32 = 5;
+
+/// One consumer of one queue.
+pub struct SqsSource {
+    client: Client,
+    url: String,
+    lease_secs: i32,
+}
+
+fn sdk_err<E: std::error::Error + 'static>(e: E) -> String {
+    DisplayErrorContext(&e).to_string()
+}
+
+impl SqsSource {
+    /// A consumer of `url`, with a client built from `sdk`.
+    pub fn new(sdk: &aws_config::SdkConfig, url: &str, lease: Duration) -> Self {
+        let timeouts = TimeoutConfig::builder()
+            .connect_timeout(Duration::from_secs(2))
+            .operation_attempt_timeout(Duration::from_secs(
+                u64::try_from(WAIT_SECS).unwrap_or(5) + 5,
+            ))
+            .build();
+        let config = aws_sdk_sqs::config::Builder::from(sdk)
+            .timeout_config(timeouts)
+            .build();
+        let lease_secs =
+            i32::try_from(lease.as_secs().clamp(1, schedule::MAX_VISIBILITY_SECS)).unwrap_or(30);
+        Self {
+            client: Client::from_conf(config),
+            url: url.to_owned(),
+            lease_secs,
+        }
+    }
+
+    /// Up to `max` (at most 10) messages; unreadable bodies are left to the
+    /// redrive policy.
+    pub async fn next(&self, max: usize) -> Result<Vec<Delivery>, String> {
+        let max = i32::try_from(max.clamp(1, 10)).unwrap_or(10);
+        let received = self
+            .client
+            .receive_message()
+            .queue_url(&self.url)
+            .max_number_of_messages(max)
+            .wait_time_seconds(WAIT_SECS)
+            .visibility_timeout(self.lease_secs)
+            .send()
+            .await
+            .map_err(sdk_err)?;
+        let mut out = Vec::new();
+        for message in received.messages.unwrap_or_default() {
+            let (Some(body), Some(receipt)) = (message.body, message.receipt_handle) else {
+                continue;
+            };
+            match ScanJob::from_json(&body) {
+                Ok(job) => out.push(Delivery {
+                    job,
+                    json: body,
+                    handle: Handle::Sqs(receipt),
+                }),
+                Err(e) => tracing::error!(
+                    message = message.message_id.as_deref().unwrap_or(""),
+                    error = %e,
+                    "unreadable SQS message: left to the redrive policy"
+                ),
+            }
+        }
+        Ok(out)
+    }
+
+    pub async fn delete(&self, receipt: &str) -> Result<(), String> {
+        self.client
+            .delete_message()
+            .queue_url(&self.url)
+            .receipt_handle(receipt)
+            .send()
+            .await
+            .map(drop)
+            .map_err(sdk_err)
+    }
+
+    async fn visibility(&self, receipt: &str, secs: i32) -> Result<(), String> {
+        self.client
+            .change_message_visibility()
+            .queue_url(&self.url)
+            .receipt_handle(receipt)
+            .visibility_timeout(secs)
+            .send()
+            .await
+            .map(drop)
+            .map_err(sdk_err)
+    }
+
+    /// Another lease of invisibility from now.
+    pub async fn extend(&self, receipt: &str) -> Result<(), String> {
+        self.visibility(receipt, self.lease_secs).await
+    }
+
+    /// Invisible until just before `wait` has passed; `false` when that is
+    /// under a second (the caller waits in memory).
+    pub async fn deliver_later(&self, receipt: &str, wait: Duration) -> Result<bool, String> {
+        match schedule::sqs_visibility(wait) {
+            None => Ok(false),
+            Some(secs) => self.visibility(receipt, secs).await.map(|()| true),
+        }
+    }
+
+    /// Visible again now, or when its `notBefore` comes, for any consumer.
+    pub async fn give_back(&self, receipt: &str, job: &ScanJob) {
+        let wait = schedule::hold(job.not_before_ms, crate::consume::now_ms());
+        let secs = schedule::sqs_visibility(wait).unwrap_or(0);
+        if let Err(e) = self.visibility(receipt, secs).await {
+            tracing::warn!(scan_id = %job.scan_id, error = %e, "cannot give a message back; it returns after its lease");
+        }
+    }
+}

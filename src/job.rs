@@ -1,0 +1,192 @@
+//! The scan job: what the gate queues and what a consumer reads, one type.
+//!
+//! The JSON form is a versioned contract, written down as a JSON Schema in
+//! `docs/job.schema.json` (a test validates real jobs against it), so a
+//! consumer in another language can rely on it. `version` is 1; a change
+//! that removes or retypes a field raises it, an added field does not. A
+//! job without `version` was written before the field existed and has the
+//! same shape as version 1.
+//!
+//! `scope` and `tier` are closed sets; a job that names anything else is
+//! refused when read, not passed on.
+
+use std::time::Duration;
+
+use serde::{Deserialize, Deserializer, Serialize};
+use serde_json::{Map, Value};
+use uuid::Uuid;
+
+/// The contract version this build writes and reads.
+pub const JOB_VERSION: u32 = 1;
+
+/// The scopes a job may carry.
+const SCOPES: [&str; 2] = ["ip", "tid"];
+/// The tiers a job may carry.
+const TIERS: [&str; 4] = ["within", "soft", "hard", "unmetered"];
+
+/// One of a closed set of words (`scope`, `tier`). An alias, not `&'static
+/// str` written out: serde's derive would otherwise borrow the field from
+/// the input, and a job could only be read from `'static` bytes.
+pub type Word = &'static str;
+
+/// One accepted scan, as the scanner backend receives it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ScanJob {
+    /// The contract version ([`JOB_VERSION`]).
+    #[serde(default = "first_version")]
+    pub version: u32,
+    /// UUID v7: time-ordered, so queues and logs sort by arrival.
+    pub scan_id: Uuid,
+    /// When the gate received the request (RFC 3339, UTC).
+    pub received_at: String,
+    /// `ip` or `tid`.
+    #[serde(deserialize_with = "scope")]
+    pub scope: Word,
+    /// The subject's keyed digest (never the IP or token itself).
+    pub digest: String,
+    /// The decision tier: `within`, `soft` or `hard`; `unmetered` when the
+    /// store did not answer and the scan was accepted uncounted.
+    #[serde(deserialize_with = "tier")]
+    pub tier: Word,
+    /// The daily ceiling that applied.
+    pub limit: u32,
+    /// The subject's count including this scan (0 when `unmetered`).
+    pub count: u64,
+    /// The whole delay owed, in milliseconds.
+    pub delay_ms: u64,
+    /// The part of the delay not slept in the handler, held back on the job.
+    pub deferred_ms: u64,
+    /// The scan must not start before this instant (RFC 3339, UTC).
+    pub not_before: String,
+    /// `not_before` in unix milliseconds (not serialized; [`ScanJob::from_json`]
+    /// computes it from `not_before`).
+    #[serde(skip)]
+    pub not_before_ms: i64,
+    /// The client's request body, untouched.
+    pub request: Map<String, Value>,
+}
+
+fn first_version() -> u32 {
+    1
+}
+
+/// A string of `allowed`, as the `&'static str` the gate writes.
+fn one_of<'de, D: Deserializer<'de>>(
+    d: D,
+    allowed: &'static [&'static str],
+) -> Result<&'static str, D::Error> {
+    let s = String::deserialize(d)?;
+    allowed
+        .iter()
+        .find(|a| **a == s)
+        .copied()
+        .ok_or_else(|| serde::de::Error::unknown_variant(&s, allowed))
+}
+
+fn scope<'de, D: Deserializer<'de>>(d: D) -> Result<&'static str, D::Error> {
+    one_of(d, &SCOPES)
+}
+
+fn tier<'de, D: Deserializer<'de>>(d: D) -> Result<&'static str, D::Error> {
+    one_of(d, &TIERS)
+}
+
+/// Why bytes are not a job this build can run.
+#[derive(Debug, thiserror::Error)]
+pub enum JobError {
+    #[error("not a scan job: {0}")]
+    Json(#[from] serde_json::Error),
+    #[error("job version {0} is newer than this consumer understands ({JOB_VERSION})")]
+    Version(u32),
+    #[error("notBefore is not an RFC 3339 instant: {0}")]
+    NotBefore(String),
+}
+
+impl ScanJob {
+    /// The deferral as a `Duration`.
+    pub fn deferred(&self) -> Duration {
+        Duration::from_millis(self.deferred_ms)
+    }
+
+    /// The job in `json`, with [`not_before_ms`](Self::not_before_ms) filled in.
+    pub fn from_json(json: &str) -> Result<Self, JobError> {
+        let mut job: Self = serde_json::from_str(json)?;
+        if job.version > JOB_VERSION {
+            return Err(JobError::Version(job.version));
+        }
+        let at = time::OffsetDateTime::parse(
+            &job.not_before,
+            &time::format_description::well_known::Rfc3339,
+        )
+        .map_err(|e| JobError::NotBefore(e.to_string()))?;
+        job.not_before_ms = i64::try_from(at.unix_timestamp_nanos() / 1_000_000)
+            .map_err(|e| JobError::NotBefore(e.to_string()))?;
+        Ok(job)
+    }
+
+    /// The image to scan (`request.image`), when it is a string.
+    pub fn image(&self) -> Option<&str> {
+        self.request.get("image").and_then(Value::as_str)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn job() -> ScanJob {
+        ScanJob {
+            version: JOB_VERSION,
+            scan_id: Uuid::now_v7(),
+            received_at: "2026-11-30T12:00:00.000Z".into(),
+            scope: "tid",
+            digest: "d".into(),
+            tier: "hard",
+            limit: 33,
+            count: 70,
+            delay_ms: 60_000,
+            deferred_ms: 32_000,
+            not_before: "2026-11-30T12:01:00.250Z".into(),
+            not_before_ms: 1_796_040_060_250,
+            request: serde_json::json!({"image": "alpine:3.20"})
+                .as_object()
+                .cloned()
+                .unwrap_or_default(),
+        }
+    }
+
+    /// What the gate writes, a consumer reads back as the same job.
+    #[test]
+    fn round_trip() {
+        let job = job();
+        let json = serde_json::to_string(&job).unwrap();
+        assert!(json.contains("\"version\":1"), "{json}");
+        assert_eq!(ScanJob::from_json(&json).unwrap(), job);
+        assert_eq!(job.image(), Some("alpine:3.20"));
+    }
+
+    /// Unknown scopes or tiers, newer versions and bad instants are refused.
+    #[test]
+    fn refuses_what_it_cannot_honour() {
+        let base = serde_json::to_value(job()).unwrap();
+        let with = |field: &str, value: Value| {
+            let mut v = base.clone();
+            v[field] = value;
+            ScanJob::from_json(&v.to_string())
+        };
+        assert!(with("scope", "cookie".into()).is_err());
+        assert!(with("tier", "gold".into()).is_err());
+        assert!(matches!(
+            with("version", 2.into()),
+            Err(JobError::Version(2))
+        ));
+        assert!(matches!(
+            with("notBefore", "soon".into()),
+            Err(JobError::NotBefore(_))
+        ));
+        let mut old = base.clone();
+        old.as_object_mut().unwrap().remove("version");
+        assert_eq!(ScanJob::from_json(&old.to_string()).unwrap().version, 1);
+    }
+}

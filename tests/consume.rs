@@ -1,0 +1,738 @@
+//! `quota-gate consume` as a real process, against `serve`, a real
+//! `valkey-server` and a moto SQS: every job starts no sooner than its
+//! `notBefore` (and within a second after it), each `scanId` runs once
+//! across consumers, crashes, redeliveries and a stalled Valkey.
+//!
+//! The scanner is a shell script that appends `start <unix ms> <scanId>
+//! <consumer>` (and `end …` when it finishes) to a log file; the tests read
+//! the log back. Delays are hundreds of milliseconds and leases a few
+//! seconds, so the whole file runs in well under a minute.
+
+use quota_gate_testkit as common;
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::client::{post_scan, send};
+use common::moto::MotoServer;
+use common::serve::spawn_serve;
+use common::*;
+use redis::AsyncCommands;
+use serde_json::{Value, json};
+
+/// The scanner: logs its start, sleeps `$SLEEP` if set, logs its end.
+const SCANNER: &str = r#"#!/bin/sh
+echo "start $(date +%s%3N) $SCAN_ID $TAG" >> "$LOG"
+if [ -n "$SLEEP" ]; then sleep "$SLEEP"; fi
+echo "end $(date +%s%3N) $SCAN_ID $TAG" >> "$LOG"
+"#;
+
+/// A scratch folder with the scanner script and its log.
+struct Scanner {
+    dir: tempfile::TempDir,
+}
+
+/// One line of the scanner's log.
+#[derive(Debug, Clone)]
+struct Line {
+    what: String,
+    at_ms: i64,
+    scan_id: String,
+    tag: String,
+}
+
+impl Scanner {
+    fn new() -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("scan.sh"), SCANNER).unwrap();
+        Self { dir }
+    }
+
+    fn exec(&self) -> String {
+        format!("sh {}", self.dir.path().join("scan.sh").display())
+    }
+
+    fn log(&self) -> PathBuf {
+        self.dir.path().join("log")
+    }
+
+    fn lines(&self) -> Vec<Line> {
+        let text = std::fs::read_to_string(self.log()).unwrap_or_default();
+        text.lines()
+            .filter_map(|l| {
+                let mut f = l.split_whitespace();
+                Some(Line {
+                    what: f.next()?.into(),
+                    at_ms: f.next()?.parse().ok()?,
+                    scan_id: f.next()?.into(),
+                    tag: f.next().unwrap_or("").into(),
+                })
+            })
+            .collect()
+    }
+
+    fn ends(&self) -> Vec<Line> {
+        self.lines()
+            .into_iter()
+            .filter(|l| l.what == "end")
+            .collect()
+    }
+
+    /// Waits until `n` scans have ended, then a little more (a duplicate
+    /// would show up in that time), and returns the lines.
+    fn wait_for_ends(&self, n: usize, within: Duration) -> Vec<Line> {
+        let deadline = Instant::now() + within;
+        while self.ends().len() < n {
+            assert!(
+                Instant::now() < deadline,
+                "only {} of {n} scans ended: {:?}",
+                self.ends().len(),
+                self.lines()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        std::thread::sleep(Duration::from_millis(1500));
+        self.lines()
+    }
+}
+
+/// `quota-gate consume` with `args`, the variables `vars` (and PATH), its
+/// children's log going to `scanner`, tagged `tag`.
+fn consume(
+    scanner: &Scanner,
+    tag: &str,
+    args: &[&str],
+    vars: &[(&str, &str)],
+    stdin: Stdio,
+) -> KillOnDrop {
+    let errors = std::fs::File::create(scanner.dir.path().join(format!("{tag}.err"))).unwrap();
+    let child = Command::new(bin("quota-gate"))
+        .arg("consume")
+        .args(["--exec", &scanner.exec(), "--no-emf"])
+        .args(args)
+        .env_clear()
+        .env("PATH", std::env::var("PATH").unwrap_or_default())
+        .env("LOG", scanner.log())
+        .env("TAG", tag)
+        .env("RUST_LOG", "info")
+        .envs(vars.iter().copied())
+        .stdin(stdin)
+        .stdout(Stdio::null())
+        .stderr(errors)
+        .spawn()
+        .unwrap();
+    KillOnDrop::new(child)
+}
+
+/// What consumer `tag` logged (for failure messages).
+fn errors_of(scanner: &Scanner, tag: &str) -> String {
+    std::fs::read_to_string(scanner.dir.path().join(format!("{tag}.err"))).unwrap_or_default()
+}
+
+/// Sends `n` scans at once from one address; the 202 bodies.
+fn burst(addr: std::net::SocketAddr, n: usize) -> Vec<Value> {
+    let threads: Vec<_> = (0..n)
+        .map(|i| {
+            std::thread::spawn(move || {
+                let body = format!(r#"{{"image":"alpine:3.{i}"}}"#);
+                send(addr, post_scan(&body).as_bytes(), Duration::from_secs(10)).unwrap()
+            })
+        })
+        .collect();
+    threads
+        .into_iter()
+        .map(|t| {
+            let (status, text) = t.join().unwrap();
+            assert_eq!(status, 202, "{text}");
+            let (_, body) = text.split_once("\r\n\r\n").unwrap();
+            serde_json::from_str(body).unwrap()
+        })
+        .collect()
+}
+
+/// Over-quota scans from the first on, paced a few hundred ms apart, defer mode.
+const PACED: [(&str, &str); 4] = [
+    ("QUOTA_ANON", "1"),
+    ("QUOTA_SOFT_DELAY_MS", "300"),
+    ("QUOTA_HARD_DELAY_MS", "400"),
+    ("QUOTA_DELAY_MODE", "defer"),
+];
+
+/// Every scan in `expected` (scanId → notBefore ms) started exactly once,
+/// no sooner than its notBefore and within a second after it.
+fn assert_on_time_once(lines: &[Line], expected: &HashMap<String, i64>) {
+    let starts: Vec<&Line> = lines.iter().filter(|l| l.what == "start").collect();
+    assert_eq!(starts.len(), expected.len(), "{lines:?}");
+    let mut seen = HashMap::new();
+    for s in starts {
+        *seen.entry(s.scan_id.clone()).or_insert(0) += 1;
+        let not_before = expected[&s.scan_id];
+        let late = s.at_ms - not_before;
+        assert!(late >= 0, "{} started {} ms early", s.scan_id, -late);
+        assert!(late < 1000, "{} started {late} ms late", s.scan_id);
+    }
+    assert!(seen.values().all(|n| *n == 1), "{seen:?}");
+}
+
+fn not_befores(bodies: &[Value]) -> HashMap<String, i64> {
+    bodies
+        .iter()
+        .map(|b| {
+            (
+                b["scanId"].as_str().unwrap().to_owned(),
+                unix_ms(b["notBefore"].as_str().unwrap()),
+            )
+        })
+        .collect()
+}
+
+/// A job as the gate writes it, due at `not_before_ms`.
+fn job(not_before_ms: i64) -> Value {
+    let at = |ms: i64| {
+        time::OffsetDateTime::from_unix_timestamp_nanos(i128::from(ms) * 1_000_000)
+            .unwrap()
+            .format(&time::format_description::well_known::Rfc3339)
+            .unwrap()
+    };
+    json!({"version": 1, "scanId": uuid::Uuid::now_v7(), "receivedAt": at(now_ms()),
+        "scope": "ip", "digest": "d", "tier": "soft", "limit": 1, "count": 2,
+        "delayMs": 0, "deferredMs": 0, "notBefore": at(not_before_ms),
+        "request": {"image": "alpine:3.20"}})
+}
+
+fn now_ms() -> i64 {
+    i64::try_from(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_millis(),
+    )
+    .unwrap()
+}
+
+async fn xadd(valkey: &ValkeyServer, key: &str, job: &Value) {
+    let mut c = valkey.client().await;
+    let id = job["scanId"].as_str().unwrap().to_owned();
+    let _: String = c
+        .xadd(key, "*", &[("job", job.to_string()), ("scanId", id)])
+        .await
+        .unwrap();
+}
+
+/// Entries read by the group and not acknowledged.
+async fn pending(valkey: &ValkeyServer, key: &str) -> i64 {
+    let mut c = valkey.client().await;
+    let summary: redis::Value = redis::cmd("XPENDING")
+        .arg(key)
+        .arg("quota-gate")
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    match summary {
+        redis::Value::Array(v) => match v.first() {
+            Some(redis::Value::Int(n)) => *n,
+            _ => 0,
+        },
+        _ => 0,
+    }
+}
+
+fn stream_vars(valkey: &ValkeyServer) -> Vec<(String, String)> {
+    vec![
+        ("VALKEY_URL".into(), valkey.url()),
+        ("SCAN_QUEUE_URL".into(), "valkey-stream:jobs".into()),
+    ]
+}
+
+fn refs(vars: &[(String, String)]) -> Vec<(&str, &str)> {
+    vars.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect()
+}
+
+/// serve → Valkey stream → two consumers: a paced burst of over-quota scans
+/// starts each no sooner than its notBefore and within 1 s after, each once.
+#[tokio::test(flavor = "multi_thread")]
+async fn stream_two_consumers_on_time_once() {
+    let valkey = ValkeyServer::start();
+    let vars = stream_vars(&valkey);
+    let mut serve_vars = refs(&vars);
+    serve_vars.extend(PACED);
+    let (_serve, addr) = spawn_serve(&serve_vars);
+    let scanner = Scanner::new();
+    // Each holds at most 4 jobs, so the burst is shared between them.
+    let args = ["--lease", "8s", "--max-held", "4"];
+    let _a = consume(&scanner, "a", &args, &refs(&vars), Stdio::null());
+    let _b = consume(&scanner, "b", &args, &refs(&vars), Stdio::null());
+    let bodies = burst(addr, 8);
+    let expected = not_befores(&bodies);
+    let spread = expected.values().max().unwrap() - expected.values().min().unwrap();
+    assert!(
+        spread >= 2000,
+        "paced: the burst spreads over seconds ({spread} ms)"
+    );
+    let lines = scanner.wait_for_ends(8, Duration::from_secs(20));
+    assert_on_time_once(&lines, &expected);
+    let tags: std::collections::HashSet<&str> = lines.iter().map(|l| l.tag.as_str()).collect();
+    assert_eq!(
+        tags.len(),
+        2,
+        "both consumers ran scans: {lines:?}\n{}\n{}",
+        errors_of(&scanner, "a"),
+        errors_of(&scanner, "b")
+    );
+    assert_eq!(
+        pending(&valkey, "jobs").await,
+        0,
+        "every entry acknowledged"
+    );
+}
+
+/// A consumer killed (SIGKILL) in the middle of a scan: the other reclaims
+/// the entry once its lease is over and runs it to its end, once.
+#[tokio::test(flavor = "multi_thread")]
+async fn killed_consumer_job_reclaimed_once() {
+    let valkey = ValkeyServer::start();
+    let vars = stream_vars(&valkey);
+    let scanner = Scanner::new();
+    let mut slow = refs(&vars);
+    slow.push(("SLEEP", "30"));
+    let mut a = consume(&scanner, "a", &["--lease", "2s"], &slow, Stdio::null());
+    let job = job(now_ms());
+    xadd(&valkey, "jobs", &job).await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while scanner.lines().is_empty() {
+        assert!(Instant::now() < deadline, "{}", errors_of(&scanner, "a"));
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    a.kill_now();
+    let killed_at = Instant::now();
+    let _b = consume(
+        &scanner,
+        "b",
+        &["--lease", "2s"],
+        &refs(&vars),
+        Stdio::null(),
+    );
+    let lines = scanner.wait_for_ends(1, Duration::from_secs(15));
+    assert!(
+        killed_at.elapsed() >= Duration::from_secs(2),
+        "not before the lease"
+    );
+    let id = job["scanId"].as_str().unwrap();
+    let by = |tag: &str, what: &str| {
+        lines
+            .iter()
+            .filter(|l| l.tag == tag && l.what == what && l.scan_id == id)
+            .count()
+    };
+    assert_eq!((by("a", "start"), by("a", "end")), (1, 0), "{lines:?}");
+    assert_eq!((by("b", "start"), by("b", "end")), (1, 1), "{lines:?}");
+    assert_eq!(pending(&valkey, "jobs").await, 0);
+}
+
+/// Valkey stopped (SIGSTOP) for 3 s while two consumers work through a
+/// stream: once it resumes, every job runs, and none twice.
+#[tokio::test(flavor = "multi_thread")]
+async fn valkey_paused_under_load_no_loss_no_twice() {
+    let valkey = ValkeyServer::start();
+    let vars = stream_vars(&valkey);
+    let scanner = Scanner::new();
+    let args = ["--lease", "8s", "--concurrency", "8"];
+    let _a = consume(&scanner, "a", &args, &refs(&vars), Stdio::null());
+    let _b = consume(&scanner, "b", &args, &refs(&vars), Stdio::null());
+    let start = now_ms();
+    let mut ids = Vec::new();
+    for i in 0..40 {
+        let job = job(start + i * 100);
+        ids.push(job["scanId"].as_str().unwrap().to_owned());
+        xadd(&valkey, "jobs", &job).await;
+    }
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    valkey.signal("STOP");
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    valkey.signal("CONT");
+    let lines = scanner.wait_for_ends(40, Duration::from_secs(40));
+    let mut runs: HashMap<&str, usize> = HashMap::new();
+    for l in lines.iter().filter(|l| l.what == "start") {
+        *runs.entry(l.scan_id.as_str()).or_default() += 1;
+    }
+    for id in &ids {
+        assert_eq!(runs.get(id.as_str()), Some(&1), "{id}: {lines:?}");
+    }
+    assert_eq!(runs.len(), 40);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while pending(&valkey, "jobs").await != 0 {
+        assert!(Instant::now() < deadline, "entries left unacknowledged");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// The spool pipe `serve | consume --from -`: a paced burst starts each
+/// scan no sooner than its notBefore and within 1 s after, each once.
+#[tokio::test(flavor = "multi_thread")]
+async fn spool_pipe_honours_not_before() {
+    let (mut serve, addr) = spawn_serve(&PACED);
+    let scanner = Scanner::new();
+    let out = serve.stdout.take().unwrap();
+    let _c = consume(&scanner, "pipe", &["--from", "-"], &[], Stdio::from(out));
+    let bodies = burst(addr, 6);
+    let lines = scanner.wait_for_ends(6, Duration::from_secs(15));
+    assert_on_time_once(&lines, &not_befores(&bodies));
+}
+
+/// Through SQS (moto): a job whose notBefore is beyond what DelaySeconds
+/// covered is held by visibility until then; a message delivered twice
+/// (the same job sent twice) runs once.
+#[tokio::test(flavor = "multi_thread")]
+async fn sqs_visibility_holds_and_duplicates_run_once() {
+    let moto = MotoServer::start();
+    let valkey = ValkeyServer::start();
+    let url = moto.create_queue("scans").await;
+    let sqs = aws_sdk_sqs::Client::new(&moto.sdk_config().await);
+    let late = job(now_ms() + 3500);
+    let twice = job(now_ms());
+    for body in [&late, &twice, &twice] {
+        sqs.send_message()
+            .queue_url(&url)
+            .message_body(body.to_string())
+            .send()
+            .await
+            .unwrap();
+    }
+    let scanner = Scanner::new();
+    let endpoint = moto.endpoint();
+    let vars = [
+        ("AWS_ENDPOINT_URL", endpoint.as_str()),
+        ("AWS_REGION", "us-east-1"),
+        ("AWS_ACCESS_KEY_ID", "testing"),
+        ("AWS_SECRET_ACCESS_KEY", "testing"),
+        ("AWS_EC2_METADATA_DISABLED", "true"),
+        ("VALKEY_URL", &valkey.url()),
+    ];
+    let _c = consume(
+        &scanner,
+        "sqs",
+        &["--from", &url, "--lease", "5s"],
+        &vars,
+        Stdio::null(),
+    );
+    // Held by visibility, not in memory: invisible, and received again later.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert!(scanner.lines().iter().all(|l| l.scan_id != late["scanId"]));
+    let lines = scanner.wait_for_ends(2, Duration::from_secs(20));
+    let expected: HashMap<String, i64> = [&late, &twice]
+        .iter()
+        .map(|j| {
+            let id = j["scanId"].as_str().unwrap().to_owned();
+            (id, unix_ms(j["notBefore"].as_str().unwrap()))
+        })
+        .collect();
+    let starts: Vec<&Line> = lines.iter().filter(|l| l.what == "start").collect();
+    assert_eq!(starts.len(), 2, "the duplicate did not run: {lines:?}");
+    for s in starts {
+        let late_ms = s.at_ms - expected[&s.scan_id];
+        assert!(late_ms >= 0, "started {} ms early", -late_ms);
+        assert!(late_ms < 1500, "started {late_ms} ms late");
+    }
+    let received = moto
+        .sqs_messages()
+        .into_iter()
+        .find(|m| {
+            m["body"]
+                .as_str()
+                .is_some_and(|b| b.contains(late["scanId"].as_str().unwrap()))
+        })
+        .unwrap();
+    assert!(
+        received["approximate_receive_count"].as_u64().unwrap_or(0) >= 2,
+        "{received}"
+    );
+    // The duplicate comes back after half a lease, finds the scan done, and is deleted.
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while queued(&sqs, &url).await != 0 {
+        assert!(Instant::now() < deadline, "messages left on the queue");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let lines = scanner.lines();
+    assert_eq!(
+        lines.iter().filter(|l| l.what == "start").count(),
+        2,
+        "{lines:?}"
+    );
+}
+
+/// Messages on the queue, visible or not.
+async fn queued(sqs: &aws_sdk_sqs::Client, url: &str) -> u64 {
+    use aws_sdk_sqs::types::QueueAttributeName as A;
+    let attrs = sqs
+        .get_queue_attributes()
+        .queue_url(url)
+        .attribute_names(A::All)
+        .send()
+        .await
+        .unwrap();
+    [
+        A::ApproximateNumberOfMessages,
+        A::ApproximateNumberOfMessagesNotVisible,
+    ]
+    .iter()
+    .map(|name| {
+        attrs
+            .attributes()
+            .and_then(|a| a.get(name))
+            .and_then(|v| v.parse::<u64>().ok())
+            .unwrap_or(0)
+    })
+    .sum()
+}
+
+/// The job contract: every job the gate really writes (within, soft and
+/// hard tiers, IP scope) validates against docs/job.schema.json, which
+/// requires exactly the fields the type writes, and rejects what a consumer
+/// could not honour.
+#[tokio::test]
+async fn jobs_match_the_published_schema() {
+    use quota_gate::store::memory::MemoryStore;
+    let schema: Value = serde_json::from_str(
+        &std::fs::read_to_string(root().join("docs/job.schema.json")).unwrap(),
+    )
+    .unwrap();
+    // Formats (date-time) asserted, not only annotated.
+    let validator = jsonschema::options()
+        .should_validate_formats(true)
+        .build(&schema)
+        .unwrap();
+    let jobs = RecordingQueue::default();
+    let gate = gate(TIERS, MemoryStore::default(), jobs.clone());
+    for _ in 0..8 {
+        assert_eq!(gate.handle(scan_from("203.0.113.9")).await.status(), 202);
+    }
+    let written = jobs.json();
+    let tiers: std::collections::HashSet<&str> = written
+        .iter()
+        .map(|j| j["tier"].as_str().unwrap())
+        .collect();
+    assert_eq!(tiers.len(), 3, "{tiers:?}");
+    for job in &written {
+        let errors: Vec<String> = validator.iter_errors(job).map(|e| e.to_string()).collect();
+        assert!(errors.is_empty(), "{job}: {errors:?}");
+        let read = quota_gate::job::ScanJob::from_json(&job.to_string()).unwrap();
+        assert_eq!(
+            &serde_json::to_value(&read).unwrap(),
+            job,
+            "read back the same"
+        );
+    }
+    let mut required: Vec<&str> = schema["required"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_str().unwrap())
+        .collect();
+    let mut fields: Vec<&str> = written[0]
+        .as_object()
+        .unwrap()
+        .keys()
+        .map(String::as_str)
+        .collect();
+    required.sort_unstable();
+    fields.sort_unstable();
+    assert_eq!(
+        required, fields,
+        "the schema names every field the gate writes"
+    );
+    for (field, bad) in [
+        ("scope", json!("cookie")),
+        ("tier", json!("gold")),
+        ("version", json!(2)),
+        ("notBefore", json!("soon")),
+        ("scanId", json!("not-a-uuid")),
+    ] {
+        let mut job = written[0].clone();
+        job[field] = bad;
+        assert!(!validator.is_valid(&job), "{field}");
+    }
+}
+
+/// SIGTERM: the running scan finishes within the grace period, the held
+/// one is neither run nor acknowledged, and another consumer runs it once
+/// after the lease, still no sooner than its notBefore.
+#[tokio::test(flavor = "multi_thread")]
+async fn sigterm_drains_running_and_leaves_held_pending() {
+    let valkey = ValkeyServer::start();
+    let vars = stream_vars(&valkey);
+    let scanner = Scanner::new();
+    let mut slow = refs(&vars);
+    slow.push(("SLEEP", "1"));
+    let args = ["--lease", "2s", "--grace", "10s"];
+    let mut a = consume(&scanner, "a", &args, &slow, Stdio::null());
+    let (running, held) = (job(now_ms()), job(now_ms() + 4000));
+    xadd(&valkey, "jobs", &running).await;
+    xadd(&valkey, "jobs", &held).await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while scanner.lines().is_empty() {
+        assert!(Instant::now() < deadline, "{}", errors_of(&scanner, "a"));
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let term = Command::new("kill")
+        .args(["-TERM", &a.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(term.success());
+    let status = a.wait().unwrap();
+    assert!(status.success(), "{status}: {}", errors_of(&scanner, "a"));
+    let lines = scanner.lines();
+    let ran = |job: &Value, what: &str| {
+        lines
+            .iter()
+            .filter(|l| l.what == what && l.scan_id == job["scanId"].as_str().unwrap())
+            .count()
+    };
+    assert_eq!(
+        (ran(&running, "start"), ran(&running, "end")),
+        (1, 1),
+        "finished within the grace"
+    );
+    assert_eq!(ran(&held, "start"), 0);
+    assert_eq!(
+        pending(&valkey, "jobs").await,
+        1,
+        "the held job is left pending, not acked"
+    );
+    let _b = consume(
+        &scanner,
+        "b",
+        &["--lease", "2s"],
+        &refs(&vars),
+        Stdio::null(),
+    );
+    let lines = scanner.wait_for_ends(2, Duration::from_secs(15));
+    let starts: Vec<&Line> = lines
+        .iter()
+        .filter(|l| l.what == "start" && l.scan_id == held["scanId"].as_str().unwrap())
+        .collect();
+    assert_eq!(starts.len(), 1, "{lines:?}");
+    assert_eq!(starts[0].tag, "b");
+    assert!(starts[0].at_ms >= unix_ms(held["notBefore"].as_str().unwrap()));
+    assert_eq!(pending(&valkey, "jobs").await, 0);
+}
+
+/// A scanner that keeps failing: retried with backoff, then the job goes to
+/// `<stream>:dead` with its failures and last error, and is acked.
+#[tokio::test(flavor = "multi_thread")]
+async fn failing_job_dead_lettered_after_max_attempts() {
+    let valkey = ValkeyServer::start();
+    let vars = stream_vars(&valkey);
+    let scanner = Scanner::new();
+    let failing = format!("{} && exit 3", scanner.exec());
+    let errors = std::fs::File::create(scanner.dir.path().join("f.err")).unwrap();
+    let mut child = Command::new(bin("quota-gate"))
+        .args(["consume", "--no-emf", "--exec", &failing])
+        .args(["--max-attempts", "3", "--backoff", "100ms", "--lease", "2s"])
+        .env_clear()
+        .env("PATH", std::env::var("PATH").unwrap_or_default())
+        .env("LOG", scanner.log())
+        .env("TAG", "f")
+        .envs(refs(&vars))
+        .stdout(Stdio::null())
+        .stderr(errors)
+        .spawn()
+        .map(KillOnDrop::new)
+        .unwrap();
+    let job = job(now_ms());
+    xadd(&valkey, "jobs", &job).await;
+    let mut c = valkey.client().await;
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let dead: redis::streams::StreamRangeReply = loop {
+        let dead: redis::streams::StreamRangeReply = c.xrange_all("jobs:dead").await.unwrap();
+        if !dead.ids.is_empty() {
+            break dead;
+        }
+        assert!(Instant::now() < deadline, "{}", errors_of(&scanner, "f"));
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(dead.ids.len(), 1);
+    let entry = &dead.ids[0];
+    assert_eq!(entry.get::<String>("job").unwrap(), job.to_string());
+    assert_eq!(entry.get::<String>("failures").unwrap(), "3");
+    assert!(entry.get::<String>("error").unwrap().contains("exit"));
+    let starts = scanner.lines().iter().filter(|l| l.what == "start").count();
+    assert_eq!(starts, 3, "three attempts");
+    assert_eq!(
+        pending(&valkey, "jobs").await,
+        0,
+        "acked once dead-lettered"
+    );
+    child.kill_now();
+}
+
+/// `--post`: the job JSON reaches an HTTP scanner; a 500 is retried, a 204 is done.
+#[tokio::test(flavor = "multi_thread")]
+async fn post_hands_the_job_to_an_http_scanner() {
+    use std::io::{Read, Write};
+    let valkey = ValkeyServer::start();
+    let vars = stream_vars(&valkey);
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}/scan", listener.local_addr().unwrap());
+    let bodies = std::sync::Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+    let seen = bodies.clone();
+    std::thread::spawn(move || {
+        for (i, conn) in listener.incoming().enumerate() {
+            let mut conn = conn.unwrap();
+            conn.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+            let mut buf = Vec::new();
+            let mut chunk = [0u8; 4096];
+            while !String::from_utf8_lossy(&buf).contains("\"request\"") {
+                let n = conn.read(&mut chunk).unwrap();
+                if n == 0 {
+                    break;
+                }
+                buf.extend_from_slice(&chunk[..n]);
+            }
+            seen.lock()
+                .unwrap()
+                .push(String::from_utf8_lossy(&buf).into_owned());
+            let status = if i == 0 {
+                "500 Internal Server Error"
+            } else {
+                "204 No Content"
+            };
+            let _ = write!(conn, "HTTP/1.1 {status}\r\ncontent-length: 0\r\n\r\n");
+        }
+    });
+    let scanner = Scanner::new();
+    let errors = std::fs::File::create(scanner.dir.path().join("p.err")).unwrap();
+    let _child = Command::new(bin("quota-gate"))
+        .args(["consume", "--no-emf", "--post", &url, "--backoff", "100ms"])
+        .env_clear()
+        .envs(refs(&vars))
+        .stdout(Stdio::null())
+        .stderr(errors)
+        .spawn()
+        .map(KillOnDrop::new)
+        .unwrap();
+    let job = job(now_ms());
+    xadd(&valkey, "jobs", &job).await;
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let posted = bodies.lock().unwrap().len();
+        if posted >= 2 && pending(&valkey, "jobs").await == 0 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "{}", errors_of(&scanner, "p"));
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let bodies = bodies.lock().unwrap().clone();
+    assert_eq!(bodies.len(), 2, "one retry after the 500");
+    for request in &bodies {
+        assert!(request.starts_with("POST /scan HTTP/1.1"), "{request}");
+        assert!(
+            request
+                .to_lowercase()
+                .contains("content-type: application/json")
+        );
+        let (_, body) = request.split_once("\r\n\r\n").unwrap();
+        assert_eq!(body, job.to_string());
+    }
+}
