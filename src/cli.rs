@@ -10,8 +10,8 @@ use tokio::net::TcpListener;
 use crate::config::Config;
 use crate::gate::{Gate, Shared};
 use crate::meter::{DELAY_MS, Meter};
-use crate::queue::spool::{LINE_QUEUE, LineWriter};
 use crate::serve::ServeLimits;
+use crate::stdout::{LINE_QUEUE, LineWriter};
 
 /// Daily free-tier quota gate for the Scanner API.
 #[derive(Debug, Parser)]
