@@ -61,6 +61,7 @@ impl<S: QuotaStore, Q: ScanQueue> Worker<S, Q> {
                 () = &mut shutdown => break,
             };
             let _ = stream.set_nodelay(true);
+            limit_unsent(&stream, limits.max_unsent);
             let routes = routes.clone();
             let service = service_fn(move |request| routes.clone().route(peer, request));
             let io = TokioIo::new(Box::pin(write_timeout(stream, limits.write_timeout)));
@@ -112,6 +113,24 @@ fn http1_builder(limits: &ServeLimits) -> http1::Builder {
         .max_buf_size(limits.max_buf_size.max(HYPER_MIN_BUF));
     builder
 }
+
+/// At most `bytes` written but not yet sent may wait in the kernel for
+/// `stream` (`TCP_NOTSENT_LOWAT`, Linux): past it a write waits, and so the
+/// write timeout can tell a client that does not read. Without it, the
+/// kernel grows a loopback socket's send buffer to megabytes, and a client
+/// that never reads is sent (and costs the server) that much before its
+/// write ever waits. Bytes in flight are not counted: a reading client's
+/// throughput is not limited.
+#[cfg(any(target_os = "linux", target_os = "android"))]
+fn limit_unsent(stream: &TcpStream, bytes: u32) {
+    if let Err(e) = socket2::SockRef::from(stream).set_tcp_notsent_lowat(bytes) {
+        tracing::debug!(error = %e, "cannot set TCP_NOTSENT_LOWAT");
+    }
+}
+
+/// Elsewhere the write timeout alone lets go of a client that does not read.
+#[cfg(not(any(target_os = "linux", target_os = "android")))]
+fn limit_unsent(_: &TcpStream, _: u32) {}
 
 /// `stream`, whose writes (and flushes) fail with `TimedOut` once one has
 /// made no progress for `after`: a client that does not read its answers

@@ -26,7 +26,12 @@
 //!   `Expect: 100-continue` client never gets `100 Continue` and never sends it);
 //! - a connection whose answer cannot be written for [`WRITE_TIMEOUT`] (5 s:
 //!   a client that pipelines requests and never reads them fills its receive
-//!   window and the server's send buffer) is closed, and its slot freed;
+//!   window and the server's send buffer) is closed, and its slot freed. So
+//!   that the write waits soon, at most [`MAX_UNSENT`] (16 KiB) of answers
+//!   not yet sent may queue in the kernel (`TCP_NOTSENT_LOWAT`, Linux):
+//!   without it, the kernel grows a loopback socket's send buffer to
+//!   megabytes, and 1 024 such clients kept `serve` busy writing `/metrics`
+//!   they never read, their slots never freed;
 //! - pipelining is bounded by hyper's buffers ([`MAX_BUF_SIZE`], 64 KiB
 //!   instead of hyper's ~400 KB): at most that much of what a client
 //!   pipelines is read ahead, a request head may be no larger (else 431), and
@@ -102,6 +107,10 @@ pub const WRITE_TIMEOUT: Duration = Duration::from_secs(5);
 /// and how much of a client's pipelined requests is read ahead.
 pub const MAX_BUF_SIZE: usize = 64 * 1024;
 
+/// Bytes written but not yet sent that may wait in the kernel per
+/// connection before a write waits (`TCP_NOTSENT_LOWAT`, Linux).
+pub const MAX_UNSENT: u32 = 16 * 1024;
+
 /// Store calls a request may make besides its sleep and its enqueue (count,
 /// pacing, claim before; refund, release, save after), each bounded by
 /// `QUOTA_STORE_TIMEOUT_MS`, with room to spare.
@@ -121,6 +130,8 @@ pub struct ServeLimits {
     pub write_timeout: Duration,
     /// See [`MAX_BUF_SIZE`] (at least 8 KiB, hyper's minimum).
     pub max_buf_size: usize,
+    /// See [`MAX_UNSENT`].
+    pub max_unsent: u32,
     /// How long shutdown waits for requests in flight ([`drain_timeout`]).
     pub drain_timeout: Duration,
 }
@@ -134,6 +145,7 @@ impl ServeLimits {
             body_read_timeout: BODY_READ_TIMEOUT,
             write_timeout: WRITE_TIMEOUT,
             max_buf_size: MAX_BUF_SIZE,
+            max_unsent: MAX_UNSENT,
             drain_timeout: drain_timeout(config),
         }
     }

@@ -119,8 +119,11 @@ impl Server {
         }
         drop((self.listener, ended));
         tracing::info!(%addr, store = self.store, workers, "quota-gate serving POST /scan");
+        let drain_ms = self.limits.drain_timeout.as_millis() as u64;
         tokio::select! {
-            () = shutdown => tracing::info!("shutting down: finishing requests in flight"),
+            () = shutdown => {
+                tracing::info!(drain_ms, "shutting down: finishing requests in flight");
+            }
             _ = worker_ended.recv() => tracing::error!("a serve worker stopped; shutting down"),
         }
         let _ = stop.send(true);
