@@ -541,3 +541,30 @@ fn sigterm_drains_sleeping_scans_into_jobs() {
         .unwrap_or_else(|| panic!("no drain announced: {stderr}"));
     assert!(drain_ms >= 60_000, "{drain_ms}");
 }
+
+/// A scan whose client left keeps its connection's slot until it ends: at
+/// `QUOTA_MAX_CONNECTIONS=1`, a fresh client is served only once the 2 s
+/// delay of the scan left behind is over, so clients that send and leave
+/// cannot pile up scans past the cap.
+#[test]
+fn a_scan_left_behind_keeps_its_slot() {
+    let (_serve, addr) = spawn_serve(&[
+        ("QUOTA_ANON", "1"),
+        ("QUOTA_SOFT_DELAY_MS", "2000"),
+        ("QUOTA_MAX_CONNECTIONS", "1"),
+    ]);
+    let (status, _, first) = timed_scan(addr);
+    assert_eq!(status, 202, "{first}");
+    let sent = Instant::now();
+    send_and_leave(
+        addr,
+        &post_scan(r#"{"image":"a"}"#),
+        Duration::from_millis(300),
+    );
+    let health = http(addr, &request("GET", "/healthz"));
+    assert!(health.starts_with("HTTP/1.1 200"), "{health}");
+    let waited = sent.elapsed();
+    eprintln!("/healthz answered {waited:?} after the scan left behind was sent");
+    assert!(waited >= Duration::from_millis(1800), "{waited:?}");
+    assert!(waited < Duration::from_secs(5), "{waited:?}");
+}

@@ -62,8 +62,14 @@ impl<S: QuotaStore, Q: ScanQueue> Worker<S, Q> {
             };
             let _ = stream.set_nodelay(true);
             limit_unsent(&stream, limits.max_unsent);
+            // Shared with the connection's gate tasks: a scan whose client
+            // left holds the slot until it ends, so the cap still bounds
+            // the scans in flight.
+            let permit = Arc::new(permit);
             let routes = routes.clone();
-            let service = service_fn(move |request| routes.clone().route(peer, request));
+            let slot = permit.clone();
+            let service =
+                service_fn(move |request| routes.clone().route(peer, slot.clone(), request));
             let io = TokioIo::new(Box::pin(write_timeout(stream, limits.write_timeout)));
             let connection = connections.watch(builder.serve_connection(io, service));
             tokio::spawn(async move {

@@ -58,7 +58,9 @@
 //! The gate's handling of a request runs in a task of its own, which the
 //! connection awaits: a client that goes away (an HTTP timeout shorter than
 //! its delay) does not cancel it, so a counted scan still ends as its job
-//! and, with an `Idempotency-Key`, its saved answer, as in Lambda.
+//! and, with an `Idempotency-Key`, its saved answer, as in Lambda. The task
+//! holds its connection's slot until it ends: a client that sends scans and
+//! leaves cannot have more in flight than [`ServeLimits::max_connections`].
 //!
 //! # Shutdown
 //!

@@ -4,7 +4,10 @@
 //! connection only awaits: when the client goes away, hyper drops the
 //! connection's future and with it the wait, but not the task, so a scan
 //! once counted runs to its end (job queued, keyed answer saved) as it does
-//! in Lambda. The tasks are tracked so that shutdown waits for them.
+//! in Lambda. The tasks are tracked so that shutdown waits for them, and
+//! each holds its connection's slot until it ends, so a client that sends a
+//! scan and leaves, again and again, cannot pile up more scans in flight than
+//! `QUOTA_MAX_CONNECTIONS`.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -16,6 +19,7 @@ use http::{HeaderMap, HeaderValue, Method, Request, Response, StatusCode, header
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
 use metrics_exporter_prometheus::PrometheusHandle;
+use tokio::sync::OwnedSemaphorePermit;
 use tokio_util::task::TaskTracker;
 
 use super::ServeLimits;
@@ -36,10 +40,11 @@ pub(super) struct Routes<S, Q> {
 }
 
 impl<S: QuotaStore, Q: ScanQueue> Routes<S, Q> {
-    /// Answers `request` from `peer`.
+    /// Answers `request` from `peer`, whose connection holds `slot`.
     pub async fn route(
         self: Arc<Self>,
         peer: SocketAddr,
+        slot: Arc<OwnedSemaphorePermit>,
         request: Request<Incoming>,
     ) -> Result<Response<Full<Bytes>>, Infallible> {
         let path = request.uri().path();
@@ -78,7 +83,11 @@ impl<S: QuotaStore, Q: ScanQueue> Routes<S, Q> {
         };
         // The gate runs to its end even if this future is dropped.
         let gate = self.gate.clone();
-        let handled = self.scans.spawn(async move { gate.handle(request).await });
+        let handled = self.scans.spawn(async move {
+            let response = gate.handle(request).await;
+            drop(slot);
+            response
+        });
         Ok(match handled.await {
             Ok(response) => response.map(Full::new),
             Err(e) => {
