@@ -1,17 +1,14 @@
 //! The `quota-gate` command: the local server and the operator tools.
 
 use std::process::ExitCode;
-use std::sync::Arc;
 
 use clap::{Parser, Subcommand};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
-use tokio::net::TcpListener;
 
 use crate::config::Config;
-use crate::gate::{Gate, Shared};
-use crate::meter::{DELAY_MS, Meter};
-use crate::queue::spool::{LINE_QUEUE, LineWriter};
-use crate::serve::ServeLimits;
+use crate::meter::DELAY_MS;
+use crate::serve::Server;
+use crate::stdout::{LINE_QUEUE, LineWriter};
 
 /// Daily free-tier quota gate for the Scanner API.
 #[derive(Debug, Parser)]
@@ -114,99 +111,14 @@ pub fn main() -> ExitCode {
     }
 }
 
-/// `quota-gate serve`: one single-threaded Tokio runtime per worker
-/// (`QUOTA_SERVE_WORKERS`, one per CPU by default), all accepting on one
-/// listening socket. Each worker has its own gate and Valkey connection, so
-/// a request, its connection's tasks and its Valkey replies stay on one
-/// thread: no cross-thread wake-ups, which under load cost a multi-thread
-/// runtime about a fifth of `serve`'s CPU (docs/benchmarks.md). The workers
-/// share the connection cap, the in-memory store (without Valkey), the
-/// stdout writer, the Prometheus recorder and the AWS configuration; each
-/// has its own breaker, as each has its own connection.
+/// `quota-gate serve`: a [`Server`] until `SIGTERM` or Ctrl-C, then the
+/// last EMF and log lines out.
 async fn serve(config: Config) -> Result<(), String> {
     let metrics = install_prometheus()?;
-    let listen = config.serve.listen;
-    let store = if config.store.valkey.is_some() {
-        "valkey"
-    } else {
-        "in-memory"
-    };
-    let workers = match config.serve.workers {
-        0 => std::thread::available_parallelism().map_or(1, usize::from),
-        n => usize::from(n),
-    };
-    // The same EMF line per request as in Lambda (a CloudWatch agent or any
-    // log shipper can pick it up), besides the Prometheus text at /metrics;
-    // through the non-blocking writer, so a stdout nobody reads costs lines
-    // (counted), never requests.
-    let meter = Meter::background_stdout(config.metrics_namespace.clone());
-    let limits = ServeLimits {
-        max_connections: connection_cap(config.serve.max_connections as usize),
-        ..ServeLimits::default()
-    };
-    let slots = crate::serve::connection_slots(limits);
-    let shared = Shared::default();
-    // Every gate first, so a configuration error stops the start before
-    // anything listens.
-    let mut gates = Vec::with_capacity(workers);
-    for _ in 0..workers {
-        let gate = Gate::from_config_sharing(config.clone(), meter.clone(), &shared)
-            .await
-            .map_err(|e| format!("configuration error: {e}"))?;
-        gates.push(gate);
-    }
-    let listener = std::net::TcpListener::bind(listen)
-        .and_then(|l| l.set_nonblocking(true).map(|()| l))
-        .map_err(|e| format!("cannot listen on {listen}: {e}"))?;
-    let addr = listener.local_addr().map_err(|e| e.to_string())?;
-    let (stop, stopping) = tokio::sync::watch::channel(false);
-    // A worker that ends before the shutdown (it could not start) stops all.
-    let (ended, mut worker_ended) = tokio::sync::mpsc::channel::<()>(workers);
-    let mut threads = Vec::with_capacity(workers);
-    for (i, gate) in gates.into_iter().enumerate() {
-        let listener = listener.try_clone().map_err(|e| e.to_string())?;
-        let (metrics, slots, mut stopping) = (metrics.clone(), slots.clone(), stopping.clone());
-        let ended = ended.clone();
-        let worker = move || -> std::io::Result<()> {
-            let _ended = DropSends(ended);
-            let runtime = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()?;
-            runtime.block_on(async move {
-                let listener = TcpListener::from_std(listener)?;
-                let shutdown = async move {
-                    let _ = stopping.wait_for(|stop| *stop).await;
-                };
-                let gate = Arc::new(gate);
-                crate::serve::serve_sharing(listener, gate, Some(metrics), limits, slots, shutdown)
-                    .await
-            })
-        };
-        let thread = std::thread::Builder::new()
-            .name(format!("serve-{i}"))
-            .spawn(worker)
-            .map_err(|e| format!("cannot start a serve worker: {e}"))?;
-        threads.push(thread);
-    }
-    drop((listener, ended));
-    tracing::info!(%addr, store, workers, "quota-gate serving POST /scan");
-    tokio::select! {
-        () = shutdown_signal() => tracing::info!("shutting down: finishing requests in flight"),
-        _ = worker_ended.recv() => tracing::error!("a serve worker stopped; shutting down"),
-    }
-    let _ = stop.send(true);
-    let served = tokio::task::spawn_blocking(move || {
-        threads
-            .into_iter()
-            .map(|t| {
-                t.join()
-                    .unwrap_or_else(|_| Err(std::io::Error::other("worker panicked")))
-            })
-            .collect::<std::io::Result<Vec<()>>>()
-    })
-    .await
-    .map_err(|e| e.to_string())
-    .and_then(|r| r.map(drop).map_err(|e| e.to_string()));
+    let served = Server::bind(config, Some(metrics))
+        .await?
+        .run(shutdown_signal())
+        .await;
     // The last EMF lines and log lines out, unless nobody is reading.
     LineWriter::stdout().drain(EXIT_DRAIN).await;
     if let Some(stderr) = STDERR.get() {
@@ -215,55 +127,11 @@ async fn serve(config: Config) -> Result<(), String> {
     served
 }
 
-/// Says so on its channel when dropped: a worker thread's end, however it ends.
-struct DropSends(tokio::sync::mpsc::Sender<()>);
-
-impl Drop for DropSends {
-    fn drop(&mut self) {
-        let _ = self.0.try_send(());
-    }
-}
-
 /// How long a stopping `serve` waits for its stdout and stderr readers.
 const EXIT_DRAIN: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// `serve`'s non-blocking stderr, for the logs.
 static STDERR: std::sync::OnceLock<LineWriter> = std::sync::OnceLock::new();
-
-/// File descriptors kept for everything but client connections: the
-/// listener, Valkey and queue connections, stdio, the runtime's own.
-const RESERVED_FDS: usize = 64;
-
-/// `QUOTA_MAX_CONNECTIONS`, lowered (with a warning) to fit the process's
-/// open-file limit: past that limit `accept` fails, and so would /healthz.
-fn connection_cap(configured: usize) -> usize {
-    let Some(limit) = open_file_limit() else {
-        return configured;
-    };
-    let fits = limit.saturating_sub(RESERVED_FDS).max(1);
-    if configured > fits {
-        tracing::warn!(
-            configured,
-            open_file_limit = limit,
-            "QUOTA_MAX_CONNECTIONS is above what the open-file limit allows; using {fits}"
-        );
-        fits
-    } else {
-        configured
-    }
-}
-
-/// The soft `RLIMIT_NOFILE`, from `/proc/self/limits` (Linux; `None` elsewhere).
-fn open_file_limit() -> Option<usize> {
-    let limits = std::fs::read_to_string("/proc/self/limits").ok()?;
-    limits
-        .lines()
-        .find_map(|l| l.strip_prefix("Max open files"))?
-        .split_whitespace()
-        .next()?
-        .parse()
-        .ok()
-}
 
 /// Logs to stderr in `format`, filtered by [`crate::log_filter`]. `serve` logs through
 /// a non-blocking writer, like its stdout: a stderr nobody reads loses log

@@ -35,8 +35,9 @@
 //!
 //! Around the path: [`valkey`] is the lazy, shared connection (standalone or
 //! cluster, TLS) used by the store and the stream queue; [`breaker`] skips a
-//! failing store for a cool-down; [`cli`] is the `quota-gate` command and
-//! [`ops`] its operator tools (inspect, reset, purge, stats), which own what
+//! failing store for a cool-down; [`stdout`] is the process's non-blocking
+//! line writer (spooled jobs, EMF lines, `serve`'s logs); [`cli`] is the
+//! `quota-gate` command and [`ops`] its operator tools (inspect, reset, purge, stats), which own what
 //! only operators need: reading and removing keys, visiting every primary.
 
 pub mod breaker;
@@ -59,6 +60,7 @@ pub mod queue;
 pub mod respond;
 pub mod serve;
 pub mod settle;
+pub mod stdout;
 pub mod store;
 pub mod validate;
 pub mod valkey;

@@ -32,7 +32,7 @@ use serde_json::{Value, json};
 
 use crate::decide::Tier;
 use crate::digest::Scope;
-use crate::queue::spool::LineWriter;
+use crate::stdout::LineWriter;
 
 pub const SOFT_HITS: &str = "stella_quota_soft_hits_total";
 pub const HARD_HITS: &str = "stella_quota_hard_hits_total";

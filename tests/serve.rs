@@ -1,7 +1,9 @@
 //! `quota-gate serve` as a server on a network must be: it keeps answering
 //! when its stdout reader is stuck, lets go of connections that never finish
-//! their headers or sit idle, caps its open connections, and refuses an
-//! oversize `Expect: 100-continue` upload before the body is sent.
+//! their headers, sit idle or never read their answers, caps its open
+//! connections, and refuses an oversize `Expect: 100-continue` upload before
+//! the body is sent. A scan runs to its end when its client leaves, and at
+//! `SIGTERM`.
 //!
 //! Every test runs the real binary, against a real `valkey-server` where a
 //! store or stream is involved.
@@ -15,7 +17,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use common::client::{get_request, http, post_scan, request, send};
-use common::serve::{spawn_serve, spawn_serve_with_open_files, stderr_of};
+use common::serve::{Flood, spawn_serve, spawn_serve_with_open_files, stderr_of};
 use common::{KillOnDrop, ValkeyServer, stream_jobs, with_vars};
 
 /// One scan on its own connection: the status code (0 for no answer), how
@@ -110,6 +112,24 @@ fn serve_on_valkey(extra: &[(&str, &str)]) -> (ValkeyServer, KillOnDrop, SocketA
     (valkey, child, addr)
 }
 
+/// The one address counter on `valkey` (the tests' scans all come from 127.0.0.1).
+fn counted(valkey: &ValkeyServer) -> u64 {
+    block_on(async {
+        let mut c = valkey.client().await;
+        let keys: Vec<String> = redis::cmd("KEYS")
+            .arg("quota:ip:*")
+            .query_async(&mut c)
+            .await
+            .unwrap();
+        let key = keys.iter().find(|k| k.ends_with('}')).expect("a counter");
+        redis::cmd("GET")
+            .arg(key)
+            .query_async(&mut c)
+            .await
+            .unwrap()
+    })
+}
+
 /// With a Valkey stream queue, stdout carries only EMF lines. Nobody reads it:
 /// 800 scans from 16 clients are all 202 within 10 s each, /healthz stays
 /// 200, and the stream holds one job per 202.
@@ -163,20 +183,7 @@ fn stuck_stdout_spool_answers_503_in_time_and_refunds() {
         assert!(*took < Duration::from_secs(4), "a refusal took {took:?}");
     }
     // Refunded: the counter holds exactly the accepted scans.
-    let count: u64 = block_on(async {
-        let mut c = valkey.client().await;
-        let keys: Vec<String> = redis::cmd("KEYS")
-            .arg("quota:ip:*")
-            .query_async(&mut c)
-            .await
-            .unwrap();
-        let key = keys.iter().find(|k| k.ends_with('}')).expect("a counter");
-        redis::cmd("GET")
-            .arg(key)
-            .query_async(&mut c)
-            .await
-            .unwrap()
-    });
+    let count = counted(&valkey);
     assert_eq!(count, accepted as u64, "refused scans are refunded");
     // The reader comes back: every 202 has its job.
     child.kill_now();
@@ -364,4 +371,200 @@ fn workers_share_one_in_memory_count() {
         .collect();
     used.sort_unstable();
     assert_eq!(used, (1..=40).collect::<Vec<u64>>());
+}
+
+/// Fresh clients for `during`, on two threads: `GET /healthz` and
+/// `POST /scan`, each on a new connection, one after another. Every answer:
+/// what was asked, the status (0 for none within 30 s) and how long it took.
+fn probe(addr: SocketAddr, during: Duration) -> Vec<(&'static str, u16, Duration)> {
+    let until = Instant::now() + during;
+    let health = std::thread::spawn(move || {
+        let mut answers = Vec::new();
+        while Instant::now() < until {
+            let started = Instant::now();
+            let asked = request("GET", "/healthz");
+            let status =
+                common::client::once(addr, asked.as_bytes(), Duration::from_secs(30)).unwrap_or(0);
+            answers.push(("/healthz", status, started.elapsed()));
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        answers
+    });
+    let mut answers = Vec::new();
+    while Instant::now() < until {
+        let (status, took, _) = timed_scan(addr);
+        answers.push(("POST /scan", status, took));
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    answers.extend(health.join().unwrap());
+    answers
+}
+
+/// `connections` clients that each pipeline 1 500 `GET /metrics` with a
+/// 4 KiB receive buffer and never read, reopened as soon as `serve` lets
+/// them go, for 25 s: every fresh client's `/healthz` and scan is answered
+/// within 12 s throughout, and `serve` closed every flood connection at
+/// least once.
+fn assert_never_readers_hold_nothing(connections: usize, extra: &[(&str, &str)]) {
+    let vars = with_vars(&[("SCAN_QUEUE_URL", "valkey-stream:jobs")], extra);
+    let (_valkey, _serve, addr) = serve_on_valkey(&vars);
+    let flood = Flood::start(addr, connections, 1500, &get_request("/metrics"));
+    std::thread::sleep(Duration::from_secs(1));
+    let answers = probe(addr, Duration::from_secs(25));
+    let closed = flood.stop();
+    let slowest = |what: &str| {
+        let took = answers.iter().filter(|a| a.0 == what).map(|a| a.2);
+        took.max().unwrap_or_default()
+    };
+    eprintln!(
+        "{connections} never-reading connections: {} answers, slowest /healthz {:?}, \
+         slowest scan {:?}; flood connections closed by serve: {closed}",
+        answers.len(),
+        slowest("/healthz"),
+        slowest("POST /scan"),
+    );
+    for (what, status, took) in &answers {
+        let expected = if *what == "/healthz" { 200 } else { 202 };
+        assert_eq!(*status, expected, "{what} after {took:?}");
+        assert!(*took < Duration::from_secs(12), "{what} took {took:?}");
+    }
+    assert!(closed >= connections, "only {closed} closed");
+    assert_healthy(addr);
+}
+
+/// The issue's flood at the default cap (1 024 connections): it holds nothing.
+#[test]
+fn never_reading_pipeliners_hold_nothing_at_the_default_cap() {
+    assert_never_readers_hold_nothing(1024, &[]);
+}
+
+/// The same with `QUOTA_MAX_CONNECTIONS=8` and 8 such connections.
+#[test]
+fn never_reading_pipeliners_hold_nothing_at_a_small_cap() {
+    assert_never_readers_hold_nothing(8, &[("QUOTA_MAX_CONNECTIONS", "8")]);
+}
+
+/// `POST /scan` with `Idempotency-Key: key`, closing the connection after.
+fn keyed_scan(key: &str) -> String {
+    common::client::build(
+        "POST",
+        "/scan",
+        &[
+            ("Content-Type", "application/json"),
+            ("Connection", "close"),
+            ("Idempotency-Key", key),
+        ],
+        r#"{"image":"alpine:3.20"}"#,
+    )
+}
+
+/// Sends `request` on a new connection and closes it after `after`, without
+/// reading: a client whose HTTP timeout is shorter than its delay.
+fn send_and_leave(addr: SocketAddr, request: &str, after: Duration) {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.write_all(request.as_bytes()).unwrap();
+    std::thread::sleep(after);
+    let _ = s.shutdown(std::net::Shutdown::Both);
+}
+
+/// Over quota with a 2 s soft delay, a keyed client leaves 0.5 s into its
+/// delay: the scan still runs to its end, counted once with exactly one job,
+/// and a retry with the key gets the saved answer with that job's `scanId`.
+#[test]
+fn a_scan_outlives_the_client_that_left() {
+    let (valkey, _serve, addr) = serve_on_valkey(&[
+        ("SCAN_QUEUE_URL", "valkey-stream:jobs"),
+        ("QUOTA_ANON", "1"),
+        ("QUOTA_SOFT_DELAY_MS", "2000"),
+    ]);
+    let (status, _, first) = timed_scan(addr);
+    assert_eq!(status, 202, "{first}");
+    send_and_leave(addr, &keyed_scan("left-early"), Duration::from_millis(500));
+    std::thread::sleep(Duration::from_secs(3));
+    let jobs = block_on(stream_jobs(&valkey, "jobs"));
+    assert_eq!(jobs.len(), 2, "{jobs:?}");
+    assert_eq!(counted(&valkey), 2, "each scan counted once");
+    assert_eq!(jobs[1]["delayMs"], 2000, "{}", jobs[1]);
+    let retry = http(addr, &keyed_scan("left-early"));
+    assert!(retry.starts_with("HTTP/1.1 202"), "{retry}");
+    assert!(retry.contains("idempotent-replayed: true"), "{retry}");
+    let scan_id = jobs[1]["scanId"].as_str().unwrap();
+    assert!(retry.contains(scan_id), "{retry}");
+    assert_eq!(block_on(stream_jobs(&valkey, "jobs")).len(), 2);
+    assert_eq!(counted(&valkey), 2);
+}
+
+/// `SIGTERM` while two scans sleep their 3 s delay (one client waiting, one
+/// gone): the waiting client gets its 202, both scans are counted once with
+/// one job each, the process then exits cleanly, and the drain it announced
+/// covers the configured 60 s gateway timeout (not a fixed 30 s).
+#[test]
+fn sigterm_drains_sleeping_scans_into_jobs() {
+    let (valkey, mut child, addr) = serve_on_valkey(&[
+        ("SCAN_QUEUE_URL", "valkey-stream:jobs"),
+        ("QUOTA_ANON", "1"),
+        ("QUOTA_PACING", "off"),
+        ("QUOTA_SOFT_DELAY_MS", "3000"),
+        ("QUOTA_GATEWAY_TIMEOUT_MS", "60000"),
+    ]);
+    let (status, _, first) = timed_scan(addr);
+    assert_eq!(status, 202, "{first}");
+    let waiting = std::thread::spawn(move || timed_scan(addr));
+    send_and_leave(
+        addr,
+        &post_scan(r#"{"image":"a"}"#),
+        Duration::from_millis(300),
+    );
+    std::thread::sleep(Duration::from_millis(200));
+    let terminated = Instant::now();
+    let kill = std::process::Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(kill.success());
+    let (status, _, answer) = waiting.join().unwrap();
+    assert_eq!(status, 202, "{answer}");
+    assert!(answer.contains("x-stella-quota-delay-ms: 3000"), "{answer}");
+    let exit = child.wait().unwrap();
+    eprintln!("exited {:?} after SIGTERM", terminated.elapsed());
+    assert!(exit.success(), "{exit:?}");
+    assert!(terminated.elapsed() < Duration::from_secs(15));
+    let jobs = block_on(stream_jobs(&valkey, "jobs"));
+    assert_eq!(jobs.len(), 3, "{jobs:?}");
+    assert_eq!(counted(&valkey), 3);
+    let stderr = stderr_of(&mut child);
+    let drain_ms: u64 = stderr
+        .split("drain_ms=")
+        .nth(1)
+        .and_then(|rest| rest.split(|c: char| !c.is_ascii_digit()).next())
+        .and_then(|ms| ms.parse().ok())
+        .unwrap_or_else(|| panic!("no drain announced: {stderr}"));
+    assert!(drain_ms >= 60_000, "{drain_ms}");
+}
+
+/// A scan whose client left keeps its connection's slot until it ends: at
+/// `QUOTA_MAX_CONNECTIONS=1`, a fresh client is served only once the 2 s
+/// delay of the scan left behind is over, so clients that send and leave
+/// cannot pile up scans past the cap.
+#[test]
+fn a_scan_left_behind_keeps_its_slot() {
+    let (_serve, addr) = spawn_serve(&[
+        ("QUOTA_ANON", "1"),
+        ("QUOTA_SOFT_DELAY_MS", "2000"),
+        ("QUOTA_MAX_CONNECTIONS", "1"),
+    ]);
+    let (status, _, first) = timed_scan(addr);
+    assert_eq!(status, 202, "{first}");
+    let sent = Instant::now();
+    send_and_leave(
+        addr,
+        &post_scan(r#"{"image":"a"}"#),
+        Duration::from_millis(300),
+    );
+    let health = http(addr, &request("GET", "/healthz"));
+    assert!(health.starts_with("HTTP/1.1 200"), "{health}");
+    let waited = sent.elapsed();
+    eprintln!("/healthz answered {waited:?} after the scan left behind was sent");
+    assert!(waited >= Duration::from_millis(1800), "{waited:?}");
+    assert!(waited < Duration::from_secs(5), "{waited:?}");
 }

@@ -10,7 +10,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde_json::{Map, Value, json};
 
-use crate::queue::spool::LineWriter;
+use crate::stdout::LineWriter;
 
 pub const STARTED: &str = "stella_consumer_jobs_started_total";
 pub const SUCCEEDED: &str = "stella_consumer_jobs_succeeded_total";

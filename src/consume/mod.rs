@@ -247,7 +247,7 @@ pub async fn run(args: ConsumeArgs, config: Config) -> Result<(), String> {
     }));
     let (tasks, stopped) = intake(worker, args.max_held.get(), &stop).await;
     finish(tasks, args.grace, stopped, &stop).await;
-    crate::queue::spool::LineWriter::stdout()
+    crate::stdout::LineWriter::stdout()
         .drain(Duration::from_secs(2))
         .await;
     Ok(())

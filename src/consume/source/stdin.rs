@@ -62,10 +62,7 @@ fn delivery(line: String) -> Option<Delivery> {
 pub fn give_back(d: &Delivery) {
     let mut line = d.json.clone().into_bytes();
     line.push(b'\n');
-    if crate::queue::spool::LineWriter::stdout()
-        .try_line(line)
-        .is_err()
-    {
+    if crate::stdout::LineWriter::stdout().try_line(line).is_err() {
         tracing::error!(scan_id = %d.job.scan_id, "job not started and not written back");
     }
 }

@@ -1,0 +1,238 @@
+//! The local front end: `quota-gate serve`, an HTTP/1.1 server on the same
+//! [`Gate::handle`] as Lambda.
+//!
+//! Routes: `POST /scan` (the gate), `GET`/`HEAD /healthz`, and `GET /metrics`
+//! (Prometheus text, when a recorder handle is given). The source address is
+//! the socket peer.
+//!
+//! # Layout
+//!
+//! | file | what it does |
+//! |---|---|
+//! | `server.rs` | [`Server`]: one single-threaded worker per core on one listening socket, run until a shutdown future |
+//! | `connection.rs` | a worker's accept loop: a connection slot, then hyper over a socket whose stalled writes time out; the drain |
+//! | `route.rs` | one request: `/healthz`, `/metrics`, or the gate in a task of its own |
+//!
+//! # Clients that hold the server up
+//!
+//! A server on a network must let go of clients that hold it up:
+//! - a connection that has not sent a request's complete headers within
+//!   [`HEADER_READ_TIMEOUT`] (10 s) of opening, or of its previous response,
+//!   is closed: this is both the slow-header (slowloris) bound and the idle
+//!   keep-alive timeout;
+//! - a body must arrive within [`BODY_READ_TIMEOUT`], else 408; bodies are
+//!   read at most 64 KiB + 1 bytes, and a `Content-Length` above 64 KiB is
+//!   answered 413 before any of the body is read (so an
+//!   `Expect: 100-continue` client never gets `100 Continue` and never sends it);
+//! - a connection whose answer cannot be written for [`WRITE_TIMEOUT`] (5 s:
+//!   a client that pipelines requests and never reads them fills its receive
+//!   window and the server's send buffer) is closed, and its slot freed. So
+//!   that the write waits soon, at most [`MAX_UNSENT`] (16 KiB) of answers
+//!   not yet sent may queue in the kernel (`TCP_NOTSENT_LOWAT`, Linux):
+//!   without it, the kernel grows a loopback socket's send buffer to
+//!   megabytes, and 1 024 such clients kept `serve` busy writing `/metrics`
+//!   they never read, their slots never freed;
+//! - pipelining is bounded by hyper's buffers ([`MAX_BUF_SIZE`], 64 KiB
+//!   instead of hyper's ~400 KB): at most that much of what a client
+//!   pipelines is read ahead, a request head may be no larger (else 431), and
+//!   no further request is answered while an answer waits unsent in hyper's
+//!   buffer, so a client that does not read gets a few answers written (about
+//!   20 KiB: its receive window and [`MAX_UNSENT`]), then the write timeout.
+//!   There is no cap on requests per keep-alive connection: one that reads
+//!   its answers costs nothing more than a new connection would;
+//! - at most [`ServeLimits::max_connections`] connections are open at once
+//!   (`QUOTA_MAX_CONNECTIONS`); past it new connections wait in the listen
+//!   backlog (4096 deep, as far as `net.core.somaxconn` allows) until one
+//!   closes, and the open ones are not disturbed.
+//!
+//! With 1 024 such never-reading connections (each pipelining 1 500
+//! `GET /metrics` with a 4 KiB receive buffer) held open and reopened as
+//! they are closed, at the default cap, a fresh client's `/healthz` and
+//! `POST /scan` are answered within the write timeout plus the time to
+//! reach the head of the backlog: the slowest in 25 s took 4.1 s (4.4 s
+//! with 8 at `QUOTA_MAX_CONNECTIONS=8`), on a busy 2-core machine, while
+//! `serve` closed about 4 100 flood connections (`tests/serve.rs`).
+//!
+//! # The request outlives its connection
+//!
+//! The gate's handling of a request runs in a task of its own, which the
+//! connection awaits: a client that goes away (an HTTP timeout shorter than
+//! its delay) does not cancel it, so a counted scan still ends as its job
+//! and, with an `Idempotency-Key`, its saved answer, as in Lambda. The task
+//! holds its connection's slot until it ends: a client that sends scans and
+//! leaves cannot have more in flight than [`ServeLimits::max_connections`].
+//!
+//! # Shutdown
+//!
+//! When the shutdown future completes (`SIGTERM` or Ctrl-C for
+//! `quota-gate serve`), the workers stop accepting, idle connections are
+//! closed, and the requests in flight, and the tasks of clients that left,
+//! run to their end: for at most [`drain_timeout`], the longest a request
+//! may take under the settings (its sleep, at most
+//! `QUOTA_GATEWAY_TIMEOUT_MS − QUOTA_DELAY_MARGIN_MS`, its enqueue and its
+//! store calls). So a scan asleep at `SIGTERM` still gets its 202 and its
+//! job; a counted scan is never left without its job (or its refund) unless
+//! the drain itself times out, which the store and queue timeouts prevent.
+//! A supervisor's grace period (Kubernetes' `terminationGracePeriodSeconds`,
+//! Docker's `stop --time`) should be at least [`drain_timeout`].
+//!
+//! `/healthz` and `/metrics` touch neither the store, the queue nor stdout.
+
+mod connection;
+mod route;
+mod server;
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use metrics_exporter_prometheus::PrometheusHandle;
+use tokio::net::TcpListener;
+use tokio::sync::Semaphore;
+
+use crate::config::Config;
+use crate::gate::Gate;
+use crate::queue::ScanQueue;
+use crate::store::QuotaStore;
+
+pub use server::Server;
+
+/// A connection must deliver a request's complete headers within this long
+/// of opening or of its previous response (so it is also the idle timeout).
+pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// A request body must arrive completely within this long of its headers.
+pub const BODY_READ_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// A write to a client that has made no progress for this long closes the
+/// connection: the client is not reading its answers.
+pub const WRITE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// hyper's read and write buffer per connection: the largest request head,
+/// and how much of a client's pipelined requests is read ahead.
+pub const MAX_BUF_SIZE: usize = 64 * 1024;
+
+/// Bytes written but not yet sent that may wait in the kernel per
+/// connection before a write waits (`TCP_NOTSENT_LOWAT`, Linux).
+pub const MAX_UNSENT: u32 = 16 * 1024;
+
+/// Store calls a request may make besides its sleep and its enqueue (count,
+/// pacing, claim before; refund, release, save after), each bounded by
+/// `QUOTA_STORE_TIMEOUT_MS`, with room to spare.
+const STORE_CALLS_PER_REQUEST: u32 = 8;
+
+/// Added to the drain for the answer to be written and the connection closed.
+const DRAIN_SLACK: Duration = Duration::from_secs(1);
+
+/// Connection limits of the local server.
+#[derive(Debug, Clone, Copy)]
+pub struct ServeLimits {
+    /// Connections open at once; the next waits in the backlog.
+    pub max_connections: usize,
+    pub header_read_timeout: Duration,
+    pub body_read_timeout: Duration,
+    /// See [`WRITE_TIMEOUT`].
+    pub write_timeout: Duration,
+    /// See [`MAX_BUF_SIZE`] (at least 8 KiB, hyper's minimum).
+    pub max_buf_size: usize,
+    /// See [`MAX_UNSENT`].
+    pub max_unsent: u32,
+    /// How long shutdown waits for requests in flight ([`drain_timeout`]).
+    pub drain_timeout: Duration,
+}
+
+impl ServeLimits {
+    /// The limits `config` sets: its connection cap and drain.
+    pub fn from_config(config: &Config) -> Self {
+        Self {
+            max_connections: config.serve.max_connections as usize,
+            header_read_timeout: HEADER_READ_TIMEOUT,
+            body_read_timeout: BODY_READ_TIMEOUT,
+            write_timeout: WRITE_TIMEOUT,
+            max_buf_size: MAX_BUF_SIZE,
+            max_unsent: MAX_UNSENT,
+            drain_timeout: drain_timeout(config),
+        }
+    }
+}
+
+impl Default for ServeLimits {
+    /// The default configuration's limits, from the one table of variables.
+    fn default() -> Self {
+        Self::from_config(&Config::default())
+    }
+}
+
+/// How long shutdown waits for the requests in flight: the longest one
+/// `config` allows. A request answers within the gateway timeout (its sleep
+/// is at most the timeout less the margin, and its enqueue ends by the
+/// timeout), plus its store calls, each bounded by the store timeout.
+/// 30.8 s with the defaults.
+pub fn drain_timeout(config: &Config) -> Duration {
+    config.policy.gateway_timeout + config.store.timeout * STORE_CALLS_PER_REQUEST + DRAIN_SLACK
+}
+
+/// Serves `gate` on `listener` with the default [`ServeLimits`] until
+/// `shutdown` completes (see [`serve_with`]).
+pub async fn serve<S: QuotaStore, Q: ScanQueue>(
+    listener: TcpListener,
+    gate: Arc<Gate<S, Q>>,
+    metrics: Option<PrometheusHandle>,
+    shutdown: impl Future<Output = ()>,
+) -> std::io::Result<()> {
+    serve_with(listener, gate, metrics, ServeLimits::default(), shutdown).await
+}
+
+/// Serves `gate` on `listener` (on the calling runtime) until `shutdown`
+/// completes, then stops accepting and lets the requests in flight finish
+/// (at most [`ServeLimits::drain_timeout`]), so a restart never drops a
+/// counted scan's answer. [`Server`] runs one of these per worker.
+pub async fn serve_with<S: QuotaStore, Q: ScanQueue>(
+    listener: TcpListener,
+    gate: Arc<Gate<S, Q>>,
+    metrics: Option<PrometheusHandle>,
+    limits: ServeLimits,
+    shutdown: impl Future<Output = ()>,
+) -> std::io::Result<()> {
+    let worker = connection::Worker {
+        gate,
+        metrics,
+        limits,
+        slots: connection_slots(limits),
+    };
+    worker.run(listener, shutdown).await
+}
+
+/// The semaphore that holds open connections to [`ServeLimits::max_connections`].
+fn connection_slots(limits: ServeLimits) -> Arc<Semaphore> {
+    Arc::new(Semaphore::new(limits.max_connections.max(1)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The drain covers the longest sleep the settings allow, however long
+    /// the gateway timeout: a fixed drain cut a 45 s sleep off at 30 s.
+    #[test]
+    fn drain_outlasts_the_longest_sleep() {
+        for gateway_ms in [1_000, 29_000, 60_000, 600_000] {
+            let mut config = Config::default();
+            config.policy.gateway_timeout = Duration::from_millis(gateway_ms);
+            let longest_sleep = crate::delay::budget(
+                None,
+                config.policy.gateway_timeout,
+                config.policy.delay_margin,
+            );
+            let drain = drain_timeout(&config);
+            assert!(
+                drain >= longest_sleep + config.store.timeout * 4,
+                "{gateway_ms}: {drain:?}"
+            );
+        }
+        assert_eq!(
+            ServeLimits::default().drain_timeout,
+            Duration::from_millis(30_800)
+        );
+    }
+}

@@ -1,0 +1,176 @@
+//! One request on a connection: `/healthz`, `/metrics`, or the gate.
+//!
+//! The gate's handling of a request runs in a task of its own, which the
+//! connection only awaits: when the client goes away, hyper drops the
+//! connection's future and with it the wait, but not the task, so a scan
+//! once counted runs to its end (job queued, keyed answer saved) as it does
+//! in Lambda. The tasks are tracked so that shutdown waits for them, and
+//! each holds its connection's slot until it ends, so a client that sends a
+//! scan and leaves, again and again, cannot pile up more scans in flight than
+//! `QUOTA_MAX_CONNECTIONS`.
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{HeaderMap, HeaderValue, Method, Request, Response, StatusCode, header};
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::body::Incoming;
+use metrics_exporter_prometheus::PrometheusHandle;
+use tokio::sync::OwnedSemaphorePermit;
+use tokio_util::task::TaskTracker;
+
+use super::ServeLimits;
+use crate::error::{GateError, Queued};
+use crate::gate::{Gate, GateRequest};
+use crate::queue::ScanQueue;
+use crate::store::QuotaStore;
+use crate::validate::MAX_BODY_BYTES;
+
+/// What every request of one worker needs.
+pub(super) struct Routes<S, Q> {
+    pub gate: Arc<Gate<S, Q>>,
+    pub metrics: Option<PrometheusHandle>,
+    pub limits: ServeLimits,
+    /// The gate's tasks, which outlive their connections; shutdown waits
+    /// for them.
+    pub scans: TaskTracker,
+}
+
+impl<S: QuotaStore, Q: ScanQueue> Routes<S, Q> {
+    /// Answers `request` from `peer`, whose connection holds `slot`.
+    pub async fn route(
+        self: Arc<Self>,
+        peer: SocketAddr,
+        slot: Arc<OwnedSemaphorePermit>,
+        request: Request<Incoming>,
+    ) -> Result<Response<Full<Bytes>>, Infallible> {
+        let path = request.uri().path();
+        if request.method() == Method::GET || request.method() == Method::HEAD {
+            // HEAD gets the same status and headers; hyper leaves out the body.
+            match (path, &self.metrics) {
+                ("/healthz", _) => return Ok(text(StatusCode::OK, "text/plain", "ok\n".into())),
+                ("/metrics", Some(handle)) => {
+                    crate::meter::sample_process();
+                    return Ok(text(
+                        StatusCode::OK,
+                        "text/plain; version=0.0.4",
+                        handle.render(),
+                    ));
+                }
+                _ => {}
+            }
+        }
+        if let Some(refusal) = refuse_before_body(&request) {
+            return Ok(refusal);
+        }
+        let (parts, body) = request.into_parts();
+        let limited = Limited::new(body, MAX_BODY_BYTES + 1).collect();
+        let body = match tokio::time::timeout(self.limits.body_read_timeout, limited).await {
+            Ok(Ok(collected)) => collected.to_bytes(),
+            Ok(Err(_)) => return Ok(closing(GateError::PayloadTooLarge.to_response())),
+            Err(_) => return Ok(request_timeout(self.limits.body_read_timeout)),
+        };
+        let request = GateRequest {
+            method: parts.method,
+            path: parts.uri.path().to_owned(),
+            headers: parts.headers,
+            body,
+            peer: Some(peer.ip().to_canonical()),
+            gateway_claims: None,
+            remaining: None,
+        };
+        // The gate runs to its end even if this future is dropped.
+        let gate = self.gate.clone();
+        let handled = self.scans.spawn(async move {
+            let response = gate.handle(request).await;
+            drop(slot);
+            response
+        });
+        Ok(match handled.await {
+            Ok(response) => response.map(Full::new),
+            Err(e) => {
+                // Only a panic (or a runtime shutting down) ends the task
+                // early: whether its job landed is not known.
+                tracing::error!(error = %e, "a scan's task ended before its answer");
+                let unknown = GateError::QueueFailed {
+                    queued: Queued::Unknown,
+                };
+                unknown.to_response().map(Full::new)
+            }
+        })
+    }
+}
+
+/// A request whose `Content-Length` already says it is too large is answered
+/// without reading the body (hyper sends `100 Continue` only when the body is
+/// polled, so an `Expect: 100-continue` client gets the 413 instead). The
+/// route, method and media type are checked first, in the gate's order, so
+/// the status is the one the whole body would have got.
+fn refuse_before_body(request: &Request<Incoming>) -> Option<Response<Full<Bytes>>> {
+    let length = content_length(request.headers())?;
+    if length <= MAX_BODY_BYTES as u64 {
+        return None;
+    }
+    let error = match crate::validate::validate(
+        request.method(),
+        request.uri().path(),
+        request.headers(),
+        b"",
+    ) {
+        Err(
+            e @ (GateError::NotFound
+            | GateError::MethodNotAllowed
+            | GateError::UnsupportedMediaType),
+        ) => e,
+        _ => GateError::PayloadTooLarge,
+    };
+    Some(closing(error.to_response()))
+}
+
+/// The declared body length; an unparsable one is left to hyper.
+fn content_length(headers: &HeaderMap) -> Option<u64> {
+    headers
+        .get(header::CONTENT_LENGTH)?
+        .to_str()
+        .ok()?
+        .trim()
+        .parse()
+        .ok()
+}
+
+/// The gate's response, with `Connection: close`: the body was not read, so
+/// the connection cannot carry another request.
+fn closing(response: Response<Bytes>) -> Response<Full<Bytes>> {
+    let mut response = response.map(Full::new);
+    response
+        .headers_mut()
+        .insert(header::CONNECTION, HeaderValue::from_static("close"));
+    response
+}
+
+fn request_timeout(after: Duration) -> Response<Full<Bytes>> {
+    let body = serde_json::json!({
+        "error": "request_timeout",
+        "detail": format!("the body did not arrive within {} s", after.as_secs()),
+    });
+    let mut response = text(
+        StatusCode::REQUEST_TIMEOUT,
+        "application/json",
+        body.to_string(),
+    );
+    response
+        .headers_mut()
+        .insert(header::CONNECTION, HeaderValue::from_static("close"));
+    response
+}
+
+fn text(status: StatusCode, content_type: &'static str, body: String) -> Response<Full<Bytes>> {
+    let mut r = Response::new(Full::new(Bytes::from(body)));
+    *r.status_mut() = status;
+    r.headers_mut()
+        .insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
+    r
+}
