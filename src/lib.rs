@@ -33,7 +33,7 @@
 //! variables ([`config::vars`]) into grouped settings, and settles the hash
 //! secret; [`error`] is the one place that maps failures to HTTP statuses.
 //!
-//! Around the path: [`valkey`] is the lazy, shared connection (standalone or
+//! Around the path: [`connection`] is the shared connection to Valkey (standalone or
 //! cluster, TLS) used by the store and the stream queue; [`breaker`] skips a
 //! failing store for a cool-down; [`stdout`] is the process's non-blocking
 //! line writer (spooled jobs, EMF lines, `serve`'s logs); [`cli`] is the
@@ -44,6 +44,7 @@ pub mod breaker;
 pub mod cli;
 pub mod clock;
 pub mod config;
+pub mod connection;
 pub mod consume;
 pub mod decide;
 pub mod delay;
@@ -63,7 +64,6 @@ pub mod settle;
 pub mod stdout;
 pub mod store;
 pub mod validate;
-pub mod valkey;
 
 pub use config::Config;
 pub use gate::{Gate, GateRequest};

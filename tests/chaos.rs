@@ -14,12 +14,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::*;
+use quota_gate::connection::Valkey;
 use quota_gate::gate::Gate;
 use quota_gate::meter::Meter;
 use quota_gate::queue::ScanQueue;
 use quota_gate::queue::stream::StreamQueue;
 use quota_gate::store::valkey::ValkeyStore;
-use quota_gate::valkey::Valkey;
 use tokio::time::Instant;
 
 /// The queue's own bound in these tests (the gate allows 5 s).

@@ -25,10 +25,10 @@ use common::client::{http, scan_request};
 use common::serve::{spawn_serve, stderr_of};
 use common::*;
 use jsonwebtoken::Algorithm;
+use quota_gate::connection::Valkey;
 use quota_gate::gate::Gate;
 use quota_gate::store::memory::MemoryStore;
 use quota_gate::store::valkey::ValkeyStore;
-use quota_gate::valkey::Valkey;
 use serde_json::{Value, json};
 
 const IP: &str = "203.0.113.9";

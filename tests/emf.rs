@@ -21,11 +21,11 @@ use quota_gate_testkit as common;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use common::*;
+use quota_gate::connection::Valkey;
 use quota_gate::gate::Gate;
 use quota_gate::meter::{self, Meter};
 use quota_gate::store::memory::MemoryStore;
 use quota_gate::store::valkey::ValkeyStore;
-use quota_gate::valkey::Valkey;
 use serde_json::Value;
 
 /// The units CloudWatch accepts in a metric definition.

@@ -485,7 +485,7 @@ async fn a_late_pacing_step_never_uncounts_an_accepted_scan() {
     ];
     let vars: Vec<(&str, &str)> = vars.iter().map(|(k, v)| (*k, v.as_str())).collect();
     let config = config(&vars);
-    let valkey = quota_gate::valkey::Valkey::from_config(&config)
+    let valkey = quota_gate::connection::Valkey::from_config(&config)
         .unwrap()
         .unwrap();
     let store = LatePace {

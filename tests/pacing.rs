@@ -231,10 +231,10 @@ async fn a_delay_longer_than_the_cap_is_served_one_at_a_time() {
 #[test]
 fn pace_script_matches_the_pure_rule() {
     use proptest::prelude::*;
+    use quota_gate::connection::Valkey;
     use quota_gate::digest::{Hasher, Scope};
     use quota_gate::store::valkey::ValkeyStore;
     use quota_gate::store::{PaceArgs, Paced, QuotaKey, next_slot};
-    use quota_gate::valkey::Valkey;
 
     let server = ValkeyServer::start();
     let rt = tokio::runtime::Builder::new_current_thread()

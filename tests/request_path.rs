@@ -7,12 +7,12 @@ use std::time::Duration;
 
 use common::*;
 use jsonwebtoken::Algorithm;
+use quota_gate::connection::Valkey;
 use quota_gate::gate::Gate;
 use quota_gate::lambda::to_gate_request;
 use quota_gate::meter::Meter;
 use quota_gate::queue::stream::StreamQueue;
 use quota_gate::store::valkey::ValkeyStore;
-use quota_gate::valkey::Valkey;
 use redis::AsyncCommands;
 use serde_json::json;
 

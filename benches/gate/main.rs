@@ -44,6 +44,7 @@ use std::time::{Duration, Instant};
 
 use jsonwebtoken::Algorithm;
 use quota_gate::config::ResetPolicy;
+use quota_gate::connection::Valkey;
 use quota_gate::digest::{Hasher, Scope};
 use quota_gate::gate::{Gate, GateRequest};
 use quota_gate::meter::Meter;
@@ -52,7 +53,6 @@ use quota_gate::queue::{QueueError, ScanJob, ScanQueue};
 use quota_gate::store::memory::MemoryStore;
 use quota_gate::store::valkey::ValkeyStore;
 use quota_gate::store::{CountArgs, QuotaKey, QuotaStore, period_end};
-use quota_gate::valkey::Valkey;
 use quota_gate_testkit::{self as common, client};
 use serde_json::json;
 

@@ -21,7 +21,7 @@ use std::time::Duration;
 use uuid::Uuid;
 
 use super::schedule::{self, Claim, Marker};
-use crate::valkey::Valkey;
+use crate::connection::Valkey;
 
 /// How long a done marker is kept: as long as the gate keeps a keyed
 /// request's record, after which a retry is a new scan anyway.

@@ -40,7 +40,7 @@ use tokio::sync::{Semaphore, watch};
 use tokio::task::JoinSet;
 
 use crate::config::{Config, QueueTarget};
-use crate::valkey::Valkey;
+use crate::connection::Valkey;
 use handoff::Handoff;
 use marker::Markers;
 use meter::ConsumeMeter;

@@ -22,6 +22,7 @@ use uuid::Uuid;
 use crate::breaker::Breaker;
 use crate::clock::Clock;
 use crate::config::{Config, ConfigError, QueueTarget};
+use crate::connection::Valkey;
 use crate::decide::{Limits, decide};
 use crate::delay;
 use crate::error::GateError;
@@ -41,7 +42,6 @@ use crate::store::{
     AnyStore, Claim, Claimed, CountArgs, QuotaKey, QuotaStore, Record, RecordField, RecordState,
     Refund, StoreError, period_end,
 };
-use crate::valkey::Valkey;
 use run::Scan;
 
 mod run;

@@ -6,9 +6,9 @@
 //! store, which lives only inside one `serve` process, has none at all.
 
 use super::nodes;
+use crate::connection::Connection;
 use crate::store::valkey::ValkeyStore;
 use crate::store::{KEY_PATTERN, QuotaKey, StoreError};
-use crate::valkey::Connection;
 
 /// Keys removed per UNLINK in a purge.
 const PURGE_BATCH: usize = 500;

@@ -27,9 +27,9 @@ pub mod subject;
 use std::time::Duration;
 
 use crate::config::{Config, ConfigError};
+use crate::connection::Valkey;
 use crate::store::StoreError;
 use crate::store::valkey::ValkeyStore;
-use crate::valkey::Valkey;
 
 /// The bound on each Valkey call from an operator command. The request
 /// path's `QUOTA_STORE_TIMEOUT_MS` (100 ms by default) protects clients; an

@@ -8,7 +8,7 @@ use std::collections::BTreeSet;
 
 use redis::{ConnectionAddr, ErrorKind, RedisError, RedisResult, Value};
 
-use crate::valkey::{Connection, Valkey, client_for};
+use crate::connection::{Connection, Valkey, client_for};
 
 /// The address of every primary that serves slots, as the cluster
 /// announces them (`CLUSTER SHARDS`). A standalone server is its own only

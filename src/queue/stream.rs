@@ -10,7 +10,7 @@
 //! first attempt landed after all, the second adds nothing.
 
 use super::{QueueError, ScanJob, ScanQueue};
-use crate::valkey::{SendError, Valkey};
+use crate::connection::{SendError, Valkey};
 
 /// How long a landed `scanId` is remembered: as long as a key's record.
 const MARKER_TTL_SECS: i64 = crate::store::IDEMPOTENCY_TTL_SECS;

@@ -419,9 +419,9 @@ impl From<redis::RedisError> for StoreError {
     }
 }
 
-impl From<crate::valkey::SendError> for StoreError {
-    fn from(e: crate::valkey::SendError) -> Self {
-        use crate::valkey::SendError;
+impl From<crate::connection::SendError> for StoreError {
+    fn from(e: crate::connection::SendError) -> Self {
+        use crate::connection::SendError;
         match e {
             SendError::NotSent(why) => Self::NotSent(why),
             SendError::Unanswered => Self::Unanswered,

@@ -20,7 +20,7 @@ use super::{
     Claim, Claimed, Count, CountArgs, Field, IDEMPOTENCY_TTL_SECS, PaceArgs, Paced, QuotaStore,
     Record, Refund, StoreError,
 };
-use crate::valkey::{Request, Valkey};
+use crate::connection::{Request, Valkey};
 
 const CLAIM: &str = include_str!("claim.lua");
 const PACE: &str = include_str!("pace.lua");

@@ -43,12 +43,12 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, Method, header};
 use quota_gate::config::Config;
+use quota_gate::connection::Valkey;
 use quota_gate::gate::{Gate, GateRequest};
 use quota_gate::meter::Meter;
 use quota_gate::queue::ScanQueue;
 use quota_gate::queue::stream::StreamQueue;
 use quota_gate::store::valkey::ValkeyStore;
-use quota_gate::valkey::Valkey;
 
 /// The repository root (this crate lives in `testkit/`, one level below).
 pub fn root() -> PathBuf {

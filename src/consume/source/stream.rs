@@ -19,8 +19,8 @@ use std::time::{Duration, Instant};
 use redis::streams::{StreamAutoClaimReply, StreamId, StreamReadReply};
 
 use super::{Delivery, Handle};
+use crate::connection::Valkey;
 use crate::job::ScanJob;
-use crate::valkey::Valkey;
 
 /// How long one `XREADGROUP` blocks waiting for new entries.
 pub const BLOCK: Duration = Duration::from_millis(500);
