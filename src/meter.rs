@@ -4,13 +4,20 @@
 //! a CloudWatch embedded-metric-format (EMF) line on stdout, which Lambda
 //! ships to CloudWatch Logs and CloudWatch turns into metrics, and the
 //! `metrics` facade, which `quota-gate serve` renders as Prometheus text at
-//! `GET /metrics`. Every metric has the dimension `Scope` (`ip` or `tid`);
-//! one, [`REQUESTS`], also has `Outcome`, what the request came to (one of
-//! the eight [`OUTCOMES`]), so a dashboard shows requests by outcome. Both
-//! take a fixed, short list of values: no per-client dimension, and no IP,
-//! token or digest in any line. `Outcome` is a dimension of that one metric
-//! only (a second EMF directive), so the other metrics are not multiplied by
-//! it in CloudWatch's bill.
+//! `GET /metrics`. Every metric has the dimension `Scope` (`ip` or `tid`)
+//! and no other (the spec's step 9): no per-client dimension, and no IP,
+//! token or digest in any line. Every EMF line has one directive, whose
+//! `Dimensions` are exactly `[["Scope"]]`.
+//!
+//! What a request came to (one of the eight [`OUTCOMES`]) is therefore not a
+//! dimension but part of a metric's name: [`REQUESTS`] holds one Count per
+//! outcome, `stella_quota_requests_<outcome>_total`, so a dashboard shows
+//! requests by outcome by plotting the eight. A line names (and carries,
+//! with the value 1) only the metric of its own outcome: EMF requires every
+//! metric a directive names to be a member of the line, and a zero for the
+//! seven others would only add bytes. In Prometheus they are eight counters
+//! labelled `scope` only, like the other quota counters; there every series
+//! exists from the start (at 0), so a query on any of them has data.
 //!
 //! The EMF line is written here rather than through an EMF crate: the crates
 //! available aggregate in a process-global recorder and flush documents
@@ -41,8 +48,6 @@ pub const STORE_ERRORS: &str = "stella_quota_store_errors_total";
 pub const ENQUEUE_ERRORS: &str = "stella_quota_enqueue_errors_total";
 pub const BACKLOG_REFUSALS: &str = "stella_quota_backlog_refusals_total";
 pub const DELAY_MS: &str = "stella_quota_delay_ms";
-/// Every metered request, by `Outcome` (a label in Prometheus).
-pub const REQUESTS: &str = "stella_quota_requests_total";
 /// What a metered request came to: accepted in a tier, accepted without a
 /// count (the store did not answer, fail-open), refused with the 503's
 /// error code, or a repeat of an `Idempotency-Key` answered from its record
@@ -57,6 +62,29 @@ pub const OUTCOMES: [&str; 8] = [
     "store_unavailable",
     "queue_unavailable",
     "repeat",
+];
+/// Every metered request, one Count per outcome, in [`OUTCOMES`] order:
+/// `stella_quota_requests_<outcome>_total`.
+pub const REQUESTS: [&str; 8] = [
+    "stella_quota_requests_within_total",
+    "stella_quota_requests_soft_total",
+    "stella_quota_requests_hard_total",
+    "stella_quota_requests_unmetered_total",
+    "stella_quota_requests_backlog_full_total",
+    "stella_quota_requests_store_unavailable_total",
+    "stella_quota_requests_queue_unavailable_total",
+    "stella_quota_requests_repeat_total",
+];
+/// What each of [`REQUESTS`] counts, for its `# HELP` line.
+const REQUESTS_HELP: [&str; 8] = [
+    "Scans accepted within the daily quota.",
+    "Scans accepted in the soft window (soft delay).",
+    "Scans accepted beyond the soft window (hard delay).",
+    "Scans accepted without a count: the quota store did not answer (fail-open).",
+    "Scans refused with 503 backlog_full.",
+    "Scans refused with 503 store_unavailable (fail-closed, or a keyed scan whose count is unknown).",
+    "Scans refused with 503 queue_unavailable.",
+    "Repeats of an Idempotency-Key answered from its record (not counted again).",
 ];
 /// EMF lines dropped because the output queue was full (`serve` only): a
 /// stdout reader that is slow or gone.
@@ -104,10 +132,9 @@ pub fn describe() {
         BACKLOG_REFUSALS,
         "Scans refused with 503 backlog_full: the paced delay would exceed QUOTA_MAX_BACKLOG_MS."
     );
-    metrics::describe_counter!(
-        REQUESTS,
-        "Scans that reached the quota store, by outcome (within, soft, hard, unmetered, the 503's code, or repeat)."
-    );
+    for (name, help) in REQUESTS.iter().zip(REQUESTS_HELP) {
+        metrics::describe_counter!(*name, help);
+    }
     metrics::describe_counter!(
         EMF_DROPPED,
         "EMF lines dropped because standard output was not read fast enough."
@@ -189,6 +216,11 @@ impl Outcome {
         OUTCOMES[self.outcome_index()]
     }
 
+    /// The one of [`REQUESTS`] this request counts in.
+    pub fn requests_metric(&self) -> &'static str {
+        REQUESTS[self.outcome_index()]
+    }
+
     /// The position of [`Outcome::outcome`] in [`OUTCOMES`].
     fn outcome_index(&self) -> usize {
         match (self.enqueue_error, self.backlog_refused, self.tier) {
@@ -238,7 +270,7 @@ pub struct Meter {
 struct ScopeHandles {
     counters: [metrics::Counter; 6],
     delay: metrics::Histogram,
-    /// [`REQUESTS`], one per outcome, in [`OUTCOMES`] order.
+    /// [`REQUESTS`], in [`OUTCOMES`] order.
     requests: [metrics::Counter; 8],
 }
 
@@ -248,41 +280,40 @@ impl ScopeHandles {
         Self {
             counters: COUNTERS.map(|name| metrics::counter!(name, "scope" => scope)),
             delay: metrics::histogram!(DELAY_MS, "scope" => scope),
-            requests: OUTCOMES
-                .map(|outcome| metrics::counter!(REQUESTS, "scope" => scope, "outcome" => outcome)),
+            requests: REQUESTS.map(|name| metrics::counter!(name, "scope" => scope)),
         }
     }
 }
 
-/// The `CloudWatchMetrics` member, serialized once: it never changes after
-/// start, and building it per request was half of the gate's own CPU.
+/// The `CloudWatchMetrics` member, serialized once per kind of line: it
+/// never changes after start, and building it per request was half of the
+/// gate's own CPU.
 struct Directives {
-    /// For a decided request: the counters and the delay sample.
-    decided: String,
-    /// For a request the store could not count: the counters only.
-    undecided: String,
+    /// For a decided request, per outcome: the counters, the outcome's
+    /// [`REQUESTS`] metric and the delay sample.
+    decided: [String; 8],
+    /// For a request the store could not count, per outcome: the counters
+    /// and the outcome's [`REQUESTS`] metric.
+    undecided: [String; 8],
 }
 
 impl Directives {
     fn new(namespace: &str) -> Self {
-        let directive = |with_delay: bool| {
+        let directive = |with_delay: bool, requests: &str| {
             let mut metrics: Vec<Value> = COUNTERS
                 .iter()
+                .chain([&requests])
                 .map(|n| json!({"Name": n, "Unit": "Count"}))
                 .collect();
             if with_delay {
                 metrics.push(json!({"Name": DELAY_MS, "Unit": "Milliseconds"}));
             }
-            json!([
-                {"Namespace": namespace, "Dimensions": [["Scope"]], "Metrics": metrics},
-                {"Namespace": namespace, "Dimensions": [["Scope", "Outcome"]],
-                 "Metrics": [{"Name": REQUESTS, "Unit": "Count"}]}
-            ])
-            .to_string()
+            json!([{"Namespace": namespace, "Dimensions": [["Scope"]], "Metrics": metrics}])
+                .to_string()
         };
         Self {
-            decided: directive(true),
-            undecided: directive(false),
+            decided: REQUESTS.map(|r| directive(true, r)),
+            undecided: REQUESTS.map(|r| directive(false, r)),
         }
     }
 }
@@ -359,16 +390,17 @@ impl Meter {
     /// here is a number or one of our own ASCII names, so nothing needs escaping.
     pub fn emf_line(&self, outcome: &Outcome, timestamp_ms: u64) -> String {
         use std::fmt::Write as _;
+        let index = outcome.outcome_index();
         let directive = match outcome.tier {
-            Some(_) => &self.directives.decided,
-            None => &self.directives.undecided,
+            Some(_) => &self.directives.decided[index],
+            None => &self.directives.undecided[index],
         };
         let mut line = String::with_capacity(directive.len() + 320);
         let _ = write!(
             line,
-            r#"{{"_aws":{{"Timestamp":{timestamp_ms},"CloudWatchMetrics":{directive}}},"Scope":"{}","Outcome":"{}","{REQUESTS}":1"#,
+            r#"{{"_aws":{{"Timestamp":{timestamp_ms},"CloudWatchMetrics":{directive}}},"Scope":"{}","{}":1"#,
             outcome.scope.as_str(),
-            outcome.outcome()
+            REQUESTS[index]
         );
         for (name, value) in COUNTERS.iter().zip(outcome.counter_values()) {
             let _ = write!(line, r#","{name}":{value}"#);
@@ -400,6 +432,68 @@ mod tests {
             delay: Duration::from_millis(delay_ms),
             store_error: tier.is_none(),
             ..Outcome::new(Scope::Ip)
+        }
+    }
+
+    /// One line of each outcome, in each scope, with and without a decision.
+    fn every_kind() -> Vec<Outcome> {
+        let mut all = Vec::new();
+        for scope in [Scope::Ip, Scope::Tid] {
+            for tier in [None, Some(Tier::Within), Some(Tier::Soft), Some(Tier::Hard)] {
+                for flags in 0..8u8 {
+                    all.push(Outcome {
+                        tier,
+                        unmetered: tier.is_none() && flags & 1 != 0,
+                        store_error: flags & 2 != 0,
+                        enqueue_error: flags & 4 != 0,
+                        backlog_refused: tier.is_none() && flags == 0 && scope == Scope::Tid,
+                        ..Outcome::new(scope)
+                    });
+                }
+            }
+        }
+        all
+    }
+
+    /// Every line, whatever its outcome, has one directive whose Dimensions are exactly [["Scope"]], and no Outcome member.
+    #[test]
+    fn dimensions_are_scope_only() {
+        let meter = Meter::new("StellaOps/Quota", None);
+        let mut seen = std::collections::BTreeSet::new();
+        for o in every_kind() {
+            let doc: Value = serde_json::from_str(&meter.emf_line(&o, 0)).unwrap();
+            let directives = doc["_aws"]["CloudWatchMetrics"].as_array().unwrap();
+            assert_eq!(directives.len(), 1, "{doc}");
+            for d in directives {
+                assert_eq!(d["Dimensions"], json!([["Scope"]]), "{doc}");
+            }
+            assert!(doc.get("Outcome").is_none(), "{doc}");
+            seen.insert(o.outcome());
+        }
+        assert_eq!(seen.len(), OUTCOMES.len(), "every outcome was tried");
+    }
+
+    /// A line names and carries the requests metric of its own outcome (value 1) and no other one.
+    #[test]
+    fn one_requests_metric_per_line() {
+        for (name, outcome) in REQUESTS.iter().zip(OUTCOMES) {
+            assert_eq!(*name, format!("stella_quota_requests_{outcome}_total"));
+        }
+        let meter = Meter::new("ns", None);
+        for o in every_kind() {
+            let doc: Value = serde_json::from_str(&meter.emf_line(&o, 0)).unwrap();
+            let named: Vec<&str> = doc["_aws"]["CloudWatchMetrics"][0]["Metrics"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|m| m["Name"].as_str().unwrap())
+                .filter(|n| REQUESTS.contains(n))
+                .collect();
+            assert_eq!(named, [o.requests_metric()], "{doc}");
+            assert_eq!(doc[o.requests_metric()], 1);
+            for other in REQUESTS.iter().filter(|n| **n != o.requests_metric()) {
+                assert!(doc.get(*other).is_none(), "{other} in {doc}");
+            }
         }
     }
 
@@ -467,8 +561,11 @@ mod tests {
         assert_eq!(refused(|o| o.backlog_refused = true), "backlog_full");
         let doc: Value =
             serde_json::from_str(&Meter::new("ns", None).emf_line(&closed, 0)).unwrap();
-        assert_eq!(doc["Outcome"], "store_unavailable");
-        assert_eq!(doc[REQUESTS], 1);
+        assert_eq!(
+            closed.requests_metric(),
+            "stella_quota_requests_store_unavailable_total"
+        );
+        assert_eq!(doc[closed.requests_metric()], 1);
         assert_eq!(doc["Scope"], "tid");
     }
 }

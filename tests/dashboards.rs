@@ -412,6 +412,28 @@ fn grafana_dashboard_is_importable() {
     }
 }
 
+/// The Grafana "Requests by outcome" panel plots each of the per-outcome counters, and no query groups by a label the gate no longer has.
+#[test]
+fn grafana_plots_every_outcome() {
+    let panels = panels(&grafana());
+    let (_, _, exprs) = panels
+        .iter()
+        .find(|(title, _, _)| title == "Requests by outcome")
+        .expect("a requests-by-outcome panel");
+    for name in quota_gate::meter::REQUESTS {
+        assert!(
+            exprs.iter().any(|e| e.contains(&format!("{name}{{"))),
+            "{name} is not plotted: {exprs:?}"
+        );
+    }
+    for (title, _, exprs) in &panels {
+        for e in exprs {
+            assert!(!e.contains("outcome"), "{title}: {e}");
+            assert!(!e.contains("stella_quota_requests_total"), "{title}: {e}");
+        }
+    }
+}
+
 /// The alert rules, as (expression left of the comparison, threshold).
 fn alert_rules() -> Vec<(String, f64)> {
     read("prometheus/alerts.yaml")
@@ -598,11 +620,7 @@ fn grafana_queries_return_data_from_prometheus() {
         unmetered.contains("x-stella-quota: unavailable"),
         "{unmetered}"
     );
-    wait_for(
-        prometheus,
-        r#"stella_quota_requests_total{outcome="unmetered"}"#,
-        1.0,
-    );
+    wait_for(prometheus, "stella_quota_requests_unmetered_total", 1.0);
     wait_for(prometheus, "count_over_time(process_open_fds[1m])", 3.0);
 
     for (title, _, exprs) in panels(&grafana()) {

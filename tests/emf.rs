@@ -13,8 +13,10 @@
 //!   array of at most 100 numbers.
 //!
 //! Beyond the specification, the names and units must be those
-//! `quota_gate::meter` declares, and no line may carry the client's address
-//! or digest.
+//! `quota_gate::meter` declares, every directive's `Dimensions` must be
+//! exactly `[["Scope"]]` (the product spec's step 9: no other dimension), a
+//! line must name exactly one of the per-outcome requests metrics, and no
+//! line may carry the client's address or digest.
 
 use quota_gate_testkit as common;
 
@@ -89,21 +91,26 @@ fn check_emf(line: &str) -> Value {
 
     let directives = aws["CloudWatchMetrics"].as_array().expect("an array");
     assert!(!directives.is_empty());
+    assert!(root.get("Outcome").is_none(), "no Outcome member: {line}");
+    let requests: Vec<&str> = directives
+        .iter()
+        .flat_map(|d| d["Metrics"].as_array().into_iter().flatten())
+        .filter_map(|m| m["Name"].as_str())
+        .filter(|n| meter::REQUESTS.contains(n))
+        .collect();
+    assert_eq!(requests.len(), 1, "one requests metric per line: {line}");
+    assert_eq!(root[requests[0]], 1, "{line}");
     for d in directives {
         let ns = d["Namespace"].as_str().expect("Namespace is a string");
         assert!((1..=255).contains(&ns.len()));
         assert_eq!(ns, "StellaOps/Quota");
 
         let sets = d["Dimensions"].as_array().expect("Dimensions is an array");
-        // Scope everywhere; Outcome only on the requests counter.
-        let requests_only =
-            d["Metrics"] == serde_json::json!([{"Name": meter::REQUESTS, "Unit": "Count"}]);
-        let expected = if requests_only {
-            serde_json::json!([["Scope", "Outcome"]])
-        } else {
-            serde_json::json!([["Scope"]])
-        };
-        assert_eq!(d["Dimensions"], expected, "no other dimension");
+        assert_eq!(
+            d["Dimensions"],
+            serde_json::json!([["Scope"]]),
+            "Scope and no other dimension, in every directive: {line}"
+        );
         for set in sets {
             let names = set.as_array().expect("a dimension set is an array");
             assert!(names.len() <= 30);
@@ -113,12 +120,7 @@ fn check_emf(line: &str) -> Value {
                     .get(name)
                     .unwrap_or_else(|| panic!("dimension {name} missing"));
                 let value = value.as_str().expect("dimension values are strings");
-                let allowed: &[&str] = if name == "Scope" {
-                    &["ip", "tid"]
-                } else {
-                    &meter::OUTCOMES
-                };
-                assert!(allowed.contains(&value), "{name}={value}");
+                assert!(["ip", "tid"].contains(&value), "{name}={value}");
             }
         }
 
@@ -133,7 +135,7 @@ fn check_emf(line: &str) -> Value {
                 "Milliseconds"
             } else {
                 assert!(
-                    meter::COUNTERS.contains(&name) || name == meter::REQUESTS,
+                    meter::COUNTERS.contains(&name) || meter::REQUESTS.contains(&name),
                     "undeclared metric {name}"
                 );
                 "Count"
@@ -187,17 +189,19 @@ async fn tiers_print_valid_emf() {
     }
     let docs = documents(&sink);
     assert_eq!(docs.len(), 3, "one line per request");
-    let all: Vec<&str> = meter::COUNTERS
-        .iter()
-        .copied()
-        .chain([meter::DELAY_MS])
-        .collect();
-    for doc in &docs {
+    // within, soft, hard: the first three of meter::REQUESTS.
+    for (doc, requests) in docs.iter().zip(meter::REQUESTS) {
+        let all: Vec<&str> = meter::COUNTERS
+            .iter()
+            .copied()
+            .chain([requests, meter::DELAY_MS])
+            .collect();
         assert_eq!(
             declared(doc),
             all,
-            "every metric declared on every decided scan"
+            "every counter, the outcome's requests metric and the delay on every decided scan"
         );
+        assert_eq!(doc[requests], 1);
         assert_eq!(doc["Scope"], "ip");
     }
     // [soft, hard, reminders, store errors, enqueue errors]
@@ -254,7 +258,12 @@ async fn store_error_prints_valid_emf() {
         docs[0]["tier"], "unmetered",
         "a scan accepted uncounted says so"
     );
-    assert_eq!(declared(&docs[0]), meter::COUNTERS);
+    let undecided: Vec<&str> = meter::COUNTERS
+        .iter()
+        .copied()
+        .chain(["stella_quota_requests_unmetered_total"])
+        .collect();
+    assert_eq!(declared(&docs[0]), undecided);
     assert!(docs[0].get(meter::DELAY_MS).is_none());
 }
 
@@ -267,6 +276,7 @@ async fn enqueue_error_prints_valid_emf() {
     let docs = documents(&sink);
     assert_eq!(docs.len(), 1);
     assert_counters(&docs[0], [0, 0, 0, 0, 1, 0]);
+    assert_eq!(docs[0]["stella_quota_requests_queue_unavailable_total"], 1);
 }
 
 /// Requests refused before counting (bad input) print nothing.

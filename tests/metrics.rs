@@ -165,6 +165,43 @@ fn counters_equal_what_was_sent() {
     assert_eq!(tid("stella_quota_delay_ms_count"), TOKEN_SCANS as f64);
 }
 
+/// Requests by outcome are one counter per outcome, labelled `scope` only: 3 within, 2 soft, 3 hard anonymous; 2 within by token; every other outcome exposed at 0.
+#[test]
+fn requests_by_outcome() {
+    use quota_gate::meter::{OUTCOMES, REQUESTS};
+    let text = scripted_run();
+    for (name, outcome) in REQUESTS.iter().zip(OUTCOMES) {
+        assert_eq!(*name, format!("stella_quota_requests_{outcome}_total"));
+        assert!(
+            text.contains(&format!("# TYPE {name} counter")),
+            "{name}:\n{text}"
+        );
+        assert!(
+            text.contains(&format!("# HELP {name} ")),
+            "{name} has no help"
+        );
+        let expected = |scope: &str| match (outcome, scope) {
+            ("within", "ip") => 3.0,
+            ("soft", "ip") => 2.0,
+            ("hard", "ip") => 3.0,
+            ("within", "tid") => TOKEN_SCANS as f64,
+            _ => 0.0,
+        };
+        for scope in ["ip", "tid"] {
+            let series = format!("{name}{{scope=\"{scope}\"}}");
+            assert_eq!(value(text, &series), expected(scope), "{series}");
+        }
+    }
+    for series in samples(text).keys() {
+        if series.starts_with("stella_quota_requests_") {
+            assert!(
+                !series.contains(',') && series.contains("{scope=\""),
+                "scope is the only label: {series}"
+            );
+        }
+    }
+}
+
 /// The exported names are exactly the seed's: no suffix added or dropped, counters typed as counters.
 #[test]
 fn names_are_the_seeds() {
