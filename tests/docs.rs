@@ -350,8 +350,12 @@ fn aws_parameter_list_is_the_templates() {
 /// docs/operations.md's metrics table is `meter.rs`'s metrics.
 #[test]
 fn metrics_table_is_the_meters() {
-    use quota_gate::meter::{COUNTERS, DELAY_MS, EMF_DROPPED};
-    let mut metrics: BTreeSet<String> = COUNTERS.iter().map(|s| s.to_string()).collect();
+    use quota_gate::meter::{COUNTERS, DELAY_MS, EMF_DROPPED, REQUESTS};
+    let mut metrics: BTreeSet<String> = COUNTERS
+        .iter()
+        .chain(&REQUESTS)
+        .map(|s| s.to_string())
+        .collect();
     metrics.insert(DELAY_MS.into());
     metrics.insert(EMF_DROPPED.into());
     let table: BTreeSet<String> = first_column(&read("docs/operations.md"), "| metric | type |")
