@@ -488,3 +488,22 @@ fn hash_secret_minimum_is_the_codes() {
     assert!(aws.contains(&format!("at least {min_length} characters")));
     assert!(aws.contains("under 16 bytes"));
 }
+
+/// The README's first screen gives exactly two commands, the local gate and the whole
+/// test suite, and CI (`.ci/run`) runs that same test command.
+#[test]
+fn first_screen_has_the_two_commands() {
+    let readme = read("README.md");
+    let block = readme
+        .split("```sh\n")
+        .nth(1)
+        .and_then(|b| b.split("```").next())
+        .expect("a first sh block");
+    let commands: Vec<&str> = block
+        .lines()
+        .map(|l| l.split('#').next().unwrap_or("").trim())
+        .filter(|l| !l.is_empty())
+        .collect();
+    assert_eq!(commands, ["cargo run -- serve", "scripts/test"]);
+    assert!(read(".ci/run").contains("scripts/test"));
+}
