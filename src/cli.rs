@@ -165,8 +165,9 @@ impl std::io::Write for LogLine {
     }
 }
 
-/// Ctrl-C, or SIGTERM as container runtimes and systemd send it.
-async fn shutdown_signal() {
+/// Ctrl-C, or SIGTERM as container runtimes and systemd send it (`serve`
+/// and `consume` alike).
+pub(crate) async fn shutdown_signal() {
     #[cfg(unix)]
     {
         use tokio::signal::unix::{SignalKind, signal};

@@ -29,7 +29,8 @@ pub enum Clock {
     },
 }
 
-fn wall_ms() -> i64 {
+/// Unix milliseconds by the system's wall clock.
+pub fn wall_ms() -> i64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))

@@ -736,3 +736,31 @@ async fn post_hands_the_job_to_an_http_scanner() {
         assert_eq!(body, job.to_string());
     }
 }
+
+/// `--metrics-listen` serves Prometheus text: after one job from standard
+/// input, `GET /metrics` answers 200 with the consumer's counters.
+#[tokio::test(flavor = "multi_thread")]
+async fn metrics_listen_serves_prometheus_text() {
+    let scanner = Scanner::new();
+    let addr = loopback(free_port());
+    let listen = addr.to_string();
+    let mut child = consume(
+        &scanner,
+        "m",
+        &["--from", "-", "--metrics-listen", &listen],
+        &[],
+        Stdio::piped(),
+    );
+    let mut stdin = child.stdin.take().unwrap();
+    std::io::Write::write_all(&mut stdin, format!("{}\n", job(now_ms())).as_bytes()).unwrap();
+    scanner.wait_for_ends(1, Duration::from_secs(10));
+    assert!(wait_for_port(addr, Duration::from_secs(10)));
+    let request = common::client::get_request("/metrics");
+    let (status, text) = send(addr, request.as_bytes(), Duration::from_secs(10)).unwrap();
+    assert_eq!(status, 200, "{text}");
+    assert!(
+        text.contains("stella_consumer_jobs_succeeded_total"),
+        "{text}"
+    );
+    drop(stdin);
+}

@@ -34,7 +34,7 @@ pub mod worker;
 use std::net::SocketAddr;
 use std::num::{NonZeroU32, NonZeroUsize};
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use tokio::sync::{Semaphore, watch};
 use tokio::task::JoinSet;
@@ -49,11 +49,7 @@ use source::AnySource;
 use worker::{Worker, WorkerParts};
 
 /// Unix milliseconds, by the wall clock.
-pub(crate) fn now_ms() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
-}
+pub(crate) use crate::clock::wall_ms as now_ms;
 
 /// `quota-gate consume` options.
 #[derive(Debug, clap::Args)]
@@ -263,7 +259,7 @@ async fn intake(
 ) -> (JoinSet<()>, bool) {
     let room = Arc::new(Semaphore::new(max_held));
     let mut tasks = JoinSet::new();
-    let mut signal = std::pin::pin!(shutdown_signal());
+    let mut signal = std::pin::pin!(crate::cli::shutdown_signal());
     loop {
         while tasks.try_join_next().is_some() {}
         let read = async {
@@ -317,7 +313,7 @@ async fn finish(
 ) {
     let stop_then_grace = async {
         if !stopped {
-            shutdown_signal().await;
+            crate::cli::shutdown_signal().await;
             tracing::info!("stopping: running jobs get the grace period");
             let _ = stop.send(true);
         }
@@ -336,51 +332,19 @@ async fn finish(
     }
 }
 
-/// Ctrl-C, or SIGTERM as container runtimes and systemd send it.
-async fn shutdown_signal() {
-    #[cfg(unix)]
-    {
-        use tokio::signal::unix::{SignalKind, signal};
-        if let Ok(mut term) = signal(SignalKind::terminate()) {
-            tokio::select! {
-                _ = tokio::signal::ctrl_c() => {}
-                _ = term.recv() => {}
-            }
-            return;
-        }
-    }
-    let _ = tokio::signal::ctrl_c().await;
-}
-
-/// `GET /metrics` (any path, in fact) as Prometheus text on `addr`.
+/// `GET /metrics` as Prometheus text on `addr`, served by the exporter's own
+/// HTTP listener on this runtime.
 async fn serve_metrics(addr: SocketAddr) -> Result<(), String> {
     use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
-    use tokio::io::AsyncWriteExt;
-    let handle = PrometheusBuilder::new()
+    PrometheusBuilder::new()
+        .with_http_listener(addr)
         .set_buckets_for_metric(
             Matcher::Full(meter::LATENESS_MS.into()),
             &meter::LATENESS_BUCKETS_MS,
         )
-        .and_then(|b| b.install_recorder())
-        .map_err(|e| e.to_string())?;
+        .and_then(PrometheusBuilder::install)
+        .map_err(|e| format!("--metrics-listen {addr}: {e}"))?;
     ConsumeMeter::describe();
-    let listener = tokio::net::TcpListener::bind(addr)
-        .await
-        .map_err(|e| format!("cannot listen on {addr}: {e}"))?;
-    tokio::spawn(async move {
-        while let Ok((mut conn, _)) = listener.accept().await {
-            let body = handle.render();
-            tokio::spawn(async move {
-                let head = format!(
-                    "HTTP/1.1 200 OK\r\ncontent-type: text/plain; version=0.0.4\r\n\
-                     content-length: {}\r\nconnection: close\r\n\r\n",
-                    body.len()
-                );
-                let _ = conn.write_all(head.as_bytes()).await;
-                let _ = conn.write_all(body.as_bytes()).await;
-            });
-        }
-    });
     Ok(())
 }
 
