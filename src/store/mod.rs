@@ -115,16 +115,15 @@ pub struct Claim {
 
 impl Claim {
     /// The fields that make a record of this claim on their own (state
-    /// `pending`, not counted, under this attempt's lease): written when the
-    /// claim itself never reached the store, so a retry finds the scan's
-    /// identity (and waits for this attempt, or takes over once it is freed).
+    /// `pending`, not counted, lease free): written when the claim itself
+    /// never reached the store, so a retry finds the scan's identity.
     pub fn uncounted(&self) -> Vec<Field> {
         vec![
             (RecordField::State, RecordState::Pending.name().to_owned()),
             (RecordField::ScanId, self.scan_id.to_string()),
             (RecordField::Fingerprint, self.fingerprint.clone()),
             (RecordField::Received, self.received_ms.to_string()),
-            (RecordField::Until, self.lease_until_ms.to_string()),
+            (RecordField::Until, "0".to_owned()),
             (RecordField::Count, "0".to_owned()),
         ]
     }
