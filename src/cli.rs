@@ -31,7 +31,10 @@ pub enum Command {
     /// Soft hits, hard hits, reminders and p95 delay per scope, from CloudWatch.
     Stats(crate::ops::command::StatsArgs),
     /// Run queued scans: each no sooner than its notBefore, each scanId once.
-    Consume(crate::consume::ConsumeArgs),
+    Consume(Box<crate::consume::ConsumeArgs>),
+    /// The guard `consume` runs each --exec scanner under (not for people).
+    #[command(name = "scan-guard", hide = true)]
+    ScanGuard(crate::consume::guard::GuardArgs),
 }
 
 /// Bucket bounds (ms) for `stella_quota_delay_ms`: dense around the 1 s
@@ -54,6 +57,9 @@ pub fn install_prometheus() -> Result<PrometheusHandle, String> {
 /// Parses the command line and runs it.
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
+    if let Command::ScanGuard(args) = &cli.command {
+        return crate::consume::guard::run(args);
+    }
     let format = match crate::LogFormat::from_env() {
         Ok(f) => f,
         Err(e) => {
@@ -91,7 +97,8 @@ pub fn main() -> ExitCode {
             Command::Purge(args) => crate::ops::command::purge(args, &config)
                 .await
                 .map_err(|e| e.to_string()),
-            Command::Consume(args) => crate::consume::run(args, config).await,
+            Command::Consume(args) => crate::consume::run(*args, config, shutdown_signal()).await,
+            Command::ScanGuard(_) => Ok(()),
             Command::Stats(args) => {
                 crate::ops::stats::preflight()
                     .await
@@ -115,6 +122,15 @@ pub fn main() -> ExitCode {
 /// last EMF and log lines out.
 async fn serve(config: Config) -> Result<(), String> {
     let metrics = install_prometheus()?;
+    if let (crate::config::QueueTarget::ValkeyStream(key), Ok(Some(valkey))) = (
+        &config.queue,
+        crate::connection::Valkey::from_config(&config),
+    ) {
+        let key = key.clone();
+        tokio::spawn(async move {
+            crate::queue::stream::warn_without_persistence(&valkey, &key).await;
+        });
+    }
     let served = Server::bind(config, Some(metrics))
         .await?
         .run(shutdown_signal())

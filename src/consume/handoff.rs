@@ -1,20 +1,30 @@
 //! Handing a due job to the scanner: a command (`--exec`) or an HTTP
 //! endpoint (`--post`).
 //!
-//! `--exec <command>` runs `sh -c <command>` with the job's JSON on standard
-//! input and `SCAN_ID` and `IMAGE` in the environment; its standard output
-//! and error are the consumer's. Exit status 0 means done. `--post <url>`
-//! sends the job JSON in a `POST` (`content-type: application/json`) over
-//! plain HTTP/1.1, for a scanner beside the consumer; any 2xx means done.
-//! A hand-off that outlives the consumer's grace period on shutdown is
-//! stopped (the command is killed), and counts as not done.
+//! `--exec <command>` runs `sh -c <command>` under a [`guard`](super::guard)
+//! in a process group of its own, with the job's JSON on standard input and
+//! `SCAN_ID`, `SCAN_ATTEMPT` and `IMAGE` in the environment; its standard
+//! output and error are the consumer's. Exit status 0 means done. `--post
+//! <url>` sends the job JSON in a `POST` (`content-type: application/json`,
+//! `x-scan-id`, `x-scan-attempt`) over plain HTTP/1.1, for a scanner beside
+//! the consumer; any 2xx means done.
+//!
+//! A running hand-off is stopped when its `stop` future ends (the scan
+//! timeout, a lost lease, the end of the shutdown grace): an `--exec`
+//! scanner's whole group is killed and waited for before this returns, so
+//! no scanner of this attempt still runs when the job is let go. A stopped
+//! or unanswered `--post` may have landed: the scanner gets the same
+//! `scanId` again on the retry, with a higher attempt number.
 
+use std::future::Future;
 use std::process::Stdio;
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
+use rustix::process::{Pid, Signal, kill_process_group};
 use tokio::io::AsyncWriteExt;
 
+use super::error::Stop;
 use super::source::Delivery;
 
 /// The scanner.
@@ -22,6 +32,36 @@ use super::source::Delivery;
 pub enum Handoff {
     Exec(String),
     Post(http::Uri),
+}
+
+/// How a hand-off ended without the scanner taking the job.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Ended {
+    /// The scanner said no (non-zero exit, non-2xx), or could not be reached.
+    Failed(String),
+    /// The consumer stopped it; for `--exec` the scanner is gone.
+    Stopped(Stop),
+}
+
+impl std::fmt::Display for Ended {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Failed(why) => f.write_str(why),
+            Self::Stopped(stop) => write!(f, "stopped: {stop}"),
+        }
+    }
+}
+
+/// Runs one attempt of a job; the worker is generic over it, so its
+/// scheduling is tested without processes.
+pub trait Scanner: Send + Sync + 'static {
+    /// Hands `d` over as attempt `attempt`, until done, failed, or `stop` ends.
+    fn run<H: Sync>(
+        &self,
+        d: &Delivery<H>,
+        attempt: u64,
+        stop: impl Future<Output = Stop> + Send,
+    ) -> impl Future<Output = Result<(), Ended>> + Send;
 }
 
 impl Handoff {
@@ -35,44 +75,102 @@ impl Handoff {
         }
         Ok(Self::Post(uri))
     }
+}
 
-    /// Runs the hand-off; `Err` says why the job is not done.
-    pub async fn run(&self, d: &Delivery) -> Result<(), String> {
+impl Scanner for Handoff {
+    async fn run<H: Sync>(
+        &self,
+        d: &Delivery<H>,
+        attempt: u64,
+        stop: impl Future<Output = Stop> + Send,
+    ) -> Result<(), Ended> {
         match self {
-            Self::Exec(command) => exec(command, d).await,
-            Self::Post(uri) => post(uri, d).await,
+            Self::Exec(command) => exec(command, d, attempt, stop).await,
+            Self::Post(uri) => {
+                tokio::select! {
+                    done = post(uri, d, attempt) => done.map_err(Ended::Failed),
+                    why = stop => Err(Ended::Stopped(why)),
+                }
+            }
         }
     }
 }
 
-async fn exec(command: &str, d: &Delivery) -> Result<(), String> {
-    let mut child = tokio::process::Command::new("sh")
-        .arg("-c")
-        .arg(command)
-        .env("SCAN_ID", d.job.scan_id.to_string())
-        .env("IMAGE", d.job.image().unwrap_or_default())
-        .stdin(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .map_err(|e| format!("cannot run the scanner: {e}"))?;
-    if let Some(mut stdin) = child.stdin.take() {
-        // A scanner that does not read its input closes the pipe early;
-        // that is its business, its exit status decides.
-        let _ = stdin.write_all(d.json.as_bytes()).await;
-        let _ = stdin.write_all(b"\n").await;
-    }
-    let status = child
-        .wait()
-        .await
-        .map_err(|e| format!("scanner lost: {e}"))?;
-    if status.success() {
-        Ok(())
-    } else {
-        Err(format!("scanner exited with {status}"))
+/// A scanner's process group, killed when this is dropped (the task that
+/// owns the hand-off ended any way at all) and after the scanner exits (so
+/// nothing it left in the background outlives it).
+struct Group(Option<Pid>);
+
+impl Group {
+    fn kill(&self) {
+        if let Some(pid) = self.0 {
+            // ESRCH: the group is gone already.
+            let _ = kill_process_group(pid, Signal::KILL);
+        }
     }
 }
 
-async fn post(uri: &http::Uri, d: &Delivery) -> Result<(), String> {
+impl Drop for Group {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+async fn exec<H>(
+    command: &str,
+    d: &Delivery<H>,
+    attempt: u64,
+    stop: impl Future<Output = Stop>,
+) -> Result<(), Ended> {
+    let exe = std::env::current_exe()
+        .map_err(|e| Ended::Failed(format!("cannot find quota-gate's own binary: {e}")))?;
+    let mut child = tokio::process::Command::new(exe)
+        .arg(super::guard::COMMAND)
+        .arg("--parent")
+        .arg(std::process::id().to_string())
+        .arg("--")
+        .arg(command)
+        .env("SCAN_ID", d.job.scan_id.to_string())
+        .env("SCAN_ATTEMPT", attempt.to_string())
+        .env("IMAGE", d.job.image().unwrap_or_default())
+        .stdin(Stdio::piped())
+        .process_group(0)
+        .kill_on_drop(true)
+        .spawn()
+        .map_err(|e| Ended::Failed(format!("cannot run the scanner: {e}")))?;
+    let group = Group(
+        child
+            .id()
+            .and_then(|id| Pid::from_raw(i32::try_from(id).ok()?)),
+    );
+    let stdin = child.stdin.take();
+    let scan = async {
+        if let Some(mut stdin) = stdin {
+            // A scanner that does not read its input closes the pipe early;
+            // that is its business, its exit status decides.
+            let _ = stdin.write_all(d.json.as_bytes()).await;
+            let _ = stdin.write_all(b"\n").await;
+        }
+        child.wait().await
+    };
+    let status = tokio::select! {
+        biased;
+        status = scan => status,
+        why = stop => {
+            group.kill();
+            let _ = child.wait().await;
+            return Err(Ended::Stopped(why));
+        }
+    };
+    group.kill();
+    match status {
+        Ok(status) if status.success() => Ok(()),
+        Ok(status) => Err(Ended::Failed(format!("scanner exited with {status}"))),
+        Err(e) => Err(Ended::Failed(format!("scanner lost: {e}"))),
+    }
+}
+
+async fn post<H>(uri: &http::Uri, d: &Delivery<H>, attempt: u64) -> Result<(), String> {
     let host = uri.host().unwrap_or_default();
     let port = uri.port_u16().unwrap_or(80);
     let stream = tokio::net::TcpStream::connect((host, port))
@@ -88,12 +186,20 @@ async fn post(uri: &http::Uri, d: &Delivery) -> Result<(), String> {
         .header(http::header::HOST, authority)
         .header(http::header::CONTENT_TYPE, "application/json")
         .header("x-scan-id", d.job.scan_id.to_string())
+        .header("x-scan-attempt", attempt.to_string())
         .body(Full::new(Bytes::from(d.json.clone())))
         .map_err(|e| e.to_string())?;
     let response = sender
         .send_request(request)
         .await
-        .map_err(|e| format!("scanner did not answer: {e}"))?;
+        .map_err(|e| format!("scanner did not answer: {e}"));
+    let response = match response {
+        Ok(r) => r,
+        Err(e) => {
+            connection.abort();
+            return Err(e);
+        }
+    };
     let status = response.status();
     // Read the answer to its end, so the connection closes cleanly.
     let _ = response.into_body().collect().await;

@@ -20,11 +20,13 @@ use std::time::Duration;
 
 use uuid::Uuid;
 
+use super::error::ConsumeError;
 use super::schedule::{self, Claim, Marker};
 use crate::connection::Valkey;
 
-/// How long a done marker is kept: as long as the gate keeps a keyed
-/// request's record, after which a retry is a new scan anyway.
+/// How long a done marker (and a scan's attempt counter) is kept: as long
+/// as the gate keeps a keyed request's record, after which a retry is a new
+/// scan anyway.
 pub const DONE_TTL_SECS: i64 = crate::store::IDEMPOTENCY_TTL_SECS;
 
 /// Done markers an in-process store keeps before forgetting the oldest.
@@ -36,14 +38,14 @@ const RELEASE: &str = include_str!("release.lua");
 /// Where markers live.
 #[derive(Clone)]
 pub enum Markers {
-    Valkey { valkey: Valkey, prefix: String },
+    Valkey { valkey: Valkey, tag: String },
     Local(Arc<Mutex<Local>>),
 }
 
 /// In-process markers.
 #[derive(Default)]
 pub struct Local {
-    markers: HashMap<Uuid, Marker>,
+    markers: HashMap<Uuid, (Marker, u64)>,
     done: VecDeque<Uuid>,
 }
 
@@ -60,12 +62,18 @@ pub fn tagged(key: &str) -> String {
     }
 }
 
+fn lock(local: &Mutex<Local>) -> Result<std::sync::MutexGuard<'_, Local>, ConsumeError> {
+    local
+        .lock()
+        .map_err(|_| ConsumeError::Setup("marker table poisoned".into()))
+}
+
 impl Markers {
     /// Markers in Valkey, beside `key` (a stream key, or `sqs:<name>`).
     pub fn valkey(valkey: Valkey, key: &str) -> Self {
         Self::Valkey {
             valkey,
-            prefix: format!("{}:run:", tagged(key)),
+            tag: tagged(key),
         }
     }
 
@@ -74,48 +82,68 @@ impl Markers {
         Self::Local(Arc::default())
     }
 
-    /// Claims (or renews) `scan`'s marker for the attempt `token`.
-    pub async fn claim(&self, scan: Uuid, token: &str, lease: Duration) -> Result<Claim, String> {
+    fn keys(tag: &str, scan: Uuid) -> (String, String) {
+        (format!("{tag}:run:{scan}"), format!("{tag}:attempt:{scan}"))
+    }
+
+    /// Claims `scan`'s marker for the attempt `token`, as a new attempt
+    /// (`mine` 0) or renewing attempt `mine`, at `now_ms` (in-process only:
+    /// Valkey keeps time by key expiry).
+    pub async fn claim(
+        &self,
+        scan: Uuid,
+        token: &str,
+        mine: u64,
+        lease: Duration,
+        now_ms: i64,
+    ) -> Result<Claim, ConsumeError> {
         let lease_ms = i64::try_from(lease.as_millis()).unwrap_or(i64::MAX);
         match self {
-            Self::Valkey { valkey, prefix } => {
-                let answer: i64 = run(valkey, CLAIM, &format!("{prefix}{scan}"), |c| {
-                    c.arg(token).arg(lease_ms);
-                })
-                .await?;
+            Self::Valkey { valkey, tag } => {
+                let (marker, attempts) = Self::keys(tag, scan);
+                let mut cmd = crate::store::valkey::eval(CLAIM, &[&marker, &attempts]);
+                cmd.arg(token).arg(lease_ms).arg(mine).arg(DONE_TTL_SECS);
+                let answer: i64 = valkey
+                    .send(cmd, valkey.timeout())
+                    .await
+                    .map_err(ConsumeError::from_send)?;
                 Ok(match answer {
-                    1 => Claim::Claimed,
+                    n if n > 0 => Claim::Claimed(n.unsigned_abs()),
                     0 => Claim::Done,
                     _ => Claim::Busy,
                 })
             }
             Self::Local(local) => {
-                let mut local = local.lock().map_err(|e| e.to_string())?;
-                let current = local.markers.get(&scan).cloned().unwrap_or(Marker::Free);
-                let (next, answer) = schedule::claim(&current, token, super::now_ms(), lease_ms);
-                local.markers.insert(scan, next);
+                let mut local = lock(local)?;
+                let (current, attempts) = local
+                    .markers
+                    .get(&scan)
+                    .cloned()
+                    .unwrap_or((Marker::Free, 0));
+                let (next, attempts, answer) =
+                    schedule::claim(&current, attempts, token, mine, now_ms, lease_ms);
+                local.markers.insert(scan, (next, attempts));
                 Ok(answer)
             }
         }
     }
 
     /// Keeps `scan`'s marker as done.
-    pub async fn done(&self, scan: Uuid) -> Result<(), String> {
+    pub async fn done(&self, scan: Uuid) -> Result<(), ConsumeError> {
         match self {
-            Self::Valkey { valkey, prefix } => {
-                let mut conn = valkey.connection().await.map_err(|e| e.to_string())?;
-                redis::cmd("SET")
-                    .arg(format!("{prefix}{scan}"))
-                    .arg("done")
-                    .arg("EX")
-                    .arg(DONE_TTL_SECS)
-                    .query_async::<()>(&mut conn)
+            Self::Valkey { valkey, tag } => {
+                let (marker, _) = Self::keys(tag, scan);
+                let mut cmd = redis::cmd("SET");
+                cmd.arg(marker).arg("done").arg("EX").arg(DONE_TTL_SECS);
+                valkey
+                    .send::<()>(cmd, valkey.timeout())
                     .await
-                    .map_err(|e| e.to_string())
+                    .map_err(ConsumeError::from_send)
             }
             Self::Local(local) => {
-                let mut local = local.lock().map_err(|e| e.to_string())?;
-                local.markers.insert(scan, Marker::Done);
+                let mut local = lock(local)?;
+                let attempts = local.markers.get(&scan).map_or(0, |m| m.1);
+                local.markers.insert(scan, (Marker::Done, attempts));
                 local.done.push_back(scan);
                 while local.done.len() > LOCAL_DONE {
                     if let Some(old) = local.done.pop_front() {
@@ -128,38 +156,28 @@ impl Markers {
     }
 
     /// Releases `scan`'s marker if the attempt `token` still holds it.
-    pub async fn release(&self, scan: Uuid, token: &str) -> Result<(), String> {
+    pub async fn release(&self, scan: Uuid, token: &str) -> Result<(), ConsumeError> {
         match self {
-            Self::Valkey { valkey, prefix } => {
-                let _: i64 = run(valkey, RELEASE, &format!("{prefix}{scan}"), |c| {
-                    c.arg(token);
-                })
-                .await?;
-                Ok(())
+            Self::Valkey { valkey, tag } => {
+                let (marker, _) = Self::keys(tag, scan);
+                let mut cmd = crate::store::valkey::eval(RELEASE, &[&marker]);
+                cmd.arg(token);
+                valkey
+                    .send::<i64>(cmd, valkey.timeout())
+                    .await
+                    .map(drop)
+                    .map_err(ConsumeError::from_send)
             }
             Self::Local(local) => {
-                let mut local = local.lock().map_err(|e| e.to_string())?;
-                if let Some(current) = local.markers.get(&scan) {
-                    let next = schedule::release(current, token);
-                    local.markers.insert(scan, next);
+                let mut local = lock(local)?;
+                if let Some((current, attempts)) = local.markers.get(&scan).cloned() {
+                    let next = schedule::release(&current, token);
+                    local.markers.insert(scan, (next, attempts));
                 }
                 Ok(())
             }
         }
     }
-}
-
-/// One single-key script on `key`, with `args` added.
-async fn run<T: redis::FromRedisValue>(
-    valkey: &Valkey,
-    script: &str,
-    key: &str,
-    args: impl FnOnce(&mut redis::Cmd),
-) -> Result<T, String> {
-    let mut conn = valkey.connection().await.map_err(|e| e.to_string())?;
-    let mut cmd = crate::store::valkey::eval(script, &[key]);
-    args(&mut cmd);
-    cmd.query_async(&mut conn).await.map_err(|e| e.to_string())
 }
 
 #[cfg(test)]
@@ -174,17 +192,19 @@ mod tests {
         assert_eq!(tagged("jobs{}"), "{jobs{}}");
     }
 
-    /// In process: claimed once, busy for another attempt, done for everyone after success.
+    /// In process: claimed once, busy for another attempt, numbered per attempt, done for everyone after success.
     #[tokio::test]
     async fn local_markers() {
         let m = Markers::local();
         let scan = Uuid::now_v7();
         let lease = Duration::from_secs(5);
-        assert_eq!(m.claim(scan, "a", lease).await, Ok(Claim::Claimed));
-        assert_eq!(m.claim(scan, "b", lease).await, Ok(Claim::Busy));
+        let claim = |token: &'static str, mine| m.claim(scan, token, mine, lease, 0);
+        assert!(matches!(claim("a", 0).await, Ok(Claim::Claimed(1))));
+        assert!(matches!(claim("b", 0).await, Ok(Claim::Busy)));
         m.release(scan, "a").await.unwrap();
-        assert_eq!(m.claim(scan, "b", lease).await, Ok(Claim::Claimed));
+        assert!(matches!(claim("b", 0).await, Ok(Claim::Claimed(2))));
+        assert!(matches!(claim("b", 2).await, Ok(Claim::Claimed(2))));
         m.done(scan).await.unwrap();
-        assert_eq!(m.claim(scan, "c", lease).await, Ok(Claim::Done));
+        assert!(matches!(claim("c", 0).await, Ok(Claim::Done)));
     }
 }

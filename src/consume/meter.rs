@@ -20,6 +20,12 @@ pub const DEAD_LETTERED: &str = "stella_consumer_jobs_dead_lettered_total";
 pub const DUPLICATES: &str = "stella_consumer_duplicates_total";
 /// Jobs waiting for their `notBefore` right now.
 pub const HELD: &str = "stella_consumer_held_jobs";
+/// Scans stopped at `--scan-timeout` (each also counts as failed).
+pub const TIMEOUTS: &str = "stella_consumer_scan_timeouts_total";
+/// Scans stopped because their marker's lease was lost.
+pub const LEASES_LOST: &str = "stella_consumer_leases_lost_total";
+/// Valkey's clock minus this machine's (ms), as last measured.
+pub const CLOCK_SKEW_MS: &str = "stella_consumer_clock_skew_ms";
 /// Start − `notBefore`, per started job.
 pub const LATENESS_MS: &str = "stella_consumer_lateness_ms";
 
@@ -37,6 +43,8 @@ pub enum Event {
     Failed,
     DeadLettered,
     Duplicate,
+    TimedOut,
+    LeaseLost,
 }
 
 /// Records events to EMF lines and the `metrics` facade.
@@ -65,7 +73,10 @@ impl ConsumeMeter {
         metrics::describe_counter!(FAILED, "Hand-offs that failed (retried, or dead-lettered).");
         metrics::describe_counter!(DEAD_LETTERED, "Jobs given up after their last attempt.");
         metrics::describe_counter!(DUPLICATES, "Deliveries of a scan that had already run.");
+        metrics::describe_counter!(TIMEOUTS, "Scans stopped at --scan-timeout.");
+        metrics::describe_counter!(LEASES_LOST, "Scans stopped because their lease was lost.");
         metrics::describe_gauge!(HELD, "Jobs waiting for their notBefore.");
+        metrics::describe_gauge!(CLOCK_SKEW_MS, "Valkey's clock minus this machine's, ms.");
         metrics::describe_histogram!(
             LATENESS_MS,
             metrics::Unit::Milliseconds,
@@ -90,6 +101,8 @@ impl ConsumeMeter {
             Event::Failed => FAILED,
             Event::DeadLettered => DEAD_LETTERED,
             Event::Duplicate => DUPLICATES,
+            Event::TimedOut => TIMEOUTS,
+            Event::LeaseLost => LEASES_LOST,
         };
         metrics::counter!(name, "source" => source).increment(1);
         if let Some(out) = &self.emf {

@@ -24,6 +24,9 @@
 //! left unacknowledged. Nothing is acknowledged that did not run. At the end
 //! of standard input the consumer finishes every job it read, then exits.
 
+pub mod clock;
+pub mod error;
+pub mod guard;
 pub mod handoff;
 pub mod marker;
 pub mod meter;
@@ -31,25 +34,27 @@ pub mod schedule;
 pub mod source;
 pub mod worker;
 
+use std::future::Future;
 use std::net::SocketAddr;
 use std::num::{NonZeroU32, NonZeroUsize};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::{Semaphore, watch};
 use tokio::task::JoinSet;
+use tokio_util::task::AbortOnDropHandle;
 
 use crate::config::{Config, QueueTarget};
 use crate::connection::Valkey;
+use clock::QueueClock;
+use error::ConsumeError;
 use handoff::Handoff;
 use marker::Markers;
 use meter::ConsumeMeter;
 use schedule::RetryPolicy;
-use source::AnySource;
+use source::JobSource;
 use worker::{Worker, WorkerParts};
-
-/// Unix milliseconds, by the wall clock.
-pub(crate) use crate::clock::wall_ms as now_ms;
 
 /// `quota-gate consume` options.
 #[derive(Debug, clap::Args)]
@@ -58,10 +63,11 @@ pub struct ConsumeArgs {
     /// an SQS queue URL. Default: the queue the gate writes to (SCAN_QUEUE_URL).
     #[arg(long)]
     pub from: Option<String>,
-    /// The scanner command (`sh -c`): job JSON on stdin, SCAN_ID and IMAGE in its environment; exit 0 = done.
+    /// The scanner command (`sh -c`, in a process group of its own): job JSON on stdin,
+    /// SCAN_ID, SCAN_ATTEMPT and IMAGE in its environment; exit 0 = done.
     #[arg(long, required_unless_present = "post", conflicts_with = "post")]
     pub exec: Option<String>,
-    /// The scanner URL (http://): the job JSON is POSTed; 2xx = done.
+    /// The scanner URL (http://): the job JSON is POSTed with x-scan-id and x-scan-attempt; 2xx = done.
     #[arg(long)]
     pub post: Option<String>,
     /// Hand-offs running at once.
@@ -86,9 +92,16 @@ pub struct ConsumeArgs {
     /// The wait after the first failure, doubled after each (at most 5 min).
     #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
     pub backoff: Duration,
+    /// How long one scan may run; then its scanner is killed and the attempt failed.
+    #[arg(long, default_value = "30m", value_parser = humantime::parse_duration)]
+    pub scan_timeout: Duration,
     /// How long running hand-offs may take to finish after SIGTERM.
     #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
     pub grace: Duration,
+    /// With `--from -`: journal every job read to this file (fsync'd) and
+    /// replay the unfinished ones at start, so a crash loses none it read.
+    #[arg(long)]
+    pub journal: Option<PathBuf>,
     /// Serve Prometheus text at GET /metrics on this address.
     #[arg(long)]
     pub metrics_listen: Option<SocketAddr>,
@@ -100,15 +113,18 @@ pub struct ConsumeArgs {
 /// The longest wait between attempts.
 const BACKOFF_CAP: Duration = Duration::from_secs(300);
 
+/// How long killed hand-offs get to be reaped after the grace period.
+const KILL_WAIT: Duration = Duration::from_secs(5);
+
 /// What `--from` (or `SCAN_QUEUE_URL`) names.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum From {
+pub enum SourceSpec {
     Stdin,
     Stream(String),
     Sqs(String),
 }
 
-impl From {
+impl SourceSpec {
     /// `--from`, else the gate's own queue.
     pub fn resolve(from: Option<&str>, queue: &QueueTarget) -> Result<Self, String> {
         match from {
@@ -144,7 +160,7 @@ fn default_consumer() -> String {
 }
 
 /// The Valkey of `config` with a response timeout of `timeout`.
-fn valkey(config: &Config, timeout: Duration) -> Result<Option<Valkey>, String> {
+fn valkey(config: &Config, timeout: Duration) -> Result<Option<Valkey>, ConsumeError> {
     config
         .store
         .valkey
@@ -156,59 +172,25 @@ fn valkey(config: &Config, timeout: Duration) -> Result<Option<Valkey>, String> 
                 timeout,
                 v.tls_ca.as_ref().map(|ca| ca.pem.as_slice()),
             )
-            .map_err(|e| e.to_string())
+            .map_err(|e| ConsumeError::Setup(e.to_string()))
         })
         .transpose()
 }
 
-/// Opens the source and its markers.
-async fn open(
-    from: &From,
-    args: &ConsumeArgs,
-    config: &Config,
-    consumer: &str,
-) -> Result<(AnySource, Markers), String> {
-    // Marker and ack calls: the store's bound, with room for a busy machine.
-    let ops_timeout = config.store.timeout.max(Duration::from_secs(1));
-    let ops = valkey(config, ops_timeout)?;
-    match from {
-        From::Stdin => Ok((AnySource::Stdin(Default::default()), Markers::local())),
-        From::Stream(key) => {
-            let ops = ops.ok_or("a valkey-stream source needs VALKEY_URL")?;
-            let reads = valkey(config, source::stream::BLOCK + ops_timeout)?
-                .ok_or("a valkey-stream source needs VALKEY_URL")?;
-            let s = source::stream::StreamSource::open(
-                reads,
-                ops.clone(),
-                key,
-                &args.group,
-                consumer,
-                args.lease,
-            )
-            .await?;
-            Ok((AnySource::Stream(s), Markers::valkey(ops, key)))
-        }
-        From::Sqs(url) => {
-            let sdk = aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await;
-            let s = source::sqs::SqsSource::new(&sdk, url, args.lease);
-            let name = url.rsplit('/').next().unwrap_or("queue");
-            let markers = match ops {
-                Some(ops) => Markers::valkey(ops, &format!("sqs:{name}")),
-                None => {
-                    tracing::warn!(
-                        "no VALKEY_URL: scanId markers are kept in this process only; \
-                         a message SQS delivers twice to two consumers may run twice"
-                    );
-                    Markers::local()
-                }
-            };
-            Ok((AnySource::Sqs(s), markers))
-        }
-    }
+/// Everything but the source that a consumer is built from.
+struct Parts {
+    args: ConsumeArgs,
+    handoff: Handoff,
+    consumer: String,
+    namespace: String,
 }
 
-/// Runs the consumer until SIGTERM (or the end of standard input).
-pub async fn run(args: ConsumeArgs, config: Config) -> Result<(), String> {
+/// Runs the consumer until `shutdown` ends (or the end of standard input).
+pub async fn run(
+    args: ConsumeArgs,
+    config: Config,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), String> {
     if args.lease < Duration::from_secs(1) {
         return Err("--lease must be at least 1s".into());
     }
@@ -220,16 +202,106 @@ pub async fn run(args: ConsumeArgs, config: Config) -> Result<(), String> {
     if let Some(addr) = args.metrics_listen {
         serve_metrics(addr).await?;
     }
-    let from = From::resolve(args.from.as_deref(), &config.queue)?;
-    let consumer = args.consumer.clone().unwrap_or_else(default_consumer);
-    let (source, markers) = open(&from, &args, &config, &consumer).await?;
-    let meter = ConsumeMeter::new(&config.metrics_namespace, source.name(), !args.no_emf);
+    let spec = SourceSpec::resolve(args.from.as_deref(), &config.queue)?;
+    if args.journal.is_some() && spec != SourceSpec::Stdin {
+        return Err("--journal is for --from - (the spool) only".into());
+    }
+    let parts = Parts {
+        consumer: args.consumer.clone().unwrap_or_else(default_consumer),
+        namespace: config.metrics_namespace.clone(),
+        handoff,
+        args,
+    };
+    // Marker and ack calls: the store's bound, with room for a busy machine.
+    let ops_timeout = config.store.timeout.max(Duration::from_secs(1));
+    let ops = valkey(&config, ops_timeout)?;
+    let local = crate::clock::Clock::System;
+    match spec {
+        SourceSpec::Stdin => {
+            let source = source::stdin::StdinSource::open(parts.args.journal.as_deref()).await?;
+            drive(
+                source,
+                Markers::local(),
+                QueueClock::local(local),
+                parts,
+                shutdown,
+            )
+            .await
+        }
+        SourceSpec::Stream(key) => {
+            let missing = || ConsumeError::Setup("a valkey-stream source needs VALKEY_URL".into());
+            let ops = ops.ok_or_else(missing)?;
+            let reads = valkey(&config, ops_timeout)?.ok_or_else(missing)?;
+            let (a, p) = (&parts.args, &parts.consumer);
+            let source =
+                source::stream::StreamSource::open(reads, ops.clone(), &key, &a.group, p, a.lease)
+                    .await?;
+            crate::queue::stream::warn_without_persistence(&ops, &key).await;
+            let markers = Markers::valkey(ops.clone(), &key);
+            drive(
+                source,
+                markers,
+                QueueClock::of_valkey(local, ops),
+                parts,
+                shutdown,
+            )
+            .await
+        }
+        SourceSpec::Sqs(url) => {
+            let sdk = aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await;
+            let source = source::sqs::SqsSource::new(&sdk, &url, parts.args.lease);
+            let name = url.rsplit('/').next().unwrap_or("queue");
+            let (markers, clock) = match ops {
+                Some(ops) => (
+                    Markers::valkey(ops.clone(), &format!("sqs:{name}")),
+                    QueueClock::of_valkey(local, ops),
+                ),
+                None => {
+                    tracing::warn!(
+                        "no VALKEY_URL: scanId markers are kept in this process only; \
+                         a message SQS delivers twice to two consumers may run twice"
+                    );
+                    (Markers::local(), QueueClock::local(local))
+                }
+            };
+            drive(source, markers, clock, parts, shutdown).await
+        }
+    }
+}
+
+/// Runs one consumer on `source` until `shutdown` (or the source's end).
+async fn drive<S: JobSource>(
+    source: S,
+    markers: Markers,
+    clock: Arc<QueueClock>,
+    parts: Parts,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), String> {
+    let Parts {
+        args,
+        handoff,
+        consumer,
+        namespace,
+    } = parts;
+    if let Err(e) = clock.sync().await {
+        tracing::warn!(error = %e, "cannot read Valkey's clock yet; timing by this machine's until it answers");
+    }
+    let _sync = AbortOnDropHandle::new(tokio::spawn(clock.clone().keep_in_sync()));
+    let meter = ConsumeMeter::new(&namespace, source.name(), !args.no_emf);
     let (stop, stopping) = watch::channel(false);
+    let (kill, killing) = watch::channel(false);
+    let _signal = AbortOnDropHandle::new(tokio::spawn(async move {
+        shutdown.await;
+        tracing::info!("stopping: no new jobs; running ones get the grace period");
+        let _ = stop.send(true);
+        // Held until the consumer ends: a closed channel would read as "not stopping".
+        std::future::pending::<()>().await;
+    }));
     tracing::info!(source = source.name(), consumer, "quota-gate consuming");
     let worker = Arc::new(Worker::new(WorkerParts {
         source,
         markers,
-        handoff,
+        scanner: handoff,
         concurrency: args.concurrency.get(),
         policy: RetryPolicy {
             max_attempts: args.max_attempts,
@@ -237,12 +309,15 @@ pub async fn run(args: ConsumeArgs, config: Config) -> Result<(), String> {
             cap: BACKOFF_CAP,
         },
         lease: args.lease,
+        scan_timeout: args.scan_timeout,
         meter,
-        stopping,
+        clock,
+        stopping: stopping.clone(),
+        killing,
         consumer,
     }));
-    let (tasks, stopped) = intake(worker, args.max_held.get(), &stop).await;
-    finish(tasks, args.grace, stopped, &stop).await;
+    let tasks = intake(worker, args.max_held.get(), stopping.clone()).await;
+    finish(tasks, args.grace, stopping, &kill).await;
     crate::stdout::LineWriter::stdout()
         .drain(Duration::from_secs(2))
         .await;
@@ -250,16 +325,15 @@ pub async fn run(args: ConsumeArgs, config: Config) -> Result<(), String> {
 }
 
 /// Reads jobs and starts a task for each, at most `max_held` unfinished,
-/// until SIGTERM (then says stop to the tasks, and returns `true`) or the
+/// until stopping (then gives back what the source still buffers) or the
 /// end of input.
-async fn intake(
-    worker: Arc<Worker>,
+async fn intake<S: JobSource, X: handoff::Scanner>(
+    worker: Arc<Worker<S, X>>,
     max_held: usize,
-    stop: &watch::Sender<bool>,
-) -> (JoinSet<()>, bool) {
+    mut stopping: watch::Receiver<bool>,
+) -> JoinSet<()> {
     let room = Arc::new(Semaphore::new(max_held));
     let mut tasks = JoinSet::new();
-    let mut signal = std::pin::pin!(crate::cli::shutdown_signal());
     loop {
         while tasks.try_join_next().is_some() {}
         let read = async {
@@ -268,10 +342,11 @@ async fn intake(
             (permits, worker.source.next(free.min(64)).await)
         };
         let (first, next) = tokio::select! {
-            () = &mut signal => {
-                tracing::info!("stopping: no new jobs; running ones get the grace period");
-                let _ = stop.send(true);
-                return (tasks, true);
+            _ = stopping.wait_for(|s| *s) => {
+                for d in worker.source.drain().await {
+                    worker.source.give_back(&d, Duration::ZERO).await;
+                }
+                return tasks;
             }
             read = read => read,
         };
@@ -279,7 +354,7 @@ async fn intake(
             Ok(Some(d)) => d,
             Ok(None) => {
                 tracing::info!("end of input: finishing the jobs read");
-                return (tasks, false);
+                return tasks;
             }
             Err(e) => {
                 tracing::warn!(error = %e, "cannot read jobs; trying again");
@@ -302,32 +377,32 @@ async fn intake(
     }
 }
 
-/// Waits for the tasks; once stopping (`stopped`, or a signal now), at
-/// most `grace` more, then ends the rest (their hand-offs are killed and
-/// nothing of theirs is acknowledged).
+/// Waits for the tasks; once stopping, at most `grace` more. Then kills the
+/// scanners still running (each hand-off kills its group and waits for it,
+/// and frees its marker), and gives them [`KILL_WAIT`] to end.
 async fn finish(
     mut tasks: JoinSet<()>,
     grace: Duration,
-    stopped: bool,
-    stop: &watch::Sender<bool>,
+    mut stopping: watch::Receiver<bool>,
+    kill: &watch::Sender<bool>,
 ) {
     let stop_then_grace = async {
-        if !stopped {
-            crate::cli::shutdown_signal().await;
-            tracing::info!("stopping: running jobs get the grace period");
-            let _ = stop.send(true);
-        }
+        let _ = stopping.wait_for(|s| *s).await;
         tokio::time::sleep(grace).await;
     };
     tokio::select! {
-        () = async { while tasks.join_next().await.is_some() {} } => {}
+        () = async { while tasks.join_next().await.is_some() {} } => return,
         () = stop_then_grace => {}
     }
-    if !tasks.is_empty() {
-        tracing::warn!(
-            jobs = tasks.len(),
-            "grace period over: stopping the hand-offs still running"
-        );
+    tracing::warn!(
+        jobs = tasks.len(),
+        "grace period over: killing the scanners still running"
+    );
+    let _ = kill.send(true);
+    let reaped = tokio::time::timeout(KILL_WAIT, async {
+        while tasks.join_next().await.is_some() {}
+    });
+    if reaped.await.is_err() {
         tasks.shutdown().await;
     }
 }
@@ -357,18 +432,27 @@ mod tests {
     fn sources() {
         let sqs = "https://sqs.us-east-1.amazonaws.com/1/scans";
         let stream = QueueTarget::ValkeyStream("jobs".into());
-        assert_eq!(From::resolve(None, &QueueTarget::Spool), Ok(From::Stdin));
         assert_eq!(
-            From::resolve(None, &stream),
-            Ok(From::Stream("jobs".into()))
+            SourceSpec::resolve(None, &QueueTarget::Spool),
+            Ok(SourceSpec::Stdin)
         );
-        assert_eq!(From::resolve(Some("-"), &stream), Ok(From::Stdin));
-        assert_eq!(From::resolve(Some(sqs), &stream), Ok(From::Sqs(sqs.into())));
         assert_eq!(
-            From::resolve(Some("valkey-stream:a{b}"), &QueueTarget::Spool),
-            Ok(From::Stream("a{b}".into()))
+            SourceSpec::resolve(None, &stream),
+            Ok(SourceSpec::Stream("jobs".into()))
         );
-        assert!(From::resolve(Some("valkey-stream:"), &stream).is_err());
-        assert!(From::resolve(Some("ftp://x"), &stream).is_err());
+        assert_eq!(
+            SourceSpec::resolve(Some("-"), &stream),
+            Ok(SourceSpec::Stdin)
+        );
+        assert_eq!(
+            SourceSpec::resolve(Some(sqs), &stream),
+            Ok(SourceSpec::Sqs(sqs.into()))
+        );
+        assert_eq!(
+            SourceSpec::resolve(Some("valkey-stream:a{b}"), &QueueTarget::Spool),
+            Ok(SourceSpec::Stream("a{b}".into()))
+        );
+        assert!(SourceSpec::resolve(Some("valkey-stream:"), &stream).is_err());
+        assert!(SourceSpec::resolve(Some("ftp://x"), &stream).is_err());
     }
 }

@@ -79,7 +79,9 @@ pub fn settle(outcome: Outcome, failures: u32, policy: &RetryPolicy) -> Settleme
     }
 }
 
-/// A `scanId` marker: what a consumer knows about one scan.
+/// A `scanId` marker: what a consumer knows about one scan. Beside it a
+/// counter of attempts (the fencing token a scanner sees as `SCAN_ATTEMPT`)
+/// outlives each lease.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Marker {
     /// Nobody runs it, nobody ran it.
@@ -93,28 +95,50 @@ pub enum Marker {
 /// The answer to a claim.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Claim {
-    /// This attempt may run the scan (a claim by the same token renews it).
-    Claimed,
+    /// This attempt may run the scan, as attempt number `.0` (a renewal
+    /// keeps the number).
+    Claimed(u64),
     /// It already ran: acknowledge without running.
     Done,
-    /// Another attempt holds a live lease: come back later.
+    /// Another attempt holds a live lease, or (for a renewal) claimed the
+    /// scan since this one last held it: come back later / stop.
     Busy,
 }
 
-/// Claims `marker` for `token` at `now_ms` for `lease_ms`. The Valkey
-/// script (`claim.lua`) applies the same rule, with key expiry as the lease.
-pub fn claim(marker: &Marker, token: &str, now_ms: i64, lease_ms: i64) -> (Marker, Claim) {
-    let held = || Marker::Held {
+/// Claims `marker` for `token` at `now_ms` for `lease_ms`. `attempts` is
+/// the scan's attempt counter; `mine` is the attempt number this claim
+/// renews (0: a new attempt). A new attempt takes the next number (a claim
+/// that landed unanswered and is sent again keeps it: same token). A
+/// renewal holds only if no other attempt was numbered since, even if its
+/// lease ran out meanwhile: a consumer that was paused past its lease finds
+/// out here. The Valkey script (`claim.lua`) applies the same rule, with
+/// key expiry as the lease. Returns the marker, the counter and the answer.
+pub fn claim(
+    marker: &Marker,
+    attempts: u64,
+    token: &str,
+    mine: u64,
+    now_ms: i64,
+    lease_ms: i64,
+) -> (Marker, u64, Claim) {
+    let live_holder = match marker {
+        Marker::Done => return (Marker::Done, attempts, Claim::Done),
+        Marker::Held { token: t, until_ms } if *until_ms > now_ms => Some(t.as_str()),
+        _ => None,
+    };
+    if live_holder.is_some_and(|t| t != token) || (mine > 0 && mine != attempts) {
+        return (marker.clone(), attempts, Claim::Busy);
+    }
+    let number = if mine > 0 || live_holder == Some(token) {
+        attempts
+    } else {
+        attempts + 1
+    };
+    let held = Marker::Held {
         token: token.to_owned(),
         until_ms: now_ms.saturating_add(lease_ms),
     };
-    match marker {
-        Marker::Done => (Marker::Done, Claim::Done),
-        Marker::Held { token: t, until_ms } if t != token && *until_ms > now_ms => {
-            (marker.clone(), Claim::Busy)
-        }
-        Marker::Free | Marker::Held { .. } => (held(), Claim::Claimed),
-    }
+    (held, number, Claim::Claimed(number))
 }
 
 /// Releases `token`'s hold after a failure; anyone else's stays.
@@ -128,7 +152,7 @@ pub fn release(marker: &Marker, token: &str) -> Marker {
 /// What a consumer does about a marker it could not claim.
 pub fn on_claim(claim: Claim, lease: Duration) -> Step {
     match claim {
-        Claim::Claimed => Step::Run,
+        Claim::Claimed(attempt) => Step::Run(attempt),
         Claim::Done => Step::AckDuplicate,
         // The holder's lease ends within one lease; by then it has either
         // finished (done) or died (free).
@@ -139,10 +163,50 @@ pub fn on_claim(claim: Claim, lease: Duration) -> Step {
 /// The step a claim leads to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Step {
-    Run,
+    Run(u64),
     AckDuplicate,
     Later(Duration),
 }
+
+/// How one renewal of a running scan's marker went.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Renewal {
+    /// Still this attempt's.
+    Held,
+    /// Done, or another attempt claimed it: this one is no longer the scan's.
+    Lost,
+    /// No answer (Valkey unreachable, stalled): the lease runs on.
+    Unknown,
+}
+
+/// Whether a running scan must be stopped, after `renewal`, when the last
+/// renewal known to have held was *sent* `since_held` ago. The marker
+/// expires one lease after that renewal landed, and it landed after it was
+/// sent, so a scan stopped once ¾ of a lease has passed without a held
+/// renewal is stopped before anyone else can claim it (the last quarter is
+/// the margin for the kill and for clock drift). Only a consumer that was
+/// itself paused longer than that can overlap another attempt, and it stops
+/// at once when it wakes.
+pub fn must_stop(renewal: Renewal, since_held: Duration, lease: Duration) -> bool {
+    match renewal {
+        Renewal::Lost => true,
+        Renewal::Held => false,
+        Renewal::Unknown => since_held >= lease.saturating_mul(3) / 4,
+    }
+}
+
+/// The queue clock's offset from the local one (ms to add to local time),
+/// from one reading of the server's clock taken between `sent_ms` and
+/// `answered_ms` (local): the server read its clock somewhere in that
+/// round trip, taken as its middle.
+pub fn clock_offset_ms(sent_ms: i64, server_ms: i64, answered_ms: i64) -> i64 {
+    let middle = sent_ms + answered_ms.saturating_sub(sent_ms) / 2;
+    server_ms.saturating_sub(middle)
+}
+
+/// The skew past which the consumer warns (it times jobs by the queue's
+/// clock all the same).
+pub const SKEW_WARN_MS: i64 = 1_000;
 
 #[cfg(test)]
 mod tests {
@@ -180,25 +244,52 @@ mod tests {
     }
 
     /// Each marker state against each claimant: done stays done, a live
-    /// lease keeps others out, an expired one or the holder's own token gets in.
+    /// lease keeps others out, an expired one or the holder's own token
+    /// gets in; a new attempt is numbered, a renewal keeps its number and
+    /// fails once another attempt was numbered.
     #[test]
     fn claim_table() {
         let held = Marker::Held {
             token: "a".into(),
             until_ms: 100,
         };
-        assert_eq!(claim(&Marker::Free, "a", 0, 10).1, Claim::Claimed);
-        assert_eq!(claim(&Marker::Done, "a", 0, 10).1, Claim::Done);
-        assert_eq!(claim(&held, "a", 50, 10).1, Claim::Claimed);
-        assert_eq!(claim(&held, "b", 50, 10).1, Claim::Busy);
-        assert_eq!(claim(&held, "b", 100, 10).1, Claim::Claimed);
+        assert_eq!(claim(&Marker::Free, 0, "a", 0, 0, 10).2, Claim::Claimed(1));
+        assert_eq!(claim(&Marker::Done, 3, "a", 0, 0, 10).2, Claim::Done);
+        assert_eq!(claim(&held, 1, "a", 1, 50, 10).2, Claim::Claimed(1));
+        assert_eq!(claim(&held, 1, "a", 0, 50, 10).2, Claim::Claimed(1));
+        assert_eq!(claim(&held, 1, "b", 0, 50, 10).2, Claim::Busy);
+        assert_eq!(claim(&held, 1, "b", 0, 100, 10).2, Claim::Claimed(2));
+        // Lease over, nobody else came: the renewal still holds.
+        assert_eq!(claim(&held, 1, "a", 1, 500, 10).2, Claim::Claimed(1));
+        // Another attempt was numbered meanwhile (and released): lost.
+        assert_eq!(claim(&Marker::Free, 2, "a", 1, 500, 10).2, Claim::Busy);
         assert_eq!(release(&held, "b"), held);
         assert_eq!(release(&held, "a"), Marker::Free);
         assert_eq!(release(&Marker::Done, "a"), Marker::Done);
         let lease = Duration::from_secs(4);
-        assert_eq!(on_claim(Claim::Claimed, lease), Step::Run);
+        assert_eq!(on_claim(Claim::Claimed(2), lease), Step::Run(2));
         assert_eq!(on_claim(Claim::Done, lease), Step::AckDuplicate);
         assert_eq!(on_claim(Claim::Busy, lease), Step::Later(lease / 2));
+    }
+
+    /// A running scan stops when its marker is lost, or when ¾ of a lease
+    /// passed with no renewal known to hold; never while renewals hold.
+    #[test]
+    fn stop_table() {
+        let lease = Duration::from_secs(8);
+        let s = Duration::from_secs;
+        assert!(must_stop(Renewal::Lost, s(0), lease));
+        assert!(!must_stop(Renewal::Held, s(60), lease));
+        assert!(!must_stop(Renewal::Unknown, s(5), lease));
+        assert!(must_stop(Renewal::Unknown, s(6), lease));
+    }
+
+    /// The offset takes the server's reading as the middle of the round trip.
+    #[test]
+    fn offsets() {
+        assert_eq!(clock_offset_ms(1_000, 1_000, 1_000), 0);
+        assert_eq!(clock_offset_ms(1_000, 21_010, 1_020), 20_000);
+        assert_eq!(clock_offset_ms(21_000, 1_005, 21_010), -20_000);
     }
 
     /// One attempt's action on a marker.
@@ -261,17 +352,19 @@ mod tests {
         #[test]
         fn runs_once(acts in proptest::collection::vec(act(), 1..60)) {
             let lease = 100;
-            let (mut marker, mut now, mut successes) = (Marker::Free, 0i64, 0);
+            let (mut marker, mut attempts, mut now, mut successes) = (Marker::Free, 0, 0i64, 0);
+            let mut numbers = Vec::new();
             for a in acts {
                 match a {
                     Act::Wait(ms) => now += i64::from(ms),
                     Act::Try { n, succeeds } => {
                         let token = format!("t{n}");
-                        let (next, answer) = claim(&marker, &token, now, lease);
-                        if answer == Claim::Claimed {
+                        let (next, count, answer) = claim(&marker, attempts, &token, 0, now, lease);
+                        if let Claim::Claimed(number) = answer {
                             prop_assert!(!matches!(&marker, Marker::Held { token: t, until_ms }
                                 if *t != token && *until_ms > now), "claimed over a live lease");
                             prop_assert!(marker != Marker::Done);
+                            numbers.push(number);
                             if succeeds {
                                 successes += 1;
                                 marker = Marker::Done;
@@ -281,10 +374,13 @@ mod tests {
                         } else {
                             marker = next;
                         }
+                        attempts = count;
                     }
                 }
             }
             prop_assert!(successes <= 1);
+            // Attempt numbers never go down: a scanner can refuse a stale one.
+            prop_assert!(numbers.windows(2).all(|w| w[0] <= w[1]));
         }
     }
 }

@@ -2,6 +2,18 @@
 //! `scanId` marker, the hand-off, and what [`schedule::settle`] says after.
 //! Each delivery is a task of its own, so a held job never holds up a due
 //! one; the run slots (`--concurrency`) bound only hand-offs.
+//!
+//! The worker is generic over its [`JobSource`] and its [`Scanner`], and
+//! reads time from the [`QueueClock`] it is given, so its scheduling is
+//! tested with paused Tokio time and no server (`worker_tests.rs`).
+//!
+//! **Leases.** A held job's delivery is renewed every quarter lease. A due
+//! job waiting for a run slot is *not* renewed: if this consumer's scans
+//! keep it busy past a lease, another consumer takes the job over. A
+//! running scan renews its delivery and its marker every quarter lease
+//! ([`Worker::lease_watch`]); when the marker is lost, or no renewal is
+//! known to have held for ¾ of a lease ([`schedule::must_stop`]), the
+//! scanner is stopped (its process group killed) at once.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -9,30 +21,52 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use tokio::sync::{Semaphore, watch};
+use tokio::time::Instant;
 
-use super::handoff::Handoff;
+use super::clock::QueueClock;
+use super::error::{ConsumeError, Stop};
+use super::handoff::{Ended, Scanner};
 use super::marker::Markers;
 use super::meter::{ConsumeMeter, Event};
-use super::now_ms;
-use super::schedule::{self, Outcome, RetryPolicy, Settlement, Step};
-use super::source::{AnySource, Delivery};
+use super::schedule::{self, Outcome, Renewal, RetryPolicy, Settlement, Step};
+use super::source::{Delivery, JobSource};
 
 /// How long to wait before trying again when Valkey (markers, acks) fails.
 const STORE_RETRY: Duration = Duration::from_millis(250);
 
 /// Everything a job task needs, shared by all of them.
-pub struct Worker {
-    pub source: AnySource,
+pub struct Worker<S: JobSource, X: Scanner> {
+    pub source: S,
     pub markers: Markers,
-    pub handoff: Handoff,
+    pub scanner: X,
     pub run_slots: Arc<Semaphore>,
     pub policy: RetryPolicy,
     pub lease: Duration,
+    pub scan_timeout: Duration,
     pub meter: ConsumeMeter,
+    pub clock: Arc<QueueClock>,
     /// Turns true on SIGTERM: held jobs are given back, no new hand-off starts.
     pub stopping: watch::Receiver<bool>,
+    /// Turns true when the grace period is over: running scans are killed.
+    pub killing: watch::Receiver<bool>,
     pub consumer: String,
     attempts: AtomicU64,
+}
+
+/// What [`Worker::new`] is built from.
+pub struct WorkerParts<S, X> {
+    pub source: S,
+    pub markers: Markers,
+    pub scanner: X,
+    pub concurrency: usize,
+    pub policy: RetryPolicy,
+    pub lease: Duration,
+    pub scan_timeout: Duration,
+    pub meter: ConsumeMeter,
+    pub clock: Arc<QueueClock>,
+    pub stopping: watch::Receiver<bool>,
+    pub killing: watch::Receiver<bool>,
+    pub consumer: String,
 }
 
 /// How a wait ended.
@@ -41,66 +75,63 @@ enum Waited<T> {
     Stopping,
 }
 
-impl Worker {
-    pub fn new(parts: WorkerParts) -> Self {
-        let WorkerParts {
-            source,
-            markers,
-            handoff,
-            concurrency,
-            policy,
-            lease,
-            meter,
-            stopping,
-            consumer,
-        } = parts;
+/// Whether the worker is done with a delivery.
+type Finished = bool;
+
+impl<S: JobSource, X: Scanner> Worker<S, X> {
+    pub fn new(parts: WorkerParts<S, X>) -> Self {
         Self {
-            source,
-            markers,
-            handoff,
-            run_slots: Arc::new(Semaphore::new(concurrency)),
-            policy,
-            lease,
-            meter,
-            stopping,
-            consumer,
+            source: parts.source,
+            markers: parts.markers,
+            scanner: parts.scanner,
+            run_slots: Arc::new(Semaphore::new(parts.concurrency)),
+            policy: parts.policy,
+            lease: parts.lease,
+            scan_timeout: parts.scan_timeout,
+            meter: parts.meter,
+            clock: parts.clock,
+            stopping: parts.stopping,
+            killing: parts.killing,
+            consumer: parts.consumer,
             attempts: AtomicU64::new(0),
         }
     }
 
-    /// A token unique to one attempt of this process.
+    /// A token unique to one delivery in this process.
     fn token(&self) -> String {
         let n = self.attempts.fetch_add(1, Ordering::Relaxed);
         format!("{}:{n}", self.consumer)
     }
 
+    fn wait_for(&self, d: &Delivery<S::Handle>) -> Duration {
+        schedule::hold(d.job.not_before_ms, self.clock.now_ms())
+    }
+
     /// Runs `d` to its end: acked, dead-lettered, handed back to the queue,
     /// or given back on stop.
-    pub async fn process(&self, d: Delivery) {
+    pub async fn process(&self, d: Delivery<S::Handle>) {
         let mut failures = 0;
         // One token for the whole delivery: a claim that timed out but
         // landed is this task's own, and a retry of it gets in.
         let token = self.token();
         loop {
-            let wait = schedule::hold(d.job.not_before_ms, now_ms());
+            let wait = self.wait_for(&d);
             if !wait.is_zero() {
-                if self.queue_holds(&d, wait).await {
+                if self.later(&d, wait, true).await {
                     return;
                 }
-                self.meter.held(1);
-                let waited =
-                    self.renewing(&d, None, self.unless_stopping(tokio::time::sleep(wait)));
-                let waited = waited.await;
-                self.meter.held(-1);
-                if let Waited::Stopping = waited {
-                    return self.source.give_back(&d).await;
-                }
+                continue;
             }
-            let slot = self.unless_stopping(self.run_slots.acquire());
-            let Waited::Done(Ok(slot)) = self.renewing(&d, None, slot).await else {
-                return self.source.give_back(&d).await;
+            let Waited::Done(Ok(slot)) = self.unless_stopping(self.run_slots.acquire()).await
+            else {
+                return self.source.give_back(&d, Duration::ZERO).await;
             };
-            match self.markers.claim(d.job.scan_id, &token, self.lease).await {
+            let now = self.clock.now_ms();
+            let attempt = match self
+                .markers
+                .claim(d.job.scan_id, &token, 0, self.lease, now)
+                .await
+            {
                 Err(e) => {
                     tracing::warn!(error = %e, "cannot claim a scan's marker; trying again");
                     drop(slot);
@@ -108,83 +139,179 @@ impl Worker {
                     continue;
                 }
                 Ok(claim) => match schedule::on_claim(claim, self.lease) {
-                    Step::Run => {}
+                    Step::Run(attempt) => attempt,
                     Step::AckDuplicate => {
                         self.meter.record(Event::Duplicate);
-                        return self.until_ok("ack", || self.source.ack(&d)).await;
+                        return self.ack(&d).await;
                     }
                     Step::Later(after) => {
                         drop(slot);
-                        if self.later(&d, after).await {
+                        if self.later(&d, after, false).await {
                             return;
                         }
                         continue;
                     }
                 },
-            }
-            match self.hand_off(&d, &token).await {
-                Ok(()) => return self.succeeded(&d).await,
-                Err(error) => {
-                    failures += 1;
-                    drop(slot);
-                    if !self.failed(&d, &token, failures, &error).await {
-                        return;
-                    }
-                }
+            };
+            let ended = self.hand_off(&d, &token, attempt).await;
+            drop(slot);
+            if self.after_hand_off(&d, &token, ended, &mut failures).await {
+                return;
             }
         }
     }
 
-    /// For SQS: lets the queue hold a job not yet due. `true`: forget it.
-    async fn queue_holds(&self, d: &Delivery, wait: Duration) -> bool {
-        match self.source.deliver_later(d, wait).await {
-            Ok(held) => held,
+    /// Carries out what a hand-off's end calls for.
+    async fn after_hand_off(
+        &self,
+        d: &Delivery<S::Handle>,
+        token: &str,
+        ended: Result<(), Ended>,
+        failures: &mut u32,
+    ) -> Finished {
+        match ended {
+            Ok(()) => {
+                self.succeeded(d).await;
+                true
+            }
+            Err(Ended::Stopped(Stop::LeaseLost)) => {
+                // Not this attempt's scan any more: no failure of ours, no
+                // release. The marker says what next (done: ack; busy: later).
+                self.meter.record(Event::LeaseLost);
+                tracing::warn!(scan_id = %d.job.scan_id, "lost the scan's lease: scanner stopped");
+                self.later(d, self.lease / 2, false).await
+            }
+            Err(Ended::Stopped(Stop::Shutdown)) => {
+                // The scanner is gone: free the marker, so whoever takes the
+                // job over need not wait out the lease.
+                self.until_ok("release", || self.markers.release(d.job.scan_id, token))
+                    .await;
+                self.source.give_back(d, Duration::ZERO).await;
+                true
+            }
             Err(e) => {
-                tracing::warn!(error = %e, "cannot hand a job back to the queue; holding it here");
-                false
+                if e == Ended::Stopped(Stop::Timeout) {
+                    self.meter.record(Event::TimedOut);
+                }
+                *failures += 1;
+                !self.failed(d, token, *failures, &e.to_string()).await
             }
         }
     }
 
-    /// Come back after `after`: through the queue (`true`: forget it) or here.
-    async fn later(&self, d: &Delivery, after: Duration) -> bool {
-        if self.queue_holds(d, after).await {
-            return true;
+    /// Come back after `after`: through the queue (`true`: forget it) or
+    /// here. `held` says the job waits for its `notBefore` (metered as held).
+    async fn later(&self, d: &Delivery<S::Handle>, after: Duration, held: bool) -> Finished {
+        match self.source.deliver_later(d, after).await {
+            Ok(true) => return true,
+            Ok(false) => {}
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot hand a job back to the queue; holding it here")
+            }
         }
-        let waited = self.renewing(d, None, self.unless_stopping(tokio::time::sleep(after)));
-        if let Waited::Stopping = waited.await {
-            self.source.give_back(d).await;
+        if held {
+            self.meter.held(1);
+        }
+        let waited = self.renewing(d, self.unless_stopping(tokio::time::sleep(after)));
+        let waited = waited.await;
+        if held {
+            self.meter.held(-1);
+        }
+        if let Waited::Stopping = waited {
+            self.source.give_back(d, self.wait_for(d)).await;
             return true;
         }
         false
     }
 
-    async fn hand_off(&self, d: &Delivery, token: &str) -> Result<(), String> {
-        let start = now_ms();
+    async fn hand_off(
+        &self,
+        d: &Delivery<S::Handle>,
+        token: &str,
+        attempt: u64,
+    ) -> Result<(), Ended> {
+        let start = self.clock.now_ms();
         self.meter.record(Event::Started {
             lateness_ms: schedule::lateness_ms(start, d.job.not_before_ms),
         });
-        tracing::info!(scan_id = %d.job.scan_id, tier = d.job.tier, "scan started");
-        self.renewing(d, Some(token), self.handoff.run(d)).await
+        tracing::info!(scan_id = %d.job.scan_id, tier = d.job.tier, attempt, "scan started");
+        let mut killing = self.killing.clone();
+        let stop = async {
+            tokio::select! {
+                () = tokio::time::sleep(self.scan_timeout) => Stop::Timeout,
+                stop = self.lease_watch(d, token, attempt) => stop,
+                _ = killing.wait_for(|k| *k) => Stop::Shutdown,
+            }
+        };
+        self.scanner.run(d, attempt, stop).await
     }
 
-    async fn succeeded(&self, d: &Delivery) {
+    /// Renews the delivery and the marker of attempt `attempt` every
+    /// quarter lease; ends when the scan must stop ([`schedule::must_stop`]).
+    async fn lease_watch(&self, d: &Delivery<S::Handle>, token: &str, attempt: u64) -> Stop {
+        let mut tick = tokio::time::interval(self.lease / 4);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        tick.tick().await;
+        let mut last_held = Instant::now();
+        loop {
+            tick.tick().await;
+            let sent = Instant::now();
+            if let Err(e) = self.source.extend(d).await {
+                tracing::warn!(error = %e, "cannot renew a job's lease");
+            }
+            let now = self.clock.now_ms();
+            let claim = self
+                .markers
+                .claim(d.job.scan_id, token, attempt, self.lease, now);
+            let renewal = match claim.await {
+                Ok(schedule::Claim::Claimed(_)) => Renewal::Held,
+                Ok(_) => Renewal::Lost,
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot renew a scan's marker");
+                    Renewal::Unknown
+                }
+            };
+            if renewal == Renewal::Held {
+                last_held = sent;
+            }
+            if schedule::must_stop(renewal, last_held.elapsed(), self.lease) {
+                return Stop::LeaseLost;
+            }
+        }
+    }
+
+    async fn succeeded(&self, d: &Delivery<S::Handle>) {
         self.meter.record(Event::Succeeded);
         // Done first, then ack: a crash between the two leaves an entry
         // that the next consumer acks without running.
         self.until_ok("mark done", || self.markers.done(d.job.scan_id))
             .await;
-        self.until_ok("ack", || self.source.ack(d)).await;
+        self.ack(d).await;
+    }
+
+    /// Acknowledges `d`, trying for at most one lease: after that the queue
+    /// delivers it again, and its done marker has it acked without running.
+    async fn ack(&self, d: &Delivery<S::Handle>) {
+        let acked = tokio::time::timeout(self.lease, self.until_ok("ack", || self.source.ack(d)));
+        if acked.await.is_err() {
+            tracing::warn!(scan_id = %d.job.scan_id, "cannot acknowledge a finished job; its redelivery will be");
+        }
     }
 
     /// After a failed hand-off; `true`: try again here.
-    async fn failed(&self, d: &Delivery, token: &str, failures: u32, error: &str) -> bool {
+    async fn failed(
+        &self,
+        d: &Delivery<S::Handle>,
+        token: &str,
+        failures: u32,
+        error: &str,
+    ) -> bool {
         self.meter.record(Event::Failed);
         tracing::warn!(scan_id = %d.job.scan_id, failures, error, "scan failed");
         self.until_ok("release", || self.markers.release(d.job.scan_id, token))
             .await;
         match schedule::settle(Outcome::Failed, failures, &self.policy) {
-            Settlement::RetryAfter(wait) => !self.later(d, wait).await,
+            Settlement::RetryAfter(wait) => !self.later(d, wait, false).await,
             Settlement::DeadLetter | Settlement::Ack => {
                 self.meter.record(Event::DeadLettered);
                 self.until_ok("dead-letter", || {
@@ -196,21 +323,28 @@ impl Worker {
         }
     }
 
-    /// Retries `op` until it succeeds: a stalled Valkey must not turn a run
-    /// job into a lost ack (it would run again) or a lost release.
+    /// Retries `op` until it succeeds, or the grace period ends: a stalled
+    /// Valkey must not turn a run job into a lost ack (it would run again)
+    /// or a lost release.
     async fn until_ok<F, Fut>(&self, what: &str, op: F)
     where
         F: Fn() -> Fut,
-        Fut: Future<Output = Result<(), String>>,
+        Fut: Future<Output = Result<(), ConsumeError>>,
     {
+        let mut killing = self.killing.clone();
         loop {
-            match op().await {
-                Ok(()) => return,
-                Err(e) => {
-                    tracing::warn!(error = %e, "{what} failed; trying again");
-                    tokio::time::sleep(STORE_RETRY).await;
+            let e = tokio::select! {
+                done = op() => match done {
+                    Ok(()) => return,
+                    Err(e) => e,
+                },
+                _ = killing.wait_for(|k| *k) => {
+                    tracing::error!("{what}: given up, the grace period is over");
+                    return;
                 }
-            }
+            };
+            tracing::warn!(error = %e, "{what} failed; trying again");
+            tokio::time::sleep(STORE_RETRY).await;
         }
     }
 
@@ -223,9 +357,8 @@ impl Worker {
         }
     }
 
-    /// `fut`, renewing this consumer's hold on `d` (and the marker of the
-    /// attempt `token`, if any) every quarter lease meanwhile.
-    async fn renewing<F: Future>(&self, d: &Delivery, token: Option<&str>, fut: F) -> F::Output {
+    /// `fut`, renewing this consumer's hold on `d` every quarter lease meanwhile.
+    async fn renewing<F: Future>(&self, d: &Delivery<S::Handle>, fut: F) -> F::Output {
         let mut fut = std::pin::pin!(fut);
         let mut tick = tokio::time::interval(self.lease / 4);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -233,35 +366,16 @@ impl Worker {
         loop {
             tokio::select! {
                 out = &mut fut => return out,
-                _ = tick.tick() => self.renew(d, token).await,
-            }
-        }
-    }
-
-    async fn renew(&self, d: &Delivery, token: Option<&str>) {
-        if let Err(e) = self.source.extend(d).await {
-            tracing::warn!(error = %e, "cannot renew a job's lease");
-        }
-        if let Some(token) = token {
-            match self.markers.claim(d.job.scan_id, token, self.lease).await {
-                Ok(schedule::Claim::Claimed) => {}
-                Ok(other) => tracing::error!(scan_id = %d.job.scan_id, ?other,
-                    "lost the scan's marker while it runs (stalled longer than the lease?)"),
-                Err(e) => tracing::warn!(error = %e, "cannot renew a scan's marker"),
+                _ = tick.tick() => {
+                    if let Err(e) = self.source.extend(d).await {
+                        tracing::warn!(error = %e, "cannot renew a job's lease");
+                    }
+                }
             }
         }
     }
 }
 
-/// What [`Worker::new`] is built from.
-pub struct WorkerParts {
-    pub source: AnySource,
-    pub markers: Markers,
-    pub handoff: Handoff,
-    pub concurrency: usize,
-    pub policy: RetryPolicy,
-    pub lease: Duration,
-    pub meter: ConsumeMeter,
-    pub stopping: watch::Receiver<bool>,
-    pub consumer: String,
-}
+#[cfg(test)]
+#[path = "worker_tests.rs"]
+mod tests;

@@ -63,9 +63,53 @@ impl StreamQueue {
     }
 }
 
+/// The entry's field that holds the job's JSON (`land.lua` writes the
+/// same name; the consumer reads it).
+pub const JOB_FIELD: &str = "job";
+
+/// The entry's field that holds the job's `scanId`, for operators' eyes.
+pub const SCAN_ID_FIELD: &str = "scanId";
+
 /// How long the stream waits for its own answer; the gate's bound (never
 /// past the answer's deadline) is usually shorter.
 const SEND_WITHIN: std::time::Duration = crate::gate::ENQUEUE_TIMEOUT;
+
+/// Warns when the stream's Valkey keeps nothing across a restart (no AOF:
+/// `aof_enabled:0` on some node): a restart there loses every queued job,
+/// the consumer group and the `scanId` markers. `serve` and `consume` call
+/// it at start; it only reads `INFO persistence` (allowed on ElastiCache).
+pub async fn warn_without_persistence(valkey: &Valkey, key: &str) {
+    let mut cmd = redis::cmd("INFO");
+    cmd.arg("persistence");
+    match valkey.send::<redis::Value>(cmd, SEND_WITHIN).await {
+        Ok(info) if !aof_everywhere(&info) => tracing::warn!(
+            stream = key,
+            "Valkey has no persistence (appendonly no): a restart loses the queued jobs, \
+             the consumer group and the scanId markers; set appendonly yes"
+        ),
+        Ok(_) => {}
+        Err(e) => tracing::debug!(error = %e, "cannot read Valkey's persistence settings"),
+    }
+}
+
+/// Whether every `INFO persistence` text in `info` (one, or one per node)
+/// says AOF is on.
+fn aof_everywhere(info: &redis::Value) -> bool {
+    fn texts(v: &redis::Value, out: &mut Vec<String>) {
+        match v {
+            redis::Value::BulkString(b) => out.push(String::from_utf8_lossy(b).into_owned()),
+            redis::Value::VerbatimString { text, .. } => out.push(text.clone()),
+            redis::Value::Array(items) | redis::Value::Set(items) => {
+                items.iter().for_each(|i| texts(i, out));
+            }
+            redis::Value::Map(pairs) => pairs.iter().for_each(|(_, i)| texts(i, out)),
+            _ => {}
+        }
+    }
+    let mut all = Vec::new();
+    texts(info, &mut all);
+    !all.is_empty() && all.iter().all(|t| t.contains("aof_enabled:1"))
+}
 
 impl ScanQueue for StreamQueue {
     async fn enqueue(&self, job: &ScanJob) -> Result<(), QueueError> {
@@ -73,9 +117,9 @@ impl ScanQueue for StreamQueue {
         let mut cmd = redis::cmd("XADD");
         cmd.arg(&self.key)
             .arg("*")
-            .arg("job")
+            .arg(JOB_FIELD)
             .arg(json)
-            .arg("scanId")
+            .arg(SCAN_ID_FIELD)
             .arg(job.scan_id.to_string());
         let _: String = self.valkey.send(cmd, SEND_WITHIN).await.map_err(backend)?;
         Ok(())
@@ -95,6 +139,27 @@ impl ScanQueue for StreamQueue {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// AOF on every node is persistence; any node without it, or no answer text, is not.
+    #[test]
+    fn persistence() {
+        let text = |t: &str| redis::Value::BulkString(t.as_bytes().to_vec());
+        assert!(aof_everywhere(&text("# Persistence\r\naof_enabled:1\r\n")));
+        assert!(!aof_everywhere(&text("aof_enabled:0\r\n")));
+        let nodes = redis::Value::Map(vec![
+            (text("a"), text("aof_enabled:1")),
+            (text("b"), text("aof_enabled:0")),
+        ]);
+        assert!(!aof_everywhere(&nodes));
+        assert!(!aof_everywhere(&redis::Value::Nil));
+    }
+
+    /// `land.lua` writes the entry's fields under the names the consumer reads.
+    #[test]
+    fn land_fields() {
+        let fields = format!("'{JOB_FIELD}', ARGV[1], '{SCAN_ID_FIELD}', ARGV[2]");
+        assert!(LAND.contains(&fields), "{LAND}");
+    }
 
     /// Marker keys share the stream's slot: a plain key becomes the tag.
     #[test]

@@ -18,7 +18,8 @@ use aws_sdk_sqs::Client;
 use aws_sdk_sqs::config::timeout::TimeoutConfig;
 use aws_sdk_sqs::error::DisplayErrorContext;
 
-use super::{Delivery, Handle};
+use super::{Delivery, JobSource};
+use crate::consume::error::ConsumeError;
 use crate::consume::schedule;
 use crate::job::ScanJob;
 
@@ -32,8 +33,8 @@ pub struct SqsSource {
     lease_secs: i32,
 }
 
-fn sdk_err<E: std::error::Error + 'static>(e: E) -> String {
-    DisplayErrorContext(&e).to_string()
+fn sdk_err<E: std::error::Error + 'static>(e: E) -> ConsumeError {
+    ConsumeError::Sqs(DisplayErrorContext(&e).to_string())
 }
 
 impl SqsSource {
@@ -59,7 +60,7 @@ impl SqsSource {
 
     /// Up to `max` (at most 10) messages; unreadable bodies are left to the
     /// redrive policy.
-    pub async fn next(&self, max: usize) -> Result<Vec<Delivery>, String> {
+    async fn receive(&self, max: usize) -> Result<Vec<Delivery<String>>, ConsumeError> {
         let max = i32::try_from(max.clamp(1, 10)).unwrap_or(10);
         let received = self
             .client
@@ -80,7 +81,7 @@ impl SqsSource {
                 Ok(job) => out.push(Delivery {
                     job,
                     json: body,
-                    handle: Handle::Sqs(receipt),
+                    handle: receipt,
                 }),
                 Err(e) => tracing::error!(
                     message = message.message_id.as_deref().unwrap_or(""),
@@ -92,18 +93,7 @@ impl SqsSource {
         Ok(out)
     }
 
-    pub async fn delete(&self, receipt: &str) -> Result<(), String> {
-        self.client
-            .delete_message()
-            .queue_url(&self.url)
-            .receipt_handle(receipt)
-            .send()
-            .await
-            .map(drop)
-            .map_err(sdk_err)
-    }
-
-    async fn visibility(&self, receipt: &str, secs: i32) -> Result<(), String> {
+    async fn visibility(&self, receipt: &str, secs: i32) -> Result<(), ConsumeError> {
         self.client
             .change_message_visibility()
             .queue_url(&self.url)
@@ -114,27 +104,64 @@ impl SqsSource {
             .map(drop)
             .map_err(sdk_err)
     }
+}
+
+impl JobSource for SqsSource {
+    type Handle = String;
+
+    fn name(&self) -> &'static str {
+        "sqs"
+    }
+
+    async fn next(&self, max: usize) -> Result<Option<Vec<Delivery<String>>>, ConsumeError> {
+        self.receive(max).await.map(Some)
+    }
+
+    async fn ack(&self, d: &Delivery<String>) -> Result<(), ConsumeError> {
+        self.client
+            .delete_message()
+            .queue_url(&self.url)
+            .receipt_handle(&d.handle)
+            .send()
+            .await
+            .map(drop)
+            .map_err(sdk_err)
+    }
 
     /// Another lease of invisibility from now.
-    pub async fn extend(&self, receipt: &str) -> Result<(), String> {
-        self.visibility(receipt, self.lease_secs).await
+    async fn extend(&self, d: &Delivery<String>) -> Result<(), ConsumeError> {
+        self.visibility(&d.handle, self.lease_secs).await
     }
 
     /// Invisible until just before `wait` has passed; `false` when that is
     /// under a second (the caller waits in memory).
-    pub async fn deliver_later(&self, receipt: &str, wait: Duration) -> Result<bool, String> {
+    async fn deliver_later(
+        &self,
+        d: &Delivery<String>,
+        wait: Duration,
+    ) -> Result<bool, ConsumeError> {
         match schedule::sqs_visibility(wait) {
             None => Ok(false),
-            Some(secs) => self.visibility(receipt, secs).await.map(|()| true),
+            Some(secs) => self.visibility(&d.handle, secs).await.map(|()| true),
         }
     }
 
+    /// The queue's redrive policy moves it once its receive count is
+    /// reached; until then it comes back after the last backoff.
+    async fn dead_letter(
+        &self,
+        _d: &Delivery<String>,
+        _failures: u32,
+        _error: &str,
+    ) -> Result<(), ConsumeError> {
+        Ok(())
+    }
+
     /// Visible again now, or when its `notBefore` comes, for any consumer.
-    pub async fn give_back(&self, receipt: &str, job: &ScanJob) {
-        let wait = schedule::hold(job.not_before_ms, crate::consume::now_ms());
+    async fn give_back(&self, d: &Delivery<String>, wait: Duration) {
         let secs = schedule::sqs_visibility(wait).unwrap_or(0);
-        if let Err(e) = self.visibility(receipt, secs).await {
-            tracing::warn!(scan_id = %job.scan_id, error = %e, "cannot give a message back; it returns after its lease");
+        if let Err(e) = self.visibility(&d.handle, secs).await {
+            tracing::warn!(scan_id = %d.job.scan_id, error = %e, "cannot give a message back; it returns after its lease");
         }
     }
 }

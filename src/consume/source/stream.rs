@@ -4,23 +4,30 @@
 //! pending until `XACK`. While this consumer holds an entry (waiting for its
 //! `notBefore`, or running) it renews it with `XCLAIM … JUSTID` every
 //! quarter lease, which resets the entry's idle time; a consumer that dies
-//! stops renewing, and once an entry has been idle a whole lease any other
-//! consumer takes it over with `XAUTOCLAIM` (checked every half lease).
-//! Every command names one key, so a cluster routes each by the stream's
-//! slot. The group is created at the stream's start (`0`) if missing, so
-//! jobs queued before the first consumer started are read too.
+//! (or waits for a run slot: a due job is never held behind a busy
+//! consumer's scans) stops renewing, and once an entry has been idle a
+//! whole lease any other consumer takes it over with `XAUTOCLAIM` (checked
+//! every half lease, walking the pending list with its cursor). Every
+//! command names one key, so a cluster routes each by the stream's slot.
+//! The group is created at the stream's start (`0`) if missing, and created
+//! again if it disappears (a Valkey restarted without persistence), so the
+//! consumer carries on with what is queued after.
 //!
-//! Reads use a connection of their own: a blocking `XREADGROUP` would hold
-//! up every other command on a shared, multiplexed connection.
+//! Every command goes through [`Valkey::send`], so a dropped connection is
+//! noticed and replaced by the connector in the background. Reads use a
+//! connection of their own: a blocking `XREADGROUP` would hold up every
+//! other command on a shared, multiplexed connection.
 
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use redis::streams::{StreamAutoClaimReply, StreamId, StreamReadReply};
 
-use super::{Delivery, Handle};
+use super::{Delivery, JobSource};
 use crate::connection::Valkey;
+use crate::consume::error::ConsumeError;
 use crate::job::ScanJob;
+use crate::queue::stream::JOB_FIELD;
 
 /// How long one `XREADGROUP` blocks waiting for new entries.
 pub const BLOCK: Duration = Duration::from_millis(500);
@@ -36,11 +43,13 @@ pub struct StreamSource {
     group: String,
     consumer: String,
     lease: Duration,
-    last_reclaim: Mutex<Option<Instant>>,
+    reclaim: Mutex<Reclaim>,
 }
 
-fn err(e: redis::RedisError) -> String {
-    e.to_string()
+/// Where `XAUTOCLAIM` is in the pending list, and when it last ran.
+struct Reclaim {
+    last: Option<Instant>,
+    cursor: String,
 }
 
 impl StreamSource {
@@ -52,25 +61,8 @@ impl StreamSource {
         group: &str,
         consumer: &str,
         lease: Duration,
-    ) -> Result<Self, String> {
-        let mut conn = ops.connection().await.map_err(err)?;
-        let created: redis::RedisResult<()> = redis::cmd("XGROUP")
-            .arg("CREATE")
-            .arg(key)
-            .arg(group)
-            .arg("0")
-            .arg("MKSTREAM")
-            .query_async(&mut conn)
-            .await;
-        match created {
-            Err(e) if e.code() != Some("BUSYGROUP") => {
-                return Err(format!(
-                    "cannot create consumer group {group} on {key}: {e}"
-                ));
-            }
-            _ => {}
-        }
-        Ok(Self {
+    ) -> Result<Self, ConsumeError> {
+        let source = Self {
             reads,
             ops,
             key: key.to_owned(),
@@ -78,8 +70,38 @@ impl StreamSource {
             group: group.to_owned(),
             consumer: consumer.to_owned(),
             lease,
-            last_reclaim: Mutex::new(None),
-        })
+            reclaim: Mutex::new(Reclaim {
+                last: None,
+                cursor: "0-0".into(),
+            }),
+        };
+        source.create_group().await?;
+        Ok(source)
+    }
+
+    /// `XGROUP CREATE … 0 MKSTREAM`; an existing group is fine.
+    async fn create_group(&self) -> Result<(), ConsumeError> {
+        let mut cmd = redis::cmd("XGROUP");
+        cmd.arg("CREATE")
+            .arg(&self.key)
+            .arg(&self.group)
+            .arg("0")
+            .arg("MKSTREAM");
+        match self.call::<()>(cmd).await {
+            Err(ConsumeError::Valkey(crate::connection::SendError::Refused(e)))
+                if e.contains("BUSYGROUP") =>
+            {
+                Ok(())
+            }
+            other => other,
+        }
+    }
+
+    async fn call<T: redis::FromRedisValue>(&self, cmd: redis::Cmd) -> Result<T, ConsumeError> {
+        self.ops
+            .send(cmd, self.ops.timeout())
+            .await
+            .map_err(ConsumeError::from_send)
     }
 
     fn lease_ms(&self) -> u64 {
@@ -87,16 +109,15 @@ impl StreamSource {
     }
 
     /// Entries a dead consumer left (every half lease), else new ones.
-    pub async fn next(&self, max: usize) -> Result<Vec<Delivery>, String> {
-        if self.reclaim_due() {
-            let reclaimed = self.reclaim(max).await?;
+    async fn read(&self, max: usize) -> Result<Vec<Delivery<String>>, ConsumeError> {
+        if let Some(cursor) = self.reclaim_due() {
+            let reclaimed = self.reclaim(&cursor, max).await?;
             if !reclaimed.is_empty() {
                 return Ok(reclaimed);
             }
         }
-        let mut conn = self.reads.connection().await.map_err(err)?;
-        let reply: Option<StreamReadReply> = redis::cmd("XREADGROUP")
-            .arg("GROUP")
+        let mut cmd = redis::cmd("XREADGROUP");
+        cmd.arg("GROUP")
             .arg(&self.group)
             .arg(&self.consumer)
             .arg("COUNT")
@@ -105,10 +126,12 @@ impl StreamSource {
             .arg(u64::try_from(BLOCK.as_millis()).unwrap_or(500))
             .arg("STREAMS")
             .arg(&self.key)
-            .arg(">")
-            .query_async(&mut conn)
+            .arg(">");
+        let reply: Option<StreamReadReply> = self
+            .reads
+            .send(cmd, BLOCK + self.reads.timeout())
             .await
-            .map_err(err)?;
+            .map_err(ConsumeError::from_send)?;
         let entries = reply
             .into_iter()
             .flat_map(|r| r.keys)
@@ -118,34 +141,37 @@ impl StreamSource {
         Ok(self.deliveries(entries).await)
     }
 
-    fn reclaim_due(&self) -> bool {
-        let Ok(mut last) = self.last_reclaim.lock() else {
-            return true;
-        };
-        let due = last.is_none_or(|at| at.elapsed() >= self.lease / 2);
-        if due {
-            *last = Some(Instant::now());
-        }
-        due
+    /// The cursor to reclaim from, if half a lease has passed since the last time.
+    fn reclaim_due(&self) -> Option<String> {
+        let mut state = self.reclaim.lock().ok()?;
+        let due = state.last.is_none_or(|at| at.elapsed() >= self.lease / 2);
+        due.then(|| {
+            state.last = Some(Instant::now());
+            state.cursor.clone()
+        })
     }
 
-    async fn reclaim(&self, max: usize) -> Result<Vec<Delivery>, String> {
-        let mut conn = self.ops.connection().await.map_err(err)?;
-        let reply: StreamAutoClaimReply = redis::cmd("XAUTOCLAIM")
-            .arg(&self.key)
+    async fn reclaim(
+        &self,
+        cursor: &str,
+        max: usize,
+    ) -> Result<Vec<Delivery<String>>, ConsumeError> {
+        let mut cmd = redis::cmd("XAUTOCLAIM");
+        cmd.arg(&self.key)
             .arg(&self.group)
             .arg(&self.consumer)
             .arg(self.lease_ms())
-            .arg("0-0")
+            .arg(cursor)
             .arg("COUNT")
-            .arg(max)
-            .query_async(&mut conn)
-            .await
-            .map_err(err)?;
+            .arg(max);
+        let reply: StreamAutoClaimReply = self.call(cmd).await?;
+        if let Ok(mut state) = self.reclaim.lock() {
+            state.cursor = reply.next_stream_id.clone();
+        }
         if !reply.claimed.is_empty() {
             tracing::info!(
                 entries = reply.claimed.len(),
-                "reclaimed jobs a stopped consumer left"
+                "reclaimed jobs a stopped or busy consumer left"
             );
         }
         Ok(self.deliveries(reply.claimed).await)
@@ -153,10 +179,10 @@ impl StreamSource {
 
     /// The entries as jobs; one that holds no readable job cannot ever run,
     /// so it goes to the dead-letter stream at once.
-    async fn deliveries(&self, entries: Vec<StreamId>) -> Vec<Delivery> {
+    async fn deliveries(&self, entries: Vec<StreamId>) -> Vec<Delivery<String>> {
         let mut out = Vec::with_capacity(entries.len());
         for entry in entries {
-            let json: Option<String> = entry.get("job");
+            let json: Option<String> = entry.get(JOB_FIELD);
             let parsed = json
                 .ok_or_else(|| "no job field".to_owned())
                 .and_then(|json| match ScanJob::from_json(&json) {
@@ -167,7 +193,7 @@ impl StreamSource {
                 Ok((job, json)) => out.push(Delivery {
                     job,
                     json,
-                    handle: Handle::Stream(entry.id),
+                    handle: entry.id,
                 }),
                 Err(e) => {
                     tracing::error!(entry = %entry.id, error = %e, "unreadable stream entry");
@@ -180,43 +206,10 @@ impl StreamSource {
         out
     }
 
-    pub async fn ack(&self, id: &str) -> Result<(), String> {
-        let mut conn = self.ops.connection().await.map_err(err)?;
-        redis::cmd("XACK")
-            .arg(&self.key)
-            .arg(&self.group)
-            .arg(id)
-            .query_async::<i64>(&mut conn)
-            .await
-            .map(drop)
-            .map_err(err)
-    }
-
-    /// Resets the entry's idle time, so nobody reclaims it.
-    pub async fn extend(&self, id: &str) -> Result<(), String> {
-        let mut conn = self.ops.connection().await.map_err(err)?;
-        redis::cmd("XCLAIM")
-            .arg(&self.key)
-            .arg(&self.group)
-            .arg(&self.consumer)
-            .arg(0)
-            .arg(id)
-            .arg("JUSTID")
-            .query_async::<redis::Value>(&mut conn)
-            .await
-            .map(drop)
-            .map_err(err)
-    }
-
-    /// `XADD <stream>:dead` (the job, its scanId, failures, the last error), then `XACK`.
-    pub async fn dead_letter(
-        &self,
-        id: &str,
-        d: &Delivery,
-        failures: u32,
-        error: &str,
-    ) -> Result<(), String> {
-        self.dead_letter_raw(id, &d.json, failures, error).await
+    async fn xack(&self, id: &str) -> Result<(), ConsumeError> {
+        let mut cmd = redis::cmd("XACK");
+        cmd.arg(&self.key).arg(&self.group).arg(id);
+        self.call::<i64>(cmd).await.map(drop)
     }
 
     async fn dead_letter_raw(
@@ -225,22 +218,73 @@ impl StreamSource {
         json: &str,
         failures: u32,
         error: &str,
-    ) -> Result<(), String> {
-        let mut conn = self.ops.connection().await.map_err(err)?;
-        redis::cmd("XADD")
-            .arg(&self.dead_key)
+    ) -> Result<(), ConsumeError> {
+        let mut cmd = redis::cmd("XADD");
+        cmd.arg(&self.dead_key)
             .arg("*")
-            .arg("job")
+            .arg(JOB_FIELD)
             .arg(json)
             .arg("entry")
             .arg(id)
             .arg("failures")
             .arg(failures)
             .arg("error")
-            .arg(error)
-            .query_async::<String>(&mut conn)
-            .await
-            .map_err(err)?;
-        self.ack(id).await
+            .arg(error);
+        self.call::<String>(cmd).await?;
+        self.xack(id).await
     }
+}
+
+impl JobSource for StreamSource {
+    type Handle = String;
+
+    fn name(&self) -> &'static str {
+        "stream"
+    }
+
+    async fn next(&self, max: usize) -> Result<Option<Vec<Delivery<String>>>, ConsumeError> {
+        match self.read(max).await {
+            Err(ConsumeError::NoGroup) => {
+                tracing::warn!(
+                    stream = self.key,
+                    group = self.group,
+                    "the consumer group is gone (Valkey restarted without persistence?): \
+                     creating it again; entries it held are lost"
+                );
+                self.create_group().await?;
+                Ok(Some(Vec::new()))
+            }
+            read => read.map(Some),
+        }
+    }
+
+    async fn ack(&self, d: &Delivery<String>) -> Result<(), ConsumeError> {
+        self.xack(&d.handle).await
+    }
+
+    /// Resets the entry's idle time, so nobody reclaims it.
+    async fn extend(&self, d: &Delivery<String>) -> Result<(), ConsumeError> {
+        let mut cmd = redis::cmd("XCLAIM");
+        cmd.arg(&self.key)
+            .arg(&self.group)
+            .arg(&self.consumer)
+            .arg(0)
+            .arg(&d.handle)
+            .arg("JUSTID");
+        self.call::<redis::Value>(cmd).await.map(drop)
+    }
+
+    /// `XADD <stream>:dead` (the job, its entry id, failures, the last error), then `XACK`.
+    async fn dead_letter(
+        &self,
+        d: &Delivery<String>,
+        failures: u32,
+        error: &str,
+    ) -> Result<(), ConsumeError> {
+        self.dead_letter_raw(&d.handle, &d.json, failures, error)
+            .await
+    }
+
+    /// Still pending under this consumer: reclaimed once its lease ends.
+    async fn give_back(&self, _d: &Delivery<String>, _wait: Duration) {}
 }
