@@ -63,6 +63,9 @@ pub enum GateError {
             retry with the same Idempotency-Key to settle it (one job, one count)",
     })]
     QueueFailed { queued: Queued },
+    /// `GET /quota` could not read the store: no guess is given.
+    #[error("the quota store is unavailable; your quota cannot be read now; retry shortly")]
+    QuotaUnavailable,
     /// The platform gave no source address; a deployment fault, not the client's.
     #[error("the request carries no source address")]
     NoSourceAddress,
@@ -118,6 +121,7 @@ impl GateError {
             Self::IdempotencyMismatch => StatusCode::UNPROCESSABLE_ENTITY,
             Self::IdempotencyInProgress { .. } => StatusCode::CONFLICT,
             Self::StoreUnavailable
+            | Self::QuotaUnavailable
             | Self::StoreUnsettled
             | Self::QueueFailed { .. }
             | Self::BacklogFull { .. } => StatusCode::SERVICE_UNAVAILABLE,
@@ -138,7 +142,9 @@ impl GateError {
             }
             Self::IdempotencyMismatch => "idempotency_key_mismatch",
             Self::IdempotencyInProgress { .. } => "idempotency_in_progress",
-            Self::StoreUnavailable | Self::StoreUnsettled => "store_unavailable",
+            Self::StoreUnavailable | Self::StoreUnsettled | Self::QuotaUnavailable => {
+                "store_unavailable"
+            }
             Self::BacklogFull { .. } => "backlog_full",
             Self::QueueFailed { .. } => "queue_unavailable",
             Self::NoSourceAddress => "no_source_address",
@@ -176,7 +182,10 @@ impl GateError {
             Self::MethodNotAllowed => {
                 headers.insert(header::ALLOW, HeaderValue::from_static("POST"));
             }
-            Self::StoreUnavailable | Self::StoreUnsettled | Self::QueueFailed { .. } => {
+            Self::StoreUnavailable
+            | Self::StoreUnsettled
+            | Self::QuotaUnavailable
+            | Self::QueueFailed { .. } => {
                 headers.insert(header::RETRY_AFTER, HeaderValue::from(RETRY_AFTER_SECS));
             }
             Self::BacklogFull { retry_after } | Self::IdempotencyInProgress { retry_after } => {

@@ -44,6 +44,7 @@ use crate::store::{
 };
 use run::Scan;
 
+mod quota;
 mod run;
 
 /// The longest an enqueue may take before the scan is refunded and refused
@@ -209,6 +210,11 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
         let started = Instant::now();
         // The one clock reading of this request.
         let now_ms = self.clock.now_ms();
+        if crate::check::is_quota_path(&request.path)
+            && (request.method == Method::GET || request.method == Method::HEAD)
+        {
+            return self.check(&request, now_ms).await;
+        }
         // 1–3: validate, identify, hash.
         let scan = crate::validate::validate(
             &request.method,
@@ -222,13 +228,18 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
             gateway_claims: request.gateway_claims.as_ref(),
         };
         let identity = self.identifier.identify(&request.headers, &origin)?;
+        if identity.exempt {
+            return self
+                .exempt(identity, scan.body, &request, now_ms, started)
+                .await;
+        }
         let attempt = self.attempt(identity, idempotency_key, &request, now_ms, started);
         let outcome = outcome.insert(Outcome::new(attempt.identity.scope));
         // 4–5: count (a keyed scan claims its record in the same step), decide.
         let metering = match self.count(&attempt).await {
             Ok(Claimed::New(count)) => Metering::Counted {
                 count,
-                decision: decide(count.used, &attempt.limits),
+                decision: decide(count.used, &attempt.limits.with_grant(count.grant)),
             },
             Ok(Claimed::Existing(record)) => {
                 return self.repeat(&attempt, &scan.body, record, outcome).await;
