@@ -462,12 +462,17 @@ pub trait QuotaStore: Send + Sync + 'static {
     fn count(&self, args: CountArgs<'_>) -> impl Future<Output = Result<Count, StoreError>> + Send;
 
     /// Reads the counter, its expiry, the pacing slot and the grant in one
-    /// round trip, writing nothing (`GET /quota`). `now` is unix s.
+    /// round trip, writing nothing (`GET /quota`). `now` is unix s. The
+    /// default (for test wrappers that never serve `GET /quota`) answers
+    /// that it cannot read, which the gate turns into a 503, never a guess.
     fn peek(
         &self,
         key: &QuotaKey,
         now: i64,
-    ) -> impl Future<Output = Result<Peek, StoreError>> + Send;
+    ) -> impl Future<Output = Result<Peek, StoreError>> + Send {
+        let _ = (key, now);
+        async { Err(StoreError::Backend("this store cannot be read".into())) }
+    }
 
     /// For a keyed scan: if `claim.record` exists, return it and count
     /// nothing; else write it (`pending`) and count, atomically.
