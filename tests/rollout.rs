@@ -279,3 +279,49 @@ fn malformed_network_names_the_variable() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("QUOTA_EXEMPT_NETWORKS"), "{stderr}");
 }
+
+/// The sample events of `GET /quota` and of a shadow-mode scan answer as
+/// events/README.md says, through the Lambda adapter.
+#[tokio::test]
+async fn sample_events_quota_and_shadow() {
+    use quota_gate::lambda::to_gate_request;
+    let server = ValkeyServer::start();
+    let gate = valkey_gate(&server, &[]);
+    for expected_used in [0, 1] {
+        let r = gate
+            .handle(to_gate_request(event("http-api-v2-quota.json")))
+            .await;
+        assert_eq!(r.status(), 200, "{:?}", r.body());
+        assert!(r.headers().contains_key("ratelimit"));
+        let body = json(&r);
+        assert_eq!(body["quota"]["scope"], "ip");
+        assert_eq!(body["quota"]["used"], expected_used);
+        assert_eq!(
+            body["nextScan"],
+            serde_json::json!({"tier": "within", "delayMs": 0})
+        );
+        // The same address scans once: the next read says 1.
+        assert_eq!(
+            gate.handle(to_gate_request(event("http-api-v2-ipv4.json")))
+                .await
+                .status(),
+            202
+        );
+    }
+    let shadow = valkey_gate(&server, &[("QUOTA_MODE", "shadow"), ("QUOTA_ANON", "1")]);
+    let first = shadow
+        .handle(to_gate_request(event("http-api-v2-shadow.json")))
+        .await;
+    assert_eq!(first.headers()["x-stella-quota-shadow"], "within");
+    let second = shadow
+        .handle(to_gate_request(event("http-api-v2-shadow.json")))
+        .await;
+    assert_eq!(second.status(), 202);
+    assert_eq!(second.headers()["x-stella-quota-shadow"], "soft");
+    let body = json(&second);
+    assert_eq!(body["delayMs"], 0);
+    assert_eq!(
+        body["shadow"],
+        serde_json::json!({"tier": "soft", "delayMs": 5000})
+    );
+}
