@@ -325,3 +325,72 @@ async fn sample_events_quota_and_shadow() {
         serde_json::json!({"tier": "soft", "delayMs": 5000})
     );
 }
+
+/// Exempt and shadow-mode jobs validate against docs/job.schema.json and
+/// read back as the one job type.
+#[tokio::test]
+async fn exempt_and_shadow_jobs_match_the_schema() {
+    use quota_gate::store::memory::MemoryStore;
+    let schema: Value = serde_json::from_str(
+        &std::fs::read_to_string(root().join("docs/job.schema.json")).unwrap(),
+    )
+    .unwrap();
+    let validator = jsonschema::options()
+        .should_validate_formats(true)
+        .build(&schema)
+        .unwrap();
+    let jobs = RecordingQueue::default();
+    let vars = with_vars(
+        TIERS,
+        &[
+            ("QUOTA_MODE", "shadow"),
+            ("QUOTA_EXEMPT_NETWORKS", "192.0.2.0/24"),
+        ],
+    );
+    let gate = gate(&vars, MemoryStore::default(), jobs.clone());
+    for from in ["192.0.2.1", IP, IP, IP, IP, IP, IP] {
+        assert_eq!(gate.handle(scan_from(from)).await.status(), 202);
+    }
+    let written = jobs.json();
+    let tiers: Vec<&str> = written
+        .iter()
+        .map(|j| j["tier"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        tiers,
+        [
+            "exempt", "within", "within", "within", "soft", "soft", "hard"
+        ]
+    );
+    for job in &written {
+        let errors: Vec<String> = validator.iter_errors(job).map(|e| e.to_string()).collect();
+        assert!(errors.is_empty(), "{job}: {errors:?}");
+        let read = quota_gate::job::ScanJob::from_json(&job.to_string()).unwrap();
+        assert_eq!(&serde_json::to_value(&read).unwrap(), job);
+    }
+}
+
+/// `quota-gate serve` answers `GET /quota` (and `HEAD`), nothing counted.
+#[test]
+fn serve_answers_get_quota() {
+    use common::client::{get_request, http, scan_request};
+    use common::serve::spawn_serve;
+    let (_serve, addr) = spawn_serve(&[("QUOTA_SERVE_WORKERS", "1")]);
+    let body_of = |answer: &str| -> Value {
+        serde_json::from_str(answer.split("\r\n\r\n").nth(1).unwrap()).unwrap()
+    };
+    for _ in 0..3 {
+        let answer = http(addr, &get_request("/quota"));
+        assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+        assert!(
+            answer.to_ascii_lowercase().contains("\r\nratelimit: "),
+            "{answer}"
+        );
+        assert_eq!(body_of(&answer)["quota"]["used"], 0);
+    }
+    assert!(http(addr, &scan_request(None)).starts_with("HTTP/1.1 202"));
+    let answer = http(addr, &get_request("/quota"));
+    assert_eq!(body_of(&answer)["quota"]["used"], 1);
+    let head = http(addr, &get_request("/quota").replacen("GET", "HEAD", 1));
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+}
