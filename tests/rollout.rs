@@ -394,3 +394,47 @@ fn serve_answers_get_quota() {
     let head = http(addr, &get_request("/quota").replacen("GET", "HEAD", 1));
     assert!(head.starts_with("HTTP/1.1 200"), "{head}");
 }
+
+/// In shadow mode `serve`'s Prometheus counters hold the hits under the
+/// shadow names, and the real soft and hard counters stay 0; exempt scans
+/// and `GET /quota` answers are counted too.
+#[test]
+fn shadow_hits_in_prometheus() {
+    use common::client::{get_request, http, scan_request};
+    use common::serve::spawn_serve;
+    let (_serve, addr) = spawn_serve(&[
+        ("QUOTA_SERVE_WORKERS", "1"),
+        ("QUOTA_MODE", "shadow"),
+        ("QUOTA_ANON", "1"),
+        ("QUOTA_SOFT_WINDOW", "1"),
+    ]);
+    for _ in 0..4 {
+        assert!(http(addr, &scan_request(None)).starts_with("HTTP/1.1 202"));
+    }
+    assert!(http(addr, &get_request("/quota")).starts_with("HTTP/1.1 200"));
+    let metrics = http(addr, &get_request("/metrics"));
+    let value = |series: &str| -> f64 {
+        metrics
+            .lines()
+            .find(|l| l.starts_with(series))
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("no {series} in\n{metrics}"))
+    };
+    assert_eq!(
+        value("stella_quota_shadow_soft_hits_total{scope=\"ip\"}"),
+        1.0
+    );
+    assert_eq!(
+        value("stella_quota_shadow_hard_hits_total{scope=\"ip\"}"),
+        2.0
+    );
+    assert_eq!(value("stella_quota_soft_hits_total{scope=\"ip\"}"), 0.0);
+    assert_eq!(value("stella_quota_hard_hits_total{scope=\"ip\"}"), 0.0);
+    assert_eq!(
+        value("stella_quota_requests_within_total{scope=\"ip\"}"),
+        4.0
+    );
+    assert_eq!(value("stella_quota_checks_total{scope=\"ip\"}"), 1.0);
+    assert_eq!(value("stella_quota_exempt_total{scope=\"ip\"}"), 0.0);
+}
