@@ -6,6 +6,11 @@
 //! gets is decided by [`crate::decide`], and what a failure or a repeated
 //! `Idempotency-Key` leads to by the pure rules of [`crate::settle`]; the
 //! gate sends what they say, in order, on one connection.
+//!
+//! Two requests take a shorter path (`quota.rs`): `GET /quota`, one read of
+//! the subject's keys and no count, and an exempt caller's scan, queued at
+//! once and never counted. In shadow mode (`QUOTA_MODE=shadow`) a scan goes
+//! the whole way, but its delay is reported, not given (`run.rs`).
 
 use std::collections::HashMap;
 use std::future::Future;

@@ -2,15 +2,13 @@
 //! round trip, nothing spent; the answer is built by [`crate::check`]) and
 //! an exempt scan (queued at once, uncounted, unpaced).
 
-use std::time::Duration;
-
 use bytes::Bytes;
 use http::Response;
 use serde_json::{Map, Value};
 use tokio::time::Instant;
 use uuid::Uuid;
 
-use super::{ENQUEUE_TIMEOUT, Gate, GateRequest};
+use super::{Gate, GateRequest};
 use crate::check::{NextScanRules, QuotaView, exempt_response, next_scan};
 use crate::delay;
 use crate::error::{GateError, Queued};
@@ -100,8 +98,7 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
             request: body,
         };
         let ceiling = delay::ceiling(request.remaining, self.config.policy.gateway_timeout);
-        let within: Duration =
-            ENQUEUE_TIMEOUT.min((started + ceiling).saturating_duration_since(Instant::now()));
+        let within = super::run::enqueue_within(started, ceiling);
         let queued = tokio::time::timeout(within, self.queue.enqueue(&job))
             .await
             .unwrap_or(Err(QueueError::Timeout));

@@ -338,6 +338,6 @@ impl Scan {
 /// How long an enqueue may take: at most [`ENQUEUE_TIMEOUT`], and never past
 /// the answer's deadline (`started + ceiling`): a job queued after the client
 /// saw a gateway timeout would be retried and counted twice.
-fn enqueue_within(started: Instant, ceiling: Duration) -> Duration {
+pub(super) fn enqueue_within(started: Instant, ceiling: Duration) -> Duration {
     ENQUEUE_TIMEOUT.min((started + ceiling).saturating_duration_since(Instant::now()))
 }
