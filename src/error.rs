@@ -18,6 +18,9 @@ pub enum GateError {
     NotFound,
     #[error("only POST is allowed on /scan")]
     MethodNotAllowed,
+    /// `/quota` is read with `GET` (or `HEAD`).
+    #[error("only GET and HEAD are allowed on /quota")]
+    QuotaMethodNotAllowed,
     #[error("the body must be JSON: send Content-Type: application/json")]
     UnsupportedMediaType,
     #[error("the body is larger than 64 KiB")]
@@ -111,7 +114,7 @@ impl GateError {
     pub fn status(&self) -> StatusCode {
         match self {
             Self::NotFound => StatusCode::NOT_FOUND,
-            Self::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
+            Self::MethodNotAllowed | Self::QuotaMethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             Self::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             Self::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             Self::BadRequest { .. } => StatusCode::BAD_REQUEST,
@@ -133,7 +136,7 @@ impl GateError {
     pub fn code(&self) -> &'static str {
         match self {
             Self::NotFound => "not_found",
-            Self::MethodNotAllowed => "method_not_allowed",
+            Self::MethodNotAllowed | Self::QuotaMethodNotAllowed => "method_not_allowed",
             Self::UnsupportedMediaType => "unsupported_media_type",
             Self::PayloadTooLarge => "payload_too_large",
             Self::BadRequest { code, .. } => code,
@@ -181,6 +184,9 @@ impl GateError {
         match self {
             Self::MethodNotAllowed => {
                 headers.insert(header::ALLOW, HeaderValue::from_static("POST"));
+            }
+            Self::QuotaMethodNotAllowed => {
+                headers.insert(header::ALLOW, HeaderValue::from_static("GET, HEAD"));
             }
             Self::StoreUnavailable
             | Self::StoreUnsettled

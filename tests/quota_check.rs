@@ -144,6 +144,19 @@ async fn next_scan_matches_on_valkey() {
     }
 }
 
+/// `/quota` with another method is 405 with `Allow: GET, HEAD`, counting nothing.
+#[tokio::test]
+async fn other_methods_are_405() {
+    let gate = gate(LIMITS, MemoryStore::default(), Discard);
+    let mut post = scan_from(IP);
+    post.path = "/quota".into();
+    let r = gate.handle(post).await;
+    assert_eq!(r.status(), 405);
+    assert_eq!(r.headers()["allow"], "GET, HEAD");
+    assert_eq!(json(&r)["error"], "method_not_allowed");
+    assert_eq!(get_quota(&gate, IP).await["quota"]["used"], 0);
+}
+
 /// With the store down the answer is 503 with `Retry-After`, never a guess.
 #[tokio::test]
 async fn store_down_is_503() {

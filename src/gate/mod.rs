@@ -215,9 +215,10 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
         let started = Instant::now();
         // The one clock reading of this request.
         let now_ms = self.clock.now_ms();
-        if crate::check::is_quota_path(&request.path)
-            && (request.method == Method::GET || request.method == Method::HEAD)
-        {
+        if crate::check::is_quota_path(&request.path) {
+            if request.method != Method::GET && request.method != Method::HEAD {
+                return Err(GateError::QuotaMethodNotAllowed);
+            }
             return self.check(&request, now_ms).await;
         }
         // 1–3: validate, identify, hash.
