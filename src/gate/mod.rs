@@ -383,7 +383,13 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
                 if !matches!(taken, Ok(true)) {
                     return Err(GateError::IdempotencyInProgress { retry_after: 1 });
                 }
-                let resumed = Scan::resumed(&record, attempt);
+                // The record keeps the count, not the grant: read it (a
+                // rare path; without an answer, no grant).
+                let grant = self
+                    .bounded(self.store.peek(&attempt.key, attempt.now()))
+                    .await
+                    .map_or(0, |p| p.grant);
+                let resumed = Scan::resumed(&record, attempt, grant);
                 self.run(attempt, body, resumed, outcome).await
             }
         }

@@ -311,7 +311,8 @@ impl Scan {
 
     /// The scan an abandoned attempt left: its identity, its count (0: not
     /// counted) and its delay, once pacing decided it.
-    pub(super) fn resumed(record: &Record, attempt: &Attempt) -> Self {
+    /// `grant` is the subject's grant now (the record does not keep it).
+    pub(super) fn resumed(record: &Record, attempt: &Attempt, grant: u64) -> Self {
         let metering = if record.count == 0 {
             Metering::Unmetered
         } else {
@@ -320,9 +321,9 @@ impl Scan {
                     used: record.count,
                     reset_at: record.reset_at,
                     now: attempt.now(),
-                    grant: 0,
+                    grant,
                 },
-                decision: decide(record.count, &attempt.limits),
+                decision: decide(record.count, &attempt.limits.with_grant(grant)),
             }
         };
         Self {
