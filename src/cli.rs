@@ -20,12 +20,14 @@ pub struct Cli {
 
 #[derive(Debug, Subcommand)]
 pub enum Command {
-    /// Serve POST /scan, GET /healthz and GET /metrics on QUOTA_LISTEN (default 127.0.0.1:9000).
+    /// Serve POST /scan, GET /quota, GET /healthz and GET /metrics on QUOTA_LISTEN (default 127.0.0.1:9000).
     Serve,
     /// Show one client's counter, TTL, first-seen, reset, paced backlog and next tier (needs VALKEY_URL).
     Inspect(crate::ops::command::InspectArgs),
-    /// Remove one client's keys: counter, first-seen, pacing slot, idempotency records (needs VALKEY_URL).
+    /// Remove one client's keys: counter, first-seen, pacing slot, grant, idempotency records (needs VALKEY_URL).
     Reset(crate::ops::command::ResetArgs),
+    /// Give one client N extra scans for the current period, or --revoke them (needs VALKEY_URL).
+    Grant(crate::ops::command::GrantArgs),
     /// Remove every quota:* key, the seed's mass expiry (needs VALKEY_URL and --yes).
     Purge(crate::ops::command::PurgeArgs),
     /// Soft hits, hard hits, reminders and p95 delay per scope, from CloudWatch.
@@ -92,6 +94,9 @@ pub fn main() -> ExitCode {
                 .await
                 .map_err(|e| e.to_string()),
             Command::Reset(args) => crate::ops::command::reset(args, &config)
+                .await
+                .map_err(|e| e.to_string()),
+            Command::Grant(args) => crate::ops::command::grant(args, &config)
                 .await
                 .map_err(|e| e.to_string()),
             Command::Purge(args) => crate::ops::command::purge(args, &config)

@@ -20,6 +20,20 @@ pub struct Limits {
     pub warn_at: NonZeroU32,
 }
 
+impl Limits {
+    /// The limits with `grant` extra scans (`quota-gate grant`) on the
+    /// daily ceiling: the tiers, the remaining count and the headers all
+    /// follow the raised ceiling. Saturates at the largest ceiling.
+    pub fn with_grant(self, grant: u64) -> Self {
+        let raised = u64::from(self.limit.get()).saturating_add(grant);
+        let raised = u32::try_from(raised).unwrap_or(u32::MAX);
+        Self {
+            limit: NonZeroU32::new(raised).unwrap_or(self.limit),
+            ..self
+        }
+    }
+}
+
 /// Which side of the quota a scan falls on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Tier {
@@ -126,6 +140,19 @@ mod tests {
         let l = limits(3, 0, 200);
         assert_eq!(decide(3, &l).tier, Tier::Within);
         assert_eq!(decide(4, &l).tier, Tier::Hard);
+    }
+
+    /// A grant raises the ceiling: at the limit, the next `grant` scans are
+    /// within and the one after is soft; it saturates instead of wrapping.
+    #[test]
+    fn grant_raises_the_ceiling() {
+        let l = limits(3, 2, 200).with_grant(5);
+        assert_eq!(decide(8, &l).tier, Tier::Within);
+        assert_eq!(decide(9, &l).tier, Tier::Soft);
+        assert_eq!(decide(3, &l).remaining, 5);
+        assert_eq!(limits(3, 2, 200).with_grant(0), limits(3, 2, 200));
+        let max = limits(u32::MAX, 0, 200).with_grant(1_000_000);
+        assert_eq!(max.limit.get(), u32::MAX);
     }
 
     proptest! {

@@ -18,6 +18,9 @@ pub enum GateError {
     NotFound,
     #[error("only POST is allowed on /scan")]
     MethodNotAllowed,
+    /// `/quota` is read with `GET` (or `HEAD`).
+    #[error("only GET and HEAD are allowed on /quota")]
+    QuotaMethodNotAllowed,
     #[error("the body must be JSON: send Content-Type: application/json")]
     UnsupportedMediaType,
     #[error("the body is larger than 64 KiB")]
@@ -63,6 +66,9 @@ pub enum GateError {
             retry with the same Idempotency-Key to settle it (one job, one count)",
     })]
     QueueFailed { queued: Queued },
+    /// `GET /quota` could not read the store: no guess is given.
+    #[error("the quota store is unavailable; your quota cannot be read now; retry shortly")]
+    QuotaUnavailable,
     /// The platform gave no source address; a deployment fault, not the client's.
     #[error("the request carries no source address")]
     NoSourceAddress,
@@ -108,7 +114,7 @@ impl GateError {
     pub fn status(&self) -> StatusCode {
         match self {
             Self::NotFound => StatusCode::NOT_FOUND,
-            Self::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
+            Self::MethodNotAllowed | Self::QuotaMethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             Self::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             Self::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             Self::BadRequest { .. } => StatusCode::BAD_REQUEST,
@@ -118,6 +124,7 @@ impl GateError {
             Self::IdempotencyMismatch => StatusCode::UNPROCESSABLE_ENTITY,
             Self::IdempotencyInProgress { .. } => StatusCode::CONFLICT,
             Self::StoreUnavailable
+            | Self::QuotaUnavailable
             | Self::StoreUnsettled
             | Self::QueueFailed { .. }
             | Self::BacklogFull { .. } => StatusCode::SERVICE_UNAVAILABLE,
@@ -129,7 +136,7 @@ impl GateError {
     pub fn code(&self) -> &'static str {
         match self {
             Self::NotFound => "not_found",
-            Self::MethodNotAllowed => "method_not_allowed",
+            Self::MethodNotAllowed | Self::QuotaMethodNotAllowed => "method_not_allowed",
             Self::UnsupportedMediaType => "unsupported_media_type",
             Self::PayloadTooLarge => "payload_too_large",
             Self::BadRequest { code, .. } => code,
@@ -138,7 +145,9 @@ impl GateError {
             }
             Self::IdempotencyMismatch => "idempotency_key_mismatch",
             Self::IdempotencyInProgress { .. } => "idempotency_in_progress",
-            Self::StoreUnavailable | Self::StoreUnsettled => "store_unavailable",
+            Self::StoreUnavailable | Self::StoreUnsettled | Self::QuotaUnavailable => {
+                "store_unavailable"
+            }
             Self::BacklogFull { .. } => "backlog_full",
             Self::QueueFailed { .. } => "queue_unavailable",
             Self::NoSourceAddress => "no_source_address",
@@ -176,7 +185,13 @@ impl GateError {
             Self::MethodNotAllowed => {
                 headers.insert(header::ALLOW, HeaderValue::from_static("POST"));
             }
-            Self::StoreUnavailable | Self::StoreUnsettled | Self::QueueFailed { .. } => {
+            Self::QuotaMethodNotAllowed => {
+                headers.insert(header::ALLOW, HeaderValue::from_static("GET, HEAD"));
+            }
+            Self::StoreUnavailable
+            | Self::StoreUnsettled
+            | Self::QuotaUnavailable
+            | Self::QueueFailed { .. } => {
                 headers.insert(header::RETRY_AFTER, HeaderValue::from(RETRY_AFTER_SECS));
             }
             Self::BacklogFull { retry_after } | Self::IdempotencyInProgress { retry_after } => {

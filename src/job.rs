@@ -21,8 +21,11 @@ pub const JOB_VERSION: u32 = 1;
 
 /// The scopes a job may carry.
 const SCOPES: [&str; 2] = ["ip", "tid"];
+/// The tier of an exempt scan (`QUOTA_EXEMPT_NETWORKS`, `QUOTA_EXEMPT_CLAIM`):
+/// never counted, delayed or paced.
+pub const EXEMPT_TIER: &str = "exempt";
 /// The tiers a job may carry.
-const TIERS: [&str; 4] = ["within", "soft", "hard", "unmetered"];
+const TIERS: [&str; 5] = ["within", "soft", "hard", "unmetered", EXEMPT_TIER];
 
 /// One of a closed set of words (`scope`, `tier`). An alias, not `&'static
 /// str` written out: serde's derive would otherwise borrow the field from
@@ -45,13 +48,15 @@ pub struct ScanJob {
     pub scope: Word,
     /// The subject's keyed digest (never the IP or token itself).
     pub digest: String,
-    /// The decision tier: `within`, `soft` or `hard`; `unmetered` when the
-    /// store did not answer and the scan was accepted uncounted.
+    /// The decision tier: `within`, `soft` or `hard` (in shadow mode too,
+    /// where the job is not delayed); `unmetered` when the store did not
+    /// answer and the scan was accepted uncounted; `exempt` for an exempt
+    /// caller's scan (never counted).
     #[serde(deserialize_with = "tier")]
     pub tier: Word,
     /// The daily ceiling that applied.
     pub limit: u32,
-    /// The subject's count including this scan (0 when `unmetered`).
+    /// The subject's count including this scan (0 when `unmetered` or `exempt`).
     pub count: u64,
     /// The whole delay owed, in milliseconds.
     pub delay_ms: u64,

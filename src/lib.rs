@@ -20,6 +20,7 @@
 //! | 6 | [`store`], [`delay`] | pacing (`store::next_slot`), then sleep now and deferral on the job |
 //! | 7 | [`queue`], [`job`] | enqueues the scan job (SQS, Valkey stream, stdout spool); [`job::ScanJob`] is the one job type |
 //! | 8 | [`respond`] | the 202 contract and the JSON errors |
+//! | — | [`check`] | `GET /quota`: the quota and the next scan's tier and delay, read in one round trip, nothing spent |
 //! | 9 | [`meter`] | EMF lines and Prometheus counters |
 //! | after | [`consume`] | `quota-gate consume`: holds each job until `notBefore`, runs each `scanId` once |
 //!
@@ -41,6 +42,7 @@
 //! only operators need: reading and removing keys, visiting every primary.
 
 pub mod breaker;
+pub mod check;
 pub mod cli;
 pub mod clock;
 pub mod config;

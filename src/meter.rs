@@ -48,6 +48,20 @@ pub const STORE_ERRORS: &str = "stella_quota_store_errors_total";
 pub const ENQUEUE_ERRORS: &str = "stella_quota_enqueue_errors_total";
 pub const BACKLOG_REFUSALS: &str = "stella_quota_backlog_refusals_total";
 pub const DELAY_MS: &str = "stella_quota_delay_ms";
+/// What enforcement would have done in shadow mode (`QUOTA_MODE=shadow`):
+/// kept apart from [`SOFT_HITS`] and [`HARD_HITS`] so that the alarms tuned
+/// for enforcement do not page during a rollout.
+pub const SHADOW_SOFT_HITS: &str = "stella_quota_shadow_soft_hits_total";
+pub const SHADOW_HARD_HITS: &str = "stella_quota_shadow_hard_hits_total";
+/// The shadow counters, carried by every decided line in shadow mode.
+pub const SHADOW_COUNTERS: [&str; 2] = [SHADOW_SOFT_HITS, SHADOW_HARD_HITS];
+/// Scans from an exempt network or with an exempt token: never counted.
+pub const EXEMPT: &str = "stella_quota_exempt_total";
+/// `GET /quota` answers: reads that never touch the quota.
+pub const CHECKS: &str = "stella_quota_checks_total";
+/// What is metered on a line of its own, with no outcome (it reached no
+/// counter): in [`Event`] order.
+pub const EVENTS: [&str; 2] = [EXEMPT, CHECKS];
 /// What a metered request came to: accepted in a tier, accepted without a
 /// count (the store did not answer, fail-open), refused with the 503's
 /// error code, or a repeat of an `Idempotency-Key` answered from its record
@@ -136,6 +150,22 @@ pub fn describe() {
         metrics::describe_counter!(*name, help);
     }
     metrics::describe_counter!(
+        SHADOW_SOFT_HITS,
+        "Shadow mode: scans enforcement would have given the soft delay (none was given)."
+    );
+    metrics::describe_counter!(
+        SHADOW_HARD_HITS,
+        "Shadow mode: scans enforcement would have given the hard delay (none was given)."
+    );
+    metrics::describe_counter!(
+        EXEMPT,
+        "Exempt scans (QUOTA_EXEMPT_NETWORKS or QUOTA_EXEMPT_CLAIM): queued, never counted."
+    );
+    metrics::describe_counter!(
+        CHECKS,
+        "GET /quota answers (the quota is read, never spent)."
+    );
+    metrics::describe_counter!(
         EMF_DROPPED,
         "EMF lines dropped because standard output was not read fast enough."
     );
@@ -153,6 +183,24 @@ pub fn describe() {
         metrics::Unit::Milliseconds,
         "Delay owed per decided scan (slept plus deferred), in milliseconds."
     );
+}
+
+/// Something metered besides a counted scan: one line, one counter.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Event {
+    /// An exempt scan, queued uncounted ([`EXEMPT`]).
+    Exempt,
+    /// A `GET /quota` answer ([`CHECKS`]).
+    Check,
+}
+
+impl Event {
+    fn index(self) -> usize {
+        match self {
+            Self::Exempt => 0,
+            Self::Check => 1,
+        }
+    }
 }
 
 /// Sets [`PROCESS_RSS`] and [`PROCESS_OPEN_FDS`] from `/proc/self`, for a
@@ -192,6 +240,10 @@ pub struct Outcome {
     pub delay: Duration,
     pub store_error: bool,
     pub enqueue_error: bool,
+    /// Decided in shadow mode: its soft or hard tier is metered under
+    /// [`SHADOW_COUNTERS`], and it counts as accepted `within` (it waited
+    /// for nothing).
+    pub shadow: bool,
 }
 
 impl Outcome {
@@ -206,6 +258,7 @@ impl Outcome {
             delay: Duration::ZERO,
             store_error: false,
             enqueue_error: false,
+            shadow: false,
         }
     }
 
@@ -226,6 +279,7 @@ impl Outcome {
         match (self.enqueue_error, self.backlog_refused, self.tier) {
             (true, ..) => 6,
             (false, true, _) => 4,
+            (false, false, Some(_)) if self.shadow => 0,
             (false, false, Some(Tier::Within)) => 0,
             (false, false, Some(Tier::Soft)) => 1,
             (false, false, Some(Tier::Hard)) => 2,
@@ -237,12 +291,20 @@ impl Outcome {
 
     fn counter_values(&self) -> [u64; 6] {
         [
-            u64::from(self.tier == Some(Tier::Soft)),
-            u64::from(self.tier == Some(Tier::Hard)),
+            u64::from(self.tier == Some(Tier::Soft) && !self.shadow),
+            u64::from(self.tier == Some(Tier::Hard) && !self.shadow),
             u64::from(self.reminder),
             u64::from(self.store_error),
             u64::from(self.enqueue_error),
             u64::from(self.backlog_refused),
+        ]
+    }
+
+    /// [`SHADOW_COUNTERS`]' values: what enforcement would have counted.
+    fn shadow_values(&self) -> [u64; 2] {
+        [
+            u64::from(self.shadow && self.tier == Some(Tier::Soft)),
+            u64::from(self.shadow && self.tier == Some(Tier::Hard)),
         ]
     }
 }
@@ -272,6 +334,9 @@ struct ScopeHandles {
     delay: metrics::Histogram,
     /// [`REQUESTS`], in [`OUTCOMES`] order.
     requests: [metrics::Counter; 8],
+    shadow: [metrics::Counter; 2],
+    /// [`EVENTS`].
+    events: [metrics::Counter; 2],
 }
 
 impl ScopeHandles {
@@ -281,6 +346,8 @@ impl ScopeHandles {
             counters: COUNTERS.map(|name| metrics::counter!(name, "scope" => scope)),
             delay: metrics::histogram!(DELAY_MS, "scope" => scope),
             requests: REQUESTS.map(|name| metrics::counter!(name, "scope" => scope)),
+            shadow: SHADOW_COUNTERS.map(|name| metrics::counter!(name, "scope" => scope)),
+            events: EVENTS.map(|name| metrics::counter!(name, "scope" => scope)),
         }
     }
 }
@@ -295,25 +362,35 @@ struct Directives {
     /// For a request the store could not count, per outcome: the counters
     /// and the outcome's [`REQUESTS`] metric.
     undecided: [String; 8],
+    /// For a request decided in shadow mode: as `decided`, plus [`SHADOW_COUNTERS`].
+    shadow: [String; 8],
+    /// For an [`Event`]: its one counter.
+    events: [String; 2],
 }
 
 impl Directives {
     fn new(namespace: &str) -> Self {
-        let directive = |with_delay: bool, requests: &str| {
-            let mut metrics: Vec<Value> = COUNTERS
-                .iter()
-                .chain([&requests])
-                .map(|n| json!({"Name": n, "Unit": "Count"}))
-                .collect();
-            if with_delay {
-                metrics.push(json!({"Name": DELAY_MS, "Unit": "Milliseconds"}));
-            }
+        let declare = |metrics: Vec<Value>| {
             json!([{"Namespace": namespace, "Dimensions": [["Scope"]], "Metrics": metrics}])
                 .to_string()
         };
+        let count = |n: &str| json!({"Name": n, "Unit": "Count"});
+        let directive = |with_delay: bool, shadow: bool, requests: &str| {
+            let mut metrics: Vec<Value> = COUNTERS.iter().map(|n| count(n)).collect();
+            if shadow {
+                metrics.extend(SHADOW_COUNTERS.iter().map(|n| count(n)));
+            }
+            metrics.push(count(requests));
+            if with_delay {
+                metrics.push(json!({"Name": DELAY_MS, "Unit": "Milliseconds"}));
+            }
+            declare(metrics)
+        };
         Self {
-            decided: REQUESTS.map(|r| directive(true, r)),
-            undecided: REQUESTS.map(|r| directive(false, r)),
+            decided: REQUESTS.map(|r| directive(true, false, r)),
+            undecided: REQUESTS.map(|r| directive(false, false, r)),
+            shadow: REQUESTS.map(|r| directive(true, true, r)),
+            events: EVENTS.map(|e| declare(vec![count(e)])),
         }
     }
 }
@@ -353,23 +430,46 @@ impl Meter {
 
     /// Records one outcome in both exporters.
     pub fn record(&self, outcome: &Outcome) {
-        let handles = &self.handles[match outcome.scope {
-            Scope::Ip => 0,
-            Scope::Tid => 1,
-        }];
+        let handles = &self.handles[scope_index(outcome.scope)];
         for (counter, value) in handles.counters.iter().zip(outcome.counter_values()) {
+            counter.increment(value);
+        }
+        for (counter, value) in handles.shadow.iter().zip(outcome.shadow_values()) {
             counter.increment(value);
         }
         handles.requests[outcome.outcome_index()].increment(1);
         if outcome.tier.is_some() {
             handles.delay.record(outcome.delay.as_millis() as f64);
         }
+        if self.emf.is_some() {
+            let line = self.emf_line(outcome, now_ms());
+            self.write(line);
+        }
+    }
+
+    /// Records one [`Event`] (an exempt scan, a `GET /quota`) in both exporters.
+    pub fn record_event(&self, scope: Scope, event: Event) {
+        self.handles[scope_index(scope)].events[event.index()].increment(1);
+        if self.emf.is_some() {
+            let line = self.event_line(scope, event, now_ms());
+            self.write(line);
+        }
+    }
+
+    /// The EMF document of one [`Event`] at `timestamp_ms`.
+    pub fn event_line(&self, scope: Scope, event: Event, timestamp_ms: u64) -> String {
+        format!(
+            r#"{{"_aws":{{"Timestamp":{timestamp_ms},"CloudWatchMetrics":{}}},"Scope":"{}","{}":1}}"#,
+            self.directives.events[event.index()],
+            scope.as_str(),
+            EVENTS[event.index()]
+        )
+    }
+
+    /// Writes one EMF line to the sink.
+    fn write(&self, mut line: String) {
+        line.push('\n');
         if let Some(sink) = &self.emf {
-            let now = SystemTime::now()
-                .duration_since(UNIX_EPOCH)
-                .map_or(0, |d| d.as_millis() as u64);
-            let mut line = self.emf_line(outcome, now);
-            line.push('\n');
             match sink {
                 Sink::Sync(out) => {
                     if let Ok(mut out) = out.lock() {
@@ -392,6 +492,7 @@ impl Meter {
         use std::fmt::Write as _;
         let index = outcome.outcome_index();
         let directive = match outcome.tier {
+            Some(_) if outcome.shadow => &self.directives.shadow[index],
             Some(_) => &self.directives.decided[index],
             None => &self.directives.undecided[index],
         };
@@ -404,6 +505,12 @@ impl Meter {
         );
         for (name, value) in COUNTERS.iter().zip(outcome.counter_values()) {
             let _ = write!(line, r#","{name}":{value}"#);
+        }
+        if outcome.shadow && outcome.tier.is_some() {
+            for (name, value) in SHADOW_COUNTERS.iter().zip(outcome.shadow_values()) {
+                let _ = write!(line, r#","{name}":{value}"#);
+            }
+            line.push_str(r#","mode":"shadow""#);
         }
         if let Some(tier) = outcome.tier {
             // No decision, no delay sample: an outage must not drag p95 down.
@@ -419,6 +526,19 @@ impl Meter {
         line.push('}');
         line
     }
+}
+
+fn scope_index(scope: Scope) -> usize {
+    match scope {
+        Scope::Ip => 0,
+        Scope::Tid => 1,
+    }
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
 }
 
 #[cfg(test)]

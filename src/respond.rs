@@ -3,7 +3,9 @@
 //! Headers: `X-Stella-Quota-Remaining`, `X-Stella-Reset` (RFC 3339),
 //! `RateLimit-Policy` and `RateLimit` (IETF httpapi ratelimit-headers
 //! draft), `X-Stella-Quota-Delay-Ms`, and, when they apply,
-//! `X-Stella-Quota-Reminder` and `X-Stella-Quota: unavailable`.
+//! `X-Stella-Quota-Reminder` and `X-Stella-Quota: unavailable`; in shadow
+//! mode `X-Stella-Quota-Shadow` (what enforcement would have done). An
+//! exempt scan's 202 has `quota.scope` `exempt` and no limit headers.
 
 use bytes::Bytes;
 use http::{HeaderMap, HeaderName, HeaderValue, Response, StatusCode, header};
@@ -12,6 +14,7 @@ use time::OffsetDateTime;
 use time::format_description::well_known::Rfc3339;
 use uuid::Uuid;
 
+use crate::check::ShadowVerdict;
 use crate::delay::DelayPlan;
 use crate::digest::Scope;
 use crate::identity::TokenStatus;
@@ -24,6 +27,7 @@ pub const DELAY: HeaderName = HeaderName::from_static("x-stella-quota-delay-ms")
 pub const REMINDER: HeaderName = HeaderName::from_static("x-stella-quota-reminder");
 pub const QUOTA_STATE: HeaderName = HeaderName::from_static("x-stella-quota");
 pub const REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");
+pub const SHADOW: HeaderName = HeaderName::from_static("x-stella-quota-shadow");
 
 /// The seconds in the policy window the headers advertise.
 const WINDOW_SECS: u64 = 86_400;
@@ -45,6 +49,8 @@ pub struct Accepted {
     pub not_before_ms: i64,
     pub token: Option<TokenStatus>,
     pub reminder: bool,
+    /// Shadow mode: what enforcement would have done (the scan waited for nothing).
+    pub shadow: Option<ShadowVerdict>,
 }
 
 #[derive(Serialize)]
@@ -58,9 +64,11 @@ struct Body<'a> {
     not_before: &'a str,
     quota: Quota<'a>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    token: Option<Token>,
+    token: Option<TokenBody>,
     #[serde(skip_serializing_if = "Option::is_none")]
     reminder: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    shadow: Option<ShadowVerdict>,
 }
 
 #[derive(Serialize)]
@@ -75,11 +83,76 @@ struct Quota<'a> {
     unavailable: bool,
 }
 
+/// What became of a presented token, as every answer says it.
 #[derive(Serialize)]
-struct Token {
+pub struct TokenBody {
     accepted: bool,
     #[serde(skip_serializing_if = "Option::is_none")]
     reason: Option<&'static str>,
+}
+
+impl From<TokenStatus> for TokenBody {
+    fn from(t: TokenStatus) -> Self {
+        match t {
+            TokenStatus::Accepted => Self {
+                accepted: true,
+                reason: None,
+            },
+            TokenStatus::Rejected(r) => Self {
+                accepted: false,
+                reason: Some(r.as_str()),
+            },
+        }
+    }
+}
+
+/// `RateLimit-Policy` for a daily ceiling of `limit`.
+pub fn policy(limit: u32) -> String {
+    format!("\"daily\";q={limit};w={WINDOW_SECS}")
+}
+
+/// `RateLimit` with `remaining` scans for `seconds_to_reset` more seconds.
+pub fn ratelimit(remaining: u64, seconds_to_reset: u64) -> String {
+    format!("\"daily\";r={remaining};t={seconds_to_reset}")
+}
+
+/// The 202 of an exempt scan: queued at once, never counted, so no limit
+/// and no `RateLimit` headers.
+pub fn exempt(scan_id: Uuid, received_ms: i64, token: Option<TokenStatus>) -> Response<Bytes> {
+    #[derive(Serialize)]
+    #[serde(rename_all = "camelCase")]
+    struct ExemptBody<'a> {
+        scan_id: Uuid,
+        status: &'static str,
+        delay_ms: u64,
+        slept_ms: u64,
+        deferred_ms: u64,
+        not_before: &'a str,
+        quota: serde_json::Value,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        token: Option<TokenBody>,
+    }
+    let not_before = rfc3339_ms(received_ms);
+    let body = ExemptBody {
+        scan_id,
+        status: "queued",
+        delay_ms: 0,
+        slept_ms: 0,
+        deferred_ms: 0,
+        not_before: &not_before,
+        quota: serde_json::json!({"scope": "exempt"}),
+        token: token.map(TokenBody::from),
+    };
+    let mut response = Response::new(Bytes::from(serde_json::to_vec(&body).unwrap_or_default()));
+    *response.status_mut() = StatusCode::ACCEPTED;
+    let h = response.headers_mut();
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    h.insert(DELAY, HeaderValue::from(0u64));
+    response
 }
 
 /// An instant as RFC 3339 UTC with second precision (`2026-12-01T00:00:00Z`).
@@ -174,17 +247,9 @@ impl Accepted {
                 reset_at: &reset_at,
                 unavailable: self.used.is_none(),
             },
-            token: self.token.map(|t| match t {
-                TokenStatus::Accepted => Token {
-                    accepted: true,
-                    reason: None,
-                },
-                TokenStatus::Rejected(r) => Token {
-                    accepted: false,
-                    reason: Some(r.as_str()),
-                },
-            }),
+            token: self.token.map(TokenBody::from),
             reminder: reminder.as_deref(),
+            shadow: self.shadow,
         };
         let mut response =
             Response::new(Bytes::from(serde_json::to_vec(&body).unwrap_or_default()));
@@ -200,16 +265,10 @@ impl Accepted {
         h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
         h.insert(REMAINING, HeaderValue::from(self.remaining));
         h.insert(RESET, text(reset_at.clone()));
-        h.insert(
-            POLICY,
-            text(format!("\"daily\";q={};w={WINDOW_SECS}", self.limit)),
-        );
+        h.insert(POLICY, text(policy(self.limit)));
         h.insert(
             RATELIMIT,
-            text(format!(
-                "\"daily\";r={};t={}",
-                self.remaining, self.seconds_to_reset
-            )),
+            text(ratelimit(self.remaining, self.seconds_to_reset)),
         );
         h.insert(DELAY, HeaderValue::from(millis(self.plan.total)));
         if let Some(r) = reminder {
@@ -217,6 +276,9 @@ impl Accepted {
         }
         if self.used.is_none() {
             h.insert(QUOTA_STATE, HeaderValue::from_static("unavailable"));
+        }
+        if let Some(shadow) = &self.shadow {
+            h.insert(SHADOW, HeaderValue::from_static(shadow.tier));
         }
         response
     }
@@ -245,6 +307,7 @@ mod tests {
             not_before_ms: 1_796_079_605_250,
             token: Some(TokenStatus::Rejected(Rejection::Expired)),
             reminder: false,
+            shadow: None,
         }
     }
 

@@ -204,6 +204,7 @@ mod tests {
                 used: 2,
                 reset_at: RESET,
                 now: RESET - 100,
+                grant: 0,
             },
             decision: decide(2, &limits),
         }

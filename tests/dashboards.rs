@@ -4,8 +4,8 @@
 //! - CloudWatch: the dashboard body in `template.yaml` is read back and every
 //!   quota metric it plots, with its dimensions, must be carried by an EMF
 //!   line of a scripted run of the real gate (within, soft, hard, backlog
-//!   refusal, queue failure, keyed repeat, fail open on a stopped Valkey,
-//!   fail closed);
+//!   refusal, queue failure, keyed repeat, shadow mode, an exempt scan, a
+//!   `GET /quota`, fail open on a stopped Valkey, fail closed);
 //!   AWS/Lambda and AWS/SQS metrics must be ones AWS publishes.
 //! - Grafana: `grafana/quota-gate.json` is loaded, and every panel query, its
 //!   template variables substituted, is evaluated by a real Prometheus that
@@ -184,6 +184,23 @@ async fn scripted_emf_run() -> String {
         assert_eq!(keyed.handle(with_key()).await.status(), 202);
         let again = keyed.handle(with_key()).await;
         assert_eq!(again.headers()["idempotent-replayed"], "true");
+    }
+
+    // Shadow mode, exempt scans and GET /quota, in each scope.
+    let shadow = with_vars(&vars, &[("QUOTA_MODE", "shadow")]);
+    let shadow = metered_gate(&shadow, MemoryStore::default(), Discard, sink.meter());
+    let exempt = with_vars(&vars, &[("QUOTA_EXEMPT_NETWORKS", IP)]);
+    let exempt = metered_gate(&exempt, MemoryStore::default(), Discard, sink.meter());
+    for request in requests {
+        for _ in 0..3 {
+            assert_eq!(shadow.handle(request()).await.status(), 202);
+        }
+        let r = exempt.handle(request()).await;
+        assert_eq!(json(&r)["quota"]["scope"], "exempt");
+        let mut check = request();
+        check.method = http::Method::GET;
+        check.path = "/quota".into();
+        assert_eq!(shadow.handle(check).await.status(), 200);
     }
 
     let server = ValkeyServer::start();

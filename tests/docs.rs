@@ -350,10 +350,12 @@ fn aws_parameter_list_is_the_templates() {
 /// docs/operations.md's metrics table is `meter.rs`'s metrics.
 #[test]
 fn metrics_table_is_the_meters() {
-    use quota_gate::meter::{COUNTERS, DELAY_MS, EMF_DROPPED, REQUESTS};
+    use quota_gate::meter::{COUNTERS, DELAY_MS, EMF_DROPPED, EVENTS, REQUESTS, SHADOW_COUNTERS};
     let mut metrics: BTreeSet<String> = COUNTERS
         .iter()
         .chain(&REQUESTS)
+        .chain(&SHADOW_COUNTERS)
+        .chain(&EVENTS)
         .map(|s| s.to_string())
         .collect();
     metrics.insert(DELAY_MS.into());
@@ -364,8 +366,8 @@ fn metrics_table_is_the_meters() {
     assert_eq!(table, metrics);
 }
 
-/// A subject's keys in a real Valkey (a keyed, paced, over-quota scan writes
-/// them all) are the key tables' rows, and `reset` removes every one of them.
+/// A subject's keys in a real Valkey (a keyed, paced, over-quota scan and a
+/// grant write them all) are the key tables' rows, and `reset` removes every one of them.
 #[tokio::test]
 async fn key_tables_are_what_valkey_holds() {
     let server = ValkeyServer::start();
@@ -381,9 +383,11 @@ async fn key_tables_are_what_valkey_holds() {
         assert_eq!(r.status(), 202);
     }
     let mut c = server.client().await;
-    let found: Vec<String> = c.keys("quota:*").await.unwrap();
     let config = config(&[("VALKEY_URL", &server.url())]);
     let who = subject::resolve(&config, &SubjectArg::Ip("203.0.113.7".into())).unwrap();
+    let store = quota_gate::ops::valkey_store(&config).unwrap();
+    subject::grant(&store, &config, &who, 5).await.unwrap();
+    let found: Vec<String> = c.keys("quota:*").await.unwrap();
     let digest = who
         .key
         .counter
@@ -414,7 +418,6 @@ async fn key_tables_are_what_valkey_holds() {
             .collect();
         assert_eq!(rows, shapes, "{doc}'s key table");
     }
-    let store = quota_gate::ops::valkey_store(&config).unwrap();
     let removal = subject::reset(&store, &who).await.unwrap();
     assert_eq!(removal.removed as usize, found.len());
     let left: Vec<String> = c.keys("quota:*").await.unwrap();

@@ -15,7 +15,8 @@
 //! Beyond the specification, the names and units must be those
 //! `quota_gate::meter` declares, every directive's `Dimensions` must be
 //! exactly `[["Scope"]]` (the product spec's step 9: no other dimension), a
-//! line must name exactly one of the per-outcome requests metrics, and no
+//! line must name exactly one of the per-outcome requests metrics (or, for
+//! an exempt scan or a `GET /quota`, exactly its one event counter), and no
 //! line may carry the client's address or digest.
 
 use quota_gate_testkit as common;
@@ -98,8 +99,20 @@ fn check_emf(line: &str) -> Value {
         .filter_map(|m| m["Name"].as_str())
         .filter(|n| meter::REQUESTS.contains(n))
         .collect();
-    assert_eq!(requests.len(), 1, "one requests metric per line: {line}");
-    assert_eq!(root[requests[0]], 1, "{line}");
+    let events: Vec<&str> = directives
+        .iter()
+        .flat_map(|d| d["Metrics"].as_array().into_iter().flatten())
+        .filter_map(|m| m["Name"].as_str())
+        .filter(|n| meter::EVENTS.contains(n))
+        .collect();
+    if events.is_empty() {
+        assert_eq!(requests.len(), 1, "one requests metric per line: {line}");
+        assert_eq!(root[requests[0]], 1, "{line}");
+    } else {
+        assert_eq!(events.len(), 1, "one event per line: {line}");
+        assert!(requests.is_empty(), "an event is no outcome: {line}");
+        assert_eq!(root[events[0]], 1, "{line}");
+    }
     for d in directives {
         let ns = d["Namespace"].as_str().expect("Namespace is a string");
         assert!((1..=255).contains(&ns.len()));
@@ -135,7 +148,10 @@ fn check_emf(line: &str) -> Value {
                 "Milliseconds"
             } else {
                 assert!(
-                    meter::COUNTERS.contains(&name) || meter::REQUESTS.contains(&name),
+                    meter::COUNTERS.contains(&name)
+                        || meter::REQUESTS.contains(&name)
+                        || meter::SHADOW_COUNTERS.contains(&name)
+                        || meter::EVENTS.contains(&name),
                     "undeclared metric {name}"
                 );
                 "Count"
@@ -219,6 +235,49 @@ async fn tiers_print_valid_emf() {
     );
     let tiers: Vec<&str> = docs.iter().map(|d| d["tier"].as_str().unwrap()).collect();
     assert_eq!(tiers, ["within", "soft", "hard"]);
+}
+
+/// Shadow mode meters soft and hard under the shadow counters (the real ones
+/// stay 0, the outcome is `within`: nobody waited); an exempt scan and a
+/// `GET /quota` print one valid line each, with their one counter.
+#[tokio::test(start_paused = true)]
+async fn shadow_exempt_and_check_print_valid_emf() {
+    let sink = Capture::default();
+    let vars = [
+        ("QUOTA_ANON", "1"),
+        ("QUOTA_SOFT_WINDOW", "1"),
+        ("QUOTA_MODE", "shadow"),
+        ("QUOTA_EXEMPT_NETWORKS", "192.0.2.0/24"),
+    ];
+    let gate = metered_gate(&vars, MemoryStore::default(), Discard, sink.meter())
+        .with_clock(quota_gate::clock::Clock::tokio());
+    for _ in 0..3 {
+        assert_eq!(gate.handle(scan_from(IP)).await.status(), 202);
+    }
+    assert_eq!(gate.handle(scan_from("192.0.2.9")).await.status(), 202);
+    let mut check = scan_from(IP);
+    check.method = http::Method::GET;
+    check.path = "/quota".into();
+    assert_eq!(gate.handle(check).await.status(), 200);
+    let docs = documents(&sink);
+    assert_eq!(docs.len(), 5, "one line per request");
+    for doc in &docs[..3] {
+        assert_eq!(doc["stella_quota_requests_within_total"], 1, "{doc}");
+        assert_eq!(doc[meter::DELAY_MS], 0, "{doc}");
+        assert_counters(doc, [0, 0, 0, 0, 0, 0]);
+        assert_eq!(doc["mode"], "shadow");
+    }
+    let shadow = |d: &Value| {
+        [
+            d[meter::SHADOW_SOFT_HITS].as_u64(),
+            d[meter::SHADOW_HARD_HITS].as_u64(),
+        ]
+    };
+    assert_eq!(shadow(&docs[0]), [Some(0), Some(0)]);
+    assert_eq!(shadow(&docs[1]), [Some(1), Some(0)]);
+    assert_eq!(shadow(&docs[2]), [Some(0), Some(1)]);
+    assert_eq!(declared(&docs[3]), [meter::EXEMPT]);
+    assert_eq!(declared(&docs[4]), [meter::CHECKS]);
 }
 
 /// Token holders are metered under Scope=tid, with no token material in the line.

@@ -411,6 +411,13 @@ impl QuotaStore for LatePace {
     async fn count_keyed(&self, args: CountArgs<'_>, claim: &Claim) -> Result<Claimed, StoreError> {
         self.inner.count_keyed(args, claim).await
     }
+    async fn peek(
+        &self,
+        key: &quota_gate::store::QuotaKey,
+        now: i64,
+    ) -> Result<quota_gate::store::Peek, StoreError> {
+        self.inner.peek(key, now).await
+    }
     async fn pace(&self, args: PaceArgs<'_>) -> Result<Paced, StoreError> {
         let (store, go, ran) = (self.inner.clone(), self.go.clone(), self.ran.clone());
         let (key, record) = (args.key.clone(), args.record.map(str::to_owned));

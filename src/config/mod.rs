@@ -100,6 +100,17 @@ word_setting! {
 }
 
 word_setting! {
+    /// Whether the decisions are carried out.
+    Mode {
+        /// Over-quota scans are delayed and paced.
+        Enforce = "enforce",
+        /// A dry run: counted, decided and metered, but nobody waits and no
+        /// pacing slot is taken; each answer says what enforcement would do.
+        Shadow = "shadow",
+    }
+}
+
+word_setting! {
     /// What to do when the quota store cannot answer in time.
     FailMode {
         /// Accept the scan without delay and say the quota was not checked.
@@ -207,6 +218,8 @@ pub struct Policy {
     pub soft_delay: Duration,
     pub hard_delay: Duration,
     pub reset: ResetPolicy,
+    /// `enforce` or `shadow` (`QUOTA_MODE`).
+    pub mode: Mode,
     pub pacing: Pacing,
     /// The longest delay a paced scan may be given; beyond it, 503 `backlog_full`.
     pub max_backlog: Duration,
@@ -226,6 +239,7 @@ impl Policy {
             soft_delay: env.millis(&vars::QUOTA_SOFT_DELAY_MS)?,
             hard_delay: env.millis(&vars::QUOTA_HARD_DELAY_MS)?,
             reset: env.word(&vars::QUOTA_RESET)?,
+            mode: env.word(&vars::QUOTA_MODE)?,
             pacing: env.word(&vars::QUOTA_PACING)?,
             max_backlog: env.millis(&vars::QUOTA_MAX_BACKLOG_MS)?,
             delay_mode: env.word(&vars::QUOTA_DELAY_MODE)?,
@@ -253,6 +267,8 @@ pub struct IdentityConfig {
     hash_secret: HashSecret,
     pub ipv6_prefix: u8,
     pub trusted_proxies: Vec<IpNet>,
+    /// Client networks whose scans are exempt (`QUOTA_EXEMPT_NETWORKS`).
+    pub exempt_networks: Vec<IpNet>,
     pub jwt: JwtConfig,
 }
 
@@ -264,6 +280,8 @@ pub struct JwtConfig {
     pub issuer: String,
     pub audience: Option<String>,
     pub trust_gateway_claims: bool,
+    /// A verified token whose claim of this name is `true` is exempt.
+    pub exempt_claim: Option<String>,
 }
 
 /// The quota Valkey.
@@ -317,21 +335,24 @@ impl IdentityConfig {
         Ok(Self {
             hash_secret: HashSecret::from_vars(env)?,
             ipv6_prefix: env.number(&vars::QUOTA_IPV6_PREFIX)? as u8,
-            trusted_proxies: trusted_proxies(env)?,
+            trusted_proxies: networks(env, &vars::QUOTA_TRUSTED_PROXIES)?,
+            exempt_networks: networks(env, &vars::QUOTA_EXEMPT_NETWORKS)?,
             jwt: JwtConfig {
                 public_key: env.optional(&vars::QUOTA_JWT_PUBLIC_KEY),
                 jwks: env.optional(&vars::QUOTA_JWT_JWKS),
                 issuer: env.text(&vars::QUOTA_JWT_ISSUER),
                 audience: env.optional(&vars::QUOTA_JWT_AUDIENCE),
                 trust_gateway_claims: env.flag(&vars::QUOTA_TRUST_GATEWAY_CLAIMS)?,
+                exempt_claim: exempt_claim(env)?,
             },
         })
     }
 }
 
-/// `QUOTA_TRUSTED_PROXIES`: comma-separated CIDRs or bare addresses.
-fn trusted_proxies(env: &Lookup) -> Result<Vec<IpNet>, ConfigError> {
-    env.optional(&vars::QUOTA_TRUSTED_PROXIES)
+/// `QUOTA_TRUSTED_PROXIES` or `QUOTA_EXEMPT_NETWORKS`: comma-separated
+/// CIDRs or bare addresses. A malformed entry stops the start, naming `var`.
+fn networks(env: &Lookup, var: &vars::Var<vars::Optional>) -> Result<Vec<IpNet>, ConfigError> {
+    env.optional(var)
         .unwrap_or_default()
         .split(',')
         .map(str::trim)
@@ -339,14 +360,32 @@ fn trusted_proxies(env: &Lookup) -> Result<Vec<IpNet>, ConfigError> {
         .map(|s| {
             IpNet::from_str(s)
                 .or_else(|_| s.parse::<std::net::IpAddr>().map(IpNet::from))
+                .map(|net| net.trunc())
                 .map_err(|_| {
-                    ConfigError::new(
-                        vars::QUOTA_TRUSTED_PROXIES.name(),
-                        format!("{s:?} is not an IP address or CIDR"),
-                    )
+                    ConfigError::new(var.name(), format!("{s:?} is not an IP address or CIDR"))
                 })
         })
         .collect()
+}
+
+/// `QUOTA_EXEMPT_CLAIM`: a claim name, one word of visible ASCII.
+fn exempt_claim(env: &Lookup) -> Result<Option<String>, ConfigError> {
+    let var = &vars::QUOTA_EXEMPT_CLAIM;
+    match env.optional(var).map(|s| s.trim().to_owned()) {
+        Some(name) if !name.chars().all(|c| c.is_ascii_graphic()) => Err(ConfigError::new(
+            var.name(),
+            format!("{name:?} is not a claim name (visible ASCII, no spaces)"),
+        )),
+        Some(name)
+            if ["tid", "tier", "exp", "iss", "aud", "nbf", "iat"].contains(&name.as_str()) =>
+        {
+            Err(ConfigError::new(
+                var.name(),
+                format!("{name:?} is a claim the gate already reads"),
+            ))
+        }
+        other => Ok(other.filter(|s| !s.is_empty())),
+    }
 }
 
 impl StoreConfig {

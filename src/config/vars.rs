@@ -14,7 +14,7 @@
 
 use std::marker::PhantomData;
 
-use super::{DelayMode, FailMode, Pacing, ResetPolicy};
+use super::{DelayMode, FailMode, Mode, Pacing, ResetPolicy};
 
 /// The longest delay or timeout: 24 h, in milliseconds.
 pub const MAX_MILLIS: u64 = 86_400_000;
@@ -214,6 +214,13 @@ pub const QUOTA_RESET: Var<Word<ResetPolicy>> = word(
     "utc-day",
     "`utc-day`: reset at 00:00 UTC; `rolling`: 24 h after the first scan",
 );
+pub const QUOTA_MODE: Var<Word<Mode>> = word(
+    "QUOTA_MODE",
+    "enforce",
+    "`enforce`: over-quota scans are delayed and paced; `shadow`: everything is counted, \
+     decided and metered, but no scan waits or takes a pacing slot, and each answer says what \
+     enforcement would have done ([Rolling out](#rolling-out))",
+);
 pub const QUOTA_HASH_SECRET: Var<Optional> = optional(
     "QUOTA_HASH_SECRET",
     "—",
@@ -232,6 +239,12 @@ pub const QUOTA_TRUSTED_PROXIES: Var<Optional> = optional(
     "empty",
     "comma-separated CIDRs; only when the direct peer is one of them is `X-Forwarded-For` \
      read (right-most untrusted entry)",
+);
+pub const QUOTA_EXEMPT_NETWORKS: Var<Optional> = optional(
+    "QUOTA_EXEMPT_NETWORKS",
+    "empty",
+    "comma-separated CIDRs (IPv4 and IPv6) whose scans are never counted, delayed or paced \
+     (tier `exempt`); matched against the client address after `QUOTA_TRUSTED_PROXIES`",
 );
 pub const VALKEY_URL: Var<Optional> = optional(
     "VALKEY_URL",
@@ -337,6 +350,12 @@ pub const QUOTA_TRUST_GATEWAY_CLAIMS: Var<Flag> = flag(
     "false",
     "use the claims an API Gateway JWT authorizer verified (`tid`, `tier`)",
 );
+pub const QUOTA_EXEMPT_CLAIM: Var<Optional> = optional(
+    "QUOTA_EXEMPT_CLAIM",
+    "unset → none",
+    "a claim name (e.g. `quota_exempt`): a verified token whose claim of that name is `true` \
+     is exempt, like `QUOTA_EXEMPT_NETWORKS`",
+);
 pub const QUOTA_METRICS_NAMESPACE: Var<Text> = text(
     "QUOTA_METRICS_NAMESPACE",
     "StellaOps/Quota",
@@ -391,9 +410,11 @@ pub const VARIABLES: &[Variable] = &[
     QUOTA_SOFT_DELAY_MS.row,
     QUOTA_HARD_DELAY_MS.row,
     QUOTA_RESET.row,
+    QUOTA_MODE.row,
     QUOTA_HASH_SECRET.row,
     QUOTA_IPV6_PREFIX.row,
     QUOTA_TRUSTED_PROXIES.row,
+    QUOTA_EXEMPT_NETWORKS.row,
     VALKEY_URL.row,
     VALKEY_CLUSTER.row,
     VALKEY_TLS_CA.row,
@@ -412,6 +433,7 @@ pub const VARIABLES: &[Variable] = &[
     QUOTA_JWT_ISSUER.row,
     QUOTA_JWT_AUDIENCE.row,
     QUOTA_TRUST_GATEWAY_CLAIMS.row,
+    QUOTA_EXEMPT_CLAIM.row,
     QUOTA_METRICS_NAMESPACE.row,
     QUOTA_LISTEN.row,
     QUOTA_MAX_CONNECTIONS.row,

@@ -6,6 +6,11 @@
 //! gets is decided by [`crate::decide`], and what a failure or a repeated
 //! `Idempotency-Key` leads to by the pure rules of [`crate::settle`]; the
 //! gate sends what they say, in order, on one connection.
+//!
+//! Two requests take a shorter path (`quota.rs`): `GET /quota`, one read of
+//! the subject's keys and no count, and an exempt caller's scan, queued at
+//! once and never counted. In shadow mode (`QUOTA_MODE=shadow`) a scan goes
+//! the whole way, but its delay is reported, not given (`run.rs`).
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -44,6 +49,7 @@ use crate::store::{
 };
 use run::Scan;
 
+mod quota;
 mod run;
 
 /// The longest an enqueue may take before the scan is refunded and refused
@@ -209,6 +215,12 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
         let started = Instant::now();
         // The one clock reading of this request.
         let now_ms = self.clock.now_ms();
+        if crate::check::is_quota_path(&request.path) {
+            if request.method != Method::GET && request.method != Method::HEAD {
+                return Err(GateError::QuotaMethodNotAllowed);
+            }
+            return self.check(&request, now_ms).await;
+        }
         // 1–3: validate, identify, hash.
         let scan = crate::validate::validate(
             &request.method,
@@ -222,13 +234,18 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
             gateway_claims: request.gateway_claims.as_ref(),
         };
         let identity = self.identifier.identify(&request.headers, &origin)?;
+        if identity.exempt {
+            return self
+                .exempt(identity, scan.body, &request, now_ms, started)
+                .await;
+        }
         let attempt = self.attempt(identity, idempotency_key, &request, now_ms, started);
         let outcome = outcome.insert(Outcome::new(attempt.identity.scope));
         // 4–5: count (a keyed scan claims its record in the same step), decide.
         let metering = match self.count(&attempt).await {
             Ok(Claimed::New(count)) => Metering::Counted {
                 count,
-                decision: decide(count.used, &attempt.limits),
+                decision: decide(count.used, &attempt.limits.with_grant(count.grant)),
             },
             Ok(Claimed::Existing(record)) => {
                 return self.repeat(&attempt, &scan.body, record, outcome).await;
@@ -366,7 +383,13 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
                 if !matches!(taken, Ok(true)) {
                     return Err(GateError::IdempotencyInProgress { retry_after: 1 });
                 }
-                let resumed = Scan::resumed(&record, attempt);
+                // The record keeps the count, not the grant: read it (a
+                // rare path; without an answer, no grant).
+                let grant = self
+                    .bounded(self.store.peek(&attempt.key, attempt.now()))
+                    .await
+                    .map_or(0, |p| p.grant);
+                let resumed = Scan::resumed(&record, attempt, grant);
                 self.run(attempt, body, resumed, outcome).await
             }
         }

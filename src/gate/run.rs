@@ -11,7 +11,8 @@ use tokio::time::{Instant, timeout};
 use uuid::Uuid;
 
 use super::{Attempt, ENQUEUE_TIMEOUT, Gate, millis_i64, next_utc_midnight};
-use crate::config::{DelayMode, Pacing};
+use crate::check::ShadowVerdict;
+use crate::config::{DelayMode, Mode, Pacing};
 use crate::decide::decide;
 use crate::delay::{self, DelayPlan};
 use crate::error::{GateError, Queued};
@@ -37,6 +38,7 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
             outcome.tier = Some(decision.tier);
             outcome.reminder = decision.reminder;
             outcome.delay = delay;
+            outcome.shadow = self.shadow();
         }
         let plan = self.plan(attempt, &scan, delay);
         if !plan.sleep.is_zero() {
@@ -78,6 +80,11 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
         let Metering::Counted { count, decision } = &scan.metering else {
             return Ok(Duration::ZERO);
         };
+        // Shadow mode: decided and metered, but nobody waits and no pacing
+        // slot is taken, so switching to enforce inherits no backlog.
+        if self.shadow() {
+            return Ok(Duration::ZERO);
+        }
         if let Some(paced) = scan.paced {
             return Ok(paced);
         }
@@ -166,6 +173,11 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
         delay::plan(delay, self.config.policy.delay_mode, budget)
     }
 
+    /// Whether decisions are only reported, not carried out (`QUOTA_MODE=shadow`).
+    pub(super) fn shadow(&self) -> bool {
+        self.config.policy.mode == Mode::Shadow
+    }
+
     /// The longest the first attempt of a key may sleep: what a 409 waits for.
     pub(super) fn sleep_cap(&self, attempt: &Attempt) -> Duration {
         match self.config.policy.delay_mode {
@@ -204,6 +216,11 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
         plan: DelayPlan,
     ) -> Accepted {
         let limits = &attempt.limits;
+        // A grant raises the ceiling the answer reports, as it did the tier's.
+        let limit = match metering {
+            Metering::Counted { count, .. } => limits.with_grant(count.grant).limit,
+            Metering::Unmetered | Metering::Unknown { .. } => limits.limit,
+        };
         let (used, remaining, reminder, reset_at, seconds_to_reset) = match metering {
             Metering::Counted { count, decision } => (
                 Some(count.used),
@@ -214,13 +231,13 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
             ),
             Metering::Unmetered | Metering::Unknown { .. } => {
                 let (reset_at, secs) = next_utc_midnight(attempt.now());
-                (None, u64::from(limits.limit.get()), false, reset_at, secs)
+                (None, u64::from(limit.get()), false, reset_at, secs)
             }
         };
         Accepted {
             scan_id: job.scan_id,
             scope: attempt.identity.scope,
-            limit: limits.limit.get(),
+            limit: limit.get(),
             used,
             remaining,
             reset_at,
@@ -229,6 +246,12 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
             not_before_ms: job.not_before_ms,
             token: attempt.identity.token,
             reminder,
+            shadow: match metering {
+                Metering::Counted { decision, .. } if self.shadow() => {
+                    Some(ShadowVerdict::new(decision.tier, decision.delay))
+                }
+                _ => None,
+            },
         }
     }
 
@@ -288,7 +311,8 @@ impl Scan {
 
     /// The scan an abandoned attempt left: its identity, its count (0: not
     /// counted) and its delay, once pacing decided it.
-    pub(super) fn resumed(record: &Record, attempt: &Attempt) -> Self {
+    /// `grant` is the subject's grant now (the record does not keep it).
+    pub(super) fn resumed(record: &Record, attempt: &Attempt, grant: u64) -> Self {
         let metering = if record.count == 0 {
             Metering::Unmetered
         } else {
@@ -297,8 +321,9 @@ impl Scan {
                     used: record.count,
                     reset_at: record.reset_at,
                     now: attempt.now(),
+                    grant,
                 },
-                decision: decide(record.count, &attempt.limits),
+                decision: decide(record.count, &attempt.limits.with_grant(grant)),
             }
         };
         Self {
@@ -314,6 +339,6 @@ impl Scan {
 /// How long an enqueue may take: at most [`ENQUEUE_TIMEOUT`], and never past
 /// the answer's deadline (`started + ceiling`): a job queued after the client
 /// saw a gateway timeout would be retried and counted twice.
-fn enqueue_within(started: Instant, ceiling: Duration) -> Duration {
+pub(super) fn enqueue_within(started: Instant, ceiling: Duration) -> Duration {
     ENQUEUE_TIMEOUT.min((started + ceiling).saturating_duration_since(Instant::now()))
 }

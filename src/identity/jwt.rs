@@ -30,6 +30,8 @@ pub struct TokenSubject {
     pub tid: String,
     /// The token's own daily ceiling, from a numeric `tier` claim.
     pub tier: Option<NonZeroU32>,
+    /// Its `QUOTA_EXEMPT_CLAIM` claim is `true`: never counted, delayed or paced.
+    pub exempt: bool,
 }
 
 /// Why a presented token was not used. The string forms are part of the
@@ -80,6 +82,8 @@ pub struct Verifier {
     keys: Vec<VerificationKey>,
     issuer: String,
     audience: Option<String>,
+    /// `QUOTA_EXEMPT_CLAIM`: the claim whose `true` makes a token exempt.
+    exempt_claim: Option<String>,
     verified: VerifiedCache,
 }
 
@@ -142,6 +146,9 @@ impl std::fmt::Debug for Verifier {
 struct Claims {
     tid: Option<Value>,
     tier: Option<Value>,
+    /// Every other claim, where `QUOTA_EXEMPT_CLAIM` is looked up.
+    #[serde(flatten)]
+    rest: serde_json::Map<String, Value>,
     /// Required by the validation, so present once decoding succeeds (a
     /// number, possibly fractional).
     exp: Option<Value>,
@@ -212,8 +219,15 @@ impl Verifier {
             keys,
             issuer: issuer.to_owned(),
             audience: audience.map(str::to_owned),
+            exempt_claim: None,
             verified: VerifiedCache::default(),
         }))
+    }
+
+    /// Marks a verified token whose claim `name` is `true` as exempt.
+    pub fn with_exempt_claim(mut self, name: Option<String>) -> Self {
+        self.exempt_claim = name;
+        self
     }
 
     /// Verifies `token` (the part after `Bearer `).
@@ -256,7 +270,13 @@ impl Verifier {
                     let tid = data.claims.tid.as_ref().and_then(claim_string);
                     let tid = tid.ok_or(Rejection::MissingTid)?;
                     let tier = data.claims.tier.as_ref().and_then(tier_from_token_claim);
-                    let subject = TokenSubject { tid, tier };
+                    // Only a JSON `true` exempts: a string "true" or a 1 is a
+                    // claim someone meant differently.
+                    let exempt = self
+                        .exempt_claim
+                        .as_ref()
+                        .is_some_and(|name| data.claims.rest.get(name) == Some(&Value::Bool(true)));
+                    let subject = TokenSubject { tid, tier, exempt };
                     if let Some(exp) = data.claims.exp.as_ref().and_then(Value::as_f64) {
                         self.verified.put(cache_key, &subject, exp as i64);
                     }
@@ -387,6 +407,7 @@ mod tests {
         TokenSubject {
             tid: tid.into(),
             tier: None,
+            exempt: false,
         }
     }
 

@@ -37,6 +37,9 @@ pub struct Identity {
     pub limit: NonZeroU32,
     /// `None` when no token was presented.
     pub token: Option<TokenStatus>,
+    /// From an exempt network or with a verified exempt claim: never
+    /// counted, delayed or paced.
+    pub exempt: bool,
 }
 
 /// What the platform tells us about a request besides its headers.
@@ -56,6 +59,10 @@ pub struct Identifier {
     trusted_proxies: Vec<IpNet>,
     ipv6_prefix: u8,
     trust_gateway_claims: bool,
+    /// `QUOTA_EXEMPT_NETWORKS`.
+    exempt_networks: Vec<IpNet>,
+    /// `QUOTA_EXEMPT_CLAIM`, for the gateway's claims (the verifier has its own copy).
+    exempt_claim: Option<String>,
     quota_anon: NonZeroU32,
     quota_token: NonZeroU32,
 }
@@ -82,7 +89,10 @@ impl Identifier {
                 jwt.jwks.as_deref(),
                 &jwt.issuer,
                 jwt.audience.as_deref(),
-            )?,
+            )?
+            .map(|v| v.with_exempt_claim(jwt.exempt_claim.clone())),
+            exempt_networks: config.identity.exempt_networks.clone(),
+            exempt_claim: jwt.exempt_claim.clone(),
             trusted_proxies: config.identity.trusted_proxies.clone(),
             ipv6_prefix: config.identity.ipv6_prefix,
             trust_gateway_claims: config.identity.jwt.trust_gateway_claims,
@@ -91,12 +101,20 @@ impl Identifier {
         })
     }
 
-    /// Identifies the subject of a request.
+    /// Identifies the subject of a request. It is exempt when its client
+    /// address (after the trusted proxies, so a forged `X-Forwarded-For`
+    /// exempts nobody) is in an exempt network, or its verified token (or
+    /// the gateway's verified claims) carries the exempt claim as `true`.
     pub fn identify(
         &self,
         headers: &HeaderMap,
         origin: &Origin<'_>,
     ) -> Result<Identity, GateError> {
+        let client = origin
+            .peer
+            .map(|peer| ip::client_ip(peer, headers, &self.trusted_proxies));
+        let from_exempt_network =
+            client.is_some_and(|ip| self.exempt_networks.iter().any(|net| net.contains(&ip)));
         if self.trust_gateway_claims
             && let Some(claims) = origin.gateway_claims
             && let Some(tid) = claims.get("tid").filter(|t| !t.is_empty())
@@ -104,23 +122,33 @@ impl Identifier {
             let tier = claims
                 .get("tier")
                 .and_then(|t| jwt::tier_from_claim(&Value::from(t.as_str())));
-            return Ok(self.token_identity(tid, tier));
+            // API Gateway hands claims over as strings: `true` arrives as "true".
+            let claimed = self
+                .exempt_claim
+                .as_ref()
+                .and_then(|name| claims.get(name))
+                .is_some_and(|v| v == "true");
+            let mut identity = self.token_identity(tid, tier);
+            identity.exempt = claimed || from_exempt_network;
+            return Ok(identity);
         }
         let token = match self.check_token(headers) {
             None => None,
-            Some(Ok(subject)) => return Ok(self.token_identity(&subject.tid, subject.tier)),
+            Some(Ok(subject)) => {
+                let mut identity = self.token_identity(&subject.tid, subject.tier);
+                identity.exempt = subject.exempt || from_exempt_network;
+                return Ok(identity);
+            }
             Some(Err(rejection)) => Some(TokenStatus::Rejected(rejection)),
         };
-        let peer = origin.peer.ok_or(GateError::NoSourceAddress)?;
-        let material = ip::material(
-            ip::client_ip(peer, headers, &self.trusted_proxies),
-            self.ipv6_prefix,
-        );
+        let client = client.ok_or(GateError::NoSourceAddress)?;
+        let material = ip::material(client, self.ipv6_prefix);
         Ok(Identity {
             scope: Scope::Ip,
             digest: self.hasher.digest(Scope::Ip, &material),
             limit: self.quota_anon,
             token,
+            exempt: from_exempt_network,
         })
     }
 
@@ -138,6 +166,7 @@ impl Identifier {
             digest: self.ip_digest(ip),
             limit: self.quota_anon,
             token: None,
+            exempt: false,
         }
     }
 
@@ -156,6 +185,7 @@ impl Identifier {
             digest: self.hasher.digest(Scope::Tid, tid),
             limit: tier.unwrap_or(self.quota_token),
             token: Some(TokenStatus::Accepted),
+            exempt: false,
         }
     }
 

@@ -62,6 +62,26 @@ pub struct ResetArgs {
 }
 
 #[derive(Debug, Args)]
+pub struct GrantArgs {
+    #[command(flatten)]
+    pub subject: SubjectArgs,
+    /// Extra scans for the current period, 1 to 1000000 (replaces an earlier grant).
+    #[arg(
+        long,
+        value_name = "N",
+        required_unless_present = "revoke",
+        conflicts_with = "revoke"
+    )]
+    pub scans: Option<u64>,
+    /// Take the subject's grant back.
+    #[arg(long)]
+    pub revoke: bool,
+    /// Print JSON, for scripts.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
 pub struct PurgeArgs {
     /// Only count the quota:* keys.
     #[arg(long)]
@@ -113,6 +133,18 @@ pub async fn reset(args: ResetArgs, config: &Config) -> Result<(), OpsError> {
     let store = valkey_store(config)?;
     let removal = subject::reset(&store, &subject).await?;
     print(args.json, &removal, subject::Removal::render)
+}
+
+/// `quota-gate grant`.
+pub async fn grant(args: GrantArgs, config: &Config) -> Result<(), OpsError> {
+    let scans = match args.scans {
+        Some(n) => subject::check_scans(n)?,
+        None => 0,
+    };
+    let subject = subject::resolve(config, &args.subject.into_arg()?)?;
+    let store = valkey_store(config)?;
+    let granted = subject::grant(&store, config, &subject, scans).await?;
+    print(args.json, &granted, subject::Granted::render)
 }
 
 /// `quota-gate purge`.

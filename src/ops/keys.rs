@@ -24,28 +24,56 @@ pub struct Snapshot {
     pub first_seen: Option<String>,
     /// When the last paced scan may start (unix ms), if any was paced.
     pub slot_ms: Option<i64>,
+    /// Extra scans granted for the period (`quota-gate grant`).
+    pub grant: u64,
 }
+
+/// Sets (or, with 0 scans, removes) a subject's grant atomically.
+const GRANT: &str = include_str!("grant.lua");
 
 impl ValkeyStore {
     /// Reads a subject's counter without changing it.
     pub async fn inspect(&self, key: &QuotaKey) -> Result<Option<Snapshot>, StoreError> {
         let mut conn = self.valkey().connection().await?;
-        let (used, expires_at, first_seen, slot): (Option<u64>, i64, Option<String>, Option<i64>) =
-            redis::pipe()
-                .get(&key.counter)
-                .cmd("EXPIRETIME")
-                .arg(&key.counter)
-                .get(&key.first_seen)
-                .get(&key.slot)
-                .query_async(&mut conn)
-                .await?;
+        type Reply = (Option<u64>, i64, Option<String>, Option<i64>, Option<u64>);
+        let (used, expires_at, first_seen, slot, grant): Reply = redis::pipe()
+            .get(&key.counter)
+            .cmd("EXPIRETIME")
+            .arg(&key.counter)
+            .get(&key.first_seen)
+            .get(&key.slot)
+            .get(&key.grant)
+            .query_async(&mut conn)
+            .await?;
+        // A grant made before the period's first scan shows without a counter.
+        let used = used.or(grant.map(|_| 0));
         Ok(used.map(|used| Snapshot {
             used,
             // -1: no expiry; -2: gone since the GET.
             expires_at: Some(expires_at).filter(|at| *at >= 0),
             first_seen,
             slot_ms: slot,
+            grant: grant.unwrap_or(0),
         }))
+    }
+
+    /// Gives a subject `scans` extra scans for the current period (0 takes
+    /// the grant back); the grant expires with the counter, or at
+    /// `period_end` when the period has not started. Returns its expiry
+    /// (unix s; 0 when revoked).
+    pub async fn grant(
+        &self,
+        key: &QuotaKey,
+        scans: u64,
+        period_end: i64,
+    ) -> Result<i64, StoreError> {
+        let mut conn = self.valkey().connection().await?;
+        let at: i64 = crate::store::valkey::eval(GRANT, &[&key.counter, &key.grant])
+            .arg(scans)
+            .arg(period_end)
+            .query_async(&mut conn)
+            .await?;
+        Ok(at)
     }
 
     /// Removes every key of a subject (counter, first-seen, pacing slot and

@@ -3,7 +3,8 @@
 //! | command | module | what it does |
 //! |---|---|---|
 //! | `inspect` | [`subject`] | one client's counter, TTL, first-seen, reset, paced backlog and next tier |
-//! | `reset` | [`subject`] | removes all of one client's keys: counter, first-seen, pacing slot, idempotency records |
+//! | `reset` | [`subject`] | removes all of one client's keys: counter, first-seen, pacing slot, grant, idempotency records |
+//! | `grant` | [`subject`] | N extra scans for one client's current period (a key beside its counter, expiring with it), or `--revoke` |
 //! | `purge` | [`purge`] | the seed's mass expiry: every `quota:*` key, in batches |
 //! | `stats` | [`stats`] | soft and hard hits, reminders and p95 delay from CloudWatch |
 //!

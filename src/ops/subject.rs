@@ -135,7 +135,10 @@ pub struct Inspection {
     pub exists: bool,
     pub count: u64,
     pub limit: u32,
-    /// Scans left today, as `X-Stella-Quota-Remaining` last said.
+    /// Extra scans granted for the period (`quota-gate grant`), on top of `limit`.
+    pub grant: u64,
+    /// Scans left today (limit plus grant, less the count), as
+    /// `X-Stella-Quota-Remaining` last said.
     pub remaining: u64,
     /// `None` when the counter does not exist or (wrongly) never expires.
     pub ttl_seconds: Option<u64>,
@@ -163,7 +166,9 @@ impl Inspection {
         let expires_at = snapshot.and_then(|s| s.expires_at);
         let ttl = expires_at.map(|at| u64::try_from(at.saturating_sub(now)).unwrap_or(0));
         let limit = subject.limit;
-        let next = decide(count + 1, &config.policy.limits(limit));
+        let grant = snapshot.map_or(0, |s| s.grant);
+        let limits = config.policy.limits(limit).with_grant(grant);
+        let next = decide(count + 1, &limits);
         let reset_at = expires_at.map(crate::respond::rfc3339);
         Self {
             scope: subject.scope.as_str(),
@@ -173,7 +178,8 @@ impl Inspection {
             exists: snapshot.is_some(),
             count,
             limit: limit.get(),
-            remaining: u64::from(limit.get()).saturating_sub(count),
+            grant,
+            remaining: u64::from(limits.limit.get()).saturating_sub(count),
             ttl_seconds: ttl,
             first_seen: snapshot.and_then(|s| s.first_seen.clone()),
             reset_at,
@@ -212,6 +218,13 @@ impl Inspection {
             ("key", self.key.clone()),
             ("count", self.count.to_string()),
             ("limit", self.limit.to_string()),
+            (
+                "grant",
+                match self.grant {
+                    0 => "-".to_owned(),
+                    n => format!("+{n} scans this period"),
+                },
+            ),
             ("remaining", self.remaining.to_string()),
             ("ttl", ttl),
             (
@@ -271,13 +284,72 @@ impl Removal {
         match self.removed {
             0 => format!("nothing to remove: no key of {} exists\n", self.key),
             n => format!(
-                "removed {n} key{} of {} (counter, first-seen, pacing slot, idempotency records); \
+                "removed {n} key{} of {} (counter, first-seen, pacing slot, grant, idempotency records); \
                  the next scan counts 1\n",
                 if n == 1 { "" } else { "s" },
                 self.key
             ),
         }
     }
+}
+
+/// The most scans one grant may give.
+pub const MAX_GRANT: u64 = 1_000_000;
+
+/// What `grant` did (also its `--json` form).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Granted {
+    pub key: String,
+    /// The extra scans the subject now has this period (0: revoked).
+    pub scans: u64,
+    /// When the grant expires, with the counter (RFC 3339, UTC); `None` when revoked.
+    pub expires_at: Option<String>,
+}
+
+impl Granted {
+    pub fn render(&self) -> String {
+        match &self.expires_at {
+            None => format!("revoked the grant of {}\n", self.key),
+            Some(at) => format!(
+                "granted {} extra scan{} to {} until {at} (replaces any earlier grant)\n",
+                self.scans,
+                if self.scans == 1 { "" } else { "s" },
+                self.key
+            ),
+        }
+    }
+}
+
+/// Checks a grant's size: 1 to [`MAX_GRANT`] scans.
+pub fn check_scans(scans: u64) -> Result<u64, OpsError> {
+    if (1..=MAX_GRANT).contains(&scans) {
+        Ok(scans)
+    } else {
+        Err(OpsError::Usage(format!(
+            "--scans {scans}: give 1 to {MAX_GRANT} extra scans (use --revoke to take a grant back)"
+        )))
+    }
+}
+
+/// Gives a client `scans` extra scans for the current period (0 revokes):
+/// the grant expires with the counter. The log line names the scope and the
+/// number, never the address or token.
+pub async fn grant(
+    store: &ValkeyStore,
+    config: &Config,
+    subject: &Subject,
+    scans: u64,
+) -> Result<Granted, OpsError> {
+    let now = OffsetDateTime::now_utc().unix_timestamp();
+    let period_end = crate::store::period_end(config.policy.reset, now);
+    let at = store.grant(&subject.key, scans, period_end).await?;
+    tracing::info!(scope = %subject.scope, scans, "quota grant set");
+    Ok(Granted {
+        key: subject.key.counter.clone(),
+        scans,
+        expires_at: (scans > 0).then(|| crate::respond::rfc3339(at)),
+    })
 }
 
 /// Removes a client's counter, first-seen key, pacing slot and idempotency records.
@@ -348,6 +420,7 @@ mod tests {
             expires_at: Some(1_796_000_060),
             first_seen: Some("2026-11-30T00:00:01Z".into()),
             slot_ms: Some(1_796_000_012_500),
+            grant: 0,
         };
         let i = Inspection::new(&c, &s, Some(&snap), 1_796_000_000);
         assert_eq!(i.backlog_ms, 12_500);
@@ -362,5 +435,21 @@ mod tests {
         assert_eq!((none.exists, none.count, none.remaining), (false, 0, 3));
         assert_eq!(none.next.tier, "within");
         assert!(i.render().contains(&s.key.counter));
+        // A grant of 2 raises the ceiling: two more within, then soft.
+        let granted = Snapshot { grant: 2, ..snap };
+        let g = Inspection::new(&c, &s, Some(&granted), 1_796_000_000);
+        assert_eq!((g.grant, g.remaining, g.next.tier), (2, 2, "within"));
+        assert!(g.render().contains("+2 scans"), "{}", g.render());
+    }
+
+    /// A grant is 1 to 1,000,000 scans, with a clear error otherwise.
+    #[test]
+    fn grant_size() {
+        assert_eq!(check_scans(1).unwrap(), 1);
+        assert_eq!(check_scans(MAX_GRANT).unwrap(), MAX_GRANT);
+        for bad in [0, MAX_GRANT + 1] {
+            let e = check_scans(bad).unwrap_err().to_string();
+            assert!(e.contains("1 to 1000000"), "{e}");
+        }
     }
 }

@@ -1,11 +1,12 @@
 -- A keyed scan's count: the idempotency record and the count, atomically.
 --
--- KEYS[1] the counter, KEYS[2] its first-seen key, KEYS[3] the record (all
--- under the subject's hash tag). ARGV: period end (unix s), now (ISO 8601),
+-- KEYS[1] the counter, KEYS[2] its first-seen key, KEYS[3] the record,
+-- KEYS[4] the subject's grant (all under the subject's hash tag). ARGV: period end (unix s), now (ISO 8601),
 -- scanId, body fingerprint, received (unix ms), lease end (unix ms), record
 -- TTL (s).
 -- Returns {0, {field, value, ...}} when the record exists (nothing counted),
--- else {count, reset_at} after counting exactly as the plain pipeline does.
+-- else {count, reset_at, grant} after counting exactly as the plain pipeline
+-- does (grant: the extra scans granted this period, 0 when none).
 local existing = redis.call('HGETALL', KEYS[3])
 if #existing > 0 then
   return {0, existing}
@@ -17,4 +18,4 @@ local reset_at = redis.call('EXPIRETIME', KEYS[1])
 redis.call('HSET', KEYS[3], 'state', 'pending', 'scanId', ARGV[3], 'fp', ARGV[4],
   'received', ARGV[5], 'until', ARGV[6], 'count', count, 'resetAt', reset_at)
 redis.call('EXPIRE', KEYS[3], ARGV[7])
-return {count, reset_at}
+return {count, reset_at, tonumber(redis.call('GET', KEYS[4]) or 0) or 0}

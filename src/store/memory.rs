@@ -15,7 +15,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::{
-    Claim, Claimed, Count, CountArgs, Field, IDEMPOTENCY_TTL_SECS, PaceArgs, Paced, QuotaKey,
+    Claim, Claimed, Count, CountArgs, Field, IDEMPOTENCY_TTL_SECS, PaceArgs, Paced, Peek, QuotaKey,
     QuotaStore, Record, RecordState, Refund, StoreError, next_slot,
 };
 
@@ -38,6 +38,8 @@ struct Inner {
     entries: HashMap<String, Entry>,
     /// Idempotency records and when they expire (unix s).
     records: HashMap<String, (Record, i64)>,
+    /// Grants (extra scans) by grant key, and when they expire (unix s).
+    grants: HashMap<String, (u64, i64)>,
     sweep_at_len: usize,
     /// No entry expires before this (exact after a sweep, lowered on insert).
     earliest_reset: i64,
@@ -49,6 +51,7 @@ impl Inner {
     fn sweep(&mut self, now: i64) {
         self.entries.retain(|_, e| e.reset_at > now);
         self.records.retain(|_, (_, expires)| *expires > now);
+        self.grants.retain(|_, (_, expires)| *expires > now);
         let len = self.entries.len();
         if self.entries.capacity() > 4 * len.max(MIN_SWEEP_LEN) {
             self.entries.shrink_to(2 * len);
@@ -102,6 +105,15 @@ impl Inner {
             used: entry.used,
             reset_at: entry.reset_at,
             now,
+            grant: self.grant(args.key, now),
+        }
+    }
+
+    /// The live grant of a subject (0: none).
+    fn grant(&self, key: &QuotaKey, now: i64) -> u64 {
+        match self.grants.get(&key.grant) {
+            Some((n, expires)) if *expires > now => *n,
+            _ => 0,
         }
     }
 
@@ -124,6 +136,7 @@ impl Default for MemoryStore {
         let inner = Inner {
             entries: HashMap::new(),
             records: HashMap::new(),
+            grants: HashMap::new(),
             sweep_at_len: MIN_SWEEP_LEN,
             earliest_reset: i64::MAX,
             last_sweep: i64::MIN,
@@ -149,6 +162,21 @@ impl MemoryStore {
         self.lock().live(&key.counter, now).map(|e| e.used)
     }
 
+    /// Grants `scans` extra scans for the period (0 takes the grant back),
+    /// expiring with the counter, or at `period_end` (unix s) when there is
+    /// none yet: as `quota-gate grant` does on Valkey.
+    pub fn grant(&self, key: &QuotaKey, scans: u64, period_end: i64, now: i64) {
+        let mut inner = self.lock();
+        if scans == 0 {
+            inner.grants.remove(&key.grant);
+            return;
+        }
+        let expires = inner
+            .live(&key.counter, now)
+            .map_or(period_end, |e| e.reset_at);
+        inner.grants.insert(key.grant.clone(), (scans, expires));
+    }
+
     fn lock(&self) -> MutexGuard<'_, Inner> {
         // A panic while holding the lock cannot leave an entry half-written.
         self.inner.lock().unwrap_or_else(|e| e.into_inner())
@@ -158,6 +186,23 @@ impl MemoryStore {
 impl QuotaStore for MemoryStore {
     async fn count(&self, args: CountArgs<'_>) -> Result<Count, StoreError> {
         Ok(self.lock().count(args))
+    }
+
+    async fn peek(&self, key: &QuotaKey, now: i64) -> Result<Peek, StoreError> {
+        let mut inner = self.lock();
+        let grant = inner.grant(key, now);
+        Ok(match inner.live(&key.counter, now) {
+            Some(e) => Peek {
+                used: e.used,
+                reset_at: Some(e.reset_at),
+                slot_ms: Some(e.slot_ms).filter(|s| *s > 0),
+                grant,
+            },
+            None => Peek {
+                grant,
+                ..Peek::default()
+            },
+        })
     }
 
     async fn count_keyed(&self, args: CountArgs<'_>, claim: &Claim) -> Result<Claimed, StoreError> {

@@ -15,6 +15,7 @@
 //! | `quota:<scope>:{<digest>}` | scans counted this period | next 00:00 UTC, or 24 h after the first scan |
 //! | `quota:<scope>:{<digest>}:ts` | first scan, ISO 8601 | the counter's |
 //! | `quota:<scope>:{<digest>}:slot` | when the last paced scan may start (unix ms) | the counter's |
+//! | `quota:<scope>:{<digest>}:grant` | extra scans support granted this period (`quota-gate grant`) | the counter's |
 //! | `quota:<scope>:{<digest>}:idem:<sha-256 of the key>` | one `Idempotency-Key`'s record (a hash) | 24 h after the first request |
 
 pub mod memory;
@@ -39,6 +40,9 @@ pub struct QuotaKey {
     pub counter: String,
     pub first_seen: String,
     pub slot: String,
+    /// Extra scans granted for the period: read with every count, in the
+    /// same round trip, and added to the limit the scan is decided against.
+    pub grant: String,
 }
 
 impl QuotaKey {
@@ -47,6 +51,7 @@ impl QuotaKey {
         Self {
             first_seen: format!("{counter}:ts"),
             slot: format!("{counter}:slot"),
+            grant: format!("{counter}:grant"),
             counter,
         }
     }
@@ -73,12 +78,28 @@ pub struct Count {
     pub reset_at: i64,
     /// The gate's clock when it counted.
     pub now: i64,
+    /// Extra scans granted for this period (0: none), read in the same round trip.
+    pub grant: u64,
 }
 
 impl Count {
     pub fn seconds_to_reset(&self) -> u64 {
         u64::try_from(self.reset_at - self.now).unwrap_or(0)
     }
+}
+
+/// What `GET /quota` reads of a subject, in one round trip, changing nothing.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Peek {
+    /// Scans counted this period (0: no counter yet).
+    pub used: u64,
+    /// When the counter expires (unix s); `None` without a counter (or one
+    /// that never expires).
+    pub reset_at: Option<i64>,
+    /// The subject's pacing slot (unix ms), if one was taken.
+    pub slot_ms: Option<i64>,
+    /// Extra scans granted for this period.
+    pub grant: u64,
 }
 
 /// When a new counter expires: the next 00:00 UTC after `now`, or 24 h on.
@@ -440,6 +461,19 @@ pub trait QuotaStore: Send + Sync + 'static {
     /// first-seen key if missing, and read the counter's expiry back.
     fn count(&self, args: CountArgs<'_>) -> impl Future<Output = Result<Count, StoreError>> + Send;
 
+    /// Reads the counter, its expiry, the pacing slot and the grant in one
+    /// round trip, writing nothing (`GET /quota`). `now` is unix s. The
+    /// default (for test wrappers that never serve `GET /quota`) answers
+    /// that it cannot read, which the gate turns into a 503, never a guess.
+    fn peek(
+        &self,
+        key: &QuotaKey,
+        now: i64,
+    ) -> impl Future<Output = Result<Peek, StoreError>> + Send {
+        let _ = (key, now);
+        async { Err(StoreError::Backend("this store cannot be read".into())) }
+    }
+
     /// For a keyed scan: if `claim.record` exists, return it and count
     /// nothing; else write it (`pending`) and count, atomically.
     fn count_keyed(
@@ -523,6 +557,10 @@ impl QuotaStore for AnyStore {
         dispatch!(self, s => s.count_keyed(args, claim))
     }
 
+    async fn peek(&self, key: &QuotaKey, now: i64) -> Result<Peek, StoreError> {
+        dispatch!(self, s => s.peek(key, now))
+    }
+
     async fn pace(&self, args: PaceArgs<'_>) -> Result<Paced, StoreError> {
         dispatch!(self, s => s.pace(args))
     }
@@ -569,6 +607,11 @@ mod tests {
         assert_eq!(k.counter, format!("quota:ip:{{{d}}}"));
         assert_eq!(k.first_seen, format!("quota:ip:{{{d}}}:ts"));
         assert_eq!(k.slot, format!("quota:ip:{{{d}}}:slot"));
+        assert_eq!(k.grant, format!("quota:ip:{{{d}}}:grant"));
+        assert!(
+            k.grant
+                .starts_with(&k.pattern().trim_end_matches('*').to_owned())
+        );
         let idem = k.idempotency("retry-1");
         assert!(idem.starts_with(&format!("quota:ip:{{{d}}}:idem:")));
         assert_eq!(idem.len(), k.counter.len() + 6 + 32);

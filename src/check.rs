@@ -1,0 +1,347 @@
+//! `GET /quota`: a client's own quota, without spending it (GitHub's
+//! `GET /rate_limit` is the model: it "does not count against your rate
+//! limit").
+//!
+//! The gate reads the subject's counter, its expiry, the pacing slot and
+//! any grant in one round trip ([`crate::store::QuotaStore::peek`]); this
+//! module turns that reading into the answer. It is pure, like
+//! [`crate::decide`]: what the next `POST /scan` would get is the same rule
+//! the scan itself follows (`decide(used + 1)` against `limit + grant`, then
+//! [`crate::store::next_slot`] for a paced tier), so the two cannot drift.
+//! The answer never guesses: with the store down the gate answers 503.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{HeaderMap, HeaderValue, Response, StatusCode, header};
+use serde::Serialize;
+
+use crate::config::{Mode, Pacing};
+use crate::decide::{Limits, Tier, decide};
+use crate::digest::Scope;
+use crate::identity::TokenStatus;
+use crate::respond::{self, POLICY, RATELIMIT, REMAINING, RESET};
+use crate::store::{Peek, next_slot};
+
+/// Whether `path` names the quota route: `/quota`, or `/<stage>/quota`
+/// when API Gateway keeps a named stage in the path (as for `/scan`).
+pub fn is_quota_path(path: &str) -> bool {
+    match path.strip_suffix("/quota") {
+        Some("") => true,
+        Some(prefix) => prefix.starts_with('/') && !prefix[1..].contains('/') && prefix.len() > 1,
+        None => false,
+    }
+}
+
+/// What the policy says about the next scan, besides the limits.
+#[derive(Debug, Clone, Copy)]
+pub struct NextScanRules {
+    pub mode: Mode,
+    pub pacing: Pacing,
+    pub max_backlog: Duration,
+}
+
+/// What the next `POST /scan` of the subject would get.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NextScan {
+    /// `within`, `soft`, `hard` (the decided tier) or `exempt`.
+    pub tier: &'static str,
+    /// The delay it would be given (0 in shadow mode: nobody waits).
+    pub delay_ms: u64,
+    /// Set when it would be refused with 503 `backlog_full`: the seconds
+    /// after which a slot within `QUOTA_MAX_BACKLOG_MS` frees up.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub backlog_full_retry_after: Option<u64>,
+    /// In shadow mode: what enforcement would do.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub shadow: Option<ShadowVerdict>,
+}
+
+/// What enforcement would have done with a scan (shadow mode).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ShadowVerdict {
+    pub tier: &'static str,
+    pub delay_ms: u64,
+}
+
+impl ShadowVerdict {
+    /// The verdict for a scan decided in `tier` with the tier's `delay`.
+    pub fn new(tier: Tier, delay: Duration) -> Self {
+        Self {
+            tier: tier.as_str(),
+            delay_ms: millis(delay),
+        }
+    }
+}
+
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+/// The next scan of a subject whose store reads `peek` at `now_ms`, under
+/// `limits` (before the grant, which this adds).
+pub fn next_scan(peek: &Peek, limits: Limits, rules: NextScanRules, now_ms: i64) -> NextScan {
+    let decision = decide(peek.used + 1, &limits.with_grant(peek.grant));
+    let tier = decision.tier.as_str();
+    let tier_delay = millis(decision.delay);
+    let plain = |delay_ms| NextScan {
+        tier,
+        delay_ms,
+        backlog_full_retry_after: None,
+        shadow: None,
+    };
+    if rules.mode == Mode::Shadow {
+        return NextScan {
+            shadow: Some(ShadowVerdict::new(decision.tier, decision.delay)),
+            ..plain(0)
+        };
+    }
+    if tier_delay == 0 || rules.pacing == Pacing::Off {
+        return plain(tier_delay);
+    }
+    let cap = millis(rules.max_backlog);
+    match next_slot(peek.slot_ms.unwrap_or(0), now_ms, tier_delay, cap) {
+        Ok(slot) => plain(u64::try_from(slot - now_ms).unwrap_or(0)),
+        Err(retry_after_ms) => NextScan {
+            backlog_full_retry_after: Some(retry_after_ms.div_ceil(1000).max(1)),
+            ..plain(0)
+        },
+    }
+}
+
+/// The `GET /quota` answer for a counted subject.
+#[derive(Debug, Clone)]
+pub struct QuotaView {
+    pub scope: Scope,
+    /// The daily ceiling with the grant added.
+    pub limit: u32,
+    pub used: u64,
+    /// Unix s: the counter's expiry, or when a new counter would expire.
+    pub reset_at: i64,
+    pub seconds_to_reset: u64,
+    pub next: NextScan,
+    pub token: Option<TokenStatus>,
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct Body<'a> {
+    quota: Quota<'a>,
+    next_scan: NextScan,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    token: Option<respond::TokenBody>,
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct Quota<'a> {
+    scope: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    limit: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    used: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    remaining: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    reset_at: Option<&'a str>,
+}
+
+impl QuotaView {
+    pub fn remaining(&self) -> u64 {
+        u64::from(self.limit).saturating_sub(self.used)
+    }
+
+    /// 200 with the quota, the next scan, and the IETF `RateLimit` headers.
+    pub fn to_response(&self) -> Response<Bytes> {
+        let reset_at = respond::rfc3339(self.reset_at);
+        let body = Body {
+            quota: Quota {
+                scope: self.scope.as_str(),
+                limit: Some(self.limit),
+                used: Some(self.used),
+                remaining: Some(self.remaining()),
+                reset_at: Some(&reset_at),
+            },
+            next_scan: self.next,
+            token: self.token.map(respond::TokenBody::from),
+        };
+        let mut response = ok(&body);
+        let h = response.headers_mut();
+        let text = |s: String| HeaderValue::from_str(&s).unwrap_or(HeaderValue::from_static(""));
+        h.insert(REMAINING, HeaderValue::from(self.remaining()));
+        h.insert(RESET, text(reset_at));
+        h.insert(POLICY, text(respond::policy(self.limit)));
+        h.insert(
+            RATELIMIT,
+            text(respond::ratelimit(self.remaining(), self.seconds_to_reset)),
+        );
+        response
+    }
+}
+
+/// The `GET /quota` answer for an exempt caller: no limit, no `RateLimit`
+/// headers, and the next scan is exempt too.
+pub fn exempt_response(token: Option<TokenStatus>) -> Response<Bytes> {
+    ok(&Body {
+        quota: Quota {
+            scope: "exempt",
+            limit: None,
+            used: None,
+            remaining: None,
+            reset_at: None,
+        },
+        next_scan: NextScan {
+            tier: "exempt",
+            delay_ms: 0,
+            backlog_full_retry_after: None,
+            shadow: None,
+        },
+        token: token.map(respond::TokenBody::from),
+    })
+}
+
+fn ok(body: &impl Serialize) -> Response<Bytes> {
+    let mut response = Response::new(Bytes::from(serde_json::to_vec(body).unwrap_or_default()));
+    *response.status_mut() = StatusCode::OK;
+    *response.headers_mut() = HeaderMap::with_capacity(8);
+    let h = response.headers_mut();
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    response
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::num::NonZeroU32;
+
+    const NOW: i64 = 1_796_000_000_000;
+
+    fn limits() -> Limits {
+        Limits {
+            limit: NonZeroU32::new(3).unwrap(),
+            soft_window: 2,
+            soft_delay: Duration::from_secs(5),
+            hard_delay: Duration::from_secs(60),
+            warn_at: NonZeroU32::new(100).unwrap(),
+        }
+    }
+
+    fn rules(mode: Mode, pacing: Pacing) -> NextScanRules {
+        NextScanRules {
+            mode,
+            pacing,
+            max_backlog: Duration::from_secs(120),
+        }
+    }
+
+    fn peek(used: u64, slot_ms: Option<i64>, grant: u64) -> Peek {
+        Peek {
+            used,
+            reset_at: Some(NOW / 1000 + 3600),
+            slot_ms,
+            grant,
+        }
+    }
+
+    /// `/quota` and `/<stage>/quota` only.
+    #[test]
+    fn paths() {
+        assert!(is_quota_path("/quota"));
+        assert!(is_quota_path("/prod/quota"));
+        assert!(!is_quota_path("/quota/"));
+        assert!(!is_quota_path("/a/b/quota"));
+        assert!(!is_quota_path("/scan"));
+    }
+
+    /// Within, soft, hard and paced: the next scan's tier and delay follow
+    /// the scan's own rules, a grant included.
+    #[test]
+    fn next_scan_follows_the_scan_rules() {
+        let on = rules(Mode::Enforce, Pacing::On);
+        let n = |p: Peek| next_scan(&p, limits(), on, NOW);
+        assert_eq!(
+            (n(peek(0, None, 0)).tier, n(peek(0, None, 0)).delay_ms),
+            ("within", 0)
+        );
+        assert_eq!(n(peek(3, None, 0)).tier, "soft");
+        assert_eq!(n(peek(3, None, 0)).delay_ms, 5_000);
+        assert_eq!(n(peek(5, None, 0)).delay_ms, 60_000);
+        // A slot 10 s ahead: the soft scan starts 5 s after it.
+        assert_eq!(n(peek(3, Some(NOW + 10_000), 0)).delay_ms, 15_000);
+        // A grant of 2 makes the 4th and 5th scans within.
+        assert_eq!(n(peek(4, None, 2)).tier, "within");
+        assert_eq!(n(peek(5, None, 2)).tier, "soft");
+        // Past the cap: refused, with when to retry.
+        let full = n(peek(5, Some(NOW + 100_000), 0));
+        assert_eq!(full.backlog_full_retry_after, Some(40));
+        // Pacing off: the tier's delay, whatever the slot.
+        let off = next_scan(
+            &peek(3, Some(NOW + 10_000), 0),
+            limits(),
+            rules(Mode::Enforce, Pacing::Off),
+            NOW,
+        );
+        assert_eq!(off.delay_ms, 5_000);
+    }
+
+    /// In shadow mode nobody waits; the verdict says what enforcement would do.
+    #[test]
+    fn shadow_waits_for_nothing() {
+        let n = next_scan(
+            &peek(5, Some(NOW + 10_000), 0),
+            limits(),
+            rules(Mode::Shadow, Pacing::On),
+            NOW,
+        );
+        assert_eq!((n.tier, n.delay_ms), ("hard", 0));
+        assert_eq!(
+            n.shadow,
+            Some(ShadowVerdict {
+                tier: "hard",
+                delay_ms: 60_000
+            })
+        );
+    }
+
+    /// The answer's body and headers: quota, next scan, RateLimit; exempt has neither limit nor RateLimit.
+    #[test]
+    fn answers() {
+        let view = QuotaView {
+            scope: Scope::Ip,
+            limit: 3,
+            used: 2,
+            reset_at: 1_796_083_200,
+            seconds_to_reset: 600,
+            next: next_scan(
+                &peek(2, None, 0),
+                limits(),
+                rules(Mode::Enforce, Pacing::On),
+                NOW,
+            ),
+            token: None,
+        };
+        let r = view.to_response();
+        assert_eq!(r.status(), 200);
+        assert_eq!(r.headers()[&RATELIMIT], "\"daily\";r=1;t=600");
+        assert_eq!(r.headers()[&POLICY], "\"daily\";q=3;w=86400");
+        let body: serde_json::Value = serde_json::from_slice(r.body()).unwrap();
+        assert_eq!(
+            body,
+            serde_json::json!({
+                "quota": {"scope": "ip", "limit": 3, "used": 2, "remaining": 1, "resetAt": "2026-12-01T00:00:00Z"},
+                "nextScan": {"tier": "within", "delayMs": 0}
+            })
+        );
+        let r = exempt_response(None);
+        assert!(r.headers().get(&RATELIMIT).is_none());
+        let body: serde_json::Value = serde_json::from_slice(r.body()).unwrap();
+        assert_eq!(body["quota"], serde_json::json!({"scope": "exempt"}));
+        assert_eq!(body["nextScan"]["tier"], "exempt");
+    }
+}

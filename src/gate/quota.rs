@@ -1,0 +1,116 @@
+//! The two requests that never touch a counter: `GET /quota` (read in one
+//! round trip, nothing spent; the answer is built by [`crate::check`]) and
+//! an exempt scan (queued at once, uncounted, unpaced).
+
+use bytes::Bytes;
+use http::Response;
+use serde_json::{Map, Value};
+use tokio::time::Instant;
+use uuid::Uuid;
+
+use super::{Gate, GateRequest};
+use crate::check::{NextScanRules, QuotaView, exempt_response, next_scan};
+use crate::delay;
+use crate::error::{GateError, Queued};
+use crate::identity::{Identity, Origin};
+use crate::meter::Event;
+use crate::queue::{QueueError, ScanJob, ScanQueue};
+use crate::respond;
+use crate::store::{QuotaKey, QuotaStore, period_end};
+
+impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
+    /// `GET /quota`: the caller, identified as for `POST /scan`, and what
+    /// its next scan would get. One read; nothing counted or queued. With
+    /// the store down: 503 and `Retry-After`, never a guess.
+    pub(super) async fn check(
+        &self,
+        request: &GateRequest,
+        now_ms: i64,
+    ) -> Result<Response<Bytes>, GateError> {
+        let origin = Origin {
+            peer: request.peer,
+            gateway_claims: request.gateway_claims.as_ref(),
+        };
+        let identity = self.identifier.identify(&request.headers, &origin)?;
+        self.meter.record_event(identity.scope, Event::Check);
+        if identity.exempt {
+            return Ok(exempt_response(identity.token));
+        }
+        let key = QuotaKey::new(identity.scope, &identity.digest);
+        let now = now_ms.div_euclid(1000);
+        let peek = self
+            .bounded(self.store.peek(&key, now))
+            .await
+            .map_err(|e| {
+                tracing::warn!(error = %e, "quota store failed on GET /quota");
+                GateError::QuotaUnavailable
+            })?;
+        let policy = &self.config.policy;
+        let limits = policy.limits(identity.limit);
+        let rules = NextScanRules {
+            mode: policy.mode,
+            pacing: policy.pacing,
+            max_backlog: policy.max_backlog,
+        };
+        // No counter yet: the next scan starts a period, ending where a new
+        // counter's would.
+        let reset_at = peek
+            .reset_at
+            .unwrap_or_else(|| period_end(policy.reset, now));
+        let view = QuotaView {
+            scope: identity.scope,
+            limit: limits.with_grant(peek.grant).limit.get(),
+            used: peek.used,
+            reset_at,
+            seconds_to_reset: u64::try_from(reset_at - now).unwrap_or(0),
+            next: next_scan(&peek, limits, rules, now_ms),
+            token: identity.token,
+        };
+        Ok(view.to_response())
+    }
+
+    /// An exempt scan: never counted, delayed or paced; queued at once with
+    /// tier `exempt`. Nothing is recorded for it, so an `Idempotency-Key`
+    /// does not deduplicate it.
+    pub(super) async fn exempt(
+        &self,
+        identity: Identity,
+        body: Map<String, Value>,
+        request: &GateRequest,
+        now_ms: i64,
+        started: Instant,
+    ) -> Result<Response<Bytes>, GateError> {
+        let scan_id = Uuid::now_v7();
+        let received = respond::rfc3339_ms(now_ms);
+        let job = ScanJob {
+            version: crate::job::JOB_VERSION,
+            scan_id,
+            received_at: received.clone(),
+            scope: identity.scope.as_str(),
+            digest: identity.digest.to_string(),
+            tier: crate::job::EXEMPT_TIER,
+            limit: identity.limit.get(),
+            count: 0,
+            delay_ms: 0,
+            deferred_ms: 0,
+            not_before: received,
+            not_before_ms: now_ms,
+            request: body,
+        };
+        let ceiling = delay::ceiling(request.remaining, self.config.policy.gateway_timeout);
+        let within = super::run::enqueue_within(started, ceiling);
+        let queued = tokio::time::timeout(within, self.queue.enqueue(&job))
+            .await
+            .unwrap_or(Err(QueueError::Timeout));
+        if let Err(e) = queued {
+            tracing::warn!(error = %e, "enqueue failed (exempt scan)");
+            let queued = match e {
+                QueueError::Timeout => Queued::Unknown,
+                QueueError::Backend(_) => Queued::No,
+            };
+            return Err(GateError::QueueFailed { queued });
+        }
+        self.meter.record_event(identity.scope, Event::Exempt);
+        Ok(respond::exempt(scan_id, now_ms, identity.token))
+    }
+}

@@ -1,0 +1,316 @@
+//! `GET /quota` and `quota-gate grant` (issue 24) with real parts: a real
+//! Valkey (standalone and cluster), the in-memory store under a paused
+//! clock where delays must match to the millisecond, and the operator
+//! functions the CLI runs.
+
+use quota_gate_testkit as common;
+
+use bytes::Bytes;
+use common::cluster::{ValkeyCluster, cluster_gate};
+use common::*;
+use http::Method;
+use quota_gate::clock::Clock;
+use quota_gate::gate::{Gate, GateRequest};
+use quota_gate::ops::subject::{self, SubjectArg};
+use quota_gate::queue::ScanQueue;
+use quota_gate::store::QuotaStore;
+use quota_gate::store::memory::MemoryStore;
+use serde_json::Value;
+
+const IP: &str = "198.51.100.23";
+
+/// 3 within, 2 soft (5 s), then hard (60 s); pacing on, nothing slept.
+const LIMITS: &[(&str, &str)] = &[
+    ("QUOTA_ANON", "3"),
+    ("QUOTA_SOFT_WINDOW", "2"),
+    ("QUOTA_DELAY_MODE", "defer"),
+    ("QUOTA_MAX_BACKLOG_MS", "86400000"),
+    ("QUOTA_STORE_TIMEOUT_MS", "2000"),
+];
+
+/// `GET /quota` from `ip`.
+fn quota_from(ip: &str) -> GateRequest {
+    GateRequest {
+        method: Method::GET,
+        path: "/quota".into(),
+        body: Bytes::new(),
+        peer: Some(ip.parse().unwrap()),
+        ..GateRequest::default()
+    }
+}
+
+async fn get_quota<S: QuotaStore, Q: ScanQueue>(gate: &Gate<S, Q>, ip: &str) -> Value {
+    let r = gate.handle(quota_from(ip)).await;
+    assert_eq!(r.status(), 200, "{:?}", r.body());
+    assert_eq!(r.headers()["cache-control"], "no-store");
+    assert!(r.headers().contains_key("ratelimit"));
+    assert!(r.headers().contains_key("ratelimit-policy"));
+    json(&r)
+}
+
+async fn scan<S: QuotaStore, Q: ScanQueue>(gate: &Gate<S, Q>, ip: &str) -> Value {
+    let r = gate.handle(scan_from(ip)).await;
+    assert_eq!(r.status(), 202, "{:?}", r.body());
+    json(&r)
+}
+
+/// Twenty reads leave `used` unchanged (no counter is even created); after
+/// three scans it says 3, with the RateLimit headers of the scans.
+#[tokio::test]
+async fn reading_never_spends() {
+    let server = ValkeyServer::start();
+    let gate = valkey_gate(&server, LIMITS);
+    for _ in 0..20 {
+        let body = get_quota(&gate, IP).await;
+        assert_eq!(body["quota"]["used"], 0);
+        assert_eq!(body["quota"]["remaining"], 3);
+        assert_eq!(
+            body["nextScan"],
+            serde_json::json!({"tier": "within", "delayMs": 0})
+        );
+    }
+    let mut conn = server.client().await;
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg("quota:*")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert!(keys.is_empty(), "a read wrote {keys:?}");
+    for _ in 0..3 {
+        scan(&gate, IP).await;
+    }
+    for _ in 0..20 {
+        let body = get_quota(&gate, IP).await;
+        assert_eq!(body["quota"]["used"], 3);
+        assert_eq!(body["quota"]["limit"], 3);
+        assert_eq!(body["quota"]["scope"], "ip");
+        assert_eq!(body["nextScan"]["tier"], "soft");
+    }
+    let r = gate.handle(quota_from(IP)).await;
+    assert_eq!(
+        r.headers()["ratelimit"].to_str().unwrap().split(';').nth(1),
+        Some("r=0")
+    );
+    assert_eq!(
+        stream_jobs(&server, "jobs").await.len(),
+        3,
+        "reads queue nothing"
+    );
+}
+
+/// With a frozen clock, `nextScan.delayMs` is exactly the delay the next
+/// `POST /scan` gets: within, soft, hard and paced (the backlog grows).
+#[tokio::test(start_paused = true)]
+async fn next_scan_is_the_next_scans_delay() {
+    let gate = gate(LIMITS, MemoryStore::default(), Discard).with_clock(Clock::tokio());
+    let mut seen = Vec::new();
+    for _ in 0..8 {
+        let predicted = get_quota(&gate, IP).await["nextScan"].clone();
+        let got = scan(&gate, IP).await;
+        assert_eq!(predicted["delayMs"], got["delayMs"], "{predicted} vs {got}");
+        seen.push((
+            predicted["tier"].as_str().unwrap().to_owned(),
+            got["delayMs"].as_u64().unwrap(),
+        ));
+    }
+    let tiers: Vec<&str> = seen.iter().map(|(t, _)| t.as_str()).collect();
+    assert_eq!(
+        tiers,
+        [
+            "within", "within", "within", "soft", "soft", "hard", "hard", "hard"
+        ]
+    );
+    let delays: Vec<u64> = seen.iter().map(|(_, d)| *d).collect();
+    assert_eq!(delays, [0, 0, 0, 5_000, 10_000, 70_000, 130_000, 190_000]);
+}
+
+/// On a real Valkey the prediction is the scan's delay, less the time that
+/// passed between the read and the scan (the paced slot stands still).
+#[tokio::test]
+async fn next_scan_matches_on_valkey() {
+    let server = ValkeyServer::start();
+    let gate = valkey_gate(&server, LIMITS);
+    for n in 0..7 {
+        let before = std::time::Instant::now();
+        let predicted = get_quota(&gate, IP).await["nextScan"]["delayMs"]
+            .as_u64()
+            .unwrap();
+        let got = scan(&gate, IP).await["delayMs"].as_u64().unwrap();
+        let passed = before.elapsed().as_millis() as u64 + 1;
+        assert!(
+            got <= predicted && predicted <= got + passed,
+            "scan {n}: predicted {predicted}, got {got} ({passed} ms apart)"
+        );
+    }
+}
+
+/// `/quota` with another method is 405 with `Allow: GET, HEAD`, counting nothing.
+#[tokio::test]
+async fn other_methods_are_405() {
+    let gate = gate(LIMITS, MemoryStore::default(), Discard);
+    let mut post = scan_from(IP);
+    post.path = "/quota".into();
+    let r = gate.handle(post).await;
+    assert_eq!(r.status(), 405);
+    assert_eq!(r.headers()["allow"], "GET, HEAD");
+    assert_eq!(json(&r)["error"], "method_not_allowed");
+    assert_eq!(get_quota(&gate, IP).await["quota"]["used"], 0);
+}
+
+/// With the store down the answer is 503 with `Retry-After`, never a guess.
+#[tokio::test]
+async fn store_down_is_503() {
+    let server = ValkeyServer::start();
+    let gate = valkey_gate(
+        &server,
+        &with_vars(
+            LIMITS,
+            &[
+                ("QUOTA_STORE_TIMEOUT_MS", "200"),
+                ("QUOTA_BREAKER_FAILURES", "0"),
+            ],
+        ),
+    );
+    scan(&gate, IP).await;
+    drop(server);
+    let r = gate.handle(quota_from(IP)).await;
+    assert_eq!(r.status(), 503);
+    assert_eq!(r.headers()["retry-after"], "1");
+    assert_eq!(json(&r)["error"], "store_unavailable");
+    assert!(json(&r).get("quota").is_none());
+}
+
+/// A token caller reads its own (token) quota; an invalid token reads the
+/// address's, and says why, exactly as a scan would be counted.
+#[tokio::test]
+async fn identified_as_a_scan_is() {
+    let server = ValkeyServer::start();
+    let gate = token_gate(&server, LIMITS);
+    let token = mint(
+        jsonwebtoken::Algorithm::EdDSA,
+        serde_json::json!({"tid": "t-quota", "iss": "stella-ops.org", "exp": now() + 600}),
+    );
+    let mut with_token = scan_with_token(IP, &token);
+    assert_eq!(gate.handle(with_token.clone()).await.status(), 202);
+    with_token.method = Method::GET;
+    with_token.path = "/quota".into();
+    let body = json(&gate.handle(with_token.clone()).await);
+    assert_eq!(body["quota"]["scope"], "tid");
+    assert_eq!(body["quota"]["used"], 1);
+    assert_eq!(body["token"]["accepted"], true);
+    with_token
+        .headers
+        .insert("authorization", "Bearer not.a.token".parse().unwrap());
+    let body = json(&gate.handle(with_token).await);
+    assert_eq!(body["quota"]["scope"], "ip");
+    assert_eq!(body["quota"]["used"], 0);
+    assert_eq!(body["token"]["accepted"], false);
+}
+
+/// `grant --scans 5` on a subject whose next scan is soft: the next five
+/// are undelayed, the sixth is soft; inspect shows it, revoke and reset
+/// take it away. `gate` runs on `store_config`'s Valkey.
+async fn grant_five<Q: ScanQueue>(
+    gate: &Gate<quota_gate::store::valkey::ValkeyStore, Q>,
+    store_config: &quota_gate::Config,
+) {
+    for _ in 0..3 {
+        scan(gate, IP).await;
+    }
+    let store = quota_gate::ops::valkey_store(store_config).unwrap();
+    let who = subject::resolve(store_config, &SubjectArg::Ip(IP.into())).unwrap();
+    let before = subject::inspect(&store, store_config, &who).await.unwrap();
+    assert_eq!(before.next.tier, "soft");
+    let granted = subject::grant(&store, store_config, &who, 5).await.unwrap();
+    assert_eq!(granted.scans, 5);
+    assert_eq!(
+        granted.expires_at, before.reset_at,
+        "the grant expires with the counter"
+    );
+    let shown = subject::inspect(&store, store_config, &who).await.unwrap();
+    assert_eq!(
+        (shown.grant, shown.remaining, shown.next.tier),
+        (5, 5, "within")
+    );
+    assert_eq!(get_quota(gate, IP).await["quota"]["limit"], 8);
+    for n in 4..=8 {
+        let body = scan(gate, IP).await;
+        assert_eq!(body["delayMs"], 0, "scan {n}: {body}");
+        assert_eq!(body["quota"]["limit"], 8);
+    }
+    let sixth = scan(gate, IP).await;
+    assert_eq!(sixth["delayMs"], 5_000, "{sixth}");
+    // Revoke: the ceiling is the limit again.
+    subject::grant(&store, store_config, &who, 0).await.unwrap();
+    assert_eq!(
+        subject::inspect(&store, store_config, &who)
+            .await
+            .unwrap()
+            .grant,
+        0
+    );
+    subject::grant(&store, store_config, &who, 7).await.unwrap();
+    subject::reset(&store, &who).await.unwrap();
+    let after = subject::inspect(&store, store_config, &who).await.unwrap();
+    assert_eq!(
+        (after.exists, after.grant),
+        (false, 0),
+        "reset removes the grant"
+    );
+}
+
+/// Grants on a standalone Valkey.
+#[tokio::test]
+async fn grant_on_valkey() {
+    let server = ValkeyServer::start();
+    let url = server.url();
+    let vars = with_vars(
+        LIMITS,
+        &[("VALKEY_URL", url.as_str()), ("QUOTA_PACING", "off")],
+    );
+    grant_five(&valkey_gate(&server, &vars), &config(&vars)).await;
+}
+
+/// Grants through a real Valkey cluster: the grant shares the counter's slot.
+#[tokio::test]
+async fn grant_on_a_cluster() {
+    let cluster = ValkeyCluster::start();
+    let url = cluster.url();
+    let vars = with_vars(
+        LIMITS,
+        &[
+            ("VALKEY_URL", url.as_str()),
+            ("VALKEY_CLUSTER", "true"),
+            ("QUOTA_PACING", "off"),
+        ],
+    );
+    grant_five(&cluster_gate(&cluster, &vars), &config(&vars)).await;
+}
+
+/// A grant made before the period's first scan counts too, and the
+/// in-memory store follows the same rule.
+#[tokio::test]
+async fn grant_before_the_first_scan_and_in_memory() {
+    let store = MemoryStore::default();
+    let gate = gate(
+        &with_vars(LIMITS, &[("QUOTA_PACING", "off")]),
+        store.clone(),
+        Discard,
+    );
+    let who = subject::resolve(gate.config(), &SubjectArg::Ip(IP.into())).unwrap();
+    let now = now();
+    store.grant(
+        &who.key,
+        2,
+        quota_gate::store::period_end(gate.config().policy.reset, now),
+        now,
+    );
+    let delays: Vec<u64> = {
+        let mut d = Vec::new();
+        for _ in 0..6 {
+            d.push(scan(&gate, IP).await["delayMs"].as_u64().unwrap());
+        }
+        d
+    };
+    assert_eq!(delays, [0, 0, 0, 0, 0, 5_000]);
+}

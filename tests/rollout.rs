@@ -1,0 +1,440 @@
+//! Turning the gate on without fear (issue 24): shadow mode and exemptions,
+//! on a real Valkey with the jobs on its stream and the EMF lines captured.
+
+use quota_gate_testkit as common;
+
+use std::time::{Duration, Instant};
+
+use common::*;
+use quota_gate::meter::{self, Meter};
+use quota_gate::store::QuotaKey;
+use quota_gate::store::valkey::ValkeyStore;
+use serde_json::Value;
+
+const IP: &str = "198.51.100.40";
+
+/// 3 within, 2 soft, then hard, at the real delays (5 s and 60 s), slept
+/// in the handler when enforced; pacing on.
+const REAL_DELAYS: &[(&str, &str)] = &[
+    ("QUOTA_ANON", "3"),
+    ("QUOTA_SOFT_WINDOW", "2"),
+    ("QUOTA_SOFT_DELAY_MS", "5000"),
+    ("QUOTA_HARD_DELAY_MS", "60000"),
+    ("QUOTA_STORE_TIMEOUT_MS", "2000"),
+];
+
+/// A gate on `server` (stream `jobs`) whose EMF lines go to `meter`.
+fn metered_valkey_gate(
+    server: &ValkeyServer,
+    vars: &[(&str, &str)],
+    meter: Meter,
+) -> quota_gate::Gate<ValkeyStore, quota_gate::queue::stream::StreamQueue> {
+    let url = server.url();
+    let vars = with_vars(
+        &[
+            ("VALKEY_URL", url.as_str()),
+            ("SCAN_QUEUE_URL", "valkey-stream:jobs"),
+        ],
+        vars,
+    );
+    let config = config(&vars);
+    let valkey = quota_gate::connection::Valkey::from_config(&config)
+        .unwrap()
+        .unwrap();
+    quota_gate::Gate::new(
+        config,
+        ValkeyStore::new(valkey.clone()),
+        quota_gate::queue::stream::StreamQueue::new(valkey, "jobs"),
+        meter,
+    )
+    .unwrap()
+}
+
+/// The sum of one metric over every EMF line that carries it.
+fn emf_sum(text: &str, name: &str) -> u64 {
+    text.lines()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap())
+        .filter_map(|doc| doc[name].as_u64())
+        .sum()
+}
+
+/// Shadow mode past the limit: 40 scans from one subject are answered at
+/// once, each saying what enforcement would have done, every job undelayed
+/// with its decided tier; the shadow counters hold the hits, the real ones
+/// stay 0. Switched to enforce on the same Valkey, the very next scan gets
+/// its tier's delay and no inherited backlog.
+#[tokio::test]
+async fn shadow_then_enforce() {
+    let server = ValkeyServer::start();
+    let sink = Capture::default();
+    let shadow = with_vars(REAL_DELAYS, &[("QUOTA_MODE", "shadow")]);
+    let gate = metered_valkey_gate(&server, &shadow, sink.meter());
+    let started = Instant::now();
+    let mut expected = Vec::new();
+    for n in 1..=40u64 {
+        let r = gate.handle(scan_from(IP)).await;
+        assert_eq!(r.status(), 202);
+        let (tier, delay) = match n {
+            1..=3 => ("within", 0),
+            4..=5 => ("soft", 5_000),
+            _ => ("hard", 60_000),
+        };
+        assert_eq!(r.headers()["x-stella-quota-shadow"], tier, "scan {n}");
+        let body = json(&r);
+        assert_eq!(
+            body["shadow"],
+            serde_json::json!({"tier": tier, "delayMs": delay})
+        );
+        assert_eq!(
+            (body["delayMs"].as_u64(), body["sleptMs"].as_u64()),
+            (Some(0), Some(0))
+        );
+        assert_eq!(body["quota"]["used"], n);
+        expected.push(tier);
+    }
+    // Nobody waited: forty scans in less than one soft delay.
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
+    let jobs = stream_jobs(&server, "jobs").await;
+    assert_eq!(jobs.len(), 40);
+    for (job, tier) in jobs.iter().zip(&expected) {
+        assert_eq!(job["tier"], *tier);
+        assert_eq!(job["delayMs"], 0);
+        assert_eq!(job["notBefore"], job["receivedAt"]);
+    }
+    let emf = sink.text();
+    assert_eq!(emf_sum(&emf, meter::SHADOW_SOFT_HITS), 2);
+    assert_eq!(emf_sum(&emf, meter::SHADOW_HARD_HITS), 35);
+    assert_eq!(emf_sum(&emf, meter::SOFT_HITS), 0);
+    assert_eq!(emf_sum(&emf, meter::HARD_HITS), 0);
+    assert_eq!(emf_sum(&emf, "stella_quota_requests_within_total"), 40);
+    let mut conn = server.client().await;
+    let slots: Vec<String> = redis::cmd("KEYS")
+        .arg("quota:*:slot")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert!(
+        slots.is_empty(),
+        "shadow mode took a pacing slot: {slots:?}"
+    );
+
+    // The same Valkey, enforced (deferred, so the test does not sleep a minute).
+    let enforce = with_vars(
+        REAL_DELAYS,
+        &[("QUOTA_MODE", "enforce"), ("QUOTA_DELAY_MODE", "defer")],
+    );
+    let gate = metered_valkey_gate(&server, &enforce, sink.meter());
+    let r = gate.handle(scan_from(IP)).await;
+    assert!(r.headers().get("x-stella-quota-shadow").is_none());
+    let body = json(&r);
+    assert_eq!(
+        (body["quota"]["used"].as_u64(), body["delayMs"].as_u64()),
+        (Some(41), Some(60_000))
+    );
+    assert!(body.get("shadow").is_none());
+}
+
+/// A token carrying `quota_exempt: true`, signed with the test key.
+fn exempt_token(tid: &str) -> String {
+    mint(
+        jsonwebtoken::Algorithm::EdDSA,
+        serde_json::json!({"tid": tid, "iss": "stella-ops.org", "exp": now() + 600, "quota_exempt": true}),
+    )
+}
+
+/// Exempt networks and the exempt claim: 100 scans each are queued at
+/// once with tier `exempt`, never counted or paced (no key is written);
+/// the claim on a token that does not verify exempts nobody.
+#[tokio::test]
+async fn exempt_networks_and_claims() {
+    let server = ValkeyServer::start();
+    let sink = Capture::default();
+    let key = fixture("ed25519.pub.pem");
+    let vars = with_vars(
+        REAL_DELAYS,
+        &[
+            ("QUOTA_JWT_PUBLIC_KEY", key.as_str()),
+            ("QUOTA_EXEMPT_NETWORKS", "192.0.2.0/24, 2001:db8:e::/48"),
+            ("QUOTA_EXEMPT_CLAIM", "quota_exempt"),
+            ("QUOTA_DELAY_MODE", "defer"),
+        ],
+    );
+    let gate = metered_valkey_gate(&server, &vars, sink.meter());
+    let token = exempt_token("t-ci");
+    for n in 0..100 {
+        let from = if n % 2 == 0 {
+            "192.0.2.17"
+        } else {
+            "2001:db8:e:5::9"
+        };
+        for request in [scan_from(from), scan_with_token("203.0.113.50", &token)] {
+            let r = gate.handle(request).await;
+            assert_eq!(r.status(), 202);
+            assert!(r.headers().get("ratelimit").is_none());
+            let body = json(&r);
+            assert_eq!(body["quota"], serde_json::json!({"scope": "exempt"}));
+            assert_eq!(body["delayMs"], 0);
+        }
+    }
+    let mut conn = server.client().await;
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg("quota:*")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert!(keys.is_empty(), "an exempt scan was counted: {keys:?}");
+    let jobs = stream_jobs(&server, "jobs").await;
+    assert_eq!(jobs.len(), 200);
+    let mut ids: Vec<&str> = jobs.iter().map(|j| j["scanId"].as_str().unwrap()).collect();
+    ids.sort_unstable();
+    ids.dedup();
+    assert_eq!(ids.len(), 200, "one job per scan");
+    assert!(
+        jobs.iter()
+            .all(|j| j["tier"] == "exempt" && j["delayMs"] == 0 && j["count"] == 0)
+    );
+    assert_eq!(emf_sum(&sink.text(), meter::EXEMPT), 200);
+
+    // The claim on a token signed by another key: not verified, so counted under the IP.
+    let forged = mint(
+        jsonwebtoken::Algorithm::RS256,
+        serde_json::json!({"tid": "t-forged", "iss": "stella-ops.org", "exp": now() + 600, "quota_exempt": true}),
+    );
+    let body = json(&gate.handle(scan_with_token("203.0.113.51", &forged)).await);
+    assert_eq!(body["quota"]["scope"], "ip");
+    assert_eq!(body["quota"]["used"], 1);
+    assert_eq!(body["token"]["accepted"], false);
+    // A claim that is not exactly `true` exempts nobody either.
+    let stringly = mint(
+        jsonwebtoken::Algorithm::EdDSA,
+        serde_json::json!({"tid": "t-str", "iss": "stella-ops.org", "exp": now() + 600, "quota_exempt": "true"}),
+    );
+    let body = json(
+        &gate
+            .handle(scan_with_token("203.0.113.52", &stringly))
+            .await,
+    );
+    assert_eq!(body["quota"]["scope"], "tid");
+}
+
+/// A spoofed `X-Forwarded-For` naming an exempt address exempts nobody;
+/// the same header from a trusted proxy does.
+#[tokio::test]
+async fn forwarded_for_only_through_a_trusted_proxy() {
+    let server = ValkeyServer::start();
+    let vars = with_vars(
+        REAL_DELAYS,
+        &[
+            ("QUOTA_EXEMPT_NETWORKS", "192.0.2.0/24"),
+            ("QUOTA_TRUSTED_PROXIES", "10.0.0.0/8"),
+        ],
+    );
+    let gate = valkey_gate(&server, &vars);
+    let mut spoofed = scan_from("203.0.113.60");
+    spoofed
+        .headers
+        .insert("x-forwarded-for", "192.0.2.17".parse().unwrap());
+    let body = json(&gate.handle(spoofed).await);
+    assert_eq!(body["quota"]["scope"], "ip");
+    assert_eq!(body["quota"]["used"], 1);
+    let mut proxied = scan_from("10.1.2.3");
+    proxied
+        .headers
+        .insert("x-forwarded-for", "192.0.2.17".parse().unwrap());
+    let body = json(&gate.handle(proxied).await);
+    assert_eq!(body["quota"]["scope"], "exempt");
+    let identifier = gate.identifier();
+    let spoofer = QuotaKey::new(
+        quota_gate::digest::Scope::Ip,
+        &identifier.ip_digest("203.0.113.60".parse().unwrap()),
+    );
+    let seen = gate.store().inspect(&spoofer).await.unwrap().unwrap();
+    assert_eq!(seen.used, 1);
+}
+
+/// A malformed exempt network stops the start, naming the variable.
+#[test]
+fn malformed_network_names_the_variable() {
+    for bad in ["192.0.2.0/33", "not-a-net", "2001:db8::/129"] {
+        let e = quota_gate::Config::from_lookup(|k| {
+            (k == "QUOTA_EXEMPT_NETWORKS").then(|| bad.to_owned())
+        })
+        .unwrap_err();
+        assert_eq!(e.var, "QUOTA_EXEMPT_NETWORKS", "{bad}");
+    }
+    let e = quota_gate::Config::from_lookup(|k| (k == "QUOTA_MODE").then(|| "dry".to_owned()))
+        .unwrap_err();
+    assert_eq!(e.var, "QUOTA_MODE");
+    let out = std::process::Command::new(bin("quota-gate"))
+        .arg("serve")
+        .env("QUOTA_EXEMPT_NETWORKS", "192.0.2.0/24,192.0.2.300")
+        .env("QUOTA_LISTEN", "127.0.0.1:0")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("QUOTA_EXEMPT_NETWORKS"), "{stderr}");
+}
+
+/// The sample events of `GET /quota` and of a shadow-mode scan answer as
+/// events/README.md says, through the Lambda adapter.
+#[tokio::test]
+async fn sample_events_quota_and_shadow() {
+    use quota_gate::lambda::to_gate_request;
+    let server = ValkeyServer::start();
+    let gate = valkey_gate(&server, &[]);
+    for expected_used in [0, 1] {
+        let r = gate
+            .handle(to_gate_request(event("http-api-v2-quota.json")))
+            .await;
+        assert_eq!(r.status(), 200, "{:?}", r.body());
+        assert!(r.headers().contains_key("ratelimit"));
+        let body = json(&r);
+        assert_eq!(body["quota"]["scope"], "ip");
+        assert_eq!(body["quota"]["used"], expected_used);
+        assert_eq!(
+            body["nextScan"],
+            serde_json::json!({"tier": "within", "delayMs": 0})
+        );
+        // The same address scans once: the next read says 1.
+        assert_eq!(
+            gate.handle(to_gate_request(event("http-api-v2-ipv4.json")))
+                .await
+                .status(),
+            202
+        );
+    }
+    let shadow = valkey_gate(&server, &[("QUOTA_MODE", "shadow"), ("QUOTA_ANON", "1")]);
+    let first = shadow
+        .handle(to_gate_request(event("http-api-v2-shadow.json")))
+        .await;
+    assert_eq!(first.headers()["x-stella-quota-shadow"], "within");
+    let second = shadow
+        .handle(to_gate_request(event("http-api-v2-shadow.json")))
+        .await;
+    assert_eq!(second.status(), 202);
+    assert_eq!(second.headers()["x-stella-quota-shadow"], "soft");
+    let body = json(&second);
+    assert_eq!(body["delayMs"], 0);
+    assert_eq!(
+        body["shadow"],
+        serde_json::json!({"tier": "soft", "delayMs": 5000})
+    );
+}
+
+/// Exempt and shadow-mode jobs validate against docs/job.schema.json and
+/// read back as the one job type.
+#[tokio::test]
+async fn exempt_and_shadow_jobs_match_the_schema() {
+    use quota_gate::store::memory::MemoryStore;
+    let schema: Value = serde_json::from_str(
+        &std::fs::read_to_string(root().join("docs/job.schema.json")).unwrap(),
+    )
+    .unwrap();
+    let validator = jsonschema::options()
+        .should_validate_formats(true)
+        .build(&schema)
+        .unwrap();
+    let jobs = RecordingQueue::default();
+    let vars = with_vars(
+        TIERS,
+        &[
+            ("QUOTA_MODE", "shadow"),
+            ("QUOTA_EXEMPT_NETWORKS", "192.0.2.0/24"),
+        ],
+    );
+    let gate = gate(&vars, MemoryStore::default(), jobs.clone());
+    for from in ["192.0.2.1", IP, IP, IP, IP, IP, IP] {
+        assert_eq!(gate.handle(scan_from(from)).await.status(), 202);
+    }
+    let written = jobs.json();
+    let tiers: Vec<&str> = written
+        .iter()
+        .map(|j| j["tier"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        tiers,
+        [
+            "exempt", "within", "within", "within", "soft", "soft", "hard"
+        ]
+    );
+    for job in &written {
+        let errors: Vec<String> = validator.iter_errors(job).map(|e| e.to_string()).collect();
+        assert!(errors.is_empty(), "{job}: {errors:?}");
+        let read = quota_gate::job::ScanJob::from_json(&job.to_string()).unwrap();
+        assert_eq!(&serde_json::to_value(&read).unwrap(), job);
+    }
+}
+
+/// `quota-gate serve` answers `GET /quota` (and `HEAD`), nothing counted.
+#[test]
+fn serve_answers_get_quota() {
+    use common::client::{get_request, http, scan_request};
+    use common::serve::spawn_serve;
+    let (_serve, addr) = spawn_serve(&[("QUOTA_SERVE_WORKERS", "1")]);
+    let body_of = |answer: &str| -> Value {
+        serde_json::from_str(answer.split("\r\n\r\n").nth(1).unwrap()).unwrap()
+    };
+    for _ in 0..3 {
+        let answer = http(addr, &get_request("/quota"));
+        assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+        assert!(
+            answer.to_ascii_lowercase().contains("\r\nratelimit: "),
+            "{answer}"
+        );
+        assert_eq!(body_of(&answer)["quota"]["used"], 0);
+    }
+    assert!(http(addr, &scan_request(None)).starts_with("HTTP/1.1 202"));
+    let answer = http(addr, &get_request("/quota"));
+    assert_eq!(body_of(&answer)["quota"]["used"], 1);
+    let head = http(addr, &get_request("/quota").replacen("GET", "HEAD", 1));
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+}
+
+/// In shadow mode `serve`'s Prometheus counters hold the hits under the
+/// shadow names, and the real soft and hard counters stay 0; exempt scans
+/// and `GET /quota` answers are counted too.
+#[test]
+fn shadow_hits_in_prometheus() {
+    use common::client::{get_request, http, scan_request};
+    use common::serve::spawn_serve;
+    let (_serve, addr) = spawn_serve(&[
+        ("QUOTA_SERVE_WORKERS", "1"),
+        ("QUOTA_MODE", "shadow"),
+        ("QUOTA_ANON", "1"),
+        ("QUOTA_SOFT_WINDOW", "1"),
+    ]);
+    for _ in 0..4 {
+        assert!(http(addr, &scan_request(None)).starts_with("HTTP/1.1 202"));
+    }
+    assert!(http(addr, &get_request("/quota")).starts_with("HTTP/1.1 200"));
+    let metrics = http(addr, &get_request("/metrics"));
+    let value = |series: &str| -> f64 {
+        metrics
+            .lines()
+            .find(|l| l.starts_with(series))
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("no {series} in\n{metrics}"))
+    };
+    assert_eq!(
+        value("stella_quota_shadow_soft_hits_total{scope=\"ip\"}"),
+        1.0
+    );
+    assert_eq!(
+        value("stella_quota_shadow_hard_hits_total{scope=\"ip\"}"),
+        2.0
+    );
+    assert_eq!(value("stella_quota_soft_hits_total{scope=\"ip\"}"), 0.0);
+    assert_eq!(value("stella_quota_hard_hits_total{scope=\"ip\"}"), 0.0);
+    assert_eq!(
+        value("stella_quota_requests_within_total{scope=\"ip\"}"),
+        4.0
+    );
+    assert_eq!(value("stella_quota_checks_total{scope=\"ip\"}"), 1.0);
+    assert_eq!(value("stella_quota_exempt_total{scope=\"ip\"}"), 0.0);
+}
