@@ -11,125 +11,16 @@
 use quota_gate_testkit as common;
 
 use std::collections::HashMap;
-use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::client::{post_scan, send};
+use common::consumer::*;
 use common::moto::MotoServer;
 use common::serve::spawn_serve;
 use common::*;
 use redis::AsyncCommands;
 use serde_json::{Value, json};
-
-/// The scanner: logs its start, sleeps `$SLEEP` if set, logs its end.
-const SCANNER: &str = r#"#!/bin/sh
-echo "start $(date +%s%3N) $SCAN_ID $TAG" >> "$LOG"
-if [ -n "$SLEEP" ]; then sleep "$SLEEP"; fi
-echo "end $(date +%s%3N) $SCAN_ID $TAG" >> "$LOG"
-"#;
-
-/// A scratch folder with the scanner script and its log.
-struct Scanner {
-    dir: tempfile::TempDir,
-}
-
-/// One line of the scanner's log.
-#[derive(Debug, Clone)]
-struct Line {
-    what: String,
-    at_ms: i64,
-    scan_id: String,
-    tag: String,
-}
-
-impl Scanner {
-    fn new() -> Self {
-        let dir = tempfile::tempdir().unwrap();
-        std::fs::write(dir.path().join("scan.sh"), SCANNER).unwrap();
-        Self { dir }
-    }
-
-    fn exec(&self) -> String {
-        format!("sh {}", self.dir.path().join("scan.sh").display())
-    }
-
-    fn log(&self) -> PathBuf {
-        self.dir.path().join("log")
-    }
-
-    fn lines(&self) -> Vec<Line> {
-        let text = std::fs::read_to_string(self.log()).unwrap_or_default();
-        text.lines()
-            .filter_map(|l| {
-                let mut f = l.split_whitespace();
-                Some(Line {
-                    what: f.next()?.into(),
-                    at_ms: f.next()?.parse().ok()?,
-                    scan_id: f.next()?.into(),
-                    tag: f.next().unwrap_or("").into(),
-                })
-            })
-            .collect()
-    }
-
-    fn ends(&self) -> Vec<Line> {
-        self.lines()
-            .into_iter()
-            .filter(|l| l.what == "end")
-            .collect()
-    }
-
-    /// Waits until `n` scans have ended, then a little more (a duplicate
-    /// would show up in that time), and returns the lines.
-    fn wait_for_ends(&self, n: usize, within: Duration) -> Vec<Line> {
-        let deadline = Instant::now() + within;
-        while self.ends().len() < n {
-            assert!(
-                Instant::now() < deadline,
-                "only {} of {n} scans ended: {:?}",
-                self.ends().len(),
-                self.lines()
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        std::thread::sleep(Duration::from_millis(1500));
-        self.lines()
-    }
-}
-
-/// `quota-gate consume` with `args`, the variables `vars` (and PATH), its
-/// children's log going to `scanner`, tagged `tag`.
-fn consume(
-    scanner: &Scanner,
-    tag: &str,
-    args: &[&str],
-    vars: &[(&str, &str)],
-    stdin: Stdio,
-) -> KillOnDrop {
-    let errors = std::fs::File::create(scanner.dir.path().join(format!("{tag}.err"))).unwrap();
-    let child = Command::new(bin("quota-gate"))
-        .arg("consume")
-        .args(["--exec", &scanner.exec(), "--no-emf"])
-        .args(args)
-        .env_clear()
-        .env("PATH", std::env::var("PATH").unwrap_or_default())
-        .env("LOG", scanner.log())
-        .env("TAG", tag)
-        .env("RUST_LOG", "info")
-        .envs(vars.iter().copied())
-        .stdin(stdin)
-        .stdout(Stdio::null())
-        .stderr(errors)
-        .spawn()
-        .unwrap();
-    KillOnDrop::new(child)
-}
-
-/// What consumer `tag` logged (for failure messages).
-fn errors_of(scanner: &Scanner, tag: &str) -> String {
-    std::fs::read_to_string(scanner.dir.path().join(format!("{tag}.err"))).unwrap_or_default()
-}
 
 /// Sends `n` scans at once from one address; the 202 bodies.
 fn burst(addr: std::net::SocketAddr, n: usize) -> Vec<Value> {
@@ -188,68 +79,6 @@ fn not_befores(bodies: &[Value]) -> HashMap<String, i64> {
         .collect()
 }
 
-/// A job as the gate writes it, due at `not_before_ms`.
-fn job(not_before_ms: i64) -> Value {
-    let at = |ms: i64| {
-        time::OffsetDateTime::from_unix_timestamp_nanos(i128::from(ms) * 1_000_000)
-            .unwrap()
-            .format(&time::format_description::well_known::Rfc3339)
-            .unwrap()
-    };
-    json!({"version": 1, "scanId": uuid::Uuid::now_v7(), "receivedAt": at(now_ms()),
-        "scope": "ip", "digest": "d", "tier": "soft", "limit": 1, "count": 2,
-        "delayMs": 0, "deferredMs": 0, "notBefore": at(not_before_ms),
-        "request": {"image": "alpine:3.20"}})
-}
-
-fn now_ms() -> i64 {
-    i64::try_from(
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_millis(),
-    )
-    .unwrap()
-}
-
-async fn xadd(valkey: &ValkeyServer, key: &str, job: &Value) {
-    let mut c = valkey.client().await;
-    let id = job["scanId"].as_str().unwrap().to_owned();
-    let _: String = c
-        .xadd(key, "*", &[("job", job.to_string()), ("scanId", id)])
-        .await
-        .unwrap();
-}
-
-/// Entries read by the group and not acknowledged.
-async fn pending(valkey: &ValkeyServer, key: &str) -> i64 {
-    let mut c = valkey.client().await;
-    let summary: redis::Value = redis::cmd("XPENDING")
-        .arg(key)
-        .arg("quota-gate")
-        .query_async(&mut c)
-        .await
-        .unwrap();
-    match summary {
-        redis::Value::Array(v) => match v.first() {
-            Some(redis::Value::Int(n)) => *n,
-            _ => 0,
-        },
-        _ => 0,
-    }
-}
-
-fn stream_vars(valkey: &ValkeyServer) -> Vec<(String, String)> {
-    vec![
-        ("VALKEY_URL".into(), valkey.url()),
-        ("SCAN_QUEUE_URL".into(), "valkey-stream:jobs".into()),
-    ]
-}
-
-fn refs(vars: &[(String, String)]) -> Vec<(&str, &str)> {
-    vars.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect()
-}
-
 /// serve → Valkey stream → two consumers: a paced burst of over-quota scans
 /// starts each no sooner than its notBefore and within 1 s after, each once.
 #[tokio::test(flavor = "multi_thread")]
@@ -262,8 +91,8 @@ async fn stream_two_consumers_on_time_once() {
     let scanner = Scanner::new();
     // Each holds at most 4 jobs, so the burst is shared between them.
     let args = ["--lease", "8s", "--max-held", "4"];
-    let _a = consume(&scanner, "a", &args, &refs(&vars), Stdio::null());
-    let _b = consume(&scanner, "b", &args, &refs(&vars), Stdio::null());
+    let _a = scanner.consume("a", &args, &refs(&vars), Stdio::null());
+    let _b = scanner.consume("b", &args, &refs(&vars), Stdio::null());
     let bodies = burst(addr, 8);
     let expected = not_befores(&bodies);
     let spread = expected.values().max().unwrap() - expected.values().min().unwrap();
@@ -278,8 +107,8 @@ async fn stream_two_consumers_on_time_once() {
         tags.len(),
         2,
         "both consumers ran scans: {lines:?}\n{}\n{}",
-        errors_of(&scanner, "a"),
-        errors_of(&scanner, "b")
+        scanner.errors_of("a"),
+        scanner.errors_of("b")
     );
     assert_eq!(
         pending(&valkey, "jobs").await,
@@ -297,23 +126,17 @@ async fn killed_consumer_job_reclaimed_once() {
     let scanner = Scanner::new();
     let mut slow = refs(&vars);
     slow.push(("SLEEP", "30"));
-    let mut a = consume(&scanner, "a", &["--lease", "2s"], &slow, Stdio::null());
+    let mut a = scanner.consume("a", &["--lease", "2s"], &slow, Stdio::null());
     let job = job(now_ms());
     xadd(&valkey, "jobs", &job).await;
     let deadline = Instant::now() + Duration::from_secs(10);
     while scanner.lines().is_empty() {
-        assert!(Instant::now() < deadline, "{}", errors_of(&scanner, "a"));
+        assert!(Instant::now() < deadline, "{}", scanner.errors_of("a"));
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     a.kill_now();
     let killed_at = Instant::now();
-    let _b = consume(
-        &scanner,
-        "b",
-        &["--lease", "2s"],
-        &refs(&vars),
-        Stdio::null(),
-    );
+    let _b = scanner.consume("b", &["--lease", "2s"], &refs(&vars), Stdio::null());
     let lines = scanner.wait_for_ends(1, Duration::from_secs(15));
     assert!(
         killed_at.elapsed() >= Duration::from_secs(2),
@@ -339,8 +162,8 @@ async fn valkey_paused_under_load_no_loss_no_twice() {
     let vars = stream_vars(&valkey);
     let scanner = Scanner::new();
     let args = ["--lease", "8s", "--concurrency", "8"];
-    let _a = consume(&scanner, "a", &args, &refs(&vars), Stdio::null());
-    let _b = consume(&scanner, "b", &args, &refs(&vars), Stdio::null());
+    let _a = scanner.consume("a", &args, &refs(&vars), Stdio::null());
+    let _b = scanner.consume("b", &args, &refs(&vars), Stdio::null());
     let start = now_ms();
     let mut ids = Vec::new();
     for i in 0..40 {
@@ -375,7 +198,7 @@ async fn spool_pipe_honours_not_before() {
     let (mut serve, addr) = spawn_serve(&PACED);
     let scanner = Scanner::new();
     let out = serve.stdout.take().unwrap();
-    let _c = consume(&scanner, "pipe", &["--from", "-"], &[], Stdio::from(out));
+    let _c = scanner.consume("pipe", &["--from", "-"], &[], Stdio::from(out));
     let bodies = burst(addr, 6);
     let lines = scanner.wait_for_ends(6, Duration::from_secs(15));
     assert_on_time_once(&lines, &not_befores(&bodies));
@@ -410,8 +233,7 @@ async fn sqs_visibility_holds_and_duplicates_run_once() {
         ("AWS_EC2_METADATA_DISABLED", "true"),
         ("VALKEY_URL", &valkey.url()),
     ];
-    let _c = consume(
-        &scanner,
+    let _c = scanner.consume(
         "sqs",
         &["--from", &url, "--lease", "5s"],
         &vars,
@@ -566,13 +388,13 @@ async fn sigterm_drains_running_and_leaves_held_pending() {
     let mut slow = refs(&vars);
     slow.push(("SLEEP", "1"));
     let args = ["--lease", "2s", "--grace", "10s"];
-    let mut a = consume(&scanner, "a", &args, &slow, Stdio::null());
+    let mut a = scanner.consume("a", &args, &slow, Stdio::null());
     let (running, held) = (job(now_ms()), job(now_ms() + 4000));
     xadd(&valkey, "jobs", &running).await;
     xadd(&valkey, "jobs", &held).await;
     let deadline = Instant::now() + Duration::from_secs(10);
     while scanner.lines().is_empty() {
-        assert!(Instant::now() < deadline, "{}", errors_of(&scanner, "a"));
+        assert!(Instant::now() < deadline, "{}", scanner.errors_of("a"));
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let term = Command::new("kill")
@@ -581,7 +403,7 @@ async fn sigterm_drains_running_and_leaves_held_pending() {
         .unwrap();
     assert!(term.success());
     let status = a.wait().unwrap();
-    assert!(status.success(), "{status}: {}", errors_of(&scanner, "a"));
+    assert!(status.success(), "{status}: {}", scanner.errors_of("a"));
     let lines = scanner.lines();
     let ran = |job: &Value, what: &str| {
         lines
@@ -600,13 +422,7 @@ async fn sigterm_drains_running_and_leaves_held_pending() {
         1,
         "the held job is left pending, not acked"
     );
-    let _b = consume(
-        &scanner,
-        "b",
-        &["--lease", "2s"],
-        &refs(&vars),
-        Stdio::null(),
-    );
+    let _b = scanner.consume("b", &["--lease", "2s"], &refs(&vars), Stdio::null());
     let lines = scanner.wait_for_ends(2, Duration::from_secs(15));
     let starts: Vec<&Line> = lines
         .iter()
@@ -649,7 +465,7 @@ async fn failing_job_dead_lettered_after_max_attempts() {
         if !dead.ids.is_empty() {
             break dead;
         }
-        assert!(Instant::now() < deadline, "{}", errors_of(&scanner, "f"));
+        assert!(Instant::now() < deadline, "{}", scanner.errors_of("f"));
         tokio::time::sleep(Duration::from_millis(50)).await;
     };
     assert_eq!(dead.ids.len(), 1);
@@ -720,7 +536,7 @@ async fn post_hands_the_job_to_an_http_scanner() {
         if posted >= 2 && pending(&valkey, "jobs").await == 0 {
             break;
         }
-        assert!(Instant::now() < deadline, "{}", errors_of(&scanner, "p"));
+        assert!(Instant::now() < deadline, "{}", scanner.errors_of("p"));
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let bodies = bodies.lock().unwrap().clone();
@@ -744,8 +560,7 @@ async fn metrics_listen_serves_prometheus_text() {
     let scanner = Scanner::new();
     let addr = loopback(free_port());
     let listen = addr.to_string();
-    let mut child = consume(
-        &scanner,
+    let mut child = scanner.consume(
         "m",
         &["--from", "-", "--metrics-listen", &listen],
         &[],

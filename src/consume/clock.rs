@@ -4,7 +4,8 @@
 //! ahead would start scans early by as much. With Valkey (a stream source,
 //! or SQS with `VALKEY_URL` for its markers) the consumer reads the server's
 //! `TIME` at start and every [`SYNC_EVERY`], keeps the offset from its own
-//! clock (the server's reading taken as the middle of the round trip), and
+//! clock (the server's reading taken as late in the round trip as it can
+//! have been, so jobs are never started early by the error), and
 //! times every job by local time plus that offset. The offset is metered
 //! (`stella_consumer_clock_skew_ms`) and logged as a warning past
 //! [`SKEW_WARN_MS`](super::schedule::SKEW_WARN_MS). Without Valkey (SQS

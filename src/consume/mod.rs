@@ -10,19 +10,30 @@
 //!
 //! | part | file | what it does |
 //! |---|---|---|
-//! | rules | [`schedule`] | pure: hold time, marker claims, retry or dead-letter, SQS visibility |
-//! | sources | [`source`] | stream (group, reclaim, ack), SQS (long poll, visibility, delete), stdin |
-//! | markers | [`marker`] | one run per `scanId`: a leased marker in Valkey (or in process) |
-//! | hand-off | [`handoff`] | `--exec` command or `--post` URL |
-//! | one job | [`worker`] | hold → run slot → marker → hand-off → settle |
-//! | metrics | [`meter`] | EMF lines and Prometheus: started, succeeded, failed, dead-lettered, held, lateness |
+//! | rules | [`schedule`] | pure: hold time, marker claims and attempt numbers, when a running scan must stop, retry or dead-letter, SQS visibility, clock offset |
+//! | errors | [`error`] | [`ConsumeError`] (retryable or not) and why a scan was stopped ([`error::Stop`]) |
+//! | clock | [`clock`] | the queue's clock: local time corrected by Valkey's `TIME` |
+//! | sources | [`source`] | the [`JobSource`] trait: stream (group, reclaim, ack), SQS (long poll, visibility, delete), stdin (with its journal) |
+//! | markers | [`marker`] | one run per `scanId`: a leased, numbered marker in Valkey (or in process) |
+//! | hand-off | [`handoff`], [`guard`] | the [`Scanner`](handoff::Scanner) trait: `--exec` under a guard in its own process group, or `--post` |
+//! | one job | [`worker`] | hold → run slot → marker → hand-off under a lease watch and a timeout → settle |
+//! | metrics | [`meter`] | EMF lines and Prometheus: started, succeeded, failed, dead-lettered, timeouts, leases lost, held, lateness, clock skew |
+//!
+//! **Faults.** Every Valkey call goes through the connector
+//! ([`Valkey::send`]), so a dropped connection or a restart costs the time to
+//! reconnect, not the consumer; a consumer group that vanished (a restart
+//! without persistence) is created again. A scanner dies with its consumer
+//! however the consumer ends ([`guard`]), is killed at `--scan-timeout`, and
+//! is killed as soon as its lease is lost ([`worker`]).
 //!
 //! **Stopping.** On SIGTERM (or Ctrl-C) the consumer reads nothing more;
-//! held jobs are given back (stream: left pending, reclaimed by another
-//! consumer after the lease; SQS: visible again; spool: written back to
-//! stdout); running hand-offs get `--grace` to finish, then are killed and
-//! left unacknowledged. Nothing is acknowledged that did not run. At the end
-//! of standard input the consumer finishes every job it read, then exits.
+//! held jobs are given back (stream: marked idle, so any consumer takes
+//! them over at once; SQS: visible again; spool: kept in the journal, or
+//! written back to stdout with the lines still in the pipe); running
+//! hand-offs get `--grace` to finish, then their process groups are killed
+//! and waited for, their markers freed, and the jobs given back. Nothing is
+//! acknowledged that did not run. At the end of standard input the consumer
+//! finishes every job it read, then exits.
 
 pub mod clock;
 pub mod error;

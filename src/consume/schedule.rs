@@ -197,11 +197,13 @@ pub fn must_stop(renewal: Renewal, since_held: Duration, lease: Duration) -> boo
 
 /// The queue clock's offset from the local one (ms to add to local time),
 /// from one reading of the server's clock taken between `sent_ms` and
-/// `answered_ms` (local): the server read its clock somewhere in that
-/// round trip, taken as its middle.
+/// `answered_ms` (local). The server read its clock somewhere in that round
+/// trip; taking the end of it gives the smallest offset the reading allows,
+/// so the queue time it yields is never ahead of the server's, and a job
+/// timed by it never starts early (at worst one round trip late).
 pub fn clock_offset_ms(sent_ms: i64, server_ms: i64, answered_ms: i64) -> i64 {
-    let middle = sent_ms + answered_ms.saturating_sub(sent_ms) / 2;
-    server_ms.saturating_sub(middle)
+    debug_assert!(sent_ms <= answered_ms);
+    server_ms.saturating_sub(answered_ms)
 }
 
 /// The skew past which the consumer warns (it times jobs by the queue's
@@ -284,12 +286,13 @@ mod tests {
         assert!(must_stop(Renewal::Unknown, s(6), lease));
     }
 
-    /// The offset takes the server's reading as the middle of the round trip.
+    /// The offset takes the server's reading as late in the round trip as
+    /// it can have been, so the queue time is never ahead of the server's.
     #[test]
     fn offsets() {
         assert_eq!(clock_offset_ms(1_000, 1_000, 1_000), 0);
-        assert_eq!(clock_offset_ms(1_000, 21_010, 1_020), 20_000);
-        assert_eq!(clock_offset_ms(21_000, 1_005, 21_010), -20_000);
+        assert_eq!(clock_offset_ms(1_000, 21_010, 1_020), 19_990);
+        assert_eq!(clock_offset_ms(21_000, 1_005, 21_010), -20_005);
     }
 
     /// One attempt's action on a marker.

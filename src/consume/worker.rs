@@ -34,6 +34,11 @@ use super::source::{Delivery, JobSource};
 /// How long to wait before trying again when Valkey (markers, acks) fails.
 const STORE_RETRY: Duration = Duration::from_millis(250);
 
+/// How long calls that must not be lost (done, release, ack) are still
+/// tried once the grace period is over (within the consumer's own
+/// `KILL_WAIT`).
+const LAST_TRIES: Duration = Duration::from_secs(2);
+
 /// Everything a job task needs, shared by all of them.
 pub struct Worker<S: JobSource, X: Scanner> {
     pub source: S,
@@ -155,7 +160,8 @@ impl<S: JobSource, X: Scanner> Worker<S, X> {
             };
             let ended = self.hand_off(&d, &token, attempt).await;
             drop(slot);
-            if self.after_hand_off(&d, &token, ended, &mut failures).await {
+            let end = (attempt, ended);
+            if self.after_hand_off(&d, &token, end, &mut failures).await {
                 return;
             }
         }
@@ -166,12 +172,12 @@ impl<S: JobSource, X: Scanner> Worker<S, X> {
         &self,
         d: &Delivery<S::Handle>,
         token: &str,
-        ended: Result<(), Ended>,
+        (attempt, ended): (u64, Result<(), Ended>),
         failures: &mut u32,
     ) -> Finished {
         match ended {
             Ok(()) => {
-                self.succeeded(d).await;
+                self.succeeded(d, token, attempt).await;
                 true
             }
             Err(Ended::Stopped(Stop::LeaseLost)) => {
@@ -212,7 +218,8 @@ impl<S: JobSource, X: Scanner> Worker<S, X> {
         if held {
             self.meter.held(1);
         }
-        let waited = self.renewing(d, self.unless_stopping(tokio::time::sleep(after)));
+        let wait = self.unless_stopping(tokio::time::sleep(after));
+        let waited = self.renewing(d, None, wait);
         let waited = waited.await;
         if held {
             self.meter.held(-1);
@@ -280,12 +287,14 @@ impl<S: JobSource, X: Scanner> Worker<S, X> {
         }
     }
 
-    async fn succeeded(&self, d: &Delivery<S::Handle>) {
+    /// Marks the scan done, then acks it: a crash between the two leaves an
+    /// entry that the next consumer acks without running. Until done is
+    /// recorded the delivery and the marker stay renewed, so a slow Valkey
+    /// does not let the finished scan be taken over and run again.
+    async fn succeeded(&self, d: &Delivery<S::Handle>, token: &str, attempt: u64) {
         self.meter.record(Event::Succeeded);
-        // Done first, then ack: a crash between the two leaves an entry
-        // that the next consumer acks without running.
-        self.until_ok("mark done", || self.markers.done(d.job.scan_id))
-            .await;
+        let done = self.until_ok("mark done", || self.markers.done(d.job.scan_id));
+        self.renewing(d, Some((token, attempt)), done).await;
         self.ack(d).await;
     }
 
@@ -323,22 +332,27 @@ impl<S: JobSource, X: Scanner> Worker<S, X> {
         }
     }
 
-    /// Retries `op` until it succeeds, or the grace period ends: a stalled
-    /// Valkey must not turn a run job into a lost ack (it would run again)
-    /// or a lost release.
+    /// Retries `op` until it succeeds, or [`LAST_TRIES`] after the grace
+    /// period ended: a stalled Valkey must not turn a run job into a lost
+    /// ack (it would run again) or a lost release.
     async fn until_ok<F, Fut>(&self, what: &str, op: F)
     where
         F: Fn() -> Fut,
         Fut: Future<Output = Result<(), ConsumeError>>,
     {
         let mut killing = self.killing.clone();
+        let give_up = async {
+            let _ = killing.wait_for(|k| *k).await;
+            tokio::time::sleep(LAST_TRIES).await;
+        };
+        let mut give_up = std::pin::pin!(give_up);
         loop {
             let e = tokio::select! {
                 done = op() => match done {
                     Ok(()) => return,
                     Err(e) => e,
                 },
-                _ = killing.wait_for(|k| *k) => {
+                () = &mut give_up => {
                     tracing::error!("{what}: given up, the grace period is over");
                     return;
                 }
@@ -357,8 +371,14 @@ impl<S: JobSource, X: Scanner> Worker<S, X> {
         }
     }
 
-    /// `fut`, renewing this consumer's hold on `d` every quarter lease meanwhile.
-    async fn renewing<F: Future>(&self, d: &Delivery<S::Handle>, fut: F) -> F::Output {
+    /// `fut`, renewing this consumer's hold on `d` (and the marker of
+    /// `attempt`, if given) every quarter lease meanwhile.
+    async fn renewing<F: Future>(
+        &self,
+        d: &Delivery<S::Handle>,
+        attempt: Option<(&str, u64)>,
+        fut: F,
+    ) -> F::Output {
         let mut fut = std::pin::pin!(fut);
         let mut tick = tokio::time::interval(self.lease / 4);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -369,6 +389,11 @@ impl<S: JobSource, X: Scanner> Worker<S, X> {
                 _ = tick.tick() => {
                     if let Err(e) = self.source.extend(d).await {
                         tracing::warn!(error = %e, "cannot renew a job's lease");
+                    }
+                    if let Some((token, mine)) = attempt {
+                        let now = self.clock.now_ms();
+                        // A done marker stays done: claim.lua never overwrites it.
+                        let _ = self.markers.claim(d.job.scan_id, token, mine, self.lease, now).await;
                     }
                 }
             }

@@ -19,12 +19,15 @@
 //!   [`assert_tiers`]), the seed's delays ([`SEED_DELAYS`]), and exact
 //!   counts under concurrency ([`assert_400_concurrent_scans_count_exactly`]);
 //! - the one HTTP/1.1 client of the tests and the bench ([`client`]);
+//! - `quota-gate consume` with a scanner that records its starts, ends and
+//!   overlaps, and the consumer's promises checked on that record ([`consumer`]);
 //! - fakes: queues that record, discard or refuse jobs ([`RecordingQueue`],
 //!   [`Discard`], [`Refuse`]) and a sink that collects what is written to it,
 //!   EMF lines or progress ([`Capture`]).
 
 pub mod client;
 pub mod cluster;
+pub mod consumer;
 pub mod moto;
 pub mod serve;
 

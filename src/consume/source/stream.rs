@@ -285,6 +285,21 @@ impl JobSource for StreamSource {
             .await
     }
 
-    /// Still pending under this consumer: reclaimed once its lease ends.
-    async fn give_back(&self, _d: &Delivery<String>, _wait: Duration) {}
+    /// Left pending, but marked idle for a whole lease (`XCLAIM … IDLE`), so
+    /// the next `XAUTOCLAIM` of any consumer takes it over at once. If that
+    /// fails it is still taken over, once its lease ends.
+    async fn give_back(&self, d: &Delivery<String>, _wait: Duration) {
+        let mut cmd = redis::cmd("XCLAIM");
+        cmd.arg(&self.key)
+            .arg(&self.group)
+            .arg(&self.consumer)
+            .arg(0)
+            .arg(&d.handle)
+            .arg("IDLE")
+            .arg(self.lease_ms())
+            .arg("JUSTID");
+        if let Err(e) = self.call::<redis::Value>(cmd).await {
+            tracing::warn!(scan_id = %d.job.scan_id, error = %e, "cannot give a job back; it is taken over after its lease");
+        }
+    }
 }

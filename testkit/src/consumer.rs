@@ -1,0 +1,345 @@
+//! `quota-gate consume` as the tests run it: a real process, a scanner
+//! script that records what it did, jobs written straight to a stream.
+//!
+//! The scanner appends `start <unix ms> <scanId> <consumer> <attempt>` to
+//! a log when it starts, and `end …` when it finishes. Its work (`sleep
+//! $SLEEP`, or `$HANG` seconds for an image named `hang`) runs in a
+//! background subshell it waits for, so a consumer that killed only the
+//! `sh` it started would leave the subshell to write `end`: only a kill of
+//! the whole process group stops it. A start that finds another live
+//! attempt of the same `scanId` writes `overlap …` first (a pid file per
+//! scan, checked in `/proc`, where a killed scanner not yet reaped is a zombie). Times come from `date` with
+//! `LD_PRELOAD` unset, so a consumer under libfaketime does not fake them.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+
+use crate::{KillOnDrop, ValkeyServer, bin};
+
+/// The scanner script.
+const SCANNER: &str = r#"#!/bin/sh
+now() { env -u LD_PRELOAD date +%s%3N; }
+pidfile="$RUNS/$SCAN_ID"
+# Alive: a process that is not a zombie (killed, not yet reaped).
+if [ -f "$pidfile" ] && state=$(cut -d' ' -f3 "/proc/$(cat "$pidfile")/stat" 2>/dev/null) \
+   && [ "$state" != Z ]; then
+  echo "overlap $(now) $SCAN_ID $TAG $SCAN_ATTEMPT" >> "$LOG"
+fi
+echo $$ > "$pidfile"
+echo "start $(now) $SCAN_ID $TAG $SCAN_ATTEMPT" >> "$LOG"
+work="${SLEEP:-0}"
+if [ "$IMAGE" = hang ]; then work="${HANG:-3600}"; fi
+( sleep "$work"; echo "end $(now) $SCAN_ID $TAG $SCAN_ATTEMPT" >> "$LOG" ) &
+wait $!
+"#;
+
+/// A scratch folder with the scanner script and its log.
+pub struct Scanner {
+    pub dir: tempfile::TempDir,
+}
+
+/// One line of the scanner's log.
+#[derive(Debug, Clone)]
+pub struct Line {
+    pub what: String,
+    pub at_ms: i64,
+    pub scan_id: String,
+    pub tag: String,
+    pub attempt: u64,
+}
+
+impl Default for Scanner {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Scanner {
+    pub fn new() -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("scan.sh"), SCANNER).unwrap();
+        std::fs::create_dir(dir.path().join("runs")).unwrap();
+        Self { dir }
+    }
+
+    pub fn exec(&self) -> String {
+        format!("sh {}", self.dir.path().join("scan.sh").display())
+    }
+
+    pub fn log(&self) -> PathBuf {
+        self.dir.path().join("log")
+    }
+
+    pub fn lines(&self) -> Vec<Line> {
+        let text = std::fs::read_to_string(self.log()).unwrap_or_default();
+        text.lines()
+            .filter_map(|l| {
+                let mut f = l.split_whitespace();
+                Some(Line {
+                    what: f.next()?.into(),
+                    at_ms: f.next()?.parse().ok()?,
+                    scan_id: f.next()?.into(),
+                    tag: f.next().unwrap_or("").into(),
+                    attempt: f.next().and_then(|a| a.parse().ok()).unwrap_or(0),
+                })
+            })
+            .collect()
+    }
+
+    /// The lines that say `what`.
+    pub fn of(&self, what: &str) -> Vec<Line> {
+        self.lines()
+            .into_iter()
+            .filter(|l| l.what == what)
+            .collect()
+    }
+
+    pub fn ends(&self) -> Vec<Line> {
+        self.of("end")
+    }
+
+    /// Waits until `n` scans have ended, then a little more (a duplicate
+    /// would show up in that time), and returns the lines.
+    pub fn wait_for_ends(&self, n: usize, within: Duration) -> Vec<Line> {
+        self.wait_for("end", n, within);
+        std::thread::sleep(Duration::from_millis(1500));
+        self.lines()
+    }
+
+    /// [`assert_once_on_time`] on this scanner's log, with the consumers'
+    /// own logs in the failure message.
+    pub fn assert_once_on_time(&self, expected: &HashMap<String, i64>, overlap_allowed: bool) {
+        let lines = self.lines();
+        if let Err(e) = once_on_time(&lines, expected, overlap_allowed) {
+            panic!("{e}\n{lines:#?}\n{}", self.all_errors());
+        }
+    }
+
+    /// Waits until `n` lines say `what`.
+    pub fn wait_for(&self, what: &str, n: usize, within: Duration) {
+        let deadline = Instant::now() + within;
+        while self.of(what).len() < n {
+            assert!(
+                Instant::now() < deadline,
+                "only {} of {n} '{what}' lines: {:?}\n{}",
+                self.of(what).len(),
+                self.lines(),
+                self.all_errors()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// What consumer `tag` logged (for failure messages).
+    pub fn errors_of(&self, tag: &str) -> String {
+        std::fs::read_to_string(self.dir.path().join(format!("{tag}.err"))).unwrap_or_default()
+    }
+
+    /// Every consumer's log, for failure messages.
+    pub fn all_errors(&self) -> String {
+        let mut out = String::new();
+        for entry in std::fs::read_dir(self.dir.path()).unwrap().flatten() {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if let Some(tag) = name.strip_suffix(".err") {
+                out += &format!("--- consumer {tag}\n{}\n", self.errors_of(tag));
+            }
+        }
+        out
+    }
+
+    /// `quota-gate consume` with `args` (and `--exec` this scanner, unless
+    /// `args` name one), the variables `vars` (and PATH), its scanners' log
+    /// going here, tagged `tag`.
+    pub fn consume(
+        &self,
+        tag: &str,
+        args: &[&str],
+        vars: &[(&str, &str)],
+        stdin: Stdio,
+    ) -> KillOnDrop {
+        let errors = std::fs::File::create(self.dir.path().join(format!("{tag}.err"))).unwrap();
+        let own_scanner = args.iter().any(|a| *a == "--exec" || *a == "--post");
+        let exec = self.exec();
+        let default_exec = if own_scanner {
+            vec![]
+        } else {
+            vec!["--exec", exec.as_str()]
+        };
+        let child = Command::new(bin("quota-gate"))
+            .arg("consume")
+            .args(default_exec)
+            .arg("--no-emf")
+            .args(args)
+            .env_clear()
+            .env("PATH", std::env::var("PATH").unwrap_or_default())
+            .env("LOG", self.log())
+            .env("RUNS", self.dir.path().join("runs"))
+            .env("TAG", tag)
+            .env("RUST_LOG", "info")
+            .envs(vars.iter().copied())
+            .stdin(stdin)
+            .stdout(Stdio::null())
+            .stderr(errors)
+            .spawn()
+            .unwrap();
+        KillOnDrop::new(child)
+    }
+}
+
+/// What the scanner's log says about the jobs `expected` (scanId →
+/// notBefore ms), checked against the consumer's promises: each ends
+/// exactly once, none starts before its notBefore, no two attempts of one
+/// scan run at once (unless `overlap_allowed`), nothing else ran.
+pub fn assert_once_on_time(lines: &[Line], expected: &HashMap<String, i64>, overlap_allowed: bool) {
+    if let Err(e) = once_on_time(lines, expected, overlap_allowed) {
+        panic!("{e}\n{lines:#?}");
+    }
+}
+
+/// [`assert_once_on_time`]'s check, saying what broke.
+pub fn once_on_time(
+    lines: &[Line],
+    expected: &HashMap<String, i64>,
+    overlap_allowed: bool,
+) -> Result<(), String> {
+    let mut ends: HashMap<&str, usize> = HashMap::new();
+    for l in lines {
+        let Some(not_before) = expected.get(&l.scan_id) else {
+            return Err(format!("a scan nobody queued ran: {l:?}"));
+        };
+        match l.what.as_str() {
+            "start" if l.at_ms < *not_before => {
+                return Err(format!(
+                    "{} started {} ms early",
+                    l.scan_id,
+                    not_before - l.at_ms
+                ));
+            }
+            "end" => *ends.entry(&l.scan_id).or_default() += 1,
+            "overlap" if !overlap_allowed => return Err(format!("two attempts at once: {l:?}")),
+            _ => {}
+        }
+    }
+    for id in expected.keys() {
+        let n = ends.get(id.as_str()).copied().unwrap_or(0);
+        if n != 1 {
+            return Err(format!("{id} ended {n} times"));
+        }
+    }
+    Ok(())
+}
+
+/// Unix milliseconds now.
+pub fn now_ms() -> i64 {
+    i64::try_from(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_millis(),
+    )
+    .unwrap()
+}
+
+/// A job as the gate writes it, due at `not_before_ms`, for `image`.
+pub fn job_for(image: &str, not_before_ms: i64) -> Value {
+    let at = |ms: i64| {
+        time::OffsetDateTime::from_unix_timestamp_nanos(i128::from(ms) * 1_000_000)
+            .unwrap()
+            .format(&time::format_description::well_known::Rfc3339)
+            .unwrap()
+    };
+    json!({"version": 1, "scanId": uuid::Uuid::now_v7(), "receivedAt": at(now_ms()),
+        "scope": "ip", "digest": "d", "tier": "soft", "limit": 1, "count": 2,
+        "delayMs": 0, "deferredMs": 0, "notBefore": at(not_before_ms),
+        "request": {"image": image}})
+}
+
+/// A job due at `not_before_ms`.
+pub fn job(not_before_ms: i64) -> Value {
+    job_for("alpine:3.20", not_before_ms)
+}
+
+/// `XADD key * job <json> scanId <id>`, as the gate does.
+pub async fn xadd(valkey: &ValkeyServer, key: &str, job: &Value) {
+    let mut c = valkey.client().await;
+    let id = job["scanId"].as_str().unwrap().to_owned();
+    let _: String = redis::cmd("XADD")
+        .arg(key)
+        .arg("*")
+        .arg("job")
+        .arg(job.to_string())
+        .arg("scanId")
+        .arg(id)
+        .query_async(&mut c)
+        .await
+        .unwrap();
+}
+
+/// Queues `jobs` and returns scanId → notBefore for [`assert_once_on_time`].
+pub async fn queue_all(valkey: &ValkeyServer, key: &str, jobs: &[Value]) -> HashMap<String, i64> {
+    let mut out = HashMap::new();
+    for j in jobs {
+        xadd(valkey, key, j).await;
+        out.insert(
+            j["scanId"].as_str().unwrap().to_owned(),
+            crate::unix_ms(j["notBefore"].as_str().unwrap()),
+        );
+    }
+    out
+}
+
+/// Entries read by the group and not acknowledged.
+pub async fn pending(valkey: &ValkeyServer, key: &str) -> i64 {
+    let mut c = valkey.client().await;
+    let summary: redis::Value = redis::cmd("XPENDING")
+        .arg(key)
+        .arg("quota-gate")
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    match summary {
+        redis::Value::Array(v) => match v.first() {
+            Some(redis::Value::Int(n)) => *n,
+            _ => 0,
+        },
+        _ => 0,
+    }
+}
+
+/// `VALKEY_URL` and `SCAN_QUEUE_URL=valkey-stream:jobs`.
+pub fn stream_vars(valkey: &ValkeyServer) -> Vec<(String, String)> {
+    vec![
+        ("VALKEY_URL".into(), valkey.url()),
+        ("SCAN_QUEUE_URL".into(), "valkey-stream:jobs".into()),
+    ]
+}
+
+/// Borrowed pairs of owned ones.
+pub fn refs(vars: &[(String, String)]) -> Vec<(&str, &str)> {
+    vars.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect()
+}
+
+/// `.tools/lib/libfaketime.so.1`, as `scripts/tools` installs it.
+pub fn libfaketime() -> PathBuf {
+    let lib = crate::root().join(".tools/lib/libfaketime.so.1");
+    assert!(
+        lib.exists(),
+        "{} missing: run scripts/tools (scripts/test does)",
+        lib.display()
+    );
+    lib
+}
+
+/// Sends `signal` to process `pid` with kill(1).
+pub fn signal(pid: u32, signal: &str) {
+    let status = Command::new("kill")
+        .arg(format!("-{signal}"))
+        .arg(pid.to_string())
+        .status()
+        .unwrap();
+    assert!(status.success(), "kill -{signal} {pid} failed");
+}
