@@ -534,12 +534,17 @@ fn sigterm_drains_sleeping_scans_into_jobs() {
     assert_eq!(counted(&valkey), 3);
     let stderr = stderr_of(&mut child);
     let drain_ms: u64 = stderr
-        .split("drain_ms=")
+        .split("drain_limit_ms=")
         .nth(1)
         .and_then(|rest| rest.split(|c: char| !c.is_ascii_digit()).next())
         .and_then(|ms| ms.parse().ok())
         .unwrap_or_else(|| panic!("no drain announced: {stderr}"));
     assert!(drain_ms >= 60_000, "{drain_ms}");
+    assert!(stderr.contains("drained_ms="), "{stderr}");
+    assert!(
+        stderr.contains("stopped: every request in flight answered"),
+        "{stderr}"
+    );
 }
 
 /// A scan whose client left keeps its connection's slot until it ends: at

@@ -52,9 +52,7 @@ use run::Scan;
 mod quota;
 mod run;
 
-/// The longest an enqueue may take before the scan is refunded and refused
-/// (less when the gateway or Lambda deadline is nearer).
-pub const ENQUEUE_TIMEOUT: Duration = Duration::from_secs(5);
+pub use crate::queue::ENQUEUE_TIMEOUT;
 
 /// One HTTP request, as either front end hands it over.
 #[derive(Debug, Clone, Default)]

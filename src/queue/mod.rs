@@ -12,6 +12,12 @@ pub mod sqs;
 pub mod stream;
 
 use std::future::Future;
+use std::time::Duration;
+
+/// The longest an enqueue may take before the scan is refunded and refused
+/// (less when the gateway or Lambda deadline is nearer). It lives with the
+/// queues, which bound their own sends by it; the gate imports it.
+pub const ENQUEUE_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// The job type lives in [`crate::job`], shared with the consumer.
 pub use crate::job::ScanJob;

@@ -28,7 +28,7 @@ use crate::delay::MAX_QUEUE_DEFERRAL;
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// One `SendMessage` attempt. Shorter than the gate's enqueue bound
-/// ([`crate::gate::ENQUEUE_TIMEOUT`]) so a hung attempt is retried by the
+/// ([`super::ENQUEUE_TIMEOUT`]) so a hung attempt is retried by the
 /// SDK instead of using up the whole bound.
 const ATTEMPT_TIMEOUT: Duration = Duration::from_secs(2);
 

@@ -72,7 +72,7 @@ pub const SCAN_ID_FIELD: &str = "scanId";
 
 /// How long the stream waits for its own answer; the gate's bound (never
 /// past the answer's deadline) is usually shorter.
-const SEND_WITHIN: std::time::Duration = crate::gate::ENQUEUE_TIMEOUT;
+const SEND_WITHIN: std::time::Duration = super::ENQUEUE_TIMEOUT;
 
 /// Warns when the stream's Valkey keeps nothing across a restart (no AOF:
 /// `aof_enabled:0` on some node): a restart there loses every queued job,

@@ -119,18 +119,22 @@ impl Server {
         }
         drop((self.listener, ended));
         tracing::info!(%addr, store = self.store, workers, "quota-gate serving POST /scan");
-        let drain_ms = self.limits.drain_timeout.as_millis() as u64;
+        let drain_limit_ms = self.limits.drain_timeout.as_millis() as u64;
         tokio::select! {
             () = shutdown => {
-                tracing::info!(drain_ms, "shutting down: finishing requests in flight");
+                tracing::info!(drain_limit_ms, "shutting down: finishing requests in flight, for at most drain_limit_ms");
             }
             _ = worker_ended.recv() => tracing::error!("a serve worker stopped; shutting down"),
         }
+        let draining = std::time::Instant::now();
         let _ = stop.send(true);
-        tokio::task::spawn_blocking(move || join_all(threads))
+        let joined = tokio::task::spawn_blocking(move || join_all(threads))
             .await
             .map_err(|e| e.to_string())?
-            .map_err(|e| e.to_string())
+            .map_err(|e| e.to_string());
+        let drained_ms = draining.elapsed().as_millis() as u64;
+        tracing::info!(drained_ms, "stopped: every request in flight answered");
+        joined
     }
 }
 
