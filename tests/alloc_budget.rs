@@ -1,0 +1,84 @@
+//! The gate's heap allocations per within-quota `POST /scan`, in process:
+//! the real `Gate::handle` over the in-memory store, the stdout spool's
+//! line writer (into a sink) and the EMF meter, so the response JSON, the
+//! job JSON and the EMF line are all counted. A counting global allocator
+//! (every thread: the spool's writer thread too) measures a steady state of
+//! one caller's scans.
+//!
+//! The budget is what the code needed when this test was written, plus a
+//! little room; it can only go down. A change that needs more allocations
+//! per request must say why here.
+
+use quota_gate_testkit as common;
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use common::*;
+use quota_gate::queue::spool::Spool;
+use quota_gate::store::memory::MemoryStore;
+
+/// Counts every allocation (and reallocation) of the process.
+struct Counting;
+
+static ALLOCATIONS: AtomicU64 = AtomicU64::new(0);
+
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        // SAFETY: the caller's contract for `alloc` is passed on unchanged.
+        unsafe { System.alloc(layout) }
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: `ptr` came from `System` through this allocator.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        // SAFETY: as for `dealloc`; `new_size` is the caller's.
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+}
+
+#[global_allocator]
+static ALLOCATOR: Counting = Counting;
+
+/// Allocations per within-quota scan, at most: 48 measured on 2026-12-01
+/// (the same on every run), and 2 of room for a dependency's update.
+const BUDGET: u64 = 50;
+
+/// Requests measured after the warm-up.
+const MEASURED: u64 = 500;
+
+/// A within-quota scan allocates no more than [`BUDGET`] times, averaged
+/// over a steady run of one caller's scans.
+#[tokio::test(flavor = "current_thread")]
+async fn within_quota_scan_stays_in_its_allocation_budget() {
+    let vars = [("QUOTA_ANON", "1000000")];
+    let emf = Capture::default();
+    let gate = metered_gate(
+        &vars,
+        MemoryStore::default(),
+        Spool::new(Box::new(std::io::sink())),
+        emf.meter(),
+    );
+    for _ in 0..50 {
+        let answer = gate.handle(scan_from("198.51.100.7")).await;
+        assert_eq!(answer.status(), 202);
+    }
+    let requests: Vec<_> = (0..MEASURED).map(|_| scan_from("198.51.100.7")).collect();
+    let before = ALLOCATIONS.load(Ordering::Relaxed);
+    for request in requests {
+        let answer = gate.handle(request).await;
+        assert_eq!(answer.status(), 202);
+        drop(answer);
+    }
+    let per_request = (ALLOCATIONS.load(Ordering::Relaxed) - before) / MEASURED;
+    eprintln!("allocations per within-quota scan: {per_request} (budget {BUDGET})");
+    assert!(
+        per_request <= BUDGET,
+        "{per_request} allocations per scan, over the budget of {BUDGET}"
+    );
+}
