@@ -21,7 +21,7 @@ use std::time::Duration;
 use uuid::Uuid;
 
 use super::error::ConsumeError;
-use super::schedule::{self, Claim, Marker};
+use super::schedule::{self, Marker, MarkerClaim};
 use crate::connection::Valkey;
 
 /// How long a done marker (and a scan's attempt counter) is kept: as long
@@ -96,7 +96,7 @@ impl Markers {
         mine: u64,
         lease: Duration,
         now_ms: i64,
-    ) -> Result<Claim, ConsumeError> {
+    ) -> Result<MarkerClaim, ConsumeError> {
         let lease_ms = i64::try_from(lease.as_millis()).unwrap_or(i64::MAX);
         match self {
             Self::Valkey { valkey, tag } => {
@@ -108,9 +108,9 @@ impl Markers {
                     .await
                     .map_err(ConsumeError::from_send)?;
                 Ok(match answer {
-                    n if n > 0 => Claim::Claimed(n.unsigned_abs()),
-                    0 => Claim::Done,
-                    _ => Claim::Busy,
+                    n if n > 0 => MarkerClaim::Claimed(n.unsigned_abs()),
+                    0 => MarkerClaim::Done,
+                    _ => MarkerClaim::Busy,
                 })
             }
             Self::Local(local) => {
@@ -199,12 +199,12 @@ mod tests {
         let scan = Uuid::now_v7();
         let lease = Duration::from_secs(5);
         let claim = |token: &'static str, mine| m.claim(scan, token, mine, lease, 0);
-        assert!(matches!(claim("a", 0).await, Ok(Claim::Claimed(1))));
-        assert!(matches!(claim("b", 0).await, Ok(Claim::Busy)));
+        assert!(matches!(claim("a", 0).await, Ok(MarkerClaim::Claimed(1))));
+        assert!(matches!(claim("b", 0).await, Ok(MarkerClaim::Busy)));
         m.release(scan, "a").await.unwrap();
-        assert!(matches!(claim("b", 0).await, Ok(Claim::Claimed(2))));
-        assert!(matches!(claim("b", 2).await, Ok(Claim::Claimed(2))));
+        assert!(matches!(claim("b", 0).await, Ok(MarkerClaim::Claimed(2))));
+        assert!(matches!(claim("b", 2).await, Ok(MarkerClaim::Claimed(2))));
         m.done(scan).await.unwrap();
-        assert!(matches!(claim("c", 0).await, Ok(Claim::Done)));
+        assert!(matches!(claim("c", 0).await, Ok(MarkerClaim::Done)));
     }
 }

@@ -51,7 +51,7 @@ impl RetryPolicy {
 
 /// How one hand-off ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Outcome {
+pub enum ScanResult {
     /// The scanner took the job (exit 0, 2xx).
     Done,
     /// It did not (non-zero exit, non-2xx, no answer).
@@ -60,7 +60,7 @@ pub enum Outcome {
 
 /// What follows a hand-off.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Settlement {
+pub enum AfterScan {
     /// Keep the marker as done, then acknowledge (ack / delete) the job.
     Ack,
     /// Release the marker and try again after this wait.
@@ -71,11 +71,11 @@ pub enum Settlement {
 }
 
 /// The rule after a hand-off, `failures` counting this one if it failed.
-pub fn settle(outcome: Outcome, failures: u32, policy: &RetryPolicy) -> Settlement {
+pub fn settle(outcome: ScanResult, failures: u32, policy: &RetryPolicy) -> AfterScan {
     match outcome {
-        Outcome::Done => Settlement::Ack,
-        Outcome::Failed if failures >= policy.max_attempts.get() => Settlement::DeadLetter,
-        Outcome::Failed => Settlement::RetryAfter(policy.backoff(failures)),
+        ScanResult::Done => AfterScan::Ack,
+        ScanResult::Failed if failures >= policy.max_attempts.get() => AfterScan::DeadLetter,
+        ScanResult::Failed => AfterScan::RetryAfter(policy.backoff(failures)),
     }
 }
 
@@ -94,7 +94,7 @@ pub enum Marker {
 
 /// The answer to a claim.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Claim {
+pub enum MarkerClaim {
     /// This attempt may run the scan, as attempt number `.0` (a renewal
     /// keeps the number).
     Claimed(u64),
@@ -120,14 +120,14 @@ pub fn claim(
     mine: u64,
     now_ms: i64,
     lease_ms: i64,
-) -> (Marker, u64, Claim) {
+) -> (Marker, u64, MarkerClaim) {
     let live_holder = match marker {
-        Marker::Done => return (Marker::Done, attempts, Claim::Done),
+        Marker::Done => return (Marker::Done, attempts, MarkerClaim::Done),
         Marker::Held { token: t, until_ms } if *until_ms > now_ms => Some(t.as_str()),
         _ => None,
     };
     if live_holder.is_some_and(|t| t != token) || (mine > 0 && mine != attempts) {
-        return (marker.clone(), attempts, Claim::Busy);
+        return (marker.clone(), attempts, MarkerClaim::Busy);
     }
     let number = if mine > 0 || live_holder == Some(token) {
         attempts
@@ -138,7 +138,7 @@ pub fn claim(
         token: token.to_owned(),
         until_ms: now_ms.saturating_add(lease_ms),
     };
-    (held, number, Claim::Claimed(number))
+    (held, number, MarkerClaim::Claimed(number))
 }
 
 /// Releases `token`'s hold after a failure; anyone else's stays.
@@ -150,13 +150,13 @@ pub fn release(marker: &Marker, token: &str) -> Marker {
 }
 
 /// What a consumer does about a marker it could not claim.
-pub fn on_claim(claim: Claim, lease: Duration) -> Step {
+pub fn on_claim(claim: MarkerClaim, lease: Duration) -> Step {
     match claim {
-        Claim::Claimed(attempt) => Step::Run(attempt),
-        Claim::Done => Step::AckDuplicate,
+        MarkerClaim::Claimed(attempt) => Step::Run(attempt),
+        MarkerClaim::Done => Step::AckDuplicate,
         // The holder's lease ends within one lease; by then it has either
         // finished (done) or died (free).
-        Claim::Busy => Step::Later(lease / 2),
+        MarkerClaim::Busy => Step::Later(lease / 2),
     }
 }
 
@@ -230,18 +230,18 @@ mod tests {
     fn settle_table() {
         let p = policy(3);
         let ms = Duration::from_millis;
-        assert_eq!(settle(Outcome::Done, 0, &p), Settlement::Ack);
-        assert_eq!(settle(Outcome::Done, 2, &p), Settlement::Ack);
+        assert_eq!(settle(ScanResult::Done, 0, &p), AfterScan::Ack);
+        assert_eq!(settle(ScanResult::Done, 2, &p), AfterScan::Ack);
         assert_eq!(
-            settle(Outcome::Failed, 1, &p),
-            Settlement::RetryAfter(ms(200))
+            settle(ScanResult::Failed, 1, &p),
+            AfterScan::RetryAfter(ms(200))
         );
         assert_eq!(
-            settle(Outcome::Failed, 2, &p),
-            Settlement::RetryAfter(ms(400))
+            settle(ScanResult::Failed, 2, &p),
+            AfterScan::RetryAfter(ms(400))
         );
-        assert_eq!(settle(Outcome::Failed, 3, &p), Settlement::DeadLetter);
-        assert_eq!(settle(Outcome::Failed, 9, &p), Settlement::DeadLetter);
+        assert_eq!(settle(ScanResult::Failed, 3, &p), AfterScan::DeadLetter);
+        assert_eq!(settle(ScanResult::Failed, 9, &p), AfterScan::DeadLetter);
         assert_eq!(policy(40).backoff(30), Duration::from_secs(30));
     }
 
@@ -255,23 +255,29 @@ mod tests {
             token: "a".into(),
             until_ms: 100,
         };
-        assert_eq!(claim(&Marker::Free, 0, "a", 0, 0, 10).2, Claim::Claimed(1));
-        assert_eq!(claim(&Marker::Done, 3, "a", 0, 0, 10).2, Claim::Done);
-        assert_eq!(claim(&held, 1, "a", 1, 50, 10).2, Claim::Claimed(1));
-        assert_eq!(claim(&held, 1, "a", 0, 50, 10).2, Claim::Claimed(1));
-        assert_eq!(claim(&held, 1, "b", 0, 50, 10).2, Claim::Busy);
-        assert_eq!(claim(&held, 1, "b", 0, 100, 10).2, Claim::Claimed(2));
+        assert_eq!(
+            claim(&Marker::Free, 0, "a", 0, 0, 10).2,
+            MarkerClaim::Claimed(1)
+        );
+        assert_eq!(claim(&Marker::Done, 3, "a", 0, 0, 10).2, MarkerClaim::Done);
+        assert_eq!(claim(&held, 1, "a", 1, 50, 10).2, MarkerClaim::Claimed(1));
+        assert_eq!(claim(&held, 1, "a", 0, 50, 10).2, MarkerClaim::Claimed(1));
+        assert_eq!(claim(&held, 1, "b", 0, 50, 10).2, MarkerClaim::Busy);
+        assert_eq!(claim(&held, 1, "b", 0, 100, 10).2, MarkerClaim::Claimed(2));
         // Lease over, nobody else came: the renewal still holds.
-        assert_eq!(claim(&held, 1, "a", 1, 500, 10).2, Claim::Claimed(1));
+        assert_eq!(claim(&held, 1, "a", 1, 500, 10).2, MarkerClaim::Claimed(1));
         // Another attempt was numbered meanwhile (and released): lost.
-        assert_eq!(claim(&Marker::Free, 2, "a", 1, 500, 10).2, Claim::Busy);
+        assert_eq!(
+            claim(&Marker::Free, 2, "a", 1, 500, 10).2,
+            MarkerClaim::Busy
+        );
         assert_eq!(release(&held, "b"), held);
         assert_eq!(release(&held, "a"), Marker::Free);
         assert_eq!(release(&Marker::Done, "a"), Marker::Done);
         let lease = Duration::from_secs(4);
-        assert_eq!(on_claim(Claim::Claimed(2), lease), Step::Run(2));
-        assert_eq!(on_claim(Claim::Done, lease), Step::AckDuplicate);
-        assert_eq!(on_claim(Claim::Busy, lease), Step::Later(lease / 2));
+        assert_eq!(on_claim(MarkerClaim::Claimed(2), lease), Step::Run(2));
+        assert_eq!(on_claim(MarkerClaim::Done, lease), Step::AckDuplicate);
+        assert_eq!(on_claim(MarkerClaim::Busy, lease), Step::Later(lease / 2));
     }
 
     /// A running scan stops when its marker is lost, or when ¾ of a lease
@@ -363,7 +369,7 @@ mod tests {
                     Act::Try { n, succeeds } => {
                         let token = format!("t{n}");
                         let (next, count, answer) = claim(&marker, attempts, &token, 0, now, lease);
-                        if let Claim::Claimed(number) = answer {
+                        if let MarkerClaim::Claimed(number) = answer {
                             prop_assert!(!matches!(&marker, Marker::Held { token: t, until_ms }
                                 if *t != token && *until_ms > now), "claimed over a live lease");
                             prop_assert!(marker != Marker::Done);

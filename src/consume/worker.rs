@@ -28,7 +28,7 @@ use super::error::{ConsumeError, Stop};
 use super::handoff::{Ended, Scanner};
 use super::marker::Markers;
 use super::meter::{ConsumeMeter, Event};
-use super::schedule::{self, Outcome, Renewal, RetryPolicy, Settlement, Step};
+use super::schedule::{self, AfterScan, Renewal, RetryPolicy, ScanResult, Step};
 use super::source::{Delivery, JobSource};
 
 /// How long to wait before trying again when Valkey (markers, acks) fails.
@@ -271,7 +271,7 @@ impl<S: JobSource, X: Scanner> Worker<S, X> {
                 .markers
                 .claim(d.job.scan_id, token, attempt, self.lease, now);
             let renewal = match claim.await {
-                Ok(schedule::Claim::Claimed(_)) => Renewal::Held,
+                Ok(schedule::MarkerClaim::Claimed(_)) => Renewal::Held,
                 Ok(_) => Renewal::Lost,
                 Err(e) => {
                     tracing::warn!(error = %e, "cannot renew a scan's marker");
@@ -319,9 +319,9 @@ impl<S: JobSource, X: Scanner> Worker<S, X> {
         tracing::warn!(scan_id = %d.job.scan_id, failures, error, "scan failed");
         self.until_ok("release", || self.markers.release(d.job.scan_id, token))
             .await;
-        match schedule::settle(Outcome::Failed, failures, &self.policy) {
-            Settlement::RetryAfter(wait) => !self.later(d, wait, false).await,
-            Settlement::DeadLetter | Settlement::Ack => {
+        match schedule::settle(ScanResult::Failed, failures, &self.policy) {
+            AfterScan::RetryAfter(wait) => !self.later(d, wait, false).await,
+            AfterScan::DeadLetter | AfterScan::Ack => {
                 self.meter.record(Event::DeadLettered);
                 self.until_ok("dead-letter", || {
                     self.source.dead_letter(d, failures, error)
