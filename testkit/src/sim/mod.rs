@@ -21,6 +21,7 @@ use bytes::Bytes;
 use http::{HeaderValue, Response};
 use quota_gate::bugs::{self, Bug};
 use quota_gate::clock::Clock;
+use quota_gate::config::Config;
 use quota_gate::gate::{Gate, GateRequest};
 use quota_gate::meter::Meter;
 use quota_gate::serve::detach;
@@ -127,6 +128,20 @@ impl Plan {
     }
 }
 
+impl Plan {
+    /// The gate's configuration.
+    pub fn config(&self) -> Config {
+        let vars: Vec<_> = self.vars.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        crate::config(&vars)
+    }
+}
+
+/// One meter for every schedule: building one renders its EMF directives.
+fn meter() -> Meter {
+    static METER: std::sync::OnceLock<Meter> = std::sync::OnceLock::new();
+    METER.get_or_init(|| Meter::new("sim", None)).clone()
+}
+
 fn attempt(r: &mut Rng, at: Duration, workers: usize) -> AttemptPlan {
     AttemptPlan {
         at,
@@ -159,24 +174,17 @@ struct Shared {
     faults: Arc<Faults>,
     conns: Mutex<Vec<Arc<Conn>>>,
     clock: Clock,
-    plan: Plan,
+    config: Config,
 }
 
 impl Shared {
-    fn process(&self) -> Process {
-        let config = crate::config(
-            &self
-                .plan
-                .vars
-                .iter()
-                .map(|(k, v)| (*k, v.as_str()))
-                .collect::<Vec<_>>(),
-        );
+    fn process(&self, workers: usize, shared_conn: bool) -> Process {
+        let config = &self.config;
         let timeout = config.store.timeout;
-        let gates = (0..self.plan.workers)
+        let gates = (0..workers)
             .map(|_| {
                 let conn = Arc::new(Conn::default());
-                let queue_conn = if self.plan.shared_conn {
+                let queue_conn = if shared_conn {
                     conn.clone()
                 } else {
                     Arc::new(Conn::default())
@@ -196,7 +204,7 @@ impl Shared {
                     conn: queue_conn,
                     faults: self.faults.clone(),
                 };
-                let gate = Gate::new(config.clone(), store, queue, Meter::new("sim", None))
+                let gate = Gate::new(config.clone(), store, queue, meter())
                     .expect("valid gate")
                     .with_clock(self.clock);
                 Arc::new(gate)
@@ -209,8 +217,27 @@ impl Shared {
     }
 }
 
+thread_local! {
+    /// Panics on this thread (the schedule's runtime runs every task here).
+    static PANICS: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+/// Counts panics per thread, then reports them as before.
+fn count_panics() {
+    static HOOK: std::sync::Once = std::sync::Once::new();
+    HOOK.call_once(|| {
+        let previous = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            PANICS.with(|p| p.set(p.get() + 1));
+            previous(info);
+        }));
+    });
+}
+
 /// Runs schedule `seed` (with `bug` switched on, if any) and checks it.
 pub fn run(seed: u64, bug: Option<Bug>) -> Result<Stats, String> {
+    count_panics();
+    PANICS.with(|p| p.set(0));
     bugs::set(bug);
     let plan = Plan::draw(seed);
     let runtime = tokio::runtime::Builder::new_current_thread()
@@ -221,7 +248,10 @@ pub fn run(seed: u64, bug: Option<Bug>) -> Result<Stats, String> {
     let result = runtime.block_on(schedule(seed, plan));
     drop(runtime);
     bugs::set(None);
-    result
+    match PANICS.with(|p| p.get()) {
+        0 => result,
+        n => Err(format!("{n} panics (see above)")),
+    }
 }
 
 async fn schedule(seed: u64, plan: Plan) -> Result<Stats, String> {
@@ -243,15 +273,16 @@ async fn schedule(seed: u64, plan: Plan) -> Result<Stats, String> {
             wall_ms: T0_MS,
             at: start,
         },
-        plan: plan.clone(),
+        config: plan.config(),
     });
-    let current = Arc::new(Mutex::new(Arc::new(shared.process())));
+    let (workers, shared_conn) = (plan.workers, plan.shared_conn);
+    let current = Arc::new(Mutex::new(Arc::new(shared.process(workers, shared_conn))));
     let processes = Arc::new(Mutex::new(vec![current.lock().unwrap().clone()]));
     if let Some(at) = plan.restart_at {
         let (shared, current, processes) = (shared.clone(), current.clone(), processes.clone());
         tokio::spawn(async move {
             tokio::time::sleep(at).await;
-            let fresh = Arc::new(shared.process());
+            let fresh = Arc::new(shared.process(workers, shared_conn));
             processes.lock().unwrap().push(fresh.clone());
             let old = std::mem::replace(&mut *current.lock().unwrap(), fresh);
             old.scans.close();
@@ -309,13 +340,7 @@ async fn schedule(seed: u64, plan: Plan) -> Result<Stats, String> {
         conn.land_all();
     }
     let world = World {
-        config: crate::config(
-            &plan
-                .vars
-                .iter()
-                .map(|(k, v)| (*k, v.as_str()))
-                .collect::<Vec<_>>(),
-        ),
+        config: shared.config.clone(),
         groups: plan
             .groups
             .iter()
