@@ -101,7 +101,10 @@ impl Gate<AnyStore, AnyQueue> {
     ) -> Result<Self, ConfigError> {
         let valkey = Valkey::from_config(&config)?;
         let store = match &valkey {
-            Some(v) => AnyStore::Valkey(ValkeyStore::new(v.clone())),
+            Some(v) => {
+                let wait = config.store.valkey.as_ref().map_or(0, |c| c.wait_replicas);
+                AnyStore::Valkey(ValkeyStore::new(v.clone()).with_wait(wait))
+            }
             None => AnyStore::Memory(shared.memory.clone()),
         };
         let queue = match (&config.queue, &valkey) {
@@ -412,7 +415,11 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
                 self.store.refund(refund).await
             }
             Settlement::Release => match &attempt.claim {
-                Some(claim) => self.store.release(&claim.record, attempt.now()).await,
+                Some(claim) => {
+                    self.store
+                        .release(&claim.record, scan_id, attempt.now())
+                        .await
+                }
                 None => return,
             },
         };

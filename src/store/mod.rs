@@ -459,13 +459,16 @@ pub trait QuotaStore: Send + Sync + 'static {
     /// the scan.
     fn refund(&self, refund: Refund<'_>) -> impl Future<Output = Result<(), StoreError>> + Send;
 
-    /// Frees a pending record's lease (if a pending record exists), so a
-    /// retry need not wait for it: its attempt gave up without knowing the
-    /// outcome.
+    /// Frees a pending record's lease (if a pending record still names
+    /// `scan_id`), so a retry need not wait for it: its attempt gave up
+    /// without knowing the outcome. A claim that found another attempt's
+    /// record frees nothing: that attempt may still be running (the
+    /// simulator found a retry taking over a live attempt's scan).
     /// `now` is unix s, as in every call: the in-memory store's clock.
     fn release(
         &self,
         record: &str,
+        scan_id: Uuid,
         now: i64,
     ) -> impl Future<Output = Result<(), StoreError>> + Send;
 
@@ -531,8 +534,8 @@ impl QuotaStore for AnyStore {
         dispatch!(self, s => s.refund(refund))
     }
 
-    async fn release(&self, record: &str, now: i64) -> Result<(), StoreError> {
-        dispatch!(self, s => s.release(record, now))
+    async fn release(&self, record: &str, scan_id: Uuid, now: i64) -> Result<(), StoreError> {
+        dispatch!(self, s => s.release(record, scan_id, now))
     }
 
     async fn update_record(

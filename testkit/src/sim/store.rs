@@ -255,11 +255,11 @@ impl QuotaStore for SimStore {
         .await
     }
 
-    async fn release(&self, record: &str, now: i64) -> Result<(), StoreError> {
+    async fn release(&self, record: &str, scan_id: Uuid, now: i64) -> Result<(), StoreError> {
         let record = record.to_owned();
         self.call(
             "release",
-            move |m, _| ready(m.release(&record, now)).expect("memory store"),
+            move |m, _| ready(m.release(&record, scan_id, now)).expect("memory store"),
             Kind::Other,
         )
         .await
