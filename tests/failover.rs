@@ -275,3 +275,24 @@ async fn failover_of_the_stream_loses_the_lags_unkeyed_scans() {
         );
     }
 }
+
+/// `WAIT` names no key, so a cluster cannot take the remedy: refused at start, naming the variable.
+#[test]
+fn wait_needs_a_standalone_valkey() {
+    let vars = [
+        ("QUOTA_HASH_SECRET", SECRET_TEXT),
+        ("VALKEY_URL", "redis://127.0.0.1:6379"),
+        ("VALKEY_CLUSTER", "true"),
+        ("VALKEY_WAIT_REPLICAS", "1"),
+    ];
+    let lookup = |k: &str| {
+        vars.iter()
+            .find(|(n, _)| *n == k)
+            .map(|(_, v)| v.to_string())
+    };
+    let e = quota_gate::Config::from_lookup(lookup).unwrap_err();
+    assert!(e.to_string().contains("VALKEY_WAIT_REPLICAS"), "{e}");
+    let standalone = |k: &str| (k != "VALKEY_CLUSTER").then(|| lookup(k)).flatten();
+    let c = quota_gate::Config::from_lookup(standalone).unwrap();
+    assert_eq!(c.store.valkey.unwrap().wait_replicas, 1);
+}
