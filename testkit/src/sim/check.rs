@@ -24,10 +24,19 @@ pub struct Answer {
     pub body: serde_json::Value,
     pub unmetered: bool,
     pub replayed: bool,
+    /// The gate's store had answered it since the faults ended (and so
+    /// its breaker, if it had opened, had closed again) when this came.
+    pub store_answering: bool,
 }
 
 impl Answer {
-    pub fn new(group: usize, attempt: usize, at_ms: i64, response: &Response<Bytes>) -> Self {
+    pub fn new(
+        group: usize,
+        attempt: usize,
+        at_ms: i64,
+        store_answering: bool,
+        response: &Response<Bytes>,
+    ) -> Self {
         let (status, body, unmetered, replayed) = super::answer_of(response);
         Self {
             group,
@@ -37,6 +46,7 @@ impl Answer {
             body,
             unmetered,
             replayed,
+            store_answering,
         }
     }
 
@@ -67,7 +77,7 @@ pub struct World {
     pub jobs: Vec<ScanJob>,
     pub ledger: Ledger,
     /// From here on the store answers every command (unix ms).
-    pub healthy_from_ms: i64,
+    pub faults_over_ms: i64,
 }
 
 impl World {
@@ -102,7 +112,9 @@ impl World {
             broken.push(e);
         }
         for a in &self.answers {
-            let fresh = self.groups[a.group].first_ms >= self.healthy_from_ms;
+            // A scan first tried once the faults were over, at a gate
+            // whose store has answered since (its breaker closed again).
+            let fresh = self.groups[a.group].first_ms >= self.faults_over_ms && a.store_answering;
             if a.status == 202 && a.unmetered && !a.replayed && fresh {
                 broken.push(format!(
                     "scan {}: answered unmetered at {} ms, after the store answered again",

@@ -14,6 +14,7 @@ pub mod queue;
 pub mod store;
 pub mod wire;
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -162,6 +163,8 @@ type SimGate = Gate<SimStore, SimQueue>;
 /// One running `serve` process: its workers' gates and its scans in flight.
 struct Process {
     gates: Vec<Arc<SimGate>>,
+    /// Per gate: whether its store answered since the faults ended.
+    answering: Vec<Arc<AtomicBool>>,
     scans: TaskTracker,
 }
 
@@ -181,8 +184,10 @@ impl Shared {
     fn process(&self, workers: usize, shared_conn: bool) -> Process {
         let config = &self.config;
         let timeout = config.store.timeout;
-        let gates = (0..workers)
-            .map(|_| {
+        let answering: Vec<_> = (0..workers).map(|_| Arc::default()).collect();
+        let gates = answering
+            .iter()
+            .map(|answering| {
                 let conn = Arc::new(Conn::default());
                 let queue_conn = if shared_conn {
                     conn.clone()
@@ -198,6 +203,7 @@ impl Shared {
                     conn,
                     faults: self.faults.clone(),
                     timeout,
+                    answering: Arc::clone(answering),
                 };
                 let queue = SimQueue {
                     jobs: self.jobs.clone(),
@@ -212,6 +218,7 @@ impl Shared {
             .collect();
         Process {
             gates,
+            answering,
             scans: TaskTracker::new(),
         }
     }
@@ -297,7 +304,9 @@ async fn schedule(seed: u64, plan: Plan) -> Result<Stats, String> {
             clients.push(tokio::spawn(async move {
                 tokio::time::sleep(attempt.at).await;
                 let process = current.lock().unwrap().clone();
-                let gate = process.gates[attempt.worker % process.gates.len()].clone();
+                let worker = attempt.worker % process.gates.len();
+                let gate = process.gates[worker].clone();
+                let answering = process.answering[worker].load(Ordering::Relaxed);
                 let answers = shared.answers.clone();
                 let at_ms = shared.clock.now_ms();
                 let wait = detach(&process.scans, async move {
@@ -305,7 +314,7 @@ async fn schedule(seed: u64, plan: Plan) -> Result<Stats, String> {
                     answers
                         .lock()
                         .unwrap()
-                        .push(Answer::new(g, a, at_ms, &response));
+                        .push(Answer::new(g, a, at_ms, answering, &response));
                     response
                 });
                 match attempt.leaves_after {
@@ -354,7 +363,7 @@ async fn schedule(seed: u64, plan: Plan) -> Result<Stats, String> {
         answers: std::mem::take(&mut *shared.answers.lock().unwrap()),
         jobs: std::mem::take(&mut shared.jobs.lock().unwrap().landed),
         ledger: std::mem::take(&mut *shared.ledger.lock().unwrap()),
-        healthy_from_ms: T0_MS + healthy_from(&plan).as_millis() as i64,
+        faults_over_ms: T0_MS + faults_over(&plan).as_millis() as i64,
     };
     let stats = Stats {
         requests: world.answers.len(),
@@ -370,12 +379,12 @@ pub fn tracing() -> bool {
     *ON.get_or_init(|| std::env::var_os("SIM_TRACE").is_some())
 }
 
-/// When every command is answered again, plus the breaker's cool-down.
-fn healthy_from(plan: &Plan) -> Duration {
+/// When every command is answered again.
+fn faults_over(plan: &Plan) -> Duration {
     let stall_end = plan
         .stall
         .map_or(Duration::ZERO, |(from, long)| from + long);
-    plan.faults_until.max(stall_end) + Duration::from_secs(2)
+    plan.faults_until.max(stall_end)
 }
 
 /// Group `g`'s body: its own image, so each job names its scan.

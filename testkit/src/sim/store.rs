@@ -3,6 +3,7 @@
 //! that landed did to the counter.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -59,6 +60,8 @@ pub struct SimStore {
     pub conn: Arc<Conn>,
     pub faults: Arc<Faults>,
     pub timeout: Duration,
+    /// Set once the store answers this gate's count after the faults are over.
+    pub answering: Arc<AtomicBool>,
 }
 
 impl SimStore {
@@ -107,6 +110,11 @@ impl SimStore {
                 Err(StoreError::Backend("sim: refused".into()))
             }
             Fate::Answered(after) => {
+                let answering = self.answering.clone();
+                // A count is what the breaker's probe sends: once one is
+                // answered, the breaker (if open) closes.
+                let over =
+                    name.starts_with("count") && self.faults.over(tokio::time::Instant::now());
                 let answer = Answer::new();
                 let slot = answer.sender();
                 let effect = Box::new(move || {
@@ -114,6 +122,9 @@ impl SimStore {
                 });
                 self.conn.write(Some(effect), None);
                 tokio::time::sleep(after).await;
+                if over {
+                    answering.store(true, Ordering::Relaxed);
+                }
                 answer
                     .take()
                     .ok_or_else(|| StoreError::Backend("sim: lost answer".into()))

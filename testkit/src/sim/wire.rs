@@ -99,6 +99,11 @@ impl Faults {
         }
     }
 
+    /// Whether the faults are over at `now`: past the fault window and any stall.
+    pub fn over(&self, now: Instant) -> bool {
+        now >= self.until && self.stall.is_none_or(|(_, to)| now >= to)
+    }
+
     /// When the schedule started.
     pub fn start(&self) -> Instant {
         self.start
