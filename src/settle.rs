@@ -213,6 +213,18 @@ mod tests {
         }
     }
 
+    /// A scan's tier and count as its job and logs carry them: never passed
+    /// off as counted when it was not.
+    #[test]
+    fn tier_and_count() {
+        assert_eq!(counted().tier(), "hard");
+        assert_eq!(counted().used(), 2);
+        for uncounted in [Metering::Unmetered, Metering::Unknown { period_end: 7 }] {
+            assert_eq!(uncounted.tier(), "unmetered");
+            assert_eq!(uncounted.used(), 0);
+        }
+    }
+
     /// Every (metering × keyed × failure) triple and its settlement.
     #[test]
     fn settlement_table() {

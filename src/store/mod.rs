@@ -595,6 +595,9 @@ mod tests {
         assert_eq!(next_slot(slot, 1_000, 3_000, 10_000), Err(2_000));
         // Two seconds later it fits.
         assert_eq!(next_slot(slot, 3_000, 3_000, 10_000), Ok(13_000));
+        // A wait of exactly the cap fits (found by `scripts/mutants`).
+        assert_eq!(next_slot(0, 1_000, 10_000, 10_000), Ok(11_000));
+        assert_eq!(next_slot(4_000, 1_000, 7_000, 10_000), Ok(11_000));
         // A tier delay longer than the cap is served, one at a time.
         assert_eq!(next_slot(0, 1_000, 20_000, 10_000), Ok(21_000));
         assert_eq!(next_slot(21_000, 1_000, 20_000, 10_000), Err(20_000));
