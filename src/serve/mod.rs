@@ -79,7 +79,6 @@
 //! `/healthz` and `/metrics` touch neither the store, the queue nor stdout.
 
 mod connection;
-mod detach;
 mod route;
 mod server;
 
@@ -96,7 +95,6 @@ use crate::gate::Gate;
 use crate::queue::ScanQueue;
 use crate::store::QuotaStore;
 
-pub use detach::{Detached, detach};
 pub use server::Server;
 
 /// A connection must deliver a request's complete headers within this long
