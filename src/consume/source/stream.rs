@@ -206,6 +206,21 @@ impl StreamSource {
         out
     }
 
+    /// `XCLAIM … IDLE <idle_ms> JUSTID` to this consumer: 0 renews the
+    /// entry, a whole lease offers it to the next `XAUTOCLAIM`.
+    async fn xclaim(&self, id: &str, idle_ms: u64) -> Result<(), ConsumeError> {
+        let mut cmd = redis::cmd("XCLAIM");
+        cmd.arg(&self.key)
+            .arg(&self.group)
+            .arg(&self.consumer)
+            .arg(0)
+            .arg(id)
+            .arg("IDLE")
+            .arg(idle_ms)
+            .arg("JUSTID");
+        self.call::<redis::Value>(cmd).await.map(drop)
+    }
+
     async fn xack(&self, id: &str) -> Result<(), ConsumeError> {
         let mut cmd = redis::cmd("XACK");
         cmd.arg(&self.key).arg(&self.group).arg(id);
@@ -264,14 +279,7 @@ impl JobSource for StreamSource {
 
     /// Resets the entry's idle time, so nobody reclaims it.
     async fn extend(&self, d: &Delivery<String>) -> Result<(), ConsumeError> {
-        let mut cmd = redis::cmd("XCLAIM");
-        cmd.arg(&self.key)
-            .arg(&self.group)
-            .arg(&self.consumer)
-            .arg(0)
-            .arg(&d.handle)
-            .arg("JUSTID");
-        self.call::<redis::Value>(cmd).await.map(drop)
+        self.xclaim(&d.handle, 0).await
     }
 
     /// `XADD <stream>:dead` (the job, its entry id, failures, the last error), then `XACK`.
@@ -289,16 +297,7 @@ impl JobSource for StreamSource {
     /// the next `XAUTOCLAIM` of any consumer takes it over at once. If that
     /// fails it is still taken over, once its lease ends.
     async fn give_back(&self, d: &Delivery<String>, _wait: Duration) {
-        let mut cmd = redis::cmd("XCLAIM");
-        cmd.arg(&self.key)
-            .arg(&self.group)
-            .arg(&self.consumer)
-            .arg(0)
-            .arg(&d.handle)
-            .arg("IDLE")
-            .arg(self.lease_ms())
-            .arg("JUSTID");
-        if let Err(e) = self.call::<redis::Value>(cmd).await {
+        if let Err(e) = self.xclaim(&d.handle, self.lease_ms()).await {
             tracing::warn!(scan_id = %d.job.scan_id, error = %e, "cannot give a job back; it is taken over after its lease");
         }
     }
