@@ -127,6 +127,16 @@ pub enum SendError {
     Refused(String),
 }
 
+/// What a command that found no connection gets: it was never written, so
+/// it did not happen. The simulator's store reports its own failed connects
+/// through this one definition.
+pub fn not_connected(why: String) -> SendError {
+    if crate::bugs::on(crate::bugs::Bug::ConnectErrorAsUnanswered) {
+        return SendError::Unanswered;
+    }
+    SendError::NotSent(why)
+}
+
 /// A command or a pipeline, owned, so that it can outlive its caller.
 pub enum Request {
     Cmd(Cmd),
@@ -279,7 +289,7 @@ impl Valkey {
                 .as_ref()
                 .cloned()
                 .ok_or_else(|| SendError::NotSent("no connection".into())),
-            _ => Err(SendError::NotSent(match link.last_error() {
+            _ => Err(not_connected(match link.last_error() {
                 Some(e) => format!("no connection to Valkey within the timeout ({e})"),
                 None => "no connection to Valkey within the timeout".into(),
             })),

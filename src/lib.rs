@@ -36,12 +36,14 @@
 //!
 //! Around the path: [`connection`] is the shared connection to Valkey (standalone or
 //! cluster, TLS) used by the store and the stream queue; [`breaker`] skips a
-//! failing store for a cool-down; [`stdout`] is the process's non-blocking
+//! failing store for a cool-down; [`bugs`] holds the test-only switches
+//! that bring past bugs back for the simulator; [`stdout`] is the process's non-blocking
 //! line writer (spooled jobs, EMF lines, `serve`'s logs); [`cli`] is the
 //! `quota-gate` command and [`ops`] its operator tools (inspect, reset, purge, stats), which own what
 //! only operators need: reading and removing keys, visiting every primary.
 
 pub mod breaker;
+pub mod bugs;
 pub mod check;
 pub mod cli;
 pub mod clock;

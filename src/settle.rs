@@ -164,7 +164,10 @@ pub fn settle(metering: &Metering, keyed: bool, failure: Failure) -> Settlement 
 /// What the client is told after a store failure, per [`settle`]'s rule.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum AfterStoreFailure {
-    /// Refused with 503: not counted (closed mode).
+    /// Refused with 503: not counted (closed mode; or a keyed scan whose
+    /// count was never sent, which cannot see whether an earlier attempt
+    /// of its key was counted or is still running: going on unmetered
+    /// would queue it a second time, under another `scanId`).
     Refuse,
     /// Refused with 503: the count may land, nothing queued; the keyed
     /// retry settles it.
@@ -178,6 +181,7 @@ pub fn after_store_failure(metering: &Metering, keyed: bool, mode: FailMode) -> 
     match (mode, metering, keyed) {
         (FailMode::Closed, _, _) => AfterStoreFailure::Refuse,
         (FailMode::Open, Metering::Unknown { .. }, true) => AfterStoreFailure::Unsettled,
+        (FailMode::Open, Metering::Unmetered, true) => AfterStoreFailure::Refuse,
         (FailMode::Open, _, _) => AfterStoreFailure::Unmetered,
     }
 }
@@ -207,6 +211,18 @@ mod tests {
                 grant: 0,
             },
             decision: decide(2, &limits),
+        }
+    }
+
+    /// A scan's tier and count as its job and logs carry them: never passed
+    /// off as counted when it was not.
+    #[test]
+    fn tier_and_count() {
+        assert_eq!(counted().tier(), "hard");
+        assert_eq!(counted().used(), 2);
+        for uncounted in [Metering::Unmetered, Metering::Unknown { period_end: 7 }] {
+            assert_eq!(uncounted.tier(), "unmetered");
+            assert_eq!(uncounted.used(), 0);
         }
     }
 
@@ -278,7 +294,7 @@ mod tests {
             (unknown, false, FailMode::Closed, Refuse),
             (unknown, true, FailMode::Closed, Refuse),
             (Metering::Unmetered, false, FailMode::Open, Unmetered),
-            (Metering::Unmetered, true, FailMode::Open, Unmetered),
+            (Metering::Unmetered, true, FailMode::Open, Refuse),
             (Metering::Unmetered, false, FailMode::Closed, Refuse),
             (Metering::Unmetered, true, FailMode::Closed, Refuse),
         ];

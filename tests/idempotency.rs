@@ -450,8 +450,8 @@ impl QuotaStore for LatePace {
     async fn refund(&self, refund: Refund<'_>) -> Result<(), StoreError> {
         self.inner.refund(refund).await
     }
-    async fn release(&self, record: &str, now: i64) -> Result<(), StoreError> {
-        self.inner.release(record, now).await
+    async fn release(&self, record: &str, scan_id: uuid::Uuid, now: i64) -> Result<(), StoreError> {
+        self.inner.release(record, scan_id, now).await
     }
     async fn update_record(
         &self,

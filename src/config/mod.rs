@@ -289,6 +289,8 @@ pub struct JwtConfig {
 pub struct ValkeyConfig {
     pub url: String,
     pub cluster: bool,
+    /// Replicas a keyed claim must reach before its scan goes on (0: off).
+    pub wait_replicas: u32,
     /// Extra trust for `rediss://`: replaces the platform's roots when set.
     pub tls_ca: Option<CaBundle>,
 }
@@ -495,10 +497,19 @@ impl Config {
 }
 
 impl ValkeyConfig {
-    /// `VALKEY_URL`, `VALKEY_CLUSTER` and `VALKEY_TLS_CA`; `None`: the
+    /// `VALKEY_URL`, `VALKEY_CLUSTER`, `VALKEY_WAIT_REPLICAS` and `VALKEY_TLS_CA`; `None`: the
     /// in-memory store. A CA bundle needs a TLS URL.
     fn from_vars(env: &Lookup) -> Result<Option<Self>, ConfigError> {
         let cluster = env.flag(&vars::VALKEY_CLUSTER)?;
+        let wait_replicas = env.count(&vars::VALKEY_WAIT_REPLICAS)?;
+        if wait_replicas > 0 && cluster {
+            // WAIT names no key: a cluster client cannot send it to the
+            // claim's primary.
+            return Err(ConfigError::new(
+                vars::VALKEY_WAIT_REPLICAS.name(),
+                "needs a standalone Valkey (VALKEY_CLUSTER=false)",
+            ));
+        }
         let valkey = env
             .optional(&vars::VALKEY_URL)
             .map(ValkeyConfig::parse)
@@ -511,6 +522,7 @@ impl ValkeyConfig {
             (None, None) => Ok(None),
             (Some(v), tls_ca) if tls_ca.is_none() || v.is_tls() => Ok(Some(ValkeyConfig {
                 cluster,
+                wait_replicas,
                 tls_ca,
                 ..v
             })),
@@ -532,6 +544,7 @@ impl ValkeyConfig {
         Ok(Self {
             url,
             cluster: false,
+            wait_replicas: 0,
             tls_ca: None,
         })
     }

@@ -256,6 +256,14 @@ pub const VALKEY_CLUSTER: Var<Flag> = flag(
     "false",
     "cluster mode (ElastiCache Serverless)",
 );
+pub const VALKEY_WAIT_REPLICAS: Var<Whole> = number(
+    "VALKEY_WAIT_REPLICAS",
+    "0",
+    0,
+    5,
+    "replicas a keyed scan's claim must reach (`WAIT`) before the scan goes on, so a failover \
+     cannot run it twice (0: off; standalone Valkey only)",
+);
 pub const VALKEY_TLS_CA: Var<Optional> = optional(
     "VALKEY_TLS_CA",
     "unset → platform roots",
@@ -417,6 +425,7 @@ pub const VARIABLES: &[Variable] = &[
     QUOTA_EXEMPT_NETWORKS.row,
     VALKEY_URL.row,
     VALKEY_CLUSTER.row,
+    VALKEY_WAIT_REPLICAS.row,
     VALKEY_TLS_CA.row,
     QUOTA_STORE_TIMEOUT_MS.row,
     QUOTA_FAIL_MODE.row,

@@ -11,6 +11,7 @@ use tokio::time::{Instant, timeout};
 use uuid::Uuid;
 
 use super::{Attempt, ENQUEUE_TIMEOUT, Gate, millis_i64, next_utc_midnight};
+use crate::bugs::{self, Bug};
 use crate::check::ShadowVerdict;
 use crate::config::{DelayMode, Mode, Pacing};
 use crate::decide::decide;
@@ -20,7 +21,7 @@ use crate::identity::Identity;
 use crate::meter::Outcome;
 use crate::queue::{QueueError, ScanJob, ScanQueue};
 use crate::respond::{self, Accepted};
-use crate::settle::{Failure, Metering, settle};
+use crate::settle::{Failure, Metering, Settlement, settle};
 use crate::store::{Count, PaceArgs, Paced, QuotaStore, Record};
 
 impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
@@ -52,9 +53,17 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
             outcome.enqueue_error = true;
             let (failure, queued) = match e {
                 QueueError::Timeout => (Failure::QueueUnknown, Queued::Unknown),
+                // A taken-over scan's earlier attempt may have queued it
+                // (its queue did not answer): not known, so nothing refunded.
+                QueueError::Backend(_) if scan.resumed => (Failure::QueueUnknown, Queued::Unknown),
                 QueueError::Backend(_) => (Failure::NotQueued, Queued::No),
             };
-            let settlement = settle(&scan.metering, attempt.claim.is_some(), failure);
+            let mut settlement = settle(&scan.metering, attempt.claim.is_some(), failure);
+            if bugs::on(Bug::RefundOfUnsentCount) && scan.metering == Metering::Unmetered {
+                settlement = Settlement::Refund {
+                    period_end: i64::MAX,
+                };
+            }
             self.apply(attempt, scan.scan_id, settlement).await;
             return Err(GateError::QueueFailed { queued });
         }
@@ -90,6 +99,13 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
         }
         if decision.delay.is_zero() {
             return Ok(Duration::ZERO);
+        }
+        // A taken-over scan whose first attempt was never paced may have its
+        // job queued already (the queue did not answer): refusing it now
+        // would refund a count whose job runs. It takes its tier's delay,
+        // as that attempt did when pacing failed.
+        if scan.resumed {
+            return Ok(decision.delay);
         }
         match self
             .pace(attempt, scan, decision.delay, count.reset_at)
@@ -326,8 +342,13 @@ impl Scan {
                 decision: decide(record.count, &attempt.limits.with_grant(grant)),
             }
         };
+        let scan_id = if bugs::on(Bug::TakeOverUnderFreshId) {
+            Uuid::now_v7()
+        } else {
+            record.scan_id
+        };
         Self {
-            scan_id: record.scan_id,
+            scan_id,
             metering,
             received_ms: record.received_ms,
             paced: record.delay_ms.map(Duration::from_millis),

@@ -79,6 +79,7 @@
 //! `/healthz` and `/metrics` touch neither the store, the queue nor stdout.
 
 mod connection;
+mod detach;
 mod route;
 mod server;
 
@@ -95,6 +96,7 @@ use crate::gate::Gate;
 use crate::queue::ScanQueue;
 use crate::store::QuotaStore;
 
+pub use detach::{Detached, detach};
 pub use server::Server;
 
 /// A connection must deliver a request's complete headers within this long

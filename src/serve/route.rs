@@ -84,7 +84,7 @@ impl<S: QuotaStore, Q: ScanQueue> Routes<S, Q> {
         };
         // The gate runs to its end even if this future is dropped.
         let gate = self.gate.clone();
-        let handled = self.scans.spawn(async move {
+        let handled = super::detach(&self.scans, async move {
             let response = gate.handle(request).await;
             drop(slot);
             response

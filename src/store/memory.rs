@@ -14,6 +14,8 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use uuid::Uuid;
+
 use super::{
     Claim, Claimed, Count, CountArgs, Field, IDEMPOTENCY_TTL_SECS, PaceArgs, Paced, Peek, QuotaKey,
     QuotaStore, Record, RecordState, Refund, StoreError, next_slot,
@@ -261,9 +263,10 @@ impl QuotaStore for MemoryStore {
         Ok(())
     }
 
-    async fn release(&self, record: &str, now: i64) -> Result<(), StoreError> {
+    async fn release(&self, record: &str, scan_id: Uuid, now: i64) -> Result<(), StoreError> {
         if let Some(r) = self.lock().record(record, now)
             && r.state == RecordState::Pending
+            && r.scan_id == scan_id
         {
             r.lease_until_ms = 0;
         }

@@ -493,13 +493,16 @@ pub trait QuotaStore: Send + Sync + 'static {
     /// the scan.
     fn refund(&self, refund: Refund<'_>) -> impl Future<Output = Result<(), StoreError>> + Send;
 
-    /// Frees a pending record's lease (if a pending record exists), so a
-    /// retry need not wait for it: its attempt gave up without knowing the
-    /// outcome.
+    /// Frees a pending record's lease (if a pending record still names
+    /// `scan_id`), so a retry need not wait for it: its attempt gave up
+    /// without knowing the outcome. A claim that found another attempt's
+    /// record frees nothing: that attempt may still be running (the
+    /// simulator found a retry taking over a live attempt's scan).
     /// `now` is unix s, as in every call: the in-memory store's clock.
     fn release(
         &self,
         record: &str,
+        scan_id: Uuid,
         now: i64,
     ) -> impl Future<Output = Result<(), StoreError>> + Send;
 
@@ -569,8 +572,8 @@ impl QuotaStore for AnyStore {
         dispatch!(self, s => s.refund(refund))
     }
 
-    async fn release(&self, record: &str, now: i64) -> Result<(), StoreError> {
-        dispatch!(self, s => s.release(record, now))
+    async fn release(&self, record: &str, scan_id: Uuid, now: i64) -> Result<(), StoreError> {
+        dispatch!(self, s => s.release(record, scan_id, now))
     }
 
     async fn update_record(
@@ -635,6 +638,9 @@ mod tests {
         assert_eq!(next_slot(slot, 1_000, 3_000, 10_000), Err(2_000));
         // Two seconds later it fits.
         assert_eq!(next_slot(slot, 3_000, 3_000, 10_000), Ok(13_000));
+        // A wait of exactly the cap fits (found by `scripts/mutants`).
+        assert_eq!(next_slot(0, 1_000, 10_000, 10_000), Ok(11_000));
+        assert_eq!(next_slot(4_000, 1_000, 7_000, 10_000), Ok(11_000));
         // A tier delay longer than the cap is served, one at a time.
         assert_eq!(next_slot(0, 1_000, 20_000, 10_000), Ok(21_000));
         assert_eq!(next_slot(21_000, 1_000, 20_000, 10_000), Err(20_000));

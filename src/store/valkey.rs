@@ -17,6 +17,7 @@
 //! operators, in [`crate::ops::keys`].
 
 use redis::Value;
+use uuid::Uuid;
 
 use super::{
     Claim, Claimed, Count, CountArgs, Field, IDEMPOTENCY_TTL_SECS, PaceArgs, Paced, Peek, QuotaKey,
@@ -56,6 +57,8 @@ pub(crate) fn eval(script: &str, keys: &[&str]) -> redis::Cmd {
 #[derive(Clone)]
 pub struct ValkeyStore {
     valkey: Valkey,
+    /// `VALKEY_WAIT_REPLICAS` (0: off).
+    wait_replicas: u32,
 }
 
 fn iso8601(secs: i64) -> String {
@@ -87,7 +90,32 @@ fn unexpected(what: &str) -> StoreError {
 
 impl ValkeyStore {
     pub fn new(valkey: Valkey) -> Self {
-        Self { valkey }
+        Self {
+            valkey,
+            wait_replicas: 0,
+        }
+    }
+
+    /// A keyed claim waits (`WAIT`) until `replicas` replicas have it before
+    /// its scan goes on; one that does not get there in time is a count
+    /// whose fate is unknown (it may be lost in a failover), settled as one.
+    pub fn with_wait(mut self, replicas: u32) -> Self {
+        self.wait_replicas = replicas;
+        self
+    }
+
+    /// `WAIT`s for the claim just sent to reach the replicas, on the same
+    /// connection (so behind it), within half the store timeout.
+    async fn replicated(&self) -> Result<(), StoreError> {
+        let within = self.valkey.timeout() / 2;
+        let mut cmd = redis::cmd("WAIT");
+        cmd.arg(self.wait_replicas)
+            .arg(u64::try_from(within.as_millis()).unwrap_or(u64::MAX).max(1));
+        let reached: u32 = self.send(cmd).await?;
+        if reached < self.wait_replicas {
+            return Err(StoreError::Unanswered);
+        }
+        Ok(())
     }
 
     pub fn valkey(&self) -> &Valkey {
@@ -180,12 +208,18 @@ impl QuotaStore for ValkeyStore {
                 let pairs = fields.chunks_exact(2).map(|p| (text(&p[0]), text(&p[1])));
                 Ok(Claimed::Existing(Record::from_pairs(pairs)?))
             }
-            [used, reset_at, grant] => Ok(Claimed::New(Count {
-                used: u64::try_from(int(used)).map_err(|_| unexpected("claim"))?,
-                reset_at: int(reset_at),
-                now: args.now,
-                grant: u64::try_from(int(grant)).unwrap_or(0),
-            })),
+            [used, reset_at, grant] => {
+                let count = Count {
+                    used: u64::try_from(int(used)).map_err(|_| unexpected("claim"))?,
+                    reset_at: int(reset_at),
+                    now: args.now,
+                    grant: u64::try_from(int(grant)).unwrap_or(0),
+                };
+                if self.wait_replicas > 0 {
+                    self.replicated().await?;
+                }
+                Ok(Claimed::New(count))
+            }
             _ => Err(unexpected("claim")),
         }
     }
@@ -221,8 +255,10 @@ impl QuotaStore for ValkeyStore {
         Ok(())
     }
 
-    async fn release(&self, record: &str, _now: i64) -> Result<(), StoreError> {
-        let _: i64 = self.send(eval(RELEASE, &[record])).await?;
+    async fn release(&self, record: &str, scan_id: Uuid, _now: i64) -> Result<(), StoreError> {
+        let mut cmd = eval(RELEASE, &[record]);
+        cmd.arg(scan_id.to_string());
+        let _: i64 = self.send(cmd).await?;
         Ok(())
     }
 

@@ -18,6 +18,8 @@
 //! - scenarios several files share: the seed's tiers ([`TIERS`], checked by
 //!   [`assert_tiers`]), the seed's delays ([`SEED_DELAYS`]), and exact
 //!   counts under concurrency ([`assert_400_concurrent_scans_count_exactly`]);
+//! - a TCP proxy switchable between upstreams, for failovers ([`proxy`]);
+//! - the deterministic simulation of the request path ([`sim`]);
 //! - the one HTTP/1.1 client of the tests and the bench ([`client`]);
 //! - `quota-gate consume` with a scanner that records its starts, ends and
 //!   overlaps, and the consumer's promises checked on that record ([`consumer`]);
@@ -29,7 +31,9 @@ pub mod client;
 pub mod cluster;
 pub mod consumer;
 pub mod moto;
+pub mod proxy;
 pub mod serve;
+pub mod sim;
 
 mod fakes;
 

@@ -1,0 +1,61 @@
+//! Switches that bring past bugs back, one at a time, so the simulator
+//! (`tests/sim.rs`) can show that it finds each of them.
+//!
+//! Only the `sim-bugs` feature compiles the switch itself, and only the test
+//! harness (`testkit`, a dev-dependency) turns the feature on: a release
+//! build has no switch, [`on`] is a constant `false` there and every guarded
+//! branch compiles away. Even with the feature, every switch is off unless a
+//! test turns one on, for its own thread only (the simulator runs each
+//! schedule on a current-thread runtime).
+
+/// A past bug, named after what it did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Bug {
+    /// A scan accepted unmetered (its count never sent) and then refused
+    /// by the queue has a count refunded anyway.
+    RefundOfUnsentCount,
+    /// A retry that takes over an abandoned attempt queues its job under a
+    /// fresh `scanId` instead of the record's.
+    TakeOverUnderFreshId,
+    /// A keyed first attempt whose count may still land goes on unmetered,
+    /// its job labelled uncounted.
+    UnknownCountQueuedUnmetered,
+    /// A failed connect is reported as a command sent and not answered.
+    ConnectErrorAsUnanswered,
+    /// A client that disconnects drops its scan wherever it stands.
+    DisconnectDropsScan,
+}
+
+impl Bug {
+    pub const ALL: [Self; 5] = [
+        Self::RefundOfUnsentCount,
+        Self::TakeOverUnderFreshId,
+        Self::UnknownCountQueuedUnmetered,
+        Self::ConnectErrorAsUnanswered,
+        Self::DisconnectDropsScan,
+    ];
+}
+
+#[cfg(feature = "sim-bugs")]
+thread_local! {
+    static ACTIVE: std::cell::Cell<Option<Bug>> = const { std::cell::Cell::new(None) };
+}
+
+/// Turns `bug` on (or every switch off) for the calling thread.
+#[cfg(feature = "sim-bugs")]
+pub fn set(bug: Option<Bug>) {
+    ACTIVE.with(|a| a.set(bug));
+}
+
+/// Whether `bug` is switched on for this thread.
+#[cfg(feature = "sim-bugs")]
+pub fn on(bug: Bug) -> bool {
+    ACTIVE.with(|a| a.get()) == Some(bug)
+}
+
+/// Whether `bug` is switched on: never, without the `sim-bugs` feature.
+#[cfg(not(feature = "sim-bugs"))]
+#[inline(always)]
+pub const fn on(_bug: Bug) -> bool {
+    false
+}

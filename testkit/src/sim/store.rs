@@ -1,0 +1,318 @@
+//! The simulated quota store: the in-memory store's semantics, each command
+//! given a seeded fate on the wire, and a ledger of what each command
+//! that landed did to the counter.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use quota_gate::connection::not_connected;
+use quota_gate::store::memory::MemoryStore;
+use quota_gate::store::{
+    Claim, Claimed, Count, CountArgs, Field, PaceArgs, Paced, QuotaKey, QuotaStore, Refund,
+    StoreError,
+};
+use uuid::Uuid;
+
+use super::wire::{Answer, Conn, Fate, Faults, Land, ready};
+
+/// A claim that landed and counted.
+#[derive(Debug, Clone)]
+pub struct Landed {
+    pub record: String,
+    pub scan_id: Uuid,
+    pub used: u64,
+    pub received_ms: i64,
+}
+
+/// What the ledger notes of a command that never runs.
+enum Kind {
+    /// An unkeyed count.
+    Count,
+    /// A refund, of a record's claim or unkeyed.
+    Refund(Option<String>),
+    Other,
+}
+
+/// What landed, as the checks need it.
+#[derive(Debug, Default)]
+pub struct Ledger {
+    /// Counter changes by idempotency record (`None`: unkeyed).
+    pub net: HashMap<Option<String>, i64>,
+    /// Refunds sent that will never land, by record.
+    pub lost_refunds: HashMap<Option<String>, i64>,
+    /// Unkeyed counts sent and never run (their connection died with
+    /// them): the refund behind each may take back a count it did not add.
+    pub counts_lost: i64,
+    /// Claims that landed and counted.
+    pub claims: Vec<Landed>,
+    /// Each record's body fingerprint, from the claims sent.
+    pub fingerprints: HashMap<String, String>,
+    /// Every subject's counter key.
+    pub counters: Vec<QuotaKey>,
+}
+
+/// The store one gate sees: its own connection, the shared state.
+pub struct SimStore {
+    pub memory: MemoryStore,
+    pub ledger: Arc<Mutex<Ledger>>,
+    pub conn: Arc<Conn>,
+    pub faults: Arc<Faults>,
+    pub timeout: Duration,
+    /// Set once the store answers this gate's count after the faults are over.
+    pub answering: Arc<AtomicBool>,
+}
+
+impl SimStore {
+    /// Sends one command: `op` is its effect on the shared state, run when
+    /// (and if) it lands; `kind` says what the ledger notes of its loss.
+    async fn call<T, F>(&self, name: &str, op: F, kind: Kind) -> Result<T, StoreError>
+    where
+        T: Send + 'static,
+        F: FnOnce(&MemoryStore, &Mutex<Ledger>) -> T + Send + 'static,
+    {
+        let fate = self.faults.draw(self.timeout);
+        if super::tracing() {
+            eprintln!(
+                "{:>8?} conn {:p} {name} {fate:?}",
+                tokio::time::Instant::now() - self.faults.start(),
+                Arc::as_ptr(&self.conn),
+            );
+        }
+        let lost = matches!(
+            fate,
+            Fate::NotSent(_) | Fate::Refused | Fate::Unanswered(Land::Never)
+        );
+        match (kind, fate) {
+            (Kind::Refund(record), _) if lost => {
+                *self
+                    .ledger
+                    .lock()
+                    .unwrap()
+                    .lost_refunds
+                    .entry(record)
+                    .or_default() += 1;
+            }
+            (Kind::Count, Fate::Unanswered(Land::Never)) => {
+                self.ledger.lock().unwrap().counts_lost += 1;
+            }
+            _ => {}
+        }
+        let (memory, ledger) = (self.memory.clone(), self.ledger.clone());
+        match fate {
+            Fate::NotSent(after) => {
+                tokio::time::sleep(after).await;
+                Err(StoreError::from(not_connected("sim: no connection".into())))
+            }
+            Fate::Refused => {
+                self.conn.write(None, None);
+                Err(StoreError::Backend("sim: refused".into()))
+            }
+            Fate::Answered(after) => {
+                let answering = self.answering.clone();
+                // A count is what the breaker's probe sends: once one is
+                // answered, the breaker (if open) closes.
+                let over =
+                    name.starts_with("count") && self.faults.over(tokio::time::Instant::now());
+                let answer = Answer::new();
+                let slot = answer.sender();
+                let effect = Box::new(move || {
+                    *slot.lock().unwrap() = Some(op(&memory, &ledger));
+                });
+                self.conn.write(Some(effect), None);
+                tokio::time::sleep(after).await;
+                if over {
+                    answering.store(true, Ordering::Relaxed);
+                }
+                answer
+                    .take()
+                    .ok_or_else(|| StoreError::Backend("sim: lost answer".into()))
+            }
+            Fate::Unanswered(land) => {
+                let effect = Box::new(move || {
+                    op(&memory, &ledger);
+                });
+                self.conn.write(Some(effect), Some(land));
+                tokio::time::sleep(self.timeout).await;
+                Err(StoreError::Unanswered)
+            }
+        }
+    }
+}
+
+/// The counter of `key` at `now`, 0 when there is none.
+fn used(memory: &MemoryStore, key: &QuotaKey, now: i64) -> i64 {
+    memory.used(key, now).unwrap_or(0) as i64
+}
+
+fn note(ledger: &Mutex<Ledger>, record: Option<String>, delta: i64) {
+    if super::tracing() {
+        eprintln!("  landed: {delta:+} on {record:?}");
+    }
+    if delta != 0 {
+        *ledger.lock().unwrap().net.entry(record).or_default() += delta;
+    }
+}
+
+impl QuotaStore for SimStore {
+    async fn count(&self, args: CountArgs<'_>) -> Result<Count, StoreError> {
+        let (key, period_end, now) = (args.key.clone(), args.period_end, args.now);
+        self.remember(&key);
+        self.call(
+            "count",
+            move |m, l| {
+                let args = CountArgs {
+                    key: &key,
+                    period_end,
+                    now,
+                };
+                let count = ready(m.count(args)).expect("memory store");
+                note(l, None, 1);
+                count
+            },
+            Kind::Count,
+        )
+        .await
+    }
+
+    async fn count_keyed(&self, args: CountArgs<'_>, claim: &Claim) -> Result<Claimed, StoreError> {
+        let (key, period_end, now) = (args.key.clone(), args.period_end, args.now);
+        let claim = claim.clone();
+        self.remember(&key);
+        self.ledger
+            .lock()
+            .unwrap()
+            .fingerprints
+            .insert(claim.record.clone(), claim.fingerprint.clone());
+        self.call(
+            "count_keyed",
+            move |m, l| {
+                let args = CountArgs {
+                    key: &key,
+                    period_end,
+                    now,
+                };
+                let claimed = ready(m.count_keyed(args, &claim)).expect("memory store");
+                if let Claimed::New(count) = &claimed {
+                    note(l, Some(claim.record.clone()), 1);
+                    l.lock().unwrap().claims.push(Landed {
+                        record: claim.record.clone(),
+                        scan_id: claim.scan_id,
+                        used: count.used,
+                        received_ms: claim.received_ms,
+                    });
+                }
+                claimed
+            },
+            Kind::Other,
+        )
+        .await
+    }
+
+    async fn pace(&self, args: PaceArgs<'_>) -> Result<Paced, StoreError> {
+        let key = args.key.clone();
+        let record = args.record.map(str::to_owned);
+        let (arrival_ms, delay_ms, max_backlog_ms, reset_at) = (
+            args.arrival_ms,
+            args.delay_ms,
+            args.max_backlog_ms,
+            args.reset_at,
+        );
+        self.call(
+            "pace",
+            move |m, _| {
+                let args = PaceArgs {
+                    key: &key,
+                    record: record.as_deref(),
+                    arrival_ms,
+                    delay_ms,
+                    max_backlog_ms,
+                    reset_at,
+                };
+                ready(m.pace(args)).expect("memory store")
+            },
+            Kind::Other,
+        )
+        .await
+    }
+
+    async fn refund(&self, refund: Refund<'_>) -> Result<(), StoreError> {
+        let key = refund.key.clone();
+        let record = refund.record.map(|(r, id)| (r.to_owned(), id));
+        let (period_end, now) = (refund.period_end, refund.now);
+        let tag = record.as_ref().map(|(r, _)| r.clone());
+        self.call(
+            "refund",
+            move |m, l| {
+                let before = used(m, &key, now);
+                let refund = Refund {
+                    key: &key,
+                    period_end,
+                    record: record.as_ref().map(|(r, id)| (r.as_str(), *id)),
+                    now,
+                };
+                ready(m.refund(refund)).expect("memory store");
+                if super::tracing() {
+                    eprintln!(
+                        "  refund of {period_end} at {now}: {before} -> {}",
+                        used(m, &key, now)
+                    );
+                }
+                note(l, record.map(|(r, _)| r), used(m, &key, now) - before);
+            },
+            Kind::Refund(tag),
+        )
+        .await
+    }
+
+    async fn release(&self, record: &str, scan_id: Uuid, now: i64) -> Result<(), StoreError> {
+        let record = record.to_owned();
+        self.call(
+            "release",
+            move |m, _| ready(m.release(&record, scan_id, now)).expect("memory store"),
+            Kind::Other,
+        )
+        .await
+    }
+
+    async fn update_record(
+        &self,
+        record: &str,
+        fields: &[Field],
+        now: i64,
+    ) -> Result<(), StoreError> {
+        let (record, fields) = (record.to_owned(), fields.to_vec());
+        self.call(
+            "update_record",
+            move |m, _| ready(m.update_record(&record, &fields, now)).expect("memory store"),
+            Kind::Other,
+        )
+        .await
+    }
+
+    async fn take_over(
+        &self,
+        record: &str,
+        seen: i64,
+        until: i64,
+        now: i64,
+    ) -> Result<bool, StoreError> {
+        let record = record.to_owned();
+        self.call(
+            "take_over",
+            move |m, _| ready(m.take_over(&record, seen, until, now)).expect("memory store"),
+            Kind::Other,
+        )
+        .await
+    }
+}
+
+impl SimStore {
+    fn remember(&self, key: &QuotaKey) {
+        let mut ledger = self.ledger.lock().unwrap();
+        if !ledger.counters.contains(key) {
+            ledger.counters.push(key.clone());
+        }
+    }
+}

@@ -1,0 +1,298 @@
+//! Failover, for real: a Valkey primary with a replica, both behind a TCP
+//! proxy (what the gate sees of ElastiCache's primary endpoint). The
+//! replica falls behind (its link to the primary cut), a burst of keyed
+//! and unkeyed scans is answered by the primary alone, then the primary is
+//! SIGKILLed, the replica promoted (`REPLICAOF NO ONE`) and the proxy
+//! switched to it; every keyed client retries until it gets a 202. The jobs
+//! go to a queue outside the failover (its own server, as SQS is).
+//!
+//! Measured: counts lost, records lost, keyed scans queued twice, scans lost.
+//! Without the remedy, every record written in the lag is gone and every
+//! keyed scan of the lag is queued (and run) twice; with
+//! `VALKEY_WAIT_REPLICAS=1` a keyed scan of the lag is refused until its
+//! claim is safe, none is queued twice, and either way the counts lost are
+//! the unkeyed scans of the lag, no more (docs/production.md, "Failover").
+
+use quota_gate_testkit as common;
+
+use std::collections::{HashMap, HashSet};
+use std::time::Duration;
+
+use common::proxy::Proxy;
+use common::*;
+use quota_gate::connection::Valkey;
+use quota_gate::gate::{Gate, GateRequest};
+use quota_gate::meter::Meter;
+use quota_gate::queue::stream::StreamQueue;
+use quota_gate::store::valkey::ValkeyStore;
+use redis::AsyncCommands;
+
+/// Scans per phase and kind: before the lag and during it.
+const SCANS: usize = 12;
+
+type FailoverGate = Gate<ValkeyStore, StreamQueue>;
+
+/// What a failover cost.
+#[derive(Debug, Default, PartialEq, Eq)]
+struct Loss {
+    /// Counted scans (each keyed scan once) less the counter after.
+    counts: i64,
+    /// Keyed scans answered 202 before the failover whose record is gone.
+    records: usize,
+    /// Keyed scans with jobs under more than one `scanId`.
+    queued_twice: usize,
+    /// 202s without their job.
+    scans: usize,
+}
+
+/// A gate counting through `store_url`; its jobs go to a stream on `queue`,
+/// or on the store itself.
+fn gate(store_url: &str, queue: Option<&ValkeyServer>, wait: u32) -> FailoverGate {
+    let wait = wait.to_string();
+    let config = config(&[
+        ("VALKEY_URL", store_url),
+        ("VALKEY_WAIT_REPLICAS", wait.as_str()),
+        ("QUOTA_ANON", "1000"),
+        ("QUOTA_DELAY_MODE", "defer"),
+        ("QUOTA_PACING", "off"),
+        ("QUOTA_BREAKER_FAILURES", "0"),
+        ("QUOTA_STORE_TIMEOUT_MS", "300"),
+        // A short lease, so a retry takes over an abandoned attempt soon.
+        ("QUOTA_GATEWAY_TIMEOUT_MS", "3000"),
+    ]);
+    let store = Valkey::from_config(&config).unwrap().unwrap();
+    let wait = config.store.valkey.as_ref().unwrap().wait_replicas;
+    let queue = match queue {
+        Some(q) => Valkey::new(&q.url(), false, Duration::from_secs(1)).unwrap(),
+        None => store.clone(),
+    };
+    Gate::new(
+        config,
+        ValkeyStore::new(store).with_wait(wait),
+        StreamQueue::new(queue, "jobs"),
+        Meter::new("test", None),
+    )
+    .unwrap()
+}
+
+/// Scan `n` of a phase: its own body, from one of five subjects, keyed or not.
+fn scan(phase: &str, n: usize, keyed: bool) -> GateRequest {
+    let mut r = scan_from(&format!("198.51.100.{}", n % 5 + 1));
+    let kind = if keyed { "keyed" } else { "plain" };
+    r.body = format!(r#"{{"image":"registry.example.com/{phase}/{kind}:{n}"}}"#).into();
+    if keyed {
+        r.headers
+            .insert("idempotency-key", format!("{phase}-{n}").parse().unwrap());
+    }
+    r
+}
+
+/// Keeps a keyed client at it until its 202 (409 and 503 say to retry).
+async fn until_accepted(gate: &FailoverGate, request: &GateRequest) -> serde_json::Value {
+    for _ in 0..60 {
+        let r = gate.handle(request.clone()).await;
+        match r.status().as_u16() {
+            202 => return json(&r),
+            409 | 503 => tokio::time::sleep(Duration::from_millis(250)).await,
+            other => panic!("{other}: {:?}", r.body()),
+        }
+    }
+    panic!("no 202 in 60 attempts");
+}
+
+/// Waits until the replica has the primary's data (`master_link_status:up`).
+async fn in_sync(replica: &ValkeyServer) {
+    let mut c = replica.client().await;
+    for _ in 0..200 {
+        let info: String = redis::cmd("INFO")
+            .arg("replication")
+            .query_async(&mut c)
+            .await
+            .unwrap();
+        if info.contains("master_link_status:up") {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("the replica never synced");
+}
+
+/// Every subject's counter on `server`, summed.
+async fn counted_on(server: &ValkeyServer) -> i64 {
+    let mut c = server.client().await;
+    let keys: Vec<String> = c.keys("quota:*").await.unwrap();
+    let mut total = 0;
+    for key in keys.iter().filter(|k| k.ends_with('}')) {
+        let n: i64 = c.get(key).await.unwrap();
+        total += n;
+    }
+    total
+}
+
+/// One failover under a burst, with `wait` replicas required of a keyed
+/// claim; the jobs on a queue of their own, or on the store's stream.
+async fn failover(wait: u32, queue_apart: bool) -> Loss {
+    let primary = ValkeyServer::start();
+    // The replica follows the primary through a link the test can cut.
+    let link = Proxy::start(primary.addr()).await;
+    let port = link.addr.port().to_string();
+    let replica = ValkeyServer::start_with(&["--replicaof", "127.0.0.1", &port]);
+    in_sync(&replica).await;
+    let queue = ValkeyServer::start();
+    let proxy = Proxy::start(primary.addr()).await;
+    let gate = gate(&proxy.url(), queue_apart.then_some(&queue), wait);
+
+    // `scanId`s answered before the failover; unkeyed 202s (each counted).
+    let (mut answered, mut plain) = (HashSet::new(), 0);
+    // The image of every scan answered 202: each names one scan.
+    let mut images = HashSet::new();
+    let mut keyed = Vec::new();
+    let note = |body: &serde_json::Value, answered: &mut HashSet<String>| {
+        answered.insert(body["scanId"].as_str().unwrap().to_owned());
+    };
+    // Before the lag: replicated as it happens.
+    for n in 0..SCANS {
+        let k = scan("before", n, true);
+        note(&until_accepted(&gate, &k).await, &mut answered);
+        images.insert(k.body.clone());
+        keyed.push(k);
+        let plain_scan = scan("before", n, false);
+        images.insert(plain_scan.body.clone());
+        let r = gate.handle(plain_scan).await;
+        assert_eq!(r.status(), 202);
+        note(&json(&r), &mut answered);
+        plain += 1;
+    }
+    // The lag: the replica is cut off from the primary's writes.
+    link.cut();
+    let mut lagged = Vec::new();
+    for n in 0..SCANS {
+        let k = scan("during", n, true);
+        let r = gate.handle(k.clone()).await;
+        if r.status() == 202 {
+            note(&json(&r), &mut answered);
+            lagged.push(k.body.clone());
+        }
+        keyed.push(k);
+        let plain_scan = scan("during", n, false);
+        images.insert(plain_scan.body.clone());
+        let r = gate.handle(plain_scan).await;
+        assert_eq!(r.status(), 202, "an unkeyed scan waits for no replica");
+        note(&json(&r), &mut answered);
+        plain += 1;
+    }
+    // The failover: the primary dies, the replica is promoted, the endpoint moves.
+    primary.signal("KILL");
+    let mut c = replica.client().await;
+    let _: () = redis::cmd("REPLICAOF")
+        .arg("NO")
+        .arg("ONE")
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    proxy.switch(replica.addr());
+    // Every keyed client retries until it gets its 202. A scan answered in
+    // the lag whose retry gets another scanId lost its record.
+    let mut records = 0;
+    for k in &keyed {
+        let body = until_accepted(&gate, k).await;
+        let id = body["scanId"].as_str().unwrap();
+        if lagged.contains(&k.body) && !answered.contains(id) {
+            records += 1;
+        }
+        images.insert(k.body.clone());
+    }
+    let jobs = stream_jobs(if queue_apart { &queue } else { &replica }, "jobs").await;
+    let mut by_image: HashMap<String, HashSet<String>> = HashMap::new();
+    for job in &jobs {
+        let image = job["request"]["image"].as_str().unwrap();
+        by_image
+            .entry(format!(r#"{{"image":"{image}"}}"#))
+            .or_default()
+            .insert(job["scanId"].as_str().unwrap().to_owned());
+    }
+    // Each scan counted once: every unkeyed 202, every keyed scan.
+    let counted = (plain + keyed.len()) as i64;
+    Loss {
+        counts: counted - counted_on(&replica).await,
+        records,
+        queued_twice: by_image.values().filter(|ids| ids.len() > 1).count(),
+        scans: images.len() - by_image.len(),
+    }
+}
+
+/// Without the remedy a failover loses every record and count written in the
+/// replica's lag, and every keyed scan of the lag is queued a second time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failover_without_the_remedy_queues_keyed_scans_twice() {
+    let loss = failover(0, true).await;
+    println!("failover, VALKEY_WAIT_REPLICAS=0: {loss:?}");
+    assert_eq!(
+        loss,
+        Loss {
+            counts: SCANS as i64,
+            records: SCANS,
+            queued_twice: SCANS,
+            scans: 0,
+        }
+    );
+}
+
+/// With `VALKEY_WAIT_REPLICAS=1` no keyed scan is queued twice across a
+/// failover, and the counts lost are the unkeyed scans of the lag, no more.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failover_with_wait_runs_no_keyed_scan_twice() {
+    let loss = failover(1, true).await;
+    println!("failover, VALKEY_WAIT_REPLICAS=1: {loss:?}");
+    assert_eq!(
+        loss,
+        Loss {
+            counts: SCANS as i64,
+            records: 0,
+            queued_twice: 0,
+            scans: 0,
+        }
+    );
+}
+
+/// With the jobs on the failing Valkey's own stream, the lag's jobs go with
+/// it: its unkeyed scans are lost (202 without a job) and its keyed scans are
+/// queued again by their retries, once each; with `VALKEY_WAIT_REPLICAS=1`
+/// the keyed scans of the lag are refused until safe, as above.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failover_of_the_stream_loses_the_lags_unkeyed_scans() {
+    for wait in [0, 1] {
+        let loss = failover(wait, false).await;
+        println!("failover, stream on the store, VALKEY_WAIT_REPLICAS={wait}: {loss:?}");
+        assert_eq!(
+            loss,
+            Loss {
+                counts: SCANS as i64,
+                records: if wait == 0 { SCANS } else { 0 },
+                queued_twice: 0,
+                scans: SCANS,
+            }
+        );
+    }
+}
+
+/// `WAIT` names no key, so a cluster cannot take the remedy: refused at start, naming the variable.
+#[test]
+fn wait_needs_a_standalone_valkey() {
+    let vars = [
+        ("QUOTA_HASH_SECRET", SECRET_TEXT),
+        ("VALKEY_URL", "redis://127.0.0.1:6379"),
+        ("VALKEY_CLUSTER", "true"),
+        ("VALKEY_WAIT_REPLICAS", "1"),
+    ];
+    let lookup = |k: &str| {
+        vars.iter()
+            .find(|(n, _)| *n == k)
+            .map(|(_, v)| v.to_string())
+    };
+    let e = quota_gate::Config::from_lookup(lookup).unwrap_err();
+    assert!(e.to_string().contains("VALKEY_WAIT_REPLICAS"), "{e}");
+    let standalone = |k: &str| (k != "VALKEY_CLUSTER").then(|| lookup(k)).flatten();
+    let c = quota_gate::Config::from_lookup(standalone).unwrap();
+    assert_eq!(c.store.valkey.unwrap().wait_replicas, 1);
+}
