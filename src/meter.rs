@@ -224,7 +224,76 @@ pub fn sample_process() {
     }
 }
 
-/// What happened to one scan request that reached the store.
+/// How one scan request that reached the store left the gate: what the
+/// store made of it and how it ended. The gate returns one from its request
+/// path; [`Meter::record`] maps it to an [`Outcome`], once.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Exit {
+    pub scope: Scope,
+    pub metered: Metered,
+    pub end: End,
+}
+
+/// What the store made of a scan request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Metered {
+    /// Counted and decided: its tier, whether it carries the reminder, and
+    /// the whole delay it owes (in shadow mode, what it would have owed).
+    Counted {
+        tier: Tier,
+        reminder: bool,
+        delay: Duration,
+        shadow: bool,
+    },
+    /// The count failed (refused, or accepted unmetered).
+    StoreFailed,
+    /// No count of its own stands: a repeat of a key (its first attempt
+    /// was counted), or a count taken back (backlog full).
+    Uncounted,
+}
+
+/// How a scan request ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum End {
+    /// 202, or a replayed or refused repeat of a key (409, 422).
+    Answered,
+    /// 503 `store_unavailable` or `store_unsettled`.
+    StoreRefused,
+    /// 503 `backlog_full`.
+    BacklogFull,
+    /// 503 `queue_unavailable`.
+    QueueFailed,
+}
+
+impl From<&Exit> for Outcome {
+    fn from(exit: &Exit) -> Self {
+        let mut outcome = Self::new(exit.scope);
+        match exit.metered {
+            Metered::Counted {
+                tier,
+                reminder,
+                delay,
+                shadow,
+            } => {
+                outcome.tier = Some(tier);
+                outcome.reminder = reminder;
+                outcome.delay = delay;
+                outcome.shadow = shadow;
+            }
+            Metered::StoreFailed => {
+                outcome.store_error = true;
+                outcome.unmetered = exit.end != End::StoreRefused;
+            }
+            Metered::Uncounted => {}
+        }
+        outcome.backlog_refused = exit.end == End::BacklogFull;
+        outcome.enqueue_error = exit.end == End::QueueFailed;
+        outcome
+    }
+}
+
+/// The meter's flat view of an [`Exit`]: what each counter and the EMF
+/// line read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Outcome {
     pub scope: Scope,
@@ -429,7 +498,11 @@ impl Meter {
     }
 
     /// Records one outcome in both exporters.
-    pub fn record(&self, outcome: &Outcome) {
+    pub fn record(&self, exit: &Exit) {
+        self.record_outcome(&Outcome::from(exit));
+    }
+
+    fn record_outcome(&self, outcome: &Outcome) {
         let handles = &self.handles[scope_index(outcome.scope)];
         for (counter, value) in handles.counters.iter().zip(outcome.counter_values()) {
             counter.increment(value);

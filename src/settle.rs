@@ -1,7 +1,12 @@
 //! The rules of recovery, as pure functions: what a repeat of an
-//! `Idempotency-Key` gets ([`on_repeat`]), and what every failure leaves to
-//! put right ([`settle`]). Like [`crate::decide`], they take no client and
-//! no clock; [`crate::gate`] only carries their answers out.
+//! `Idempotency-Key` gets ([`on_repeat`], [`on_take_over`]) and how a scan
+//! taken over goes on ([`resume`]); what every failure leaves to put right
+//! ([`settle`]) and what the client is told ([`after_store_failure`]); how a
+//! failed count is metered ([`Metering::after_store_error`]), where a
+//! scan's delay comes from ([`delay_rule`], [`paced_delay`]), and what a
+//! failed enqueue may have left ([`queue_failure`]). Like
+//! [`crate::decide`], they take no client and no clock; [`crate::gate`]
+//! only carries their answers out.
 //!
 //! The one fact they rest on: a command that was never sent did not happen,
 //! and one that was sent and not answered may still run, in order, after
@@ -12,9 +17,12 @@
 
 use std::time::Duration;
 
-use crate::config::FailMode;
-use crate::decide::Decision;
-use crate::store::{Claim, Count, Record};
+use uuid::Uuid;
+
+use crate::config::{FailMode, Pacing};
+use crate::decide::{Decision, Limits, decide};
+use crate::delay::DelayPlan;
+use crate::store::{Claim, Count, Paced, Record};
 
 /// How long after its expected end an attempt is still given, in the
 /// `Retry-After` of a 409: the enqueue and the saving of its answer.
@@ -33,6 +41,17 @@ pub enum Metering {
 }
 
 impl Metering {
+    /// How a scan whose count failed is metered: a count that was sent and
+    /// not answered may still land, in the period ending at `period_end`
+    /// (unix s); one never sent did not happen.
+    pub fn after_store_error(may_land: bool, period_end: i64) -> Self {
+        if may_land {
+            Self::Unknown { period_end }
+        } else {
+            Self::Unmetered
+        }
+    }
+
     /// The job's and the logs' tier: `within`, `soft`, `hard` or `unmetered`.
     pub fn tier(&self) -> &'static str {
         match self {
@@ -92,6 +111,123 @@ pub fn on_repeat(record: &Record, claim: &Claim, now_ms: i64, sleep_cap: Duratio
         };
     }
     Repeat::TakeOver
+}
+
+/// A retry's take-over of an abandoned attempt: `taken` is the store's
+/// answer (`None`: no answer). Lost, or not known to be won, another retry
+/// holds the lease and runs the scan: come back in a second. `None`: won,
+/// go on with [`resume`].
+pub fn on_take_over(taken: Option<bool>) -> Option<Repeat> {
+    match taken {
+        Some(true) => None,
+        Some(false) | None => Some(Repeat::InProgress { retry_after: 1 }),
+    }
+}
+
+/// The scan an abandoned attempt left, as the retry that took it over goes
+/// on with it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Resumed {
+    /// The record's: every job of a keyed scan carries it.
+    pub scan_id: Uuid,
+    pub metering: Metering,
+    /// When the first attempt arrived (unix ms).
+    pub received_ms: i64,
+    /// Nothing is slept again; what is left of the delay holds the job back.
+    pub plan: DelayPlan,
+}
+
+/// How a taken-over scan goes on, from its record: its count (0: it was
+/// not counted) and the delay its first attempt was paced to. `limits`
+/// are the subject's, `grant` its grant now (the record does not keep it).
+///
+/// The delay is never paced again: the first attempt's job may be queued
+/// already (its queue did not answer), and refusing the scan now would
+/// refund a count whose job runs. Not paced before, it takes its tier's
+/// delay, as that attempt did when pacing failed; in shadow mode, none.
+pub fn resume(record: &Record, limits: Limits, grant: u64, now_ms: i64, shadow: bool) -> Resumed {
+    let metering = if record.count == 0 {
+        Metering::Unmetered
+    } else {
+        Metering::Counted {
+            count: Count {
+                used: record.count,
+                reset_at: record.reset_at,
+                now: now_ms.div_euclid(1000),
+                grant,
+            },
+            decision: decide(record.count, &limits.with_grant(grant)),
+        }
+    };
+    let total = match &metering {
+        Metering::Counted { .. } if shadow => Duration::ZERO,
+        Metering::Counted { decision, .. } => record
+            .delay_ms
+            .map_or(decision.delay, Duration::from_millis),
+        Metering::Unmetered | Metering::Unknown { .. } => Duration::ZERO,
+    };
+    let owed = record
+        .received_ms
+        .saturating_add(i64::try_from(total.as_millis()).unwrap_or(i64::MAX))
+        .saturating_sub(now_ms);
+    Resumed {
+        scan_id: record.scan_id,
+        metering,
+        received_ms: record.received_ms,
+        plan: DelayPlan {
+            total,
+            sleep: Duration::ZERO,
+            deferred: Duration::from_millis(u64::try_from(owed).unwrap_or(0)).min(total),
+        },
+    }
+}
+
+/// Where a fresh scan's delay comes from (step 6).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DelayRule {
+    /// Exactly this delay: none within quota or unmetered, none in shadow
+    /// mode (nobody waits, no slot is taken, so switching to enforce
+    /// inherits no backlog), the tier's with pacing off.
+    Fixed(Duration),
+    /// A pacing slot at least this tier delay after the subject's last.
+    Pace(Duration),
+}
+
+/// The rule for a fresh scan's delay.
+pub fn delay_rule(metering: &Metering, shadow: bool, pacing: Pacing) -> DelayRule {
+    match metering {
+        Metering::Counted { decision, .. } if !shadow && !decision.delay.is_zero() => {
+            match pacing {
+                Pacing::On => DelayRule::Pace(decision.delay),
+                Pacing::Off => DelayRule::Fixed(decision.delay),
+            }
+        }
+        _ => DelayRule::Fixed(Duration::ZERO),
+    }
+}
+
+/// What a pacing step comes to: the slot's delay, or refused with
+/// `Err(retry_after_ms)` when the backlog is full. When the store did not
+/// answer (`None`), the tier's delay: the scan is counted, so it is slowed
+/// by its tier at least.
+pub fn paced_delay(answer: Option<Paced>, tier_delay: Duration) -> Result<Duration, u64> {
+    match answer {
+        Some(Paced::Slot { delay_ms }) => Ok(Duration::from_millis(delay_ms)),
+        Some(Paced::Full { retry_after_ms }) => Err(retry_after_ms),
+        None => Ok(tier_delay),
+    }
+}
+
+/// The failure a failed enqueue is: the queue refused it (`timed_out`
+/// false) or did not answer. A taken-over scan's first attempt may have
+/// queued it (its queue did not answer), so for a `resumed` scan even a
+/// refusal leaves the job's fate unknown: nothing is refunded.
+pub fn queue_failure(timed_out: bool, resumed: bool) -> Failure {
+    if timed_out || resumed {
+        Failure::QueueUnknown
+    } else {
+        Failure::NotQueued
+    }
 }
 
 /// What went wrong.
@@ -154,8 +290,8 @@ pub fn settle(metering: &Metering, keyed: bool, failure: Failure) -> Settlement 
         // A keyed one is not queued: its retry finds the landed claim and
         // queues the scan with its true count and delay.
         (Unknown { .. }, true, _) => Settlement::Release,
-        // An unmetered keyed scan's record (written before its job) names
-        // its scanId; free it so a retry re-queues that same job.
+        // An uncounted keyed scan's record (taken over) names its scanId;
+        // free it so a retry re-queues that same job.
         (Unmetered, true, QueueUnknown) => Settlement::Release,
         (Unmetered, _, _) | (Counted { .. }, _, Store { .. }) => Settlement::Nothing,
     }
@@ -189,9 +325,7 @@ pub fn after_store_failure(metering: &Metering, keyed: bool, mode: FailMode) -> 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::decide::{Limits, decide};
     use std::num::NonZeroU32;
-    use uuid::Uuid;
 
     const RESET: i64 = 1_796_083_200;
 
@@ -387,6 +521,167 @@ mod tests {
                 r.fingerprint = "other".into();
             }
             assert_eq!(on_repeat(&r, &claim, now, cap), expected, "{r:?} at {now}");
+        }
+    }
+
+    /// A failed count is unknown when it may land, unmetered when it was never sent.
+    #[test]
+    fn metering_after_store_error() {
+        assert_eq!(
+            Metering::after_store_error(true, 7),
+            Metering::Unknown { period_end: 7 }
+        );
+        assert_eq!(Metering::after_store_error(false, 7), Metering::Unmetered);
+    }
+
+    /// Only a take-over the store confirmed goes on; lost or unanswered, 409 in a second.
+    #[test]
+    fn take_over_table() {
+        let again = Some(Repeat::InProgress { retry_after: 1 });
+        for (taken, expected) in [
+            (Some(true), None),
+            (Some(false), again.clone()),
+            (None, again),
+        ] {
+            assert_eq!(on_take_over(taken), expected, "{taken:?}");
+        }
+    }
+
+    /// A resumed scan keeps its record's scanId, count and paced delay;
+    /// without a paced delay it takes its tier's; what is left of the delay
+    /// after now holds the job back; shadow and uncounted scans owe nothing.
+    #[test]
+    fn resume_table() {
+        let limits = Limits {
+            limit: std::num::NonZeroU32::new(1).unwrap(),
+            soft_window: 1,
+            warn_at: std::num::NonZeroU32::new(100).unwrap(),
+            soft_delay: Duration::from_secs(5),
+            hard_delay: Duration::from_secs(60),
+        };
+        let ms = Duration::from_millis;
+        // (count, paced delay, grant, now, shadow) → (total, deferred, tier)
+        let table = [
+            (
+                2,
+                Some(7_000),
+                0,
+                12_000,
+                false,
+                ms(7_000),
+                ms(5_000),
+                "soft",
+            ),
+            (2, None, 0, 12_000, false, ms(5_000), ms(3_000), "soft"),
+            (3, None, 0, 12_000, false, ms(60_000), ms(58_000), "hard"),
+            // The grant raises the limit the tier is decided on.
+            (2, None, 1, 12_000, false, ms(0), ms(0), "within"),
+            // Past its start: nothing left to hold back.
+            (2, Some(1_000), 0, 12_000, false, ms(1_000), ms(0), "soft"),
+            (3, Some(9_000), 0, 12_000, true, ms(0), ms(0), "hard"),
+            (0, Some(9_000), 0, 12_000, false, ms(0), ms(0), "unmetered"),
+        ];
+        for (count, delay_ms, grant, now, shadow, total, deferred, tier) in table {
+            let (mut r, _) = record(false, 0, delay_ms);
+            r.count = count;
+            let resumed = resume(&r, limits, grant, now, shadow);
+            let row = format!("count={count} delay={delay_ms:?} grant={grant} shadow={shadow}");
+            assert_eq!(resumed.scan_id, r.scan_id, "{row}");
+            assert_eq!(resumed.received_ms, 10_000, "{row}");
+            assert_eq!(resumed.metering.used(), count, "{row}");
+            assert_eq!(resumed.metering.tier(), tier, "{row}");
+            assert_eq!(
+                resumed.plan,
+                DelayPlan {
+                    total,
+                    sleep: Duration::ZERO,
+                    deferred
+                },
+                "{row}"
+            );
+        }
+    }
+
+    /// Where a fresh scan's delay comes from.
+    #[test]
+    fn delay_rule_table() {
+        let hard = counted();
+        let within = Metering::Counted {
+            count: Count {
+                used: 1,
+                reset_at: RESET,
+                now: RESET - 100,
+                grant: 0,
+            },
+            decision: Decision {
+                tier: crate::decide::Tier::Within,
+                delay: Duration::ZERO,
+                remaining: 0,
+                reminder: false,
+            },
+        };
+        let minute = Duration::from_secs(60);
+        let table = [
+            (hard, false, Pacing::On, DelayRule::Pace(minute)),
+            (hard, false, Pacing::Off, DelayRule::Fixed(minute)),
+            (hard, true, Pacing::On, DelayRule::Fixed(Duration::ZERO)),
+            (hard, true, Pacing::Off, DelayRule::Fixed(Duration::ZERO)),
+            (within, false, Pacing::On, DelayRule::Fixed(Duration::ZERO)),
+            (
+                Metering::Unmetered,
+                false,
+                Pacing::On,
+                DelayRule::Fixed(Duration::ZERO),
+            ),
+            (
+                Metering::Unknown { period_end: 7 },
+                false,
+                Pacing::On,
+                DelayRule::Fixed(Duration::ZERO),
+            ),
+        ];
+        for (metering, shadow, pacing, expected) in table {
+            assert_eq!(
+                delay_rule(&metering, shadow, pacing),
+                expected,
+                "{metering:?} shadow={shadow} {pacing:?}"
+            );
+        }
+    }
+
+    /// A pacing answer, or none: the slot, a refusal, or the tier's delay.
+    #[test]
+    fn paced_delay_table() {
+        let tier = Duration::from_secs(5);
+        let table = [
+            (
+                Some(Paced::Slot { delay_ms: 12_000 }),
+                Ok(Duration::from_secs(12)),
+            ),
+            (
+                Some(Paced::Full {
+                    retry_after_ms: 900,
+                }),
+                Err(900),
+            ),
+            (None, Ok(tier)),
+        ];
+        for (answer, expected) in table {
+            assert_eq!(paced_delay(answer, tier), expected, "{answer:?}");
+        }
+    }
+
+    /// A refusal is "not queued" only for a fresh scan.
+    #[test]
+    fn queue_failure_table() {
+        let table = [
+            (false, false, Failure::NotQueued),
+            (true, false, Failure::QueueUnknown),
+            (false, true, Failure::QueueUnknown),
+            (true, true, Failure::QueueUnknown),
+        ];
+        for (timed_out, resumed, expected) in table {
+            assert_eq!(queue_failure(timed_out, resumed), expected);
         }
     }
 }

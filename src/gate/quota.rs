@@ -8,7 +8,8 @@ use serde_json::{Map, Value};
 use tokio::time::Instant;
 use uuid::Uuid;
 
-use super::{Gate, GateRequest};
+use super::attempt::{GateRequest, enqueue_within};
+use super::wiring::Gate;
 use crate::check::{NextScanRules, QuotaView, exempt_response, next_scan};
 use crate::delay;
 use crate::error::{GateError, Queued};
@@ -98,7 +99,7 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
             request: body,
         };
         let ceiling = delay::ceiling(request.remaining, self.config.policy.gateway_timeout);
-        let within = super::run::enqueue_within(started, ceiling);
+        let within = enqueue_within(started, ceiling);
         let queued = tokio::time::timeout(within, self.queue.enqueue(&job))
             .await
             .unwrap_or(Err(QueueError::Timeout));

@@ -1,0 +1,294 @@
+//! What the request path works on: the request as a front end hands it
+//! over ([`GateRequest`]), one identified request ([`Attempt`]), and the
+//! scan that goes ahead ([`Scan`]), with the job and the 202 built from it.
+
+use std::collections::HashMap;
+use std::net::IpAddr;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{HeaderMap, Method};
+use serde_json::{Map, Value};
+use tokio::time::Instant;
+use uuid::Uuid;
+
+use crate::check::ShadowVerdict;
+use crate::config::{DelayMode, Policy};
+use crate::decide::Limits;
+use crate::delay::{self, DelayPlan};
+use crate::identity::Identity;
+use crate::meter::{End, Exit, Metered};
+use crate::queue::{ENQUEUE_TIMEOUT, ScanJob};
+use crate::respond::{self, Accepted};
+use crate::settle::{Metering, Resumed};
+use crate::store::{Claim, QuotaKey, period_end};
+
+/// One HTTP request, as either front end hands it over.
+#[derive(Debug, Clone, Default)]
+pub struct GateRequest {
+    pub method: Method,
+    pub path: String,
+    pub headers: HeaderMap,
+    pub body: Bytes,
+    /// The direct peer (gateway `sourceIp` or socket peer), already parsed.
+    pub peer: Option<IpAddr>,
+    /// Claims verified by an API Gateway JWT authorizer, if any.
+    pub gateway_claims: Option<HashMap<String, String>>,
+    /// Time left before the Lambda deadline, when running in Lambda.
+    pub remaining: Option<Duration>,
+}
+
+/// One identified scan request, as the steps after identification see it.
+pub(super) struct Attempt {
+    pub identity: Identity,
+    pub key: QuotaKey,
+    pub limits: Limits,
+    /// A keyed request's claim on its record.
+    pub claim: Option<Claim>,
+    /// The one clock reading, unix ms.
+    pub now_ms: i64,
+    /// The expiry a new counter gets (unix s).
+    pub period_end: i64,
+    /// The answer's deadline: min(Lambda's remaining time, gateway timeout).
+    pub ceiling: Duration,
+    /// Lambda's remaining time at arrival, if in Lambda.
+    pub remaining: Option<Duration>,
+    pub started: Instant,
+}
+
+impl Attempt {
+    /// Everything the later steps need to know about one identified scan
+    /// request, read at `now_ms` (unix ms).
+    pub fn new(
+        identity: Identity,
+        idempotency_key: Option<&str>,
+        request: &GateRequest,
+        policy: &Policy,
+        now_ms: i64,
+        started: Instant,
+    ) -> Self {
+        let key = QuotaKey::new(identity.scope, &identity.digest);
+        let ceiling = delay::ceiling(request.remaining, policy.gateway_timeout);
+        let claim = idempotency_key.map(|k| Claim {
+            record: key.idempotency(k),
+            scan_id: Uuid::now_v7(),
+            fingerprint: crate::idempotency::fingerprint(&request.body),
+            received_ms: now_ms,
+            lease_until_ms: now_ms.saturating_add(millis_i64(ceiling)),
+        });
+        Self {
+            period_end: period_end(policy.reset, now_ms.div_euclid(1000)),
+            limits: policy.limits(identity.limit),
+            identity,
+            key,
+            claim,
+            now_ms,
+            ceiling,
+            remaining: request.remaining,
+            started,
+        }
+    }
+
+    /// How a fresh scan's `delay` is spent: what fits the budget left now
+    /// is slept, the rest deferred.
+    pub fn plan(&self, delay: Duration, policy: &Policy) -> DelayPlan {
+        let remaining = self
+            .remaining
+            .map(|r| r.saturating_sub(self.started.elapsed()));
+        let budget = delay::budget(remaining, policy.gateway_timeout, policy.delay_margin);
+        delay::plan(delay, policy.delay_mode, budget)
+    }
+
+    /// The longest the first attempt of this key may sleep: what a 409
+    /// waits for.
+    pub fn sleep_cap(&self, policy: &Policy) -> Duration {
+        match policy.delay_mode {
+            DelayMode::Defer => Duration::ZERO,
+            DelayMode::Sleep => {
+                delay::budget(self.remaining, policy.gateway_timeout, policy.delay_margin)
+            }
+        }
+    }
+
+    /// Unix seconds.
+    pub fn now(&self) -> i64 {
+        self.now_ms.div_euclid(1000)
+    }
+
+    /// The claim's scanId (nil for an unkeyed scan, whose refunds name none).
+    pub fn scan_id(&self) -> Uuid {
+        self.claim.as_ref().map_or(Uuid::nil(), |c| c.scan_id)
+    }
+
+    pub fn keyed(&self) -> bool {
+        self.claim.is_some()
+    }
+
+    /// The lease a claim or a take-over holds: until the answer's deadline.
+    pub fn lease_until_ms(&self) -> i64 {
+        self.now_ms.saturating_add(millis_i64(self.ceiling))
+    }
+
+    /// How long an enqueue may take: at most [`ENQUEUE_TIMEOUT`], and never
+    /// past the answer's deadline: a job queued after the client saw a
+    /// gateway timeout would be retried and counted twice.
+    pub fn enqueue_within(&self) -> Duration {
+        enqueue_within(self.started, self.ceiling)
+    }
+
+    /// The meter's record of this request.
+    pub fn exit(&self, metered: Metered, end: End) -> Exit {
+        Exit {
+            scope: self.identity.scope,
+            metered,
+            end,
+        }
+    }
+}
+
+/// The scan that goes ahead: a fresh one, or one a retry took over.
+pub(super) struct Scan {
+    /// Every job of a keyed scan carries its record's scanId.
+    pub scan_id: Uuid,
+    pub metering: Metering,
+    /// Unix ms when the scan arrived (the first attempt's, when resumed).
+    pub received_ms: i64,
+    /// Taken over from an earlier attempt, with its plan: nothing is slept
+    /// again, and the delay is not paced again.
+    pub resumed: Option<DelayPlan>,
+}
+
+impl Scan {
+    /// This request's scan: a keyed one under its claim's scanId.
+    pub fn fresh(attempt: &Attempt, metering: Metering) -> Self {
+        Self {
+            scan_id: attempt
+                .claim
+                .as_ref()
+                .map_or_else(Uuid::now_v7, |c| c.scan_id),
+            metering,
+            received_ms: attempt.now_ms,
+            resumed: None,
+        }
+    }
+
+    /// The scan an abandoned attempt left (see [`crate::settle::resume`]).
+    pub fn resumed(resumed: Resumed) -> Self {
+        Self {
+            scan_id: resumed.scan_id,
+            metering: resumed.metering,
+            received_ms: resumed.received_ms,
+            resumed: Some(resumed.plan),
+        }
+    }
+
+    /// What the meter is told of it: a fresh scan that is not counted is
+    /// one whose count failed; a resumed one was counted, if at all, by its
+    /// first attempt.
+    pub fn metered(&self, delay: Duration, shadow: bool) -> Metered {
+        match &self.metering {
+            Metering::Counted { decision, .. } => Metered::Counted {
+                tier: decision.tier,
+                reminder: decision.reminder,
+                delay,
+                shadow,
+            },
+            Metering::Unmetered | Metering::Unknown { .. } if self.resumed.is_none() => {
+                Metered::StoreFailed
+            }
+            Metering::Unmetered | Metering::Unknown { .. } => Metered::Uncounted,
+        }
+    }
+
+    /// The job to queue, held back until `received + plan.total`.
+    pub fn job(&self, identity: &Identity, body: &Map<String, Value>, plan: DelayPlan) -> ScanJob {
+        let not_before_ms = self.received_ms.saturating_add(millis_i64(plan.total));
+        ScanJob {
+            version: crate::job::JOB_VERSION,
+            scan_id: self.scan_id,
+            received_at: respond::rfc3339_ms(self.received_ms),
+            scope: identity.scope.as_str(),
+            digest: identity.digest.to_string(),
+            tier: self.metering.tier(),
+            limit: identity.limit.get(),
+            count: self.metering.used(),
+            delay_ms: millis_u64(plan.total),
+            deferred_ms: millis_u64(plan.deferred),
+            not_before: respond::rfc3339_ms(not_before_ms),
+            not_before_ms,
+            request: body.clone(),
+        }
+    }
+
+    /// The 202 for its queued `job`.
+    pub fn accepted(
+        &self,
+        attempt: &Attempt,
+        job: &ScanJob,
+        plan: DelayPlan,
+        shadow: bool,
+    ) -> Accepted {
+        let limits = &attempt.limits;
+        let (limit, used, remaining, reminder, reset_at, seconds_to_reset, verdict) =
+            match &self.metering {
+                // A grant raises the ceiling the answer reports, as it did the tier's.
+                Metering::Counted { count, decision } => (
+                    limits.with_grant(count.grant).limit,
+                    Some(count.used),
+                    decision.remaining,
+                    decision.reminder,
+                    count.reset_at,
+                    count.seconds_to_reset(),
+                    shadow.then(|| ShadowVerdict::new(decision.tier, decision.delay)),
+                ),
+                Metering::Unmetered | Metering::Unknown { .. } => {
+                    let (reset_at, secs) = next_utc_midnight(attempt.now());
+                    let limit = limits.limit;
+                    (
+                        limit,
+                        None,
+                        u64::from(limit.get()),
+                        false,
+                        reset_at,
+                        secs,
+                        None,
+                    )
+                }
+            };
+        Accepted {
+            scan_id: job.scan_id,
+            scope: attempt.identity.scope,
+            limit: limit.get(),
+            used,
+            remaining,
+            reset_at,
+            seconds_to_reset,
+            plan,
+            not_before_ms: job.not_before_ms,
+            token: attempt.identity.token,
+            reminder,
+            shadow: verdict,
+        }
+    }
+}
+
+/// How long an enqueue may take: at most [`ENQUEUE_TIMEOUT`], and never
+/// past `started + ceiling`, the answer's deadline.
+pub(super) fn enqueue_within(started: Instant, ceiling: Duration) -> Duration {
+    ENQUEUE_TIMEOUT.min((started + ceiling).saturating_duration_since(Instant::now()))
+}
+
+pub(super) fn millis_i64(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
+
+fn millis_u64(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+/// The next 00:00 UTC and the seconds to it (used only when the store, which
+/// holds the counter's real expiry, did not answer).
+fn next_utc_midnight(secs: i64) -> (i64, u64) {
+    let midnight = secs - secs.rem_euclid(86_400) + 86_400;
+    (midnight, (midnight - secs) as u64)
+}

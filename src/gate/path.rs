@@ -1,0 +1,363 @@
+//! The request path, top to bottom: validate, identify, count, decide,
+//! pace, sleep, queue, answer. Every choice on it is made elsewhere (what a
+//! scan gets by [`crate::decide`], what a failure or a repeated
+//! `Idempotency-Key` leads to by [`crate::settle`]); this driver sends what
+//! they say, in order, on one connection, and returns an [`Exit`] the meter
+//! records once.
+
+use std::future::Future;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{Method, Response};
+use serde_json::{Map, Value};
+use tokio::time::{Instant, timeout};
+use uuid::Uuid;
+
+use super::attempt::{Attempt, GateRequest, Scan};
+use super::wiring::Gate;
+use crate::bugs::{self, Bug};
+use crate::config::Mode;
+use crate::decide::decide;
+use crate::error::{GateError, Queued};
+use crate::identity::{Identity, Origin};
+use crate::meter::{End, Exit, Metered};
+use crate::queue::{QueueError, ScanJob, ScanQueue};
+use crate::settle::{
+    self, AfterStoreFailure, DelayRule, Failure, Metering, Repeat, Settlement, after_store_failure,
+    on_repeat, on_take_over, settle,
+};
+use crate::store::{Claim, Claimed, CountArgs, PaceArgs, QuotaStore, Record, StoreError};
+
+/// A request's answer, and what the meter is told of it (nothing for a
+/// request refused before it reached the store, or not a counted scan).
+type Answer = (Result<Response<Bytes>, GateError>, Option<Exit>);
+
+/// A scan request's answer and its [`Exit`].
+type Finished = (Result<Response<Bytes>, GateError>, Exit);
+
+/// A scan request that passed steps 1–3.
+struct Admitted<'r> {
+    identity: Identity,
+    body: Map<String, Value>,
+    idempotency_key: Option<&'r str>,
+}
+
+impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
+    /// Runs the whole request path and answers. Never panics on any input.
+    /// Every request that reached the store is metered once, whatever its exit.
+    pub async fn handle(&self, request: GateRequest) -> Response<Bytes> {
+        let (result, exit) = self.process(request).await;
+        if let Some(exit) = &exit {
+            self.meter.record(exit);
+        }
+        result.unwrap_or_else(|e| {
+            if e.status().is_server_error() {
+                tracing::warn!(error = %e, code = e.code(), "scan refused");
+            }
+            e.to_response()
+        })
+    }
+
+    async fn process(&self, request: GateRequest) -> Answer {
+        let started = Instant::now();
+        // The one clock reading of this request.
+        let now_ms = self.clock.now_ms();
+        if crate::check::is_quota_path(&request.path) {
+            if request.method != Method::GET && request.method != Method::HEAD {
+                return (Err(GateError::QuotaMethodNotAllowed), None);
+            }
+            return (self.check(&request, now_ms).await, None);
+        }
+        // 1–3: validate, identify, hash.
+        let Admitted {
+            identity,
+            body,
+            idempotency_key,
+        } = match self.admit(&request) {
+            Ok(admitted) => admitted,
+            Err(e) => return (Err(e), None),
+        };
+        if identity.exempt {
+            let answer = self.exempt(identity, body, &request, now_ms, started);
+            return (answer.await, None);
+        }
+        let policy = &self.config.policy;
+        let attempt = Attempt::new(identity, idempotency_key, &request, policy, now_ms, started);
+        let (result, exit) = self.scan(&attempt, &body).await;
+        (result, Some(exit))
+    }
+
+    /// Steps 1–3: the scan's body, the caller, and its `Idempotency-Key`.
+    fn admit<'r>(&self, request: &'r GateRequest) -> Result<Admitted<'r>, GateError> {
+        let scan = crate::validate::validate(
+            &request.method,
+            &request.path,
+            &request.headers,
+            &request.body,
+        )?;
+        let idempotency_key = crate::idempotency::key(&request.headers)?;
+        let origin = Origin {
+            peer: request.peer,
+            gateway_claims: request.gateway_claims.as_ref(),
+        };
+        let identity = self.identifier.identify(&request.headers, &origin)?;
+        Ok(Admitted {
+            identity,
+            body: scan.body,
+            idempotency_key,
+        })
+    }
+
+    /// Steps 4–5: count (a keyed scan claims its record in the same step)
+    /// and decide; then a repeat is answered, a failure settled, and a scan
+    /// that may go ahead run.
+    async fn scan(&self, attempt: &Attempt, body: &Map<String, Value>) -> Finished {
+        let metering = match self.count(attempt).await {
+            Ok(Claimed::New(count)) => Metering::Counted {
+                count,
+                decision: decide(count.used, &attempt.limits.with_grant(count.grant)),
+            },
+            Ok(Claimed::Existing(record)) => return self.repeat(attempt, body, record).await,
+            Err(e) => match self.store_failed(attempt, e).await {
+                Ok(metering) => metering,
+                Err(e) => {
+                    return (
+                        Err(e),
+                        attempt.exit(Metered::StoreFailed, End::StoreRefused),
+                    );
+                }
+            },
+        };
+        self.run(attempt, body, Scan::fresh(attempt, metering))
+            .await
+    }
+
+    /// Step 4's one round trip; a keyed scan claims its record with it.
+    async fn count(&self, attempt: &Attempt) -> Result<Claimed, StoreError> {
+        let args = CountArgs {
+            key: &attempt.key,
+            period_end: attempt.period_end,
+            now: attempt.now(),
+        };
+        match &attempt.claim {
+            None => self.bounded(self.store.count(args)).await.map(Claimed::New),
+            Some(claim) => self.bounded(self.store.count_keyed(args, claim)).await,
+        }
+    }
+
+    /// The count failed: settle what it may have left, then refuse, or go
+    /// on unmetered (fail open), as [`after_store_failure`] says.
+    async fn store_failed(&self, attempt: &Attempt, e: StoreError) -> Result<Metering, GateError> {
+        let scope = attempt.identity.scope;
+        // An open breaker is one outage, already logged when it opened.
+        if matches!(e, StoreError::CircuitOpen) {
+            tracing::debug!(%scope, "quota store skipped: breaker open");
+        } else {
+            tracing::warn!(error = %e, %scope, "quota store failed");
+        }
+        let metering = Metering::after_store_error(e.may_land(), attempt.period_end);
+        let mode = self.config.store.fail_mode;
+        let settlement = settle(&metering, attempt.keyed(), Failure::Store { mode });
+        self.apply(attempt, attempt.scan_id(), settlement).await;
+        let mut answer = after_store_failure(&metering, attempt.keyed(), mode);
+        if bugs::on(Bug::UnknownCountQueuedUnmetered) && answer == AfterStoreFailure::Unsettled {
+            answer = AfterStoreFailure::Unmetered;
+        }
+        match answer {
+            AfterStoreFailure::Refuse => Err(GateError::StoreUnavailable),
+            AfterStoreFailure::Unsettled => Err(GateError::StoreUnsettled),
+            AfterStoreFailure::Unmetered => Ok(Metering::Unmetered),
+        }
+    }
+
+    /// Answers a key seen before, by [`on_repeat`]'s rule; a retry that
+    /// takes over an abandoned attempt finishes its scan.
+    async fn repeat(
+        &self,
+        attempt: &Attempt,
+        body: &Map<String, Value>,
+        record: Record,
+    ) -> Finished {
+        let exit = attempt.exit(Metered::Uncounted, End::Answered);
+        let Some(claim) = &attempt.claim else {
+            return (Err(GateError::StoreUnavailable), exit);
+        };
+        let answer = match on_repeat(
+            &record,
+            claim,
+            attempt.now_ms,
+            attempt.sleep_cap(&self.config.policy),
+        ) {
+            Repeat::TakeOver => match self.take_over(attempt, claim, &record).await {
+                None => {
+                    return self
+                        .run(attempt, body, self.resume(attempt, &record).await)
+                        .await;
+                }
+                Some(lost) => lost,
+            },
+            answer => answer,
+        };
+        let result = match answer {
+            Repeat::Replay(saved) => {
+                crate::respond::replay(&saved).ok_or(GateError::StoreUnavailable)
+            }
+            Repeat::Mismatch => Err(GateError::IdempotencyMismatch),
+            Repeat::InProgress { retry_after } => {
+                Err(GateError::IdempotencyInProgress { retry_after })
+            }
+            Repeat::TakeOver => Err(GateError::StoreUnavailable),
+        };
+        (result, exit)
+    }
+
+    /// Takes over an abandoned attempt's lease, so that only one retry
+    /// finishes it. `None`: taken; otherwise what the retry is told.
+    async fn take_over(&self, attempt: &Attempt, claim: &Claim, record: &Record) -> Option<Repeat> {
+        let taken = self
+            .bounded(self.store.take_over(
+                &claim.record,
+                record.lease_until_ms,
+                attempt.lease_until_ms(),
+                attempt.now(),
+            ))
+            .await;
+        on_take_over(taken.ok())
+    }
+
+    /// The scan a take-over goes on with. The record keeps the count, not
+    /// the grant: read it (a rare path; without an answer, no grant).
+    async fn resume(&self, attempt: &Attempt, record: &Record) -> Scan {
+        let grant = self
+            .bounded(self.store.peek(&attempt.key, attempt.now()))
+            .await
+            .map_or(0, |p| p.grant);
+        let mut resumed =
+            settle::resume(record, attempt.limits, grant, attempt.now_ms, self.shadow());
+        if bugs::on(Bug::TakeOverUnderFreshId) {
+            resumed.scan_id = Uuid::now_v7();
+        }
+        Scan::resumed(resumed)
+    }
+
+    /// Steps 6–8 for a scan that may go ahead: pace, sleep, queue, answer,
+    /// and save the answer for a keyed retry.
+    async fn run(&self, attempt: &Attempt, body: &Map<String, Value>, scan: Scan) -> Finished {
+        let plan = match scan.resumed {
+            Some(plan) => plan,
+            None => match self.delay_of(attempt, &scan).await {
+                Ok(delay) => attempt.plan(delay, &self.config.policy),
+                Err(e) => return (Err(e), attempt.exit(Metered::Uncounted, End::BacklogFull)),
+            },
+        };
+        let metered = scan.metered(plan.total, self.shadow());
+        if !plan.sleep.is_zero() {
+            tokio::time::sleep(plan.sleep).await;
+        }
+        // 7: forward, within the answer's deadline.
+        let job = scan.job(&attempt.identity, body, plan);
+        if let Err(e) = self.enqueue(&job, attempt).await {
+            tracing::warn!(error = %e, "enqueue failed");
+            let failure =
+                settle::queue_failure(matches!(e, QueueError::Timeout), scan.resumed.is_some());
+            let mut settlement = settle(&scan.metering, attempt.keyed(), failure);
+            if bugs::on(Bug::RefundOfUnsentCount) && scan.metering == Metering::Unmetered {
+                settlement = Settlement::Refund {
+                    period_end: i64::MAX,
+                };
+            }
+            self.apply(attempt, scan.scan_id, settlement).await;
+            let queued = match failure {
+                Failure::NotQueued => Queued::No,
+                _ => Queued::Unknown,
+            };
+            return (
+                Err(GateError::QueueFailed { queued }),
+                attempt.exit(metered, End::QueueFailed),
+            );
+        }
+        // 8: answer, and save the answer for a keyed retry.
+        let response = scan
+            .accepted(attempt, &job, plan, self.shadow())
+            .to_response();
+        if let Some(claim) = &attempt.claim {
+            self.save(claim, scan.scan_id, &response, attempt.now())
+                .await;
+        }
+        (Ok(response), attempt.exit(metered, End::Answered))
+    }
+
+    /// Step 6: the delay a fresh scan owes, paced by [`settle::delay_rule`];
+    /// a scan past the backlog cap is refused (and its count taken back).
+    async fn delay_of(&self, attempt: &Attempt, scan: &Scan) -> Result<Duration, GateError> {
+        let tier_delay =
+            match settle::delay_rule(&scan.metering, self.shadow(), self.config.policy.pacing) {
+                DelayRule::Fixed(delay) => return Ok(delay),
+                DelayRule::Pace(tier_delay) => tier_delay,
+            };
+        let Metering::Counted { count, .. } = &scan.metering else {
+            return Ok(tier_delay);
+        };
+        let args = PaceArgs {
+            key: &attempt.key,
+            record: attempt.claim.as_ref().map(|c| c.record.as_str()),
+            arrival_ms: scan.received_ms,
+            delay_ms: u64::try_from(tier_delay.as_millis()).unwrap_or(u64::MAX),
+            max_backlog_ms: u64::try_from(self.config.policy.max_backlog.as_millis())
+                .unwrap_or(u64::MAX),
+            reset_at: count.reset_at,
+        };
+        let paced = self.bounded(self.store.pace(args)).await;
+        if let Err(e) = &paced {
+            tracing::warn!(error = %e, "pacing failed; using the tier's delay");
+        }
+        let retry_after_ms = match settle::paced_delay(paced.ok(), tier_delay) {
+            Ok(delay) => return Ok(delay),
+            Err(retry_after_ms) => retry_after_ms,
+        };
+        let settlement = settle(&scan.metering, attempt.keyed(), Failure::BacklogFull);
+        self.apply(attempt, scan.scan_id, settlement).await;
+        // Never past the counter's reset: from then the scan is within quota.
+        Err(GateError::backlog_full(
+            retry_after_ms.div_ceil(1000),
+            count.seconds_to_reset(),
+        ))
+    }
+
+    /// Whether decisions are only reported, not carried out (`QUOTA_MODE=shadow`).
+    fn shadow(&self) -> bool {
+        self.config.policy.mode == Mode::Shadow
+    }
+
+    /// Step 7, once: a keyed scan's job is deduplicated by its scanId.
+    async fn enqueue(&self, job: &ScanJob, attempt: &Attempt) -> Result<(), QueueError> {
+        let enqueue = async {
+            if attempt.keyed() {
+                self.queue.enqueue_once(job).await
+            } else {
+                self.queue.enqueue(job).await
+            }
+        };
+        timeout(attempt.enqueue_within(), enqueue)
+            .await
+            .unwrap_or(Err(QueueError::Timeout))
+    }
+
+    /// One store call of the request path, skipped while the breaker is
+    /// open. The store bounds its own wait (and keeps a command it gave up
+    /// on in flight); the bound here only backs it up.
+    pub(super) async fn bounded<T>(
+        &self,
+        call: impl Future<Output = Result<T, StoreError>>,
+    ) -> Result<T, StoreError> {
+        if !self.breaker.admit() {
+            return Err(StoreError::CircuitOpen);
+        }
+        let result = timeout(self.config.store.timeout * 2, call)
+            .await
+            .unwrap_or(Err(StoreError::Unanswered));
+        self.breaker.record(result.is_ok());
+        result
+    }
+}

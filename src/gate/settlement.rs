@@ -1,0 +1,64 @@
+//! The writes that follow a scan's end: a failure's [`Settlement`] carried
+//! out, and a keyed scan's answer saved for its repeats. Both are sent
+//! behind everything the attempt sent before, on the same connection.
+
+use bytes::Bytes;
+use http::Response;
+use uuid::Uuid;
+
+use super::attempt::Attempt;
+use super::wiring::Gate;
+use crate::queue::ScanQueue;
+use crate::settle::Settlement;
+use crate::store::{Claim, QuotaStore, RecordField, RecordState, Refund};
+
+impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
+    /// Carries out a [`Settlement`]. A refund that fails leaves the subject
+    /// one scan short for the day (logged, not retried: the client got a
+    /// 503 either way); a release that fails makes the retry wait out the
+    /// lease.
+    pub(super) async fn apply(&self, attempt: &Attempt, scan_id: Uuid, settlement: Settlement) {
+        let done = match (settlement, &attempt.claim) {
+            (Settlement::Nothing, _) | (Settlement::Release, None) => return,
+            (Settlement::Refund { period_end }, claim) => {
+                let refund = Refund {
+                    key: &attempt.key,
+                    period_end,
+                    record: claim.as_ref().map(|c| (c.record.as_str(), scan_id)),
+                    now: attempt.now(),
+                };
+                self.store.refund(refund).await
+            }
+            (Settlement::Release, Some(claim)) => {
+                self.store
+                    .release(&claim.record, scan_id, attempt.now())
+                    .await
+            }
+        };
+        if let Err(e) = done {
+            tracing::warn!(error = %e, ?settlement, "could not settle a failed scan");
+        }
+    }
+
+    /// Saves a keyed scan's answer, for its repeats: the state, the scanId,
+    /// the fingerprint and the answer. If this fails, a repeat finds the
+    /// record pending and queues the same job again once its lease is over
+    /// (which the stream deduplicates).
+    pub(super) async fn save(
+        &self,
+        claim: &Claim,
+        scan_id: Uuid,
+        response: &Response<Bytes>,
+        now: i64,
+    ) {
+        let fields = [
+            (RecordField::State, RecordState::Done.name().to_owned()),
+            (RecordField::ScanId, scan_id.to_string()),
+            (RecordField::Fingerprint, claim.fingerprint.clone()),
+            (RecordField::Response, crate::respond::save(response)),
+        ];
+        if let Err(e) = self.store.update_record(&claim.record, &fields, now).await {
+            tracing::warn!(error = %e, "could not save an idempotent answer");
+        }
+    }
+}

@@ -1,0 +1,139 @@
+//! The gate's wiring: the [`Gate`] and the backends [`Config`] names,
+//! built once per process (or per `serve` worker). Nothing here is on the
+//! request path, which is `path.rs`.
+
+use std::sync::Arc;
+
+use crate::breaker::Breaker;
+use crate::clock::Clock;
+use crate::config::{Config, ConfigError, QueueTarget};
+use crate::connection::Valkey;
+use crate::identity::Identifier;
+use crate::meter::Meter;
+use crate::queue::spool::Spool;
+use crate::queue::stream::StreamQueue;
+use crate::queue::{AnyQueue, ScanQueue};
+use crate::store::memory::MemoryStore;
+use crate::store::valkey::ValkeyStore;
+use crate::store::{AnyStore, QuotaStore};
+
+/// The quota gate.
+pub struct Gate<S, Q> {
+    pub(super) config: Config,
+    pub(super) identifier: Identifier,
+    pub(super) store: S,
+    pub(super) queue: Q,
+    pub(super) meter: Meter,
+    /// Skips the store after repeated failures (see [`crate::breaker`]).
+    pub(super) breaker: Breaker,
+    pub(super) clock: Clock,
+}
+
+/// What the gates of one process share: the in-memory counters (used when
+/// no Valkey is configured) and the AWS configuration, resolved once.
+#[derive(Clone, Default)]
+pub struct Shared {
+    memory: MemoryStore,
+    sdk: Arc<tokio::sync::OnceCell<aws_config::SdkConfig>>,
+}
+
+impl Gate<AnyStore, AnyQueue> {
+    /// Builds the store and queue `config` names. Nothing connects yet.
+    pub async fn from_config(config: Config, meter: Meter) -> Result<Self, ConfigError> {
+        Self::from_config_sharing(config, meter, &Shared::default()).await
+    }
+
+    /// Like [`from_config`](Self::from_config), for one of several gates in
+    /// a process (`serve`'s workers): they share what `shared` holds. A
+    /// Valkey connection and an SQS client are each gate's own.
+    pub async fn from_config_sharing(
+        config: Config,
+        meter: Meter,
+        shared: &Shared,
+    ) -> Result<Self, ConfigError> {
+        let valkey = Valkey::from_config(&config)?;
+        let store = match &valkey {
+            Some(v) => {
+                let wait = config.store.valkey.as_ref().map_or(0, |c| c.wait_replicas);
+                AnyStore::Valkey(ValkeyStore::new(v.clone()).with_wait(wait))
+            }
+            None => AnyStore::Memory(shared.memory.clone()),
+        };
+        let queue = match (&config.queue, &valkey) {
+            (QueueTarget::Spool, _) => AnyQueue::Spool(Spool::default()),
+            (QueueTarget::ValkeyStream(key), Some(v)) => {
+                AnyQueue::Stream(StreamQueue::new(v.clone(), key))
+            }
+            (QueueTarget::ValkeyStream(_), None) => {
+                return Err(ConfigError::new(
+                    "SCAN_QUEUE_URL",
+                    "valkey-stream: needs VALKEY_URL",
+                ));
+            }
+            (QueueTarget::Sqs(url), _) => {
+                // Once per process: region, credentials and AWS_ENDPOINT_URL
+                // are resolved here, and every invocation reuses them.
+                let sdk = shared
+                    .sdk
+                    .get_or_init(
+                        || aws_config::load_defaults(aws_config::BehaviorVersion::latest()),
+                    )
+                    .await;
+                AnyQueue::Sqs(crate::queue::sqs::SqsQueue::new(sdk, url))
+            }
+        };
+        Self::new(config, store, queue, meter)
+    }
+}
+
+impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
+    pub fn new(config: Config, store: S, queue: Q, meter: Meter) -> Result<Self, ConfigError> {
+        let identifier = Identifier::new(&config)?;
+        let breaker = Breaker::new(
+            config.store.breaker_failures,
+            config.store.breaker_cool_down,
+        );
+        Ok(Self {
+            breaker,
+            config,
+            identifier,
+            store,
+            queue,
+            meter,
+            clock: Clock::System,
+        })
+    }
+
+    /// Reads time from `clock` (tests pass one that follows paused Tokio time).
+    pub fn with_clock(mut self, clock: Clock) -> Self {
+        self.clock = clock;
+        self
+    }
+
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    pub fn identifier(&self) -> &Identifier {
+        &self.identifier
+    }
+
+    pub fn store(&self) -> &S {
+        &self.store
+    }
+
+    pub fn queue(&self) -> &Q {
+        &self.queue
+    }
+
+    pub fn breaker(&self) -> &Breaker {
+        &self.breaker
+    }
+
+    /// Starts the store's connection in the background on the current
+    /// runtime (the stream queue shares it), so the first request finds it
+    /// connected.
+    pub fn warm_up(&self) {
+        self.store.warm_up();
+    }
+}
