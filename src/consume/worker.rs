@@ -241,7 +241,7 @@ impl<S: JobSource, X: Scanner> Worker<S, X> {
         self.meter.record(Event::Started {
             lateness_ms: schedule::lateness_ms(start, d.job.not_before_ms),
         });
-        tracing::info!(scan_id = %d.job.scan_id, tier = d.job.tier, attempt, "scan started");
+        tracing::info!(scan_id = %d.job.scan_id, tier = d.job.tier.as_str(), attempt, "scan started");
         let mut killing = self.killing.clone();
         let stop = async {
             tokio::select! {
