@@ -69,12 +69,7 @@ async fn reading_never_spends() {
             serde_json::json!({"tier": "within", "delayMs": 0})
         );
     }
-    let mut conn = server.client().await;
-    let keys: Vec<String> = redis::cmd("KEYS")
-        .arg("quota:*")
-        .query_async(&mut conn)
-        .await
-        .unwrap();
+    let keys = server.keys("quota:*").await;
     assert!(keys.is_empty(), "a read wrote {keys:?}");
     for _ in 0..3 {
         scan(&gate, IP).await;

@@ -111,12 +111,7 @@ async fn shadow_then_enforce() {
     assert_eq!(emf_sum(&emf, meter::SOFT_HITS), 0);
     assert_eq!(emf_sum(&emf, meter::HARD_HITS), 0);
     assert_eq!(emf_sum(&emf, "stella_quota_requests_within_total"), 40);
-    let mut conn = server.client().await;
-    let slots: Vec<String> = redis::cmd("KEYS")
-        .arg("quota:*:slot")
-        .query_async(&mut conn)
-        .await
-        .unwrap();
+    let slots = server.keys("quota:*:slot").await;
     assert!(
         slots.is_empty(),
         "shadow mode took a pacing slot: {slots:?}"
@@ -180,12 +175,7 @@ async fn exempt_networks_and_claims() {
             assert_eq!(body["delayMs"], 0);
         }
     }
-    let mut conn = server.client().await;
-    let keys: Vec<String> = redis::cmd("KEYS")
-        .arg("quota:*")
-        .query_async(&mut conn)
-        .await
-        .unwrap();
+    let keys = server.keys("quota:*").await;
     assert!(keys.is_empty(), "an exempt scan was counted: {keys:?}");
     let jobs = stream_jobs(&server, "jobs").await;
     assert_eq!(jobs.len(), 200);
@@ -331,14 +321,7 @@ async fn sample_events_quota_and_shadow() {
 #[tokio::test]
 async fn exempt_and_shadow_jobs_match_the_schema() {
     use quota_gate::store::memory::MemoryStore;
-    let schema: Value = serde_json::from_str(
-        &std::fs::read_to_string(root().join("docs/job.schema.json")).unwrap(),
-    )
-    .unwrap();
-    let validator = jsonschema::options()
-        .should_validate_formats(true)
-        .build(&schema)
-        .unwrap();
+    let validator = schema::validator(&schema::job_schema());
     let jobs = RecordingQueue::default();
     let vars = with_vars(
         TIERS,
@@ -362,12 +345,7 @@ async fn exempt_and_shadow_jobs_match_the_schema() {
             "exempt", "within", "within", "within", "soft", "soft", "hard"
         ]
     );
-    for job in &written {
-        let errors: Vec<String> = validator.iter_errors(job).map(|e| e.to_string()).collect();
-        assert!(errors.is_empty(), "{job}: {errors:?}");
-        let read = quota_gate::job::ScanJob::from_json(&job.to_string()).unwrap();
-        assert_eq!(&serde_json::to_value(&read).unwrap(), job);
-    }
+    schema::assert_valid_jobs(&validator, &written);
 }
 
 /// `quota-gate serve` answers `GET /quota` (and `HEAD`), nothing counted.

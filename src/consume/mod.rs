@@ -65,7 +65,7 @@ use marker::Markers;
 use meter::ConsumeMeter;
 use schedule::RetryPolicy;
 use source::JobSource;
-use worker::{Worker, WorkerParts};
+use worker::{Tokens, Worker};
 
 /// `quota-gate consume` options.
 #[derive(Debug, clap::Args)]
@@ -324,11 +324,11 @@ async fn drive<S: JobSource>(
         std::future::pending::<()>().await;
     }));
     tracing::info!(source = source.name(), consumer, "quota-gate consuming");
-    let worker = Arc::new(Worker::new(WorkerParts {
+    let worker = Arc::new(Worker {
         source,
         markers,
         scanner: handoff,
-        concurrency: args.concurrency.get(),
+        run_slots: Arc::new(Semaphore::new(args.concurrency.get())),
         policy: RetryPolicy {
             max_attempts: args.max_attempts,
             base: args.backoff,
@@ -340,8 +340,8 @@ async fn drive<S: JobSource>(
         clock,
         stopping: stopping.clone(),
         killing,
-        consumer,
-    }));
+        tokens: Tokens::new(consumer),
+    });
     let tasks = intake(worker, args.max_held.get(), stopping.clone()).await;
     finish(tasks, args.grace, stopping, &kill).await;
     crate::stdout::LineWriter::stdout()

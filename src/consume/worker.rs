@@ -29,7 +29,7 @@ use super::handoff::{Ended, Scanner};
 use super::marker::Markers;
 use super::meter::{ConsumeMeter, Event};
 use super::schedule::{self, AfterScan, Renewal, RetryPolicy, ScanResult, Step};
-use super::source::{Delivery, JobSource};
+use super::source::{Delivery, GivenUp, JobSource};
 
 /// How long to wait before trying again when Valkey (markers, acks) fails.
 const STORE_RETRY: Duration = Duration::from_millis(250);
@@ -44,6 +44,7 @@ pub struct Worker<S: JobSource, X: Scanner> {
     pub source: S,
     pub markers: Markers,
     pub scanner: X,
+    /// Hand-offs at once (`--concurrency` permits).
     pub run_slots: Arc<Semaphore>,
     pub policy: RetryPolicy,
     pub lease: Duration,
@@ -54,24 +55,29 @@ pub struct Worker<S: JobSource, X: Scanner> {
     pub stopping: watch::Receiver<bool>,
     /// Turns true when the grace period is over: running scans are killed.
     pub killing: watch::Receiver<bool>,
-    pub consumer: String,
-    attempts: AtomicU64,
+    pub tokens: Tokens,
 }
 
-/// What [`Worker::new`] is built from.
-pub struct WorkerParts<S, X> {
-    pub source: S,
-    pub markers: Markers,
-    pub scanner: X,
-    pub concurrency: usize,
-    pub policy: RetryPolicy,
-    pub lease: Duration,
-    pub scan_timeout: Duration,
-    pub meter: ConsumeMeter,
-    pub clock: Arc<QueueClock>,
-    pub stopping: watch::Receiver<bool>,
-    pub killing: watch::Receiver<bool>,
-    pub consumer: String,
+/// Marker tokens unique to one delivery in this process: the consumer's
+/// name and a count.
+pub struct Tokens {
+    consumer: String,
+    issued: AtomicU64,
+}
+
+impl Tokens {
+    pub fn new(consumer: String) -> Self {
+        Self {
+            consumer,
+            issued: AtomicU64::new(0),
+        }
+    }
+
+    /// The next token.
+    fn next(&self) -> String {
+        let n = self.issued.fetch_add(1, Ordering::Relaxed);
+        format!("{}:{n}", self.consumer)
+    }
 }
 
 /// How a wait ended.
@@ -84,30 +90,6 @@ enum Waited<T> {
 type Finished = bool;
 
 impl<S: JobSource, X: Scanner> Worker<S, X> {
-    pub fn new(parts: WorkerParts<S, X>) -> Self {
-        Self {
-            source: parts.source,
-            markers: parts.markers,
-            scanner: parts.scanner,
-            run_slots: Arc::new(Semaphore::new(parts.concurrency)),
-            policy: parts.policy,
-            lease: parts.lease,
-            scan_timeout: parts.scan_timeout,
-            meter: parts.meter,
-            clock: parts.clock,
-            stopping: parts.stopping,
-            killing: parts.killing,
-            consumer: parts.consumer,
-            attempts: AtomicU64::new(0),
-        }
-    }
-
-    /// A token unique to one delivery in this process.
-    fn token(&self) -> String {
-        let n = self.attempts.fetch_add(1, Ordering::Relaxed);
-        format!("{}:{n}", self.consumer)
-    }
-
     fn wait_for(&self, d: &Delivery<S::Handle>) -> Duration {
         schedule::hold(d.job.not_before_ms, self.clock.now_ms())
     }
@@ -118,7 +100,7 @@ impl<S: JobSource, X: Scanner> Worker<S, X> {
         let mut failures = 0;
         // One token for the whole delivery: a claim that timed out but
         // landed is this task's own, and a retry of it gets in.
-        let token = self.token();
+        let token = self.tokens.next();
         loop {
             let wait = self.wait_for(&d);
             if !wait.is_zero() {
@@ -324,7 +306,7 @@ impl<S: JobSource, X: Scanner> Worker<S, X> {
             AfterScan::DeadLetter | AfterScan::Ack => {
                 self.meter.record(Event::DeadLettered);
                 self.until_ok("dead-letter", || {
-                    self.source.dead_letter(d, failures, error)
+                    self.source.dead_letter(d, GivenUp { failures, error })
                 })
                 .await;
                 false

@@ -52,13 +52,8 @@ impl JobSource for Arc<Fake> {
         Ok(())
     }
 
-    async fn dead_letter(
-        &self,
-        d: &Delivery<u32>,
-        failures: u32,
-        _: &str,
-    ) -> Result<(), ConsumeError> {
-        self.log(format!("dead {} {failures}", d.handle));
+    async fn dead_letter(&self, d: &Delivery<u32>, why: GivenUp<'_>) -> Result<(), ConsumeError> {
+        self.log(format!("dead {} {}", d.handle, why.failures));
         Ok(())
     }
 
@@ -123,7 +118,7 @@ fn setup(secs: Vec<u64>) -> Setup {
     let clock = QueueClock::local(Clock::tokio());
     let (stop, stopping) = watch::channel(false);
     let (kill, killing) = watch::channel(false);
-    let worker = Arc::new(Worker::new(WorkerParts {
+    let worker = Arc::new(Worker {
         source: fake.clone(),
         markers: Markers::local(),
         scanner: Sleeper {
@@ -131,7 +126,7 @@ fn setup(secs: Vec<u64>) -> Setup {
             log: fake.clone(),
             clock: clock.clone(),
         },
-        concurrency: 1,
+        run_slots: Arc::new(Semaphore::new(1)),
         policy: RetryPolicy {
             max_attempts: NonZeroU32::new(2).unwrap(),
             base: Duration::from_secs(1),
@@ -143,8 +138,8 @@ fn setup(secs: Vec<u64>) -> Setup {
         clock: clock.clone(),
         stopping,
         killing,
-        consumer: "c".into(),
-    }));
+        tokens: Tokens::new("c".into()),
+    });
     Setup {
         fake,
         worker,
