@@ -55,12 +55,11 @@ fn jobs(n: usize, in_ms: i64) -> Vec<serde_json::Value> {
 #[tokio::test(flavor = "multi_thread")]
 async fn connections_killed_at_every_stage() {
     let mut rig = StreamRig::start();
-    let sleep = [("SLEEP", "0.3")];
     for round in 0..2 {
         rig.scanner = Scanner::new();
         let scanner = &rig.scanner;
-        let _a = rig.consume("a", &args(&[]), &sleep);
-        let _b = rig.consume("b", &args(&[]), &sleep);
+        let _a = rig.consume("a", &args(&[]), &[("SLEEP", "0.3")]);
+        let _b = rig.consume("b", &args(&[]), &[("SLEEP", "0.3")]);
         let mut expected = rig.queue(&jobs(12, 2_000)).await;
         for _ in 0..12 {
             tokio::time::sleep(Duration::from_millis(250)).await;

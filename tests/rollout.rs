@@ -224,18 +224,17 @@ async fn forwarded_for_only_through_a_trusted_proxy() {
         ],
     );
     let gate = valkey_gate(&server, &vars);
-    let mut spoofed = scan_from("203.0.113.60");
-    spoofed
-        .headers
-        .insert("x-forwarded-for", "192.0.2.17".parse().unwrap());
-    let body = json(&gate.handle(spoofed).await);
+    // A scan from `peer` saying it is forwarded for an exempt address.
+    let forwarded = |peer: &str| {
+        let mut request = scan_from(peer);
+        let exempt = "192.0.2.17".parse().unwrap();
+        request.headers.insert("x-forwarded-for", exempt);
+        request
+    };
+    let body = json(&gate.handle(forwarded("203.0.113.60")).await);
     assert_eq!(body["quota"]["scope"], "ip");
     assert_eq!(body["quota"]["used"], 1);
-    let mut proxied = scan_from("10.1.2.3");
-    proxied
-        .headers
-        .insert("x-forwarded-for", "192.0.2.17".parse().unwrap());
-    let body = json(&gate.handle(proxied).await);
+    let body = json(&gate.handle(forwarded("10.1.2.3")).await);
     assert_eq!(body["quota"]["scope"], "exempt");
     let identifier = gate.identifier();
     let spoofer = QuotaKey::new(
