@@ -16,7 +16,7 @@
 //! | sources | [`source`] | the [`JobSource`] trait: stream (group, reclaim, ack), SQS (long poll, visibility, delete), stdin (with its journal) |
 //! | markers | [`marker`] | one run per `scanId`: a leased, numbered marker in Valkey (or in process) |
 //! | hand-off | [`handoff`], [`guard`] | the [`Scanner`](handoff::Scanner) trait: `--exec` under a guard in its own process group, or `--post` |
-//! | one job | [`worker`] | hold → run slot → marker → hand-off under a lease watch and a timeout → settle |
+//! | one job | [`worker`] | hold → run slot → marker → hand-off under a lease watch and a timeout → ack, retry or dead-letter ([`schedule::after_scan`]) |
 //! | metrics | [`meter`] | EMF lines and Prometheus: started, succeeded, failed, dead-lettered, timeouts, leases lost, held, lateness, clock skew |
 //!
 //! **Faults.** Every Valkey call goes through the connector

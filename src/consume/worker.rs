@@ -1,5 +1,5 @@
 //! One delivery's life: held until its `notBefore`, a run slot, the
-//! `scanId` marker, the hand-off, and what [`schedule::settle`] says after.
+//! `scanId` marker, the hand-off, and what [`schedule::after_scan`] says after.
 //! Each delivery is a task of its own, so a held job never holds up a due
 //! one; the run slots (`--concurrency`) bound only hand-offs.
 //!
@@ -301,7 +301,7 @@ impl<S: JobSource, X: Scanner> Worker<S, X> {
         tracing::warn!(scan_id = %d.job.scan_id, failures, error, "scan failed");
         self.until_ok("release", || self.markers.release(d.job.scan_id, token))
             .await;
-        match schedule::settle(ScanResult::Failed, failures, &self.policy) {
+        match schedule::after_scan(ScanResult::Failed, failures, &self.policy) {
             AfterScan::RetryAfter(wait) => !self.later(d, wait, false).await,
             AfterScan::DeadLetter | AfterScan::Ack => {
                 self.meter.record(Event::DeadLettered);
