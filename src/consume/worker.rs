@@ -25,7 +25,7 @@ use tokio::time::Instant;
 
 use super::clock::QueueClock;
 use super::error::{ConsumeError, Stop};
-use super::handoff::{Ended, Scanner};
+use super::handoff::{Attempt, Ended, Scanner};
 use super::marker::Markers;
 use super::meter::{ConsumeMeter, Event};
 use super::schedule::{self, AfterScan, Renewal, RetryPolicy, ScanResult, Step};
@@ -232,7 +232,11 @@ impl<S: JobSource, X: Scanner> Worker<S, X> {
                 _ = killing.wait_for(|k| *k) => Stop::Shutdown,
             }
         };
-        self.scanner.run(d, attempt, stop).await
+        let attempt = Attempt {
+            delivery: d,
+            number: attempt,
+        };
+        self.scanner.run(attempt, stop).await
     }
 
     /// Renews the delivery and the marker of attempt `attempt` every

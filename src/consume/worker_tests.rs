@@ -7,6 +7,7 @@ use std::sync::Mutex;
 
 use super::*;
 use crate::clock::Clock;
+use crate::consume::handoff::StopSignal;
 use crate::job::ScanJob;
 
 /// An in-memory queue that records what the worker did with each job.
@@ -71,12 +72,8 @@ struct Sleeper {
 }
 
 impl Scanner for Sleeper {
-    async fn run<H: Sync>(
-        &self,
-        d: &Delivery<H>,
-        attempt: u64,
-        stop: impl Future<Output = Stop> + Send,
-    ) -> Result<(), Ended> {
+    async fn run<H: Sync>(&self, a: Attempt<'_, H>, stop: impl StopSignal) -> Result<(), Ended> {
+        let (d, attempt) = (a.delivery, a.number);
         let h: u32 = d.job.image().unwrap_or_default().parse().unwrap_or(0);
         self.log
             .log(format!("start {h} {attempt} {}", self.clock.now_ms()));
