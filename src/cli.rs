@@ -64,18 +64,12 @@ pub fn main() -> ExitCode {
     }
     let format = match crate::LogFormat::from_env() {
         Ok(f) => f,
-        Err(e) => {
-            eprintln!("quota-gate: configuration error: {e}");
-            return ExitCode::from(2);
-        }
+        Err(e) => return config_error(e),
     };
     init_tracing(&cli.command, format);
     let config = match Config::from_env() {
         Ok(c) => c,
-        Err(e) => {
-            eprintln!("quota-gate: configuration error: {e}");
-            return ExitCode::from(2);
-        }
+        Err(e) => return config_error(e),
     };
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -87,40 +81,42 @@ pub fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let result = runtime.block_on(async {
-        match cli.command {
-            Command::Serve => serve(config).await,
-            Command::Inspect(args) => crate::ops::command::inspect(args, &config)
-                .await
-                .map_err(|e| e.to_string()),
-            Command::Reset(args) => crate::ops::command::reset(args, &config)
-                .await
-                .map_err(|e| e.to_string()),
-            Command::Grant(args) => crate::ops::command::grant(args, &config)
-                .await
-                .map_err(|e| e.to_string()),
-            Command::Purge(args) => crate::ops::command::purge(args, &config)
-                .await
-                .map_err(|e| e.to_string()),
-            Command::Consume(args) => crate::consume::run(*args, config, shutdown_signal()).await,
-            Command::ScanGuard(_) => Ok(()),
-            Command::Stats(args) => {
-                crate::ops::stats::preflight()
-                    .await
-                    .map_err(|e| e.to_string())?;
-                crate::ops::command::stats(args, &config)
-                    .await
-                    .map_err(|e| e.to_string())
-            }
-        }
-    });
-    match result {
+    match runtime.block_on(dispatch(cli.command, config)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("quota-gate: {e}");
             ExitCode::FAILURE
         }
     }
+}
+
+/// A bad environment: said on stderr, exit status 2.
+fn config_error(e: impl std::fmt::Display) -> ExitCode {
+    eprintln!("quota-gate: configuration error: {e}");
+    ExitCode::from(2)
+}
+
+/// Runs `command` (any but `scan-guard`, which needs no runtime).
+async fn dispatch(command: Command, config: Config) -> Result<(), String> {
+    use crate::ops::command as ops;
+    match command {
+        Command::Serve => serve(config).await,
+        Command::Inspect(args) => text(ops::inspect(args, &config).await),
+        Command::Reset(args) => text(ops::reset(args, &config).await),
+        Command::Grant(args) => text(ops::grant(args, &config).await),
+        Command::Purge(args) => text(ops::purge(args, &config).await),
+        Command::Consume(args) => crate::consume::run(*args, config, shutdown_signal()).await,
+        Command::ScanGuard(_) => Ok(()),
+        Command::Stats(args) => {
+            text(crate::ops::stats::preflight().await)?;
+            text(ops::stats(args, &config).await)
+        }
+    }
+}
+
+/// An operator command's error as the text `main` prints.
+fn text<E: std::fmt::Display>(result: Result<(), E>) -> Result<(), String> {
+    result.map_err(|e| e.to_string())
 }
 
 /// `quota-gate serve`: a [`Server`] until `SIGTERM` or Ctrl-C, then the

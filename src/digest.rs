@@ -9,8 +9,9 @@ use std::fmt;
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
 
-/// Which quota a subject is counted under.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+/// Which quota a subject is counted under; in a job, its lowercase name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum Scope {
     /// Anonymous: counted per (normalised) source IP.
     Ip,

@@ -10,27 +10,76 @@
 //! `scope` and `tier` are closed sets; a job that names anything else is
 //! refused when read, not passed on.
 
+use std::fmt;
 use std::time::Duration;
 
-use serde::{Deserialize, Deserializer, Serialize};
+use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 use uuid::Uuid;
+
+use crate::decide::Tier;
+use crate::digest::Scope;
+use crate::settle::Metering;
 
 /// The contract version this build writes and reads.
 pub const JOB_VERSION: u32 = 1;
 
-/// The scopes a job may carry.
-const SCOPES: [&str; 2] = ["ip", "tid"];
-/// The tier of an exempt scan (`QUOTA_EXEMPT_NETWORKS`, `QUOTA_EXEMPT_CLAIM`):
-/// never counted, delayed or paced.
-pub const EXEMPT_TIER: &str = "exempt";
-/// The tiers a job may carry.
-const TIERS: [&str; 5] = ["within", "soft", "hard", "unmetered", EXEMPT_TIER];
+/// The tier a job was decided in: one of a closed set, written as its
+/// lowercase name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum JobTier {
+    /// Within the daily quota.
+    Within,
+    /// In the soft window.
+    Soft,
+    /// Beyond the soft window.
+    Hard,
+    /// Accepted uncounted: the store did not answer.
+    Unmetered,
+    /// An exempt caller's scan (`QUOTA_EXEMPT_NETWORKS`, `QUOTA_EXEMPT_CLAIM`):
+    /// never counted, delayed or paced.
+    Exempt,
+}
 
-/// One of a closed set of words (`scope`, `tier`). An alias, not `&'static
-/// str` written out: serde's derive would otherwise borrow the field from
-/// the input, and a job could only be read from `'static` bytes.
-pub type Word = &'static str;
+impl JobTier {
+    /// The wire word: `within`, `soft`, `hard`, `unmetered` or `exempt`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Within => "within",
+            Self::Soft => "soft",
+            Self::Hard => "hard",
+            Self::Unmetered => "unmetered",
+            Self::Exempt => "exempt",
+        }
+    }
+}
+
+impl fmt::Display for JobTier {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl From<Tier> for JobTier {
+    fn from(tier: Tier) -> Self {
+        match tier {
+            Tier::Within => Self::Within,
+            Tier::Soft => Self::Soft,
+            Tier::Hard => Self::Hard,
+        }
+    }
+}
+
+impl From<Metering> for JobTier {
+    /// The decision's tier when counted, `unmetered` otherwise.
+    fn from(metering: Metering) -> Self {
+        match metering {
+            Metering::Counted { decision, .. } => decision.tier.into(),
+            Metering::Unmetered | Metering::Unknown { .. } => Self::Unmetered,
+        }
+    }
+}
 
 /// One accepted scan, as the scanner backend receives it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -44,16 +93,14 @@ pub struct ScanJob {
     /// When the gate received the request (RFC 3339, UTC).
     pub received_at: String,
     /// `ip` or `tid`.
-    #[serde(deserialize_with = "scope")]
-    pub scope: Word,
+    pub scope: Scope,
     /// The subject's keyed digest (never the IP or token itself).
     pub digest: String,
     /// The decision tier: `within`, `soft` or `hard` (in shadow mode too,
     /// where the job is not delayed); `unmetered` when the store did not
     /// answer and the scan was accepted uncounted; `exempt` for an exempt
     /// caller's scan (never counted).
-    #[serde(deserialize_with = "tier")]
-    pub tier: Word,
+    pub tier: JobTier,
     /// The daily ceiling that applied.
     pub limit: u32,
     /// The subject's count including this scan (0 when `unmetered` or `exempt`).
@@ -74,27 +121,6 @@ pub struct ScanJob {
 
 fn first_version() -> u32 {
     1
-}
-
-/// A string of `allowed`, as the `&'static str` the gate writes.
-fn one_of<'de, D: Deserializer<'de>>(
-    d: D,
-    allowed: &'static [&'static str],
-) -> Result<&'static str, D::Error> {
-    let s = String::deserialize(d)?;
-    allowed
-        .iter()
-        .find(|a| **a == s)
-        .copied()
-        .ok_or_else(|| serde::de::Error::unknown_variant(&s, allowed))
-}
-
-fn scope<'de, D: Deserializer<'de>>(d: D) -> Result<&'static str, D::Error> {
-    one_of(d, &SCOPES)
-}
-
-fn tier<'de, D: Deserializer<'de>>(d: D) -> Result<&'static str, D::Error> {
-    one_of(d, &TIERS)
 }
 
 /// Why bytes are not a job this build can run.
@@ -145,9 +171,9 @@ mod tests {
             version: JOB_VERSION,
             scan_id: Uuid::now_v7(),
             received_at: "2026-11-30T12:00:00.000Z".into(),
-            scope: "tid",
+            scope: Scope::Tid,
             digest: "d".into(),
-            tier: "hard",
+            tier: JobTier::Hard,
             limit: 33,
             count: 70,
             delay_ms: 60_000,
@@ -169,6 +195,24 @@ mod tests {
         assert!(json.contains("\"version\":1"), "{json}");
         assert_eq!(ScanJob::from_json(&json).unwrap(), job);
         assert_eq!(job.image(), Some("alpine:3.20"));
+    }
+
+    /// Scopes and tiers are written as the words of the schema.
+    #[test]
+    fn wire_words() {
+        for (scope, word) in [(Scope::Ip, "ip"), (Scope::Tid, "tid")] {
+            assert_eq!(serde_json::to_value(scope).unwrap(), word);
+        }
+        for (tier, word) in [
+            (JobTier::Within, "within"),
+            (JobTier::Soft, "soft"),
+            (JobTier::Hard, "hard"),
+            (JobTier::Unmetered, "unmetered"),
+            (JobTier::Exempt, "exempt"),
+        ] {
+            assert_eq!(serde_json::to_value(tier).unwrap(), word);
+            assert_eq!(tier.to_string(), word);
+        }
     }
 
     /// Unknown scopes or tiers, newer versions and bad instants are refused.

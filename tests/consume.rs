@@ -11,7 +11,7 @@
 use quota_gate_testkit as common;
 
 use std::collections::HashMap;
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use common::client::{post_scan, send};
@@ -67,32 +67,17 @@ fn assert_on_time_once(lines: &[Line], expected: &HashMap<String, i64>) {
     assert!(seen.values().all(|n| *n == 1), "{seen:?}");
 }
 
-fn not_befores(bodies: &[Value]) -> HashMap<String, i64> {
-    bodies
-        .iter()
-        .map(|b| {
-            (
-                b["scanId"].as_str().unwrap().to_owned(),
-                unix_ms(b["notBefore"].as_str().unwrap()),
-            )
-        })
-        .collect()
-}
-
 /// serve → Valkey stream → two consumers: a paced burst of over-quota scans
 /// starts each no sooner than its notBefore and within 1 s after, each once.
 #[tokio::test(flavor = "multi_thread")]
 async fn stream_two_consumers_on_time_once() {
-    let valkey = ValkeyServer::start();
-    let vars = stream_vars(&valkey);
-    let mut serve_vars = refs(&vars);
-    serve_vars.extend(PACED);
-    let (_serve, addr) = spawn_serve(&serve_vars);
-    let scanner = Scanner::new();
+    let rig = StreamRig::start();
+    let (_serve, addr) = spawn_serve(&rig.vars(&PACED));
+    let scanner = &rig.scanner;
     // Each holds at most 4 jobs, so the burst is shared between them.
     let args = ["--lease", "8s", "--max-held", "4"];
-    let _a = scanner.consume("a", &args, &refs(&vars), Stdio::null());
-    let _b = scanner.consume("b", &args, &refs(&vars), Stdio::null());
+    let _a = rig.consume("a", &args, &[]);
+    let _b = rig.consume("b", &args, &[]);
     let bodies = burst(addr, 8);
     let expected = not_befores(&bodies);
     let spread = expected.values().max().unwrap() - expected.values().min().unwrap();
@@ -110,33 +95,22 @@ async fn stream_two_consumers_on_time_once() {
         scanner.errors_of("a"),
         scanner.errors_of("b")
     );
-    assert_eq!(
-        pending(&valkey, "jobs").await,
-        0,
-        "every entry acknowledged"
-    );
+    assert_eq!(rig.pending().await, 0, "every entry acknowledged");
 }
 
 /// A consumer killed (SIGKILL) in the middle of a scan: the other reclaims
 /// the entry once its lease is over and runs it to its end, once.
 #[tokio::test(flavor = "multi_thread")]
 async fn killed_consumer_job_reclaimed_once() {
-    let valkey = ValkeyServer::start();
-    let vars = stream_vars(&valkey);
-    let scanner = Scanner::new();
-    let mut slow = refs(&vars);
-    slow.push(("SLEEP", "30"));
-    let mut a = scanner.consume("a", &["--lease", "2s"], &slow, Stdio::null());
+    let rig = StreamRig::start();
+    let scanner = &rig.scanner;
+    let mut a = rig.consume("a", &["--lease", "2s"], &[("SLEEP", "30")]);
     let job = job(now_ms());
-    xadd(&valkey, "jobs", &job).await;
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while scanner.lines().is_empty() {
-        assert!(Instant::now() < deadline, "{}", scanner.errors_of("a"));
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    rig.queue(std::slice::from_ref(&job)).await;
+    scanner.wait_for("start", 1, Duration::from_secs(10));
     a.kill_now();
     let killed_at = Instant::now();
-    let _b = scanner.consume("b", &["--lease", "2s"], &refs(&vars), Stdio::null());
+    let _b = rig.consume("b", &["--lease", "2s"], &[]);
     let lines = scanner.wait_for_ends(1, Duration::from_secs(15));
     assert!(
         killed_at.elapsed() >= Duration::from_secs(2),
@@ -151,31 +125,29 @@ async fn killed_consumer_job_reclaimed_once() {
     };
     assert_eq!((by("a", "start"), by("a", "end")), (1, 0), "{lines:?}");
     assert_eq!((by("b", "start"), by("b", "end")), (1, 1), "{lines:?}");
-    assert_eq!(pending(&valkey, "jobs").await, 0);
+    assert_eq!(rig.pending().await, 0);
 }
 
 /// Valkey stopped (SIGSTOP) for 3 s while two consumers work through a
 /// stream: once it resumes, every job runs, and none twice.
 #[tokio::test(flavor = "multi_thread")]
 async fn valkey_paused_under_load_no_loss_no_twice() {
-    let valkey = ValkeyServer::start();
-    let vars = stream_vars(&valkey);
-    let scanner = Scanner::new();
+    let rig = StreamRig::start();
     let args = ["--lease", "8s", "--concurrency", "8"];
-    let _a = scanner.consume("a", &args, &refs(&vars), Stdio::null());
-    let _b = scanner.consume("b", &args, &refs(&vars), Stdio::null());
+    let _a = rig.consume("a", &args, &[]);
+    let _b = rig.consume("b", &args, &[]);
     let start = now_ms();
     let mut ids = Vec::new();
     for i in 0..40 {
         let job = job(start + i * 100);
         ids.push(job["scanId"].as_str().unwrap().to_owned());
-        xadd(&valkey, "jobs", &job).await;
+        xadd(&rig.valkey, "jobs", &job).await;
     }
     tokio::time::sleep(Duration::from_millis(1000)).await;
-    valkey.signal("STOP");
+    rig.valkey.signal("STOP");
     tokio::time::sleep(Duration::from_secs(3)).await;
-    valkey.signal("CONT");
-    let lines = scanner.wait_for_ends(40, Duration::from_secs(40));
+    rig.valkey.signal("CONT");
+    let lines = rig.scanner.wait_for_ends(40, Duration::from_secs(40));
     let mut runs: HashMap<&str, usize> = HashMap::new();
     for l in lines.iter().filter(|l| l.what == "start") {
         *runs.entry(l.scan_id.as_str()).or_default() += 1;
@@ -185,7 +157,7 @@ async fn valkey_paused_under_load_no_loss_no_twice() {
     }
     assert_eq!(runs.len(), 40);
     let deadline = Instant::now() + Duration::from_secs(10);
-    while pending(&valkey, "jobs").await != 0 {
+    while rig.pending().await != 0 {
         assert!(Instant::now() < deadline, "entries left unacknowledged");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
@@ -243,13 +215,7 @@ async fn sqs_visibility_holds_and_duplicates_run_once() {
     tokio::time::sleep(Duration::from_millis(1500)).await;
     assert!(scanner.lines().iter().all(|l| l.scan_id != late["scanId"]));
     let lines = scanner.wait_for_ends(2, Duration::from_secs(20));
-    let expected: HashMap<String, i64> = [&late, &twice]
-        .iter()
-        .map(|j| {
-            let id = j["scanId"].as_str().unwrap().to_owned();
-            (id, unix_ms(j["notBefore"].as_str().unwrap()))
-        })
-        .collect();
+    let expected = not_befores(&[late.clone(), twice]);
     let starts: Vec<&Line> = lines.iter().filter(|l| l.what == "start").collect();
     assert_eq!(starts.len(), 2, "the duplicate did not run: {lines:?}");
     for s in starts {
@@ -316,15 +282,8 @@ async fn queued(sqs: &aws_sdk_sqs::Client, url: &str) -> u64 {
 #[tokio::test]
 async fn jobs_match_the_published_schema() {
     use quota_gate::store::memory::MemoryStore;
-    let schema: Value = serde_json::from_str(
-        &std::fs::read_to_string(root().join("docs/job.schema.json")).unwrap(),
-    )
-    .unwrap();
-    // Formats (date-time) asserted, not only annotated.
-    let validator = jsonschema::options()
-        .should_validate_formats(true)
-        .build(&schema)
-        .unwrap();
+    let schema = schema::job_schema();
+    let validator = schema::validator(&schema);
     let jobs = RecordingQueue::default();
     let gate = gate(TIERS, MemoryStore::default(), jobs.clone());
     for _ in 0..8 {
@@ -336,16 +295,7 @@ async fn jobs_match_the_published_schema() {
         .map(|j| j["tier"].as_str().unwrap())
         .collect();
     assert_eq!(tiers.len(), 3, "{tiers:?}");
-    for job in &written {
-        let errors: Vec<String> = validator.iter_errors(job).map(|e| e.to_string()).collect();
-        assert!(errors.is_empty(), "{job}: {errors:?}");
-        let read = quota_gate::job::ScanJob::from_json(&job.to_string()).unwrap();
-        assert_eq!(
-            &serde_json::to_value(&read).unwrap(),
-            job,
-            "read back the same"
-        );
-    }
+    schema::assert_valid_jobs(&validator, &written);
     let mut required: Vec<&str> = schema["required"]
         .as_array()
         .unwrap()
@@ -382,26 +332,14 @@ async fn jobs_match_the_published_schema() {
 /// after the lease, still no sooner than its notBefore.
 #[tokio::test(flavor = "multi_thread")]
 async fn sigterm_drains_running_and_leaves_held_pending() {
-    let valkey = ValkeyServer::start();
-    let vars = stream_vars(&valkey);
-    let scanner = Scanner::new();
-    let mut slow = refs(&vars);
-    slow.push(("SLEEP", "1"));
+    let rig = StreamRig::start();
+    let scanner = &rig.scanner;
     let args = ["--lease", "2s", "--grace", "10s"];
-    let mut a = scanner.consume("a", &args, &slow, Stdio::null());
+    let mut a = rig.consume("a", &args, &[("SLEEP", "1")]);
     let (running, held) = (job(now_ms()), job(now_ms() + 4000));
-    xadd(&valkey, "jobs", &running).await;
-    xadd(&valkey, "jobs", &held).await;
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while scanner.lines().is_empty() {
-        assert!(Instant::now() < deadline, "{}", scanner.errors_of("a"));
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    let term = Command::new("kill")
-        .args(["-TERM", &a.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(term.success());
+    rig.queue(&[running.clone(), held.clone()]).await;
+    scanner.wait_for("start", 1, Duration::from_secs(10));
+    signal(a.id(), "TERM");
     let status = a.wait().unwrap();
     assert!(status.success(), "{status}: {}", scanner.errors_of("a"));
     let lines = scanner.lines();
@@ -418,11 +356,11 @@ async fn sigterm_drains_running_and_leaves_held_pending() {
     );
     assert_eq!(ran(&held, "start"), 0);
     assert_eq!(
-        pending(&valkey, "jobs").await,
+        rig.pending().await,
         1,
         "the held job is left pending, not acked"
     );
-    let _b = scanner.consume("b", &["--lease", "2s"], &refs(&vars), Stdio::null());
+    let _b = rig.consume("b", &["--lease", "2s"], &[]);
     let lines = scanner.wait_for_ends(2, Duration::from_secs(15));
     let starts: Vec<&Line> = lines
         .iter()
@@ -431,34 +369,30 @@ async fn sigterm_drains_running_and_leaves_held_pending() {
     assert_eq!(starts.len(), 1, "{lines:?}");
     assert_eq!(starts[0].tag, "b");
     assert!(starts[0].at_ms >= unix_ms(held["notBefore"].as_str().unwrap()));
-    assert_eq!(pending(&valkey, "jobs").await, 0);
+    assert_eq!(rig.pending().await, 0);
 }
 
 /// A scanner that keeps failing: retried with backoff, then the job goes to
 /// `<stream>:dead` with its failures and last error, and is acked.
 #[tokio::test(flavor = "multi_thread")]
 async fn failing_job_dead_lettered_after_max_attempts() {
-    let valkey = ValkeyServer::start();
-    let vars = stream_vars(&valkey);
-    let scanner = Scanner::new();
+    let rig = StreamRig::start();
+    let scanner = &rig.scanner;
     let failing = format!("{} && exit 3", scanner.exec());
-    let errors = std::fs::File::create(scanner.dir.path().join("f.err")).unwrap();
-    let mut child = Command::new(bin("quota-gate"))
-        .args(["consume", "--no-emf", "--exec", &failing])
-        .args(["--max-attempts", "3", "--backoff", "100ms", "--lease", "2s"])
-        .env_clear()
-        .env("PATH", std::env::var("PATH").unwrap_or_default())
-        .env("LOG", scanner.log())
-        .env("TAG", "f")
-        .envs(refs(&vars))
-        .stdout(Stdio::null())
-        .stderr(errors)
-        .spawn()
-        .map(KillOnDrop::new)
-        .unwrap();
+    let args = [
+        "--exec",
+        &failing,
+        "--max-attempts",
+        "3",
+        "--backoff",
+        "100ms",
+        "--lease",
+        "2s",
+    ];
+    let mut child = rig.consume("f", &args, &[]);
     let job = job(now_ms());
-    xadd(&valkey, "jobs", &job).await;
-    let mut c = valkey.client().await;
+    rig.queue(std::slice::from_ref(&job)).await;
+    let mut c = rig.valkey.client().await;
     let deadline = Instant::now() + Duration::from_secs(15);
     let dead: redis::streams::StreamRangeReply = loop {
         let dead: redis::streams::StreamRangeReply = c.xrange_all("jobs:dead").await.unwrap();
@@ -475,11 +409,7 @@ async fn failing_job_dead_lettered_after_max_attempts() {
     assert!(entry.get::<String>("error").unwrap().contains("exit"));
     let starts = scanner.lines().iter().filter(|l| l.what == "start").count();
     assert_eq!(starts, 3, "three attempts");
-    assert_eq!(
-        pending(&valkey, "jobs").await,
-        0,
-        "acked once dead-lettered"
-    );
+    assert_eq!(rig.pending().await, 0, "acked once dead-lettered");
     child.kill_now();
 }
 
@@ -487,8 +417,7 @@ async fn failing_job_dead_lettered_after_max_attempts() {
 #[tokio::test(flavor = "multi_thread")]
 async fn post_hands_the_job_to_an_http_scanner() {
     use std::io::{Read, Write};
-    let valkey = ValkeyServer::start();
-    let vars = stream_vars(&valkey);
+    let rig = StreamRig::start();
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let url = format!("http://{}/scan", listener.local_addr().unwrap());
     let bodies = std::sync::Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
@@ -517,26 +446,16 @@ async fn post_hands_the_job_to_an_http_scanner() {
             let _ = write!(conn, "HTTP/1.1 {status}\r\ncontent-length: 0\r\n\r\n");
         }
     });
-    let scanner = Scanner::new();
-    let errors = std::fs::File::create(scanner.dir.path().join("p.err")).unwrap();
-    let _child = Command::new(bin("quota-gate"))
-        .args(["consume", "--no-emf", "--post", &url, "--backoff", "100ms"])
-        .env_clear()
-        .envs(refs(&vars))
-        .stdout(Stdio::null())
-        .stderr(errors)
-        .spawn()
-        .map(KillOnDrop::new)
-        .unwrap();
+    let _child = rig.consume("p", &["--post", &url, "--backoff", "100ms"], &[]);
     let job = job(now_ms());
-    xadd(&valkey, "jobs", &job).await;
+    rig.queue(std::slice::from_ref(&job)).await;
     let deadline = Instant::now() + Duration::from_secs(15);
     loop {
         let posted = bodies.lock().unwrap().len();
-        if posted >= 2 && pending(&valkey, "jobs").await == 0 {
+        if posted >= 2 && rig.pending().await == 0 {
             break;
         }
-        assert!(Instant::now() < deadline, "{}", scanner.errors_of("p"));
+        assert!(Instant::now() < deadline, "{}", rig.scanner.errors_of("p"));
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let bodies = bodies.lock().unwrap().clone();

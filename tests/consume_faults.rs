@@ -14,7 +14,6 @@
 
 use quota_gate_testkit as common;
 
-use std::collections::HashMap;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
@@ -55,22 +54,20 @@ fn jobs(n: usize, in_ms: i64) -> Vec<serde_json::Value> {
 /// once, on time, and jobs queued after the last kill run within 5 s.
 #[tokio::test(flavor = "multi_thread")]
 async fn connections_killed_at_every_stage() {
-    let valkey = ValkeyServer::start();
-    let vars = stream_vars(&valkey);
-    let mut v = refs(&vars);
-    v.push(("SLEEP", "0.3"));
+    let mut rig = StreamRig::start();
     for round in 0..2 {
-        let scanner = Scanner::new();
-        let _a = scanner.consume("a", &args(&[]), &v, Stdio::null());
-        let _b = scanner.consume("b", &args(&[]), &v, Stdio::null());
-        let mut expected = queue_all(&valkey, "jobs", &jobs(12, 2_000)).await;
+        rig.scanner = Scanner::new();
+        let scanner = &rig.scanner;
+        let _a = rig.consume("a", &args(&[]), &[("SLEEP", "0.3")]);
+        let _b = rig.consume("b", &args(&[]), &[("SLEEP", "0.3")]);
+        let mut expected = rig.queue(&jobs(12, 2_000)).await;
         for _ in 0..12 {
             tokio::time::sleep(Duration::from_millis(250)).await;
-            kill_connections(&valkey).await;
+            kill_connections(&rig.valkey).await;
         }
         let after = jobs(4, 0);
         let queued_at = Instant::now();
-        expected.extend(queue_all(&valkey, "jobs", &after).await);
+        expected.extend(rig.queue(&after).await);
         scanner.wait_for("end", expected.len(), Duration::from_secs(20));
         assert!(
             queued_at.elapsed() < Duration::from_secs(5) + Duration::from_millis(300),
@@ -79,12 +76,7 @@ async fn connections_killed_at_every_stage() {
         );
         std::thread::sleep(Duration::from_millis(1500));
         scanner.assert_once_on_time(&expected, false);
-        assert_eq!(
-            pending(&valkey, "jobs").await,
-            0,
-            "{}",
-            scanner.all_errors()
-        );
+        assert_eq!(rig.pending().await, 0, "{}", scanner.all_errors());
     }
 }
 
@@ -94,22 +86,17 @@ async fn connections_killed_at_every_stage() {
 #[tokio::test(flavor = "multi_thread")]
 async fn valkey_restarted_with_aof_runs_everything_once() {
     let aof = ["--appendonly", "yes", "--appendfsync", "always"];
-    let mut valkey = ValkeyServer::start_with(&aof);
-    let vars = stream_vars(&valkey);
-    let mut v = refs(&vars);
-    v.push(("SLEEP", "0.5"));
-    let scanner = Scanner::new();
-    let _a = scanner.consume("a", &args(&[]), &v, Stdio::null());
-    let _b = scanner.consume("b", &args(&[]), &v, Stdio::null());
-    let mut expected = queue_all(&valkey, "jobs", &jobs(10, 3_000)).await;
+    let mut rig = StreamRig::on(ValkeyServer::start_with(&aof));
+    let _a = rig.consume("a", &args(&[]), &[("SLEEP", "0.5")]);
+    let _b = rig.consume("b", &args(&[]), &[("SLEEP", "0.5")]);
+    let mut expected = rig.queue(&jobs(10, 3_000)).await;
     tokio::time::sleep(Duration::from_millis(800)).await;
-    valkey.crash_and_restart(Duration::from_secs(1), &aof);
+    rig.valkey.crash_and_restart(Duration::from_secs(1), &aof);
     let restarted = now_ms();
-    let after = queue_all(&valkey, "jobs", &jobs(6, 0)).await;
+    let after = rig.queue(&jobs(6, 0)).await;
     expected.extend(after.clone());
-    scanner.wait_for("end", expected.len(), Duration::from_secs(30));
-    std::thread::sleep(Duration::from_millis(1500));
-    let lines = scanner.lines();
+    let scanner = &rig.scanner;
+    let lines = scanner.wait_for_ends(expected.len(), Duration::from_secs(30));
     scanner.assert_once_on_time(&expected, false);
     for l in lines
         .iter()
@@ -121,12 +108,7 @@ async fn valkey_restarted_with_aof_runs_everything_once() {
             "{l:?} after a restart at {restarted}"
         );
     }
-    assert_eq!(
-        pending(&valkey, "jobs").await,
-        0,
-        "{}",
-        scanner.all_errors()
-    );
+    assert_eq!(rig.pending().await, 0, "{}", scanner.all_errors());
 }
 
 /// Valkey restarted *without* persistence: the stream, the group and the
@@ -135,17 +117,17 @@ async fn valkey_restarted_with_aof_runs_everything_once() {
 /// exactly once.
 #[tokio::test(flavor = "multi_thread")]
 async fn valkey_restarted_without_aof_recovers_for_new_jobs() {
-    let mut valkey = ValkeyServer::start();
-    let vars = stream_vars(&valkey);
-    let scanner = Scanner::new();
-    let _a = scanner.consume("a", &args(&[]), &refs(&vars), Stdio::null());
-    let _b = scanner.consume("b", &args(&[]), &refs(&vars), Stdio::null());
-    let before = queue_all(&valkey, "jobs", &jobs(3, 0)).await;
-    scanner.wait_for("end", 3, Duration::from_secs(15));
-    valkey.crash_and_restart(Duration::from_millis(500), &[]);
+    let mut rig = StreamRig::start();
+    let _a = rig.consume("a", &args(&[]), &[]);
+    let _b = rig.consume("b", &args(&[]), &[]);
+    let before = rig.queue(&jobs(3, 0)).await;
+    rig.scanner.wait_for("end", 3, Duration::from_secs(15));
+    rig.valkey
+        .crash_and_restart(Duration::from_millis(500), &[]);
+    let scanner = &rig.scanner;
     let mut expected = before;
     for _ in 0..2 {
-        expected.extend(queue_all(&valkey, "jobs", &jobs(4, 0)).await);
+        expected.extend(rig.queue(&jobs(4, 0)).await);
         scanner.wait_for("end", expected.len(), Duration::from_secs(15));
     }
     std::thread::sleep(Duration::from_millis(1500));
@@ -164,21 +146,18 @@ async fn valkey_restarted_without_aof_recovers_for_new_jobs() {
 /// consumer runs each of those scans to its end once, after the lease.
 #[tokio::test(flavor = "multi_thread")]
 async fn sigkilled_consumer_takes_its_scanners_along() {
-    let valkey = ValkeyServer::start();
-    let vars = stream_vars(&valkey);
-    let mut slow = refs(&vars);
-    slow.push(("SLEEP", "3"));
+    let mut rig = StreamRig::start();
+    let slow = [("SLEEP", "3")];
     for round in 0..2 {
-        let scanner = Scanner::new();
-        let mut a = scanner.consume("a", &args(&[]), &slow, Stdio::null());
-        let expected = queue_all(&valkey, "jobs", &jobs(4, 0)).await;
+        rig.scanner = Scanner::new();
+        let scanner = &rig.scanner;
+        let mut a = rig.consume("a", &args(&[]), &slow);
+        let expected = rig.queue(&jobs(4, 0)).await;
         scanner.wait_for("start", 4, Duration::from_secs(10));
         a.kill_now();
         let killed = now_ms();
-        let _b = scanner.consume("b", &args(&[]), &slow, Stdio::null());
-        scanner.wait_for("end", 4, Duration::from_secs(20));
-        std::thread::sleep(Duration::from_millis(1500));
-        let lines = scanner.lines();
+        let _b = rig.consume("b", &args(&[]), &slow);
+        let lines = scanner.wait_for_ends(4, Duration::from_secs(20));
         let a_after = lines
             .iter()
             .filter(|l| l.tag == "a" && l.what == "end" && l.at_ms > killed + 1_000);
@@ -200,24 +179,17 @@ async fn sigkilled_consumer_takes_its_scanners_along() {
 /// markers freed; another consumer runs each once.
 #[tokio::test(flavor = "multi_thread")]
 async fn sigterm_past_grace_kills_the_scanners() {
-    let valkey = ValkeyServer::start();
-    let vars = stream_vars(&valkey);
-    let mut slow = refs(&vars);
-    slow.push(("SLEEP", "4"));
-    let scanner = Scanner::new();
-    let mut a = scanner.consume("a", &args(&["--grace", "1s"]), &slow, Stdio::null());
-    let expected = queue_all(&valkey, "jobs", &jobs(3, 0)).await;
+    let rig = StreamRig::start();
+    let scanner = &rig.scanner;
+    let mut a = rig.consume("a", &args(&["--grace", "1s"]), &[("SLEEP", "4")]);
+    let expected = rig.queue(&jobs(3, 0)).await;
     scanner.wait_for("start", 3, Duration::from_secs(10));
     signal(a.id(), "TERM");
     let exited = a.wait().unwrap();
     assert!(exited.success(), "{}", scanner.errors_of("a"));
     let stopped = now_ms();
-    let mut fast = refs(&vars);
-    fast.push(("SLEEP", "0.2"));
-    let _b = scanner.consume("b", &args(&[]), &fast, Stdio::null());
-    scanner.wait_for("end", 3, Duration::from_secs(15));
-    std::thread::sleep(Duration::from_millis(1500));
-    let lines = scanner.lines();
+    let _b = rig.consume("b", &args(&[]), &[("SLEEP", "0.2")]);
+    let lines = scanner.wait_for_ends(3, Duration::from_secs(15));
     scanner.assert_once_on_time(&expected, false);
     assert!(
         lines.iter().all(|l| !(l.tag == "a" && l.what == "end")),
@@ -237,22 +209,18 @@ async fn sigterm_past_grace_kills_the_scanners() {
 /// the scan ends exactly once, by attempt 2. Each scanner saw its number.
 #[tokio::test(flavor = "multi_thread")]
 async fn paused_consumer_loses_its_lease_and_its_scanner() {
-    let valkey = ValkeyServer::start();
-    let vars = stream_vars(&valkey);
-    let mut slow = refs(&vars);
-    slow.push(("SLEEP", "6"));
-    let scanner = Scanner::new();
-    let a = scanner.consume("a", &args(&[]), &slow, Stdio::null());
-    let expected = queue_all(&valkey, "jobs", &jobs(1, 0)).await;
+    let rig = StreamRig::start();
+    let scanner = &rig.scanner;
+    let slow = [("SLEEP", "6")];
+    let a = rig.consume("a", &args(&[]), &slow);
+    let expected = rig.queue(&jobs(1, 0)).await;
     scanner.wait_for("start", 1, Duration::from_secs(10));
     signal(a.id(), "STOP");
-    let _b = scanner.consume("b", &args(&[]), &slow, Stdio::null());
+    let _b = rig.consume("b", &args(&[]), &slow);
     scanner.wait_for("start", 2, Duration::from_secs(10));
     signal(a.id(), "CONT");
     let resumed = now_ms();
-    scanner.wait_for("end", 1, Duration::from_secs(15));
-    std::thread::sleep(Duration::from_millis(1500));
-    let lines = scanner.lines();
+    let lines = scanner.wait_for_ends(1, Duration::from_secs(15));
     scanner.assert_once_on_time(&expected, true);
     let start = |tag: &str| {
         lines
@@ -277,10 +245,8 @@ async fn paused_consumer_loses_its_lease_and_its_scanner() {
 /// consumer, once the busy one stops renewing them), each once.
 #[tokio::test(flavor = "multi_thread")]
 async fn hung_scanner_times_out_and_blocks_nothing() {
-    let valkey = ValkeyServer::start();
-    let vars = stream_vars(&valkey);
-    let v = refs(&vars);
-    let scanner = Scanner::new();
+    let rig = StreamRig::start();
+    let scanner = &rig.scanner;
     let one = [
         "--concurrency",
         "1",
@@ -291,23 +257,17 @@ async fn hung_scanner_times_out_and_blocks_nothing() {
         "--backoff",
         "100ms",
     ];
-    let _a = scanner.consume("a", &args(&one), &v, Stdio::null());
+    let _a = rig.consume("a", &args(&one), &[]);
     let hung = job_for("hang", now_ms());
     let hung_id = hung["scanId"].as_str().unwrap().to_owned();
-    queue_all(&valkey, "jobs", std::slice::from_ref(&hung)).await;
+    rig.queue(std::slice::from_ref(&hung)).await;
     scanner.wait_for("start", 1, Duration::from_secs(10));
-    let due = queue_all(&valkey, "jobs", &jobs(4, 0)).await;
-    let _b = scanner.consume("b", &args(&one), &v, Stdio::null());
+    let due = rig.queue(&jobs(4, 0)).await;
+    let _b = rig.consume("b", &args(&one), &[]);
     scanner.wait_for("end", 4, Duration::from_secs(20));
-    let mut c = valkey.client().await;
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
-        let dead: i64 = redis::cmd("XLEN")
-            .arg("jobs:dead")
-            .query_async(&mut c)
-            .await
-            .unwrap();
-        if dead == 1 {
+        if xlen(&rig.valkey, "jobs:dead").await == 1 {
             break;
         }
         assert!(
@@ -339,15 +299,14 @@ async fn hung_scanner_times_out_and_blocks_nothing() {
 /// every real job ends once.
 #[tokio::test(flavor = "multi_thread")]
 async fn garbage_and_failures_lose_nothing() {
-    let valkey = ValkeyServer::start();
-    let vars = stream_vars(&valkey);
-    let scanner = Scanner::new();
+    let rig = StreamRig::start();
+    let scanner = &rig.scanner;
     // Fails the first attempt of every scan: the retry runs it.
     let flaky = format!(
         "if [ \"$SCAN_ATTEMPT\" = 1 ]; then exit 3; fi; {}",
         scanner.exec()
     );
-    let mut c = valkey.client().await;
+    let mut c = rig.valkey.client().await;
     for garbage in [
         vec![("other", "x".to_owned())],
         vec![("job", "{not json".to_owned())],
@@ -363,23 +322,13 @@ async fn garbage_and_failures_lose_nothing() {
         }
         let _: String = cmd.query_async(&mut c).await.unwrap();
     }
-    let expected = queue_all(&valkey, "jobs", &jobs(6, 1_000)).await;
-    let _a = scanner.consume(
-        "a",
-        &args(&["--exec", &flaky, "--backoff", "100ms"]),
-        &refs(&vars),
-        Stdio::null(),
-    );
+    let expected = rig.queue(&jobs(6, 1_000)).await;
+    let _a = rig.consume("a", &args(&["--exec", &flaky, "--backoff", "100ms"]), &[]);
     scanner.wait_for("end", 6, Duration::from_secs(20));
     std::thread::sleep(Duration::from_millis(1000));
     scanner.assert_once_on_time(&expected, false);
-    let dead: i64 = redis::cmd("XLEN")
-        .arg("jobs:dead")
-        .query_async(&mut c)
-        .await
-        .unwrap();
-    assert_eq!(dead, 3);
-    assert_eq!(pending(&valkey, "jobs").await, 0);
+    assert_eq!(xlen(&rig.valkey, "jobs:dead").await, 3);
+    assert_eq!(rig.pending().await, 0);
 }
 
 /// A consumer whose clock runs 20 s ahead (libfaketime) times jobs by
@@ -387,19 +336,17 @@ async fn garbage_and_failures_lose_nothing() {
 /// skew is logged.
 #[tokio::test(flavor = "multi_thread")]
 async fn clock_ahead_starts_nothing_early() {
-    let valkey = ValkeyServer::start();
-    let vars = stream_vars(&valkey);
+    let rig = StreamRig::start();
+    let scanner = &rig.scanner;
     let lib = libfaketime();
     let lib = lib.to_string_lossy();
-    let mut v = refs(&vars);
-    v.extend([
+    let ahead = [
         ("LD_PRELOAD", &*lib),
         ("FAKETIME", "+20s"),
         ("FAKETIME_DONT_RESET", "1"),
-    ]);
-    let scanner = Scanner::new();
-    let _a = scanner.consume("a", &args(&[]), &v, Stdio::null());
-    let expected = queue_all(&valkey, "jobs", &jobs(4, 6_000)).await;
+    ];
+    let _a = rig.consume("a", &args(&[]), &ahead);
+    let expected = rig.queue(&jobs(4, 6_000)).await;
     scanner.wait_for("end", 4, Duration::from_secs(20));
     scanner.assert_once_on_time(&expected, false);
     let log = scanner.errors_of("a");
@@ -414,15 +361,7 @@ async fn spool_journal_survives_a_killed_consumer() {
     let journal = scanner.dir.path().join("journal");
     let journal_arg = journal.to_string_lossy().into_owned();
     let jobs: Vec<_> = (0..8).map(|i| job(now_ms() + 3_000 + i * 100)).collect();
-    let expected: HashMap<String, i64> = jobs
-        .iter()
-        .map(|j| {
-            (
-                j["scanId"].as_str().unwrap().to_owned(),
-                unix_ms(j["notBefore"].as_str().unwrap()),
-            )
-        })
-        .collect();
+    let expected = not_befores(&jobs);
     let mut a = scanner.consume(
         "a",
         &["--from", "-", "--journal", &journal_arg],

@@ -20,6 +20,14 @@ fn read(path: &str) -> String {
         .unwrap_or_else(|e| panic!("{path}: {e}"))
 }
 
+/// The text between the first `start` in `text` and the next `end` (or the
+/// end of `text`).
+fn between<'a>(text: &'a str, start: &str, end: &str) -> &'a str {
+    let after = text.split(start).nth(1);
+    let after = after.unwrap_or_else(|| panic!("no {start:?}"));
+    after.split(end).next().unwrap_or_default()
+}
+
 /// The text of the fenced blocks after `marker` in `doc`, in order.
 fn blocks_after<'a>(doc: &'a str, marker: &str) -> Vec<&'a str> {
     let from = doc.find(marker).unwrap_or_else(|| panic!("{marker:?}"));
@@ -64,14 +72,7 @@ fn template_resources(kind: &str) -> BTreeSet<String> {
 /// The names of template.yaml's parameters.
 fn template_parameters() -> BTreeSet<String> {
     let template = read("template.yaml");
-    let section = template
-        .split("\nParameters:\n")
-        .nth(1)
-        .unwrap()
-        .split("\nRules:\n")
-        .next()
-        .unwrap();
-    section
+    between(&template, "\nParameters:\n", "\nRules:\n")
         .lines()
         .filter(|l| l.starts_with("  ") && !l.starts_with("   ") && l.ends_with(':'))
         .map(|l| l.trim().trim_end_matches(':').to_owned())
@@ -153,21 +154,9 @@ fn try_it_answers_as_shown() {
 
     // The request exactly as the curl line builds it.
     assert!(command.contains("curl -si -X POST http://127.0.0.1:9000/scan"));
-    let header = command
-        .split("-H '")
-        .nth(1)
-        .unwrap()
-        .split('\'')
-        .next()
-        .unwrap();
+    let header = between(&command, "-H '", "'");
     let (name, value) = header.split_once(": ").unwrap();
-    let body = command
-        .split("-d '")
-        .nth(1)
-        .unwrap()
-        .split('\'')
-        .next()
-        .unwrap();
+    let body = between(&command, "-d '", "'");
     let (_serve, addr) = serve::spawn_serve(&[]);
     let request = client::build(
         "POST",
@@ -323,13 +312,11 @@ fn alert_rules_are_the_rule_files() {
 fn aws_parameter_list_is_the_templates() {
     let template = read("template.yaml");
     let aws = read("docs/aws.md");
-    let list = aws
-        .split("Every setting of the gate is a parameter (")
-        .nth(1)
-        .unwrap()
-        .split("). Outputs:")
-        .next()
-        .unwrap();
+    let list = between(
+        &aws,
+        "Every setting of the gate is a parameter (",
+        "). Outputs:",
+    );
     let parameters = template_parameters();
     let setting: Vec<&str> = template
         .lines()
@@ -497,11 +484,7 @@ fn hash_secret_minimum_is_the_codes() {
 #[test]
 fn first_screen_has_the_two_commands() {
     let readme = read("README.md");
-    let block = readme
-        .split("```sh\n")
-        .nth(1)
-        .and_then(|b| b.split("```").next())
-        .expect("a first sh block");
+    let block = between(&readme, "```sh\n", "```");
     let commands: Vec<&str> = block
         .lines()
         .map(|l| l.split('#').next().unwrap_or("").trim())

@@ -93,18 +93,17 @@ fn check_emf(line: &str) -> Value {
     let directives = aws["CloudWatchMetrics"].as_array().expect("an array");
     assert!(!directives.is_empty());
     assert!(root.get("Outcome").is_none(), "no Outcome member: {line}");
-    let requests: Vec<&str> = directives
-        .iter()
-        .flat_map(|d| d["Metrics"].as_array().into_iter().flatten())
-        .filter_map(|m| m["Name"].as_str())
-        .filter(|n| meter::REQUESTS.contains(n))
-        .collect();
-    let events: Vec<&str> = directives
-        .iter()
-        .flat_map(|d| d["Metrics"].as_array().into_iter().flatten())
-        .filter_map(|m| m["Name"].as_str())
-        .filter(|n| meter::EVENTS.contains(n))
-        .collect();
+    // The declared metrics named in `among`.
+    let declared_of = |among: &[&str]| -> Vec<&str> {
+        directives
+            .iter()
+            .flat_map(|d| d["Metrics"].as_array().into_iter().flatten())
+            .filter_map(|m| m["Name"].as_str())
+            .filter(|n| among.contains(n))
+            .collect()
+    };
+    let requests = declared_of(&meter::REQUESTS);
+    let events = declared_of(&meter::EVENTS);
     if events.is_empty() {
         assert_eq!(requests.len(), 1, "one requests metric per line: {line}");
         assert_eq!(root[requests[0]], 1, "{line}");
@@ -189,20 +188,24 @@ fn assert_counters(doc: &Value, expected: [u64; 6]) {
     assert_eq!(got, expected, "{doc}");
 }
 
-/// Within, soft, hard and reminder scans each print one valid EMF line with the right counters and delay.
-#[tokio::test(start_paused = true)]
-async fn tiers_print_valid_emf() {
+/// A gate with a quota of one and a soft window of one, and `extra`, on the
+/// paused Tokio clock, its EMF lines captured, after three scans from `IP`
+/// (within, soft, hard).
+async fn after_three_scans(extra: &[(&str, &str)]) -> (Gate<MemoryStore, Discard>, Capture) {
     let sink = Capture::default();
-    let tiers = [
-        ("QUOTA_ANON", "1"),
-        ("QUOTA_SOFT_WINDOW", "1"),
-        ("QUOTA_WARN_AT", "3"),
-    ];
-    let gate = metered_gate(&tiers, MemoryStore::default(), Discard, sink.meter())
+    let vars = with_vars(&[("QUOTA_ANON", "1"), ("QUOTA_SOFT_WINDOW", "1")], extra);
+    let gate = metered_gate(&vars, MemoryStore::default(), Discard, sink.meter())
         .with_clock(quota_gate::clock::Clock::tokio());
     for _ in 0..3 {
         assert_eq!(gate.handle(scan_from(IP)).await.status(), 202);
     }
+    (gate, sink)
+}
+
+/// Within, soft, hard and reminder scans each print one valid EMF line with the right counters and delay.
+#[tokio::test(start_paused = true)]
+async fn tiers_print_valid_emf() {
+    let (_gate, sink) = after_three_scans(&[("QUOTA_WARN_AT", "3")]).await;
     let docs = documents(&sink);
     assert_eq!(docs.len(), 3, "one line per request");
     // within, soft, hard: the first three of meter::REQUESTS.
@@ -242,18 +245,11 @@ async fn tiers_print_valid_emf() {
 /// `GET /quota` print one valid line each, with their one counter.
 #[tokio::test(start_paused = true)]
 async fn shadow_exempt_and_check_print_valid_emf() {
-    let sink = Capture::default();
-    let vars = [
-        ("QUOTA_ANON", "1"),
-        ("QUOTA_SOFT_WINDOW", "1"),
+    let (gate, sink) = after_three_scans(&[
         ("QUOTA_MODE", "shadow"),
         ("QUOTA_EXEMPT_NETWORKS", "192.0.2.0/24"),
-    ];
-    let gate = metered_gate(&vars, MemoryStore::default(), Discard, sink.meter())
-        .with_clock(quota_gate::clock::Clock::tokio());
-    for _ in 0..3 {
-        assert_eq!(gate.handle(scan_from(IP)).await.status(), 202);
-    }
+    ])
+    .await;
     assert_eq!(gate.handle(scan_from("192.0.2.9")).await.status(), 202);
     let mut check = scan_from(IP);
     check.method = http::Method::GET;

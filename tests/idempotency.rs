@@ -420,26 +420,12 @@ impl QuotaStore for LatePace {
     }
     async fn pace(&self, args: PaceArgs<'_>) -> Result<Paced, StoreError> {
         let (store, go, ran) = (self.inner.clone(), self.go.clone(), self.ran.clone());
-        let (key, record) = (args.key.clone(), args.record.map(str::to_owned));
-        let (arrival_ms, delay_ms, max_backlog_ms, reset_at) = (
-            args.arrival_ms,
-            args.delay_ms,
-            args.max_backlog_ms,
-            args.reset_at,
-        );
+        let step = OwnedPace::new(&args);
         let (tx, rx) = tokio::sync::oneshot::channel();
         // Detached: the gate dropping its future does not stop the step.
         tokio::spawn(async move {
             go.acquire().await.unwrap().forget();
-            let args = PaceArgs {
-                key: &key,
-                record: record.as_deref(),
-                arrival_ms,
-                delay_ms,
-                max_backlog_ms,
-                reset_at,
-            };
-            let paced = store.pace(args).await;
+            let paced = store.pace(step.args()).await;
             if let Ok(p) = &paced {
                 ran.lock().await.push(*p);
             }

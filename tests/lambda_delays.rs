@@ -74,7 +74,7 @@ async fn hard_tier_sleeps_28s_defers_32s() {
         assert_eq!(took, Duration::from_secs(28), "{remaining:?}");
         assert_eq!(body["sleptMs"], 28_000);
         assert_eq!(body["deferredMs"], 32_000);
-        assert_eq!(job.tier, "hard");
+        assert_eq!(job.tier, quota_gate::job::JobTier::Hard);
         assert_eq!((job.delay_ms, job.deferred_ms), (60_000, 32_000));
         assert_eq!(delay_seconds(job.deferred()), 32);
     }

@@ -172,14 +172,7 @@ fn requests_by_outcome() {
     let text = scripted_run();
     for (name, outcome) in REQUESTS.iter().zip(OUTCOMES) {
         assert_eq!(*name, format!("stella_quota_requests_{outcome}_total"));
-        assert!(
-            text.contains(&format!("# TYPE {name} counter")),
-            "{name}:\n{text}"
-        );
-        assert!(
-            text.contains(&format!("# HELP {name} ")),
-            "{name} has no help"
-        );
+        assert_counter_with_help(text, name);
         let expected = |scope: &str| match (outcome, scope) {
             ("within", "ip") => 3.0,
             ("soft", "ip") => 2.0,
@@ -202,6 +195,18 @@ fn requests_by_outcome() {
     }
 }
 
+/// `name` is typed a counter and has a help line in `text`.
+fn assert_counter_with_help(text: &str, name: &str) {
+    assert!(
+        text.contains(&format!("# TYPE {name} counter")),
+        "{name}:\n{text}"
+    );
+    assert!(
+        text.contains(&format!("# HELP {name} ")),
+        "{name} has no help"
+    );
+}
+
 /// The exported names are exactly the seed's: no suffix added or dropped, counters typed as counters.
 #[test]
 fn names_are_the_seeds() {
@@ -213,14 +218,7 @@ fn names_are_the_seeds() {
         "stella_quota_store_errors_total",
         "stella_quota_enqueue_errors_total",
     ] {
-        assert!(
-            text.contains(&format!("# TYPE {name} counter")),
-            "{name}:\n{text}"
-        );
-        assert!(
-            text.contains(&format!("# HELP {name} ")),
-            "{name} has no help"
-        );
+        assert_counter_with_help(text, name);
     }
     assert!(
         text.contains("# TYPE stella_quota_delay_ms histogram"),

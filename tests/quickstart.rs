@@ -208,11 +208,7 @@ fn sigterm_finishes_requests_in_flight() {
     // The second scan is over quota: it sleeps 1.5 s before its answer.
     let in_flight = std::thread::spawn(move || http(addr, &post_scan(r#"{"image":"a"}"#)));
     std::thread::sleep(Duration::from_millis(300));
-    let status = Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(status.success());
+    common::consumer::signal(child.id(), "TERM");
     let answer = in_flight.join().unwrap();
     assert!(answer.starts_with("HTTP/1.1 202"), "{answer}");
     assert!(answer.contains("x-stella-quota-delay-ms: 1500"), "{answer}");

@@ -69,12 +69,7 @@ async fn reading_never_spends() {
             serde_json::json!({"tier": "within", "delayMs": 0})
         );
     }
-    let mut conn = server.client().await;
-    let keys: Vec<String> = redis::cmd("KEYS")
-        .arg("quota:*")
-        .query_async(&mut conn)
-        .await
-        .unwrap();
+    let keys = server.keys("quota:*").await;
     assert!(keys.is_empty(), "a read wrote {keys:?}");
     for _ in 0..3 {
         scan(&gate, IP).await;
@@ -209,11 +204,17 @@ async fn identified_as_a_scan_is() {
 
 /// `grant --scans 5` on a subject whose next scan is soft: the next five
 /// are undelayed, the sixth is soft; inspect shows it, revoke and reset
-/// take it away. `gate` runs on `store_config`'s Valkey.
+/// take it away. The Valkey is at `url` (`extra` says more of it, pacing
+/// is off); `gate` builds the gate from the variables.
 async fn grant_five<Q: ScanQueue>(
-    gate: &Gate<quota_gate::store::valkey::ValkeyStore, Q>,
-    store_config: &quota_gate::Config,
+    url: &str,
+    extra: &[(&str, &str)],
+    gate: impl FnOnce(&[(&str, &str)]) -> Gate<quota_gate::store::valkey::ValkeyStore, Q>,
 ) {
+    let mut vars = with_vars(LIMITS, &[("VALKEY_URL", url), ("QUOTA_PACING", "off")]);
+    vars.extend_from_slice(extra);
+    let store_config = &config(&vars);
+    let gate = &gate(&vars);
     for _ in 0..3 {
         scan(gate, IP).await;
     }
@@ -263,28 +264,15 @@ async fn grant_five<Q: ScanQueue>(
 #[tokio::test]
 async fn grant_on_valkey() {
     let server = ValkeyServer::start();
-    let url = server.url();
-    let vars = with_vars(
-        LIMITS,
-        &[("VALKEY_URL", url.as_str()), ("QUOTA_PACING", "off")],
-    );
-    grant_five(&valkey_gate(&server, &vars), &config(&vars)).await;
+    grant_five(&server.url(), &[], |vars| valkey_gate(&server, vars)).await;
 }
 
 /// Grants through a real Valkey cluster: the grant shares the counter's slot.
 #[tokio::test]
 async fn grant_on_a_cluster() {
     let cluster = ValkeyCluster::start();
-    let url = cluster.url();
-    let vars = with_vars(
-        LIMITS,
-        &[
-            ("VALKEY_URL", url.as_str()),
-            ("VALKEY_CLUSTER", "true"),
-            ("QUOTA_PACING", "off"),
-        ],
-    );
-    grant_five(&cluster_gate(&cluster, &vars), &config(&vars)).await;
+    let gate = |vars: &[(&str, &str)]| cluster_gate(&cluster, vars);
+    grant_five(&cluster.url(), &[("VALKEY_CLUSTER", "true")], gate).await;
 }
 
 /// A grant made before the period's first scan counts too, and the

@@ -111,12 +111,7 @@ async fn shadow_then_enforce() {
     assert_eq!(emf_sum(&emf, meter::SOFT_HITS), 0);
     assert_eq!(emf_sum(&emf, meter::HARD_HITS), 0);
     assert_eq!(emf_sum(&emf, "stella_quota_requests_within_total"), 40);
-    let mut conn = server.client().await;
-    let slots: Vec<String> = redis::cmd("KEYS")
-        .arg("quota:*:slot")
-        .query_async(&mut conn)
-        .await
-        .unwrap();
+    let slots = server.keys("quota:*:slot").await;
     assert!(
         slots.is_empty(),
         "shadow mode took a pacing slot: {slots:?}"
@@ -180,12 +175,7 @@ async fn exempt_networks_and_claims() {
             assert_eq!(body["delayMs"], 0);
         }
     }
-    let mut conn = server.client().await;
-    let keys: Vec<String> = redis::cmd("KEYS")
-        .arg("quota:*")
-        .query_async(&mut conn)
-        .await
-        .unwrap();
+    let keys = server.keys("quota:*").await;
     assert!(keys.is_empty(), "an exempt scan was counted: {keys:?}");
     let jobs = stream_jobs(&server, "jobs").await;
     assert_eq!(jobs.len(), 200);
@@ -234,18 +224,17 @@ async fn forwarded_for_only_through_a_trusted_proxy() {
         ],
     );
     let gate = valkey_gate(&server, &vars);
-    let mut spoofed = scan_from("203.0.113.60");
-    spoofed
-        .headers
-        .insert("x-forwarded-for", "192.0.2.17".parse().unwrap());
-    let body = json(&gate.handle(spoofed).await);
+    // A scan from `peer` saying it is forwarded for an exempt address.
+    let forwarded = |peer: &str| {
+        let mut request = scan_from(peer);
+        let exempt = "192.0.2.17".parse().unwrap();
+        request.headers.insert("x-forwarded-for", exempt);
+        request
+    };
+    let body = json(&gate.handle(forwarded("203.0.113.60")).await);
     assert_eq!(body["quota"]["scope"], "ip");
     assert_eq!(body["quota"]["used"], 1);
-    let mut proxied = scan_from("10.1.2.3");
-    proxied
-        .headers
-        .insert("x-forwarded-for", "192.0.2.17".parse().unwrap());
-    let body = json(&gate.handle(proxied).await);
+    let body = json(&gate.handle(forwarded("10.1.2.3")).await);
     assert_eq!(body["quota"]["scope"], "exempt");
     let identifier = gate.identifier();
     let spoofer = QuotaKey::new(
@@ -331,14 +320,7 @@ async fn sample_events_quota_and_shadow() {
 #[tokio::test]
 async fn exempt_and_shadow_jobs_match_the_schema() {
     use quota_gate::store::memory::MemoryStore;
-    let schema: Value = serde_json::from_str(
-        &std::fs::read_to_string(root().join("docs/job.schema.json")).unwrap(),
-    )
-    .unwrap();
-    let validator = jsonschema::options()
-        .should_validate_formats(true)
-        .build(&schema)
-        .unwrap();
+    let validator = schema::validator(&schema::job_schema());
     let jobs = RecordingQueue::default();
     let vars = with_vars(
         TIERS,
@@ -362,12 +344,7 @@ async fn exempt_and_shadow_jobs_match_the_schema() {
             "exempt", "within", "within", "within", "soft", "soft", "hard"
         ]
     );
-    for job in &written {
-        let errors: Vec<String> = validator.iter_errors(job).map(|e| e.to_string()).collect();
-        assert!(errors.is_empty(), "{job}: {errors:?}");
-        let read = quota_gate::job::ScanJob::from_json(&job.to_string()).unwrap();
-        assert_eq!(&serde_json::to_value(&read).unwrap(), job);
-    }
+    schema::assert_valid_jobs(&validator, &written);
 }
 
 /// `quota-gate serve` answers `GET /quota` (and `HEAD`), nothing counted.

@@ -115,18 +115,9 @@ fn serve_on_valkey(extra: &[(&str, &str)]) -> (ValkeyServer, KillOnDrop, SocketA
 /// The one address counter on `valkey` (the tests' scans all come from 127.0.0.1).
 fn counted(valkey: &ValkeyServer) -> u64 {
     block_on(async {
-        let mut c = valkey.client().await;
-        let keys: Vec<String> = redis::cmd("KEYS")
-            .arg("quota:ip:*")
-            .query_async(&mut c)
-            .await
-            .unwrap();
+        let keys = valkey.keys("quota:ip:*").await;
         let key = keys.iter().find(|k| k.ends_with('}')).expect("a counter");
-        redis::cmd("GET")
-            .arg(key)
-            .query_async(&mut c)
-            .await
-            .unwrap()
+        valkey.get(key).await
     })
 }
 
@@ -517,11 +508,7 @@ fn sigterm_drains_sleeping_scans_into_jobs() {
     );
     std::thread::sleep(Duration::from_millis(200));
     let terminated = Instant::now();
-    let kill = std::process::Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(kill.success());
+    common::consumer::signal(child.id(), "TERM");
     let (status, _, answer) = waiting.join().unwrap();
     assert_eq!(status, 202, "{answer}");
     assert!(answer.contains("x-stella-quota-delay-ms: 3000"), "{answer}");

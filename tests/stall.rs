@@ -94,19 +94,8 @@ fn settle(addr: SocketAddr, key: &str) -> Answer {
 /// The subject's counter (every scan here comes from 127.0.0.1).
 fn counter(rt: &tokio::runtime::Runtime, server: &ValkeyServer) -> i64 {
     rt.block_on(async {
-        let mut c = server.client().await;
-        let keys: Vec<String> = redis::cmd("KEYS")
-            .arg("quota:ip:{*}")
-            .query_async(&mut c)
-            .await
-            .unwrap();
-        match keys.first() {
-            Some(k) => redis::cmd("GET")
-                .arg(k)
-                .query_async::<Option<i64>>(&mut c)
-                .await
-                .unwrap()
-                .unwrap_or(0),
+        match server.keys("quota:ip:{*}").await.first() {
+            Some(k) => server.get::<Option<i64>>(k).await.unwrap_or(0),
             None => 0,
         }
     })

@@ -52,15 +52,27 @@ impl std::fmt::Display for Ended {
     }
 }
 
+/// One attempt at a delivery: what a scanner is handed.
+#[derive(Debug)]
+pub struct Attempt<'a, H> {
+    pub delivery: &'a Delivery<H>,
+    /// Its number (`SCAN_ATTEMPT`, `x-scan-attempt`), from the `scanId` marker.
+    pub number: u64,
+}
+
+/// What stops a running hand-off: a future that ends with the reason.
+pub trait StopSignal: Future<Output = Stop> + Send {}
+
+impl<F: Future<Output = Stop> + Send> StopSignal for F {}
+
 /// Runs one attempt of a job; the worker is generic over it, so its
 /// scheduling is tested without processes.
 pub trait Scanner: Send + Sync + 'static {
-    /// Hands `d` over as attempt `attempt`, until done, failed, or `stop` ends.
+    /// Hands `attempt` over, until done, failed, or `stop` ends.
     fn run<H: Sync>(
         &self,
-        d: &Delivery<H>,
-        attempt: u64,
-        stop: impl Future<Output = Stop> + Send,
+        attempt: Attempt<'_, H>,
+        stop: impl StopSignal,
     ) -> impl Future<Output = Result<(), Ended>> + Send;
 }
 
@@ -78,17 +90,12 @@ impl Handoff {
 }
 
 impl Scanner for Handoff {
-    async fn run<H: Sync>(
-        &self,
-        d: &Delivery<H>,
-        attempt: u64,
-        stop: impl Future<Output = Stop> + Send,
-    ) -> Result<(), Ended> {
+    async fn run<H: Sync>(&self, a: Attempt<'_, H>, stop: impl StopSignal) -> Result<(), Ended> {
         match self {
-            Self::Exec(command) => exec(command, d, attempt, stop).await,
+            Self::Exec(command) => exec(command, a.delivery, a.number, stop).await,
             Self::Post(uri) => {
                 tokio::select! {
-                    done = post(uri, d, attempt) => done.map_err(Ended::Failed),
+                    done = post(uri, a.delivery, a.number) => done.map_err(Ended::Failed),
                     why = stop => Err(Ended::Stopped(why)),
                 }
             }

@@ -16,7 +16,7 @@
 //! | sources | [`source`] | the [`JobSource`] trait: stream (group, reclaim, ack), SQS (long poll, visibility, delete), stdin (with its journal) |
 //! | markers | [`marker`] | one run per `scanId`: a leased, numbered marker in Valkey (or in process) |
 //! | hand-off | [`handoff`], [`guard`] | the [`Scanner`](handoff::Scanner) trait: `--exec` under a guard in its own process group, or `--post` |
-//! | one job | [`worker`] | hold → run slot → marker → hand-off under a lease watch and a timeout → settle |
+//! | one job | [`worker`] | hold → run slot → marker → hand-off under a lease watch and a timeout → ack, retry or dead-letter ([`schedule::after_scan`]) |
 //! | metrics | [`meter`] | EMF lines and Prometheus: started, succeeded, failed, dead-lettered, timeouts, leases lost, held, lateness, clock skew |
 //!
 //! **Faults.** Every Valkey call goes through the connector
@@ -65,7 +65,7 @@ use marker::Markers;
 use meter::ConsumeMeter;
 use schedule::RetryPolicy;
 use source::JobSource;
-use worker::{Worker, WorkerParts};
+use worker::{Tokens, Worker};
 
 /// `quota-gate consume` options.
 #[derive(Debug, clap::Args)]
@@ -202,14 +202,7 @@ pub async fn run(
     config: Config,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), String> {
-    if args.lease < Duration::from_secs(1) {
-        return Err("--lease must be at least 1s".into());
-    }
-    let handoff = match (&args.exec, &args.post) {
-        (Some(command), None) => Handoff::Exec(command.clone()),
-        (None, Some(url)) => Handoff::post(url)?,
-        _ => return Err("give one of --exec or --post".into()),
-    };
+    let handoff = handoff(&args)?;
     if let Some(addr) = args.metrics_listen {
         serve_metrics(addr).await?;
     }
@@ -226,58 +219,80 @@ pub async fn run(
     // Marker and ack calls: the store's bound, with room for a busy machine.
     let ops_timeout = config.store.timeout.max(Duration::from_secs(1));
     let ops = valkey(&config, ops_timeout)?;
-    let local = crate::clock::Clock::System;
     match spec {
         SourceSpec::Stdin => {
             let source = source::stdin::StdinSource::open(parts.args.journal.as_deref()).await?;
-            drive(
-                source,
-                Markers::local(),
-                QueueClock::local(local),
-                parts,
-                shutdown,
-            )
-            .await
+            let clock = QueueClock::local(LOCAL);
+            drive(source, Markers::local(), clock, parts, shutdown).await
         }
         SourceSpec::Stream(key) => {
             let missing = || ConsumeError::Setup("a valkey-stream source needs VALKEY_URL".into());
             let ops = ops.ok_or_else(missing)?;
             let reads = valkey(&config, ops_timeout)?.ok_or_else(missing)?;
-            let (a, p) = (&parts.args, &parts.consumer);
-            let source =
-                source::stream::StreamSource::open(reads, ops.clone(), &key, &a.group, p, a.lease)
-                    .await?;
-            crate::queue::stream::warn_without_persistence(&ops, &key).await;
-            let markers = Markers::valkey(ops.clone(), &key);
-            drive(
-                source,
-                markers,
-                QueueClock::of_valkey(local, ops),
-                parts,
-                shutdown,
-            )
-            .await
+            run_stream(&key, reads, ops, parts, shutdown).await
         }
-        SourceSpec::Sqs(url) => {
-            let sdk = aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await;
-            let source = source::sqs::SqsSource::new(&sdk, &url, parts.args.lease);
-            let name = url.rsplit('/').next().unwrap_or("queue");
-            let (markers, clock) = match ops {
-                Some(ops) => (
-                    Markers::valkey(ops.clone(), &format!("sqs:{name}")),
-                    QueueClock::of_valkey(local, ops),
-                ),
-                None => {
-                    tracing::warn!(
-                        "no VALKEY_URL: scanId markers are kept in this process only; \
-                         a message SQS delivers twice to two consumers may run twice"
-                    );
-                    (Markers::local(), QueueClock::local(local))
-                }
-            };
-            drive(source, markers, clock, parts, shutdown).await
-        }
+        SourceSpec::Sqs(url) => run_sqs(&url, ops, parts, shutdown).await,
     }
+}
+
+/// This machine's clock, which the queue's clock starts from.
+const LOCAL: crate::clock::Clock = crate::clock::Clock::System;
+
+/// The scanner `args` name, once `--lease` is checked.
+fn handoff(args: &ConsumeArgs) -> Result<Handoff, String> {
+    if args.lease < Duration::from_secs(1) {
+        return Err("--lease must be at least 1s".into());
+    }
+    match (&args.exec, &args.post) {
+        (Some(command), None) => Ok(Handoff::Exec(command.clone())),
+        (None, Some(url)) => Handoff::post(url),
+        _ => Err("give one of --exec or --post".into()),
+    }
+}
+
+/// [`drive`] on the stream `key`: entries read on `reads`, acked, marked
+/// and timed on `ops`.
+async fn run_stream(
+    key: &str,
+    reads: Valkey,
+    ops: Valkey,
+    parts: Parts,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), String> {
+    let (a, p) = (&parts.args, &parts.consumer);
+    let source =
+        source::stream::StreamSource::open(reads, ops.clone(), key, &a.group, p, a.lease).await?;
+    crate::queue::stream::warn_without_persistence(&ops, key).await;
+    let markers = Markers::valkey(ops.clone(), key);
+    let clock = QueueClock::of_valkey(LOCAL, ops);
+    drive(source, markers, clock, parts, shutdown).await
+}
+
+/// [`drive`] on the SQS queue `url`, with markers and clock on `ops` if there
+/// is a Valkey.
+async fn run_sqs(
+    url: &str,
+    ops: Option<Valkey>,
+    parts: Parts,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), String> {
+    let sdk = aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await;
+    let source = source::sqs::SqsSource::new(&sdk, url, parts.args.lease);
+    let name = url.rsplit('/').next().unwrap_or("queue");
+    let (markers, clock) = match ops {
+        Some(ops) => (
+            Markers::valkey(ops.clone(), &format!("sqs:{name}")),
+            QueueClock::of_valkey(LOCAL, ops),
+        ),
+        None => {
+            tracing::warn!(
+                "no VALKEY_URL: scanId markers are kept in this process only; \
+                 a message SQS delivers twice to two consumers may run twice"
+            );
+            (Markers::local(), QueueClock::local(LOCAL))
+        }
+    };
+    drive(source, markers, clock, parts, shutdown).await
 }
 
 /// Runs one consumer on `source` until `shutdown` (or the source's end).
@@ -309,11 +324,11 @@ async fn drive<S: JobSource>(
         std::future::pending::<()>().await;
     }));
     tracing::info!(source = source.name(), consumer, "quota-gate consuming");
-    let worker = Arc::new(Worker::new(WorkerParts {
+    let worker = Arc::new(Worker {
         source,
         markers,
         scanner: handoff,
-        concurrency: args.concurrency.get(),
+        run_slots: Arc::new(Semaphore::new(args.concurrency.get())),
         policy: RetryPolicy {
             max_attempts: args.max_attempts,
             base: args.backoff,
@@ -325,8 +340,8 @@ async fn drive<S: JobSource>(
         clock,
         stopping: stopping.clone(),
         killing,
-        consumer,
-    }));
+        tokens: Tokens::new(consumer),
+    });
     let tasks = intake(worker, args.max_held.get(), stopping.clone()).await;
     finish(tasks, args.grace, stopping, &kill).await;
     crate::stdout::LineWriter::stdout()

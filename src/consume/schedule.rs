@@ -71,8 +71,9 @@ pub enum AfterScan {
 }
 
 /// The rule after a hand-off, `failures` counting this one if it failed.
-pub fn settle(outcome: ScanResult, failures: u32, policy: &RetryPolicy) -> AfterScan {
-    match outcome {
+/// (Not the gate's [`crate::settle`]: that one puts a failed request right.)
+pub fn after_scan(result: ScanResult, failures: u32, policy: &RetryPolicy) -> AfterScan {
+    match result {
         ScanResult::Done => AfterScan::Ack,
         ScanResult::Failed if failures >= policy.max_attempts.get() => AfterScan::DeadLetter,
         ScanResult::Failed => AfterScan::RetryAfter(policy.backoff(failures)),
@@ -224,24 +225,24 @@ mod tests {
         }
     }
 
-    /// Every outcome and failure count, against the policy: ack on success,
+    /// Every result and failure count, against the policy: ack on success,
     /// retry with a growing wait, dead-letter at the limit.
     #[test]
-    fn settle_table() {
+    fn after_scan_table() {
         let p = policy(3);
         let ms = Duration::from_millis;
-        assert_eq!(settle(ScanResult::Done, 0, &p), AfterScan::Ack);
-        assert_eq!(settle(ScanResult::Done, 2, &p), AfterScan::Ack);
+        assert_eq!(after_scan(ScanResult::Done, 0, &p), AfterScan::Ack);
+        assert_eq!(after_scan(ScanResult::Done, 2, &p), AfterScan::Ack);
         assert_eq!(
-            settle(ScanResult::Failed, 1, &p),
+            after_scan(ScanResult::Failed, 1, &p),
             AfterScan::RetryAfter(ms(200))
         );
         assert_eq!(
-            settle(ScanResult::Failed, 2, &p),
+            after_scan(ScanResult::Failed, 2, &p),
             AfterScan::RetryAfter(ms(400))
         );
-        assert_eq!(settle(ScanResult::Failed, 3, &p), AfterScan::DeadLetter);
-        assert_eq!(settle(ScanResult::Failed, 9, &p), AfterScan::DeadLetter);
+        assert_eq!(after_scan(ScanResult::Failed, 3, &p), AfterScan::DeadLetter);
+        assert_eq!(after_scan(ScanResult::Failed, 9, &p), AfterScan::DeadLetter);
         assert_eq!(policy(40).backoff(30), Duration::from_secs(30));
     }
 

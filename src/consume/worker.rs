@@ -1,5 +1,5 @@
 //! One delivery's life: held until its `notBefore`, a run slot, the
-//! `scanId` marker, the hand-off, and what [`schedule::settle`] says after.
+//! `scanId` marker, the hand-off, and what [`schedule::after_scan`] says after.
 //! Each delivery is a task of its own, so a held job never holds up a due
 //! one; the run slots (`--concurrency`) bound only hand-offs.
 //!
@@ -25,11 +25,11 @@ use tokio::time::Instant;
 
 use super::clock::QueueClock;
 use super::error::{ConsumeError, Stop};
-use super::handoff::{Ended, Scanner};
+use super::handoff::{Attempt, Ended, Scanner};
 use super::marker::Markers;
 use super::meter::{ConsumeMeter, Event};
 use super::schedule::{self, AfterScan, Renewal, RetryPolicy, ScanResult, Step};
-use super::source::{Delivery, JobSource};
+use super::source::{Delivery, GivenUp, JobSource};
 
 /// How long to wait before trying again when Valkey (markers, acks) fails.
 const STORE_RETRY: Duration = Duration::from_millis(250);
@@ -44,6 +44,7 @@ pub struct Worker<S: JobSource, X: Scanner> {
     pub source: S,
     pub markers: Markers,
     pub scanner: X,
+    /// Hand-offs at once (`--concurrency` permits).
     pub run_slots: Arc<Semaphore>,
     pub policy: RetryPolicy,
     pub lease: Duration,
@@ -54,24 +55,29 @@ pub struct Worker<S: JobSource, X: Scanner> {
     pub stopping: watch::Receiver<bool>,
     /// Turns true when the grace period is over: running scans are killed.
     pub killing: watch::Receiver<bool>,
-    pub consumer: String,
-    attempts: AtomicU64,
+    pub tokens: Tokens,
 }
 
-/// What [`Worker::new`] is built from.
-pub struct WorkerParts<S, X> {
-    pub source: S,
-    pub markers: Markers,
-    pub scanner: X,
-    pub concurrency: usize,
-    pub policy: RetryPolicy,
-    pub lease: Duration,
-    pub scan_timeout: Duration,
-    pub meter: ConsumeMeter,
-    pub clock: Arc<QueueClock>,
-    pub stopping: watch::Receiver<bool>,
-    pub killing: watch::Receiver<bool>,
-    pub consumer: String,
+/// Marker tokens unique to one delivery in this process: the consumer's
+/// name and a count.
+pub struct Tokens {
+    consumer: String,
+    issued: AtomicU64,
+}
+
+impl Tokens {
+    pub fn new(consumer: String) -> Self {
+        Self {
+            consumer,
+            issued: AtomicU64::new(0),
+        }
+    }
+
+    /// The next token.
+    fn next(&self) -> String {
+        let n = self.issued.fetch_add(1, Ordering::Relaxed);
+        format!("{}:{n}", self.consumer)
+    }
 }
 
 /// How a wait ended.
@@ -84,30 +90,6 @@ enum Waited<T> {
 type Finished = bool;
 
 impl<S: JobSource, X: Scanner> Worker<S, X> {
-    pub fn new(parts: WorkerParts<S, X>) -> Self {
-        Self {
-            source: parts.source,
-            markers: parts.markers,
-            scanner: parts.scanner,
-            run_slots: Arc::new(Semaphore::new(parts.concurrency)),
-            policy: parts.policy,
-            lease: parts.lease,
-            scan_timeout: parts.scan_timeout,
-            meter: parts.meter,
-            clock: parts.clock,
-            stopping: parts.stopping,
-            killing: parts.killing,
-            consumer: parts.consumer,
-            attempts: AtomicU64::new(0),
-        }
-    }
-
-    /// A token unique to one delivery in this process.
-    fn token(&self) -> String {
-        let n = self.attempts.fetch_add(1, Ordering::Relaxed);
-        format!("{}:{n}", self.consumer)
-    }
-
     fn wait_for(&self, d: &Delivery<S::Handle>) -> Duration {
         schedule::hold(d.job.not_before_ms, self.clock.now_ms())
     }
@@ -118,7 +100,7 @@ impl<S: JobSource, X: Scanner> Worker<S, X> {
         let mut failures = 0;
         // One token for the whole delivery: a claim that timed out but
         // landed is this task's own, and a retry of it gets in.
-        let token = self.token();
+        let token = self.tokens.next();
         loop {
             let wait = self.wait_for(&d);
             if !wait.is_zero() {
@@ -241,7 +223,7 @@ impl<S: JobSource, X: Scanner> Worker<S, X> {
         self.meter.record(Event::Started {
             lateness_ms: schedule::lateness_ms(start, d.job.not_before_ms),
         });
-        tracing::info!(scan_id = %d.job.scan_id, tier = d.job.tier, attempt, "scan started");
+        tracing::info!(scan_id = %d.job.scan_id, tier = d.job.tier.as_str(), attempt, "scan started");
         let mut killing = self.killing.clone();
         let stop = async {
             tokio::select! {
@@ -250,7 +232,11 @@ impl<S: JobSource, X: Scanner> Worker<S, X> {
                 _ = killing.wait_for(|k| *k) => Stop::Shutdown,
             }
         };
-        self.scanner.run(d, attempt, stop).await
+        let attempt = Attempt {
+            delivery: d,
+            number: attempt,
+        };
+        self.scanner.run(attempt, stop).await
     }
 
     /// Renews the delivery and the marker of attempt `attempt` every
@@ -319,12 +305,12 @@ impl<S: JobSource, X: Scanner> Worker<S, X> {
         tracing::warn!(scan_id = %d.job.scan_id, failures, error, "scan failed");
         self.until_ok("release", || self.markers.release(d.job.scan_id, token))
             .await;
-        match schedule::settle(ScanResult::Failed, failures, &self.policy) {
+        match schedule::after_scan(ScanResult::Failed, failures, &self.policy) {
             AfterScan::RetryAfter(wait) => !self.later(d, wait, false).await,
             AfterScan::DeadLetter | AfterScan::Ack => {
                 self.meter.record(Event::DeadLettered);
                 self.until_ok("dead-letter", || {
-                    self.source.dead_letter(d, failures, error)
+                    self.source.dead_letter(d, GivenUp { failures, error })
                 })
                 .await;
                 false

@@ -7,6 +7,7 @@ use std::sync::Mutex;
 
 use super::*;
 use crate::clock::Clock;
+use crate::consume::handoff::StopSignal;
 use crate::job::ScanJob;
 
 /// An in-memory queue that records what the worker did with each job.
@@ -52,13 +53,8 @@ impl JobSource for Arc<Fake> {
         Ok(())
     }
 
-    async fn dead_letter(
-        &self,
-        d: &Delivery<u32>,
-        failures: u32,
-        _: &str,
-    ) -> Result<(), ConsumeError> {
-        self.log(format!("dead {} {failures}", d.handle));
+    async fn dead_letter(&self, d: &Delivery<u32>, why: GivenUp<'_>) -> Result<(), ConsumeError> {
+        self.log(format!("dead {} {}", d.handle, why.failures));
         Ok(())
     }
 
@@ -76,12 +72,8 @@ struct Sleeper {
 }
 
 impl Scanner for Sleeper {
-    async fn run<H: Sync>(
-        &self,
-        d: &Delivery<H>,
-        attempt: u64,
-        stop: impl Future<Output = Stop> + Send,
-    ) -> Result<(), Ended> {
+    async fn run<H: Sync>(&self, a: Attempt<'_, H>, stop: impl StopSignal) -> Result<(), Ended> {
+        let (d, attempt) = (a.delivery, a.number);
         let h: u32 = d.job.image().unwrap_or_default().parse().unwrap_or(0);
         self.log
             .log(format!("start {h} {attempt} {}", self.clock.now_ms()));
@@ -123,7 +115,7 @@ fn setup(secs: Vec<u64>) -> Setup {
     let clock = QueueClock::local(Clock::tokio());
     let (stop, stopping) = watch::channel(false);
     let (kill, killing) = watch::channel(false);
-    let worker = Arc::new(Worker::new(WorkerParts {
+    let worker = Arc::new(Worker {
         source: fake.clone(),
         markers: Markers::local(),
         scanner: Sleeper {
@@ -131,7 +123,7 @@ fn setup(secs: Vec<u64>) -> Setup {
             log: fake.clone(),
             clock: clock.clone(),
         },
-        concurrency: 1,
+        run_slots: Arc::new(Semaphore::new(1)),
         policy: RetryPolicy {
             max_attempts: NonZeroU32::new(2).unwrap(),
             base: Duration::from_secs(1),
@@ -143,8 +135,8 @@ fn setup(secs: Vec<u64>) -> Setup {
         clock: clock.clone(),
         stopping,
         killing,
-        consumer: "c".into(),
-    }));
+        tokens: Tokens::new("c".into()),
+    });
     Setup {
         fake,
         worker,

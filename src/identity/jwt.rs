@@ -240,13 +240,7 @@ impl Verifier {
             return Ok(subject);
         }
         let header = parse_header(token)?;
-        let algorithm = match header.get("alg").and_then(Value::as_str) {
-            Some("RS256") => Algorithm::RS256,
-            Some("ES256") => Algorithm::ES256,
-            Some("EdDSA") => Algorithm::EdDSA,
-            Some(_) => return Err(Rejection::AlgorithmNotAllowed),
-            None => return Err(Rejection::Malformed),
-        };
+        let algorithm = allowed_algorithm(&header)?;
         let kid = header.get("kid").and_then(Value::as_str);
         let mut candidates = self
             .keys
@@ -267,16 +261,7 @@ impl Verifier {
         for key in candidates.filter(|k| k.algorithm == algorithm) {
             match jsonwebtoken::decode::<Claims>(token, &key.key, &self.validation(algorithm)) {
                 Ok(data) => {
-                    let tid = data.claims.tid.as_ref().and_then(claim_string);
-                    let tid = tid.ok_or(Rejection::MissingTid)?;
-                    let tier = data.claims.tier.as_ref().and_then(tier_from_token_claim);
-                    // Only a JSON `true` exempts: a string "true" or a 1 is a
-                    // claim someone meant differently.
-                    let exempt = self
-                        .exempt_claim
-                        .as_ref()
-                        .is_some_and(|name| data.claims.rest.get(name) == Some(&Value::Bool(true)));
-                    let subject = TokenSubject { tid, tier, exempt };
+                    let subject = self.subject(&data.claims)?;
                     if let Some(exp) = data.claims.exp.as_ref().and_then(Value::as_f64) {
                         self.verified.put(cache_key, &subject, exp as i64);
                     }
@@ -300,6 +285,20 @@ impl Verifier {
         Err(rejection)
     }
 
+    /// Who verified `claims` name: their `tid`, tier and exemption.
+    fn subject(&self, claims: &Claims) -> Result<TokenSubject, Rejection> {
+        let tid = claims.tid.as_ref().and_then(claim_string);
+        let tid = tid.ok_or(Rejection::MissingTid)?;
+        let tier = claims.tier.as_ref().and_then(tier_from_token_claim);
+        // Only a JSON `true` exempts: a string "true" or a 1 is a
+        // claim someone meant differently.
+        let exempt = self
+            .exempt_claim
+            .as_ref()
+            .is_some_and(|name| claims.rest.get(name) == Some(&Value::Bool(true)));
+        Ok(TokenSubject { tid, tier, exempt })
+    }
+
     fn validation(&self, algorithm: Algorithm) -> Validation {
         let mut v = Validation::new(algorithm);
         v.leeway = 0;
@@ -311,6 +310,17 @@ impl Verifier {
             None => v.validate_aud = false,
         }
         v
+    }
+}
+
+/// The header's `alg`, if it is one the gate accepts.
+fn allowed_algorithm(header: &serde_json::Map<String, Value>) -> Result<Algorithm, Rejection> {
+    match header.get("alg").and_then(Value::as_str) {
+        Some("RS256") => Ok(Algorithm::RS256),
+        Some("ES256") => Ok(Algorithm::ES256),
+        Some("EdDSA") => Ok(Algorithm::EdDSA),
+        Some(_) => Err(Rejection::AlgorithmNotAllowed),
+        None => Err(Rejection::Malformed),
     }
 }
 

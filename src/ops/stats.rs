@@ -122,19 +122,8 @@ pub async fn stats(
     let start_secs = end_secs - i64::try_from(period).unwrap_or(i64::MAX / 2);
     let period =
         i32::try_from(period).map_err(|_| OpsError::Usage("--since: window too long".into()))?;
-    let scopes = [Scope::Ip, Scope::Tid];
-    let (mut counts, mut percentiles) = (Vec::new(), Vec::new());
-    for scope in scopes {
-        for (i, (metric, stat)) in QUERIES.iter().enumerate() {
-            let q = query(namespace, scope, metric, stat, period, i);
-            if stat.starts_with('p') {
-                percentiles.push(q);
-            } else {
-                counts.push(q);
-            }
-        }
-    }
-    let mut values: Vec<Vec<f64>> = vec![Vec::new(); scopes.len() * QUERIES.len()];
+    let (counts, percentiles) = queries(namespace, period);
+    let mut values: Vec<Vec<f64>> = vec![Vec::new(); SCOPES.len() * QUERIES.len()];
     let (start, end_dt) = (
         DateTime::from_secs(start_secs),
         DateTime::from_secs(end_secs),
@@ -147,8 +136,38 @@ pub async fn stats(
         .await
         .err()
         .map(|e| e.to_string());
+    Ok(Stats {
+        namespace: namespace.to_owned(),
+        start: rfc3339(start_secs),
+        end: rfc3339(end_secs),
+        scopes: scope_stats(&values),
+        p95_error,
+    })
+}
+
+/// The scopes reported, in the order of the query slots.
+const SCOPES: [Scope; 2] = [Scope::Ip, Scope::Tid];
+
+/// Every query for every scope, the counts apart from the percentiles.
+fn queries(namespace: &str, period: i32) -> (Vec<MetricDataQuery>, Vec<MetricDataQuery>) {
+    let (mut counts, mut percentiles) = (Vec::new(), Vec::new());
+    for scope in SCOPES {
+        for (i, (metric, stat)) in QUERIES.iter().enumerate() {
+            let q = query(namespace, scope, metric, stat, period, i);
+            if stat.starts_with('p') {
+                percentiles.push(q);
+            } else {
+                counts.push(q);
+            }
+        }
+    }
+    (counts, percentiles)
+}
+
+/// Each scope's figures from the values fetched into its query slots.
+fn scope_stats(values: &[Vec<f64>]) -> Vec<ScopeStats> {
     let sum = |slot: usize| -> u64 { values[slot].iter().sum::<f64>().round() as u64 };
-    let scopes = scopes
+    SCOPES
         .iter()
         .enumerate()
         .map(|(s, scope)| {
@@ -165,20 +184,15 @@ pub async fn stats(
                 p95_delay_ms: values[base + 6].iter().copied().reduce(f64::max),
             }
         })
-        .collect();
-    let format = |secs: i64| {
-        OffsetDateTime::from_unix_timestamp(secs)
-            .ok()
-            .and_then(|t| t.format(&Rfc3339).ok())
-            .unwrap_or_default()
-    };
-    Ok(Stats {
-        namespace: namespace.to_owned(),
-        start: format(start_secs),
-        end: format(end_secs),
-        scopes,
-        p95_error,
-    })
+        .collect()
+}
+
+/// Unix seconds as RFC 3339 (empty if out of range).
+fn rfc3339(secs: i64) -> String {
+    OffsetDateTime::from_unix_timestamp(secs)
+        .ok()
+        .and_then(|t| t.format(&Rfc3339).ok())
+        .unwrap_or_default()
 }
 
 /// Runs `queries` (paginated) and appends each result's values to its slot.

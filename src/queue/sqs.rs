@@ -94,8 +94,8 @@ impl ScanQueue for SqsQueue {
             .queue_url(&self.url)
             .message_body(body)
             .delay_seconds(delay_seconds(job.deferred()))
-            .message_attributes("scope", string_attribute(job.scope)?)
-            .message_attributes("tier", string_attribute(job.tier)?)
+            .message_attributes("scope", string_attribute(job.scope.as_str())?)
+            .message_attributes("tier", string_attribute(job.tier.as_str())?)
             .send()
             .await
             .map_err(|e| match e {

@@ -265,48 +265,98 @@ pub fn job(not_before_ms: i64) -> Value {
 
 /// `XADD key * job <json> scanId <id>`, as the gate does.
 pub async fn xadd(valkey: &ValkeyServer, key: &str, job: &Value) {
-    let mut c = valkey.client().await;
     let id = job["scanId"].as_str().unwrap().to_owned();
-    let _: String = redis::cmd("XADD")
-        .arg(key)
-        .arg("*")
-        .arg("job")
-        .arg(job.to_string())
-        .arg("scanId")
-        .arg(id)
-        .query_async(&mut c)
-        .await
-        .unwrap();
+    let mut cmd = redis::cmd("XADD");
+    cmd.arg(key).arg("*").arg("job").arg(job.to_string());
+    let _: String = valkey.query(cmd.arg("scanId").arg(id)).await;
 }
 
 /// Queues `jobs` and returns scanId → notBefore for [`assert_once_on_time`].
 pub async fn queue_all(valkey: &ValkeyServer, key: &str, jobs: &[Value]) -> HashMap<String, i64> {
-    let mut out = HashMap::new();
     for j in jobs {
         xadd(valkey, key, j).await;
-        out.insert(
-            j["scanId"].as_str().unwrap().to_owned(),
-            crate::unix_ms(j["notBefore"].as_str().unwrap()),
-        );
     }
-    out
+    not_befores(jobs)
+}
+
+/// scanId → notBefore (unix ms) of `jobs` (or of the gate's 202 bodies,
+/// which name both too).
+pub fn not_befores(jobs: &[Value]) -> HashMap<String, i64> {
+    jobs.iter()
+        .map(|j| {
+            (
+                j["scanId"].as_str().unwrap().to_owned(),
+                crate::unix_ms(j["notBefore"].as_str().unwrap()),
+            )
+        })
+        .collect()
+}
+
+/// `XLEN key`.
+pub async fn xlen(valkey: &ValkeyServer, key: &str) -> i64 {
+    valkey.query(redis::cmd("XLEN").arg(key)).await
 }
 
 /// Entries read by the group and not acknowledged.
 pub async fn pending(valkey: &ValkeyServer, key: &str) -> i64 {
-    let mut c = valkey.client().await;
-    let summary: redis::Value = redis::cmd("XPENDING")
-        .arg(key)
-        .arg("quota-gate")
-        .query_async(&mut c)
-        .await
-        .unwrap();
+    let summary: redis::Value = valkey
+        .query(redis::cmd("XPENDING").arg(key).arg("quota-gate"))
+        .await;
     match summary {
         redis::Value::Array(v) => match v.first() {
             Some(redis::Value::Int(n)) => *n,
             _ => 0,
         },
         _ => 0,
+    }
+}
+
+/// A Valkey server with the stream `jobs`, and a scanner: what most
+/// consumer tests start from.
+pub struct StreamRig {
+    pub valkey: ValkeyServer,
+    pub scanner: Scanner,
+    vars: Vec<(String, String)>,
+}
+
+impl StreamRig {
+    /// A fresh `valkey-server` and scanner.
+    pub fn start() -> Self {
+        Self::on(ValkeyServer::start())
+    }
+
+    /// `valkey` and a fresh scanner.
+    pub fn on(valkey: ValkeyServer) -> Self {
+        let vars = stream_vars(&valkey);
+        Self {
+            valkey,
+            scanner: Scanner::new(),
+            vars,
+        }
+    }
+
+    /// [`stream_vars`], then `extra`.
+    pub fn vars<'a>(&'a self, extra: &[(&'a str, &'a str)]) -> Vec<(&'a str, &'a str)> {
+        let mut vars = refs(&self.vars);
+        vars.extend_from_slice(extra);
+        vars
+    }
+
+    /// A consumer of the stream (stdin closed) with `args` and the variables
+    /// `extra`, tagged `tag`, running this rig's scanner.
+    pub fn consume(&self, tag: &str, args: &[&str], extra: &[(&str, &str)]) -> KillOnDrop {
+        self.scanner
+            .consume(tag, args, &self.vars(extra), Stdio::null())
+    }
+
+    /// [`queue_all`] on the stream.
+    pub async fn queue(&self, jobs: &[Value]) -> HashMap<String, i64> {
+        queue_all(&self.valkey, "jobs", jobs).await
+    }
+
+    /// [`pending`] on the stream.
+    pub async fn pending(&self) -> i64 {
+        pending(&self.valkey, "jobs").await
     }
 }
 
@@ -334,7 +384,7 @@ pub fn libfaketime() -> PathBuf {
     lib
 }
 
-/// Sends `signal` to process `pid` with kill(1).
+/// Sends `signal` (`TERM`, `KILL`, `STOP`, `CONT`) to process `pid` with kill(1).
 pub fn signal(pid: u32, signal: &str) {
     let status = Command::new("kill")
         .arg(format!("-{signal}"))

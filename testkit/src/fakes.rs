@@ -1,11 +1,49 @@
 //! Stand-ins for the gate's outputs: queues that record, discard or refuse
-//! jobs, and a sink that keeps what is written to it.
+//! jobs, and a sink that keeps what is written to it; and what a stand-in
+//! store needs to carry a pacing step into a task of its own.
 
 use std::io::Write;
 use std::sync::{Arc, Mutex};
 
 use quota_gate::meter::Meter;
 use quota_gate::queue::{QueueError, ScanJob, ScanQueue};
+use quota_gate::store::{PaceArgs, QuotaKey};
+
+/// A pacing step's [`PaceArgs`], owned: a store wrapper moves it into a
+/// closure or task, then lends it out again with [`OwnedPace::args`].
+#[derive(Debug, Clone)]
+pub struct OwnedPace {
+    key: QuotaKey,
+    record: Option<String>,
+    arrival_ms: i64,
+    delay_ms: u64,
+    max_backlog_ms: u64,
+    reset_at: i64,
+}
+
+impl OwnedPace {
+    pub fn new(args: &PaceArgs<'_>) -> Self {
+        Self {
+            key: args.key.clone(),
+            record: args.record.map(str::to_owned),
+            arrival_ms: args.arrival_ms,
+            delay_ms: args.delay_ms,
+            max_backlog_ms: args.max_backlog_ms,
+            reset_at: args.reset_at,
+        }
+    }
+
+    pub fn args(&self) -> PaceArgs<'_> {
+        PaceArgs {
+            key: &self.key,
+            record: self.record.as_deref(),
+            arrival_ms: self.arrival_ms,
+            delay_ms: self.delay_ms,
+            max_backlog_ms: self.max_backlog_ms,
+            reset_at: self.reset_at,
+        }
+    }
+}
 
 /// A queue in memory: exactly the jobs the gate enqueued, nothing in the way.
 #[derive(Clone, Default)]

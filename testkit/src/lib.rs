@@ -32,12 +32,13 @@ pub mod cluster;
 pub mod consumer;
 pub mod moto;
 pub mod proxy;
+pub mod schema;
 pub mod serve;
 pub mod sim;
 
 mod fakes;
 
-pub use fakes::{Capture, Discard, RecordingQueue, Refuse};
+pub use fakes::{Capture, Discard, OwnedPace, RecordingQueue, Refuse};
 
 use std::collections::HashMap;
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -232,18 +233,29 @@ impl ValkeyServer {
             .unwrap()
     }
 
+    /// `cmd`'s answer on a fresh connection, as `T`.
+    pub async fn query<T: redis::FromRedisValue>(&self, cmd: &redis::Cmd) -> T {
+        let mut c = self.client().await;
+        cmd.query_async(&mut c).await.unwrap()
+    }
+
+    /// Every key matching `pattern` (`KEYS`).
+    pub async fn keys(&self, pattern: &str) -> Vec<String> {
+        self.query(redis::cmd("KEYS").arg(pattern)).await
+    }
+
+    /// `GET key`, as `T`.
+    pub async fn get<T: redis::FromRedisValue>(&self, key: &str) -> T {
+        self.query(redis::cmd("GET").arg(key)).await
+    }
+
     pub fn pid(&self) -> u32 {
         self.child.id()
     }
 
     /// Sends `signal` (`KILL`, `STOP`, `CONT`) to the server process.
     pub fn signal(&self, signal: &str) {
-        let status = Command::new("kill")
-            .arg(format!("-{signal}"))
-            .arg(self.pid().to_string())
-            .status()
-            .unwrap();
-        assert!(status.success(), "kill -{signal} failed");
+        consumer::signal(self.pid(), signal);
     }
 
     /// SIGKILL (no shutdown, no goodbye to clients), then a new process on the

@@ -23,6 +23,13 @@ pub struct Delivery<H = ()> {
     pub handle: H,
 }
 
+/// Why a delivery is given up: how many hand-offs failed, and the last error.
+#[derive(Debug, Clone, Copy)]
+pub struct GivenUp<'a> {
+    pub failures: u32,
+    pub error: &'a str,
+}
+
 /// A queue the consumer reads: the operations the worker needs.
 pub trait JobSource: Send + Sync + 'static {
     /// How one delivery is acknowledged (a stream entry id, an SQS receipt).
@@ -60,12 +67,11 @@ pub trait JobSource: Send + Sync + 'static {
         async { Ok(false) }
     }
 
-    /// Gives up on `d` after `failures` failed hand-offs.
+    /// Gives up on `d`, for the reason `why`.
     fn dead_letter(
         &self,
         d: &Delivery<Self::Handle>,
-        failures: u32,
-        error: &str,
+        why: GivenUp<'_>,
     ) -> impl Future<Output = Result<(), ConsumeError>> + Send;
 
     /// Stopping before `d` started: leave it for another consumer (or the

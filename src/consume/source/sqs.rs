@@ -18,7 +18,7 @@ use aws_sdk_sqs::Client;
 use aws_sdk_sqs::config::timeout::TimeoutConfig;
 use aws_sdk_sqs::error::DisplayErrorContext;
 
-use super::{Delivery, JobSource};
+use super::{Delivery, GivenUp, JobSource};
 use crate::consume::error::ConsumeError;
 use crate::consume::schedule;
 use crate::job::ScanJob;
@@ -148,12 +148,7 @@ impl JobSource for SqsSource {
 
     /// The queue's redrive policy moves it once its receive count is
     /// reached; until then it comes back after the last backoff.
-    async fn dead_letter(
-        &self,
-        _d: &Delivery<String>,
-        _failures: u32,
-        _error: &str,
-    ) -> Result<(), ConsumeError> {
+    async fn dead_letter(&self, _: &Delivery<String>, _: GivenUp<'_>) -> Result<(), ConsumeError> {
         Ok(())
     }
 

@@ -30,7 +30,7 @@ use tokio::io::{AsyncBufReadExt, BufReader, Lines, Stdin};
 use tokio::sync::Mutex;
 use uuid::Uuid;
 
-use super::{Delivery, JobSource};
+use super::{Delivery, GivenUp, JobSource};
 use crate::consume::error::ConsumeError;
 use crate::job::ScanJob;
 
@@ -121,12 +121,8 @@ impl JobSource for StdinSource {
         Ok(())
     }
 
-    async fn dead_letter(
-        &self,
-        d: &Delivery,
-        failures: u32,
-        error: &str,
-    ) -> Result<(), ConsumeError> {
+    async fn dead_letter(&self, d: &Delivery, why: GivenUp<'_>) -> Result<(), ConsumeError> {
+        let GivenUp { failures, error } = why;
         tracing::error!(scan_id = %d.job.scan_id, failures, error, "spooled job given up");
         self.ack(d).await
     }

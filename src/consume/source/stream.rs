@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 
 use redis::streams::{StreamAutoClaimReply, StreamId, StreamReadReply};
 
-use super::{Delivery, JobSource};
+use super::{Delivery, GivenUp, JobSource};
 use crate::connection::Valkey;
 use crate::consume::error::ConsumeError;
 use crate::job::ScanJob;
@@ -286,10 +286,9 @@ impl JobSource for StreamSource {
     async fn dead_letter(
         &self,
         d: &Delivery<String>,
-        failures: u32,
-        error: &str,
+        why: GivenUp<'_>,
     ) -> Result<(), ConsumeError> {
-        self.dead_letter_raw(&d.handle, &d.json, failures, error)
+        self.dead_letter_raw(&d.handle, &d.json, why.failures, why.error)
             .await
     }
 

@@ -211,27 +211,10 @@ impl QuotaStore for SimStore {
     }
 
     async fn pace(&self, args: PaceArgs<'_>) -> Result<Paced, StoreError> {
-        let key = args.key.clone();
-        let record = args.record.map(str::to_owned);
-        let (arrival_ms, delay_ms, max_backlog_ms, reset_at) = (
-            args.arrival_ms,
-            args.delay_ms,
-            args.max_backlog_ms,
-            args.reset_at,
-        );
+        let step = crate::OwnedPace::new(&args);
         self.call(
             "pace",
-            move |m, _| {
-                let args = PaceArgs {
-                    key: &key,
-                    record: record.as_deref(),
-                    arrival_ms,
-                    delay_ms,
-                    max_backlog_ms,
-                    reset_at,
-                };
-                ready(m.pace(args)).expect("memory store")
-            },
+            move |m, _| ready(m.pace(step.args())).expect("memory store"),
             Kind::Other,
         )
         .await
