@@ -7,7 +7,7 @@
 //! module turns that reading into the answer. It is pure, like
 //! [`crate::decide`]: what the next `POST /scan` would get is the same rule
 //! the scan itself follows (`decide(used + 1)` against `limit + grant`, then
-//! [`crate::store::next_slot`] for a paced tier), so the two cannot drift.
+//! [`crate::pace::next_slot`] for a paced tier), so the two cannot drift.
 //! The answer never guesses: with the store down the gate answers 503.
 
 use std::time::Duration;
@@ -20,8 +20,9 @@ use crate::config::{Mode, Pacing};
 use crate::decide::{Limits, Tier, decide};
 use crate::digest::Scope;
 use crate::identity::TokenStatus;
+use crate::pace::next_slot;
+use crate::record::Peek;
 use crate::respond::{self, POLICY, RATELIMIT, REMAINING, RESET};
-use crate::store::{Peek, next_slot};
 
 /// Whether `path` names the quota route: `/quota`, or `/<stage>/quota`
 /// when API Gateway keeps a named stage in the path (as for `/scan`).

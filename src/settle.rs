@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use crate::config::FailMode;
 use crate::decide::Decision;
-use crate::store::{Claim, Count, Record};
+use crate::record::{Claim, Count, Record};
 
 /// How long after its expected end an attempt is still given, in the
 /// `Retry-After` of a 409: the enqueue and the saving of its answer.
@@ -323,7 +323,7 @@ mod tests {
         let mut r = Record::claimed(&claim, 3, RESET);
         r.delay_ms = delay_ms;
         if state_done {
-            r.state = crate::store::RecordState::Done;
+            r.state = crate::record::RecordState::Done;
             r.response = Some("{}".into());
         }
         (r, claim)

@@ -7,6 +7,10 @@
 //! [`memory::MemoryStore`] has the same semantics in process, for the local
 //! default and unit tests.
 //!
+//! What the store keeps and answers is defined below it, with no I/O: the
+//! idempotency record and the count in [`crate::record`], the pacing rule
+//! in [`crate::pace`]; both are re-exported here.
+//!
 //! Key layout (the braces are hash tags: every key of a subject lives in one
 //! cluster slot, which ElastiCache Serverless requires of a multi-key call):
 //!
@@ -27,6 +31,10 @@ use sha2::{Digest as _, Sha256};
 use uuid::Uuid;
 
 use crate::digest::{Digest, Scope};
+pub use crate::pace::{Paced, next_slot};
+pub use crate::record::{
+    Claim, Claimed, Count, Field, Peek, Record, RecordError, RecordField, RecordState,
+};
 
 /// The pattern matching every key the gate writes.
 pub const KEY_PATTERN: &str = "quota:*";
@@ -69,39 +77,6 @@ impl QuotaKey {
     }
 }
 
-/// The result of one increment. Instants in unix seconds.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Count {
-    /// The count after this increment (1 for the first scan of the period).
-    pub used: u64,
-    /// When the counter expires, as the store holds it.
-    pub reset_at: i64,
-    /// The gate's clock when it counted.
-    pub now: i64,
-    /// Extra scans granted for this period (0: none), read in the same round trip.
-    pub grant: u64,
-}
-
-impl Count {
-    pub fn seconds_to_reset(&self) -> u64 {
-        u64::try_from(self.reset_at - self.now).unwrap_or(0)
-    }
-}
-
-/// What `GET /quota` reads of a subject, in one round trip, changing nothing.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Peek {
-    /// Scans counted this period (0: no counter yet).
-    pub used: u64,
-    /// When the counter expires (unix s); `None` without a counter (or one
-    /// that never expires).
-    pub reset_at: Option<i64>,
-    /// The subject's pacing slot (unix ms), if one was taken.
-    pub slot_ms: Option<i64>,
-    /// Extra scans granted for this period.
-    pub grant: u64,
-}
-
 /// When a new counter expires: the next 00:00 UTC after `now`, or 24 h on.
 pub fn period_end(reset: crate::config::ResetPolicy, now: i64) -> i64 {
     match reset {
@@ -118,225 +93,6 @@ pub struct CountArgs<'a> {
     pub period_end: i64,
     /// Unix seconds.
     pub now: i64,
-}
-
-/// What a keyed request leaves in its record before it is counted.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Claim {
-    /// The record's key ([`QuotaKey::idempotency`]).
-    pub record: String,
-    pub scan_id: Uuid,
-    /// SHA-256 of the request body, hex: the same key with another body is refused.
-    pub fingerprint: String,
-    /// Unix ms when the gate received the request.
-    pub received_ms: i64,
-    /// Unix ms until which the first request may still be in flight.
-    pub lease_until_ms: i64,
-}
-
-impl Claim {
-    /// The fields that make a record of this claim on their own (state
-    /// `pending`, not counted, lease free): written when the claim itself
-    /// never reached the store, so a retry finds the scan's identity.
-    pub fn uncounted(&self) -> Vec<Field> {
-        vec![
-            (RecordField::State, RecordState::Pending.name().to_owned()),
-            (RecordField::ScanId, self.scan_id.to_string()),
-            (RecordField::Fingerprint, self.fingerprint.clone()),
-            (RecordField::Received, self.received_ms.to_string()),
-            (RecordField::Until, "0".to_owned()),
-            (RecordField::Count, "0".to_owned()),
-        ]
-    }
-}
-
-/// Declares the fields of an idempotency record once: the enum, its names as
-/// stored, and the list of all of them. The Lua scripts spell the same names
-/// (a test reads them and checks).
-macro_rules! record_fields {
-    ($($(#[$doc:meta])* $variant:ident = $name:literal,)+) => {
-        /// One field of an idempotency record (a Valkey hash).
-        #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-        pub enum RecordField {
-            $($(#[$doc])* $variant,)+
-        }
-
-        impl RecordField {
-            pub const ALL: &[Self] = &[$(Self::$variant),+];
-
-            /// The hash field's name.
-            pub const fn name(self) -> &'static str {
-                match self {
-                    $(Self::$variant => $name,)+
-                }
-            }
-
-            pub fn parse(name: &str) -> Option<Self> {
-                match name {
-                    $($name => Some(Self::$variant),)+
-                    _ => None,
-                }
-            }
-        }
-    };
-}
-
-record_fields! {
-    /// [`RecordState`].
-    State = "state",
-    /// The scan's UUID: every job of the key carries it.
-    ScanId = "scanId",
-    /// SHA-256 of the body, hex.
-    Fingerprint = "fp",
-    /// Unix ms when the first request arrived.
-    Received = "received",
-    /// Unix ms until which an attempt holds the key (0: free to take over).
-    Until = "until",
-    /// The count the claim got (0: not counted).
-    Count = "count",
-    /// The counter's expiry (unix s) the claim saw.
-    ResetAt = "resetAt",
-    /// The paced delay (ms), once pacing decided it.
-    DelayMs = "delayMs",
-    /// The saved answer (JSON), once done.
-    Response = "response",
-}
-
-/// Where a keyed scan stands.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum RecordState {
-    /// An attempt holds it (or gave up on it without knowing its outcome).
-    #[default]
-    Pending,
-    /// The job is queued and the answer saved.
-    Done,
-}
-
-impl RecordState {
-    pub const ALL: &[Self] = &[Self::Pending, Self::Done];
-
-    pub const fn name(self) -> &'static str {
-        match self {
-            Self::Pending => "pending",
-            Self::Done => "done",
-        }
-    }
-}
-
-/// An idempotency record as the store holds it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Record {
-    pub state: RecordState,
-    pub scan_id: Uuid,
-    pub fingerprint: String,
-    pub received_ms: i64,
-    pub lease_until_ms: i64,
-    /// The count the first request got (0 when it was not counted).
-    pub count: u64,
-    /// The counter's expiry the first request saw.
-    pub reset_at: i64,
-    /// The paced delay, once pacing decided it.
-    pub delay_ms: Option<u64>,
-    /// The saved answer (JSON), once `done`.
-    pub response: Option<String>,
-}
-
-impl Record {
-    /// The record a claim writes, counted `count` with the counter expiring
-    /// at `reset_at`.
-    pub fn claimed(claim: &Claim, count: u64, reset_at: i64) -> Self {
-        Self {
-            state: RecordState::Pending,
-            scan_id: claim.scan_id,
-            fingerprint: claim.fingerprint.clone(),
-            received_ms: claim.received_ms,
-            lease_until_ms: claim.lease_until_ms,
-            count,
-            reset_at,
-            delay_ms: None,
-            response: None,
-        }
-    }
-
-    pub fn is_done(&self) -> bool {
-        self.state == RecordState::Done
-    }
-
-    /// Builds a record from a hash's field/value pairs. A record without a
-    /// valid `scanId` or state is an error, never a fresh identity: every
-    /// job of a key must carry the one it was given.
-    pub fn from_pairs<'a>(
-        pairs: impl IntoIterator<Item = (&'a str, &'a str)>,
-    ) -> Result<Self, StoreError> {
-        let mut text: [Option<&str>; RecordField::ALL.len()] = Default::default();
-        for (name, value) in pairs {
-            if let Some(field) = RecordField::parse(name) {
-                text[field as usize] = Some(value);
-            }
-        }
-        let get = |f: RecordField| text[f as usize];
-        let int = |f: RecordField| get(f).and_then(|v| v.parse::<i64>().ok()).unwrap_or(0);
-        let bad = |what: &str| StoreError::Backend(format!("idempotency record: {what}"));
-        let state = match get(RecordField::State) {
-            Some(s) if s == RecordState::Done.name() => RecordState::Done,
-            Some(s) if s == RecordState::Pending.name() => RecordState::Pending,
-            _ => return Err(bad("no valid state")),
-        };
-        let scan_id = get(RecordField::ScanId)
-            .and_then(|v| v.parse().ok())
-            .ok_or_else(|| bad("no valid scanId"))?;
-        Ok(Self {
-            state,
-            scan_id,
-            fingerprint: get(RecordField::Fingerprint).unwrap_or_default().to_owned(),
-            received_ms: int(RecordField::Received),
-            lease_until_ms: int(RecordField::Until),
-            count: u64::try_from(int(RecordField::Count)).unwrap_or(0),
-            reset_at: int(RecordField::ResetAt),
-            delay_ms: get(RecordField::DelayMs).and_then(|v| v.parse().ok()),
-            response: get(RecordField::Response).map(str::to_owned),
-        })
-    }
-
-    /// Sets fields as [`QuotaStore::update_record`] writes them.
-    pub fn apply(&mut self, fields: &[Field]) {
-        for (field, value) in fields {
-            let int = || value.parse::<i64>().unwrap_or(0);
-            match field {
-                RecordField::State => {
-                    self.state = if value == RecordState::Done.name() {
-                        RecordState::Done
-                    } else {
-                        RecordState::Pending
-                    }
-                }
-                RecordField::ScanId => {
-                    if let Ok(id) = value.parse() {
-                        self.scan_id = id;
-                    }
-                }
-                RecordField::Fingerprint => self.fingerprint.clone_from(value),
-                RecordField::Received => self.received_ms = int(),
-                RecordField::Until => self.lease_until_ms = int(),
-                RecordField::Count => self.count = u64::try_from(int()).unwrap_or(0),
-                RecordField::ResetAt => self.reset_at = int(),
-                RecordField::DelayMs => self.delay_ms = value.parse().ok(),
-                RecordField::Response => self.response = Some(value.clone()),
-            }
-        }
-    }
-}
-
-/// One field of a record and its value, as [`QuotaStore::update_record`] sets it.
-pub type Field = (RecordField, String);
-
-/// The answer to a keyed count.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Claimed {
-    /// The key is new: the record is written and the scan counted.
-    New(Count),
-    /// The key was seen before: nothing counted; here is its record.
-    Existing(Record),
 }
 
 /// One pacing step: `slot = max(arrival, previous slot) + delay`.
@@ -365,42 +121,6 @@ pub struct Refund<'a> {
     pub record: Option<(&'a str, Uuid)>,
     /// Unix s (the in-memory store's clock; Valkey uses its own).
     pub now: i64,
-}
-
-/// The answer to one pacing step.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Paced {
-    /// The scan may start `delay_ms` after its arrival; the slot moved on.
-    Slot { delay_ms: u64 },
-    /// The delay would exceed the cap: nothing changed (the caller takes the
-    /// count back, see [`QuotaStore::pace`]); a slot within the cap frees up
-    /// in `retry_after_ms`.
-    Full { retry_after_ms: u64 },
-}
-
-/// The pacing rule, as a pure function: the start of a scan arriving at
-/// `arrival_ms` whose tier delays it `delay_ms`, after the subject's
-/// previous slot. Returns the new slot, or `Err(retry_after_ms)` when the
-/// delay would exceed `max_backlog_ms` (or the tier's own delay, if that is
-/// longer: a scan with nothing ahead of it always gets its slot).
-pub fn next_slot(
-    previous: i64,
-    arrival_ms: i64,
-    delay_ms: u64,
-    max_backlog_ms: u64,
-) -> Result<i64, u64> {
-    let delay = i64::try_from(delay_ms).unwrap_or(i64::MAX);
-    let start = previous.max(arrival_ms).saturating_add(delay);
-    let wait = u64::try_from(start - arrival_ms).unwrap_or(0);
-    // A scan with nothing queued ahead of it is never refused: the cap bounds
-    // the pile-up, not a tier delay configured longer than the cap.
-    let cap = max_backlog_ms.max(delay_ms);
-    if wait > cap {
-        // The first arrival at which this delay fits the cap.
-        Err(wait - cap)
-    } else {
-        Ok(start)
-    }
 }
 
 /// Why the store could not answer. The first two did not happen; only
@@ -437,6 +157,13 @@ impl From<redis::RedisError> for StoreError {
         } else {
             Self::Backend(e.to_string())
         }
+    }
+}
+
+/// A hash that is not a valid record is the store's answer, and final.
+impl From<RecordError> for StoreError {
+    fn from(e: RecordError) -> Self {
+        Self::Backend(e.to_string())
     }
 }
 
@@ -600,7 +327,6 @@ impl QuotaStore for AnyStore {
 mod tests {
     use super::*;
     use crate::digest::Hasher;
-    use proptest::prelude::*;
 
     /// Keys follow the spec's layout, with the digest as the hash tag.
     #[test]
@@ -621,68 +347,5 @@ mod tests {
         assert_ne!(idem, k.idempotency("retry-2"));
         let k = QuotaKey::new(Scope::Tid, &d);
         assert!(k.counter.starts_with("quota:tid:{"));
-    }
-
-    /// A burst of five hard-tier scans is spread out one delay apart; a
-    /// scan past the cap is refused with the wait until it would fit.
-    #[test]
-    fn pacing_example() {
-        let mut slot = 0;
-        let mut delays = Vec::new();
-        for _ in 0..3 {
-            slot = next_slot(slot, 1_000, 3_000, 10_000).unwrap();
-            delays.push(slot - 1_000);
-        }
-        assert_eq!(delays, [3_000, 6_000, 9_000]);
-        // The fourth would wait 12 s: 2 s past the cap.
-        assert_eq!(next_slot(slot, 1_000, 3_000, 10_000), Err(2_000));
-        // Two seconds later it fits.
-        assert_eq!(next_slot(slot, 3_000, 3_000, 10_000), Ok(13_000));
-        // A wait of exactly the cap fits (found by `scripts/mutants`).
-        assert_eq!(next_slot(0, 1_000, 10_000, 10_000), Ok(11_000));
-        assert_eq!(next_slot(4_000, 1_000, 7_000, 10_000), Ok(11_000));
-        // A tier delay longer than the cap is served, one at a time.
-        assert_eq!(next_slot(0, 1_000, 20_000, 10_000), Ok(21_000));
-        assert_eq!(next_slot(21_000, 1_000, 20_000, 10_000), Err(20_000));
-    }
-
-    proptest! {
-        /// Delays are never negative, and never above the cap.
-        #[test]
-        fn never_negative(prev in 0i64..1_000_000, arrival in 0i64..1_000_000, d in 0u64..100_000, cap in 0u64..1_000_000) {
-            match next_slot(prev, arrival, d, cap) {
-                Ok(slot) => {
-                    prop_assert!(slot >= arrival);
-                    prop_assert!((slot - arrival) as u64 <= cap.max(d));
-                    prop_assert!(slot >= prev);
-                }
-                Err(retry) => prop_assert!(retry > 0),
-            }
-        }
-
-        /// A client that waits for each answer sees exactly the tier's delay.
-        #[test]
-        fn sequential_reproduces_the_seed(delays in proptest::collection::vec(0u64..100_000, 1..50), gap in 0i64..1_000) {
-            let (mut slot, mut arrival) = (0i64, 1_000_000i64);
-            for d in delays {
-                let next = next_slot(slot, arrival, d, u64::MAX).unwrap();
-                prop_assert_eq!((next - arrival) as u64, d);
-                slot = next;
-                // The answer comes once the delay has passed; the next scan after it.
-                arrival = slot + gap;
-            }
-        }
-
-        /// A burst's slots increase strictly by each scan's delay.
-        #[test]
-        fn burst_is_spread(delays in proptest::collection::vec(1u64..100_000, 1..50), arrival in 0i64..1_000_000) {
-            let mut slot = 0i64;
-            for d in delays {
-                let next = next_slot(slot, arrival, d, u64::MAX).unwrap();
-                prop_assert_eq!(next, slot.max(arrival) + d as i64);
-                prop_assert!(next > slot);
-                slot = next;
-            }
-        }
     }
 }

@@ -32,7 +32,7 @@ const RELEASE: &str = include_str!("release.lua");
 const TAKE_OVER: &str = include_str!("take_over.lua");
 
 /// Every script that reads or writes an idempotency record, for the test
-/// that checks they spell the record's fields as [`super::RecordField`] does.
+/// that checks they spell the record's fields as [`crate::record::RecordField`] does.
 pub const RECORD_SCRIPTS: [(&str, &str); 5] = [
     ("claim.lua", CLAIM),
     ("pace.lua", PACE),
@@ -294,56 +294,5 @@ impl QuotaStore for ValkeyStore {
         cmd.arg(seen).arg(until);
         let taken: i64 = self.send(cmd).await?;
         Ok(taken == 1)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::store::{RecordField, RecordState};
-
-    /// The quoted words of a script: field names, states and command names.
-    fn quoted(script: &str) -> Vec<&str> {
-        script
-            .lines()
-            .filter(|l| !l.trim_start().starts_with("--"))
-            .flat_map(|l| l.split('\'').skip(1).step_by(2))
-            .collect()
-    }
-
-    /// Every script spells the record's fields and states exactly as
-    /// `RecordField` and `RecordState` do: a word that is not a command
-    /// must be one of them.
-    #[test]
-    fn scripts_use_the_record_names() {
-        let names: Vec<&str> = RecordField::ALL
-            .iter()
-            .map(|f| f.name())
-            .chain(RecordState::ALL.iter().map(|s| s.name()))
-            .collect();
-        let mut seen = std::collections::HashSet::new();
-        for (file, script) in RECORD_SCRIPTS {
-            for word in quoted(script) {
-                let command = word.chars().all(|c| c.is_ascii_uppercase());
-                // Numbers and the EXAT/EX/NX options are arguments, not names.
-                let argument = word.parse::<f64>().is_ok() || word.starts_with('%');
-                assert!(
-                    command || argument || names.contains(&word),
-                    "{file}: '{word}' is not a record field or state"
-                );
-                seen.insert(word);
-            }
-        }
-        // The claim writes the whole record but its response and delay.
-        for field in RecordField::ALL {
-            let written_later = matches!(field, RecordField::Response | RecordField::DelayMs);
-            assert!(
-                written_later || quoted(CLAIM).contains(&field.name()),
-                "claim.lua does not write {}",
-                field.name()
-            );
-        }
-        assert!(quoted(PACE).contains(&RecordField::DelayMs.name()));
-        assert!(seen.contains(RecordState::Pending.name()));
     }
 }
