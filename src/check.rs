@@ -16,6 +16,7 @@ use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, Response, StatusCode, header};
 use serde::Serialize;
 
+use crate::clock::rfc3339;
 use crate::config::{Mode, Pacing};
 use crate::decide::{Limits, Tier, decide};
 use crate::digest::Scope;
@@ -156,7 +157,7 @@ impl QuotaView {
 
     /// 200 with the quota, the next scan, and the IETF `RateLimit` headers.
     pub fn to_response(&self) -> Response<Bytes> {
-        let reset_at = respond::rfc3339(self.reset_at);
+        let reset_at = rfc3339(self.reset_at);
         let body = Body {
             quota: Quota {
                 scope: self.scope.as_str(),

@@ -16,6 +16,9 @@
 //! wakes it from its backoff. A caller that times out does not cancel what
 //! it sent: the command stays in flight in a task of its own.
 //!
+//! Scripts go as one `EVAL` each ([`eval`]); [`has_hash_tag`] tells whether
+//! a key already names its cluster slot.
+//!
 //! TLS (`rediss://`, as ElastiCache Serverless always requires) is rustls
 //! with the aws-lc-rs provider, installed here as the process default so no
 //! rustls user in the process panics for want of one. Servers are verified
@@ -125,6 +128,26 @@ pub enum SendError {
     /// the command ran, or was refused, and that is final.
     #[error("{0}")]
     Refused(String),
+}
+
+/// `EVAL <script> <keys>`: the whole script in one command, which Valkey
+/// compiles once and caches. Not `EVALSHA` with a fallback to `EVAL` on
+/// `NOSCRIPT`: that is two commands, and a caller that times out after the
+/// first never sends the second. A late claim would then never land while
+/// the refund sent after it would, taking back a count that was never made.
+/// One command each keeps "sent" meaning "will run, in order".
+pub fn eval(script: &str, keys: &[&str]) -> redis::Cmd {
+    let mut cmd = redis::cmd("EVAL");
+    cmd.arg(script).arg(keys.len()).arg(keys);
+    cmd
+}
+
+/// Whether `key` carries a non-empty `{…}` hash tag: the part of the key
+/// a cluster hashes, so keys that share it share a slot.
+pub fn has_hash_tag(key: &str) -> bool {
+    key.find('{')
+        .and_then(|open| key[open + 1..].find('}'))
+        .is_some_and(|len| len > 0)
 }
 
 /// What a command that found no connection gets: it was never written, so
@@ -486,5 +509,19 @@ impl ConnectionLike for Connection {
             Self::Standalone(c) => c.get_db(),
             Self::Cluster(c) => c.get_db(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Only a non-empty `{…}` is a hash tag.
+    #[test]
+    fn hash_tags() {
+        assert!(!has_hash_tag("jobs"));
+        assert!(has_hash_tag("jobs{scan}"));
+        assert!(!has_hash_tag("jobs{}"));
+        assert!(!has_hash_tag("jobs}{"));
     }
 }

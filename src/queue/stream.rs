@@ -10,7 +10,7 @@
 //! first attempt landed after all, the second adds nothing.
 
 use super::{QueueError, ScanJob, ScanQueue};
-use crate::connection::{SendError, Valkey};
+use crate::connection::{SendError, Valkey, eval, has_hash_tag};
 
 /// How long a landed `scanId` is remembered: as long as a key's record.
 const MARKER_TTL_SECS: i64 = crate::store::IDEMPOTENCY_TTL_SECS;
@@ -34,13 +34,6 @@ fn backend(e: SendError) -> QueueError {
         SendError::Unanswered => QueueError::Timeout,
         SendError::NotSent(why) | SendError::Refused(why) => QueueError::Backend(why),
     }
-}
-
-/// Whether `key` carries a non-empty `{…}` hash tag.
-fn has_hash_tag(key: &str) -> bool {
-    key.find('{')
-        .and_then(|open| key[open + 1..].find('}'))
-        .is_some_and(|len| len > 0)
 }
 
 impl StreamQueue {
@@ -129,7 +122,7 @@ impl ScanQueue for StreamQueue {
         let json = Self::json(job)?;
         let scan_id = job.scan_id.to_string();
         let marker = format!("{}{scan_id}", self.marker_prefix);
-        let mut cmd = crate::store::valkey::eval(LAND, &[&self.key, &marker]);
+        let mut cmd = eval(LAND, &[&self.key, &marker]);
         cmd.arg(json).arg(&scan_id).arg(MARKER_TTL_SECS);
         let _: i64 = self.valkey.send(cmd, SEND_WITHIN).await.map_err(backend)?;
         Ok(())
@@ -159,14 +152,5 @@ mod tests {
     fn land_fields() {
         let fields = format!("'{JOB_FIELD}', ARGV[1], '{SCAN_ID_FIELD}', ARGV[2]");
         assert!(LAND.contains(&fields), "{LAND}");
-    }
-
-    /// Marker keys share the stream's slot: a plain key becomes the tag.
-    #[test]
-    fn hash_tags() {
-        assert!(!has_hash_tag("jobs"));
-        assert!(has_hash_tag("jobs{scan}"));
-        assert!(!has_hash_tag("jobs{}"));
-        assert!(!has_hash_tag("jobs}{"));
     }
 }

@@ -5,7 +5,7 @@
 //! extra scans support granted, which costs Valkey about one more `GET`
 //! and no round trip): a server-side script
 //! would cost Valkey some 40 INCRs per scan. Scripts (sent whole with
-//! `EVAL`, see `eval`) run only where a
+//! `EVAL`, see [`crate::connection::eval`]) run only where a
 //! decision must be atomic and the request is off the hot path anyway: a
 //! keyed scan's claim (`claim.lua`), pacing an over-quota scan (`pace.lua`),
 //! a refund after a failure (`refund.lua`), freeing an abandoned attempt's
@@ -41,17 +41,9 @@ pub const RECORD_SCRIPTS: [(&str, &str); 5] = [
     ("take_over.lua", TAKE_OVER),
 ];
 
-/// `EVAL <script> <keys>`: the whole script in one command, which Valkey
-/// compiles once and caches. Not `EVALSHA` with a fallback to `EVAL` on
-/// `NOSCRIPT`: that is two commands, and a caller that times out after the
-/// first never sends the second. A late claim would then never land while
-/// the refund sent after it would, taking back a count that was never made.
-/// One command each keeps "sent" meaning "will run, in order".
-pub(crate) fn eval(script: &str, keys: &[&str]) -> redis::Cmd {
-    let mut cmd = redis::cmd("EVAL");
-    cmd.arg(script).arg(keys.len()).arg(keys);
-    cmd
-}
+/// Scripts are sent with [`crate::connection::eval`]; the operator tools and
+/// the consumer's markers still name it here.
+pub(crate) use crate::connection::eval;
 
 /// A quota store on Valkey.
 #[derive(Clone)]
@@ -62,7 +54,7 @@ pub struct ValkeyStore {
 }
 
 fn iso8601(secs: i64) -> String {
-    crate::respond::rfc3339(secs)
+    crate::clock::rfc3339(secs)
 }
 
 fn int(v: &Value) -> i64 {
