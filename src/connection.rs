@@ -142,6 +142,17 @@ pub fn eval(script: &str, keys: &[&str]) -> redis::Cmd {
     cmd
 }
 
+/// The quoted words of a Lua script (`'job'`, `'SET'`), comments skipped:
+/// what the tests compare with the names Rust defines once.
+#[cfg(test)]
+pub(crate) fn quoted_words(script: &str) -> Vec<&str> {
+    script
+        .lines()
+        .filter(|l| !l.trim_start().starts_with("--"))
+        .flat_map(|l| l.split('\'').skip(1).step_by(2))
+        .collect()
+}
+
 /// Whether `key` carries a non-empty `{…}` hash tag: the part of the key
 /// a cluster hashes, so keys that share it share a slot.
 pub fn has_hash_tag(key: &str) -> bool {

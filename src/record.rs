@@ -272,6 +272,7 @@ pub struct RecordError(pub &'static str);
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::connection::quoted_words as quoted;
     use crate::store::valkey::RECORD_SCRIPTS;
 
     /// The script `name` of [`RECORD_SCRIPTS`].
@@ -281,15 +282,6 @@ mod tests {
             .find(|(file, _)| *file == name)
             .map(|(_, s)| *s)
             .unwrap_or_else(|| panic!("{name} is not a record script"))
-    }
-
-    /// The quoted words of a script: field names, states and command names.
-    fn quoted(script: &str) -> Vec<&str> {
-        script
-            .lines()
-            .filter(|l| !l.trim_start().starts_with("--"))
-            .flat_map(|l| l.split('\'').skip(1).step_by(2))
-            .collect()
     }
 
     /// Every script spells the record's fields and states exactly as

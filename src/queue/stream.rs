@@ -56,8 +56,9 @@ impl StreamQueue {
     }
 }
 
-/// The entry's field that holds the job's JSON (`land.lua` writes the
-/// same name; the consumer reads it).
+/// The entry's field that holds the job's JSON, defined here only:
+/// [`StreamQueue`] and `land.lua` write it (a test reads the script and
+/// checks), the consumer's stream source reads it.
 pub const JOB_FIELD: &str = "job";
 
 /// The entry's field that holds the job's `scanId`, for operators' eyes.
@@ -147,10 +148,20 @@ mod tests {
         assert!(!aof_everywhere(&redis::Value::Nil));
     }
 
-    /// `land.lua` writes the entry's fields under the names the consumer reads.
+    /// `land.lua` writes the entry's fields under the names the consumer
+    /// reads: every quoted word that is not a command, an option or a
+    /// number is [`JOB_FIELD`] or [`SCAN_ID_FIELD`].
     #[test]
     fn land_fields() {
         let fields = format!("'{JOB_FIELD}', ARGV[1], '{SCAN_ID_FIELD}', ARGV[2]");
         assert!(LAND.contains(&fields), "{LAND}");
+        for word in crate::connection::quoted_words(LAND) {
+            let command = word.chars().all(|c| c.is_ascii_uppercase());
+            let argument = word == "*" || word.parse::<u64>().is_ok();
+            assert!(
+                command || argument || [JOB_FIELD, SCAN_ID_FIELD].contains(&word),
+                "land.lua: '{word}' is not a stream field"
+            );
+        }
     }
 }
