@@ -18,7 +18,8 @@ use serde::Serialize;
 
 use crate::clock::rfc3339;
 use crate::config::{Mode, Pacing};
-use crate::decide::{Limits, Tier, decide};
+pub use crate::decide::ShadowVerdict;
+use crate::decide::{Limits, decide};
 use crate::digest::Scope;
 use crate::identity::TokenStatus;
 use crate::pace::next_slot;
@@ -58,24 +59,6 @@ pub struct NextScan {
     /// In shadow mode: what enforcement would do.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub shadow: Option<ShadowVerdict>,
-}
-
-/// What enforcement would have done with a scan (shadow mode).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct ShadowVerdict {
-    pub tier: &'static str,
-    pub delay_ms: u64,
-}
-
-impl ShadowVerdict {
-    /// The verdict for a scan decided in `tier` with the tier's `delay`.
-    pub fn new(tier: Tier, delay: Duration) -> Self {
-        Self {
-            tier: tier.as_str(),
-            delay_ms: millis(delay),
-        }
-    }
 }
 
 fn millis(d: Duration) -> u64 {

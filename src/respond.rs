@@ -14,8 +14,8 @@ use http::{HeaderMap, HeaderName, HeaderValue, Response, StatusCode, header};
 use serde::Serialize;
 use uuid::Uuid;
 
-use crate::check::ShadowVerdict;
 pub use crate::clock::{rfc3339, rfc3339_ms};
+use crate::decide::ShadowVerdict;
 use crate::delay::DelayPlan;
 use crate::digest::Scope;
 use crate::identity::TokenStatus;

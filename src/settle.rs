@@ -12,7 +12,7 @@
 
 use std::time::Duration;
 
-use crate::config::FailMode;
+use crate::config::words::FailMode;
 use crate::decide::Decision;
 use crate::record::{Claim, Count, Record};
 

@@ -20,15 +20,16 @@ use aws_sdk_sqs::config::timeout::TimeoutConfig;
 use aws_sdk_sqs::error::{DisplayErrorContext, SdkError};
 use aws_sdk_sqs::types::MessageAttributeValue;
 
-use super::{QueueError, ScanJob, ScanQueue};
+use super::job_queue::{QueueError, ScanQueue};
 use crate::delay::MAX_QUEUE_DEFERRAL;
+use crate::job::ScanJob;
 
 /// A TCP connect to the regional (or VPC-endpoint) SQS address takes
 /// milliseconds; a second means the network path is broken.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// One `SendMessage` attempt. Shorter than the gate's enqueue bound
-/// ([`super::ENQUEUE_TIMEOUT`]) so a hung attempt is retried by the
+/// ([`super::job_queue::ENQUEUE_TIMEOUT`]) so a hung attempt is retried by the
 /// SDK instead of using up the whole bound.
 const ATTEMPT_TIMEOUT: Duration = Duration::from_secs(2);
 

@@ -9,8 +9,9 @@
 //! retry after a timeout can then queue the same job again safely: if the
 //! first attempt landed after all, the second adds nothing.
 
-use super::{QueueError, ScanJob, ScanQueue};
+use super::job_queue::{QueueError, ScanQueue};
 use crate::connection::{SendError, Valkey, eval, has_hash_tag};
+use crate::job::ScanJob;
 
 /// How long a landed `scanId` is remembered: as long as a key's record.
 const MARKER_TTL_SECS: i64 = crate::store::IDEMPOTENCY_TTL_SECS;
@@ -66,7 +67,7 @@ pub const SCAN_ID_FIELD: &str = "scanId";
 
 /// How long the stream waits for its own answer; the gate's bound (never
 /// past the answer's deadline) is usually shorter.
-const SEND_WITHIN: std::time::Duration = super::ENQUEUE_TIMEOUT;
+const SEND_WITHIN: std::time::Duration = super::job_queue::ENQUEUE_TIMEOUT;
 
 /// Warns when the stream's Valkey keeps nothing across a restart (no AOF:
 /// `aof_enabled:0` on some node): a restart there loses every queued job,

@@ -22,7 +22,7 @@ use metrics_exporter_prometheus::PrometheusHandle;
 use tokio::sync::OwnedSemaphorePermit;
 use tokio_util::task::TaskTracker;
 
-use super::ServeLimits;
+use super::limits::ServeLimits;
 use crate::error::{GateError, Queued};
 use crate::gate::{Gate, GateRequest};
 use crate::queue::ScanQueue;
@@ -84,7 +84,7 @@ impl<S: QuotaStore, Q: ScanQueue> Routes<S, Q> {
         };
         // The gate runs to its end even if this future is dropped.
         let gate = self.gate.clone();
-        let handled = super::detach(&self.scans, async move {
+        let handled = super::detach::detach(&self.scans, async move {
             let response = gate.handle(request).await;
             drop(slot);
             response

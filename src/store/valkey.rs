@@ -19,11 +19,11 @@
 use redis::Value;
 use uuid::Uuid;
 
-use super::{
-    Claim, Claimed, Count, CountArgs, Field, IDEMPOTENCY_TTL_SECS, PaceArgs, Paced, Peek, QuotaKey,
-    QuotaStore, Record, Refund, StoreError,
-};
+use super::key::{IDEMPOTENCY_TTL_SECS, QuotaKey};
+use super::quota_store::{CountArgs, PaceArgs, QuotaStore, Refund, StoreError};
 use crate::connection::{Request, Valkey};
+use crate::pace::Paced;
+use crate::record::{Claim, Claimed, Count, Field, Peek, Record};
 
 const CLAIM: &str = include_str!("claim.lua");
 const PACE: &str = include_str!("pace.lua");
