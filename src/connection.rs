@@ -14,7 +14,9 @@
 //! old connection attempt's error: a caller that finds no live connection
 //! waits for the connector's next attempt, within its own timeout, and
 //! wakes it from its backoff. A caller that times out does not cancel what
-//! it sent: the command stays in flight in a task of its own.
+//! it sent: the command stays in flight in a task of its own. Nor does
+//! the cluster client re-send one (no retries): a command is sent once or
+//! not at all, so "unanswered" is the only case in which it may land.
 //!
 //! Scripts go as one `EVAL` each ([`eval`]); [`has_hash_tag`] tells whether
 //! a key already names its cluster slot.
@@ -51,6 +53,15 @@ const MIN_CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 /// second, and cut short whenever a request needs the connection.
 const RETRY_FIRST: Duration = Duration::from_millis(50);
 const RETRY_MOST: Duration = Duration::from_secs(2);
+
+/// The cluster client re-sends nothing. Its retries would re-send a command
+/// whose connection broke after it was written (an `INCR` counted twice, a
+/// refund taken twice), which [`Valkey::send`] reports as unanswered instead.
+/// The price: a command refused with `MOVED`/`ASK`, `TRYAGAIN` or
+/// `CLUSTERDOWN` (during a slot migration or a failover; it did not run) is
+/// not redirected but refused, and the client refreshes its slot map for
+/// the next command.
+const CLUSTER_RETRIES: u32 = 0;
 
 /// How long a command the caller stopped waiting for is still awaited in the
 /// background (see [`Valkey::send`]); after that its answer is dropped.
@@ -264,7 +275,7 @@ impl Valkey {
             let mut builder = ClusterClient::builder([info.clone()])
                 .connection_timeout(connect_timeout)
                 .response_timeout(DETACHED_WAIT)
-                .retries(1);
+                .retries(CLUSTER_RETRIES);
             if let Some(certs) = &tls {
                 builder = builder.certs(certs.clone());
             }
