@@ -9,6 +9,8 @@
 //! the scan itself follows (`decide(used + 1)` against `limit + grant`, then
 //! [`crate::pace::next_slot`] for a paced tier), so the two cannot drift.
 //! The answer never guesses: with the store down the gate answers 503.
+//! In shadow mode it carries a [`ShadowVerdict`] (defined with the decision
+//! in [`crate::decide`], re-exported here).
 
 use std::time::Duration;
 

@@ -12,6 +12,7 @@
 //! | `server.rs` | [`Server`]: one single-threaded worker per core on one listening socket, run until a shutdown future |
 //! | `connection.rs` | a worker's accept loop: a connection slot, then hyper over a socket whose stalled writes time out; the drain |
 //! | `route.rs` | one request: `/healthz`, `/metrics`, or the gate in a task of its own |
+//! | `limits.rs` | [`ServeLimits`]: the timeouts, the connection cap and the drain, shared by the three above |
 //!
 //! # Clients that hold the server up
 //!
