@@ -7,8 +7,10 @@
 //! module turns that reading into the answer. It is pure, like
 //! [`crate::decide`]: what the next `POST /scan` would get is the same rule
 //! the scan itself follows (`decide(used + 1)` against `limit + grant`, then
-//! [`crate::store::next_slot`] for a paced tier), so the two cannot drift.
+//! [`crate::pace::next_slot`] for a paced tier), so the two cannot drift.
 //! The answer never guesses: with the store down the gate answers 503.
+//! In shadow mode it carries a [`ShadowVerdict`] (defined with the decision
+//! in [`crate::decide`], re-exported here).
 
 use std::time::Duration;
 
@@ -16,12 +18,15 @@ use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, Response, StatusCode, header};
 use serde::Serialize;
 
+use crate::clock::rfc3339;
 use crate::config::{Mode, Pacing};
-use crate::decide::{Limits, Tier, decide};
+pub use crate::decide::ShadowVerdict;
+use crate::decide::{Limits, decide};
 use crate::digest::Scope;
 use crate::identity::TokenStatus;
+use crate::pace::next_slot;
+use crate::record::Peek;
 use crate::respond::{self, POLICY, RATELIMIT, REMAINING, RESET};
-use crate::store::{Peek, next_slot};
 
 /// Whether `path` names the quota route: `/quota`, or `/<stage>/quota`
 /// when API Gateway keeps a named stage in the path (as for `/scan`).
@@ -56,24 +61,6 @@ pub struct NextScan {
     /// In shadow mode: what enforcement would do.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub shadow: Option<ShadowVerdict>,
-}
-
-/// What enforcement would have done with a scan (shadow mode).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct ShadowVerdict {
-    pub tier: &'static str,
-    pub delay_ms: u64,
-}
-
-impl ShadowVerdict {
-    /// The verdict for a scan decided in `tier` with the tier's `delay`.
-    pub fn new(tier: Tier, delay: Duration) -> Self {
-        Self {
-            tier: tier.as_str(),
-            delay_ms: millis(delay),
-        }
-    }
 }
 
 fn millis(d: Duration) -> u64 {
@@ -155,7 +142,7 @@ impl QuotaView {
 
     /// 200 with the quota, the next scan, and the IETF `RateLimit` headers.
     pub fn to_response(&self) -> Response<Bytes> {
-        let reset_at = respond::rfc3339(self.reset_at);
+        let reset_at = rfc3339(self.reset_at);
         let body = Body {
             quota: Quota {
                 scope: self.scope.as_str(),

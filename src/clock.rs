@@ -16,6 +16,9 @@
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use time::OffsetDateTime;
+use time::format_description::well_known::Rfc3339;
+
 /// A source of unix milliseconds.
 #[derive(Debug, Clone, Copy, Default)]
 pub enum Clock {
@@ -53,5 +56,39 @@ impl Clock {
                 wall_ms + i64::try_from(at.elapsed().as_millis()).unwrap_or(i64::MAX)
             }
         }
+    }
+}
+
+/// An instant as RFC 3339 UTC with second precision (`2026-12-01T00:00:00Z`).
+pub fn rfc3339(unix_secs: i64) -> String {
+    OffsetDateTime::from_unix_timestamp(unix_secs)
+        .ok()
+        .and_then(|t| t.format(&Rfc3339).ok())
+        .unwrap_or_default()
+}
+
+/// An instant in unix milliseconds as RFC 3339 UTC, always with three
+/// fraction digits (`2026-12-01T00:00:05.250Z`, `…:05.000Z`): the same width
+/// for every instant, as the docs show it.
+pub fn rfc3339_ms(unix_ms: i64) -> String {
+    const MS: &[time::format_description::BorrowedFormatItem<'_>] = time::macros::format_description!(
+        "[year]-[month]-[day]T[hour]:[minute]:[second].[subsecond digits:3]Z"
+    );
+    OffsetDateTime::from_unix_timestamp_nanos(i128::from(unix_ms) * 1_000_000)
+        .ok()
+        .and_then(|t| t.format(MS).ok())
+        .unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Instants in ms always carry three fraction digits, even when they are zeros.
+    #[test]
+    fn milliseconds_are_three_digits() {
+        assert_eq!(rfc3339_ms(1_796_083_200_000), "2026-12-01T00:00:00.000Z");
+        assert_eq!(rfc3339_ms(1_796_083_205_250), "2026-12-01T00:00:05.250Z");
+        assert_eq!(rfc3339_ms(1_796_083_205_001), "2026-12-01T00:00:05.001Z");
     }
 }

@@ -14,7 +14,12 @@
 //! old connection attempt's error: a caller that finds no live connection
 //! waits for the connector's next attempt, within its own timeout, and
 //! wakes it from its backoff. A caller that times out does not cancel what
-//! it sent: the command stays in flight in a task of its own.
+//! it sent: the command stays in flight in a task of its own. Nor does
+//! the cluster client re-send one (no retries): a command is sent once or
+//! not at all, so "unanswered" is the only case in which it may land.
+//!
+//! Scripts go as one `EVAL` each ([`eval`]); [`has_hash_tag`] tells whether
+//! a key already names its cluster slot.
 //!
 //! TLS (`rediss://`, as ElastiCache Serverless always requires) is rustls
 //! with the aws-lc-rs provider, installed here as the process default so no
@@ -48,6 +53,15 @@ const MIN_CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 /// second, and cut short whenever a request needs the connection.
 const RETRY_FIRST: Duration = Duration::from_millis(50);
 const RETRY_MOST: Duration = Duration::from_secs(2);
+
+/// The cluster client re-sends nothing. Its retries would re-send a command
+/// whose connection broke after it was written (an `INCR` counted twice, a
+/// refund taken twice), which [`Valkey::send`] reports as unanswered instead.
+/// The price: a command refused with `MOVED`/`ASK`, `TRYAGAIN` or
+/// `CLUSTERDOWN` (during a slot migration or a failover; it did not run) is
+/// not redirected but refused, and the client refreshes its slot map for
+/// the next command.
+const CLUSTER_RETRIES: u32 = 0;
 
 /// How long a command the caller stopped waiting for is still awaited in the
 /// background (see [`Valkey::send`]); after that its answer is dropped.
@@ -125,6 +139,37 @@ pub enum SendError {
     /// the command ran, or was refused, and that is final.
     #[error("{0}")]
     Refused(String),
+}
+
+/// `EVAL <script> <keys>`: the whole script in one command, which Valkey
+/// compiles once and caches. Not `EVALSHA` with a fallback to `EVAL` on
+/// `NOSCRIPT`: that is two commands, and a caller that times out after the
+/// first never sends the second. A late claim would then never land while
+/// the refund sent after it would, taking back a count that was never made.
+/// One command each keeps "sent" meaning "will run, in order".
+pub fn eval(script: &str, keys: &[&str]) -> redis::Cmd {
+    let mut cmd = redis::cmd("EVAL");
+    cmd.arg(script).arg(keys.len()).arg(keys);
+    cmd
+}
+
+/// The quoted words of a Lua script (`'job'`, `'SET'`), comments skipped:
+/// what the tests compare with the names Rust defines once.
+#[cfg(test)]
+pub(crate) fn quoted_words(script: &str) -> Vec<&str> {
+    script
+        .lines()
+        .filter(|l| !l.trim_start().starts_with("--"))
+        .flat_map(|l| l.split('\'').skip(1).step_by(2))
+        .collect()
+}
+
+/// Whether `key` carries a non-empty `{…}` hash tag: the part of the key
+/// a cluster hashes, so keys that share it share a slot.
+pub fn has_hash_tag(key: &str) -> bool {
+    key.find('{')
+        .and_then(|open| key[open + 1..].find('}'))
+        .is_some_and(|len| len > 0)
 }
 
 /// What a command that found no connection gets: it was never written, so
@@ -230,7 +275,7 @@ impl Valkey {
             let mut builder = ClusterClient::builder([info.clone()])
                 .connection_timeout(connect_timeout)
                 .response_timeout(DETACHED_WAIT)
-                .retries(1);
+                .retries(CLUSTER_RETRIES);
             if let Some(certs) = &tls {
                 builder = builder.certs(certs.clone());
             }
@@ -486,5 +531,19 @@ impl ConnectionLike for Connection {
             Self::Standalone(c) => c.get_db(),
             Self::Cluster(c) => c.get_db(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Only a non-empty `{…}` is a hash tag.
+    #[test]
+    fn hash_tags() {
+        assert!(!has_hash_tag("jobs"));
+        assert!(has_hash_tag("jobs{scan}"));
+        assert!(!has_hash_tag("jobs{}"));
+        assert!(!has_hash_tag("jobs}{"));
     }
 }

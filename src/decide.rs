@@ -1,6 +1,7 @@
 //! Step 5: the decision. A pure function of the count and the limits: no
 //! client, no clock, so every tier boundary is pinned by table and property
-//! tests.
+//! tests. [`ShadowVerdict`] is a decision as a shadow-mode answer shows it
+//! (what enforcement would have done), shared by `GET /quota` and the 202.
 
 use std::num::NonZeroU32;
 use std::time::Duration;
@@ -82,6 +83,24 @@ pub fn decide(count: u64, limits: &Limits) -> Decision {
         delay,
         remaining: limit.saturating_sub(count),
         reminder: count >= u64::from(limits.warn_at.get()),
+    }
+}
+
+/// What enforcement would have done with a scan (shadow mode).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ShadowVerdict {
+    pub tier: &'static str,
+    pub delay_ms: u64,
+}
+
+impl ShadowVerdict {
+    /// The verdict for a scan decided in `tier` with the tier's `delay`.
+    pub fn new(tier: Tier, delay: Duration) -> Self {
+        Self {
+            tier: tier.as_str(),
+            delay_ms: u64::try_from(delay.as_millis()).unwrap_or(u64::MAX),
+        }
     }
 }
 

@@ -8,7 +8,7 @@
 
 use std::time::Duration;
 
-use crate::config::DelayMode;
+use crate::config::words::DelayMode;
 
 /// The most SQS can hold a message back.
 pub const MAX_QUEUE_DEFERRAL: Duration = Duration::from_secs(900);

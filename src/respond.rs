@@ -6,15 +6,16 @@
 //! `X-Stella-Quota-Reminder` and `X-Stella-Quota: unavailable`; in shadow
 //! mode `X-Stella-Quota-Shadow` (what enforcement would have done). An
 //! exempt scan's 202 has `quota.scope` `exempt` and no limit headers.
+//! Instants are written by [`crate::clock`]'s [`rfc3339`] and
+//! [`rfc3339_ms`], re-exported here for the callers that know them here.
 
 use bytes::Bytes;
 use http::{HeaderMap, HeaderName, HeaderValue, Response, StatusCode, header};
 use serde::Serialize;
-use time::OffsetDateTime;
-use time::format_description::well_known::Rfc3339;
 use uuid::Uuid;
 
-use crate::check::ShadowVerdict;
+pub use crate::clock::{rfc3339, rfc3339_ms};
+use crate::decide::ShadowVerdict;
 use crate::delay::DelayPlan;
 use crate::digest::Scope;
 use crate::identity::TokenStatus;
@@ -155,27 +156,6 @@ pub fn exempt(scan_id: Uuid, received_ms: i64, token: Option<TokenStatus>) -> Re
     response
 }
 
-/// An instant as RFC 3339 UTC with second precision (`2026-12-01T00:00:00Z`).
-pub fn rfc3339(unix_secs: i64) -> String {
-    OffsetDateTime::from_unix_timestamp(unix_secs)
-        .ok()
-        .and_then(|t| t.format(&Rfc3339).ok())
-        .unwrap_or_default()
-}
-
-/// An instant in unix milliseconds as RFC 3339 UTC, always with three
-/// fraction digits (`2026-12-01T00:00:05.250Z`, `…:05.000Z`): the same width
-/// for every instant, as the docs show it.
-pub fn rfc3339_ms(unix_ms: i64) -> String {
-    const MS: &[time::format_description::BorrowedFormatItem<'_>] = time::macros::format_description!(
-        "[year]-[month]-[day]T[hour]:[minute]:[second].[subsecond digits:3]Z"
-    );
-    OffsetDateTime::from_unix_timestamp_nanos(i128::from(unix_ms) * 1_000_000)
-        .ok()
-        .and_then(|t| t.format(MS).ok())
-        .unwrap_or_default()
-}
-
 /// A 202 as an idempotency record keeps it: its headers and body.
 #[derive(Serialize, serde::Deserialize)]
 struct Saved {
@@ -309,14 +289,6 @@ mod tests {
             reminder: false,
             shadow: None,
         }
-    }
-
-    /// Instants in ms always carry three fraction digits, even when they are zeros.
-    #[test]
-    fn milliseconds_are_three_digits() {
-        assert_eq!(rfc3339_ms(1_796_083_200_000), "2026-12-01T00:00:00.000Z");
-        assert_eq!(rfc3339_ms(1_796_083_205_250), "2026-12-01T00:00:05.250Z");
-        assert_eq!(rfc3339_ms(1_796_083_205_001), "2026-12-01T00:00:05.001Z");
     }
 
     /// Headers and body follow the response contract.

@@ -19,10 +19,11 @@ use std::time::Duration;
 
 use uuid::Uuid;
 
-use crate::config::{FailMode, Pacing};
+use crate::config::words::{FailMode, Pacing};
 use crate::decide::{Decision, Limits, decide};
 use crate::delay::DelayPlan;
-use crate::store::{Claim, Count, Paced, Record};
+use crate::pace::Paced;
+use crate::record::{Claim, Count, Record};
 
 /// How long after its expected end an attempt is still given, in the
 /// `Retry-After` of a 409: the enqueue and the saving of its answer.
@@ -457,7 +458,7 @@ mod tests {
         let mut r = Record::claimed(&claim, 3, RESET);
         r.delay_ms = delay_ms;
         if state_done {
-            r.state = crate::store::RecordState::Done;
+            r.state = crate::record::RecordState::Done;
             r.response = Some("{}".into());
         }
         (r, claim)

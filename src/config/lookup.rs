@@ -6,7 +6,7 @@ use std::num::NonZeroU32;
 use std::str::FromStr;
 use std::time::Duration;
 
-use super::ConfigError;
+use super::error::ConfigError;
 use super::vars::{DefaultValue, Flag, Optional, Text, Var, Whole, Word};
 
 /// The lookup function given to [`super::Config::from_lookup`], read by handle.

@@ -20,11 +20,16 @@
 //! failure handling), the [`QueueTarget`] and [`ServeConfig`]. They are read
 //! in that order, so with several bad values the first group's error is the
 //! one reported.
+//! The settings that are one word each ([`FailMode`], [`DelayMode`], …)
+//! live in [`words`] and [`ConfigError`] in `error`, below the parser, so
+//! the pure rules import a setting without the configuration.
 //! A plain environment variable table was chosen over clap's `env` feature:
 //! Lambda has no command line, and one parser serves both binaries.
 
+mod error;
 mod lookup;
 pub mod vars;
+pub mod words;
 
 use std::net::SocketAddr;
 use std::num::NonZeroU32;
@@ -34,111 +39,10 @@ use std::time::Duration;
 use ipnet::IpNet;
 
 use crate::decide::Limits;
+pub use error::ConfigError;
 use lookup::Lookup;
 pub use lookup::ranged_number;
-
-/// A configuration error, naming the variable at fault.
-#[derive(Debug, thiserror::Error)]
-#[error("{var}: {problem}")]
-pub struct ConfigError {
-    pub var: &'static str,
-    pub problem: String,
-}
-
-impl ConfigError {
-    pub fn new(var: &'static str, problem: impl Into<String>) -> Self {
-        Self {
-            var,
-            problem: problem.into(),
-        }
-    }
-}
-
-/// A setting that is one of a few words: the enum, its variants' words, and
-/// `FromStr` that names the words it expects.
-macro_rules! word_setting {
-    ($(#[$doc:meta])* $name:ident { $($(#[$vdoc:meta])* $variant:ident = $word:literal,)+ }) => {
-        $(#[$doc])*
-        #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-        pub enum $name {
-            $($(#[$vdoc])* $variant,)+
-        }
-
-        impl $name {
-            /// The word that names it in the environment.
-            pub fn as_str(self) -> &'static str {
-                match self {
-                    $(Self::$variant => $word,)+
-                }
-            }
-        }
-
-        impl FromStr for $name {
-            type Err = String;
-
-            fn from_str(word: &str) -> Result<Self, String> {
-                match word {
-                    $($word => Ok(Self::$variant),)+
-                    other => Err(format!(
-                        "expected {}, got {other:?}",
-                        [$($word),+].join(" or ")
-                    )),
-                }
-            }
-        }
-    };
-}
-
-word_setting! {
-    /// When a counter expires.
-    ResetPolicy {
-        /// At the next 00:00 UTC after the first scan.
-        UtcDay = "utc-day",
-        /// 24 hours after the first scan.
-        Rolling = "rolling",
-    }
-}
-
-word_setting! {
-    /// Whether the decisions are carried out.
-    Mode {
-        /// Over-quota scans are delayed and paced.
-        Enforce = "enforce",
-        /// A dry run: counted, decided and metered, but nobody waits and no
-        /// pacing slot is taken; each answer says what enforcement would do.
-        Shadow = "shadow",
-    }
-}
-
-word_setting! {
-    /// What to do when the quota store cannot answer in time.
-    FailMode {
-        /// Accept the scan without delay and say the quota was not checked.
-        Open = "open",
-        /// Refuse with 503 and `Retry-After`.
-        Closed = "closed",
-    }
-}
-
-word_setting! {
-    /// Where over-quota delay is spent.
-    DelayMode {
-        /// Sleep in the handler as far as the gateway allows; defer the rest onto the job.
-        Sleep = "sleep",
-        /// Answer at once; the whole delay holds the queued job back.
-        Defer = "defer",
-    }
-}
-
-word_setting! {
-    /// Whether a subject's over-quota scans are spread out one delay apart.
-    Pacing {
-        /// `slot_k = max(arrival_k, slot_(k-1)) + D(tier_k)`: a burst is spread out.
-        On = "on",
-        /// The seed's fixed per-request delays.
-        Off = "off",
-    }
-}
+pub use words::{DelayMode, FailMode, Mode, Pacing, ResetPolicy};
 
 /// Where accepted scans go.
 #[derive(Debug, Clone, PartialEq, Eq)]

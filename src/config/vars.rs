@@ -14,7 +14,7 @@
 
 use std::marker::PhantomData;
 
-use super::{DelayMode, FailMode, Mode, Pacing, ResetPolicy};
+use super::words::{DelayMode, FailMode, Mode, Pacing, ResetPolicy};
 
 /// The longest delay or timeout: 24 h, in milliseconds.
 pub const MAX_MILLIS: u64 = 86_400_000;

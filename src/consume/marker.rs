@@ -32,6 +32,10 @@ pub const DONE_TTL_SECS: i64 = crate::store::IDEMPOTENCY_TTL_SECS;
 /// Done markers an in-process store keeps before forgetting the oldest.
 const LOCAL_DONE: usize = 100_000;
 
+/// A finished scan's marker value (`claim.lua` compares the same word; a
+/// test reads the script and checks).
+pub const DONE: &str = "done";
+
 const CLAIM: &str = include_str!("claim.lua");
 const RELEASE: &str = include_str!("release.lua");
 
@@ -134,7 +138,7 @@ impl Markers {
             Self::Valkey { valkey, tag } => {
                 let (marker, _) = Self::keys(tag, scan);
                 let mut cmd = redis::cmd("SET");
-                cmd.arg(marker).arg("done").arg("EX").arg(DONE_TTL_SECS);
+                cmd.arg(marker).arg(DONE).arg("EX").arg(DONE_TTL_SECS);
                 valkey
                     .send::<()>(cmd, valkey.timeout())
                     .await
@@ -206,5 +210,21 @@ mod tests {
         assert!(matches!(claim("b", 2).await, Ok(MarkerClaim::Claimed(2))));
         m.done(scan).await.unwrap();
         assert!(matches!(claim("c", 0).await, Ok(MarkerClaim::Done)));
+    }
+
+    /// `claim.lua` spells a finished scan's marker as [`DONE`] does: every
+    /// quoted word that is not a command, an option or a number is that one.
+    #[test]
+    fn claim_spells_done() {
+        let words = crate::connection::quoted_words(CLAIM);
+        assert!(words.contains(&DONE), "{CLAIM}");
+        for word in words {
+            let command = word.chars().all(|c| c.is_ascii_uppercase());
+            let number = word.parse::<u64>().is_ok();
+            assert!(
+                command || number || word == DONE,
+                "claim.lua: '{word}' is not {DONE:?}"
+            );
+        }
     }
 }

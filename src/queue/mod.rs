@@ -5,46 +5,18 @@
 //! answers 503. Backends: [`spool::Spool`] (one JSON line per job on stdout,
 //! the local default), [`stream::StreamQueue`] (`XADD` on the quota
 //! Valkey) and [`sqs::SqsQueue`] (one `SendMessage`, held back by
-//! `DelaySeconds`).
+//! `DelaySeconds`). The trait and what the queues share are in
+//! [`job_queue`]; here only the re-exports and [`AnyQueue`].
 
+pub mod job_queue;
 pub mod spool;
 pub mod sqs;
 pub mod stream;
 
-use std::future::Future;
-use std::time::Duration;
-
-/// The longest an enqueue may take before the scan is refunded and refused
-/// (less when the gateway or Lambda deadline is nearer). It lives with the
-/// queues, which bound their own sends by it; the gate imports it.
-pub const ENQUEUE_TIMEOUT: Duration = Duration::from_secs(5);
+pub use job_queue::{ENQUEUE_TIMEOUT, QueueError, ScanQueue};
 
 /// The job type lives in [`crate::job`], shared with the consumer.
 pub use crate::job::ScanJob;
-
-/// Why a job could not be queued.
-#[derive(Debug, thiserror::Error)]
-pub enum QueueError {
-    /// Sent, but no answer (in time, or at all: the connection dropped):
-    /// the job may have landed, or still land.
-    #[error("the scan queue did not answer in time")]
-    Timeout,
-    #[error("scan queue error: {0}")]
-    Backend(String),
-}
-
-/// A scan queue.
-pub trait ScanQueue: Send + Sync + 'static {
-    /// Queues `job`, held back by `job.deferred_ms` where the backend can.
-    fn enqueue(&self, job: &ScanJob) -> impl Future<Output = Result<(), QueueError>> + Send;
-
-    /// Queues `job` unless a job with its `scanId` was queued before: what a
-    /// keyed retry uses. Backends that cannot tell queue it again, and
-    /// consumers deduplicate on `scanId`.
-    fn enqueue_once(&self, job: &ScanJob) -> impl Future<Output = Result<(), QueueError>> + Send {
-        self.enqueue(job)
-    }
-}
 
 /// The queue chosen by `SCAN_QUEUE_URL`.
 pub enum AnyQueue {

@@ -19,7 +19,8 @@ use std::io::Write;
 
 use crate::stdout::{LINE_QUEUE, LineWriter, WriteError};
 
-use super::{QueueError, ScanJob, ScanQueue};
+use super::job_queue::{QueueError, ScanQueue};
+use crate::job::ScanJob;
 
 /// Writes jobs as JSON lines.
 #[derive(Clone)]

@@ -11,26 +11,33 @@
 //! (`aws_config`: region, credentials, `AWS_ENDPOINT_URL` for emulators) and
 //! shared by every invocation. Standard queues only: SQS refuses a
 //! per-message `DelaySeconds` on FIFO queues.
+//!
+//! The client makes one attempt per message (no SDK retry): a send that
+//! times out is reported as such (it may land) and never re-sent here.
 
 use std::time::Duration;
 
 use aws_config::SdkConfig;
 use aws_sdk_sqs::Client;
+use aws_sdk_sqs::config::retry::RetryConfig;
 use aws_sdk_sqs::config::timeout::TimeoutConfig;
 use aws_sdk_sqs::error::{DisplayErrorContext, SdkError};
 use aws_sdk_sqs::types::MessageAttributeValue;
 
-use super::{QueueError, ScanJob, ScanQueue};
+use super::job_queue::{ENQUEUE_TIMEOUT, QueueError, ScanQueue};
 use crate::delay::MAX_QUEUE_DEFERRAL;
+use crate::job::ScanJob;
 
 /// A TCP connect to the regional (or VPC-endpoint) SQS address takes
 /// milliseconds; a second means the network path is broken.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
 
-/// One `SendMessage` attempt. Shorter than the gate's enqueue bound
-/// ([`super::ENQUEUE_TIMEOUT`]) so a hung attempt is retried by the
-/// SDK instead of using up the whole bound.
-const ATTEMPT_TIMEOUT: Duration = Duration::from_secs(2);
+/// Attempts per `SendMessage`: one. The SDK would re-send a message whose
+/// attempt timed out or whose connection broke after sending, and a
+/// standard queue would then hold it twice, behind the gate's back (it
+/// answers `"queued": "unknown"` and settles as if one may land). A keyed
+/// scan's retry is the only re-send, and consumers deduplicate it on `scanId`.
+const MAX_ATTEMPTS: u32 = 1;
 
 /// Sends scan jobs to one SQS queue.
 #[derive(Clone, Debug)]
@@ -45,15 +52,18 @@ impl SqsQueue {
     pub fn new(sdk: &SdkConfig, url: impl Into<String>) -> Self {
         let timeouts = TimeoutConfig::builder()
             .connect_timeout(CONNECT_TIMEOUT)
-            .operation_attempt_timeout(ATTEMPT_TIMEOUT)
+            .operation_timeout(ENQUEUE_TIMEOUT)
             .build();
         let config = aws_sdk_sqs::config::Builder::from(sdk)
             .timeout_config(timeouts)
+            .retry_config(RetryConfig::standard().with_max_attempts(MAX_ATTEMPTS))
             .build();
         Self::with_client(Client::from_conf(config), url)
     }
 
-    /// A queue at `url` over an existing client.
+    /// A queue at `url` over an existing client, with that client's retry
+    /// settings: build it with one attempt, as [`new`](Self::new) does, or
+    /// a timed-out message may be sent twice.
     pub fn with_client(client: Client, url: impl Into<String>) -> Self {
         Self {
             client,

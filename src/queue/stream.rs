@@ -9,8 +9,9 @@
 //! retry after a timeout can then queue the same job again safely: if the
 //! first attempt landed after all, the second adds nothing.
 
-use super::{QueueError, ScanJob, ScanQueue};
-use crate::connection::{SendError, Valkey};
+use super::job_queue::{QueueError, ScanQueue};
+use crate::connection::{SendError, Valkey, eval, has_hash_tag};
+use crate::job::ScanJob;
 
 /// How long a landed `scanId` is remembered: as long as a key's record.
 const MARKER_TTL_SECS: i64 = crate::store::IDEMPOTENCY_TTL_SECS;
@@ -36,13 +37,6 @@ fn backend(e: SendError) -> QueueError {
     }
 }
 
-/// Whether `key` carries a non-empty `{…}` hash tag.
-fn has_hash_tag(key: &str) -> bool {
-    key.find('{')
-        .and_then(|open| key[open + 1..].find('}'))
-        .is_some_and(|len| len > 0)
-}
-
 impl StreamQueue {
     pub fn new(valkey: Valkey, key: impl Into<String>) -> Self {
         let key = key.into();
@@ -63,8 +57,9 @@ impl StreamQueue {
     }
 }
 
-/// The entry's field that holds the job's JSON (`land.lua` writes the
-/// same name; the consumer reads it).
+/// The entry's field that holds the job's JSON, defined here only:
+/// [`StreamQueue`] and `land.lua` write it (a test reads the script and
+/// checks), the consumer's stream source reads it.
 pub const JOB_FIELD: &str = "job";
 
 /// The entry's field that holds the job's `scanId`, for operators' eyes.
@@ -72,7 +67,7 @@ pub const SCAN_ID_FIELD: &str = "scanId";
 
 /// How long the stream waits for its own answer; the gate's bound (never
 /// past the answer's deadline) is usually shorter.
-const SEND_WITHIN: std::time::Duration = super::ENQUEUE_TIMEOUT;
+const SEND_WITHIN: std::time::Duration = super::job_queue::ENQUEUE_TIMEOUT;
 
 /// Warns when the stream's Valkey keeps nothing across a restart (no AOF:
 /// `aof_enabled:0` on some node): a restart there loses every queued job,
@@ -129,7 +124,7 @@ impl ScanQueue for StreamQueue {
         let json = Self::json(job)?;
         let scan_id = job.scan_id.to_string();
         let marker = format!("{}{scan_id}", self.marker_prefix);
-        let mut cmd = crate::store::valkey::eval(LAND, &[&self.key, &marker]);
+        let mut cmd = eval(LAND, &[&self.key, &marker]);
         cmd.arg(json).arg(&scan_id).arg(MARKER_TTL_SECS);
         let _: i64 = self.valkey.send(cmd, SEND_WITHIN).await.map_err(backend)?;
         Ok(())
@@ -154,19 +149,20 @@ mod tests {
         assert!(!aof_everywhere(&redis::Value::Nil));
     }
 
-    /// `land.lua` writes the entry's fields under the names the consumer reads.
+    /// `land.lua` writes the entry's fields under the names the consumer
+    /// reads: every quoted word that is not a command, an option or a
+    /// number is [`JOB_FIELD`] or [`SCAN_ID_FIELD`].
     #[test]
     fn land_fields() {
         let fields = format!("'{JOB_FIELD}', ARGV[1], '{SCAN_ID_FIELD}', ARGV[2]");
         assert!(LAND.contains(&fields), "{LAND}");
-    }
-
-    /// Marker keys share the stream's slot: a plain key becomes the tag.
-    #[test]
-    fn hash_tags() {
-        assert!(!has_hash_tag("jobs"));
-        assert!(has_hash_tag("jobs{scan}"));
-        assert!(!has_hash_tag("jobs{}"));
-        assert!(!has_hash_tag("jobs}{"));
+        for word in crate::connection::quoted_words(LAND) {
+            let command = word.chars().all(|c| c.is_ascii_uppercase());
+            let argument = word == "*" || word.parse::<u64>().is_ok();
+            assert!(
+                command || argument || [JOB_FIELD, SCAN_ID_FIELD].contains(&word),
+                "land.lua: '{word}' is not a stream field"
+            );
+        }
     }
 }

@@ -16,7 +16,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_io_timeout::TimeoutStream;
 use tokio_util::task::TaskTracker;
 
-use super::ServeLimits;
+use super::limits::ServeLimits;
 use super::route::Routes;
 use crate::gate::Gate;
 use crate::queue::ScanQueue;

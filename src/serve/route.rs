@@ -22,7 +22,7 @@ use metrics_exporter_prometheus::PrometheusHandle;
 use tokio::sync::OwnedSemaphorePermit;
 use tokio_util::task::TaskTracker;
 
-use super::ServeLimits;
+use super::limits::ServeLimits;
 use crate::error::{GateError, Queued};
 use crate::gate::{Gate, GateRequest};
 use crate::queue::ScanQueue;
@@ -39,6 +39,29 @@ pub(super) struct Routes<S, Q> {
     pub scans: TaskTracker,
 }
 
+/// `GET /healthz` and `GET /metrics` (HEAD gets the same status and
+/// headers; hyper leaves out the body); `None` for everything else.
+fn endpoint(
+    request: &Request<Incoming>,
+    metrics: Option<&PrometheusHandle>,
+) -> Option<Response<Full<Bytes>>> {
+    if request.method() != Method::GET && request.method() != Method::HEAD {
+        return None;
+    }
+    match (request.uri().path(), metrics) {
+        ("/healthz", _) => Some(text(StatusCode::OK, "text/plain", "ok\n".into())),
+        ("/metrics", Some(handle)) => {
+            crate::meter::sample_process();
+            Some(text(
+                StatusCode::OK,
+                "text/plain; version=0.0.4",
+                handle.render(),
+            ))
+        }
+        _ => None,
+    }
+}
+
 impl<S: QuotaStore, Q: ScanQueue> Routes<S, Q> {
     /// Answers `request` from `peer`, whose connection holds `slot`.
     pub async fn route(
@@ -47,21 +70,8 @@ impl<S: QuotaStore, Q: ScanQueue> Routes<S, Q> {
         slot: Arc<OwnedSemaphorePermit>,
         request: Request<Incoming>,
     ) -> Result<Response<Full<Bytes>>, Infallible> {
-        let path = request.uri().path();
-        if request.method() == Method::GET || request.method() == Method::HEAD {
-            // HEAD gets the same status and headers; hyper leaves out the body.
-            match (path, &self.metrics) {
-                ("/healthz", _) => return Ok(text(StatusCode::OK, "text/plain", "ok\n".into())),
-                ("/metrics", Some(handle)) => {
-                    crate::meter::sample_process();
-                    return Ok(text(
-                        StatusCode::OK,
-                        "text/plain; version=0.0.4",
-                        handle.render(),
-                    ));
-                }
-                _ => {}
-            }
+        if let Some(answer) = endpoint(&request, self.metrics.as_ref()) {
+            return Ok(answer);
         }
         if let Some(refusal) = refuse_before_body(&request) {
             return Ok(refusal);
@@ -84,7 +94,7 @@ impl<S: QuotaStore, Q: ScanQueue> Routes<S, Q> {
         };
         // The gate runs to its end even if this future is dropped.
         let gate = self.gate.clone();
-        let handled = super::detach(&self.scans, async move {
+        let handled = super::detach::detach(&self.scans, async move {
             let response = gate.handle(request).await;
             drop(slot);
             response

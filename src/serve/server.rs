@@ -8,8 +8,8 @@ use std::thread::JoinHandle;
 use metrics_exporter_prometheus::PrometheusHandle;
 use tokio::sync::{mpsc, watch};
 
-use super::ServeLimits;
 use super::connection::Worker;
+use super::limits::{ServeLimits, connection_slots};
 use crate::config::Config;
 use crate::gate::{Gate, Shared};
 use crate::meter::Meter;
@@ -100,7 +100,7 @@ impl Server {
     pub async fn run(self, shutdown: impl Future<Output = ()>) -> Result<(), String> {
         let addr = self.local_addr().map_err(|e| e.to_string())?;
         let workers = self.gates.len();
-        let slots = super::connection_slots(self.limits);
+        let slots = connection_slots(self.limits);
         let (stop, stopping) = watch::channel(false);
         // A worker that ends before the shutdown (it could not start) stops all.
         let (ended, mut worker_ended) = mpsc::channel::<()>(workers.max(1));

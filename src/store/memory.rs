@@ -16,10 +16,10 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use uuid::Uuid;
 
-use super::{
-    Claim, Claimed, Count, CountArgs, Field, IDEMPOTENCY_TTL_SECS, PaceArgs, Paced, Peek, QuotaKey,
-    QuotaStore, Record, RecordState, Refund, StoreError, next_slot,
-};
+use super::key::{IDEMPOTENCY_TTL_SECS, QuotaKey};
+use super::quota_store::{CountArgs, PaceArgs, QuotaStore, Refund, StoreError};
+use crate::pace::{Paced, next_slot};
+use crate::record::{Claim, Claimed, Count, Field, Peek, Record, RecordState};
 
 const MIN_SWEEP_LEN: usize = 1024;
 
@@ -318,7 +318,7 @@ mod tests {
     use super::*;
     use crate::config::ResetPolicy;
     use crate::digest::{Hasher, Scope};
-    use crate::store::period_end;
+    use crate::store::key::period_end;
 
     fn key(n: u32) -> QuotaKey {
         QuotaKey::new(

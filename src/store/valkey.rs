@@ -5,7 +5,7 @@
 //! extra scans support granted, which costs Valkey about one more `GET`
 //! and no round trip): a server-side script
 //! would cost Valkey some 40 INCRs per scan. Scripts (sent whole with
-//! `EVAL`, see `eval`) run only where a
+//! `EVAL`, see [`crate::connection::eval`]) run only where a
 //! decision must be atomic and the request is off the hot path anyway: a
 //! keyed scan's claim (`claim.lua`), pacing an over-quota scan (`pace.lua`),
 //! a refund after a failure (`refund.lua`), freeing an abandoned attempt's
@@ -19,11 +19,11 @@
 use redis::Value;
 use uuid::Uuid;
 
-use super::{
-    Claim, Claimed, Count, CountArgs, Field, IDEMPOTENCY_TTL_SECS, PaceArgs, Paced, Peek, QuotaKey,
-    QuotaStore, Record, Refund, StoreError,
-};
+use super::key::{IDEMPOTENCY_TTL_SECS, QuotaKey};
+use super::quota_store::{CountArgs, PaceArgs, QuotaStore, Refund, StoreError};
 use crate::connection::{Request, Valkey};
+use crate::pace::Paced;
+use crate::record::{Claim, Claimed, Count, Field, Peek, Record};
 
 const CLAIM: &str = include_str!("claim.lua");
 const PACE: &str = include_str!("pace.lua");
@@ -32,7 +32,7 @@ const RELEASE: &str = include_str!("release.lua");
 const TAKE_OVER: &str = include_str!("take_over.lua");
 
 /// Every script that reads or writes an idempotency record, for the test
-/// that checks they spell the record's fields as [`super::RecordField`] does.
+/// that checks they spell the record's fields as [`crate::record::RecordField`] does.
 pub const RECORD_SCRIPTS: [(&str, &str); 5] = [
     ("claim.lua", CLAIM),
     ("pace.lua", PACE),
@@ -41,17 +41,9 @@ pub const RECORD_SCRIPTS: [(&str, &str); 5] = [
     ("take_over.lua", TAKE_OVER),
 ];
 
-/// `EVAL <script> <keys>`: the whole script in one command, which Valkey
-/// compiles once and caches. Not `EVALSHA` with a fallback to `EVAL` on
-/// `NOSCRIPT`: that is two commands, and a caller that times out after the
-/// first never sends the second. A late claim would then never land while
-/// the refund sent after it would, taking back a count that was never made.
-/// One command each keeps "sent" meaning "will run, in order".
-pub(crate) fn eval(script: &str, keys: &[&str]) -> redis::Cmd {
-    let mut cmd = redis::cmd("EVAL");
-    cmd.arg(script).arg(keys.len()).arg(keys);
-    cmd
-}
+/// Scripts are sent with [`crate::connection::eval`]; the operator tools and
+/// the consumer's markers still name it here.
+pub(crate) use crate::connection::eval;
 
 /// A quota store on Valkey.
 #[derive(Clone)]
@@ -62,7 +54,7 @@ pub struct ValkeyStore {
 }
 
 fn iso8601(secs: i64) -> String {
-    crate::respond::rfc3339(secs)
+    crate::clock::rfc3339(secs)
 }
 
 fn int(v: &Value) -> i64 {
@@ -294,56 +286,5 @@ impl QuotaStore for ValkeyStore {
         cmd.arg(seen).arg(until);
         let taken: i64 = self.send(cmd).await?;
         Ok(taken == 1)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::store::{RecordField, RecordState};
-
-    /// The quoted words of a script: field names, states and command names.
-    fn quoted(script: &str) -> Vec<&str> {
-        script
-            .lines()
-            .filter(|l| !l.trim_start().starts_with("--"))
-            .flat_map(|l| l.split('\'').skip(1).step_by(2))
-            .collect()
-    }
-
-    /// Every script spells the record's fields and states exactly as
-    /// `RecordField` and `RecordState` do: a word that is not a command
-    /// must be one of them.
-    #[test]
-    fn scripts_use_the_record_names() {
-        let names: Vec<&str> = RecordField::ALL
-            .iter()
-            .map(|f| f.name())
-            .chain(RecordState::ALL.iter().map(|s| s.name()))
-            .collect();
-        let mut seen = std::collections::HashSet::new();
-        for (file, script) in RECORD_SCRIPTS {
-            for word in quoted(script) {
-                let command = word.chars().all(|c| c.is_ascii_uppercase());
-                // Numbers and the EXAT/EX/NX options are arguments, not names.
-                let argument = word.parse::<f64>().is_ok() || word.starts_with('%');
-                assert!(
-                    command || argument || names.contains(&word),
-                    "{file}: '{word}' is not a record field or state"
-                );
-                seen.insert(word);
-            }
-        }
-        // The claim writes the whole record but its response and delay.
-        for field in RecordField::ALL {
-            let written_later = matches!(field, RecordField::Response | RecordField::DelayMs);
-            assert!(
-                written_later || quoted(CLAIM).contains(&field.name()),
-                "claim.lua does not write {}",
-                field.name()
-            );
-        }
-        assert!(quoted(PACE).contains(&RecordField::DelayMs.name()));
-        assert!(seen.contains(RecordState::Pending.name()));
     }
 }

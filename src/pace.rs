@@ -1,0 +1,113 @@
+//! Pacing, as a pure rule: over-quota scans of one subject start one tier
+//! delay apart, so a parallel burst waits in line instead of all at once.
+//!
+//! [`next_slot`] is the rule; `pace.lua` (through
+//! [`crate::store::QuotaStore::pace`]) applies it atomically in Valkey, the
+//! in-memory store calls it directly, and [`crate::check`] uses it to
+//! predict the next scan's delay. A test on a real Valkey
+//! (`tests/pacing.rs`) checks the script and this function agree.
+
+/// The answer to one pacing step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Paced {
+    /// The scan may start `delay_ms` after its arrival; the slot moved on.
+    Slot { delay_ms: u64 },
+    /// The delay would exceed the cap: nothing changed (the caller takes the
+    /// count back, see [`QuotaStore::pace`](crate::store::QuotaStore::pace)); a slot within the cap frees up
+    /// in `retry_after_ms`.
+    Full { retry_after_ms: u64 },
+}
+
+/// The pacing rule, as a pure function: the start of a scan arriving at
+/// `arrival_ms` whose tier delays it `delay_ms`, after the subject's
+/// previous slot. Returns the new slot, or `Err(retry_after_ms)` when the
+/// delay would exceed `max_backlog_ms` (or the tier's own delay, if that is
+/// longer: a scan with nothing ahead of it always gets its slot).
+pub fn next_slot(
+    previous: i64,
+    arrival_ms: i64,
+    delay_ms: u64,
+    max_backlog_ms: u64,
+) -> Result<i64, u64> {
+    let delay = i64::try_from(delay_ms).unwrap_or(i64::MAX);
+    let start = previous.max(arrival_ms).saturating_add(delay);
+    let wait = u64::try_from(start - arrival_ms).unwrap_or(0);
+    // A scan with nothing queued ahead of it is never refused: the cap bounds
+    // the pile-up, not a tier delay configured longer than the cap.
+    let cap = max_backlog_ms.max(delay_ms);
+    if wait > cap {
+        // The first arrival at which this delay fits the cap.
+        Err(wait - cap)
+    } else {
+        Ok(start)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// A burst of five hard-tier scans is spread out one delay apart; a
+    /// scan past the cap is refused with the wait until it would fit.
+    #[test]
+    fn pacing_example() {
+        let mut slot = 0;
+        let mut delays = Vec::new();
+        for _ in 0..3 {
+            slot = next_slot(slot, 1_000, 3_000, 10_000).unwrap();
+            delays.push(slot - 1_000);
+        }
+        assert_eq!(delays, [3_000, 6_000, 9_000]);
+        // The fourth would wait 12 s: 2 s past the cap.
+        assert_eq!(next_slot(slot, 1_000, 3_000, 10_000), Err(2_000));
+        // Two seconds later it fits.
+        assert_eq!(next_slot(slot, 3_000, 3_000, 10_000), Ok(13_000));
+        // A wait of exactly the cap fits (found by `scripts/mutants`).
+        assert_eq!(next_slot(0, 1_000, 10_000, 10_000), Ok(11_000));
+        assert_eq!(next_slot(4_000, 1_000, 7_000, 10_000), Ok(11_000));
+        // A tier delay longer than the cap is served, one at a time.
+        assert_eq!(next_slot(0, 1_000, 20_000, 10_000), Ok(21_000));
+        assert_eq!(next_slot(21_000, 1_000, 20_000, 10_000), Err(20_000));
+    }
+
+    proptest! {
+        /// Delays are never negative, and never above the cap.
+        #[test]
+        fn never_negative(prev in 0i64..1_000_000, arrival in 0i64..1_000_000, d in 0u64..100_000, cap in 0u64..1_000_000) {
+            match next_slot(prev, arrival, d, cap) {
+                Ok(slot) => {
+                    prop_assert!(slot >= arrival);
+                    prop_assert!((slot - arrival) as u64 <= cap.max(d));
+                    prop_assert!(slot >= prev);
+                }
+                Err(retry) => prop_assert!(retry > 0),
+            }
+        }
+
+        /// A client that waits for each answer sees exactly the tier's delay.
+        #[test]
+        fn sequential_reproduces_the_seed(delays in proptest::collection::vec(0u64..100_000, 1..50), gap in 0i64..1_000) {
+            let (mut slot, mut arrival) = (0i64, 1_000_000i64);
+            for d in delays {
+                let next = next_slot(slot, arrival, d, u64::MAX).unwrap();
+                prop_assert_eq!((next - arrival) as u64, d);
+                slot = next;
+                // The answer comes once the delay has passed; the next scan after it.
+                arrival = slot + gap;
+            }
+        }
+
+        /// A burst's slots increase strictly by each scan's delay.
+        #[test]
+        fn burst_is_spread(delays in proptest::collection::vec(1u64..100_000, 1..50), arrival in 0i64..1_000_000) {
+            let mut slot = 0i64;
+            for d in delays {
+                let next = next_slot(slot, arrival, d, u64::MAX).unwrap();
+                prop_assert_eq!(next, slot.max(arrival) + d as i64);
+                prop_assert!(next > slot);
+                slot = next;
+            }
+        }
+    }
+}

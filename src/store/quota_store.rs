@@ -1,0 +1,181 @@
+//! The request path's store, as one narrow trait: [`QuotaStore`], the
+//! arguments of its calls, and [`StoreError`], which says whether a failed
+//! command may still run. The Valkey and in-memory stores implement it.
+
+use std::future::Future;
+
+use uuid::Uuid;
+
+use super::key::QuotaKey;
+use crate::pace::Paced;
+use crate::record::{Claim, Claimed, Count, Field, Peek, RecordError};
+
+/// One count request: which subject, and the expiry a new counter gets.
+#[derive(Debug, Clone, Copy)]
+pub struct CountArgs<'a> {
+    pub key: &'a QuotaKey,
+    /// The expiry a counter without one gets (`EXPIREAT … NX`).
+    pub period_end: i64,
+    /// Unix seconds.
+    pub now: i64,
+}
+
+/// One pacing step: `slot = max(arrival, previous slot) + delay`.
+#[derive(Debug, Clone, Copy)]
+pub struct PaceArgs<'a> {
+    pub key: &'a QuotaKey,
+    /// The record of a keyed scan, to note its delay in.
+    pub record: Option<&'a str>,
+    /// Unix ms when the scan arrived.
+    pub arrival_ms: i64,
+    /// The tier's delay.
+    pub delay_ms: u64,
+    /// The longest delay that may be given (`QUOTA_MAX_BACKLOG_MS`).
+    pub max_backlog_ms: u64,
+    /// The counter's expiry (unix s): the slot key expires with it.
+    pub reset_at: i64,
+}
+
+/// One refund: a count of the period that ends at `period_end` (unix s),
+/// and a keyed scan's record if it still names `scan_id`.
+#[derive(Debug, Clone, Copy)]
+pub struct Refund<'a> {
+    pub key: &'a QuotaKey,
+    pub period_end: i64,
+    /// The record's key and the scanId it must still name.
+    pub record: Option<(&'a str, Uuid)>,
+    /// Unix s (the in-memory store's clock; Valkey uses its own).
+    pub now: i64,
+}
+
+/// Why the store could not answer. The first two did not happen; only
+/// [`Unanswered`](Self::Unanswered) may still run.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum StoreError {
+    /// Never sent (no live connection within the timeout, a failed connect).
+    #[error("the quota store is unreachable: {0}")]
+    NotSent(String),
+    /// Skipped by the open breaker: never sent.
+    #[error("the quota store is being skipped after repeated failures")]
+    CircuitOpen,
+    /// Sent, but no answer in time: the command may still run.
+    #[error("the quota store did not answer in time")]
+    Unanswered,
+    /// The store answered with an error: final.
+    #[error("quota store error: {0}")]
+    Backend(String),
+}
+
+impl StoreError {
+    /// Whether the command may still run later.
+    pub fn may_land(&self) -> bool {
+        matches!(self, Self::Unanswered)
+    }
+}
+
+/// For the operator tools' direct commands (off the request path, where
+/// nothing is settled after a failure).
+impl From<redis::RedisError> for StoreError {
+    fn from(e: redis::RedisError) -> Self {
+        if e.is_timeout() {
+            Self::Unanswered
+        } else {
+            Self::Backend(e.to_string())
+        }
+    }
+}
+
+/// A hash that is not a valid record is the store's answer, and final.
+impl From<RecordError> for StoreError {
+    fn from(e: RecordError) -> Self {
+        Self::Backend(e.to_string())
+    }
+}
+
+impl From<crate::connection::SendError> for StoreError {
+    fn from(e: crate::connection::SendError) -> Self {
+        use crate::connection::SendError;
+        match e {
+            SendError::NotSent(why) => Self::NotSent(why),
+            SendError::Unanswered => Self::Unanswered,
+            SendError::Refused(why) => Self::Backend(why),
+        }
+    }
+}
+
+/// The request path's store.
+pub trait QuotaStore: Send + Sync + 'static {
+    /// Starts connecting in the background, on the current runtime, so the
+    /// first request finds a connection. A no-op for stores without one.
+    fn warm_up(&self) {}
+
+    /// INCR the counter, give it `period_end` if it has no expiry, write the
+    /// first-seen key if missing, and read the counter's expiry back.
+    fn count(&self, args: CountArgs<'_>) -> impl Future<Output = Result<Count, StoreError>> + Send;
+
+    /// Reads the counter, its expiry, the pacing slot and the grant in one
+    /// round trip, writing nothing (`GET /quota`). `now` is unix s. The
+    /// default (for test wrappers that never serve `GET /quota`) answers
+    /// that it cannot read, which the gate turns into a 503, never a guess.
+    fn peek(
+        &self,
+        key: &QuotaKey,
+        now: i64,
+    ) -> impl Future<Output = Result<Peek, StoreError>> + Send {
+        let _ = (key, now);
+        async { Err(StoreError::Backend("this store cannot be read".into())) }
+    }
+
+    /// For a keyed scan: if `claim.record` exists, return it and count
+    /// nothing; else write it (`pending`) and count, atomically.
+    fn count_keyed(
+        &self,
+        args: CountArgs<'_>,
+        claim: &Claim,
+    ) -> impl Future<Output = Result<Claimed, StoreError>> + Send;
+
+    /// One pacing step ([`crate::pace::next_slot`]). `Full` changes nothing: the caller
+    /// refunds the count with its next call. A refund inside the step would
+    /// be wrong when the caller timed out waiting for it and accepted the
+    /// scan anyway (a late step would then uncount a queued scan).
+    fn pace(&self, args: PaceArgs<'_>) -> impl Future<Output = Result<Paced, StoreError>> + Send;
+
+    /// Takes back one count of its period (a no-op if the counter is gone or
+    /// belongs to a later period), and removes the record if it still names
+    /// the scan.
+    fn refund(&self, refund: Refund<'_>) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    /// Frees a pending record's lease (if a pending record still names
+    /// `scan_id`), so a retry need not wait for it: its attempt gave up
+    /// without knowing the outcome. A claim that found another attempt's
+    /// record frees nothing: that attempt may still be running (the
+    /// simulator found a retry taking over a live attempt's scan).
+    /// `now` is unix s, as in every call: the in-memory store's clock.
+    fn release(
+        &self,
+        record: &str,
+        scan_id: Uuid,
+        now: i64,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    /// Updates a record: `fields` are set, and the record gets its 24 h
+    /// expiry if it has none (a record written here first, because the
+    /// claim has not landed yet, still expires).
+    fn update_record(
+        &self,
+        record: &str,
+        fields: &[Field],
+        now: i64,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    /// Takes over a `pending` record whose lease ran out: sets the lease to
+    /// `until` (unix ms) if the record still holds the `seen` one. `false`
+    /// when another request took it first.
+    fn take_over(
+        &self,
+        record: &str,
+        seen: i64,
+        until: i64,
+        now: i64,
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send;
+}
