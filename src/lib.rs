@@ -15,22 +15,33 @@
 //! | 1 | [`validate`] | `POST /scan`, a JSON object with a non-empty `image` |
 //! | 2 | [`identity`] | token (`tid`) or normalised source IP; never a client header |
 //! | 3 | [`digest`] | keyed HMAC-SHA256 of scope and material |
-//! | 4 | [`store`] | INCR + EXPIREAT NX + SET NX + EXPIRETIME, one pipeline; a keyed scan's record |
+//! | 4 | [`store`] | INCR + EXPIREAT NX + SET NX + EXPIRETIME, one pipeline; a keyed scan's [`record`] |
 //! | 5 | [`decide`] | pure: count and limits in, tier and delay out |
-//! | 6 | [`store`], [`delay`] | pacing (`store::next_slot`), then sleep now and deferral on the job |
+//! | 6 | [`pace`], [`delay`] | pure: the pacing slot ([`pace::next_slot`], which the store applies), then sleep now and deferral on the job |
 //! | 7 | [`queue`], [`job`] | enqueues the scan job (SQS, Valkey stream, stdout spool); [`job::ScanJob`] is the one job type |
 //! | 8 | [`respond`] | the 202 contract and the JSON errors |
 //! | — | [`check`] | `GET /quota`: the quota and the next scan's tier and delay, read in one round trip, nothing spent |
-//! | 9 | [`meter`] | EMF lines and Prometheus counters |
+//! | 9 | [`meter`] | EMF lines and Prometheus counters, from the gate's one [`meter::Exit`] per scan |
 //! | after | [`consume`] | `quota-gate consume`: holds each job until `notBefore`, runs each `scanId` once |
 //!
+//! The floors: the pure rules and types ([`decide`], [`delay`], [`pace`],
+//! [`record`], [`settle`], and the one-word settings of [`config::words`])
+//! import no I/O crate and no module above them; the modules that talk to
+//! Valkey, SQS or a socket build on them; [`gate`] drives them; [`lambda`],
+//! [`serve`] and [`cli`] sit on top. No module imports one that imports it
+//! (`tests/architecture.rs` checks all three, and that no function is over
+//! 60 lines).
+//!
 //! [`gate`] strings the steps together behind one [`gate::Gate::handle`]
-//! call, reading the [`clock`] once per request; it is the I/O driver only:
-//! what every failure and every repeated key leads to is decided by the pure
-//! rules of [`settle`]; [`idempotency`] checks the
-//! `Idempotency-Key` whose record the store keeps; [`lambda`] and [`serve`]
-//! adapt the gate to API Gateway events and to a local HTTP server.
-//! [`config`] reads every setting once, at start, from one table of
+//! call, reading the [`clock`] once per request: `gate/path.rs` is the
+//! driver, top to bottom, and returns one [`meter::Exit`]; `attempt.rs`
+//! the request and the scan, `settlement.rs` the writes after a failure,
+//! `quota.rs` the two requests that never count, `wiring.rs` the backends.
+//! It is the I/O driver only: what every failure and every repeated key
+//! leads to is decided by the pure rules of [`settle`]; [`idempotency`]
+//! checks the `Idempotency-Key` whose record the store keeps; [`lambda`]
+//! and [`serve`] adapt the gate to API Gateway events and to a local HTTP
+//! server. [`config`] reads every setting once, at start, from one table of
 //! variables ([`config::vars`]) into grouped settings, and settles the hash
 //! secret; [`error`] is the one place that maps failures to HTTP statuses.
 //!

@@ -59,22 +59,6 @@ pub struct Claim {
     pub lease_until_ms: i64,
 }
 
-impl Claim {
-    /// The fields that make a record of this claim on their own (state
-    /// `pending`, not counted, lease free): written when the claim itself
-    /// never reached the store, so a retry finds the scan's identity.
-    pub fn uncounted(&self) -> Vec<Field> {
-        vec![
-            (RecordField::State, RecordState::Pending.name().to_owned()),
-            (RecordField::ScanId, self.scan_id.to_string()),
-            (RecordField::Fingerprint, self.fingerprint.clone()),
-            (RecordField::Received, self.received_ms.to_string()),
-            (RecordField::Until, "0".to_owned()),
-            (RecordField::Count, "0".to_owned()),
-        ]
-    }
-}
-
 /// Declares the fields of an idempotency record once: the enum, its names as
 /// stored, and the list of all of them. The Lua scripts spell the same names
 /// (a test reads them and checks).

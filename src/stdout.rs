@@ -7,7 +7,7 @@
 //! blocks. So no request writes to stdout itself: lines go through a
 //! [`LineWriter`], a bounded channel ([`LINE_QUEUE`] lines) drained by one
 //! writer thread that batches whatever is waiting into one `write` and one
-//! flush (after a batch of plain lines only it lingers [`LINGER`], so a busy
+//! flush (after a batch of plain lines only it lingers `LINGER`, so a busy
 //! server's lines share writes instead of waking the thread one by one).
 //! When the channel is full:
 //! - a plain line ([`LineWriter::try_line`], an EMF or log line) is given

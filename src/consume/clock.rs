@@ -8,7 +8,7 @@
 //! have been, so jobs are never started early by the error), and
 //! times every job by local time plus that offset. The offset is metered
 //! (`stella_consumer_clock_skew_ms`) and logged as a warning past
-//! [`SKEW_WARN_MS`](super::schedule::SKEW_WARN_MS). Without Valkey (SQS
+//! [`SKEW_WARN_MS`]. Without Valkey (SQS
 //! alone, the spool) the local clock is the only one: keep it synchronised
 //! (NTP) with the gate's.
 

@@ -90,7 +90,7 @@ pub struct ConsumeArgs {
     /// The stream's consumer group.
     #[arg(long, default_value = "quota-gate")]
     pub group: String,
-    /// This consumer's name in the group. Default: <host>-<pid>.
+    /// This consumer's name in the group. Default: `<host>-<pid>`.
     #[arg(long)]
     pub consumer: Option<String>,
     /// How long a job stays with a consumer that stopped renewing it (stream

@@ -11,7 +11,7 @@
 //! job waiting for a run slot is *not* renewed: if this consumer's scans
 //! keep it busy past a lease, another consumer takes the job over. A
 //! running scan renews its delivery and its marker every quarter lease
-//! ([`Worker::lease_watch`]); when the marker is lost, or no renewal is
+//! (`Worker::lease_watch`); when the marker is lost, or no renewal is
 //! known to have held for ¾ of a lease ([`schedule::must_stop`]), the
 //! scanner is stopped (its process group killed) at once.
 

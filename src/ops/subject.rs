@@ -56,7 +56,7 @@ pub struct Subject {
 
 /// Finds the keys of the client `arg` names, hashing under
 /// [`Config::hash_secret`], through the same
-/// [`Identifier`](crate::identity::Identifier) functions the handler uses.
+/// [`Identifier`] functions the handler uses.
 pub fn resolve(config: &Config, arg: &SubjectArg) -> Result<Subject, OpsError> {
     let identifier = Identifier::new(config)?;
     let (identity, basis) = match arg {

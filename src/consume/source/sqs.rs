@@ -6,7 +6,7 @@
 //! `notBefore` is still ahead (only when the deferral was longer than the
 //! 900 s `DelaySeconds` covers, or clocks disagree) is held by its
 //! visibility: made invisible until just before `notBefore`
-//! ([`schedule::sqs_visibility`](crate::consume::schedule::sqs_visibility)),
+//! (`schedule::sqs_visibility`),
 //! the last fraction of a second waited in memory. A failed scan comes back
 //! after its backoff the same way; after `maxReceiveCount` receives the
 //! queue's redrive policy moves it to the dead-letter queue (holds count as
