@@ -45,9 +45,10 @@ unsafe impl GlobalAlloc for Counting {
 #[global_allocator]
 static ALLOCATOR: Counting = Counting;
 
-/// Allocations per within-quota scan, at most: 48 measured on 2026-12-01
-/// (the same on every run), and 2 of room for a dependency's update.
-const BUDGET: u64 = 50;
+/// Allocations per within-quota scan, at most: 45 measured on 2026-12-01
+/// (the same on every run; 48 before the job took the request body instead
+/// of a copy of it), and 1 of room for a dependency's update.
+const BUDGET: u64 = 46;
 
 /// Requests measured after the warm-up.
 const MEASURED: u64 = 500;

@@ -200,8 +200,9 @@ impl Scan {
         }
     }
 
-    /// The job to queue, held back until `received + plan.total`.
-    pub fn job(&self, identity: &Identity, body: &Map<String, Value>, plan: DelayPlan) -> ScanJob {
+    /// The job to queue, carrying the scan's `body`, held back until
+    /// `received + plan.total`.
+    pub fn job(&self, identity: &Identity, body: Map<String, Value>, plan: DelayPlan) -> ScanJob {
         let not_before_ms = self.received_ms.saturating_add(millis_i64(plan.total));
         ScanJob {
             version: crate::job::JOB_VERSION,
@@ -216,7 +217,7 @@ impl Scan {
             deferred_ms: millis_u64(plan.deferred),
             not_before: respond::rfc3339_ms(not_before_ms),
             not_before_ms,
-            request: body.clone(),
+            request: body,
         }
     }
 

@@ -84,7 +84,7 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
         }
         let policy = &self.config.policy;
         let attempt = Attempt::new(identity, idempotency_key, &request, policy, now_ms, started);
-        let (result, exit) = self.scan(&attempt, &body).await;
+        let (result, exit) = self.scan(&attempt, body).await;
         (result, Some(exit))
     }
 
@@ -112,7 +112,7 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
     /// Steps 4–5: count (a keyed scan claims its record in the same step)
     /// and decide; then a repeat is answered, a failure settled, and a scan
     /// that may go ahead run.
-    async fn scan(&self, attempt: &Attempt, body: &Map<String, Value>) -> Finished {
+    async fn scan(&self, attempt: &Attempt, body: Map<String, Value>) -> Finished {
         let metering = match self.count(attempt).await {
             Ok(Claimed::New(count)) => Metering::Counted {
                 count,
@@ -176,7 +176,7 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
     async fn repeat(
         &self,
         attempt: &Attempt,
-        body: &Map<String, Value>,
+        body: Map<String, Value>,
         record: Record,
     ) -> Finished {
         let exit = attempt.exit(Metered::Uncounted, End::Answered);
@@ -243,7 +243,7 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
 
     /// Steps 6–8 for a scan that may go ahead: pace, sleep, queue, answer,
     /// and save the answer for a keyed retry.
-    async fn run(&self, attempt: &Attempt, body: &Map<String, Value>, scan: Scan) -> Finished {
+    async fn run(&self, attempt: &Attempt, body: Map<String, Value>, scan: Scan) -> Finished {
         let plan = match scan.resumed {
             Some(plan) => plan,
             None => match self.delay_of(attempt, &scan).await {
