@@ -241,7 +241,7 @@ async fn forwarded_for_only_through_a_trusted_proxy() {
         &identifier.ip_digest("203.0.113.60".parse().unwrap()),
     );
     let seen = gate.store().inspect(&spoofer).await.unwrap().unwrap();
-    assert_eq!(seen.used, 1);
+    assert_eq!(seen.peek.used, 1);
 }
 
 /// A malformed exempt network stops the start, naming the variable.
