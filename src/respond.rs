@@ -54,16 +54,17 @@ pub struct Accepted {
     pub shadow: Option<ShadowVerdict>,
 }
 
+/// A 202's body; `Q` is its `quota` (an exempt scan's is only its scope).
 #[derive(Serialize)]
 #[serde(rename_all = "camelCase")]
-struct Body<'a> {
+struct Body<'a, Q> {
     scan_id: Uuid,
     status: &'static str,
     delay_ms: u64,
     slept_ms: u64,
     deferred_ms: u64,
     not_before: &'a str,
-    quota: Quota<'a>,
+    quota: Q,
     #[serde(skip_serializing_if = "Option::is_none")]
     token: Option<TokenBody>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -120,21 +121,8 @@ pub fn ratelimit(remaining: u64, seconds_to_reset: u64) -> String {
 /// The 202 of an exempt scan: queued at once, never counted, so no limit
 /// and no `RateLimit` headers.
 pub fn exempt(scan_id: Uuid, received_ms: i64, token: Option<TokenStatus>) -> Response<Bytes> {
-    #[derive(Serialize)]
-    #[serde(rename_all = "camelCase")]
-    struct ExemptBody<'a> {
-        scan_id: Uuid,
-        status: &'static str,
-        delay_ms: u64,
-        slept_ms: u64,
-        deferred_ms: u64,
-        not_before: &'a str,
-        quota: serde_json::Value,
-        #[serde(skip_serializing_if = "Option::is_none")]
-        token: Option<TokenBody>,
-    }
     let not_before = rfc3339_ms(received_ms);
-    let body = ExemptBody {
+    let body = Body {
         scan_id,
         status: "queued",
         delay_ms: 0,
@@ -143,6 +131,8 @@ pub fn exempt(scan_id: Uuid, received_ms: i64, token: Option<TokenStatus>) -> Re
         not_before: &not_before,
         quota: serde_json::json!({"scope": "exempt"}),
         token: token.map(TokenBody::from),
+        reminder: None,
+        shadow: None,
     };
     let mut response = Response::new(Bytes::from(serde_json::to_vec(&body).unwrap_or_default()));
     *response.status_mut() = StatusCode::ACCEPTED;

@@ -330,6 +330,32 @@ mod tests {
 
     const RESET: i64 = 1_796_083_200;
 
+    /// The `used`th scan of a period that ends at `RESET`, 100 s before it.
+    fn count(used: u64) -> Count {
+        Count {
+            used,
+            reset_at: RESET,
+            now: RESET - 100,
+            grant: 0,
+        }
+    }
+
+    /// Checks each row `(metering, flag, input, expected)` of a rule that
+    /// reads a metering, a flag named `flag_name`, and one more input.
+    fn check_rows<I: Copy + std::fmt::Debug, E: PartialEq + std::fmt::Debug>(
+        flag_name: &str,
+        rows: &[(Metering, bool, I, E)],
+        rule: impl Fn(&Metering, bool, I) -> E,
+    ) {
+        for (metering, flag, input, expected) in rows {
+            assert_eq!(
+                &rule(metering, *flag, *input),
+                expected,
+                "{metering:?} {flag_name}={flag} {input:?}"
+            );
+        }
+    }
+
     fn counted() -> Metering {
         let limits = Limits {
             limit: NonZeroU32::new(1).unwrap(),
@@ -339,12 +365,7 @@ mod tests {
             hard_delay: Duration::from_secs(60),
         };
         Metering::Counted {
-            count: Count {
-                used: 2,
-                reset_at: RESET,
-                now: RESET - 100,
-                grant: 0,
-            },
+            count: count(2),
             decision: decide(2, &limits),
         }
     }
@@ -409,13 +430,7 @@ mod tests {
             (counted(), true, BacklogFull, refund_count),
             (counted(), false, QueueUnknown, refund_count),
         ];
-        for (metering, keyed, failure, expected) in table {
-            assert_eq!(
-                settle(&metering, keyed, failure),
-                expected,
-                "{metering:?} keyed={keyed} {failure:?}"
-            );
-        }
+        check_rows("keyed", &table, settle);
     }
 
     /// A count that may land is never answered as "not counted" without a refund behind it.
@@ -608,12 +623,7 @@ mod tests {
     fn delay_rule_table() {
         let hard = counted();
         let within = Metering::Counted {
-            count: Count {
-                used: 1,
-                reset_at: RESET,
-                now: RESET - 100,
-                grant: 0,
-            },
+            count: count(1),
             decision: Decision {
                 tier: crate::decide::Tier::Within,
                 delay: Duration::ZERO,
@@ -641,13 +651,7 @@ mod tests {
                 DelayRule::Fixed(Duration::ZERO),
             ),
         ];
-        for (metering, shadow, pacing, expected) in table {
-            assert_eq!(
-                delay_rule(&metering, shadow, pacing),
-                expected,
-                "{metering:?} shadow={shadow} {pacing:?}"
-            );
-        }
+        check_rows("shadow", &table, delay_rule);
     }
 
     /// A pacing answer, or none: the slot, a refusal, or the tier's delay.

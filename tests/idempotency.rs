@@ -18,8 +18,8 @@ use quota_gate::queue::stream::StreamQueue;
 use quota_gate::store::memory::MemoryStore;
 use quota_gate::store::valkey::ValkeyStore;
 use quota_gate::store::{
-    Claim, Claimed, Count, CountArgs, Field, PaceArgs, Paced, QuotaKey, QuotaStore, Refund,
-    StoreError,
+    Claim, Claimed, Count, CountArgs, PaceArgs, Paced, QuotaKey, QuotaStore, RecordUpdate, Refund,
+    StoreError, TakeOver,
 };
 use serde_json::Value;
 
@@ -439,22 +439,11 @@ impl QuotaStore for LatePace {
     async fn release(&self, record: &str, scan_id: uuid::Uuid, now: i64) -> Result<(), StoreError> {
         self.inner.release(record, scan_id, now).await
     }
-    async fn update_record(
-        &self,
-        record: &str,
-        fields: &[Field],
-        now: i64,
-    ) -> Result<(), StoreError> {
-        self.inner.update_record(record, fields, now).await
+    async fn update_record(&self, update: RecordUpdate<'_>) -> Result<(), StoreError> {
+        self.inner.update_record(update).await
     }
-    async fn take_over(
-        &self,
-        record: &str,
-        seen: i64,
-        until: i64,
-        now: i64,
-    ) -> Result<bool, StoreError> {
-        self.inner.take_over(record, seen, until, now).await
+    async fn take_over(&self, args: TakeOver<'_>) -> Result<bool, StoreError> {
+        self.inner.take_over(args).await
     }
 }
 

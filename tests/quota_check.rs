@@ -20,13 +20,12 @@ use serde_json::Value;
 const IP: &str = "198.51.100.23";
 
 /// 3 within, 2 soft (5 s), then hard (60 s); pacing on, nothing slept.
-const LIMITS: &[(&str, &str)] = &[
-    ("QUOTA_ANON", "3"),
-    ("QUOTA_SOFT_WINDOW", "2"),
-    ("QUOTA_DELAY_MODE", "defer"),
-    ("QUOTA_MAX_BACKLOG_MS", "86400000"),
-    ("QUOTA_STORE_TIMEOUT_MS", "2000"),
-];
+fn limits() -> Vec<(&'static str, &'static str)> {
+    small_quota(&[
+        ("QUOTA_DELAY_MODE", "defer"),
+        ("QUOTA_MAX_BACKLOG_MS", "86400000"),
+    ])
+}
 
 /// `GET /quota` from `ip`.
 fn quota_from(ip: &str) -> GateRequest {
@@ -59,7 +58,7 @@ async fn scan<S: QuotaStore, Q: ScanQueue>(gate: &Gate<S, Q>, ip: &str) -> Value
 #[tokio::test]
 async fn reading_never_spends() {
     let server = ValkeyServer::start();
-    let gate = valkey_gate(&server, LIMITS);
+    let gate = valkey_gate(&server, &limits());
     for _ in 0..20 {
         let body = get_quota(&gate, IP).await;
         assert_eq!(body["quota"]["used"], 0);
@@ -97,7 +96,7 @@ async fn reading_never_spends() {
 /// `POST /scan` gets: within, soft, hard and paced (the backlog grows).
 #[tokio::test(start_paused = true)]
 async fn next_scan_is_the_next_scans_delay() {
-    let gate = gate(LIMITS, MemoryStore::default(), Discard).with_clock(Clock::tokio());
+    let gate = gate(&limits(), MemoryStore::default(), Discard).with_clock(Clock::tokio());
     let mut seen = Vec::new();
     for _ in 0..8 {
         let predicted = get_quota(&gate, IP).await["nextScan"].clone();
@@ -124,7 +123,7 @@ async fn next_scan_is_the_next_scans_delay() {
 #[tokio::test]
 async fn next_scan_matches_on_valkey() {
     let server = ValkeyServer::start();
-    let gate = valkey_gate(&server, LIMITS);
+    let gate = valkey_gate(&server, &limits());
     for n in 0..7 {
         let before = std::time::Instant::now();
         let predicted = get_quota(&gate, IP).await["nextScan"]["delayMs"]
@@ -142,7 +141,7 @@ async fn next_scan_matches_on_valkey() {
 /// `/quota` with another method is 405 with `Allow: GET, HEAD`, counting nothing.
 #[tokio::test]
 async fn other_methods_are_405() {
-    let gate = gate(LIMITS, MemoryStore::default(), Discard);
+    let gate = gate(&limits(), MemoryStore::default(), Discard);
     let mut post = scan_from(IP);
     post.path = "/quota".into();
     let r = gate.handle(post).await;
@@ -159,7 +158,7 @@ async fn store_down_is_503() {
     let gate = valkey_gate(
         &server,
         &with_vars(
-            LIMITS,
+            &limits(),
             &[
                 ("QUOTA_STORE_TIMEOUT_MS", "200"),
                 ("QUOTA_BREAKER_FAILURES", "0"),
@@ -180,7 +179,7 @@ async fn store_down_is_503() {
 #[tokio::test]
 async fn identified_as_a_scan_is() {
     let server = ValkeyServer::start();
-    let gate = token_gate(&server, LIMITS);
+    let gate = token_gate(&server, &limits());
     let token = mint(
         jsonwebtoken::Algorithm::EdDSA,
         serde_json::json!({"tid": "t-quota", "iss": "stella-ops.org", "exp": now() + 600}),
@@ -211,7 +210,7 @@ async fn grant_five<Q: ScanQueue>(
     extra: &[(&str, &str)],
     gate: impl FnOnce(&[(&str, &str)]) -> Gate<quota_gate::store::valkey::ValkeyStore, Q>,
 ) {
-    let mut vars = with_vars(LIMITS, &[("VALKEY_URL", url), ("QUOTA_PACING", "off")]);
+    let mut vars = with_vars(&limits(), &[("VALKEY_URL", url), ("QUOTA_PACING", "off")]);
     vars.extend_from_slice(extra);
     let store_config = &config(&vars);
     let gate = &gate(&vars);
@@ -281,7 +280,7 @@ async fn grant_on_a_cluster() {
 async fn grant_before_the_first_scan_and_in_memory() {
     let store = MemoryStore::default();
     let gate = gate(
-        &with_vars(LIMITS, &[("QUOTA_PACING", "off")]),
+        &with_vars(&limits(), &[("QUOTA_PACING", "off")]),
         store.clone(),
         Discard,
     );

@@ -15,13 +15,12 @@ const IP: &str = "198.51.100.40";
 
 /// 3 within, 2 soft, then hard, at the real delays (5 s and 60 s), slept
 /// in the handler when enforced; pacing on.
-const REAL_DELAYS: &[(&str, &str)] = &[
-    ("QUOTA_ANON", "3"),
-    ("QUOTA_SOFT_WINDOW", "2"),
-    ("QUOTA_SOFT_DELAY_MS", "5000"),
-    ("QUOTA_HARD_DELAY_MS", "60000"),
-    ("QUOTA_STORE_TIMEOUT_MS", "2000"),
-];
+fn real_delays() -> Vec<(&'static str, &'static str)> {
+    small_quota(&[
+        ("QUOTA_SOFT_DELAY_MS", "5000"),
+        ("QUOTA_HARD_DELAY_MS", "60000"),
+    ])
+}
 
 /// A gate on `server` (stream `jobs`) whose EMF lines go to `meter`.
 fn metered_valkey_gate(
@@ -67,7 +66,7 @@ fn emf_sum(text: &str, name: &str) -> u64 {
 async fn shadow_then_enforce() {
     let server = ValkeyServer::start();
     let sink = Capture::default();
-    let shadow = with_vars(REAL_DELAYS, &[("QUOTA_MODE", "shadow")]);
+    let shadow = with_vars(&real_delays(), &[("QUOTA_MODE", "shadow")]);
     let gate = metered_valkey_gate(&server, &shadow, sink.meter());
     let started = Instant::now();
     let mut expected = Vec::new();
@@ -119,7 +118,7 @@ async fn shadow_then_enforce() {
 
     // The same Valkey, enforced (deferred, so the test does not sleep a minute).
     let enforce = with_vars(
-        REAL_DELAYS,
+        &real_delays(),
         &[("QUOTA_MODE", "enforce"), ("QUOTA_DELAY_MODE", "defer")],
     );
     let gate = metered_valkey_gate(&server, &enforce, sink.meter());
@@ -150,7 +149,7 @@ async fn exempt_networks_and_claims() {
     let sink = Capture::default();
     let key = fixture("ed25519.pub.pem");
     let vars = with_vars(
-        REAL_DELAYS,
+        &real_delays(),
         &[
             ("QUOTA_JWT_PUBLIC_KEY", key.as_str()),
             ("QUOTA_EXEMPT_NETWORKS", "192.0.2.0/24, 2001:db8:e::/48"),
@@ -217,7 +216,7 @@ async fn exempt_networks_and_claims() {
 async fn forwarded_for_only_through_a_trusted_proxy() {
     let server = ValkeyServer::start();
     let vars = with_vars(
-        REAL_DELAYS,
+        &real_delays(),
         &[
             ("QUOTA_EXEMPT_NETWORKS", "192.0.2.0/24"),
             ("QUOTA_TRUSTED_PROXIES", "10.0.0.0/8"),
@@ -242,7 +241,7 @@ async fn forwarded_for_only_through_a_trusted_proxy() {
         &identifier.ip_digest("203.0.113.60".parse().unwrap()),
     );
     let seen = gate.store().inspect(&spoofer).await.unwrap().unwrap();
-    assert_eq!(seen.used, 1);
+    assert_eq!(seen.peek.used, 1);
 }
 
 /// A malformed exempt network stops the start, naming the variable.

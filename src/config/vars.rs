@@ -8,9 +8,9 @@
 //! string: a misspelt name, or a variable read as the wrong kind (a word
 //! as a number), does not compile. A handle's kind ([`Whole`], [`Flag`],
 //! [`Word`], [`Text`], [`Optional`]) says how it is read and, for a number,
-//! carries its range. To add a variable: one `const` here, one entry in
-//! [`VARIABLES`] (a test checks the parser reads every row), one read in the
-//! group of settings that uses it.
+//! carries its range. To add a variable: one row in the table (its doc
+//! comment is the README's meaning), one read in the group of settings that
+//! uses it (a test checks the parser reads every row).
 
 use std::marker::PhantomData;
 
@@ -119,7 +119,8 @@ const fn row(
         name,
         default,
         range,
-        meaning,
+        // A doc comment's lines each start with a space.
+        meaning: meaning.trim_ascii(),
         applies: Applies::Everywhere,
     }
 }
@@ -167,289 +168,119 @@ const fn optional(name: &'static str, unset: &'static str, meaning: &'static str
 
 use DefaultValue::{Unset, Value};
 
-pub const QUOTA_ANON: Var<Whole> = number(
-    "QUOTA_ANON",
-    "33",
-    1,
-    MAX_LIMIT,
-    "daily ceiling per anonymous source (IP, or IPv6 /64)",
-);
-pub const QUOTA_TOKEN: Var<Whole> = number(
-    "QUOTA_TOKEN",
-    "333",
-    1,
-    MAX_LIMIT,
-    "daily ceiling per token id; a valid token's numeric `tier` claim overrides it",
-);
-pub const QUOTA_WARN_AT: Var<Whole> = number(
-    "QUOTA_WARN_AT",
-    "200",
-    1,
-    MAX_LIMIT,
-    "scans used from which the response carries a reminder",
-);
-pub const QUOTA_SOFT_WINDOW: Var<Whole> = number(
-    "QUOTA_SOFT_WINDOW",
-    "30",
-    0,
-    MAX_LIMIT,
-    "over-quota scans that get the soft delay",
-);
-pub const QUOTA_SOFT_DELAY_MS: Var<Whole> = number(
-    "QUOTA_SOFT_DELAY_MS",
-    "5000",
-    0,
-    MAX_MILLIS,
-    "delay for scans L+1 … L+W",
-);
-pub const QUOTA_HARD_DELAY_MS: Var<Whole> = number(
-    "QUOTA_HARD_DELAY_MS",
-    "60000",
-    0,
-    MAX_MILLIS,
-    "delay beyond the soft window",
-);
-pub const QUOTA_RESET: Var<Word<ResetPolicy>> = word(
-    "QUOTA_RESET",
-    "utc-day",
-    "`utc-day`: reset at 00:00 UTC; `rolling`: 24 h after the first scan",
-);
-pub const QUOTA_MODE: Var<Word<Mode>> = word(
-    "QUOTA_MODE",
-    "enforce",
-    "`enforce`: over-quota scans are delayed and paced; `shadow`: everything is counted, \
-     decided and metered, but no scan waits or takes a pacing slot, and each answer says what \
-     enforcement would have done ([Rolling out](#rolling-out))",
-);
-pub const QUOTA_HASH_SECRET: Var<Optional> = optional(
-    "QUOTA_HASH_SECRET",
-    "—",
-    "HMAC key for digests, ≥ 16 bytes (use 32 random bytes). **Required in Lambda**; `serve` \
-     and the operator commands fall back to a built-in development secret and warn",
-);
-pub const QUOTA_IPV6_PREFIX: Var<Whole> = number(
-    "QUOTA_IPV6_PREFIX",
-    "64",
-    1,
-    128,
-    "IPv6 sources are counted per prefix of this length",
-);
-pub const QUOTA_TRUSTED_PROXIES: Var<Optional> = optional(
-    "QUOTA_TRUSTED_PROXIES",
-    "empty",
-    "comma-separated CIDRs; only when the direct peer is one of them is `X-Forwarded-For` \
-     read (right-most untrusted entry)",
-);
-pub const QUOTA_EXEMPT_NETWORKS: Var<Optional> = optional(
-    "QUOTA_EXEMPT_NETWORKS",
-    "empty",
-    "comma-separated CIDRs (IPv4 and IPv6) whose scans are never counted, delayed or paced \
-     (tier `exempt`); matched against the client address after `QUOTA_TRUSTED_PROXIES`",
-);
-pub const VALKEY_URL: Var<Optional> = optional(
-    "VALKEY_URL",
-    "unset → in-memory",
-    "`redis://`, `rediss://` (TLS), `valkey://` or `valkeys://`",
-);
-pub const VALKEY_CLUSTER: Var<Flag> = flag(
-    "VALKEY_CLUSTER",
-    "false",
-    "cluster mode (ElastiCache Serverless)",
-);
-pub const VALKEY_WAIT_REPLICAS: Var<Whole> = number(
-    "VALKEY_WAIT_REPLICAS",
-    "0",
-    0,
-    5,
-    "replicas a keyed scan's claim must reach (`WAIT`) before the scan goes on, so a failover \
-     cannot run it twice (0: off; standalone Valkey only)",
-);
-pub const VALKEY_TLS_CA: Var<Optional> = optional(
-    "VALKEY_TLS_CA",
-    "unset → platform roots",
-    "PEM file of CA certificates trusted for `rediss://` (a private CA; ElastiCache needs \
-     none); read at start",
-)
-.applies(Applies::LocalFile);
-pub const QUOTA_STORE_TIMEOUT_MS: Var<Whole> = number(
-    "QUOTA_STORE_TIMEOUT_MS",
-    "100",
-    1,
-    MAX_MILLIS,
-    "bound on every Valkey call",
-);
-pub const QUOTA_FAIL_MODE: Var<Word<FailMode>> = word(
-    "QUOTA_FAIL_MODE",
-    "open",
-    "`open`: accept unmetered, mark `X-Stella-Quota: unavailable`; `closed`: 503 + \
-     `Retry-After`",
-);
-pub const QUOTA_BREAKER_FAILURES: Var<Whole> = number(
-    "QUOTA_BREAKER_FAILURES",
-    "5",
-    0,
-    MAX_LIMIT,
-    "consecutive store failures that open the circuit breaker (0: off)",
-);
-pub const QUOTA_BREAKER_COOLDOWN_MS: Var<Whole> = number(
-    "QUOTA_BREAKER_COOLDOWN_MS",
-    "1000",
-    0,
-    MAX_MILLIS,
-    "how long an open breaker skips the store before one probe",
-);
-pub const QUOTA_DELAY_MODE: Var<Word<DelayMode>> = word(
-    "QUOTA_DELAY_MODE",
-    "sleep",
-    "`sleep` (seed behaviour, capped by the budget) or `defer`",
-);
-pub const QUOTA_GATEWAY_TIMEOUT_MS: Var<Whole> = number(
-    "QUOTA_GATEWAY_TIMEOUT_MS",
-    "29000",
-    1,
-    MAX_MILLIS,
-    "the gateway's integration timeout",
-);
-pub const QUOTA_DELAY_MARGIN_MS: Var<Whole> = number(
-    "QUOTA_DELAY_MARGIN_MS",
-    "1000",
-    0,
-    MAX_MILLIS,
-    "kept free below the gateway and Lambda deadlines",
-);
-pub const QUOTA_PACING: Var<Word<Pacing>> = word(
-    "QUOTA_PACING",
-    "on",
-    "`on`: a subject's over-quota scans start one delay apart ([Delays](#delays)); `off`: the \
-     seed's fixed per-request delays",
-);
-pub const QUOTA_MAX_BACKLOG_MS: Var<Whole> = number(
-    "QUOTA_MAX_BACKLOG_MS",
-    "900000",
-    0,
-    MAX_MILLIS,
-    "the longest paced delay a scan may get; beyond it 503 `backlog_full` + `Retry-After`, not \
-     counted",
-);
-pub const SCAN_QUEUE_URL: Var<Optional> = optional(
-    "SCAN_QUEUE_URL",
-    "unset → stdout spool",
-    "an SQS queue URL, or `valkey-stream:<key>` (XADD on the quota Valkey; needs `VALKEY_URL`)",
-);
-pub const QUOTA_JWT_PUBLIC_KEY: Var<Optional> = optional(
-    "QUOTA_JWT_PUBLIC_KEY",
-    "—",
-    "PEM text or path: RSA (RS256), P-256 (ES256) or Ed25519 (EdDSA) public key",
-);
-pub const QUOTA_JWT_JWKS: Var<Optional> = optional(
-    "QUOTA_JWT_JWKS",
-    "—",
-    "JWKS JSON or path; keys picked by `kid` (rotation)",
-);
-pub const QUOTA_JWT_ISSUER: Var<Text> =
-    text("QUOTA_JWT_ISSUER", "stella-ops.org", "required `iss`");
-pub const QUOTA_JWT_AUDIENCE: Var<Optional> = optional(
-    "QUOTA_JWT_AUDIENCE",
-    "unset → not checked",
-    "required `aud`",
-);
-pub const QUOTA_TRUST_GATEWAY_CLAIMS: Var<Flag> = flag(
-    "QUOTA_TRUST_GATEWAY_CLAIMS",
-    "false",
-    "use the claims an API Gateway JWT authorizer verified (`tid`, `tier`)",
-);
-pub const QUOTA_EXEMPT_CLAIM: Var<Optional> = optional(
-    "QUOTA_EXEMPT_CLAIM",
-    "unset → none",
-    "a claim name (e.g. `quota_exempt`): a verified token whose claim of that name is `true` \
-     is exempt, like `QUOTA_EXEMPT_NETWORKS`",
-);
-pub const QUOTA_METRICS_NAMESPACE: Var<Text> = text(
-    "QUOTA_METRICS_NAMESPACE",
-    "StellaOps/Quota",
-    "CloudWatch namespace of the EMF lines",
-);
-pub const QUOTA_LISTEN: Var<Text> = text(
-    "QUOTA_LISTEN",
-    "127.0.0.1:9000",
-    "address of `quota-gate serve`",
-)
-.applies(Applies::Serve);
-pub const QUOTA_MAX_CONNECTIONS: Var<Whole> = number(
-    "QUOTA_MAX_CONNECTIONS",
-    "1024",
-    1,
-    MAX_CONNECTIONS,
-    "connections `quota-gate serve` keeps open at once; more wait in the listen backlog until \
-     one closes. Keep it below the open-file limit (`ulimit -n`)",
-)
-.applies(Applies::Serve);
-pub const QUOTA_SERVE_WORKERS: Var<Whole> = number(
-    "QUOTA_SERVE_WORKERS",
-    "0",
-    0,
-    MAX_WORKERS,
-    "`quota-gate serve`'s workers, each a single-threaded runtime with its own Valkey \
-     connection accepting on the one socket; 0: one per CPU",
-)
-.applies(Applies::Serve);
-/// Read by the logger (`tracing`'s `EnvFilter`), not by [`super::Config`].
-pub const RUST_LOG: Var<Text> = text(
-    "RUST_LOG",
-    "info",
-    "log filter; logs go to stderr and never contain an IP, token or digest",
-)
-.applies(Applies::Logging);
-/// Read by the logger ([`crate::LogFormat`]), not by [`super::Config`].
-pub const QUOTA_LOG_FORMAT: Var<Text> = text(
-    "QUOTA_LOG_FORMAT",
-    "text",
-    "`text` or `json` (one object a line) for `quota-gate`'s logs; Lambda follows the \
-     function's `LogFormat` (`JSON` in the template) instead",
-)
-.applies(Applies::Logging);
+/// The table: a row is the variable's meaning (its doc comment, which the
+/// README shows), its handle's type, and the handle's maker with the
+/// default (and range). The name is the handle's; [`VARIABLES`] lists the
+/// rows in order.
+macro_rules! variables {
+    ($(
+        $(#[doc = $meaning:literal])+
+        $name:ident: $ty:ty = $make:ident($($arg:expr),*) $(.applies($applies:expr))?;
+    )+) => {
+        $(
+            $(#[doc = $meaning])+
+            pub const $name: $ty =
+                $make(stringify!($name), $($arg,)* concat!($($meaning),+)) $(.applies($applies))?;
+        )+
 
-/// Every variable, in the README's order.
-pub const VARIABLES: &[Variable] = &[
-    QUOTA_ANON.row,
-    QUOTA_TOKEN.row,
-    QUOTA_WARN_AT.row,
-    QUOTA_SOFT_WINDOW.row,
-    QUOTA_SOFT_DELAY_MS.row,
-    QUOTA_HARD_DELAY_MS.row,
-    QUOTA_RESET.row,
-    QUOTA_MODE.row,
-    QUOTA_HASH_SECRET.row,
-    QUOTA_IPV6_PREFIX.row,
-    QUOTA_TRUSTED_PROXIES.row,
-    QUOTA_EXEMPT_NETWORKS.row,
-    VALKEY_URL.row,
-    VALKEY_CLUSTER.row,
-    VALKEY_WAIT_REPLICAS.row,
-    VALKEY_TLS_CA.row,
-    QUOTA_STORE_TIMEOUT_MS.row,
-    QUOTA_FAIL_MODE.row,
-    QUOTA_BREAKER_FAILURES.row,
-    QUOTA_BREAKER_COOLDOWN_MS.row,
-    QUOTA_DELAY_MODE.row,
-    QUOTA_GATEWAY_TIMEOUT_MS.row,
-    QUOTA_DELAY_MARGIN_MS.row,
-    QUOTA_PACING.row,
-    QUOTA_MAX_BACKLOG_MS.row,
-    SCAN_QUEUE_URL.row,
-    QUOTA_JWT_PUBLIC_KEY.row,
-    QUOTA_JWT_JWKS.row,
-    QUOTA_JWT_ISSUER.row,
-    QUOTA_JWT_AUDIENCE.row,
-    QUOTA_TRUST_GATEWAY_CLAIMS.row,
-    QUOTA_EXEMPT_CLAIM.row,
-    QUOTA_METRICS_NAMESPACE.row,
-    QUOTA_LISTEN.row,
-    QUOTA_MAX_CONNECTIONS.row,
-    QUOTA_SERVE_WORKERS.row,
-    RUST_LOG.row,
-    QUOTA_LOG_FORMAT.row,
-];
+        /// Every variable, in the README's order.
+        pub const VARIABLES: &[Variable] = &[$($name.row),+];
+    };
+}
+
+variables! {
+    /// daily ceiling per anonymous source (IP, or IPv6 /64)
+    QUOTA_ANON: Var<Whole> = number("33", 1, MAX_LIMIT);
+    /// daily ceiling per token id; a valid token's numeric `tier` claim overrides it
+    QUOTA_TOKEN: Var<Whole> = number("333", 1, MAX_LIMIT);
+    /// scans used from which the response carries a reminder
+    QUOTA_WARN_AT: Var<Whole> = number("200", 1, MAX_LIMIT);
+    /// over-quota scans that get the soft delay
+    QUOTA_SOFT_WINDOW: Var<Whole> = number("30", 0, MAX_LIMIT);
+    /// delay for scans L+1 … L+W
+    QUOTA_SOFT_DELAY_MS: Var<Whole> = number("5000", 0, MAX_MILLIS);
+    /// delay beyond the soft window
+    QUOTA_HARD_DELAY_MS: Var<Whole> = number("60000", 0, MAX_MILLIS);
+    /// `utc-day`: reset at 00:00 UTC; `rolling`: 24 h after the first scan
+    QUOTA_RESET: Var<Word<ResetPolicy>> = word("utc-day");
+    /// `enforce`: over-quota scans are delayed and paced; `shadow`: everything is counted, decided
+    /// and metered, but no scan waits or takes a pacing slot, and each answer says what enforcement
+    /// would have done ([Rolling out](#rolling-out))
+    QUOTA_MODE: Var<Word<Mode>> = word("enforce");
+    /// HMAC key for digests, ≥ 16 bytes (use 32 random bytes). **Required in Lambda**; `serve` and
+    /// the operator commands fall back to a built-in development secret and warn
+    QUOTA_HASH_SECRET: Var<Optional> = optional("—");
+    /// IPv6 sources are counted per prefix of this length
+    QUOTA_IPV6_PREFIX: Var<Whole> = number("64", 1, 128);
+    /// comma-separated CIDRs; only when the direct peer is one of them is `X-Forwarded-For` read
+    /// (right-most untrusted entry)
+    QUOTA_TRUSTED_PROXIES: Var<Optional> = optional("empty");
+    /// comma-separated CIDRs (IPv4 and IPv6) whose scans are never counted, delayed or paced (tier
+    /// `exempt`); matched against the client address after `QUOTA_TRUSTED_PROXIES`
+    QUOTA_EXEMPT_NETWORKS: Var<Optional> = optional("empty");
+    /// `redis://`, `rediss://` (TLS), `valkey://` or `valkeys://`
+    VALKEY_URL: Var<Optional> = optional("unset → in-memory");
+    /// cluster mode (ElastiCache Serverless)
+    VALKEY_CLUSTER: Var<Flag> = flag("false");
+    /// replicas a keyed scan's claim must reach (`WAIT`) before the scan goes on, so a failover
+    /// cannot run it twice (0: off; standalone Valkey only)
+    VALKEY_WAIT_REPLICAS: Var<Whole> = number("0", 0, 5);
+    /// PEM file of CA certificates trusted for `rediss://` (a private CA; ElastiCache needs none);
+    /// read at start
+    VALKEY_TLS_CA: Var<Optional> = optional("unset → platform roots").applies(Applies::LocalFile);
+    /// bound on every Valkey call
+    QUOTA_STORE_TIMEOUT_MS: Var<Whole> = number("100", 1, MAX_MILLIS);
+    /// `open`: accept unmetered, mark `X-Stella-Quota: unavailable`; `closed`: 503 + `Retry-After`
+    QUOTA_FAIL_MODE: Var<Word<FailMode>> = word("open");
+    /// consecutive store failures that open the circuit breaker (0: off)
+    QUOTA_BREAKER_FAILURES: Var<Whole> = number("5", 0, MAX_LIMIT);
+    /// how long an open breaker skips the store before one probe
+    QUOTA_BREAKER_COOLDOWN_MS: Var<Whole> = number("1000", 0, MAX_MILLIS);
+    /// `sleep` (seed behaviour, capped by the budget) or `defer`
+    QUOTA_DELAY_MODE: Var<Word<DelayMode>> = word("sleep");
+    /// the gateway's integration timeout
+    QUOTA_GATEWAY_TIMEOUT_MS: Var<Whole> = number("29000", 1, MAX_MILLIS);
+    /// kept free below the gateway and Lambda deadlines
+    QUOTA_DELAY_MARGIN_MS: Var<Whole> = number("1000", 0, MAX_MILLIS);
+    /// `on`: a subject's over-quota scans start one delay apart ([Delays](#delays)); `off`: the
+    /// seed's fixed per-request delays
+    QUOTA_PACING: Var<Word<Pacing>> = word("on");
+    /// the longest paced delay a scan may get; beyond it 503 `backlog_full` + `Retry-After`, not
+    /// counted
+    QUOTA_MAX_BACKLOG_MS: Var<Whole> = number("900000", 0, MAX_MILLIS);
+    /// an SQS queue URL, or `valkey-stream:<key>` (XADD on the quota Valkey; needs `VALKEY_URL`)
+    SCAN_QUEUE_URL: Var<Optional> = optional("unset → stdout spool");
+    /// PEM text or path: RSA (RS256), P-256 (ES256) or Ed25519 (EdDSA) public key
+    QUOTA_JWT_PUBLIC_KEY: Var<Optional> = optional("—");
+    /// JWKS JSON or path; keys picked by `kid` (rotation)
+    QUOTA_JWT_JWKS: Var<Optional> = optional("—");
+    /// required `iss`
+    QUOTA_JWT_ISSUER: Var<Text> = text("stella-ops.org");
+    /// required `aud`
+    QUOTA_JWT_AUDIENCE: Var<Optional> = optional("unset → not checked");
+    /// use the claims an API Gateway JWT authorizer verified (`tid`, `tier`)
+    QUOTA_TRUST_GATEWAY_CLAIMS: Var<Flag> = flag("false");
+    /// a claim name (e.g. `quota_exempt`): a verified token whose claim of that name is `true` is
+    /// exempt, like `QUOTA_EXEMPT_NETWORKS`
+    QUOTA_EXEMPT_CLAIM: Var<Optional> = optional("unset → none");
+    /// CloudWatch namespace of the EMF lines
+    QUOTA_METRICS_NAMESPACE: Var<Text> = text("StellaOps/Quota");
+    /// address of `quota-gate serve`
+    QUOTA_LISTEN: Var<Text> = text("127.0.0.1:9000").applies(Applies::Serve);
+    /// connections `quota-gate serve` keeps open at once; more wait in the listen backlog until one
+    /// closes. Keep it below the open-file limit (`ulimit -n`)
+    QUOTA_MAX_CONNECTIONS: Var<Whole> = number("1024", 1, MAX_CONNECTIONS).applies(Applies::Serve);
+    /// `quota-gate serve`'s workers, each a single-threaded runtime with its own Valkey connection
+    /// accepting on the one socket; 0: one per CPU
+    QUOTA_SERVE_WORKERS: Var<Whole> = number("0", 0, MAX_WORKERS).applies(Applies::Serve);
+    // Read by the logger (`tracing`'s `EnvFilter`), not by [`super::Config`].
+    /// log filter; logs go to stderr and never contain an IP, token or digest
+    RUST_LOG: Var<Text> = text("info").applies(Applies::Logging);
+    // Read by the logger ([`crate::LogFormat`]), not by [`super::Config`].
+    /// `text` or `json` (one object a line) for `quota-gate`'s logs; Lambda follows the function's
+    /// `LogFormat` (`JSON` in the template) instead
+    QUOTA_LOG_FORMAT: Var<Text> = text("text").applies(Applies::Logging);
+}
 
 /// A number as the README writes it: `86400000 (24 h)` for the longest millis.
 fn bound(n: u64) -> String {

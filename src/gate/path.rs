@@ -27,7 +27,7 @@ use crate::settle::{
     self, AfterStoreFailure, DelayRule, Failure, Metering, Repeat, Settlement, after_store_failure,
     on_repeat, on_take_over, settle,
 };
-use crate::store::{Claim, Claimed, CountArgs, PaceArgs, QuotaStore, Record, StoreError};
+use crate::store::{Claim, Claimed, CountArgs, PaceArgs, QuotaStore, Record, StoreError, TakeOver};
 
 /// A request's answer, and what the meter is told of it (nothing for a
 /// request refused before it reached the store, or not a counted scan).
@@ -216,12 +216,12 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
     /// finishes it. `None`: taken; otherwise what the retry is told.
     async fn take_over(&self, attempt: &Attempt, claim: &Claim, record: &Record) -> Option<Repeat> {
         let taken = self
-            .bounded(self.store.take_over(
-                &claim.record,
-                record.lease_until_ms,
-                attempt.lease_until_ms(),
-                attempt.now(),
-            ))
+            .bounded(self.store.take_over(TakeOver {
+                record: &claim.record,
+                expected_until_ms: record.lease_until_ms,
+                lease_until_ms: attempt.lease_until_ms(),
+                now: attempt.now(),
+            }))
             .await;
         on_take_over(taken.ok())
     }

@@ -10,7 +10,7 @@ use super::attempt::Attempt;
 use super::wiring::Gate;
 use crate::queue::ScanQueue;
 use crate::settle::Settlement;
-use crate::store::{Claim, QuotaStore, RecordField, RecordState, Refund};
+use crate::store::{Claim, QuotaStore, RecordField, RecordState, RecordUpdate, Refund};
 
 impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
     /// Carries out a [`Settlement`]. A refund that fails leaves the subject
@@ -57,7 +57,12 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
             (RecordField::Fingerprint, claim.fingerprint.clone()),
             (RecordField::Response, crate::respond::save(response)),
         ];
-        if let Err(e) = self.store.update_record(&claim.record, &fields, now).await {
+        let update = RecordUpdate {
+            record: &claim.record,
+            fields: &fields,
+            now,
+        };
+        if let Err(e) = self.store.update_record(update).await {
             tracing::warn!(error = %e, "could not save an idempotent answer");
         }
     }

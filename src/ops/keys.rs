@@ -8,24 +8,19 @@
 use super::nodes;
 use crate::connection::Connection;
 use crate::store::valkey::ValkeyStore;
-use crate::store::{KEY_PATTERN, QuotaKey, StoreError};
+use crate::store::{KEY_PATTERN, Peek, QuotaKey, StoreError};
 
 /// Keys removed per UNLINK in a purge.
 const PURGE_BATCH: usize = 500;
 
-/// What an operator sees of one subject.
+/// What an operator sees of one subject: what `GET /quota` reads (the
+/// counter, its expiry as Valkey's own `EXPIRETIME`, the instant every 202
+/// reports, the pacing slot and the grant), and the period's first scan.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Snapshot {
-    pub used: u64,
-    /// When the counter expires (unix seconds, Valkey's own `EXPIRETIME`, the
-    /// instant every 202 reports); `None` if it has no expiry.
-    pub expires_at: Option<i64>,
+    pub peek: Peek,
     /// The first scan of the period, ISO 8601.
     pub first_seen: Option<String>,
-    /// When the last paced scan may start (unix ms), if any was paced.
-    pub slot_ms: Option<i64>,
-    /// Extra scans granted for the period (`quota-gate grant`).
-    pub grant: u64,
 }
 
 /// Sets (or, with 0 scans, removes) a subject's grant atomically.
@@ -48,12 +43,14 @@ impl ValkeyStore {
         // A grant made before the period's first scan shows without a counter.
         let used = used.or(grant.map(|_| 0));
         Ok(used.map(|used| Snapshot {
-            used,
-            // -1: no expiry; -2: gone since the GET.
-            expires_at: Some(expires_at).filter(|at| *at >= 0),
+            peek: Peek {
+                used,
+                // -1: no expiry; -2: gone since the GET.
+                reset_at: Some(expires_at).filter(|at| *at >= 0),
+                slot_ms: slot,
+                grant: grant.unwrap_or(0),
+            },
             first_seen,
-            slot_ms: slot,
-            grant: grant.unwrap_or(0),
         }))
     }
 

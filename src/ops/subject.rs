@@ -157,16 +157,16 @@ impl Inspection {
     /// Builds the report from a store snapshot; `now` is unix seconds.
     pub fn new(config: &Config, subject: &Subject, snapshot: Option<&Snapshot>, now: i64) -> Self {
         let slot = snapshot
-            .and_then(|s| s.slot_ms)
+            .and_then(|s| s.peek.slot_ms)
             .filter(|slot| *slot > now.saturating_mul(1000));
         let backlog_ms = slot.map_or(0, |slot| {
             u64::try_from(slot - now.saturating_mul(1000)).unwrap_or(0)
         });
-        let count = snapshot.map_or(0, |s| s.used);
-        let expires_at = snapshot.and_then(|s| s.expires_at);
+        let count = snapshot.map_or(0, |s| s.peek.used);
+        let expires_at = snapshot.and_then(|s| s.peek.reset_at);
         let ttl = expires_at.map(|at| u64::try_from(at.saturating_sub(now)).unwrap_or(0));
         let limit = subject.limit;
-        let grant = snapshot.map_or(0, |s| s.grant);
+        let grant = snapshot.map_or(0, |s| s.peek.grant);
         let limits = config.policy.limits(limit).with_grant(grant);
         let next = decide(count + 1, &limits);
         let reset_at = expires_at.map(crate::respond::rfc3339);
@@ -364,6 +364,7 @@ pub async fn reset(store: &ValkeyStore, subject: &Subject) -> Result<Removal, Op
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::Peek;
 
     fn config() -> Config {
         Config::from_lookup(|k| match k {
@@ -416,11 +417,13 @@ mod tests {
         let c = config();
         let s = resolve(&c, &SubjectArg::Ip("198.51.100.1".into())).unwrap();
         let snap = Snapshot {
-            used: 3,
-            expires_at: Some(1_796_000_060),
+            peek: Peek {
+                used: 3,
+                reset_at: Some(1_796_000_060),
+                slot_ms: Some(1_796_000_012_500),
+                grant: 0,
+            },
             first_seen: Some("2026-11-30T00:00:01Z".into()),
-            slot_ms: Some(1_796_000_012_500),
-            grant: 0,
         };
         let i = Inspection::new(&c, &s, Some(&snap), 1_796_000_000);
         assert_eq!(i.backlog_ms, 12_500);
@@ -436,7 +439,8 @@ mod tests {
         assert_eq!(none.next.tier, "within");
         assert!(i.render().contains(&s.key.counter));
         // A grant of 2 raises the ceiling: two more within, then soft.
-        let granted = Snapshot { grant: 2, ..snap };
+        let mut granted = snap.clone();
+        granted.peek.grant = 2;
         let g = Inspection::new(&c, &s, Some(&granted), 1_796_000_000);
         assert_eq!((g.grant, g.remaining, g.next.tier), (2, 2, "within"));
         assert!(g.render().contains("+2 scans"), "{}", g.render());

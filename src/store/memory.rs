@@ -17,9 +17,11 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use uuid::Uuid;
 
 use super::key::{IDEMPOTENCY_TTL_SECS, QuotaKey};
-use super::quota_store::{CountArgs, PaceArgs, QuotaStore, Refund, StoreError};
+use super::quota_store::{
+    CountArgs, PaceArgs, QuotaStore, RecordUpdate, Refund, StoreError, TakeOver,
+};
 use crate::pace::{Paced, next_slot};
-use crate::record::{Claim, Claimed, Count, Field, Peek, Record, RecordState};
+use crate::record::{Claim, Claimed, Count, Peek, Record, RecordState};
 
 const MIN_SWEEP_LEN: usize = 1024;
 
@@ -273,12 +275,12 @@ impl QuotaStore for MemoryStore {
         Ok(())
     }
 
-    async fn update_record(
-        &self,
-        record: &str,
-        fields: &[Field],
-        now: i64,
-    ) -> Result<(), StoreError> {
+    async fn update_record(&self, update: RecordUpdate<'_>) -> Result<(), StoreError> {
+        let RecordUpdate {
+            record,
+            fields,
+            now,
+        } = update;
         let mut inner = self.lock();
         match inner.records.get_mut(record) {
             Some((r, expires)) if *expires > now => r.apply(fields),
@@ -295,17 +297,14 @@ impl QuotaStore for MemoryStore {
         Ok(())
     }
 
-    async fn take_over(
-        &self,
-        record: &str,
-        seen: i64,
-        until: i64,
-        now: i64,
-    ) -> Result<bool, StoreError> {
+    async fn take_over(&self, args: TakeOver<'_>) -> Result<bool, StoreError> {
         let mut inner = self.lock();
-        match inner.record(record, now) {
-            Some(r) if r.state == RecordState::Pending && r.lease_until_ms == seen => {
-                r.lease_until_ms = until;
+        match inner.record(args.record, args.now) {
+            Some(r)
+                if r.state == RecordState::Pending
+                    && r.lease_until_ms == args.expected_until_ms =>
+            {
+                r.lease_until_ms = args.lease_until_ms;
                 Ok(true)
             }
             _ => Ok(false),

@@ -39,7 +39,9 @@ pub use crate::record::{
     Claim, Claimed, Count, Field, Peek, Record, RecordError, RecordField, RecordState,
 };
 pub use key::{IDEMPOTENCY_TTL_SECS, KEY_PATTERN, QuotaKey, period_end};
-pub use quota_store::{CountArgs, PaceArgs, QuotaStore, Refund, StoreError};
+pub use quota_store::{
+    CountArgs, PaceArgs, QuotaStore, RecordUpdate, Refund, StoreError, TakeOver,
+};
 
 /// The store chosen by `VALKEY_URL`.
 #[derive(Clone)]
@@ -89,22 +91,11 @@ impl QuotaStore for AnyStore {
         dispatch!(self, s => s.release(record, scan_id, now))
     }
 
-    async fn update_record(
-        &self,
-        record: &str,
-        fields: &[Field],
-        now: i64,
-    ) -> Result<(), StoreError> {
-        dispatch!(self, s => s.update_record(record, fields, now))
+    async fn update_record(&self, update: RecordUpdate<'_>) -> Result<(), StoreError> {
+        dispatch!(self, s => s.update_record(update))
     }
 
-    async fn take_over(
-        &self,
-        record: &str,
-        seen: i64,
-        until: i64,
-        now: i64,
-    ) -> Result<bool, StoreError> {
-        dispatch!(self, s => s.take_over(record, seen, until, now))
+    async fn take_over(&self, args: TakeOver<'_>) -> Result<bool, StoreError> {
+        dispatch!(self, s => s.take_over(args))
     }
 }

@@ -48,6 +48,27 @@ pub struct Refund<'a> {
     pub now: i64,
 }
 
+/// One record update: `fields` set on `record`.
+#[derive(Debug, Clone, Copy)]
+pub struct RecordUpdate<'a> {
+    pub record: &'a str,
+    pub fields: &'a [Field],
+    /// Unix s (the in-memory store's clock; Valkey uses its own).
+    pub now: i64,
+}
+
+/// One take-over of a `pending` record whose lease ran out.
+#[derive(Debug, Clone, Copy)]
+pub struct TakeOver<'a> {
+    pub record: &'a str,
+    /// The lease (unix ms) the record must still hold: the one seen.
+    pub expected_until_ms: i64,
+    /// The new lease (unix ms).
+    pub lease_until_ms: i64,
+    /// Unix s (the in-memory store's clock; Valkey uses its own).
+    pub now: i64,
+}
+
 /// Why the store could not answer. The first two did not happen; only
 /// [`Unanswered`](Self::Unanswered) may still run.
 #[derive(Debug, Clone, thiserror::Error)]
@@ -163,19 +184,14 @@ pub trait QuotaStore: Send + Sync + 'static {
     /// claim has not landed yet, still expires).
     fn update_record(
         &self,
-        record: &str,
-        fields: &[Field],
-        now: i64,
+        update: RecordUpdate<'_>,
     ) -> impl Future<Output = Result<(), StoreError>> + Send;
 
-    /// Takes over a `pending` record whose lease ran out: sets the lease to
-    /// `until` (unix ms) if the record still holds the `seen` one. `false`
-    /// when another request took it first.
+    /// Takes over a `pending` record whose lease ran out: sets its lease to
+    /// `lease_until_ms` if the record still holds `expected_until_ms`.
+    /// `false` when another request took it first.
     fn take_over(
         &self,
-        record: &str,
-        seen: i64,
-        until: i64,
-        now: i64,
+        args: TakeOver<'_>,
     ) -> impl Future<Output = Result<bool, StoreError>> + Send;
 }

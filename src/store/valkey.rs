@@ -20,10 +20,12 @@ use redis::Value;
 use uuid::Uuid;
 
 use super::key::{IDEMPOTENCY_TTL_SECS, QuotaKey};
-use super::quota_store::{CountArgs, PaceArgs, QuotaStore, Refund, StoreError};
+use super::quota_store::{
+    CountArgs, PaceArgs, QuotaStore, RecordUpdate, Refund, StoreError, TakeOver,
+};
 use crate::connection::{Request, Valkey};
 use crate::pace::Paced;
-use crate::record::{Claim, Claimed, Count, Field, Peek, Record};
+use crate::record::{Claim, Claimed, Count, Peek, Record};
 
 const CLAIM: &str = include_str!("claim.lua");
 const PACE: &str = include_str!("pace.lua");
@@ -254,12 +256,8 @@ impl QuotaStore for ValkeyStore {
         Ok(())
     }
 
-    async fn update_record(
-        &self,
-        record: &str,
-        fields: &[Field],
-        _now: i64,
-    ) -> Result<(), StoreError> {
+    async fn update_record(&self, update: RecordUpdate<'_>) -> Result<(), StoreError> {
+        let RecordUpdate { record, fields, .. } = update;
         let mut pipe = redis::pipe();
         pipe.cmd("HSET").arg(record);
         for (field, value) in fields {
@@ -275,15 +273,9 @@ impl QuotaStore for ValkeyStore {
         Ok(())
     }
 
-    async fn take_over(
-        &self,
-        record: &str,
-        seen: i64,
-        until: i64,
-        _now: i64,
-    ) -> Result<bool, StoreError> {
-        let mut cmd = eval(TAKE_OVER, &[record]);
-        cmd.arg(seen).arg(until);
+    async fn take_over(&self, args: TakeOver<'_>) -> Result<bool, StoreError> {
+        let mut cmd = eval(TAKE_OVER, &[args.record]);
+        cmd.arg(args.expected_until_ms).arg(args.lease_until_ms);
         let taken: i64 = self.send(cmd).await?;
         Ok(taken == 1)
     }

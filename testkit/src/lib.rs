@@ -375,6 +375,17 @@ pub fn token_gate(server: &ValkeyServer, extra: &[(&str, &str)]) -> Gate<ValkeyS
     valkey_gate(server, &with_vars(&[("QUOTA_JWT_PUBLIC_KEY", &key)], extra))
 }
 
+/// 3 scans within quota, 2 soft, then hard, with a 2 s store timeout;
+/// then `extra`.
+pub fn small_quota(extra: &[(&'static str, &'static str)]) -> Vec<(&'static str, &'static str)> {
+    let base = [
+        ("QUOTA_ANON", "3"),
+        ("QUOTA_SOFT_WINDOW", "2"),
+        ("QUOTA_STORE_TIMEOUT_MS", "2000"),
+    ];
+    with_vars(&base, extra)
+}
+
 /// The seed's tiers at small limits: 3 scans within quota, 2 soft (5 s),
 /// then hard (60 s); nothing slept, no pacing.
 pub const TIERS: &[(&str, &str)] = &[

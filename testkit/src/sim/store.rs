@@ -10,8 +10,8 @@ use std::time::Duration;
 use quota_gate::connection::not_connected;
 use quota_gate::store::memory::MemoryStore;
 use quota_gate::store::{
-    Claim, Claimed, Count, CountArgs, Field, PaceArgs, Paced, QuotaKey, QuotaStore, Refund,
-    StoreError,
+    Claim, Claimed, Count, CountArgs, PaceArgs, Paced, QuotaKey, QuotaStore, RecordUpdate, Refund,
+    StoreError, TakeOver,
 };
 use uuid::Uuid;
 
@@ -259,32 +259,38 @@ impl QuotaStore for SimStore {
         .await
     }
 
-    async fn update_record(
-        &self,
-        record: &str,
-        fields: &[Field],
-        now: i64,
-    ) -> Result<(), StoreError> {
-        let (record, fields) = (record.to_owned(), fields.to_vec());
+    async fn update_record(&self, update: RecordUpdate<'_>) -> Result<(), StoreError> {
+        let (record, fields, now) = (update.record.to_owned(), update.fields.to_vec(), update.now);
         self.call(
             "update_record",
-            move |m, _| ready(m.update_record(&record, &fields, now)).expect("memory store"),
+            move |m, _| {
+                let update = RecordUpdate {
+                    record: &record,
+                    fields: &fields,
+                    now,
+                };
+                ready(m.update_record(update)).expect("memory store")
+            },
             Kind::Other,
         )
         .await
     }
 
-    async fn take_over(
-        &self,
-        record: &str,
-        seen: i64,
-        until: i64,
-        now: i64,
-    ) -> Result<bool, StoreError> {
-        let record = record.to_owned();
+    async fn take_over(&self, args: TakeOver<'_>) -> Result<bool, StoreError> {
+        let record = args.record.to_owned();
+        let (expected_until_ms, lease_until_ms, now) =
+            (args.expected_until_ms, args.lease_until_ms, args.now);
         self.call(
             "take_over",
-            move |m, _| ready(m.take_over(&record, seen, until, now)).expect("memory store"),
+            move |m, _| {
+                let args = TakeOver {
+                    record: &record,
+                    expected_until_ms,
+                    lease_until_ms,
+                    now,
+                };
+                ready(m.take_over(args)).expect("memory store")
+            },
             Kind::Other,
         )
         .await
