@@ -17,10 +17,20 @@ use super::load::{Stats, cpu_time};
 /// each of `pids` and of the generator itself (last).
 pub type Measured = (Stats, Vec<f64>);
 
-/// `wrk -t 1 -c <concurrency> --latency` POSTing `body` to `http://addr/scan`
+/// What a `wrk` line asks for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WrkPath {
+    /// `POST /scan` with the bench's body.
+    Scan,
+    /// `GET /healthz`: the same server's HTTP alone.
+    Healthz,
+}
+
+/// `wrk -t 1 -c <concurrency> --latency` asking `path` of `http://addr`
 /// for `secs` seconds, after a 1 s warm-up run (unless `warmup` is false).
 pub fn wrk(
     addr: SocketAddr,
+    path: WrkPath,
     concurrency: usize,
     secs: f64,
     warmup: bool,
@@ -35,13 +45,14 @@ pub fn wrk(
          wrk.headers[\"Content-Type\"] = \"application/json\"\n",
     )
     .map_err(|e| e.to_string())?;
-    let url = format!("http://{addr}/scan");
-    let run = |d: &str| {
-        format!(
-            "wrk -t 1 -c {concurrency} -d {d} --latency -s '{}' {url}; times",
-            script.display()
-        )
+    let (url, script) = match path {
+        WrkPath::Scan => (
+            format!("http://{addr}/scan"),
+            format!("-s '{}'", script.display()),
+        ),
+        WrkPath::Healthz => (format!("http://{addr}/healthz"), String::new()),
     };
+    let run = |d: &str| format!("wrk -t 1 -c {concurrency} -d {d} --latency {script} {url}; times");
     if warmup {
         shell(&run("1s"))?;
     }
