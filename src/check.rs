@@ -27,6 +27,7 @@ use crate::identity::TokenStatus;
 use crate::pace::next_slot;
 use crate::record::Peek;
 use crate::respond::{self, POLICY, RATELIMIT, REMAINING, RESET};
+use crate::unix::{UnixMillis, UnixSecs};
 
 /// Whether `path` names the quota route: `/quota`, or `/<stage>/quota`
 /// when API Gateway keeps a named stage in the path (as for `/scan`).
@@ -69,7 +70,12 @@ fn millis(d: Duration) -> u64 {
 
 /// The next scan of a subject whose store reads `peek` at `now_ms`, under
 /// `limits` (before the grant, which this adds).
-pub fn next_scan(peek: &Peek, limits: Limits, rules: NextScanRules, now_ms: i64) -> NextScan {
+pub fn next_scan(
+    peek: &Peek,
+    limits: Limits,
+    rules: NextScanRules,
+    now_ms: UnixMillis,
+) -> NextScan {
     let decision = decide(peek.used + 1, &limits.with_grant(peek.grant));
     let tier = decision.tier.as_str();
     let tier_delay = millis(decision.delay);
@@ -89,8 +95,8 @@ pub fn next_scan(peek: &Peek, limits: Limits, rules: NextScanRules, now_ms: i64)
         return plain(tier_delay);
     }
     let cap = millis(rules.max_backlog);
-    match next_slot(peek.slot_ms.unwrap_or(0), now_ms, tier_delay, cap) {
-        Ok(slot) => plain(u64::try_from(slot - now_ms).unwrap_or(0)),
+    match next_slot(peek.slot_ms.unwrap_or_default(), now_ms, tier_delay, cap) {
+        Ok(slot) => plain(u64::try_from(slot.get() - now_ms.get()).unwrap_or(0)),
         Err(retry_after_ms) => NextScan {
             backlog_full_retry_after: Some(retry_after_ms.div_ceil(1000).max(1)),
             ..plain(0)
@@ -105,8 +111,8 @@ pub struct QuotaView {
     /// The daily ceiling with the grant added.
     pub limit: u32,
     pub used: u64,
-    /// Unix s: the counter's expiry, or when a new counter would expire.
-    pub reset_at: i64,
+    /// The counter's expiry, or when a new counter would expire.
+    pub reset_at: UnixSecs,
     pub seconds_to_reset: u64,
     pub next: NextScan,
     pub token: Option<TokenStatus>,
@@ -142,7 +148,7 @@ impl QuotaView {
 
     /// 200 with the quota, the next scan, and the IETF `RateLimit` headers.
     pub fn to_response(&self) -> Response<Bytes> {
-        let reset_at = rfc3339(self.reset_at);
+        let reset_at = rfc3339(self.reset_at.get());
         let body = Body {
             quota: Quota {
                 scope: self.scope.as_str(),
@@ -230,8 +236,8 @@ mod tests {
     fn peek(used: u64, slot_ms: Option<i64>, grant: u64) -> Peek {
         Peek {
             used,
-            reset_at: Some(NOW / 1000 + 3600),
-            slot_ms,
+            reset_at: Some(UnixSecs(NOW / 1000 + 3600)),
+            slot_ms: slot_ms.map(UnixMillis),
             grant,
         }
     }
@@ -251,7 +257,7 @@ mod tests {
     #[test]
     fn next_scan_follows_the_scan_rules() {
         let on = rules(Mode::Enforce, Pacing::On);
-        let n = |p: Peek| next_scan(&p, limits(), on, NOW);
+        let n = |p: Peek| next_scan(&p, limits(), on, UnixMillis(NOW));
         assert_eq!(
             (n(peek(0, None, 0)).tier, n(peek(0, None, 0)).delay_ms),
             ("within", 0)
@@ -272,7 +278,7 @@ mod tests {
             &peek(3, Some(NOW + 10_000), 0),
             limits(),
             rules(Mode::Enforce, Pacing::Off),
-            NOW,
+            UnixMillis(NOW),
         );
         assert_eq!(off.delay_ms, 5_000);
     }
@@ -284,7 +290,7 @@ mod tests {
             &peek(5, Some(NOW + 10_000), 0),
             limits(),
             rules(Mode::Shadow, Pacing::On),
-            NOW,
+            UnixMillis(NOW),
         );
         assert_eq!((n.tier, n.delay_ms), ("hard", 0));
         assert_eq!(
@@ -303,13 +309,13 @@ mod tests {
             scope: Scope::Ip,
             limit: 3,
             used: 2,
-            reset_at: 1_796_083_200,
+            reset_at: UnixSecs(1_796_083_200),
             seconds_to_reset: 600,
             next: next_scan(
                 &peek(2, None, 0),
                 limits(),
                 rules(Mode::Enforce, Pacing::On),
-                NOW,
+                UnixMillis(NOW),
             ),
             token: None,
         };

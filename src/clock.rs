@@ -19,6 +19,8 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use time::OffsetDateTime;
 use time::format_description::well_known::Rfc3339;
 
+use crate::unix::UnixMillis;
+
 /// A source of unix milliseconds.
 #[derive(Debug, Clone, Copy, Default)]
 pub enum Clock {
@@ -46,6 +48,11 @@ impl Clock {
             wall_ms: wall_ms(),
             at: tokio::time::Instant::now(),
         }
+    }
+
+    /// The instant now.
+    pub fn now(&self) -> UnixMillis {
+        UnixMillis(self.now_ms())
     }
 
     /// Unix milliseconds.

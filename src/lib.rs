@@ -25,7 +25,8 @@
 //! | after | [`consume`] | `quota-gate consume`: holds each job until `notBefore`, runs each `scanId` once |
 //!
 //! The floors: the pure rules and types ([`decide`], [`delay`], [`pace`],
-//! [`record`], [`settle`], and the one-word settings of [`config::words`])
+//! [`record`], [`settle`], the instant types of [`unix`], and the one-word
+//! settings of [`config::words`])
 //! import no I/O crate and no module above them; the modules that talk to
 //! Valkey, SQS or a socket build on them; [`gate`] drives them; [`lambda`],
 //! [`serve`] and [`cli`] sit on top. No module imports one that imports it
@@ -80,6 +81,7 @@ pub mod serve;
 pub mod settle;
 pub mod stdout;
 pub mod store;
+pub mod unix;
 pub mod validate;
 
 pub use config::Config;

@@ -7,6 +7,8 @@
 //! predict the next scan's delay. A test on a real Valkey
 //! (`tests/pacing.rs`) checks the script and this function agree.
 
+use crate::unix::UnixMillis;
+
 /// The answer to one pacing step.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Paced {
@@ -24,14 +26,14 @@ pub enum Paced {
 /// delay would exceed `max_backlog_ms` (or the tier's own delay, if that is
 /// longer: a scan with nothing ahead of it always gets its slot).
 pub fn next_slot(
-    previous: i64,
-    arrival_ms: i64,
+    previous: UnixMillis,
+    arrival_ms: UnixMillis,
     delay_ms: u64,
     max_backlog_ms: u64,
-) -> Result<i64, u64> {
+) -> Result<UnixMillis, u64> {
     let delay = i64::try_from(delay_ms).unwrap_or(i64::MAX);
-    let start = previous.max(arrival_ms).saturating_add(delay);
-    let wait = u64::try_from(start - arrival_ms).unwrap_or(0);
+    let start = previous.max(arrival_ms).get().saturating_add(delay);
+    let wait = u64::try_from(start - arrival_ms.get()).unwrap_or(0);
     // A scan with nothing queued ahead of it is never refused: the cap bounds
     // the pile-up, not a tier delay configured longer than the cap.
     let cap = max_backlog_ms.max(delay_ms);
@@ -39,13 +41,18 @@ pub fn next_slot(
         // The first arrival at which this delay fits the cap.
         Err(wait - cap)
     } else {
-        Ok(start)
+        Ok(UnixMillis(start))
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The rule on bare milliseconds, as the tables write them.
+    fn next_slot(previous: i64, arrival: i64, delay: u64, cap: u64) -> Result<i64, u64> {
+        super::next_slot(UnixMillis(previous), UnixMillis(arrival), delay, cap).map(UnixMillis::get)
+    }
     use proptest::prelude::*;
 
     /// A burst of five hard-tier scans is spread out one delay apart; a

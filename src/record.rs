@@ -12,22 +12,24 @@
 
 use uuid::Uuid;
 
-/// The result of one increment. Instants in unix seconds.
+use crate::unix::{UnixMillis, UnixSecs};
+
+/// The result of one increment.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Count {
     /// The count after this increment (1 for the first scan of the period).
     pub used: u64,
     /// When the counter expires, as the store holds it.
-    pub reset_at: i64,
+    pub reset_at: UnixSecs,
     /// The gate's clock when it counted.
-    pub now: i64,
+    pub now: UnixSecs,
     /// Extra scans granted for this period (0: none), read in the same round trip.
     pub grant: u64,
 }
 
 impl Count {
     pub fn seconds_to_reset(&self) -> u64 {
-        u64::try_from(self.reset_at - self.now).unwrap_or(0)
+        u64::try_from(self.reset_at.get() - self.now.get()).unwrap_or(0)
     }
 }
 
@@ -38,9 +40,9 @@ pub struct Peek {
     pub used: u64,
     /// When the counter expires (unix s); `None` without a counter (or one
     /// that never expires).
-    pub reset_at: Option<i64>,
+    pub reset_at: Option<UnixSecs>,
     /// The subject's pacing slot (unix ms), if one was taken.
-    pub slot_ms: Option<i64>,
+    pub slot_ms: Option<UnixMillis>,
     /// Extra scans granted for this period.
     pub grant: u64,
 }
@@ -54,9 +56,9 @@ pub struct Claim {
     /// SHA-256 of the request body, hex: the same key with another body is refused.
     pub fingerprint: String,
     /// Unix ms when the gate received the request.
-    pub received_ms: i64,
+    pub received_ms: UnixMillis,
     /// Unix ms until which the first request may still be in flight.
-    pub lease_until_ms: i64,
+    pub lease_until_ms: UnixMillis,
 }
 
 /// Declares the fields of an idempotency record once: the enum, its names as
@@ -138,12 +140,12 @@ pub struct Record {
     pub state: RecordState,
     pub scan_id: Uuid,
     pub fingerprint: String,
-    pub received_ms: i64,
-    pub lease_until_ms: i64,
+    pub received_ms: UnixMillis,
+    pub lease_until_ms: UnixMillis,
     /// The count the first request got (0 when it was not counted).
     pub count: u64,
     /// The counter's expiry the first request saw.
-    pub reset_at: i64,
+    pub reset_at: UnixSecs,
     /// The paced delay, once pacing decided it.
     pub delay_ms: Option<u64>,
     /// The saved answer (JSON), once `done`.
@@ -153,7 +155,7 @@ pub struct Record {
 impl Record {
     /// The record a claim writes, counted `count` with the counter expiring
     /// at `reset_at`.
-    pub fn claimed(claim: &Claim, count: u64, reset_at: i64) -> Self {
+    pub fn claimed(claim: &Claim, count: u64, reset_at: UnixSecs) -> Self {
         Self {
             state: RecordState::Pending,
             scan_id: claim.scan_id,
@@ -198,10 +200,10 @@ impl Record {
             state,
             scan_id,
             fingerprint: get(RecordField::Fingerprint).unwrap_or_default().to_owned(),
-            received_ms: int(RecordField::Received),
-            lease_until_ms: int(RecordField::Until),
+            received_ms: UnixMillis(int(RecordField::Received)),
+            lease_until_ms: UnixMillis(int(RecordField::Until)),
             count: u64::try_from(int(RecordField::Count)).unwrap_or(0),
-            reset_at: int(RecordField::ResetAt),
+            reset_at: UnixSecs(int(RecordField::ResetAt)),
             delay_ms: get(RecordField::DelayMs).and_then(|v| v.parse().ok()),
             response: get(RecordField::Response).map(str::to_owned),
         })
@@ -225,10 +227,10 @@ impl Record {
                     }
                 }
                 RecordField::Fingerprint => self.fingerprint.clone_from(value),
-                RecordField::Received => self.received_ms = int(),
-                RecordField::Until => self.lease_until_ms = int(),
+                RecordField::Received => self.received_ms = UnixMillis(int()),
+                RecordField::Until => self.lease_until_ms = UnixMillis(int()),
                 RecordField::Count => self.count = u64::try_from(int()).unwrap_or(0),
-                RecordField::ResetAt => self.reset_at = int(),
+                RecordField::ResetAt => self.reset_at = UnixSecs(int()),
                 RecordField::DelayMs => self.delay_ms = value.parse().ok(),
                 RecordField::Response => self.response = Some(value.clone()),
             }

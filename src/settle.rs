@@ -24,6 +24,7 @@ use crate::decide::{Decision, Limits, decide};
 use crate::delay::DelayPlan;
 use crate::pace::Paced;
 use crate::record::{Claim, Count, Record};
+use crate::unix::{UnixMillis, UnixSecs};
 
 /// How long after its expected end an attempt is still given, in the
 /// `Retry-After` of a 409: the enqueue and the saving of its answer.
@@ -37,15 +38,15 @@ pub enum Metering {
     /// Accepted uncounted: the count was never sent (fail open).
     Unmetered,
     /// The count was sent and not answered: it may still land, in the
-    /// period that ends at `period_end` (unix s).
-    Unknown { period_end: i64 },
+    /// period that ends at `period_end`.
+    Unknown { period_end: UnixSecs },
 }
 
 impl Metering {
     /// How a scan whose count failed is metered: a count that was sent and
     /// not answered may still land, in the period ending at `period_end`
-    /// (unix s); one never sent did not happen.
-    pub fn after_store_error(may_land: bool, period_end: i64) -> Self {
+    /// one never sent did not happen.
+    pub fn after_store_error(may_land: bool, period_end: UnixSecs) -> Self {
         if may_land {
             Self::Unknown { period_end }
         } else {
@@ -88,7 +89,12 @@ pub enum Repeat {
 /// attempt may have slept (nothing in `defer` mode), so a 409's
 /// `Retry-After` says when that attempt will have ended, not when its lease
 /// (the longest it could take) runs out.
-pub fn on_repeat(record: &Record, claim: &Claim, now_ms: i64, sleep_cap: Duration) -> Repeat {
+pub fn on_repeat(
+    record: &Record,
+    claim: &Claim,
+    now_ms: UnixMillis,
+    sleep_cap: Duration,
+) -> Repeat {
     if record.fingerprint != claim.fingerprint {
         return Repeat::Mismatch;
     }
@@ -103,10 +109,11 @@ pub fn on_repeat(record: &Record, claim: &Claim, now_ms: i64, sleep_cap: Duratio
         });
         let expected_end = record
             .received_ms
+            .get()
             .saturating_add(i64::try_from(slept).unwrap_or(i64::MAX))
             .saturating_add(ATTEMPT_GRACE_MS)
-            .min(record.lease_until_ms);
-        let wait_ms = u64::try_from(expected_end - now_ms).unwrap_or(0);
+            .min(record.lease_until_ms.get());
+        let wait_ms = u64::try_from(expected_end - now_ms.get()).unwrap_or(0);
         return Repeat::InProgress {
             retry_after: wait_ms.div_ceil(1000).max(1),
         };
@@ -132,8 +139,8 @@ pub struct Resumed {
     /// The record's: every job of a keyed scan carries it.
     pub scan_id: Uuid,
     pub metering: Metering,
-    /// When the first attempt arrived (unix ms).
-    pub received_ms: i64,
+    /// When the first attempt arrived.
+    pub received_ms: UnixMillis,
     /// Nothing is slept again; what is left of the delay holds the job back.
     pub plan: DelayPlan,
 }
@@ -146,7 +153,13 @@ pub struct Resumed {
 /// already (its queue did not answer), and refusing the scan now would
 /// refund a count whose job runs. Not paced before, it takes its tier's
 /// delay, as that attempt did when pacing failed; in shadow mode, none.
-pub fn resume(record: &Record, limits: Limits, grant: u64, now_ms: i64, shadow: bool) -> Resumed {
+pub fn resume(
+    record: &Record,
+    limits: Limits,
+    grant: u64,
+    now_ms: UnixMillis,
+    shadow: bool,
+) -> Resumed {
     let metering = if record.count == 0 {
         Metering::Unmetered
     } else {
@@ -154,7 +167,7 @@ pub fn resume(record: &Record, limits: Limits, grant: u64, now_ms: i64, shadow: 
             count: Count {
                 used: record.count,
                 reset_at: record.reset_at,
-                now: now_ms.div_euclid(1000),
+                now: now_ms.secs(),
                 grant,
             },
             decision: decide(record.count, &limits.with_grant(grant)),
@@ -169,8 +182,9 @@ pub fn resume(record: &Record, limits: Limits, grant: u64, now_ms: i64, shadow: 
     };
     let owed = record
         .received_ms
-        .saturating_add(i64::try_from(total.as_millis()).unwrap_or(i64::MAX))
-        .saturating_sub(now_ms);
+        .saturating_add(total)
+        .get()
+        .saturating_sub(now_ms.get());
     Resumed {
         scan_id: record.scan_id,
         metering,
@@ -251,7 +265,7 @@ pub enum Failure {
 pub enum Settlement {
     /// Take one count of the period ending at `period_end` back (and a
     /// keyed scan's record, if it is still this attempt's).
-    Refund { period_end: i64 },
+    Refund { period_end: UnixSecs },
     /// Keep the count and the record, and free the record's lease: the
     /// outcome is unknown, and the keyed retry settles it (one job, one
     /// count).
@@ -328,14 +342,16 @@ mod tests {
     use super::*;
     use std::num::NonZeroU32;
 
-    const RESET: i64 = 1_796_083_200;
+    const RESET: UnixSecs = UnixSecs(1_796_083_200);
+    /// The end of the period an unanswered count may land in.
+    const END: UnixSecs = UnixSecs(7);
 
     /// The `used`th scan of a period that ends at `RESET`, 100 s before it.
     fn count(used: u64) -> Count {
         Count {
             used,
             reset_at: RESET,
-            now: RESET - 100,
+            now: UnixSecs(RESET.get() - 100),
             grant: 0,
         }
     }
@@ -376,7 +392,7 @@ mod tests {
     fn tier_and_count() {
         assert_eq!(counted().tier(), "hard");
         assert_eq!(counted().used(), 2);
-        for uncounted in [Metering::Unmetered, Metering::Unknown { period_end: 7 }] {
+        for uncounted in [Metering::Unmetered, Metering::Unknown { period_end: END }] {
             assert_eq!(uncounted.tier(), "unmetered");
             assert_eq!(uncounted.used(), 0);
         }
@@ -393,7 +409,7 @@ mod tests {
         let closed = Store {
             mode: FailMode::Closed,
         };
-        let unknown = Metering::Unknown { period_end: 7 };
+        let unknown = Metering::Unknown { period_end: END };
         let refund_count = Refund { period_end: RESET };
         let table: [(Metering, bool, Failure, Settlement); 32] = [
             (counted(), false, open, Nothing),
@@ -416,13 +432,13 @@ mod tests {
             (Metering::Unmetered, true, BacklogFull, Nothing),
             (Metering::Unmetered, true, NotQueued, Nothing),
             (Metering::Unmetered, true, QueueUnknown, Release),
-            (unknown, false, open, Refund { period_end: 7 }),
-            (unknown, false, closed, Refund { period_end: 7 }),
-            (unknown, false, BacklogFull, Refund { period_end: 7 }),
-            (unknown, false, NotQueued, Refund { period_end: 7 }),
-            (unknown, false, QueueUnknown, Refund { period_end: 7 }),
+            (unknown, false, open, Refund { period_end: END }),
+            (unknown, false, closed, Refund { period_end: END }),
+            (unknown, false, BacklogFull, Refund { period_end: END }),
+            (unknown, false, NotQueued, Refund { period_end: END }),
+            (unknown, false, QueueUnknown, Refund { period_end: END }),
             (unknown, true, open, Release),
-            (unknown, true, closed, Refund { period_end: 7 }),
+            (unknown, true, closed, Refund { period_end: END }),
             (unknown, true, BacklogFull, Release),
             (unknown, true, NotQueued, Release),
             (unknown, true, QueueUnknown, Release),
@@ -437,7 +453,7 @@ mod tests {
     #[test]
     fn store_failure_answers() {
         use AfterStoreFailure::*;
-        let unknown = Metering::Unknown { period_end: 7 };
+        let unknown = Metering::Unknown { period_end: END };
         let table = [
             (unknown, false, FailMode::Open, Unmetered),
             (unknown, true, FailMode::Open, Unsettled),
@@ -467,8 +483,8 @@ mod tests {
             record: "quota:ip:{d}:idem:k".into(),
             scan_id: Uuid::now_v7(),
             fingerprint: "fp".into(),
-            received_ms: 10_000,
-            lease_until_ms,
+            received_ms: UnixMillis(10_000),
+            lease_until_ms: UnixMillis(lease_until_ms),
         };
         let mut r = Record::claimed(&claim, 3, RESET);
         r.delay_ms = delay_ms;
@@ -536,7 +552,8 @@ mod tests {
             if !same {
                 r.fingerprint = "other".into();
             }
-            assert_eq!(on_repeat(&r, &claim, now, cap), expected, "{r:?} at {now}");
+            let at = UnixMillis(now);
+            assert_eq!(on_repeat(&r, &claim, at, cap), expected, "{r:?} at {now}");
         }
     }
 
@@ -544,10 +561,10 @@ mod tests {
     #[test]
     fn metering_after_store_error() {
         assert_eq!(
-            Metering::after_store_error(true, 7),
-            Metering::Unknown { period_end: 7 }
+            Metering::after_store_error(true, END),
+            Metering::Unknown { period_end: END }
         );
-        assert_eq!(Metering::after_store_error(false, 7), Metering::Unmetered);
+        assert_eq!(Metering::after_store_error(false, END), Metering::Unmetered);
     }
 
     /// Only a take-over the store confirmed goes on; lost or unanswered, 409 in a second.
@@ -600,10 +617,10 @@ mod tests {
         for (count, delay_ms, grant, now, shadow, total, deferred, tier) in table {
             let (mut r, _) = record(false, 0, delay_ms);
             r.count = count;
-            let resumed = resume(&r, limits, grant, now, shadow);
+            let resumed = resume(&r, limits, grant, UnixMillis(now), shadow);
             let row = format!("count={count} delay={delay_ms:?} grant={grant} shadow={shadow}");
             assert_eq!(resumed.scan_id, r.scan_id, "{row}");
-            assert_eq!(resumed.received_ms, 10_000, "{row}");
+            assert_eq!(resumed.received_ms, UnixMillis(10_000), "{row}");
             assert_eq!(resumed.metering.used(), count, "{row}");
             assert_eq!(resumed.metering.tier(), tier, "{row}");
             assert_eq!(
@@ -645,7 +662,7 @@ mod tests {
                 DelayRule::Fixed(Duration::ZERO),
             ),
             (
-                Metering::Unknown { period_end: 7 },
+                Metering::Unknown { period_end: END },
                 false,
                 Pacing::On,
                 DelayRule::Fixed(Duration::ZERO),

@@ -31,6 +31,7 @@ const PURE: &[&str] = &[
     "pace",
     "record",
     "settle",
+    "unix",
 ];
 
 /// Crates that do I/O: no rule names one.

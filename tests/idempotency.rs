@@ -21,6 +21,7 @@ use quota_gate::store::{
     Claim, Claimed, Count, CountArgs, PaceArgs, Paced, QuotaKey, QuotaStore, RecordUpdate, Refund,
     StoreError, TakeOver,
 };
+use quota_gate::unix::UnixSecs;
 use serde_json::Value;
 
 const IP: &str = "198.51.100.90";
@@ -129,7 +130,7 @@ async fn keyed_retries_in_memory() {
     let gate = gate(&[], store.clone(), jobs.clone());
     let used = |ip: &str| {
         let key = QuotaKey::new(Scope::Ip, &gate.identifier().ip_digest(ip.parse().unwrap()));
-        store.used(&key, now()).unwrap_or(0)
+        store.used(&key, UnixSecs(now())).unwrap_or(0)
     };
     contract(&gate, async || jobs.len(), async |ip| used(ip)).await;
 }
@@ -379,9 +380,9 @@ async fn refund_is_tied_to_its_day() {
     // A refund of a scan counted yesterday (whose counter expired at today's start).
     let refund = |period_end| Refund {
         key: &key,
-        period_end,
+        period_end: UnixSecs(period_end),
         record: None,
-        now: now(),
+        now: UnixSecs(now()),
     };
     gate.store()
         .refund(refund(today_end - 86_400))
@@ -414,7 +415,7 @@ impl QuotaStore for LatePace {
     async fn peek(
         &self,
         key: &quota_gate::store::QuotaKey,
-        now: i64,
+        now: UnixSecs,
     ) -> Result<quota_gate::store::Peek, StoreError> {
         self.inner.peek(key, now).await
     }
@@ -436,7 +437,12 @@ impl QuotaStore for LatePace {
     async fn refund(&self, refund: Refund<'_>) -> Result<(), StoreError> {
         self.inner.refund(refund).await
     }
-    async fn release(&self, record: &str, scan_id: uuid::Uuid, now: i64) -> Result<(), StoreError> {
+    async fn release(
+        &self,
+        record: &str,
+        scan_id: uuid::Uuid,
+        now: UnixSecs,
+    ) -> Result<(), StoreError> {
         self.inner.release(record, scan_id, now).await
     }
     async fn update_record(&self, update: RecordUpdate<'_>) -> Result<(), StoreError> {

@@ -14,6 +14,7 @@ use quota_gate::gate::Gate;
 use quota_gate::queue::ScanQueue;
 use quota_gate::store::QuotaStore;
 use quota_gate::store::memory::MemoryStore;
+use quota_gate::unix::{UnixMillis, UnixSecs};
 use serde_json::Value;
 
 const IP: &str = "198.51.100.77";
@@ -193,7 +194,7 @@ async fn backlog_cap_in_memory() {
     assert_capped(
         gate,
         async || jobs.json(),
-        async || store.used(&key, now()).unwrap(),
+        async || store.used(&key, UnixSecs(now())).unwrap(),
     )
     .await;
 }
@@ -260,16 +261,16 @@ fn pace_script_matches_the_pure_rule() {
             let args = PaceArgs {
                 key: &key,
                 record: None,
-                arrival_ms: arrival,
+                arrival_ms: UnixMillis(arrival),
                 delay_ms: delay,
                 max_backlog_ms: cap,
-                reset_at: 0,
+                reset_at: UnixSecs(0),
             };
             let paced = store.pace(args).await.unwrap();
             let slot: i64 = redis::cmd("GET").arg(&key.slot).query_async(&mut c).await.unwrap();
             (paced, slot)
         });
-        match next_slot(previous, arrival, delay, cap) {
+        match next_slot(UnixMillis(previous), UnixMillis(arrival), delay, cap).map(UnixMillis::get) {
             Ok(slot) => {
                 let wait = u64::try_from(slot - arrival).unwrap();
                 prop_assert_eq!(reply, (Paced::Slot { delay_ms: wait }, slot));

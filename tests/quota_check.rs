@@ -285,7 +285,7 @@ async fn grant_before_the_first_scan_and_in_memory() {
         Discard,
     );
     let who = subject::resolve(gate.config(), &SubjectArg::Ip(IP.into())).unwrap();
-    let now = now();
+    let now = quota_gate::unix::UnixSecs(now());
     store.grant(
         &who.key,
         2,

@@ -623,7 +623,7 @@ async fn in_process(
         let store = store.clone();
         let keys = keys.clone();
         async move {
-            let now = time::OffsetDateTime::now_utc().unix_timestamp();
+            let now = quota_gate::unix::UnixSecs(time::OffsetDateTime::now_utc().unix_timestamp());
             let args = CountArgs {
                 key: &keys[task],
                 period_end: period_end(ResetPolicy::UtcDay, now),

@@ -145,7 +145,7 @@ pub fn memory_child(n: u64) {
             for i in from..from + n {
                 let ip = std::net::Ipv4Addr::from(i as u32).to_string();
                 let key = QuotaKey::new(Scope::Ip, &hasher.digest(Scope::Ip, &ip));
-                let now = t.load(Ordering::Relaxed);
+                let now = quota_gate::unix::UnixSecs(t.load(Ordering::Relaxed));
                 let args = CountArgs {
                     key: &key,
                     period_end: period_end(ResetPolicy::UtcDay, now),

@@ -22,6 +22,7 @@ use crate::queue::{ENQUEUE_TIMEOUT, ScanJob};
 use crate::respond::{self, Accepted};
 use crate::settle::{Metering, Resumed};
 use crate::store::{Claim, QuotaKey, period_end};
+use crate::unix::{UnixMillis, UnixSecs};
 
 /// One HTTP request, as either front end hands it over.
 #[derive(Debug, Clone, Default)]
@@ -45,10 +46,10 @@ pub(super) struct Attempt {
     pub limits: Limits,
     /// A keyed request's claim on its record.
     pub claim: Option<Claim>,
-    /// The one clock reading, unix ms.
-    pub now_ms: i64,
-    /// The expiry a new counter gets (unix s).
-    pub period_end: i64,
+    /// The one clock reading.
+    pub now_ms: UnixMillis,
+    /// The expiry a new counter gets.
+    pub period_end: UnixSecs,
     /// The answer's deadline: min(Lambda's remaining time, gateway timeout).
     pub ceiling: Duration,
     /// Lambda's remaining time at arrival, if in Lambda.
@@ -58,13 +59,13 @@ pub(super) struct Attempt {
 
 impl Attempt {
     /// Everything the later steps need to know about one identified scan
-    /// request, read at `now_ms` (unix ms).
+    /// request, read at `now_ms`.
     pub fn new(
         identity: Identity,
         idempotency_key: Option<&str>,
         request: &GateRequest,
         policy: &Policy,
-        now_ms: i64,
+        now_ms: UnixMillis,
         started: Instant,
     ) -> Self {
         let key = QuotaKey::new(identity.scope, &identity.digest);
@@ -74,10 +75,10 @@ impl Attempt {
             scan_id: Uuid::now_v7(),
             fingerprint: crate::idempotency::fingerprint(&request.body),
             received_ms: now_ms,
-            lease_until_ms: now_ms.saturating_add(millis_i64(ceiling)),
+            lease_until_ms: now_ms.saturating_add(ceiling),
         });
         Self {
-            period_end: period_end(policy.reset, now_ms.div_euclid(1000)),
+            period_end: period_end(policy.reset, now_ms.secs()),
             limits: policy.limits(identity.limit),
             identity,
             key,
@@ -110,9 +111,9 @@ impl Attempt {
         }
     }
 
-    /// Unix seconds.
-    pub fn now(&self) -> i64 {
-        self.now_ms.div_euclid(1000)
+    /// The clock reading's second.
+    pub fn now(&self) -> UnixSecs {
+        self.now_ms.secs()
     }
 
     /// The claim's scanId (nil for an unkeyed scan, whose refunds name none).
@@ -125,8 +126,8 @@ impl Attempt {
     }
 
     /// The lease a claim or a take-over holds: until the answer's deadline.
-    pub fn lease_until_ms(&self) -> i64 {
-        self.now_ms.saturating_add(millis_i64(self.ceiling))
+    pub fn lease_until_ms(&self) -> UnixMillis {
+        self.now_ms.saturating_add(self.ceiling)
     }
 
     /// How long an enqueue may take: at most [`ENQUEUE_TIMEOUT`], and never
@@ -151,8 +152,8 @@ pub(super) struct Scan {
     /// Every job of a keyed scan carries its record's scanId.
     pub scan_id: Uuid,
     pub metering: Metering,
-    /// Unix ms when the scan arrived (the first attempt's, when resumed).
-    pub received_ms: i64,
+    /// When the scan arrived (the first attempt's, when resumed).
+    pub received_ms: UnixMillis,
     /// Taken over from an earlier attempt, with its plan: nothing is slept
     /// again, and the delay is not paced again.
     pub resumed: Option<DelayPlan>,
@@ -203,11 +204,11 @@ impl Scan {
     /// The job to queue, carrying the scan's `body`, held back until
     /// `received + plan.total`.
     pub fn job(&self, identity: &Identity, body: Map<String, Value>, plan: DelayPlan) -> ScanJob {
-        let not_before_ms = self.received_ms.saturating_add(millis_i64(plan.total));
+        let not_before_ms = self.received_ms.saturating_add(plan.total).get();
         ScanJob {
             version: crate::job::JOB_VERSION,
             scan_id: self.scan_id,
-            received_at: respond::rfc3339_ms(self.received_ms),
+            received_at: respond::rfc3339_ms(self.received_ms.get()),
             scope: identity.scope,
             digest: identity.digest.to_string(),
             tier: self.metering.into(),
@@ -238,12 +239,12 @@ impl Scan {
                     Some(count.used),
                     decision.remaining,
                     decision.reminder,
-                    count.reset_at,
+                    count.reset_at.get(),
                     count.seconds_to_reset(),
                     shadow.then(|| ShadowVerdict::new(decision.tier, decision.delay)),
                 ),
                 Metering::Unmetered | Metering::Unknown { .. } => {
-                    let (reset_at, secs) = next_utc_midnight(attempt.now());
+                    let (reset_at, secs) = next_utc_midnight(attempt.now().get());
                     let limit = limits.limit;
                     (
                         limit,
@@ -277,10 +278,6 @@ impl Scan {
 /// past `started + ceiling`, the answer's deadline.
 pub(super) fn enqueue_within(started: Instant, ceiling: Duration) -> Duration {
     ENQUEUE_TIMEOUT.min((started + ceiling).saturating_duration_since(Instant::now()))
-}
-
-pub(super) fn millis_i64(d: Duration) -> i64 {
-    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
 }
 
 fn millis_u64(d: Duration) -> u64 {

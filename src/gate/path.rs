@@ -28,6 +28,7 @@ use crate::settle::{
     on_repeat, on_take_over, settle,
 };
 use crate::store::{Claim, Claimed, CountArgs, PaceArgs, QuotaStore, Record, StoreError, TakeOver};
+use crate::unix::UnixSecs;
 
 /// A request's answer, and what the meter is told of it (nothing for a
 /// request refused before it reached the store, or not a counted scan).
@@ -62,7 +63,7 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
     async fn process(&self, request: GateRequest) -> Answer {
         let started = Instant::now();
         // The one clock reading of this request.
-        let now_ms = self.clock.now_ms();
+        let now_ms = self.clock.now();
         if crate::check::is_quota_path(&request.path) {
             if request.method != Method::GET && request.method != Method::HEAD {
                 return (Err(GateError::QuotaMethodNotAllowed), None);
@@ -264,7 +265,7 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
             let mut settlement = settle(&scan.metering, attempt.keyed(), failure);
             if bugs::on(Bug::RefundOfUnsentCount) && scan.metering == Metering::Unmetered {
                 settlement = Settlement::Refund {
-                    period_end: i64::MAX,
+                    period_end: UnixSecs(i64::MAX),
                 };
             }
             self.apply(attempt, scan.scan_id, settlement).await;

@@ -18,6 +18,7 @@ use crate::meter::Event;
 use crate::queue::{QueueError, ScanJob, ScanQueue};
 use crate::respond;
 use crate::store::{QuotaKey, QuotaStore, period_end};
+use crate::unix::UnixMillis;
 
 impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
     /// `GET /quota`: the caller, identified as for `POST /scan`, and what
@@ -26,7 +27,7 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
     pub(super) async fn check(
         &self,
         request: &GateRequest,
-        now_ms: i64,
+        now_ms: UnixMillis,
     ) -> Result<Response<Bytes>, GateError> {
         let origin = Origin {
             peer: request.peer,
@@ -38,7 +39,7 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
             return Ok(exempt_response(identity.token));
         }
         let key = QuotaKey::new(identity.scope, &identity.digest);
-        let now = now_ms.div_euclid(1000);
+        let now = now_ms.secs();
         let peek = self
             .bounded(self.store.peek(&key, now))
             .await
@@ -63,7 +64,7 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
             limit: limits.with_grant(peek.grant).limit.get(),
             used: peek.used,
             reset_at,
-            seconds_to_reset: u64::try_from(reset_at - now).unwrap_or(0),
+            seconds_to_reset: u64::try_from(reset_at.get() - now.get()).unwrap_or(0),
             next: next_scan(&peek, limits, rules, now_ms),
             token: identity.token,
         };
@@ -78,11 +79,11 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
         identity: Identity,
         body: Map<String, Value>,
         request: &GateRequest,
-        now_ms: i64,
+        now_ms: UnixMillis,
         started: Instant,
     ) -> Result<Response<Bytes>, GateError> {
         let scan_id = Uuid::now_v7();
-        let received = respond::rfc3339_ms(now_ms);
+        let received = respond::rfc3339_ms(now_ms.get());
         let job = ScanJob {
             version: crate::job::JOB_VERSION,
             scan_id,
@@ -95,7 +96,7 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
             delay_ms: 0,
             deferred_ms: 0,
             not_before: received,
-            not_before_ms: now_ms,
+            not_before_ms: now_ms.get(),
             request: body,
         };
         let ceiling = delay::ceiling(request.remaining, self.config.policy.gateway_timeout);
@@ -112,6 +113,6 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
             return Err(GateError::QueueFailed { queued });
         }
         self.meter.record_event(identity.scope, Event::Exempt);
-        Ok(respond::exempt(scan_id, now_ms, identity.token))
+        Ok(respond::exempt(scan_id, now_ms.get(), identity.token))
     }
 }

@@ -11,6 +11,7 @@ use super::wiring::Gate;
 use crate::queue::ScanQueue;
 use crate::settle::Settlement;
 use crate::store::{Claim, QuotaStore, RecordField, RecordState, RecordUpdate, Refund};
+use crate::unix::UnixSecs;
 
 impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
     /// Carries out a [`Settlement`]. A refund that fails leaves the subject
@@ -49,7 +50,7 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
         claim: &Claim,
         scan_id: Uuid,
         response: &Response<Bytes>,
-        now: i64,
+        now: UnixSecs,
     ) {
         let fields = [
             (RecordField::State, RecordState::Done.name().to_owned()),

@@ -9,6 +9,7 @@ use super::nodes;
 use crate::connection::Connection;
 use crate::store::valkey::ValkeyStore;
 use crate::store::{KEY_PATTERN, Peek, QuotaKey, StoreError};
+use crate::unix::{UnixMillis, UnixSecs};
 
 /// Keys removed per UNLINK in a purge.
 const PURGE_BATCH: usize = 500;
@@ -46,8 +47,8 @@ impl ValkeyStore {
             peek: Peek {
                 used,
                 // -1: no expiry; -2: gone since the GET.
-                reset_at: Some(expires_at).filter(|at| *at >= 0),
-                slot_ms: slot,
+                reset_at: Some(expires_at).filter(|at| *at >= 0).map(UnixSecs),
+                slot_ms: slot.map(UnixMillis),
                 grant: grant.unwrap_or(0),
             },
             first_seen,
@@ -57,20 +58,20 @@ impl ValkeyStore {
     /// Gives a subject `scans` extra scans for the current period (0 takes
     /// the grant back); the grant expires with the counter, or at
     /// `period_end` when the period has not started. Returns its expiry
-    /// (unix s; 0 when revoked).
+    /// (0 when revoked).
     pub async fn grant(
         &self,
         key: &QuotaKey,
         scans: u64,
-        period_end: i64,
-    ) -> Result<i64, StoreError> {
+        period_end: UnixSecs,
+    ) -> Result<UnixSecs, StoreError> {
         let mut conn = self.valkey().connection().await?;
         let at: i64 = crate::store::valkey::eval(GRANT, &[&key.counter, &key.grant])
             .arg(scans)
-            .arg(period_end)
+            .arg(period_end.get())
             .query_async(&mut conn)
             .await?;
-        Ok(at)
+        Ok(UnixSecs(at))
     }
 
     /// Removes every key of a subject (counter, first-seen, pacing slot and

@@ -21,6 +21,7 @@ use crate::identity::jwt::Rejection;
 use crate::identity::{self, Identifier, ip};
 use crate::store::QuotaKey;
 use crate::store::valkey::ValkeyStore;
+use crate::unix::UnixSecs;
 
 /// How the operator named a client.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -154,22 +155,28 @@ pub struct Inspection {
 }
 
 impl Inspection {
-    /// Builds the report from a store snapshot; `now` is unix seconds.
-    pub fn new(config: &Config, subject: &Subject, snapshot: Option<&Snapshot>, now: i64) -> Self {
+    /// Builds the report from a store snapshot read at `now`.
+    pub fn new(
+        config: &Config,
+        subject: &Subject,
+        snapshot: Option<&Snapshot>,
+        now: UnixSecs,
+    ) -> Self {
         let slot = snapshot
             .and_then(|s| s.peek.slot_ms)
-            .filter(|slot| *slot > now.saturating_mul(1000));
+            .filter(|slot| *slot > now.millis());
         let backlog_ms = slot.map_or(0, |slot| {
-            u64::try_from(slot - now.saturating_mul(1000)).unwrap_or(0)
+            u64::try_from(slot.get() - now.millis().get()).unwrap_or(0)
         });
         let count = snapshot.map_or(0, |s| s.peek.used);
         let expires_at = snapshot.and_then(|s| s.peek.reset_at);
-        let ttl = expires_at.map(|at| u64::try_from(at.saturating_sub(now)).unwrap_or(0));
+        let ttl =
+            expires_at.map(|at| u64::try_from(at.get().saturating_sub(now.get())).unwrap_or(0));
         let limit = subject.limit;
         let grant = snapshot.map_or(0, |s| s.peek.grant);
         let limits = config.policy.limits(limit).with_grant(grant);
         let next = decide(count + 1, &limits);
-        let reset_at = expires_at.map(crate::respond::rfc3339);
+        let reset_at = expires_at.map(|at| crate::respond::rfc3339(at.get()));
         Self {
             scope: subject.scope.as_str(),
             basis: subject.basis,
@@ -183,7 +190,7 @@ impl Inspection {
             ttl_seconds: ttl,
             first_seen: snapshot.and_then(|s| s.first_seen.clone()),
             reset_at,
-            next_free_slot: slot.map(crate::respond::rfc3339_ms),
+            next_free_slot: slot.map(|at| crate::respond::rfc3339_ms(at.get())),
             backlog_ms,
             next: NextScan {
                 count: count + 1,
@@ -265,7 +272,7 @@ pub async fn inspect(
         config,
         subject,
         snapshot.as_ref(),
-        OffsetDateTime::now_utc().unix_timestamp(),
+        UnixSecs(OffsetDateTime::now_utc().unix_timestamp()),
     ))
 }
 
@@ -341,14 +348,14 @@ pub async fn grant(
     subject: &Subject,
     scans: u64,
 ) -> Result<Granted, OpsError> {
-    let now = OffsetDateTime::now_utc().unix_timestamp();
+    let now = UnixSecs(OffsetDateTime::now_utc().unix_timestamp());
     let period_end = crate::store::period_end(config.policy.reset, now);
     let at = store.grant(&subject.key, scans, period_end).await?;
     tracing::info!(scope = %subject.scope, scans, "quota grant set");
     Ok(Granted {
         key: subject.key.counter.clone(),
         scans,
-        expires_at: (scans > 0).then(|| crate::respond::rfc3339(at)),
+        expires_at: (scans > 0).then(|| crate::respond::rfc3339(at.get())),
     })
 }
 
@@ -365,6 +372,7 @@ pub async fn reset(store: &ValkeyStore, subject: &Subject) -> Result<Removal, Op
 mod tests {
     use super::*;
     use crate::store::Peek;
+    use crate::unix::UnixMillis;
 
     fn config() -> Config {
         Config::from_lookup(|k| match k {
@@ -419,13 +427,13 @@ mod tests {
         let snap = Snapshot {
             peek: Peek {
                 used: 3,
-                reset_at: Some(1_796_000_060),
-                slot_ms: Some(1_796_000_012_500),
+                reset_at: Some(UnixSecs(1_796_000_060)),
+                slot_ms: Some(UnixMillis(1_796_000_012_500)),
                 grant: 0,
             },
             first_seen: Some("2026-11-30T00:00:01Z".into()),
         };
-        let i = Inspection::new(&c, &s, Some(&snap), 1_796_000_000);
+        let i = Inspection::new(&c, &s, Some(&snap), UnixSecs(1_796_000_000));
         assert_eq!(i.backlog_ms, 12_500);
         assert_eq!(
             i.next_free_slot.as_deref(),
@@ -434,14 +442,14 @@ mod tests {
         assert_eq!((i.count, i.remaining, i.next.tier), (3, 0, "soft"));
         assert_eq!(i.next.delay_ms, c.policy.soft_delay.as_millis() as u64);
         assert_eq!(i.reset_at.as_deref(), Some("2026-11-30T00:54:20Z"));
-        let none = Inspection::new(&c, &s, None, 0);
+        let none = Inspection::new(&c, &s, None, UnixSecs(0));
         assert_eq!((none.exists, none.count, none.remaining), (false, 0, 3));
         assert_eq!(none.next.tier, "within");
         assert!(i.render().contains(&s.key.counter));
         // A grant of 2 raises the ceiling: two more within, then soft.
         let mut granted = snap.clone();
         granted.peek.grant = 2;
-        let g = Inspection::new(&c, &s, Some(&granted), 1_796_000_000);
+        let g = Inspection::new(&c, &s, Some(&granted), UnixSecs(1_796_000_000));
         assert_eq!((g.grant, g.remaining, g.next.tier), (2, 2, "within"));
         assert!(g.render().contains("+2 scans"), "{}", g.render());
     }

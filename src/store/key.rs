@@ -7,6 +7,7 @@ use sha2::{Digest as _, Sha256};
 
 use crate::config::ResetPolicy;
 use crate::digest::{Digest, Scope};
+use crate::unix::UnixSecs;
 
 /// The pattern matching every key the gate writes.
 pub const KEY_PATTERN: &str = "quota:*";
@@ -50,11 +51,12 @@ impl QuotaKey {
 }
 
 /// When a new counter expires: the next 00:00 UTC after `now`, or 24 h on.
-pub fn period_end(reset: ResetPolicy, now: i64) -> i64 {
-    match reset {
+pub fn period_end(reset: ResetPolicy, now: UnixSecs) -> UnixSecs {
+    let now = now.get();
+    UnixSecs(match reset {
         ResetPolicy::Rolling => now + 86_400,
         ResetPolicy::UtcDay => now - now.rem_euclid(86_400) + 86_400,
-    }
+    })
 }
 
 #[cfg(test)]

@@ -13,8 +13,11 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
 
 use uuid::Uuid;
+
+use crate::unix::{UnixMillis, UnixSecs};
 
 use super::key::{IDEMPOTENCY_TTL_SECS, QuotaKey};
 use super::quota_store::{
@@ -28,31 +31,34 @@ const MIN_SWEEP_LEN: usize = 1024;
 /// The least time between two sweeps triggered by expiry rather than size:
 /// with `rolling` counters something expires every second, and an O(n) sweep
 /// per second would be waste.
-const SWEEP_INTERVAL_SECS: i64 = 60;
+const SWEEP_INTERVAL: Duration = Duration::from_secs(60);
+
+/// How long a record lives ([`IDEMPOTENCY_TTL_SECS`]).
+const RECORD_TTL: Duration = Duration::from_secs(IDEMPOTENCY_TTL_SECS.unsigned_abs());
 
 #[derive(Debug, Clone, Copy)]
 struct Entry {
     used: u64,
-    reset_at: i64,
-    /// The pacing slot (unix ms); 0 until a scan is paced.
-    slot_ms: i64,
+    reset_at: UnixSecs,
+    /// The pacing slot; 0 until a scan is paced.
+    slot_ms: UnixMillis,
 }
 
 struct Inner {
     entries: HashMap<String, Entry>,
-    /// Idempotency records and when they expire (unix s).
-    records: HashMap<String, (Record, i64)>,
-    /// Grants (extra scans) by grant key, and when they expire (unix s).
-    grants: HashMap<String, (u64, i64)>,
+    /// Idempotency records and when they expire.
+    records: HashMap<String, (Record, UnixSecs)>,
+    /// Grants (extra scans) by grant key, and when they expire.
+    grants: HashMap<String, (u64, UnixSecs)>,
     sweep_at_len: usize,
     /// No entry expires before this (exact after a sweep, lowered on insert).
-    earliest_reset: i64,
-    last_sweep: i64,
+    earliest_reset: UnixSecs,
+    last_sweep: UnixSecs,
 }
 
 impl Inner {
     /// Drops expired entries and returns spare capacity after a mass expiry.
-    fn sweep(&mut self, now: i64) {
+    fn sweep(&mut self, now: UnixSecs) {
         self.entries.retain(|_, e| e.reset_at > now);
         self.records.retain(|_, (_, expires)| *expires > now);
         self.grants.retain(|_, (_, expires)| *expires > now);
@@ -66,15 +72,15 @@ impl Inner {
             .values()
             .map(|e| e.reset_at)
             .min()
-            .unwrap_or(i64::MAX);
+            .unwrap_or(UnixSecs(i64::MAX));
         self.last_sweep = now;
     }
 
-    fn live(&mut self, key: &str, now: i64) -> Option<&mut Entry> {
+    fn live(&mut self, key: &str, now: UnixSecs) -> Option<&mut Entry> {
         self.entries.get_mut(key).filter(|e| e.reset_at > now)
     }
 
-    fn record(&mut self, key: &str, now: i64) -> Option<&mut Record> {
+    fn record(&mut self, key: &str, now: UnixSecs) -> Option<&mut Record> {
         match self.records.get_mut(key) {
             Some((record, expires)) if *expires > now => Some(record),
             _ => None,
@@ -93,15 +99,15 @@ impl Inner {
                 let e = Entry {
                     used: 1,
                     reset_at: args.period_end,
-                    slot_ms: 0,
+                    slot_ms: UnixMillis(0),
                 };
                 self.entries.insert(args.key.counter.clone(), e);
                 self.earliest_reset = self.earliest_reset.min(e.reset_at);
                 e
             }
         };
-        let expired = now >= self.earliest_reset
-            && now >= self.last_sweep.saturating_add(SWEEP_INTERVAL_SECS);
+        let expired =
+            now >= self.earliest_reset && now >= self.last_sweep.saturating_add(SWEEP_INTERVAL);
         if self.entries.len() >= self.sweep_at_len || expired {
             self.sweep(now);
         }
@@ -114,7 +120,7 @@ impl Inner {
     }
 
     /// The live grant of a subject (0: none).
-    fn grant(&self, key: &QuotaKey, now: i64) -> u64 {
+    fn grant(&self, key: &QuotaKey, now: UnixSecs) -> u64 {
         match self.grants.get(&key.grant) {
             Some((n, expires)) if *expires > now => *n,
             _ => 0,
@@ -122,7 +128,7 @@ impl Inner {
     }
 
     /// DECR of one period only, never below zero.
-    fn refund(&mut self, counter: &str, reset_at: i64, now: i64) {
+    fn refund(&mut self, counter: &str, reset_at: UnixSecs, now: UnixSecs) {
         if let Some(e) = self.live(counter, now).filter(|e| e.reset_at <= reset_at) {
             e.used = e.used.saturating_sub(1);
         }
@@ -142,8 +148,8 @@ impl Default for MemoryStore {
             records: HashMap::new(),
             grants: HashMap::new(),
             sweep_at_len: MIN_SWEEP_LEN,
-            earliest_reset: i64::MAX,
-            last_sweep: i64::MIN,
+            earliest_reset: UnixSecs(i64::MAX),
+            last_sweep: UnixSecs(i64::MIN),
         };
         Self {
             inner: Arc::new(Mutex::new(inner)),
@@ -161,15 +167,15 @@ impl MemoryStore {
         self.len() == 0
     }
 
-    /// A subject's count at `now` (unix s), for tests and the local server's logs.
-    pub fn used(&self, key: &QuotaKey, now: i64) -> Option<u64> {
+    /// A subject's count at `now`, for tests and the local server's logs.
+    pub fn used(&self, key: &QuotaKey, now: UnixSecs) -> Option<u64> {
         self.lock().live(&key.counter, now).map(|e| e.used)
     }
 
     /// Grants `scans` extra scans for the period (0 takes the grant back),
-    /// expiring with the counter, or at `period_end` (unix s) when there is
+    /// expiring with the counter, or at `period_end` when there is
     /// none yet: as `quota-gate grant` does on Valkey.
-    pub fn grant(&self, key: &QuotaKey, scans: u64, period_end: i64, now: i64) {
+    pub fn grant(&self, key: &QuotaKey, scans: u64, period_end: UnixSecs, now: UnixSecs) {
         let mut inner = self.lock();
         if scans == 0 {
             inner.grants.remove(&key.grant);
@@ -192,14 +198,14 @@ impl QuotaStore for MemoryStore {
         Ok(self.lock().count(args))
     }
 
-    async fn peek(&self, key: &QuotaKey, now: i64) -> Result<Peek, StoreError> {
+    async fn peek(&self, key: &QuotaKey, now: UnixSecs) -> Result<Peek, StoreError> {
         let mut inner = self.lock();
         let grant = inner.grant(key, now);
         Ok(match inner.live(&key.counter, now) {
             Some(e) => Peek {
                 used: e.used,
                 reset_at: Some(e.reset_at),
-                slot_ms: Some(e.slot_ms).filter(|s| *s > 0),
+                slot_ms: Some(e.slot_ms).filter(|s| s.get() > 0),
                 grant,
             },
             None => Peek {
@@ -218,15 +224,17 @@ impl QuotaStore for MemoryStore {
         let record = Record::claimed(claim, count.used, count.reset_at);
         inner.records.insert(
             claim.record.clone(),
-            (record, args.now + IDEMPOTENCY_TTL_SECS),
+            (record, args.now.saturating_add(RECORD_TTL)),
         );
         Ok(Claimed::New(count))
     }
 
     async fn pace(&self, args: PaceArgs<'_>) -> Result<Paced, StoreError> {
-        let now = args.arrival_ms.div_euclid(1000);
+        let now = args.arrival_ms.secs();
         let mut inner = self.lock();
-        let previous = inner.live(&args.key.counter, now).map_or(0, |e| e.slot_ms);
+        let previous = inner
+            .live(&args.key.counter, now)
+            .map_or(UnixMillis(0), |e| e.slot_ms);
         match next_slot(
             previous,
             args.arrival_ms,
@@ -237,7 +245,7 @@ impl QuotaStore for MemoryStore {
                 if let Some(e) = inner.live(&args.key.counter, now) {
                     e.slot_ms = slot;
                 }
-                let delay_ms = u64::try_from(slot - args.arrival_ms).unwrap_or(0);
+                let delay_ms = u64::try_from(slot.get() - args.arrival_ms.get()).unwrap_or(0);
                 if let Some(record) = args.record.and_then(|r| inner.record(r, now)) {
                     record.delay_ms = Some(delay_ms);
                 }
@@ -265,12 +273,12 @@ impl QuotaStore for MemoryStore {
         Ok(())
     }
 
-    async fn release(&self, record: &str, scan_id: Uuid, now: i64) -> Result<(), StoreError> {
+    async fn release(&self, record: &str, scan_id: Uuid, now: UnixSecs) -> Result<(), StoreError> {
         if let Some(r) = self.lock().record(record, now)
             && r.state == RecordState::Pending
             && r.scan_id == scan_id
         {
-            r.lease_until_ms = 0;
+            r.lease_until_ms = UnixMillis(0);
         }
         Ok(())
     }
@@ -287,11 +295,11 @@ impl QuotaStore for MemoryStore {
             _ => {
                 // Valkey's HSET makes a hash from nothing: a record whose
                 // claim never landed is these fields alone.
-                let mut r = Record::claimed(&Claim::default(), 0, 0);
+                let mut r = Record::claimed(&Claim::default(), 0, UnixSecs(0));
                 r.apply(fields);
                 inner
                     .records
-                    .insert(record.to_owned(), (r, now + IDEMPOTENCY_TTL_SECS));
+                    .insert(record.to_owned(), (r, now.saturating_add(RECORD_TTL)));
             }
         }
         Ok(())
@@ -331,6 +339,7 @@ mod tests {
     const MIDNIGHT: i64 = 1_796_083_200;
 
     async fn count(s: &MemoryStore, k: &QuotaKey, reset: ResetPolicy, now: i64) -> Count {
+        let now = UnixSecs(now);
         s.count(CountArgs {
             key: k,
             period_end: period_end(reset, now),
@@ -346,10 +355,10 @@ mod tests {
         let s = MemoryStore::default();
         let k = key(1);
         let c = count(&s, &k, ResetPolicy::UtcDay, T0).await;
-        assert_eq!((c.used, c.reset_at), (1, MIDNIGHT));
+        assert_eq!((c.used, c.reset_at), (1, UnixSecs(MIDNIGHT)));
         assert_eq!(count(&s, &k, ResetPolicy::UtcDay, T0).await.used, 2);
         let c = count(&s, &k, ResetPolicy::UtcDay, MIDNIGHT).await;
-        assert_eq!((c.used, c.reset_at), (1, MIDNIGHT + 86_400));
+        assert_eq!((c.used, c.reset_at), (1, UnixSecs(MIDNIGHT + 86_400)));
     }
 
     /// rolling counters expire 24 h after the first scan, not after the last.
@@ -359,7 +368,7 @@ mod tests {
         let k = key(1);
         count(&s, &k, ResetPolicy::Rolling, T0).await;
         let c = count(&s, &k, ResetPolicy::Rolling, T0 + 86_399).await;
-        assert_eq!((c.used, c.reset_at), (2, T0 + 86_400));
+        assert_eq!((c.used, c.reset_at), (2, UnixSecs(T0 + 86_400)));
         assert_eq!(
             count(&s, &k, ResetPolicy::Rolling, T0 + 86_400).await.used,
             1
@@ -371,9 +380,9 @@ mod tests {
     async fn refund_is_tied_to_its_period() {
         let s = MemoryStore::default();
         let k = key(1);
-        let now = T0;
-        let first = count(&s, &k, ResetPolicy::UtcDay, now).await;
-        count(&s, &k, ResetPolicy::UtcDay, now).await;
+        let now = UnixSecs(T0);
+        let first = count(&s, &k, ResetPolicy::UtcDay, T0).await;
+        count(&s, &k, ResetPolicy::UtcDay, T0).await;
         let refund = |period_end| Refund {
             key: &k,
             period_end,
@@ -383,7 +392,9 @@ mod tests {
         s.refund(refund(first.reset_at)).await.unwrap();
         assert_eq!(s.used(&k, now), Some(1));
         // A refund of yesterday's scan leaves today's counter alone.
-        s.refund(refund(first.reset_at - 86_400)).await.unwrap();
+        s.refund(refund(UnixSecs(first.reset_at.get() - 86_400)))
+            .await
+            .unwrap();
         assert_eq!(s.used(&k, now), Some(1));
     }
 

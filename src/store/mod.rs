@@ -34,6 +34,8 @@ pub mod valkey;
 
 use uuid::Uuid;
 
+use crate::unix::UnixSecs;
+
 pub use crate::pace::{Paced, next_slot};
 pub use crate::record::{
     Claim, Claimed, Count, Field, Peek, Record, RecordError, RecordField, RecordState,
@@ -75,7 +77,7 @@ impl QuotaStore for AnyStore {
         dispatch!(self, s => s.count_keyed(args, claim))
     }
 
-    async fn peek(&self, key: &QuotaKey, now: i64) -> Result<Peek, StoreError> {
+    async fn peek(&self, key: &QuotaKey, now: UnixSecs) -> Result<Peek, StoreError> {
         dispatch!(self, s => s.peek(key, now))
     }
 
@@ -87,7 +89,7 @@ impl QuotaStore for AnyStore {
         dispatch!(self, s => s.refund(refund))
     }
 
-    async fn release(&self, record: &str, scan_id: Uuid, now: i64) -> Result<(), StoreError> {
+    async fn release(&self, record: &str, scan_id: Uuid, now: UnixSecs) -> Result<(), StoreError> {
         dispatch!(self, s => s.release(record, scan_id, now))
     }
 

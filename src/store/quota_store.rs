@@ -9,15 +9,15 @@ use uuid::Uuid;
 use super::key::QuotaKey;
 use crate::pace::Paced;
 use crate::record::{Claim, Claimed, Count, Field, Peek, RecordError};
+use crate::unix::{UnixMillis, UnixSecs};
 
 /// One count request: which subject, and the expiry a new counter gets.
 #[derive(Debug, Clone, Copy)]
 pub struct CountArgs<'a> {
     pub key: &'a QuotaKey,
     /// The expiry a counter without one gets (`EXPIREAT … NX`).
-    pub period_end: i64,
-    /// Unix seconds.
-    pub now: i64,
+    pub period_end: UnixSecs,
+    pub now: UnixSecs,
 }
 
 /// One pacing step: `slot = max(arrival, previous slot) + delay`.
@@ -26,26 +26,26 @@ pub struct PaceArgs<'a> {
     pub key: &'a QuotaKey,
     /// The record of a keyed scan, to note its delay in.
     pub record: Option<&'a str>,
-    /// Unix ms when the scan arrived.
-    pub arrival_ms: i64,
+    /// When the scan arrived.
+    pub arrival_ms: UnixMillis,
     /// The tier's delay.
     pub delay_ms: u64,
     /// The longest delay that may be given (`QUOTA_MAX_BACKLOG_MS`).
     pub max_backlog_ms: u64,
-    /// The counter's expiry (unix s): the slot key expires with it.
-    pub reset_at: i64,
+    /// The counter's expiry: the slot key expires with it.
+    pub reset_at: UnixSecs,
 }
 
-/// One refund: a count of the period that ends at `period_end` (unix s),
+/// One refund: a count of the period that ends at `period_end`,
 /// and a keyed scan's record if it still names `scan_id`.
 #[derive(Debug, Clone, Copy)]
 pub struct Refund<'a> {
     pub key: &'a QuotaKey,
-    pub period_end: i64,
+    pub period_end: UnixSecs,
     /// The record's key and the scanId it must still name.
     pub record: Option<(&'a str, Uuid)>,
-    /// Unix s (the in-memory store's clock; Valkey uses its own).
-    pub now: i64,
+    /// The in-memory store's clock (Valkey uses its own).
+    pub now: UnixSecs,
 }
 
 /// One record update: `fields` set on `record`.
@@ -53,20 +53,20 @@ pub struct Refund<'a> {
 pub struct RecordUpdate<'a> {
     pub record: &'a str,
     pub fields: &'a [Field],
-    /// Unix s (the in-memory store's clock; Valkey uses its own).
-    pub now: i64,
+    /// The in-memory store's clock (Valkey uses its own).
+    pub now: UnixSecs,
 }
 
 /// One take-over of a `pending` record whose lease ran out.
 #[derive(Debug, Clone, Copy)]
 pub struct TakeOver<'a> {
     pub record: &'a str,
-    /// The lease (unix ms) the record must still hold: the one seen.
-    pub expected_until_ms: i64,
-    /// The new lease (unix ms).
-    pub lease_until_ms: i64,
-    /// Unix s (the in-memory store's clock; Valkey uses its own).
-    pub now: i64,
+    /// The lease the record must still hold: the one seen.
+    pub expected_until_ms: UnixMillis,
+    /// The new lease.
+    pub lease_until_ms: UnixMillis,
+    /// The in-memory store's clock (Valkey uses its own).
+    pub now: UnixSecs,
 }
 
 /// Why the store could not answer. The first two did not happen; only
@@ -135,13 +135,13 @@ pub trait QuotaStore: Send + Sync + 'static {
     fn count(&self, args: CountArgs<'_>) -> impl Future<Output = Result<Count, StoreError>> + Send;
 
     /// Reads the counter, its expiry, the pacing slot and the grant in one
-    /// round trip, writing nothing (`GET /quota`). `now` is unix s. The
+    /// round trip, writing nothing (`GET /quota`). The
     /// default (for test wrappers that never serve `GET /quota`) answers
     /// that it cannot read, which the gate turns into a 503, never a guess.
     fn peek(
         &self,
         key: &QuotaKey,
-        now: i64,
+        now: UnixSecs,
     ) -> impl Future<Output = Result<Peek, StoreError>> + Send {
         let _ = (key, now);
         async { Err(StoreError::Backend("this store cannot be read".into())) }
@@ -171,12 +171,12 @@ pub trait QuotaStore: Send + Sync + 'static {
     /// without knowing the outcome. A claim that found another attempt's
     /// record frees nothing: that attempt may still be running (the
     /// simulator found a retry taking over a live attempt's scan).
-    /// `now` is unix s, as in every call: the in-memory store's clock.
+    /// `now`, as in every call, is the in-memory store's clock.
     fn release(
         &self,
         record: &str,
         scan_id: Uuid,
-        now: i64,
+        now: UnixSecs,
     ) -> impl Future<Output = Result<(), StoreError>> + Send;
 
     /// Updates a record: `fields` are set, and the record gets its 24 h

@@ -19,6 +19,8 @@
 use redis::Value;
 use uuid::Uuid;
 
+use crate::unix::{UnixMillis, UnixSecs};
+
 use super::key::{IDEMPOTENCY_TTL_SECS, QuotaKey};
 use super::quota_store::{
     CountArgs, PaceArgs, QuotaStore, RecordUpdate, Refund, StoreError, TakeOver,
@@ -55,8 +57,8 @@ pub struct ValkeyStore {
     wait_replicas: u32,
 }
 
-fn iso8601(secs: i64) -> String {
-    crate::clock::rfc3339(secs)
+fn iso8601(at: UnixSecs) -> String {
+    crate::clock::rfc3339(at.get())
 }
 
 fn int(v: &Value) -> i64 {
@@ -139,14 +141,14 @@ impl QuotaStore for ValkeyStore {
             .arg(&key.counter)
             .cmd("EXPIREAT")
             .arg(&key.counter)
-            .arg(args.period_end)
+            .arg(args.period_end.get())
             .arg("NX")
             .ignore()
             .cmd("SET")
             .arg(&key.first_seen)
             .arg(iso8601(args.now))
             .arg("EXAT")
-            .arg(args.period_end)
+            .arg(args.period_end.get())
             .arg("NX")
             .ignore()
             .cmd("EXPIRETIME")
@@ -156,13 +158,13 @@ impl QuotaStore for ValkeyStore {
         let (used, reset_at, grant): (u64, i64, Option<u64>) = self.send(pipe).await?;
         Ok(Count {
             used,
-            reset_at,
+            reset_at: UnixSecs(reset_at),
             now: args.now,
             grant: grant.unwrap_or(0),
         })
     }
 
-    async fn peek(&self, key: &QuotaKey, _now: i64) -> Result<Peek, StoreError> {
+    async fn peek(&self, key: &QuotaKey, _now: UnixSecs) -> Result<Peek, StoreError> {
         let mut pipe = redis::pipe();
         pipe.cmd("GET")
             .arg(&key.counter)
@@ -177,8 +179,8 @@ impl QuotaStore for ValkeyStore {
         Ok(Peek {
             used: used.unwrap_or(0),
             // -1: no expiry; -2: no counter.
-            reset_at: used.and(Some(reset_at)).filter(|at| *at >= 0),
-            slot_ms,
+            reset_at: used.and(Some(reset_at)).filter(|at| *at >= 0).map(UnixSecs),
+            slot_ms: slot_ms.map(UnixMillis),
             grant: grant.unwrap_or(0),
         })
     }
@@ -189,12 +191,12 @@ impl QuotaStore for ValkeyStore {
             CLAIM,
             &[&key.counter, &key.first_seen, &claim.record, &key.grant],
         );
-        cmd.arg(args.period_end)
+        cmd.arg(args.period_end.get())
             .arg(iso8601(args.now))
             .arg(claim.scan_id.to_string())
             .arg(&claim.fingerprint)
-            .arg(claim.received_ms)
-            .arg(claim.lease_until_ms)
+            .arg(claim.received_ms.get())
+            .arg(claim.lease_until_ms.get())
             .arg(IDEMPOTENCY_TTL_SECS);
         let reply: Vec<Value> = self.send(cmd).await?;
         match reply.as_slice() {
@@ -205,7 +207,7 @@ impl QuotaStore for ValkeyStore {
             [used, reset_at, grant] => {
                 let count = Count {
                     used: u64::try_from(int(used)).map_err(|_| unexpected("claim"))?,
-                    reset_at: int(reset_at),
+                    reset_at: UnixSecs(int(reset_at)),
                     now: args.now,
                     grant: u64::try_from(int(grant)).unwrap_or(0),
                 };
@@ -222,10 +224,10 @@ impl QuotaStore for ValkeyStore {
         let mut keys = vec![args.key.slot.as_str()];
         keys.extend(args.record);
         let mut cmd = eval(PACE, &keys);
-        cmd.arg(args.arrival_ms)
+        cmd.arg(args.arrival_ms.get())
             .arg(args.delay_ms)
             .arg(args.max_backlog_ms)
-            .arg(args.reset_at);
+            .arg(args.reset_at.get());
         let (fits, ms): (i64, i64) = self.send(cmd).await?;
         let ms = u64::try_from(ms).unwrap_or(0);
         Ok(if fits == 1 {
@@ -239,7 +241,7 @@ impl QuotaStore for ValkeyStore {
         let mut keys = vec![refund.key.counter.as_str()];
         keys.extend(refund.record.map(|(r, _)| r));
         let mut cmd = eval(REFUND, &keys);
-        cmd.arg(refund.period_end).arg(
+        cmd.arg(refund.period_end.get()).arg(
             refund
                 .record
                 .map(|(_, id)| id.to_string())
@@ -249,7 +251,7 @@ impl QuotaStore for ValkeyStore {
         Ok(())
     }
 
-    async fn release(&self, record: &str, scan_id: Uuid, _now: i64) -> Result<(), StoreError> {
+    async fn release(&self, record: &str, scan_id: Uuid, _now: UnixSecs) -> Result<(), StoreError> {
         let mut cmd = eval(RELEASE, &[record]);
         cmd.arg(scan_id.to_string());
         let _: i64 = self.send(cmd).await?;
@@ -275,7 +277,8 @@ impl QuotaStore for ValkeyStore {
 
     async fn take_over(&self, args: TakeOver<'_>) -> Result<bool, StoreError> {
         let mut cmd = eval(TAKE_OVER, &[args.record]);
-        cmd.arg(args.expected_until_ms).arg(args.lease_until_ms);
+        cmd.arg(args.expected_until_ms.get())
+            .arg(args.lease_until_ms.get());
         let taken: i64 = self.send(cmd).await?;
         Ok(taken == 1)
     }

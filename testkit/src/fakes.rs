@@ -8,6 +8,7 @@ use std::sync::{Arc, Mutex};
 use quota_gate::meter::Meter;
 use quota_gate::queue::{QueueError, ScanJob, ScanQueue};
 use quota_gate::store::{PaceArgs, QuotaKey};
+use quota_gate::unix::{UnixMillis, UnixSecs};
 
 /// A pacing step's [`PaceArgs`], owned: a store wrapper moves it into a
 /// closure or task, then lends it out again with [`OwnedPace::args`].
@@ -15,10 +16,10 @@ use quota_gate::store::{PaceArgs, QuotaKey};
 pub struct OwnedPace {
     key: QuotaKey,
     record: Option<String>,
-    arrival_ms: i64,
+    arrival_ms: UnixMillis,
     delay_ms: u64,
     max_backlog_ms: u64,
-    reset_at: i64,
+    reset_at: UnixSecs,
 }
 
 impl OwnedPace {

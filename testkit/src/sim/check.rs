@@ -236,11 +236,13 @@ impl World {
         }
         let claim = self.ledger.claims.iter().find(|c| c.scan_id == job.scan_id);
         if let Some(claim) = claim
-            && (claim.used != job.count || claim.received_ms != received)
+            && (claim.used != job.count || claim.received_ms.get() != received)
         {
             return Err(format!(
                 "carries count {} from {received}, its claim landed {} from {}",
-                job.count, claim.used, claim.received_ms
+                job.count,
+                claim.used,
+                claim.received_ms.get()
             ));
         }
         let limit = NonZeroU32::new(job.limit).ok_or("limit 0")?;

@@ -13,6 +13,7 @@ use quota_gate::store::{
     Claim, Claimed, Count, CountArgs, PaceArgs, Paced, QuotaKey, QuotaStore, RecordUpdate, Refund,
     StoreError, TakeOver,
 };
+use quota_gate::unix::{UnixMillis, UnixSecs};
 use uuid::Uuid;
 
 use super::wire::{Answer, Conn, Fate, Faults, Land, ready};
@@ -23,7 +24,7 @@ pub struct Landed {
     pub record: String,
     pub scan_id: Uuid,
     pub used: u64,
-    pub received_ms: i64,
+    pub received_ms: UnixMillis,
 }
 
 /// What the ledger notes of a command that never runs.
@@ -142,7 +143,7 @@ impl SimStore {
 }
 
 /// The counter of `key` at `now`, 0 when there is none.
-fn used(memory: &MemoryStore, key: &QuotaKey, now: i64) -> i64 {
+fn used(memory: &MemoryStore, key: &QuotaKey, now: UnixSecs) -> i64 {
     memory.used(key, now).unwrap_or(0) as i64
 }
 
@@ -238,7 +239,9 @@ impl QuotaStore for SimStore {
                 ready(m.refund(refund)).expect("memory store");
                 if super::tracing() {
                     eprintln!(
-                        "  refund of {period_end} at {now}: {before} -> {}",
+                        "  refund of {} at {}: {before} -> {}",
+                        period_end.get(),
+                        now.get(),
                         used(m, &key, now)
                     );
                 }
@@ -249,7 +252,7 @@ impl QuotaStore for SimStore {
         .await
     }
 
-    async fn release(&self, record: &str, scan_id: Uuid, now: i64) -> Result<(), StoreError> {
+    async fn release(&self, record: &str, scan_id: Uuid, now: UnixSecs) -> Result<(), StoreError> {
         let record = record.to_owned();
         self.call(
             "release",

@@ -1,0 +1,73 @@
+//! Instants as unix seconds and unix milliseconds, as two types, so the
+//! store's arguments and the record's fields cannot mix them up.
+//!
+//! Pure: the clock that reads them is [`crate::clock`]. The raw number
+//! ([`UnixSecs::get`], [`UnixMillis::get`]) is only taken where it crosses
+//! into a Lua script, a Valkey command or JSON, so nothing on the wire changes.
+
+use std::time::Duration;
+
+/// An instant in unix seconds.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct UnixSecs(pub i64);
+
+/// An instant in unix milliseconds.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct UnixMillis(pub i64);
+
+impl UnixSecs {
+    /// The number of seconds, for the wire.
+    pub const fn get(self) -> i64 {
+        self.0
+    }
+
+    /// The same instant in milliseconds.
+    pub const fn millis(self) -> UnixMillis {
+        UnixMillis(self.0.saturating_mul(1_000))
+    }
+
+    /// `d` later, in whole seconds (a fraction is dropped).
+    pub fn saturating_add(self, d: Duration) -> Self {
+        let secs = i64::try_from(d.as_secs()).unwrap_or(i64::MAX);
+        Self(self.0.saturating_add(secs))
+    }
+}
+
+impl UnixMillis {
+    /// The number of milliseconds, for the wire.
+    pub const fn get(self) -> i64 {
+        self.0
+    }
+
+    /// The second this instant falls in (floor, also before 1970).
+    pub const fn secs(self) -> UnixSecs {
+        UnixSecs(self.0.div_euclid(1_000))
+    }
+
+    /// `d` later, in whole milliseconds (a fraction is dropped).
+    pub fn saturating_add(self, d: Duration) -> Self {
+        let ms = i64::try_from(d.as_millis()).unwrap_or(i64::MAX);
+        Self(self.0.saturating_add(ms))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Milliseconds round down to their second, before 1970 too.
+    #[test]
+    fn seconds_are_floored() {
+        assert_eq!(UnixMillis(1_999).secs(), UnixSecs(1));
+        assert_eq!(UnixMillis(-1).secs(), UnixSecs(-1));
+        assert_eq!(UnixSecs(2).millis(), UnixMillis(2_000));
+        assert_eq!(
+            UnixMillis(5).saturating_add(Duration::from_micros(2_500)),
+            UnixMillis(7)
+        );
+        assert_eq!(
+            UnixSecs(i64::MAX).saturating_add(Duration::from_secs(1)),
+            UnixSecs(i64::MAX)
+        );
+    }
+}
