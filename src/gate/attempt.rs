@@ -239,12 +239,12 @@ impl Scan {
                     Some(count.used),
                     decision.remaining,
                     decision.reminder,
-                    count.reset_at.get(),
+                    count.reset_at,
                     count.seconds_to_reset(),
                     shadow.then(|| ShadowVerdict::new(decision.tier, decision.delay)),
                 ),
                 Metering::Unmetered | Metering::Unknown { .. } => {
-                    let (reset_at, secs) = next_utc_midnight(attempt.now().get());
+                    let (reset_at, secs) = next_utc_midnight(attempt.now());
                     let limit = limits.limit;
                     (
                         limit,
@@ -263,7 +263,7 @@ impl Scan {
             limit: limit.get(),
             used,
             remaining,
-            reset_at,
+            reset_at: reset_at.get(),
             seconds_to_reset,
             plan,
             not_before_ms: job.not_before_ms,
@@ -286,7 +286,8 @@ fn millis_u64(d: Duration) -> u64 {
 
 /// The next 00:00 UTC and the seconds to it (used only when the store, which
 /// holds the counter's real expiry, did not answer).
-fn next_utc_midnight(secs: i64) -> (i64, u64) {
+fn next_utc_midnight(now: UnixSecs) -> (UnixSecs, u64) {
+    let secs = now.get();
     let midnight = secs - secs.rem_euclid(86_400) + 86_400;
-    (midnight, (midnight - secs) as u64)
+    (UnixSecs(midnight), (midnight - secs) as u64)
 }
