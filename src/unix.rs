@@ -7,47 +7,42 @@
 
 use std::time::Duration;
 
-/// An instant in unix seconds.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct UnixSecs(pub i64);
+/// Declares one instant type: its wire value and a later instant.
+macro_rules! instant {
+    ($name:ident, $unit:literal, $whole:ident) => {
+        #[doc = concat!("An instant in unix ", $unit, ".")]
+        #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+        pub struct $name(pub i64);
 
-/// An instant in unix milliseconds.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct UnixMillis(pub i64);
+        impl $name {
+            #[doc = concat!("The number of ", $unit, ", for the wire.")]
+            pub const fn get(self) -> i64 {
+                self.0
+            }
+
+            #[doc = concat!("`d` later, in whole ", $unit, " (a fraction is dropped).")]
+            pub fn saturating_add(self, d: Duration) -> Self {
+                let n = i64::try_from(d.$whole()).unwrap_or(i64::MAX);
+                Self(self.0.saturating_add(n))
+            }
+        }
+    };
+}
+
+instant!(UnixSecs, "seconds", as_secs);
+instant!(UnixMillis, "milliseconds", as_millis);
 
 impl UnixSecs {
-    /// The number of seconds, for the wire.
-    pub const fn get(self) -> i64 {
-        self.0
-    }
-
     /// The same instant in milliseconds.
     pub const fn millis(self) -> UnixMillis {
         UnixMillis(self.0.saturating_mul(1_000))
     }
-
-    /// `d` later, in whole seconds (a fraction is dropped).
-    pub fn saturating_add(self, d: Duration) -> Self {
-        let secs = i64::try_from(d.as_secs()).unwrap_or(i64::MAX);
-        Self(self.0.saturating_add(secs))
-    }
 }
 
 impl UnixMillis {
-    /// The number of milliseconds, for the wire.
-    pub const fn get(self) -> i64 {
-        self.0
-    }
-
     /// The second this instant falls in (floor, also before 1970).
     pub const fn secs(self) -> UnixSecs {
         UnixSecs(self.0.div_euclid(1_000))
-    }
-
-    /// `d` later, in whole milliseconds (a fraction is dropped).
-    pub fn saturating_add(self, d: Duration) -> Self {
-        let ms = i64::try_from(d.as_millis()).unwrap_or(i64::MAX);
-        Self(self.0.saturating_add(ms))
     }
 }
 
