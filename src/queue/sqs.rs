@@ -108,14 +108,43 @@ impl ScanQueue for SqsQueue {
             .message_attributes("tier", string_attribute(job.tier.as_str())?)
             .send()
             .await
-            .map_err(|e| match e {
-                SdkError::TimeoutError(_) => QueueError::Timeout,
-                // The context chain names the cause (QueueDoesNotExist,
-                // connection refused, access denied); the URL is not secret.
-                e => QueueError::Backend(DisplayErrorContext(&e).to_string()),
-            })?;
+            .map_err(queue_error)?;
         Ok(())
     }
+}
+
+/// Sorts a failed `SendMessage` by whether its message may be queued. Not
+/// queued: SQS answered with an error, the request could not be built, or
+/// its connection was never made (refused, or the connect timed out). May
+/// land: it timed out, its answer could not be read, or its connection
+/// broke when the request may already have been written.
+fn queue_error<E, R>(e: SdkError<E, R>) -> QueueError
+where
+    E: std::error::Error + 'static,
+    R: std::fmt::Debug,
+{
+    let sent = match &e {
+        SdkError::TimeoutError(_) | SdkError::ResponseError(_) => true,
+        SdkError::DispatchFailure(d) => {
+            !d.is_user() && !d.is_timeout() && !d.as_connector_error().is_some_and(|c| refused(c))
+        }
+        _ => false,
+    };
+    if sent {
+        QueueError::Timeout
+    } else {
+        // The context chain names the cause (QueueDoesNotExist, connection
+        // refused, access denied); the URL is not secret.
+        QueueError::Backend(DisplayErrorContext(&e).to_string())
+    }
+}
+
+/// Whether a connector error is a refused connect: nothing was written.
+fn refused(e: &(dyn std::error::Error + 'static)) -> bool {
+    std::iter::successors(Some(e), |e| e.source()).any(|e| {
+        e.downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::ConnectionRefused)
+    })
 }
 
 #[cfg(test)]
