@@ -17,7 +17,6 @@
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use time::OffsetDateTime;
-use time::format_description::well_known::Rfc3339;
 
 use crate::unix::UnixMillis;
 
@@ -66,25 +65,69 @@ impl Clock {
     }
 }
 
-/// An instant as RFC 3339 UTC with second precision (`2026-12-01T00:00:00Z`).
+/// An instant as RFC 3339 UTC with second precision (`2026-12-01T00:00:00Z`);
+/// empty outside years 0000–9999, which RFC 3339 cannot write.
 pub fn rfc3339(unix_secs: i64) -> String {
-    OffsetDateTime::from_unix_timestamp(unix_secs)
-        .ok()
-        .and_then(|t| t.format(&Rfc3339).ok())
-        .unwrap_or_default()
+    utc(unix_secs, None)
 }
 
 /// An instant in unix milliseconds as RFC 3339 UTC, always with three
 /// fraction digits (`2026-12-01T00:00:05.250Z`, `…:05.000Z`): the same width
 /// for every instant, as the docs show it.
 pub fn rfc3339_ms(unix_ms: i64) -> String {
-    const MS: &[time::format_description::BorrowedFormatItem<'_>] = time::macros::format_description!(
-        "[year]-[month]-[day]T[hour]:[minute]:[second].[subsecond digits:3]Z"
-    );
-    OffsetDateTime::from_unix_timestamp_nanos(i128::from(unix_ms) * 1_000_000)
-        .ok()
-        .and_then(|t| t.format(MS).ok())
-        .unwrap_or_default()
+    // `rem_euclid` is in 0..1000, so the cast cannot truncate.
+    utc(
+        unix_ms.div_euclid(1000),
+        Some(unix_ms.rem_euclid(1000) as u32),
+    )
+}
+
+/// `YYYY-MM-DDTHH:MM:SS[.mmm]Z`, digit by digit: these are on every 202 and
+/// every job, and `time`'s general formatter (a format description read
+/// item by item through `fmt`) cost more than the rest of building them.
+/// `time` still does the calendar arithmetic.
+fn utc(unix_secs: i64, millis: Option<u32>) -> String {
+    let Ok(t) = OffsetDateTime::from_unix_timestamp(unix_secs) else {
+        return String::new();
+    };
+    let Ok(year) = u32::try_from(t.year()) else {
+        return String::new();
+    };
+    if year > 9999 {
+        return String::new();
+    }
+    let mut text = *b"0000-00-00T00:00:00.000Z";
+    let fields = [
+        (0..4, year),
+        (5..7, u32::from(u8::from(t.month()))),
+        (8..10, u32::from(t.day())),
+        (11..13, u32::from(t.hour())),
+        (14..16, u32::from(t.minute())),
+        (17..19, u32::from(t.second())),
+    ];
+    for (at, value) in fields {
+        put_digits(&mut text[at], value);
+    }
+    let len = match millis {
+        Some(ms) => {
+            put_digits(&mut text[20..23], ms);
+            text.len()
+        }
+        None => {
+            text[19] = b'Z';
+            20
+        }
+    };
+    String::from_utf8_lossy(&text[..len]).into_owned()
+}
+
+/// `value`'s last `out.len()` decimal digits, zero-padded.
+fn put_digits(out: &mut [u8], mut value: u32) {
+    for digit in out.iter_mut().rev() {
+        // `value % 10` is below 10, so the cast cannot truncate.
+        *digit = b'0' + (value % 10) as u8;
+        value /= 10;
+    }
 }
 
 #[cfg(test)]
@@ -97,5 +140,31 @@ mod tests {
         assert_eq!(rfc3339_ms(1_796_083_200_000), "2026-12-01T00:00:00.000Z");
         assert_eq!(rfc3339_ms(1_796_083_205_250), "2026-12-01T00:00:05.250Z");
         assert_eq!(rfc3339_ms(1_796_083_205_001), "2026-12-01T00:00:05.001Z");
+    }
+
+    /// The digit-by-digit form is `time`'s RFC 3339 form, over instants
+    /// from 1970 to 9999 (leap days and year ends among them), before 1970
+    /// too, and nothing where RFC 3339 has no form.
+    #[test]
+    fn same_as_time() {
+        use time::format_description::well_known::Rfc3339;
+        let by_time = |secs: i64| {
+            OffsetDateTime::from_unix_timestamp(secs)
+                .unwrap()
+                .format(&Rfc3339)
+                .unwrap()
+        };
+        let mut secs = -86_400 * 365;
+        while secs < 253_402_300_799 {
+            assert_eq!(rfc3339(secs), by_time(secs), "{secs}");
+            let ms = secs * 1000 + 7;
+            assert_eq!(rfc3339_ms(ms), by_time(secs).replace('Z', ".007Z"));
+            secs += 86_399 * 37 + 3_607;
+        }
+        assert_eq!(rfc3339(253_402_300_799), "9999-12-31T23:59:59Z");
+        assert_eq!(rfc3339_ms(-1), "1969-12-31T23:59:59.999Z");
+        assert_eq!(rfc3339(253_402_300_800), "");
+        assert_eq!(rfc3339(-62_167_219_201), "");
+        assert_eq!(rfc3339(i64::MAX), "");
     }
 }

@@ -312,7 +312,11 @@ impl Valkey {
     /// a short backoff whenever it breaks). Called at start, so the first
     /// request finds a connection; otherwise the first use starts it.
     pub fn warm_up(&self) {
-        if self.inner.started.swap(true, Ordering::AcqRel) {
+        // A load first: every command calls this, and a swap would write
+        // the shared flag each time.
+        if self.inner.started.load(Ordering::Acquire)
+            || self.inner.started.swap(true, Ordering::AcqRel)
+        {
             return;
         }
         let (kind, link) = (self.inner.kind.clone(), self.inner.link.clone());
@@ -324,6 +328,10 @@ impl Valkey {
     async fn live(&self, deadline: Instant) -> Result<Live, SendError> {
         self.warm_up();
         let link = &self.inner.link;
+        // The usual case, a connection is up: no subscription, no timer.
+        if let Some(live) = link.current.borrow().as_ref() {
+            return Ok(live.clone());
+        }
         let mut current = link.current.subscribe();
         if current.borrow().is_none() {
             // Cut the connector's backoff short: someone is waiting.

@@ -110,12 +110,26 @@ impl From<TokenStatus> for TokenBody {
 
 /// `RateLimit-Policy` for a daily ceiling of `limit`.
 pub fn policy(limit: u32) -> String {
-    format!("\"daily\";q={limit};w={WINDOW_SECS}")
+    let (mut q, mut w) = (itoa::Buffer::new(), itoa::Buffer::new());
+    [
+        "\"daily\";q=",
+        q.format(limit),
+        ";w=",
+        w.format(WINDOW_SECS),
+    ]
+    .concat()
 }
 
 /// `RateLimit` with `remaining` scans for `seconds_to_reset` more seconds.
 pub fn ratelimit(remaining: u64, seconds_to_reset: u64) -> String {
-    format!("\"daily\";r={remaining};t={seconds_to_reset}")
+    let (mut r, mut t) = (itoa::Buffer::new(), itoa::Buffer::new());
+    [
+        "\"daily\";r=",
+        r.format(remaining),
+        ";t=",
+        t.format(seconds_to_reset),
+    ]
+    .concat()
 }
 
 /// The 202 of an exempt scan: queued at once, never counted, so no limit
@@ -221,8 +235,12 @@ impl Accepted {
             reminder: reminder.as_deref(),
             shadow: self.shadow,
         };
-        let mut response =
-            Response::new(Bytes::from(serde_json::to_vec(&body).unwrap_or_default()));
+        // Sized for the whole body at once (some 350 bytes): no regrowth.
+        let mut json = Vec::with_capacity(512);
+        if serde_json::to_writer(&mut json, &body).is_err() {
+            json.clear();
+        }
+        let mut response = Response::new(Bytes::from(json));
         *response.status_mut() = StatusCode::ACCEPTED;
         // Sized for every header below at once: no rehash while inserting.
         *response.headers_mut() = HeaderMap::with_capacity(12);
@@ -234,7 +252,10 @@ impl Accepted {
         );
         h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
         h.insert(REMAINING, HeaderValue::from(self.remaining));
-        h.insert(RESET, text(reset_at.clone()));
+        h.insert(
+            RESET,
+            HeaderValue::from_str(&reset_at).unwrap_or(HeaderValue::from_static("")),
+        );
         h.insert(POLICY, text(policy(self.limit)));
         h.insert(
             RATELIMIT,

@@ -68,7 +68,7 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
             if request.method != Method::GET && request.method != Method::HEAD {
                 return (Err(GateError::QuotaMethodNotAllowed), None);
             }
-            return (self.check(&request, now_ms).await, None);
+            return (Box::pin(self.check(&request, now_ms)).await, None);
         }
         // 1–3: validate, identify, hash.
         let Admitted {
@@ -81,7 +81,7 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
         };
         if identity.exempt {
             let answer = self.exempt(identity, body, &request, now_ms, started);
-            return (answer.await, None);
+            return (Box::pin(answer).await, None);
         }
         let policy = &self.config.policy;
         let attempt = Attempt::new(identity, idempotency_key, &request, policy, now_ms, started);
@@ -119,8 +119,10 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
                 count,
                 decision: decide(count.used, &attempt.limits.with_grant(count.grant)),
             },
-            Ok(Claimed::Existing(record)) => return self.repeat(attempt, body, record).await,
-            Err(e) => match self.store_failed(attempt, e).await {
+            Ok(Claimed::Existing(record)) => {
+                return Box::pin(self.repeat(attempt, body, record)).await;
+            }
+            Err(e) => match Box::pin(self.store_failed(attempt, e)).await {
                 Ok(metering) => metering,
                 Err(e) => {
                     return (
@@ -268,7 +270,7 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
                     period_end: UnixSecs(i64::MAX),
                 };
             }
-            self.apply(attempt, scan.scan_id, settlement).await;
+            Box::pin(self.apply(attempt, scan.scan_id, settlement)).await;
             let queued = match failure {
                 Failure::NotQueued => Queued::No,
                 _ => Queued::Unknown,
@@ -283,8 +285,7 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
             .accepted(attempt, &job, plan, self.shadow())
             .to_response();
         if let Some(claim) = &attempt.claim {
-            self.save(claim, scan.scan_id, &response, attempt.now())
-                .await;
+            Box::pin(self.save(claim, scan.scan_id, &response, attempt.now())).await;
         }
         (Ok(response), attempt.exit(metered, End::Answered))
     }
@@ -292,11 +293,21 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
     /// Step 6: the delay a fresh scan owes, paced by [`settle::delay_rule`];
     /// a scan past the backlog cap is refused (and its count taken back).
     async fn delay_of(&self, attempt: &Attempt, scan: &Scan) -> Result<Duration, GateError> {
-        let tier_delay =
-            match settle::delay_rule(&scan.metering, self.shadow(), self.config.policy.pacing) {
-                DelayRule::Fixed(delay) => return Ok(delay),
-                DelayRule::Pace(tier_delay) => tier_delay,
-            };
+        match settle::delay_rule(&scan.metering, self.shadow(), self.config.policy.pacing) {
+            DelayRule::Fixed(delay) => Ok(delay),
+            // Only an over-quota scan is paced: its step stays off the
+            // within-quota scan's future (which is moved whole into its task).
+            DelayRule::Pace(tier_delay) => Box::pin(self.paced(attempt, scan, tier_delay)).await,
+        }
+    }
+
+    /// Step 6 for a scan the pacing rule applies to.
+    async fn paced(
+        &self,
+        attempt: &Attempt,
+        scan: &Scan,
+        tier_delay: Duration,
+    ) -> Result<Duration, GateError> {
         let Metering::Counted { count, .. } = &scan.metering else {
             return Ok(tier_delay);
         };
@@ -318,7 +329,7 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
             Err(retry_after_ms) => retry_after_ms,
         };
         let settlement = settle(&scan.metering, attempt.keyed(), Failure::BacklogFull);
-        self.apply(attempt, scan.scan_id, settlement).await;
+        Box::pin(self.apply(attempt, scan.scan_id, settlement)).await;
         // Never past the counter's reset: from then the scan is within quota.
         Err(GateError::backlog_full(
             retry_after_ms.div_ceil(1000),
@@ -346,8 +357,9 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
     }
 
     /// One store call of the request path, skipped while the breaker is
-    /// open. The store bounds its own wait (and keeps a command it gave up
-    /// on in flight); the bound here only backs it up.
+    /// open. A store that bounds its own wait (and keeps a command it gave
+    /// up on in flight) is not given a second timer; any other is bounded
+    /// here, at twice the store timeout.
     pub(super) async fn bounded<T>(
         &self,
         call: impl Future<Output = Result<T, StoreError>>,
@@ -355,9 +367,13 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
         if !self.breaker.admit() {
             return Err(StoreError::CircuitOpen);
         }
-        let result = timeout(self.config.store.timeout * 2, call)
-            .await
-            .unwrap_or(Err(StoreError::Unanswered));
+        let result = if self.store.bounds_itself() {
+            call.await
+        } else {
+            timeout(self.config.store.timeout * 2, call)
+                .await
+                .unwrap_or(Err(StoreError::Unanswered))
+        };
         self.breaker.record(result.is_ok());
         result
     }

@@ -30,7 +30,7 @@ impl ScanQueue for AnyQueue {
         match self {
             Self::Spool(q) => q.enqueue(job).await,
             Self::Stream(q) => q.enqueue(job).await,
-            Self::Sqs(q) => q.enqueue(job).await,
+            Self::Sqs(q) => Box::pin(q.enqueue(job)).await,
         }
     }
 
@@ -38,7 +38,7 @@ impl ScanQueue for AnyQueue {
         match self {
             Self::Spool(q) => q.enqueue_once(job).await,
             Self::Stream(q) => q.enqueue_once(job).await,
-            Self::Sqs(q) => q.enqueue_once(job).await,
+            Self::Sqs(q) => Box::pin(q.enqueue_once(job)).await,
         }
     }
 }

@@ -28,6 +28,9 @@ pub struct StreamQueue {
 
 const LAND: &str = include_str!("land.lua");
 
+/// Room for a job's JSON with a typical request body (500 to 700 bytes).
+const JOB_JSON_CAPACITY: usize = 1024;
+
 /// Not sent, or refused by the server: not queued. Sent and unanswered:
 /// the job may still land.
 fn backend(e: SendError) -> QueueError {
@@ -52,8 +55,12 @@ impl StreamQueue {
         }
     }
 
-    fn json(job: &ScanJob) -> Result<String, QueueError> {
-        serde_json::to_string(job).map_err(|e| QueueError::Backend(e.to_string()))
+    /// The job's JSON, written into a buffer sized for it at once: growing
+    /// one from empty, doubling, cost more than writing the JSON itself.
+    fn json(job: &ScanJob) -> Result<Vec<u8>, QueueError> {
+        let mut json = Vec::with_capacity(JOB_JSON_CAPACITY);
+        serde_json::to_writer(&mut json, job).map_err(|e| QueueError::Backend(e.to_string()))?;
+        Ok(json)
     }
 }
 
@@ -109,13 +116,14 @@ fn aof_everywhere(info: &redis::Value) -> bool {
 impl ScanQueue for StreamQueue {
     async fn enqueue(&self, job: &ScanJob) -> Result<(), QueueError> {
         let json = Self::json(job)?;
+        let mut scan_id = uuid::Uuid::encode_buffer();
         let mut cmd = redis::cmd("XADD");
         cmd.arg(&self.key)
             .arg("*")
             .arg(JOB_FIELD)
             .arg(json)
             .arg(SCAN_ID_FIELD)
-            .arg(job.scan_id.to_string());
+            .arg(&*job.scan_id.hyphenated().encode_lower(&mut scan_id));
         let _: String = self.valkey.send(cmd, SEND_WITHIN).await.map_err(backend)?;
         Ok(())
     }

@@ -27,12 +27,14 @@ pub struct QuotaKey {
 }
 
 impl QuotaKey {
+    /// Built once per request, by concatenation (no `format!`).
     pub fn new(scope: Scope, digest: &Digest) -> Self {
-        let counter = format!("quota:{scope}:{{{digest}}}");
+        let counter = ["quota:", scope.as_str(), ":{", digest.as_str(), "}"].concat();
+        let beside = |suffix: &str| [counter.as_str(), suffix].concat();
         Self {
-            first_seen: format!("{counter}:ts"),
-            slot: format!("{counter}:slot"),
-            grant: format!("{counter}:grant"),
+            first_seen: beside(":ts"),
+            slot: beside(":slot"),
+            grant: beside(":grant"),
             counter,
         }
     }

@@ -69,6 +69,13 @@ impl QuotaStore for AnyStore {
         }
     }
 
+    fn bounds_itself(&self) -> bool {
+        match self {
+            Self::Memory(s) => s.bounds_itself(),
+            Self::Valkey(s) => s.bounds_itself(),
+        }
+    }
+
     async fn count(&self, args: CountArgs<'_>) -> Result<Count, StoreError> {
         dispatch!(self, s => s.count(args))
     }

@@ -130,6 +130,13 @@ pub trait QuotaStore: Send + Sync + 'static {
     /// first request finds a connection. A no-op for stores without one.
     fn warm_up(&self) {}
 
+    /// Whether every call bounds its own wait (each command within the
+    /// store timeout), so the gate need not arm a second timer around it.
+    /// A store that may wait unbounded (a test wrapper) keeps the default.
+    fn bounds_itself(&self) -> bool {
+        false
+    }
+
     /// INCR the counter, give it `period_end` if it has no expiry, write the
     /// first-seen key if missing, and read the counter's expiry back.
     fn count(&self, args: CountArgs<'_>) -> impl Future<Output = Result<Count, StoreError>> + Send;

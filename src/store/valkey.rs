@@ -132,6 +132,11 @@ impl QuotaStore for ValkeyStore {
         self.valkey.warm_up();
     }
 
+    /// Each command is sent by [`Valkey::send`] within the store timeout.
+    fn bounds_itself(&self) -> bool {
+        true
+    }
+
     async fn count(&self, args: CountArgs<'_>) -> Result<Count, StoreError> {
         let key = args.key;
         let mut pipe = redis::pipe();
