@@ -212,9 +212,9 @@ impl Accepted {
         ))
     }
 
-    pub fn to_response(&self) -> Response<Bytes> {
-        let reset_at = rfc3339(self.reset_at);
-        let reminder = self.reminder_text(&reset_at);
+    /// The 202's JSON body, written into a buffer sized for all of it at
+    /// once (some 350 bytes): no regrowth.
+    fn body_json(&self, reset_at: &str, reminder: Option<&str>) -> Vec<u8> {
         let not_before = rfc3339_ms(self.not_before_ms);
         let body = Body {
             scan_id: self.scan_id,
@@ -228,18 +228,24 @@ impl Accepted {
                 limit: self.limit,
                 used: self.used,
                 remaining: self.remaining,
-                reset_at: &reset_at,
+                reset_at,
                 unavailable: self.used.is_none(),
             },
             token: self.token.map(TokenBody::from),
-            reminder: reminder.as_deref(),
+            reminder,
             shadow: self.shadow,
         };
-        // Sized for the whole body at once (some 350 bytes): no regrowth.
         let mut json = Vec::with_capacity(512);
         if serde_json::to_writer(&mut json, &body).is_err() {
             json.clear();
         }
+        json
+    }
+
+    pub fn to_response(&self) -> Response<Bytes> {
+        let reset_at = rfc3339(self.reset_at);
+        let reminder = self.reminder_text(&reset_at);
+        let json = self.body_json(&reset_at, reminder.as_deref());
         let mut response = Response::new(Bytes::from(json));
         *response.status_mut() = StatusCode::ACCEPTED;
         // Sized for every header below at once: no rehash while inserting.
