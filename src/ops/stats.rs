@@ -15,9 +15,9 @@ use aws_sdk_cloudwatch::primitives::DateTime;
 use aws_sdk_cloudwatch::types::{Dimension, Metric, MetricDataQuery, MetricStat};
 use serde::Serialize;
 use time::OffsetDateTime;
-use time::format_description::well_known::Rfc3339;
 
 use super::OpsError;
+use crate::clock::rfc3339;
 use crate::digest::Scope;
 use crate::meter::{DELAY_MS, ENQUEUE_ERRORS, HARD_HITS, REMINDERS, SOFT_HITS, STORE_ERRORS};
 
@@ -185,14 +185,6 @@ fn scope_stats(values: &[Vec<f64>]) -> Vec<ScopeStats> {
             }
         })
         .collect()
-}
-
-/// Unix seconds as RFC 3339 (empty if out of range).
-fn rfc3339(secs: i64) -> String {
-    OffsetDateTime::from_unix_timestamp(secs)
-        .ok()
-        .and_then(|t| t.format(&Rfc3339).ok())
-        .unwrap_or_default()
 }
 
 /// Runs `queries` (paginated) and appends each result's values to its slot.
