@@ -4,6 +4,13 @@
 //! `Idempotency-Key` leads to by [`crate::settle`]); this driver sends what
 //! they say, in order, on one connection, and returns an [`Exit`] the meter
 //! records once.
+//!
+//! The rare paths (`GET /quota`, exempt scans, repeats, store failures,
+//! pacing, settlements, saving a keyed answer) are awaited through
+//! `Box::pin`: `serve` moves a request's whole future into a task of its
+//! own, so everything inlined in it is copied on every scan. Boxed, they
+//! cost an allocation only when taken, and the within-quota scan's future
+//! stays near 3.5 KB (9.2 KB before; `tests/alloc_budget.rs` holds it).
 
 use std::future::Future;
 use std::time::Duration;
