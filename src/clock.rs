@@ -82,10 +82,10 @@ pub fn rfc3339_ms(unix_ms: i64) -> String {
     )
 }
 
-/// `YYYY-MM-DDTHH:MM:SS[.mmm]Z`, digit by digit: these are on every 202 and
-/// every job, and `time`'s general formatter (a format description read
-/// item by item through `fmt`) cost more than the rest of building them.
-/// `time` still does the calendar arithmetic.
+/// `YYYY-MM-DDTHH:MM:SS[.mmm]Z`, digit by digit: three of these are on every
+/// scan (its 202 and its job), and `time`'s general formatter (a format
+/// description read item by item through `fmt`) was one of the larger
+/// costs of building them. `time` still does the calendar arithmetic.
 fn utc(unix_secs: i64, millis: Option<u32>) -> String {
     let Ok(t) = OffsetDateTime::from_unix_timestamp(unix_secs) else {
         return String::new();

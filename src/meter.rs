@@ -569,7 +569,7 @@ impl Meter {
             None => &self.directives.undecided[index],
         };
         // Pieces pushed in turn, numbers by `itoa`: one line per request,
-        // and `fmt` cost more than the rest of writing it.
+        // written without going through `fmt` for every piece.
         let mut digits = itoa::Buffer::new();
         let mut line = String::with_capacity(directive.len() + 320);
         for piece in [

@@ -55,8 +55,8 @@ impl StreamQueue {
         }
     }
 
-    /// The job's JSON, written into a buffer sized for it at once: growing
-    /// one from empty, doubling, cost more than writing the JSON itself.
+    /// The job's JSON, written into a buffer sized for it at once, so it is
+    /// not grown (and copied) three times on the way.
     fn json(job: &ScanJob) -> Result<Vec<u8>, QueueError> {
         let mut json = Vec::with_capacity(JOB_JSON_CAPACITY);
         serde_json::to_writer(&mut json, job).map_err(|e| QueueError::Backend(e.to_string()))?;
