@@ -10,7 +10,7 @@
 //! first attempt landed after all, the second adds nothing.
 
 use super::job_queue::{QueueError, ScanQueue};
-use crate::connection::{SendError, Valkey, eval, has_hash_tag};
+use crate::connection::{SendError, Valkey, eval, has_hash_tag, sized_cmd};
 use crate::job::ScanJob;
 
 /// How long a landed `scanId` is remembered: as long as a key's record.
@@ -117,7 +117,8 @@ impl ScanQueue for StreamQueue {
     async fn enqueue(&self, job: &ScanJob) -> Result<(), QueueError> {
         let json = Self::json(job)?;
         let mut scan_id = uuid::Uuid::encode_buffer();
-        let mut cmd = redis::cmd("XADD");
+        let bytes = self.key.len() + json.len() + 64;
+        let mut cmd = sized_cmd("XADD", 6, bytes);
         cmd.arg(&self.key)
             .arg("*")
             .arg(JOB_FIELD)
