@@ -82,6 +82,7 @@ async fn within_quota_scan_stays_in_its_allocation_budget() {
     }
     let per_request = (ALLOCATIONS.load(Ordering::Relaxed) - before) / MEASURED;
     eprintln!("allocations per within-quota scan: {per_request} (budget {BUDGET})");
+    readme_says(&format!("within-quota scan ({per_request} today)"));
     assert!(
         per_request <= BUDGET,
         "{per_request} allocations per scan, over the budget of {BUDGET}"
@@ -113,8 +114,18 @@ async fn request_future_stays_in_its_size_budget() {
     let size = std::mem::size_of_val(&future);
     drop(future);
     eprintln!("bytes of a request's future: {size} (budget {FUTURE_BUDGET})");
+    readme_says(&format!("request's future ({size} bytes today)"));
     assert!(
         size <= FUTURE_BUDGET,
         "a request's future takes {size} bytes, over the budget of {FUTURE_BUDGET}"
     );
+}
+
+/// The README's testing section gives today's figure: `phrase`, with its
+/// line breaks taken as spaces.
+fn readme_says(phrase: &str) {
+    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md"))
+        .expect("README.md is readable");
+    let flat = readme.split_whitespace().collect::<Vec<_>>().join(" ");
+    assert!(flat.contains(phrase), "README.md should say \"{phrase}\"");
 }
