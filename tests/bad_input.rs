@@ -194,6 +194,9 @@ async fn wrong_audience() {
     c["aud"] = json!("billing-api");
     let t = mint(Algorithm::EdDSA, c);
     assert_token_refused(&gate, &server, &format!("Bearer {t}"), "wrong_audience").await;
+    // A token with no `aud` at all is not for this audience either.
+    let t = mint(Algorithm::EdDSA, claims());
+    assert_token_refused(&gate, &server, &format!("Bearer {t}"), "wrong_audience").await;
     // The right audience is accepted, so the refusal was about the audience.
     let mut c = claims();
     c["aud"] = json!("scanner-api");
@@ -203,6 +206,20 @@ async fn wrong_audience() {
             .await,
     );
     assert_eq!(body["token"]["accepted"], true);
+}
+
+/// `iss` is one string equal to QUOTA_JWT_ISSUER: an array holding it, or
+/// another issuer, is refused, signature valid or not.
+#[tokio::test]
+async fn issuer_is_one_string() {
+    let server = ValkeyServer::start();
+    let gate = token_gate(&server, &[]);
+    for iss in [json!(["stella-ops.org"]), json!("other.org"), json!(null)] {
+        let mut c = claims();
+        c["iss"] = iss;
+        let t = mint(Algorithm::EdDSA, c);
+        assert_token_refused(&gate, &server, &format!("Bearer {t}"), "wrong_issuer").await;
+    }
 }
 
 /// `token` with its payload changed (a higher tier) but its signature kept.

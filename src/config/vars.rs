@@ -252,7 +252,7 @@ variables! {
     SCAN_QUEUE_URL: Var<Optional> = optional("unset → stdout spool");
     /// PEM text or path: RSA (RS256), P-256 (ES256) or Ed25519 (EdDSA) public key
     QUOTA_JWT_PUBLIC_KEY: Var<Optional> = optional("—");
-    /// JWKS JSON or path; keys picked by `kid` (rotation)
+    /// JWKS JSON or path; keys picked by `kid` (rotation); a token without `kid` is tried on the keys of its algorithm
     QUOTA_JWT_JWKS: Var<Optional> = optional("—");
     /// required `iss`
     QUOTA_JWT_ISSUER: Var<Text> = text("stella-ops.org");

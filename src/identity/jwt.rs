@@ -3,10 +3,12 @@
 //! Each key is pinned to the one algorithm its type allows (RSA → RS256,
 //! P-256 → ES256, Ed25519 → EdDSA), so neither `alg: none` nor an HMAC token
 //! "signed" with the public key can pass: the header's `alg` is checked
-//! against the key before any signature work. `iss` must match, `exp` must be
-//! in the future and `nbf` not, with no leeway; `aud` is checked when
-//! configured; `tid` names the subject. Keys come from `QUOTA_JWT_PUBLIC_KEY`
-//! (one PEM) and/or `QUOTA_JWT_JWKS` (picked by `kid`, for rotation).
+//! against the key before any signature work. `iss` must be one string equal
+//! to ours, `exp` must be in the future and `nbf` not, with no leeway; `aud`
+//! is required and checked when configured; `tid` names the subject. Keys
+//! come from `QUOTA_JWT_PUBLIC_KEY` (one PEM) and/or `QUOTA_JWT_JWKS` (picked
+//! by `kid`, for rotation; a token without one is tried on every key of its
+//! algorithm, all of them the issuer's).
 
 use std::num::NonZeroU32;
 
@@ -287,6 +289,11 @@ impl Verifier {
 
     /// Who verified `claims` name: their `tid`, tier and exemption.
     fn subject(&self, claims: &Claims) -> Result<TokenSubject, Rejection> {
+        // `jsonwebtoken` also takes an array of issuers holding ours; RFC
+        // 7519 makes `iss` one string, and the spec says it *equals* ours.
+        if claims.rest.get("iss").and_then(Value::as_str) != Some(self.issuer.as_str()) {
+            return Err(Rejection::WrongIssuer);
+        }
         let tid = claims.tid.as_ref().and_then(claim_string);
         let tid = tid.ok_or(Rejection::MissingTid)?;
         let tier = claims.tier.as_ref().and_then(tier_from_token_claim);
@@ -304,10 +311,17 @@ impl Verifier {
         v.leeway = 0;
         v.validate_nbf = true;
         v.set_issuer(&[&self.issuer]);
-        v.set_required_spec_claims(&["exp", "iss"]);
+        // A configured audience is required: a token without `aud` (one
+        // minted for any service of the same issuer) is not for us.
         match &self.audience {
-            Some(aud) => v.set_audience(&[aud]),
-            None => v.validate_aud = false,
+            Some(aud) => {
+                v.set_audience(&[aud]);
+                v.set_required_spec_claims(&["exp", "iss", "aud"]);
+            }
+            None => {
+                v.validate_aud = false;
+                v.set_required_spec_claims(&["exp", "iss"]);
+            }
         }
         v
     }
