@@ -14,7 +14,7 @@ use std::fmt;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
-use serde_json::{Map, Value};
+use serde_json::value::RawValue;
 use uuid::Uuid;
 
 use crate::decide::Tier;
@@ -115,8 +115,81 @@ pub struct ScanJob {
     /// computes it from `not_before`).
     #[serde(skip)]
     pub not_before_ms: i64,
-    /// The client's request body, untouched.
-    pub request: Map<String, Value>,
+    /// The client's request body, untouched ([`RequestBody`]).
+    pub request: RequestBody,
+}
+
+/// A scan request's JSON body as the client sent it: key order, repeated
+/// keys, number spellings (`1.0`, `-0`, integers past 2⁵³, `1e400`) and
+/// string escapes are the client's own, passed through byte for byte. Only
+/// the whitespace between tokens is left out, so a job stays one line of a
+/// spool (JSON allows a raw line break nowhere else). Always an object.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct RequestBody(Box<RawValue>);
+
+impl RequestBody {
+    /// `raw`, one JSON value, with its insignificant whitespace left out.
+    pub fn new(raw: &RawValue) -> Self {
+        let text = raw.get();
+        if !text.bytes().any(is_json_space) {
+            return Self(raw.to_owned());
+        }
+        let mut out = String::with_capacity(text.len());
+        let (mut in_string, mut escaped) = (false, false);
+        for c in text.chars() {
+            if in_string {
+                match c {
+                    _ if escaped => escaped = false,
+                    '\\' => escaped = true,
+                    '"' => in_string = false,
+                    _ => {}
+                }
+            } else if c == '"' {
+                in_string = true;
+            } else if c.is_ascii() && is_json_space(c as u8) {
+                continue;
+            }
+            out.push(c);
+        }
+        // Whitespace between tokens carries no meaning: still the same JSON.
+        Self(RawValue::from_string(out).expect("valid JSON without its whitespace"))
+    }
+
+    /// The JSON text.
+    pub fn get(&self) -> &str {
+        self.0.get()
+    }
+
+    /// The `image` member: `None` when absent, `Some(Err(()))` when it is not
+    /// a string; an error when the body is not an object or repeats `image`.
+    pub fn image_of(text: &str) -> Result<Option<Result<String, ()>>, serde_json::Error> {
+        #[derive(Deserialize)]
+        struct Probe<'a> {
+            #[serde(borrow)]
+            image: Option<&'a RawValue>,
+        }
+        let probe: Probe<'_> = serde_json::from_str(text)?;
+        Ok(probe
+            .image
+            .map(|raw| serde_json::from_str::<String>(raw.get()).map_err(|_| ())))
+    }
+
+    /// The image to scan, when `image` is a string.
+    pub fn image(&self) -> Option<String> {
+        Self::image_of(self.get()).ok()??.ok()
+    }
+}
+
+impl PartialEq for RequestBody {
+    fn eq(&self, other: &Self) -> bool {
+        self.get() == other.get()
+    }
+}
+
+/// JSON's whitespace (RFC 8259: space, tab, line feed, carriage return).
+fn is_json_space(b: u8) -> bool {
+    matches!(b, b' ' | b'\t' | b'\n' | b'\r')
 }
 
 fn first_version() -> u32 {
@@ -132,6 +205,8 @@ pub enum JobError {
     Version(u32),
     #[error("notBefore is not an RFC 3339 instant: {0}")]
     NotBefore(String),
+    #[error("request is not a JSON object")]
+    Request,
 }
 
 impl ScanJob {
@@ -146,6 +221,9 @@ impl ScanJob {
         if job.version > JOB_VERSION {
             return Err(JobError::Version(job.version));
         }
+        if !job.request.get().starts_with('{') {
+            return Err(JobError::Request);
+        }
         let at = time::OffsetDateTime::parse(
             &job.not_before,
             &time::format_description::well_known::Rfc3339,
@@ -157,8 +235,8 @@ impl ScanJob {
     }
 
     /// The image to scan (`request.image`), when it is a string.
-    pub fn image(&self) -> Option<&str> {
-        self.request.get("image").and_then(Value::as_str)
+    pub fn image(&self) -> Option<String> {
+        self.request.image()
     }
 }
 
@@ -180,10 +258,7 @@ mod tests {
             deferred_ms: 32_000,
             not_before: "2026-11-30T12:01:00.250Z".into(),
             not_before_ms: 1_796_040_060_250,
-            request: serde_json::json!({"image": "alpine:3.20"})
-                .as_object()
-                .cloned()
-                .unwrap_or_default(),
+            request: serde_json::from_str(r#"{"image":"alpine:3.20"}"#).unwrap(),
         }
     }
 
@@ -194,7 +269,7 @@ mod tests {
         let json = serde_json::to_string(&job).unwrap();
         assert!(json.contains("\"version\":1"), "{json}");
         assert_eq!(ScanJob::from_json(&json).unwrap(), job);
-        assert_eq!(job.image(), Some("alpine:3.20"));
+        assert_eq!(job.image().as_deref(), Some("alpine:3.20"));
     }
 
     /// Scopes and tiers are written as the words of the schema.
@@ -219,7 +294,7 @@ mod tests {
     #[test]
     fn refuses_what_it_cannot_honour() {
         let base = serde_json::to_value(job()).unwrap();
-        let with = |field: &str, value: Value| {
+        let with = |field: &str, value: serde_json::Value| {
             let mut v = base.clone();
             v[field] = value;
             ScanJob::from_json(&v.to_string())

@@ -6,9 +6,10 @@
 //! error and is never counted.
 
 use http::{HeaderMap, Method, header};
-use serde_json::{Map, Value};
+use serde_json::value::RawValue;
 
 use crate::error::GateError;
+use crate::job::RequestBody;
 
 /// The largest body accepted.
 pub const MAX_BODY_BYTES: usize = 64 * 1024;
@@ -18,16 +19,14 @@ pub const MAX_IMAGE_BYTES: usize = 1024;
 /// A validated scan request body.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ScanRequest {
-    /// The whole JSON object, `image` included, passed through to the job.
-    pub body: Map<String, Value>,
+    /// The whole JSON object, `image` included, passed through to the job
+    /// as the client wrote it.
+    pub body: RequestBody,
 }
 
 impl ScanRequest {
-    pub fn image(&self) -> &str {
-        self.body
-            .get("image")
-            .and_then(Value::as_str)
-            .unwrap_or_default()
+    pub fn image(&self) -> String {
+        self.body.image().unwrap_or_default()
     }
 }
 
@@ -91,33 +90,37 @@ pub fn parse_body(body: &[u8]) -> Result<ScanRequest, GateError> {
     }
     let text = std::str::from_utf8(body)
         .map_err(|_| GateError::bad_request("invalid_utf8", "the body is not valid UTF-8"))?;
-    let value: Value = serde_json::from_str(text).map_err(|e| {
+    let invalid_json = |e: serde_json::Error| {
         GateError::bad_request("invalid_json", format!("the body is not valid JSON: {e}"))
-    })?;
-    let Value::Object(map) = value else {
+    };
+    // Checked as JSON but not converted: the job carries the client's text.
+    let raw: &RawValue = serde_json::from_str(text).map_err(invalid_json)?;
+    if !raw.get().starts_with('{') {
         return Err(GateError::bad_request(
             "not_an_object",
             "the body must be a JSON object",
         ));
-    };
-    match map.get("image") {
+    }
+    match RequestBody::image_of(raw.get()).map_err(invalid_json)? {
         None => Err(GateError::bad_request(
             "missing_image",
             "the body needs a string field `image`",
         )),
-        Some(Value::String(s)) if s.trim().is_empty() => Err(GateError::bad_request(
+        Some(Ok(s)) if s.trim().is_empty() => Err(GateError::bad_request(
             "empty_image",
             "`image` must not be empty",
         )),
-        Some(Value::String(s)) if s.len() > MAX_IMAGE_BYTES => Err(GateError::bad_request(
+        Some(Ok(s)) if s.len() > MAX_IMAGE_BYTES => Err(GateError::bad_request(
             "image_too_long",
             format!(
                 "`image` is {} bytes; at most {MAX_IMAGE_BYTES} are accepted",
                 s.len()
             ),
         )),
-        Some(Value::String(_)) => Ok(ScanRequest { body: map }),
-        Some(_) => Err(GateError::bad_request(
+        Some(Ok(_)) => Ok(ScanRequest {
+            body: RequestBody::new(raw),
+        }),
+        Some(Err(())) => Err(GateError::bad_request(
             "invalid_image",
             "`image` must be a string",
         )),
@@ -224,11 +227,36 @@ mod tests {
         }
     }
 
-    /// Fields other than `image` pass through untouched.
+    /// Fields other than `image` pass through untouched: order, number
+    /// spellings and escapes as sent; only whitespace between tokens goes.
     #[test]
     fn passthrough() {
         let r = parse_body(br#"{"image":"alpine:3","policy":{"severity":"high"}}"#).unwrap();
         assert_eq!(r.image(), "alpine:3");
-        assert_eq!(r.body["policy"]["severity"], "high");
+        assert_eq!(
+            r.body.get(),
+            r#"{"image":"alpine:3","policy":{"severity":"high"}}"#
+        );
+        let sent = concat!(
+            " {\"z\": 1.0, \"image\" :\"alp\\u0069ne:3\",\n",
+            "\t\"n\": 12345678901234567890123, \"neg\": -0, \"e\": 1e400,\r\n",
+            " \"s\": \"two  spaces, \\\" a quote\\n\", \"a\": [ 1 , {} ], \"z\": 2 } ",
+        );
+        let r = parse_body(sent.as_bytes()).unwrap();
+        assert_eq!(r.image(), "alpine:3");
+        assert_eq!(
+            r.body.get(),
+            concat!(
+                r#"{"z":1.0,"image":"alp\u0069ne:3","n":12345678901234567890123,"neg":-0,"#,
+                r#""e":1e400,"s":"two  spaces, \" a quote\n","a":[1,{}],"z":2}"#,
+            )
+        );
+    }
+
+    /// `image` given twice is refused, not resolved by a guess.
+    #[test]
+    fn repeated_image() {
+        let answer = parse_body(br#"{"image":"a:1","image":"b:2"}"#);
+        assert_eq!(code(answer), "400 invalid_json");
     }
 }

@@ -27,7 +27,11 @@ fn serve_on_embedded_default() {
     ] {
         assert!(first.contains(header), "missing {header:?} in {first}");
     }
-    let second = http(addr, &post_scan(r#"{"image":"alpine:3.20"}"#));
+    // Pretty-printed, with a number no f64 holds: the job carries it as sent.
+    let second = http(
+        addr,
+        &post_scan("{\n  \"tag\": 12345678901234567890123,\n  \"image\": \"alpine:3.20\"\n}"),
+    );
     assert!(second.contains("x-stella-quota-remaining: 31"), "{second}");
     let bad = http(addr, &post_scan(r#"{"img":1}"#));
     assert!(bad.starts_with("HTTP/1.1 400"), "{bad}");
@@ -45,10 +49,19 @@ fn serve_on_embedded_default() {
 
     child.kill_now();
     let stdout = child.stdout.take().unwrap();
-    let lines: Vec<serde_json::Value> = BufReader::new(stdout)
+    let raw: Vec<String> = BufReader::new(stdout)
         .lines()
         .map_while(Result::ok)
-        .map(|l| serde_json::from_str(&l).unwrap())
+        .collect();
+    assert!(
+        raw.iter()
+            .any(|l| l
+                .contains(r#""request":{"tag":12345678901234567890123,"image":"alpine:3.20"}"#)),
+        "the second job's request, untouched but for whitespace: {raw:?}"
+    );
+    let lines: Vec<serde_json::Value> = raw
+        .iter()
+        .map(|l| serde_json::from_str(l).unwrap())
         .collect();
     let (emf, jobs): (Vec<_>, Vec<_>) = lines.into_iter().partition(|l| l.get("_aws").is_some());
     assert_eq!(jobs.len(), 2, "one spooled job per 202, none for the 400");

@@ -6,9 +6,9 @@ use std::collections::HashMap;
 use std::net::IpAddr;
 use std::time::Duration;
 
+use crate::job::RequestBody;
 use bytes::Bytes;
 use http::{HeaderMap, Method};
-use serde_json::{Map, Value};
 use tokio::time::Instant;
 use uuid::Uuid;
 
@@ -203,7 +203,7 @@ impl Scan {
 
     /// The job to queue, carrying the scan's `body`, held back until
     /// `received + plan.total`.
-    pub fn job(&self, identity: &Identity, body: Map<String, Value>, plan: DelayPlan) -> ScanJob {
+    pub fn job(&self, identity: &Identity, body: RequestBody, plan: DelayPlan) -> ScanJob {
         let not_before_ms = self.received_ms.saturating_add(plan.total).get();
         ScanJob {
             version: crate::job::JOB_VERSION,

@@ -15,9 +15,9 @@
 use std::future::Future;
 use std::time::Duration;
 
+use crate::job::RequestBody;
 use bytes::Bytes;
 use http::{Method, Response};
-use serde_json::{Map, Value};
 use tokio::time::{Instant, timeout};
 use uuid::Uuid;
 
@@ -47,7 +47,7 @@ type Finished = (Result<Response<Bytes>, GateError>, Exit);
 /// A scan request that passed steps 1–3.
 struct Admitted<'r> {
     identity: Identity,
-    body: Map<String, Value>,
+    body: RequestBody,
     idempotency_key: Option<&'r str>,
 }
 
@@ -120,7 +120,7 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
     /// Steps 4–5: count (a keyed scan claims its record in the same step)
     /// and decide; then a repeat is answered, a failure settled, and a scan
     /// that may go ahead run.
-    async fn scan(&self, attempt: &Attempt, body: Map<String, Value>) -> Finished {
+    async fn scan(&self, attempt: &Attempt, body: RequestBody) -> Finished {
         let metering = match self.count(attempt).await {
             Ok(Claimed::New(count)) => Metering::Counted {
                 count,
@@ -183,12 +183,7 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
 
     /// Answers a key seen before, by [`on_repeat`]'s rule; a retry that
     /// takes over an abandoned attempt finishes its scan.
-    async fn repeat(
-        &self,
-        attempt: &Attempt,
-        body: Map<String, Value>,
-        record: Record,
-    ) -> Finished {
+    async fn repeat(&self, attempt: &Attempt, body: RequestBody, record: Record) -> Finished {
         let exit = attempt.exit(Metered::Uncounted, End::Answered);
         let Some(claim) = &attempt.claim else {
             return (Err(GateError::StoreUnavailable), exit);
@@ -253,7 +248,7 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
 
     /// Steps 6–8 for a scan that may go ahead: pace, sleep, queue, answer,
     /// and save the answer for a keyed retry.
-    async fn run(&self, attempt: &Attempt, body: Map<String, Value>, scan: Scan) -> Finished {
+    async fn run(&self, attempt: &Attempt, body: RequestBody, scan: Scan) -> Finished {
         let plan = match scan.resumed {
             Some(plan) => plan,
             None => match self.delay_of(attempt, &scan).await {

@@ -2,9 +2,9 @@
 //! round trip, nothing spent; the answer is built by [`crate::check`]) and
 //! an exempt scan (queued at once, uncounted, unpaced).
 
+use crate::job::RequestBody;
 use bytes::Bytes;
 use http::Response;
-use serde_json::{Map, Value};
 use tokio::time::Instant;
 use uuid::Uuid;
 
@@ -77,7 +77,7 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
     pub(super) async fn exempt(
         &self,
         identity: Identity,
-        body: Map<String, Value>,
+        body: RequestBody,
         request: &GateRequest,
         now_ms: UnixMillis,
         started: Instant,

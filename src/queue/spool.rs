@@ -134,7 +134,7 @@ mod tests {
             deferred_ms: 0,
             not_before: "2026-11-30T12:00:00Z".into(),
             not_before_ms: 1_796_040_000_000,
-            request: serde_json::Map::new(),
+            request: serde_json::from_str("{}").unwrap(),
         }
     }
 

@@ -129,8 +129,9 @@ impl World {
     fn jobs_by_group(&self, broken: &mut Vec<String>) -> HashMap<usize, Vec<&ScanJob>> {
         let mut by_group: HashMap<usize, Vec<&ScanJob>> = HashMap::new();
         for job in &self.jobs {
-            let image = job.request.get("image").and_then(|v| v.as_str());
+            let image = job.image();
             match image
+                .as_deref()
                 .and_then(|i| i.rsplit(':').next())
                 .and_then(|g| g.parse().ok())
             {
@@ -314,7 +315,7 @@ impl World {
             let _ = writeln!(
                 out,
                 "job {} {} count={} tier={} delay={} ms notBefore-received={} ms",
-                job.request["image"].as_str().unwrap_or("?"),
+                job.image().as_deref().unwrap_or("?"),
                 job.scan_id,
                 job.count,
                 job.tier,
