@@ -166,8 +166,14 @@ impl RequestBody {
     pub fn image_of(text: &str) -> Result<Option<Result<String, ()>>, serde_json::Error> {
         #[derive(Deserialize)]
         struct Probe<'a> {
-            #[serde(borrow)]
+            // `null` is an `image` that is not a string, not a missing one.
+            #[serde(borrow, default, deserialize_with = "present")]
             image: Option<&'a RawValue>,
+        }
+        fn present<'de, D: serde::Deserializer<'de>>(
+            d: D,
+        ) -> Result<Option<&'de RawValue>, D::Error> {
+            <&RawValue>::deserialize(d).map(Some)
         }
         let probe: Probe<'_> = serde_json::from_str(text)?;
         Ok(probe

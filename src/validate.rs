@@ -204,6 +204,7 @@ mod tests {
             (&b"{}"[..], "400 missing_image"),
             (&br#"{"image":"  "}"#[..], "400 empty_image"),
             (&br#"{"image":7}"#[..], "400 invalid_image"),
+            (&br#"{"image":null}"#[..], "400 invalid_image"),
             (long.as_bytes(), "400 image_too_long"),
         ] {
             let answer = validate(&Method::POST, "/scan", &json_headers(), body);
