@@ -28,8 +28,10 @@
 //! public roots), or only against `VALKEY_TLS_CA` when set. There is no
 //! switch to skip verification.
 
+use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::task::Poll;
 use std::time::Duration;
 
 use redis::aio::{ConnectionLike, MultiplexedConnection};
@@ -192,6 +194,21 @@ pub fn not_connected(why: String) -> SendError {
         return SendError::Unanswered;
     }
     SendError::NotSent(why)
+}
+
+/// How one try at a command ended ([`Valkey::send`]).
+enum Try {
+    /// Written, and answered (or failed after it was handed over), on the
+    /// connection of this generation.
+    Answered(RedisResult<Value>, u64),
+    /// The connection had closed and did not take the command, given back
+    /// with the reason.
+    Closed(Request, String),
+}
+
+/// Whether `e` says the connection itself failed (not the command).
+fn is_connection_error(e: &RedisError) -> bool {
+    e.is_unrecoverable_error() || e.is_io_error() || e.is_timeout()
 }
 
 /// A command or a pipeline, owned, so that it can outlive its caller.
@@ -378,30 +395,36 @@ impl Valkey {
     /// command stays in flight, awaited in a task of its own, so it is
     /// written even if the socket was busy, and commands sent after it on
     /// this connection (a refund after a count) run after it.
+    ///
+    /// A connection the server closed while it was idle (a restart, a
+    /// failover, an idle timeout) is found out by the first command given to
+    /// it, which it refuses before writing a byte ([`Try::Closed`]). That
+    /// command is sent again on the next connection, within the same
+    /// deadline; were that one closed too, it was never sent.
     pub async fn send<T: FromRedisValue>(
         &self,
         request: impl Into<Request>,
         within: Duration,
     ) -> Result<T, SendError> {
         let deadline = Instant::now() + within;
-        let Live {
-            generation,
-            mut connection,
-        } = self.live(deadline).await?;
-        let request = request.into();
-        let mut call = Box::pin(async move { request.send(&mut connection).await });
-        let answer = match timeout_at(deadline, &mut call).await {
-            Ok(answer) => answer,
-            Err(_) => {
-                tokio::spawn(async move {
-                    let _ = timeout(DETACHED_WAIT, call).await;
-                });
-                return Err(SendError::Unanswered);
+        let mut request = request.into();
+        let mut resent = false;
+        let (answer, generation) = loop {
+            match self.try_send(request, deadline).await? {
+                Try::Answered(answer, generation) => break (answer, generation),
+                Try::Closed(back, why) => {
+                    if resent {
+                        return Err(not_connected(format!(
+                            "the connection to Valkey had closed ({why})"
+                        )));
+                    }
+                    (request, resent) = (back, true);
+                }
             }
         };
         match answer {
             Ok(value) => T::from_redis_value(value).map_err(|e| SendError::Refused(e.to_string())),
-            Err(e) if e.is_unrecoverable_error() || e.is_io_error() || e.is_timeout() => {
+            Err(e) if is_connection_error(&e) => {
                 // The connection broke with the command on it: it may have
                 // run. The next command waits for a fresh connection.
                 self.inner.link.broken(generation);
@@ -410,6 +433,40 @@ impl Valkey {
             }
             Err(e) => Err(SendError::Refused(e.to_string())),
         }
+    }
+
+    /// One try at `request` on the live connection.
+    async fn try_send(&self, request: Request, deadline: Instant) -> Result<Try, SendError> {
+        let Live {
+            generation,
+            mut connection,
+        } = self.live(deadline).await?;
+        let mut call = Box::pin(async move {
+            let answer = request.send(&mut connection).await;
+            (answer, request)
+        });
+        // redis-rs hands a command to the connection's task through a
+        // channel. When that task has ended (it saw the server close the
+        // socket), the hand-over fails at once, at the first poll, before
+        // anything is written; every failure after that may follow a write.
+        let first = std::future::poll_fn(|cx| Poll::Ready(call.as_mut().poll(cx))).await;
+        let answer = match first {
+            Poll::Ready((Err(e), request)) if is_connection_error(&e) => {
+                self.inner.link.broken(generation);
+                return Ok(Try::Closed(request, e.to_string()));
+            }
+            Poll::Ready((answer, _)) => answer,
+            Poll::Pending => match timeout_at(deadline, &mut call).await {
+                Ok((answer, _)) => answer,
+                Err(_) => {
+                    tokio::spawn(async move {
+                        let _ = timeout(DETACHED_WAIT, call).await;
+                    });
+                    return Err(SendError::Unanswered);
+                }
+            },
+        };
+        Ok(Try::Answered(answer, generation))
     }
 
     /// The URL's connection settings (credentials, TLS, database).

@@ -15,10 +15,12 @@ use std::time::Duration;
 
 use common::*;
 use quota_gate::connection::Valkey;
+use quota_gate::digest::Scope;
 use quota_gate::gate::Gate;
 use quota_gate::meter::Meter;
 use quota_gate::queue::ScanQueue;
 use quota_gate::queue::stream::StreamQueue;
+use quota_gate::store::QuotaKey;
 use quota_gate::store::valkey::ValkeyStore;
 use tokio::time::Instant;
 
@@ -299,6 +301,46 @@ async fn store_killed_and_restarted_mid_run() {
     .await;
     assert_eq!(assert_one_job_per_202(&queue, &accepted).await, 0);
     assert_every_quota_key_expires(&store).await;
+}
+
+/// The quota Valkey restarted (its AOF kept) while the gate was idle. The
+/// gate's connection is then closed under it, which only the next command
+/// finds out; that command was never sent, so it goes again on a new
+/// connection: each scan after a restart, unkeyed or keyed, is counted
+/// exactly once and answered as usual. No unmetered 202, no refund of a
+/// count that never ran (a free scan per restart), no "unknown".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restart_while_idle_costs_nothing() {
+    let aof = ["--appendonly", "yes", "--appendfsync", "always"];
+    let mut store = ValkeyServer::start_with(&aof);
+    let queue = ValkeyServer::start();
+    let gate = chaos_gate(&store.url(), &queue, &[]);
+    let ip = "203.0.113.9";
+    let mut accepted = Vec::new();
+    for round in 0..3u64 {
+        for (n, keyed) in [(1, false), (2, true)] {
+            let mut request = scan_from(ip);
+            if keyed {
+                let key = format!("restart-{round}");
+                request
+                    .headers
+                    .insert("idempotency-key", key.parse().unwrap());
+            }
+            let r = gate.handle(request).await;
+            let body = json(&r);
+            assert_eq!(r.status(), 202, "round {round}, keyed {keyed}: {body}");
+            assert!(r.headers().get("x-stella-quota").is_none(), "{body}");
+            assert_eq!(body["quota"]["used"], round * 2 + n, "{body}");
+            accepted.push(body["scanId"].as_str().unwrap().to_owned());
+        }
+        tokio::task::block_in_place(|| store.crash_and_restart(Duration::from_millis(200), &aof));
+        // Long enough for the old connection to have seen the server go.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    let counter = QuotaKey::new(Scope::Ip, &gate.identifier().ip_digest(ip.parse().unwrap()));
+    let used: u64 = store.get(&counter.counter).await;
+    assert_eq!(used, 6, "every scan counted once, none taken back");
+    assert_eq!(assert_one_job_per_202(&queue, &accepted).await, 0);
 }
 
 /// A hung (SIGSTOPped) store costs at most the timeout per request, and once the breaker is
