@@ -295,6 +295,39 @@ fn oversize_expect_continue_is_refused_before_the_body() {
     assert!(first.contains("x-stella-quota-remaining: 32"), "{first}");
 }
 
+/// A body cut short (fewer bytes than its `Content-Length`, the client's
+/// side then closed) or a broken chunked encoding is the client's mistake:
+/// 400 `incomplete_body`, not a 413 about a size it never had, and not counted.
+#[test]
+fn short_or_badly_framed_body_is_400() {
+    let (_serve, addr) = spawn_serve(&[]);
+    let head = |framing: &str| {
+        format!("POST /scan HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n{framing}\r\n")
+    };
+    let short = head("content-length: 100\r\n") + r#"{"image":"a"}"#;
+    let bad_chunk = head("transfer-encoding: chunked\r\n") + "ZZ\r\n{}\r\n0\r\n\r\n";
+    let cut_chunk = head("transfer-encoding: chunked\r\n") + "40\r\n{\"image\":";
+    for (name, request) in [
+        ("short", short),
+        ("bad chunk", bad_chunk),
+        ("cut chunk", cut_chunk),
+    ] {
+        let mut s = TcpStream::connect(addr).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        s.write_all(request.as_bytes()).unwrap();
+        s.shutdown(std::net::Shutdown::Write).unwrap();
+        let mut answer = String::new();
+        let _ = s.read_to_string(&mut answer);
+        assert!(answer.starts_with("HTTP/1.1 400"), "{name}: {answer}");
+        assert!(answer.contains("incomplete_body"), "{name}: {answer}");
+    }
+    let first = http(addr, &post_scan(r#"{"image":"a"}"#));
+    assert!(
+        first.contains("x-stella-quota-remaining: 32"),
+        "none counted: {first}"
+    );
+}
+
 /// The issue's case: under `ulimit -n 256`, 300 connections that send
 /// nothing. The connection cap is lowered to fit the limit (and says so), so
 /// the process never runs out of descriptors: /healthz and a scan on new

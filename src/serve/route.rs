@@ -80,7 +80,7 @@ impl<S: QuotaStore, Q: ScanQueue> Routes<S, Q> {
         let limited = Limited::new(body, MAX_BODY_BYTES + 1).collect();
         let body = match tokio::time::timeout(self.limits.body_read_timeout, limited).await {
             Ok(Ok(collected)) => collected.to_bytes(),
-            Ok(Err(_)) => return Ok(closing(GateError::PayloadTooLarge.to_response())),
+            Ok(Err(e)) => return Ok(closing(unreadable_body(&*e).to_response())),
             Err(_) => return Ok(request_timeout(self.limits.body_read_timeout)),
         };
         let request = GateRequest {
@@ -112,6 +112,19 @@ impl<S: QuotaStore, Q: ScanQueue> Routes<S, Q> {
             }
         })
     }
+}
+
+/// Why a body could not be read: past the limit (413), or cut short or
+/// badly framed by the client (fewer bytes than its `Content-Length`, a
+/// broken chunk), which is the client's mistake too (400), not a size.
+fn unreadable_body(e: &(dyn std::error::Error + 'static)) -> GateError {
+    if e.is::<http_body_util::LengthLimitError>() {
+        return GateError::PayloadTooLarge;
+    }
+    GateError::bad_request(
+        "incomplete_body",
+        format!("the body could not be read to its end: {e}"),
+    )
 }
 
 /// A request whose `Content-Length` already says it is too large is answered
