@@ -26,7 +26,7 @@ use crate::digest::Scope;
 use crate::identity::TokenStatus;
 use crate::pace::next_slot;
 use crate::record::Peek;
-use crate::respond::{self, POLICY, RATELIMIT, REMAINING, RESET};
+use crate::respond;
 use crate::unix::{UnixMillis, UnixSecs};
 
 /// Whether `path` names the quota route: `/quota`, or `/<stage>/quota`
@@ -162,13 +162,12 @@ impl QuotaView {
         };
         let mut response = ok(&body);
         let h = response.headers_mut();
-        let text = |s: String| HeaderValue::from_str(&s).unwrap_or(HeaderValue::from_static(""));
-        h.insert(REMAINING, HeaderValue::from(self.remaining()));
-        h.insert(RESET, text(reset_at));
-        h.insert(POLICY, text(respond::policy(self.limit)));
-        h.insert(
-            RATELIMIT,
-            text(respond::ratelimit(self.remaining(), self.seconds_to_reset)),
+        respond::quota_headers(
+            h,
+            self.limit,
+            self.remaining(),
+            &reset_at,
+            self.seconds_to_reset,
         );
         response
     }
@@ -211,6 +210,7 @@ fn ok(body: &impl Serialize) -> Response<Bytes> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::respond::{POLICY, RATELIMIT};
     use std::num::NonZeroU32;
 
     const NOW: i64 = 1_796_000_000_000;

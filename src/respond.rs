@@ -5,7 +5,8 @@
 //! draft), `X-Stella-Quota-Delay-Ms`, and, when they apply,
 //! `X-Stella-Quota-Reminder` and `X-Stella-Quota: unavailable`; in shadow
 //! mode `X-Stella-Quota-Shadow` (what enforcement would have done). An
-//! exempt scan's 202 has `quota.scope` `exempt` and no limit headers.
+//! exempt scan's 202 has `quota.scope` `exempt`, and the same quota headers
+//! as every 202: the subject's own quota, which the scan did not spend.
 //! Instants are written by [`crate::clock`]'s [`rfc3339`] and
 //! [`rfc3339_ms`], re-exported here for the callers that know them here.
 
@@ -132,9 +133,43 @@ pub fn ratelimit(remaining: u64, seconds_to_reset: u64) -> String {
     .concat()
 }
 
-/// The 202 of an exempt scan: queued at once, never counted, so no limit
-/// and no `RateLimit` headers.
-pub fn exempt(scan_id: Uuid, received_ms: i64, token: Option<TokenStatus>) -> Response<Bytes> {
+/// The quota headers: `remaining` of `limit` left until `reset_at` (RFC
+/// 3339), `seconds_to_reset` from now.
+pub fn quota_headers(
+    h: &mut HeaderMap,
+    limit: u32,
+    remaining: u64,
+    reset_at: &str,
+    seconds_to_reset: u64,
+) {
+    let text = |s: &str| HeaderValue::from_str(s).unwrap_or(HeaderValue::from_static(""));
+    h.insert(REMAINING, HeaderValue::from(remaining));
+    h.insert(RESET, text(reset_at));
+    h.insert(POLICY, text(&policy(limit)));
+    h.insert(RATELIMIT, text(&ratelimit(remaining, seconds_to_reset)));
+}
+
+/// Where an exempt caller's own quota stands: the scan did not spend it.
+#[derive(Debug, Clone, Copy)]
+pub struct Standing {
+    pub limit: u32,
+    pub remaining: u64,
+    /// Unix seconds.
+    pub reset_at: i64,
+    pub seconds_to_reset: u64,
+    /// The store did not answer: `remaining` is the whole limit, and the
+    /// answer says `X-Stella-Quota: unavailable`.
+    pub unavailable: bool,
+}
+
+/// The 202 of an exempt scan: queued at once, never counted; its quota
+/// headers say where the caller's own quota stands.
+pub fn exempt(
+    scan_id: Uuid,
+    received_ms: i64,
+    token: Option<TokenStatus>,
+    standing: &Standing,
+) -> Response<Bytes> {
     let not_before = rfc3339_ms(received_ms);
     let body = Body {
         scan_id,
@@ -156,7 +191,17 @@ pub fn exempt(scan_id: Uuid, received_ms: i64, token: Option<TokenStatus>) -> Re
         HeaderValue::from_static("application/json"),
     );
     h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    quota_headers(
+        h,
+        standing.limit,
+        standing.remaining,
+        &rfc3339(standing.reset_at),
+        standing.seconds_to_reset,
+    );
     h.insert(DELAY, HeaderValue::from(0u64));
+    if standing.unavailable {
+        h.insert(QUOTA_STATE, HeaderValue::from_static("unavailable"));
+    }
     response
 }
 
@@ -257,15 +302,12 @@ impl Accepted {
             HeaderValue::from_static("application/json"),
         );
         h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
-        h.insert(REMAINING, HeaderValue::from(self.remaining));
-        h.insert(
-            RESET,
-            HeaderValue::from_str(&reset_at).unwrap_or(HeaderValue::from_static("")),
-        );
-        h.insert(POLICY, text(policy(self.limit)));
-        h.insert(
-            RATELIMIT,
-            text(ratelimit(self.remaining, self.seconds_to_reset)),
+        quota_headers(
+            h,
+            self.limit,
+            self.remaining,
+            &reset_at,
+            self.seconds_to_reset,
         );
         h.insert(DELAY, HeaderValue::from(millis(self.plan.total)));
         if let Some(r) = reminder {

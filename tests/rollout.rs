@@ -141,7 +141,8 @@ fn exempt_token(tid: &str) -> String {
 }
 
 /// Exempt networks and the exempt claim: 100 scans each are queued at
-/// once with tier `exempt`, never counted or paced (no key is written);
+/// once with tier `exempt`, never counted or paced (no key is written),
+/// each 202 with the quota headers every 202 carries (the whole limit left);
 /// the claim on a token that does not verify exempts nobody.
 #[tokio::test]
 async fn exempt_networks_and_claims() {
@@ -168,7 +169,30 @@ async fn exempt_networks_and_claims() {
         for request in [scan_from(from), scan_with_token("203.0.113.50", &token)] {
             let r = gate.handle(request).await;
             assert_eq!(r.status(), 202);
-            assert!(r.headers().get("ratelimit").is_none());
+            // The headers every 202 carries: the caller's own quota, unspent.
+            let h = r.headers();
+            let limit = h["ratelimit-policy"].to_str().unwrap();
+            let limit = limit
+                .strip_prefix("\"daily\";q=")
+                .unwrap()
+                .split(';')
+                .next()
+                .unwrap();
+            assert_eq!(h["x-stella-quota-remaining"].to_str().unwrap(), limit);
+            assert!(
+                h["ratelimit"]
+                    .to_str()
+                    .unwrap()
+                    .starts_with(&format!("\"daily\";r={limit};t="))
+            );
+            assert!(
+                h["x-stella-reset"]
+                    .to_str()
+                    .unwrap()
+                    .ends_with("T00:00:00Z")
+            );
+            assert_eq!(h["x-stella-quota-delay-ms"], "0");
+            assert!(h.get("x-stella-quota").is_none());
             let body = json(&r);
             assert_eq!(body["quota"], serde_json::json!({"scope": "exempt"}));
             assert_eq!(body["delayMs"], 0);

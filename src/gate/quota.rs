@@ -113,6 +113,39 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
             return Err(GateError::QueueFailed { queued });
         }
         self.meter.record_event(identity.scope, Event::Exempt);
-        Ok(respond::exempt(scan_id, now_ms.get(), identity.token))
+        let standing = self.standing(&identity, now_ms).await;
+        Ok(respond::exempt(
+            scan_id,
+            now_ms.get(),
+            identity.token,
+            &standing,
+        ))
+    }
+
+    /// Where an exempt caller's own quota stands, for the headers every 202
+    /// carries: one read, as `GET /quota` makes. Without the store, the
+    /// whole limit until the period's end, marked unavailable: the scan is
+    /// queued already and does not depend on it.
+    async fn standing(&self, identity: &Identity, now_ms: UnixMillis) -> respond::Standing {
+        let key = QuotaKey::new(identity.scope, &identity.digest);
+        let now = now_ms.secs();
+        let limits = self.config.policy.limits(identity.limit);
+        let peek = self.bounded(self.store.peek(&key, now)).await;
+        let (limit, used, reset_at) = match &peek {
+            Ok(peek) => (
+                limits.with_grant(peek.grant).limit.get(),
+                peek.used,
+                peek.reset_at,
+            ),
+            Err(_) => (limits.limit.get(), 0, None),
+        };
+        let reset_at = reset_at.unwrap_or_else(|| period_end(self.config.policy.reset, now));
+        respond::Standing {
+            limit,
+            remaining: u64::from(limit).saturating_sub(used),
+            reset_at: reset_at.get(),
+            seconds_to_reset: u64::try_from(reset_at.get() - now.get()).unwrap_or(0),
+            unavailable: peek.is_err(),
+        }
     }
 }
