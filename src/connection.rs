@@ -31,7 +31,6 @@
 use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::task::Poll;
 use std::time::Duration;
 
 use redis::aio::{ConnectionLike, MultiplexedConnection};
@@ -194,16 +193,6 @@ pub fn not_connected(why: String) -> SendError {
         return SendError::Unanswered;
     }
     SendError::NotSent(why)
-}
-
-/// How one try at a command ended ([`Valkey::send`]).
-enum Try {
-    /// Written, and answered (or failed after it was handed over), on the
-    /// connection of this generation.
-    Answered(RedisResult<Value>, u64),
-    /// The connection had closed and did not take the command, given back
-    /// with the reason.
-    Closed(Request, String),
 }
 
 /// Whether `e` says the connection itself failed (not the command).
@@ -398,9 +387,9 @@ impl Valkey {
     ///
     /// A connection the server closed while it was idle (a restart, a
     /// failover, an idle timeout) is found out by the first command given to
-    /// it, which it refuses before writing a byte ([`Try::Closed`]). That
-    /// command is sent again on the next connection, within the same
-    /// deadline; were that one closed too, it was never sent.
+    /// it, which it refuses before writing a byte. That command is sent
+    /// again on the next connection, within the same deadline; were that one
+    /// closed too, it was never sent.
     pub async fn send<T: FromRedisValue>(
         &self,
         request: impl Into<Request>,
@@ -409,64 +398,62 @@ impl Valkey {
         let deadline = Instant::now() + within;
         let mut request = request.into();
         let mut resent = false;
-        let (answer, generation) = loop {
-            match self.try_send(request, deadline).await? {
-                Try::Answered(answer, generation) => break (answer, generation),
-                Try::Closed(back, why) => {
+        loop {
+            let Live {
+                generation,
+                mut connection,
+            } = self.live(deadline).await?;
+            let mut call = Box::pin(async move {
+                let (answer, first_poll) = {
+                    let mut send = std::pin::pin!(request.send(&mut connection));
+                    let mut polls = 0u32;
+                    let answer = std::future::poll_fn(|cx| {
+                        polls += 1;
+                        send.as_mut().poll(cx)
+                    })
+                    .await;
+                    (answer, polls == 1)
+                };
+                (answer, request, first_poll)
+            });
+            let answer = match timeout_at(deadline, &mut call).await {
+                // redis-rs hands a command to the connection's task through
+                // a channel. When that task has ended (it saw the server
+                // close the socket), the hand-over fails at once, at the
+                // first poll, before anything is written: the command was
+                // not sent. Every failure after that may follow a write.
+                Ok((Err(e), back, true)) if is_connection_error(&e) => {
+                    self.inner.link.broken(generation);
                     if resent {
                         return Err(not_connected(format!(
-                            "the connection to Valkey had closed ({why})"
+                            "the connection to Valkey had closed ({e})"
                         )));
                     }
                     (request, resent) = (back, true);
+                    continue;
                 }
-            }
-        };
-        match answer {
-            Ok(value) => T::from_redis_value(value).map_err(|e| SendError::Refused(e.to_string())),
-            Err(e) if is_connection_error(&e) => {
-                // The connection broke with the command on it: it may have
-                // run. The next command waits for a fresh connection.
-                self.inner.link.broken(generation);
-                tracing::debug!(error = %e, "Valkey connection lost");
-                Err(SendError::Unanswered)
-            }
-            Err(e) => Err(SendError::Refused(e.to_string())),
-        }
-    }
-
-    /// One try at `request` on the live connection.
-    async fn try_send(&self, request: Request, deadline: Instant) -> Result<Try, SendError> {
-        let Live {
-            generation,
-            mut connection,
-        } = self.live(deadline).await?;
-        let mut call = Box::pin(async move {
-            let answer = request.send(&mut connection).await;
-            (answer, request)
-        });
-        // redis-rs hands a command to the connection's task through a
-        // channel. When that task has ended (it saw the server close the
-        // socket), the hand-over fails at once, at the first poll, before
-        // anything is written; every failure after that may follow a write.
-        let first = std::future::poll_fn(|cx| Poll::Ready(call.as_mut().poll(cx))).await;
-        let answer = match first {
-            Poll::Ready((Err(e), request)) if is_connection_error(&e) => {
-                self.inner.link.broken(generation);
-                return Ok(Try::Closed(request, e.to_string()));
-            }
-            Poll::Ready((answer, _)) => answer,
-            Poll::Pending => match timeout_at(deadline, &mut call).await {
-                Ok((answer, _)) => answer,
+                Ok((answer, _, _)) => answer,
                 Err(_) => {
                     tokio::spawn(async move {
                         let _ = timeout(DETACHED_WAIT, call).await;
                     });
                     return Err(SendError::Unanswered);
                 }
-            },
-        };
-        Ok(Try::Answered(answer, generation))
+            };
+            return match answer {
+                Ok(value) => {
+                    T::from_redis_value(value).map_err(|e| SendError::Refused(e.to_string()))
+                }
+                Err(e) if is_connection_error(&e) => {
+                    // The connection broke with the command on it: it may
+                    // have run. The next command waits for a fresh connection.
+                    self.inner.link.broken(generation);
+                    tracing::debug!(error = %e, "Valkey connection lost");
+                    Err(SendError::Unanswered)
+                }
+                Err(e) => Err(SendError::Refused(e.to_string())),
+            };
+        }
     }
 
     /// The URL's connection settings (credentials, TLS, database).
