@@ -173,13 +173,13 @@ fn healthz_head_and_exact_scan_path() {
 }
 
 /// `quota-gate stats` without AWS configuration says what to set, in a
-/// sentence, not the SDK's error chain.
+/// sentence, not the SDK's error chain; a bad `--since` is refused first.
 #[test]
 fn stats_without_aws_configuration_says_what_to_set() {
     let home = tempfile::tempdir().unwrap();
-    let stats = |vars: &[(&str, &str)]| {
+    let stats_since = |since: &str, vars: &[(&str, &str)]| {
         Command::new(env!("CARGO_BIN_EXE_quota-gate"))
-            .args(["stats", "--since", "1h"])
+            .args(["stats", "--since", since])
             .env_clear()
             .env("HOME", home.path())
             .env("AWS_EC2_METADATA_DISABLED", "true")
@@ -187,6 +187,17 @@ fn stats_without_aws_configuration_says_what_to_set() {
             .output()
             .unwrap()
     };
+    let stats = |vars: &[(&str, &str)]| stats_since("1h", vars);
+    // A bad window is a wrong command line (exit 2), said before AWS is looked at.
+    for bad in ["10x", "0s"] {
+        let out = stats_since(bad, &[]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{bad}: {stderr}");
+        assert!(
+            stderr.contains("--since") && !stderr.contains("AWS_REGION"),
+            "{stderr}"
+        );
+    }
     let out = stats(&[]);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success());

@@ -97,11 +97,17 @@ pub struct PurgeArgs {
 #[derive(Debug, Args)]
 pub struct StatsArgs {
     /// The window to read, ending now: a number and s, m, h or d.
-    #[arg(long, default_value = "24h", value_name = "DURATION")]
-    pub since: String,
+    #[arg(long, default_value = "24h", value_name = "DURATION", value_parser = since_arg)]
+    pub since: std::time::Duration,
     /// Print JSON, for scripts.
     #[arg(long)]
     pub json: bool,
+}
+
+/// `--since`, checked while the command line is read: a bad window is a
+/// usage error (exit 2), said before any AWS configuration is looked at.
+fn since_arg(raw: &str) -> Result<std::time::Duration, String> {
+    stats::parse_since(raw).map_err(|e| e.to_string().trim_start_matches("--since: ").to_owned())
 }
 
 fn print<T: Serialize>(
@@ -159,7 +165,7 @@ pub async fn purge(args: PurgeArgs, config: &Config) -> Result<(), OpsError> {
 /// `quota-gate stats`, with the AWS configuration from the environment
 /// (`AWS_REGION`, credentials, `AWS_ENDPOINT_URL` for a local endpoint).
 pub async fn stats(args: StatsArgs, config: &Config) -> Result<(), OpsError> {
-    let since = stats::parse_since(&args.since)?;
+    let since = args.since;
     let sdk = aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await;
     let client = aws_sdk_cloudwatch::Client::new(&sdk);
     let report = stats::stats(
