@@ -29,6 +29,7 @@
 //! switch to skip verification.
 
 use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -198,6 +199,29 @@ pub fn not_connected(why: String) -> SendError {
 /// Whether `e` says the connection itself failed (not the command).
 fn is_connection_error(e: &RedisError) -> bool {
     e.is_unrecoverable_error() || e.is_io_error() || e.is_timeout()
+}
+
+/// `request` sent on `connection`, boxed so that a caller who stops waiting
+/// can leave it to finish in a task of its own. It yields the answer, the
+/// request back, and whether the answer came at the first poll (the
+/// connection's task had ended and never took it: [`Valkey::send`]).
+fn handed_over(
+    request: Request,
+    mut connection: Connection,
+) -> Pin<Box<impl Future<Output = (RedisResult<Value>, Request, bool)> + Send>> {
+    Box::pin(async move {
+        let (answer, first_poll) = {
+            let mut send = std::pin::pin!(request.send(&mut connection));
+            let mut polls = 0u32;
+            let answer = std::future::poll_fn(|cx| {
+                polls += 1;
+                send.as_mut().poll(cx)
+            })
+            .await;
+            (answer, polls == 1)
+        };
+        (answer, request, first_poll)
+    })
 }
 
 /// A command or a pipeline, owned, so that it can outlive its caller.
@@ -401,21 +425,9 @@ impl Valkey {
         loop {
             let Live {
                 generation,
-                mut connection,
+                connection,
             } = self.live(deadline).await?;
-            let mut call = Box::pin(async move {
-                let (answer, first_poll) = {
-                    let mut send = std::pin::pin!(request.send(&mut connection));
-                    let mut polls = 0u32;
-                    let answer = std::future::poll_fn(|cx| {
-                        polls += 1;
-                        send.as_mut().poll(cx)
-                    })
-                    .await;
-                    (answer, polls == 1)
-                };
-                (answer, request, first_poll)
-            });
+            let mut call = handed_over(request, connection);
             let answer = match timeout_at(deadline, &mut call).await {
                 // redis-rs hands a command to the connection's task through
                 // a channel. When that task has ended (it saw the server
