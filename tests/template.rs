@@ -41,3 +41,61 @@ fn readme_table_is_the_variables_table() {
         "README.md's configuration table differs from config::vars::VARIABLES; it should be:\n\n{table}"
     );
 }
+
+/// Each numeric parameter's description starts with its variable, and its
+/// `MinValue`/`MaxValue` lie within that variable's range: a stack cannot be
+/// deployed with a value the function would refuse at every cold start.
+#[test]
+fn numeric_parameters_stay_in_their_variables_range() {
+    let template = read("template.yaml");
+    let section = template.split("\nParameters:\n").nth(1).unwrap();
+    let section = section.split("\nRules:\n").next().unwrap();
+    // One block per parameter: its name line (two spaces in), then its fields.
+    let mut blocks: Vec<Vec<&str>> = Vec::new();
+    for line in section.lines() {
+        if line.starts_with("  ") && !line.starts_with("   ") && line.ends_with(':') {
+            blocks.push(vec![line.trim().trim_end_matches(':')]);
+        } else if let Some(block) = blocks.last_mut() {
+            block.push(line.trim());
+        }
+    }
+    let mut checked = 0;
+    for block in blocks.iter().filter(|b| b.contains(&"Type: Number")) {
+        let name = block[0];
+        let field = |key: &str| {
+            block
+                .iter()
+                .find_map(|l| l.strip_prefix(key))
+                .map(str::trim)
+        };
+        // The description may start on the line after `>-`.
+        let description = match field("Description:") {
+            Some(">-") => block
+                .iter()
+                .skip_while(|l| !l.starts_with("Description:"))
+                .nth(1)
+                .copied(),
+            other => other,
+        };
+        let var_name = description.unwrap_or_default().split(',').next().unwrap();
+        let Some(var) = VARIABLES.iter().find(|v| v.name == var_name) else {
+            continue;
+        };
+        let (min, max) = var
+            .range
+            .unwrap_or_else(|| panic!("{var_name} is not a number"));
+        let number = |key: &str| -> u64 {
+            field(key)
+                .unwrap_or_else(|| panic!("{name} has no {key}"))
+                .parse()
+                .unwrap_or_else(|e| panic!("{name} {key}: {e}"))
+        };
+        let (t_min, t_max) = (number("MinValue:"), number("MaxValue:"));
+        assert!(
+            min <= t_min && t_max <= max,
+            "{name}: {t_min}..={t_max} is not within {var_name}'s {min}..={max}"
+        );
+        checked += 1;
+    }
+    assert!(checked >= 12, "only {checked} numeric parameters found");
+}
