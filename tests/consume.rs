@@ -498,3 +498,117 @@ async fn metrics_listen_serves_prometheus_text() {
     );
     drop(stdin);
 }
+
+/// A spool consumer (`--from -`, with and without `--journal`) SIGTERMed
+/// while it holds deferred jobs, its pipe kept open by the writer and lines
+/// still coming right at and after the signal: it exits within a few
+/// seconds (no read of standard input keeps it alive), and every job
+/// written is run, kept in the journal, written back to its stdout, or
+/// still unread in the pipe: none is lost.
+#[tokio::test(flavor = "multi_thread")]
+async fn spool_sigterm_stops_promptly_and_loses_no_line() {
+    for journaled in [false, true] {
+        spool_sigterm_round(journaled);
+    }
+}
+
+/// One round of [`spool_sigterm_stops_promptly_and_loses_no_line`].
+fn spool_sigterm_round(journaled: bool) {
+    use std::io::{Read, Write};
+    let scanner = Scanner::new();
+    let journal = scanner.dir.path().join("journal");
+    let (reader, mut writer) = std::io::pipe().unwrap();
+    // Our own read end: whatever the consumer never took stays readable here.
+    let mut unread = reader.try_clone().unwrap();
+    let mut child = spool_consumer(&scanner, journaled.then_some(&journal), reader.into());
+    let mut out = child.stdout.take().unwrap();
+    let echoed = std::thread::spawn(move || {
+        let mut text = String::new();
+        out.read_to_string(&mut text).unwrap();
+        text
+    });
+    let mut written = Vec::new();
+    let mut send = |j: Value| {
+        writeln!(writer, "{j}").unwrap();
+        written.push(j["scanId"].as_str().unwrap().to_owned());
+    };
+    for _ in 0..3 {
+        send(job(now_ms() + 60_000));
+    }
+    send(job(now_ms()));
+    scanner.wait_for("end", 1, Duration::from_secs(10));
+    signal(child.id(), "TERM");
+    let termed = Instant::now();
+    // Right at the signal and while the consumer drains the pipe; then
+    // nothing until it has exited, and one more line after.
+    for pause in [0, 20, 80, 150] {
+        std::thread::sleep(Duration::from_millis(pause));
+        send(job(now_ms() + 60_000));
+    }
+    let status = wait_exit(&mut child, termed + Duration::from_secs(5), &scanner);
+    assert!(status.success(), "{status}: {}", scanner.errors_of("a"));
+    send(job(now_ms() + 60_000));
+    drop(writer);
+    let mut left = String::new();
+    unread.read_to_string(&mut left).unwrap();
+    let echoed = echoed.join().unwrap();
+    let kept = std::fs::read_to_string(&journal).unwrap_or_default();
+    let ran: Vec<String> = scanner.of("start").into_iter().map(|l| l.scan_id).collect();
+    let places = [("stdout", &echoed), ("journal", &kept), ("unread", &left)];
+    for id in &written {
+        let found = places.iter().any(|(_, text)| text.contains(id.as_str()));
+        assert!(
+            found || ran.contains(id),
+            "journaled={journaled}: {id} lost\n{places:#?}\nran: {ran:?}\n{}",
+            scanner.errors_of("a")
+        );
+    }
+}
+
+/// `quota-gate consume --from -` (with `journal`, if given) on `stdin`,
+/// running `scanner`, its stdout piped.
+fn spool_consumer(
+    scanner: &Scanner,
+    journal: Option<&std::path::Path>,
+    stdin: Stdio,
+) -> KillOnDrop {
+    let errors = std::fs::File::create(scanner.dir.path().join("a.err")).unwrap();
+    let mut cmd = std::process::Command::new(bin("quota-gate"));
+    cmd.args(["consume", "--no-emf", "--from", "-", "--exec"])
+        .arg(scanner.exec());
+    if let Some(journal) = journal {
+        cmd.arg("--journal").arg(journal);
+    }
+    let child = cmd
+        .env_clear()
+        .env("PATH", std::env::var("PATH").unwrap_or_default())
+        .env("LOG", scanner.log())
+        .env("RUNS", scanner.dir.path().join("runs"))
+        .env("TAG", "a")
+        .env("RUST_LOG", "info")
+        .stdin(stdin)
+        .stdout(Stdio::piped())
+        .stderr(errors)
+        .spawn()
+        .unwrap();
+    KillOnDrop::new(child)
+}
+
+/// Waits for `child` to exit, failing the test at `deadline`.
+fn wait_exit(
+    child: &mut KillOnDrop,
+    deadline: Instant,
+    scanner: &Scanner,
+) -> std::process::ExitStatus {
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            return status;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "still running after SIGTERM: {}",
+            scanner.errors_of("a")
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}

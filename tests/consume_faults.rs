@@ -240,6 +240,48 @@ async fn paused_consumer_loses_its_lease_and_its_scanner() {
     assert!(log.contains("lost the scan's lease"), "{log}");
 }
 
+/// Valkey stopped (SIGSTOP) past the lease while a scan runs: the consumer
+/// stops its scanner (it lost the lease) and runs the scan again as a new
+/// attempt, with a higher `SCAN_ATTEMPT` than the stopped run, though the
+/// renewals it sent during the stall land when Valkey resumes. The scan ends
+/// once, by the last attempt, and `{jobs}:attempt:<scanId>` counts every run.
+#[tokio::test(flavor = "multi_thread")]
+async fn rerun_after_a_lost_lease_is_a_new_attempt() {
+    let rig = StreamRig::start();
+    let scanner = &rig.scanner;
+    let _a = rig.consume("a", &args(&[]), &[("SLEEP", "4")]);
+    let expected = rig.queue(&jobs(1, 0)).await;
+    scanner.wait_for("start", 1, Duration::from_secs(10));
+    // A renewal has held; then Valkey stalls past the 2 s lease.
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    rig.valkey.signal("STOP");
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    rig.valkey.signal("CONT");
+    let lines = scanner.wait_for_ends(1, Duration::from_secs(20));
+    scanner.assert_once_on_time(&expected, false);
+    let log = scanner.errors_of("a");
+    assert!(log.contains("lost the scan's lease"), "{log}");
+    let attempts: Vec<u64> = lines
+        .iter()
+        .filter(|l| l.what == "start")
+        .map(|l| l.attempt)
+        .collect();
+    assert!(attempts.len() >= 2, "not run again: {lines:?}\n{log}");
+    assert!(
+        attempts.windows(2).all(|w| w[0] < w[1]),
+        "a run reused an attempt number: {attempts:?}\n{lines:?}\n{log}"
+    );
+    let last = *attempts.last().unwrap();
+    let end = lines.iter().find(|l| l.what == "end").unwrap();
+    assert_eq!(end.attempt, last, "{lines:?}");
+    let id = expected.keys().next().unwrap();
+    let counted: u64 = rig
+        .valkey
+        .query(redis::cmd("GET").arg(format!("{{jobs}}:attempt:{id}")))
+        .await;
+    assert_eq!(counted, last, "{lines:?}");
+}
+
 /// A scanner that hangs is killed at `--scan-timeout`, retried, then
 /// dead-lettered; the due jobs behind it run meanwhile (here, on the second
 /// consumer, once the busy one stops renewing them), each once.
@@ -406,4 +448,42 @@ async fn spool_journal_survives_a_killed_consumer() {
     );
     assert!(c.wait().unwrap().success());
     assert_eq!(scanner.ends().len(), jobs.len());
+}
+
+/// The spool with `--journal`: a consumer SIGKILLed while its scan runs,
+/// restarted on the same journal, runs the scan again as attempt 2 (the
+/// journal recorded that attempt 1 started), and it ends once.
+#[tokio::test(flavor = "multi_thread")]
+async fn spool_journal_replay_is_a_new_attempt() {
+    let scanner = Scanner::new();
+    let journal = scanner.dir.path().join("journal");
+    let journal_arg = journal.to_string_lossy().into_owned();
+    let spool = ["--from", "-", "--journal", journal_arg.as_str()];
+    let jobs = [job(now_ms())];
+    let expected = not_befores(&jobs);
+    let mut a = scanner.consume("a", &spool, &[("SLEEP", "30")], Stdio::piped());
+    {
+        use std::io::Write;
+        let stdin = a.stdin.as_mut().unwrap();
+        writeln!(stdin, "{}", jobs[0]).unwrap();
+        stdin.flush().unwrap();
+    }
+    scanner.wait_for("start", 1, Duration::from_secs(10));
+    a.kill_now();
+    // Its scanner dies with it (the guard); give the kernel a moment.
+    std::thread::sleep(Duration::from_millis(500));
+    let mut b = scanner.consume("b", &spool, &[], Stdio::null());
+    assert!(b.wait().unwrap().success(), "{}", scanner.errors_of("b"));
+    scanner.assert_once_on_time(&expected, false);
+    let starts: Vec<(String, u64)> = scanner
+        .of("start")
+        .into_iter()
+        .map(|l| (l.tag, l.attempt))
+        .collect();
+    assert_eq!(
+        starts,
+        [("a".into(), 1), ("b".into(), 2)],
+        "{}",
+        scanner.all_errors()
+    );
 }

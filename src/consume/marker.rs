@@ -86,6 +86,20 @@ impl Markers {
         Self::Local(Arc::default())
     }
 
+    /// Markers in this process only, with scans that already ran as far as
+    /// the given attempt (a replayed journal's): their next attempt is
+    /// numbered after it.
+    pub fn local_after(attempts: impl IntoIterator<Item = (Uuid, u64)>) -> Self {
+        let markers = attempts
+            .into_iter()
+            .map(|(scan, n)| (scan, (Marker::Free, n)))
+            .collect();
+        Self::Local(Arc::new(Mutex::new(Local {
+            markers,
+            done: VecDeque::new(),
+        })))
+    }
+
     fn keys(tag: &str, scan: Uuid) -> (String, String) {
         (format!("{tag}:run:{scan}"), format!("{tag}:attempt:{scan}"))
     }
@@ -210,6 +224,15 @@ mod tests {
         assert!(matches!(claim("b", 2).await, Ok(MarkerClaim::Claimed(2))));
         m.done(scan).await.unwrap();
         assert!(matches!(claim("c", 0).await, Ok(MarkerClaim::Done)));
+    }
+
+    /// A scan seeded as having run attempt 3 is claimed as attempt 4.
+    #[tokio::test]
+    async fn local_after_numbers_on() {
+        let scan = Uuid::now_v7();
+        let m = Markers::local_after([(scan, 3)]);
+        let claim = m.claim(scan, "a", 0, Duration::from_secs(5), 0).await;
+        assert!(matches!(claim, Ok(MarkerClaim::Claimed(4))));
     }
 
     /// `claim.lua` spells a finished scan's marker as [`DONE`] does: every

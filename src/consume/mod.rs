@@ -222,8 +222,9 @@ pub async fn run(
     match spec {
         SourceSpec::Stdin => {
             let source = source::stdin::StdinSource::open(parts.args.journal.as_deref()).await?;
+            let markers = Markers::local_after(source.started_attempts());
             let clock = QueueClock::local(LOCAL);
-            drive(source, Markers::local(), clock, parts, shutdown).await
+            drive(source, markers, clock, parts, shutdown).await
         }
         SourceSpec::Stream(key) => {
             let missing = || ConsumeError::Setup("a valkey-stream source needs VALKEY_URL".into());
@@ -367,7 +368,9 @@ async fn intake<S: JobSource, X: handoff::Scanner>(
             let free = room.available_permits() + 1;
             (permits, worker.source.next(free.min(64)).await)
         };
+        // Stopping first: once it is on, nothing more is read.
         let (first, next) = tokio::select! {
+            biased;
             _ = stopping.wait_for(|s| *s) => {
                 for d in worker.source.drain().await {
                     worker.source.give_back(&d, Duration::ZERO).await;

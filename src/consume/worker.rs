@@ -58,17 +58,19 @@ pub struct Worker<S: JobSource, X: Scanner> {
     pub tokens: Tokens,
 }
 
-/// Marker tokens unique to one delivery in this process: the consumer's
-/// name and a count.
+/// Marker tokens, one per attempt, unique across processes: the consumer's
+/// name, this process's own random id (a consumer restarted under the same
+/// `--consumer` name, or as the same pid in a container, must not take its
+/// predecessor's live marker for its own) and a count.
 pub struct Tokens {
-    consumer: String,
+    prefix: String,
     issued: AtomicU64,
 }
 
 impl Tokens {
     pub fn new(consumer: String) -> Self {
         Self {
-            consumer,
+            prefix: format!("{consumer}:{}", uuid::Uuid::now_v7().simple()),
             issued: AtomicU64::new(0),
         }
     }
@@ -76,7 +78,7 @@ impl Tokens {
     /// The next token.
     fn next(&self) -> String {
         let n = self.issued.fetch_add(1, Ordering::Relaxed);
-        format!("{}:{n}", self.consumer)
+        format!("{}:{n}", self.prefix)
     }
 }
 
@@ -98,9 +100,13 @@ impl<S: JobSource, X: Scanner> Worker<S, X> {
     /// or given back on stop.
     pub async fn process(&self, d: Delivery<S::Handle>) {
         let mut failures = 0;
-        // One token for the whole delivery: a claim that timed out but
-        // landed is this task's own, and a retry of it gets in.
-        let token = self.tokens.next();
+        // One token per attempt, kept until it has run: a claim that timed
+        // out but landed is this task's own, and a retry of it gets in (as
+        // the same attempt). Each run takes a new one (below), so its claim
+        // is a new attempt with the next number, even where the last run's
+        // marker is still there under the old token (a renewal sent during
+        // a stall that landed late).
+        let mut token = self.tokens.next();
         loop {
             let wait = self.wait_for(&d);
             if !wait.is_zero() {
@@ -146,6 +152,7 @@ impl<S: JobSource, X: Scanner> Worker<S, X> {
             if self.after_hand_off(&d, &token, end, &mut failures).await {
                 return;
             }
+            token = self.tokens.next();
         }
     }
 
@@ -163,10 +170,16 @@ impl<S: JobSource, X: Scanner> Worker<S, X> {
                 true
             }
             Err(Ended::Stopped(Stop::LeaseLost)) => {
-                // Not this attempt's scan any more: no failure of ours, no
-                // release. The marker says what next (done: ack; busy: later).
+                // Not this attempt's scan any more: no failure of ours. The
+                // marker says what next (done: ack; busy: later); it is
+                // released only if this attempt's token still holds it (a
+                // renewal that landed late), so the next attempt need not
+                // wait that lease out. Once: the lease ends it anyway.
                 self.meter.record(Event::LeaseLost);
-                tracing::warn!(scan_id = %d.job.scan_id, "lost the scan's lease: scanner stopped");
+                tracing::warn!(scan_id = %d.job.scan_id, attempt, "lost the scan's lease: scanner stopped");
+                if let Err(e) = self.markers.release(d.job.scan_id, token).await {
+                    tracing::warn!(error = %e, "cannot release a lost lease's marker; it expires");
+                }
                 self.later(d, self.lease / 2, false).await
             }
             Err(Ended::Stopped(Stop::Shutdown)) => {
@@ -219,6 +232,7 @@ impl<S: JobSource, X: Scanner> Worker<S, X> {
         token: &str,
         attempt: u64,
     ) -> Result<(), Ended> {
+        self.source.started(d, attempt).await;
         let start = self.clock.now_ms();
         self.meter.record(Event::Started {
             lateness_ms: schedule::lateness_ms(start, d.job.not_before_ms),
@@ -351,9 +365,11 @@ impl<S: JobSource, X: Scanner> Worker<S, X> {
     /// `fut`, unless the consumer starts stopping first.
     async fn unless_stopping<F: Future>(&self, fut: F) -> Waited<F::Output> {
         let mut stopping = self.stopping.clone();
+        // Stopping first: once it is on, no new hand-off starts.
         tokio::select! {
-            out = fut => Waited::Done(out),
+            biased;
             _ = stopping.wait_for(|s| *s) => Waited::Stopping,
+            out = fut => Waited::Done(out),
         }
     }
 

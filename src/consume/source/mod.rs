@@ -3,6 +3,7 @@
 //! source has its own handle type, so a delivery can only be acknowledged
 //! by the source it came from.
 
+pub mod input;
 pub mod sqs;
 pub mod stdin;
 pub mod stream;
@@ -65,6 +66,16 @@ pub trait JobSource: Send + Sync + 'static {
         _wait: Duration,
     ) -> impl Future<Output = Result<bool, ConsumeError>> + Send {
         async { Ok(false) }
+    }
+
+    /// Attempt `attempt` at `d` is about to be handed to the scanner (the
+    /// spool's journal records it, so a replay takes a higher number).
+    fn started(
+        &self,
+        _d: &Delivery<Self::Handle>,
+        _attempt: u64,
+    ) -> impl Future<Output = ()> + Send {
+        async {}
     }
 
     /// Gives up on `d`, for the reason `why`.
