@@ -487,8 +487,11 @@ async fn hung_store_latency_and_breaker() {
     assert_every_quota_key_expires(&store).await;
 }
 
-/// The queue's Valkey killed mid-run and restarted (its stream kept in an AOF): refused
-/// scans get 503 and are refunded, and every 202 has exactly one job on the stream.
+/// The queue's Valkey killed mid-run and restarted (its stream kept in an AOF). An XADD in
+/// flight when the server died gets 503 `"queued": "unknown"` and is refunded; one that
+/// finds the connection closed, or none, waits for the restart within the enqueue timeout
+/// (5 s, the outage is 0.7 s) and is queued. So the outage may go unseen by clients; every
+/// 202 has exactly one job on the stream either way.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn queue_killed_mid_run() {
     let store = ValkeyServer::start();
@@ -507,7 +510,6 @@ async fn queue_killed_mid_run() {
     tokio::task::block_in_place(|| queue.crash_and_restart(Duration::from_millis(700), &durable));
     let tally = run.await.expect("no panic");
     println!("SIGKILL queue: {:?}", tally.statuses);
-    assert!(tally.count(503) > 0, "the outage was seen");
     assert!(tally.count(202) > 0);
     assert_eq!(tally.unavailable, 0, "the store was never in doubt");
 
