@@ -234,6 +234,51 @@ async fn exempt_networks_and_claims() {
     assert_eq!(body["quota"]["scope"], "tid");
 }
 
+/// An exempt scan does not depend on the store: with it down, the scan is
+/// still queued and answered 202, its quota headers the whole limit until
+/// the period's end, marked `X-Stella-Quota: unavailable` (nothing was read).
+#[tokio::test]
+async fn exempt_scan_with_the_store_down() {
+    let nobody = format!("redis://127.0.0.1:{}", free_port());
+    let vars = [
+        ("VALKEY_URL", nobody.as_str()),
+        ("QUOTA_EXEMPT_NETWORKS", "192.0.2.0/24"),
+    ];
+    let config = config(&vars);
+    let store = ValkeyStore::new(
+        quota_gate::connection::Valkey::from_config(&config)
+            .unwrap()
+            .unwrap(),
+    );
+    let jobs = Capture::default();
+    let gate = quota_gate::Gate::new(
+        config,
+        store,
+        quota_gate::queue::spool::Spool::new(Box::new(jobs.clone())),
+        Meter::new("test", None),
+    )
+    .unwrap();
+    let r = gate.handle(scan_from("192.0.2.17")).await;
+    assert_eq!(r.status(), 202, "{:?}", r.body());
+    let h = r.headers();
+    assert_eq!(h["x-stella-quota"], "unavailable");
+    assert_eq!(h["x-stella-quota-remaining"], "33");
+    assert_eq!(h["ratelimit-policy"], "\"daily\";q=33;w=86400");
+    assert!(
+        h["x-stella-reset"]
+            .to_str()
+            .unwrap()
+            .ends_with("T00:00:00Z")
+    );
+    assert_eq!(json(&r)["quota"]["scope"], "exempt");
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(
+        jobs.text().contains("\"tier\":\"exempt\""),
+        "{}",
+        jobs.text()
+    );
+}
+
 /// A spoofed `X-Forwarded-For` naming an exempt address exempts nobody;
 /// the same header from a trusted proxy does.
 #[tokio::test]
