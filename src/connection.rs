@@ -32,6 +32,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::thread::ThreadId;
 use std::time::Duration;
 
 use redis::aio::{ConnectionLike, MultiplexedConnection};
@@ -41,6 +42,7 @@ use redis::{
     AsyncConnectionConfig, Cmd, ConnectionInfo, FromRedisValue, IntoConnectionInfo, Pipeline,
     RedisError, RedisFuture, RedisResult, TlsCertificates, Value,
 };
+use tokio::runtime::RuntimeFlavor;
 use tokio::sync::{Notify, watch};
 use tokio::time::{Instant, timeout, timeout_at};
 
@@ -116,6 +118,10 @@ struct Link {
 struct Live {
     generation: u64,
     connection: Connection,
+    /// The thread that drives a standalone connection's task, when that is
+    /// a single-threaded runtime's (every `serve` worker, Lambda): see
+    /// [`refused_unsent`].
+    driver: Option<ThreadId>,
 }
 
 /// One connection, standalone or cluster, usable with any redis command.
@@ -199,6 +205,23 @@ pub fn not_connected(why: String) -> SendError {
 /// Whether `e` says the connection itself failed (not the command).
 fn is_connection_error(e: &RedisError) -> bool {
     e.is_unrecoverable_error() || e.is_io_error() || e.is_timeout()
+}
+
+/// This thread, when it runs a single-threaded runtime.
+fn single_thread() -> Option<ThreadId> {
+    let flavor = tokio::runtime::Handle::try_current().ok()?.runtime_flavor();
+    (flavor == RuntimeFlavor::CurrentThread).then(|| std::thread::current().id())
+}
+
+/// Whether a connection error at the first poll of a command proves that it
+/// was never written. redis-rs hands a command to the connection's task
+/// through a channel, and refuses it there once that task has ended. On the
+/// one thread that also drives that task, nothing else runs between the
+/// hand-over and the poll, so the refusal is the only way to fail at once.
+/// Elsewhere (a multi-threaded runtime, the cluster client's own tasks) the
+/// task could write the command and fail meanwhile: it may have run.
+fn refused_unsent(driver: Option<ThreadId>) -> bool {
+    driver.is_some() && driver == single_thread()
 }
 
 /// `request` sent on `connection`, boxed so that a caller who stops waiting
@@ -411,9 +434,9 @@ impl Valkey {
     ///
     /// A connection the server closed while it was idle (a restart, a
     /// failover, an idle timeout) is found out by the first command given to
-    /// it, which it refuses before writing a byte. That command is sent
-    /// again on the next connection, within the same deadline; were that one
-    /// closed too, it was never sent.
+    /// it, which it refuses before writing a byte ([`refused_unsent`]). That
+    /// command is sent again on the next connection, within the same
+    /// deadline; were that one closed too, it was never sent.
     pub async fn send<T: FromRedisValue>(
         &self,
         request: impl Into<Request>,
@@ -426,15 +449,13 @@ impl Valkey {
             let Live {
                 generation,
                 connection,
+                driver,
             } = self.live(deadline).await?;
             let mut call = handed_over(request, connection);
             let answer = match timeout_at(deadline, &mut call).await {
-                // redis-rs hands a command to the connection's task through
-                // a channel. When that task has ended (it saw the server
-                // close the socket), the hand-over fails at once, at the
-                // first poll, before anything is written: the command was
-                // not sent. Every failure after that may follow a write.
-                Ok((Err(e), back, true)) if is_connection_error(&e) => {
+                // The connection's task had ended (it saw the server close
+                // the socket) and refused the command: not sent.
+                Ok((Err(e), back, true)) if is_connection_error(&e) && refused_unsent(driver) => {
                     self.inner.link.broken(generation);
                     if resent {
                         return Err(not_connected(format!(
@@ -542,9 +563,13 @@ async fn keep_connected(kind: Kind, link: Arc<Link>, connect_timeout: Duration) 
             match timeout(connect_timeout, kind.connect(connect_timeout)).await {
                 Ok(Ok(connection)) => {
                     generation += 1;
+                    let driver = matches!(connection, Connection::Standalone(_))
+                        .then(single_thread)
+                        .flatten();
                     link.current.send_replace(Some(Live {
                         generation,
                         connection,
+                        driver,
                     }));
                     backoff = RETRY_FIRST;
                     link.set_last_error(None);
@@ -613,6 +638,28 @@ impl ConnectionLike for Connection {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A refusal at the first poll proves a command unsent only on the one
+    /// thread that drives the connection's task in a single-threaded runtime.
+    #[test]
+    fn first_poll_proof_needs_the_driving_thread() {
+        let one = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        let here = one.block_on(async { single_thread() });
+        assert_eq!(here, Some(std::thread::current().id()));
+        one.block_on(async {
+            assert!(refused_unsent(here));
+            assert!(!refused_unsent(None), "a cluster or multi-threaded driver");
+            let other = std::thread::spawn(|| std::thread::current().id())
+                .join()
+                .unwrap();
+            assert!(!refused_unsent(Some(other)), "driven by another thread");
+        });
+        let many = tokio::runtime::Builder::new_multi_thread().build().unwrap();
+        assert_eq!(many.block_on(async { single_thread() }), None);
+        assert!(!many.block_on(async { refused_unsent(here) }));
+    }
 
     /// Only a non-empty `{…}` is a hash tag.
     #[test]

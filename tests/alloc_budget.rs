@@ -97,7 +97,7 @@ async fn within_quota_scan_stays_in_its_allocation_budget() {
 
 /// The most bytes the future of one request through `serve`'s gate (the
 /// store and queue `serve` builds, [`AnyStore`] and [`AnyQueue`]) may take:
-/// 3,520 measured on 2026-12-02 in this (debug) build (3,456 before a command
+/// 3,536 measured on 2026-12-02 in this (debug) build (3,456 before a command
 /// refused by a closed connection could be sent again), with a little room.
 /// `serve` moves that future whole into a task of its own per scan, so its
 /// size is copied on every request: the rare paths (`GET /quota`, exempt

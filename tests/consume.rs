@@ -565,6 +565,173 @@ fn spool_sigterm_round(journaled: bool) {
     }
 }
 
+/// A spool consumer SIGTERMed while a writer keeps writing into its pipe
+/// for longer than its stop may read (`DRAIN_MAX`, 2 s), every write
+/// ending in the middle of a line (its scanId in the part written): it
+/// stops reading at the cap, and every line written is run, kept in the
+/// journal, written back to its stdout, or still unread in the pipe, and
+/// what is unread starts at a line's start (no line's tail left behind).
+#[test]
+fn spool_sigterm_under_a_writer_that_never_pauses() {
+    for journaled in [false, true] {
+        nonstop_round(journaled);
+    }
+}
+
+/// One round of [`spool_sigterm_under_a_writer_that_never_pauses`].
+fn nonstop_round(journaled: bool) {
+    use std::io::{Read, Write};
+    use std::sync::{Arc, atomic::AtomicBool, atomic::Ordering};
+    let scanner = Scanner::new();
+    let journal = scanner.dir.path().join("journal");
+    let (reader, mut writer) = std::io::pipe().unwrap();
+    let mut unread = reader.try_clone().unwrap();
+    let mut child = spool_consumer(&scanner, journaled.then_some(&journal), reader.into());
+    let echoed = read_all(child.stdout.take().unwrap());
+    let due = job(now_ms());
+    writeln!(writer, "{due}").unwrap();
+    scanner.wait_for("end", 1, Duration::from_secs(10));
+    let stop = Arc::new(AtomicBool::new(false));
+    let stopped = stop.clone();
+    let writing = std::thread::spawn(move || nonstop_writer(writer, &stopped));
+    std::thread::sleep(Duration::from_millis(300));
+    signal(child.id(), "TERM");
+    let termed = Instant::now();
+    let status = wait_exit(&mut child, termed + Duration::from_secs(5), &scanner);
+    let took = termed.elapsed();
+    stop.store(true, Ordering::Relaxed);
+    assert!(status.success(), "{status}: {}", scanner.errors_of("a"));
+    let mut left = String::new();
+    unread.read_to_string(&mut left).unwrap();
+    let mut written = writing.join().unwrap();
+    written.push(due["scanId"].as_str().unwrap().to_owned());
+    assert!(
+        took >= Duration::from_millis(1500),
+        "the cap was hit: {took:?}"
+    );
+    let kept = std::fs::read_to_string(&journal).unwrap_or_default();
+    let ran: Vec<String> = scanner.of("start").into_iter().map(|l| l.scan_id).collect();
+    let places = [echoed.join().unwrap(), kept, left.clone()].map(|text| scan_ids(&text));
+    let lost: Vec<&String> = written
+        .iter()
+        .filter(|id| !ran.contains(id) && !places.iter().any(|p| p.contains(*id)))
+        .collect();
+    assert!(
+        lost.is_empty(),
+        "journaled={journaled}: {} of {} lines lost: {lost:?}\n{}",
+        lost.len(),
+        written.len(),
+        scanner.errors_of("a")
+    );
+    for line in left.lines() {
+        let whole = serde_json::from_str::<Value>(line).is_ok_and(|j| j["scanId"].is_string());
+        assert!(
+            whole,
+            "journaled={journaled}: a broken line left in the pipe: {line}"
+        );
+    }
+}
+
+/// Writes held jobs to `out` until `stop`, five lines every 5 ms, each
+/// write ending after the scanId of its last line; then that line's rest.
+/// The scanIds written, in order.
+fn nonstop_writer(
+    mut out: std::io::PipeWriter,
+    stop: &std::sync::atomic::AtomicBool,
+) -> Vec<String> {
+    use std::io::Write;
+    let mut ids = Vec::new();
+    let mut rest = Vec::new();
+    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+        let mut chunk = std::mem::take(&mut rest);
+        for _ in 0..5 {
+            let job = job(now_ms() + 60_000);
+            let id = job["scanId"].as_str().unwrap().to_owned();
+            let line = format!("{job}\n").into_bytes();
+            chunk.extend_from_slice(&line);
+            ids.push(id);
+        }
+        // The last line cut just after its scanId.
+        let last = String::from_utf8_lossy(&chunk)
+            .rfind(ids.last().unwrap().as_str())
+            .unwrap();
+        let cut = last + ids.last().unwrap().len() + 1;
+        rest = chunk.split_off(cut);
+        out.write_all(&chunk).unwrap();
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    out.write_all(&rest).unwrap();
+    ids
+}
+
+/// The thread that reads standard input: a spool consumer with a regular
+/// file on stdin, far more jobs than its stop may journal before the cap,
+/// SIGTERMed early. The jobs it took are a prefix of the file (the rest is
+/// never read), each run, journaled or written back: none is missing
+/// before the last one taken.
+#[test]
+fn spool_sigterm_with_a_file_on_stdin_loses_no_line() {
+    use std::io::Write;
+    let scanner = Scanner::new();
+    let journal = scanner.dir.path().join("journal");
+    let path = scanner.dir.path().join("jobs");
+    let mut jobs = vec![job(now_ms())];
+    jobs.extend((0..FILE_JOBS).map(|_| job(now_ms() + 60_000)));
+    let mut file = std::io::BufWriter::new(std::fs::File::create(&path).unwrap());
+    for j in &jobs {
+        writeln!(file, "{j}").unwrap();
+    }
+    file.into_inner().unwrap().sync_all().unwrap();
+    let stdin = Stdio::from(std::fs::File::open(&path).unwrap());
+    let mut child = spool_consumer(&scanner, Some(&journal), stdin);
+    let echoed = read_all(child.stdout.take().unwrap());
+    scanner.wait_for("end", 1, Duration::from_secs(10));
+    signal(child.id(), "TERM");
+    let termed = Instant::now();
+    let status = wait_exit(&mut child, termed + Duration::from_secs(5), &scanner);
+    assert!(status.success(), "{status}: {}", scanner.errors_of("a"));
+    let kept = std::fs::read_to_string(&journal).unwrap_or_default();
+    let ran: Vec<String> = scanner.of("start").into_iter().map(|l| l.scan_id).collect();
+    let places = [echoed.join().unwrap(), kept].map(|text| scan_ids(&text));
+    let taken: Vec<bool> = jobs
+        .iter()
+        .map(|j| j["scanId"].as_str().unwrap().to_owned())
+        .map(|id| ran.contains(&id) || places.iter().any(|p| p.contains(&id)))
+        .collect();
+    let last = taken.iter().rposition(|t| *t).unwrap();
+    assert!(
+        last + 1 < jobs.len(),
+        "the cap was hit: the file was not read to its end"
+    );
+    let missing: Vec<usize> = (0..=last).filter(|i| !taken[*i]).collect();
+    assert!(
+        missing.is_empty(),
+        "lines {missing:?} of the {} taken lost\n{}",
+        last + 1,
+        scanner.errors_of("a")
+    );
+}
+
+/// Jobs in the file of [`spool_sigterm_with_a_file_on_stdin_loses_no_line`].
+const FILE_JOBS: usize = 100_000;
+
+/// The scanIds of `text`'s JSON lines.
+fn scan_ids(text: &str) -> std::collections::HashSet<String> {
+    text.lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter_map(|j| j["scanId"].as_str().map(str::to_owned))
+        .collect()
+}
+
+/// Everything `out` gives until its end, read by a thread.
+fn read_all(mut out: impl std::io::Read + Send + 'static) -> std::thread::JoinHandle<String> {
+    std::thread::spawn(move || {
+        let mut text = String::new();
+        out.read_to_string(&mut text).unwrap();
+        text
+    })
+}
+
 /// `quota-gate consume --from -` (with `journal`, if given) on `stdin`,
 /// running `scanner`, its stdout piped.
 fn spool_consumer(

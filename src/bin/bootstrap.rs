@@ -18,7 +18,11 @@ use quota_gate::meter::Meter;
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
-#[tokio::main]
+/// One thread: a Lambda sandbox serves one invocation at a time, and the
+/// Valkey connection's task then runs on the thread that sends the commands,
+/// which lets a command a closed connection refused be sent again safely
+/// (`connection::refused_unsent`).
+#[tokio::main(flavor = "current_thread")]
 async fn main() -> ExitCode {
     // JSON when the function's LoggingConfig says so; the runtime's span
     // puts the request id on every line logged during an invocation.

@@ -2,7 +2,6 @@
 //! round trip, nothing spent; the answer is built by [`crate::check`]) and
 //! an exempt scan (queued at once, uncounted, unpaced).
 
-use crate::job::RequestBody;
 use bytes::Bytes;
 use http::Response;
 use tokio::time::Instant;
@@ -11,14 +10,17 @@ use uuid::Uuid;
 use super::attempt::{GateRequest, enqueue_within};
 use super::wiring::Gate;
 use crate::check::{NextScanRules, QuotaView, exempt_response, next_scan};
+use crate::config::ResetPolicy;
+use crate::decide::Limits;
 use crate::delay;
 use crate::error::{GateError, Queued};
 use crate::identity::{Identity, Origin};
+use crate::job::RequestBody;
 use crate::meter::Event;
 use crate::queue::{QueueError, ScanJob, ScanQueue};
 use crate::respond;
-use crate::store::{QuotaKey, QuotaStore, period_end};
-use crate::unix::UnixMillis;
+use crate::store::{Peek, QuotaKey, QuotaStore, period_end};
+use crate::unix::{UnixMillis, UnixSecs};
 
 impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
     /// `GET /quota`: the caller, identified as for `POST /scan`, and what
@@ -54,17 +56,13 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
             pacing: policy.pacing,
             max_backlog: policy.max_backlog,
         };
-        // No counter yet: the next scan starts a period, ending where a new
-        // counter's would.
-        let reset_at = peek
-            .reset_at
-            .unwrap_or_else(|| period_end(policy.reset, now));
+        let standing = standing_of(Some(&peek), limits, policy.reset, now);
         let view = QuotaView {
             scope: identity.scope,
-            limit: limits.with_grant(peek.grant).limit.get(),
+            limit: standing.limit,
             used: peek.used,
-            reset_at,
-            seconds_to_reset: u64::try_from(reset_at.get() - now.get()).unwrap_or(0),
+            reset_at: UnixSecs(standing.reset_at),
+            seconds_to_reset: standing.seconds_to_reset,
             next: next_scan(&peek, limits, rules, now_ms),
             token: identity.token,
         };
@@ -101,10 +99,11 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
         };
         let ceiling = delay::ceiling(request.remaining, self.config.policy.gateway_timeout);
         let within = enqueue_within(started, ceiling);
-        let queued = tokio::time::timeout(within, self.queue.enqueue(&job))
-            .await
-            .unwrap_or(Err(QueueError::Timeout));
-        if let Err(e) = queued {
+        // The read for the headers goes beside the enqueue, so it adds no
+        // wait of its own (the store's timeout is far below the enqueue's).
+        let enqueue = tokio::time::timeout(within, self.queue.enqueue(&job));
+        let (queued, standing) = tokio::join!(enqueue, self.standing(&identity, now_ms));
+        if let Err(e) = queued.unwrap_or(Err(QueueError::Timeout)) {
             tracing::warn!(error = %e, "enqueue failed (exempt scan)");
             let queued = match e {
                 QueueError::Timeout => Queued::Unknown,
@@ -113,7 +112,6 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
             return Err(GateError::QueueFailed { queued });
         }
         self.meter.record_event(identity.scope, Event::Exempt);
-        let standing = self.standing(&identity, now_ms).await;
         Ok(respond::exempt(
             scan_id,
             now_ms.get(),
@@ -129,23 +127,32 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
     async fn standing(&self, identity: &Identity, now_ms: UnixMillis) -> respond::Standing {
         let key = QuotaKey::new(identity.scope, &identity.digest);
         let now = now_ms.secs();
+        let peek = self.bounded(self.store.peek(&key, now)).await.ok();
         let limits = self.config.policy.limits(identity.limit);
-        let peek = self.bounded(self.store.peek(&key, now)).await;
-        let (limit, used, reset_at) = match &peek {
-            Ok(peek) => (
-                limits.with_grant(peek.grant).limit.get(),
-                peek.used,
-                peek.reset_at,
-            ),
-            Err(_) => (limits.limit.get(), 0, None),
-        };
-        let reset_at = reset_at.unwrap_or_else(|| period_end(self.config.policy.reset, now));
-        respond::Standing {
-            limit,
-            remaining: u64::from(limit).saturating_sub(used),
-            reset_at: reset_at.get(),
-            seconds_to_reset: u64::try_from(reset_at.get() - now.get()).unwrap_or(0),
-            unavailable: peek.is_err(),
-        }
+        standing_of(peek.as_ref(), limits, self.config.policy.reset, now)
+    }
+}
+
+/// Where a subject's quota stands, read as `peek` at `now` (`None`: the
+/// store did not answer): its limit with any grant, what is left, and when
+/// the period ends: the counter's expiry, or, with no counter yet, where a
+/// new counter's would.
+fn standing_of(
+    peek: Option<&Peek>,
+    limits: Limits,
+    reset: ResetPolicy,
+    now: UnixSecs,
+) -> respond::Standing {
+    let (limit, used, reset_at) = match peek {
+        Some(p) => (limits.with_grant(p.grant).limit.get(), p.used, p.reset_at),
+        None => (limits.limit.get(), 0, None),
+    };
+    let reset_at = reset_at.unwrap_or_else(|| period_end(reset, now));
+    respond::Standing {
+        limit,
+        remaining: u64::from(limit).saturating_sub(used),
+        reset_at: reset_at.get(),
+        seconds_to_reset: u64::try_from(reset_at.get() - now.get()).unwrap_or(0),
+        unavailable: peek.is_none(),
     }
 }

@@ -1,5 +1,5 @@
 //! Standard input's lines, read so that a stopping consumer can always exit
-//! and never loses a line it took.
+//! and loses no line it took.
 //!
 //! Tokio's own `stdin` reads in a thread of the runtime's blocking pool: a
 //! read that cannot be cancelled, and that the runtime waits for when it
@@ -9,21 +9,38 @@
 //! - **A pipe or FIFO** (the spool: `serve | consume`, `< fifo`) is opened
 //!   again through `/proc/self/fd/0`, a file description of the consumer's
 //!   own (so `O_NONBLOCK` is set on it, not on the one a shell may share),
-//!   and read without blocking on the runtime's reactor. A read takes only
-//!   what the pipe holds at that moment, and [`Input::next_line`] is
-//!   cancel-safe (a partial line stays buffered here). Once the consumer
-//!   stops asking, nothing more leaves the pipe: every line taken is in the
-//!   consumer's hands, and the process exits at once; what the pipe still
-//!   holds was never taken.
+//!   and read without blocking on the runtime's reactor, through a buffer
+//!   of [`Input`]'s own. A read takes only what the pipe holds at that
+//!   moment (at most a buffer's worth: whole lines and the start of one
+//!   more), and [`Input::next_line`] is cancel-safe: what it took and did
+//!   not return stays in that buffer.
 //! - **Anything else** (a file, a terminal, a socket) is read by a thread of
-//!   its own, outside the runtime, which never keeps the process alive. A
-//!   file ends by itself; a line that reaches a terminal or a socket after
-//!   [`Input::close`] may be read by that thread: it is written back to
-//!   standard output (best effort: the process may be exiting) and logged.
+//!   its own, outside the runtime, which never keeps the process alive. It
+//!   holds at most one line besides the one waiting to be handed out.
+//!
+//! [`Input::close`] ends the reading and returns every line taken and not
+//! handed out yet:
+//!
+//! - from a pipe, every whole line in the buffer; a line whose start is
+//!   there is first finished, byte by byte (so nothing after its `\n`
+//!   leaves the pipe), for at most the wait it is given. If its end does
+//!   not come by then, that start (its size, never its content, is logged
+//!   as an error) is the one thing dropped: the rest of that line stays in
+//!   the pipe, and the next reader sees a broken line. Everything else the
+//!   pipe holds was never taken, and stays there whole.
+//! - from the thread, the line waiting in the channel and the one the
+//!   thread holds, if it ends within that wait (a file's read always does).
+//!   A thread still blocked then (a terminal or socket where no line comes)
+//!   writes a line it reads later back to standard output (best effort: the
+//!   process may be exiting, and it is not journaled) and logs it. A file's
+//!   lines after those are never handed out: they stay in the file (the
+//!   file offset may be past some of them: standard input reads ahead).
 
 use std::io::{self, BufRead};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
 
-use tokio::io::{AsyncBufReadExt, BufReader, Lines};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, BufReader};
 use tokio::net::unix::pipe;
 use tokio::sync::mpsc;
 
@@ -33,9 +50,35 @@ const OWN_STDIN: &str = "/proc/self/fd/0";
 /// Where standard input's lines come from.
 pub enum Input {
     /// A pipe or FIFO, read without blocking.
-    Pipe(Lines<BufReader<pipe::Receiver>>),
-    /// Anything else, read by a thread; `None` once it ended.
-    Thread(mpsc::Receiver<io::Result<String>>),
+    Pipe(PipeLines),
+    /// Anything else, read by a thread.
+    Thread(ThreadLines),
+}
+
+/// A pipe's lines: what was taken from it and not handed out is in
+/// `reader`'s buffer and in `partial`.
+pub struct PipeLines {
+    reader: BufReader<pipe::Receiver>,
+    /// The start of the line being read (a read cut short leaves it here).
+    partial: Vec<u8>,
+}
+
+/// The lines a thread reads.
+pub struct ThreadLines {
+    rx: mpsc::Receiver<io::Result<String>>,
+    hand: Arc<Mutex<Hand>>,
+}
+
+/// What the reading thread and [`Input::close`] agree on.
+#[derive(Default)]
+struct Hand {
+    /// The thread has returned.
+    done: bool,
+    /// [`Input::close`] has taken `back`: a line the thread reads from now
+    /// on is written back by the thread.
+    closed: bool,
+    /// The line the thread held when the channel closed.
+    back: Option<String>,
 }
 
 impl Input {
@@ -43,44 +86,130 @@ impl Input {
     /// with its reactor).
     pub fn stdin() -> Self {
         match pipe::OpenOptions::new().open_receiver(OWN_STDIN) {
-            Ok(rx) => Self::Pipe(BufReader::new(rx).lines()),
-            Err(_) => Self::thread(),
+            Ok(rx) => Self::Pipe(PipeLines {
+                reader: BufReader::new(rx),
+                partial: Vec::new(),
+            }),
+            Err(_) => Self::thread(|| io::stdin().lock()),
         }
     }
 
-    /// Standard input read by a thread of its own.
-    fn thread() -> Self {
+    /// What `open` opens, read by a thread of its own.
+    fn thread<R: BufRead>(open: impl FnOnce() -> R + Send + 'static) -> Self {
         let (tx, rx) = mpsc::channel(1);
+        let hand = Arc::new(Mutex::new(Hand::default()));
+        let theirs = hand.clone();
         let spawned = std::thread::Builder::new()
             .name("stdin".into())
-            .spawn(move || read_into(io::stdin().lock(), &tx));
+            .spawn(move || {
+                read_into(open(), &tx, &theirs);
+                lock(&theirs).done = true;
+            });
         if let Err(e) = spawned {
             tracing::error!(error = %e, "cannot start the thread that reads standard input");
+            lock(&hand).done = true;
         }
-        Self::Thread(rx)
+        Self::Thread(ThreadLines { rx, hand })
     }
 
     /// The next line (without its `\n` or `\r\n`); `None` at the end.
     /// Cancel-safe: a line is either returned or still to come.
     pub async fn next_line(&mut self) -> io::Result<Option<String>> {
         match self {
-            Self::Pipe(lines) => lines.next_line().await,
-            Self::Thread(rx) => rx.recv().await.transpose(),
+            Self::Pipe(pipe) => pipe.next_line().await,
+            Self::Thread(t) => t.rx.recv().await.transpose(),
         }
     }
 
-    /// No more lines are taken: a reading thread's next one is logged, not
-    /// handed out (a pipe is simply not read again).
-    pub fn close(&mut self) {
-        if let Self::Thread(rx) = self {
-            rx.close();
+    /// No more lines are taken; returns the lines taken and not handed out,
+    /// having waited at most `wait` for the end of one that was started
+    /// (see the module docs). Standard input is not read again after.
+    pub async fn close(&mut self, wait: Duration) -> Vec<String> {
+        match self {
+            Self::Pipe(pipe) => pipe.close(wait).await,
+            Self::Thread(t) => t.close(wait).await,
         }
     }
 }
 
+impl PipeLines {
+    async fn next_line(&mut self) -> io::Result<Option<String>> {
+        let n = self.reader.read_until(b'\n', &mut self.partial).await?;
+        if n == 0 && self.partial.is_empty() {
+            return Ok(None);
+        }
+        let line = text(&self.partial);
+        self.partial.clear();
+        Ok(Some(line))
+    }
+
+    async fn close(&mut self, wait: Duration) -> Vec<String> {
+        let mut taken = std::mem::take(&mut self.partial);
+        let buffered = self.reader.buffer().len();
+        taken.extend_from_slice(self.reader.buffer());
+        self.reader.consume(buffered);
+        let whole = taken.iter().rposition(|b| *b == b'\n').map_or(0, |i| i + 1);
+        if whole < taken.len() {
+            let finish = finish_line(self.reader.get_mut(), &mut taken);
+            if !matches!(tokio::time::timeout(wait, finish).await, Ok(Ok(()))) {
+                tracing::error!(
+                    bytes = taken.len() - whole,
+                    "stopped in the middle of a line from standard input: its start was dropped, its rest left in the pipe"
+                );
+                taken.truncate(whole);
+            }
+        }
+        taken.split_inclusive(|b| *b == b'\n').map(text).collect()
+    }
+}
+
+/// Reads the rest of `line` from `rx`, one byte at a time, so nothing
+/// after its `\n` is taken; also done at the end of input.
+/// Cancel-safe: every byte read is in `line`.
+async fn finish_line(rx: &mut pipe::Receiver, line: &mut Vec<u8>) -> io::Result<()> {
+    let mut byte = [0u8];
+    loop {
+        if rx.read(&mut byte).await? == 0 {
+            return Ok(());
+        }
+        line.push(byte[0]);
+        if byte[0] == b'\n' {
+            return Ok(());
+        }
+    }
+}
+
+impl ThreadLines {
+    async fn close(&mut self, wait: Duration) -> Vec<String> {
+        self.rx.close();
+        let mut lines = Vec::new();
+        let ended = async {
+            while let Some(line) = self.rx.recv().await {
+                match line {
+                    Ok(line) => lines.push(line),
+                    Err(e) => tracing::warn!(error = %e, "cannot read standard input"),
+                }
+            }
+            while !lock(&self.hand).done {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+        };
+        let _ = tokio::time::timeout(wait, ended).await;
+        let mut hand = lock(&self.hand);
+        hand.closed = true;
+        lines.extend(hand.back.take());
+        lines
+    }
+}
+
+fn lock(hand: &Mutex<Hand>) -> MutexGuard<'_, Hand> {
+    hand.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
 /// Sends `input`'s lines to `tx` until the end, an error, or `tx`'s receiver
-/// is closed.
-fn read_into(mut input: impl BufRead, tx: &mpsc::Sender<io::Result<String>>) {
+/// is closed; a line it then holds goes to `hand` (or, once
+/// [`Input::close`] took that, is written back).
+fn read_into(mut input: impl BufRead, tx: &mpsc::Sender<io::Result<String>>, hand: &Mutex<Hand>) {
     let mut buf = Vec::new();
     loop {
         buf.clear();
@@ -91,7 +220,13 @@ fn read_into(mut input: impl BufRead, tx: &mpsc::Sender<io::Result<String>>) {
         };
         let failed = line.is_err();
         if let Err(mpsc::error::SendError(Ok(line))) = tx.blocking_send(line) {
-            write_back(line);
+            let mut hand = lock(hand);
+            if hand.closed {
+                drop(hand);
+                write_back(line);
+            } else {
+                hand.back = Some(line);
+            }
             return;
         }
         if failed {
@@ -123,17 +258,110 @@ fn text(buf: &[u8]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tokio::io::AsyncWriteExt;
+
+    const WAIT: Duration = Duration::from_millis(200);
+
+    fn pipe_input() -> (pipe::Sender, Input) {
+        let (tx, rx) = pipe::pipe().unwrap();
+        let input = Input::Pipe(PipeLines {
+            reader: BufReader::new(rx),
+            partial: Vec::new(),
+        });
+        (tx, input)
+    }
+
+    /// The bytes the pipe still holds once `tx` is dropped.
+    async fn left_in(input: Input, tx: pipe::Sender) -> Vec<u8> {
+        drop(tx);
+        let Input::Pipe(mut pipe) = input else {
+            unreachable!()
+        };
+        let mut left = Vec::new();
+        pipe.reader.get_mut().read_to_end(&mut left).await.unwrap();
+        left
+    }
 
     /// A thread's lines arrive in order without their endings, then the end.
     #[tokio::test]
     async fn thread_lines() {
-        let (tx, rx) = mpsc::channel(1);
         let input: &[u8] = b"a\r\nb\nc";
-        std::thread::spawn(move || read_into(input, &tx));
-        let mut input = Input::Thread(rx);
+        let mut input = Input::thread(move || input);
         for want in ["a", "b", "c"] {
             assert_eq!(input.next_line().await.unwrap().as_deref(), Some(want));
         }
         assert_eq!(input.next_line().await.unwrap(), None);
+    }
+
+    /// Closing a thread's input returns the line in the channel and the
+    /// one the thread held: what was handed out and returned is a prefix.
+    #[tokio::test]
+    async fn thread_close_returns_what_it_took() {
+        let text: String = (0..1000).map(|i| format!("{i}\n")).collect();
+        let mut input = Input::thread(move || io::Cursor::new(text.into_bytes()));
+        assert_eq!(input.next_line().await.unwrap().as_deref(), Some("0"));
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let rest = input.close(WAIT).await;
+        // "1" waited in the channel, "2" (once the thread got to it) in its hand.
+        assert!(matches!(&rest[..], [a] | [a, _] if a == "1"), "{rest:?}");
+        assert!(rest.get(1).is_none_or(|b| b == "2"), "{rest:?}");
+    }
+
+    /// A line read in pieces, with reads cut short between them, comes out
+    /// whole.
+    #[tokio::test]
+    async fn pipe_line_in_pieces() {
+        let (mut tx, mut input) = pipe_input();
+        tx.write_all(b"{\"a\":").await.unwrap();
+        let cut = tokio::time::timeout(WAIT, input.next_line()).await;
+        assert!(cut.is_err());
+        tx.write_all(b"1}\r\nb").await.unwrap();
+        assert_eq!(
+            input.next_line().await.unwrap().as_deref(),
+            Some("{\"a\":1}")
+        );
+        drop(tx);
+        assert_eq!(input.next_line().await.unwrap().as_deref(), Some("b"));
+        assert_eq!(input.next_line().await.unwrap(), None);
+    }
+
+    /// Closing a pipe returns the whole lines buffered and the started one,
+    /// finished from the pipe without taking anything after it.
+    #[tokio::test]
+    async fn pipe_close_finishes_the_started_line() {
+        let (mut tx, mut input) = pipe_input();
+        tx.write_all(b"a\nb\nc\nd-start").await.unwrap();
+        assert_eq!(input.next_line().await.unwrap().as_deref(), Some("a"));
+        let writer = tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            tx.write_all(b"-end\ne\nf").await.unwrap();
+            tx
+        });
+        let rest = input.close(WAIT).await;
+        assert_eq!(rest, ["b", "c", "d-start-end"]);
+        let tx = writer.await.unwrap();
+        assert_eq!(left_in(input, tx).await, b"e\nf");
+    }
+
+    /// A started line whose end does not come in time is dropped (logged),
+    /// the whole ones before it returned; its rest stays in the pipe.
+    #[tokio::test]
+    async fn pipe_close_drops_a_line_that_does_not_end() {
+        let (mut tx, mut input) = pipe_input();
+        tx.write_all(b"a\nb\nc-start").await.unwrap();
+        assert_eq!(input.next_line().await.unwrap().as_deref(), Some("a"));
+        assert_eq!(input.close(Duration::from_millis(50)).await, ["b"]);
+        tx.write_all(b"-end\nd\n").await.unwrap();
+        assert_eq!(left_in(input, tx).await, b"-end\nd\n");
+    }
+
+    /// At the end of input a started line is a line.
+    #[tokio::test]
+    async fn pipe_close_at_the_end() {
+        let (mut tx, mut input) = pipe_input();
+        tx.write_all(b"a\nb").await.unwrap();
+        drop(tx);
+        assert_eq!(input.next_line().await.unwrap().as_deref(), Some("a"));
+        assert_eq!(input.close(WAIT).await, ["b"]);
     }
 }

@@ -5,19 +5,27 @@
 //! readable job is logged and skipped. A pipe cannot redeliver, and what
 //! sits in it dies with the consumer, so the spool is for local use.
 //!
-//! Standard input is read through [`Input`](super::input::Input): a stop
-//! never waits for a line to come, and a line is taken from the pipe only
-//! while the consumer still hands lines out. Every job line taken is the
-//! consumer's from then on, whenever the stop comes: a read that a stop
-//! cuts short (before or while its job is journaled) leaves the job here,
-//! and [`drain`](JobSource::drain) gives it back with the lines still in
-//! the pipe.
+//! Standard input is read through [`Input`]: a stop never waits for a line
+//! to come, and a line is taken from the pipe only while the consumer still
+//! hands lines out. Every job line taken is the consumer's from then on,
+//! whenever the stop comes: a read that a stop cuts short (before or while
+//! its job is journaled) leaves the job here, and
+//! [`drain`](JobSource::drain) gives it back with the lines still in the
+//! pipe, read until it stays quiet for [`DRAIN_IDLE`] or [`DRAIN_MAX`] has
+//! passed, and then with every line the reading had taken and not handed
+//! out (whole lines buffered, the line the reading thread held, a line
+//! already started, finished within [`DRAIN_IDLE`]; a line that a terminal
+//! or socket gives the thread later is written back, see [`Input`]). The
+//! one exception: a line whose end does not reach the pipe within that
+//! wait. Its start is dropped (an error logs its size) and its rest is left
+//! in the pipe, a broken line for the next reader. What the pipe (or a
+//! file) still holds after that was never taken, and stays there.
 //!
 //! **Without `--journal`**, nothing is acknowledged, and jobs not started
-//! when the consumer stops (including lines still buffered in the pipe,
-//! read until it stays quiet for [`DRAIN_IDLE`], at most [`DRAIN_MAX`])
-//! are written back to its standard output, one JSON line each, to be
-//! piped in again. A consumer that is killed loses every job it held.
+//! when the consumer stops (including the lines the drain reads) are
+//! written back to its standard output, one JSON line each, to be piped in
+//! again (best effort: a line the stdout writer has no room for is logged
+//! as not written back). A consumer that is killed loses every job it held.
 //!
 //! **With `--journal PATH`**, every job is appended to the journal and
 //! `fsync`ed as soon as it is read, a `{"started":"<scanId>","attempt":n}`
@@ -47,10 +55,13 @@ use crate::consume::error::ConsumeError;
 use crate::job::ScanJob;
 
 /// On stop, buffered lines are read until none comes for this long…
+/// It is also how long the end of a line already started is waited for.
 pub const DRAIN_IDLE: Duration = Duration::from_millis(200);
 
-/// … or for this long in all: a writer that keeps writing does not keep a
-/// stopping consumer reading; what it wrote after stays in the pipe.
+/// … or for this long in all (new lines until [`DRAIN_IDLE`] before it,
+/// then only the end of a line already started): a writer that keeps
+/// writing does not keep a stopping consumer reading; what it wrote after
+/// stays in the pipe.
 pub const DRAIN_MAX: Duration = Duration::from_secs(2);
 
 /// Lines from standard input, journaled if asked.
@@ -147,6 +158,15 @@ impl StdinSource {
         }
     }
 
+    /// While stopping: the job on `line` (if any) journaled, or else
+    /// written back at once, and added to `out`.
+    async fn keep_line(&self, line: String, out: &mut Vec<Delivery>) {
+        if let Some(d) = delivery(line) {
+            self.keep_or_write_back(&d).await;
+            out.push(d);
+        }
+    }
+
     /// While stopping: `d` journaled, or else written back at once.
     async fn keep_or_write_back(&self, d: &Delivery) {
         if let Err(e) = self.keep(d).await {
@@ -215,8 +235,9 @@ impl JobSource for StdinSource {
     }
 
     /// The jobs taken and not handed out (journaled now if they may not
-    /// be), and the lines still in the pipe, read until it stays quiet;
-    /// then standard input is not read again.
+    /// be), the lines still in the pipe, read until it stays quiet or the
+    /// cap, and the lines the reading took and had not handed out; then
+    /// standard input is not read again.
     async fn drain(&self) -> Vec<Delivery> {
         let (mut out, read) = {
             let mut ahead = self.ahead();
@@ -227,17 +248,19 @@ impl JobSource for StdinSource {
             self.keep_or_write_back(&d).await;
             out.push(d);
         }
-        let until = tokio::time::Instant::now() + DRAIN_MAX;
+        // New lines until quiet or the cap, keeping DRAIN_IDLE of it to
+        // finish a line already started.
+        let until = tokio::time::Instant::now() + DRAIN_MAX.saturating_sub(DRAIN_IDLE);
         while let Some(quiet) = drain_wait(until) {
             let Ok(Ok(Some(line))) = tokio::time::timeout(quiet, self.read_line()).await else {
                 break;
             };
-            if let Some(d) = delivery(line) {
-                self.keep_or_write_back(&d).await;
-                out.push(d);
-            }
+            self.keep_line(line, &mut out).await;
         }
-        self.lines.lock().await.close();
+        let taken = self.lines.lock().await.close(DRAIN_IDLE).await;
+        for line in taken {
+            self.keep_line(line, &mut out).await;
+        }
         out
     }
 }
