@@ -105,7 +105,8 @@ async fn valkey_restarted_with_aof_runs_everything_once() {
         // 5 s to reconnect and start, plus the scan's own 0.5 s.
         assert!(
             l.at_ms - restarted < 5_500,
-            "{l:?} after a restart at {restarted}"
+            "{l:?} after a restart at {restarted}\n{lines:#?}\n{}",
+            scanner.all_errors()
         );
     }
     assert_eq!(rig.pending().await, 0, "{}", scanner.all_errors());
