@@ -238,13 +238,19 @@ fn read_into(mut input: impl BufRead, tx: &mpsc::Sender<io::Result<String>>, han
 /// A line read after the consumer stopped taking lines: written back to
 /// standard output (not journaled), so it is not silently dropped.
 fn write_back(line: String) {
-    let mut bytes = line.into_bytes();
-    bytes.push(b'\n');
-    let written = crate::stdout::LineWriter::stdout().try_line(bytes).is_ok();
+    let written = write_back_line(line);
     tracing::error!(
         written_back = written,
         "a line read from standard input after stopping was not handed out"
     );
+}
+
+/// `line` written back to standard output, to be piped in again; false when
+/// the stdout queue was full (see README, "Stopping").
+pub(super) fn write_back_line(line: String) -> bool {
+    let mut bytes = line.into_bytes();
+    bytes.push(b'\n');
+    crate::stdout::LineWriter::stdout().try_line(bytes).is_ok()
 }
 
 /// `buf` without its line ending, as text (invalid UTF-8 replaced: such a

@@ -274,9 +274,7 @@ fn drain_wait(until: tokio::time::Instant) -> Option<Duration> {
 
 /// `d` written back to standard output, to be piped in again.
 fn write_back(d: &Delivery) {
-    let mut line = d.json.clone().into_bytes();
-    line.push(b'\n');
-    if crate::stdout::LineWriter::stdout().try_line(line).is_err() {
+    if !super::input::write_back_line(d.json.clone()) {
         tracing::error!(scan_id = %d.job.scan_id, "job not started and not written back");
     }
 }
