@@ -414,6 +414,14 @@ impl Valkey {
         }
     }
 
+    /// Waits at most `within` for a live connection, so that a command sent
+    /// right after has its whole timeout for its answer. (A blocking read
+    /// whose wait for a reconnect ate its time would be given up while it
+    /// may still hand out entries.)
+    pub async fn connected(&self, within: Duration) -> Result<(), SendError> {
+        self.live(Instant::now() + within).await.map(|_| ())
+    }
+
     /// A connection for commands outside the request path (operator tools,
     /// tests), waiting for it at most the store timeout.
     pub async fn connection(&self) -> RedisResult<Connection> {

@@ -127,9 +127,17 @@ impl StreamSource {
             .arg("STREAMS")
             .arg(&self.key)
             .arg(">");
+        // A connection first, then the read with its whole time: a read
+        // given up on after the server took it would hand this consumer
+        // entries it never sees until a lease later (`XAUTOCLAIM`).
+        let within = BLOCK + self.reads.timeout();
+        self.reads
+            .connected(within)
+            .await
+            .map_err(ConsumeError::from_send)?;
         let reply: Option<StreamReadReply> = self
             .reads
-            .send(cmd, BLOCK + self.reads.timeout())
+            .send(cmd, within)
             .await
             .map_err(ConsumeError::from_send)?;
         let entries = reply
