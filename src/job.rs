@@ -161,9 +161,9 @@ impl RequestBody {
         self.0.get()
     }
 
-    /// The `image` member: `None` when absent, `Some(Err(()))` when it is not
-    /// a string; an error when the body is not an object or repeats `image`.
-    pub fn image_of(text: &str) -> Result<Option<Result<String, ()>>, serde_json::Error> {
+    /// The `image` member of the object `text`; an error when `text` is not
+    /// an object or repeats `image`.
+    pub fn image_of(text: &str) -> Result<Image, serde_json::Error> {
         #[derive(Deserialize)]
         struct Probe<'a> {
             // `null` is an `image` that is not a string, not a missing one.
@@ -176,15 +176,27 @@ impl RequestBody {
             <&RawValue>::deserialize(d).map(Some)
         }
         let probe: Probe<'_> = serde_json::from_str(text)?;
-        Ok(probe
-            .image
-            .map(|raw| serde_json::from_str::<String>(raw.get()).map_err(|_| ())))
+        Ok(match probe.image {
+            None => Image::Missing,
+            Some(raw) => serde_json::from_str(raw.get()).map_or(Image::NotAString, Image::Text),
+        })
     }
 
     /// The image to scan, when `image` is a string.
     pub fn image(&self) -> Option<String> {
-        Self::image_of(self.get()).ok()??.ok()
+        match Self::image_of(self.get()) {
+            Ok(Image::Text(image)) => Some(image),
+            _ => None,
+        }
     }
+}
+
+/// A request body's `image` member.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Image {
+    Missing,
+    NotAString,
+    Text(String),
 }
 
 impl PartialEq for RequestBody {

@@ -9,7 +9,7 @@ use http::{HeaderMap, Method, header};
 use serde_json::value::RawValue;
 
 use crate::error::GateError;
-use crate::job::RequestBody;
+use crate::job::{Image, RequestBody};
 
 /// The largest body accepted.
 pub const MAX_BODY_BYTES: usize = 64 * 1024;
@@ -102,25 +102,25 @@ pub fn parse_body(body: &[u8]) -> Result<ScanRequest, GateError> {
         ));
     }
     match RequestBody::image_of(raw.get()).map_err(invalid_json)? {
-        None => Err(GateError::bad_request(
+        Image::Missing => Err(GateError::bad_request(
             "missing_image",
             "the body needs a string field `image`",
         )),
-        Some(Ok(s)) if s.trim().is_empty() => Err(GateError::bad_request(
+        Image::Text(s) if s.trim().is_empty() => Err(GateError::bad_request(
             "empty_image",
             "`image` must not be empty",
         )),
-        Some(Ok(s)) if s.len() > MAX_IMAGE_BYTES => Err(GateError::bad_request(
+        Image::Text(s) if s.len() > MAX_IMAGE_BYTES => Err(GateError::bad_request(
             "image_too_long",
             format!(
                 "`image` is {} bytes; at most {MAX_IMAGE_BYTES} are accepted",
                 s.len()
             ),
         )),
-        Some(Ok(_)) => Ok(ScanRequest {
+        Image::Text(_) => Ok(ScanRequest {
             body: RequestBody::new(raw),
         }),
-        Some(Err(())) => Err(GateError::bad_request(
+        Image::NotAString => Err(GateError::bad_request(
             "invalid_image",
             "`image` must be a string",
         )),
