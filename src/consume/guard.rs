@@ -1,26 +1,36 @@
-//! The scanner's guard: what makes an `--exec` scanner die with its
-//! consumer, whatever way the consumer ends.
+//! The scanner's guard: what makes an `--exec` scanner, and everything it
+//! starts, die with its consumer, whatever way the consumer ends.
 //!
 //! The consumer does not run `sh -c <command>` itself. It runs this
-//! binary's hidden `scan-guard` command in a **process group of its own**,
-//! and the guard runs the scanner as its child, in that same group. So:
+//! binary's hidden `scan-guard` command in a process group of its own, and
+//! the guard runs the scanner as its child, in a second group. The guard is
+//! a **child subreaper** (`PR_SET_CHILD_SUBREAPER`): whatever the scanner
+//! leaves behind when its parent dies, a daemon that called `setsid` in a
+//! new session included, is reparented to the guard, not to pid 1. So the
+//! guard can always reach every descendant of the scanner, and on every way
+//! out it kills and reaps them all before it exits ([`kill_descendants`]):
 //!
-//! - to stop a scan (its `--scan-timeout`, a lost lease, the end of
-//!   `--grace`), the consumer kills the whole group with `SIGKILL`, which
-//!   reaches the scanner's children and grandchildren too, not only the
-//!   `sh` wrapper, and then waits for the guard before it lets the job go;
-//! - when the consumer dies without a word (`SIGKILL`, OOM, a panic with
-//!   `panic = "abort"`), the kernel sends the guard `SIGTERM`
-//!   (`PR_SET_PDEATHSIG`), and the guard kills its group, itself included.
-//!   A consumer that died before the guard armed that signal is caught by
-//!   comparing the parent pid it was given with the one it has.
+//! - the scanner exits by itself: its leftovers are killed, and the guard
+//!   passes its exit status on (`128 + n` for a signal);
+//! - the consumer stops the scan (its `--scan-timeout`, a lost lease, the
+//!   end of `--grace`, a hand-off dropped): it sends the guard `SIGTERM` and
+//!   waits for it, so no process of that attempt is left when the job is
+//!   let go;
+//! - the consumer dies without a word (`SIGKILL`, OOM, a panic with
+//!   `panic = "abort"`): the kernel sends the guard `SIGTERM`
+//!   (`PR_SET_PDEATHSIG`), with the same effect. A consumer that died before
+//!   the guard armed that signal is caught by comparing the parent pid it
+//!   was given with the one it has.
 //!
-//! The guard passes the scanner's exit status on (`128 + n` for a signal),
-//! and its standard input, output and environment are the scanner's.
+//! Its standard input, output and environment are the scanner's.
 
 use std::process::ExitCode;
 
-use rustix::process::{Pid, Signal, getpgrp, getppid, kill_process_group};
+use rustix::io::Errno;
+use rustix::process::{
+    Pid, Signal, WaitOptions, getpid, getppid, kill_process, kill_process_group,
+    set_child_subreaper, wait,
+};
 
 /// The hidden subcommand's name.
 pub const COMMAND: &str = "scan-guard";
@@ -36,11 +46,56 @@ pub struct GuardArgs {
     pub command: String,
 }
 
-/// Kills every process of the guard's group, the guard too.
-fn kill_own_group() -> ! {
-    let _ = kill_process_group(getpgrp(), Signal::KILL);
-    // Unreachable unless the kill was refused.
+/// Kills every descendant of the guard, then exits (`128 + SIGKILL`, as
+/// the scan was killed).
+fn kill_all_and_exit(scanner: Option<Pid>) -> ! {
+    kill_descendants(scanner);
     std::process::exit(137)
+}
+
+/// Kills and reaps every descendant: the scanner's group, then, until the
+/// guard has no child left, each child it has (and the group it leads).
+/// Orphans of a killed process are reparented to the guard, its subreaper,
+/// so they are children on the next round; when `wait` says there is no
+/// child, nothing the scanner started is alive.
+fn kill_descendants(scanner: Option<Pid>) {
+    if let Some(group) = scanner {
+        // ESRCH: the group is gone already.
+        let _ = kill_process_group(group, Signal::KILL);
+    }
+    loop {
+        for child in children_of(getpid()) {
+            let _ = kill_process(child, Signal::KILL);
+            // A child that called `setsid` leads a group of its own.
+            let _ = kill_process_group(child, Signal::KILL);
+        }
+        match wait(WaitOptions::empty()) {
+            Ok(_) | Err(Errno::INTR) => {}
+            Err(_) => return, // ECHILD: none left.
+        }
+    }
+}
+
+/// The processes whose parent is `parent`, from `/proc/<pid>/stat`.
+fn children_of(parent: Pid) -> Vec<Pid> {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    dir.flatten()
+        .filter_map(|entry| {
+            let pid: i32 = entry.file_name().to_str()?.parse().ok()?;
+            let stat = std::fs::read_to_string(entry.path().join("stat")).ok()?;
+            (parent_in_stat(&stat)? == parent.as_raw_nonzero().get()).then_some(pid)
+        })
+        .filter_map(Pid::from_raw)
+        .collect()
+}
+
+/// The parent pid in a `/proc/<pid>/stat` line: the second field after the
+/// command name, which is in parentheses and may itself hold spaces and `)`.
+fn parent_in_stat(stat: &str) -> Option<i32> {
+    let after_name = &stat[stat.rfind(')')? + 1..];
+    after_name.split_whitespace().nth(1)?.parse().ok()
 }
 
 /// Runs the scanner under guard until it exits (or the consumer dies).
@@ -49,7 +104,11 @@ pub fn run(args: &GuardArgs) -> ExitCode {
     // by the pid comparison, one that dies after by the signal.
     let armed = rustix::process::set_parent_process_death_signal(Some(Signal::TERM));
     if armed.is_err() || getppid() != Pid::from_raw(args.parent) {
-        kill_own_group();
+        std::process::exit(137);
+    }
+    if let Err(e) = set_child_subreaper(Some(getpid())) {
+        eprintln!("quota-gate scan-guard: cannot become the scanner's subreaper: {e}");
+        return ExitCode::from(125);
     }
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -77,6 +136,7 @@ async fn guard(command: &str) -> ExitCode {
     let mut scanner = match tokio::process::Command::new("sh")
         .arg("-c")
         .arg(command)
+        .process_group(0)
         .spawn()
     {
         Ok(child) => child,
@@ -85,15 +145,22 @@ async fn guard(command: &str) -> ExitCode {
             return ExitCode::from(127);
         }
     };
-    tokio::select! {
+    // The scanner leads its group: its pid is the group's id.
+    let group = scanner
+        .id()
+        .and_then(|id| Pid::from_raw(i32::try_from(id).ok()?));
+    let code = tokio::select! {
         status = scanner.wait() => match status {
-            Ok(status) => ExitCode::from(exit_code(status)),
-            Err(_) => ExitCode::from(125),
+            Ok(status) => exit_code(status),
+            Err(_) => 125,
         },
-        _ = term.recv() => kill_own_group(),
-        _ = hup.recv() => kill_own_group(),
-        _ = int.recv() => kill_own_group(),
-    }
+        _ = term.recv() => kill_all_and_exit(group),
+        _ = hup.recv() => kill_all_and_exit(group),
+        _ = int.recv() => kill_all_and_exit(group),
+    };
+    // What it left running in the background goes with it.
+    kill_descendants(group);
+    ExitCode::from(code)
 }
 
 /// The scanner's exit status as one byte: its code, or `128 + signal`.
@@ -120,5 +187,13 @@ mod tests {
         assert_eq!(code(3 << 8), 3);
         assert_eq!(code(9), 137);
         assert_eq!(code(15), 143);
+    }
+
+    /// The parent pid is found past a command name holding spaces and `)`.
+    #[test]
+    fn parent_pid_from_stat() {
+        assert_eq!(parent_in_stat("42 (sh) S 7 42 42 0"), Some(7));
+        assert_eq!(parent_in_stat("42 (a b) c) R 9 1 1 0"), Some(9));
+        assert_eq!(parent_in_stat("42 (sh"), None);
     }
 }

@@ -11,17 +11,19 @@
 //!
 //! A running hand-off is stopped when its `stop` future ends (the scan
 //! timeout, a lost lease, the end of the shutdown grace): an `--exec`
-//! scanner's whole group is killed and waited for before this returns, so
-//! no scanner of this attempt still runs when the job is let go. A stopped
+//! scanner's guard is told to stop, kills every descendant of the scanner
+//! and is waited for before this returns, so no process of this attempt
+//! still runs when the job is let go. A stopped
 //! or unanswered `--post` may have landed: the scanner gets the same
 //! `scanId` again on the retry, with a higher attempt number.
 
 use std::future::Future;
 use std::process::Stdio;
+use std::time::Duration;
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
-use rustix::process::{Pid, Signal, kill_process_group};
+use rustix::process::{Pid, Signal, kill_process, kill_process_group};
 use tokio::io::AsyncWriteExt;
 
 use super::error::Stop;
@@ -103,23 +105,44 @@ impl Scanner for Handoff {
     }
 }
 
-/// A scanner's process group, killed when this is dropped (the task that
-/// owns the hand-off ended any way at all) and after the scanner exits (so
-/// nothing it left in the background outlives it).
-struct Group(Option<Pid>);
+/// How long a guard told to stop may take to kill and reap the scanner's
+/// descendants before it is killed itself.
+const GUARD_STOP: Duration = Duration::from_secs(5);
 
-impl Group {
-    fn kill(&self) {
+/// A running guard, told to stop (`SIGTERM`: it kills and reaps every
+/// descendant of the scanner, then exits) when this is dropped: the task
+/// that owns the hand-off ended any way at all. A guard already waited for
+/// is not signalled again (its pid may be another process's by then).
+struct Guard(Option<Pid>);
+
+impl Guard {
+    fn stop(&self) {
         if let Some(pid) = self.0 {
-            // ESRCH: the group is gone already.
-            let _ = kill_process_group(pid, Signal::KILL);
+            // ESRCH: it is gone already.
+            let _ = kill_process(pid, Signal::TERM);
         }
+    }
+
+    /// Stops the guard and waits for it; one that has not exited within
+    /// [`GUARD_STOP`] is killed (its group: itself).
+    async fn stop_and_wait(&mut self, child: &mut tokio::process::Child) {
+        self.stop();
+        if tokio::time::timeout(GUARD_STOP, child.wait())
+            .await
+            .is_err()
+        {
+            if let Some(pid) = self.0 {
+                let _ = kill_process_group(pid, Signal::KILL);
+            }
+            let _ = child.wait().await;
+        }
+        self.0 = None;
     }
 }
 
-impl Drop for Group {
+impl Drop for Guard {
     fn drop(&mut self) {
-        self.kill();
+        self.stop();
     }
 }
 
@@ -142,10 +165,9 @@ async fn exec<H>(
         .env("IMAGE", d.job.image().unwrap_or_default())
         .stdin(Stdio::piped())
         .process_group(0)
-        .kill_on_drop(true)
         .spawn()
         .map_err(|e| Ended::Failed(format!("cannot run the scanner: {e}")))?;
-    let group = Group(
+    let mut guard = Guard(
         child
             .id()
             .and_then(|id| Pid::from_raw(i32::try_from(id).ok()?)),
@@ -164,12 +186,12 @@ async fn exec<H>(
         biased;
         status = scan => status,
         why = stop => {
-            group.kill();
-            let _ = child.wait().await;
+            guard.stop_and_wait(&mut child).await;
             return Err(Ended::Stopped(why));
         }
     };
-    group.kill();
+    // The guard has exited, after the scanner and all it started.
+    guard.0 = None;
     match status {
         Ok(status) if status.success() => Ok(()),
         Ok(status) => Err(Ended::Failed(format!("scanner exited with {status}"))),
