@@ -3,18 +3,26 @@
 //! The gate writes `notBefore` by its own clock; a consumer whose clock runs
 //! ahead would start scans early by as much. With Valkey (a stream source,
 //! or SQS with `VALKEY_URL` for its markers) the consumer reads the server's
-//! `TIME` at start and every [`SYNC_EVERY`], keeps the offset from its own
-//! clock (the server's reading taken as late in the round trip as it can
-//! have been, so jobs are never started early by the error), and
-//! times every job by local time plus that offset. The offset is metered
+//! `TIME` at start and every [`SYNC_EVERY`], and keeps what it measured as
+//! an **anchor on the monotonic clock**: the server's reading, taken as late
+//! in the round trip as it can have been (the instant the answer arrived),
+//! so the queue time it yields is never ahead of the server's. Between
+//! measurements the queue's time is that reading plus the monotonic time
+//! since, so a step of this machine's wall clock after start (an operator's
+//! `date -s`, a VM resumed, NTP stepping) changes nothing: no job starts
+//! early by it. Each re-sync replaces the anchor with the new measurement,
+//! which is a lower bound of the server's time again, so it never makes a
+//! start earlier than measured; one that finds the server's clock moved
+//! against the monotonic one by more than the two measurements' error is
+//! logged. The offset from the wall clock is metered
 //! (`stella_consumer_clock_skew_ms`) and logged as a warning past
-//! [`SKEW_WARN_MS`]. Without Valkey (SQS
-//! alone, the spool) the local clock is the only one: keep it synchronised
-//! (NTP) with the gate's.
+//! [`SKEW_WARN_MS`]. Without Valkey (SQS alone, the spool) the local wall
+//! clock is the only one: keep it synchronised (NTP) with the gate's.
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
+
+use tokio::time::Instant;
 
 use super::error::ConsumeError;
 use super::schedule::{SKEW_WARN_MS, clock_offset_ms};
@@ -27,54 +35,103 @@ pub const SYNC_EVERY: Duration = Duration::from_secs(30);
 /// Local time corrected to the queue's.
 pub struct QueueClock {
     local: Clock,
-    offset_ms: AtomicI64,
+    /// The last measurement of the server's clock; `None` before the first
+    /// (and always without a server): the local clock alone.
+    anchor: Mutex<Option<Anchor>>,
     server: Option<Valkey>,
+}
+
+/// The server's time at a monotonic instant: a lower bound of it.
+#[derive(Debug, Clone, Copy)]
+struct Anchor {
+    queue_ms: i64,
+    at: Instant,
+    /// The round trip it was measured in: how far below the server's time
+    /// it may be.
+    error_ms: i64,
+}
+
+impl Anchor {
+    /// The queue's time at `now`, by this measurement.
+    fn at(&self, now: Instant) -> i64 {
+        self.queue_ms
+            .saturating_add(millis(now.saturating_duration_since(self.at)))
+    }
+}
+
+fn millis(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
 }
 
 impl QueueClock {
     /// The local clock alone.
     pub fn local(local: Clock) -> Arc<Self> {
+        Self::new(local, None)
+    }
+
+    /// Time by `server`'s `TIME`, once measured ([`QueueClock::sync`]).
+    pub fn of_valkey(local: Clock, server: Valkey) -> Arc<Self> {
+        Self::new(local, Some(server))
+    }
+
+    fn new(local: Clock, server: Option<Valkey>) -> Arc<Self> {
         Arc::new(Self {
             local,
-            offset_ms: AtomicI64::new(0),
-            server: None,
+            anchor: Mutex::new(None),
+            server,
         })
     }
 
-    /// Local time corrected by `server`'s `TIME`.
-    pub fn of_valkey(local: Clock, server: Valkey) -> Arc<Self> {
-        Arc::new(Self {
-            local,
-            offset_ms: AtomicI64::new(0),
-            server: Some(server),
-        })
+    fn anchor(&self) -> Option<Anchor> {
+        *self
+            .anchor
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// Unix milliseconds by the queue's clock.
     pub fn now_ms(&self) -> i64 {
-        self.local
-            .now_ms()
-            .saturating_add(self.offset_ms.load(Ordering::Relaxed))
+        match self.anchor() {
+            Some(anchor) => anchor.at(Instant::now()),
+            None => self.local.now_ms(),
+        }
     }
 
-    /// The current offset (ms added to local time).
-    pub fn offset_ms(&self) -> i64 {
-        self.offset_ms.load(Ordering::Relaxed)
-    }
-
-    /// Measures the offset once; `Ok(None)` without a server.
+    /// Measures the server's clock once and anchors to it; the offset from
+    /// the local wall clock, or `Ok(None)` without a server.
     pub async fn sync(&self) -> Result<Option<i64>, ConsumeError> {
         let Some(server) = &self.server else {
             return Ok(None);
         };
-        let sent = self.local.now_ms();
+        let sent = Instant::now();
+        let sent_ms = self.local.now_ms();
         let time: Vec<i64> = server.send(redis::cmd("TIME"), server.timeout()).await?;
-        let answered = self.local.now_ms();
+        let answered = Instant::now();
+        let answered_ms = self.local.now_ms();
         let [secs, micros] = time[..] else {
             return Err(ConsumeError::Setup(format!("TIME answered {time:?}")));
         };
-        let offset = clock_offset_ms(sent, secs * 1000 + micros / 1000, answered);
-        self.offset_ms.store(offset, Ordering::Relaxed);
+        let reading = secs * 1000 + micros / 1000;
+        let measured = Anchor {
+            queue_ms: reading,
+            at: answered,
+            error_ms: millis(answered - sent),
+        };
+        if let Some(last) = self.anchor() {
+            let moved = reading - last.at(answered);
+            if moved.abs() > last.error_ms + measured.error_ms + 1 {
+                tracing::warn!(
+                    moved_ms = moved,
+                    "Valkey's clock moved against this machine's monotonic clock: jobs are timed by the new reading"
+                );
+            }
+        }
+        *self
+            .anchor
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(measured);
+        // The wall clock may have stepped back within the round trip.
+        let offset = clock_offset_ms(sent_ms.min(answered_ms), reading, answered_ms);
         metrics::gauge!(super::meter::CLOCK_SKEW_MS).set(offset as f64);
         if offset.abs() > SKEW_WARN_MS {
             tracing::warn!(
