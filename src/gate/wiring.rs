@@ -52,17 +52,15 @@ impl Gate<AnyStore, AnyQueue> {
         shared: &Shared,
     ) -> Result<Self, ConfigError> {
         let valkey = Valkey::from_config(&config)?;
+        let wait = config.store.valkey.as_ref().map_or(0, |c| c.wait_replicas);
         let store = match &valkey {
-            Some(v) => {
-                let wait = config.store.valkey.as_ref().map_or(0, |c| c.wait_replicas);
-                AnyStore::Valkey(ValkeyStore::new(v.clone()).with_wait(wait))
-            }
+            Some(v) => AnyStore::Valkey(ValkeyStore::new(v.clone()).with_wait(wait)),
             None => AnyStore::Memory(shared.memory.clone()),
         };
         let queue = match (&config.queue, &valkey) {
             (QueueTarget::Spool, _) => AnyQueue::Spool(Spool::default()),
             (QueueTarget::ValkeyStream(key), Some(v)) => {
-                AnyQueue::Stream(StreamQueue::new(v.clone(), key))
+                AnyQueue::Stream(StreamQueue::new(v.clone(), key).with_wait(wait))
             }
             (QueueTarget::ValkeyStream(_), None) => {
                 return Err(ConfigError::new(

@@ -8,6 +8,15 @@
 //! and adds the entry only if the marker was new, in one atomic step. A
 //! retry after a timeout can then queue the same job again safely: if the
 //! first attempt landed after all, the second adds nothing.
+//!
+//! With `VALKEY_WAIT_REPLICAS=N` (N > 0) the entry must reach N replicas
+//! before the gate relies on it: each add is followed by a `WAIT N` on the
+//! same connection, in the same round trip. An add that the replicas did
+//! not all acknowledge in time is on the primary only, and a failover may
+//! lose it: it is answered as a queue that did not answer
+//! ([`QueueError::Timeout`], `"queued": "unknown"`), never as a 202. A
+//! retry with the same `Idempotency-Key` settles it: one job, whether the
+//! first entry survived or not.
 
 use super::job_queue::{QueueError, ScanQueue};
 use crate::connection::{SendError, Valkey, eval, has_hash_tag, sized_cmd};
@@ -24,6 +33,8 @@ pub struct StreamQueue {
     /// `{<key>}:scan:` (or `<key>:scan:` when the key has a hash tag of its
     /// own): the marker keys' prefix, in the stream's slot.
     marker_prefix: String,
+    /// `VALKEY_WAIT_REPLICAS`: the replicas an entry must reach (0: none).
+    wait_replicas: u32,
 }
 
 const LAND: &str = include_str!("land.lua");
@@ -52,7 +63,39 @@ impl StreamQueue {
             valkey,
             key,
             marker_prefix,
+            wait_replicas: 0,
         }
+    }
+
+    /// Every add waits (`WAIT`) until `replicas` replicas have it; one that
+    /// does not get there in time is a job whose fate is unknown.
+    pub fn with_wait(mut self, replicas: u32) -> Self {
+        self.wait_replicas = replicas;
+        self
+    }
+
+    /// Sends one add, and with [`Self::with_wait`] its `WAIT` behind it on
+    /// the same connection (within half the connection's timeout, as the
+    /// store's claim waits): short of the replicas, the job may be lost in
+    /// a failover, so it is [`QueueError::Timeout`].
+    async fn add<T: redis::FromRedisValue>(&self, cmd: redis::Cmd) -> Result<T, QueueError> {
+        if self.wait_replicas == 0 {
+            return self.valkey.send(cmd, SEND_WITHIN).await.map_err(backend);
+        }
+        let within = u64::try_from((self.valkey.timeout() / 2).as_millis())
+            .unwrap_or(u64::MAX)
+            .max(1);
+        let mut pipe = redis::pipe();
+        pipe.add_command(cmd)
+            .cmd("WAIT")
+            .arg(self.wait_replicas)
+            .arg(within);
+        let (added, reached): (T, u32) =
+            self.valkey.send(pipe, SEND_WITHIN).await.map_err(backend)?;
+        if reached < self.wait_replicas {
+            return Err(QueueError::Timeout);
+        }
+        Ok(added)
     }
 
     /// The job's JSON, written into a buffer sized for it at once, so it is
@@ -125,7 +168,7 @@ impl ScanQueue for StreamQueue {
             .arg(json)
             .arg(SCAN_ID_FIELD)
             .arg(&*job.scan_id.hyphenated().encode_lower(&mut scan_id));
-        let _: String = self.valkey.send(cmd, SEND_WITHIN).await.map_err(backend)?;
+        let _: String = self.add(cmd).await?;
         Ok(())
     }
 
@@ -135,7 +178,7 @@ impl ScanQueue for StreamQueue {
         let marker = format!("{}{scan_id}", self.marker_prefix);
         let mut cmd = eval(LAND, &[&self.key, &marker]);
         cmd.arg(json).arg(&scan_id).arg(MARKER_TTL_SECS);
-        let _: i64 = self.valkey.send(cmd, SEND_WITHIN).await.map_err(backend)?;
+        let _: i64 = self.add(cmd).await?;
         Ok(())
     }
 }
