@@ -106,23 +106,6 @@ async fn until_accepted(gate: &FailoverGate, request: &GateRequest) -> serde_jso
     panic!("no 202 in 60 attempts");
 }
 
-/// Waits until the replica has the primary's data (`master_link_status:up`).
-async fn in_sync(replica: &ValkeyServer) {
-    let mut c = replica.client().await;
-    for _ in 0..200 {
-        let info: String = redis::cmd("INFO")
-            .arg("replication")
-            .query_async(&mut c)
-            .await
-            .unwrap();
-        if info.contains("master_link_status:up") {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    panic!("the replica never synced");
-}
-
 /// Every subject's counter on `server`, summed.
 async fn counted_on(server: &ValkeyServer) -> i64 {
     let mut c = server.client().await;
@@ -141,9 +124,7 @@ async fn failover(wait: u32, queue_apart: bool) -> Loss {
     let primary = ValkeyServer::start();
     // The replica follows the primary through a link the test can cut.
     let link = Proxy::start(primary.addr()).await;
-    let port = link.addr.port().to_string();
-    let replica = ValkeyServer::start_with(&["--replicaof", "127.0.0.1", &port]);
-    in_sync(&replica).await;
+    let replica = ValkeyServer::replica_of(link.addr).await;
     let queue = ValkeyServer::start();
     let proxy = Proxy::start(primary.addr()).await;
     let gate = gate(&proxy.url(), queue_apart.then_some(&queue), wait);
@@ -196,20 +177,12 @@ async fn failover(wait: u32, queue_apart: bool) -> Loss {
     }
     // The failover: the primary dies, the replica is promoted, the endpoint moves.
     primary.signal("KILL");
-    let mut c = replica.client().await;
-    let _: () = redis::cmd("REPLICAOF")
-        .arg("NO")
-        .arg("ONE")
-        .query_async(&mut c)
-        .await
-        .unwrap();
+    replica.promote().await;
     proxy.switch(replica.addr());
     // The failed node replaced, as ElastiCache does: a new replica of the
     // promoted one (until then a `WAIT 1` there reaches nobody, and every
     // write that needs it is refused as unknown).
-    let replica_port = replica.port.to_string();
-    let replacement = ValkeyServer::start_with(&["--replicaof", "127.0.0.1", &replica_port]);
-    in_sync(&replacement).await;
+    let _replacement = ValkeyServer::replica_of(replica.addr()).await;
     // Every keyed client retries until it gets its 202. A scan answered in
     // the lag whose retry gets another scanId lost its record.
     let mut records = 0;

@@ -44,6 +44,11 @@ pub enum ConsumeError {
     /// Writing the spool's journal failed.
     #[error("journal: {0}")]
     Journal(String),
+    /// Valkey took the write, but fewer replicas than `VALKEY_WAIT_REPLICAS`
+    /// acknowledged it in time: a failover may lose it, so it is not relied
+    /// on (the call is made again).
+    #[error("{0} reached fewer replicas than VALKEY_WAIT_REPLICAS in time")]
+    NotReplicated(&'static str),
     /// Setting up: bad options, a missing variable. Not retried.
     #[error("{0}")]
     Setup(String),

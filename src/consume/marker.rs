@@ -13,6 +13,17 @@
 //! (SQS alone, or the spool) the markers live in the process: a scan runs
 //! once per consumer process, and two processes reading one SQS queue
 //! without Valkey may both run a message SQS delivers twice.
+//!
+//! **Durable before it is relied on.** With `VALKEY_WAIT_REPLICAS=N`
+//! (N > 0) a new attempt's claim (its number, the fencing token a scanner
+//! may check) and a done marker are each followed by `WAIT N` on the same
+//! connection, in the same round trip. A claim the replicas do not all hold
+//! in time is not run: [`ConsumeError::NotReplicated`], and the worker
+//! claims again (the same attempt, renewed, until a replica has it), so a
+//! failover can never hand a scanner an attempt number it or another
+//! scanner already had. A done marker short of the replicas is not acked
+//! on: the worker marks it again until one holds it, so a failover cannot
+//! make a finished scan look unfinished to the next consumer.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
@@ -42,7 +53,13 @@ const RELEASE: &str = include_str!("release.lua");
 /// Where markers live.
 #[derive(Clone)]
 pub enum Markers {
-    Valkey { valkey: Valkey, tag: String },
+    Valkey {
+        valkey: Valkey,
+        tag: String,
+        /// `VALKEY_WAIT_REPLICAS`: replicas a claim and a done marker must
+        /// reach before they count (0: none).
+        wait: u32,
+    },
     Local(Arc<Mutex<Local>>),
 }
 
@@ -78,7 +95,41 @@ impl Markers {
         Self::Valkey {
             valkey,
             tag: tagged(key),
+            wait: 0,
         }
+    }
+
+    /// Claims of new attempts and done markers wait until `replicas`
+    /// replicas hold them (`WAIT`); in-process markers have none.
+    pub fn with_wait(mut self, replicas: u32) -> Self {
+        if let Self::Valkey { wait, .. } = &mut self {
+            *wait = replicas;
+        }
+        self
+    }
+
+    /// Sends `cmd`, then, when `wait` replicas are asked for, `WAIT` behind
+    /// it on the same connection (within half the connection's timeout):
+    /// its answer, and whether the replicas all hold it.
+    async fn send_durably<T: redis::FromRedisValue>(
+        valkey: &Valkey,
+        cmd: redis::Cmd,
+        wait: u32,
+    ) -> Result<(T, bool), ConsumeError> {
+        if wait == 0 {
+            let answer = valkey.send(cmd, valkey.timeout()).await;
+            return Ok((answer.map_err(ConsumeError::from_send)?, true));
+        }
+        let within = u64::try_from((valkey.timeout() / 2).as_millis())
+            .unwrap_or(u64::MAX)
+            .max(1);
+        let mut pipe = redis::pipe();
+        pipe.add_command(cmd).cmd("WAIT").arg(wait).arg(within);
+        let (answer, reached): (T, u32) = valkey
+            .send(pipe, valkey.timeout())
+            .await
+            .map_err(ConsumeError::from_send)?;
+        Ok((answer, reached >= wait))
     }
 
     /// Markers in this process only.
@@ -117,14 +168,16 @@ impl Markers {
     ) -> Result<MarkerClaim, ConsumeError> {
         let lease_ms = i64::try_from(lease.as_millis()).unwrap_or(i64::MAX);
         match self {
-            Self::Valkey { valkey, tag } => {
+            Self::Valkey { valkey, tag, wait } => {
                 let (marker, attempts) = Self::keys(tag, scan);
                 let mut cmd = crate::store::valkey::eval(CLAIM, &[&marker, &attempts]);
                 cmd.arg(token).arg(lease_ms).arg(mine).arg(DONE_TTL_SECS);
-                let answer: i64 = valkey
-                    .send(cmd, valkey.timeout())
-                    .await
-                    .map_err(ConsumeError::from_send)?;
+                // A renewal needs no replica: its attempt was durable when it started.
+                let wait = if mine == 0 { *wait } else { 0 };
+                let (answer, durable): (i64, bool) = Self::send_durably(valkey, cmd, wait).await?;
+                if answer > 0 && !durable {
+                    return Err(ConsumeError::NotReplicated("the attempt's claim"));
+                }
                 Ok(match answer {
                     n if n > 0 => MarkerClaim::Claimed(n.unsigned_abs()),
                     0 => MarkerClaim::Done,
@@ -149,14 +202,15 @@ impl Markers {
     /// Keeps `scan`'s marker as done.
     pub async fn done(&self, scan: Uuid) -> Result<(), ConsumeError> {
         match self {
-            Self::Valkey { valkey, tag } => {
+            Self::Valkey { valkey, tag, wait } => {
                 let (marker, _) = Self::keys(tag, scan);
                 let mut cmd = redis::cmd("SET");
                 cmd.arg(marker).arg(DONE).arg("EX").arg(DONE_TTL_SECS);
-                valkey
-                    .send::<()>(cmd, valkey.timeout())
-                    .await
-                    .map_err(ConsumeError::from_send)
+                let ((), durable) = Self::send_durably(valkey, cmd, *wait).await?;
+                if !durable {
+                    return Err(ConsumeError::NotReplicated("the done marker"));
+                }
+                Ok(())
             }
             Self::Local(local) => {
                 let mut local = lock(local)?;
@@ -176,7 +230,7 @@ impl Markers {
     /// Releases `scan`'s marker if the attempt `token` still holds it.
     pub async fn release(&self, scan: Uuid, token: &str) -> Result<(), ConsumeError> {
         match self {
-            Self::Valkey { valkey, tag } => {
+            Self::Valkey { valkey, tag, .. } => {
                 let (marker, _) = Self::keys(tag, scan);
                 let mut cmd = crate::store::valkey::eval(RELEASE, &[&marker]);
                 cmd.arg(token);

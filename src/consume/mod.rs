@@ -194,6 +194,8 @@ struct Parts {
     handoff: Handoff,
     consumer: String,
     namespace: String,
+    /// `VALKEY_WAIT_REPLICAS`, for the markers.
+    wait_replicas: u32,
 }
 
 /// Runs the consumer until `shutdown` ends (or the end of standard input).
@@ -213,6 +215,7 @@ pub async fn run(
     let parts = Parts {
         consumer: args.consumer.clone().unwrap_or_else(default_consumer),
         namespace: config.metrics_namespace.clone(),
+        wait_replicas: config.store.valkey.as_ref().map_or(0, |v| v.wait_replicas),
         handoff,
         args,
     };
@@ -264,7 +267,7 @@ async fn run_stream(
     let source =
         source::stream::StreamSource::open(reads, ops.clone(), key, &a.group, p, a.lease).await?;
     crate::queue::stream::warn_without_persistence(&ops, key).await;
-    let markers = Markers::valkey(ops.clone(), key);
+    let markers = Markers::valkey(ops.clone(), key).with_wait(parts.wait_replicas);
     let clock = QueueClock::of_valkey(LOCAL, ops);
     drive(source, markers, clock, parts, shutdown).await
 }
@@ -282,7 +285,7 @@ async fn run_sqs(
     let name = url.rsplit('/').next().unwrap_or("queue");
     let (markers, clock) = match ops {
         Some(ops) => (
-            Markers::valkey(ops.clone(), &format!("sqs:{name}")),
+            Markers::valkey(ops.clone(), &format!("sqs:{name}")).with_wait(parts.wait_replicas),
             QueueClock::of_valkey(LOCAL, ops),
         ),
         None => {
@@ -309,6 +312,7 @@ async fn drive<S: JobSource>(
         handoff,
         consumer,
         namespace,
+        ..
     } = parts;
     if let Err(e) = clock.sync().await {
         tracing::warn!(error = %e, "cannot read Valkey's clock yet; timing by this machine's until it answers");

@@ -253,6 +253,43 @@ impl ValkeyServer {
         self.child.id()
     }
 
+    /// A replica of the server at `primary` (`--replicaof`), once it has
+    /// the primary's data.
+    pub async fn replica_of(primary: SocketAddr) -> Self {
+        let port = primary.port().to_string();
+        let replica = Self::start_with(&["--replicaof", "127.0.0.1", &port]);
+        replica.wait_in_sync().await;
+        replica
+    }
+
+    /// Waits until this replica has its primary's data (`master_link_status:up`).
+    pub async fn wait_in_sync(&self) {
+        let mut c = self.client().await;
+        for _ in 0..200 {
+            let info: String = redis::cmd("INFO")
+                .arg("replication")
+                .query_async(&mut c)
+                .await
+                .unwrap();
+            if info.contains("master_link_status:up") {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        panic!("the replica on port {} never synced", self.port);
+    }
+
+    /// `REPLICAOF NO ONE`: this replica becomes a primary.
+    pub async fn promote(&self) {
+        let mut c = self.client().await;
+        let _: () = redis::cmd("REPLICAOF")
+            .arg("NO")
+            .arg("ONE")
+            .query_async(&mut c)
+            .await
+            .unwrap();
+    }
+
     /// Sends `signal` (`KILL`, `STOP`, `CONT`) to the server process.
     pub fn signal(&self, signal: &str) {
         consumer::signal(self.pid(), signal);
