@@ -37,6 +37,23 @@ impl Bug {
 }
 
 #[cfg(feature = "sim-bugs")]
+impl Bug {
+    /// The bug whose variant is `name` (as `SIM_BUG` names it); an unknown
+    /// name is an error that lists the known ones, so a misspelt switch
+    /// never runs with no bug on.
+    pub fn named(name: &str) -> Result<Self, String> {
+        let names = Self::ALL.map(|b| format!("{b:?}"));
+        match names.iter().position(|n| n == name) {
+            Some(i) => Ok(Self::ALL[i]),
+            None => Err(format!(
+                "no past bug is named {name:?}; the known ones: {}",
+                names.join(", ")
+            )),
+        }
+    }
+}
+
+#[cfg(feature = "sim-bugs")]
 thread_local! {
     static ACTIVE: std::cell::Cell<Option<Bug>> = const { std::cell::Cell::new(None) };
 }

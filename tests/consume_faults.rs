@@ -376,7 +376,7 @@ async fn garbage_and_failures_lose_nothing() {
 
 /// A consumer whose clock runs 20 s ahead (libfaketime) times jobs by
 /// Valkey's clock: none starts before its notBefore by real time, and the
-/// skew is logged.
+/// skew is logged. libfaketime's shared memory goes with the consumer.
 #[tokio::test(flavor = "multi_thread")]
 async fn clock_ahead_starts_nothing_early() {
     let rig = StreamRig::start();
@@ -388,12 +388,17 @@ async fn clock_ahead_starts_nothing_early() {
         ("FAKETIME", "+20s"),
         ("FAKETIME_DONT_RESET", "1"),
     ];
-    let _a = rig.consume("a", &args(&[]), &ahead);
+    let a = UnderFaketime(rig.consume("a", &args(&[]), &ahead));
     let expected = rig.queue(&jobs(4, 6_000)).await;
     scanner.wait_for("end", 4, Duration::from_secs(20));
     scanner.assert_once_on_time(&expected, false);
     let log = scanner.errors_of("a");
     assert!(log.contains("clock is off"), "{log}");
+    // The files are where they are looked for, and gone with the consumer.
+    let shm = faketime_shm(a.0.id());
+    assert!(shm.iter().all(|f| f.exists()), "no {shm:?}");
+    drop(a);
+    assert!(!shm.iter().any(|f| f.exists()), "left {shm:?}");
 }
 
 /// The spool with `--journal`: a consumer SIGKILLed while it holds deferred

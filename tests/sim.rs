@@ -5,7 +5,9 @@
 //!
 //! `SIM_SEEDS=N` runs N schedules (default 10,000); `SIM_SEED=S` replays
 //! one (`SIM_BUG=<name>` with a bug switched on). A failure prints the
-//! command that replays it and the schedule's events.
+//! command that replays it and the schedule's events. A variable that is
+//! set but unreadable (a seed that is not a number, a bug that has no such
+//! name) fails the run: it never falls back to a default.
 
 use quota_gate_testkit as common;
 
@@ -19,22 +21,40 @@ const DEFAULT_SEEDS: u64 = 10_000;
 /// The first seed of a run: fixed, so CI explores the same schedules each
 /// time (`SIM_FIRST` moves the window).
 fn first_seed() -> u64 {
-    std::env::var("SIM_FIRST")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(1)
+    env_number("SIM_FIRST").unwrap_or(1)
 }
 
 fn seeds() -> u64 {
-    std::env::var("SIM_SEEDS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(DEFAULT_SEEDS)
+    env_number("SIM_SEEDS").unwrap_or(DEFAULT_SEEDS)
 }
 
-fn bug_named(name: &str) -> Option<Bug> {
-    Bug::ALL.into_iter().find(|b| format!("{b:?}") == name)
+/// The whole number in `var`, if it is set; a value that is not one panics.
+fn env_number(var: &str) -> Option<u64> {
+    let value = std::env::var(var).ok()?;
+    match value.trim().parse() {
+        Ok(n) => Some(n),
+        Err(_) => panic!("{var}={value:?} is not a whole number"),
+    }
 }
+
+/// `SIM_BUG`'s bug, if it is set; an unknown name panics with the known ones.
+fn env_bug() -> Option<Bug> {
+    let name = std::env::var("SIM_BUG").ok()?;
+    Some(Bug::named(&name).unwrap_or_else(|e| panic!("SIM_BUG: {e}")))
+}
+
+/// The regression seeds: where each past bug was first found (the README's
+/// table), replayed by [`replay`] when no `SIM_SEED` is given. Each must
+/// keep every guarantee with no bug on and break one with its bug on; a
+/// change to the simulator that moves where a bug is found moves its seed
+/// here and in the README.
+const REGRESSIONS: &[(u64, Bug)] = &[
+    (134, Bug::RefundOfUnsentCount),
+    (1, Bug::TakeOverUnderFreshId),
+    (4, Bug::UnknownCountQueuedUnmetered),
+    (51, Bug::ConnectErrorAsUnanswered),
+    (108, Bug::DisconnectDropsScan),
+];
 
 /// Runs `seeds` schedules from `first` on `threads` threads; the failing
 /// seeds, sorted (on one thread, the first is the first of the run).
@@ -92,18 +112,57 @@ fn schedules_keep_the_guarantees() {
     eprintln!("{n} schedules in {:.1} s", started.elapsed().as_secs_f64());
 }
 
-/// `SIM_SEED=S` replays one schedule (with `SIM_BUG`'s bug, if set) and shows what it checked.
+/// `SIM_SEED=S` replays one schedule (with `SIM_BUG`'s bug, if set) and
+/// shows what it checked. Without `SIM_SEED` it replays the
+/// [`REGRESSIONS`]: each seed keeps every guarantee with no bug on, and
+/// breaks one with its bug on (so a replay is never a test that cannot
+/// fail). `SIM_BUG` without `SIM_SEED` is an error.
 #[test]
 fn replay() {
-    let Some(seed) = std::env::var("SIM_SEED").ok().and_then(|v| v.parse().ok()) else {
-        return;
+    let bug = env_bug();
+    let Some(seed) = env_number("SIM_SEED") else {
+        if let Some(bug) = bug {
+            panic!("SIM_BUG={bug:?} needs SIM_SEED=<seed> to replay");
+        }
+        return replay_regressions();
     };
-    let bug = std::env::var("SIM_BUG").ok().and_then(|b| bug_named(&b));
     eprintln!("{:#?}", sim::Plan::draw(seed));
     match sim::run(seed, bug) {
         Ok(stats) => eprintln!("seed {seed}: every guarantee held ({stats:?})"),
         Err(report) => panic!("seed {seed}: {report}"),
     }
+}
+
+/// Each of the [`REGRESSIONS`] holds with no bug on, and fails with its own.
+fn replay_regressions() {
+    for &(seed, bug) in REGRESSIONS {
+        if let Err(report) = sim::run(seed, None) {
+            panic!(
+                "seed {seed}, where {bug:?} was found, broke a guarantee with no bug on; replay: {}\n{report}",
+                replay_command(seed, None)
+            );
+        }
+        assert!(
+            sim::run(seed, Some(bug)).is_err(),
+            "seed {seed} with {bug:?} on broke no guarantee: the replay no longer finds it \
+             (move the seed in REGRESSIONS and the README to where each_past_bug_is_found finds it)"
+        );
+    }
+    eprintln!("{} regression seeds replayed", REGRESSIONS.len());
+}
+
+/// A bug is switched on by its variant's name only; any other name is
+/// refused with the known names, so a misspelt `SIM_BUG` never runs clean.
+#[test]
+fn bugs_are_named_exactly() {
+    for bug in Bug::ALL {
+        assert_eq!(Bug::named(&format!("{bug:?}")), Ok(bug));
+    }
+    let refused = Bug::named("RefundOfUnsentCounts").unwrap_err();
+    for bug in Bug::ALL {
+        assert!(refused.contains(&format!("{bug:?}")), "{refused}");
+    }
+    assert!(Bug::named("").is_err());
 }
 
 /// Each past bug, switched back on, breaks a guarantee within the run's budget.

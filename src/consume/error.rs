@@ -1,5 +1,5 @@
-//! The consumer's errors, sorted as the gate's are: what can be tried again
-//! and what cannot.
+//! The consumer's errors: what failed (Valkey, SQS, standard input, the
+//! journal, the setup), and why a running scan was stopped.
 
 use crate::connection::SendError;
 
@@ -49,17 +49,13 @@ pub enum ConsumeError {
     /// on (the call is made again).
     #[error("{0} reached fewer replicas than VALKEY_WAIT_REPLICAS in time")]
     NotReplicated(&'static str),
-    /// Setting up: bad options, a missing variable. Not retried.
+    /// Setting up (bad options, a missing variable), or an answer that makes
+    /// no sense (`TIME`'s, a poisoned marker table).
     #[error("{0}")]
     Setup(String),
 }
 
 impl ConsumeError {
-    /// Whether trying the same call again later can succeed.
-    pub fn retryable(&self) -> bool {
-        !matches!(self, Self::Setup(_))
-    }
-
     /// A Valkey failure, with the group's loss told apart.
     pub fn from_send(e: SendError) -> Self {
         match &e {
@@ -79,11 +75,9 @@ impl From<ConsumeError> for String {
 mod tests {
     use super::*;
 
-    /// Only setup errors are final; a lost group is told apart from other refusals.
+    /// A lost group is told apart from other refusals.
     #[test]
-    fn sorting() {
-        assert!(!ConsumeError::Setup("x".into()).retryable());
-        assert!(ConsumeError::Sqs("x".into()).retryable());
+    fn nogroup_is_told_apart() {
         let nogroup = SendError::Refused("NOGROUP No such key 'jobs'".into());
         assert!(matches!(
             ConsumeError::from_send(nogroup),

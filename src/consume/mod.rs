@@ -10,12 +10,14 @@
 //!
 //! | part | file | what it does |
 //! |---|---|---|
+//! | options | [`options`] | the command line ([`ConsumeArgs`]): where jobs come from ([`SourceSpec`]), the scanner, the retry policy |
 //! | rules | [`schedule`] | pure: hold time, marker claims and attempt numbers, when a running scan must stop, retry or dead-letter, SQS visibility, clock offset |
-//! | errors | [`error`] | [`ConsumeError`] (retryable or not) and why a scan was stopped ([`error::Stop`]) |
+//! | errors | [`error`] | [`ConsumeError`] (what failed) and why a scan was stopped ([`error::Stop`]) |
 //! | clock | [`clock`] | the queue's clock: local time corrected by Valkey's `TIME` |
 //! | sources | [`source`] | the [`JobSource`] trait: stream (group, reclaim, ack), SQS (long poll, visibility, delete), stdin (with its journal) |
 //! | markers | [`marker`] | one run per `scanId`: a leased, numbered marker in Valkey (or in process) |
 //! | hand-off | [`handoff`], [`guard`] | the [`Scanner`](handoff::Scanner) trait: `--exec` under a guard in its own process group, or `--post` |
+//! | leases | [`lease`] | marker tokens, one per attempt; a delivery and its marker renewed every quarter lease, and the watch that stops a scan whose lease is lost |
 //! | one job | [`worker`] | hold → run slot → marker → hand-off under a lease watch and a timeout → ack, retry or dead-letter ([`schedule::after_scan`]) |
 //! | metrics | [`meter`] | EMF lines and Prometheus: started, succeeded, failed, dead-lettered, timeouts, leases lost, held, lateness, clock skew |
 //!
@@ -39,16 +41,16 @@ pub mod clock;
 pub mod error;
 pub mod guard;
 pub mod handoff;
+pub mod lease;
 pub mod marker;
 pub mod meter;
+pub mod options;
 pub mod schedule;
 pub mod source;
 pub mod worker;
 
 use std::future::Future;
 use std::net::SocketAddr;
-use std::num::{NonZeroU32, NonZeroUsize};
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -56,119 +58,21 @@ use tokio::sync::{Semaphore, watch};
 use tokio::task::JoinSet;
 use tokio_util::task::AbortOnDropHandle;
 
-use crate::config::{Config, QueueTarget};
+use crate::config::Config;
 use crate::connection::Valkey;
 use clock::QueueClock;
 use error::ConsumeError;
 use handoff::Handoff;
+use lease::Tokens;
 use marker::Markers;
 use meter::ConsumeMeter;
-use schedule::RetryPolicy;
 use source::JobSource;
-use worker::{Tokens, Worker};
+use worker::Worker;
 
-/// `quota-gate consume` options.
-#[derive(Debug, clap::Args)]
-pub struct ConsumeArgs {
-    /// Where jobs come from: `-` (stdin, the spool), `valkey-stream:<key>` or
-    /// an SQS queue URL. Default: the queue the gate writes to (SCAN_QUEUE_URL).
-    #[arg(long)]
-    pub from: Option<String>,
-    /// The scanner command (`sh -c`, in a process group of its own): job JSON on stdin,
-    /// SCAN_ID, SCAN_ATTEMPT and IMAGE in its environment; exit 0 = done.
-    #[arg(long, required_unless_present = "post", conflicts_with = "post")]
-    pub exec: Option<String>,
-    /// The scanner URL (http://): the job JSON is POSTed with x-scan-id and x-scan-attempt; 2xx = done.
-    #[arg(long)]
-    pub post: Option<String>,
-    /// Hand-offs running at once.
-    #[arg(long, default_value = "4")]
-    pub concurrency: NonZeroUsize,
-    /// Jobs read and not yet finished (held or running), at most.
-    #[arg(long, default_value = "1024")]
-    pub max_held: NonZeroUsize,
-    /// The stream's consumer group.
-    #[arg(long, default_value = "quota-gate")]
-    pub group: String,
-    /// This consumer's name in the group. Default: `<host>-<pid>`.
-    #[arg(long)]
-    pub consumer: Option<String>,
-    /// How long a job stays with a consumer that stopped renewing it (stream
-    /// entry, SQS visibility, scanId marker). At least 1 s.
-    #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
-    pub lease: Duration,
-    /// Failed hand-offs before a job is dead-lettered (`<stream>:dead`).
-    #[arg(long, default_value = "5")]
-    pub max_attempts: NonZeroU32,
-    /// The wait after the first failure, doubled after each (at most 5 min).
-    #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
-    pub backoff: Duration,
-    /// How long one scan may run; then its scanner is killed and the attempt failed.
-    #[arg(long, default_value = "30m", value_parser = humantime::parse_duration)]
-    pub scan_timeout: Duration,
-    /// How long running hand-offs may take to finish after SIGTERM.
-    #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
-    pub grace: Duration,
-    /// With `--from -`: journal every job read to this file (fsync'd) and
-    /// replay the unfinished ones at start, so a crash loses none it read.
-    #[arg(long)]
-    pub journal: Option<PathBuf>,
-    /// Serve Prometheus text at GET /metrics on this address.
-    #[arg(long)]
-    pub metrics_listen: Option<SocketAddr>,
-    /// No EMF metric lines on stdout.
-    #[arg(long)]
-    pub no_emf: bool,
-}
-
-/// The longest wait between attempts.
-const BACKOFF_CAP: Duration = Duration::from_secs(300);
+pub use options::{ConsumeArgs, SourceSpec};
 
 /// How long killed hand-offs get to be reaped after the grace period.
 const KILL_WAIT: Duration = Duration::from_secs(5);
-
-/// What `--from` (or `SCAN_QUEUE_URL`) names.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum SourceSpec {
-    Stdin,
-    Stream(String),
-    Sqs(String),
-}
-
-impl SourceSpec {
-    /// `--from`, else the gate's own queue.
-    pub fn resolve(from: Option<&str>, queue: &QueueTarget) -> Result<Self, String> {
-        match from {
-            None => Ok(match queue {
-                QueueTarget::Spool => Self::Stdin,
-                QueueTarget::ValkeyStream(key) => Self::Stream(key.clone()),
-                QueueTarget::Sqs(url) => Self::Sqs(url.clone()),
-            }),
-            Some("-") => Ok(Self::Stdin),
-            Some(s) => match s.strip_prefix("valkey-stream:") {
-                Some("") => Err("--from valkey-stream: needs a key".into()),
-                Some(key) => Ok(Self::Stream(key.into())),
-                None if s.starts_with("https://") || s.starts_with("http://") => {
-                    Ok(Self::Sqs(s.into()))
-                }
-                None => Err(format!(
-                    "--from {s}: expected -, valkey-stream:<key> or an SQS queue URL"
-                )),
-            },
-        }
-    }
-}
-
-/// `<host>-<pid>`: unique among live consumers, readable in `XINFO CONSUMERS`.
-fn default_consumer() -> String {
-    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .ok()
-        .or_else(|| std::env::var("HOSTNAME").ok())
-        .map(|h| h.trim().to_owned())
-        .filter(|h| !h.is_empty())
-        .unwrap_or_else(|| "consumer".into());
-    format!("{host}-{}", std::process::id())
-}
 
 /// The Valkey of `config` with a response timeout of `timeout`.
 fn valkey(config: &Config, timeout: Duration) -> Result<Option<Valkey>, ConsumeError> {
@@ -204,16 +108,13 @@ pub async fn run(
     config: Config,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), String> {
-    let handoff = handoff(&args)?;
+    let handoff = args.handoff()?;
     if let Some(addr) = args.metrics_listen {
         serve_metrics(addr).await?;
     }
-    let spec = SourceSpec::resolve(args.from.as_deref(), &config.queue)?;
-    if args.journal.is_some() && spec != SourceSpec::Stdin {
-        return Err("--journal is for --from - (the spool) only".into());
-    }
+    let spec = args.source(&config.queue)?;
     let parts = Parts {
-        consumer: args.consumer.clone().unwrap_or_else(default_consumer),
+        consumer: args.consumer_name(),
         namespace: config.metrics_namespace.clone(),
         wait_replicas: config.store.valkey.as_ref().map_or(0, |v| v.wait_replicas),
         handoff,
@@ -241,18 +142,6 @@ pub async fn run(
 
 /// This machine's clock, which the queue's clock starts from.
 const LOCAL: crate::clock::Clock = crate::clock::Clock::System;
-
-/// The scanner `args` name, once `--lease` is checked.
-fn handoff(args: &ConsumeArgs) -> Result<Handoff, String> {
-    if args.lease < Duration::from_secs(1) {
-        return Err("--lease must be at least 1s".into());
-    }
-    match (&args.exec, &args.post) {
-        (Some(command), None) => Ok(Handoff::Exec(command.clone())),
-        (None, Some(url)) => Handoff::post(url),
-        _ => Err("give one of --exec or --post".into()),
-    }
-}
 
 /// [`drive`] on the stream `key`: entries read on `reads`, acked, marked
 /// and timed on `ops`.
@@ -334,11 +223,7 @@ async fn drive<S: JobSource>(
         markers,
         scanner: handoff,
         run_slots: Arc::new(Semaphore::new(args.concurrency.get())),
-        policy: RetryPolicy {
-            max_attempts: args.max_attempts,
-            base: args.backoff,
-            cap: BACKOFF_CAP,
-        },
+        policy: args.retry_policy(),
         lease: args.lease,
         scan_timeout: args.scan_timeout,
         meter,
@@ -454,38 +339,4 @@ async fn serve_metrics(addr: SocketAddr) -> Result<(), String> {
         .map_err(|e| format!("--metrics-listen {addr}: {e}"))?;
     ConsumeMeter::describe();
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// `--from` overrides the gate's queue; without it the consumer reads where the gate writes.
-    #[test]
-    fn sources() {
-        let sqs = "https://sqs.us-east-1.amazonaws.com/1/scans";
-        let stream = QueueTarget::ValkeyStream("jobs".into());
-        assert_eq!(
-            SourceSpec::resolve(None, &QueueTarget::Spool),
-            Ok(SourceSpec::Stdin)
-        );
-        assert_eq!(
-            SourceSpec::resolve(None, &stream),
-            Ok(SourceSpec::Stream("jobs".into()))
-        );
-        assert_eq!(
-            SourceSpec::resolve(Some("-"), &stream),
-            Ok(SourceSpec::Stdin)
-        );
-        assert_eq!(
-            SourceSpec::resolve(Some(sqs), &stream),
-            Ok(SourceSpec::Sqs(sqs.into()))
-        );
-        assert_eq!(
-            SourceSpec::resolve(Some("valkey-stream:a{b}"), &QueueTarget::Spool),
-            Ok(SourceSpec::Stream("a{b}".into()))
-        );
-        assert!(SourceSpec::resolve(Some("valkey-stream:"), &stream).is_err());
-        assert!(SourceSpec::resolve(Some("ftp://x"), &stream).is_err());
-    }
 }

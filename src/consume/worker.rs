@@ -11,24 +11,23 @@
 //! job waiting for a run slot is *not* renewed: if this consumer's scans
 //! keep it busy past a lease, another consumer takes the job over. A
 //! running scan renews its delivery and its marker every quarter lease
-//! (`Worker::lease_watch`); when the marker is lost, or no renewal is
+//! ([`Keeper::watch`]); when the marker is lost, or no renewal is
 //! known to have held for ¾ of a lease ([`schedule::must_stop`]), the
 //! scanner is stopped (its process group killed) at once.
 
 use std::future::Future;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use tokio::sync::{Semaphore, watch};
-use tokio::time::Instant;
 
 use super::clock::QueueClock;
 use super::error::{ConsumeError, Stop};
 use super::handoff::{Attempt, Ended, Scanner};
+use super::lease::{Keeper, Tokens};
 use super::marker::Markers;
 use super::meter::{ConsumeMeter, Event};
-use super::schedule::{self, AfterScan, Renewal, RetryPolicy, ScanResult, Step};
+use super::schedule::{self, AfterScan, RetryPolicy, ScanResult, Step};
 use super::source::{Delivery, GivenUp, JobSource};
 
 /// How long to wait before trying again when Valkey (markers, acks) fails.
@@ -58,30 +57,6 @@ pub struct Worker<S: JobSource, X: Scanner> {
     pub tokens: Tokens,
 }
 
-/// Marker tokens, one per attempt, unique across processes: the consumer's
-/// name, this process's own random id (a consumer restarted under the same
-/// `--consumer` name, or as the same pid in a container, must not take its
-/// predecessor's live marker for its own) and a count.
-pub struct Tokens {
-    prefix: String,
-    issued: AtomicU64,
-}
-
-impl Tokens {
-    pub fn new(consumer: String) -> Self {
-        Self {
-            prefix: format!("{consumer}:{}", uuid::Uuid::now_v7().simple()),
-            issued: AtomicU64::new(0),
-        }
-    }
-
-    /// The next token.
-    fn next(&self) -> String {
-        let n = self.issued.fetch_add(1, Ordering::Relaxed);
-        format!("{}:{n}", self.prefix)
-    }
-}
-
 /// How a wait ended.
 enum Waited<T> {
     Done(T),
@@ -92,6 +67,16 @@ enum Waited<T> {
 type Finished = bool;
 
 impl<S: JobSource, X: Scanner> Worker<S, X> {
+    /// What renews this worker's deliveries and markers.
+    fn keeper(&self) -> Keeper<'_, S> {
+        Keeper {
+            source: &self.source,
+            markers: &self.markers,
+            clock: &self.clock,
+            lease: self.lease,
+        }
+    }
+
     fn wait_for(&self, d: &Delivery<S::Handle>) -> Duration {
         schedule::hold(d.job.not_before_ms, self.clock.now_ms())
     }
@@ -214,7 +199,7 @@ impl<S: JobSource, X: Scanner> Worker<S, X> {
             self.meter.held(1);
         }
         let wait = self.unless_stopping(tokio::time::sleep(after));
-        let waited = self.renewing(d, None, wait);
+        let waited = self.keeper().renewing(d, None, wait);
         let waited = waited.await;
         if held {
             self.meter.held(-1);
@@ -242,7 +227,7 @@ impl<S: JobSource, X: Scanner> Worker<S, X> {
         let stop = async {
             tokio::select! {
                 () = tokio::time::sleep(self.scan_timeout) => Stop::Timeout,
-                stop = self.lease_watch(d, token, attempt) => stop,
+                stop = self.keeper().watch(d, token, attempt) => stop,
                 _ = killing.wait_for(|k| *k) => Stop::Shutdown,
             }
         };
@@ -253,40 +238,6 @@ impl<S: JobSource, X: Scanner> Worker<S, X> {
         self.scanner.run(attempt, stop).await
     }
 
-    /// Renews the delivery and the marker of attempt `attempt` every
-    /// quarter lease; ends when the scan must stop ([`schedule::must_stop`]).
-    async fn lease_watch(&self, d: &Delivery<S::Handle>, token: &str, attempt: u64) -> Stop {
-        let mut tick = tokio::time::interval(self.lease / 4);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        tick.tick().await;
-        let mut last_held = Instant::now();
-        loop {
-            tick.tick().await;
-            let sent = Instant::now();
-            if let Err(e) = self.source.extend(d).await {
-                tracing::warn!(error = %e, "cannot renew a job's lease");
-            }
-            let now = self.clock.now_ms();
-            let claim = self
-                .markers
-                .claim(d.job.scan_id, token, attempt, self.lease, now);
-            let renewal = match claim.await {
-                Ok(schedule::MarkerClaim::Claimed(_)) => Renewal::Held,
-                Ok(_) => Renewal::Lost,
-                Err(e) => {
-                    tracing::warn!(error = %e, "cannot renew a scan's marker");
-                    Renewal::Unknown
-                }
-            };
-            if renewal == Renewal::Held {
-                last_held = sent;
-            }
-            if schedule::must_stop(renewal, last_held.elapsed(), self.lease) {
-                return Stop::LeaseLost;
-            }
-        }
-    }
-
     /// Marks the scan done, then acks it: a crash between the two leaves an
     /// entry that the next consumer acks without running. Until done is
     /// recorded the delivery and the marker stay renewed, so a slow Valkey
@@ -294,7 +245,9 @@ impl<S: JobSource, X: Scanner> Worker<S, X> {
     async fn succeeded(&self, d: &Delivery<S::Handle>, token: &str, attempt: u64) {
         self.meter.record(Event::Succeeded);
         let done = self.until_ok("mark done", || self.markers.done(d.job.scan_id));
-        self.renewing(d, Some((token, attempt)), done).await;
+        self.keeper()
+            .renewing(d, Some((token, attempt)), done)
+            .await;
         self.ack(d).await;
     }
 
@@ -370,35 +323,6 @@ impl<S: JobSource, X: Scanner> Worker<S, X> {
             biased;
             _ = stopping.wait_for(|s| *s) => Waited::Stopping,
             out = fut => Waited::Done(out),
-        }
-    }
-
-    /// `fut`, renewing this consumer's hold on `d` (and the marker of
-    /// `attempt`, if given) every quarter lease meanwhile.
-    async fn renewing<F: Future>(
-        &self,
-        d: &Delivery<S::Handle>,
-        attempt: Option<(&str, u64)>,
-        fut: F,
-    ) -> F::Output {
-        let mut fut = std::pin::pin!(fut);
-        let mut tick = tokio::time::interval(self.lease / 4);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        tick.tick().await;
-        loop {
-            tokio::select! {
-                out = &mut fut => return out,
-                _ = tick.tick() => {
-                    if let Err(e) = self.source.extend(d).await {
-                        tracing::warn!(error = %e, "cannot renew a job's lease");
-                    }
-                    if let Some((token, mine)) = attempt {
-                        let now = self.clock.now_ms();
-                        // A done marker stays done: claim.lua never overwrites it.
-                        let _ = self.markers.claim(d.job.scan_id, token, mine, self.lease, now).await;
-                    }
-                }
-            }
         }
     }
 }

@@ -122,7 +122,7 @@ impl Server {
         let drain_limit_ms = self.limits.drain_timeout.as_millis() as u64;
         tokio::select! {
             () = shutdown => {
-                tracing::info!(drain_limit_ms, "shutting down: finishing requests in flight, for at most drain_limit_ms");
+                tracing::info!(drain_limit_ms, "shutting down: finishing requests in flight, for at most the drain limit");
             }
             _ = worker_ended.recv() => tracing::error!("a serve worker stopped; shutting down"),
         }

@@ -384,6 +384,34 @@ pub fn libfaketime() -> PathBuf {
     lib
 }
 
+/// The shared memory libfaketime makes for a process it is preloaded into
+/// (a semaphore and a segment under `/dev/shm`, named by that process's
+/// pid), and shares with its children through `FAKETIME_SHARED`. The
+/// process removes them when it exits, not when it is killed.
+pub fn faketime_shm(pid: u32) -> [PathBuf; 2] {
+    let shm = PathBuf::from("/dev/shm");
+    [
+        shm.join(format!("faketime_shm_{pid}")),
+        shm.join(format!("sem.faketime_sem_{pid}")),
+    ]
+}
+
+/// A process under libfaketime: killed on drop, like any ([`KillOnDrop`]),
+/// and then rid of the shared memory libfaketime made for it
+/// ([`faketime_shm`]). Its children do not make their own: they inherit
+/// its `FAKETIME_SHARED`.
+pub struct UnderFaketime(pub KillOnDrop);
+
+impl Drop for UnderFaketime {
+    fn drop(&mut self) {
+        let pid = self.0.id();
+        self.0.kill_now();
+        for file in faketime_shm(pid) {
+            let _ = std::fs::remove_file(file);
+        }
+    }
+}
+
 /// Sends `signal` (`TERM`, `KILL`, `STOP`, `CONT`) to process `pid` with kill(1).
 pub fn signal(pid: u32, signal: &str) {
     let status = Command::new("kill")

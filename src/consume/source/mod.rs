@@ -4,6 +4,7 @@
 //! by the source it came from.
 
 pub mod input;
+pub mod journal;
 pub mod sqs;
 pub mod stdin;
 pub mod stream;
@@ -22,6 +23,28 @@ pub struct Delivery<H = ()> {
     pub json: String,
     /// How the source acknowledges it.
     pub handle: H,
+}
+
+impl Delivery {
+    /// The job on a line of the spool (standard input, its journal), if it
+    /// carries one: a line without a `scanId` (an EMF line) is none, and one
+    /// that has it but is not a readable job is logged and skipped.
+    pub fn of_spool_line(line: String) -> Option<Self> {
+        if !line.contains("\"scanId\"") {
+            return None;
+        }
+        match ScanJob::from_json(&line) {
+            Ok(job) => Some(Self {
+                job,
+                json: line,
+                handle: (),
+            }),
+            Err(e) => {
+                tracing::error!(error = %e, "unreadable job line skipped");
+                None
+            }
+        }
+    }
 }
 
 /// Why a delivery is given up: how many hand-offs failed, and the last error.
@@ -97,5 +120,22 @@ pub trait JobSource: Send + Sync + 'static {
     /// (standard input's buffered lines), so they are given back too.
     fn drain(&self) -> impl Future<Output = Vec<Delivery<Self::Handle>>> + Send {
         async { Vec::new() }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    pub const JOB: &str = r#"{"version":1,"scanId":"01a22ae3-0721-75a3-a454-7957ef912430","receivedAt":"2026-11-30T12:00:00.000Z","scope":"ip","digest":"d","tier":"soft","limit":1,"count":2,"delayMs":300,"deferredMs":300,"notBefore":"2026-11-30T12:00:00.300Z","request":{"image":"a"}}"#;
+
+    /// EMF lines pass by; job lines become deliveries; broken job lines are skipped.
+    #[test]
+    fn lines() {
+        assert!(Delivery::of_spool_line(r#"{"_aws":{"Timestamp":1}}"#.into()).is_none());
+        assert!(Delivery::of_spool_line(r#"{"scanId":"nope"}"#.into()).is_none());
+        let d = Delivery::of_spool_line(JOB.into()).unwrap();
+        assert_eq!(d.job.not_before_ms % 1000, 300);
+        assert_eq!(d.json, JOB);
     }
 }

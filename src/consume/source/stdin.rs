@@ -27,32 +27,27 @@
 //! again (best effort: a line the stdout writer has no room for is logged
 //! as not written back). A consumer that is killed loses every job it held.
 //!
-//! **With `--journal PATH`**, every job is appended to the journal and
-//! `fsync`ed as soon as it is read, a `{"started":"<scanId>","attempt":n}`
-//! line before each attempt's scanner starts, and a `{"done":"<scanId>"}`
-//! line once it ran (or was given up). At start the journal is read, its
-//! unfinished jobs are run first, each as a higher attempt than any it
-//! records (`SCAN_ATTEMPT` does not repeat across a crash), and it is
-//! rewritten with only those and their last start (a temporary file
-//! renamed over it). So a consumer that is killed, or stopped, loses none
-//! of the jobs it had read: only lines still in the pipe at a crash, which
-//! the gate had answered 202 when it wrote them. A job read while stopping
-//! that cannot be journaled is written back to standard output instead.
+//! **With `--journal PATH`**, every job is appended to the [`Journal`] and
+//! `fsync`ed as soon as it is read, and each attempt's start and each job's
+//! end are journaled too. At start the journal's unfinished jobs are run
+//! first, each as a higher attempt than any it records (`SCAN_ATTEMPT` does
+//! not repeat across a crash). So a consumer that is killed, or stopped,
+//! loses none of the jobs it had read: only lines still in the pipe at a
+//! crash, which the gate had answered 202 when it wrote them. A job read
+//! while stopping that cannot be journaled is written back to standard
+//! output instead.
 
-use std::collections::{HashMap, HashSet};
-use std::io::Write;
-use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::path::Path;
 use std::time::Duration;
 
-use serde::Deserialize;
 use tokio::sync::Mutex;
 use uuid::Uuid;
 
 use super::input::Input;
+use super::journal::{Journal, Replay};
 use super::{Delivery, GivenUp, JobSource};
 use crate::consume::error::ConsumeError;
-use crate::job::ScanJob;
 
 /// On stop, buffered lines are read until none comes for this long…
 /// It is also how long the end of a line already started is waited for.
@@ -141,7 +136,7 @@ impl StdinSource {
             let Some(line) = self.read_line().await? else {
                 return Ok(None);
             };
-            if let Some(d) = delivery(line) {
+            if let Some(d) = Delivery::of_spool_line(line) {
                 // No await between the read and this: a cancelled read
                 // either took no line or left it here.
                 self.ahead().read = Some(d.clone());
@@ -153,7 +148,7 @@ impl StdinSource {
     /// Journals `d` (if there is a journal) before anyone acts on it.
     async fn keep(&self, d: &Delivery) -> Result<(), ConsumeError> {
         match &self.journal {
-            Some(journal) => journal.append(d.json.clone()).await,
+            Some(journal) => journal.job(d).await,
             None => Ok(()),
         }
     }
@@ -161,7 +156,7 @@ impl StdinSource {
     /// While stopping: the job on `line` (if any) journaled, or else
     /// written back at once, and added to `out`.
     async fn keep_line(&self, line: String, out: &mut Vec<Delivery>) {
-        if let Some(d) = delivery(line) {
+        if let Some(d) = Delivery::of_spool_line(line) {
             self.keep_or_write_back(&d).await;
             out.push(d);
         }
@@ -200,7 +195,7 @@ impl JobSource for StdinSource {
 
     async fn ack(&self, d: &Delivery) -> Result<(), ConsumeError> {
         match &self.journal {
-            Some(journal) => journal.append(done_line(d.job.scan_id)).await,
+            Some(journal) => journal.done(d.job.scan_id).await,
             None => Ok(()),
         }
     }
@@ -215,7 +210,7 @@ impl JobSource for StdinSource {
         let Some(journal) = &self.journal else {
             return;
         };
-        if let Err(e) = journal.append(started_line(d.job.scan_id, attempt)).await {
+        if let Err(e) = journal.started(d.job.scan_id, attempt).await {
             tracing::warn!(error = %e, scan_id = %d.job.scan_id, "cannot journal a scan's start; a replay may repeat its attempt number");
         }
     }
@@ -276,217 +271,5 @@ fn drain_wait(until: tokio::time::Instant) -> Option<Duration> {
 fn write_back(d: &Delivery) {
     if !super::input::write_back_line(d.json.clone()) {
         tracing::error!(scan_id = %d.job.scan_id, "job not started and not written back");
-    }
-}
-
-/// The job on `line`, if it carries one.
-fn delivery(line: String) -> Option<Delivery> {
-    if !line.contains("\"scanId\"") {
-        return None;
-    }
-    match ScanJob::from_json(&line) {
-        Ok(job) => Some(Delivery {
-            job,
-            json: line,
-            handle: (),
-        }),
-        Err(e) => {
-            tracing::error!(error = %e, "unreadable job line skipped");
-            None
-        }
-    }
-}
-
-fn done_line(scan: Uuid) -> String {
-    serde_json::json!({ "done": scan }).to_string()
-}
-
-fn started_line(scan: Uuid, attempt: u64) -> String {
-    serde_json::json!({ "started": scan, "attempt": attempt }).to_string()
-}
-
-/// A journal line that says a job is finished.
-#[derive(Deserialize)]
-struct Done {
-    done: Uuid,
-}
-
-/// A journal line that says an attempt at a job started.
-#[derive(Deserialize)]
-struct Started {
-    started: Uuid,
-    attempt: u64,
-}
-
-/// What a journal holds at start: its unfinished jobs, in order, and the
-/// highest attempt each started with (if it did).
-#[derive(Default)]
-struct Replay {
-    jobs: Vec<Delivery>,
-    started: HashMap<Uuid, u64>,
-}
-
-/// The append-only journal file; every line is `fsync`ed before it counts.
-struct Journal {
-    file: Arc<std::sync::Mutex<std::fs::File>>,
-}
-
-impl Journal {
-    /// Reads `path` (if it exists), rewrites it with only the unfinished
-    /// jobs, and opens it for appending; returns those jobs, in order.
-    async fn open(path: PathBuf) -> Result<(Self, Replay), ConsumeError> {
-        let opened = tokio::task::spawn_blocking(move || compact(&path))
-            .await
-            .map_err(|e| ConsumeError::Journal(e.to_string()))?;
-        let (file, replay) = opened.map_err(|e| ConsumeError::Journal(e.to_string()))?;
-        Ok((
-            Self {
-                file: Arc::new(std::sync::Mutex::new(file)),
-            },
-            replay,
-        ))
-    }
-
-    async fn append(&self, mut line: String) -> Result<(), ConsumeError> {
-        line.push('\n');
-        let file = self.file.clone();
-        tokio::task::spawn_blocking(move || {
-            let mut file = file
-                .lock()
-                .map_err(|_| std::io::Error::other("journal lock poisoned"))?;
-            file.write_all(line.as_bytes())?;
-            file.sync_data()
-        })
-        .await
-        .map_err(|e| ConsumeError::Journal(e.to_string()))?
-        .map_err(|e| ConsumeError::Journal(e.to_string()))
-    }
-}
-
-/// The journal's unfinished jobs (and the attempts they started), and the
-/// journal rewritten with just them.
-fn compact(path: &Path) -> std::io::Result<(std::fs::File, Replay)> {
-    let text = match std::fs::read_to_string(path) {
-        Ok(text) => text,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
-        Err(e) => return Err(e),
-    };
-    let replay = unfinished(&text);
-    let tmp = path.with_extension("compacting");
-    {
-        let mut out = std::fs::File::create(&tmp)?;
-        for d in &replay.jobs {
-            out.write_all(d.json.as_bytes())?;
-            out.write_all(b"\n")?;
-            if let Some(n) = replay.started.get(&d.job.scan_id) {
-                out.write_all(started_line(d.job.scan_id, *n).as_bytes())?;
-                out.write_all(b"\n")?;
-            }
-        }
-        out.sync_all()?;
-    }
-    std::fs::rename(&tmp, path)?;
-    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-        std::fs::File::open(dir)?.sync_all()?;
-    }
-    let file = std::fs::OpenOptions::new().append(true).open(path)?;
-    Ok((file, replay))
-}
-
-/// The jobs of the journal `text` without a done line, once each, in
-/// order, and the highest attempt each started with.
-fn unfinished(text: &str) -> Replay {
-    let done: HashSet<Uuid> = text
-        .lines()
-        .filter_map(|l| serde_json::from_str::<Done>(l).ok())
-        .map(|d| d.done)
-        .collect();
-    let mut seen = HashSet::new();
-    let jobs: Vec<Delivery> = text
-        .lines()
-        .filter_map(|l| delivery(l.to_owned()))
-        .filter(|d| !done.contains(&d.job.scan_id) && seen.insert(d.job.scan_id))
-        .collect();
-    let mut started = HashMap::new();
-    for s in text
-        .lines()
-        .filter_map(|l| serde_json::from_str::<Started>(l).ok())
-    {
-        if seen.contains(&s.started) && !done.contains(&s.started) {
-            let n: &mut u64 = started.entry(s.started).or_default();
-            *n = (*n).max(s.attempt);
-        }
-    }
-    Replay { jobs, started }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    const JOB: &str = r#"{"version":1,"scanId":"01a22ae3-0721-75a3-a454-7957ef912430","receivedAt":"2026-11-30T12:00:00.000Z","scope":"ip","digest":"d","tier":"soft","limit":1,"count":2,"delayMs":300,"deferredMs":300,"notBefore":"2026-11-30T12:00:00.300Z","request":{"image":"a"}}"#;
-
-    /// EMF lines pass by; job lines become deliveries; broken job lines are skipped.
-    #[test]
-    fn lines() {
-        assert!(delivery(r#"{"_aws":{"Timestamp":1}}"#.into()).is_none());
-        assert!(delivery(r#"{"scanId":"nope"}"#.into()).is_none());
-        let d = delivery(JOB.into()).unwrap();
-        assert_eq!(d.job.not_before_ms % 1000, 300);
-        assert_eq!(d.json, JOB);
-    }
-
-    /// A journal keeps the jobs without a done line, once each, in order,
-    /// and is rewritten with just them.
-    #[test]
-    fn journal_compacts_to_unfinished_jobs() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("journal");
-        let other = JOB.replace(
-            "01a22ae3-0721-75a3-a454-7957ef912430",
-            "01a22ae3-0721-75a3-a454-7957ef912431",
-        );
-        let done = done_line("01a22ae3-0721-75a3-a454-7957ef912430".parse().unwrap());
-        std::fs::write(&path, format!("{JOB}\n{other}\n{other}\n{done}\n{{\"half")).unwrap();
-        let (_, replay) = compact(&path).unwrap();
-        assert_eq!(replay.jobs.len(), 1);
-        assert_eq!(replay.jobs[0].json, other);
-        assert_eq!(
-            std::fs::read_to_string(&path).unwrap(),
-            format!("{other}\n")
-        );
-        let (_, again) = compact(&path).unwrap();
-        assert_eq!(again.jobs.len(), 1);
-    }
-
-    /// The attempts a journal says its unfinished jobs started are kept
-    /// (the highest of each) through compaction; a finished job's are not.
-    #[test]
-    fn journal_keeps_started_attempts() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("journal");
-        let (a, b) = (
-            "01a22ae3-0721-75a3-a454-7957ef912430",
-            "01a22ae3-0721-75a3-a454-7957ef912431",
-        );
-        let other = JOB.replace(a, b);
-        let started = |id: &str, n| started_line(id.parse().unwrap(), n);
-        let lines = [
-            JOB.to_owned(),
-            started(a, 1),
-            other.clone(),
-            started(b, 2),
-            started(b, 1),
-            done_line(a.parse().unwrap()),
-        ];
-        std::fs::write(&path, lines.join("\n")).unwrap();
-        let (_, replay) = compact(&path).unwrap();
-        let want = HashMap::from([(b.parse().unwrap(), 2)]);
-        assert_eq!(replay.started, want);
-        assert_eq!(
-            std::fs::read_to_string(&path).unwrap(),
-            format!("{other}\n{}\n", started(b, 2))
-        );
-        assert_eq!(compact(&path).unwrap().1.started, want);
     }
 }

@@ -8,19 +8,24 @@
 //! is required and checked when configured; `tid` names the subject. Keys
 //! come from `QUOTA_JWT_PUBLIC_KEY` (one PEM) and/or `QUOTA_JWT_JWKS` (picked
 //! by `kid`, for rotation; a token without one is tried on every key of its
-//! algorithm, all of them the issuer's).
+//! algorithm, all of them the issuer's), loaded by [`keys`]; tokens that
+//! verified are remembered until their `exp` ([`cache`]).
+
+pub mod cache;
+pub mod keys;
 
 use std::num::NonZeroU32;
 
 use base64::Engine;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use jsonwebtoken::errors::ErrorKind;
-use jsonwebtoken::jwk::{AlgorithmParameters, EllipticCurve, JwkSet};
-use jsonwebtoken::{Algorithm, DecodingKey, Validation};
+use jsonwebtoken::{Algorithm, Validation};
 use serde::Deserialize;
 use serde_json::Value;
 
 use crate::config::ConfigError;
+use cache::VerifiedCache;
+use keys::VerificationKey;
 
 /// Tokens longer than this are not parsed at all.
 pub const MAX_TOKEN_BYTES: usize = 8 * 1024;
@@ -73,12 +78,6 @@ impl Rejection {
     }
 }
 
-struct VerificationKey {
-    kid: Option<String>,
-    algorithm: Algorithm,
-    key: DecodingKey,
-}
-
 /// Verifies tokens against the configured keys.
 pub struct Verifier {
     keys: Vec<VerificationKey>,
@@ -86,54 +85,7 @@ pub struct Verifier {
     audience: Option<String>,
     /// `QUOTA_EXEMPT_CLAIM`: the claim whose `true` makes a token exempt.
     exempt_claim: Option<String>,
-    verified: VerifiedCache,
-}
-
-/// Tokens that verified, until their `exp`, keyed by the SHA-256 of the token.
-///
-/// A client reuses one token for every scan (a CI pipeline all day long), and
-/// a signature check costs 40–330 µs of CPU. The same bytes under the same
-/// keys verify the same way, so only the time-bound claim is checked again on
-/// a hit (`nbf` had passed already). Only successes are kept, at most
-/// [`VERIFIED_CACHE_CAPACITY`], so garbage tokens cannot crowd it; when full,
-/// the least useful entry goes (`quick_cache`), not the whole cache.
-struct VerifiedCache {
-    /// Bounded by `quick_cache`'s eviction (recently and often used tokens
-    /// stay); an entry past its `exp` is never served, and is evicted in time.
-    entries: quick_cache::sync::Cache<[u8; 32], (TokenSubject, i64)>,
-}
-
-impl Default for VerifiedCache {
-    fn default() -> Self {
-        Self {
-            entries: quick_cache::sync::Cache::new(VERIFIED_CACHE_CAPACITY),
-        }
-    }
-}
-
-/// The most verified tokens remembered at once.
-pub const VERIFIED_CACHE_CAPACITY: usize = 10_000;
-
-fn unix_now() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs() as i64)
-}
-
-impl VerifiedCache {
-    fn key(token: &str) -> [u8; 32] {
-        use sha2::Digest as _;
-        sha2::Sha256::digest(token.as_bytes()).into()
-    }
-
-    fn get(&self, key: &[u8; 32]) -> Option<TokenSubject> {
-        let (subject, exp) = self.entries.get(key)?;
-        (exp > unix_now()).then_some(subject)
-    }
-
-    fn put(&self, key: [u8; 32], subject: &TokenSubject, exp: i64) {
-        self.entries.insert(key, (subject.clone(), exp));
-    }
+    verified: VerifiedCache<TokenSubject>,
 }
 
 impl std::fmt::Debug for Verifier {
@@ -154,15 +106,6 @@ struct Claims {
     /// Required by the validation, so present once decoding succeeds (a
     /// number, possibly fractional).
     exp: Option<Value>,
-}
-
-/// Reads `value` as inline text when it starts like one, else as a file path.
-fn inline_or_file(var: &'static str, value: &str, starts: &str) -> Result<String, ConfigError> {
-    if value.trim_start().starts_with(starts) {
-        return Ok(value.to_owned());
-    }
-    std::fs::read_to_string(value)
-        .map_err(|e| ConfigError::new(var, format!("cannot read {value:?}: {e}")))
 }
 
 /// A claim that may arrive as a JSON string or number (gateway claims are strings).
@@ -205,15 +148,7 @@ impl Verifier {
         issuer: &str,
         audience: Option<&str>,
     ) -> Result<Option<Self>, ConfigError> {
-        let mut keys = Vec::new();
-        if let Some(value) = public_key {
-            let pem = inline_or_file("QUOTA_JWT_PUBLIC_KEY", value, "-----BEGIN")?;
-            keys.push(pem_key(&pem)?);
-        }
-        if let Some(value) = jwks {
-            let json = inline_or_file("QUOTA_JWT_JWKS", value, "{")?;
-            keys.extend(jwks_keys(&json)?);
-        }
+        let keys = keys::load(public_key, jwks)?;
         if keys.is_empty() {
             return Ok(None);
         }
@@ -237,7 +172,7 @@ impl Verifier {
         if token.len() > MAX_TOKEN_BYTES {
             return Err(Rejection::TooLarge);
         }
-        let cache_key = VerifiedCache::key(token);
+        let cache_key = cache::key(token);
         if let Some(subject) = self.verified.get(&cache_key) {
             return Ok(subject);
         }
@@ -365,103 +300,5 @@ fn map_error(kind: &ErrorKind) -> Rejection {
         ErrorKind::MissingRequiredClaim(c) if c == "aud" => Rejection::WrongAudience,
         ErrorKind::InvalidAlgorithm => Rejection::AlgorithmNotAllowed,
         _ => Rejection::Malformed,
-    }
-}
-
-/// One PEM public key, its algorithm fixed by its type.
-fn pem_key(pem: &str) -> Result<VerificationKey, ConfigError> {
-    let bytes = pem.as_bytes();
-    let (algorithm, key) = if let Ok(k) = DecodingKey::from_rsa_pem(bytes) {
-        (Algorithm::RS256, k)
-    } else if let Ok(k) = DecodingKey::from_ec_pem(bytes) {
-        (Algorithm::ES256, k)
-    } else if let Ok(k) = DecodingKey::from_ed_pem(bytes) {
-        (Algorithm::EdDSA, k)
-    } else {
-        return Err(ConfigError::new(
-            "QUOTA_JWT_PUBLIC_KEY",
-            "not an RSA, P-256 or Ed25519 public key in PEM form",
-        ));
-    };
-    Ok(VerificationKey {
-        kid: None,
-        algorithm,
-        key,
-    })
-}
-
-/// The usable keys of a JWKS; symmetric and unsupported keys are refused.
-fn jwks_keys(json: &str) -> Result<Vec<VerificationKey>, ConfigError> {
-    let err = |p: String| ConfigError::new("QUOTA_JWT_JWKS", p);
-    let set: JwkSet = serde_json::from_str(json).map_err(|e| err(format!("not a JWKS: {e}")))?;
-    set.keys
-        .iter()
-        .map(|jwk| {
-            let kid = jwk.common.key_id.clone();
-            let algorithm = match &jwk.algorithm {
-                AlgorithmParameters::RSA(_) => Algorithm::RS256,
-                AlgorithmParameters::EllipticCurve(p) if p.curve == EllipticCurve::P256 => {
-                    Algorithm::ES256
-                }
-                AlgorithmParameters::OctetKeyPair(p) if p.curve == EllipticCurve::Ed25519 => {
-                    Algorithm::EdDSA
-                }
-                AlgorithmParameters::OctetKey(_) => {
-                    return Err(err(format!(
-                        "key {kid:?} is symmetric; only public keys are accepted"
-                    )));
-                }
-                _ => return Err(err(format!("key {kid:?} uses an unsupported curve"))),
-            };
-            let key = DecodingKey::from_jwk(jwk).map_err(|e| err(format!("key {kid:?}: {e}")))?;
-            Ok(VerificationKey {
-                kid,
-                algorithm,
-                key,
-            })
-        })
-        .collect()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn subject(tid: &str) -> TokenSubject {
-        TokenSubject {
-            tid: tid.into(),
-            tier: None,
-            exempt: false,
-        }
-    }
-
-    /// A cached token is served only until its `exp`.
-    #[test]
-    fn cache_honours_exp() {
-        let cache = VerifiedCache::default();
-        let live = VerifiedCache::key("live");
-        let dead = VerifiedCache::key("dead");
-        cache.put(live, &subject("a"), unix_now() + 600);
-        cache.put(dead, &subject("b"), unix_now() - 1);
-        assert_eq!(cache.get(&live), Some(subject("a")));
-        assert_eq!(cache.get(&dead), None);
-        assert_eq!(cache.get(&VerifiedCache::key("never seen")), None);
-    }
-
-    /// The cache never holds more than its capacity.
-    #[test]
-    fn cache_is_bounded() {
-        let cache = VerifiedCache::default();
-        for n in 0..VERIFIED_CACHE_CAPACITY + 10 {
-            cache.put(
-                VerifiedCache::key(&n.to_string()),
-                &subject("t"),
-                unix_now() + 600,
-            );
-        }
-        assert!(cache.entries.len() <= VERIFIED_CACHE_CAPACITY);
-        // A full cache still serves the newest token (nothing was cleared).
-        let last = VerifiedCache::key(&(VERIFIED_CACHE_CAPACITY + 9).to_string());
-        assert_eq!(cache.get(&last), Some(subject("t")));
     }
 }

@@ -1,0 +1,119 @@
+//! Holding on to a delivery: the marker tokens that tell one attempt from
+//! another, and the renewals that keep a job this consumer's while it waits
+//! or runs.
+//!
+//! A held job's delivery is renewed every quarter lease ([`Keeper::renewing`]).
+//! A running scan renews its delivery and its marker every quarter lease
+//! ([`Keeper::watch`]); when the marker is lost, or no renewal is known to
+//! have held for ¾ of a lease ([`schedule::must_stop`]), the watch ends and
+//! the worker stops the scanner.
+
+use std::future::Future;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::clock::QueueClock;
+use super::error::Stop;
+use super::marker::Markers;
+use super::schedule::{self, Renewal};
+use super::source::{Delivery, JobSource};
+
+/// Marker tokens, one per attempt, unique across processes: the consumer's
+/// name, this process's own random id (a consumer restarted under the same
+/// `--consumer` name, or as the same pid in a container, must not take its
+/// predecessor's live marker for its own) and a count.
+pub struct Tokens {
+    prefix: String,
+    issued: AtomicU64,
+}
+
+impl Tokens {
+    pub fn new(consumer: String) -> Self {
+        Self {
+            prefix: format!("{consumer}:{}", uuid::Uuid::now_v7().simple()),
+            issued: AtomicU64::new(0),
+        }
+    }
+
+    /// The next token.
+    pub fn next(&self) -> String {
+        let n = self.issued.fetch_add(1, Ordering::Relaxed);
+        format!("{}:{n}", self.prefix)
+    }
+}
+
+/// What renews a delivery and its marker: the worker's source, markers,
+/// clock and lease, borrowed for one wait or one run.
+pub struct Keeper<'a, S: JobSource> {
+    pub source: &'a S,
+    pub markers: &'a Markers,
+    pub clock: &'a QueueClock,
+    pub lease: Duration,
+}
+
+impl<S: JobSource> Keeper<'_, S> {
+    /// Renews the delivery and the marker of attempt `attempt` every
+    /// quarter lease; ends when the scan must stop ([`schedule::must_stop`]).
+    pub async fn watch(self, d: &Delivery<S::Handle>, token: &str, attempt: u64) -> Stop {
+        let mut tick = tokio::time::interval(self.lease / 4);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        tick.tick().await;
+        let mut last_held = Instant::now();
+        loop {
+            tick.tick().await;
+            let sent = Instant::now();
+            if let Err(e) = self.source.extend(d).await {
+                tracing::warn!(error = %e, "cannot renew a job's lease");
+            }
+            let now = self.clock.now_ms();
+            let claim = self
+                .markers
+                .claim(d.job.scan_id, token, attempt, self.lease, now);
+            let renewal = match claim.await {
+                Ok(schedule::MarkerClaim::Claimed(_)) => Renewal::Held,
+                Ok(_) => Renewal::Lost,
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot renew a scan's marker");
+                    Renewal::Unknown
+                }
+            };
+            if renewal == Renewal::Held {
+                last_held = sent;
+            }
+            if schedule::must_stop(renewal, last_held.elapsed(), self.lease) {
+                return Stop::LeaseLost;
+            }
+        }
+    }
+
+    /// `fut`, renewing this consumer's hold on `d` (and the marker of
+    /// `attempt`, if given) every quarter lease meanwhile.
+    pub async fn renewing<F: Future>(
+        self,
+        d: &Delivery<S::Handle>,
+        attempt: Option<(&str, u64)>,
+        fut: F,
+    ) -> F::Output {
+        let mut fut = std::pin::pin!(fut);
+        let mut tick = tokio::time::interval(self.lease / 4);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        tick.tick().await;
+        loop {
+            tokio::select! {
+                out = &mut fut => return out,
+                _ = tick.tick() => {
+                    if let Err(e) = self.source.extend(d).await {
+                        tracing::warn!(error = %e, "cannot renew a job's lease");
+                    }
+                    if let Some((token, mine)) = attempt {
+                        let now = self.clock.now_ms();
+                        // A done marker stays done: claim.lua never overwrites it.
+                        let _ = self.markers.claim(d.job.scan_id, token, mine, self.lease, now).await;
+                    }
+                }
+            }
+        }
+    }
+}

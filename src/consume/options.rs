@@ -1,0 +1,184 @@
+//! `quota-gate consume`'s options: the command line, read into what the
+//! consumer is built from (the source, the scanner, its name, the retry
+//! policy), every bad combination refused before anything starts.
+
+use std::net::SocketAddr;
+use std::num::{NonZeroU32, NonZeroUsize};
+use std::path::PathBuf;
+use std::time::Duration;
+
+use super::handoff::Handoff;
+use super::schedule::RetryPolicy;
+use crate::config::QueueTarget;
+
+/// `quota-gate consume` options.
+#[derive(Debug, clap::Args)]
+pub struct ConsumeArgs {
+    /// Where jobs come from: `-` (stdin, the spool), `valkey-stream:<key>` or
+    /// an SQS queue URL. Default: the queue the gate writes to (SCAN_QUEUE_URL).
+    #[arg(long)]
+    pub from: Option<String>,
+    /// The scanner command (`sh -c`, in a process group of its own): job JSON on stdin,
+    /// SCAN_ID, SCAN_ATTEMPT and IMAGE in its environment; exit 0 = done.
+    #[arg(long, required_unless_present = "post", conflicts_with = "post")]
+    pub exec: Option<String>,
+    /// The scanner URL (http://): the job JSON is POSTed with x-scan-id and x-scan-attempt; 2xx = done.
+    #[arg(long)]
+    pub post: Option<String>,
+    /// Hand-offs running at once.
+    #[arg(long, default_value = "4")]
+    pub concurrency: NonZeroUsize,
+    /// Jobs read and not yet finished (held or running), at most.
+    #[arg(long, default_value = "1024")]
+    pub max_held: NonZeroUsize,
+    /// The stream's consumer group.
+    #[arg(long, default_value = "quota-gate")]
+    pub group: String,
+    /// This consumer's name in the group. Default: `<host>-<pid>`.
+    #[arg(long)]
+    pub consumer: Option<String>,
+    /// How long a job stays with a consumer that stopped renewing it (stream
+    /// entry, SQS visibility, scanId marker). At least 1 s.
+    #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
+    pub lease: Duration,
+    /// Failed hand-offs before a job is dead-lettered (`<stream>:dead`).
+    #[arg(long, default_value = "5")]
+    pub max_attempts: NonZeroU32,
+    /// The wait after the first failure, doubled after each (at most 5 min).
+    #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
+    pub backoff: Duration,
+    /// How long one scan may run; then its scanner is killed and the attempt failed.
+    #[arg(long, default_value = "30m", value_parser = humantime::parse_duration)]
+    pub scan_timeout: Duration,
+    /// How long running hand-offs may take to finish after SIGTERM.
+    #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
+    pub grace: Duration,
+    /// With `--from -`: journal every job read to this file (fsync'd) and
+    /// replay the unfinished ones at start, so a crash loses none it read.
+    #[arg(long)]
+    pub journal: Option<PathBuf>,
+    /// Serve Prometheus text at GET /metrics on this address.
+    #[arg(long)]
+    pub metrics_listen: Option<SocketAddr>,
+    /// No EMF metric lines on stdout.
+    #[arg(long)]
+    pub no_emf: bool,
+}
+
+/// The longest wait between attempts.
+const BACKOFF_CAP: Duration = Duration::from_secs(300);
+
+impl ConsumeArgs {
+    /// Where jobs come from: `--from`, else the gate's own queue; a
+    /// `--journal` only with the spool.
+    pub fn source(&self, queue: &QueueTarget) -> Result<SourceSpec, String> {
+        let spec = SourceSpec::resolve(self.from.as_deref(), queue)?;
+        if self.journal.is_some() && spec != SourceSpec::Stdin {
+            return Err("--journal is for --from - (the spool) only".into());
+        }
+        Ok(spec)
+    }
+
+    /// The scanner `--exec` or `--post` names, once `--lease` is checked.
+    pub fn handoff(&self) -> Result<Handoff, String> {
+        if self.lease < Duration::from_secs(1) {
+            return Err("--lease must be at least 1s".into());
+        }
+        match (&self.exec, &self.post) {
+            (Some(command), None) => Ok(Handoff::Exec(command.clone())),
+            (None, Some(url)) => Handoff::post(url),
+            _ => Err("give one of --exec or --post".into()),
+        }
+    }
+
+    /// `--consumer`, else `<host>-<pid>`.
+    pub fn consumer_name(&self) -> String {
+        self.consumer.clone().unwrap_or_else(default_consumer)
+    }
+
+    /// `--max-attempts` and `--backoff`, the wait capped at [`BACKOFF_CAP`].
+    pub fn retry_policy(&self) -> RetryPolicy {
+        RetryPolicy {
+            max_attempts: self.max_attempts,
+            base: self.backoff,
+            cap: BACKOFF_CAP,
+        }
+    }
+}
+
+/// What `--from` (or `SCAN_QUEUE_URL`) names.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SourceSpec {
+    Stdin,
+    Stream(String),
+    Sqs(String),
+}
+
+impl SourceSpec {
+    /// `--from`, else the gate's own queue.
+    pub fn resolve(from: Option<&str>, queue: &QueueTarget) -> Result<Self, String> {
+        match from {
+            None => Ok(match queue {
+                QueueTarget::Spool => Self::Stdin,
+                QueueTarget::ValkeyStream(key) => Self::Stream(key.clone()),
+                QueueTarget::Sqs(url) => Self::Sqs(url.clone()),
+            }),
+            Some("-") => Ok(Self::Stdin),
+            Some(s) => match s.strip_prefix("valkey-stream:") {
+                Some("") => Err("--from valkey-stream: needs a key".into()),
+                Some(key) => Ok(Self::Stream(key.into())),
+                None if s.starts_with("https://") || s.starts_with("http://") => {
+                    Ok(Self::Sqs(s.into()))
+                }
+                None => Err(format!(
+                    "--from {s}: expected -, valkey-stream:<key> or an SQS queue URL"
+                )),
+            },
+        }
+    }
+}
+
+/// `<host>-<pid>`: unique among live consumers, readable in `XINFO CONSUMERS`.
+fn default_consumer() -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .or_else(|| std::env::var("HOSTNAME").ok())
+        .map(|h| h.trim().to_owned())
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "consumer".into());
+    format!("{host}-{}", std::process::id())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `--from` overrides the gate's queue; without it the consumer reads where the gate writes.
+    #[test]
+    fn sources() {
+        let sqs = "https://sqs.us-east-1.amazonaws.com/1/scans";
+        let stream = QueueTarget::ValkeyStream("jobs".into());
+        assert_eq!(
+            SourceSpec::resolve(None, &QueueTarget::Spool),
+            Ok(SourceSpec::Stdin)
+        );
+        assert_eq!(
+            SourceSpec::resolve(None, &stream),
+            Ok(SourceSpec::Stream("jobs".into()))
+        );
+        assert_eq!(
+            SourceSpec::resolve(Some("-"), &stream),
+            Ok(SourceSpec::Stdin)
+        );
+        assert_eq!(
+            SourceSpec::resolve(Some(sqs), &stream),
+            Ok(SourceSpec::Sqs(sqs.into()))
+        );
+        assert_eq!(
+            SourceSpec::resolve(Some("valkey-stream:a{b}"), &QueueTarget::Spool),
+            Ok(SourceSpec::Stream("a{b}".into()))
+        );
+        assert!(SourceSpec::resolve(Some("valkey-stream:"), &stream).is_err());
+        assert!(SourceSpec::resolve(Some("ftp://x"), &stream).is_err());
+    }
+}

@@ -1,0 +1,222 @@
+//! The spool's journal (`consume --from - --journal PATH`): what makes a
+//! pipe's jobs survive the consumer.
+//!
+//! Every job is appended as it was read, and `fsync`ed before the consumer
+//! acts on it; a `{"started":"<scanId>","attempt":n}` line goes in before
+//! each attempt's scanner starts, and a `{"done":"<scanId>"}` line once the
+//! job ran (or was given up). [`Journal::open`] reads it back at start: the
+//! jobs without a done line, once each, in order, with the highest attempt
+//! each started, and rewrites it with only those (a temporary file renamed
+//! over it), so the journal holds no more than the unfinished jobs.
+
+use std::collections::{HashMap, HashSet};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use serde::Deserialize;
+use uuid::Uuid;
+
+use super::Delivery;
+use crate::consume::error::ConsumeError;
+
+/// The line that says `scan` is finished.
+fn done_line(scan: Uuid) -> String {
+    serde_json::json!({ "done": scan }).to_string()
+}
+
+/// The line that says attempt `attempt` at `scan` started.
+fn started_line(scan: Uuid, attempt: u64) -> String {
+    serde_json::json!({ "started": scan, "attempt": attempt }).to_string()
+}
+
+/// A journal line that says a job is finished.
+#[derive(Deserialize)]
+struct Done {
+    done: Uuid,
+}
+
+/// A journal line that says an attempt at a job started.
+#[derive(Deserialize)]
+struct Started {
+    started: Uuid,
+    attempt: u64,
+}
+
+/// What a journal holds at start: its unfinished jobs, in order, and the
+/// highest attempt each started with (if it did).
+#[derive(Default)]
+pub struct Replay {
+    pub jobs: Vec<Delivery>,
+    pub started: HashMap<Uuid, u64>,
+}
+
+/// The append-only journal file; every line is `fsync`ed before it counts.
+pub struct Journal {
+    file: Arc<std::sync::Mutex<std::fs::File>>,
+}
+
+impl Journal {
+    /// Reads `path` (if it exists), rewrites it with only the unfinished
+    /// jobs, and opens it for appending; returns those jobs, in order.
+    pub async fn open(path: PathBuf) -> Result<(Self, Replay), ConsumeError> {
+        let opened = tokio::task::spawn_blocking(move || compact(&path))
+            .await
+            .map_err(|e| ConsumeError::Journal(e.to_string()))?;
+        let (file, replay) = opened.map_err(|e| ConsumeError::Journal(e.to_string()))?;
+        Ok((
+            Self {
+                file: Arc::new(std::sync::Mutex::new(file)),
+            },
+            replay,
+        ))
+    }
+
+    /// `d`, as it was read.
+    pub async fn job(&self, d: &Delivery) -> Result<(), ConsumeError> {
+        self.append(d.json.clone()).await
+    }
+
+    /// `scan` is finished: a replay leaves it out.
+    pub async fn done(&self, scan: Uuid) -> Result<(), ConsumeError> {
+        self.append(done_line(scan)).await
+    }
+
+    /// Attempt `attempt` at `scan` starts: a replay runs a higher one.
+    pub async fn started(&self, scan: Uuid, attempt: u64) -> Result<(), ConsumeError> {
+        self.append(started_line(scan, attempt)).await
+    }
+
+    /// `line`, `fsync`ed.
+    async fn append(&self, mut line: String) -> Result<(), ConsumeError> {
+        line.push('\n');
+        let file = self.file.clone();
+        tokio::task::spawn_blocking(move || {
+            let mut file = file
+                .lock()
+                .map_err(|_| std::io::Error::other("journal lock poisoned"))?;
+            file.write_all(line.as_bytes())?;
+            file.sync_data()
+        })
+        .await
+        .map_err(|e| ConsumeError::Journal(e.to_string()))?
+        .map_err(|e| ConsumeError::Journal(e.to_string()))
+    }
+}
+
+/// The journal's unfinished jobs (and the attempts they started), and the
+/// journal rewritten with just them.
+fn compact(path: &Path) -> std::io::Result<(std::fs::File, Replay)> {
+    let text = match std::fs::read_to_string(path) {
+        Ok(text) => text,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
+        Err(e) => return Err(e),
+    };
+    let replay = unfinished(&text);
+    let tmp = path.with_extension("compacting");
+    {
+        let mut out = std::fs::File::create(&tmp)?;
+        for d in &replay.jobs {
+            out.write_all(d.json.as_bytes())?;
+            out.write_all(b"\n")?;
+            if let Some(n) = replay.started.get(&d.job.scan_id) {
+                out.write_all(started_line(d.job.scan_id, *n).as_bytes())?;
+                out.write_all(b"\n")?;
+            }
+        }
+        out.sync_all()?;
+    }
+    std::fs::rename(&tmp, path)?;
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::File::open(dir)?.sync_all()?;
+    }
+    let file = std::fs::OpenOptions::new().append(true).open(path)?;
+    Ok((file, replay))
+}
+
+/// The jobs of the journal `text` without a done line, once each, in
+/// order, and the highest attempt each started with.
+fn unfinished(text: &str) -> Replay {
+    let done: HashSet<Uuid> = text
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Done>(l).ok())
+        .map(|d| d.done)
+        .collect();
+    let mut seen = HashSet::new();
+    let jobs: Vec<Delivery> = text
+        .lines()
+        .filter_map(|l| Delivery::of_spool_line(l.to_owned()))
+        .filter(|d| !done.contains(&d.job.scan_id) && seen.insert(d.job.scan_id))
+        .collect();
+    let mut started = HashMap::new();
+    for s in text
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Started>(l).ok())
+    {
+        if seen.contains(&s.started) && !done.contains(&s.started) {
+            let n: &mut u64 = started.entry(s.started).or_default();
+            *n = (*n).max(s.attempt);
+        }
+    }
+    Replay { jobs, started }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::consume::source::tests::JOB;
+
+    /// A journal keeps the jobs without a done line, once each, in order,
+    /// and is rewritten with just them.
+    #[test]
+    fn journal_compacts_to_unfinished_jobs() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("journal");
+        let other = JOB.replace(
+            "01a22ae3-0721-75a3-a454-7957ef912430",
+            "01a22ae3-0721-75a3-a454-7957ef912431",
+        );
+        let done = done_line("01a22ae3-0721-75a3-a454-7957ef912430".parse().unwrap());
+        std::fs::write(&path, format!("{JOB}\n{other}\n{other}\n{done}\n{{\"half")).unwrap();
+        let (_, replay) = compact(&path).unwrap();
+        assert_eq!(replay.jobs.len(), 1);
+        assert_eq!(replay.jobs[0].json, other);
+        assert_eq!(
+            std::fs::read_to_string(&path).unwrap(),
+            format!("{other}\n")
+        );
+        let (_, again) = compact(&path).unwrap();
+        assert_eq!(again.jobs.len(), 1);
+    }
+
+    /// The attempts a journal says its unfinished jobs started are kept
+    /// (the highest of each) through compaction; a finished job's are not.
+    #[test]
+    fn journal_keeps_started_attempts() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("journal");
+        let (a, b) = (
+            "01a22ae3-0721-75a3-a454-7957ef912430",
+            "01a22ae3-0721-75a3-a454-7957ef912431",
+        );
+        let other = JOB.replace(a, b);
+        let started = |id: &str, n| started_line(id.parse().unwrap(), n);
+        let lines = [
+            JOB.to_owned(),
+            started(a, 1),
+            other.clone(),
+            started(b, 2),
+            started(b, 1),
+            done_line(a.parse().unwrap()),
+        ];
+        std::fs::write(&path, lines.join("\n")).unwrap();
+        let (_, replay) = compact(&path).unwrap();
+        let want = HashMap::from([(b.parse().unwrap(), 2)]);
+        assert_eq!(replay.started, want);
+        assert_eq!(
+            std::fs::read_to_string(&path).unwrap(),
+            format!("{other}\n{}\n", started(b, 2))
+        );
+        assert_eq!(compact(&path).unwrap().1.started, want);
+    }
+}
