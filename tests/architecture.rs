@@ -20,7 +20,7 @@ const ALLOWED_CYCLES: &[&[&str]] = &[];
 
 /// The rules: pure functions and types, which import no I/O crate and no
 /// crate module outside [`PURE`].
-const RULES: &[&str] = &["decide", "delay", "pace", "record", "settle"];
+const RULES: &[&str] = &["decide", "delay", "outcome", "pace", "record", "settle"];
 
 /// The modules the rules may import: the rules themselves and the
 /// one-word settings they read.
@@ -28,6 +28,7 @@ const PURE: &[&str] = &[
     "config::words",
     "decide",
     "delay",
+    "outcome",
     "pace",
     "record",
     "settle",

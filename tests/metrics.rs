@@ -168,16 +168,18 @@ fn counters_equal_what_was_sent() {
 /// Requests by outcome are one counter per outcome, labelled `scope` only: 3 within, 2 soft, 3 hard anonymous; 2 within by token; every other outcome exposed at 0.
 #[test]
 fn requests_by_outcome() {
-    use quota_gate::meter::{OUTCOMES, REQUESTS};
+    use quota_gate::meter::{Outcome, REQUESTS};
     let text = scripted_run();
-    for (name, outcome) in REQUESTS.iter().zip(OUTCOMES) {
-        assert_eq!(*name, format!("stella_quota_requests_{outcome}_total"));
+    assert_eq!(REQUESTS.len(), Outcome::ALL.len());
+    for outcome in Outcome::ALL {
+        let name = outcome.requests_metric();
+        assert!(REQUESTS.contains(&name), "{name}");
         assert_counter_with_help(text, name);
         let expected = |scope: &str| match (outcome, scope) {
-            ("within", "ip") => 3.0,
-            ("soft", "ip") => 2.0,
-            ("hard", "ip") => 3.0,
-            ("within", "tid") => TOKEN_SCANS as f64,
+            (Outcome::Within, "ip") => 3.0,
+            (Outcome::Soft, "ip") => 2.0,
+            (Outcome::Hard, "ip") => 3.0,
+            (Outcome::Within, "tid") => TOKEN_SCANS as f64,
             _ => 0.0,
         };
         for scope in ["ip", "tid"] {
