@@ -59,14 +59,7 @@ impl Counter {
     ];
 
     pub const fn name(self) -> &'static str {
-        match self {
-            Self::SoftHits => SOFT_HITS,
-            Self::HardHits => HARD_HITS,
-            Self::Reminders => REMINDERS,
-            Self::StoreErrors => STORE_ERRORS,
-            Self::EnqueueErrors => ENQUEUE_ERRORS,
-            Self::BacklogRefusals => BACKLOG_REFUSALS,
-        }
+        COUNTERS[self as usize]
     }
 
     const fn help(self) -> &'static str {
@@ -108,16 +101,15 @@ pub(super) fn shadow_values(tier: Tier) -> [u64; 2] {
     [u64::from(tier == Tier::Soft), u64::from(tier == Tier::Hard)]
 }
 
-/// Every counter's name, in EMF declaration order.
-pub const COUNTERS: [&str; 6] = {
-    let mut names = [""; Counter::ALL.len()];
-    let mut i = 0;
-    while i < names.len() {
-        names[i] = Counter::ALL[i].name();
-        i += 1;
-    }
-    names
-};
+/// Every counter's name, in EMF declaration order: [`Counter::ALL`]'s.
+pub const COUNTERS: [&str; 6] = [
+    SOFT_HITS,
+    HARD_HITS,
+    REMINDERS,
+    STORE_ERRORS,
+    ENQUEUE_ERRORS,
+    BACKLOG_REFUSALS,
+];
 
 /// Every metered request, one Count per outcome, in [`Outcome::ALL`]
 /// order: `stella_quota_requests_<outcome>_total`.
@@ -174,27 +166,29 @@ pub const EVENTS: [&str; 2] = [Event::ALL[0].metric(), Event::ALL[1].metric()];
 /// counts. Called once the recorder is installed (descriptions sent before
 /// that are lost).
 pub fn describe() {
-    for counter in Counter::ALL {
-        metrics::describe_counter!(counter.name(), counter.help());
+    let others = [
+        (
+            SHADOW_SOFT_HITS,
+            "Shadow mode: scans enforcement would have given the soft delay (none was given).",
+        ),
+        (
+            SHADOW_HARD_HITS,
+            "Shadow mode: scans enforcement would have given the hard delay (none was given).",
+        ),
+        (
+            EMF_DROPPED,
+            "EMF lines dropped because standard output was not read fast enough.",
+        ),
+    ];
+    let counters = Counter::ALL
+        .map(|c| (c.name(), c.help()))
+        .into_iter()
+        .chain(Outcome::ALL.map(|o| (o.requests_metric(), o.help())))
+        .chain(Event::ALL.map(|e| (e.metric(), e.help())))
+        .chain(others);
+    for (name, help) in counters {
+        metrics::describe_counter!(name, help);
     }
-    for outcome in Outcome::ALL {
-        metrics::describe_counter!(outcome.requests_metric(), outcome.help());
-    }
-    metrics::describe_counter!(
-        SHADOW_SOFT_HITS,
-        "Shadow mode: scans enforcement would have given the soft delay (none was given)."
-    );
-    metrics::describe_counter!(
-        SHADOW_HARD_HITS,
-        "Shadow mode: scans enforcement would have given the hard delay (none was given)."
-    );
-    for event in Event::ALL {
-        metrics::describe_counter!(event.metric(), event.help());
-    }
-    metrics::describe_counter!(
-        EMF_DROPPED,
-        "EMF lines dropped because standard output was not read fast enough."
-    );
     metrics::describe_gauge!(
         PROCESS_RSS,
         metrics::Unit::Bytes,
@@ -218,8 +212,8 @@ mod tests {
     /// The derived lists hold the types' names in their order.
     #[test]
     fn lists_follow_the_types() {
-        assert_eq!(COUNTERS[0], SOFT_HITS);
-        assert_eq!(COUNTERS[5], BACKLOG_REFUSALS);
+        assert_eq!(Counter::SoftHits.name(), SOFT_HITS);
+        assert_eq!(Counter::BacklogRefusals.name(), BACKLOG_REFUSALS);
         for (i, o) in Outcome::ALL.iter().enumerate() {
             assert_eq!(REQUESTS[i], o.requests_metric());
         }
@@ -228,7 +222,7 @@ mod tests {
             assert_eq!(EVENTS[i], e.metric());
         }
         for (i, c) in Counter::ALL.iter().enumerate() {
-            assert_eq!(COUNTERS[i], c.name());
+            assert_eq!(*c as usize, i);
         }
     }
 }
