@@ -49,7 +49,7 @@ pub enum End {
 /// count (the store did not answer, fail-open), refused with a 503's error
 /// code, or a repeat of an `Idempotency-Key` answered from its record.
 /// Bad input is never metered.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Outcome {
     /// Accepted within the quota, or decided in shadow mode (nobody waited).
     Within,
