@@ -3,12 +3,12 @@
 //! Everything the gate decides or stores about a request uses that one
 //! reading: the counter's period, the idempotency record's times and lease,
 //! the pacing arrival, `receivedAt` and `notBefore`, and the in-memory
-//! store's expiries (every store call takes `now`). Two readings are not
-//! the request's, on purpose: the JWT check (`jsonwebtoken` compares
-//! `exp`/`nbf` with the system clock itself, and the verified-token cache
-//! follows it, so a cached token expires exactly when a fresh check would
-//! refuse it), and the EMF line's `Timestamp`, which is when the line was
-//! written, as CloudWatch expects.
+//! store's expiries (every store call takes `now`), the EMF line's
+//! `Timestamp` (the meter is handed the instant in its `Exit`) and the
+//! scan's UUIDv7 ([`uuid_v7`]). One reading is not the request's, on
+//! purpose: the JWT check (`jsonwebtoken` compares `exp`/`nbf` with the
+//! system clock itself, and the verified-token cache follows it, so a
+//! cached token expires exactly when a fresh check would refuse it).
 //!
 //! [`Clock::System`] is the wall clock. [`Clock::Tokio`] is the wall clock
 //! at its creation advanced by Tokio's clock, so a test with paused Tokio
@@ -17,6 +17,7 @@
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use time::OffsetDateTime;
+use uuid::{NoContext, Timestamp, Uuid};
 
 use crate::unix::UnixMillis;
 
@@ -63,6 +64,14 @@ impl Clock {
             }
         }
     }
+}
+
+/// A UUIDv7 whose time is `at`, the request's instant (the rest random):
+/// a scan's id and its `receivedAt` carry the same millisecond.
+pub fn uuid_v7(at: UnixMillis) -> Uuid {
+    let ms = u64::try_from(at.get()).unwrap_or(0);
+    let nanos = u32::try_from(ms % 1000).unwrap_or(0) * 1_000_000;
+    Uuid::new_v7(Timestamp::from_unix(NoContext, ms / 1000, nanos))
 }
 
 /// An instant as RFC 3339 UTC with second precision (`2026-12-01T00:00:00Z`);
@@ -166,5 +175,16 @@ mod tests {
         assert_eq!(rfc3339(253_402_300_800), "");
         assert_eq!(rfc3339(-62_167_219_201), "");
         assert_eq!(rfc3339(i64::MAX), "");
+    }
+
+    /// A scan id made at an instant carries that millisecond, and two made at once differ.
+    #[test]
+    fn uuid_v7_carries_the_instant() {
+        let at = UnixMillis(1_796_083_205_250);
+        let id = uuid_v7(at);
+        assert_eq!(id.get_version_num(), 7);
+        let (secs, nanos) = id.get_timestamp().unwrap().to_unix();
+        assert_eq!((secs, nanos), (1_796_083_205, 250_000_000));
+        assert_ne!(uuid_v7(at), id);
     }
 }

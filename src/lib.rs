@@ -21,12 +21,12 @@
 //! | 7 | [`queue`], [`job`] | enqueues the scan job (SQS, Valkey stream, stdout spool); [`job::ScanJob`] is the one job type |
 //! | 8 | [`respond`] | the 202 contract and the JSON errors |
 //! | — | [`check`] | `GET /quota`: the quota and the next scan's tier and delay, read in one round trip, nothing spent |
-//! | 9 | [`meter`] | EMF lines and Prometheus counters, from the gate's one [`meter::Exit`] per scan |
+//! | 9 | [`meter`], [`outcome`] | EMF lines and Prometheus counters, from the gate's one [`meter::Exit`] per scan and its one [`outcome::Outcome`] |
 //! | after | [`consume`] | `quota-gate consume`: holds each job until `notBefore`, runs each `scanId` once |
 //!
-//! The floors: the pure rules and types ([`decide`], [`delay`], [`pace`],
-//! [`record`], [`settle`], the instant types of [`unix`], and the one-word
-//! settings of [`config::words`])
+//! The floors: the pure rules and types ([`decide`], [`delay`], [`outcome`],
+//! [`pace`], [`record`], [`settle`], the instant types of [`unix`], and the
+//! one-word settings of [`config::words`])
 //! import no I/O crate and no module above them; the modules that talk to
 //! Valkey, SQS or a socket build on them; [`gate`] drives them; [`lambda`],
 //! [`serve`] and [`cli`] sit on top. No module imports one that imports it
@@ -50,7 +50,8 @@
 //! cluster, TLS) used by the store and the stream queue; [`breaker`] skips a
 //! failing store for a cool-down; [`bugs`] holds the test-only switches
 //! that bring past bugs back for the simulator; [`stdout`] is the process's non-blocking
-//! line writer (spooled jobs, EMF lines, `serve`'s logs); [`cli`] is the
+//! line writer (spooled jobs, EMF lines, `serve`'s logs), a writer thread on
+//! the I/O floor beside the connection; [`cli`] is the
 //! `quota-gate` command and [`ops`] its operator tools (inspect, reset, purge, stats), which own what
 //! only operators need: reading and removing keys, visiting every primary.
 
@@ -73,6 +74,7 @@ pub mod job;
 pub mod lambda;
 pub mod meter;
 pub mod ops;
+pub mod outcome;
 pub mod pace;
 pub mod queue;
 pub mod record;

@@ -20,7 +20,7 @@ const ALLOWED_CYCLES: &[&[&str]] = &[];
 
 /// The rules: pure functions and types, which import no I/O crate and no
 /// crate module outside [`PURE`].
-const RULES: &[&str] = &["decide", "delay", "pace", "record", "settle"];
+const RULES: &[&str] = &["decide", "delay", "outcome", "pace", "record", "settle"];
 
 /// The modules the rules may import: the rules themselves and the
 /// one-word settings they read.
@@ -28,6 +28,7 @@ const PURE: &[&str] = &[
     "config::words",
     "decide",
     "delay",
+    "outcome",
     "pace",
     "record",
     "settle",
@@ -53,7 +54,7 @@ const MAX_FILE_LINES: usize = 400;
 /// Files longer than [`MAX_FILE_LINES`] today, being split elsewhere. This
 /// list may only shrink: a file that grows past the limit is split along
 /// its ideas, not added here.
-const LONG_FILES: &[&str] = &["src/config/mod.rs", "src/connection.rs", "src/meter.rs"];
+const LONG_FILES: &[&str] = &["src/config/mod.rs", "src/connection.rs"];
 
 /// One source file, read as one module.
 struct Module {

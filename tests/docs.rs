@@ -1,6 +1,6 @@
 //! The docs cannot go stale: their examples are run and compared with what the
 //! program prints, and the lists they repeat are checked against the one place
-//! each is defined (the template, the alert rules, `meter.rs`, a real Valkey's
+//! each is defined (the template, the alert rules, `meter/catalogue.rs`, a real Valkey's
 //! keys, the lock file).
 
 use quota_gate_testkit as common;
@@ -334,7 +334,7 @@ fn aws_parameter_list_is_the_templates() {
     }
 }
 
-/// docs/operations.md's metrics table is `meter.rs`'s metrics.
+/// docs/operations.md's metrics table is `meter/catalogue.rs`'s metrics.
 #[test]
 fn metrics_table_is_the_meters() {
     use quota_gate::meter::{COUNTERS, DELAY_MS, EMF_DROPPED, EVENTS, REQUESTS, SHADOW_COUNTERS};

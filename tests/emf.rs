@@ -26,7 +26,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use common::*;
 use quota_gate::connection::Valkey;
 use quota_gate::gate::Gate;
-use quota_gate::meter::{self, Meter};
+use quota_gate::meter;
 use quota_gate::store::memory::MemoryStore;
 use quota_gate::store::valkey::ValkeyStore;
 use serde_json::Value;
@@ -345,21 +345,39 @@ async fn rejected_requests_print_nothing() {
     assert!(documents(&sink).is_empty());
 }
 
-/// The meter's own rendering holds the timestamp it is given, as an integer.
+/// A line's timestamp is the request's instant, as it is given in the exit, written as integer milliseconds.
 #[test]
-fn timestamp_is_integer_milliseconds() {
-    let line = Meter::new("StellaOps/Quota", None).emf_line(
-        &meter::Outcome {
-            tier: Some(quota_gate::decide::Tier::Hard),
+fn timestamp_is_the_requests_instant() {
+    let sink = Capture::default();
+    sink.meter().record(&meter::Exit {
+        scope: quota_gate::digest::Scope::Ip,
+        metered: meter::Metered::Counted {
+            tier: quota_gate::decide::Tier::Hard,
+            reminder: false,
             delay: Duration::from_secs(60),
-            ..meter::Outcome::new(quota_gate::digest::Scope::Ip)
+            shadow: false,
         },
-        1_796_032_800_123,
-    );
-    let doc: Value = serde_json::from_str(&line).unwrap();
+        end: meter::End::Answered,
+        at: quota_gate::unix::UnixMillis(1_796_032_800_123),
+    });
+    let line = sink.text();
+    let doc: Value = serde_json::from_str(line.trim_end()).unwrap();
     assert_eq!(doc["_aws"]["Timestamp"].as_u64(), Some(1_796_032_800_123));
     assert!(
         line.contains("\"Timestamp\":1796032800123"),
         "no float: {line}"
     );
+}
+
+/// Every line of a request carries the gate's one clock reading: the EMF timestamps of a paused-clock run are the instants its requests arrived, not when the lines were written.
+#[tokio::test(start_paused = true)]
+async fn timestamps_are_the_gates_clock() {
+    let (_gate, sink) = after_three_scans(&[]).await;
+    let stamps: Vec<u64> = documents(&sink)
+        .iter()
+        .map(|d| d["_aws"]["Timestamp"].as_u64().unwrap())
+        .collect();
+    // Within, soft (slept 5 s), hard: the third arrived after the soft scan's sleep.
+    assert!(stamps[1] - stamps[0] < 1_000, "{stamps:?}");
+    assert!(stamps[2] - stamps[1] >= 5_000, "{stamps:?}");
 }

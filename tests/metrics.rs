@@ -27,7 +27,12 @@ const TOKEN_SCANS: u64 = 2;
 /// Sends the scripted traffic through `quota_gate::serve::serve` once and
 /// returns what `GET /metrics` said afterwards.
 fn scripted_run() -> &'static str {
-    static TEXT: OnceLock<String> = OnceLock::new();
+    &scrapes()[0]
+}
+
+/// The scripted traffic, then two scrapes of `GET /metrics`.
+fn scrapes() -> &'static [String; 2] {
+    static TEXT: OnceLock<[String; 2]> = OnceLock::new();
     TEXT.get_or_init(|| {
         let runtime = tokio::runtime::Runtime::new().unwrap();
         runtime.block_on(async {
@@ -74,12 +79,13 @@ fn scripted_run() -> &'static str {
                 r#"{"image":""}"#,
             );
             assert_eq!(send(empty_image).await.0, 400);
-            let (status, text) = send(get_request("/metrics")).await;
+            let (status, first) = send(get_request("/metrics")).await;
             assert_eq!(status, 200);
+            let (_, second) = send(get_request("/metrics")).await;
             drop(client);
             let _ = stop.send(());
             server.await.unwrap().unwrap();
-            text
+            [first, second]
         })
     })
 }
@@ -168,16 +174,18 @@ fn counters_equal_what_was_sent() {
 /// Requests by outcome are one counter per outcome, labelled `scope` only: 3 within, 2 soft, 3 hard anonymous; 2 within by token; every other outcome exposed at 0.
 #[test]
 fn requests_by_outcome() {
-    use quota_gate::meter::{OUTCOMES, REQUESTS};
+    use quota_gate::meter::{Outcome, REQUESTS};
     let text = scripted_run();
-    for (name, outcome) in REQUESTS.iter().zip(OUTCOMES) {
-        assert_eq!(*name, format!("stella_quota_requests_{outcome}_total"));
+    assert_eq!(REQUESTS.len(), Outcome::ALL.len());
+    for outcome in Outcome::ALL {
+        let name = outcome.requests_metric();
+        assert!(REQUESTS.contains(&name), "{name}");
         assert_counter_with_help(text, name);
         let expected = |scope: &str| match (outcome, scope) {
-            ("within", "ip") => 3.0,
-            ("soft", "ip") => 2.0,
-            ("hard", "ip") => 3.0,
-            ("within", "tid") => TOKEN_SCANS as f64,
+            (Outcome::Within, "ip") => 3.0,
+            (Outcome::Soft, "ip") => 2.0,
+            (Outcome::Hard, "ip") => 3.0,
+            (Outcome::Within, "tid") => TOKEN_SCANS as f64,
             _ => 0.0,
         };
         for scope in ["ip", "tid"] {
@@ -310,4 +318,39 @@ fn alert_rules_use_exposed_series() {
     ] {
         assert!(used.contains(seed), "no rule on {seed}");
     }
+}
+
+/// `GET /metrics` lists its families in name order and each counter's series in label order, the same on every scrape.
+#[test]
+fn scrapes_are_in_a_stable_order() {
+    // Every line but its value (the process gauges move between scrapes).
+    let shape = |text: &str| -> Vec<String> {
+        text.lines()
+            .map(|l| match l.starts_with('#') {
+                true => l.to_owned(),
+                false => l
+                    .rsplit_once(' ')
+                    .map_or(l, |(series, _)| series)
+                    .to_owned(),
+            })
+            .collect()
+    };
+    let [first, second] = scrapes();
+    assert_eq!(shape(first), shape(second));
+    let families: Vec<&str> = first
+        .lines()
+        .filter_map(|l| l.strip_prefix("# TYPE "))
+        .map(|l| l.split(' ').next().unwrap())
+        .collect();
+    let mut sorted = families.clone();
+    sorted.sort_unstable();
+    assert_eq!(families, sorted);
+    let soft: Vec<&str> = first
+        .lines()
+        .filter(|l| l.starts_with("stella_quota_soft_hits_total{"))
+        .collect();
+    assert!(
+        soft[0].contains("\"ip\"") && soft[1].contains("\"tid\""),
+        "{soft:?}"
+    );
 }

@@ -2,14 +2,13 @@
 //! per event on stdout (through the non-blocking stdout writer, off with
 //! `--no-emf`) and the `metrics` facade, rendered as Prometheus text when
 //! `--metrics-listen` is given. The only dimension is `Source` (`stream`,
-//! `sqs`, `stdin`); no scanId, digest or image in any metric.
+//! `sqs`, `stdin`); no scanId, digest or image in any metric. The lines are
+//! built and written by the gate's one EMF writer ([`crate::meter::emf`]).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, Ordering};
-use std::time::{SystemTime, UNIX_EPOCH};
 
-use serde_json::{Map, Value, json};
-
+use crate::meter::emf::{self, Line, Sink, Unit};
 use crate::stdout::LineWriter;
 
 pub const STARTED: &str = "stella_consumer_jobs_started_total";
@@ -52,7 +51,7 @@ pub enum Event {
 pub struct ConsumeMeter {
     namespace: Arc<str>,
     source: &'static str,
-    emf: Option<LineWriter>,
+    emf: Option<Sink>,
     held: Arc<AtomicI64>,
 }
 
@@ -61,7 +60,8 @@ impl ConsumeMeter {
         Self {
             namespace: namespace.into(),
             source,
-            emf: emf.then(LineWriter::stdout),
+            // A stdout nobody reads loses metric lines, never jobs.
+            emf: emf.then(|| Sink::Background(LineWriter::stdout(), None)),
             held: Arc::default(),
         }
     }
@@ -105,42 +105,36 @@ impl ConsumeMeter {
             Event::LeaseLost => LEASES_LOST,
         };
         metrics::counter!(name, "source" => source).increment(1);
-        if let Some(out) = &self.emf {
-            let mut line = self.emf_line(event, name).into_bytes();
-            line.push(b'\n');
-            // A stdout nobody reads loses metric lines, never jobs.
-            let _ = out.try_line(line);
+        if let Some(sink) = &self.emf {
+            sink.write(self.emf_line(event, name, crate::clock::wall_ms()));
         }
     }
 
-    /// The EMF document for one event.
-    pub fn emf_line(&self, event: Event, name: &str) -> String {
-        let timestamp = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| d.as_millis());
-        let mut metrics = vec![
-            json!({"Name": name, "Unit": "Count"}),
-            json!({"Name": HELD, "Unit": "Count"}),
-        ];
-        let mut doc = Map::new();
-        doc.insert(name.into(), 1.into());
-        doc.insert(HELD.into(), self.held.load(Ordering::Relaxed).into());
-        if let Event::Started { lateness_ms } = event {
-            metrics.push(json!({"Name": LATENESS_MS, "Unit": "Milliseconds"}));
-            doc.insert(LATENESS_MS.into(), lateness_ms.into());
+    /// The EMF document for one event, named `name`, at `timestamp_ms`.
+    fn emf_line(&self, event: Event, name: &str, timestamp_ms: i64) -> String {
+        let mut declared = vec![(name, Unit::Count), (HELD, Unit::Count)];
+        let lateness = match event {
+            Event::Started { lateness_ms } => Some(lateness_ms),
+            _ => None,
+        };
+        if lateness.is_some() {
+            declared.push((LATENESS_MS, Unit::Milliseconds));
         }
-        doc.insert(
-            "_aws".into(),
-            json!({"Timestamp": timestamp, "CloudWatchMetrics": [{
-                "Namespace": &*self.namespace, "Dimensions": [["Source"]], "Metrics": metrics}]}),
-        );
-        doc.insert("Source".into(), self.source.into());
-        Value::Object(doc).to_string()
+        let directive = emf::directive(&self.namespace, "Source", &declared);
+        let mut line = Line::start(timestamp_ms, &directive, "Source", self.source);
+        line.number(name, 1u64);
+        line.number(HELD, self.held.load(Ordering::Relaxed));
+        if let Some(lateness_ms) = lateness {
+            line.number(LATENESS_MS, lateness_ms);
+        }
+        line.finish()
     }
 }
 
 #[cfg(test)]
 mod tests {
+    use serde_json::{Value, json};
+
     use super::*;
 
     /// A started job's line declares its counter, the held gauge and the lateness, dimension Source only.
@@ -148,7 +142,11 @@ mod tests {
     fn emf_shape() {
         let meter = ConsumeMeter::new("StellaOps/Quota", "stream", false);
         meter.held(2);
-        let line = meter.emf_line(Event::Started { lateness_ms: 12 }, STARTED);
+        let line = meter.emf_line(
+            Event::Started { lateness_ms: 12 },
+            STARTED,
+            1_796_032_800_000,
+        );
         let doc: Value = serde_json::from_str(&line).unwrap();
         let cw = &doc["_aws"]["CloudWatchMetrics"][0];
         assert_eq!(cw["Dimensions"], json!([["Source"]]));
@@ -157,5 +155,6 @@ mod tests {
         assert_eq!(doc[HELD], 2);
         assert_eq!(doc[LATENESS_MS], 12);
         assert_eq!(doc["Source"], "stream");
+        assert_eq!(doc["_aws"]["Timestamp"], 1_796_032_800_000u64);
     }
 }

@@ -72,7 +72,7 @@ impl Attempt {
         let ceiling = delay::ceiling(request.remaining, policy.gateway_timeout);
         let claim = idempotency_key.map(|k| Claim {
             record: key.idempotency(k),
-            scan_id: Uuid::now_v7(),
+            scan_id: crate::clock::uuid_v7(now_ms),
             fingerprint: crate::idempotency::fingerprint(&request.body),
             received_ms: now_ms,
             lease_until_ms: now_ms.saturating_add(ceiling),
@@ -143,6 +143,7 @@ impl Attempt {
             scope: self.identity.scope,
             metered,
             end,
+            at: self.now_ms,
         }
     }
 }
@@ -166,7 +167,7 @@ impl Scan {
             scan_id: attempt
                 .claim
                 .as_ref()
-                .map_or_else(Uuid::now_v7, |c| c.scan_id),
+                .map_or_else(|| crate::clock::uuid_v7(attempt.now_ms), |c| c.scan_id),
             metering,
             received_ms: attempt.now_ms,
             resumed: None,

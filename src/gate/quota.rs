@@ -5,7 +5,6 @@
 use bytes::Bytes;
 use http::Response;
 use tokio::time::Instant;
-use uuid::Uuid;
 
 use super::attempt::{GateRequest, enqueue_within};
 use super::wiring::Gate;
@@ -36,7 +35,8 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
             gateway_claims: request.gateway_claims.as_ref(),
         };
         let identity = self.identifier.identify(&request.headers, &origin)?;
-        self.meter.record_event(identity.scope, Event::Check);
+        self.meter
+            .record_event(identity.scope, Event::Check, now_ms);
         if identity.exempt {
             return Ok(exempt_response(identity.token));
         }
@@ -80,7 +80,7 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
         now_ms: UnixMillis,
         started: Instant,
     ) -> Result<Response<Bytes>, GateError> {
-        let scan_id = Uuid::now_v7();
+        let scan_id = crate::clock::uuid_v7(now_ms);
         let received = respond::rfc3339_ms(now_ms.get());
         let job = ScanJob {
             version: crate::job::JOB_VERSION,
@@ -111,7 +111,8 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
             };
             return Err(GateError::QueueFailed { queued });
         }
-        self.meter.record_event(identity.scope, Event::Exempt);
+        self.meter
+            .record_event(identity.scope, Event::Exempt, now_ms);
         Ok(respond::exempt(
             scan_id,
             now_ms.get(),

@@ -50,14 +50,11 @@ fn endpoint(
     }
     match (request.uri().path(), metrics) {
         ("/healthz", _) => Some(text(StatusCode::OK, "text/plain", "ok\n".into())),
-        ("/metrics", Some(handle)) => {
-            crate::meter::sample_process();
-            Some(text(
-                StatusCode::OK,
-                "text/plain; version=0.0.4",
-                handle.render(),
-            ))
-        }
+        ("/metrics", Some(handle)) => Some(text(
+            StatusCode::OK,
+            "text/plain; version=0.0.4",
+            crate::meter::prometheus::render(handle),
+        )),
         _ => None,
     }
 }
