@@ -31,7 +31,8 @@ async fn wall_clock_stepped_forward_starts_nothing_early() {
         ("FAKETIME_DONT_FAKE_MONOTONIC", "1"),
         ("FAKETIME_DONT_RESET", "1"),
     ];
-    let _a = rig.consume("a", &["--lease", "2s"], &stepped);
+    // Its libfaketime shared memory is removed with it.
+    let _a = UnderFaketime(rig.consume("a", &["--lease", "2s"], &stepped));
     // Running and measured: the first job ran.
     let first = rig.queue(&[job(now_ms())]).await;
     scanner.wait_for("end", 1, Duration::from_secs(15));
