@@ -19,20 +19,15 @@ use common::consumer::*;
 async fn wall_clock_stepped_forward_starts_nothing_early() {
     let rig = StreamRig::start();
     let scanner = &rig.scanner;
-    let lib = libfaketime();
-    let lib = lib.to_string_lossy();
     let offset = scanner.dir.path().join("faketime");
     std::fs::write(&offset, "+0\n").unwrap();
     let offset_arg = offset.to_string_lossy();
     let stepped = [
-        ("LD_PRELOAD", &*lib),
         ("FAKETIME_TIMESTAMP_FILE", &*offset_arg),
         ("FAKETIME_NO_CACHE", "1"),
         ("FAKETIME_DONT_FAKE_MONOTONIC", "1"),
-        ("FAKETIME_DONT_RESET", "1"),
     ];
-    // Its libfaketime shared memory is removed with it.
-    let _a = UnderFaketime(rig.consume("a", &["--lease", "2s"], &stepped));
+    let _a = rig.consume_under_faketime("a", &["--lease", "2s"], &stepped);
     // Running and measured: the first job ran.
     let first = rig.queue(&[job(now_ms())]).await;
     scanner.wait_for("end", 1, Duration::from_secs(15));

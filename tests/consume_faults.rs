@@ -381,14 +381,7 @@ async fn garbage_and_failures_lose_nothing() {
 async fn clock_ahead_starts_nothing_early() {
     let rig = StreamRig::start();
     let scanner = &rig.scanner;
-    let lib = libfaketime();
-    let lib = lib.to_string_lossy();
-    let ahead = [
-        ("LD_PRELOAD", &*lib),
-        ("FAKETIME", "+20s"),
-        ("FAKETIME_DONT_RESET", "1"),
-    ];
-    let a = UnderFaketime(rig.consume("a", &args(&[]), &ahead));
+    let a = rig.consume_under_faketime("a", &args(&[]), &[("FAKETIME", "+20s")]);
     let expected = rig.queue(&jobs(4, 6_000)).await;
     scanner.wait_for("end", 4, Duration::from_secs(20));
     scanner.assert_once_on_time(&expected, false);

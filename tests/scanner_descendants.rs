@@ -121,30 +121,17 @@ fn run(end: End) {
     }
 }
 
+/// Each end, twice.
 #[test]
-fn scanner_exits_leaving_a_daemon() {
-    for _ in 0..2 {
-        run(End::Exits);
-    }
-}
-
-#[test]
-fn scan_timeout_reaches_a_daemon() {
-    for _ in 0..2 {
-        run(End::TimedOut);
-    }
-}
-
-#[test]
-fn sigterm_past_grace_reaches_a_daemon() {
-    for _ in 0..2 {
-        run(End::TermPastGrace);
-    }
-}
-
-#[test]
-fn sigkilled_consumer_takes_a_daemon_along() {
-    for _ in 0..2 {
-        run(End::ConsumerKilled);
+fn no_end_leaves_a_daemon() {
+    for end in [
+        End::Exits,
+        End::TimedOut,
+        End::TermPastGrace,
+        End::ConsumerKilled,
+    ] {
+        for _ in 0..2 {
+            run(end);
+        }
     }
 }

@@ -349,6 +349,22 @@ impl StreamRig {
             .consume(tag, args, &self.vars(extra), Stdio::null())
     }
 
+    /// [`Self::consume`] under libfaketime, its clock set by `faketime`
+    /// (`FAKETIME…` variables; `FAKETIME_DONT_RESET` is given), and its
+    /// shared memory removed with it ([`UnderFaketime`]).
+    pub fn consume_under_faketime(
+        &self,
+        tag: &str,
+        args: &[&str],
+        faketime: &[(&str, &str)],
+    ) -> UnderFaketime {
+        let lib = libfaketime();
+        let lib = lib.to_string_lossy();
+        let mut vars = vec![("LD_PRELOAD", &*lib), ("FAKETIME_DONT_RESET", "1")];
+        vars.extend_from_slice(faketime);
+        UnderFaketime(self.consume(tag, args, &vars))
+    }
+
     /// [`queue_all`] on the stream.
     pub async fn queue(&self, jobs: &[Value]) -> HashMap<String, i64> {
         queue_all(&self.valkey, "jobs", jobs).await
