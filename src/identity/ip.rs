@@ -139,8 +139,6 @@ mod tests {
     #[test]
     fn forwarded_only_from_trusted_peers() {
         let peer: IpAddr = "203.0.113.7".parse().unwrap();
-        assert_eq!(client_ip(peer, &xff("198.51.100.1"), &[]), peer);
-
         let direct = client_ip(peer, &xff("198.51.100.1"), &[]);
         assert_eq!((direct.addr, direct.proxy_fallback), (peer, false));
 
