@@ -248,7 +248,11 @@ async fn grant_five<Q: ScanQueue>(
     assert_eq!(revoked.revoked, Some(true));
     let again = subject::grant(&store, &who, 0).await.unwrap();
     assert_eq!(again.revoked, Some(false));
-    assert!(again.render().starts_with("nothing to revoke"), "{}", again.render());
+    assert!(
+        again.render().starts_with("nothing to revoke"),
+        "{}",
+        again.render()
+    );
     assert_eq!(
         subject::inspect(&store, store_config, &who)
             .await
@@ -323,10 +327,18 @@ async fn grant_before_the_first_scan_expires_with_its_counter() {
         let who = subject::resolve(store_config, &SubjectArg::Ip(ip.into())).unwrap();
         let granted = subject::grant(&store, &who, 50).await.unwrap();
         assert_eq!(granted.expires_at, None, "no counter, no expiry yet");
-        assert!(granted.render().contains("its next scan opens"), "{}", granted.render());
+        assert!(
+            granted.render().contains("its next scan opens"),
+            "{}",
+            granted.render()
+        );
         let shown = subject::inspect(&store, store_config, &who).await.unwrap();
         assert_eq!((shown.exists, shown.grant, shown.limit), (false, 50, 53));
-        assert!(!shown.render().contains("never expires"), "{}", shown.render());
+        assert!(
+            !shown.render().contains("never expires"),
+            "{}",
+            shown.render()
+        );
         let ttl: i64 = server.query(redis::cmd("TTL").arg(&who.key.grant)).await;
         assert_eq!(ttl, -1, "the grant waits for the first scan");
         let mut request = scan_from(ip);
@@ -340,8 +352,14 @@ async fn grant_before_the_first_scan_expires_with_its_counter() {
         let expiry = |key: &str| redis::cmd("EXPIRETIME").arg(key).to_owned();
         let counter: i64 = server.query(&expiry(&who.key.counter)).await;
         let grant: i64 = server.query(&expiry(&who.key.grant)).await;
-        assert!(counter > now() + 86_000, "rolling: 24 h from the first scan");
-        assert_eq!(grant, counter, "keyed={keyed}: the grant ends with its counter");
+        assert!(
+            counter > now() + 86_000,
+            "rolling: 24 h from the first scan"
+        );
+        assert_eq!(
+            grant, counter,
+            "keyed={keyed}: the grant ends with its counter"
+        );
         let shown = subject::inspect(&store, store_config, &who).await.unwrap();
         assert_eq!(shown.grant_expires_at, shown.reset_at);
     }

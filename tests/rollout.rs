@@ -326,7 +326,10 @@ async fn one_reset_in_an_outage() {
             ..Default::default()
         })
         .await;
-    assert_eq!((unmetered.status().as_u16(), exempt.status().as_u16()), (202, 202));
+    assert_eq!(
+        (unmetered.status().as_u16(), exempt.status().as_u16()),
+        (202, 202)
+    );
     assert_eq!(exempt_quota.status(), 200, "{:?}", exempt_quota.body());
     assert_eq!(json(&unmetered)["quota"]["unavailable"], true);
     assert_eq!(json(&exempt)["quota"]["scope"], "exempt");
@@ -346,19 +349,14 @@ async fn one_reset_in_an_outage() {
 #[tokio::test]
 async fn a_trusted_proxy_is_never_exempt() {
     let server = ValkeyServer::start();
-    let vars = with_vars(
-        &real_delays(),
-        &[
-            ("QUOTA_EXEMPT_NETWORKS", "10.0.0.0/8"),
-            ("QUOTA_TRUSTED_PROXIES", "10.0.0.0/24"),
-        ],
-    );
-    let gate = valkey_gate(&server, &vars);
+    let gate = proxied_gate(&server, "10.0.0.0/8", "10.0.0.0/24");
     let via_proxy = |xff: Option<&str>| {
         let mut request = scan_from("10.0.0.5");
         request.headers.remove("x-forwarded-for");
         if let Some(v) = xff {
-            request.headers.insert("x-forwarded-for", v.parse().unwrap());
+            request
+                .headers
+                .insert("x-forwarded-for", v.parse().unwrap());
         }
         request
     };
@@ -372,12 +370,40 @@ async fn a_trusted_proxy_is_never_exempt() {
         assert_eq!(body["quota"]["scope"], "ip", "{xff:?}");
         assert_eq!(body["quota"]["used"], n + 1, "{xff:?}");
     }
-    let proxy = QuotaKey::new(
-        quota_gate::digest::Scope::Ip,
-        &gate.identifier().ip_digest("10.0.0.5".parse().unwrap()),
+    assert_eq!(
+        used_by(&gate, "10.0.0.5").await,
+        3,
+        "all three on the proxy-fallback counter"
     );
-    let seen = gate.store().inspect(&proxy).await.unwrap().unwrap();
-    assert_eq!(seen.peek.used, 3, "all three on the proxy-fallback counter");
+}
+
+/// A gate on `server` with these exempt networks and trusted proxies.
+fn proxied_gate(
+    server: &ValkeyServer,
+    exempt: &'static str,
+    trusted: &'static str,
+) -> quota_gate::Gate<ValkeyStore, quota_gate::queue::stream::StreamQueue> {
+    let vars = with_vars(
+        &real_delays(),
+        &[
+            ("QUOTA_EXEMPT_NETWORKS", exempt),
+            ("QUOTA_TRUSTED_PROXIES", trusted),
+        ],
+    );
+    valkey_gate(server, &vars)
+}
+
+/// The count of the address `ip` in `gate`'s store.
+async fn used_by(
+    gate: &quota_gate::Gate<ValkeyStore, quota_gate::queue::stream::StreamQueue>,
+    ip: &str,
+) -> u64 {
+    let key = QuotaKey::new(
+        quota_gate::digest::Scope::Ip,
+        &gate.identifier().ip_digest(ip.parse().unwrap()),
+    );
+    let seen = gate.store().inspect(&key).await.unwrap().unwrap();
+    seen.peek.used
 }
 
 /// A spoofed `X-Forwarded-For` naming an exempt address exempts nobody;
@@ -385,14 +411,7 @@ async fn a_trusted_proxy_is_never_exempt() {
 #[tokio::test]
 async fn forwarded_for_only_through_a_trusted_proxy() {
     let server = ValkeyServer::start();
-    let vars = with_vars(
-        &real_delays(),
-        &[
-            ("QUOTA_EXEMPT_NETWORKS", "192.0.2.0/24"),
-            ("QUOTA_TRUSTED_PROXIES", "10.0.0.0/8"),
-        ],
-    );
-    let gate = valkey_gate(&server, &vars);
+    let gate = proxied_gate(&server, "192.0.2.0/24", "10.0.0.0/8");
     // A scan from `peer` saying it is forwarded for an exempt address.
     let forwarded = |peer: &str| {
         let mut request = scan_from(peer);
@@ -405,13 +424,7 @@ async fn forwarded_for_only_through_a_trusted_proxy() {
     assert_eq!(body["quota"]["used"], 1);
     let body = json(&gate.handle(forwarded("10.1.2.3")).await);
     assert_eq!(body["quota"]["scope"], "exempt");
-    let identifier = gate.identifier();
-    let spoofer = QuotaKey::new(
-        quota_gate::digest::Scope::Ip,
-        &identifier.ip_digest("203.0.113.60".parse().unwrap()),
-    );
-    let seen = gate.store().inspect(&spoofer).await.unwrap().unwrap();
-    assert_eq!(seen.peek.used, 1);
+    assert_eq!(used_by(&gate, "203.0.113.60").await, 1);
 }
 
 /// A malformed exempt network stops the start, naming the variable.

@@ -473,21 +473,29 @@ mod tests {
         assert!(err.to_string().contains("cannot be verified"), "{err}");
     }
 
+    /// A subject whose counter reads `peek`, no first scan or grant expiry known.
+    fn snapshot(peek: Peek) -> Snapshot {
+        Snapshot {
+            peek,
+            counter: true,
+            first_seen: None,
+            grant_expires_at: None,
+        }
+    }
+
     /// The next scan's tier follows `decide(count + 1)`; reset instant is now + TTL.
     #[test]
     fn next_tier_and_reset() {
         let c = config();
         let s = resolve(&c, &SubjectArg::Ip("198.51.100.1".into())).unwrap();
         let snap = Snapshot {
-            peek: Peek {
+            first_seen: Some("2026-11-30T00:00:01Z".into()),
+            ..snapshot(Peek {
                 used: 3,
                 reset_at: Some(UnixSecs(1_796_000_060)),
                 slot_ms: Some(UnixMillis(1_796_000_012_500)),
                 grant: 0,
-            },
-            counter: true,
-            first_seen: Some("2026-11-30T00:00:01Z".into()),
-            grant_expires_at: None,
+            })
         };
         let i = Inspection::new(&c, &s, Some(&snap), UnixSecs(1_796_000_000));
         assert_eq!(i.backlog_ms, 12_500);
@@ -526,13 +534,11 @@ mod tests {
         let c = config();
         let s = resolve(&c, &SubjectArg::Ip("198.51.100.1".into())).unwrap();
         let snap = Snapshot {
-            peek: Peek {
+            counter: false,
+            ..snapshot(Peek {
                 grant: 50,
                 ..Peek::default()
-            },
-            counter: false,
-            first_seen: None,
-            grant_expires_at: None,
+            })
         };
         // 2026-11-30T10:00:00Z; utc-day: the period would end at midnight.
         let i = Inspection::new(&c, &s, Some(&snap), UnixSecs(1_796_032_800));
