@@ -5,9 +5,11 @@
 //! The gate reads the subject's counter, its expiry, the pacing slot and
 //! any grant in one round trip ([`crate::store::QuotaStore::peek`]); this
 //! module turns that reading into the answer. It is pure, like
-//! [`crate::decide`]: what the next `POST /scan` would get is the same rule
-//! the scan itself follows (`decide(used + 1)` against `limit + grant`, then
-//! [`crate::pace::next_slot`] for a paced tier), so the two cannot drift.
+//! [`crate::decide`]: what the next `POST /scan` would get comes from the
+//! rules the scan itself follows, called, not copied: `decide(used + 1)`
+//! against `limit + grant`, [`settle::decided_delay_rule`] for where its
+//! delay comes from, and [`crate::pace::next_slot`] for a paced one.
+//! Its quota headers are every answer's ([`respond::Standing`]).
 //! The answer never guesses: with the store down the gate answers 503.
 //! In shadow mode it carries a [`ShadowVerdict`] (defined with the decision
 //! in [`crate::decide`], re-exported here).
@@ -15,7 +17,7 @@
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::{HeaderMap, HeaderValue, Response, StatusCode, header};
+use http::{Response, StatusCode};
 use serde::Serialize;
 
 use crate::clock::rfc3339;
@@ -26,8 +28,9 @@ use crate::digest::Scope;
 use crate::identity::TokenStatus;
 use crate::pace::next_slot;
 use crate::record::Peek;
-use crate::respond;
-use crate::unix::{UnixMillis, UnixSecs};
+use crate::respond::{self, Standing};
+use crate::settle::{self, DelayRule};
+use crate::unix::UnixMillis;
 
 /// Whether `path` names the quota route: `/quota`, or `/<stage>/quota`
 /// when API Gateway keeps a named stage in the path (as for `/scan`).
@@ -77,23 +80,17 @@ pub fn next_scan(
     now_ms: UnixMillis,
 ) -> NextScan {
     let decision = decide(peek.used + 1, &limits.with_grant(peek.grant));
-    let tier = decision.tier.as_str();
-    let tier_delay = millis(decision.delay);
+    let shadow = rules.mode == Mode::Shadow;
     let plain = |delay_ms| NextScan {
-        tier,
+        tier: decision.tier.as_str(),
         delay_ms,
         backlog_full_retry_after: None,
-        shadow: None,
+        shadow: shadow.then(|| ShadowVerdict::new(decision.tier, decision.delay)),
     };
-    if rules.mode == Mode::Shadow {
-        return NextScan {
-            shadow: Some(ShadowVerdict::new(decision.tier, decision.delay)),
-            ..plain(0)
-        };
-    }
-    if tier_delay == 0 || rules.pacing == Pacing::Off {
-        return plain(tier_delay);
-    }
+    let tier_delay = match settle::decided_delay_rule(&decision, shadow, rules.pacing) {
+        DelayRule::Fixed(delay) => return plain(millis(delay)),
+        DelayRule::Pace(tier_delay) => millis(tier_delay),
+    };
     let cap = millis(rules.max_backlog);
     match next_slot(peek.slot_ms.unwrap_or_default(), now_ms, tier_delay, cap) {
         Ok(slot) => plain(u64::try_from(slot.get() - now_ms.get()).unwrap_or(0)),
@@ -108,12 +105,10 @@ pub fn next_scan(
 #[derive(Debug, Clone)]
 pub struct QuotaView {
     pub scope: Scope,
-    /// The daily ceiling with the grant added.
-    pub limit: u32,
     pub used: u64,
-    /// The counter's expiry, or when a new counter would expire.
-    pub reset_at: UnixSecs,
-    pub seconds_to_reset: u64,
+    /// The limit with the grant added, what is left, and when the period
+    /// ends: the counter's expiry, or when a new counter would expire.
+    pub standing: Standing,
     pub next: NextScan,
     pub token: Option<TokenStatus>,
 }
@@ -142,41 +137,29 @@ struct Quota<'a> {
 }
 
 impl QuotaView {
-    pub fn remaining(&self) -> u64 {
-        u64::from(self.limit).saturating_sub(self.used)
-    }
-
     /// 200 with the quota, the next scan, and the IETF `RateLimit` headers.
     pub fn to_response(&self) -> Response<Bytes> {
-        let reset_at = rfc3339(self.reset_at.get());
+        let reset_at = rfc3339(self.standing.reset_at);
         let body = Body {
             quota: Quota {
                 scope: self.scope.as_str(),
-                limit: Some(self.limit),
+                limit: Some(self.standing.limit),
                 used: Some(self.used),
-                remaining: Some(self.remaining()),
+                remaining: Some(self.standing.remaining),
                 reset_at: Some(&reset_at),
             },
             next_scan: self.next,
             token: self.token.map(respond::TokenBody::from),
         };
-        let mut response = ok(&body);
-        let h = response.headers_mut();
-        respond::quota_headers(
-            h,
-            self.limit,
-            self.remaining(),
-            &reset_at,
-            self.seconds_to_reset,
-        );
-        response
+        ok(&body, &self.standing)
     }
 }
 
-/// The `GET /quota` answer for an exempt caller: no limit, no `RateLimit`
-/// headers, and the next scan is exempt too.
-pub fn exempt_response(token: Option<TokenStatus>) -> Response<Bytes> {
-    ok(&Body {
+/// The `GET /quota` answer for an exempt caller: no limit in the body, and
+/// the next scan is exempt too; the quota headers, as an exempt 202's, say
+/// where its own quota stands (`standing`).
+pub fn exempt_response(token: Option<TokenStatus>, standing: &Standing) -> Response<Bytes> {
+    let body = Body {
         quota: Quota {
             scope: "exempt",
             limit: None,
@@ -191,26 +174,21 @@ pub fn exempt_response(token: Option<TokenStatus>) -> Response<Bytes> {
             shadow: None,
         },
         token: token.map(respond::TokenBody::from),
-    })
+    };
+    ok(&body, standing)
 }
 
-fn ok(body: &impl Serialize) -> Response<Bytes> {
-    let mut response = Response::new(Bytes::from(serde_json::to_vec(body).unwrap_or_default()));
-    *response.status_mut() = StatusCode::OK;
-    *response.headers_mut() = HeaderMap::with_capacity(8);
-    let h = response.headers_mut();
-    h.insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("application/json"),
-    );
-    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
-    response
+fn ok(body: &Body<'_>, standing: &Standing) -> Response<Bytes> {
+    let json = serde_json::to_vec(body).unwrap_or_default();
+    let reset_at = rfc3339(standing.reset_at);
+    respond::answer(StatusCode::OK, json, standing, &reset_at)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::respond::{POLICY, RATELIMIT};
+    use crate::respond::{POLICY, QUOTA_STATE, RATELIMIT, RESET};
+    use crate::unix::UnixSecs;
     use std::num::NonZeroU32;
 
     const NOW: i64 = 1_796_000_000_000;
@@ -307,10 +285,8 @@ mod tests {
     fn answers() {
         let view = QuotaView {
             scope: Scope::Ip,
-            limit: 3,
             used: 2,
-            reset_at: UnixSecs(1_796_083_200),
-            seconds_to_reset: 600,
+            standing: standing(),
             next: next_scan(
                 &peek(2, None, 0),
                 limits(),
@@ -331,10 +307,31 @@ mod tests {
                 "nextScan": {"tier": "within", "delayMs": 0}
             })
         );
-        let r = exempt_response(None);
-        assert!(r.headers().get(&RATELIMIT).is_none());
+        let r = exempt_response(None, &standing());
         let body: serde_json::Value = serde_json::from_slice(r.body()).unwrap();
         assert_eq!(body["quota"], serde_json::json!({"scope": "exempt"}));
         assert_eq!(body["nextScan"]["tier"], "exempt");
+        // The quota headers an exempt 202 carries: the caller's own quota.
+        assert_eq!(r.headers()[&RATELIMIT], "\"daily\";r=1;t=600");
+        assert_eq!(r.headers()[&POLICY], "\"daily\";q=3;w=86400");
+        assert_eq!(r.headers()[&RESET], "2026-12-01T00:00:00Z");
+        assert!(r.headers().get(&QUOTA_STATE).is_none());
+        let unread = Standing {
+            unavailable: true,
+            ..standing()
+        };
+        let r = exempt_response(None, &unread);
+        assert_eq!(r.headers()[&QUOTA_STATE], "unavailable");
+    }
+
+    /// Two of three scans used, the period ending in 600 s.
+    fn standing() -> Standing {
+        Standing {
+            limit: 3,
+            remaining: 1,
+            reset_at: 1_796_083_200,
+            seconds_to_reset: 600,
+            unavailable: false,
+        }
     }
 }

@@ -47,6 +47,18 @@ pub struct Peek {
     pub grant: u64,
 }
 
+/// A count read as the subject stands after it (no pacing slot known).
+impl From<Count> for Peek {
+    fn from(count: Count) -> Self {
+        Self {
+            used: count.used,
+            reset_at: Some(count.reset_at),
+            slot_ms: None,
+            grant: count.grant,
+        }
+    }
+}
+
 /// What a keyed request leaves in its record before it is counted.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Claim {

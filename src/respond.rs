@@ -7,6 +7,9 @@
 //! mode `X-Stella-Quota-Shadow` (what enforcement would have done). An
 //! exempt scan's 202 has `quota.scope` `exempt`, and the same quota headers
 //! as every 202: the subject's own quota, which the scan did not spend.
+//! Every answer's quota headers (each 202 and `GET /quota`, exempt or not)
+//! come from one [`Standing`], whose reset instant is the one rule
+//! [`crate::store::resets_at`].
 //! Instants are written by [`crate::clock`]'s [`rfc3339`] and
 //! [`rfc3339_ms`], re-exported here for the callers that know them here.
 
@@ -16,10 +19,14 @@ use serde::Serialize;
 use uuid::Uuid;
 
 pub use crate::clock::{rfc3339, rfc3339_ms};
-use crate::decide::ShadowVerdict;
+use crate::config::ResetPolicy;
+use crate::decide::{Limits, ShadowVerdict};
 use crate::delay::DelayPlan;
 use crate::digest::Scope;
 use crate::identity::TokenStatus;
+use crate::record::Peek;
+use crate::store::resets_at;
+use crate::unix::UnixSecs;
 
 pub const REMAINING: HeaderName = HeaderName::from_static("x-stella-quota-remaining");
 pub const RESET: HeaderName = HeaderName::from_static("x-stella-reset");
@@ -39,13 +46,10 @@ const WINDOW_SECS: u64 = 86_400;
 pub struct Accepted {
     pub scan_id: Uuid,
     pub scope: Scope,
-    pub limit: u32,
     /// `None` when the store was unavailable and the scan was not counted.
     pub used: Option<u64>,
-    pub remaining: u64,
-    /// Unix seconds.
-    pub reset_at: i64,
-    pub seconds_to_reset: u64,
+    /// The limit (with any grant), what is left, and when the period ends.
+    pub standing: Standing,
     pub plan: DelayPlan,
     /// When the scan may start (unix ms): arrival plus the whole delay.
     pub not_before_ms: i64,
@@ -133,25 +137,11 @@ pub fn ratelimit(remaining: u64, seconds_to_reset: u64) -> String {
     .concat()
 }
 
-/// The quota headers: `remaining` of `limit` left until `reset_at` (RFC
-/// 3339), `seconds_to_reset` from now.
-pub fn quota_headers(
-    h: &mut HeaderMap,
-    limit: u32,
-    remaining: u64,
-    reset_at: &str,
-    seconds_to_reset: u64,
-) {
-    let text = |s: &str| HeaderValue::from_str(s).unwrap_or(HeaderValue::from_static(""));
-    h.insert(REMAINING, HeaderValue::from(remaining));
-    h.insert(RESET, text(reset_at));
-    h.insert(POLICY, text(&policy(limit)));
-    h.insert(RATELIMIT, text(&ratelimit(remaining, seconds_to_reset)));
-}
-
-/// Where an exempt caller's own quota stands: the scan did not spend it.
-#[derive(Debug, Clone, Copy)]
+/// Where a subject's quota stands, as every answer's quota headers say it:
+/// an exempt caller's too (its scan did not spend it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Standing {
+    /// The daily ceiling, with any grant.
     pub limit: u32,
     pub remaining: u64,
     /// Unix seconds.
@@ -160,6 +150,59 @@ pub struct Standing {
     /// The store did not answer: `remaining` is the whole limit, and the
     /// answer says `X-Stella-Quota: unavailable`.
     pub unavailable: bool,
+}
+
+impl Standing {
+    /// Where a subject stands whose store read `peek` at `now` (`None`: the
+    /// store did not answer): its limit with any grant, what is left, and
+    /// when the period ends, by [`resets_at`].
+    pub fn of(peek: Option<&Peek>, limits: Limits, reset: ResetPolicy, now: UnixSecs) -> Self {
+        let (limit, used, expiry) = match peek {
+            Some(p) => (limits.with_grant(p.grant).limit.get(), p.used, p.reset_at),
+            None => (limits.limit.get(), 0, None),
+        };
+        let reset_at = resets_at(reset, expiry, now);
+        Self {
+            limit,
+            remaining: u64::from(limit).saturating_sub(used),
+            reset_at: reset_at.get(),
+            seconds_to_reset: u64::try_from(reset_at.get() - now.get()).unwrap_or(0),
+            unavailable: peek.is_none(),
+        }
+    }
+}
+
+/// A JSON answer with `status`, `Cache-Control: no-store` and the quota
+/// headers of `standing` (`reset_at` is its instant, written once by the
+/// caller, whose body names it too).
+pub fn answer(
+    status: StatusCode,
+    body: Vec<u8>,
+    standing: &Standing,
+    reset_at: &str,
+) -> Response<Bytes> {
+    let mut response = Response::new(Bytes::from(body));
+    *response.status_mut() = status;
+    // Sized for every header of a 202 at once: no rehash while inserting.
+    *response.headers_mut() = HeaderMap::with_capacity(12);
+    let h = response.headers_mut();
+    let text = |s: &str| HeaderValue::from_str(s).unwrap_or(HeaderValue::from_static(""));
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    h.insert(REMAINING, HeaderValue::from(standing.remaining));
+    h.insert(RESET, text(reset_at));
+    h.insert(POLICY, text(&policy(standing.limit)));
+    h.insert(
+        RATELIMIT,
+        text(&ratelimit(standing.remaining, standing.seconds_to_reset)),
+    );
+    if standing.unavailable {
+        h.insert(QUOTA_STATE, HeaderValue::from_static("unavailable"));
+    }
+    response
 }
 
 /// The 202 of an exempt scan: queued at once, never counted; its quota
@@ -183,25 +226,12 @@ pub fn exempt(
         reminder: None,
         shadow: None,
     };
-    let mut response = Response::new(Bytes::from(serde_json::to_vec(&body).unwrap_or_default()));
-    *response.status_mut() = StatusCode::ACCEPTED;
-    let h = response.headers_mut();
-    h.insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("application/json"),
-    );
-    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
-    quota_headers(
-        h,
-        standing.limit,
-        standing.remaining,
-        &rfc3339(standing.reset_at),
-        standing.seconds_to_reset,
-    );
-    h.insert(DELAY, HeaderValue::from(0u64));
-    if standing.unavailable {
-        h.insert(QUOTA_STATE, HeaderValue::from_static("unavailable"));
-    }
+    let body = serde_json::to_vec(&body).unwrap_or_default();
+    let reset_at = rfc3339(standing.reset_at);
+    let mut response = answer(StatusCode::ACCEPTED, body, standing, &reset_at);
+    response
+        .headers_mut()
+        .insert(DELAY, HeaderValue::from(0u64));
     response
 }
 
@@ -253,7 +283,7 @@ impl Accepted {
         let scans = if used == 1 { "scan" } else { "scans" };
         Some(format!(
             "You have used {used} {scans} today; your daily quota is {} and resets at {reset_at}.",
-            self.limit
+            self.standing.limit
         ))
     }
 
@@ -270,11 +300,11 @@ impl Accepted {
             not_before: &not_before,
             quota: Quota {
                 scope: self.scope.as_str(),
-                limit: self.limit,
+                limit: self.standing.limit,
                 used: self.used,
-                remaining: self.remaining,
+                remaining: self.standing.remaining,
                 reset_at,
-                unavailable: self.used.is_none(),
+                unavailable: self.standing.unavailable,
             },
             token: self.token.map(TokenBody::from),
             reminder,
@@ -288,33 +318,17 @@ impl Accepted {
     }
 
     pub fn to_response(&self) -> Response<Bytes> {
-        let reset_at = rfc3339(self.reset_at);
+        let reset_at = rfc3339(self.standing.reset_at);
         let reminder = self.reminder_text(&reset_at);
         let json = self.body_json(&reset_at, reminder.as_deref());
-        let mut response = Response::new(Bytes::from(json));
-        *response.status_mut() = StatusCode::ACCEPTED;
-        // Sized for every header below at once: no rehash while inserting.
-        *response.headers_mut() = HeaderMap::with_capacity(12);
+        let mut response = answer(StatusCode::ACCEPTED, json, &self.standing, &reset_at);
         let h = response.headers_mut();
-        let text = |s: String| HeaderValue::from_str(&s).unwrap_or(HeaderValue::from_static(""));
-        h.insert(
-            header::CONTENT_TYPE,
-            HeaderValue::from_static("application/json"),
-        );
-        h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
-        quota_headers(
-            h,
-            self.limit,
-            self.remaining,
-            &reset_at,
-            self.seconds_to_reset,
-        );
         h.insert(DELAY, HeaderValue::from(millis(self.plan.total)));
         if let Some(r) = reminder {
-            h.insert(REMINDER, text(r));
-        }
-        if self.used.is_none() {
-            h.insert(QUOTA_STATE, HeaderValue::from_static("unavailable"));
+            h.insert(
+                REMINDER,
+                HeaderValue::from_str(&r).unwrap_or(HeaderValue::from_static("")),
+            );
         }
         if let Some(shadow) = &self.shadow {
             h.insert(SHADOW, HeaderValue::from_static(shadow.tier));
@@ -333,11 +347,14 @@ mod tests {
         Accepted {
             scan_id: Uuid::now_v7(),
             scope: Scope::Ip,
-            limit: 33,
             used: Some(34),
-            remaining: 0,
-            reset_at: 1_796_083_200,
-            seconds_to_reset: 3600,
+            standing: Standing {
+                limit: 33,
+                remaining: 0,
+                reset_at: 1_796_083_200,
+                seconds_to_reset: 3600,
+                unavailable: false,
+            },
             plan: DelayPlan {
                 total: Duration::from_secs(5),
                 sleep: Duration::from_secs(5),
@@ -417,6 +434,7 @@ mod tests {
         assert!(one.starts_with("You have used 1 scan today;"), "{one}");
 
         a.used = None;
+        a.standing.unavailable = true;
         let r = a.to_response();
         assert_eq!(r.headers()[&QUOTA_STATE], "unavailable");
         let body: serde_json::Value = serde_json::from_slice(r.body()).unwrap();

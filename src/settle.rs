@@ -3,7 +3,8 @@
 //! taken over goes on ([`resume`]); what every failure leaves to put right
 //! ([`settle`]) and what the client is told ([`after_store_failure`]); how a
 //! failed count is metered ([`Metering::after_store_error`]), where a
-//! scan's delay comes from ([`delay_rule`], [`paced_delay`]), and what a
+//! scan's delay comes from ([`delay_rule`], whose decided part
+//! [`decided_delay_rule`] `GET /quota` asks too, and [`paced_delay`]), and what a
 //! failed enqueue may have left ([`queue_failure`]). Like
 //! [`crate::decide`], they take no client and no clock; [`crate::gate`]
 //! only carries their answers out.
@@ -51,14 +52,6 @@ impl Metering {
             Self::Unknown { period_end }
         } else {
             Self::Unmetered
-        }
-    }
-
-    /// The job's and the logs' tier: `within`, `soft`, `hard` or `unmetered`.
-    pub fn tier(&self) -> &'static str {
-        match self {
-            Self::Counted { decision, .. } => decision.tier.as_str(),
-            Self::Unmetered | Self::Unknown { .. } => "unmetered",
         }
     }
 
@@ -123,12 +116,12 @@ pub fn on_repeat(
 
 /// A retry's take-over of an abandoned attempt: `taken` is the store's
 /// answer (`None`: no answer). Lost, or not known to be won, another retry
-/// holds the lease and runs the scan: come back in a second. `None`: won,
-/// go on with [`resume`].
-pub fn on_take_over(taken: Option<bool>) -> Option<Repeat> {
+/// holds the lease and runs the scan: `Some(retry_after)`, come back in a
+/// second. `None`: won, go on with [`resume`].
+pub fn on_take_over(taken: Option<bool>) -> Option<u64> {
     match taken {
         Some(true) => None,
-        Some(false) | None => Some(Repeat::InProgress { retry_after: 1 }),
+        Some(false) | None => Some(1),
     }
 }
 
@@ -208,16 +201,23 @@ pub enum DelayRule {
     Pace(Duration),
 }
 
-/// The rule for a fresh scan's delay.
+/// The rule for a fresh scan's delay: an uncounted scan waits for nothing.
 pub fn delay_rule(metering: &Metering, shadow: bool, pacing: Pacing) -> DelayRule {
     match metering {
-        Metering::Counted { decision, .. } if !shadow && !decision.delay.is_zero() => {
-            match pacing {
-                Pacing::On => DelayRule::Pace(decision.delay),
-                Pacing::Off => DelayRule::Fixed(decision.delay),
-            }
-        }
-        _ => DelayRule::Fixed(Duration::ZERO),
+        Metering::Counted { decision, .. } => decided_delay_rule(decision, shadow, pacing),
+        Metering::Unmetered | Metering::Unknown { .. } => DelayRule::Fixed(Duration::ZERO),
+    }
+}
+
+/// The rule for the delay of a scan counted as `decision` decided (what
+/// `GET /quota` predicts of the next scan is this same rule).
+pub fn decided_delay_rule(decision: &Decision, shadow: bool, pacing: Pacing) -> DelayRule {
+    if shadow || decision.delay.is_zero() {
+        return DelayRule::Fixed(Duration::ZERO);
+    }
+    match pacing {
+        Pacing::On => DelayRule::Pace(decision.delay),
+        Pacing::Off => DelayRule::Fixed(decision.delay),
     }
 }
 
@@ -386,15 +386,34 @@ mod tests {
         }
     }
 
-    /// A scan's tier and count as its job and logs carry them: never passed
-    /// off as counted when it was not.
+    /// A scan's count as its job carries it: never passed off as counted
+    /// when it was not.
     #[test]
-    fn tier_and_count() {
-        assert_eq!(counted().tier(), "hard");
+    fn count_of_a_metering() {
         assert_eq!(counted().used(), 2);
         for uncounted in [Metering::Unmetered, Metering::Unknown { period_end: END }] {
-            assert_eq!(uncounted.tier(), "unmetered");
             assert_eq!(uncounted.used(), 0);
+        }
+    }
+
+    /// The decided tier of a metering, `unmetered` when not counted.
+    fn tier_of(metering: &Metering) -> &'static str {
+        match metering {
+            Metering::Counted { decision, .. } => decision.tier.as_str(),
+            Metering::Unmetered | Metering::Unknown { .. } => "unmetered",
+        }
+    }
+
+    /// The first scan of a period ending at `RESET`: within quota.
+    fn within() -> Metering {
+        Metering::Counted {
+            count: count(1),
+            decision: Decision {
+                tier: crate::decide::Tier::Within,
+                delay: Duration::ZERO,
+                remaining: 0,
+                reminder: false,
+            },
         }
     }
 
@@ -410,6 +429,7 @@ mod tests {
             mode: FailMode::Closed,
         };
         let unknown = Metering::Unknown { period_end: END };
+        let within = within();
         let refund_count = Refund { period_end: RESET };
         let table: [(Metering, bool, Failure, Settlement); 32] = [
             (counted(), false, open, Nothing),
@@ -442,9 +462,10 @@ mod tests {
             (unknown, true, BacklogFull, Release),
             (unknown, true, NotQueued, Release),
             (unknown, true, QueueUnknown, Release),
-            // The same rows hold whatever the count was.
-            (counted(), true, BacklogFull, refund_count),
-            (counted(), false, QueueUnknown, refund_count),
+            // A refund takes back the count's own period, whatever the
+            // count and its tier were (these two are within quota).
+            (within, true, BacklogFull, refund_count),
+            (within, false, QueueUnknown, refund_count),
         ];
         check_rows("keyed", &table, settle);
     }
@@ -570,12 +591,7 @@ mod tests {
     /// Only a take-over the store confirmed goes on; lost or unanswered, 409 in a second.
     #[test]
     fn take_over_table() {
-        let again = Some(Repeat::InProgress { retry_after: 1 });
-        for (taken, expected) in [
-            (Some(true), None),
-            (Some(false), again.clone()),
-            (None, again),
-        ] {
+        for (taken, expected) in [(Some(true), None), (Some(false), Some(1)), (None, Some(1))] {
             assert_eq!(on_take_over(taken), expected, "{taken:?}");
         }
     }
@@ -622,7 +638,7 @@ mod tests {
             assert_eq!(resumed.scan_id, r.scan_id, "{row}");
             assert_eq!(resumed.received_ms, UnixMillis(10_000), "{row}");
             assert_eq!(resumed.metering.used(), count, "{row}");
-            assert_eq!(resumed.metering.tier(), tier, "{row}");
+            assert_eq!(tier_of(&resumed.metering), tier, "{row}");
             assert_eq!(
                 resumed.plan,
                 DelayPlan {
@@ -639,15 +655,7 @@ mod tests {
     #[test]
     fn delay_rule_table() {
         let hard = counted();
-        let within = Metering::Counted {
-            count: count(1),
-            decision: Decision {
-                tier: crate::decide::Tier::Within,
-                delay: Duration::ZERO,
-                remaining: 0,
-                reminder: false,
-            },
-        };
+        let within = within();
         let minute = Duration::from_secs(60);
         let table = [
             (hard, false, Pacing::On, DelayRule::Pace(minute)),

@@ -369,6 +369,33 @@ async fn binary_end_to_end() {
     );
 }
 
+/// An exempt network that covers a trusted proxy is warned of at the start
+/// (here of `inspect`; `serve` and Lambda build the same identifier).
+#[test]
+fn exempt_network_over_a_trusted_proxy_is_warned_of() {
+    let server = ValkeyServer::start();
+    let url = server.url();
+    let secret = std::str::from_utf8(SECRET).unwrap();
+    // Whether the start warns with these exempt networks.
+    let warns = |exempt: &str| {
+        let env = [
+            ("VALKEY_URL", url.as_str()),
+            ("QUOTA_HASH_SECRET", secret),
+            ("QUOTA_TRUSTED_PROXIES", "10.0.0.0/24"),
+            ("QUOTA_EXEMPT_NETWORKS", exempt),
+        ];
+        let out = quota_gate(&["inspect", "--ip", "192.0.2.10"], &env);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stderr).contains("covers a trusted proxy")
+    };
+    assert!(!warns("192.0.2.0/24"), "no overlap, no warning");
+    assert!(warns("10.0.0.0/8"), "the overlap is warned of");
+}
+
 /// `stats` reads back the sums moto holds after a PutMetricData of known values, per scope.
 #[tokio::test]
 async fn stats_from_cloudwatch() {

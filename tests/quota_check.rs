@@ -221,7 +221,7 @@ async fn grant_five<Q: ScanQueue>(
     let who = subject::resolve(store_config, &SubjectArg::Ip(IP.into())).unwrap();
     let before = subject::inspect(&store, store_config, &who).await.unwrap();
     assert_eq!(before.next.tier, "soft");
-    let granted = subject::grant(&store, store_config, &who, 5).await.unwrap();
+    let granted = subject::grant(&store, &who, 5).await.unwrap();
     assert_eq!(granted.scans, 5);
     assert_eq!(
         granted.expires_at, before.reset_at,
@@ -232,6 +232,9 @@ async fn grant_five<Q: ScanQueue>(
         (shown.grant, shown.remaining, shown.next.tier),
         (5, 5, "within")
     );
+    // One meaning of `limit`: the granted ceiling, as `GET /quota` says.
+    assert_eq!((shown.limit, shown.base_limit), (8, 3));
+    assert_eq!(shown.grant_expires_at, before.reset_at);
     assert_eq!(get_quota(gate, IP).await["quota"]["limit"], 8);
     for n in 4..=8 {
         let body = scan(gate, IP).await;
@@ -240,8 +243,16 @@ async fn grant_five<Q: ScanQueue>(
     }
     let sixth = scan(gate, IP).await;
     assert_eq!(sixth["delayMs"], 5_000, "{sixth}");
-    // Revoke: the ceiling is the limit again.
-    subject::grant(&store, store_config, &who, 0).await.unwrap();
+    // Revoke: the ceiling is the limit again; a second revoke finds nothing.
+    let revoked = subject::grant(&store, &who, 0).await.unwrap();
+    assert_eq!(revoked.revoked, Some(true));
+    let again = subject::grant(&store, &who, 0).await.unwrap();
+    assert_eq!(again.revoked, Some(false));
+    assert!(
+        again.render().starts_with("nothing to revoke"),
+        "{}",
+        again.render()
+    );
     assert_eq!(
         subject::inspect(&store, store_config, &who)
             .await
@@ -249,7 +260,7 @@ async fn grant_five<Q: ScanQueue>(
             .grant,
         0
     );
-    subject::grant(&store, store_config, &who, 7).await.unwrap();
+    subject::grant(&store, &who, 7).await.unwrap();
     subject::reset(&store, &who).await.unwrap();
     let after = subject::inspect(&store, store_config, &who).await.unwrap();
     assert_eq!(
@@ -285,13 +296,7 @@ async fn grant_before_the_first_scan_and_in_memory() {
         Discard,
     );
     let who = subject::resolve(gate.config(), &SubjectArg::Ip(IP.into())).unwrap();
-    let now = quota_gate::unix::UnixSecs(now());
-    store.grant(
-        &who.key,
-        2,
-        quota_gate::store::period_end(gate.config().policy.reset, now),
-        now,
-    );
+    store.grant(&who.key, 2, quota_gate::unix::UnixSecs(now()));
     let delays: Vec<u64> = {
         let mut d = Vec::new();
         for _ in 0..6 {
@@ -300,4 +305,62 @@ async fn grant_before_the_first_scan_and_in_memory() {
         d
     };
     assert_eq!(delays, [0, 0, 0, 0, 0, 5_000]);
+}
+
+/// Under `rolling`, a grant made before the period's first scan has no
+/// expiry of its own until that scan's count gives it the counter's: plain
+/// and keyed counts alike, on a real Valkey. `inspect` shows a grant-only
+/// subject as such (no counter, no "never expires"), and `grant` says
+/// until when it lasts.
+#[tokio::test]
+async fn grant_before_the_first_scan_expires_with_its_counter() {
+    let server = ValkeyServer::start();
+    let url = server.url();
+    let vars = with_vars(
+        &limits(),
+        &[("VALKEY_URL", url.as_str()), ("QUOTA_RESET", "rolling")],
+    );
+    let store_config = &config(&vars);
+    let gate = valkey_gate(&server, &vars);
+    let store = quota_gate::ops::valkey_store(store_config).unwrap();
+    for (ip, keyed) in [(IP, false), ("198.51.100.24", true)] {
+        let who = subject::resolve(store_config, &SubjectArg::Ip(ip.into())).unwrap();
+        let granted = subject::grant(&store, &who, 50).await.unwrap();
+        assert_eq!(granted.expires_at, None, "no counter, no expiry yet");
+        assert!(
+            granted.render().contains("its next scan opens"),
+            "{}",
+            granted.render()
+        );
+        let shown = subject::inspect(&store, store_config, &who).await.unwrap();
+        assert_eq!((shown.exists, shown.grant, shown.limit), (false, 50, 53));
+        assert!(
+            !shown.render().contains("never expires"),
+            "{}",
+            shown.render()
+        );
+        let ttl: i64 = server.query(redis::cmd("TTL").arg(&who.key.grant)).await;
+        assert_eq!(ttl, -1, "the grant waits for the first scan");
+        let mut request = scan_from(ip);
+        if keyed {
+            request
+                .headers
+                .insert("idempotency-key", "first-scan".parse().unwrap());
+        }
+        let r = gate.handle(request).await;
+        assert_eq!(json(&r)["quota"]["limit"], 53);
+        let expiry = |key: &str| redis::cmd("EXPIRETIME").arg(key).to_owned();
+        let counter: i64 = server.query(&expiry(&who.key.counter)).await;
+        let grant: i64 = server.query(&expiry(&who.key.grant)).await;
+        assert!(
+            counter > now() + 86_000,
+            "rolling: 24 h from the first scan"
+        );
+        assert_eq!(
+            grant, counter,
+            "keyed={keyed}: the grant ends with its counter"
+        );
+        let shown = subject::inspect(&store, store_config, &who).await.unwrap();
+        assert_eq!(shown.grant_expires_at, shown.reset_at);
+    }
 }

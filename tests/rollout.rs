@@ -279,19 +279,139 @@ async fn exempt_scan_with_the_store_down() {
     );
 }
 
+/// A gate on a store that never answers (nothing listens on its port),
+/// failing open, under `vars`.
+fn gate_without_a_store(
+    vars: &[(&str, &str)],
+) -> quota_gate::Gate<ValkeyStore, quota_gate::queue::spool::Spool> {
+    let nobody = format!("redis://127.0.0.1:{}", free_port());
+    let config = config(&with_vars(vars, &[("VALKEY_URL", nobody.as_str())]));
+    let store = ValkeyStore::new(
+        quota_gate::connection::Valkey::from_config(&config)
+            .unwrap()
+            .unwrap(),
+    );
+    quota_gate::Gate::new(
+        config,
+        store,
+        quota_gate::queue::spool::Spool::new(Box::new(Capture::default())),
+        Meter::new("test", None),
+    )
+    .unwrap()
+}
+
+/// Under `QUOTA_RESET=rolling` with the store down, an unmetered 202 and an
+/// exempt 202 in the same second report the same reset (now + 24 h, not the
+/// next 00:00 UTC): both come from the one period-end rule. `GET /quota` of
+/// the exempt caller carries those same quota headers.
+#[tokio::test]
+async fn one_reset_in_an_outage() {
+    // 2026-11-30T10:00:00Z, so the next 00:00 UTC is 14 h away, not 24.
+    let at_ms = 1_796_032_800_000;
+    let gate = gate_without_a_store(&[
+        ("QUOTA_RESET", "rolling"),
+        ("QUOTA_EXEMPT_NETWORKS", "192.0.2.0/24"),
+    ])
+    .with_clock(quota_gate::clock::Clock::Tokio {
+        wall_ms: at_ms,
+        at: tokio::time::Instant::now(),
+    });
+    let unmetered = gate.handle(scan_from("203.0.113.70")).await;
+    let exempt = gate.handle(scan_from("192.0.2.17")).await;
+    let exempt_quota = gate
+        .handle(quota_gate::gate::GateRequest {
+            method: http::Method::GET,
+            path: "/quota".into(),
+            peer: Some("192.0.2.17".parse().unwrap()),
+            ..Default::default()
+        })
+        .await;
+    assert_eq!(
+        (unmetered.status().as_u16(), exempt.status().as_u16()),
+        (202, 202)
+    );
+    assert_eq!(exempt_quota.status(), 200, "{:?}", exempt_quota.body());
+    assert_eq!(json(&unmetered)["quota"]["unavailable"], true);
+    assert_eq!(json(&exempt)["quota"]["scope"], "exempt");
+    for r in [&unmetered, &exempt, &exempt_quota] {
+        let h = r.headers();
+        assert_eq!(h["x-stella-reset"], "2026-12-01T10:00:00Z");
+        assert_eq!(h["ratelimit"], "\"daily\";r=33;t=86400");
+        assert_eq!(h["ratelimit-policy"], "\"daily\";q=33;w=86400");
+        assert_eq!(h["x-stella-quota"], "unavailable");
+    }
+}
+
+/// An exempt network that covers a trusted proxy exempts only the clients
+/// the proxy names in it: a request the proxy forwards with no usable
+/// `X-Forwarded-For` (none, `ip:port`, a trailing comma) is counted on the
+/// proxy-fallback counter, never exempt.
+#[tokio::test]
+async fn a_trusted_proxy_is_never_exempt() {
+    let server = ValkeyServer::start();
+    let gate = proxied_gate(&server, "10.0.0.0/8", "10.0.0.0/24");
+    let via_proxy = |xff: Option<&str>| {
+        let mut request = scan_from("10.0.0.5");
+        request.headers.remove("x-forwarded-for");
+        if let Some(v) = xff {
+            request
+                .headers
+                .insert("x-forwarded-for", v.parse().unwrap());
+        }
+        request
+    };
+    let body = json(&gate.handle(via_proxy(Some("10.7.7.7"))).await);
+    assert_eq!(body["quota"]["scope"], "exempt", "a client in the network");
+    for (n, xff) in [None, Some("198.51.100.9:443"), Some("198.51.100.9,")]
+        .into_iter()
+        .enumerate()
+    {
+        let body = json(&gate.handle(via_proxy(xff)).await);
+        assert_eq!(body["quota"]["scope"], "ip", "{xff:?}");
+        assert_eq!(body["quota"]["used"], n + 1, "{xff:?}");
+    }
+    assert_eq!(
+        used_by(&gate, "10.0.0.5").await,
+        3,
+        "all three on the proxy-fallback counter"
+    );
+}
+
+/// A gate on `server` with these exempt networks and trusted proxies.
+fn proxied_gate(
+    server: &ValkeyServer,
+    exempt: &'static str,
+    trusted: &'static str,
+) -> quota_gate::Gate<ValkeyStore, quota_gate::queue::stream::StreamQueue> {
+    let vars = with_vars(
+        &real_delays(),
+        &[
+            ("QUOTA_EXEMPT_NETWORKS", exempt),
+            ("QUOTA_TRUSTED_PROXIES", trusted),
+        ],
+    );
+    valkey_gate(server, &vars)
+}
+
+/// The count of the address `ip` in `gate`'s store.
+async fn used_by(
+    gate: &quota_gate::Gate<ValkeyStore, quota_gate::queue::stream::StreamQueue>,
+    ip: &str,
+) -> u64 {
+    let key = QuotaKey::new(
+        quota_gate::digest::Scope::Ip,
+        &gate.identifier().ip_digest(ip.parse().unwrap()),
+    );
+    let seen = gate.store().inspect(&key).await.unwrap().unwrap();
+    seen.peek.used
+}
+
 /// A spoofed `X-Forwarded-For` naming an exempt address exempts nobody;
 /// the same header from a trusted proxy does.
 #[tokio::test]
 async fn forwarded_for_only_through_a_trusted_proxy() {
     let server = ValkeyServer::start();
-    let vars = with_vars(
-        &real_delays(),
-        &[
-            ("QUOTA_EXEMPT_NETWORKS", "192.0.2.0/24"),
-            ("QUOTA_TRUSTED_PROXIES", "10.0.0.0/8"),
-        ],
-    );
-    let gate = valkey_gate(&server, &vars);
+    let gate = proxied_gate(&server, "192.0.2.0/24", "10.0.0.0/8");
     // A scan from `peer` saying it is forwarded for an exempt address.
     let forwarded = |peer: &str| {
         let mut request = scan_from(peer);
@@ -304,13 +424,7 @@ async fn forwarded_for_only_through_a_trusted_proxy() {
     assert_eq!(body["quota"]["used"], 1);
     let body = json(&gate.handle(forwarded("10.1.2.3")).await);
     assert_eq!(body["quota"]["scope"], "exempt");
-    let identifier = gate.identifier();
-    let spoofer = QuotaKey::new(
-        quota_gate::digest::Scope::Ip,
-        &identifier.ip_digest("203.0.113.60".parse().unwrap()),
-    );
-    let seen = gate.store().inspect(&spoofer).await.unwrap().unwrap();
-    assert_eq!(seen.peek.used, 1);
+    assert_eq!(used_by(&gate, "203.0.113.60").await, 1);
 }
 
 /// A malformed exempt network stops the start, naming the variable.

@@ -13,15 +13,16 @@ use tokio::time::Instant;
 use uuid::Uuid;
 
 use crate::check::ShadowVerdict;
-use crate::config::{DelayMode, Policy};
+use crate::config::{DelayMode, Policy, ResetPolicy};
 use crate::decide::Limits;
 use crate::delay::{self, DelayPlan};
 use crate::identity::Identity;
+use crate::job::JobTier;
 use crate::meter::{End, Exit, Metered};
 use crate::queue::{ENQUEUE_TIMEOUT, ScanJob};
-use crate::respond::{self, Accepted};
+use crate::respond::{self, Accepted, Standing};
 use crate::settle::{Metering, Resumed};
-use crate::store::{Claim, QuotaKey, period_end};
+use crate::store::{Claim, Peek, QuotaKey, period_end};
 use crate::unix::{UnixMillis, UnixSecs};
 
 /// One HTTP request, as either front end hands it over.
@@ -50,6 +51,8 @@ pub(super) struct Attempt {
     pub now_ms: UnixMillis,
     /// The expiry a new counter gets.
     pub period_end: UnixSecs,
+    /// `QUOTA_RESET`, for the reset an uncounted scan's answer reports.
+    pub reset: ResetPolicy,
     /// The answer's deadline: min(Lambda's remaining time, gateway timeout).
     pub ceiling: Duration,
     /// Lambda's remaining time at arrival, if in Lambda.
@@ -79,6 +82,7 @@ impl Attempt {
         });
         Self {
             period_end: period_end(policy.reset, now_ms.secs()),
+            reset: policy.reset,
             limits: policy.limits(identity.limit),
             identity,
             key,
@@ -205,25 +209,22 @@ impl Scan {
     /// The job to queue, carrying the scan's `body`, held back until
     /// `received + plan.total`.
     pub fn job(&self, identity: &Identity, body: RequestBody, plan: DelayPlan) -> ScanJob {
-        let not_before_ms = self.received_ms.saturating_add(plan.total).get();
-        ScanJob {
-            version: crate::job::JOB_VERSION,
+        let held = Held {
             scan_id: self.scan_id,
-            received_at: respond::rfc3339_ms(self.received_ms.get()),
-            scope: identity.scope,
-            digest: identity.digest.to_string(),
-            tier: self.metering.into(),
-            limit: identity.limit.get(),
-            count: self.metering.used(),
-            delay_ms: millis_u64(plan.total),
-            deferred_ms: millis_u64(plan.deferred),
-            not_before: respond::rfc3339_ms(not_before_ms),
-            not_before_ms,
-            request: body,
-        }
+            received_ms: self.received_ms,
+            plan,
+        };
+        scan_job(
+            identity,
+            held,
+            self.metering.into(),
+            self.metering.used(),
+            body,
+        )
     }
 
-    /// The 202 for its queued `job`.
+    /// The 202 for its queued `job`. Uncounted, it reports the whole limit
+    /// until the period's end, as an exempt scan's does without the store.
     pub fn accepted(
         &self,
         attempt: &Attempt,
@@ -231,47 +232,63 @@ impl Scan {
         plan: DelayPlan,
         shadow: bool,
     ) -> Accepted {
-        let limits = &attempt.limits;
-        let (limit, used, remaining, reminder, reset_at, seconds_to_reset, verdict) =
-            match &self.metering {
-                // A grant raises the ceiling the answer reports, as it did the tier's.
-                Metering::Counted { count, decision } => (
-                    limits.with_grant(count.grant).limit,
-                    Some(count.used),
-                    decision.remaining,
-                    decision.reminder,
-                    count.reset_at,
-                    count.seconds_to_reset(),
-                    shadow.then(|| ShadowVerdict::new(decision.tier, decision.delay)),
-                ),
-                Metering::Unmetered | Metering::Unknown { .. } => {
-                    let (reset_at, secs) = next_utc_midnight(attempt.now());
-                    let limit = limits.limit;
-                    (
-                        limit,
-                        None,
-                        u64::from(limit.get()),
-                        false,
-                        reset_at,
-                        secs,
-                        None,
-                    )
-                }
-            };
+        let (used, peek, reminder, verdict) = match &self.metering {
+            // A grant raises the ceiling the answer reports, as it did the tier's.
+            Metering::Counted { count, decision } => (
+                Some(count.used),
+                Some(Peek::from(*count)),
+                decision.reminder,
+                shadow.then(|| ShadowVerdict::new(decision.tier, decision.delay)),
+            ),
+            Metering::Unmetered | Metering::Unknown { .. } => (None, None, false, None),
+        };
         Accepted {
             scan_id: job.scan_id,
             scope: attempt.identity.scope,
-            limit: limit.get(),
             used,
-            remaining,
-            reset_at: reset_at.get(),
-            seconds_to_reset,
+            standing: Standing::of(peek.as_ref(), attempt.limits, attempt.reset, attempt.now()),
             plan,
             not_before_ms: job.not_before_ms,
             token: attempt.identity.token,
             reminder,
             shadow: verdict,
         }
+    }
+}
+
+/// When a job may start: its scan's id and arrival, and the delay that
+/// holds it back.
+pub(super) struct Held {
+    pub scan_id: Uuid,
+    pub received_ms: UnixMillis,
+    pub plan: DelayPlan,
+}
+
+/// The one construction of a job (counted, unmetered or exempt): the
+/// subject's, with its `tier` and `count`, held as `held` says, carrying
+/// the scan's `body`.
+pub(super) fn scan_job(
+    identity: &Identity,
+    held: Held,
+    tier: JobTier,
+    count: u64,
+    body: RequestBody,
+) -> ScanJob {
+    let not_before_ms = held.received_ms.saturating_add(held.plan.total).get();
+    ScanJob {
+        version: crate::job::JOB_VERSION,
+        scan_id: held.scan_id,
+        received_at: respond::rfc3339_ms(held.received_ms.get()),
+        scope: identity.scope,
+        digest: identity.digest.to_string(),
+        tier,
+        limit: identity.limit.get(),
+        count,
+        delay_ms: millis_u64(held.plan.total),
+        deferred_ms: millis_u64(held.plan.deferred),
+        not_before: respond::rfc3339_ms(not_before_ms),
+        not_before_ms,
+        request: body,
     }
 }
 
@@ -283,12 +300,4 @@ pub(super) fn enqueue_within(started: Instant, ceiling: Duration) -> Duration {
 
 fn millis_u64(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
-}
-
-/// The next 00:00 UTC and the seconds to it (used only when the store, which
-/// holds the counter's real expiry, did not answer).
-fn next_utc_midnight(now: UnixSecs) -> (UnixSecs, u64) {
-    let secs = now.get();
-    let midnight = secs - secs.rem_euclid(86_400) + 86_400;
-    (UnixSecs(midnight), (midnight - secs) as u64)
 }

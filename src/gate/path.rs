@@ -22,11 +22,12 @@ use tokio::time::{Instant, timeout};
 use uuid::Uuid;
 
 use super::attempt::{Attempt, GateRequest, Scan};
+use super::settlement::queue_failed;
 use super::wiring::Gate;
 use crate::bugs::{self, Bug};
 use crate::config::Mode;
 use crate::decide::decide;
-use crate::error::{GateError, Queued};
+use crate::error::GateError;
 use crate::identity::{Identity, Origin};
 use crate::meter::{End, Exit, Metered};
 use crate::queue::{QueueError, ScanJob, ScanQueue};
@@ -34,7 +35,9 @@ use crate::settle::{
     self, AfterStoreFailure, DelayRule, Failure, Metering, Repeat, Settlement, after_store_failure,
     on_repeat, on_take_over, settle,
 };
-use crate::store::{Claim, Claimed, CountArgs, PaceArgs, QuotaStore, Record, StoreError, TakeOver};
+use crate::store::{
+    Claim, Claimed, Count, CountArgs, PaceArgs, QuotaStore, Record, StoreError, TakeOver,
+};
 use crate::unix::UnixSecs;
 
 /// A request's answer, and what the meter is told of it (nothing for a
@@ -43,6 +46,13 @@ type Answer = (Result<Response<Bytes>, GateError>, Option<Exit>);
 
 /// A scan request's answer and its [`Exit`].
 type Finished = (Result<Response<Bytes>, GateError>, Exit);
+
+/// What step 4's round trip found: a new count, or the record a keyed
+/// scan's claim found (a repeat of its key).
+enum Counted<'a> {
+    New(Count),
+    Existing(Record, &'a Claim),
+}
 
 /// A scan request that passed steps 1–3.
 struct Admitted<'r> {
@@ -122,12 +132,12 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
     /// that may go ahead run.
     async fn scan(&self, attempt: &Attempt, body: RequestBody) -> Finished {
         let metering = match self.count(attempt).await {
-            Ok(Claimed::New(count)) => Metering::Counted {
+            Ok(Counted::New(count)) => Metering::Counted {
                 count,
                 decision: decide(count.used, &attempt.limits.with_grant(count.grant)),
             },
-            Ok(Claimed::Existing(record)) => {
-                return Box::pin(self.repeat(attempt, body, record)).await;
+            Ok(Counted::Existing(record, claim)) => {
+                return Box::pin(self.repeat(attempt, claim, body, record)).await;
             }
             Err(e) => match Box::pin(self.store_failed(attempt, e)).await {
                 Ok(metering) => metering,
@@ -144,15 +154,20 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
     }
 
     /// Step 4's one round trip; a keyed scan claims its record with it.
-    async fn count(&self, attempt: &Attempt) -> Result<Claimed, StoreError> {
+    async fn count<'a>(&self, attempt: &'a Attempt) -> Result<Counted<'a>, StoreError> {
         let args = CountArgs {
             key: &attempt.key,
             period_end: attempt.period_end,
             now: attempt.now(),
         };
         match &attempt.claim {
-            None => self.bounded(self.store.count(args)).await.map(Claimed::New),
-            Some(claim) => self.bounded(self.store.count_keyed(args, claim)).await,
+            None => self.bounded(self.store.count(args)).await.map(Counted::New),
+            Some(claim) => Ok(
+                match self.bounded(self.store.count_keyed(args, claim)).await? {
+                    Claimed::New(count) => Counted::New(count),
+                    Claimed::Existing(record) => Counted::Existing(record, claim),
+                },
+            ),
         }
     }
 
@@ -181,14 +196,18 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
         }
     }
 
-    /// Answers a key seen before, by [`on_repeat`]'s rule; a retry that
-    /// takes over an abandoned attempt finishes its scan.
-    async fn repeat(&self, attempt: &Attempt, body: RequestBody, record: Record) -> Finished {
+    /// Answers a key seen before (its `claim` found `record`), by
+    /// [`on_repeat`]'s rule; a retry that takes over an abandoned attempt
+    /// finishes its scan.
+    async fn repeat(
+        &self,
+        attempt: &Attempt,
+        claim: &Claim,
+        body: RequestBody,
+        record: Record,
+    ) -> Finished {
         let exit = attempt.exit(Metered::Uncounted, End::Answered);
-        let Some(claim) = &attempt.claim else {
-            return (Err(GateError::StoreUnavailable), exit);
-        };
-        let answer = match on_repeat(
+        let result = match on_repeat(
             &record,
             claim,
             attempt.now_ms,
@@ -200,11 +219,9 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
                         .run(attempt, body, self.resume(attempt, &record).await)
                         .await;
                 }
-                Some(lost) => lost,
+                Some(retry_after) => Err(GateError::IdempotencyInProgress { retry_after }),
             },
-            answer => answer,
-        };
-        let result = match answer {
+            // A saved answer that cannot be read: refused, as the store's.
             Repeat::Replay(saved) => {
                 crate::respond::replay(&saved).ok_or(GateError::StoreUnavailable)
             }
@@ -212,14 +229,13 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
             Repeat::InProgress { retry_after } => {
                 Err(GateError::IdempotencyInProgress { retry_after })
             }
-            Repeat::TakeOver => Err(GateError::StoreUnavailable),
         };
         (result, exit)
     }
 
     /// Takes over an abandoned attempt's lease, so that only one retry
-    /// finishes it. `None`: taken; otherwise what the retry is told.
-    async fn take_over(&self, attempt: &Attempt, claim: &Claim, record: &Record) -> Option<Repeat> {
+    /// finishes it. `None`: taken; otherwise when the retry may come back.
+    async fn take_over(&self, attempt: &Attempt, claim: &Claim, record: &Record) -> Option<u64> {
         let taken = self
             .bounded(self.store.take_over(TakeOver {
                 record: &claim.record,
@@ -273,12 +289,8 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
                 };
             }
             Box::pin(self.apply(attempt, scan.scan_id, settlement)).await;
-            let queued = match failure {
-                Failure::NotQueued => Queued::No,
-                _ => Queued::Unknown,
-            };
             return (
-                Err(GateError::QueueFailed { queued }),
+                Err(queue_failed(failure)),
                 attempt.exit(metered, End::QueueFailed),
             );
         }

@@ -2,29 +2,32 @@
 //! round trip, nothing spent; the answer is built by [`crate::check`]) and
 //! an exempt scan (queued at once, uncounted, unpaced).
 
+use std::time::Duration;
+
 use bytes::Bytes;
 use http::Response;
 use tokio::time::Instant;
 
-use super::attempt::{GateRequest, enqueue_within};
+use super::attempt::{GateRequest, Held, enqueue_within, scan_job};
+use super::settlement::queue_failed;
 use super::wiring::Gate;
 use crate::check::{NextScanRules, QuotaView, exempt_response, next_scan};
-use crate::config::ResetPolicy;
-use crate::decide::Limits;
-use crate::delay;
-use crate::error::{GateError, Queued};
+use crate::delay::{self, DelayPlan};
+use crate::error::GateError;
 use crate::identity::{Identity, Origin};
-use crate::job::RequestBody;
+use crate::job::{JobTier, RequestBody};
 use crate::meter::Event;
-use crate::queue::{QueueError, ScanJob, ScanQueue};
-use crate::respond;
-use crate::store::{Peek, QuotaKey, QuotaStore, period_end};
-use crate::unix::{UnixMillis, UnixSecs};
+use crate::queue::{QueueError, ScanQueue};
+use crate::respond::{self, Standing};
+use crate::settle;
+use crate::store::{QuotaKey, QuotaStore};
+use crate::unix::UnixMillis;
 
 impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
     /// `GET /quota`: the caller, identified as for `POST /scan`, and what
     /// its next scan would get. One read; nothing counted or queued. With
-    /// the store down: 503 and `Retry-After`, never a guess.
+    /// the store down: 503 and `Retry-After`, never a guess. An exempt
+    /// caller's answer carries the quota headers an exempt 202 does.
     pub(super) async fn check(
         &self,
         request: &GateRequest,
@@ -38,7 +41,8 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
         self.meter
             .record_event(identity.scope, Event::Check, now_ms);
         if identity.exempt {
-            return Ok(exempt_response(identity.token));
+            let standing = self.standing(&identity, now_ms).await;
+            return Ok(exempt_response(identity.token, &standing));
         }
         let key = QuotaKey::new(identity.scope, &identity.digest);
         let now = now_ms.secs();
@@ -56,13 +60,10 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
             pacing: policy.pacing,
             max_backlog: policy.max_backlog,
         };
-        let standing = standing_of(Some(&peek), limits, policy.reset, now);
         let view = QuotaView {
             scope: identity.scope,
-            limit: standing.limit,
             used: peek.used,
-            reset_at: UnixSecs(standing.reset_at),
-            seconds_to_reset: standing.seconds_to_reset,
+            standing: Standing::of(Some(&peek), limits, policy.reset, now),
             next: next_scan(&peek, limits, rules, now_ms),
             token: identity.token,
         };
@@ -80,23 +81,16 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
         now_ms: UnixMillis,
         started: Instant,
     ) -> Result<Response<Bytes>, GateError> {
-        let scan_id = crate::clock::uuid_v7(now_ms);
-        let received = respond::rfc3339_ms(now_ms.get());
-        let job = ScanJob {
-            version: crate::job::JOB_VERSION,
-            scan_id,
-            received_at: received.clone(),
-            scope: identity.scope,
-            digest: identity.digest.to_string(),
-            tier: crate::job::JobTier::Exempt,
-            limit: identity.limit.get(),
-            count: 0,
-            delay_ms: 0,
-            deferred_ms: 0,
-            not_before: received,
-            not_before_ms: now_ms.get(),
-            request: body,
+        let held = Held {
+            scan_id: crate::clock::uuid_v7(now_ms),
+            received_ms: now_ms,
+            plan: DelayPlan {
+                total: Duration::ZERO,
+                sleep: Duration::ZERO,
+                deferred: Duration::ZERO,
+            },
         };
+        let job = scan_job(&identity, held, JobTier::Exempt, 0, body);
         let ceiling = delay::ceiling(request.remaining, self.config.policy.gateway_timeout);
         let within = enqueue_within(started, ceiling);
         // The read for the headers goes beside the enqueue, so it adds no
@@ -105,16 +99,13 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
         let (queued, standing) = tokio::join!(enqueue, self.standing(&identity, now_ms));
         if let Err(e) = queued.unwrap_or(Err(QueueError::Timeout)) {
             tracing::warn!(error = %e, "enqueue failed (exempt scan)");
-            let queued = match e {
-                QueueError::Timeout => Queued::Unknown,
-                QueueError::Backend(_) => Queued::No,
-            };
-            return Err(GateError::QueueFailed { queued });
+            let timed_out = matches!(e, QueueError::Timeout);
+            return Err(queue_failed(settle::queue_failure(timed_out, false)));
         }
         self.meter
             .record_event(identity.scope, Event::Exempt, now_ms);
         Ok(respond::exempt(
-            scan_id,
+            job.scan_id,
             now_ms.get(),
             identity.token,
             &standing,
@@ -124,36 +115,12 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
     /// Where an exempt caller's own quota stands, for the headers every 202
     /// carries: one read, as `GET /quota` makes. Without the store, the
     /// whole limit until the period's end, marked unavailable: the scan is
-    /// queued already and does not depend on it.
-    async fn standing(&self, identity: &Identity, now_ms: UnixMillis) -> respond::Standing {
+    /// queued already (or the read is all there is) and does not depend on it.
+    async fn standing(&self, identity: &Identity, now_ms: UnixMillis) -> Standing {
         let key = QuotaKey::new(identity.scope, &identity.digest);
         let now = now_ms.secs();
         let peek = self.bounded(self.store.peek(&key, now)).await.ok();
         let limits = self.config.policy.limits(identity.limit);
-        standing_of(peek.as_ref(), limits, self.config.policy.reset, now)
-    }
-}
-
-/// Where a subject's quota stands, read as `peek` at `now` (`None`: the
-/// store did not answer): its limit with any grant, what is left, and when
-/// the period ends: the counter's expiry, or, with no counter yet, where a
-/// new counter's would.
-fn standing_of(
-    peek: Option<&Peek>,
-    limits: Limits,
-    reset: ResetPolicy,
-    now: UnixSecs,
-) -> respond::Standing {
-    let (limit, used, reset_at) = match peek {
-        Some(p) => (limits.with_grant(p.grant).limit.get(), p.used, p.reset_at),
-        None => (limits.limit.get(), 0, None),
-    };
-    let reset_at = reset_at.unwrap_or_else(|| period_end(reset, now));
-    respond::Standing {
-        limit,
-        remaining: u64::from(limit).saturating_sub(used),
-        reset_at: reset_at.get(),
-        seconds_to_reset: u64::try_from(reset_at.get() - now.get()).unwrap_or(0),
-        unavailable: peek.is_none(),
+        Standing::of(peek.as_ref(), limits, self.config.policy.reset, now)
     }
 }

@@ -1,6 +1,8 @@
 //! The writes that follow a scan's end: a failure's [`Settlement`] carried
 //! out, and a keyed scan's answer saved for its repeats. Both are sent
 //! behind everything the attempt sent before, on the same connection.
+//! Here too the one answer to a failed enqueue ([`queue_failed`]), for
+//! counted and exempt scans alike.
 
 use bytes::Bytes;
 use http::Response;
@@ -8,8 +10,9 @@ use uuid::Uuid;
 
 use super::attempt::Attempt;
 use super::wiring::Gate;
+use crate::error::{GateError, Queued};
 use crate::queue::ScanQueue;
-use crate::settle::Settlement;
+use crate::settle::{Failure, Settlement};
 use crate::store::{Claim, QuotaStore, RecordField, RecordState, RecordUpdate, Refund};
 use crate::unix::UnixSecs;
 
@@ -67,4 +70,14 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
             tracing::warn!(error = %e, "could not save an idempotent answer");
         }
     }
+}
+
+/// What the client is told of a failed enqueue: a refused job was not
+/// queued; one whose fate is unknown may still be.
+pub(super) fn queue_failed(failure: Failure) -> GateError {
+    let queued = match failure {
+        Failure::NotQueued => Queued::No,
+        Failure::QueueUnknown | Failure::Store { .. } | Failure::BacklogFull => Queued::Unknown,
+    };
+    GateError::QueueFailed { queued }
 }

@@ -23,13 +23,29 @@ pub fn parse_source(raw: &str) -> Option<IpAddr> {
     addr.parse::<IpAddr>().ok().map(|ip| ip.to_canonical())
 }
 
+/// The address a request is counted under, and whether it is the client's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ClientIp {
+    pub addr: IpAddr,
+    /// A trusted proxy's own address, standing in for a client its
+    /// `X-Forwarded-For` did not name usably (no header, a trailing comma,
+    /// `ip:port`, only trusted entries): counted on that proxy-fallback
+    /// counter, and never exempt, whatever network the proxy is in: a
+    /// proxy is never a client.
+    pub proxy_fallback: bool,
+}
+
 /// The client address: the peer itself, or, when the peer is a trusted proxy,
-/// the right-most `X-Forwarded-For` entry that is not itself trusted.
-pub fn client_ip(peer: IpAddr, headers: &HeaderMap, trusted: &[IpNet]) -> IpAddr {
+/// the right-most `X-Forwarded-For` entry that is not itself trusted (the
+/// proxy's own address when there is no usable one).
+pub fn client_ip(peer: IpAddr, headers: &HeaderMap, trusted: &[IpNet]) -> ClientIp {
     let peer = peer.to_canonical();
     let is_trusted = |ip: &IpAddr| trusted.iter().any(|net| net.contains(ip));
     if !is_trusted(&peer) {
-        return peer;
+        return ClientIp {
+            addr: peer,
+            proxy_fallback: false,
+        };
     }
     let forwarded = headers
         .get_all("x-forwarded-for")
@@ -37,14 +53,28 @@ pub fn client_ip(peer: IpAddr, headers: &HeaderMap, trusted: &[IpNet]) -> IpAddr
         .filter_map(|v| v.to_str().ok())
         .flat_map(|v| v.split(','))
         .collect::<Vec<_>>();
-    forwarded
+    let client = forwarded
         .iter()
         .rev()
         .map(|s| parse_source(s))
         .take_while(Option::is_some)
         .flatten()
-        .find(|ip| !is_trusted(ip))
-        .unwrap_or(peer)
+        .find(|ip| !is_trusted(ip));
+    ClientIp {
+        addr: client.unwrap_or(peer),
+        proxy_fallback: client.is_none(),
+    }
+}
+
+/// The exempt networks that overlap a trusted proxy network, each pair as
+/// `(exempt, trusted)`: what the start warns of. (Through a proxy the
+/// client's own address decides; the proxy's never exempts anyone.)
+pub fn exempt_covering_proxies(exempt: &[IpNet], trusted: &[IpNet]) -> Vec<(IpNet, IpNet)> {
+    let overlap = |a: &IpNet, b: &IpNet| a.contains(&b.network()) || b.contains(&a.network());
+    exempt
+        .iter()
+        .flat_map(|e| trusted.iter().filter(|t| overlap(e, t)).map(|t| (*e, *t)))
+        .collect()
 }
 
 /// The counting material for an address: IPv4 as is, IPv6 as its prefix.
@@ -109,18 +139,35 @@ mod tests {
     #[test]
     fn forwarded_only_from_trusted_peers() {
         let peer: IpAddr = "203.0.113.7".parse().unwrap();
-        assert_eq!(client_ip(peer, &xff("198.51.100.1"), &[]), peer);
+        let direct = client_ip(peer, &xff("198.51.100.1"), &[]);
+        assert_eq!((direct.addr, direct.proxy_fallback), (peer, false));
 
         let proxy: IpAddr = "10.0.0.5".parse().unwrap();
         let trusted: Vec<IpNet> = vec!["10.0.0.0/8".parse().unwrap()];
         // The client may prepend anything; only the entry the proxy appended counts.
         let h = xff("1.2.3.4, 198.51.100.1, 10.0.0.9");
-        assert_eq!(
-            client_ip(proxy, &h, &trusted),
-            "198.51.100.1".parse::<IpAddr>().unwrap()
-        );
-        // Garbage where the proxy's entry should be: fall back to the peer.
-        assert_eq!(client_ip(proxy, &xff("nonsense"), &trusted), proxy);
-        assert_eq!(client_ip(proxy, &HeaderMap::new(), &trusted), proxy);
+        let client = client_ip(proxy, &h, &trusted);
+        assert_eq!(client.addr, "198.51.100.1".parse::<IpAddr>().unwrap());
+        assert!(!client.proxy_fallback);
+        // Nothing usable where the proxy's entry should be: the proxy's own
+        // address, marked as the fallback.
+        for unusable in ["nonsense", "198.51.100.1:443", "198.51.100.1,", "10.0.0.9"] {
+            let c = client_ip(proxy, &xff(unusable), &trusted);
+            assert_eq!((c.addr, c.proxy_fallback), (proxy, true), "{unusable:?}");
+        }
+        let none = client_ip(proxy, &HeaderMap::new(), &trusted);
+        assert_eq!((none.addr, none.proxy_fallback), (proxy, true));
+    }
+
+    /// An exempt network that contains, or lies in, a trusted one is found.
+    #[test]
+    fn exempt_networks_over_proxies() {
+        let nets = |v: &[&str]| v.iter().map(|n| n.parse().unwrap()).collect::<Vec<IpNet>>();
+        let trusted = nets(&["10.0.0.0/24", "192.0.2.1/32"]);
+        let found = exempt_covering_proxies(&nets(&["10.0.0.0/8", "198.51.100.0/24"]), &trusted);
+        assert_eq!(found, [(nets(&["10.0.0.0/8"])[0], trusted[0])]);
+        let inside = exempt_covering_proxies(&nets(&["10.0.0.128/25"]), &trusted);
+        assert_eq!(inside.len(), 1);
+        assert!(exempt_covering_proxies(&nets(&["203.0.113.0/24"]), &trusted).is_empty());
     }
 }

@@ -81,6 +81,7 @@ impl Identifier {
                 );
             });
         }
+        warn_of_exempt_proxies(config);
         let jwt = &config.identity.jwt;
         Ok(Self {
             hasher: Hasher::new(config.hash_secret()),
@@ -105,6 +106,8 @@ impl Identifier {
     /// address (after the trusted proxies, so a forged `X-Forwarded-For`
     /// exempts nobody) is in an exempt network, or its verified token (or
     /// the gateway's verified claims) carries the exempt claim as `true`.
+    /// A trusted proxy's own address, counted when its `X-Forwarded-For`
+    /// names no usable client, is never exempt.
     pub fn identify(
         &self,
         headers: &HeaderMap,
@@ -113,8 +116,10 @@ impl Identifier {
         let client = origin
             .peer
             .map(|peer| ip::client_ip(peer, headers, &self.trusted_proxies));
-        let from_exempt_network =
-            client.is_some_and(|ip| self.exempt_networks.iter().any(|net| net.contains(&ip)));
+        let from_exempt_network = client.is_some_and(|c| {
+            !c.proxy_fallback && self.exempt_networks.iter().any(|net| net.contains(&c.addr))
+        });
+        let client = client.map(|c| c.addr);
         if self.trust_gateway_claims
             && let Some(claims) = origin.gateway_claims
             && let Some(tid) = claims.get("tid").filter(|t| !t.is_empty())
@@ -199,6 +204,32 @@ impl Identifier {
     }
 }
 
+/// Warns, once per process, of every exempt network that covers a trusted
+/// proxy: the proxy's own address never exempts (a request it forwards
+/// without a usable `X-Forwarded-For` is counted on the proxy-fallback
+/// counter), so such a network exempts only the clients it also names.
+fn warn_of_exempt_proxies(config: &Config) {
+    static WARNED: std::sync::Once = std::sync::Once::new();
+    let identity = &config.identity;
+    let overlaps =
+        ip::exempt_covering_proxies(&identity.exempt_networks, &identity.trusted_proxies);
+    if overlaps.is_empty() {
+        return;
+    }
+    WARNED.call_once(|| {
+        for (exempt, proxy) in overlaps {
+            tracing::warn!(
+                %exempt,
+                %proxy,
+                "QUOTA_EXEMPT_NETWORKS covers a trusted proxy network: the proxies' own \
+                 addresses are never exempt (a request a proxy forwards without a usable \
+                 X-Forwarded-For is counted on its proxy-fallback counter); only clients \
+                 the header names in that network are exempt"
+            );
+        }
+    });
+}
+
 /// The token of an `Authorization: Bearer <token>` value; `None` for any
 /// other scheme. The scheme is case-insensitive (RFC 9110, section 11.1).
 pub fn bearer(value: &str) -> Option<&str> {
@@ -207,4 +238,64 @@ pub fn bearer(value: &str) -> Option<&str> {
         .split_once(' ')
         .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
         .map(|(_, token)| token.trim())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http::HeaderValue;
+
+    /// An exempt network over the trusted proxy: the clients the proxy
+    /// names in it are exempt; the proxy's own address, counted when the
+    /// header names nobody usable, never is.
+    #[test]
+    fn a_trusted_proxy_is_never_exempt() {
+        let config = Config::from_lookup(|k| match k {
+            "QUOTA_TRUSTED_PROXIES" => Some("10.0.0.0/24".into()),
+            "QUOTA_EXEMPT_NETWORKS" => Some("10.0.0.0/8".into()),
+            "QUOTA_HASH_SECRET" => Some("identity-test-secret-0123456789".into()),
+            _ => None,
+        })
+        .unwrap();
+        let identifier = Identifier::new(&config).unwrap();
+        let proxy: IpAddr = "10.0.0.5".parse().unwrap();
+        let origin = Origin {
+            peer: Some(proxy),
+            gateway_claims: None,
+        };
+        let via = |xff: Option<&str>| {
+            let mut h = HeaderMap::new();
+            if let Some(v) = xff {
+                h.insert("x-forwarded-for", HeaderValue::from_str(v).unwrap());
+            }
+            identifier.identify(&h, &origin).unwrap()
+        };
+        assert!(
+            via(Some("10.1.2.3")).exempt,
+            "an exempt client behind the proxy"
+        );
+        let outside = via(Some("198.51.100.1"));
+        assert!(!outside.exempt);
+        for unusable in [
+            None,
+            Some("198.51.100.1:443"),
+            Some("198.51.100.1,"),
+            Some("junk"),
+        ] {
+            let id = via(unusable);
+            assert!(!id.exempt, "{unusable:?} exempted the proxy's fallback");
+            assert_eq!(id.digest, identifier.ip_digest(proxy), "{unusable:?}");
+        }
+        // Not through a proxy, the exempt network still exempts.
+        let direct = Origin {
+            peer: Some("10.9.9.9".parse().unwrap()),
+            gateway_claims: None,
+        };
+        assert!(
+            identifier
+                .identify(&HeaderMap::new(), &direct)
+                .unwrap()
+                .exempt
+        );
+    }
 }

@@ -1,17 +1,16 @@
 -- `quota-gate grant`: N extra scans for the subject's current period.
 --
--- KEYS[1] the counter, KEYS[2] its grant (one hash tag). ARGV: the scans
--- (0 takes the grant back), the period end a new counter would get (unix s).
--- The grant expires with the counter, or, before the first scan of the
--- period, when that counter will. Returns the grant's expiry (0: revoked).
-local scans = tonumber(ARGV[1])
-if scans == 0 then
-  redis.call('DEL', KEYS[2])
-  return 0
-end
+-- KEYS[1] the counter, KEYS[2] its grant (one hash tag). ARGV[1]: the scans.
+-- The grant expires with the counter. Before the period's first scan there
+-- is no counter, and under QUOTA_RESET=rolling no knowing when the period
+-- will end: the grant has no expiry until the count that opens the period
+-- gives it the counter's (EXPIREAT ... NX, in the count's round trip).
+-- Returns the grant's expiry (unix s), or -2 when it waits for the first
+-- scan (-1: the counter itself never expires, nor does the grant).
 local at = redis.call('EXPIRETIME', KEYS[1])
-if at < 0 then
-  at = tonumber(ARGV[2])
+if at >= 0 then
+  redis.call('SET', KEYS[2], ARGV[1], 'EXAT', at)
+else
+  redis.call('SET', KEYS[2], ARGV[1])
 end
-redis.call('SET', KEYS[2], scans, 'EXAT', at)
 return at

@@ -16,62 +16,100 @@ const PURGE_BATCH: usize = 500;
 
 /// What an operator sees of one subject: what `GET /quota` reads (the
 /// counter, its expiry as Valkey's own `EXPIRETIME`, the instant every 202
-/// reports, the pacing slot and the grant), and the period's first scan.
+/// reports, the pacing slot and the grant), the period's first scan, and
+/// when the grant expires.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Snapshot {
+    /// With no counter (a grant made before the period's first scan shows
+    /// without one): `used` 0 and no `reset_at`.
     pub peek: Peek,
+    /// Whether the counter exists.
+    pub counter: bool,
     /// The first scan of the period, ISO 8601.
     pub first_seen: Option<String>,
+    /// When the grant expires; `None` with no grant, or one that waits for
+    /// the period's first scan to give it the counter's expiry.
+    pub grant_expires_at: Option<UnixSecs>,
 }
 
-/// Sets (or, with 0 scans, removes) a subject's grant atomically.
+/// Sets a subject's grant atomically, expiring with its counter.
 const GRANT: &str = include_str!("grant.lua");
 
+/// What setting a grant did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GrantExpiry {
+    /// It expires with the counter, at this instant.
+    At(UnixSecs),
+    /// No counter yet: it expires with the one the next scan opens.
+    WithNextPeriod,
+}
+
 impl ValkeyStore {
-    /// Reads a subject's counter without changing it.
+    /// Reads a subject's counter without changing it; `None` when the
+    /// subject has neither a counter nor a grant.
     pub async fn inspect(&self, key: &QuotaKey) -> Result<Option<Snapshot>, StoreError> {
         let mut conn = self.valkey().connection().await?;
-        type Reply = (Option<u64>, i64, Option<String>, Option<i64>, Option<u64>);
-        let (used, expires_at, first_seen, slot, grant): Reply = redis::pipe()
+        type Reply = (
+            Option<u64>,
+            i64,
+            Option<String>,
+            Option<i64>,
+            Option<u64>,
+            i64,
+        );
+        let (used, expires_at, first_seen, slot, grant, grant_expires_at): Reply = redis::pipe()
             .get(&key.counter)
             .cmd("EXPIRETIME")
             .arg(&key.counter)
             .get(&key.first_seen)
             .get(&key.slot)
             .get(&key.grant)
+            .cmd("EXPIRETIME")
+            .arg(&key.grant)
             .query_async(&mut conn)
             .await?;
-        // A grant made before the period's first scan shows without a counter.
-        let used = used.or(grant.map(|_| 0));
-        Ok(used.map(|used| Snapshot {
+        if used.is_none() && grant.is_none() {
+            return Ok(None);
+        }
+        // -1: no expiry; -2: no key (or gone since the GET).
+        let at = |t: i64| Some(t).filter(|t| *t >= 0).map(UnixSecs);
+        Ok(Some(Snapshot {
             peek: Peek {
-                used,
-                // -1: no expiry; -2: gone since the GET.
-                reset_at: Some(expires_at).filter(|at| *at >= 0).map(UnixSecs),
+                used: used.unwrap_or(0),
+                reset_at: used.and(at(expires_at)),
                 slot_ms: slot.map(UnixMillis),
                 grant: grant.unwrap_or(0),
             },
+            counter: used.is_some(),
             first_seen,
+            grant_expires_at: grant.and(at(grant_expires_at)),
         }))
     }
 
-    /// Gives a subject `scans` extra scans for the current period (0 takes
-    /// the grant back); the grant expires with the counter, or at
-    /// `period_end` when the period has not started. Returns its expiry
-    /// (0 when revoked).
-    pub async fn grant(
-        &self,
-        key: &QuotaKey,
-        scans: u64,
-        period_end: UnixSecs,
-    ) -> Result<UnixSecs, StoreError> {
+    /// Gives a subject `scans` extra scans for the current period,
+    /// replacing any earlier grant: it expires with the counter, or, before
+    /// the period's first scan, with the counter that scan opens.
+    pub async fn grant(&self, key: &QuotaKey, scans: u64) -> Result<GrantExpiry, StoreError> {
         let mut conn = self.valkey().connection().await?;
         let at: i64 = crate::store::valkey::eval(GRANT, &[&key.counter, &key.grant])
             .arg(scans)
-            .arg(period_end.get())
             .query_async(&mut conn)
             .await?;
-        Ok(UnixSecs(at))
+        Ok(if at >= 0 {
+            GrantExpiry::At(UnixSecs(at))
+        } else {
+            GrantExpiry::WithNextPeriod
+        })
+    }
+
+    /// Takes a subject's grant back; whether there was one.
+    pub async fn revoke(&self, key: &QuotaKey) -> Result<bool, StoreError> {
+        let mut conn = self.valkey().connection().await?;
+        let removed: u64 = redis::cmd("DEL")
+            .arg(&key.grant)
+            .query_async(&mut conn)
+            .await?;
+        Ok(removed > 0)
     }
 
     /// Removes every key of a subject (counter, first-seen, pacing slot and

@@ -13,14 +13,14 @@ use serde::Serialize;
 use time::OffsetDateTime;
 
 use super::OpsError;
-use super::keys::Snapshot;
+use super::keys::{GrantExpiry, Snapshot};
 use crate::config::Config;
 use crate::decide::decide;
 use crate::digest::Scope;
 use crate::identity::jwt::Rejection;
 use crate::identity::{self, Identifier, ip};
-use crate::store::QuotaKey;
 use crate::store::valkey::ValkeyStore;
+use crate::store::{QuotaKey, resets_at};
 use crate::unix::UnixSecs;
 
 /// How the operator named a client.
@@ -132,20 +132,31 @@ pub struct Inspection {
     pub basis: Basis,
     pub key: String,
     pub first_seen_key: String,
-    /// Whether the counter exists (it does not before the first scan of the period).
+    /// Whether the counter exists (it does not before the first scan of
+    /// the period, even when a grant does).
     pub exists: bool,
     pub count: u64,
+    /// The daily ceiling with the grant added: what `GET /quota` and every
+    /// 202 report as `limit`.
     pub limit: u32,
-    /// Extra scans granted for the period (`quota-gate grant`), on top of `limit`.
+    /// The ceiling before the grant (the scope's, or the token's tier).
+    pub base_limit: u32,
+    /// Extra scans granted for the period (`quota-gate grant`), on top of `baseLimit`.
     pub grant: u64,
-    /// Scans left today (limit plus grant, less the count), as
+    /// When the grant expires (RFC 3339, UTC), with the counter; `None`
+    /// with no grant, or one made before the period's first scan (it
+    /// expires with the counter that scan opens).
+    pub grant_expires_at: Option<String>,
+    /// Scans left in the period (`limit` less the count), as
     /// `X-Stella-Quota-Remaining` last said.
     pub remaining: u64,
     /// `None` when the counter does not exist or (wrongly) never expires.
     pub ttl_seconds: Option<u64>,
     pub first_seen: Option<String>,
-    /// When the counter expires (RFC 3339, UTC): its `EXPIRETIME`, the instant
-    /// the gate's answers report as `resetAt`.
+    /// When the period ends (RFC 3339, UTC), the instant the gate's answers
+    /// report as `resetAt` ([`crate::store::resets_at`]): the counter's
+    /// `EXPIRETIME`, or, with no counter, when one opened now would expire;
+    /// `None` for a counter that (wrongly) never expires.
     pub reset_at: Option<String>,
     /// When the last paced scan may start (RFC 3339, UTC), if it is still ahead.
     pub next_free_slot: Option<String>,
@@ -168,28 +179,34 @@ impl Inspection {
         let backlog_ms = slot.map_or(0, |slot| {
             u64::try_from(slot.get() - now.millis().get()).unwrap_or(0)
         });
+        let exists = snapshot.is_some_and(|s| s.counter);
         let count = snapshot.map_or(0, |s| s.peek.used);
         let expires_at = snapshot.and_then(|s| s.peek.reset_at);
         let ttl =
             expires_at.map(|at| u64::try_from(at.get().saturating_sub(now.get())).unwrap_or(0));
-        let limit = subject.limit;
         let grant = snapshot.map_or(0, |s| s.peek.grant);
-        let limits = config.policy.limits(limit).with_grant(grant);
+        let limits = config.policy.limits(subject.limit).with_grant(grant);
         let next = decide(count + 1, &limits);
-        let reset_at = expires_at.map(|at| crate::respond::rfc3339(at.get()));
+        let reset_at = match (exists, expires_at) {
+            (true, None) => None,
+            _ => Some(resets_at(config.policy.reset, expires_at, now)),
+        };
+        let rfc3339 = |at: UnixSecs| crate::respond::rfc3339(at.get());
         Self {
             scope: subject.scope.as_str(),
             basis: subject.basis,
             key: subject.key.counter.clone(),
             first_seen_key: subject.key.first_seen.clone(),
-            exists: snapshot.is_some(),
+            exists,
             count,
-            limit: limit.get(),
+            limit: limits.limit.get(),
+            base_limit: subject.limit.get(),
             grant,
+            grant_expires_at: snapshot.and_then(|s| s.grant_expires_at).map(rfc3339),
             remaining: u64::from(limits.limit.get()).saturating_sub(count),
             ttl_seconds: ttl,
             first_seen: snapshot.and_then(|s| s.first_seen.clone()),
-            reset_at,
+            reset_at: reset_at.map(rfc3339),
             next_free_slot: slot.map(|at| crate::respond::rfc3339_ms(at.get())),
             backlog_ms,
             next: NextScan {
@@ -220,18 +237,17 @@ impl Inspection {
         if self.next.reminder {
             next.push_str(", with reminder");
         }
+        let limit = match self.grant {
+            0 => self.limit.to_string(),
+            n => format!("{} ({} + {n} granted)", self.limit, self.base_limit),
+        };
+        let reset_at = self.reset_at.as_deref().unwrap_or("-");
         let rows = [
             ("scope", format!("{} ({basis})", self.scope)),
             ("key", self.key.clone()),
             ("count", self.count.to_string()),
-            ("limit", self.limit.to_string()),
-            (
-                "grant",
-                match self.grant {
-                    0 => "-".to_owned(),
-                    n => format!("+{n} scans this period"),
-                },
-            ),
+            ("limit", limit),
+            ("grant", self.grant_row()),
             ("remaining", self.remaining.to_string()),
             ("ttl", ttl),
             (
@@ -240,9 +256,13 @@ impl Inspection {
             ),
             (
                 "resets at",
-                self.reset_at
-                    .clone()
-                    .unwrap_or_else(|| "- (no counter: the next scan starts a period)".into()),
+                if self.exists {
+                    reset_at.to_owned()
+                } else {
+                    format!(
+                        "{reset_at} if a scan came now (no counter: the next scan starts a period)"
+                    )
+                },
             ),
             (
                 "next slot",
@@ -258,6 +278,17 @@ impl Inspection {
             out.push_str(&format!("{label:<11} {value}\n"));
         }
         out
+    }
+
+    /// The grant's line: how many, and until when.
+    fn grant_row(&self) -> String {
+        match (self.grant, &self.grant_expires_at) {
+            (0, _) => "-".to_owned(),
+            (n, Some(at)) => format!("+{n} scans this period, until {at}"),
+            (n, None) => {
+                format!("+{n} scans, until the end of the period the next scan opens (no scan yet)")
+            }
+        }
     }
 }
 
@@ -308,21 +339,31 @@ pub const MAX_GRANT: u64 = 1_000_000;
 #[serde(rename_all = "camelCase")]
 pub struct Granted {
     pub key: String,
-    /// The extra scans the subject now has this period (0: revoked).
+    /// The extra scans the subject now has this period (0 after `--revoke`).
     pub scans: u64,
-    /// When the grant expires, with the counter (RFC 3339, UTC); `None` when revoked.
+    /// When the grant expires, with the counter (RFC 3339, UTC); `None`
+    /// after `--revoke`, or for a grant made before the period's first scan
+    /// (it expires with the counter that scan opens).
     pub expires_at: Option<String>,
+    /// `--revoke` only: whether there was a grant to take back.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub revoked: Option<bool>,
 }
 
 impl Granted {
     pub fn render(&self) -> String {
-        match &self.expires_at {
-            None => format!("revoked the grant of {}\n", self.key),
-            Some(at) => format!(
-                "granted {} extra scan{} to {} until {at} (replaces any earlier grant)\n",
-                self.scans,
-                if self.scans == 1 { "" } else { "s" },
-                self.key
+        let plural = if self.scans == 1 { "" } else { "s" };
+        match (self.revoked, &self.expires_at) {
+            (Some(true), _) => format!("revoked the grant of {}\n", self.key),
+            (Some(false), _) => format!("nothing to revoke: {} has no grant\n", self.key),
+            (None, Some(at)) => format!(
+                "granted {} extra scan{plural} to {} until {at} (replaces any earlier grant)\n",
+                self.scans, self.key
+            ),
+            (None, None) => format!(
+                "granted {} extra scan{plural} to {} until the end of the period its next scan \
+                 opens (no scan yet this period; replaces any earlier grant)\n",
+                self.scans, self.key
             ),
         }
     }
@@ -340,22 +381,35 @@ pub fn check_scans(scans: u64) -> Result<u64, OpsError> {
 }
 
 /// Gives a client `scans` extra scans for the current period (0 revokes):
-/// the grant expires with the counter. The log line names the scope and the
+/// the grant expires with the counter, or, before the period's first scan,
+/// with the counter that scan opens. The log line names the scope and the
 /// number, never the address or token.
 pub async fn grant(
     store: &ValkeyStore,
-    config: &Config,
     subject: &Subject,
     scans: u64,
 ) -> Result<Granted, OpsError> {
-    let now = UnixSecs(OffsetDateTime::now_utc().unix_timestamp());
-    let period_end = crate::store::period_end(config.policy.reset, now);
-    let at = store.grant(&subject.key, scans, period_end).await?;
+    let key = subject.key.counter.clone();
+    if scans == 0 {
+        let revoked = store.revoke(&subject.key).await?;
+        tracing::info!(scope = %subject.scope, revoked, "quota grant revoked");
+        return Ok(Granted {
+            key,
+            scans: 0,
+            expires_at: None,
+            revoked: Some(revoked),
+        });
+    }
+    let expiry = store.grant(&subject.key, scans).await?;
     tracing::info!(scope = %subject.scope, scans, "quota grant set");
     Ok(Granted {
-        key: subject.key.counter.clone(),
+        key,
         scans,
-        expires_at: (scans > 0).then(|| crate::respond::rfc3339(at.get())),
+        expires_at: match expiry {
+            GrantExpiry::At(at) => Some(crate::respond::rfc3339(at.get())),
+            GrantExpiry::WithNextPeriod => None,
+        },
+        revoked: None,
     })
 }
 
@@ -419,19 +473,29 @@ mod tests {
         assert!(err.to_string().contains("cannot be verified"), "{err}");
     }
 
+    /// A subject whose counter reads `peek`, no first scan or grant expiry known.
+    fn snapshot(peek: Peek) -> Snapshot {
+        Snapshot {
+            peek,
+            counter: true,
+            first_seen: None,
+            grant_expires_at: None,
+        }
+    }
+
     /// The next scan's tier follows `decide(count + 1)`; reset instant is now + TTL.
     #[test]
     fn next_tier_and_reset() {
         let c = config();
         let s = resolve(&c, &SubjectArg::Ip("198.51.100.1".into())).unwrap();
         let snap = Snapshot {
-            peek: Peek {
+            first_seen: Some("2026-11-30T00:00:01Z".into()),
+            ..snapshot(Peek {
                 used: 3,
                 reset_at: Some(UnixSecs(1_796_000_060)),
                 slot_ms: Some(UnixMillis(1_796_000_012_500)),
                 grant: 0,
-            },
-            first_seen: Some("2026-11-30T00:00:01Z".into()),
+            })
         };
         let i = Inspection::new(&c, &s, Some(&snap), UnixSecs(1_796_000_000));
         assert_eq!(i.backlog_ms, 12_500);
@@ -449,9 +513,68 @@ mod tests {
         // A grant of 2 raises the ceiling: two more within, then soft.
         let mut granted = snap.clone();
         granted.peek.grant = 2;
+        granted.grant_expires_at = Some(UnixSecs(1_796_000_060));
         let g = Inspection::new(&c, &s, Some(&granted), UnixSecs(1_796_000_000));
         assert_eq!((g.grant, g.remaining, g.next.tier), (2, 2, "within"));
-        assert!(g.render().contains("+2 scans"), "{}", g.render());
+        // `limit` is the granted ceiling, as `GET /quota` reports it.
+        assert_eq!((g.limit, g.base_limit), (5, 3));
+        assert!(
+            g.render()
+                .contains("+2 scans this period, until 2026-11-30T00:54:20Z"),
+            "{}",
+            g.render()
+        );
+    }
+
+    /// A grant made before the period's first scan: no counter, so no
+    /// "never expires" warning; the grant waits for the period that scan
+    /// opens, and the reset shown is where a counter opened now would end.
+    #[test]
+    fn grant_without_a_counter() {
+        let c = config();
+        let s = resolve(&c, &SubjectArg::Ip("198.51.100.1".into())).unwrap();
+        let snap = Snapshot {
+            counter: false,
+            ..snapshot(Peek {
+                grant: 50,
+                ..Peek::default()
+            })
+        };
+        // 2026-11-30T10:00:00Z; utc-day: the period would end at midnight.
+        let i = Inspection::new(&c, &s, Some(&snap), UnixSecs(1_796_032_800));
+        assert_eq!(
+            (i.exists, i.ttl_seconds, i.limit, i.remaining),
+            (false, None, 53, 53)
+        );
+        assert_eq!(i.reset_at.as_deref(), Some("2026-12-01T00:00:00Z"));
+        let text = i.render();
+        assert!(!text.contains("never expires"), "{text}");
+        assert!(text.contains("the period the next scan opens"), "{text}");
+        // A counter that (wrongly) never expires is still called out.
+        let stuck = Snapshot {
+            counter: true,
+            peek: Peek {
+                used: 1,
+                ..Peek::default()
+            },
+            ..snap
+        };
+        let i = Inspection::new(&c, &s, Some(&stuck), UnixSecs(1_796_032_800));
+        assert_eq!(i.reset_at, None);
+        assert!(i.render().contains("never expires"), "{}", i.render());
+    }
+
+    /// `--revoke` says whether there was a grant to take back.
+    #[test]
+    fn revoke_says_what_it_did() {
+        let g = |revoked| Granted {
+            key: "quota:ip:{d}".into(),
+            scans: 0,
+            expires_at: None,
+            revoked: Some(revoked),
+        };
+        assert!(g(true).render().starts_with("revoked the grant"));
+        assert!(g(false).render().starts_with("nothing to revoke"));
     }
 
     /// A grant is 1 to 1,000,000 scans, with a clear error otherwise.

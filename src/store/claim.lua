@@ -15,6 +15,9 @@ local count = redis.call('INCR', KEYS[1])
 redis.call('EXPIREAT', KEYS[1], ARGV[1], 'NX')
 redis.call('SET', KEYS[2], ARGV[2], 'EXAT', ARGV[1], 'NX')
 local reset_at = redis.call('EXPIRETIME', KEYS[1])
+-- A grant made before the period's first scan has no expiry: it ends with
+-- the counter (as the plain pipeline's EXPIREAT ... NX does).
+redis.call('EXPIREAT', KEYS[4], reset_at, 'NX')
 redis.call('HSET', KEYS[3], 'state', 'pending', 'scanId', ARGV[3], 'fp', ARGV[4],
   'received', ARGV[5], 'until', ARGV[6], 'count', count, 'resetAt', reset_at)
 redis.call('EXPIRE', KEYS[3], ARGV[7])

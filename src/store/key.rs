@@ -23,6 +23,11 @@ pub struct QuotaKey {
     pub slot: String,
     /// Extra scans granted for the period: read with every count, in the
     /// same round trip, and added to the limit the scan is decided against.
+    /// It expires with the counter: set while the counter lives, it gets
+    /// the counter's expiry; set before the period's first scan, it has
+    /// none until the count that opens the period gives it the counter's
+    /// (`EXPIREAT … NX` in the same round trip), so it lasts exactly as
+    /// long as that period under either `QUOTA_RESET`.
     pub grant: String,
 }
 
@@ -61,6 +66,14 @@ pub fn period_end(reset: ResetPolicy, now: UnixSecs) -> UnixSecs {
     })
 }
 
+/// The one rule for the reset instant every answer reports (each 202,
+/// exempt or not, `GET /quota` and `inspect`): the counter's expiry, or,
+/// with no counter (or no answer from the store), when a counter opened
+/// at `now` would expire ([`period_end`], which honours `QUOTA_RESET`).
+pub fn resets_at(reset: ResetPolicy, counter_expiry: Option<UnixSecs>, now: UnixSecs) -> UnixSecs {
+    counter_expiry.unwrap_or_else(|| period_end(reset, now))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -85,5 +98,23 @@ mod tests {
         assert_ne!(idem, k.idempotency("retry-2"));
         let k = QuotaKey::new(Scope::Tid, &d);
         assert!(k.counter.starts_with("quota:tid:{"));
+    }
+
+    /// The reset instant: the counter's expiry, or where a new counter's
+    /// would be under each `QUOTA_RESET`.
+    #[test]
+    fn reset_instant() {
+        // 2026-11-30T10:00:00Z
+        let now = UnixSecs(1_796_032_800);
+        let midnight = UnixSecs(1_796_083_200);
+        let expiry = Some(UnixSecs(1_796_040_000));
+        for reset in [ResetPolicy::UtcDay, ResetPolicy::Rolling] {
+            assert_eq!(resets_at(reset, expiry, now), UnixSecs(1_796_040_000));
+        }
+        assert_eq!(resets_at(ResetPolicy::UtcDay, None, now), midnight);
+        assert_eq!(
+            resets_at(ResetPolicy::Rolling, None, now),
+            UnixSecs(now.get() + 86_400)
+        );
     }
 }

@@ -28,6 +28,11 @@ use crate::record::{Claim, Claimed, Count, Peek, Record, RecordState};
 
 const MIN_SWEEP_LEN: usize = 1024;
 
+/// Whether an entry expiring at `expires` (`None`: not yet set) lives at `now`.
+fn live_until(expires: Option<UnixSecs>, now: UnixSecs) -> bool {
+    expires.is_none_or(|at| at > now)
+}
+
 /// The least time between two sweeps triggered by expiry rather than size:
 /// with `rolling` counters something expires every second, and an O(n) sweep
 /// per second would be waste.
@@ -48,8 +53,9 @@ struct Inner {
     entries: HashMap<String, Entry>,
     /// Idempotency records and when they expire.
     records: HashMap<String, (Record, UnixSecs)>,
-    /// Grants (extra scans) by grant key, and when they expire.
-    grants: HashMap<String, (u64, UnixSecs)>,
+    /// Grants (extra scans) by grant key, and when they expire (`None`:
+    /// made before the period's first scan, which gives it the counter's).
+    grants: HashMap<String, (u64, Option<UnixSecs>)>,
     sweep_at_len: usize,
     /// No entry expires before this (exact after a sweep, lowered on insert).
     earliest_reset: UnixSecs,
@@ -61,7 +67,8 @@ impl Inner {
     fn sweep(&mut self, now: UnixSecs) {
         self.entries.retain(|_, e| e.reset_at > now);
         self.records.retain(|_, (_, expires)| *expires > now);
-        self.grants.retain(|_, (_, expires)| *expires > now);
+        self.grants
+            .retain(|_, (_, expires)| live_until(*expires, now));
         let len = self.entries.len();
         if self.entries.capacity() > 4 * len.max(MIN_SWEEP_LEN) {
             self.entries.shrink_to(2 * len);
@@ -111,6 +118,10 @@ impl Inner {
         if self.entries.len() >= self.sweep_at_len || expired {
             self.sweep(now);
         }
+        // As the Valkey pipeline's `EXPIREAT …:grant … NX`.
+        if let Some((_, expires @ None)) = self.grants.get_mut(&args.key.grant) {
+            *expires = Some(entry.reset_at);
+        }
         Count {
             used: entry.used,
             reset_at: entry.reset_at,
@@ -122,7 +133,7 @@ impl Inner {
     /// The live grant of a subject (0: none).
     fn grant(&self, key: &QuotaKey, now: UnixSecs) -> u64 {
         match self.grants.get(&key.grant) {
-            Some((n, expires)) if *expires > now => *n,
+            Some((n, expires)) if live_until(*expires, now) => *n,
             _ => 0,
         }
     }
@@ -172,19 +183,16 @@ impl MemoryStore {
         self.lock().live(&key.counter, now).map(|e| e.used)
     }
 
-    /// Grants `scans` extra scans for the period (0 takes the grant back),
-    /// expiring with the counter, or at `period_end` when there is
-    /// none yet: as `quota-gate grant` does on Valkey.
-    pub fn grant(&self, key: &QuotaKey, scans: u64, period_end: UnixSecs, now: UnixSecs) {
+    /// Grants `scans` extra scans for the period, as `quota-gate grant`
+    /// does on Valkey (the embedded store has no operator commands: tests
+    /// give grants with this): expiring with the counter, or, before the
+    /// period's first scan, with the counter that scan opens. Returns the
+    /// expiry, `None` until that scan.
+    pub fn grant(&self, key: &QuotaKey, scans: u64, now: UnixSecs) -> Option<UnixSecs> {
         let mut inner = self.lock();
-        if scans == 0 {
-            inner.grants.remove(&key.grant);
-            return;
-        }
-        let expires = inner
-            .live(&key.counter, now)
-            .map_or(period_end, |e| e.reset_at);
+        let expires = inner.live(&key.counter, now).map(|e| e.reset_at);
         inner.grants.insert(key.grant.clone(), (scans, expires));
+        expires
     }
 
     fn lock(&self) -> MutexGuard<'_, Inner> {
@@ -396,6 +404,40 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(s.used(&k, now), Some(1));
+    }
+
+    /// Under `rolling`, a grant made before the first scan lives as long as
+    /// the counter that scan opens, not 24 h from the grant: 24.5 h after
+    /// the grant (the first scan 12 h in), it still counts; it goes with
+    /// the counter. A grant made while the counter lives gets its expiry.
+    #[tokio::test]
+    async fn grant_follows_the_period_its_first_scan_opens() {
+        let s = MemoryStore::default();
+        let k = key(1);
+        assert_eq!(s.grant(&k, 50, UnixSecs(T0)), None);
+        let first = T0 + 12 * 3600;
+        let c = count(&s, &k, ResetPolicy::Rolling, first).await;
+        assert_eq!(
+            (c.used, c.grant, c.reset_at),
+            (1, 50, UnixSecs(first + 86_400))
+        );
+        let later = T0 + 24 * 3600 + 1800;
+        let c = count(&s, &k, ResetPolicy::Rolling, later).await;
+        assert_eq!(
+            (c.used, c.grant),
+            (2, 50),
+            "the grant outlives 24 h from its issue"
+        );
+        let peek = s.peek(&k, UnixSecs(first + 86_399)).await.unwrap();
+        assert_eq!(peek.grant, 50);
+        // The period's end takes counter and grant together.
+        let c = count(&s, &k, ResetPolicy::Rolling, first + 86_400).await;
+        assert_eq!((c.used, c.grant), (1, 0));
+        // Granted mid-period: the counter's expiry.
+        let end = UnixSecs(first + 2 * 86_400);
+        assert_eq!(s.grant(&k, 5, UnixSecs(first + 86_400)), Some(end));
+        assert_eq!(s.peek(&k, UnixSecs(end.get() - 1)).await.unwrap().grant, 5);
+        assert_eq!(s.peek(&k, end).await.unwrap().grant, 0);
     }
 
     /// Memory stays bounded: expired subjects are swept as new ones arrive.

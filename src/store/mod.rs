@@ -19,7 +19,7 @@
 //! | `quota:<scope>:{<digest>}` | scans counted this period | next 00:00 UTC, or 24 h after the first scan |
 //! | `quota:<scope>:{<digest>}:ts` | first scan, ISO 8601 | the counter's |
 //! | `quota:<scope>:{<digest>}:slot` | when the last paced scan may start (unix ms) | the counter's |
-//! | `quota:<scope>:{<digest>}:grant` | extra scans support granted this period (`quota-gate grant`) | the counter's |
+//! | `quota:<scope>:{<digest>}:grant` | extra scans support granted this period (`quota-gate grant`) | the counter's (granted before the period's first scan: none until that scan's count gives it the counter's) |
 //! | `quota:<scope>:{<digest>}:idem:<sha-256 of the key>` | one `Idempotency-Key`'s record (a hash) | 24 h after the first request |
 //!
 //! The parts: [`key`] (the keys and the period's end), [`quota_store`] (the
@@ -40,7 +40,7 @@ pub use crate::pace::{Paced, next_slot};
 pub use crate::record::{
     Claim, Claimed, Count, Field, Peek, Record, RecordError, RecordField, RecordState,
 };
-pub use key::{IDEMPOTENCY_TTL_SECS, KEY_PATTERN, QuotaKey, period_end};
+pub use key::{IDEMPOTENCY_TTL_SECS, KEY_PATTERN, QuotaKey, period_end, resets_at};
 pub use quota_store::{
     CountArgs, PaceArgs, QuotaStore, RecordUpdate, Refund, StoreError, TakeOver,
 };

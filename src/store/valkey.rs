@@ -1,9 +1,11 @@
 //! The Valkey quota store.
 //!
 //! The hot path is plain commands in one pipelined round trip (`INCR`,
-//! `EXPIREAT … NX`, `SET …:ts NX EXAT`, `EXPIRETIME`, and `GET …:grant`, the
-//! extra scans support granted, which costs Valkey about one more `GET`
-//! and no round trip): a server-side script
+//! `EXPIREAT … NX`, `SET …:ts NX EXAT`, `EXPIRETIME`, `EXPIREAT …:grant …
+//! NX` and `GET …:grant`: the extra scans support granted, which cost
+//! Valkey about two more cheap commands and no round trip; the `EXPIREAT`
+//! gives a grant made before the period's first scan, which has no expiry,
+//! the counter's, see [`QuotaKey::grant`]): a server-side script
 //! would cost Valkey some 40 INCRs per scan. Scripts (sent whole with
 //! `EVAL`, see [`crate::connection::eval`]) run only where a
 //! decision must be atomic and the request is off the hot path anyway: a
@@ -141,17 +143,21 @@ impl QuotaStore for ValkeyStore {
         let key = args.key;
         // Each command sized at once (numbers and words: 48 bytes of room).
         let sized = |name, args, key: &str| sized_cmd(name, args, key.len() + 48);
-        let mut pipe = redis::Pipeline::with_capacity(5);
+        let mut pipe = redis::Pipeline::with_capacity(6);
+        // `EXPIREAT <key> <period end> NX`: an expiry only where there is none.
+        let expire_nx = |pipe: &mut redis::Pipeline, key: &str| {
+            pipe.add_command(sized("EXPIREAT", 4, key))
+                .arg(key)
+                .arg(args.period_end.get())
+                .arg("NX")
+                .ignore();
+        };
         // Plain `INCR`, not `INCRBY 1` (which `pipe().incr` sends): one
         // argument less to parse, measurably cheaper for Valkey.
         pipe.add_command(sized("INCR", 2, &key.counter))
-            .arg(&key.counter)
-            .add_command(sized("EXPIREAT", 4, &key.counter))
-            .arg(&key.counter)
-            .arg(args.period_end.get())
-            .arg("NX")
-            .ignore()
-            .add_command(sized("SET", 7, &key.first_seen))
+            .arg(&key.counter);
+        expire_nx(&mut pipe, &key.counter);
+        pipe.add_command(sized("SET", 7, &key.first_seen))
             .arg(&key.first_seen)
             .arg(iso8601(args.now))
             .arg("EXAT")
@@ -159,8 +165,13 @@ impl QuotaStore for ValkeyStore {
             .arg("NX")
             .ignore()
             .add_command(sized("EXPIRETIME", 2, &key.counter))
-            .arg(&key.counter)
-            .add_command(sized("GET", 2, &key.grant))
+            .arg(&key.counter);
+        // A grant without expiry was made before this period's first scan:
+        // it ends with the period this count is in (a grant made while the
+        // counter lived has its expiry already; the one this count opened
+        // is `period_end`).
+        expire_nx(&mut pipe, &key.grant);
+        pipe.add_command(sized("GET", 2, &key.grant))
             .arg(&key.grant);
         let (used, reset_at, grant): (u64, i64, Option<u64>) = self.send(pipe).await?;
         Ok(Count {
