@@ -373,7 +373,9 @@ async fn key_tables_are_what_valkey_holds() {
     let config = config(&[("VALKEY_URL", &server.url())]);
     let who = subject::resolve(&config, &SubjectArg::Ip("203.0.113.7".into())).unwrap();
     let store = quota_gate::ops::valkey_store(&config).unwrap();
-    subject::grant(&store, &who, 5).await.unwrap();
+    subject::grant(&store, &who, 5, config.policy.reset)
+        .await
+        .unwrap();
     let found: Vec<String> = c.keys("quota:*").await.unwrap();
     let digest = who
         .key

@@ -221,7 +221,9 @@ async fn grant_five<Q: ScanQueue>(
     let who = subject::resolve(store_config, &SubjectArg::Ip(IP.into())).unwrap();
     let before = subject::inspect(&store, store_config, &who).await.unwrap();
     assert_eq!(before.next.tier, "soft");
-    let granted = subject::grant(&store, &who, 5).await.unwrap();
+    let granted = subject::grant(&store, &who, 5, store_config.policy.reset)
+        .await
+        .unwrap();
     assert_eq!(granted.scans, 5);
     assert_eq!(
         granted.expires_at, before.reset_at,
@@ -244,9 +246,13 @@ async fn grant_five<Q: ScanQueue>(
     let sixth = scan(gate, IP).await;
     assert_eq!(sixth["delayMs"], 5_000, "{sixth}");
     // Revoke: the ceiling is the limit again; a second revoke finds nothing.
-    let revoked = subject::grant(&store, &who, 0).await.unwrap();
+    let revoked = subject::grant(&store, &who, 0, store_config.policy.reset)
+        .await
+        .unwrap();
     assert_eq!(revoked.revoked, Some(true));
-    let again = subject::grant(&store, &who, 0).await.unwrap();
+    let again = subject::grant(&store, &who, 0, store_config.policy.reset)
+        .await
+        .unwrap();
     assert_eq!(again.revoked, Some(false));
     assert!(
         again.render().starts_with("nothing to revoke"),
@@ -260,7 +266,9 @@ async fn grant_five<Q: ScanQueue>(
             .grant,
         0
     );
-    subject::grant(&store, &who, 7).await.unwrap();
+    subject::grant(&store, &who, 7, store_config.policy.reset)
+        .await
+        .unwrap();
     subject::reset(&store, &who).await.unwrap();
     let after = subject::inspect(&store, store_config, &who).await.unwrap();
     assert_eq!(
@@ -296,7 +304,12 @@ async fn grant_before_the_first_scan_and_in_memory() {
         Discard,
     );
     let who = subject::resolve(gate.config(), &SubjectArg::Ip(IP.into())).unwrap();
-    store.grant(&who.key, 2, quota_gate::unix::UnixSecs(now()));
+    store.grant(
+        &who.key,
+        2,
+        quota_gate::unix::UnixSecs(now()),
+        quota_gate::config::ResetPolicy::UtcDay,
+    );
     let delays: Vec<u64> = {
         let mut d = Vec::new();
         for _ in 0..6 {
@@ -305,6 +318,30 @@ async fn grant_before_the_first_scan_and_in_memory() {
         d
     };
     assert_eq!(delays, [0, 0, 0, 0, 0, 5_000]);
+}
+
+/// Under `utc-day` the period is the UTC day whether or not the subject
+/// has scanned: a grant made before its first scan ends tonight, not with
+/// the day of whatever scan comes next.
+#[tokio::test]
+async fn grant_before_the_first_scan_ends_tonight_under_utc_day() {
+    let server = ValkeyServer::start();
+    let url = server.url();
+    let vars = with_vars(&limits(), &[("VALKEY_URL", url.as_str())]);
+    let store_config = &config(&vars);
+    let store = quota_gate::ops::valkey_store(store_config).unwrap();
+    let who = subject::resolve(store_config, &SubjectArg::Ip(IP.into())).unwrap();
+    let granted = subject::grant(&store, &who, 50, store_config.policy.reset)
+        .await
+        .unwrap();
+    let midnight = now() - now().rem_euclid(86_400) + 86_400;
+    let expected = quota_gate::respond::rfc3339(midnight);
+    // Unless the test ran across midnight.
+    let tomorrow = quota_gate::respond::rfc3339(midnight + 86_400);
+    let at = granted.expires_at.expect("a grant with an end");
+    assert!(at == expected || at == tomorrow, "{at}");
+    let ttl: i64 = server.query(redis::cmd("TTL").arg(&who.key.grant)).await;
+    assert!(ttl > 0 && ttl <= 86_400, "{ttl}");
 }
 
 /// Under `rolling`, a grant made before the period's first scan has no
@@ -325,7 +362,9 @@ async fn grant_before_the_first_scan_expires_with_its_counter() {
     let store = quota_gate::ops::valkey_store(store_config).unwrap();
     for (ip, keyed) in [(IP, false), ("198.51.100.24", true)] {
         let who = subject::resolve(store_config, &SubjectArg::Ip(ip.into())).unwrap();
-        let granted = subject::grant(&store, &who, 50).await.unwrap();
+        let granted = subject::grant(&store, &who, 50, store_config.policy.reset)
+            .await
+            .unwrap();
         assert_eq!(granted.expires_at, None, "no counter, no expiry yet");
         assert!(
             granted.render().contains("its next scan opens"),

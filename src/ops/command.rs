@@ -149,7 +149,7 @@ pub async fn grant(args: GrantArgs, config: &Config) -> Result<(), OpsError> {
     };
     let subject = subject::resolve(config, &args.subject.into_arg()?)?;
     let store = valkey_store(config)?;
-    let granted = subject::grant(&store, &subject, scans).await?;
+    let granted = subject::grant(&store, &subject, scans, config.policy.reset).await?;
     print(args.json, &granted, subject::Granted::render)
 }
 

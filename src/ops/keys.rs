@@ -88,11 +88,19 @@ impl ValkeyStore {
 
     /// Gives a subject `scans` extra scans for the current period,
     /// replacing any earlier grant: it expires with the counter, or, before
-    /// the period's first scan, with the counter that scan opens.
-    pub async fn grant(&self, key: &QuotaKey, scans: u64) -> Result<GrantExpiry, StoreError> {
+    /// the period's first scan, at `period_end` when that is known
+    /// ([`grant_period_end`](crate::store::grant_period_end)), else with the
+    /// counter that scan opens.
+    pub async fn grant(
+        &self,
+        key: &QuotaKey,
+        scans: u64,
+        period_end: Option<UnixSecs>,
+    ) -> Result<GrantExpiry, StoreError> {
         let mut conn = self.valkey().connection().await?;
         let at: i64 = crate::store::valkey::eval(GRANT, &[&key.counter, &key.grant])
             .arg(scans)
+            .arg(period_end.map_or(0, UnixSecs::get))
             .query_async(&mut conn)
             .await?;
         Ok(if at >= 0 {

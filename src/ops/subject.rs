@@ -14,13 +14,13 @@ use time::OffsetDateTime;
 
 use super::OpsError;
 use super::keys::{GrantExpiry, Snapshot};
-use crate::config::Config;
+use crate::config::{Config, ResetPolicy};
 use crate::decide::decide;
 use crate::digest::Scope;
 use crate::identity::jwt::Rejection;
 use crate::identity::{self, Identifier, ip};
 use crate::store::valkey::ValkeyStore;
-use crate::store::{QuotaKey, resets_at};
+use crate::store::{QuotaKey, grant_period_end, resets_at};
 use crate::unix::UnixSecs;
 
 /// How the operator named a client.
@@ -382,12 +382,14 @@ pub fn check_scans(scans: u64) -> Result<u64, OpsError> {
 
 /// Gives a client `scans` extra scans for the current period (0 revokes):
 /// the grant expires with the counter, or, before the period's first scan,
+/// when the period ends under `reset` (`utc-day`: tonight), or (`rolling`)
 /// with the counter that scan opens. The log line names the scope and the
 /// number, never the address or token.
 pub async fn grant(
     store: &ValkeyStore,
     subject: &Subject,
     scans: u64,
+    reset: ResetPolicy,
 ) -> Result<Granted, OpsError> {
     let key = subject.key.counter.clone();
     if scans == 0 {
@@ -400,7 +402,10 @@ pub async fn grant(
             revoked: Some(revoked),
         });
     }
-    let expiry = store.grant(&subject.key, scans).await?;
+    let now = UnixSecs(crate::clock::wall_ms() / 1000);
+    let expiry = store
+        .grant(&subject.key, scans, grant_period_end(reset, now))
+        .await?;
     tracing::info!(scope = %subject.scope, scans, "quota grant set");
     Ok(Granted {
         key,

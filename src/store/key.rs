@@ -66,6 +66,17 @@ pub fn period_end(reset: ResetPolicy, now: UnixSecs) -> UnixSecs {
     })
 }
 
+/// When a grant made at `now` for a subject with no counter yet expires:
+/// under `utc-day` the period is the day, known before its first scan;
+/// under `rolling` it starts with that scan, so `None`: the count that opens
+/// the period gives the grant the counter's expiry (`EXPIREAT … NX`).
+pub fn grant_period_end(reset: ResetPolicy, now: UnixSecs) -> Option<UnixSecs> {
+    match reset {
+        ResetPolicy::UtcDay => Some(period_end(reset, now)),
+        ResetPolicy::Rolling => None,
+    }
+}
+
 /// The one rule for the reset instant every answer reports (each 202,
 /// exempt or not, `GET /quota` and `inspect`): the counter's expiry, or,
 /// with no counter (or no answer from the store), when a counter opened

@@ -17,6 +17,7 @@ use std::time::Duration;
 
 use uuid::Uuid;
 
+use crate::config::ResetPolicy;
 use crate::unix::{UnixMillis, UnixSecs};
 
 use super::key::{IDEMPOTENCY_TTL_SECS, QuotaKey};
@@ -186,11 +187,21 @@ impl MemoryStore {
     /// Grants `scans` extra scans for the period, as `quota-gate grant`
     /// does on Valkey (the embedded store has no operator commands: tests
     /// give grants with this): expiring with the counter, or, before the
-    /// period's first scan, with the counter that scan opens. Returns the
-    /// expiry, `None` until that scan.
-    pub fn grant(&self, key: &QuotaKey, scans: u64, now: UnixSecs) -> Option<UnixSecs> {
+    /// period's first scan, at the period's end when `reset` knows it
+    /// ([`grant_period_end`](super::grant_period_end)), else with the
+    /// counter that scan opens. Returns the expiry, `None` until that scan.
+    pub fn grant(
+        &self,
+        key: &QuotaKey,
+        scans: u64,
+        now: UnixSecs,
+        reset: ResetPolicy,
+    ) -> Option<UnixSecs> {
         let mut inner = self.lock();
-        let expires = inner.live(&key.counter, now).map(|e| e.reset_at);
+        let expires = inner
+            .live(&key.counter, now)
+            .map(|e| e.reset_at)
+            .or_else(|| super::grant_period_end(reset, now));
         inner.grants.insert(key.grant.clone(), (scans, expires));
         expires
     }
@@ -331,7 +342,7 @@ impl QuotaStore for MemoryStore {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::ResetPolicy;
+
     use crate::digest::{Hasher, Scope};
     use crate::store::key::period_end;
 
@@ -414,7 +425,7 @@ mod tests {
     async fn grant_follows_the_period_its_first_scan_opens() {
         let s = MemoryStore::default();
         let k = key(1);
-        assert_eq!(s.grant(&k, 50, UnixSecs(T0)), None);
+        assert_eq!(s.grant(&k, 50, UnixSecs(T0), ResetPolicy::Rolling), None);
         let first = T0 + 12 * 3600;
         let c = count(&s, &k, ResetPolicy::Rolling, first).await;
         assert_eq!(
@@ -435,7 +446,10 @@ mod tests {
         assert_eq!((c.used, c.grant), (1, 0));
         // Granted mid-period: the counter's expiry.
         let end = UnixSecs(first + 2 * 86_400);
-        assert_eq!(s.grant(&k, 5, UnixSecs(first + 86_400)), Some(end));
+        assert_eq!(
+            s.grant(&k, 5, UnixSecs(first + 86_400), ResetPolicy::Rolling),
+            Some(end)
+        );
         assert_eq!(s.peek(&k, UnixSecs(end.get() - 1)).await.unwrap().grant, 5);
         assert_eq!(s.peek(&k, end).await.unwrap().grant, 0);
     }

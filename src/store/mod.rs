@@ -40,7 +40,9 @@ pub use crate::pace::{Paced, next_slot};
 pub use crate::record::{
     Claim, Claimed, Count, Field, Peek, Record, RecordError, RecordField, RecordState,
 };
-pub use key::{IDEMPOTENCY_TTL_SECS, KEY_PATTERN, QuotaKey, period_end, resets_at};
+pub use key::{
+    IDEMPOTENCY_TTL_SECS, KEY_PATTERN, QuotaKey, grant_period_end, period_end, resets_at,
+};
 pub use quota_store::{
     CountArgs, PaceArgs, QuotaStore, RecordUpdate, Refund, StoreError, TakeOver,
 };
