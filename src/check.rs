@@ -27,7 +27,7 @@ use crate::identity::TokenStatus;
 use crate::pace::next_slot;
 use crate::record::Peek;
 use crate::respond;
-use crate::unix::{UnixMillis, UnixSecs};
+use crate::unix::{UnixMillis, UnixSecs, duration_ms};
 
 /// Whether `path` names the quota route: `/quota`, or `/<stage>/quota`
 /// when API Gateway keeps a named stage in the path (as for `/scan`).
@@ -64,10 +64,6 @@ pub struct NextScan {
     pub shadow: Option<ShadowVerdict>,
 }
 
-fn millis(d: Duration) -> u64 {
-    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
-}
-
 /// The next scan of a subject whose store reads `peek` at `now_ms`, under
 /// `limits` (before the grant, which this adds).
 pub fn next_scan(
@@ -78,7 +74,7 @@ pub fn next_scan(
 ) -> NextScan {
     let decision = decide(peek.used + 1, &limits.with_grant(peek.grant));
     let tier = decision.tier.as_str();
-    let tier_delay = millis(decision.delay);
+    let tier_delay = duration_ms(decision.delay);
     let plain = |delay_ms| NextScan {
         tier,
         delay_ms,
@@ -94,7 +90,7 @@ pub fn next_scan(
     if tier_delay == 0 || rules.pacing == Pacing::Off {
         return plain(tier_delay);
     }
-    let cap = millis(rules.max_backlog);
+    let cap = duration_ms(rules.max_backlog);
     match next_slot(peek.slot_ms.unwrap_or_default(), now_ms, tier_delay, cap) {
         Ok(slot) => plain(u64::try_from(slot.get() - now_ms.get()).unwrap_or(0)),
         Err(retry_after_ms) => NextScan {

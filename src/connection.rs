@@ -18,8 +18,7 @@
 //! the cluster client re-send one (no retries): a command is sent once or
 //! not at all, so "unanswered" is the only case in which it may land.
 //!
-//! Scripts go as one `EVAL` each ([`eval`]); [`has_hash_tag`] tells whether
-//! a key already names its cluster slot.
+//! Scripts go as one `EVAL` each ([`eval`]).
 //!
 //! TLS (`rediss://`, as ElastiCache Serverless always requires) is rustls
 //! with the aws-lc-rs provider, installed here as the process default so no
@@ -182,14 +181,6 @@ pub(crate) fn quoted_words(script: &str) -> Vec<&str> {
         .filter(|l| !l.trim_start().starts_with("--"))
         .flat_map(|l| l.split('\'').skip(1).step_by(2))
         .collect()
-}
-
-/// Whether `key` carries a non-empty `{…}` hash tag: the part of the key
-/// a cluster hashes, so keys that share it share a slot.
-pub fn has_hash_tag(key: &str) -> bool {
-    key.find('{')
-        .and_then(|open| key[open + 1..].find('}'))
-        .is_some_and(|len| len > 0)
 }
 
 /// What a command that found no connection gets: it was never written, so
@@ -667,14 +658,5 @@ mod tests {
         let many = tokio::runtime::Builder::new_multi_thread().build().unwrap();
         assert_eq!(many.block_on(async { single_thread() }), None);
         assert!(!many.block_on(async { refused_unsent(here) }));
-    }
-
-    /// Only a non-empty `{…}` is a hash tag.
-    #[test]
-    fn hash_tags() {
-        assert!(!has_hash_tag("jobs"));
-        assert!(has_hash_tag("jobs{scan}"));
-        assert!(!has_hash_tag("jobs{}"));
-        assert!(!has_hash_tag("jobs}{"));
     }
 }

@@ -25,8 +25,8 @@
 //! | after | [`consume`] | `quota-gate consume`: holds each job until `notBefore`, runs each `scanId` once |
 //!
 //! The floors: the pure rules and types ([`decide`], [`delay`], [`pace`],
-//! [`record`], [`settle`], the instant types of [`unix`], and the one-word
-//! settings of [`config::words`])
+//! [`record`], [`settle`], the instant types of [`unix`], the cluster
+//! [`hash_tag`] rule, and the one-word settings of [`config::words`])
 //! import no I/O crate and no module above them; the modules that talk to
 //! Valkey, SQS or a socket build on them; [`gate`] drives them; [`lambda`],
 //! [`serve`] and [`cli`] sit on top. No module imports one that imports it
@@ -67,6 +67,7 @@ pub mod delay;
 pub mod digest;
 pub mod error;
 pub mod gate;
+pub mod hash_tag;
 pub mod idempotency;
 pub mod identity;
 pub mod job;

@@ -20,6 +20,7 @@ use crate::decide::ShadowVerdict;
 use crate::delay::DelayPlan;
 use crate::digest::Scope;
 use crate::identity::TokenStatus;
+use crate::unix::duration_ms;
 
 pub const REMAINING: HeaderName = HeaderName::from_static("x-stella-quota-remaining");
 pub const RESET: HeaderName = HeaderName::from_static("x-stella-reset");
@@ -242,10 +243,6 @@ pub fn replay(saved: &str) -> Option<Response<Bytes>> {
     Some(response)
 }
 
-fn millis(d: std::time::Duration) -> u64 {
-    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
-}
-
 impl Accepted {
     /// The reminder sentence, when it applies. ASCII, so it fits a header.
     pub fn reminder_text(&self, reset_at: &str) -> Option<String> {
@@ -264,9 +261,9 @@ impl Accepted {
         let body = Body {
             scan_id: self.scan_id,
             status: "queued",
-            delay_ms: millis(self.plan.total),
-            slept_ms: millis(self.plan.sleep),
-            deferred_ms: millis(self.plan.deferred),
+            delay_ms: duration_ms(self.plan.total),
+            slept_ms: duration_ms(self.plan.sleep),
+            deferred_ms: duration_ms(self.plan.deferred),
             not_before: &not_before,
             quota: Quota {
                 scope: self.scope.as_str(),
@@ -309,7 +306,7 @@ impl Accepted {
             &reset_at,
             self.seconds_to_reset,
         );
-        h.insert(DELAY, HeaderValue::from(millis(self.plan.total)));
+        h.insert(DELAY, HeaderValue::from(duration_ms(self.plan.total)));
         if let Some(r) = reminder {
             h.insert(REMINDER, text(r));
         }

@@ -28,6 +28,7 @@ const PURE: &[&str] = &[
     "config::words",
     "decide",
     "delay",
+    "hash_tag",
     "pace",
     "record",
     "settle",

@@ -39,6 +39,7 @@ use std::time::Duration;
 use ipnet::IpNet;
 
 use crate::decide::Limits;
+use crate::hash_tag::has_hash_tag;
 pub use error::ConfigError;
 use lookup::Lookup;
 pub use lookup::ranged_number;
@@ -480,12 +481,7 @@ impl QueueTarget {
             Some("") => err("valkey-stream: needs a key".into()),
             Some(key) if !has_valkey => err(format!("valkey-stream:{key} needs VALKEY_URL")),
             // Braces in a key are a cluster hash tag: they must enclose something.
-            Some(key)
-                if key.contains(['{', '}'])
-                    && key
-                        .find('{')
-                        .is_none_or(|o| key[o + 1..].find('}').is_none_or(|len| len == 0)) =>
-            {
+            Some(key) if key.contains(['{', '}']) && !has_hash_tag(key) => {
                 err(format!(
                     "valkey-stream:{key}: braces in a stream key must form a non-empty hash \
                      tag ({{tag}})"

@@ -23,6 +23,7 @@ use uuid::Uuid;
 use super::error::ConsumeError;
 use super::schedule::{self, Marker, MarkerClaim};
 use crate::connection::Valkey;
+use crate::hash_tag::tagged;
 
 /// How long a done marker (and a scan's attempt counter) is kept: as long
 /// as the gate keeps a keyed request's record, after which a retry is a new
@@ -51,19 +52,6 @@ pub enum Markers {
 pub struct Local {
     markers: HashMap<Uuid, (Marker, u64)>,
     done: VecDeque<Uuid>,
-}
-
-/// `{key}` unless `key` carries a non-empty hash tag already.
-pub fn tagged(key: &str) -> String {
-    let has_tag = key
-        .find('{')
-        .and_then(|open| key[open + 1..].find('}'))
-        .is_some_and(|len| len > 0);
-    if has_tag {
-        key.to_owned()
-    } else {
-        format!("{{{key}}}")
-    }
 }
 
 fn lock(local: &Mutex<Local>) -> Result<std::sync::MutexGuard<'_, Local>, ConsumeError> {
@@ -201,14 +189,6 @@ impl Markers {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// Marker keys share the stream's slot: a plain key becomes the tag.
-    #[test]
-    fn tags() {
-        assert_eq!(tagged("jobs"), "{jobs}");
-        assert_eq!(tagged("jobs{scan}"), "jobs{scan}");
-        assert_eq!(tagged("jobs{}"), "{jobs{}}");
-    }
 
     /// In process: claimed once, busy for another attempt, numbered per attempt, done for everyone after success.
     #[tokio::test]

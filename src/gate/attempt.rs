@@ -22,7 +22,7 @@ use crate::queue::{ENQUEUE_TIMEOUT, ScanJob};
 use crate::respond::{self, Accepted};
 use crate::settle::{Metering, Resumed};
 use crate::store::{Claim, QuotaKey, period_end};
-use crate::unix::{UnixMillis, UnixSecs};
+use crate::unix::{UnixMillis, UnixSecs, duration_ms};
 
 /// One HTTP request, as either front end hands it over.
 #[derive(Debug, Clone, Default)]
@@ -214,8 +214,8 @@ impl Scan {
             tier: self.metering.into(),
             limit: identity.limit.get(),
             count: self.metering.used(),
-            delay_ms: millis_u64(plan.total),
-            deferred_ms: millis_u64(plan.deferred),
+            delay_ms: duration_ms(plan.total),
+            deferred_ms: duration_ms(plan.deferred),
             not_before: respond::rfc3339_ms(not_before_ms),
             not_before_ms,
             request: body,
@@ -278,10 +278,6 @@ impl Scan {
 /// past `started + ceiling`, the answer's deadline.
 pub(super) fn enqueue_within(started: Instant, ceiling: Duration) -> Duration {
     ENQUEUE_TIMEOUT.min((started + ceiling).saturating_duration_since(Instant::now()))
-}
-
-fn millis_u64(d: Duration) -> u64 {
-    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
 /// The next 00:00 UTC and the seconds to it (used only when the store, which

@@ -35,7 +35,7 @@ use crate::settle::{
     on_repeat, on_take_over, settle,
 };
 use crate::store::{Claim, Claimed, CountArgs, PaceArgs, QuotaStore, Record, StoreError, TakeOver};
-use crate::unix::UnixSecs;
+use crate::unix::{UnixSecs, duration_ms};
 
 /// A request's answer, and what the meter is told of it (nothing for a
 /// request refused before it reached the store, or not a counted scan).
@@ -317,9 +317,8 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
             key: &attempt.key,
             record: attempt.claim.as_ref().map(|c| c.record.as_str()),
             arrival_ms: scan.received_ms,
-            delay_ms: u64::try_from(tier_delay.as_millis()).unwrap_or(u64::MAX),
-            max_backlog_ms: u64::try_from(self.config.policy.max_backlog.as_millis())
-                .unwrap_or(u64::MAX),
+            delay_ms: duration_ms(tier_delay),
+            max_backlog_ms: duration_ms(self.config.policy.max_backlog),
             reset_at: count.reset_at,
         };
         let paced = self.bounded(self.store.pace(args)).await;

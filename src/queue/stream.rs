@@ -10,7 +10,8 @@
 //! first attempt landed after all, the second adds nothing.
 
 use super::job_queue::{QueueError, ScanQueue};
-use crate::connection::{SendError, Valkey, eval, has_hash_tag, sized_cmd};
+use crate::connection::{SendError, Valkey, eval, sized_cmd};
+use crate::hash_tag::has_hash_tag;
 use crate::job::ScanJob;
 
 /// How long a landed `scanId` is remembered: as long as a key's record.

@@ -19,7 +19,7 @@
 use redis::Value;
 use uuid::Uuid;
 
-use crate::unix::{UnixMillis, UnixSecs};
+use crate::unix::{UnixMillis, UnixSecs, duration_ms};
 
 use super::key::{IDEMPOTENCY_TTL_SECS, QuotaKey};
 use super::quota_store::{
@@ -106,7 +106,7 @@ impl ValkeyStore {
         let within = self.valkey.timeout() / 2;
         let mut cmd = redis::cmd("WAIT");
         cmd.arg(self.wait_replicas)
-            .arg(u64::try_from(within.as_millis()).unwrap_or(u64::MAX).max(1));
+            .arg(duration_ms(within).max(1));
         let reached: u32 = self.send(cmd).await?;
         if reached < self.wait_replicas {
             return Err(StoreError::Unanswered);
