@@ -104,9 +104,7 @@ pub fn on_repeat(
         return Repeat::Replay(saved.clone());
     }
     if now_ms < record.lease_until_ms {
-        let slept = record.delay_ms.map_or(0, |d| {
-            d.min(duration_ms(sleep_cap))
-        });
+        let slept = record.delay_ms.map_or(0, |d| d.min(duration_ms(sleep_cap)));
         let expected_end = record
             .received_ms
             .get()

@@ -25,6 +25,7 @@ const RULES: &[&str] = &["decide", "delay", "pace", "record", "settle"];
 /// The modules the rules may import: the rules themselves and the
 /// one-word settings they read.
 const PURE: &[&str] = &[
+    "breaker",
     "config::words",
     "decide",
     "delay",

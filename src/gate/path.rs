@@ -365,7 +365,7 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
         &self,
         call: impl Future<Output = Result<T, StoreError>>,
     ) -> Result<T, StoreError> {
-        if !self.breaker.admit() {
+        if !self.breaker.admit(Instant::now().into_std()) {
             return Err(StoreError::CircuitOpen);
         }
         let result = if self.store.bounds_itself() {
@@ -375,7 +375,8 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
                 .await
                 .unwrap_or(Err(StoreError::Unanswered))
         };
-        self.breaker.record(result.is_ok());
+        self.breaker
+            .record(result.is_ok(), Instant::now().into_std());
         result
     }
 }

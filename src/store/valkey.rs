@@ -105,8 +105,7 @@ impl ValkeyStore {
     async fn replicated(&self) -> Result<(), StoreError> {
         let within = self.valkey.timeout() / 2;
         let mut cmd = redis::cmd("WAIT");
-        cmd.arg(self.wait_replicas)
-            .arg(duration_ms(within).max(1));
+        cmd.arg(self.wait_replicas).arg(duration_ms(within).max(1));
         let reached: u32 = self.send(cmd).await?;
         if reached < self.wait_replicas {
             return Err(StoreError::Unanswered);
