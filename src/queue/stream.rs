@@ -11,7 +11,7 @@
 
 use super::job_queue::{QueueError, ScanQueue};
 use crate::connection::{SendError, Valkey, eval, sized_cmd};
-use crate::hash_tag::has_hash_tag;
+use crate::hash_tag::tagged;
 use crate::job::ScanJob;
 
 /// How long a landed `scanId` is remembered: as long as a key's record.
@@ -44,11 +44,7 @@ fn backend(e: SendError) -> QueueError {
 impl StreamQueue {
     pub fn new(valkey: Valkey, key: impl Into<String>) -> Self {
         let key = key.into();
-        let marker_prefix = if has_hash_tag(&key) {
-            format!("{key}:scan:")
-        } else {
-            format!("{{{key}}}:scan:")
-        };
+        let marker_prefix = format!("{}:scan:", tagged(&key));
         Self {
             valkey,
             key,
