@@ -9,14 +9,16 @@
 //! Requests arriving while the probe is in flight are still skipped, so a hung
 //! store costs one timeout per cool-down, not one per concurrent request.
 //!
-//! Time is [`tokio::time::Instant`], so tests drive it with paused time. The
+//! Pure: it reads no clock. Every call is given the instant it happens at
+//! (the gate passes Tokio's clock, so tests with paused time drive it; the
+//! unit tests pass instants of their own), and it imports no I/O. The
 //! state sits behind a std `Mutex`: it is held for a few instructions and
 //! never across an `.await`.
 
 use std::sync::{Mutex, MutexGuard};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use tokio::time::Instant;
+use crate::unix::duration_ms;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum State {
@@ -53,13 +55,12 @@ impl Breaker {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Whether the next store call should be made. Must be followed by
-    /// [`record`](Self::record) when it returns `true`.
-    pub fn admit(&self) -> bool {
+    /// Whether the next store call, made at `now`, should be made. Must be
+    /// followed by [`record`](Self::record) when it returns `true`.
+    pub fn admit(&self, now: Instant) -> bool {
         if self.threshold == 0 {
             return true;
         }
-        let now = Instant::now();
         let mut state = self.lock();
         match *state {
             State::Closed { .. } => true,
@@ -76,12 +77,11 @@ impl Breaker {
         }
     }
 
-    /// Records the outcome of an admitted call.
-    pub fn record(&self, ok: bool) {
+    /// Records the outcome of an admitted call, which ended at `now`.
+    pub fn record(&self, ok: bool, now: Instant) {
         if self.threshold == 0 {
             return;
         }
-        let now = Instant::now();
         let mut state = self.lock();
         *state = match (*state, ok) {
             (State::Closed { .. }, true) => State::Closed { failures: 0 },
@@ -94,7 +94,7 @@ impl Breaker {
             },
             (State::Closed { .. } | State::HalfOpen { .. }, false) => {
                 tracing::warn!(
-                    cool_down_ms = self.cool_down.as_millis() as u64,
+                    cool_down_ms = duration_ms(self.cool_down),
                     "quota store failing; circuit breaker open"
                 );
                 State::Open {
@@ -106,9 +106,8 @@ impl Breaker {
         };
     }
 
-    /// Whether calls are being skipped right now.
-    pub fn is_open(&self) -> bool {
-        let now = Instant::now();
+    /// Whether calls are being skipped at `now`.
+    pub fn is_open(&self, now: Instant) -> bool {
         match *self.lock() {
             State::Closed { .. } => false,
             State::Open { until }
@@ -125,98 +124,118 @@ mod tests {
 
     const COOL: Duration = Duration::from_secs(1);
 
-    fn fail(b: &Breaker, n: u32) {
+    /// A clock of the test's own: the breaker is only ever told the time.
+    struct At(Instant);
+
+    impl At {
+        fn now(&self) -> Instant {
+            self.0
+        }
+
+        fn advance(&mut self, d: Duration) {
+            self.0 += d;
+        }
+    }
+
+    fn fail(b: &Breaker, n: u32, at: &At) {
         for _ in 0..n {
-            assert!(b.admit());
-            b.record(false);
+            assert!(b.admit(at.now()));
+            b.record(false, at.now());
         }
     }
 
     /// A breaker opened by `threshold` failures, its cool-down just over.
-    async fn cooled(threshold: u32) -> Breaker {
+    fn cooled(threshold: u32, at: &mut At) -> Breaker {
         let b = Breaker::new(threshold, COOL);
-        fail(&b, threshold);
-        tokio::time::advance(COOL).await;
+        fail(&b, threshold, at);
+        at.advance(COOL);
         b
     }
 
     /// It opens after exactly `threshold` consecutive failures, not before.
-    #[tokio::test(start_paused = true)]
-    async fn opens_after_threshold() {
+    #[test]
+    fn opens_after_threshold() {
+        let at = At(Instant::now());
         let b = Breaker::new(5, COOL);
-        fail(&b, 4);
-        assert!(!b.is_open());
-        fail(&b, 1);
-        assert!(b.is_open());
-        assert!(!b.admit());
+        fail(&b, 4, &at);
+        assert!(!b.is_open(at.now()));
+        fail(&b, 1, &at);
+        assert!(b.is_open(at.now()));
+        assert!(!b.admit(at.now()));
     }
 
     /// A success resets the count: failures must be consecutive.
-    #[tokio::test(start_paused = true)]
-    async fn success_resets_the_count() {
+    #[test]
+    fn success_resets_the_count() {
+        let at = At(Instant::now());
         let b = Breaker::new(3, COOL);
-        fail(&b, 2);
-        assert!(b.admit());
-        b.record(true);
-        fail(&b, 2);
-        assert!(!b.is_open());
+        fail(&b, 2, &at);
+        assert!(b.admit(at.now()));
+        b.record(true, at.now());
+        fail(&b, 2, &at);
+        assert!(!b.is_open(at.now()));
     }
 
     /// After the cool-down one probe goes through; others wait for its answer.
-    #[tokio::test(start_paused = true)]
-    async fn half_open_lets_one_probe_through() {
+    #[test]
+    fn half_open_lets_one_probe_through() {
+        let mut at = At(Instant::now());
         let b = Breaker::new(1, COOL);
-        fail(&b, 1);
-        tokio::time::advance(COOL - Duration::from_millis(1)).await;
-        assert!(!b.admit());
-        tokio::time::advance(Duration::from_millis(1)).await;
-        assert!(b.admit(), "the probe");
-        assert!(!b.admit(), "a second caller during the probe");
-        b.record(true);
-        assert!(!b.is_open());
-        assert!(b.admit() && b.admit());
+        fail(&b, 1, &at);
+        at.advance(COOL - Duration::from_millis(1));
+        assert!(!b.admit(at.now()));
+        at.advance(Duration::from_millis(1));
+        assert!(b.admit(at.now()), "the probe");
+        assert!(!b.admit(at.now()), "a second caller during the probe");
+        b.record(true, at.now());
+        assert!(!b.is_open(at.now()));
+        assert!(b.admit(at.now()) && b.admit(at.now()));
     }
 
     /// A failed probe opens the breaker for another full cool-down.
-    #[tokio::test(start_paused = true)]
-    async fn failed_probe_reopens() {
-        let b = cooled(2).await;
-        assert!(b.admit());
-        b.record(false);
-        assert!(b.is_open());
-        tokio::time::advance(COOL / 2).await;
-        assert!(!b.admit());
-        tokio::time::advance(COOL / 2).await;
-        assert!(b.admit());
+    #[test]
+    fn failed_probe_reopens() {
+        let mut at = At(Instant::now());
+        let b = cooled(2, &mut at);
+        assert!(b.admit(at.now()));
+        b.record(false, at.now());
+        assert!(b.is_open(at.now()));
+        at.advance(COOL / 2);
+        assert!(!b.admit(at.now()));
+        at.advance(COOL / 2);
+        assert!(b.admit(at.now()));
     }
 
     /// A probe that never reports (its request was dropped) does not wedge the breaker.
-    #[tokio::test(start_paused = true)]
-    async fn lost_probe_is_replaced() {
-        let b = cooled(1).await;
-        assert!(b.admit());
-        tokio::time::advance(COOL).await;
-        assert!(b.admit(), "a new probe once the first is overdue");
+    #[test]
+    fn lost_probe_is_replaced() {
+        let mut at = At(Instant::now());
+        let b = cooled(1, &mut at);
+        assert!(b.admit(at.now()));
+        at.advance(COOL);
+        assert!(b.admit(at.now()), "a new probe once the first is overdue");
     }
 
     /// Late failures from calls admitted before it opened do not extend the cool-down.
-    #[tokio::test(start_paused = true)]
-    async fn stragglers_do_not_extend() {
+    #[test]
+    fn stragglers_do_not_extend() {
+        let mut at = At(Instant::now());
         let b = Breaker::new(1, COOL);
-        assert!(b.admit());
-        assert!(b.admit());
-        b.record(false);
-        tokio::time::advance(COOL / 2).await;
-        b.record(false);
-        tokio::time::advance(COOL / 2).await;
-        assert!(b.admit());
+        assert!(b.admit(at.now()));
+        assert!(b.admit(at.now()));
+        b.record(false, at.now());
+        at.advance(COOL / 2);
+        b.record(false, at.now());
+        at.advance(COOL / 2);
+        assert!(b.admit(at.now()));
     }
 
     /// A threshold of 0 turns the breaker off.
-    #[tokio::test(start_paused = true)]
-    async fn zero_threshold_never_opens() {
+    #[test]
+    fn zero_threshold_never_opens() {
+        let at = At(Instant::now());
         let b = Breaker::new(0, COOL);
-        fail(&b, 100);
-        assert!(!b.is_open());
+        fail(&b, 100, &at);
+        assert!(!b.is_open(at.now()));
     }
 }

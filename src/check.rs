@@ -30,7 +30,7 @@ use crate::pace::next_slot;
 use crate::record::Peek;
 use crate::respond::{self, Standing};
 use crate::settle::{self, DelayRule};
-use crate::unix::UnixMillis;
+use crate::unix::{UnixMillis, duration_ms};
 
 /// Whether `path` names the quota route: `/quota`, or `/<stage>/quota`
 /// when API Gateway keeps a named stage in the path (as for `/scan`).
@@ -67,10 +67,6 @@ pub struct NextScan {
     pub shadow: Option<ShadowVerdict>,
 }
 
-fn millis(d: Duration) -> u64 {
-    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
-}
-
 /// The next scan of a subject whose store reads `peek` at `now_ms`, under
 /// `limits` (before the grant, which this adds).
 pub fn next_scan(
@@ -88,10 +84,10 @@ pub fn next_scan(
         shadow: shadow.then(|| ShadowVerdict::new(decision.tier, decision.delay)),
     };
     let tier_delay = match settle::decided_delay_rule(&decision, shadow, rules.pacing) {
-        DelayRule::Fixed(delay) => return plain(millis(delay)),
-        DelayRule::Pace(tier_delay) => millis(tier_delay),
+        DelayRule::Fixed(delay) => return plain(duration_ms(delay)),
+        DelayRule::Pace(tier_delay) => duration_ms(tier_delay),
     };
-    let cap = millis(rules.max_backlog);
+    let cap = duration_ms(rules.max_backlog);
     match next_slot(peek.slot_ms.unwrap_or_default(), now_ms, tier_delay, cap) {
         Ok(slot) => plain(u64::try_from(slot.get() - now_ms.get()).unwrap_or(0)),
         Err(retry_after_ms) => NextScan {

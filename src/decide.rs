@@ -6,6 +6,8 @@
 use std::num::NonZeroU32;
 use std::time::Duration;
 
+use crate::unix::duration_ms;
+
 /// The limits that apply to one subject.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Limits {
@@ -99,7 +101,7 @@ impl ShadowVerdict {
     pub fn new(tier: Tier, delay: Duration) -> Self {
         Self {
             tier: tier.as_str(),
-            delay_ms: u64::try_from(delay.as_millis()).unwrap_or(u64::MAX),
+            delay_ms: duration_ms(delay),
         }
     }
 }

@@ -16,6 +16,7 @@ use crate::gate::{Gate, GateRequest};
 use crate::identity::ip::parse_source;
 use crate::queue::ScanQueue;
 use crate::store::QuotaStore;
+use crate::unix::duration_ms;
 
 /// Turns a Lambda HTTP event into a gate request.
 pub fn to_gate_request(request: Request) -> GateRequest {
@@ -63,10 +64,11 @@ pub const EARLIEST_DEADLINE_MS: u64 = 946_684_800_000;
 /// `600000`) is treated as absent, said once in the log, so a local replay
 /// sleeps as Lambda would. One already passed is zero, so nothing sleeps.
 fn time_left(context: &lambda_runtime::Context) -> Option<Duration> {
-    let now = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap_or_default()
-        .as_millis() as u64;
+    let now = duration_ms(
+        SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap_or_default(),
+    );
     remaining_before(context.deadline, now)
 }
 

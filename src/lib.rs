@@ -25,8 +25,9 @@
 //! | after | [`consume`] | `quota-gate consume`: holds each job until `notBefore`, runs each `scanId` once |
 //!
 //! The floors: the pure rules and types ([`decide`], [`delay`], [`outcome`],
-//! [`pace`], [`record`], [`settle`], the instant types of [`unix`], and the
-//! one-word settings of [`config::words`])
+//! [`pace`], [`record`], [`settle`], the instant types of [`unix`], the
+//! cluster [`hash_tag`] rule, the store's circuit [`breaker`] (told the
+//! time, it reads no clock), and the one-word settings of [`config::words`])
 //! import no I/O crate and no module above them; the modules that talk to
 //! Valkey, SQS or a socket build on them; [`gate`] drives them; [`lambda`],
 //! [`serve`] and [`cli`] sit on top. No module imports one that imports it
@@ -47,8 +48,7 @@
 //! secret; [`error`] is the one place that maps failures to HTTP statuses.
 //!
 //! Around the path: [`connection`] is the shared connection to Valkey (standalone or
-//! cluster, TLS) used by the store and the stream queue; [`breaker`] skips a
-//! failing store for a cool-down; [`bugs`] holds the test-only switches
+//! cluster, TLS) used by the store and the stream queue; [`bugs`] holds the test-only switches
 //! that bring past bugs back for the simulator; [`stdout`] is the process's non-blocking
 //! line writer (spooled jobs, EMF lines, `serve`'s logs), a writer thread on
 //! the I/O floor beside the connection; [`cli`] is the
@@ -68,6 +68,7 @@ pub mod delay;
 pub mod digest;
 pub mod error;
 pub mod gate;
+pub mod hash_tag;
 pub mod idempotency;
 pub mod identity;
 pub mod job;

@@ -26,7 +26,7 @@ use crate::digest::Scope;
 use crate::identity::TokenStatus;
 use crate::record::Peek;
 use crate::store::resets_at;
-use crate::unix::UnixSecs;
+use crate::unix::{UnixSecs, duration_ms};
 
 pub const REMAINING: HeaderName = HeaderName::from_static("x-stella-quota-remaining");
 pub const RESET: HeaderName = HeaderName::from_static("x-stella-reset");
@@ -272,10 +272,6 @@ pub fn replay(saved: &str) -> Option<Response<Bytes>> {
     Some(response)
 }
 
-fn millis(d: std::time::Duration) -> u64 {
-    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
-}
-
 impl Accepted {
     /// The reminder sentence, when it applies. ASCII, so it fits a header.
     pub fn reminder_text(&self, reset_at: &str) -> Option<String> {
@@ -294,9 +290,9 @@ impl Accepted {
         let body = Body {
             scan_id: self.scan_id,
             status: "queued",
-            delay_ms: millis(self.plan.total),
-            slept_ms: millis(self.plan.sleep),
-            deferred_ms: millis(self.plan.deferred),
+            delay_ms: duration_ms(self.plan.total),
+            slept_ms: duration_ms(self.plan.sleep),
+            deferred_ms: duration_ms(self.plan.deferred),
             not_before: &not_before,
             quota: Quota {
                 scope: self.scope.as_str(),
@@ -323,7 +319,7 @@ impl Accepted {
         let json = self.body_json(&reset_at, reminder.as_deref());
         let mut response = answer(StatusCode::ACCEPTED, json, &self.standing, &reset_at);
         let h = response.headers_mut();
-        h.insert(DELAY, HeaderValue::from(millis(self.plan.total)));
+        h.insert(DELAY, HeaderValue::from(duration_ms(self.plan.total)));
         if let Some(r) = reminder {
             h.insert(
                 REMINDER,

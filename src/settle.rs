@@ -25,7 +25,7 @@ use crate::decide::{Decision, Limits, decide};
 use crate::delay::DelayPlan;
 use crate::pace::Paced;
 use crate::record::{Claim, Count, Record};
-use crate::unix::{UnixMillis, UnixSecs};
+use crate::unix::{UnixMillis, UnixSecs, duration_ms};
 
 /// How long after its expected end an attempt is still given, in the
 /// `Retry-After` of a 409: the enqueue and the saving of its answer.
@@ -97,9 +97,7 @@ pub fn on_repeat(
         return Repeat::Replay(saved.clone());
     }
     if now_ms < record.lease_until_ms {
-        let slept = record.delay_ms.map_or(0, |d| {
-            d.min(u64::try_from(sleep_cap.as_millis()).unwrap_or(u64::MAX))
-        });
+        let slept = record.delay_ms.map_or(0, |d| d.min(duration_ms(sleep_cap)));
         let expected_end = record
             .received_ms
             .get()

@@ -1,5 +1,7 @@
 //! Instants as unix seconds and unix milliseconds, as two types, so the
-//! store's arguments and the record's fields cannot mix them up.
+//! store's arguments and the record's fields cannot mix them up; and a
+//! duration as whole milliseconds ([`duration_ms`]), the one conversion
+//! every header, job field, command argument and metric uses.
 //!
 //! Pure: the clock that reads them is [`crate::clock`]. The raw number
 //! ([`UnixSecs::get`], [`UnixMillis::get`]) is only taken where it crosses
@@ -46,6 +48,12 @@ impl UnixMillis {
     }
 }
 
+/// `d` in whole milliseconds (a fraction dropped), `u64::MAX` past it:
+/// what a header, a job's field or a command argument carries.
+pub fn duration_ms(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -64,5 +72,12 @@ mod tests {
             UnixSecs(i64::MAX).saturating_add(Duration::from_secs(1)),
             UnixSecs(i64::MAX)
         );
+    }
+
+    /// A duration's milliseconds drop their fraction and saturate.
+    #[test]
+    fn durations_in_whole_milliseconds() {
+        assert_eq!(duration_ms(Duration::from_micros(2_999)), 2);
+        assert_eq!(duration_ms(Duration::MAX), u64::MAX);
     }
 }

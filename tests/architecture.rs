@@ -25,10 +25,12 @@ const RULES: &[&str] = &["decide", "delay", "outcome", "pace", "record", "settle
 /// The modules the rules may import: the rules themselves and the
 /// one-word settings they read.
 const PURE: &[&str] = &[
+    "breaker",
     "config::words",
     "decide",
     "delay",
     "outcome",
+    "hash_tag",
     "pace",
     "record",
     "settle",
@@ -51,10 +53,10 @@ const LONG_FNS: &[&str] = &[];
 /// usually two ideas.
 const MAX_FILE_LINES: usize = 400;
 
-/// Files longer than [`MAX_FILE_LINES`] today, being split elsewhere. This
-/// list may only shrink: a file that grows past the limit is split along
-/// its ideas, not added here.
-const LONG_FILES: &[&str] = &["src/config/mod.rs", "src/connection.rs"];
+/// Files longer than [`MAX_FILE_LINES`] today. This list may only shrink
+/// (it is empty): a file that grows past the limit is split along its
+/// ideas, not added here.
+const LONG_FILES: &[&str] = &[];
 
 /// One source file, read as one module.
 struct Module {

@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use common::*;
 use http::HeaderValue;
+use quota_gate::ops::change;
 use quota_gate::ops::subject::{self, SubjectArg};
 use redis::AsyncCommands;
 
@@ -373,7 +374,7 @@ async fn key_tables_are_what_valkey_holds() {
     let config = config(&[("VALKEY_URL", &server.url())]);
     let who = subject::resolve(&config, &SubjectArg::Ip("203.0.113.7".into())).unwrap();
     let store = quota_gate::ops::valkey_store(&config).unwrap();
-    subject::grant(&store, &who, 5, config.policy.reset)
+    change::grant(&store, &who, 5, config.policy.reset)
         .await
         .unwrap();
     let found: Vec<String> = c.keys("quota:*").await.unwrap();
@@ -407,7 +408,7 @@ async fn key_tables_are_what_valkey_holds() {
             .collect();
         assert_eq!(rows, shapes, "{doc}'s key table");
     }
-    let removal = subject::reset(&store, &who).await.unwrap();
+    let removal = change::reset(&store, &who).await.unwrap();
     assert_eq!(removal.removed as usize, found.len());
     let left: Vec<String> = c.keys("quota:*").await.unwrap();
     assert!(left.is_empty(), "{left:?}");

@@ -12,6 +12,7 @@ use common::moto::MotoServer;
 use common::*;
 use jsonwebtoken::Algorithm;
 use quota_gate::Gate;
+use quota_gate::ops::change;
 use quota_gate::ops::progress::Progress;
 use quota_gate::ops::subject::{self, Basis, SubjectArg};
 use quota_gate::ops::{OpsError, purge, stats, valkey_store};
@@ -146,7 +147,7 @@ async fn reset_then_next_counts_one() {
     let store = valkey_store(&config).unwrap();
     // Another host in the same /64 names the same client.
     let s = subject::resolve(&config, &SubjectArg::Ip("2001:db8:5:6::beef".into())).unwrap();
-    let removal = subject::reset(&store, &s).await.unwrap();
+    let removal = change::reset(&store, &s).await.unwrap();
     assert_eq!(removal.removed, 2);
     assert!(removal.render().contains(&s.key.counter));
     let mut c = server.client().await;
@@ -155,8 +156,8 @@ async fn reset_then_next_counts_one() {
     let body = json(&gate.handle(scan_from("2001:db8:5:6::1")).await);
     assert_eq!(body["quota"]["used"], 1);
     assert_eq!(body["delayMs"], 0);
-    assert_eq!(subject::reset(&store, &s).await.unwrap().removed, 2);
-    assert_eq!(subject::reset(&store, &s).await.unwrap().removed, 0);
+    assert_eq!(change::reset(&store, &s).await.unwrap().removed, 2);
+    assert_eq!(change::reset(&store, &s).await.unwrap().removed, 0);
 }
 
 /// With pacing on, `inspect` shows the paced backlog, and `reset` clears the
@@ -179,7 +180,7 @@ async fn inspect_shows_backlog_and_reset_clears_it() {
     assert!(i.backlog_ms > 60_000, "{i:?}");
     assert!(i.next_free_slot.is_some());
     assert!(i.render().contains("next slot"), "{}", i.render());
-    let removal = subject::reset(&store, &s).await.unwrap();
+    let removal = change::reset(&store, &s).await.unwrap();
     assert_eq!(removal.removed, 4, "counter, first-seen, slot, one record");
     let mut c = server.client().await;
     let left: Vec<String> = c.keys("quota:*").await.unwrap();
@@ -515,7 +516,7 @@ async fn cluster_inspect_reset_purge() {
     let i = subject::inspect(&store, &config, &s).await.unwrap();
     assert_eq!((i.count, i.next.tier), (4, "soft"));
     let other = subject::resolve(&config, &SubjectArg::Ip("198.51.100.2".into())).unwrap();
-    assert_eq!(subject::reset(&store, &other).await.unwrap().removed, 2);
+    assert_eq!(change::reset(&store, &other).await.unwrap().removed, 2);
     let body = json(&gate.handle(scan_from("198.51.100.2")).await);
     assert_eq!(body["quota"]["used"], 1);
 

@@ -11,6 +11,7 @@ use common::*;
 use http::Method;
 use quota_gate::clock::Clock;
 use quota_gate::gate::{Gate, GateRequest};
+use quota_gate::ops::change;
 use quota_gate::ops::subject::{self, SubjectArg};
 use quota_gate::queue::ScanQueue;
 use quota_gate::store::QuotaStore;
@@ -221,7 +222,7 @@ async fn grant_five<Q: ScanQueue>(
     let who = subject::resolve(store_config, &SubjectArg::Ip(IP.into())).unwrap();
     let before = subject::inspect(&store, store_config, &who).await.unwrap();
     assert_eq!(before.next.tier, "soft");
-    let granted = subject::grant(&store, &who, 5, store_config.policy.reset)
+    let granted = change::grant(&store, &who, 5, store_config.policy.reset)
         .await
         .unwrap();
     assert_eq!(granted.scans, 5);
@@ -246,11 +247,11 @@ async fn grant_five<Q: ScanQueue>(
     let sixth = scan(gate, IP).await;
     assert_eq!(sixth["delayMs"], 5_000, "{sixth}");
     // Revoke: the ceiling is the limit again; a second revoke finds nothing.
-    let revoked = subject::grant(&store, &who, 0, store_config.policy.reset)
+    let revoked = change::grant(&store, &who, 0, store_config.policy.reset)
         .await
         .unwrap();
     assert_eq!(revoked.revoked, Some(true));
-    let again = subject::grant(&store, &who, 0, store_config.policy.reset)
+    let again = change::grant(&store, &who, 0, store_config.policy.reset)
         .await
         .unwrap();
     assert_eq!(again.revoked, Some(false));
@@ -266,10 +267,10 @@ async fn grant_five<Q: ScanQueue>(
             .grant,
         0
     );
-    subject::grant(&store, &who, 7, store_config.policy.reset)
+    change::grant(&store, &who, 7, store_config.policy.reset)
         .await
         .unwrap();
-    subject::reset(&store, &who).await.unwrap();
+    change::reset(&store, &who).await.unwrap();
     let after = subject::inspect(&store, store_config, &who).await.unwrap();
     assert_eq!(
         (after.exists, after.grant),
@@ -331,7 +332,7 @@ async fn grant_before_the_first_scan_ends_tonight_under_utc_day() {
     let store_config = &config(&vars);
     let store = quota_gate::ops::valkey_store(store_config).unwrap();
     let who = subject::resolve(store_config, &SubjectArg::Ip(IP.into())).unwrap();
-    let granted = subject::grant(&store, &who, 50, store_config.policy.reset)
+    let granted = change::grant(&store, &who, 50, store_config.policy.reset)
         .await
         .unwrap();
     let midnight = now() - now().rem_euclid(86_400) + 86_400;
@@ -362,7 +363,7 @@ async fn grant_before_the_first_scan_expires_with_its_counter() {
     let store = quota_gate::ops::valkey_store(store_config).unwrap();
     for (ip, keyed) in [(IP, false), ("198.51.100.24", true)] {
         let who = subject::resolve(store_config, &SubjectArg::Ip(ip.into())).unwrap();
-        let granted = subject::grant(&store, &who, 50, store_config.policy.reset)
+        let granted = change::grant(&store, &who, 50, store_config.policy.reset)
             .await
             .unwrap();
         assert_eq!(granted.expires_at, None, "no counter, no expiry yet");

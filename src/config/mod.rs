@@ -14,12 +14,14 @@
 //! rather than a panic at start, and a test checks the parser reads every row.
 //!
 //! The settings are grouped by who reads them, and each group reads its own
-//! variables (`from_vars`): [`Policy`] (the quota and its delays:
-//! [`crate::decide`], [`crate::delay`], pacing), [`IdentityConfig`] (the hash
-//! secret, proxies, [`JwtConfig`]), [`StoreConfig`] (Valkey, its timeout and
-//! failure handling), the [`QueueTarget`] and [`ServeConfig`]. They are read
-//! in that order, so with several bad values the first group's error is the
-//! one reported.
+//! variables (`from_vars`), in a file of its own: [`Policy`] (`policy.rs`:
+//! the quota and its delays, for [`crate::decide`], [`crate::delay`],
+//! pacing), [`IdentityConfig`] (`identity.rs`: the hash secret, proxies,
+//! [`JwtConfig`]), [`StoreConfig`] (`store.rs`: Valkey, its TLS trust, its
+//! timeout and failure handling), the [`QueueTarget`] (`queue.rs`, with the
+//! one grammar of a queue URL, [`QueueTarget::from_url`]) and
+//! [`ServeConfig`] (`serve.rs`). They are read in that order, so with
+//! several bad values the first group's error is the one reported.
 //! The settings that are one word each ([`FailMode`], [`DelayMode`], …)
 //! live in [`words`] and [`ConfigError`] in `error`, below the parser, so
 //! the pure rules import a setting without the configuration.
@@ -27,303 +29,25 @@
 //! Lambda has no command line, and one parser serves both binaries.
 
 mod error;
+mod identity;
 mod lookup;
+mod policy;
+mod queue;
+mod serve;
+mod store;
 pub mod vars;
 pub mod words;
 
-use std::net::SocketAddr;
-use std::num::NonZeroU32;
-use std::str::FromStr;
-use std::time::Duration;
-
-use ipnet::IpNet;
-
-use crate::decide::Limits;
 pub use error::ConfigError;
+use identity::HashSecret;
+pub use identity::{DEV_HASH_SECRET, IdentityConfig, JwtConfig};
 use lookup::Lookup;
 pub use lookup::ranged_number;
+pub use policy::Policy;
+pub use queue::QueueTarget;
+pub use serve::ServeConfig;
+pub use store::{CaBundle, StoreConfig, ValkeyConfig, is_tls_url};
 pub use words::{DelayMode, FailMode, Mode, Pacing, ResetPolicy};
-
-/// Where accepted scans go.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum QueueTarget {
-    /// One JSON line per job on standard output (the local default).
-    Spool,
-    /// `XADD` to this stream key on the quota Valkey.
-    ValkeyStream(String),
-    /// An SQS queue URL.
-    Sqs(String),
-}
-
-/// CA certificates (PEM) read from `VALKEY_TLS_CA` at start.
-#[derive(Clone, PartialEq, Eq)]
-pub struct CaBundle {
-    /// Where it was read from, for messages.
-    pub path: String,
-    pub pem: Vec<u8>,
-}
-
-impl std::fmt::Debug for CaBundle {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("CaBundle")
-            .field("path", &self.path)
-            .finish()
-    }
-}
-
-impl CaBundle {
-    /// Reads the bundle now, so a missing or unreadable file stops the cold
-    /// start with the variable's name instead of failing every connection.
-    fn read(path: &str) -> Result<Self, ConfigError> {
-        let var = vars::VALKEY_TLS_CA.name();
-        let pem = std::fs::read(path)
-            .map_err(|e| ConfigError::new(var, format!("cannot read {path:?}: {e}")))?;
-        if !String::from_utf8_lossy(&pem).contains("-----BEGIN CERTIFICATE-----") {
-            return Err(ConfigError::new(
-                var,
-                format!("{path:?} holds no PEM certificate"),
-            ));
-        }
-        Ok(Self {
-            path: path.to_owned(),
-            pem,
-        })
-    }
-}
-
-/// The secret used by `quota-gate serve` when none is configured. Digests made
-/// with it are not private: it is in the source.
-pub const DEV_HASH_SECRET: &str = "quota-gate-local-development-secret";
-
-/// The HMAC key for subject digests (`QUOTA_HASH_SECRET`).
-#[derive(Clone, PartialEq, Eq)]
-enum HashSecret {
-    Configured(String),
-    /// Unset: [`DEV_HASH_SECRET`], where a development secret is allowed.
-    Development,
-}
-
-impl std::fmt::Debug for HashSecret {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            Self::Configured(_) => "Configured(…)",
-            Self::Development => "Development",
-        })
-    }
-}
-
-/// The quota and what happens past it.
-#[derive(Debug, Clone)]
-pub struct Policy {
-    pub quota_anon: NonZeroU32,
-    pub quota_token: NonZeroU32,
-    pub warn_at: NonZeroU32,
-    pub soft_window: u32,
-    pub soft_delay: Duration,
-    pub hard_delay: Duration,
-    pub reset: ResetPolicy,
-    /// `enforce` or `shadow` (`QUOTA_MODE`).
-    pub mode: Mode,
-    pub pacing: Pacing,
-    /// The longest delay a paced scan may be given; beyond it, 503 `backlog_full`.
-    pub max_backlog: Duration,
-    pub delay_mode: DelayMode,
-    pub gateway_timeout: Duration,
-    pub delay_margin: Duration,
-}
-
-impl Policy {
-    /// The quota and its delays.
-    fn from_vars(env: &Lookup) -> Result<Self, ConfigError> {
-        Ok(Self {
-            quota_anon: env.limit(&vars::QUOTA_ANON)?,
-            quota_token: env.limit(&vars::QUOTA_TOKEN)?,
-            warn_at: env.limit(&vars::QUOTA_WARN_AT)?,
-            soft_window: env.count(&vars::QUOTA_SOFT_WINDOW)?,
-            soft_delay: env.millis(&vars::QUOTA_SOFT_DELAY_MS)?,
-            hard_delay: env.millis(&vars::QUOTA_HARD_DELAY_MS)?,
-            reset: env.word(&vars::QUOTA_RESET)?,
-            mode: env.word(&vars::QUOTA_MODE)?,
-            pacing: env.word(&vars::QUOTA_PACING)?,
-            max_backlog: env.millis(&vars::QUOTA_MAX_BACKLOG_MS)?,
-            delay_mode: env.word(&vars::QUOTA_DELAY_MODE)?,
-            gateway_timeout: env.millis(&vars::QUOTA_GATEWAY_TIMEOUT_MS)?,
-            delay_margin: env.millis(&vars::QUOTA_DELAY_MARGIN_MS)?,
-        })
-    }
-
-    /// The limits for a subject whose daily ceiling is `limit`.
-    pub fn limits(&self, limit: NonZeroU32) -> Limits {
-        Limits {
-            limit,
-            soft_window: self.soft_window,
-            soft_delay: self.soft_delay,
-            hard_delay: self.hard_delay,
-            warn_at: self.warn_at,
-        }
-    }
-}
-
-/// How a request becomes a subject.
-#[derive(Debug, Clone)]
-pub struct IdentityConfig {
-    /// Read it through [`Config::hash_secret`].
-    hash_secret: HashSecret,
-    pub ipv6_prefix: u8,
-    pub trusted_proxies: Vec<IpNet>,
-    /// Client networks whose scans are exempt (`QUOTA_EXEMPT_NETWORKS`).
-    pub exempt_networks: Vec<IpNet>,
-    pub jwt: JwtConfig,
-}
-
-/// How bearer tokens are verified.
-#[derive(Debug, Clone)]
-pub struct JwtConfig {
-    pub public_key: Option<String>,
-    pub jwks: Option<String>,
-    pub issuer: String,
-    pub audience: Option<String>,
-    pub trust_gateway_claims: bool,
-    /// A verified token whose claim of this name is `true` is exempt.
-    pub exempt_claim: Option<String>,
-}
-
-/// The quota Valkey.
-#[derive(Debug, Clone)]
-pub struct ValkeyConfig {
-    pub url: String,
-    pub cluster: bool,
-    /// Replicas a keyed claim must reach before its scan goes on (0: off).
-    pub wait_replicas: u32,
-    /// Extra trust for `rediss://`: replaces the platform's roots when set.
-    pub tls_ca: Option<CaBundle>,
-}
-
-/// The quota store and what to do when it fails.
-#[derive(Debug, Clone)]
-pub struct StoreConfig {
-    /// `None`: the in-memory store.
-    pub valkey: Option<ValkeyConfig>,
-    /// Bound on every store call.
-    pub timeout: Duration,
-    pub fail_mode: FailMode,
-    /// Consecutive failures that open the breaker (0: never opens).
-    pub breaker_failures: u32,
-    pub breaker_cool_down: Duration,
-}
-
-/// The local server (`quota-gate serve`).
-#[derive(Debug, Clone)]
-pub struct ServeConfig {
-    pub listen: SocketAddr,
-    /// Connections kept open at once.
-    pub max_connections: u32,
-    /// Single-threaded workers; 0: one per CPU.
-    pub workers: u16,
-}
-
-impl HashSecret {
-    fn from_vars(env: &Lookup) -> Result<Self, ConfigError> {
-        match env.optional(&vars::QUOTA_HASH_SECRET) {
-            Some(s) if s.len() < 16 => Err(ConfigError::new(
-                vars::QUOTA_HASH_SECRET.name(),
-                "must be at least 16 bytes (32 random bytes recommended)",
-            )),
-            Some(s) => Ok(Self::Configured(s)),
-            None => Ok(Self::Development),
-        }
-    }
-}
-
-impl IdentityConfig {
-    /// The hash secret, proxies and token verification.
-    fn from_vars(env: &Lookup) -> Result<Self, ConfigError> {
-        Ok(Self {
-            hash_secret: HashSecret::from_vars(env)?,
-            ipv6_prefix: env.number(&vars::QUOTA_IPV6_PREFIX)? as u8,
-            trusted_proxies: networks(env, &vars::QUOTA_TRUSTED_PROXIES)?,
-            exempt_networks: networks(env, &vars::QUOTA_EXEMPT_NETWORKS)?,
-            jwt: JwtConfig {
-                public_key: env.optional(&vars::QUOTA_JWT_PUBLIC_KEY),
-                jwks: env.optional(&vars::QUOTA_JWT_JWKS),
-                issuer: env.text(&vars::QUOTA_JWT_ISSUER),
-                audience: env.optional(&vars::QUOTA_JWT_AUDIENCE),
-                trust_gateway_claims: env.flag(&vars::QUOTA_TRUST_GATEWAY_CLAIMS)?,
-                exempt_claim: exempt_claim(env)?,
-            },
-        })
-    }
-}
-
-/// `QUOTA_TRUSTED_PROXIES` or `QUOTA_EXEMPT_NETWORKS`: comma-separated
-/// CIDRs or bare addresses. A malformed entry stops the start, naming `var`.
-fn networks(env: &Lookup, var: &vars::Var<vars::Optional>) -> Result<Vec<IpNet>, ConfigError> {
-    env.optional(var)
-        .unwrap_or_default()
-        .split(',')
-        .map(str::trim)
-        .filter(|s| !s.is_empty())
-        .map(|s| {
-            IpNet::from_str(s)
-                .or_else(|_| s.parse::<std::net::IpAddr>().map(IpNet::from))
-                .map(|net| net.trunc())
-                .map_err(|_| {
-                    ConfigError::new(var.name(), format!("{s:?} is not an IP address or CIDR"))
-                })
-        })
-        .collect()
-}
-
-/// `QUOTA_EXEMPT_CLAIM`: a claim name, one word of visible ASCII.
-fn exempt_claim(env: &Lookup) -> Result<Option<String>, ConfigError> {
-    let var = &vars::QUOTA_EXEMPT_CLAIM;
-    match env.optional(var).map(|s| s.trim().to_owned()) {
-        Some(name) if !name.chars().all(|c| c.is_ascii_graphic()) => Err(ConfigError::new(
-            var.name(),
-            format!("{name:?} is not a claim name (visible ASCII, no spaces)"),
-        )),
-        Some(name)
-            if ["tid", "tier", "exp", "iss", "aud", "nbf", "iat"].contains(&name.as_str()) =>
-        {
-            Err(ConfigError::new(
-                var.name(),
-                format!("{name:?} is a claim the gate already reads"),
-            ))
-        }
-        other => Ok(other.filter(|s| !s.is_empty())),
-    }
-}
-
-impl StoreConfig {
-    /// Valkey (or the in-memory store), its timeout and failure handling.
-    fn from_vars(env: &Lookup) -> Result<Self, ConfigError> {
-        Ok(Self {
-            valkey: ValkeyConfig::from_vars(env)?,
-            timeout: env.millis(&vars::QUOTA_STORE_TIMEOUT_MS)?,
-            fail_mode: env.word(&vars::QUOTA_FAIL_MODE)?,
-            breaker_failures: env.count(&vars::QUOTA_BREAKER_FAILURES)?,
-            breaker_cool_down: env.millis(&vars::QUOTA_BREAKER_COOLDOWN_MS)?,
-        })
-    }
-}
-
-impl ServeConfig {
-    /// `quota-gate serve`'s address, connection cap and workers.
-    fn from_vars(env: &Lookup) -> Result<Self, ConfigError> {
-        let listen = env.text(&vars::QUOTA_LISTEN);
-        let listen = listen.parse().map_err(|_| {
-            ConfigError::new(
-                vars::QUOTA_LISTEN.name(),
-                format!("expected host:port, got {listen:?}"),
-            )
-        })?;
-        Ok(Self {
-            listen,
-            max_connections: env.number(&vars::QUOTA_MAX_CONNECTIONS)? as u32,
-            workers: env.number(&vars::QUOTA_SERVE_WORKERS)? as u16,
-        })
-    }
-}
 
 /// Every setting of the gate.
 #[derive(Debug, Clone)]
@@ -400,108 +124,11 @@ impl Config {
     }
 }
 
-impl ValkeyConfig {
-    /// `VALKEY_URL`, `VALKEY_CLUSTER`, `VALKEY_WAIT_REPLICAS` and `VALKEY_TLS_CA`; `None`: the
-    /// in-memory store. A CA bundle needs a TLS URL.
-    fn from_vars(env: &Lookup) -> Result<Option<Self>, ConfigError> {
-        let cluster = env.flag(&vars::VALKEY_CLUSTER)?;
-        let wait_replicas = env.count(&vars::VALKEY_WAIT_REPLICAS)?;
-        if wait_replicas > 0 && cluster {
-            // WAIT names no key: a cluster client cannot send it to the
-            // claim's primary.
-            return Err(ConfigError::new(
-                vars::VALKEY_WAIT_REPLICAS.name(),
-                "needs a standalone Valkey (VALKEY_CLUSTER=false)",
-            ));
-        }
-        let valkey = env
-            .optional(&vars::VALKEY_URL)
-            .map(ValkeyConfig::parse)
-            .transpose()?;
-        let tls_ca = env
-            .optional(&vars::VALKEY_TLS_CA)
-            .map(|path| CaBundle::read(&path))
-            .transpose()?;
-        match (valkey, tls_ca) {
-            (None, None) => Ok(None),
-            (Some(v), tls_ca) if tls_ca.is_none() || v.is_tls() => Ok(Some(ValkeyConfig {
-                cluster,
-                wait_replicas,
-                tls_ca,
-                ..v
-            })),
-            _ => Err(ConfigError::new(
-                vars::VALKEY_TLS_CA.name(),
-                "needs a rediss:// or valkeys:// VALKEY_URL",
-            )),
-        }
-    }
-
-    fn parse(url: String) -> Result<Self, ConfigError> {
-        const SCHEMES: [&str; 4] = ["redis://", "rediss://", "valkey://", "valkeys://"];
-        if !SCHEMES.iter().any(|s| url.starts_with(s)) {
-            return Err(ConfigError::new(
-                vars::VALKEY_URL.name(),
-                "expected a redis://, rediss://, valkey:// or valkeys:// URL",
-            ));
-        }
-        Ok(Self {
-            url,
-            cluster: false,
-            wait_replicas: 0,
-            tls_ca: None,
-        })
-    }
-
-    fn is_tls(&self) -> bool {
-        is_tls_url(&self.url)
-    }
-}
-
-/// Whether a Valkey URL asks for TLS (`rediss://` or `valkeys://`).
-pub fn is_tls_url(url: &str) -> bool {
-    url.starts_with("rediss://") || url.starts_with("valkeys://")
-}
-
-impl QueueTarget {
-    /// `SCAN_QUEUE_URL`; a Valkey stream needs `has_valkey`.
-    fn from_vars(env: &Lookup, has_valkey: bool) -> Result<Self, ConfigError> {
-        Self::parse(env.optional(&vars::SCAN_QUEUE_URL), has_valkey)
-    }
-
-    /// `SCAN_QUEUE_URL`: unset, an SQS URL, or `valkey-stream:<key>` (which
-    /// needs Valkey).
-    fn parse(url: Option<String>, has_valkey: bool) -> Result<Self, ConfigError> {
-        let err = |problem: String| Err(ConfigError::new(vars::SCAN_QUEUE_URL.name(), problem));
-        let Some(url) = url else {
-            return Ok(Self::Spool);
-        };
-        match url.strip_prefix("valkey-stream:") {
-            Some("") => err("valkey-stream: needs a key".into()),
-            Some(key) if !has_valkey => err(format!("valkey-stream:{key} needs VALKEY_URL")),
-            // Braces in a key are a cluster hash tag: they must enclose something.
-            Some(key)
-                if key.contains(['{', '}'])
-                    && key
-                        .find('{')
-                        .is_none_or(|o| key[o + 1..].find('}').is_none_or(|len| len == 0)) =>
-            {
-                err(format!(
-                    "valkey-stream:{key}: braces in a stream key must form a non-empty hash \
-                     tag ({{tag}})"
-                ))
-            }
-            Some(key) => Ok(Self::ValkeyStream(key.to_owned())),
-            None if url.starts_with("https://") || url.starts_with("http://") => Ok(Self::Sqs(url)),
-            None => err("expected an SQS queue URL (https://…) or valkey-stream:<key>".into()),
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use std::collections::HashMap;
+    use std::time::Duration;
 
     fn config(vars: &[(&str, &str)]) -> Result<Config, ConfigError> {
         let map: HashMap<String, String> = vars

@@ -34,6 +34,7 @@ use uuid::Uuid;
 use super::error::ConsumeError;
 use super::schedule::{self, Marker, MarkerClaim};
 use crate::connection::Valkey;
+use crate::hash_tag::tagged;
 
 /// How long a done marker (and a scan's attempt counter) is kept: as long
 /// as the gate keeps a keyed request's record, after which a retry is a new
@@ -70,19 +71,6 @@ pub struct Local {
     done: VecDeque<Uuid>,
 }
 
-/// `{key}` unless `key` carries a non-empty hash tag already.
-pub fn tagged(key: &str) -> String {
-    let has_tag = key
-        .find('{')
-        .and_then(|open| key[open + 1..].find('}'))
-        .is_some_and(|len| len > 0);
-    if has_tag {
-        key.to_owned()
-    } else {
-        format!("{{{key}}}")
-    }
-}
-
 fn lock(local: &Mutex<Local>) -> Result<std::sync::MutexGuard<'_, Local>, ConsumeError> {
     local
         .lock()
@@ -106,30 +94,6 @@ impl Markers {
             *wait = replicas;
         }
         self
-    }
-
-    /// Sends `cmd`, then, when `wait` replicas are asked for, `WAIT` behind
-    /// it on the same connection (within half the connection's timeout):
-    /// its answer, and whether the replicas all hold it.
-    async fn send_durably<T: redis::FromRedisValue>(
-        valkey: &Valkey,
-        cmd: redis::Cmd,
-        wait: u32,
-    ) -> Result<(T, bool), ConsumeError> {
-        if wait == 0 {
-            let answer = valkey.send(cmd, valkey.timeout()).await;
-            return Ok((answer.map_err(ConsumeError::from_send)?, true));
-        }
-        let within = u64::try_from((valkey.timeout() / 2).as_millis())
-            .unwrap_or(u64::MAX)
-            .max(1);
-        let mut pipe = redis::pipe();
-        pipe.add_command(cmd).cmd("WAIT").arg(wait).arg(within);
-        let (answer, reached): (T, u32) = valkey
-            .send(pipe, valkey.timeout())
-            .await
-            .map_err(ConsumeError::from_send)?;
-        Ok((answer, reached >= wait))
     }
 
     /// Markers in this process only.
@@ -174,7 +138,10 @@ impl Markers {
                 cmd.arg(token).arg(lease_ms).arg(mine).arg(DONE_TTL_SECS);
                 // A renewal needs no replica: its attempt was durable when it started.
                 let wait = if mine == 0 { *wait } else { 0 };
-                let (answer, durable): (i64, bool) = Self::send_durably(valkey, cmd, wait).await?;
+                let (answer, durable): (i64, bool) = valkey
+                    .send_replicated(cmd, wait, valkey.timeout())
+                    .await
+                    .map_err(ConsumeError::from_send)?;
                 if answer > 0 && !durable {
                     return Err(ConsumeError::NotReplicated("the attempt's claim"));
                 }
@@ -206,7 +173,10 @@ impl Markers {
                 let (marker, _) = Self::keys(tag, scan);
                 let mut cmd = redis::cmd("SET");
                 cmd.arg(marker).arg(DONE).arg("EX").arg(DONE_TTL_SECS);
-                let ((), durable) = Self::send_durably(valkey, cmd, *wait).await?;
+                let ((), durable) = valkey
+                    .send_replicated(cmd, *wait, valkey.timeout())
+                    .await
+                    .map_err(ConsumeError::from_send)?;
                 if !durable {
                     return Err(ConsumeError::NotReplicated("the done marker"));
                 }
@@ -255,14 +225,6 @@ impl Markers {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// Marker keys share the stream's slot: a plain key becomes the tag.
-    #[test]
-    fn tags() {
-        assert_eq!(tagged("jobs"), "{jobs}");
-        assert_eq!(tagged("jobs{scan}"), "jobs{scan}");
-        assert_eq!(tagged("jobs{}"), "{jobs{}}");
-    }
 
     /// In process: claimed once, busy for another attempt, numbered per attempt, done for everyone after success.
     #[tokio::test]

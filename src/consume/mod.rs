@@ -76,20 +76,7 @@ const KILL_WAIT: Duration = Duration::from_secs(5);
 
 /// The Valkey of `config` with a response timeout of `timeout`.
 fn valkey(config: &Config, timeout: Duration) -> Result<Option<Valkey>, ConsumeError> {
-    config
-        .store
-        .valkey
-        .as_ref()
-        .map(|v| {
-            Valkey::with_tls_ca(
-                &v.url,
-                v.cluster,
-                timeout,
-                v.tls_ca.as_ref().map(|ca| ca.pem.as_slice()),
-            )
-            .map_err(|e| ConsumeError::Setup(e.to_string()))
-        })
-        .transpose()
+    Valkey::from_config_within(config, timeout).map_err(|e| ConsumeError::Setup(e.to_string()))
 }
 
 /// Everything but the source that a consumer is built from.

@@ -117,24 +117,16 @@ pub enum SourceSpec {
 impl SourceSpec {
     /// `--from`, else the gate's own queue.
     pub fn resolve(from: Option<&str>, queue: &QueueTarget) -> Result<Self, String> {
-        match from {
-            None => Ok(match queue {
-                QueueTarget::Spool => Self::Stdin,
-                QueueTarget::ValkeyStream(key) => Self::Stream(key.clone()),
-                QueueTarget::Sqs(url) => Self::Sqs(url.clone()),
-            }),
-            Some("-") => Ok(Self::Stdin),
-            Some(s) => match s.strip_prefix("valkey-stream:") {
-                Some("") => Err("--from valkey-stream: needs a key".into()),
-                Some(key) => Ok(Self::Stream(key.into())),
-                None if s.starts_with("https://") || s.starts_with("http://") => {
-                    Ok(Self::Sqs(s.into()))
-                }
-                None => Err(format!(
-                    "--from {s}: expected -, valkey-stream:<key> or an SQS queue URL"
-                )),
-            },
-        }
+        let target = match from {
+            None => queue.clone(),
+            Some("-") => QueueTarget::Spool,
+            Some(s) => QueueTarget::from_url(s).map_err(|e| format!("--from {s}: {e}, or -"))?,
+        };
+        Ok(match target {
+            QueueTarget::Spool => Self::Stdin,
+            QueueTarget::ValkeyStream(key) => Self::Stream(key),
+            QueueTarget::Sqs(url) => Self::Sqs(url),
+        })
     }
 }
 

@@ -23,7 +23,7 @@ use crate::queue::{ENQUEUE_TIMEOUT, ScanJob};
 use crate::respond::{self, Accepted, Standing};
 use crate::settle::{Metering, Resumed};
 use crate::store::{Claim, Peek, QuotaKey, period_end};
-use crate::unix::{UnixMillis, UnixSecs};
+use crate::unix::{UnixMillis, UnixSecs, duration_ms};
 
 /// One HTTP request, as either front end hands it over.
 #[derive(Debug, Clone, Default)]
@@ -284,8 +284,8 @@ pub(super) fn scan_job(
         tier,
         limit: identity.limit.get(),
         count,
-        delay_ms: millis_u64(held.plan.total),
-        deferred_ms: millis_u64(held.plan.deferred),
+        delay_ms: duration_ms(held.plan.total),
+        deferred_ms: duration_ms(held.plan.deferred),
         not_before: respond::rfc3339_ms(not_before_ms),
         not_before_ms,
         request: body,
@@ -296,8 +296,4 @@ pub(super) fn scan_job(
 /// past `started + ceiling`, the answer's deadline.
 pub(super) fn enqueue_within(started: Instant, ceiling: Duration) -> Duration {
     ENQUEUE_TIMEOUT.min((started + ceiling).saturating_duration_since(Instant::now()))
-}
-
-fn millis_u64(d: Duration) -> u64 {
-    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }

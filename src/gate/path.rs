@@ -38,7 +38,7 @@ use crate::settle::{
 use crate::store::{
     Claim, Claimed, Count, CountArgs, PaceArgs, QuotaStore, Record, StoreError, TakeOver,
 };
-use crate::unix::UnixSecs;
+use crate::unix::{UnixSecs, duration_ms};
 
 /// A request's answer, and what the meter is told of it (nothing for a
 /// request refused before it reached the store, or not a counted scan).
@@ -329,9 +329,8 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
             key: &attempt.key,
             record: attempt.claim.as_ref().map(|c| c.record.as_str()),
             arrival_ms: scan.received_ms,
-            delay_ms: u64::try_from(tier_delay.as_millis()).unwrap_or(u64::MAX),
-            max_backlog_ms: u64::try_from(self.config.policy.max_backlog.as_millis())
-                .unwrap_or(u64::MAX),
+            delay_ms: duration_ms(tier_delay),
+            max_backlog_ms: duration_ms(self.config.policy.max_backlog),
             reset_at: count.reset_at,
         };
         let paced = self.bounded(self.store.pace(args)).await;
@@ -378,7 +377,7 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
         &self,
         call: impl Future<Output = Result<T, StoreError>>,
     ) -> Result<T, StoreError> {
-        if !self.breaker.admit() {
+        if !self.breaker.admit(Instant::now().into_std()) {
             return Err(StoreError::CircuitOpen);
         }
         let result = if self.store.bounds_itself() {
@@ -388,7 +387,8 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
                 .await
                 .unwrap_or(Err(StoreError::Unanswered))
         };
-        self.breaker.record(result.is_ok());
+        self.breaker
+            .record(result.is_ok(), Instant::now().into_std());
         result
     }
 }

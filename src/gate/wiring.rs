@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use crate::breaker::Breaker;
 use crate::clock::Clock;
-use crate::config::{Config, ConfigError, QueueTarget};
+use crate::config::{Config, ConfigError, QueueTarget, vars};
 use crate::connection::Valkey;
 use crate::identity::Identifier;
 use crate::meter::Meter;
@@ -64,7 +64,7 @@ impl Gate<AnyStore, AnyQueue> {
             }
             (QueueTarget::ValkeyStream(_), None) => {
                 return Err(ConfigError::new(
-                    "SCAN_QUEUE_URL",
+                    vars::SCAN_QUEUE_URL.name(),
                     "valkey-stream: needs VALKEY_URL",
                 ));
             }

@@ -223,7 +223,7 @@ impl Meter {
                     line.text("mode", "shadow");
                 }
                 // No decision, no delay sample: an outage must not drag p95 down.
-                let delay = u64::try_from(delay.as_millis()).unwrap_or(u64::MAX);
+                let delay = crate::unix::duration_ms(delay);
                 line.number(DELAY_MS, delay);
                 line.text("tier", tier.as_str());
             }

@@ -8,6 +8,7 @@ use clap::Args;
 use serde::Serialize;
 use time::OffsetDateTime;
 
+use super::change;
 use super::progress::Progress;
 use super::subject::{self, SubjectArg};
 use super::{OpsError, purge, stats, valkey_store};
@@ -137,20 +138,20 @@ pub async fn inspect(args: InspectArgs, config: &Config) -> Result<(), OpsError>
 pub async fn reset(args: ResetArgs, config: &Config) -> Result<(), OpsError> {
     let subject = subject::resolve(config, &args.subject.into_arg()?)?;
     let store = valkey_store(config)?;
-    let removal = subject::reset(&store, &subject).await?;
-    print(args.json, &removal, subject::Removal::render)
+    let removal = change::reset(&store, &subject).await?;
+    print(args.json, &removal, change::Removal::render)
 }
 
 /// `quota-gate grant`.
 pub async fn grant(args: GrantArgs, config: &Config) -> Result<(), OpsError> {
     let scans = match args.scans {
-        Some(n) => subject::check_scans(n)?,
+        Some(n) => change::check_scans(n)?,
         None => 0,
     };
     let subject = subject::resolve(config, &args.subject.into_arg()?)?;
     let store = valkey_store(config)?;
-    let granted = subject::grant(&store, &subject, scans, config.policy.reset).await?;
-    print(args.json, &granted, subject::Granted::render)
+    let granted = change::grant(&store, &subject, scans, config.policy.reset).await?;
+    print(args.json, &granted, change::Granted::render)
 }
 
 /// `quota-gate purge`.

@@ -17,6 +17,7 @@
 //! store exists only inside one `quota-gate serve` process, so without
 //! `VALKEY_URL` there is nothing to inspect and they say so.
 
+pub mod change;
 pub mod command;
 pub mod keys;
 pub mod nodes;

@@ -19,7 +19,8 @@
 //! first entry survived or not.
 
 use super::job_queue::{QueueError, ScanQueue};
-use crate::connection::{SendError, Valkey, eval, has_hash_tag, sized_cmd};
+use crate::connection::{SendError, Valkey, eval, sized_cmd};
+use crate::hash_tag::tagged;
 use crate::job::ScanJob;
 
 /// How long a landed `scanId` is remembered: as long as a key's record.
@@ -54,11 +55,7 @@ fn backend(e: SendError) -> QueueError {
 impl StreamQueue {
     pub fn new(valkey: Valkey, key: impl Into<String>) -> Self {
         let key = key.into();
-        let marker_prefix = if has_hash_tag(&key) {
-            format!("{key}:scan:")
-        } else {
-            format!("{{{key}}}:scan:")
-        };
+        let marker_prefix = format!("{}:scan:", tagged(&key));
         Self {
             valkey,
             key,
@@ -74,25 +71,17 @@ impl StreamQueue {
         self
     }
 
-    /// Sends one add, and with [`Self::with_wait`] its `WAIT` behind it on
-    /// the same connection (within half the connection's timeout, as the
-    /// store's claim waits): short of the replicas, the job may be lost in
-    /// a failover, so it is [`QueueError::Timeout`].
+    /// Sends one add, and with [`Self::with_wait`] its `WAIT` behind it in
+    /// the same round trip ([`Valkey::send_replicated`]): short of the
+    /// replicas, the job may be lost in a failover, so it is
+    /// [`QueueError::Timeout`].
     async fn add<T: redis::FromRedisValue>(&self, cmd: redis::Cmd) -> Result<T, QueueError> {
-        if self.wait_replicas == 0 {
-            return self.valkey.send(cmd, SEND_WITHIN).await.map_err(backend);
-        }
-        let within = u64::try_from((self.valkey.timeout() / 2).as_millis())
-            .unwrap_or(u64::MAX)
-            .max(1);
-        let mut pipe = redis::pipe();
-        pipe.add_command(cmd)
-            .cmd("WAIT")
-            .arg(self.wait_replicas)
-            .arg(within);
-        let (added, reached): (T, u32) =
-            self.valkey.send(pipe, SEND_WITHIN).await.map_err(backend)?;
-        if reached < self.wait_replicas {
+        let (added, replicated) = self
+            .valkey
+            .send_replicated(cmd, self.wait_replicas, SEND_WITHIN)
+            .await
+            .map_err(backend)?;
+        if !replicated {
             return Err(QueueError::Timeout);
         }
         Ok(added)

@@ -15,6 +15,7 @@ use crate::gate::{Gate, Shared};
 use crate::meter::Meter;
 use crate::queue::AnyQueue;
 use crate::store::AnyStore;
+use crate::unix::duration_ms;
 
 /// Connections waiting to be accepted once the cap is reached (the kernel
 /// caps it at `net.core.somaxconn`): deep enough that a flood of reconnects
@@ -119,7 +120,7 @@ impl Server {
         }
         drop((self.listener, ended));
         tracing::info!(%addr, store = self.store, workers, "quota-gate serving POST /scan");
-        let drain_limit_ms = self.limits.drain_timeout.as_millis() as u64;
+        let drain_limit_ms = duration_ms(self.limits.drain_timeout);
         tokio::select! {
             () = shutdown => {
                 tracing::info!(drain_limit_ms, "shutting down: finishing requests in flight, for at most the drain limit");
@@ -132,7 +133,7 @@ impl Server {
             .await
             .map_err(|e| e.to_string())?
             .map_err(|e| e.to_string());
-        let drained_ms = draining.elapsed().as_millis() as u64;
+        let drained_ms = duration_ms(draining.elapsed());
         tracing::info!(drained_ms, "stopped: every request in flight answered");
         joined
     }

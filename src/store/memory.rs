@@ -188,7 +188,7 @@ impl MemoryStore {
     /// does on Valkey (the embedded store has no operator commands: tests
     /// give grants with this): expiring with the counter, or, before the
     /// period's first scan, at the period's end when `reset` knows it
-    /// ([`grant_period_end`](super::grant_period_end)), else with the
+    /// ([`grant_period_end`](super::key::grant_period_end)), else with the
     /// counter that scan opens. Returns the expiry, `None` until that scan.
     pub fn grant(
         &self,
@@ -201,7 +201,7 @@ impl MemoryStore {
         let expires = inner
             .live(&key.counter, now)
             .map(|e| e.reset_at)
-            .or_else(|| super::grant_period_end(reset, now));
+            .or_else(|| super::key::grant_period_end(reset, now));
         inner.grants.insert(key.grant.clone(), (scans, expires));
         expires
     }

@@ -105,10 +105,7 @@ impl ValkeyStore {
     /// `WAIT`s for the claim just sent to reach the replicas, on the same
     /// connection (so behind it), within half the store timeout.
     async fn replicated(&self) -> Result<(), StoreError> {
-        let within = self.valkey.timeout() / 2;
-        let mut cmd = redis::cmd("WAIT");
-        cmd.arg(self.wait_replicas)
-            .arg(u64::try_from(within.as_millis()).unwrap_or(u64::MAX).max(1));
+        let cmd = crate::connection::wait(self.wait_replicas, self.valkey.timeout());
         let reached: u32 = self.send(cmd).await?;
         if reached < self.wait_replicas {
             return Err(StoreError::Unanswered);

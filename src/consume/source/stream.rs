@@ -28,6 +28,7 @@ use crate::connection::Valkey;
 use crate::consume::error::ConsumeError;
 use crate::job::ScanJob;
 use crate::queue::stream::JOB_FIELD;
+use crate::unix::duration_ms;
 
 /// How long one `XREADGROUP` blocks waiting for new entries.
 pub const BLOCK: Duration = Duration::from_millis(500);
@@ -105,7 +106,7 @@ impl StreamSource {
     }
 
     fn lease_ms(&self) -> u64 {
-        u64::try_from(self.lease.as_millis()).unwrap_or(u64::MAX)
+        duration_ms(self.lease)
     }
 
     /// Entries a dead consumer left (every half lease), else new ones.
@@ -123,7 +124,7 @@ impl StreamSource {
             .arg("COUNT")
             .arg(max)
             .arg("BLOCK")
-            .arg(u64::try_from(BLOCK.as_millis()).unwrap_or(500))
+            .arg(duration_ms(BLOCK))
             .arg("STREAMS")
             .arg(&self.key)
             .arg(">");

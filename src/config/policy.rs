@@ -1,0 +1,63 @@
+//! The quota and what happens past it: the settings [`crate::decide`],
+//! [`crate::delay`] and pacing read.
+
+use std::num::NonZeroU32;
+use std::time::Duration;
+
+use super::error::ConfigError;
+use super::lookup::Lookup;
+use super::vars;
+use super::words::{DelayMode, Mode, Pacing, ResetPolicy};
+use crate::decide::Limits;
+
+/// The quota and what happens past it.
+#[derive(Debug, Clone)]
+pub struct Policy {
+    pub quota_anon: NonZeroU32,
+    pub quota_token: NonZeroU32,
+    pub warn_at: NonZeroU32,
+    pub soft_window: u32,
+    pub soft_delay: Duration,
+    pub hard_delay: Duration,
+    pub reset: ResetPolicy,
+    /// `enforce` or `shadow` (`QUOTA_MODE`).
+    pub mode: Mode,
+    pub pacing: Pacing,
+    /// The longest delay a paced scan may be given; beyond it, 503 `backlog_full`.
+    pub max_backlog: Duration,
+    pub delay_mode: DelayMode,
+    pub gateway_timeout: Duration,
+    pub delay_margin: Duration,
+}
+
+impl Policy {
+    /// The quota and its delays.
+    pub(super) fn from_vars(env: &Lookup) -> Result<Self, ConfigError> {
+        Ok(Self {
+            quota_anon: env.limit(&vars::QUOTA_ANON)?,
+            quota_token: env.limit(&vars::QUOTA_TOKEN)?,
+            warn_at: env.limit(&vars::QUOTA_WARN_AT)?,
+            soft_window: env.count(&vars::QUOTA_SOFT_WINDOW)?,
+            soft_delay: env.millis(&vars::QUOTA_SOFT_DELAY_MS)?,
+            hard_delay: env.millis(&vars::QUOTA_HARD_DELAY_MS)?,
+            reset: env.word(&vars::QUOTA_RESET)?,
+            mode: env.word(&vars::QUOTA_MODE)?,
+            pacing: env.word(&vars::QUOTA_PACING)?,
+            max_backlog: env.millis(&vars::QUOTA_MAX_BACKLOG_MS)?,
+            delay_mode: env.word(&vars::QUOTA_DELAY_MODE)?,
+            gateway_timeout: env.millis(&vars::QUOTA_GATEWAY_TIMEOUT_MS)?,
+            delay_margin: env.millis(&vars::QUOTA_DELAY_MARGIN_MS)?,
+        })
+    }
+
+    /// The limits for a subject whose daily ceiling is `limit`.
+    pub fn limits(&self, limit: NonZeroU32) -> Limits {
+        Limits {
+            limit,
+            soft_window: self.soft_window,
+            soft_delay: self.soft_delay,
+            hard_delay: self.hard_delay,
+            warn_at: self.warn_at,
+        }
+    }
+}

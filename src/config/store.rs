@@ -1,0 +1,145 @@
+//! The quota store: the Valkey (its URL, cluster mode, replicas, TLS trust),
+//! its timeout and what to do when it fails.
+
+use std::time::Duration;
+
+use super::error::ConfigError;
+use super::lookup::Lookup;
+use super::vars;
+use super::words::FailMode;
+
+/// The quota Valkey.
+#[derive(Debug, Clone)]
+pub struct ValkeyConfig {
+    pub url: String,
+    pub cluster: bool,
+    /// Replicas a keyed claim must reach before its scan goes on (0: off).
+    pub wait_replicas: u32,
+    /// Extra trust for `rediss://`: replaces the platform's roots when set.
+    pub tls_ca: Option<CaBundle>,
+}
+
+/// The quota store and what to do when it fails.
+#[derive(Debug, Clone)]
+pub struct StoreConfig {
+    /// `None`: the in-memory store.
+    pub valkey: Option<ValkeyConfig>,
+    /// Bound on every store call.
+    pub timeout: Duration,
+    pub fail_mode: FailMode,
+    /// Consecutive failures that open the breaker (0: never opens).
+    pub breaker_failures: u32,
+    pub breaker_cool_down: Duration,
+}
+
+/// CA certificates (PEM) read from `VALKEY_TLS_CA` at start.
+#[derive(Clone, PartialEq, Eq)]
+pub struct CaBundle {
+    /// Where it was read from, for messages.
+    pub path: String,
+    pub pem: Vec<u8>,
+}
+
+impl std::fmt::Debug for CaBundle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CaBundle")
+            .field("path", &self.path)
+            .finish()
+    }
+}
+
+impl CaBundle {
+    /// Reads the bundle now, so a missing or unreadable file stops the cold
+    /// start with the variable's name instead of failing every connection.
+    fn read(path: &str) -> Result<Self, ConfigError> {
+        let var = vars::VALKEY_TLS_CA.name();
+        let pem = std::fs::read(path)
+            .map_err(|e| ConfigError::new(var, format!("cannot read {path:?}: {e}")))?;
+        if !String::from_utf8_lossy(&pem).contains("-----BEGIN CERTIFICATE-----") {
+            return Err(ConfigError::new(
+                var,
+                format!("{path:?} holds no PEM certificate"),
+            ));
+        }
+        Ok(Self {
+            path: path.to_owned(),
+            pem,
+        })
+    }
+}
+
+impl StoreConfig {
+    /// Valkey (or the in-memory store), its timeout and failure handling.
+    pub(super) fn from_vars(env: &Lookup) -> Result<Self, ConfigError> {
+        Ok(Self {
+            valkey: ValkeyConfig::from_vars(env)?,
+            timeout: env.millis(&vars::QUOTA_STORE_TIMEOUT_MS)?,
+            fail_mode: env.word(&vars::QUOTA_FAIL_MODE)?,
+            breaker_failures: env.count(&vars::QUOTA_BREAKER_FAILURES)?,
+            breaker_cool_down: env.millis(&vars::QUOTA_BREAKER_COOLDOWN_MS)?,
+        })
+    }
+}
+
+impl ValkeyConfig {
+    /// `VALKEY_URL`, `VALKEY_CLUSTER`, `VALKEY_WAIT_REPLICAS` and `VALKEY_TLS_CA`; `None`: the
+    /// in-memory store. A CA bundle needs a TLS URL.
+    fn from_vars(env: &Lookup) -> Result<Option<Self>, ConfigError> {
+        let cluster = env.flag(&vars::VALKEY_CLUSTER)?;
+        let wait_replicas = env.count(&vars::VALKEY_WAIT_REPLICAS)?;
+        if wait_replicas > 0 && cluster {
+            // WAIT names no key: a cluster client cannot send it to the
+            // claim's primary.
+            return Err(ConfigError::new(
+                vars::VALKEY_WAIT_REPLICAS.name(),
+                "needs a standalone Valkey (VALKEY_CLUSTER=false)",
+            ));
+        }
+        let valkey = env
+            .optional(&vars::VALKEY_URL)
+            .map(ValkeyConfig::parse)
+            .transpose()?;
+        let tls_ca = env
+            .optional(&vars::VALKEY_TLS_CA)
+            .map(|path| CaBundle::read(&path))
+            .transpose()?;
+        match (valkey, tls_ca) {
+            (None, None) => Ok(None),
+            (Some(v), tls_ca) if tls_ca.is_none() || v.is_tls() => Ok(Some(ValkeyConfig {
+                cluster,
+                wait_replicas,
+                tls_ca,
+                ..v
+            })),
+            _ => Err(ConfigError::new(
+                vars::VALKEY_TLS_CA.name(),
+                "needs a rediss:// or valkeys:// VALKEY_URL",
+            )),
+        }
+    }
+
+    fn parse(url: String) -> Result<Self, ConfigError> {
+        const SCHEMES: [&str; 4] = ["redis://", "rediss://", "valkey://", "valkeys://"];
+        if !SCHEMES.iter().any(|s| url.starts_with(s)) {
+            return Err(ConfigError::new(
+                vars::VALKEY_URL.name(),
+                "expected a redis://, rediss://, valkey:// or valkeys:// URL",
+            ));
+        }
+        Ok(Self {
+            url,
+            cluster: false,
+            wait_replicas: 0,
+            tls_ca: None,
+        })
+    }
+
+    fn is_tls(&self) -> bool {
+        is_tls_url(&self.url)
+    }
+}
+
+/// Whether a Valkey URL asks for TLS (`rediss://` or `valkeys://`).
+pub fn is_tls_url(url: &str) -> bool {
+    url.starts_with("rediss://") || url.starts_with("valkeys://")
+}

@@ -1,0 +1,275 @@
+//! Sending a command, and knowing whether it was sent.
+//!
+//! [`Valkey::send`] waits for the connector's live connection within the
+//! caller's timeout, hands the command over, and says how it failed
+//! ([`SendError`]): never sent, sent and unanswered, or refused. A command
+//! the caller stops waiting for stays in flight in a task of its own.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::thread::ThreadId;
+use std::time::Duration;
+
+use redis::{Cmd, FromRedisValue, Pipeline, RedisError, RedisResult, Value};
+use tokio::time::{Instant, timeout, timeout_at};
+
+use super::connector::{Connection, Live, MIN_CONNECT_TIMEOUT, Valkey, single_thread};
+
+/// How long a command the caller stopped waiting for is still awaited in the
+/// background (see [`Valkey::send`]); after that its answer is dropped.
+pub(super) const DETACHED_WAIT: Duration = Duration::from_secs(300);
+
+/// Why a command got no answer: the distinction every recovery rule rests
+/// on. Only a command that left the process can still run.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum SendError {
+    /// Never written: no connection within the timeout, or a connection
+    /// attempt failed. The command did not happen and never will.
+    #[error("not sent: {0}")]
+    NotSent(String),
+    /// Written, then no answer in time (or the connection broke before the
+    /// answer): the command may still run when the server wakes up.
+    #[error("sent, no answer in time")]
+    Unanswered,
+    /// The server answered with an error (or an answer of the wrong shape):
+    /// the command ran, or was refused, and that is final.
+    #[error("{0}")]
+    Refused(String),
+}
+
+/// What a command that found no connection gets: it was never written, so
+/// it did not happen. The simulator's store reports its own failed connects
+/// through this one definition.
+pub fn not_connected(why: String) -> SendError {
+    if crate::bugs::on(crate::bugs::Bug::ConnectErrorAsUnanswered) {
+        return SendError::Unanswered;
+    }
+    SendError::NotSent(why)
+}
+
+/// Whether `e` says the connection itself failed (not the command).
+fn is_connection_error(e: &RedisError) -> bool {
+    e.is_unrecoverable_error() || e.is_io_error() || e.is_timeout()
+}
+
+/// Whether a connection error at the first poll of a command proves that it
+/// was never written. redis-rs hands a command to the connection's task
+/// through a channel, and refuses it there once that task has ended. On the
+/// one thread that also drives that task, nothing else runs between the
+/// hand-over and the poll, so the refusal is the only way to fail at once.
+/// Elsewhere (a multi-threaded runtime, the cluster client's own tasks) the
+/// task could write the command and fail meanwhile: it may have run.
+fn refused_unsent(driver: Option<ThreadId>) -> bool {
+    driver.is_some() && driver == single_thread()
+}
+
+/// `request` sent on `connection`, boxed so that a caller who stops waiting
+/// can leave it to finish in a task of its own. It yields the answer, the
+/// request back, and whether the answer came at the first poll (the
+/// connection's task had ended and never took it: [`Valkey::send`]).
+fn handed_over(
+    request: Request,
+    mut connection: Connection,
+) -> Pin<Box<impl Future<Output = (RedisResult<Value>, Request, bool)> + Send>> {
+    Box::pin(async move {
+        let (answer, first_poll) = {
+            let mut send = std::pin::pin!(request.send(&mut connection));
+            let mut polls = 0u32;
+            let answer = std::future::poll_fn(|cx| {
+                polls += 1;
+                send.as_mut().poll(cx)
+            })
+            .await;
+            (answer, polls == 1)
+        };
+        (answer, request, first_poll)
+    })
+}
+
+/// A command or a pipeline, owned, so that it can outlive its caller.
+pub enum Request {
+    Cmd(Cmd),
+    Pipe(Pipeline),
+}
+
+impl From<Cmd> for Request {
+    fn from(c: Cmd) -> Self {
+        Self::Cmd(c)
+    }
+}
+
+impl From<Pipeline> for Request {
+    fn from(p: Pipeline) -> Self {
+        Self::Pipe(p)
+    }
+}
+
+impl Request {
+    async fn send(&self, conn: &mut Connection) -> RedisResult<Value> {
+        // `query_async` leaves out the answers of `ignore()`d commands.
+        match self {
+            Self::Cmd(c) => c.query_async(conn).await,
+            Self::Pipe(p) => p.query_async(conn).await,
+        }
+    }
+}
+
+impl Valkey {
+    /// The live connection, waiting for one at most until `deadline`.
+    async fn live(&self, deadline: Instant) -> Result<Live, SendError> {
+        self.warm_up();
+        let link = &self.inner.link;
+        // The usual case, a connection is up: no subscription, no timer.
+        if let Some(live) = link.current.borrow().as_ref() {
+            return Ok(live.clone());
+        }
+        let mut current = link.current.subscribe();
+        if current.borrow().is_none() {
+            // Cut the connector's backoff short: someone is waiting.
+            link.wake.notify_one();
+        }
+        match timeout_at(deadline, current.wait_for(Option::is_some)).await {
+            Ok(Ok(live)) => live
+                .as_ref()
+                .cloned()
+                .ok_or_else(|| SendError::NotSent("no connection".into())),
+            _ => Err(not_connected(match link.last_error() {
+                Some(e) => format!("no connection to Valkey within the timeout ({e})"),
+                None => "no connection to Valkey within the timeout".into(),
+            })),
+        }
+    }
+
+    /// Waits at most `within` for a live connection, so that a command sent
+    /// right after has its whole timeout for its answer. (A blocking read
+    /// whose wait for a reconnect ate its time would be given up while it
+    /// may still hand out entries.)
+    pub async fn connected(&self, within: Duration) -> Result<(), SendError> {
+        self.live(Instant::now() + within).await.map(|_| ())
+    }
+
+    /// A connection for commands outside the request path (operator tools,
+    /// tests), waiting for it at most the store timeout.
+    pub async fn connection(&self) -> RedisResult<Connection> {
+        let wait = self.inner.timeout.max(MIN_CONNECT_TIMEOUT);
+        self.live(Instant::now() + wait)
+            .await
+            .map(|live| live.connection)
+            .map_err(|e| RedisError::from((redis::ErrorKind::Io, "Valkey", e.to_string())))
+    }
+
+    /// Sends `request` and waits for its answer at most `within`, saying
+    /// which of the three ways it failed ([`SendError`]).
+    ///
+    /// A caller that stops waiting does not cancel a command it sent: the
+    /// command stays in flight, awaited in a task of its own, so it is
+    /// written even if the socket was busy, and commands sent after it on
+    /// this connection (a refund after a count) run after it.
+    ///
+    /// A connection the server closed while it was idle (a restart, a
+    /// failover, an idle timeout) is found out by the first command given to
+    /// it, which it refuses before writing a byte ([`refused_unsent`]). That
+    /// command is sent again on the next connection, within the same
+    /// deadline; were that one closed too, it was never sent.
+    pub async fn send<T: FromRedisValue>(
+        &self,
+        request: impl Into<Request>,
+        within: Duration,
+    ) -> Result<T, SendError> {
+        let deadline = Instant::now() + within;
+        let mut request = request.into();
+        let mut resent = false;
+        loop {
+            let Live {
+                generation,
+                connection,
+                driver,
+            } = self.live(deadline).await?;
+            let mut call = handed_over(request, connection);
+            let answer = match timeout_at(deadline, &mut call).await {
+                // The connection's task had ended (it saw the server close
+                // the socket) and refused the command: not sent.
+                Ok((Err(e), back, true)) if is_connection_error(&e) && refused_unsent(driver) => {
+                    self.inner.link.broken(generation);
+                    if resent {
+                        return Err(not_connected(format!(
+                            "the connection to Valkey had closed ({e})"
+                        )));
+                    }
+                    (request, resent) = (back, true);
+                    continue;
+                }
+                Ok((answer, _, _)) => answer,
+                Err(_) => {
+                    tokio::spawn(async move {
+                        let _ = timeout(DETACHED_WAIT, call).await;
+                    });
+                    return Err(SendError::Unanswered);
+                }
+            };
+            return match answer {
+                Ok(value) => {
+                    T::from_redis_value(value).map_err(|e| SendError::Refused(e.to_string()))
+                }
+                Err(e) if is_connection_error(&e) => {
+                    // The connection broke with the command on it: it may
+                    // have run. The next command waits for a fresh connection.
+                    self.inner.link.broken(generation);
+                    tracing::debug!(error = %e, "Valkey connection lost");
+                    Err(SendError::Unanswered)
+                }
+                Err(e) => Err(SendError::Refused(e.to_string())),
+            };
+        }
+    }
+}
+
+impl Valkey {
+    /// Sends the write `cmd` and, when `replicas` > 0, a [`wait`](super::wait)
+    /// for it behind it in the same round trip (one pipeline on this
+    /// connection): its answer, and whether the replicas acknowledged it. A
+    /// write short of them is on the primary only, and a failover may lose
+    /// it: the caller does not rely on it (`VALKEY_WAIT_REPLICAS`).
+    pub async fn send_replicated<T: FromRedisValue>(
+        &self,
+        cmd: Cmd,
+        replicas: u32,
+        within: Duration,
+    ) -> Result<(T, bool), SendError> {
+        if replicas == 0 {
+            return Ok((self.send(cmd, within).await?, true));
+        }
+        let mut pipe = redis::pipe();
+        pipe.add_command(cmd)
+            .add_command(super::command::wait(replicas, self.timeout()));
+        let (answer, reached): (T, u32) = self.send(pipe, within).await?;
+        Ok((answer, reached >= replicas))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A refusal at the first poll proves a command unsent only on the one
+    /// thread that drives the connection's task in a single-threaded runtime.
+    #[test]
+    fn first_poll_proof_needs_the_driving_thread() {
+        let one = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        let here = one.block_on(async { single_thread() });
+        assert_eq!(here, Some(std::thread::current().id()));
+        one.block_on(async {
+            assert!(refused_unsent(here));
+            assert!(!refused_unsent(None), "a cluster or multi-threaded driver");
+            let other = std::thread::spawn(|| std::thread::current().id())
+                .join()
+                .unwrap();
+            assert!(!refused_unsent(Some(other)), "driven by another thread");
+        });
+        let many = tokio::runtime::Builder::new_multi_thread().build().unwrap();
+        assert_eq!(many.block_on(async { single_thread() }), None);
+        assert!(!many.block_on(async { refused_unsent(here) }));
+    }
+}
