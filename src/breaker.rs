@@ -144,6 +144,14 @@ mod tests {
         }
     }
 
+    /// A new breaker of `threshold` after `n` failures, and its clock.
+    fn failed(threshold: u32, n: u32) -> (Breaker, At) {
+        let at = At(Instant::now());
+        let b = Breaker::new(threshold, COOL);
+        fail(&b, n, &at);
+        (b, at)
+    }
+
     /// A breaker opened by `threshold` failures, its cool-down just over.
     fn cooled(threshold: u32, at: &mut At) -> Breaker {
         let b = Breaker::new(threshold, COOL);
@@ -155,9 +163,7 @@ mod tests {
     /// It opens after exactly `threshold` consecutive failures, not before.
     #[test]
     fn opens_after_threshold() {
-        let at = At(Instant::now());
-        let b = Breaker::new(5, COOL);
-        fail(&b, 4, &at);
+        let (b, at) = failed(5, 4);
         assert!(!b.is_open(at.now()));
         fail(&b, 1, &at);
         assert!(b.is_open(at.now()));
@@ -167,9 +173,7 @@ mod tests {
     /// A success resets the count: failures must be consecutive.
     #[test]
     fn success_resets_the_count() {
-        let at = At(Instant::now());
-        let b = Breaker::new(3, COOL);
-        fail(&b, 2, &at);
+        let (b, at) = failed(3, 2);
         assert!(b.admit(at.now()));
         b.record(true, at.now());
         fail(&b, 2, &at);
@@ -179,9 +183,7 @@ mod tests {
     /// After the cool-down one probe goes through; others wait for its answer.
     #[test]
     fn half_open_lets_one_probe_through() {
-        let mut at = At(Instant::now());
-        let b = Breaker::new(1, COOL);
-        fail(&b, 1, &at);
+        let (b, mut at) = failed(1, 1);
         at.advance(COOL - Duration::from_millis(1));
         assert!(!b.admit(at.now()));
         at.advance(Duration::from_millis(1));
@@ -233,9 +235,7 @@ mod tests {
     /// A threshold of 0 turns the breaker off.
     #[test]
     fn zero_threshold_never_opens() {
-        let at = At(Instant::now());
-        let b = Breaker::new(0, COOL);
-        fail(&b, 100, &at);
+        let (b, at) = failed(0, 100);
         assert!(!b.is_open(at.now()));
     }
 }

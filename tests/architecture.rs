@@ -43,20 +43,10 @@ const IO_CRATES: &[&str] = &["tokio", "redis", "aws_", "hyper", "lambda_"];
 /// The longest a function may be, in lines from `fn` to its closing brace.
 const MAX_FN_LINES: usize = 60;
 
-/// Functions longer than [`MAX_FN_LINES`] today, as `file:fn`. This list
-/// may only shrink: a function that grows past the limit is split, not
-/// added here.
-const LONG_FNS: &[&str] = &[];
-
 /// The most lines a file under `src/` may have outside its `#[cfg(test)]`
 /// items (its docs, comments and blank lines count): a file over it is
 /// usually two ideas.
 const MAX_FILE_LINES: usize = 400;
-
-/// Files longer than [`MAX_FILE_LINES`] today. This list may only shrink
-/// (it is empty): a file that grows past the limit is split along its
-/// ideas, not added here.
-const LONG_FILES: &[&str] = &[];
 
 /// One source file, read as one module.
 struct Module {
@@ -610,63 +600,38 @@ fn functions(m: &Module) -> Vec<(String, usize)> {
     out
 }
 
-/// No function is longer than [`MAX_FN_LINES`], but those [`LONG_FNS`]
-/// lists; and every one listed is still too long (else it comes off).
+/// No function is longer than [`MAX_FN_LINES`]: one that grows past it is
+/// split, never let through.
 #[test]
 fn functions_fit_a_screen() {
     let (all, _) = sources();
-    let mut long = BTreeSet::new();
-    let mut bad = Vec::new();
-    for m in all.values() {
-        for (f, lines) in functions(m) {
-            if lines > MAX_FN_LINES {
-                if !LONG_FNS.contains(&f.as_str()) {
-                    bad.push(format!("{f}: {lines} lines"));
-                }
-                long.insert(f);
-            }
-        }
-    }
-    let fixed: Vec<&&str> = LONG_FNS.iter().filter(|f| !long.contains(**f)).collect();
+    let bad: Vec<String> = all
+        .values()
+        .flat_map(functions)
+        .filter(|(_, lines)| *lines > MAX_FN_LINES)
+        .map(|(f, lines)| format!("{f}: {lines} lines"))
+        .collect();
     assert!(
         bad.is_empty(),
         "functions over {MAX_FN_LINES} lines:\n{}",
         bad.join("\n")
     );
-    assert!(
-        fixed.is_empty(),
-        "no longer too long, take off LONG_FNS: {fixed:?}"
-    );
 }
 
 /// No file under `src/` has more than [`MAX_FILE_LINES`] lines outside its
-/// tests (a test-only file has none), but those [`LONG_FILES`] lists; and every one listed is still too
-/// long (else it comes off).
+/// tests (a test-only file has none): one that grows past it is split along
+/// its ideas.
 #[test]
 fn files_hold_one_idea() {
-    let all = modules();
-    let long: BTreeMap<&str, usize> = all
+    let bad: Vec<String> = modules()
         .values()
         .filter(|m| m.lines > MAX_FILE_LINES)
-        .map(|m| (m.file.as_str(), m.lines))
-        .collect();
-    let bad: Vec<String> = long
-        .iter()
-        .filter(|(f, _)| !LONG_FILES.contains(f))
-        .map(|(f, n)| format!("{f}: {n} lines"))
-        .collect();
-    let fixed: Vec<&&str> = LONG_FILES
-        .iter()
-        .filter(|f| !long.contains_key(**f))
+        .map(|m| format!("{}: {} lines", m.file, m.lines))
         .collect();
     assert!(
         bad.is_empty(),
         "files over {MAX_FILE_LINES} lines outside their tests (split them along their ideas):\n{}",
         bad.join("\n")
-    );
-    assert!(
-        fixed.is_empty(),
-        "no longer too long, take off LONG_FILES: {fixed:?}"
     );
 }
 

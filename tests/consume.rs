@@ -515,18 +515,14 @@ async fn spool_sigterm_stops_promptly_and_loses_no_line() {
 /// One round of [`spool_sigterm_stops_promptly_and_loses_no_line`].
 fn spool_sigterm_round(journaled: bool) {
     use std::io::{Read, Write};
-    let scanner = Scanner::new();
-    let journal = scanner.dir.path().join("journal");
-    let (reader, mut writer) = std::io::pipe().unwrap();
-    // Our own read end: whatever the consumer never took stays readable here.
-    let mut unread = reader.try_clone().unwrap();
-    let mut child = spool_consumer(&scanner, journaled.then_some(&journal), reader.into());
-    let mut out = child.stdout.take().unwrap();
-    let echoed = std::thread::spawn(move || {
-        let mut text = String::new();
-        out.read_to_string(&mut text).unwrap();
-        text
-    });
+    let SpoolRound {
+        scanner,
+        journal,
+        mut writer,
+        mut unread,
+        mut child,
+        echoed,
+    } = SpoolRound::start(journaled);
     let mut written = Vec::new();
     let mut send = |j: Value| {
         writeln!(writer, "{j}").unwrap();
@@ -582,36 +578,36 @@ fn spool_sigterm_under_a_writer_that_never_pauses() {
 fn nonstop_round(journaled: bool) {
     use std::io::{Read, Write};
     use std::sync::{Arc, atomic::AtomicBool, atomic::Ordering};
-    let scanner = Scanner::new();
-    let journal = scanner.dir.path().join("journal");
-    let (reader, mut writer) = std::io::pipe().unwrap();
-    let mut unread = reader.try_clone().unwrap();
-    let mut child = spool_consumer(&scanner, journaled.then_some(&journal), reader.into());
-    let echoed = read_all(child.stdout.take().unwrap());
+    let mut r = SpoolRound::start(journaled);
     let due = job(now_ms());
-    writeln!(writer, "{due}").unwrap();
-    scanner.wait_for("end", 1, Duration::from_secs(10));
+    writeln!(r.writer, "{due}").unwrap();
+    r.scanner.wait_for("end", 1, Duration::from_secs(10));
     let stop = Arc::new(AtomicBool::new(false));
     let stopped = stop.clone();
-    let writing = std::thread::spawn(move || nonstop_writer(writer, &stopped));
+    let writing = std::thread::spawn(move || nonstop_writer(r.writer, &stopped));
     std::thread::sleep(Duration::from_millis(300));
-    signal(child.id(), "TERM");
+    signal(r.child.id(), "TERM");
     let termed = Instant::now();
-    let status = wait_exit(&mut child, termed + Duration::from_secs(5), &scanner);
+    let status = wait_exit(&mut r.child, termed + Duration::from_secs(5), &r.scanner);
     let took = termed.elapsed();
     stop.store(true, Ordering::Relaxed);
-    assert!(status.success(), "{status}: {}", scanner.errors_of("a"));
+    assert!(status.success(), "{status}: {}", r.scanner.errors_of("a"));
     let mut left = String::new();
-    unread.read_to_string(&mut left).unwrap();
+    r.unread.read_to_string(&mut left).unwrap();
     let mut written = writing.join().unwrap();
     written.push(due["scanId"].as_str().unwrap().to_owned());
     assert!(
         took >= Duration::from_millis(1500),
         "the cap was hit: {took:?}"
     );
-    let kept = std::fs::read_to_string(&journal).unwrap_or_default();
-    let ran: Vec<String> = scanner.of("start").into_iter().map(|l| l.scan_id).collect();
-    let places = [echoed.join().unwrap(), kept, left.clone()].map(|text| scan_ids(&text));
+    let kept = std::fs::read_to_string(&r.journal).unwrap_or_default();
+    let ran: Vec<String> = r
+        .scanner
+        .of("start")
+        .into_iter()
+        .map(|l| l.scan_id)
+        .collect();
+    let places = [r.echoed.join().unwrap(), kept, left.clone()].map(|text| scan_ids(&text));
     let lost: Vec<&String> = written
         .iter()
         .filter(|id| !ran.contains(id) && !places.iter().any(|p| p.contains(*id)))
@@ -621,7 +617,7 @@ fn nonstop_round(journaled: bool) {
         "journaled={journaled}: {} of {} lines lost: {lost:?}\n{}",
         lost.len(),
         written.len(),
-        scanner.errors_of("a")
+        r.scanner.errors_of("a")
     );
     for line in left.lines() {
         let whole = serde_json::from_str::<Value>(line).is_ok_and(|j| j["scanId"].is_string());
@@ -724,6 +720,38 @@ fn scan_ids(text: &str) -> std::collections::HashSet<String> {
 }
 
 /// Everything `out` gives until its end, read by a thread.
+/// A spool consumer reading a pipe of the test's, for the SIGTERM rounds.
+struct SpoolRound {
+    scanner: Scanner,
+    journal: std::path::PathBuf,
+    writer: std::io::PipeWriter,
+    /// Our own read end: whatever the consumer never took stays readable here.
+    unread: std::io::PipeReader,
+    child: KillOnDrop,
+    /// Its stdout (the lines it wrote back), read to its end.
+    echoed: std::thread::JoinHandle<String>,
+}
+
+impl SpoolRound {
+    /// A consumer on a new pipe, with a journal if `journaled`.
+    fn start(journaled: bool) -> Self {
+        let scanner = Scanner::new();
+        let journal = scanner.dir.path().join("journal");
+        let (reader, writer) = std::io::pipe().unwrap();
+        let unread = reader.try_clone().unwrap();
+        let mut child = spool_consumer(&scanner, journaled.then_some(&journal), reader.into());
+        let echoed = read_all(child.stdout.take().unwrap());
+        Self {
+            scanner,
+            journal,
+            writer,
+            unread,
+            child,
+            echoed,
+        }
+    }
+}
+
 fn read_all(mut out: impl std::io::Read + Send + 'static) -> std::thread::JoinHandle<String> {
     std::thread::spawn(move || {
         let mut text = String::new();
