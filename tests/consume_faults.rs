@@ -380,12 +380,11 @@ async fn garbage_and_failures_lose_nothing() {
 #[tokio::test(flavor = "multi_thread")]
 async fn clock_ahead_starts_nothing_early() {
     let rig = StreamRig::start();
-    let scanner = &rig.scanner;
     let a = rig.consume_under_faketime("a", &args(&[]), &[("FAKETIME", "+20s")]);
     let expected = rig.queue(&jobs(4, 6_000)).await;
-    scanner.wait_for("end", 4, Duration::from_secs(20));
-    scanner.assert_once_on_time(&expected, false);
-    let log = scanner.errors_of("a");
+    rig.scanner.wait_for("end", 4, Duration::from_secs(20));
+    rig.scanner.assert_once_on_time(&expected, false);
+    let log = rig.scanner.errors_of("a");
     assert!(log.contains("clock is off"), "{log}");
     // The files are where they are looked for, and gone with the consumer.
     let shm = faketime_shm(a.0.id());

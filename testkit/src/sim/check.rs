@@ -71,13 +71,13 @@ pub struct Group {
 
 /// Everything a schedule left.
 pub struct World {
-    pub config: Config,
-    pub groups: Vec<Group>,
-    pub answers: Vec<Answer>,
-    pub jobs: Vec<ScanJob>,
-    pub ledger: Ledger,
+    pub(crate) config: Config,
+    pub(crate) groups: Vec<Group>,
+    pub(crate) answers: Vec<Answer>,
+    pub(crate) jobs: Vec<ScanJob>,
+    pub(crate) ledger: Ledger,
     /// From here on the store answers every command (unix ms).
-    pub faults_over_ms: i64,
+    pub(crate) faults_over_ms: i64,
 }
 
 impl World {
