@@ -222,8 +222,9 @@ variables! {
     VALKEY_URL: Var<Optional> = optional("unset → in-memory");
     /// cluster mode (ElastiCache Serverless)
     VALKEY_CLUSTER: Var<Flag> = flag("false");
-    /// replicas a keyed scan's claim must reach (`WAIT`) before the scan goes on, so a failover
-    /// cannot run it twice (0: off; standalone Valkey only)
+    /// replicas a write must reach (`WAIT`) before it is relied on: a keyed scan's claim, a job
+    /// added to a stream on this Valkey, a consumer's attempt and done marker (0: off; standalone
+    /// Valkey only)
     VALKEY_WAIT_REPLICAS: Var<Whole> = number("0", 0, 5);
     /// PEM file of CA certificates trusted for `rediss://` (a private CA; ElastiCache needs none);
     /// read at start
