@@ -216,7 +216,9 @@ variables! {
     /// (right-most untrusted entry)
     QUOTA_TRUSTED_PROXIES: Var<Optional> = optional("empty");
     /// comma-separated CIDRs (IPv4 and IPv6) whose scans are never counted, delayed or paced (tier
-    /// `exempt`); matched against the client address after `QUOTA_TRUSTED_PROXIES`
+    /// `exempt`); matched against the client address after `QUOTA_TRUSTED_PROXIES`; a trusted
+    /// proxy's own address is never exempt (the start warns when an exempt network covers a
+    /// trusted proxy)
     QUOTA_EXEMPT_NETWORKS: Var<Optional> = optional("empty");
     /// `redis://`, `rediss://` (TLS), `valkey://` or `valkeys://`
     VALKEY_URL: Var<Optional> = optional("unset → in-memory");
