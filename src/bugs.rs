@@ -24,15 +24,19 @@ pub enum Bug {
     ConnectErrorAsUnanswered,
     /// A client that disconnects drops its scan wherever it stands.
     DisconnectDropsScan,
+    /// A scan refused after it was counted is refunded at its subject
+    /// only: the levels above it (its networks) keep the count.
+    LevelNotRefunded,
 }
 
 impl Bug {
-    pub const ALL: [Self; 5] = [
+    pub const ALL: [Self; 6] = [
         Self::RefundOfUnsentCount,
         Self::TakeOverUnderFreshId,
         Self::UnknownCountQueuedUnmetered,
         Self::ConnectErrorAsUnanswered,
         Self::DisconnectDropsScan,
+        Self::LevelNotRefunded,
     ];
 }
 

@@ -78,8 +78,19 @@ impl Hasher {
     /// hex(HMAC-SHA256(secret, scope ‖ ":" ‖ material)). The scope is part of
     /// the message, so an IP and a token id that happen to be equal differ.
     pub fn digest(&self, scope: Scope, material: &str) -> Digest {
+        self.keyed(scope.as_str(), material)
+    }
+
+    /// The digest of a level above the subject ([`crate::level`]):
+    /// hex(HMAC-SHA256(secret, "net:" ‖ material)), the material naming the
+    /// network (family, prefix, length) or the anonymous budget.
+    pub fn level_digest(&self, material: &str) -> Digest {
+        self.keyed("net", material)
+    }
+
+    fn keyed(&self, domain: &str, material: &str) -> Digest {
         let mut mac = self.mac.clone();
-        mac.update(scope.as_str().as_bytes());
+        mac.update(domain.as_bytes());
         mac.update(b":");
         mac.update(material.as_bytes());
         Digest(hex::encode(mac.finalize().into_bytes()))

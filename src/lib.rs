@@ -73,6 +73,7 @@ pub mod idempotency;
 pub mod identity;
 pub mod job;
 pub mod lambda;
+pub mod level;
 pub mod meter;
 pub mod ops;
 pub mod outcome;

@@ -31,17 +31,39 @@ pub fn next_slot(
     delay_ms: u64,
     max_backlog_ms: u64,
 ) -> Result<UnixMillis, u64> {
-    let delay = i64::try_from(delay_ms).unwrap_or(i64::MAX);
-    let start = previous.max(arrival_ms).get().saturating_add(delay);
-    let wait = u64::try_from(start - arrival_ms.get()).unwrap_or(0);
+    next_start([(previous, delay_ms)], arrival_ms, max_backlog_ms)
+}
+
+/// The pacing rule over several lines (the subject's, and each level's
+/// above it that is over its limit), each `(previous slot, tier delay)`:
+/// the scan starts at the latest of `max(arrival, previous) + delay`, and
+/// every line's slot moves to that start, so each line's scans start at
+/// least its delay apart, whichever line held them back. A line with no
+/// delay (within its limit) holds nothing back, and its slot stays. Refused as a whole
+/// (`Err(retry_after_ms)`) when the wait would exceed the cap (or the
+/// longest tier delay, if that is longer); then no slot moves.
+pub fn next_start(
+    lines: impl IntoIterator<Item = (UnixMillis, u64)>,
+    arrival_ms: UnixMillis,
+    max_backlog_ms: u64,
+) -> Result<UnixMillis, u64> {
+    let (mut start, mut longest) = (arrival_ms, 0);
+    for (previous, delay_ms) in lines.into_iter().filter(|(_, d)| *d > 0) {
+        let delay = i64::try_from(delay_ms).unwrap_or(i64::MAX);
+        start = start.max(UnixMillis(
+            previous.max(arrival_ms).get().saturating_add(delay),
+        ));
+        longest = longest.max(delay_ms);
+    }
+    let wait = u64::try_from(start.get() - arrival_ms.get()).unwrap_or(0);
     // A scan with nothing queued ahead of it is never refused: the cap bounds
     // the pile-up, not a tier delay configured longer than the cap.
-    let cap = max_backlog_ms.max(delay_ms);
+    let cap = max_backlog_ms.max(longest);
     if wait > cap {
         // The first arrival at which this delay fits the cap.
         Err(wait - cap)
     } else {
-        Ok(UnixMillis(start))
+        Ok(start)
     }
 }
 
@@ -76,6 +98,37 @@ mod tests {
         // A tier delay longer than the cap is served, one at a time.
         assert_eq!(next_slot(0, 1_000, 20_000, 10_000), Ok(21_000));
         assert_eq!(next_slot(21_000, 1_000, 20_000, 10_000), Err(20_000));
+    }
+
+    /// Several lines: the latest start wins, and a line's own delay is
+    /// kept from its previous slot; the cap is on the whole wait.
+    #[test]
+    fn lines_start_together() {
+        let start = |lines: &[(i64, u64)], arrival, cap| {
+            next_start(
+                lines.iter().map(|&(p, d)| (UnixMillis(p), d)),
+                UnixMillis(arrival),
+                cap,
+            )
+            .map(UnixMillis::get)
+        };
+        // The subject's line is free, the network's slot is 8 s ahead.
+        assert_eq!(
+            start(&[(0, 5_000), (9_000, 5_000)], 1_000, 60_000),
+            Ok(14_000)
+        );
+        assert_eq!(
+            start(&[(20_000, 60_000), (9_000, 5_000)], 1_000, 60_000),
+            Err(19_000)
+        );
+        assert_eq!(start(&[], 1_000, 0), Ok(1_000));
+        // A line within its limit waits for nothing, whatever its slot.
+        assert_eq!(start(&[(90_000, 0), (0, 5_000)], 1_000, 60_000), Ok(6_000));
+        // One line is `next_slot`.
+        assert_eq!(
+            start(&[(4_000, 7_000)], 1_000, 10_000),
+            next_slot(4_000, 1_000, 7_000, 10_000)
+        );
     }
 
     proptest! {

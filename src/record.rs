@@ -33,6 +33,36 @@ impl Count {
     }
 }
 
+/// What one count of a scan answered: the subject's count, and each
+/// level's above it (in the order asked).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Tally {
+    pub subject: Count,
+    pub levels: Vec<Lane>,
+}
+
+impl Tally {
+    /// A count with no level above the subject.
+    pub fn subject(count: Count) -> Self {
+        Self {
+            subject: count,
+            levels: Vec::new(),
+        }
+    }
+}
+
+/// One level's count. Standalone, every level rides the subject's round
+/// trip and shares its fate; in a cluster a level lives on another node,
+/// whose answer may fail alone.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Lane {
+    Counted(Count),
+    /// No answer: `may_land` when the count was sent (it may still run).
+    Failed {
+        may_land: bool,
+    },
+}
+
 /// What `GET /quota` reads of a subject, in one round trip, changing nothing.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Peek {
@@ -256,8 +286,9 @@ pub type Field = (RecordField, String);
 /// The answer to a keyed count.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Claimed {
-    /// The key is new: the record is written and the scan counted.
-    New(Count),
+    /// The key is new: the record is written and the scan counted (at
+    /// its levels too).
+    New(Tally),
     /// The key was seen before: nothing counted; here is its record.
     Existing(Record),
 }

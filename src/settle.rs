@@ -23,8 +23,9 @@ use uuid::Uuid;
 use crate::config::words::{FailMode, Pacing};
 use crate::decide::{Decision, Limits, decide};
 use crate::delay::DelayPlan;
+use crate::level::LevelName;
 use crate::pace::Paced;
-use crate::record::{Claim, Count, Record};
+use crate::record::{Claim, Count, Lane, Record};
 use crate::unix::{UnixMillis, UnixSecs, duration_ms};
 
 /// How long after its expected end an attempt is still given, in the
@@ -34,8 +35,14 @@ pub const ATTEMPT_GRACE_MS: i64 = 1_000;
 /// How a scan was metered.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Metering {
-    /// Counted, with the decision on its count.
-    Counted { count: Count, decision: Decision },
+    /// Counted: the subject's count, and the scan's decision, the most
+    /// severe of its subject's and its levels' ([`crate::level::most_severe`]),
+    /// with the level that set it.
+    Counted {
+        count: Count,
+        decision: Decision,
+        level: LevelName,
+    },
     /// Accepted uncounted: the count was never sent (fail open).
     Unmetered,
     /// The count was sent and not answered: it may still land, in the
@@ -162,6 +169,7 @@ pub fn resume(
                 grant,
             },
             decision: decide(record.count, &limits.with_grant(grant)),
+            level: LevelName::Subject,
         }
     };
     let total = match &metering {
@@ -310,6 +318,38 @@ pub fn settle(metering: &Metering, keyed: bool, failure: Failure) -> Settlement 
     }
 }
 
+/// Whether a failure takes the scan's counts back at the levels above its
+/// subject too. Where the subject is refunded, every level is; where its
+/// keyed retry will settle it (`Release`), every level keeps its count for
+/// that retry (which counts at no level again); and a scan refused outright
+/// (closed mode, a full backlog, a refused job) is counted at no level,
+/// even where the subject's own count never happened (in a cluster, a
+/// level lives on another node and may have counted alone).
+pub fn levels_refunded(metering: &Metering, keyed: bool, failure: Failure) -> bool {
+    match settle(metering, keyed, failure) {
+        Settlement::Refund { .. } => true,
+        Settlement::Release => false,
+        Settlement::Nothing => match failure {
+            Failure::BacklogFull | Failure::NotQueued => true,
+            Failure::QueueUnknown => false,
+            Failure::Store { mode } => {
+                after_store_failure(metering, keyed, mode) == AfterStoreFailure::Refuse
+            }
+        },
+    }
+}
+
+/// Which period a level's refund takes a count back from: a count's own,
+/// or, for one that may still land, the period it would land in
+/// (`period_end`); a count never sent has nothing to take back.
+pub fn level_refund(lane: &Lane, period_end: UnixSecs) -> Option<UnixSecs> {
+    match lane {
+        Lane::Counted(count) => Some(count.reset_at),
+        Lane::Failed { may_land: true } => Some(period_end),
+        Lane::Failed { may_land: false } => None,
+    }
+}
+
 /// What the client is told after a store failure, per [`settle`]'s rule.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum AfterStoreFailure {
@@ -381,6 +421,7 @@ mod tests {
         Metering::Counted {
             count: count(2),
             decision: decide(2, &limits),
+            level: LevelName::Subject,
         }
     }
 
@@ -412,6 +453,7 @@ mod tests {
                 remaining: 0,
                 reminder: false,
             },
+            level: LevelName::Subject,
         }
     }
 
@@ -466,6 +508,76 @@ mod tests {
             (within, false, QueueUnknown, refund_count),
         ];
         check_rows("keyed", &table, settle);
+    }
+
+    /// Every (metering × keyed × failure) and whether the levels above the
+    /// subject are refunded: with the subject's refund, never where its
+    /// retry settles it, and always where the scan is refused outright.
+    #[test]
+    fn level_settlement_table() {
+        use Failure::*;
+        let open = Store {
+            mode: FailMode::Open,
+        };
+        let closed = Store {
+            mode: FailMode::Closed,
+        };
+        let unknown = Metering::Unknown { period_end: END };
+        let unmetered = Metering::Unmetered;
+        let table: [(Metering, bool, Failure, bool); 30] = [
+            (counted(), false, BacklogFull, true),
+            (counted(), false, NotQueued, true),
+            (counted(), false, QueueUnknown, true),
+            (counted(), true, BacklogFull, true),
+            (counted(), true, NotQueued, true),
+            // The keyed retry settles it: one count at every level.
+            (counted(), true, QueueUnknown, false),
+            (counted(), false, open, false),
+            (counted(), true, open, false),
+            (counted(), false, closed, true),
+            (counted(), true, closed, true),
+            (unknown, false, open, true),
+            (unknown, false, closed, true),
+            (unknown, false, BacklogFull, true),
+            (unknown, false, NotQueued, true),
+            (unknown, false, QueueUnknown, true),
+            (unknown, true, open, false),
+            (unknown, true, closed, true),
+            (unknown, true, BacklogFull, false),
+            (unknown, true, NotQueued, false),
+            (unknown, true, QueueUnknown, false),
+            // Never sent: what a level counted alone goes with a refusal,
+            // and stays with a scan that runs.
+            (unmetered, false, open, false),
+            (unmetered, false, closed, true),
+            (unmetered, true, open, true),
+            (unmetered, true, closed, true),
+            (unmetered, false, BacklogFull, true),
+            (unmetered, false, NotQueued, true),
+            (unmetered, false, QueueUnknown, false),
+            (unmetered, true, BacklogFull, true),
+            (unmetered, true, NotQueued, true),
+            (unmetered, true, QueueUnknown, false),
+        ];
+        check_rows("keyed", &table, levels_refunded);
+        // Wherever the subject is refunded, so is every level.
+        for (metering, keyed, failure, _) in table {
+            if matches!(settle(&metering, keyed, failure), Settlement::Refund { .. }) {
+                assert!(levels_refunded(&metering, keyed, failure));
+            }
+        }
+    }
+
+    /// A level's refund: its own period, the period it may land in, or nothing.
+    #[test]
+    fn level_refund_periods() {
+        let c = count(3);
+        assert_eq!(level_refund(&Lane::Counted(c), END), Some(RESET));
+        assert_eq!(
+            level_refund(&Lane::Failed { may_land: true }, END),
+            Some(END)
+        );
+        assert_eq!(level_refund(&Lane::Failed { may_land: false }, END), None);
     }
 
     /// A count that may land is never answered as "not counted" without a refund behind it.

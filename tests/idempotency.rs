@@ -18,7 +18,7 @@ use quota_gate::queue::stream::StreamQueue;
 use quota_gate::store::memory::MemoryStore;
 use quota_gate::store::valkey::ValkeyStore;
 use quota_gate::store::{
-    Claim, Claimed, Count, CountArgs, PaceArgs, Paced, QuotaKey, QuotaStore, RecordUpdate, Refund,
+    Claim, Claimed, CountArgs, PaceArgs, Paced, QuotaKey, QuotaStore, RecordUpdate, Refund,
     StoreError, TakeOver,
 };
 use quota_gate::unix::UnixSecs;
@@ -406,7 +406,7 @@ struct LatePace {
 }
 
 impl QuotaStore for LatePace {
-    async fn count(&self, args: CountArgs<'_>) -> Result<Count, StoreError> {
+    async fn count(&self, args: CountArgs<'_>) -> Result<quota_gate::store::Tally, StoreError> {
         self.inner.count(args).await
     }
     async fn count_keyed(&self, args: CountArgs<'_>, claim: &Claim) -> Result<Claimed, StoreError> {
@@ -426,7 +426,7 @@ impl QuotaStore for LatePace {
         // Detached: the gate dropping its future does not stop the step.
         tokio::spawn(async move {
             go.acquire().await.unwrap().forget();
-            let paced = store.pace(step.args()).await;
+            let paced = store.pace(step.args(&step.lanes())).await;
             if let Ok(p) = &paced {
                 ran.lock().await.push(*p);
             }

@@ -260,6 +260,7 @@ fn pace_script_matches_the_pure_rule() {
                 .query_async(&mut c).await.unwrap();
             let args = PaceArgs {
                 key: &key,
+                levels: &[],
                 record: None,
                 arrival_ms: UnixMillis(arrival),
                 delay_ms: delay,

@@ -632,6 +632,7 @@ async fn in_process(
             let now = quota_gate::unix::UnixSecs(time::OffsetDateTime::now_utc().unix_timestamp());
             let args = CountArgs {
                 key: &keys[task],
+                levels: &[],
                 period_end: period_end(ResetPolicy::UtcDay, now),
                 now,
             };

@@ -148,6 +148,7 @@ pub fn memory_child(n: u64) {
                 let now = quota_gate::unix::UnixSecs(t.load(Ordering::Relaxed));
                 let args = CountArgs {
                     key: &key,
+                    levels: &[],
                     period_end: period_end(ResetPolicy::UtcDay, now),
                     now,
                 };

@@ -83,6 +83,7 @@ impl Config {
         let env = Lookup(&lookup);
         let policy = Policy::from_vars(&env)?;
         let identity = IdentityConfig::from_vars(&env)?;
+        let policy = policy.with_levels(&env, identity.ipv6_prefix)?;
         let store = StoreConfig::from_vars(&env)?;
         let queue = QueueTarget::from_vars(&env, store.valkey.is_some())?;
         Ok(Self {

@@ -9,6 +9,7 @@ use super::lookup::Lookup;
 use super::vars;
 use super::words::{DelayMode, Mode, Pacing, ResetPolicy};
 use crate::decide::Limits;
+use crate::level::{AnonBudget, Levels, parse_networks};
 
 /// The quota and what happens past it.
 #[derive(Debug, Clone)]
@@ -28,6 +29,8 @@ pub struct Policy {
     pub delay_mode: DelayMode,
     pub gateway_timeout: Duration,
     pub delay_margin: Duration,
+    /// Budgets above the subject (`QUOTA_NETWORKS`, `QUOTA_ANON_GLOBAL`).
+    pub levels: Levels,
 }
 
 impl Policy {
@@ -47,6 +50,22 @@ impl Policy {
             delay_mode: env.word(&vars::QUOTA_DELAY_MODE)?,
             gateway_timeout: env.millis(&vars::QUOTA_GATEWAY_TIMEOUT_MS)?,
             delay_margin: env.millis(&vars::QUOTA_DELAY_MARGIN_MS)?,
+            levels: Levels::default(),
+        })
+    }
+
+    /// The levels above the subject, whose grammar needs the subject's
+    /// IPv6 prefix (read with the identity): read after both.
+    pub(super) fn with_levels(self, env: &Lookup, ipv6_prefix: u8) -> Result<Self, ConfigError> {
+        let var = &vars::QUOTA_NETWORKS;
+        let networks = parse_networks(&env.text(var), self.quota_anon, ipv6_prefix)
+            .map_err(|why| ConfigError::new(var.name(), why))?;
+        let interval = env.millis(&vars::QUOTA_ANON_GLOBAL_INTERVAL_MS)?;
+        let anon = std::num::NonZeroU32::new(env.count(&vars::QUOTA_ANON_GLOBAL)?)
+            .map(|limit| AnonBudget { limit, interval });
+        Ok(Self {
+            levels: Levels { networks, anon },
+            ..self
         })
     }
 

@@ -207,6 +207,17 @@ variables! {
     /// and metered, but no scan waits or takes a pacing slot, and each answer says what enforcement
     /// would have done ([Rolling out](#rolling-out))
     QUOTA_MODE: Var<Word<Mode>> = word("enforce");
+    /// budgets above the subject: an anonymous scan is also counted, delayed and paced at each
+    /// network that encloses its address, like one client ([Budgets above the
+    /// subject](#budgets-above-the-subject)); comma-separated `v4/<len>=<limit>` and
+    /// `v6/<len>=<limit>` (a level shorter than the subject's /32 or `QUOTA_IPV6_PREFIX`, at most 3
+    /// per family), the limit a number of scans per period or `<k>x` (k × `QUOTA_ANON`); `off`: none
+    QUOTA_NETWORKS: Var<Text> = text("v4/24=8x,v6/56=2x,v6/48=8x");
+    /// anonymous scans per period for all anonymous subjects together; beyond it they start at
+    /// most one per `QUOTA_ANON_GLOBAL_INTERVAL_MS` across the fleet (0: off)
+    QUOTA_ANON_GLOBAL: Var<Whole> = number("0", 0, MAX_LIMIT);
+    /// the interval between anonymous scans beyond `QUOTA_ANON_GLOBAL`
+    QUOTA_ANON_GLOBAL_INTERVAL_MS: Var<Whole> = number("1000", 1, MAX_MILLIS);
     /// HMAC key for digests, ≥ 16 bytes (use 32 random bytes). **Required in Lambda**; `serve` and
     /// the operator commands fall back to a built-in development secret and warn
     QUOTA_HASH_SECRET: Var<Optional> = optional("—");

@@ -14,15 +14,16 @@ use uuid::Uuid;
 
 use crate::check::ShadowVerdict;
 use crate::config::{DelayMode, Policy, ResetPolicy};
-use crate::decide::Limits;
+use crate::decide::{Decision, Limits, decide};
 use crate::delay::{self, DelayPlan};
 use crate::identity::Identity;
 use crate::job::JobTier;
+use crate::level::{LevelName, most_severe};
 use crate::meter::{End, Exit, Metered};
 use crate::queue::{ENQUEUE_TIMEOUT, ScanJob};
 use crate::respond::{self, Accepted, Standing};
 use crate::settle::{Metering, Resumed};
-use crate::store::{Claim, Peek, QuotaKey, period_end};
+use crate::store::{Claim, Count, Lane, Peek, QuotaKey, Tally, period_end};
 use crate::unix::{UnixMillis, UnixSecs, duration_ms};
 
 /// One HTTP request, as either front end hands it over.
@@ -45,6 +46,11 @@ pub(super) struct Attempt {
     pub identity: Identity,
     pub key: QuotaKey,
     pub limits: Limits,
+    /// The keys of the levels above the subject, counted with it, and
+    /// each level's name and limits, in the same order (the store's
+    /// answers come in it too).
+    pub level_keys: Vec<QuotaKey>,
+    pub level_rules: Vec<(LevelName, Limits)>,
     /// A keyed request's claim on its record.
     pub claim: Option<Claim>,
     /// The one clock reading.
@@ -80,7 +86,26 @@ impl Attempt {
             received_ms: now_ms,
             lease_until_ms: now_ms.saturating_add(ceiling),
         });
+        let level_keys = identity
+            .levels
+            .iter()
+            .map(|l| QuotaKey::level(&l.digest))
+            .collect();
+        let level_rules = identity
+            .levels
+            .iter()
+            .map(|l| {
+                (
+                    l.name,
+                    policy
+                        .levels
+                        .limits(l.name, l.limit, policy.limits(l.limit)),
+                )
+            })
+            .collect();
         Self {
+            level_keys,
+            level_rules,
             period_end: period_end(policy.reset, now_ms.secs()),
             reset: policy.reset,
             limits: policy.limits(identity.limit),
@@ -92,6 +117,40 @@ impl Attempt {
             remaining: request.remaining,
             started,
         }
+    }
+
+    /// How a counted scan is metered: decided at its subject and at each
+    /// level that answered ([`most_severe`]); the levels' counts go with it.
+    pub fn metering(&self, tally: Tally) -> (Metering, Vec<Lane>) {
+        let count = tally.subject;
+        let subject = decide(count.used, &self.limits.with_grant(count.grant));
+        let levels = self.level_decisions(&tally.levels);
+        let (level, decision) = most_severe(subject, levels.map(|(name, d, _)| (name, d)));
+        let metering = Metering::Counted {
+            count,
+            decision,
+            level,
+        };
+        (metering, tally.levels)
+    }
+
+    /// Each counted level's name, decision and count.
+    pub fn level_decisions<'a>(
+        &'a self,
+        lanes: &'a [Lane],
+    ) -> impl Iterator<Item = (LevelName, Decision, Count)> + 'a {
+        self.level_rules
+            .iter()
+            .zip(lanes)
+            .filter_map(|((name, limits), lane)| match lane {
+                Lane::Counted(c) => Some((*name, decide(c.used, &limits.with_grant(c.grant)), *c)),
+                Lane::Failed { .. } => None,
+            })
+    }
+
+    /// The levels of a scan whose count failed: each shares its fate.
+    pub fn failed_lanes(&self, may_land: bool) -> Vec<Lane> {
+        vec![Lane::Failed { may_land }; self.level_keys.len()]
     }
 
     /// How a fresh scan's `delay` is spent: what fits the budget left now
@@ -157,6 +216,8 @@ pub(super) struct Scan {
     /// Every job of a keyed scan carries its record's scanId.
     pub scan_id: Uuid,
     pub metering: Metering,
+    /// What each level above the subject counted (in the attempt's order).
+    pub lanes: Vec<Lane>,
     /// When the scan arrived (the first attempt's, when resumed).
     pub received_ms: UnixMillis,
     /// Taken over from an earlier attempt, with its plan: nothing is slept
@@ -166,23 +227,27 @@ pub(super) struct Scan {
 
 impl Scan {
     /// This request's scan: a keyed one under its claim's scanId.
-    pub fn fresh(attempt: &Attempt, metering: Metering) -> Self {
+    pub fn fresh(attempt: &Attempt, metering: Metering, lanes: Vec<Lane>) -> Self {
         Self {
             scan_id: attempt
                 .claim
                 .as_ref()
                 .map_or_else(|| crate::clock::uuid_v7(attempt.now_ms), |c| c.scan_id),
             metering,
+            lanes,
             received_ms: attempt.now_ms,
             resumed: None,
         }
     }
 
     /// The scan an abandoned attempt left (see [`crate::settle::resume`]).
+    /// Its levels were counted (or not) by the first attempt, and are
+    /// not counted again.
     pub fn resumed(resumed: Resumed) -> Self {
         Self {
             scan_id: resumed.scan_id,
             metering: resumed.metering,
+            lanes: Vec::new(),
             received_ms: resumed.received_ms,
             resumed: Some(resumed.plan),
         }
@@ -234,7 +299,9 @@ impl Scan {
     ) -> Accepted {
         let (used, peek, reminder, verdict) = match &self.metering {
             // A grant raises the ceiling the answer reports, as it did the tier's.
-            Metering::Counted { count, decision } => (
+            Metering::Counted {
+                count, decision, ..
+            } => (
                 Some(count.used),
                 Some(Peek::from(*count)),
                 decision.reminder,

@@ -32,13 +32,14 @@ use crate::identity::{Identity, Origin};
 use crate::meter::{End, Exit, Metered};
 use crate::queue::{QueueError, ScanJob, ScanQueue};
 use crate::settle::{
-    self, AfterStoreFailure, DelayRule, Failure, Metering, Repeat, Settlement, after_store_failure,
-    on_repeat, on_take_over, settle,
+    self, AfterStoreFailure, DelayRule, Failure, Metering, Repeat, after_store_failure, on_repeat,
+    on_take_over,
 };
 use crate::store::{
-    Claim, Claimed, Count, CountArgs, PaceArgs, QuotaStore, Record, StoreError, TakeOver,
+    Claim, Claimed, CountArgs, Lane, PaceArgs, PaceLane, QuotaStore, Record, StoreError, TakeOver,
+    Tally,
 };
-use crate::unix::{UnixSecs, duration_ms};
+use crate::unix::duration_ms;
 
 /// A request's answer, and what the meter is told of it (nothing for a
 /// request refused before it reached the store, or not a counted scan).
@@ -50,7 +51,7 @@ type Finished = (Result<Response<Bytes>, GateError>, Exit);
 /// What step 4's round trip found: a new count, or the record a keyed
 /// scan's claim found (a repeat of its key).
 enum Counted<'a> {
-    New(Count),
+    New(Tally),
     Existing(Record, &'a Claim),
 }
 
@@ -131,16 +132,14 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
     /// and decide; then a repeat is answered, a failure settled, and a scan
     /// that may go ahead run.
     async fn scan(&self, attempt: &Attempt, body: RequestBody) -> Finished {
-        let metering = match self.count(attempt).await {
-            Ok(Counted::New(count)) => Metering::Counted {
-                count,
-                decision: decide(count.used, &attempt.limits.with_grant(count.grant)),
-            },
+        let (metering, lanes) = match self.count(attempt).await {
+            Ok(Counted::New(tally)) => attempt.metering(tally),
             Ok(Counted::Existing(record, claim)) => {
                 return Box::pin(self.repeat(attempt, claim, body, record)).await;
             }
+            // Settled at every level already: nothing is left at a level.
             Err(e) => match Box::pin(self.store_failed(attempt, e)).await {
-                Ok(metering) => metering,
+                Ok(metering) => (metering, Vec::new()),
                 Err(e) => {
                     return (
                         Err(e),
@@ -149,7 +148,7 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
                 }
             },
         };
-        self.run(attempt, body, Scan::fresh(attempt, metering))
+        self.run(attempt, body, Scan::fresh(attempt, metering, lanes))
             .await
     }
 
@@ -157,6 +156,7 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
     async fn count<'a>(&self, attempt: &'a Attempt) -> Result<Counted<'a>, StoreError> {
         let args = CountArgs {
             key: &attempt.key,
+            levels: &attempt.level_keys,
             period_end: attempt.period_end,
             now: attempt.now(),
         };
@@ -183,8 +183,10 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
         }
         let metering = Metering::after_store_error(e.may_land(), attempt.period_end);
         let mode = self.config.store.fail_mode;
-        let settlement = settle(&metering, attempt.keyed(), Failure::Store { mode });
-        self.apply(attempt, attempt.scan_id(), settlement).await;
+        let failure = Failure::Store { mode };
+        let lanes = attempt.failed_lanes(e.may_land());
+        self.apply(attempt, attempt.scan_id(), &metering, failure, &lanes)
+            .await;
         let mut answer = after_store_failure(&metering, attempt.keyed(), mode);
         if bugs::on(Bug::UnknownCountQueuedUnmetered) && answer == AfterStoreFailure::Unsettled {
             answer = AfterStoreFailure::Unmetered;
@@ -282,13 +284,7 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
             tracing::warn!(error = %e, "enqueue failed");
             let failure =
                 settle::queue_failure(matches!(e, QueueError::Timeout), scan.resumed.is_some());
-            let mut settlement = settle(&scan.metering, attempt.keyed(), failure);
-            if bugs::on(Bug::RefundOfUnsentCount) && scan.metering == Metering::Unmetered {
-                settlement = Settlement::Refund {
-                    period_end: UnixSecs(i64::MAX),
-                };
-            }
-            Box::pin(self.apply(attempt, scan.scan_id, settlement)).await;
+            Box::pin(self.apply(attempt, scan.scan_id, &scan.metering, failure, &scan.lanes)).await;
             return (
                 Err(queue_failed(failure)),
                 attempt.exit(metered, End::QueueFailed),
@@ -325,11 +321,28 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
         let Metering::Counted { count, .. } = &scan.metering else {
             return Ok(tier_delay);
         };
+        // Each line's own tier delay: the subject's, and each level's.
+        let subject = decide(count.used, &attempt.limits.with_grant(count.grant));
+        let levels: Vec<PaceLane<'_>> = attempt
+            .level_keys
+            .iter()
+            .zip(&attempt.level_rules)
+            .zip(&scan.lanes)
+            .filter_map(|((key, (_, limits)), lane)| match lane {
+                Lane::Counted(c) => Some(PaceLane {
+                    key,
+                    delay_ms: duration_ms(decide(c.used, &limits.with_grant(c.grant)).delay),
+                    reset_at: c.reset_at,
+                }),
+                Lane::Failed { .. } => None,
+            })
+            .collect();
         let args = PaceArgs {
             key: &attempt.key,
+            levels: &levels,
             record: attempt.claim.as_ref().map(|c| c.record.as_str()),
             arrival_ms: scan.received_ms,
-            delay_ms: duration_ms(tier_delay),
+            delay_ms: duration_ms(subject.delay),
             max_backlog_ms: duration_ms(self.config.policy.max_backlog),
             reset_at: count.reset_at,
         };
@@ -341,8 +354,8 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
             Ok(delay) => return Ok(delay),
             Err(retry_after_ms) => retry_after_ms,
         };
-        let settlement = settle(&scan.metering, attempt.keyed(), Failure::BacklogFull);
-        Box::pin(self.apply(attempt, scan.scan_id, settlement)).await;
+        let failure = Failure::BacklogFull;
+        Box::pin(self.apply(attempt, scan.scan_id, &scan.metering, failure, &scan.lanes)).await;
         // Never past the counter's reset: from then the scan is within quota.
         Err(GateError::backlog_full(
             retry_after_ms.div_ceil(1000),

@@ -10,10 +10,11 @@ use uuid::Uuid;
 
 use super::attempt::Attempt;
 use super::wiring::Gate;
+use crate::bugs::{self, Bug};
 use crate::error::{GateError, Queued};
 use crate::queue::ScanQueue;
-use crate::settle::{Failure, Settlement};
-use crate::store::{Claim, QuotaStore, RecordField, RecordState, RecordUpdate, Refund};
+use crate::settle::{Failure, Metering, Settlement, level_refund, levels_refunded, settle};
+use crate::store::{Claim, Lane, QuotaStore, RecordField, RecordState, RecordUpdate, Refund};
 use crate::unix::UnixSecs;
 
 impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
@@ -21,7 +22,48 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
     /// one scan short for the day (logged, not retried: the client got a
     /// 503 either way); a release that fails makes the retry wait out the
     /// lease.
-    pub(super) async fn apply(&self, attempt: &Attempt, scan_id: Uuid, settlement: Settlement) {
+    ///
+    /// The rule is [`settle`]'s for the subject and [`levels_refunded`]'s
+    /// for the levels above it: each level's count (`lanes`, in the
+    /// attempt's order) is taken back from its own period
+    /// ([`level_refund`]), behind the subject's.
+    pub(super) async fn apply(
+        &self,
+        attempt: &Attempt,
+        scan_id: Uuid,
+        metering: &Metering,
+        failure: Failure,
+        lanes: &[Lane],
+    ) {
+        let keyed = attempt.keyed();
+        let mut settlement = settle(metering, keyed, failure);
+        if bugs::on(Bug::RefundOfUnsentCount) && *metering == Metering::Unmetered {
+            settlement = Settlement::Refund {
+                period_end: UnixSecs(i64::MAX),
+            };
+        }
+        self.settle_subject(attempt, scan_id, settlement).await;
+        if !levels_refunded(metering, keyed, failure) || bugs::on(Bug::LevelNotRefunded) {
+            return;
+        }
+        for (key, lane) in attempt.level_keys.iter().zip(lanes) {
+            let Some(period_end) = level_refund(lane, attempt.period_end) else {
+                continue;
+            };
+            let refund = Refund {
+                key,
+                period_end,
+                record: None,
+                now: attempt.now(),
+            };
+            if let Err(e) = self.store.refund(refund).await {
+                tracing::warn!(error = %e, "could not take a level's count back");
+            }
+        }
+    }
+
+    /// Carries out the subject's [`Settlement`].
+    async fn settle_subject(&self, attempt: &Attempt, scan_id: Uuid, settlement: Settlement) {
         let done = match (settlement, &attempt.claim) {
             (Settlement::Nothing, _) | (Settlement::Release, None) => return,
             (Settlement::Refund { period_end }, claim) => {

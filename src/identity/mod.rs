@@ -19,6 +19,7 @@ use serde_json::Value;
 use crate::config::{Config, ConfigError};
 use crate::digest::{Digest, Hasher, Scope};
 use crate::error::GateError;
+use crate::level::{LevelName, Levels};
 use jwt::{Rejection, Verifier};
 
 /// What became of a presented token.
@@ -40,6 +41,18 @@ pub struct Identity {
     /// From an exempt network or with a verified exempt claim: never
     /// counted, delayed or paced.
     pub exempt: bool,
+    /// The levels above the subject it is counted at too: an anonymous,
+    /// counted subject's networks and the anonymous budget; none for a
+    /// token holder or an exempt scan.
+    pub levels: Vec<LevelSubject>,
+}
+
+/// One level above a subject: which, its keyed digest, and its limit.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LevelSubject {
+    pub name: LevelName,
+    pub digest: Digest,
+    pub limit: NonZeroU32,
 }
 
 /// What the platform tells us about a request besides its headers.
@@ -65,6 +78,8 @@ pub struct Identifier {
     exempt_claim: Option<String>,
     quota_anon: NonZeroU32,
     quota_token: NonZeroU32,
+    /// `QUOTA_NETWORKS` and `QUOTA_ANON_GLOBAL`.
+    levels: Levels,
 }
 
 impl Identifier {
@@ -99,6 +114,7 @@ impl Identifier {
             trust_gateway_claims: config.identity.jwt.trust_gateway_claims,
             quota_anon: config.policy.quota_anon,
             quota_token: config.policy.quota_token,
+            levels: config.policy.levels.clone(),
         })
     }
 
@@ -147,14 +163,30 @@ impl Identifier {
             Some(Err(rejection)) => Some(TokenStatus::Rejected(rejection)),
         };
         let client = client.ok_or(GateError::NoSourceAddress)?;
-        let material = ip::material(client, self.ipv6_prefix);
-        Ok(Identity {
-            scope: Scope::Ip,
-            digest: self.hasher.digest(Scope::Ip, &material),
-            limit: self.quota_anon,
-            token,
-            exempt: from_exempt_network,
-        })
+        let mut identity = self.ip_identity(client);
+        identity.token = token;
+        if from_exempt_network {
+            identity.exempt = true;
+            identity.levels.clear();
+        }
+        Ok(identity)
+    }
+
+    /// The levels above an anonymous subject at `ip`, keyed by their digests.
+    pub fn levels_of(&self, ip: IpAddr) -> Vec<LevelSubject> {
+        self.levels
+            .of(ip.to_canonical())
+            .map(|level| self.level_subject(level))
+            .collect()
+    }
+
+    /// One level as the store counts it: its digest, never its material.
+    pub fn level_subject(&self, level: crate::level::LevelOf) -> LevelSubject {
+        LevelSubject {
+            name: level.name,
+            digest: self.hasher.level_digest(&level.material),
+            limit: level.limit,
+        }
     }
 
     /// The anonymous subject for an address, as `identify` would make it
@@ -164,7 +196,8 @@ impl Identifier {
             .digest(Scope::Ip, &ip::material(ip, self.ipv6_prefix))
     }
 
-    /// The anonymous subject of a (direct, already trusted) address.
+    /// The anonymous subject of a (direct, already trusted) address, with
+    /// the levels above it.
     pub fn ip_identity(&self, ip: IpAddr) -> Identity {
         Identity {
             scope: Scope::Ip,
@@ -172,6 +205,7 @@ impl Identifier {
             limit: self.quota_anon,
             token: None,
             exempt: false,
+            levels: self.levels_of(ip),
         }
     }
 
@@ -191,6 +225,7 @@ impl Identifier {
             limit: tier.unwrap_or(self.quota_token),
             token: Some(TokenStatus::Accepted),
             exempt: false,
+            levels: Vec::new(),
         }
     }
 

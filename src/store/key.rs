@@ -34,7 +34,18 @@ pub struct QuotaKey {
 impl QuotaKey {
     /// Built once per request, by concatenation (no `format!`).
     pub fn new(scope: Scope, digest: &Digest) -> Self {
-        let counter = ["quota:", scope.as_str(), ":{", digest.as_str(), "}"].concat();
+        Self::named(scope.as_str(), digest)
+    }
+
+    /// The keys of a level above the subject (a network, or the anonymous
+    /// budget): `quota:net:{<digest>}`, its slot and its grant, in a slot
+    /// of their own in a cluster.
+    pub fn level(digest: &Digest) -> Self {
+        Self::named("net", digest)
+    }
+
+    fn named(kind: &str, digest: &Digest) -> Self {
+        let counter = ["quota:", kind, ":{", digest.as_str(), "}"].concat();
         let beside = |suffix: &str| [counter.as_str(), suffix].concat();
         Self {
             first_seen: beside(":ts"),

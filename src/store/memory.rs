@@ -24,8 +24,8 @@ use super::key::{IDEMPOTENCY_TTL_SECS, QuotaKey};
 use super::quota_store::{
     CountArgs, PaceArgs, QuotaStore, RecordUpdate, Refund, StoreError, TakeOver,
 };
-use crate::pace::{Paced, next_slot};
-use crate::record::{Claim, Claimed, Count, Peek, Record, RecordState};
+use crate::pace::{Paced, next_start};
+use crate::record::{Claim, Claimed, Count, Lane, Peek, Record, RecordState, Tally};
 
 const MIN_SWEEP_LEN: usize = 1024;
 
@@ -95,9 +95,19 @@ impl Inner {
         }
     }
 
-    fn count(&mut self, args: CountArgs<'_>) -> Count {
-        let now = args.now;
-        let entry = match self.entries.get_mut(&args.key.counter) {
+    /// The subject's count, and each level's.
+    fn tally(&mut self, args: CountArgs<'_>) -> Tally {
+        let levels = args.levels.iter();
+        Tally {
+            subject: self.count(args.key, args.period_end, args.now),
+            levels: levels
+                .map(|key| Lane::Counted(self.count(key, args.period_end, args.now)))
+                .collect(),
+        }
+    }
+
+    fn count(&mut self, key: &QuotaKey, period_end: UnixSecs, now: UnixSecs) -> Count {
+        let entry = match self.entries.get_mut(&key.counter) {
             // The common case: no key copy, no second lookup.
             Some(e) if e.reset_at > now => {
                 e.used += 1;
@@ -106,10 +116,10 @@ impl Inner {
             _ => {
                 let e = Entry {
                     used: 1,
-                    reset_at: args.period_end,
+                    reset_at: period_end,
                     slot_ms: UnixMillis(0),
                 };
-                self.entries.insert(args.key.counter.clone(), e);
+                self.entries.insert(key.counter.clone(), e);
                 self.earliest_reset = self.earliest_reset.min(e.reset_at);
                 e
             }
@@ -120,14 +130,14 @@ impl Inner {
             self.sweep(now);
         }
         // As the Valkey pipeline's `EXPIREAT …:grant … NX`.
-        if let Some((_, expires @ None)) = self.grants.get_mut(&args.key.grant) {
+        if let Some((_, expires @ None)) = self.grants.get_mut(&key.grant) {
             *expires = Some(entry.reset_at);
         }
         Count {
             used: entry.used,
             reset_at: entry.reset_at,
             now,
-            grant: self.grant(args.key, now),
+            grant: self.grant(key, now),
         }
     }
 
@@ -213,8 +223,8 @@ impl MemoryStore {
 }
 
 impl QuotaStore for MemoryStore {
-    async fn count(&self, args: CountArgs<'_>) -> Result<Count, StoreError> {
-        Ok(self.lock().count(args))
+    async fn count(&self, args: CountArgs<'_>) -> Result<Tally, StoreError> {
+        Ok(self.lock().tally(args))
     }
 
     async fn peek(&self, key: &QuotaKey, now: UnixSecs) -> Result<Peek, StoreError> {
@@ -239,30 +249,40 @@ impl QuotaStore for MemoryStore {
         if let Some(record) = inner.record(&claim.record, args.now) {
             return Ok(Claimed::Existing(record.clone()));
         }
-        let count = inner.count(args);
-        let record = Record::claimed(claim, count.used, count.reset_at);
+        let tally = inner.tally(args);
+        let record = Record::claimed(claim, tally.subject.used, tally.subject.reset_at);
         inner.records.insert(
             claim.record.clone(),
             (record, args.now.saturating_add(RECORD_TTL)),
         );
-        Ok(Claimed::New(count))
+        Ok(Claimed::New(tally))
     }
 
     async fn pace(&self, args: PaceArgs<'_>) -> Result<Paced, StoreError> {
         let now = args.arrival_ms.secs();
         let mut inner = self.lock();
-        let previous = inner
-            .live(&args.key.counter, now)
-            .map_or(UnixMillis(0), |e| e.slot_ms);
-        match next_slot(
-            previous,
-            args.arrival_ms,
-            args.delay_ms,
-            args.max_backlog_ms,
-        ) {
+        let lines: Vec<(&str, u64)> = std::iter::once((args.key.counter.as_str(), args.delay_ms))
+            .chain(
+                args.levels
+                    .iter()
+                    .map(|l| (l.key.counter.as_str(), l.delay_ms)),
+            )
+            .collect();
+        let previous = |inner: &mut Inner, counter| {
+            inner
+                .live(counter, now)
+                .map_or(UnixMillis(0), |e| e.slot_ms)
+        };
+        let slots: Vec<(UnixMillis, u64)> = lines
+            .iter()
+            .map(|&(counter, delay)| (previous(&mut inner, counter), delay))
+            .collect();
+        match next_start(slots, args.arrival_ms, args.max_backlog_ms) {
             Ok(slot) => {
-                if let Some(e) = inner.live(&args.key.counter, now) {
-                    e.slot_ms = slot;
+                for (counter, _) in lines.iter().filter(|(_, delay)| *delay > 0) {
+                    if let Some(e) = inner.live(counter, now) {
+                        e.slot_ms = slot;
+                    }
                 }
                 let delay_ms = u64::try_from(slot.get() - args.arrival_ms.get()).unwrap_or(0);
                 if let Some(record) = args.record.and_then(|r| inner.record(r, now)) {
@@ -361,11 +381,13 @@ mod tests {
         let now = UnixSecs(now);
         s.count(CountArgs {
             key: k,
+            levels: &[],
             period_end: period_end(reset, now),
             now,
         })
         .await
         .unwrap()
+        .subject
     }
 
     /// utc-day counters expire at the next 00:00 UTC and then start again at 1.

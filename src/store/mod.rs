@@ -27,6 +27,7 @@
 //! [`AnyStore`], the store `VALKEY_URL` chooses. Children import each other,
 //! never this module.
 
+mod commands;
 pub mod key;
 pub mod memory;
 pub mod quota_store;
@@ -38,13 +39,13 @@ use crate::unix::UnixSecs;
 
 pub use crate::pace::{Paced, next_slot};
 pub use crate::record::{
-    Claim, Claimed, Count, Field, Peek, Record, RecordError, RecordField, RecordState,
+    Claim, Claimed, Count, Field, Lane, Peek, Record, RecordError, RecordField, RecordState, Tally,
 };
 pub use key::{
     IDEMPOTENCY_TTL_SECS, KEY_PATTERN, QuotaKey, grant_period_end, period_end, resets_at,
 };
 pub use quota_store::{
-    CountArgs, PaceArgs, QuotaStore, RecordUpdate, Refund, StoreError, TakeOver,
+    CountArgs, PaceArgs, PaceLane, QuotaStore, RecordUpdate, Refund, StoreError, TakeOver,
 };
 
 /// The store chosen by `VALKEY_URL`.
@@ -78,8 +79,12 @@ impl QuotaStore for AnyStore {
         }
     }
 
-    async fn count(&self, args: CountArgs<'_>) -> Result<Count, StoreError> {
+    async fn count(&self, args: CountArgs<'_>) -> Result<Tally, StoreError> {
         dispatch!(self, s => s.count(args))
+    }
+
+    async fn peek_levels(&self, keys: &[QuotaKey], now: UnixSecs) -> Result<Vec<Peek>, StoreError> {
+        dispatch!(self, s => s.peek_levels(keys, now))
     }
 
     async fn count_keyed(&self, args: CountArgs<'_>, claim: &Claim) -> Result<Claimed, StoreError> {

@@ -8,31 +8,48 @@ use uuid::Uuid;
 
 use super::key::QuotaKey;
 use crate::pace::Paced;
-use crate::record::{Claim, Claimed, Count, Field, Peek, RecordError};
+use crate::record::{Claim, Claimed, Field, Peek, RecordError, Tally};
 use crate::unix::{UnixMillis, UnixSecs};
 
-/// One count request: which subject, and the expiry a new counter gets.
+/// One count request: which subject (and which levels above it), and the
+/// expiry a new counter gets.
 #[derive(Debug, Clone, Copy)]
 pub struct CountArgs<'a> {
     pub key: &'a QuotaKey,
+    /// The levels above the subject ([`crate::level`]), counted with it.
+    pub levels: &'a [QuotaKey],
     /// The expiry a counter without one gets (`EXPIREAT … NX`).
     pub period_end: UnixSecs,
     pub now: UnixSecs,
 }
 
-/// One pacing step: `slot = max(arrival, previous slot) + delay`.
+/// One pacing step ([`crate::pace::next_start`]): the subject's line, and
+/// the lines of the levels above it.
 #[derive(Debug, Clone, Copy)]
 pub struct PaceArgs<'a> {
     pub key: &'a QuotaKey,
+    /// The levels' lines; one with no delay (within its limit) holds
+    /// nothing back.
+    pub levels: &'a [PaceLane<'a>],
     /// The record of a keyed scan, to note its delay in.
     pub record: Option<&'a str>,
     /// When the scan arrived.
     pub arrival_ms: UnixMillis,
-    /// The tier's delay.
+    /// The subject's tier delay (0: within its limit, not a line it waits in).
     pub delay_ms: u64,
     /// The longest delay that may be given (`QUOTA_MAX_BACKLOG_MS`).
     pub max_backlog_ms: u64,
     /// The counter's expiry: the slot key expires with it.
+    pub reset_at: UnixSecs,
+}
+
+/// A level's line in one pacing step.
+#[derive(Debug, Clone, Copy)]
+pub struct PaceLane<'a> {
+    pub key: &'a QuotaKey,
+    /// The level's tier delay (0: within its limit).
+    pub delay_ms: u64,
+    /// The level counter's expiry: its slot expires with it.
     pub reset_at: UnixSecs,
 }
 
@@ -139,7 +156,9 @@ pub trait QuotaStore: Send + Sync + 'static {
 
     /// INCR the counter, give it `period_end` if it has no expiry, write the
     /// first-seen key if missing, and read the counter's expiry back.
-    fn count(&self, args: CountArgs<'_>) -> impl Future<Output = Result<Count, StoreError>> + Send;
+    /// At each level of `args.levels` too: `INCR`, its expiry, and its
+    /// grant, in the same round trip (standalone: one request, one fate).
+    fn count(&self, args: CountArgs<'_>) -> impl Future<Output = Result<Tally, StoreError>> + Send;
 
     /// Reads the counter, its expiry, the pacing slot and the grant in one
     /// round trip, writing nothing (`GET /quota`). The
@@ -154,8 +173,25 @@ pub trait QuotaStore: Send + Sync + 'static {
         async { Err(StoreError::Backend("this store cannot be read".into())) }
     }
 
+    /// Reads each of `keys` as [`Self::peek`] does, in one round trip (the
+    /// levels above a subject, for `GET /quota` and `inspect`).
+    fn peek_levels(
+        &self,
+        keys: &[QuotaKey],
+        now: UnixSecs,
+    ) -> impl Future<Output = Result<Vec<Peek>, StoreError>> + Send {
+        async move {
+            let mut peeks = Vec::with_capacity(keys.len());
+            for key in keys {
+                peeks.push(self.peek(key, now).await?);
+            }
+            Ok(peeks)
+        }
+    }
+
     /// For a keyed scan: if `claim.record` exists, return it and count
-    /// nothing; else write it (`pending`) and count, atomically.
+    /// nothing (at no level); else write it (`pending`) and count, at its
+    /// levels too, atomically where the store can (standalone, in memory).
     fn count_keyed(
         &self,
         args: CountArgs<'_>,

@@ -21,18 +21,21 @@
 use redis::Value;
 use uuid::Uuid;
 
-use crate::unix::{UnixMillis, UnixSecs};
+use crate::unix::UnixSecs;
 
+use super::commands::{
+    PACE_SCRIPT, count_of, iso8601, level_commands, pace_script, paced, peek_commands, peek_of,
+    subject_commands, unexpected, unpace,
+};
 use super::key::{IDEMPOTENCY_TTL_SECS, QuotaKey};
 use super::quota_store::{
-    CountArgs, PaceArgs, QuotaStore, RecordUpdate, Refund, StoreError, TakeOver,
+    CountArgs, PaceArgs, PaceLane, QuotaStore, RecordUpdate, Refund, StoreError, TakeOver,
 };
-use crate::connection::{Request, Valkey, sized_cmd};
+use crate::connection::{Request, Valkey};
 use crate::pace::Paced;
-use crate::record::{Claim, Claimed, Count, Peek, Record};
+use crate::record::{Claim, Claimed, Lane, Peek, Record, Tally};
 
 const CLAIM: &str = include_str!("claim.lua");
-const PACE: &str = include_str!("pace.lua");
 const REFUND: &str = include_str!("refund.lua");
 const RELEASE: &str = include_str!("release.lua");
 const TAKE_OVER: &str = include_str!("take_over.lua");
@@ -41,7 +44,7 @@ const TAKE_OVER: &str = include_str!("take_over.lua");
 /// that checks they spell the record's fields as [`crate::record::RecordField`] does.
 pub const RECORD_SCRIPTS: [(&str, &str); 5] = [
     ("claim.lua", CLAIM),
-    ("pace.lua", PACE),
+    ("pace.lua", PACE_SCRIPT),
     ("refund.lua", REFUND),
     ("release.lua", RELEASE),
     ("take_over.lua", TAKE_OVER),
@@ -59,31 +62,12 @@ pub struct ValkeyStore {
     wait_replicas: u32,
 }
 
-fn iso8601(at: UnixSecs) -> String {
-    crate::clock::rfc3339(at.get())
-}
-
-fn int(v: &Value) -> i64 {
-    match v {
-        Value::Int(n) => *n,
-        Value::BulkString(b) => std::str::from_utf8(b)
-            .ok()
-            .and_then(|s| s.parse().ok())
-            .unwrap_or(0),
-        _ => 0,
-    }
-}
-
 fn text(v: &Value) -> &str {
     match v {
         Value::BulkString(b) => std::str::from_utf8(b).unwrap_or_default(),
         Value::SimpleString(s) => s,
         _ => "",
     }
-}
-
-fn unexpected(what: &str) -> StoreError {
-    StoreError::Backend(format!("unexpected reply to {what}"))
 }
 
 impl ValkeyStore {
@@ -124,6 +108,82 @@ impl ValkeyStore {
     ) -> Result<T, StoreError> {
         Ok(self.valkey.send(request, self.valkey.timeout()).await?)
     }
+
+    /// Counts each level in a request of its own, all sent at once (a
+    /// cluster, where each level has its own slot): one lane each, a
+    /// level that fails failing alone.
+    async fn count_levels(
+        &self,
+        levels: &[QuotaKey],
+        period_end: UnixSecs,
+        now: UnixSecs,
+    ) -> Vec<Lane> {
+        let counts = levels.iter().map(|level| async move {
+            let mut pipe = redis::Pipeline::with_capacity(4);
+            level_commands(&mut pipe, level, period_end);
+            let reply = self.send::<Vec<Value>>(pipe).await;
+            match reply.map(|r| count_of(&r, now)) {
+                Ok(Ok(count)) => Lane::Counted(count),
+                Ok(Err(_)) => Lane::Failed { may_land: false },
+                Err(e) => Lane::Failed {
+                    may_land: e.may_land(),
+                },
+            }
+        });
+        futures_util::future::join_all(counts).await
+    }
+
+    /// A pacing step in a cluster, where the lines live in different
+    /// slots: each line paced on its own node, all at once; the scan waits
+    /// for the latest. Refused on any line, the lines that took a slot give
+    /// it back ([`unpace`]). A keyed scan's record notes the delay after.
+    async fn pace_in_cluster(
+        &self,
+        args: &PaceArgs<'_>,
+        levels: &[PaceLane<'_>],
+    ) -> Result<Paced, StoreError> {
+        let subject = PaceLane {
+            key: args.key,
+            delay_ms: args.delay_ms,
+            reset_at: args.reset_at,
+        };
+        let lines: Vec<PaceLane<'_>> = std::iter::once(subject)
+            .chain(levels.iter().copied())
+            .filter(|l| l.delay_ms > 0)
+            .collect();
+        let alone = PaceArgs {
+            record: None,
+            ..*args
+        };
+        let steps = lines
+            .iter()
+            .map(|line| self.send::<Vec<i64>>(pace_script(std::slice::from_ref(line), &alone)));
+        let replies = futures_util::future::try_join_all(steps).await?;
+        let refused = replies
+            .iter()
+            .filter_map(|r| match paced(r.clone()) {
+                Paced::Full { retry_after_ms } => Some(retry_after_ms),
+                Paced::Slot { .. } => None,
+            })
+            .max();
+        if let Some(retry_after_ms) = refused {
+            for (line, reply) in lines.iter().zip(&replies) {
+                if let [1, wait, previous] = reply[..] {
+                    let taken = args.arrival_ms.get().saturating_add(wait);
+                    let _: i64 = self.send(unpace(&line.key.slot, taken, previous)).await?;
+                }
+            }
+            return Ok(Paced::Full { retry_after_ms });
+        }
+        let wait = replies.iter().map(|r| r.get(1).copied().unwrap_or(0)).max();
+        let delay_ms = u64::try_from(wait.unwrap_or(0)).unwrap_or(0);
+        if let Some(record) = args.record {
+            let mut cmd = redis::cmd("HSET");
+            cmd.arg(record).arg("delayMs").arg(delay_ms);
+            let _: i64 = self.send(cmd).await?;
+        }
+        Ok(Paced::Slot { delay_ms })
+    }
 }
 
 impl QuotaStore for ValkeyStore {
@@ -136,76 +196,68 @@ impl QuotaStore for ValkeyStore {
         true
     }
 
-    async fn count(&self, args: CountArgs<'_>) -> Result<Count, StoreError> {
-        let key = args.key;
-        // Each command sized at once (numbers and words: 48 bytes of room).
-        let sized = |name, args, key: &str| sized_cmd(name, args, key.len() + 48);
-        let mut pipe = redis::Pipeline::with_capacity(6);
-        // `EXPIREAT <key> <period end> NX`: an expiry only where there is none.
-        let expire_nx = |pipe: &mut redis::Pipeline, key: &str| {
-            pipe.add_command(sized("EXPIREAT", 4, key))
-                .arg(key)
-                .arg(args.period_end.get())
-                .arg("NX")
-                .ignore();
-        };
-        // Plain `INCR`, not `INCRBY 1` (which `pipe().incr` sends): one
-        // argument less to parse, measurably cheaper for Valkey.
-        pipe.add_command(sized("INCR", 2, &key.counter))
-            .arg(&key.counter);
-        expire_nx(&mut pipe, &key.counter);
-        pipe.add_command(sized("SET", 7, &key.first_seen))
-            .arg(&key.first_seen)
-            .arg(iso8601(args.now))
-            .arg("EXAT")
-            .arg(args.period_end.get())
-            .arg("NX")
-            .ignore()
-            .add_command(sized("EXPIRETIME", 2, &key.counter))
-            .arg(&key.counter);
-        // A grant without expiry was made before this period's first scan:
-        // it ends with the period this count is in (a grant made while the
-        // counter lived has its expiry already; the one this count opened
-        // is `period_end`).
-        expire_nx(&mut pipe, &key.grant);
-        pipe.add_command(sized("GET", 2, &key.grant))
-            .arg(&key.grant);
-        let (used, reset_at, grant): (u64, i64, Option<u64>) = self.send(pipe).await?;
-        Ok(Count {
-            used,
-            reset_at: UnixSecs(reset_at),
-            now: args.now,
-            grant: grant.unwrap_or(0),
-        })
+    async fn count(&self, args: CountArgs<'_>) -> Result<Tally, StoreError> {
+        let mut pipe = redis::Pipeline::with_capacity(6 + 4 * args.levels.len());
+        subject_commands(&mut pipe, args);
+        if args.levels.is_empty() || !self.valkey.is_cluster() {
+            // Standalone: every level rides the subject's round trip, one fate.
+            for level in args.levels {
+                level_commands(&mut pipe, level, args.period_end);
+            }
+            let reply: Vec<Value> = self.send(pipe).await?;
+            let mut counts = reply.chunks_exact(3).map(|c| count_of(c, args.now));
+            let subject = counts.next().ok_or_else(|| unexpected("count"))??;
+            let levels = counts
+                .map(|c| c.map(Lane::Counted))
+                .collect::<Result<_, _>>()?;
+            return Ok(Tally { subject, levels });
+        }
+        // Cluster: each level in a slot of its own, one request per slot,
+        // all sent at once; a level that fails does not fail the scan.
+        let (subject, levels) = futures_util::join!(
+            self.send::<Vec<Value>>(pipe),
+            self.count_levels(args.levels, args.period_end, args.now)
+        );
+        let subject = count_of(&subject?, args.now)?;
+        Ok(Tally { subject, levels })
     }
 
     async fn peek(&self, key: &QuotaKey, _now: UnixSecs) -> Result<Peek, StoreError> {
         let mut pipe = redis::pipe();
-        pipe.cmd("GET")
-            .arg(&key.counter)
-            .cmd("EXPIRETIME")
-            .arg(&key.counter)
-            .cmd("GET")
-            .arg(&key.slot)
-            .cmd("GET")
-            .arg(&key.grant);
-        let (used, reset_at, slot_ms, grant): (Option<u64>, i64, Option<i64>, Option<u64>) =
-            self.send(pipe).await?;
-        Ok(Peek {
-            used: used.unwrap_or(0),
-            // -1: no expiry; -2: no counter.
-            reset_at: used.and(Some(reset_at)).filter(|at| *at >= 0).map(UnixSecs),
-            slot_ms: slot_ms.map(UnixMillis),
-            grant: grant.unwrap_or(0),
-        })
+        peek_commands(&mut pipe, key);
+        peek_of(&self.send::<Vec<Value>>(pipe).await?)
+    }
+
+    async fn peek_levels(&self, keys: &[QuotaKey], now: UnixSecs) -> Result<Vec<Peek>, StoreError> {
+        if self.valkey.is_cluster() {
+            let reads = keys.iter().map(|key| self.peek(key, now));
+            return futures_util::future::try_join_all(reads).await;
+        }
+        let mut pipe = redis::pipe();
+        for key in keys {
+            peek_commands(&mut pipe, key);
+        }
+        let reply: Vec<Value> = self.send(pipe).await?;
+        reply.chunks_exact(4).map(peek_of).collect()
     }
 
     async fn count_keyed(&self, args: CountArgs<'_>, claim: &Claim) -> Result<Claimed, StoreError> {
         let key = args.key;
-        let mut cmd = eval(
-            CLAIM,
-            &[&key.counter, &key.first_seen, &claim.record, &key.grant],
-        );
+        // Standalone, the levels are counted in the claim's script (one
+        // fate); in a cluster they live in other slots.
+        let in_claim = if self.valkey.is_cluster() {
+            &[][..]
+        } else {
+            args.levels
+        };
+        let mut keys = vec![
+            key.counter.as_str(),
+            &key.first_seen,
+            &claim.record,
+            &key.grant,
+        ];
+        keys.extend(in_claim.iter().flat_map(|l| [l.counter.as_str(), &l.grant]));
+        let mut cmd = eval(CLAIM, &keys);
         cmd.arg(args.period_end.get())
             .arg(iso8601(args.now))
             .arg(claim.scan_id.to_string())
@@ -219,37 +271,44 @@ impl QuotaStore for ValkeyStore {
                 let pairs = fields.chunks_exact(2).map(|p| (text(&p[0]), text(&p[1])));
                 Ok(Claimed::Existing(Record::from_pairs(pairs)?))
             }
-            [used, reset_at, grant] => {
-                let count = Count {
-                    used: u64::try_from(int(used)).map_err(|_| unexpected("claim"))?,
-                    reset_at: UnixSecs(int(reset_at)),
-                    now: args.now,
-                    grant: u64::try_from(int(grant)).unwrap_or(0),
-                };
+            [Value::Int(0), ..] | [] => Err(unexpected("claim")),
+            counts => {
+                let mut counts = counts.chunks_exact(3).map(|c| count_of(c, args.now));
+                let subject = counts.next().ok_or_else(|| unexpected("claim"))??;
+                let mut levels = counts
+                    .map(|c| c.map(Lane::Counted))
+                    .collect::<Result<Vec<_>, _>>()?;
                 if self.wait_replicas > 0 {
                     self.replicated().await?;
                 }
-                Ok(Claimed::New(count))
+                if in_claim.is_empty() && !args.levels.is_empty() {
+                    // Cluster: the levels are counted once the claim is new.
+                    levels = self
+                        .count_levels(args.levels, args.period_end, args.now)
+                        .await;
+                }
+                Ok(Claimed::New(Tally { subject, levels }))
             }
-            _ => Err(unexpected("claim")),
         }
     }
 
     async fn pace(&self, args: PaceArgs<'_>) -> Result<Paced, StoreError> {
-        let mut keys = vec![args.key.slot.as_str()];
-        keys.extend(args.record);
-        let mut cmd = eval(PACE, &keys);
-        cmd.arg(args.arrival_ms.get())
-            .arg(args.delay_ms)
-            .arg(args.max_backlog_ms)
-            .arg(args.reset_at.get());
-        let (fits, ms): (i64, i64) = self.send(cmd).await?;
-        let ms = u64::try_from(ms).unwrap_or(0);
-        Ok(if fits == 1 {
-            Paced::Slot { delay_ms: ms }
-        } else {
-            Paced::Full { retry_after_ms: ms }
-        })
+        let levels: Vec<PaceLane<'_>> = args
+            .levels
+            .iter()
+            .filter(|l| l.delay_ms > 0)
+            .copied()
+            .collect();
+        if levels.is_empty() || !self.valkey.is_cluster() {
+            let subject = PaceLane {
+                key: args.key,
+                delay_ms: args.delay_ms,
+                reset_at: args.reset_at,
+            };
+            let lanes: Vec<PaceLane<'_>> = std::iter::once(subject).chain(levels).collect();
+            return self.send(pace_script(&lanes, &args)).await.map(paced);
+        }
+        self.pace_in_cluster(&args, &levels).await
     }
 
     async fn refund(&self, refund: Refund<'_>) -> Result<(), StoreError> {

@@ -7,14 +7,16 @@ use std::sync::{Arc, Mutex};
 
 use quota_gate::meter::Meter;
 use quota_gate::queue::{QueueError, ScanJob, ScanQueue};
-use quota_gate::store::{PaceArgs, QuotaKey};
+use quota_gate::store::{PaceArgs, PaceLane, QuotaKey};
 use quota_gate::unix::{UnixMillis, UnixSecs};
 
 /// A pacing step's [`PaceArgs`], owned: a store wrapper moves it into a
-/// closure or task, then lends it out again with [`OwnedPace::args`].
+/// closure or task, then lends it out again with [`OwnedPace::args`]
+/// (its levels' lines lent by [`OwnedPace::lanes`]).
 #[derive(Debug, Clone)]
 pub struct OwnedPace {
     key: QuotaKey,
+    levels: Vec<(QuotaKey, u64, UnixSecs)>,
     record: Option<String>,
     arrival_ms: UnixMillis,
     delay_ms: u64,
@@ -26,6 +28,11 @@ impl OwnedPace {
     pub fn new(args: &PaceArgs<'_>) -> Self {
         Self {
             key: args.key.clone(),
+            levels: args
+                .levels
+                .iter()
+                .map(|l| (l.key.clone(), l.delay_ms, l.reset_at))
+                .collect(),
             record: args.record.map(str::to_owned),
             arrival_ms: args.arrival_ms,
             delay_ms: args.delay_ms,
@@ -34,9 +41,22 @@ impl OwnedPace {
         }
     }
 
-    pub fn args(&self) -> PaceArgs<'_> {
+    /// The levels' lines, for [`OwnedPace::args`].
+    pub fn lanes(&self) -> Vec<PaceLane<'_>> {
+        self.levels
+            .iter()
+            .map(|(key, delay_ms, reset_at)| PaceLane {
+                key,
+                delay_ms: *delay_ms,
+                reset_at: *reset_at,
+            })
+            .collect()
+    }
+
+    pub fn args<'a>(&'a self, lanes: &'a [PaceLane<'a>]) -> PaceArgs<'a> {
         PaceArgs {
             key: &self.key,
+            levels: lanes,
             record: self.record.as_deref(),
             arrival_ms: self.arrival_ms,
             delay_ms: self.delay_ms,

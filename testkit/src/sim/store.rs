@@ -10,8 +10,8 @@ use std::time::Duration;
 use quota_gate::connection::not_connected;
 use quota_gate::store::memory::MemoryStore;
 use quota_gate::store::{
-    Claim, Claimed, Count, CountArgs, PaceArgs, Paced, QuotaKey, QuotaStore, RecordUpdate, Refund,
-    StoreError, TakeOver,
+    Claim, Claimed, CountArgs, PaceArgs, Paced, QuotaKey, QuotaStore, RecordUpdate, Refund,
+    StoreError, TakeOver, Tally,
 };
 use quota_gate::unix::{UnixMillis, UnixSecs};
 use uuid::Uuid;
@@ -157,14 +157,16 @@ fn note(ledger: &Mutex<Ledger>, record: Option<String>, delta: i64) {
 }
 
 impl QuotaStore for SimStore {
-    async fn count(&self, args: CountArgs<'_>) -> Result<Count, StoreError> {
+    async fn count(&self, args: CountArgs<'_>) -> Result<Tally, StoreError> {
         let (key, period_end, now) = (args.key.clone(), args.period_end, args.now);
+        let levels = args.levels.to_vec();
         self.remember(&key);
         self.call(
             "count",
             move |m, l| {
                 let args = CountArgs {
                     key: &key,
+                    levels: &levels,
                     period_end,
                     now,
                 };
@@ -179,6 +181,7 @@ impl QuotaStore for SimStore {
 
     async fn count_keyed(&self, args: CountArgs<'_>, claim: &Claim) -> Result<Claimed, StoreError> {
         let (key, period_end, now) = (args.key.clone(), args.period_end, args.now);
+        let levels = args.levels.to_vec();
         let claim = claim.clone();
         self.remember(&key);
         self.ledger
@@ -191,6 +194,7 @@ impl QuotaStore for SimStore {
             move |m, l| {
                 let args = CountArgs {
                     key: &key,
+                    levels: &levels,
                     period_end,
                     now,
                 };
@@ -200,7 +204,7 @@ impl QuotaStore for SimStore {
                     l.lock().unwrap().claims.push(Landed {
                         record: claim.record.clone(),
                         scan_id: claim.scan_id,
-                        used: count.used,
+                        used: count.subject.used,
                         received_ms: claim.received_ms,
                     });
                 }
@@ -215,7 +219,7 @@ impl QuotaStore for SimStore {
         let step = crate::OwnedPace::new(&args);
         self.call(
             "pace",
-            move |m, _| ready(m.pace(step.args())).expect("memory store"),
+            move |m, _| ready(m.pace(step.args(&step.lanes()))).expect("memory store"),
             Kind::Other,
         )
         .await

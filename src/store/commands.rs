@@ -1,0 +1,171 @@
+//! The Valkey store's commands and the reading of their replies, with no
+//! I/O: the count's plain commands (the subject's, and each level's), a
+//! pacing step's script call, and a read of a counter.
+
+use redis::Value;
+
+use super::key::QuotaKey;
+use super::quota_store::{CountArgs, PaceArgs, PaceLane, StoreError};
+use crate::connection::{eval, sized_cmd};
+use crate::pace::Paced;
+use crate::record::{Count, Peek};
+use crate::unix::{UnixMillis, UnixSecs};
+
+const PACE: &str = include_str!("pace.lua");
+const UNPACE: &str = include_str!("unpace.lua");
+
+/// The pacing script, for the test that reads every script.
+pub const PACE_SCRIPT: &str = PACE;
+
+pub(super) fn iso8601(at: UnixSecs) -> String {
+    crate::clock::rfc3339(at.get())
+}
+
+pub(super) fn int(v: &Value) -> i64 {
+    match v {
+        Value::Int(n) => *n,
+        Value::BulkString(b) => std::str::from_utf8(b)
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(0),
+        _ => 0,
+    }
+}
+
+pub(super) fn unexpected(what: &str) -> StoreError {
+    StoreError::Backend(format!("unexpected reply to {what}"))
+}
+
+/// Each command sized at once (numbers and words: 48 bytes of room).
+fn sized(name: &str, args: usize, key: &str) -> redis::Cmd {
+    sized_cmd(name, args, key.len() + 48)
+}
+
+/// `EXPIREAT <key> <period end> NX`: an expiry only where there is none.
+fn expire_nx(pipe: &mut redis::Pipeline, key: &str, period_end: UnixSecs) {
+    pipe.add_command(sized("EXPIREAT", 4, key))
+        .arg(key)
+        .arg(period_end.get())
+        .arg("NX")
+        .ignore();
+}
+
+/// The subject's count, answering `[used, expiry, grant]`: `INCR`, its
+/// expiry if it has none, the first-seen key, `EXPIRETIME`, and the grant
+/// (which a grant made before the period's first scan, without an expiry,
+/// gets from this count: a grant made while the counter lived has its
+/// expiry already; the one this count opened is `period_end`).
+pub(super) fn subject_commands(pipe: &mut redis::Pipeline, args: CountArgs<'_>) {
+    let key = args.key;
+    // Plain `INCR`, not `INCRBY 1` (which `pipe().incr` sends): one
+    // argument less to parse, measurably cheaper for Valkey.
+    pipe.add_command(sized("INCR", 2, &key.counter))
+        .arg(&key.counter);
+    expire_nx(pipe, &key.counter, args.period_end);
+    pipe.add_command(sized("SET", 7, &key.first_seen))
+        .arg(&key.first_seen)
+        .arg(iso8601(args.now))
+        .arg("EXAT")
+        .arg(args.period_end.get())
+        .arg("NX")
+        .ignore()
+        .add_command(sized("EXPIRETIME", 2, &key.counter))
+        .arg(&key.counter);
+    expire_nx(pipe, &key.grant, args.period_end);
+    pipe.add_command(sized("GET", 2, &key.grant))
+        .arg(&key.grant);
+}
+
+/// A level's count, answering `[used, expiry, grant]` as the subject's:
+/// `INCR`, its expiry if it has none, `EXPIRETIME` and the grant. No
+/// first-seen key, and a level's grant always has its own expiry
+/// (`grant --network` gives it one), so four commands, three cheap.
+pub(super) fn level_commands(pipe: &mut redis::Pipeline, key: &QuotaKey, period_end: UnixSecs) {
+    pipe.add_command(sized("INCR", 2, &key.counter))
+        .arg(&key.counter);
+    expire_nx(pipe, &key.counter, period_end);
+    pipe.add_command(sized("EXPIRETIME", 2, &key.counter))
+        .arg(&key.counter)
+        .add_command(sized("GET", 2, &key.grant))
+        .arg(&key.grant);
+}
+
+/// One count from its `[used, expiry, grant]` reply, read at `now`.
+pub(super) fn count_of(reply: &[Value], now: UnixSecs) -> Result<Count, StoreError> {
+    match reply {
+        [used, reset_at, grant] => Ok(Count {
+            used: u64::try_from(int(used)).map_err(|_| unexpected("count"))?,
+            reset_at: UnixSecs(int(reset_at)),
+            now,
+            grant: u64::try_from(int(grant)).unwrap_or(0),
+        }),
+        _ => Err(unexpected("count")),
+    }
+}
+
+/// A read of a counter, answering `[used, expiry, slot, grant]`, changing nothing.
+pub(super) fn peek_commands(pipe: &mut redis::Pipeline, key: &QuotaKey) {
+    pipe.cmd("GET")
+        .arg(&key.counter)
+        .cmd("EXPIRETIME")
+        .arg(&key.counter)
+        .cmd("GET")
+        .arg(&key.slot)
+        .cmd("GET")
+        .arg(&key.grant);
+}
+
+/// A read from its `[used, expiry, slot, grant]` reply.
+pub(super) fn peek_of(reply: &[Value]) -> Result<Peek, StoreError> {
+    let [used, reset_at, slot, grant] = reply else {
+        return Err(unexpected("a read"));
+    };
+    let present = |v: &Value| !matches!(v, Value::Nil);
+    let used = present(used).then(|| int(used));
+    Ok(Peek {
+        used: used.map_or(0, |u| u64::try_from(u).unwrap_or(0)),
+        // -1: no expiry; -2: no counter.
+        reset_at: used
+            .and(Some(int(reset_at)))
+            .filter(|at| *at >= 0)
+            .map(UnixSecs),
+        slot_ms: present(slot).then(|| UnixMillis(int(slot))),
+        grant: present(grant)
+            .then(|| int(grant))
+            .map_or(0, |g| u64::try_from(g).unwrap_or(0)),
+    })
+}
+
+/// One pacing step over `lanes` (the first may carry `args.record`), as
+/// `pace.lua` takes it.
+pub(super) fn pace_script(lanes: &[PaceLane<'_>], args: &PaceArgs<'_>) -> redis::Cmd {
+    let mut keys: Vec<&str> = lanes.iter().map(|l| l.key.slot.as_str()).collect();
+    keys.extend(args.record);
+    let mut cmd = eval(PACE, &keys);
+    cmd.arg(lanes.len())
+        .arg(args.arrival_ms.get())
+        .arg(args.max_backlog_ms);
+    for lane in lanes {
+        cmd.arg(lane.delay_ms).arg(lane.reset_at.get());
+    }
+    cmd
+}
+
+/// A pacing step's `{fits, ms[, previous]}` reply.
+pub(super) fn paced(reply: Vec<i64>) -> Paced {
+    let (fits, ms) = (reply.first().copied(), reply.get(1).copied().unwrap_or(0));
+    let ms = u64::try_from(ms).unwrap_or(0);
+    if fits == Some(1) {
+        Paced::Slot { delay_ms: ms }
+    } else {
+        Paced::Full { retry_after_ms: ms }
+    }
+}
+
+/// Gives back a slot a refused scan took on one line (cluster mode, where
+/// the lines are paced apart): only if nobody took a later one since.
+pub(super) fn unpace(slot: &str, taken: i64, previous: i64) -> redis::Cmd {
+    let mut cmd = eval(UNPACE, &[slot]);
+    cmd.arg(taken).arg(previous);
+    cmd
+}
