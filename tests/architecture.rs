@@ -20,7 +20,9 @@ const ALLOWED_CYCLES: &[&[&str]] = &[];
 
 /// The rules: pure functions and types, which import no I/O crate and no
 /// crate module outside [`PURE`].
-const RULES: &[&str] = &["decide", "delay", "outcome", "pace", "record", "settle"];
+const RULES: &[&str] = &[
+    "decide", "delay", "level", "outcome", "pace", "record", "settle",
+];
 
 /// The modules the rules may import: the rules themselves and the
 /// one-word settings they read.
@@ -31,6 +33,7 @@ const PURE: &[&str] = &[
     "delay",
     "outcome",
     "hash_tag",
+    "level",
     "pace",
     "record",
     "settle",

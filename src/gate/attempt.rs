@@ -23,7 +23,7 @@ use crate::meter::{End, Exit, Metered};
 use crate::queue::{ENQUEUE_TIMEOUT, ScanJob};
 use crate::respond::{self, Accepted, Standing};
 use crate::settle::{Metering, Resumed};
-use crate::store::{Claim, Count, Lane, Peek, QuotaKey, Tally, period_end};
+use crate::store::{Claim, Count, Lane, PaceLane, Peek, QuotaKey, Tally, period_end};
 use crate::unix::{UnixMillis, UnixSecs, duration_ms};
 
 /// One HTTP request, as either front end hands it over.
@@ -141,9 +141,37 @@ impl Attempt {
     ) -> impl Iterator<Item = (LevelName, Decision, Count)> + 'a {
         self.level_rules
             .iter()
+            .zip(self.level_decisions_all(lanes))
+            .filter_map(|((name, _), decided)| decided.map(|(d, c)| (*name, d, c)))
+    }
+
+    /// The lines a counted scan waits in above its subject: each counted
+    /// level's, with its own tier delay (none: within its limit).
+    pub fn pace_lanes<'a>(&'a self, lanes: &'a [Lane]) -> Vec<PaceLane<'a>> {
+        self.level_keys
+            .iter()
+            .zip(self.level_decisions_all(lanes))
+            .filter_map(|(key, decided)| {
+                let (decision, count) = decided?;
+                Some(PaceLane {
+                    key,
+                    delay_ms: duration_ms(decision.delay),
+                    reset_at: count.reset_at,
+                })
+            })
+            .collect()
+    }
+
+    /// Each level's decision and count, `None` where its count failed.
+    fn level_decisions_all<'a>(
+        &'a self,
+        lanes: &'a [Lane],
+    ) -> impl Iterator<Item = Option<(Decision, Count)>> + 'a {
+        self.level_rules
+            .iter()
             .zip(lanes)
-            .filter_map(|((name, limits), lane)| match lane {
-                Lane::Counted(c) => Some((*name, decide(c.used, &limits.with_grant(c.grant)), *c)),
+            .map(|((_, limits), lane)| match lane {
+                Lane::Counted(c) => Some((decide(c.used, &limits.with_grant(c.grant)), *c)),
                 Lane::Failed { .. } => None,
             })
     }

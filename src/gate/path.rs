@@ -36,8 +36,7 @@ use crate::settle::{
     on_take_over,
 };
 use crate::store::{
-    Claim, Claimed, CountArgs, Lane, PaceArgs, PaceLane, QuotaStore, Record, StoreError, TakeOver,
-    Tally,
+    Claim, Claimed, CountArgs, PaceArgs, QuotaStore, Record, StoreError, TakeOver, Tally,
 };
 use crate::unix::duration_ms;
 
@@ -323,20 +322,7 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
         };
         // Each line's own tier delay: the subject's, and each level's.
         let subject = decide(count.used, &attempt.limits.with_grant(count.grant));
-        let levels: Vec<PaceLane<'_>> = attempt
-            .level_keys
-            .iter()
-            .zip(&attempt.level_rules)
-            .zip(&scan.lanes)
-            .filter_map(|((key, (_, limits)), lane)| match lane {
-                Lane::Counted(c) => Some(PaceLane {
-                    key,
-                    delay_ms: duration_ms(decide(c.used, &limits.with_grant(c.grant)).delay),
-                    reset_at: c.reset_at,
-                }),
-                Lane::Failed { .. } => None,
-            })
-            .collect();
+        let levels = attempt.pace_lanes(&scan.lanes);
         let args = PaceArgs {
             key: &attempt.key,
             levels: &levels,
