@@ -23,7 +23,8 @@ const ALLOWED_CYCLES: &[&[&str]] = &[];
 const RULES: &[&str] = &["decide", "delay", "outcome", "pace", "record", "settle"];
 
 /// The modules the rules may import: the rules themselves and the
-/// one-word settings they read.
+/// one-word settings they read. The README's ground floor names these
+/// (`tests/docs.rs` checks).
 const PURE: &[&str] = &[
     "breaker",
     "config::words",
