@@ -1,8 +1,11 @@
 //! The one place that maps failures to HTTP.
 //!
 //! Variants are named after what the caller can do about them: fix the
-//! request (4xx) or retry later (503 with `Retry-After`). Bodies are
+//! request (4xx; 408 when its body stopped arriving) or retry later (503
+//! with `Retry-After`). Bodies are
 //! `{"error": "<code>", "detail": "<sentence>"}`.
+
+use std::time::Duration;
 
 use bytes::Bytes;
 use http::{HeaderValue, Response, StatusCode, header};
@@ -25,6 +28,9 @@ pub enum GateError {
     UnsupportedMediaType,
     #[error("the body is larger than 64 KiB")]
     PayloadTooLarge,
+    /// `serve` gave up reading a body that stopped arriving.
+    #[error("the body did not arrive within {} s", after.as_secs())]
+    BodyTimeout { after: Duration },
     /// The body is not a valid scan request; `code` says which rule it broke.
     #[error("{detail}")]
     BadRequest { code: &'static str, detail: String },
@@ -117,6 +123,7 @@ impl GateError {
             Self::MethodNotAllowed | Self::QuotaMethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             Self::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             Self::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+            Self::BodyTimeout { .. } => StatusCode::REQUEST_TIMEOUT,
             Self::BadRequest { .. } => StatusCode::BAD_REQUEST,
             Self::InvalidIdempotencyKey | Self::RepeatedIdempotencyKey { .. } => {
                 StatusCode::BAD_REQUEST
@@ -139,6 +146,7 @@ impl GateError {
             Self::MethodNotAllowed | Self::QuotaMethodNotAllowed => "method_not_allowed",
             Self::UnsupportedMediaType => "unsupported_media_type",
             Self::PayloadTooLarge => "payload_too_large",
+            Self::BodyTimeout { .. } => "request_timeout",
             Self::BadRequest { code, .. } => code,
             Self::InvalidIdempotencyKey | Self::RepeatedIdempotencyKey { .. } => {
                 "invalid_idempotency_key"
@@ -265,5 +273,21 @@ mod tests {
 
         let r = GateError::MethodNotAllowed.to_response();
         assert_eq!(r.headers()[header::ALLOW], "POST");
+    }
+
+    /// A body that stopped arriving is 408 `request_timeout`, saying how long `serve` waited.
+    #[test]
+    fn body_timeout() {
+        let after = Duration::from_secs(10);
+        let r = GateError::BodyTimeout { after }.to_response();
+        let body: serde_json::Value = serde_json::from_slice(r.body()).unwrap();
+        assert_eq!(
+            (r.status().as_u16(), &body["error"], &body["detail"]),
+            (
+                408,
+                &"request_timeout".into(),
+                &"the body did not arrive within 10 s".into()
+            )
+        );
     }
 }

@@ -1,7 +1,7 @@
 //! The docs cannot go stale: their examples are run and compared with what the
 //! program prints, and the lists they repeat are checked against the one place
-//! each is defined (the template, the alert rules, `meter/catalogue.rs`, a real Valkey's
-//! keys, the lock file).
+//! each is defined (the template, the alert rules, `meter/catalogue.rs`,
+//! `tests/architecture.rs`'s pure modules, a real Valkey's keys, the lock file).
 
 use quota_gate_testkit as common;
 
@@ -352,6 +352,35 @@ fn metrics_table_is_the_meters() {
         .into_iter()
         .collect();
     assert_eq!(table, metrics);
+}
+
+/// The README's ground floor is `tests/architecture.rs`'s `PURE`: the modules
+/// the house's description puts there are the ones held to it.
+#[test]
+fn ground_floor_is_the_pure_list() {
+    let readme = read("README.md");
+    let floor = between(&readme, "On the ground floor", "they import no I/O crate");
+    let described: BTreeSet<String> = floor
+        .split('`')
+        .skip(1)
+        .step_by(2)
+        .filter_map(|name| name.strip_suffix(".rs"))
+        .map(|path| path.replace('/', "::"))
+        .collect();
+    let architecture = read("tests/architecture.rs");
+    let pure: BTreeSet<String> = between(&architecture, "const PURE: &[&str] = &[", "];")
+        .split('"')
+        .skip(1)
+        .step_by(2)
+        .map(str::to_owned)
+        .collect();
+    let only_readme: Vec<_> = described.difference(&pure).collect();
+    let only_pure: Vec<_> = pure.difference(&described).collect();
+    assert!(
+        only_readme.is_empty() && only_pure.is_empty(),
+        "the README's ground floor is not tests/architecture.rs's PURE: \
+         only in the README {only_readme:?}, only in PURE {only_pure:?}"
+    );
 }
 
 /// A subject's keys in a real Valkey (a keyed, paced, over-quota scan and a

@@ -372,6 +372,8 @@ fn stalled_body_gets_408() {
     eprintln!("stalled body answered after {took:?}");
     assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
     assert!(answer.contains("request_timeout"), "{answer}");
+    assert!(answer.contains("within 10 s"), "{answer}");
+    assert!(answer.contains("connection: close"), "{answer}");
     assert!(took >= Duration::from_secs(9) && took < Duration::from_secs(13));
     let first = http(addr, &post_scan(r#"{"image":"a"}"#));
     assert!(first.contains("x-stella-quota-remaining: 32"), "{first}");

@@ -12,7 +12,6 @@
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::Duration;
 
 use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, Method, Request, Response, StatusCode, header};
@@ -78,7 +77,10 @@ impl<S: QuotaStore, Q: ScanQueue> Routes<S, Q> {
         let body = match tokio::time::timeout(self.limits.body_read_timeout, limited).await {
             Ok(Ok(collected)) => collected.to_bytes(),
             Ok(Err(e)) => return Ok(closing(unreadable_body(&*e).to_response())),
-            Err(_) => return Ok(request_timeout(self.limits.body_read_timeout)),
+            Err(_) => {
+                let after = self.limits.body_read_timeout;
+                return Ok(closing(GateError::BodyTimeout { after }.to_response()));
+            }
         };
         let request = GateRequest {
             method: parts.method,
@@ -161,26 +163,10 @@ fn content_length(headers: &HeaderMap) -> Option<u64> {
         .ok()
 }
 
-/// The gate's response, with `Connection: close`: the body was not read, so
-/// the connection cannot carry another request.
+/// The gate's response, with `Connection: close`: the body was not read to
+/// its end, so the connection cannot carry another request.
 fn closing(response: Response<Bytes>) -> Response<Full<Bytes>> {
     let mut response = response.map(Full::new);
-    response
-        .headers_mut()
-        .insert(header::CONNECTION, HeaderValue::from_static("close"));
-    response
-}
-
-fn request_timeout(after: Duration) -> Response<Full<Bytes>> {
-    let body = serde_json::json!({
-        "error": "request_timeout",
-        "detail": format!("the body did not arrive within {} s", after.as_secs()),
-    });
-    let mut response = text(
-        StatusCode::REQUEST_TIMEOUT,
-        "application/json",
-        body.to_string(),
-    );
     response
         .headers_mut()
         .insert(header::CONNECTION, HeaderValue::from_static("close"));
