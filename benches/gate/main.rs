@@ -480,6 +480,17 @@ fn run(settings: &Settings) -> Result<Vec<String>, String> {
             );
         }
     }
+    match runtime.block_on(levels_on_off(&url, plan)) {
+        Ok((on, off)) => targets.check_min(
+            "gate in process, IP: default QUOTA_NETWORKS / QUOTA_NETWORKS=off",
+            on / off,
+            0.85,
+            &format!(
+                "≥ 0.85; medians of 3 interleaved rounds, {on:.0}/s with levels over {off:.0}/s without"
+            ),
+        ),
+        Err(e) => failures.push(format!("levels on/off: {e}")),
+    }
     match process::start_times(&url, settings.start_runs) {
         Ok(mut times) => {
             times.sort_by_key(|t| t.1);
@@ -713,6 +724,36 @@ async fn in_process(
     Ok(())
 }
 
+/// The gate in process with the default levels and with `QUOTA_NETWORKS=off`,
+/// three rounds each, interleaved (on, off, on, off, …) so a slow phase of
+/// the machine weighs on both: the median throughput of each.
+async fn levels_on_off(url: &str, plan: Plan) -> Result<(f64, f64), String> {
+    let on = Arc::new(valkey_gate(url)?);
+    let off = Arc::new(valkey_gate_with(url, &[("QUOTA_NETWORKS", "off")])?);
+    let requests = Arc::new(ip_requests(plan.concurrency));
+    let (mut with, mut without) = (Vec::new(), Vec::new());
+    for _ in 0..3 {
+        for (gate, into) in [(&on, &mut with), (&off, &mut without)] {
+            clear_stream(url).await;
+            let (gate, requests) = (gate.clone(), requests.clone());
+            let stats = closed_loop(plan, move |task, _| {
+                let (gate, request) = (gate.clone(), requests[task].clone());
+                async move { accepted(gate.handle(request).await) }
+            })
+            .await;
+            if stats.errors > 0 {
+                return Err(stats.first_error.unwrap_or_default());
+            }
+            into.push(stats.per_sec);
+        }
+    }
+    let median = |v: &mut Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    Ok((median(&mut with), median(&mut without)))
+}
+
 /// Ok for a 202, else the status and body.
 fn accepted(response: ::http::Response<bytes::Bytes>) -> Result<(), String> {
     match response.status().as_u16() {
@@ -783,14 +824,20 @@ fn profile_child(n: u64) -> Result<(), String> {
 /// The gate as `quota-gate serve` builds it for this server: Valkey store,
 /// Valkey stream queue, delays zero, the test JWKS, EMF lines to a sink.
 fn valkey_gate(url: &str) -> Result<ValkeyGate, String> {
+    valkey_gate_with(url, &[])
+}
+
+/// The same with `extra` settings (later entries win).
+fn valkey_gate_with(url: &str, extra: &[(&str, &str)]) -> Result<ValkeyGate, String> {
     let jwks = common::fixture("jwks.json");
-    let config = common::config(&[
+    let base = [
         ("VALKEY_URL", url),
         ("SCAN_QUEUE_URL", "valkey-stream:jobs"),
         ("QUOTA_SOFT_DELAY_MS", "0"),
         ("QUOTA_HARD_DELAY_MS", "0"),
         ("QUOTA_JWT_JWKS", &jwks),
-    ]);
+    ];
+    let config = common::config(&common::with_vars(&base, extra));
     let valkey = Valkey::new(url, false, config.store.timeout).map_err(|e| e.to_string())?;
     sink_gate(
         config,
