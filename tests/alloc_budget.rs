@@ -48,12 +48,15 @@ unsafe impl GlobalAlloc for Counting {
 #[global_allocator]
 static ALLOCATOR: Counting = Counting;
 
-/// Allocations per within-quota scan, at most: 36 measured on 2026-12-02
-/// (37 before the job carried the body's JSON text instead of a parsed map;
+/// Allocations per within-quota scan, at most: 47 measured on 2026-12-02
+/// with the default network level (an IPv4 scan is counted at its /24: the
+/// level's material and digest, its counter, slot and grant keys, and the
+/// lists of levels the identity, the attempt and the count's answer carry,
+/// 11 in all); 36 before the levels (37 before the job carried the body's JSON text instead of a parsed map;
 /// the same on every run; 48 before the job took the request body instead
 /// of a copy of it, 45 before keys, headers and JSON buffers were built at
 /// their size at once), and 1 of room for a dependency's update.
-const BUDGET: u64 = 38;
+const BUDGET: u64 = 48;
 
 /// Requests measured after the warm-up.
 const MEASURED: u64 = 500;
@@ -97,14 +100,16 @@ async fn within_quota_scan_stays_in_its_allocation_budget() {
 
 /// The most bytes the future of one request through `serve`'s gate (the
 /// store and queue `serve` builds, [`AnyStore`] and [`AnyQueue`]) may take:
-/// 3,536 measured on 2026-12-02 in this (debug) build (3,456 before a command
+/// 3,864 measured on 2026-12-02 in this (debug) build with the levels above
+/// the subject (the attempt holds their keys and rules, the count's answer
+/// and the scan their counts; 3,536 before them; 3,456 before a command
 /// refused by a closed connection could be sent again), with a little room.
 /// `serve` moves that future whole into a task of its own per scan, so its
 /// size is copied on every request: the rare paths (`GET /quota`, exempt
 /// scans, repeats, store failures, pacing, settlements) and SQS's send are
 /// boxed to keep them out of it (9,168 bytes before they were). A change
 /// that needs more must say why here.
-const FUTURE_BUDGET: usize = 3_600;
+const FUTURE_BUDGET: usize = 3_900;
 
 /// A request's future stays within [`FUTURE_BUDGET`].
 #[tokio::test(flavor = "current_thread")]

@@ -34,21 +34,26 @@ pub struct QuotaKey {
 impl QuotaKey {
     /// Built once per request, by concatenation (no `format!`).
     pub fn new(scope: Scope, digest: &Digest) -> Self {
-        Self::named(scope.as_str(), digest)
+        Self::named(scope.as_str(), digest, true)
     }
 
     /// The keys of a level above the subject (a network, or the anonymous
     /// budget): `quota:net:{<digest>}`, its slot and its grant, in a slot
     /// of their own in a cluster.
     pub fn level(digest: &Digest) -> Self {
-        Self::named("net", digest)
+        Self::named("net", digest, false)
     }
 
-    fn named(kind: &str, digest: &Digest) -> Self {
+    /// A level has no first-seen key (one allocation less per level).
+    fn named(kind: &str, digest: &Digest, first_seen: bool) -> Self {
         let counter = ["quota:", kind, ":{", digest.as_str(), "}"].concat();
         let beside = |suffix: &str| [counter.as_str(), suffix].concat();
         Self {
-            first_seen: beside(":ts"),
+            first_seen: if first_seen {
+                beside(":ts")
+            } else {
+                String::new()
+            },
             slot: beside(":slot"),
             grant: beside(":grant"),
             counter,
