@@ -413,6 +413,12 @@ async fn key_tables_are_what_valkey_holds() {
         .trim_start_matches("quota:ip:{")
         .trim_end_matches('}')
         .to_owned();
+    // The network levels' keys have digests of their own (a table of
+    // their own rows, checked for below).
+    let (nets, found): (Vec<String>, Vec<String>) =
+        found.into_iter().partition(|k| k.starts_with("quota:net:{"));
+    assert!(!nets.is_empty(), "the default level counts the /24");
+    assert!(read("README.md").contains("| `quota:net:{<digest>}` |"));
     let shapes: BTreeSet<String> = found
         .iter()
         .map(|k| {

@@ -48,7 +48,8 @@ async fn utc_day_ttl_and_first_seen() {
     let (server_now, _): (i64, i64) = redis::cmd("TIME").query_async(&mut c).await.unwrap();
     let to_midnight = 86_400 - server_now.rem_euclid(86_400);
     let keys: Vec<String> = c.keys("quota:*").await.unwrap();
-    assert_eq!(keys.len(), 2, "{keys:?}");
+    // The counter, its first-seen key, and the /24's counter.
+    assert_eq!(keys.len(), 3, "{keys:?}");
     for key in &keys {
         let ttl: i64 = c.ttl(key).await.unwrap();
         assert!(
@@ -56,7 +57,8 @@ async fn utc_day_ttl_and_first_seen() {
             "{key}: ttl {ttl}, {to_midnight} s to midnight"
         );
         assert!(
-            key.starts_with("quota:ip:{") && (key.ends_with('}') || key.ends_with("}:ts")),
+            (key.starts_with("quota:ip:{") || key.starts_with("quota:net:{"))
+                && (key.ends_with('}') || key.ends_with("}:ts")),
             "{key}"
         );
     }
