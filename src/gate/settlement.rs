@@ -160,7 +160,8 @@ fn settle_by(attempt: &Attempt, now: Instant) -> Instant {
 ///     it, so a repeat finds none and takes nothing (a retry's new claim
 ///     has a new scanId).
 ///   - An unkeyed refund is a bare `DECR`: sent again after one that ran,
-///     it would take back a scan never refunded. Not repeated.
+///     it would take back a second count, one this scan never made. Not
+///     repeated.
 /// - Refused by the store ([`StoreError::Backend`]): final.
 fn may_repeat(settlement: Settlement, keyed: bool, error: &StoreError) -> bool {
     match error {
