@@ -496,3 +496,24 @@ fn first_screen_has_the_two_commands() {
     assert_eq!(commands, ["cargo run -- serve", "scripts/test"]);
     assert!(read(".ci/run").contains("scripts/test"));
 }
+
+/// The lines of the markdown table whose header line starts with `header`,
+/// the header and its rule included.
+fn table<'a>(doc: &'a str, header: &str) -> Vec<&'a str> {
+    let from = doc.find(header).unwrap_or_else(|| panic!("{header:?}"));
+    doc[from..]
+        .lines()
+        .take_while(|l| l.starts_with('|'))
+        .collect()
+}
+
+/// The README's table of what `VALKEY_WAIT_REPLICAS` costs in a failover is
+/// docs/production.md's, row for row (the figures the failover tests assert).
+#[test]
+fn readme_failover_costs_are_production_mds() {
+    let header = "| `VALKEY_WAIT_REPLICAS` | jobs on |";
+    let (readme, production) = (read("README.md"), read("docs/production.md"));
+    let rows = table(&readme, header);
+    assert_eq!(rows.len(), 6, "{rows:#?}");
+    assert_eq!(rows, table(&production, header));
+}
