@@ -415,8 +415,9 @@ async fn key_tables_are_what_valkey_holds() {
         .to_owned();
     // The network levels' keys have digests of their own (a table of
     // their own rows, checked for below).
-    let (nets, found): (Vec<String>, Vec<String>) =
-        found.into_iter().partition(|k| k.starts_with("quota:net:{"));
+    let (nets, found): (Vec<String>, Vec<String>) = found
+        .into_iter()
+        .partition(|k| k.starts_with("quota:net:{"));
     assert!(!nets.is_empty(), "the default level counts the /24");
     assert!(read("README.md").contains("| `quota:net:{<digest>}` |"));
     let shapes: BTreeSet<String> = found
@@ -445,8 +446,9 @@ async fn key_tables_are_what_valkey_holds() {
     }
     let removal = change::reset(&store, &who).await.unwrap();
     assert_eq!(removal.removed as usize, found.len());
+    // `reset` removes the subject's keys; its network's stay.
     let left: Vec<String> = c.keys("quota:*").await.unwrap();
-    assert!(left.is_empty(), "{left:?}");
+    assert_eq!(left, nets, "{left:?}");
 }
 
 /// Cargo.toml's `rust-version` is the newest one the locked dependencies
@@ -530,4 +532,25 @@ fn first_screen_has_the_two_commands() {
         .collect();
     assert_eq!(commands, ["cargo run -- serve", "scripts/test"]);
     assert!(read(".ci/run").contains("scripts/test"));
+}
+
+/// The lines of the markdown table whose header line starts with `header`,
+/// the header and its rule included.
+fn table<'a>(doc: &'a str, header: &str) -> Vec<&'a str> {
+    let from = doc.find(header).unwrap_or_else(|| panic!("{header:?}"));
+    doc[from..]
+        .lines()
+        .take_while(|l| l.starts_with('|'))
+        .collect()
+}
+
+/// The README's table of what `VALKEY_WAIT_REPLICAS` costs in a failover is
+/// docs/production.md's, row for row (the figures the failover tests assert).
+#[test]
+fn readme_failover_costs_are_production_mds() {
+    let header = "| `VALKEY_WAIT_REPLICAS` | jobs on |";
+    let (readme, production) = (read("README.md"), read("docs/production.md"));
+    let rows = table(&readme, header);
+    assert_eq!(rows.len(), 6, "{rows:#?}");
+    assert_eq!(rows, table(&production, header));
 }

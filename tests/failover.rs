@@ -19,10 +19,12 @@ use quota_gate_testkit as common;
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
+use tokio::time::Instant;
+
 use common::proxy::Proxy;
 use common::*;
 use quota_gate::connection::Valkey;
-use quota_gate::gate::{Gate, GateRequest};
+use quota_gate::gate::{ENQUEUE_TIMEOUT, Gate, GateRequest};
 use quota_gate::meter::Meter;
 use quota_gate::queue::stream::StreamQueue;
 use quota_gate::store::valkey::ValkeyStore;
@@ -49,6 +51,17 @@ struct Loss {
 /// A gate counting through `store_url`; its jobs go to a stream on `queue`,
 /// or on the store itself.
 fn gate(store_url: &str, queue: Option<&ValkeyServer>, wait: u32) -> FailoverGate {
+    // A short lease, so a retry takes over an abandoned attempt soon.
+    gate_within(store_url, queue, wait, "3000")
+}
+
+/// [`gate`], its answers (and leases) bound by `gateway_ms`.
+fn gate_within(
+    store_url: &str,
+    queue: Option<&ValkeyServer>,
+    wait: u32,
+    gateway_ms: &str,
+) -> FailoverGate {
     let wait = wait.to_string();
     let config = config(&[
         ("VALKEY_URL", store_url),
@@ -58,8 +71,7 @@ fn gate(store_url: &str, queue: Option<&ValkeyServer>, wait: u32) -> FailoverGat
         ("QUOTA_PACING", "off"),
         ("QUOTA_BREAKER_FAILURES", "0"),
         ("QUOTA_STORE_TIMEOUT_MS", "300"),
-        // A short lease, so a retry takes over an abandoned attempt soon.
-        ("QUOTA_GATEWAY_TIMEOUT_MS", "3000"),
+        ("QUOTA_GATEWAY_TIMEOUT_MS", gateway_ms),
     ]);
     let store = Valkey::from_config(&config).unwrap().unwrap();
     let wait = config.store.valkey.as_ref().unwrap().wait_replicas;
@@ -269,6 +281,72 @@ async fn failover_of_the_stream_loses_the_lags_unkeyed_scans() {
             }
         );
     }
+}
+
+/// A keyed scan whose settlement fails at a failover is settled once the
+/// endpoint moves, within its attempt's deadline, so its retry goes on at
+/// once rather than meeting 409 until the lease (29 s) runs out. The job's
+/// queue hangs, so the enqueue times out and the lease is to be released;
+/// the primary is dead when the release goes out, and the replica is
+/// promoted a second later. (Before the settlement was retried, the retry
+/// met 409 for 24 s.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_settlement_failed_at_a_failover_is_retried_within_the_deadline() {
+    let primary = ValkeyServer::start();
+    let replica = ValkeyServer::replica_of(primary.addr()).await;
+    let queue = ValkeyServer::start();
+    let proxy = Proxy::start(primary.addr()).await;
+    // The claim reaches the replica before the scan goes on (`WAIT 1`).
+    let gate = gate_within(&proxy.url(), Some(&queue), 1, "29000");
+    // Both connections up first, so the enqueue is sent and hangs.
+    assert_eq!(gate.handle(scan("settle", 1, false)).await.status(), 202);
+    let keyed = scan("settle", 0, true);
+    queue.signal("STOP");
+    let started = Instant::now();
+    let failover = async {
+        // Mid-enqueue, the primary dies; the endpoint moves a second after
+        // the enqueue gives up (ENQUEUE_TIMEOUT), and the queue wakes.
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        primary.signal("KILL");
+        tokio::time::sleep(ENQUEUE_TIMEOUT).await;
+        replica.promote().await;
+        proxy.switch(replica.addr());
+        queue.signal("CONT");
+    };
+    let attempt = async {
+        let r = gate.handle(keyed.clone()).await;
+        (r, started.elapsed())
+    };
+    let ((first, answered), ()) = tokio::join!(attempt, failover);
+    assert_eq!(first.status(), 503, "{:?}", first.body());
+    assert_eq!(
+        json(&first)["queued"],
+        "unknown",
+        "{:?} after {answered:?}",
+        json(&first)
+    );
+    // The client retries: its retry takes the released scan over at once.
+    let mut statuses = Vec::new();
+    let accepted = loop {
+        let r = gate.handle(keyed.clone()).await;
+        statuses.push(r.status().as_u16());
+        if r.status() == 202 {
+            break json(&r);
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(12),
+            "no 202 within 12 s of a 29 s lease (first answer after {answered:?}): {statuses:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    };
+    println!(
+        "settlement at a failover: first answer after {answered:?}, 202 after {:?}, {statuses:?}",
+        started.elapsed()
+    );
+    // One job: the hung enqueue landed, and the retry's was deduplicated.
+    let jobs = stream_jobs(&queue, "jobs").await;
+    let ids: Vec<_> = jobs.iter().map(|j| j["scanId"].clone()).skip(1).collect();
+    assert_eq!(ids, [accepted["scanId"].clone()]);
 }
 
 /// `WAIT` names no key, so a cluster cannot take the remedy: refused at start, naming the variable.

@@ -1,11 +1,15 @@
 //! The writes that follow a scan's end: a failure's [`Settlement`] carried
-//! out, and a keyed scan's answer saved for its repeats. Both are sent
-//! behind everything the attempt sent before, on the same connection.
-//! Here too the one answer to a failed enqueue ([`queue_failed`]), for
-//! counted and exempt scans alike.
+//! out (and retried while that is safe, see [`Gate::apply`]), and a keyed
+//! scan's answer saved for its repeats. Both are sent behind everything the
+//! attempt sent before, on the same connection while it lives. Here too the
+//! one answer to a failed enqueue ([`queue_failed`]), for counted and
+//! exempt scans alike.
+
+use std::time::Duration;
 
 use bytes::Bytes;
 use http::Response;
+use tokio::time::{Instant, timeout_at};
 use uuid::Uuid;
 
 use super::attempt::Attempt;
@@ -14,16 +18,25 @@ use crate::bugs::{self, Bug};
 use crate::error::{GateError, Queued};
 use crate::queue::ScanQueue;
 use crate::settle::{Failure, Metering, Settlement, level_refund, levels_refunded, settle};
-use crate::store::{Claim, Lane, QuotaStore, RecordField, RecordState, RecordUpdate, Refund};
+use crate::store::{
+    Claim, Lane, QuotaStore, RecordField, RecordState, RecordUpdate, Refund, StoreError,
+};
 use crate::unix::UnixSecs;
 
+/// The longest a failed settlement is retried (less when the answer's
+/// deadline is nearer): the client waits for its answer meanwhile, and a
+/// failover that has not moved the endpoint by then will not soon.
+pub(super) const SETTLE_WITHIN: Duration = Duration::from_secs(5);
+
+/// The wait before the first retry of a settlement, doubling up to
+/// [`RETRY_MOST`]. Each try itself waits up to the store timeout for a
+/// connection, so these only space out tries that fail at once.
+const RETRY_FIRST: Duration = Duration::from_millis(50);
+const RETRY_MOST: Duration = Duration::from_millis(500);
+
 impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
-    /// Carries out a [`Settlement`]. A refund that fails leaves the subject
-    /// one scan short for the day (logged, not retried: the client got a
-    /// 503 either way); a release that fails makes the retry wait out the
-    /// lease.
-    ///
-    /// The rule is [`settle`]'s for the subject and [`levels_refunded`]'s
+    /// Settles a failed scan: the subject's [`Settlement`] (retried while
+    /// that is safe, [`Self::settle_subject`]), then its levels. The rule is [`settle`]'s for the subject and [`levels_refunded`]'s
     /// for the levels above it: each level's count (`lanes`, in the
     /// attempt's order) is taken back from its own period
     /// ([`level_refund`]), behind the subject's.
@@ -62,10 +75,58 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
         }
     }
 
-    /// Carries out the subject's [`Settlement`].
+    /// Carries out the subject's [`Settlement`], and tries again while a failure says
+    /// it did not happen (or that doing it twice changes nothing), until it
+    /// lands or [`settle_by`] passes: a failover that cost the first try
+    /// its connection costs the retry nothing, and a release that lands
+    /// frees the lease before the client's retry, not 29 s later.
+    ///
+    /// Each try is sent by the store, which waits for a fresh connection
+    /// when the last one broke (the connector's); a try whose answer never
+    /// came on a live but hung connection is not cut off, and the next one
+    /// queues behind it. A retry on a fresh connection is no longer ordered
+    /// behind what the attempt sent before: only what [`may_repeat`] allows
+    /// is sent again. A settlement still short at the end is logged: a
+    /// refund that fails leaves the subject one scan short for the day (the
+    /// client got a 503 either way); a release that fails makes the retry
+    /// wait out the lease.
     async fn settle_subject(&self, attempt: &Attempt, scan_id: Uuid, settlement: Settlement) {
-        let done = match (settlement, &attempt.claim) {
-            (Settlement::Nothing, _) | (Settlement::Release, None) => return,
+        if matches!(
+            (settlement, &attempt.claim),
+            (Settlement::Nothing, _) | (Settlement::Release, None)
+        ) {
+            return;
+        }
+        let until = settle_by(attempt, Instant::now());
+        let (mut backoff, mut tries) = (RETRY_FIRST, 0u32);
+        let error = loop {
+            tries += 1;
+            let sent = timeout_at(until, self.settle_once(attempt, scan_id, settlement)).await;
+            let e = match sent {
+                Ok(Ok(())) => return,
+                Ok(Err(e)) => e,
+                Err(_) => StoreError::Unanswered,
+            };
+            let left = until.saturating_duration_since(Instant::now());
+            if !may_repeat(settlement, attempt.keyed(), &e) || left <= backoff {
+                break e;
+            }
+            tracing::debug!(error = %e, ?settlement, tries, "settling a failed scan again");
+            tokio::time::sleep(backoff).await;
+            backoff = (backoff * 2).min(RETRY_MOST);
+        };
+        tracing::warn!(error = %error, ?settlement, tries, "could not settle a failed scan");
+    }
+
+    /// One try at `settlement` (neither `Nothing` nor a release unclaimed).
+    async fn settle_once(
+        &self,
+        attempt: &Attempt,
+        scan_id: Uuid,
+        settlement: Settlement,
+    ) -> Result<(), StoreError> {
+        match (settlement, &attempt.claim) {
+            (Settlement::Nothing, _) | (Settlement::Release, None) => Ok(()),
             (Settlement::Refund { period_end }, claim) => {
                 let refund = Refund {
                     key: &attempt.key,
@@ -80,9 +141,6 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
                     .release(&claim.record, scan_id, attempt.now())
                     .await
             }
-        };
-        if let Err(e) = done {
-            tracing::warn!(error = %e, ?settlement, "could not settle a failed scan");
         }
     }
 
@@ -122,4 +180,80 @@ pub(super) fn queue_failed(failure: Failure) -> GateError {
         Failure::QueueUnknown | Failure::Store { .. } | Failure::BacklogFull => Queued::Unknown,
     };
     GateError::QueueFailed { queued }
+}
+
+/// When a failed settlement stops being retried: [`SETTLE_WITHIN`] from
+/// `now`, and never past the answer's deadline (a lease ends there anyway,
+/// and an answer later than it is one the client no longer waits for).
+fn settle_by(attempt: &Attempt, now: Instant) -> Instant {
+    (attempt.started + attempt.ceiling).min(now + SETTLE_WITHIN)
+}
+
+/// Whether a settlement that failed with `error` may be sent again.
+///
+/// - Never sent ([`StoreError::NotSent`], [`StoreError::CircuitOpen`]): it
+///   did not happen, so any settlement may be sent again.
+/// - Sent, unanswered: it may have run, so only what is safe twice.
+///   - A release only sets a pending record's lease to 0 while the record
+///     names the scan (`release.lua`): twice is once. (A repeat that lands
+///     after a concurrent retry took the scan over frees that lease too, as
+///     a late first try would; the scan's job is queued once per scanId.)
+///   - A keyed refund is guarded by its record: it takes the count back
+///     only while the record names the scan, and deletes the record with
+///     it, so a repeat finds none and takes nothing (a retry's new claim
+///     has a new scanId).
+///   - An unkeyed refund is a bare `DECR`: sent again after one that ran,
+///     it would take back a second count, one this scan never made. Not
+///     repeated.
+/// - Refused by the store ([`StoreError::Backend`]): final.
+fn may_repeat(settlement: Settlement, keyed: bool, error: &StoreError) -> bool {
+    match error {
+        StoreError::NotSent(_) | StoreError::CircuitOpen => true,
+        StoreError::Unanswered => match settlement {
+            Settlement::Release => true,
+            Settlement::Refund { .. } => keyed,
+            Settlement::Nothing => false,
+        },
+        StoreError::Backend(_) => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What is sent again after each failure: anything never sent; after
+    /// no answer, a release and a keyed refund (safe twice), never an
+    /// unkeyed refund; nothing the store refused.
+    #[test]
+    fn what_may_be_sent_again() {
+        let refund = Settlement::Refund {
+            period_end: UnixSecs(0),
+        };
+        let not_sent = StoreError::NotSent("down".into());
+        let refused = StoreError::Backend("ERR".into());
+        let unanswered = StoreError::Unanswered;
+        let open = StoreError::CircuitOpen;
+        let table = [
+            (Settlement::Release, true, &not_sent, true),
+            (Settlement::Release, true, &open, true),
+            (Settlement::Release, true, &unanswered, true),
+            (Settlement::Release, true, &refused, false),
+            (refund, true, &not_sent, true),
+            (refund, true, &unanswered, true),
+            (refund, true, &refused, false),
+            (refund, false, &not_sent, true),
+            (refund, false, &open, true),
+            (refund, false, &unanswered, false),
+            (refund, false, &refused, false),
+            (Settlement::Nothing, false, &unanswered, false),
+        ];
+        for (settlement, keyed, error, again) in table {
+            assert_eq!(
+                may_repeat(settlement, keyed, error),
+                again,
+                "{settlement:?}, keyed {keyed}, {error:?}"
+            );
+        }
+    }
 }
