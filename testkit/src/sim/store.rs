@@ -10,7 +10,7 @@ use std::time::Duration;
 use quota_gate::connection::not_connected;
 use quota_gate::store::memory::MemoryStore;
 use quota_gate::store::{
-    Claim, Claimed, CountArgs, PaceArgs, Paced, QuotaKey, QuotaStore, RecordUpdate, Refund,
+    Claim, Claimed, CountArgs, Lane, PaceArgs, Paced, QuotaKey, QuotaStore, RecordUpdate, Refund,
     StoreError, TakeOver, Tally,
 };
 use quota_gate::unix::{UnixMillis, UnixSecs};
@@ -29,11 +29,24 @@ pub struct Landed {
 
 /// What the ledger notes of a command that never runs.
 enum Kind {
-    /// An unkeyed count.
-    Count,
-    /// A refund, of a record's claim or unkeyed.
-    Refund(Option<String>),
+    /// A count, unkeyed (`keyed: false`) or a claim's, with the counter
+    /// keys of the levels it carries.
+    Count {
+        keyed: bool,
+        levels: Vec<String>,
+    },
+    /// A refund of a counter: of a record's claim, or unkeyed (`None`, as
+    /// a level's refund always is).
+    Refund {
+        record: Option<String>,
+        key: String,
+    },
     Other,
+}
+
+/// Whether `counter` is a level's (a network's, or the anonymous budget's).
+pub fn is_level(counter: &str) -> bool {
+    counter.starts_with("quota:net:")
 }
 
 /// What landed, as the checks need it.
@@ -52,6 +65,14 @@ pub struct Ledger {
     pub fingerprints: HashMap<String, String>,
     /// Every subject's counter key.
     pub counters: Vec<QuotaKey>,
+    /// Counter changes by counter key, the subjects' and the levels'.
+    pub by_key: HashMap<String, i64>,
+    /// Level refunds sent that will never land, by the level's counter key.
+    pub level_refunds_lost: HashMap<String, i64>,
+    /// Counts (keyed or not) sent and never run, by each level's counter
+    /// key they carried: the level refund behind each may take back a count
+    /// it did not add.
+    pub level_counts_lost: HashMap<String, i64>,
 }
 
 /// The store one gate sees: its own connection, the shared state.
@@ -86,7 +107,16 @@ impl SimStore {
             Fate::NotSent(_) | Fate::Refused | Fate::Unanswered(Land::Never)
         );
         match (kind, fate) {
-            (Kind::Refund(record), _) if lost => {
+            (Kind::Refund { key, .. }, _) if lost && is_level(&key) => {
+                *self
+                    .ledger
+                    .lock()
+                    .unwrap()
+                    .level_refunds_lost
+                    .entry(key)
+                    .or_default() += 1;
+            }
+            (Kind::Refund { record, .. }, _) if lost => {
                 *self
                     .ledger
                     .lock()
@@ -95,8 +125,14 @@ impl SimStore {
                     .entry(record)
                     .or_default() += 1;
             }
-            (Kind::Count, Fate::Unanswered(Land::Never)) => {
-                self.ledger.lock().unwrap().counts_lost += 1;
+            (Kind::Count { keyed, levels }, Fate::Unanswered(Land::Never)) => {
+                let mut ledger = self.ledger.lock().unwrap();
+                if !keyed {
+                    ledger.counts_lost += 1;
+                }
+                for level in levels {
+                    *ledger.level_counts_lost.entry(level).or_default() += 1;
+                }
             }
             _ => {}
         }
@@ -147,19 +183,50 @@ fn used(memory: &MemoryStore, key: &QuotaKey, now: UnixSecs) -> i64 {
     memory.used(key, now).unwrap_or(0) as i64
 }
 
-fn note(ledger: &Mutex<Ledger>, record: Option<String>, delta: i64) {
+/// Notes a change of `delta` that landed on `counter`: by record for a
+/// subject's counter, and by counter key for every one.
+fn note(ledger: &Mutex<Ledger>, counter: &str, record: Option<String>, delta: i64) {
     if super::tracing() {
-        eprintln!("  landed: {delta:+} on {record:?}");
+        eprintln!("  landed: {delta:+} on {counter} ({record:?})");
     }
     if delta != 0 {
-        *ledger.lock().unwrap().net.entry(record).or_default() += delta;
+        let mut ledger = ledger.lock().unwrap();
+        *ledger.by_key.entry(counter.to_owned()).or_default() += delta;
+        if !is_level(counter) {
+            *ledger.net.entry(record).or_default() += delta;
+        }
     }
+}
+
+/// Notes what a count that landed did: +1 at its subject, and at each
+/// level it counted at.
+fn note_count(
+    ledger: &Mutex<Ledger>,
+    key: &QuotaKey,
+    record: Option<String>,
+    tally: &Tally,
+    levels: &[QuotaKey],
+) {
+    note(ledger, &key.counter, record, 1);
+    for (level, lane) in levels.iter().zip(&tally.levels) {
+        if matches!(lane, Lane::Counted(_)) {
+            note(ledger, &level.counter, None, 1);
+        }
+    }
+}
+
+fn level_counters(levels: &[QuotaKey]) -> Vec<String> {
+    levels.iter().map(|l| l.counter.clone()).collect()
 }
 
 impl QuotaStore for SimStore {
     async fn count(&self, args: CountArgs<'_>) -> Result<Tally, StoreError> {
         let (key, period_end, now) = (args.key.clone(), args.period_end, args.now);
         let levels = args.levels.to_vec();
+        let kind = Kind::Count {
+            keyed: false,
+            levels: level_counters(&levels),
+        };
         self.remember(&key);
         self.call(
             "count",
@@ -171,10 +238,10 @@ impl QuotaStore for SimStore {
                     now,
                 };
                 let count = ready(m.count(args)).expect("memory store");
-                note(l, None, 1);
+                note_count(l, &key, None, &count, &levels);
                 count
             },
-            Kind::Count,
+            kind,
         )
         .await
     }
@@ -182,6 +249,10 @@ impl QuotaStore for SimStore {
     async fn count_keyed(&self, args: CountArgs<'_>, claim: &Claim) -> Result<Claimed, StoreError> {
         let (key, period_end, now) = (args.key.clone(), args.period_end, args.now);
         let levels = args.levels.to_vec();
+        let kind = Kind::Count {
+            keyed: true,
+            levels: level_counters(&levels),
+        };
         let claim = claim.clone();
         self.remember(&key);
         self.ledger
@@ -200,7 +271,7 @@ impl QuotaStore for SimStore {
                 };
                 let claimed = ready(m.count_keyed(args, &claim)).expect("memory store");
                 if let Claimed::New(count) = &claimed {
-                    note(l, Some(claim.record.clone()), 1);
+                    note_count(l, &key, Some(claim.record.clone()), count, &levels);
                     l.lock().unwrap().claims.push(Landed {
                         record: claim.record.clone(),
                         scan_id: claim.scan_id,
@@ -210,7 +281,7 @@ impl QuotaStore for SimStore {
                 }
                 claimed
             },
-            Kind::Other,
+            kind,
         )
         .await
     }
@@ -229,7 +300,10 @@ impl QuotaStore for SimStore {
         let key = refund.key.clone();
         let record = refund.record.map(|(r, id)| (r.to_owned(), id));
         let (period_end, now) = (refund.period_end, refund.now);
-        let tag = record.as_ref().map(|(r, _)| r.clone());
+        let kind = Kind::Refund {
+            record: record.as_ref().map(|(r, _)| r.clone()),
+            key: key.counter.clone(),
+        };
         self.call(
             "refund",
             move |m, l| {
@@ -249,9 +323,10 @@ impl QuotaStore for SimStore {
                         used(m, &key, now)
                     );
                 }
-                note(l, record.map(|(r, _)| r), used(m, &key, now) - before);
+                let delta = used(m, &key, now) - before;
+                note(l, &key.counter, record.map(|(r, _)| r), delta);
             },
-            Kind::Refund(tag),
+            kind,
         )
         .await
     }
