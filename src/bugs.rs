@@ -27,16 +27,22 @@ pub enum Bug {
     /// A scan refused after it was counted is refunded at its subject
     /// only: the levels above it (its networks) keep the count.
     LevelNotRefunded,
+    /// A keyed attempt's levels are refunded apart from its subject, not
+    /// guarded by its record: a level loses a count the attempt never
+    /// made, or one a retry took over and queued (the simulator found it:
+    /// seeds 15, 74 and 163).
+    LevelRefundUnguarded,
 }
 
 impl Bug {
-    pub const ALL: [Self; 6] = [
+    pub const ALL: [Self; 7] = [
         Self::RefundOfUnsentCount,
         Self::TakeOverUnderFreshId,
         Self::UnknownCountQueuedUnmetered,
         Self::ConnectErrorAsUnanswered,
         Self::DisconnectDropsScan,
         Self::LevelNotRefunded,
+        Self::LevelRefundUnguarded,
     ];
 }
 

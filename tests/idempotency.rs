@@ -379,6 +379,7 @@ async fn refund_is_tied_to_its_day() {
         .unwrap();
     // A refund of a scan counted yesterday (whose counter expired at today's start).
     let refund = |period_end| Refund {
+        levels: &[],
         key: &key,
         period_end: UnixSecs(period_end),
         record: None,

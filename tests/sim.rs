@@ -51,16 +51,12 @@ fn env_bug() -> Option<Bug> {
 const REGRESSIONS: &[(u64, Bug)] = &[
     (15, Bug::RefundOfUnsentCount),
     (4, Bug::TakeOverUnderFreshId),
-    (4, Bug::UnknownCountQueuedUnmetered),
+    (3, Bug::UnknownCountQueuedUnmetered),
     (15, Bug::ConnectErrorAsUnanswered),
     (145, Bug::DisconnectDropsScan),
     (1, Bug::LevelNotRefunded),
+    (15, Bug::LevelRefundUnguarded),
 ];
-
-/// The seeds where the levels' known gap shows (`World::strict_levels`):
-/// a keyed attempt's level refunds are not guarded by its record, so a
-/// level loses a count the attempt never made, or one a retry queued.
-const LEVEL_GAP: &[u64] = &[15, 74, 163];
 
 /// Runs `seeds` schedules from `first` on `threads` threads; the failing
 /// seeds, sorted (on one thread, the first is the first of the run).
@@ -155,28 +151,6 @@ fn replay_regressions() {
         );
     }
     eprintln!("{} regression seeds replayed", REGRESSIONS.len());
-}
-
-/// Each level's counter is checked as the subject's is, with no allowance
-/// for a keyed attempt's unguarded level refunds: fails while the gate's
-/// known gap stands (the seeds of [`LEVEL_GAP`]); a fix makes it pass.
-#[test]
-fn levels_keep_their_counts_strictly() {
-    if std::env::var("SIM_SEED").is_ok() {
-        return;
-    }
-    let broken: Vec<_> = LEVEL_GAP
-        .iter()
-        .filter_map(|&seed| sim::run_strict(seed).err().map(|e| (seed, e)))
-        .collect();
-    if let Some((seed, report)) = broken.first() {
-        panic!(
-            "{} of {} seeds break the levels' counts (a keyed attempt's level refunds are \
-             unguarded); seed {seed}:\n{report}",
-            broken.len(),
-            LEVEL_GAP.len()
-        );
-    }
 }
 
 /// A bug is switched on by its variant's name only; any other name is

@@ -19,7 +19,7 @@ use crate::error::{GateError, Queued};
 use crate::queue::ScanQueue;
 use crate::settle::{Failure, Metering, Settlement, level_refund, levels_refunded, settle};
 use crate::store::{
-    Claim, Lane, QuotaStore, RecordField, RecordState, RecordUpdate, Refund, StoreError,
+    Claim, Lane, QuotaKey, QuotaStore, RecordField, RecordState, RecordUpdate, Refund, StoreError,
 };
 use crate::unix::UnixSecs;
 
@@ -55,22 +55,38 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
                 period_end: UnixSecs(i64::MAX),
             };
         }
-        self.settle_subject(attempt, scan_id, settlement).await;
-        if !levels_refunded(metering, keyed, failure) || bugs::on(Bug::LevelNotRefunded) {
-            return;
-        }
-        for (key, lane) in attempt.level_keys.iter().zip(lanes) {
-            let Some(period_end) = level_refund(lane, attempt.period_end) else {
-                continue;
+        let levels: Vec<(&QuotaKey, UnixSecs)> =
+            if levels_refunded(metering, keyed, failure) && !bugs::on(Bug::LevelNotRefunded) {
+                let keys = attempt.level_keys.iter();
+                keys.zip(lanes)
+                    .filter_map(|(key, lane)| Some((key, level_refund(lane, attempt.period_end)?)))
+                    .collect()
+            } else {
+                Vec::new()
             };
-            let refund = Refund {
-                key,
-                period_end,
-                record: None,
-                now: attempt.now(),
-            };
-            if let Err(e) = self.store.refund(refund).await {
-                tracing::warn!(error = %e, "could not take a level's count back");
+        match settlement {
+            // The levels go with the subject's refund, in its command: a
+            // keyed refund that is not the claim's own takes back nothing.
+            Settlement::Refund { .. } if !bugs::on(Bug::LevelRefundUnguarded) => {
+                self.settle_subject(attempt, scan_id, settlement, &levels)
+                    .await;
+            }
+            // Refused outright while the subject's count never happened:
+            // what a level counted alone (a cluster node) goes back.
+            Settlement::Refund { .. } | Settlement::Nothing | Settlement::Release => {
+                self.settle_subject(attempt, scan_id, settlement, &[]).await;
+                for &(key, period_end) in &levels {
+                    let refund = Refund {
+                        key,
+                        period_end,
+                        levels: &[],
+                        record: None,
+                        now: attempt.now(),
+                    };
+                    if let Err(e) = self.store.refund(refund).await {
+                        tracing::warn!(error = %e, "could not take a level's count back");
+                    }
+                }
             }
         }
     }
@@ -90,7 +106,13 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
     /// refund that fails leaves the subject one scan short for the day (the
     /// client got a 503 either way); a release that fails makes the retry
     /// wait out the lease.
-    async fn settle_subject(&self, attempt: &Attempt, scan_id: Uuid, settlement: Settlement) {
+    async fn settle_subject(
+        &self,
+        attempt: &Attempt,
+        scan_id: Uuid,
+        settlement: Settlement,
+        levels: &[(&QuotaKey, UnixSecs)],
+    ) {
         if matches!(
             (settlement, &attempt.claim),
             (Settlement::Nothing, _) | (Settlement::Release, None)
@@ -101,7 +123,11 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
         let (mut backoff, mut tries) = (RETRY_FIRST, 0u32);
         let error = loop {
             tries += 1;
-            let sent = timeout_at(until, self.settle_once(attempt, scan_id, settlement)).await;
+            let sent = timeout_at(
+                until,
+                self.settle_once(attempt, scan_id, settlement, levels),
+            )
+            .await;
             let e = match sent {
                 Ok(Ok(())) => return,
                 Ok(Err(e)) => e,
@@ -124,6 +150,7 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
         attempt: &Attempt,
         scan_id: Uuid,
         settlement: Settlement,
+        levels: &[(&QuotaKey, UnixSecs)],
     ) -> Result<(), StoreError> {
         match (settlement, &attempt.claim) {
             (Settlement::Nothing, _) | (Settlement::Release, None) => Ok(()),
@@ -131,6 +158,7 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
                 let refund = Refund {
                     key: &attempt.key,
                     period_end,
+                    levels,
                     record: claim.as_ref().map(|c| (c.record.as_str(), scan_id)),
                     now: attempt.now(),
                 };

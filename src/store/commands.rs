@@ -5,7 +5,7 @@
 use redis::Value;
 
 use super::key::QuotaKey;
-use super::quota_store::{CountArgs, PaceArgs, PaceLane, StoreError};
+use super::quota_store::{CountArgs, PaceArgs, PaceLane, Refund, StoreError};
 use crate::connection::{eval, sized_cmd};
 use crate::pace::Paced;
 use crate::record::{Count, Peek};
@@ -13,9 +13,11 @@ use crate::unix::{UnixMillis, UnixSecs};
 
 const PACE: &str = include_str!("pace.lua");
 const UNPACE: &str = include_str!("unpace.lua");
+const REFUND: &str = include_str!("refund.lua");
 
-/// The pacing script, for the test that reads every script.
+/// The pacing and refund scripts, for the test that reads every script.
 pub const PACE_SCRIPT: &str = PACE;
+pub const REFUND_SCRIPT: &str = REFUND;
 
 pub(super) fn iso8601(at: UnixSecs) -> String {
     crate::clock::rfc3339(at.get())
@@ -167,5 +169,26 @@ pub(super) fn paced(reply: Vec<i64>) -> Paced {
 pub(super) fn unpace(slot: &str, taken: i64, previous: i64) -> redis::Cmd {
     let mut cmd = eval(UNPACE, &[slot]);
     cmd.arg(taken).arg(previous);
+    cmd
+}
+
+/// A refund's script: the subject's count, each of `levels` (which must
+/// share the subject's slot: standalone), and the record's guard.
+pub(super) fn refund_script(refund: &Refund<'_>, levels: &[(&QuotaKey, UnixSecs)]) -> redis::Cmd {
+    let mut keys = vec![refund.key.counter.as_str()];
+    keys.extend(levels.iter().map(|(key, _)| key.counter.as_str()));
+    keys.extend(refund.record.map(|(r, _)| r));
+    let mut cmd = eval(REFUND, &keys);
+    cmd.arg(refund.period_end.get())
+        .arg(
+            refund
+                .record
+                .map(|(_, id)| id.to_string())
+                .unwrap_or_default(),
+        )
+        .arg(levels.len());
+    for (_, period_end) in levels {
+        cmd.arg(period_end.get());
+    }
     cmd
 }

@@ -309,6 +309,9 @@ impl QuotaStore for MemoryStore {
             }
         }
         inner.refund(&refund.key.counter, refund.period_end, now);
+        for (key, period_end) in refund.levels {
+            inner.refund(&key.counter, *period_end, now);
+        }
         Ok(())
     }
 
@@ -426,6 +429,7 @@ mod tests {
         count(&s, &k, ResetPolicy::UtcDay, T0).await;
         let refund = |period_end| Refund {
             key: &k,
+            levels: &[],
             period_end,
             record: None,
             now,

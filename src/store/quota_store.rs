@@ -53,12 +53,17 @@ pub struct PaceLane<'a> {
     pub reset_at: UnixSecs,
 }
 
-/// One refund: a count of the period that ends at `period_end`,
-/// and a keyed scan's record if it still names `scan_id`.
+/// One refund: a count of the period that ends at `period_end`, one at
+/// each of `levels` (each of its own period), and a keyed scan's record if
+/// it still names `scan_id`: a keyed refund that finds the record gone or
+/// another attempt's takes back nothing, at no level.
 #[derive(Debug, Clone, Copy)]
 pub struct Refund<'a> {
     pub key: &'a QuotaKey,
     pub period_end: UnixSecs,
+    /// The levels above the subject to take a count back from, and the
+    /// period each counted in.
+    pub levels: &'a [(&'a QuotaKey, UnixSecs)],
     /// The record's key and the scanId it must still name.
     pub record: Option<(&'a str, Uuid)>,
     /// The in-memory store's clock (Valkey uses its own).

@@ -24,8 +24,8 @@ use uuid::Uuid;
 use crate::unix::UnixSecs;
 
 use super::commands::{
-    PACE_SCRIPT, count_of, iso8601, level_commands, pace_script, paced, peek_commands, peek_of,
-    subject_commands, unexpected, unpace,
+    PACE_SCRIPT, REFUND_SCRIPT, count_of, iso8601, level_commands, pace_script, paced,
+    peek_commands, peek_of, refund_script, subject_commands, unexpected, unpace,
 };
 use super::key::{IDEMPOTENCY_TTL_SECS, QuotaKey};
 use super::quota_store::{
@@ -36,7 +36,6 @@ use crate::pace::Paced;
 use crate::record::{Claim, Claimed, Lane, Peek, Record, Tally};
 
 const CLAIM: &str = include_str!("claim.lua");
-const REFUND: &str = include_str!("refund.lua");
 const RELEASE: &str = include_str!("release.lua");
 const TAKE_OVER: &str = include_str!("take_over.lua");
 
@@ -45,7 +44,7 @@ const TAKE_OVER: &str = include_str!("take_over.lua");
 pub const RECORD_SCRIPTS: [(&str, &str); 5] = [
     ("claim.lua", CLAIM),
     ("pace.lua", PACE_SCRIPT),
-    ("refund.lua", REFUND),
+    ("refund.lua", REFUND_SCRIPT),
     ("release.lua", RELEASE),
     ("take_over.lua", TAKE_OVER),
 ];
@@ -312,16 +311,26 @@ impl QuotaStore for ValkeyStore {
     }
 
     async fn refund(&self, refund: Refund<'_>) -> Result<(), StoreError> {
-        let mut keys = vec![refund.key.counter.as_str()];
-        keys.extend(refund.record.map(|(r, _)| r));
-        let mut cmd = eval(REFUND, &keys);
-        cmd.arg(refund.period_end.get()).arg(
-            refund
-                .record
-                .map(|(_, id)| id.to_string())
-                .unwrap_or_default(),
-        );
-        let _: i64 = self.send(cmd).await?;
+        if refund.levels.is_empty() || !self.valkey.is_cluster() {
+            let _: i64 = self.send(refund_script(&refund, refund.levels)).await?;
+            return Ok(());
+        }
+        // Cluster: the levels live in other slots. Taken back after the
+        // subject's, and only if the claim's refund was its own.
+        let subject: i64 = self.send(refund_script(&refund, &[])).await?;
+        if subject == -2 {
+            return Ok(());
+        }
+        for &(key, period_end) in refund.levels {
+            let level = Refund {
+                key,
+                period_end,
+                levels: &[],
+                record: None,
+                now: refund.now,
+            };
+            let _: i64 = self.send(refund_script(&level, &[])).await?;
+        }
         Ok(())
     }
 

@@ -81,17 +81,6 @@ pub struct World {
     pub(crate) ledger: Ledger,
     /// From here on the store answers every command (unix ms).
     pub(crate) faults_over_ms: i64,
-    /// Whether a level may not come up short after a keyed attempt refused
-    /// on a store failure. The gate's known gap (seeds 15 and 163): such
-    /// an attempt (closed mode) refunds its subject guarded by its record,
-    /// but its levels unguarded, so a level loses a count the attempt never
-    /// made (its claim met the record of an earlier, counted attempt), or
-    /// one that still stands (its claim's refund never arrived, after a
-    /// store failure or a refused job, and a retry took the claim over and
-    /// queued it counted: seed 74). Off, that is allowed (−1 a level per
-    /// such refusal or lost claim refund) so the rest is still checked; on, it
-    /// is a broken guarantee (`tests/sim.rs` shows the gap with it).
-    pub(crate) strict_levels: bool,
 }
 
 impl World {
@@ -316,48 +305,28 @@ impl World {
     fn check_levels(&self, jobs: &HashMap<usize, Vec<&ScanJob>>) -> Vec<String> {
         let identifier =
             quota_gate::identity::Identifier::new(&self.config).expect("the sim's config");
-        // Each level's counter key, and its scans: counted, "unknown",
-        // and keyed refusals whose level refunds were unguarded.
-        let mut levels: Vec<(String, i64, i64, i64)> = Vec::new();
+        // Each level's counter key, and its scans: counted and "unknown".
+        let mut levels: Vec<(String, i64, i64)> = Vec::new();
         for (g, group) in self.groups.iter().enumerate() {
             let ip = group.ip.parse().expect("a sim address");
             let counted = jobs.get(&g).is_some_and(|j| j.iter().any(|j| j.count > 0));
             let unknown = self.answers.iter().any(|a| a.group == g && a.unknown());
-            // A keyed attempt refused after a store failure (closed mode),
-            // or whose claim's refund never arrived, refunds its levels
-            // unguarded: see `strict_levels`.
-            let unguarded = if group.keyed && !self.strict_levels {
-                self.answers
-                    .iter()
-                    .filter(|a| a.group == g && a.status == 503)
-                    .filter(|a| a.body["error"] == "store_unavailable")
-                    .count() as i64
-                    + self
-                        .ledger
-                        .lost_refunds
-                        .get(&Some(self.record_of(group).unwrap_or_default()))
-                        .copied()
-                        .unwrap_or(0)
-            } else {
-                0
-            };
             for level in identifier.levels_of(ip) {
                 let counter = QuotaKey::level(&level.digest).counter;
                 let i = match levels.iter().position(|(c, ..)| *c == counter) {
                     Some(i) => i,
                     None => {
-                        levels.push((counter, 0, 0, 0));
+                        levels.push((counter, 0, 0));
                         levels.len() - 1
                     }
                 };
                 levels[i].1 += i64::from(counted);
                 levels[i].2 += i64::from(unknown);
-                levels[i].3 += unguarded;
             }
         }
         let ledger = &self.ledger;
         let mut broken = Vec::new();
-        for (counter, counted, unknown, unguarded) in levels {
+        for (counter, counted, unknown) in levels {
             let net = ledger.by_key.get(&counter).copied().unwrap_or(0);
             let lost = ledger
                 .level_refunds_lost
@@ -365,7 +334,7 @@ impl World {
                 .copied()
                 .unwrap_or(0);
             let never_ran = ledger.level_counts_lost.get(&counter).copied().unwrap_or(0);
-            let short = unknown + never_ran + unguarded;
+            let short = unknown + never_ran;
             if net < counted - short || net > counted + unknown + lost {
                 broken.push(format!(
                     "level {counter}: the counter grew {net}, for {counted} counted jobs, \

@@ -264,19 +264,8 @@ fn count_panics() {
     });
 }
 
-/// Runs schedule `seed` (with `bug` switched on, if any) and checks it,
-/// allowing the levels' known gap (see [`World::strict_levels`]).
+/// Runs schedule `seed` (with `bug` switched on, if any) and checks it.
 pub fn run(seed: u64, bug: Option<Bug>) -> Result<Stats, String> {
-    run_checked(seed, bug, false)
-}
-
-/// Runs schedule `seed` and checks it with no allowance for the levels'
-/// known gap.
-pub fn run_strict(seed: u64) -> Result<Stats, String> {
-    run_checked(seed, None, true)
-}
-
-fn run_checked(seed: u64, bug: Option<Bug>, strict_levels: bool) -> Result<Stats, String> {
     count_panics();
     PANICS.with(|p| p.set(0));
     bugs::set(bug);
@@ -286,7 +275,7 @@ fn run_checked(seed: u64, bug: Option<Bug>, strict_levels: bool) -> Result<Stats
         .start_paused(true)
         .build()
         .expect("a runtime");
-    let result = runtime.block_on(schedule(seed, plan, strict_levels));
+    let result = runtime.block_on(schedule(seed, plan));
     drop(runtime);
     bugs::set(None);
     match PANICS.with(|p| p.get()) {
@@ -295,7 +284,7 @@ fn run_checked(seed: u64, bug: Option<Bug>, strict_levels: bool) -> Result<Stats
     }
 }
 
-async fn schedule(seed: u64, plan: Plan, strict_levels: bool) -> Result<Stats, String> {
+async fn schedule(seed: u64, plan: Plan) -> Result<Stats, String> {
     let start = Instant::now();
     let shared = Arc::new(Shared {
         memory: MemoryStore::default(),
@@ -399,7 +388,6 @@ async fn schedule(seed: u64, plan: Plan, strict_levels: bool) -> Result<Stats, S
         jobs: std::mem::take(&mut shared.jobs.lock().unwrap().landed),
         ledger: std::mem::take(&mut *shared.ledger.lock().unwrap()),
         faults_over_ms: T0_MS + faults_over(&plan).as_millis() as i64,
-        strict_levels,
     };
     let stats = Stats {
         requests: world.answers.len(),

@@ -35,11 +35,12 @@ enum Kind {
         keyed: bool,
         levels: Vec<String>,
     },
-    /// A refund of a counter: of a record's claim, or unkeyed (`None`, as
-    /// a level's refund always is).
+    /// A refund of a counter (of a record's claim, or unkeyed: `None`),
+    /// with the counter keys of the levels it takes back from too.
     Refund {
         record: Option<String>,
         key: String,
+        levels: Vec<String>,
     },
     Other,
 }
@@ -107,23 +108,23 @@ impl SimStore {
             Fate::NotSent(_) | Fate::Refused | Fate::Unanswered(Land::Never)
         );
         match (kind, fate) {
-            (Kind::Refund { key, .. }, _) if lost && is_level(&key) => {
-                *self
-                    .ledger
-                    .lock()
-                    .unwrap()
-                    .level_refunds_lost
-                    .entry(key)
-                    .or_default() += 1;
-            }
-            (Kind::Refund { record, .. }, _) if lost => {
-                *self
-                    .ledger
-                    .lock()
-                    .unwrap()
-                    .lost_refunds
-                    .entry(record)
-                    .or_default() += 1;
+            (
+                Kind::Refund {
+                    record,
+                    key,
+                    levels,
+                },
+                _,
+            ) if lost => {
+                let mut ledger = self.ledger.lock().unwrap();
+                for level in levels {
+                    *ledger.level_refunds_lost.entry(level).or_default() += 1;
+                }
+                if is_level(&key) {
+                    *ledger.level_refunds_lost.entry(key).or_default() += 1;
+                } else {
+                    *ledger.lost_refunds.entry(record).or_default() += 1;
+                }
             }
             (Kind::Count { keyed, levels }, Fate::Unanswered(Land::Never)) => {
                 let mut ledger = self.ledger.lock().unwrap();
@@ -298,19 +299,29 @@ impl QuotaStore for SimStore {
 
     async fn refund(&self, refund: Refund<'_>) -> Result<(), StoreError> {
         let key = refund.key.clone();
+        let levels: Vec<(QuotaKey, UnixSecs)> = refund
+            .levels
+            .iter()
+            .map(|(k, p)| ((*k).clone(), *p))
+            .collect();
         let record = refund.record.map(|(r, id)| (r.to_owned(), id));
         let (period_end, now) = (refund.period_end, refund.now);
         let kind = Kind::Refund {
             record: record.as_ref().map(|(r, _)| r.clone()),
             key: key.counter.clone(),
+            levels: levels.iter().map(|(k, _)| k.counter.clone()).collect(),
         };
         self.call(
             "refund",
             move |m, l| {
                 let before = used(m, &key, now);
+                let level_before: Vec<i64> = levels.iter().map(|(k, _)| used(m, k, now)).collect();
+                let lent: Vec<(&QuotaKey, UnixSecs)> =
+                    levels.iter().map(|(k, p)| (k, *p)).collect();
                 let refund = Refund {
                     key: &key,
                     period_end,
+                    levels: &lent,
                     record: record.as_ref().map(|(r, id)| (r.as_str(), *id)),
                     now,
                 };
@@ -325,6 +336,9 @@ impl QuotaStore for SimStore {
                 }
                 let delta = used(m, &key, now) - before;
                 note(l, &key.counter, record.map(|(r, _)| r), delta);
+                for ((level, _), before) in levels.iter().zip(level_before) {
+                    note(l, &level.counter, None, used(m, level, now) - before);
+                }
             },
             kind,
         )
