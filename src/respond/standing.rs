@@ -5,7 +5,7 @@
 
 use crate::config::ResetPolicy;
 use crate::decide::Limits;
-use crate::level::LevelName;
+use crate::level::{LevelName, PolicyName};
 use crate::record::Peek;
 use crate::store::resets_at;
 use crate::unix::UnixSecs;
@@ -28,7 +28,7 @@ pub fn serialize_level<S: serde::Serializer>(
     s: S,
 ) -> Result<S::Ok, S::Error> {
     match level {
-        Some(l) => s.serialize_str(&l.label()),
+        Some(l) => s.collect_str(l),
         None => s.serialize_none(),
     }
 }
@@ -36,20 +36,15 @@ pub fn serialize_level<S: serde::Serializer>(
 /// `RateLimit-Policy`: one policy per line, `(name, limit)`, as
 /// `"daily";q=33;w=86400, "v4-24";q=264;w=86400`.
 pub fn policy(lines: impl IntoIterator<Item = (LevelName, u32)>) -> String {
-    let mut out = String::with_capacity(64);
+    use std::fmt::Write;
+    let mut out = String::with_capacity(96);
     for (name, limit) in lines {
-        if !out.is_empty() {
-            out.push_str(", ");
-        }
-        let (mut q, mut w) = (itoa::Buffer::new(), itoa::Buffer::new());
-        out.extend([
-            "\"",
-            &name.policy_name(),
-            "\";q=",
-            q.format(limit),
-            ";w=",
-            w.format(WINDOW_SECS),
-        ]);
+        let sep = if out.is_empty() { "" } else { ", " };
+        let _ = write!(
+            out,
+            "{sep}\"{}\";q={limit};w={WINDOW_SECS}",
+            PolicyName(name)
+        );
     }
     out
 }
@@ -57,16 +52,14 @@ pub fn policy(lines: impl IntoIterator<Item = (LevelName, u32)>) -> String {
 /// `RateLimit` for the policy `name`: `remaining` scans for
 /// `seconds_to_reset` more seconds.
 pub fn ratelimit(name: LevelName, remaining: u64, seconds_to_reset: u64) -> String {
-    let (mut r, mut t) = (itoa::Buffer::new(), itoa::Buffer::new());
-    [
-        "\"",
-        &name.policy_name(),
-        "\";r=",
-        r.format(remaining),
-        ";t=",
-        t.format(seconds_to_reset),
-    ]
-    .concat()
+    use std::fmt::Write;
+    let mut out = String::with_capacity(48);
+    let _ = write!(
+        out,
+        "\"{}\";r={remaining};t={seconds_to_reset}",
+        PolicyName(name)
+    );
+    out
 }
 
 /// The line `RateLimit` reports: the one with the fewest remaining, the
