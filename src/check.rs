@@ -3,12 +3,14 @@
 //! limit").
 //!
 //! The gate reads the subject's counter, its expiry, the pacing slot and
-//! any grant in one round trip ([`crate::store::QuotaStore::peek`]); this
-//! module turns that reading into the answer. It is pure, like
+//! any grant ([`crate::store::QuotaStore::peek`]), and each level's above
+//! it beside that read ([`crate::store::QuotaStore::peek_levels`]); this
+//! module turns those readings into the answer. It is pure, like
 //! [`crate::decide`]: what the next `POST /scan` would get comes from the
 //! rules the scan itself follows, called, not copied: `decide(used + 1)`
 //! against `limit + grant`, [`settle::decided_delay_rule`] for where its
-//! delay comes from, and [`crate::pace::next_slot`] for a paced one.
+//! delay comes from, [`crate::level::most_severe`] for which level sets
+//! it, and [`crate::pace::next_start`] over every line for a paced one.
 //! Its quota headers are every answer's ([`respond::Standing`]).
 //! The answer never guesses: with the store down the gate answers 503.
 //! In shadow mode it carries a [`ShadowVerdict`] (defined with the decision
@@ -23,12 +25,13 @@ use serde::Serialize;
 use crate::clock::rfc3339;
 use crate::config::{Mode, Pacing};
 pub use crate::decide::ShadowVerdict;
-use crate::decide::{Limits, decide};
+use crate::decide::{Decision, Limits, decide};
 use crate::digest::Scope;
 use crate::identity::TokenStatus;
-use crate::pace::next_slot;
+use crate::level::{LevelName, most_severe};
+use crate::pace::next_start;
 use crate::record::Peek;
-use crate::respond::{self, Standing};
+use crate::respond::{self, LevelStanding, Standing, serialize_level};
 use crate::settle::{self, DelayRule};
 use crate::unix::{UnixMillis, duration_ms};
 
@@ -56,6 +59,12 @@ pub struct NextScanRules {
 pub struct NextScan {
     /// `within`, `soft`, `hard` (the decided tier) or `exempt`.
     pub tier: &'static str,
+    /// The level whose decision sets it (`subject`, `v4/24`, …; none when exempt).
+    #[serde(
+        skip_serializing_if = "Option::is_none",
+        serialize_with = "serialize_level"
+    )]
+    pub level: Option<LevelName>,
     /// The delay it would be given (0 in shadow mode: nobody waits).
     pub delay_ms: u64,
     /// Set when it would be refused with 503 `backlog_full`: the seconds
@@ -67,29 +76,49 @@ pub struct NextScan {
     pub shadow: Option<ShadowVerdict>,
 }
 
+/// A level above the subject as `GET /quota` reads it: its name, its
+/// limits (before the grant) and its counter.
+#[derive(Debug, Clone, Copy)]
+pub struct LevelPeek {
+    pub name: LevelName,
+    pub limits: Limits,
+    pub peek: Peek,
+}
+
 /// The next scan of a subject whose store reads `peek` at `now_ms`, under
-/// `limits` (before the grant, which this adds).
+/// `limits` (before the grant, which this adds), counted at `levels` too:
+/// the most severe decision sets its tier, and, paced, it starts after
+/// every line that would delay it (the subject's slot and each level's).
 pub fn next_scan(
     peek: &Peek,
     limits: Limits,
+    levels: &[LevelPeek],
     rules: NextScanRules,
     now_ms: UnixMillis,
 ) -> NextScan {
-    let decision = decide(peek.used + 1, &limits.with_grant(peek.grant));
+    let next = |p: &Peek, l: Limits| decide(p.used + 1, &l.with_grant(p.grant));
+    let subject = next(peek, limits);
+    let decided: Vec<(LevelName, Decision, &Peek)> = levels
+        .iter()
+        .map(|l| (l.name, next(&l.peek, l.limits), &l.peek))
+        .collect();
+    let (level, decision) = most_severe(subject, decided.iter().map(|(n, d, _)| (*n, *d)));
     let shadow = rules.mode == Mode::Shadow;
     let plain = |delay_ms| NextScan {
         tier: decision.tier.as_str(),
+        level: Some(level),
         delay_ms,
         backlog_full_retry_after: None,
         shadow: shadow.then(|| ShadowVerdict::new(decision.tier, decision.delay)),
     };
-    let tier_delay = match settle::decided_delay_rule(&decision, shadow, rules.pacing) {
-        DelayRule::Fixed(delay) => return plain(duration_ms(delay)),
-        DelayRule::Pace(tier_delay) => duration_ms(tier_delay),
-    };
-    let cap = duration_ms(rules.max_backlog);
-    match next_slot(peek.slot_ms.unwrap_or_default(), now_ms, tier_delay, cap) {
-        Ok(slot) => plain(u64::try_from(slot.get() - now_ms.get()).unwrap_or(0)),
+    if let DelayRule::Fixed(delay) = settle::decided_delay_rule(&decision, shadow, rules.pacing) {
+        return plain(duration_ms(delay));
+    }
+    let line = |p: &Peek, d: &Decision| (p.slot_ms.unwrap_or_default(), duration_ms(d.delay));
+    let lines =
+        std::iter::once(line(peek, &subject)).chain(decided.iter().map(|(_, d, p)| line(p, d)));
+    match next_start(lines, now_ms, duration_ms(rules.max_backlog)) {
+        Ok(start) => plain(u64::try_from(start.get() - now_ms.get()).unwrap_or(0)),
         Err(retry_after_ms) => NextScan {
             backlog_full_retry_after: Some(retry_after_ms.div_ceil(1000).max(1)),
             ..plain(0)
@@ -105,6 +134,8 @@ pub struct QuotaView {
     /// The limit with the grant added, what is left, and when the period
     /// ends: the counter's expiry, or when a new counter would expire.
     pub standing: Standing,
+    /// Each level above the subject (none for a token holder).
+    pub levels: Vec<LevelStanding>,
     pub next: NextScan,
     pub token: Option<TokenStatus>,
 }
@@ -113,6 +144,8 @@ pub struct QuotaView {
 #[serde(rename_all = "camelCase")]
 struct Body<'a> {
     quota: Quota<'a>,
+    #[serde(skip_serializing_if = "<[_]>::is_empty")]
+    levels: &'a [LevelBody],
     next_scan: NextScan,
     #[serde(skip_serializing_if = "Option::is_none")]
     token: Option<respond::TokenBody>,
@@ -132,11 +165,32 @@ struct Quota<'a> {
     reset_at: Option<&'a str>,
 }
 
+/// One level in the body's `levels`.
+#[derive(Serialize)]
+struct LevelBody {
+    level: String,
+    limit: u32,
+    used: u64,
+    remaining: u64,
+}
+
 impl QuotaView {
-    /// 200 with the quota, the next scan, and the IETF `RateLimit` headers.
+    /// 200 with the quota, its levels, the next scan, and the IETF
+    /// `RateLimit` headers.
     pub fn to_response(&self) -> Response<Bytes> {
         let reset_at = rfc3339(self.standing.reset_at);
+        let levels: Vec<LevelBody> = self
+            .levels
+            .iter()
+            .map(|l| LevelBody {
+                level: l.name.label(),
+                limit: l.standing.limit,
+                used: l.used,
+                remaining: l.standing.remaining,
+            })
+            .collect();
         let body = Body {
+            levels: &levels,
             quota: Quota {
                 scope: self.scope.as_str(),
                 limit: Some(self.standing.limit),
@@ -147,7 +201,7 @@ impl QuotaView {
             next_scan: self.next,
             token: self.token.map(respond::TokenBody::from),
         };
-        ok(&body, &self.standing)
+        ok(&body, &self.standing, &self.levels)
     }
 }
 
@@ -163,21 +217,23 @@ pub fn exempt_response(token: Option<TokenStatus>, standing: &Standing) -> Respo
             remaining: None,
             reset_at: None,
         },
+        levels: &[],
         next_scan: NextScan {
             tier: "exempt",
+            level: None,
             delay_ms: 0,
             backlog_full_retry_after: None,
             shadow: None,
         },
         token: token.map(respond::TokenBody::from),
     };
-    ok(&body, standing)
+    ok(&body, standing, &[])
 }
 
-fn ok(body: &Body<'_>, standing: &Standing) -> Response<Bytes> {
+fn ok(body: &Body<'_>, standing: &Standing, levels: &[LevelStanding]) -> Response<Bytes> {
     let json = serde_json::to_vec(body).unwrap_or_default();
     let reset_at = rfc3339(standing.reset_at);
-    respond::answer(StatusCode::OK, json, standing, &reset_at)
+    respond::answer(StatusCode::OK, json, standing, levels, &reset_at)
 }
 
 #[cfg(test)]
@@ -231,7 +287,7 @@ mod tests {
     #[test]
     fn next_scan_follows_the_scan_rules() {
         let on = rules(Mode::Enforce, Pacing::On);
-        let n = |p: Peek| next_scan(&p, limits(), on, UnixMillis(NOW));
+        let n = |p: Peek| next_scan(&p, limits(), &[], on, UnixMillis(NOW));
         assert_eq!(
             (n(peek(0, None, 0)).tier, n(peek(0, None, 0)).delay_ms),
             ("within", 0)
@@ -251,6 +307,7 @@ mod tests {
         let off = next_scan(
             &peek(3, Some(NOW + 10_000), 0),
             limits(),
+            &[],
             rules(Mode::Enforce, Pacing::Off),
             UnixMillis(NOW),
         );
@@ -263,6 +320,7 @@ mod tests {
         let n = next_scan(
             &peek(5, Some(NOW + 10_000), 0),
             limits(),
+            &[],
             rules(Mode::Shadow, Pacing::On),
             UnixMillis(NOW),
         );
@@ -283,9 +341,11 @@ mod tests {
             scope: Scope::Ip,
             used: 2,
             standing: standing(),
+            levels: Vec::new(),
             next: next_scan(
                 &peek(2, None, 0),
                 limits(),
+                &[],
                 rules(Mode::Enforce, Pacing::On),
                 UnixMillis(NOW),
             ),
@@ -300,7 +360,7 @@ mod tests {
             body,
             serde_json::json!({
                 "quota": {"scope": "ip", "limit": 3, "used": 2, "remaining": 1, "resetAt": "2026-12-01T00:00:00Z"},
-                "nextScan": {"tier": "within", "delayMs": 0}
+                "nextScan": {"tier": "within", "level": "subject", "delayMs": 0}
             })
         );
         let r = exempt_response(None, &standing());
@@ -329,5 +389,110 @@ mod tests {
             seconds_to_reset: 600,
             unavailable: false,
         }
+    }
+
+    fn v4_24() -> LevelName {
+        LevelName::Network(crate::level::Network {
+            family: crate::level::Family::V4,
+            len: 24,
+        })
+    }
+
+    /// A /24 of limit 6 (soft 2 at 5 s, then 60 s) that has counted `used`.
+    fn network(used: u64, slot_ms: Option<i64>) -> LevelPeek {
+        LevelPeek {
+            name: v4_24(),
+            limits: Limits {
+                limit: NonZeroU32::new(6).unwrap(),
+                ..limits()
+            },
+            peek: peek(used, slot_ms, 0),
+        }
+    }
+
+    /// The most severe line sets the tier and names the level; paced, the
+    /// next scan starts after every line that would delay it.
+    #[test]
+    fn every_level_counts_for_the_next_scan() {
+        let on = rules(Mode::Enforce, Pacing::On);
+        let n = |p: Peek, l: &[LevelPeek]| next_scan(&p, limits(), l, on, UnixMillis(NOW));
+        let within = n(peek(0, None, 0), &[network(2, None)]);
+        assert_eq!(
+            (within.tier, within.level),
+            ("within", Some(LevelName::Subject))
+        );
+        // The network is over (7th of 6): soft, set by the network.
+        let net = n(peek(0, None, 0), &[network(6, Some(NOW + 20_000))]);
+        assert_eq!((net.tier, net.level), ("soft", Some(v4_24())));
+        assert_eq!(net.delay_ms, 25_000);
+        // Both soft: the subject's tie; its own slot is older, the
+        // network's holds it later.
+        let both = n(
+            peek(3, Some(NOW + 1_000), 0),
+            &[network(6, Some(NOW + 20_000))],
+        );
+        assert_eq!((both.tier, both.level), ("soft", Some(LevelName::Subject)));
+        assert_eq!(both.delay_ms, 25_000);
+        // A hard network outweighs a soft subject.
+        let hard = n(peek(3, None, 0), &[network(8, None)]);
+        assert_eq!(
+            (hard.tier, hard.level, hard.delay_ms),
+            ("hard", Some(v4_24()), 60_000)
+        );
+        // A network's backlog past the cap: refused, as the scan would be.
+        let full = n(peek(0, None, 0), &[network(8, Some(NOW + 100_000))]);
+        assert_eq!(full.backlog_full_retry_after, Some(40));
+        // Shadow: nobody waits, the verdict names the network's tier.
+        let shadow = next_scan(
+            &peek(0, None, 0),
+            limits(),
+            &[network(6, None)],
+            rules(Mode::Shadow, Pacing::On),
+            UnixMillis(NOW),
+        );
+        assert_eq!((shadow.delay_ms, shadow.level), (0, Some(v4_24())));
+        assert_eq!(shadow.shadow.unwrap().tier, "soft");
+    }
+
+    /// The levels in the body and the headers: one policy per level, and
+    /// `RateLimit` for the fewest remaining.
+    #[test]
+    fn levels_in_the_answer() {
+        let level = network(6, None);
+        let view = QuotaView {
+            scope: Scope::Ip,
+            used: 2,
+            standing: standing(),
+            levels: vec![LevelStanding {
+                name: level.name,
+                used: 6,
+                standing: Standing {
+                    limit: 6,
+                    remaining: 0,
+                    ..standing()
+                },
+            }],
+            next: next_scan(
+                &peek(2, None, 0),
+                limits(),
+                &[level],
+                rules(Mode::Enforce, Pacing::On),
+                UnixMillis(NOW),
+            ),
+            token: None,
+        };
+        let r = view.to_response();
+        assert_eq!(
+            r.headers()[&POLICY],
+            "\"daily\";q=3;w=86400, \"v4-24\";q=6;w=86400"
+        );
+        assert_eq!(r.headers()[&RATELIMIT], "\"v4-24\";r=0;t=600");
+        let body: serde_json::Value = serde_json::from_slice(r.body()).unwrap();
+        assert_eq!(
+            body["levels"],
+            serde_json::json!([{"level": "v4/24", "limit": 6, "used": 6, "remaining": 0}])
+        );
+        assert_eq!(body["nextScan"]["level"], "v4/24");
+        assert_eq!(body["nextScan"]["tier"], "soft");
     }
 }

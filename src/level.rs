@@ -87,19 +87,37 @@ pub enum LevelName {
 impl LevelName {
     /// `subject`, `v4/24`, `anon`, … (`quota.level`).
     pub fn label(self) -> String {
-        match self {
-            Self::Subject => "subject".into(),
-            Self::Network(n) => n.to_string(),
-            Self::Anon => "anon".into(),
-        }
+        self.to_string()
     }
 
     /// The name in `RateLimit-Policy`, a token (`"daily"`, `"v4-24"`, `"anon"`).
     pub fn policy_name(self) -> String {
+        PolicyName(self).to_string()
+    }
+}
+
+/// The label (`subject`, `v4/24`, `anon`), written without a `String`.
+impl fmt::Display for LevelName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Self::Subject => "daily".into(),
-            Self::Network(n) => format!("{}-{}", n.family.as_str(), n.len),
-            Self::Anon => "anon".into(),
+            Self::Subject => f.write_str("subject"),
+            Self::Network(n) => n.fmt(f),
+            Self::Anon => f.write_str("anon"),
+        }
+    }
+}
+
+/// A level's name in `RateLimit-Policy` (`daily`, `v4-24`, `anon`), written
+/// without a `String`.
+#[derive(Debug, Clone, Copy)]
+pub struct PolicyName(pub LevelName);
+
+impl fmt::Display for PolicyName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.0 {
+            LevelName::Subject => f.write_str("daily"),
+            LevelName::Network(n) => write!(f, "{}-{}", n.family.as_str(), n.len),
+            LevelName::Anon => f.write_str("anon"),
         }
     }
 }

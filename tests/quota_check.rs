@@ -66,7 +66,7 @@ async fn reading_never_spends() {
         assert_eq!(body["quota"]["remaining"], 3);
         assert_eq!(
             body["nextScan"],
-            serde_json::json!({"tier": "within", "delayMs": 0})
+            serde_json::json!({"tier": "within", "level": "subject", "delayMs": 0})
         );
     }
     let keys = server.keys("quota:*").await;

@@ -20,7 +20,10 @@ use serde_json::json;
 #[tokio::test]
 async fn tiers_against_valkey() {
     let server = ValkeyServer::start();
-    assert_tiers(&valkey_gate(&server, TIERS)).await;
+    // The subject's tiers alone: with the default levels its 202s would
+    // also list the /24's policy (tests/levels_client.rs covers that).
+    let vars = with_vars(TIERS, &[("QUOTA_NETWORKS", "off")]);
+    assert_tiers(&valkey_gate(&server, &vars)).await;
     let jobs = stream_jobs(&server, "jobs").await;
     assert_eq!(jobs.len(), 8, "one job per 202");
     let tiers: Vec<_> = jobs

@@ -469,7 +469,7 @@ async fn sample_events_quota_and_shadow() {
         assert_eq!(body["quota"]["used"], expected_used);
         assert_eq!(
             body["nextScan"],
-            serde_json::json!({"tier": "within", "delayMs": 0})
+            serde_json::json!({"tier": "within", "level": "subject", "delayMs": 0})
         );
         // The same address scans once: the next read says 1.
         assert_eq!(

@@ -21,7 +21,7 @@ use crate::job::JobTier;
 use crate::level::{LevelName, most_severe};
 use crate::meter::{End, Exit, Metered};
 use crate::queue::{ENQUEUE_TIMEOUT, ScanJob};
-use crate::respond::{self, Accepted, Standing};
+use crate::respond::{self, Accepted, LevelStanding, Standing};
 use crate::settle::{Metering, Resumed};
 use crate::store::{Claim, Count, Lane, PaceLane, Peek, QuotaKey, Tally, period_end};
 use crate::unix::{UnixMillis, UnixSecs, duration_ms};
@@ -86,23 +86,7 @@ impl Attempt {
             received_ms: now_ms,
             lease_until_ms: now_ms.saturating_add(ceiling),
         });
-        let level_keys = identity
-            .levels
-            .iter()
-            .map(|l| QuotaKey::level(&l.digest))
-            .collect();
-        let level_rules = identity
-            .levels
-            .iter()
-            .map(|l| {
-                (
-                    l.name,
-                    policy
-                        .levels
-                        .limits(l.name, l.limit, policy.limits(l.limit)),
-                )
-            })
-            .collect();
+        let (level_keys, level_rules) = level_lines(&identity, policy);
         Self {
             level_keys,
             level_rules,
@@ -325,18 +309,40 @@ impl Scan {
         plan: DelayPlan,
         shadow: bool,
     ) -> Accepted {
-        let (used, peek, reminder, verdict) = match &self.metering {
+        let (used, peek, reminder, verdict, level) = match &self.metering {
             // A grant raises the ceiling the answer reports, as it did the tier's.
             Metering::Counted {
-                count, decision, ..
+                count,
+                decision,
+                level,
             } => (
                 Some(count.used),
                 Some(Peek::from(*count)),
                 decision.reminder,
                 shadow.then(|| ShadowVerdict::new(decision.tier, decision.delay)),
+                Some(*level),
             ),
-            Metering::Unmetered | Metering::Unknown { .. } => (None, None, false, None),
+            Metering::Unmetered | Metering::Unknown { .. } => (None, None, false, None, None),
         };
+        // Each level counted with it, where it stands after this scan.
+        let levels = attempt
+            .level_rules
+            .iter()
+            .zip(&self.lanes)
+            .filter_map(|((name, limits), lane)| match lane {
+                Lane::Counted(c) => Some(LevelStanding {
+                    name: *name,
+                    used: c.used,
+                    standing: Standing::of(
+                        Some(&Peek::from(*c)),
+                        *limits,
+                        attempt.reset,
+                        attempt.now(),
+                    ),
+                }),
+                Lane::Failed { .. } => None,
+            })
+            .collect();
         Accepted {
             scan_id: job.scan_id,
             scope: attempt.identity.scope,
@@ -347,8 +353,33 @@ impl Scan {
             token: attempt.identity.token,
             reminder,
             shadow: verdict,
+            level,
+            levels,
         }
     }
+}
+
+/// The levels above an identified subject: each one's key, and its name
+/// and limits, in the same order (a scan counts them, `GET /quota` reads
+/// them).
+pub(super) fn level_lines(
+    identity: &Identity,
+    policy: &Policy,
+) -> (Vec<QuotaKey>, Vec<(LevelName, Limits)>) {
+    let keys = identity
+        .levels
+        .iter()
+        .map(|l| QuotaKey::level(&l.digest))
+        .collect();
+    let rules = identity
+        .levels
+        .iter()
+        .map(|l| {
+            let base = policy.limits(l.limit);
+            (l.name, policy.levels.limits(l.name, l.limit, base))
+        })
+        .collect();
+    (keys, rules)
 }
 
 /// When a job may start: its scan's id and arrival, and the delay that

@@ -8,17 +8,18 @@ use bytes::Bytes;
 use http::Response;
 use tokio::time::Instant;
 
-use super::attempt::{GateRequest, Held, enqueue_within, scan_job};
+use super::attempt::{GateRequest, Held, enqueue_within, level_lines, scan_job};
 use super::settlement::queue_failed;
 use super::wiring::Gate;
-use crate::check::{NextScanRules, QuotaView, exempt_response, next_scan};
+use crate::check::{LevelPeek, NextScanRules, QuotaView, exempt_response, next_scan};
 use crate::delay::{self, DelayPlan};
 use crate::error::GateError;
 use crate::identity::{Identity, Origin};
 use crate::job::{JobTier, RequestBody};
 use crate::meter::Event;
 use crate::queue::{QueueError, ScanQueue};
-use crate::respond::{self, Standing};
+use crate::record::Peek;
+use crate::respond::{self, LevelStanding, Standing};
 use crate::settle;
 use crate::store::{QuotaKey, QuotaStore};
 use crate::unix::UnixMillis;
@@ -44,15 +45,7 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
             let standing = self.standing(&identity, now_ms).await;
             return Ok(exempt_response(identity.token, &standing));
         }
-        let key = QuotaKey::new(identity.scope, &identity.digest);
-        let now = now_ms.secs();
-        let peek = self
-            .bounded(self.store.peek(&key, now))
-            .await
-            .map_err(|e| {
-                tracing::warn!(error = %e, "quota store failed on GET /quota");
-                GateError::QuotaUnavailable
-            })?;
+        let (peek, levels) = self.read(&identity, now_ms).await?;
         let policy = &self.config.policy;
         let limits = policy.limits(identity.limit);
         let rules = NextScanRules {
@@ -60,14 +53,54 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
             pacing: policy.pacing,
             max_backlog: policy.max_backlog,
         };
+        let now = now_ms.secs();
+        let standings = levels
+            .iter()
+            .map(|l| LevelStanding {
+                name: l.name,
+                used: l.peek.used,
+                standing: Standing::of(Some(&l.peek), l.limits, policy.reset, now),
+            })
+            .collect();
         let view = QuotaView {
             scope: identity.scope,
             used: peek.used,
             standing: Standing::of(Some(&peek), limits, policy.reset, now),
-            next: next_scan(&peek, limits, rules, now_ms),
+            levels: standings,
+            next: next_scan(&peek, limits, &levels, rules, now_ms),
             token: identity.token,
         };
         Ok(view.to_response())
+    }
+
+    /// The subject's counter and each level's above it, read side by side
+    /// (one round trip in wall time); either failing is a 503.
+    async fn read(
+        &self,
+        identity: &Identity,
+        now_ms: UnixMillis,
+    ) -> Result<(Peek, Vec<LevelPeek>), GateError> {
+        let key = QuotaKey::new(identity.scope, &identity.digest);
+        let (level_keys, level_rules) = level_lines(identity, &self.config.policy);
+        let now = now_ms.secs();
+        let levels = async {
+            if level_keys.is_empty() {
+                return Ok(Vec::new());
+            }
+            self.bounded(self.store.peek_levels(&level_keys, now)).await
+        };
+        let (peek, levels) = tokio::join!(self.bounded(self.store.peek(&key, now)), levels);
+        let failed = |e| {
+            tracing::warn!(error = %e, "quota store failed on GET /quota");
+            GateError::QuotaUnavailable
+        };
+        let (peek, peeks) = (peek.map_err(failed)?, levels.map_err(failed)?);
+        let levels = level_rules
+            .into_iter()
+            .zip(peeks)
+            .map(|((name, limits), peek)| LevelPeek { name, limits, peek })
+            .collect();
+        Ok((peek, levels))
     }
 
     /// An exempt scan: never counted, delayed or paced; queued at once with

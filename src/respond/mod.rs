@@ -2,7 +2,9 @@
 //!
 //! Headers: `X-Stella-Quota-Remaining`, `X-Stella-Reset` (RFC 3339),
 //! `RateLimit-Policy` and `RateLimit` (IETF httpapi ratelimit-headers
-//! draft), `X-Stella-Quota-Delay-Ms`, and, when they apply,
+//! draft: one policy per level the caller is counted at, the subject's
+//! `"daily"` first, and `RateLimit` for the one with the fewest
+//! remaining), `X-Stella-Quota-Delay-Ms`, and, when they apply,
 //! `X-Stella-Quota-Reminder` and `X-Stella-Quota: unavailable`; in shadow
 //! mode `X-Stella-Quota-Shadow` (what enforcement would have done). An
 //! exempt scan's 202 has `quota.scope` `exempt`, and the same quota headers
@@ -13,20 +15,23 @@
 //! Instants are written by [`crate::clock`]'s [`rfc3339`] and
 //! [`rfc3339_ms`], re-exported here for the callers that know them here.
 
+use std::time::Duration;
+
 use bytes::Bytes;
 use http::{HeaderMap, HeaderName, HeaderValue, Response, StatusCode, header};
 use serde::Serialize;
 use uuid::Uuid;
 
+mod standing;
+
 pub use crate::clock::{rfc3339, rfc3339_ms};
-use crate::config::ResetPolicy;
-use crate::decide::{Limits, ShadowVerdict};
+use crate::decide::ShadowVerdict;
 use crate::delay::DelayPlan;
 use crate::digest::Scope;
 use crate::identity::TokenStatus;
-use crate::record::Peek;
-use crate::store::resets_at;
-use crate::unix::{UnixSecs, duration_ms};
+use crate::level::LevelName;
+use crate::unix::duration_ms;
+pub use standing::{LevelStanding, Standing, fewest_remaining, policy, ratelimit, serialize_level};
 
 pub const REMAINING: HeaderName = HeaderName::from_static("x-stella-quota-remaining");
 pub const RESET: HeaderName = HeaderName::from_static("x-stella-reset");
@@ -37,9 +42,6 @@ pub const REMINDER: HeaderName = HeaderName::from_static("x-stella-quota-reminde
 pub const QUOTA_STATE: HeaderName = HeaderName::from_static("x-stella-quota");
 pub const REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");
 pub const SHADOW: HeaderName = HeaderName::from_static("x-stella-quota-shadow");
-
-/// The seconds in the policy window the headers advertise.
-const WINDOW_SECS: u64 = 86_400;
 
 /// Everything the 202 says.
 #[derive(Debug, Clone)]
@@ -57,6 +59,10 @@ pub struct Accepted {
     pub reminder: bool,
     /// Shadow mode: what enforcement would have done (the scan waited for nothing).
     pub shadow: Option<ShadowVerdict>,
+    /// The level whose decision set the delay (`None`: not counted).
+    pub level: Option<LevelName>,
+    /// Where each level above the subject stands after this scan.
+    pub levels: Vec<LevelStanding>,
 }
 
 /// A 202's body; `Q` is its `quota` (an exempt scan's is only its scope).
@@ -82,6 +88,11 @@ struct Body<'a, Q> {
 #[serde(rename_all = "camelCase")]
 struct Quota<'a> {
     scope: &'static str,
+    #[serde(
+        skip_serializing_if = "Option::is_none",
+        serialize_with = "serialize_level"
+    )]
+    level: Option<LevelName>,
     limit: u32,
     used: Option<u64>,
     remaining: u64,
@@ -113,72 +124,14 @@ impl From<TokenStatus> for TokenBody {
     }
 }
 
-/// `RateLimit-Policy` for a daily ceiling of `limit`.
-pub fn policy(limit: u32) -> String {
-    let (mut q, mut w) = (itoa::Buffer::new(), itoa::Buffer::new());
-    [
-        "\"daily\";q=",
-        q.format(limit),
-        ";w=",
-        w.format(WINDOW_SECS),
-    ]
-    .concat()
-}
-
-/// `RateLimit` with `remaining` scans for `seconds_to_reset` more seconds.
-pub fn ratelimit(remaining: u64, seconds_to_reset: u64) -> String {
-    let (mut r, mut t) = (itoa::Buffer::new(), itoa::Buffer::new());
-    [
-        "\"daily\";r=",
-        r.format(remaining),
-        ";t=",
-        t.format(seconds_to_reset),
-    ]
-    .concat()
-}
-
-/// Where a subject's quota stands, as every answer's quota headers say it:
-/// an exempt caller's too (its scan did not spend it).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Standing {
-    /// The daily ceiling, with any grant.
-    pub limit: u32,
-    pub remaining: u64,
-    /// Unix seconds.
-    pub reset_at: i64,
-    pub seconds_to_reset: u64,
-    /// The store did not answer: `remaining` is the whole limit, and the
-    /// answer says `X-Stella-Quota: unavailable`.
-    pub unavailable: bool,
-}
-
-impl Standing {
-    /// Where a subject stands whose store read `peek` at `now` (`None`: the
-    /// store did not answer): its limit with any grant, what is left, and
-    /// when the period ends, by [`resets_at`].
-    pub fn of(peek: Option<&Peek>, limits: Limits, reset: ResetPolicy, now: UnixSecs) -> Self {
-        let (limit, used, expiry) = match peek {
-            Some(p) => (limits.with_grant(p.grant).limit.get(), p.used, p.reset_at),
-            None => (limits.limit.get(), 0, None),
-        };
-        let reset_at = resets_at(reset, expiry, now);
-        Self {
-            limit,
-            remaining: u64::from(limit).saturating_sub(used),
-            reset_at: reset_at.get(),
-            seconds_to_reset: u64::try_from(reset_at.get() - now.get()).unwrap_or(0),
-            unavailable: peek.is_none(),
-        }
-    }
-}
-
 /// A JSON answer with `status`, `Cache-Control: no-store` and the quota
-/// headers of `standing` (`reset_at` is its instant, written once by the
-/// caller, whose body names it too).
+/// headers of `standing` and of the `levels` above it (`reset_at` is the
+/// subject's instant, written once by the caller, whose body names it too).
 pub fn answer(
     status: StatusCode,
     body: Vec<u8>,
     standing: &Standing,
+    levels: &[LevelStanding],
     reset_at: &str,
 ) -> Response<Bytes> {
     let mut response = Response::new(Bytes::from(body));
@@ -194,10 +147,17 @@ pub fn answer(
     h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
     h.insert(REMAINING, HeaderValue::from(standing.remaining));
     h.insert(RESET, text(reset_at));
-    h.insert(POLICY, text(&policy(standing.limit)));
+    let lines = levels.iter().map(|l| (l.name, l.standing.limit));
+    h.insert(
+        POLICY,
+        text(&policy(
+            std::iter::once((LevelName::Subject, standing.limit)).chain(lines),
+        )),
+    );
+    let (name, least) = fewest_remaining(standing, levels);
     h.insert(
         RATELIMIT,
-        text(&ratelimit(standing.remaining, standing.seconds_to_reset)),
+        text(&ratelimit(name, least.remaining, least.seconds_to_reset)),
     );
     if standing.unavailable {
         h.insert(QUOTA_STATE, HeaderValue::from_static("unavailable"));
@@ -228,7 +188,7 @@ pub fn exempt(
     };
     let body = serde_json::to_vec(&body).unwrap_or_default();
     let reset_at = rfc3339(standing.reset_at);
-    let mut response = answer(StatusCode::ACCEPTED, body, standing, &reset_at);
+    let mut response = answer(StatusCode::ACCEPTED, body, standing, &[], &reset_at);
     response
         .headers_mut()
         .insert(DELAY, HeaderValue::from(0u64));
@@ -273,14 +233,43 @@ pub fn replay(saved: &str) -> Option<Response<Bytes>> {
 }
 
 impl Accepted {
-    /// The reminder sentence, when it applies. ASCII, so it fits a header.
+    /// The reminder, when one applies: the subject's own count past
+    /// `T_warn`, and a delay set by a level above the subject (its network,
+    /// or all anonymous traffic), which a token lifts. ASCII, so it fits a
+    /// header.
     pub fn reminder_text(&self, reset_at: &str) -> Option<String> {
-        let used = self.used.filter(|_| self.reminder)?;
-        let scans = if used == 1 { "scan" } else { "scans" };
-        Some(format!(
-            "You have used {used} {scans} today; your daily quota is {} and resets at {reset_at}.",
-            self.standing.limit
-        ))
+        let own = self.used.filter(|_| self.reminder).map(|used| {
+            let scans = if used == 1 { "scan" } else { "scans" };
+            format!(
+                "You have used {used} {scans} today; your daily quota is {} and resets at {reset_at}.",
+                self.standing.limit
+            )
+        });
+        let shared = self.level_reminder();
+        match (own, shared) {
+            (Some(own), Some(shared)) => Some([own, shared].join(" ")),
+            (own, shared) => own.or(shared),
+        }
+    }
+
+    /// Why a level above the subject delayed this scan, and that a token
+    /// lifts its limit.
+    fn level_reminder(&self) -> Option<String> {
+        let level = self.level.filter(|l| *l != LevelName::Subject)?;
+        let delayed =
+            self.plan.total > Duration::ZERO || self.shadow.is_some_and(|v| v.delay_ms > 0);
+        let line = self.levels.iter().find(|l| l.name == level)?;
+        let limit = line.standing.limit;
+        let label = level.label();
+        let whose = match level {
+            LevelName::Anon => format!("All anonymous scans together ({label}) are"),
+            _ => format!("Your network ({label}) is"),
+        };
+        delayed.then(|| {
+            format!(
+                "{whose} over its shared limit of {limit} scans today, so its scans start one delay apart; scanning with a token lifts the network's limit."
+            )
+        })
     }
 
     /// The 202's JSON body, written into a buffer sized for all of it at
@@ -296,6 +285,7 @@ impl Accepted {
             not_before: &not_before,
             quota: Quota {
                 scope: self.scope.as_str(),
+                level: self.level,
                 limit: self.standing.limit,
                 used: self.used,
                 remaining: self.standing.remaining,
@@ -317,7 +307,13 @@ impl Accepted {
         let reset_at = rfc3339(self.standing.reset_at);
         let reminder = self.reminder_text(&reset_at);
         let json = self.body_json(&reset_at, reminder.as_deref());
-        let mut response = answer(StatusCode::ACCEPTED, json, &self.standing, &reset_at);
+        let mut response = answer(
+            StatusCode::ACCEPTED,
+            json,
+            &self.standing,
+            &self.levels,
+            &reset_at,
+        );
         let h = response.headers_mut();
         h.insert(DELAY, HeaderValue::from(duration_ms(self.plan.total)));
         if let Some(r) = reminder {
@@ -360,6 +356,30 @@ mod tests {
             token: Some(TokenStatus::Rejected(Rejection::Expired)),
             reminder: false,
             shadow: None,
+            level: Some(LevelName::Subject),
+            levels: Vec::new(),
+        }
+    }
+
+    fn v4_24() -> LevelName {
+        LevelName::Network(crate::level::Network {
+            family: crate::level::Family::V4,
+            len: 24,
+        })
+    }
+
+    /// A /24 level with `remaining` of 264 left, its period ending in 7200 s.
+    fn network(remaining: u64) -> LevelStanding {
+        LevelStanding {
+            name: v4_24(),
+            used: 264 - remaining,
+            standing: Standing {
+                limit: 264,
+                remaining,
+                reset_at: 1_796_086_800,
+                seconds_to_reset: 7200,
+                unavailable: false,
+            },
         }
     }
 
@@ -383,7 +403,7 @@ mod tests {
         assert_eq!(body["notBefore"], "2026-11-30T23:00:05.250Z");
         assert_eq!(
             body["quota"],
-            serde_json::json!({"scope":"ip","limit":33,"used":34,"remaining":0,"resetAt":"2026-12-01T00:00:00Z"})
+            serde_json::json!({"scope":"ip","level":"subject","limit":33,"used":34,"remaining":0,"resetAt":"2026-12-01T00:00:00Z"})
         );
         assert_eq!(
             body["token"],
@@ -436,5 +456,89 @@ mod tests {
         let body: serde_json::Value = serde_json::from_slice(r.body()).unwrap();
         assert_eq!(body["quota"]["unavailable"], true);
         assert!(body["quota"]["used"].is_null());
+    }
+
+    /// One policy per level, the subject's first; `RateLimit` names the
+    /// one with the fewest remaining, the subject on a tie.
+    #[test]
+    fn a_policy_per_level() {
+        assert_eq!(
+            policy([(LevelName::Subject, 33), (v4_24(), 264)]),
+            "\"daily\";q=33;w=86400, \"v4-24\";q=264;w=86400"
+        );
+        assert_eq!(policy([(LevelName::Anon, 9)]), "\"anon\";q=9;w=86400");
+        assert_eq!(ratelimit(v4_24(), 3, 60), "\"v4-24\";r=3;t=60");
+        let subject = accepted().standing; // 0 remaining
+        let pick = |s: &Standing, l: &[LevelStanding]| fewest_remaining(s, l).0;
+        assert_eq!(pick(&subject, &[network(0)]), LevelName::Subject);
+        let roomy = Standing {
+            remaining: 10,
+            ..subject
+        };
+        assert_eq!(pick(&roomy, &[network(3)]), v4_24());
+        assert_eq!(pick(&roomy, &[network(10)]), LevelName::Subject);
+        assert_eq!(pick(&roomy, &[]), LevelName::Subject);
+
+        let mut a = accepted();
+        a.standing = roomy;
+        a.levels = vec![network(0)];
+        let r = a.to_response();
+        let h = r.headers();
+        assert_eq!(
+            h[&POLICY],
+            "\"daily\";q=33;w=86400, \"v4-24\";q=264;w=86400"
+        );
+        assert_eq!(h[&RATELIMIT], "\"v4-24\";r=0;t=7200");
+        // The subject's own remaining stays in its header.
+        assert_eq!(h[&REMAINING], "10");
+    }
+
+    /// A delay set by the network: `quota.level` names it and the reminder
+    /// says a token lifts it (ASCII, in a header and the body); a delay
+    /// set by the subject, or none, has no such reminder.
+    #[test]
+    fn a_network_delay_is_explained() {
+        let mut a = accepted();
+        a.level = Some(v4_24());
+        a.levels = vec![network(0)];
+        let r = a.to_response();
+        let text = r.headers()[&REMINDER].to_str().unwrap().to_owned();
+        assert!(text.contains("Your network (v4/24)"), "{text}");
+        assert!(text.contains("shared limit of 264"), "{text}");
+        assert!(text.contains("token"), "{text}");
+        assert!(text.is_ascii());
+        let body: serde_json::Value = serde_json::from_slice(r.body()).unwrap();
+        assert_eq!(body["quota"]["level"], "v4/24");
+        assert_eq!(body["reminder"], text.as_str());
+
+        a.level = Some(LevelName::Anon);
+        a.levels[0].name = LevelName::Anon;
+        let text = a.reminder_text("x").unwrap();
+        assert!(
+            text.starts_with("All anonymous scans together (anon)"),
+            "{text}"
+        );
+
+        // Shadow mode: nobody waited, the verdict says it would have.
+        a.plan = DelayPlan {
+            total: Duration::ZERO,
+            sleep: Duration::ZERO,
+            deferred: Duration::ZERO,
+        };
+        assert!(a.reminder_text("x").is_none());
+        a.shadow = Some(ShadowVerdict {
+            tier: "soft",
+            delay_ms: 5000,
+        });
+        assert!(a.reminder_text("x").is_some());
+
+        // Both reminders: the subject's sentence, then the network's.
+        a.reminder = true;
+        let both = a.reminder_text("x").unwrap();
+        assert!(both.starts_with("You have used 34 scans") && both.contains("token"));
+
+        a.level = Some(LevelName::Subject);
+        a.reminder = false;
+        assert!(a.reminder_text("x").is_none());
     }
 }

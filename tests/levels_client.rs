@@ -1,0 +1,172 @@
+//! What a client sees of the levels above its subject (issue 32, "Clients
+//! see it"): `quota.level`, a `RateLimit-Policy` per level, `RateLimit` for
+//! the fewest remaining, the reminder that a token lifts a network's
+//! limit, and `GET /quota`'s `levels` and `nextScan`; on the in-memory store
+//! and on a real Valkey.
+
+use quota_gate_testkit as common;
+
+use bytes::Bytes;
+use common::*;
+use http::Method;
+use quota_gate::gate::{Gate, GateRequest};
+use quota_gate::queue::ScanQueue;
+use quota_gate::store::QuotaStore;
+use quota_gate::store::memory::MemoryStore;
+use serde_json::json;
+
+/// 2 scans within per address, a /24 of 4, a /56 of 3 and a /48 of 5;
+/// 2 soft (5 s) then hard; pacing on, nothing slept.
+fn vars() -> Vec<(&'static str, &'static str)> {
+    vec![
+        ("QUOTA_ANON", "2"),
+        ("QUOTA_SOFT_WINDOW", "2"),
+        ("QUOTA_NETWORKS", "v4/24=4,v6/56=3,v6/48=5"),
+        ("QUOTA_DELAY_MODE", "defer"),
+        ("QUOTA_MAX_BACKLOG_MS", "86400000"),
+        ("QUOTA_STORE_TIMEOUT_MS", "2000"),
+    ]
+}
+
+fn quota_from(ip: &str) -> GateRequest {
+    GateRequest {
+        method: Method::GET,
+        path: "/quota".into(),
+        body: Bytes::new(),
+        peer: Some(ip.parse().unwrap()),
+        ..GateRequest::default()
+    }
+}
+
+fn header(r: &http::Response<Bytes>, name: &str) -> String {
+    r.headers()
+        .get(name)
+        .map(|v| v.to_str().unwrap().to_owned())
+        .unwrap_or_default()
+}
+
+async fn scan<S: QuotaStore, Q: ScanQueue>(
+    gate: &Gate<S, Q>,
+    request: GateRequest,
+) -> http::Response<Bytes> {
+    let r = gate.handle(request).await;
+    assert_eq!(r.status(), 202, "{:?}", r.body());
+    r
+}
+
+/// Five addresses of one /24, one scan each: the fifth is delayed by the
+/// /24, says so, and `GET /quota` from a sixth address sees the level.
+async fn a_rotated_v4_24<S: QuotaStore, Q: ScanQueue>(gate: &Gate<S, Q>) {
+    for host in 1..=4 {
+        let r = scan(gate, scan_from(&format!("203.0.113.{host}"))).await;
+        let body = json(&r);
+        assert_eq!(body["quota"]["level"], "subject", "scan {host}: {body}");
+        assert_eq!(body["delayMs"], 0);
+        assert_eq!(
+            header(&r, "ratelimit-policy"),
+            "\"daily\";q=2;w=86400, \"v4-24\";q=4;w=86400"
+        );
+        assert!(header(&r, "x-stella-quota-reminder").is_empty());
+    }
+    let r = scan(gate, scan_from("203.0.113.5")).await;
+    let body = json(&r);
+    assert_eq!(body["quota"]["level"], "v4/24", "{body}");
+    assert_eq!(body["quota"]["used"], 1);
+    assert_eq!(body["delayMs"], 5_000);
+    assert!(header(&r, "ratelimit").starts_with("\"v4-24\";r=0;t="));
+    assert_eq!(header(&r, "x-stella-quota-remaining"), "1");
+    let reminder = header(&r, "x-stella-quota-reminder");
+    assert!(
+        reminder.contains("network (v4/24)") && reminder.contains("token"),
+        "{reminder}"
+    );
+    assert_eq!(body["reminder"], reminder.as_str());
+
+    let r = gate.handle(quota_from("203.0.113.6")).await;
+    assert_eq!(r.status(), 200);
+    let body = json(&r);
+    assert_eq!(
+        body["levels"],
+        json!([{"level": "v4/24", "limit": 4, "used": 5, "remaining": 0}])
+    );
+    assert_eq!(body["nextScan"]["level"], "v4/24");
+    assert_eq!(body["nextScan"]["tier"], "soft");
+    // Paced behind the fifth scan's slot: more than the tier's 5 s.
+    let delay = body["nextScan"]["delayMs"].as_u64().unwrap();
+    assert!(delay > 5_000 && delay <= 10_000, "{body}");
+    assert!(header(&r, "ratelimit").starts_with("\"v4-24\";r=0;"));
+    assert_eq!(
+        header(&r, "ratelimit-policy"),
+        "\"daily\";q=2;w=86400, \"v4-24\";q=4;w=86400"
+    );
+    // Another /24 is untouched.
+    let other = json(&scan(gate, scan_from("198.51.100.9")).await);
+    assert_eq!(
+        (other["quota"]["level"].clone(), other["delayMs"].clone()),
+        (json!("subject"), json!(0))
+    );
+}
+
+/// /64s rotated in one /56, then /56s in one /48: each network's level
+/// sets the delay in turn.
+async fn a_rotated_v6<S: QuotaStore, Q: ScanQueue>(gate: &Gate<S, Q>) {
+    let level = |r: &http::Response<Bytes>| json(r)["quota"]["level"].clone();
+    for n in 0..3 {
+        let r = scan(gate, scan_from(&format!("2001:db8:7:1{n}::1"))).await;
+        assert_eq!(level(&r), "subject");
+        let policy = header(&r, "ratelimit-policy");
+        assert_eq!(
+            policy,
+            "\"daily\";q=2;w=86400, \"v6-56\";q=3;w=86400, \"v6-48\";q=5;w=86400"
+        );
+    }
+    let r = scan(gate, scan_from("2001:db8:7:13::1")).await;
+    assert_eq!(level(&r), "v6/56");
+    assert!(header(&r, "x-stella-quota-reminder").contains("network (v6/56)"));
+    // Another /56 of the /48: the 5th in the /48 is within, the 6th is not.
+    let r = scan(gate, scan_from("2001:db8:7:200::1")).await;
+    assert_eq!(level(&r), "subject");
+    let r = scan(gate, scan_from("2001:db8:7:300::1")).await;
+    assert_eq!(level(&r), "v6/48");
+    assert!(header(&r, "ratelimit").starts_with("\"v6-48\";r=0;"));
+    let body = json(&gate.handle(quota_from("2001:db8:7:400::1")).await);
+    let levels: Vec<&str> = body["levels"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| l["level"].as_str().unwrap())
+        .collect();
+    assert_eq!(levels, ["v6/56", "v6/48"]);
+    assert_eq!(body["nextScan"]["level"], "v6/48");
+}
+
+/// In memory: the /24, the /56 and the /48.
+#[tokio::test]
+async fn levels_in_memory() {
+    let gate = gate(&vars(), MemoryStore::default(), Discard);
+    a_rotated_v4_24(&gate).await;
+    a_rotated_v6(&gate).await;
+}
+
+/// On a real Valkey: the same, and a token holder of the crowded /24
+/// sees no level at all.
+#[tokio::test]
+async fn levels_on_valkey() {
+    let server = ValkeyServer::start();
+    let gate = token_gate(&server, &vars());
+    a_rotated_v4_24(&gate).await;
+    a_rotated_v6(&gate).await;
+
+    let claims = json!({"iss": "stella-ops.org", "tid": "t-1", "tier": 50, "exp": now() + 600});
+    let token = mint(jsonwebtoken::Algorithm::EdDSA, claims);
+    let r = scan(&gate, scan_with_token("203.0.113.7", &token)).await;
+    let body = json(&r);
+    assert_eq!(body["quota"]["level"], "subject");
+    assert_eq!(body["delayMs"], 0);
+    assert_eq!(header(&r, "ratelimit-policy"), "\"daily\";q=50;w=86400");
+    let mut check = quota_from("203.0.113.7");
+    check.headers = scan_with_token("203.0.113.7", &token).headers;
+    let body = json(&gate.handle(check).await);
+    assert!(body.get("levels").is_none(), "{body}");
+    assert_eq!(body["nextScan"]["level"], "subject");
+}
