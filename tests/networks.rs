@@ -82,10 +82,13 @@ async fn rotate_sequentially<S: QuotaStore, Q: ScanQueue>(gate: &Gate<S, Q>) -> 
     let answers = one_at_a_time(gate, (1..=12).map(|n| scan_from(&v4(n)))).await;
     let bodies: Vec<Value> = answers.iter().map(json).collect();
     for (n, b) in (1..).zip(&bodies) {
-        let delay = &b["delayMs"];
+        let (delay, level) = (&b["delayMs"], &b["quota"]["level"]);
         match n {
             1..=4 => assert_eq!(delay, 0, "{b}"),
-            _ => assert!(delay.as_u64().unwrap() >= 1000, "scan {n}: {b}"),
+            _ => {
+                assert!(delay.as_u64().unwrap() >= 1000, "scan {n}: {b}");
+                assert_eq!(level, "v4/24", "scan {n}: {b}");
+            }
         }
     }
     bodies
@@ -114,7 +117,10 @@ async fn a_slash_24_is_one_client_sequentially() {
     assert_eq!(level_count(&mut conn, &vars, &v4(1), 0).await, 12);
     // Another network, a token holder, an exempt address: untouched.
     let other = json(&gate.handle(scan_from("198.51.101.1")).await);
-    assert_eq!(other["delayMs"], 0);
+    assert_eq!(
+        (other["delayMs"].as_u64(), other["quota"]["level"].as_str()),
+        (Some(0), Some("subject"))
+    );
 }
 
 #[tokio::test]
@@ -143,12 +149,11 @@ async fn ipv6_networks_are_one_client() {
     let gate = valkey_gate(&server, &levels(&[]));
     let slash56 = (0..5).map(|n| scan_from(&format!("2001:db8:7:{n:x}::1")));
     let answers = one_at_a_time(&gate, slash56).await;
-    let delays: Vec<Value> = answers.iter().map(|r| json(r)["delayMs"].clone()).collect();
-    assert_eq!(delays[..3], [0, 0, 0]);
-    assert!(
-        delays[3..].iter().all(|d| d.as_u64() >= Some(1000)),
-        "{delays:?}"
-    );
+    let levels: Vec<Value> = answers
+        .iter()
+        .map(|r| json(r)["quota"]["level"].clone())
+        .collect();
+    assert_eq!(levels, ["subject", "subject", "subject", "v6/56", "v6/56"]);
     // Other /56s of the same /48: the /48 has seen 5 already.
     let answers = one_at_a_time(
         &gate,
@@ -157,6 +162,7 @@ async fn ipv6_networks_are_one_client() {
     .await;
     for r in &answers {
         let b = json(r);
+        assert_eq!(b["quota"]["level"], "v6/48", "{b}");
         assert!(b["delayMs"].as_u64().unwrap() >= 1000, "{b}");
     }
     // Another /48 is a stranger.
@@ -201,6 +207,13 @@ async fn the_anonymous_budget_paces_every_network() {
     let answers = all_at_once(&gate, (1..=8).map(|n| scan_from(&format!("10.{n}.0.1")))).await;
     let bodies: Vec<Value> = answers.iter().map(json).collect();
     assert_eq!(bodies.iter().filter(|b| b["delayMs"] == 0).count(), 3);
+    assert!(
+        bodies
+            .iter()
+            .filter(|b| b["delayMs"] != 0)
+            .all(|b| b["quota"]["level"] == "anon"),
+        "{bodies:?}"
+    );
     let starts = over_limit_starts(&stream_jobs(&server, "jobs").await);
     assert_eq!(starts.len(), 5);
     assert_one_delay_apart(&starts, 2000);
@@ -270,6 +283,7 @@ async fn shadow_mode_reports_levels() {
     let answers = one_at_a_time(&gate, (1..=7).map(|n| scan_from(&v4(n)))).await;
     let last = json(&answers[6]);
     assert_eq!(last["delayMs"], 0, "{last}");
+    assert_eq!(last["quota"]["level"], "v4/24", "{last}");
     assert_eq!(last["shadow"]["tier"], "hard", "{last}");
 }
 
