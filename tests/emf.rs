@@ -356,6 +356,7 @@ fn timestamp_is_the_requests_instant() {
             reminder: false,
             delay: Duration::from_secs(60),
             shadow: false,
+            level: quota_gate::level::LevelName::Subject,
         },
         end: meter::End::Answered,
         at: quota_gate::unix::UnixMillis(1_796_032_800_123),

@@ -164,6 +164,9 @@ pub struct Inspection {
     /// How far ahead that is, in ms: the wait a scan arriving now would add.
     pub backlog_ms: u64,
     pub next: NextScan,
+    /// The levels above the subject an anonymous scan from this address is
+    /// counted at (`QUOTA_NETWORKS`, `QUOTA_ANON_GLOBAL`); none for a token.
+    pub levels: Vec<super::network::LevelReport>,
 }
 
 impl Inspection {
@@ -216,6 +219,7 @@ impl Inspection {
                 delay_ms: crate::unix::duration_ms(next.delay),
                 reminder: next.reminder,
             },
+            levels: Vec::new(),
         }
     }
 
@@ -277,6 +281,9 @@ impl Inspection {
         let mut out = String::new();
         for (label, value) in rows {
             out.push_str(&format!("{label:<11} {value}\n"));
+        }
+        for level in &self.levels {
+            out.push_str(&format!("{:<11} {}\n", "level", level.line()));
         }
         out
     }
