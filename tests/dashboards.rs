@@ -255,7 +255,10 @@ async fn levels_run(vars: &[(&str, &str)], sink: &Capture) {
             assert_eq!(nets.handle(scan_from(ip)).await.status(), 202, "{ip}");
         }
     }
-    let global = with_vars(vars, &[("QUOTA_NETWORKS", "off"), ("QUOTA_ANON_GLOBAL", "1")]);
+    let global = with_vars(
+        vars,
+        &[("QUOTA_NETWORKS", "off"), ("QUOTA_ANON_GLOBAL", "1")],
+    );
     let global = metered_gate(&global, MemoryStore::default(), Discard, sink.meter());
     for ip in ["192.0.2.1", "192.0.2.2"] {
         assert_eq!(global.handle(scan_from(ip)).await.status(), 202);
