@@ -507,7 +507,7 @@ fn alert_rules() -> Vec<(String, f64)> {
 #[test]
 fn grafana_thresholds_are_the_alert_rules() {
     let rules = alert_rules();
-    assert_eq!(rules.len(), 4);
+    assert_eq!(rules.len(), 5);
     let panels = panels(&grafana());
     for (expr, threshold) in rules {
         let (title, red, _) = panels
