@@ -31,6 +31,7 @@ const PURE: &[&str] = &[
     "delay",
     "outcome",
     "hash_tag",
+    "level",
     "pace",
     "record",
     "settle",

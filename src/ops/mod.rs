@@ -21,6 +21,7 @@
 pub mod change;
 pub mod command;
 pub mod keys;
+pub mod level_report;
 pub mod network;
 pub mod nodes;
 pub mod progress;

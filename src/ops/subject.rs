@@ -166,7 +166,7 @@ pub struct Inspection {
     pub next: NextScan,
     /// The levels above the subject an anonymous scan from this address is
     /// counted at (`QUOTA_NETWORKS`, `QUOTA_ANON_GLOBAL`); none for a token.
-    pub levels: Vec<super::network::LevelReport>,
+    pub levels: Vec<super::level_report::LevelReport>,
 }
 
 impl Inspection {
@@ -242,10 +242,7 @@ impl Inspection {
         if self.next.reminder {
             next.push_str(", with reminder");
         }
-        let limit = match self.grant {
-            0 => self.limit.to_string(),
-            n => format!("{} ({} + {n} granted)", self.limit, self.base_limit),
-        };
+        let limit = super::level_report::limit_row(self.limit, self.base_limit, self.grant);
         let reset_at = self.reset_at.as_deref().unwrap_or("-");
         let rows = [
             ("scope", format!("{} ({basis})", self.scope)),
@@ -278,14 +275,11 @@ impl Inspection {
             ),
             ("next", next),
         ];
-        let mut out = String::new();
-        for (label, value) in rows {
-            out.push_str(&format!("{label:<11} {value}\n"));
-        }
-        for level in &self.levels {
-            out.push_str(&format!("{:<11} {}\n", "level", level.line()));
-        }
-        out
+        let levels = self.levels.iter().map(|l| ("level", l.line()));
+        rows.into_iter()
+            .chain(levels)
+            .map(|(label, value)| format!("{label:<11} {value}\n"))
+            .collect()
     }
 
     /// The grant's line: how many, and until when.
