@@ -83,9 +83,13 @@ pub fn main() -> ExitCode {
     };
     match runtime.block_on(dispatch(cli.command, config)) {
         Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("quota-gate: {e}");
-            ExitCode::FAILURE
+        Err(Failure { message, usage }) => {
+            eprintln!("quota-gate: {message}");
+            if usage {
+                ExitCode::from(2)
+            } else {
+                ExitCode::FAILURE
+            }
         }
     }
 }
@@ -96,22 +100,47 @@ fn config_error(e: impl std::fmt::Display) -> ExitCode {
     ExitCode::from(2)
 }
 
+/// Why a command failed: its message, and whether it is a usage error
+/// (exit status 2, as clap's and a bad environment's) rather than a failure (1).
+struct Failure {
+    message: String,
+    usage: bool,
+}
+
+impl From<String> for Failure {
+    fn from(message: String) -> Self {
+        Self {
+            message,
+            usage: false,
+        }
+    }
+}
+
 /// Runs `command` (any but `scan-guard`, which needs no runtime).
-async fn dispatch(command: Command, config: Config) -> Result<(), String> {
+async fn dispatch(command: Command, config: Config) -> Result<(), Failure> {
     use crate::ops::command as ops;
     match command {
-        Command::Serve => serve(config).await,
-        Command::Inspect(args) => text(ops::inspect(args, &config).await),
-        Command::Reset(args) => text(ops::reset(args, &config).await),
-        Command::Grant(args) => text(ops::grant(args, &config).await),
-        Command::Purge(args) => text(ops::purge(args, &config).await),
-        Command::Consume(args) => crate::consume::run(*args, config, shutdown_signal()).await,
+        Command::Serve => Ok(serve(config).await?),
+        Command::Inspect(args) => operator(ops::inspect(args, &config).await),
+        Command::Reset(args) => operator(ops::reset(args, &config).await),
+        Command::Grant(args) => operator(ops::grant(args, &config).await),
+        Command::Purge(args) => operator(ops::purge(args, &config).await),
+        Command::Consume(args) => Ok(crate::consume::run(*args, config, shutdown_signal()).await?),
         Command::ScanGuard(_) => Ok(()),
         Command::Stats(args) => {
             text(crate::ops::stats::preflight().await)?;
-            text(ops::stats(args, &config).await)
+            operator(ops::stats(args, &config).await)
         }
     }
+}
+
+/// An operator command's result: input that names nothing configured is a
+/// usage error.
+fn operator(result: Result<(), crate::ops::OpsError>) -> Result<(), Failure> {
+    result.map_err(|e| Failure {
+        usage: matches!(e, crate::ops::OpsError::BadInput(_)),
+        message: e.to_string(),
+    })
 }
 
 /// An operator command's error as the text `main` prints.

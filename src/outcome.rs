@@ -13,17 +13,21 @@
 use std::time::Duration;
 
 use crate::decide::Tier;
+use crate::level::LevelName;
 
 /// What the store made of a scan request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Metered {
-    /// Counted and decided: its tier, whether it carries the reminder, and
-    /// the whole delay it owes (in shadow mode, what it would have owed).
+    /// Counted and decided: its tier, whether it carries the reminder, the
+    /// whole delay it owes (in shadow mode, what it would have owed), and
+    /// the level whose counter set that tier (the subject, a network, or
+    /// all anonymous traffic).
     Counted {
         tier: Tier,
         reminder: bool,
         delay: Duration,
         shadow: bool,
+        level: LevelName,
     },
     /// The count failed (refused, or accepted unmetered).
     StoreFailed,
@@ -169,6 +173,7 @@ mod tests {
         reminder: false,
         delay: Duration::from_secs(5),
         shadow: false,
+        level: LevelName::Subject,
     };
 
     /// Each way out maps to its outcome; a refusal wins over the tier; shadow is within.
@@ -179,6 +184,7 @@ mod tests {
             reminder: false,
             delay: Duration::ZERO,
             shadow,
+            level: LevelName::Subject,
         };
         let answered = |m| Outcome::of(m, End::Answered);
         assert_eq!(answered(counted(Tier::Within, false)), Outcome::Within);

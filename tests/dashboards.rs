@@ -203,6 +203,8 @@ async fn scripted_emf_run() -> String {
         assert_eq!(shadow.handle(check).await.status(), 200);
     }
 
+    levels_run(&vars, &sink).await;
+
     let server = ValkeyServer::start();
     let url = server.url();
     let on_valkey = |mode: &str| {
@@ -227,6 +229,40 @@ async fn scripted_emf_run() -> String {
         assert_eq!(closed.handle(request()).await.status(), 503);
     }
     sink.text()
+}
+
+/// Budgets above the subject: addresses of one network (each a first scan
+/// of its own) get the network's soft then hard tier, at each level the
+/// dashboard plots; beyond the anonymous budget, scans are paced.
+async fn levels_run(vars: &[(&str, &str)], sink: &Capture) {
+    let nets = with_vars(vars, &[("QUOTA_NETWORKS", "v4/24=1,v6/56=1,v6/48=2")]);
+    let nets = metered_gate(&nets, MemoryStore::default(), Discard, sink.meter());
+    let series: [&[&str]; 3] = [
+        // v4/24 (1): within, soft, hard.
+        &["198.51.100.1", "198.51.100.2", "198.51.100.3"],
+        // One /56 (1) of a /48 (2): the /56 is the more severe.
+        &["2001:db8:1:1::1", "2001:db8:1:2::1", "2001:db8:1:3::1"],
+        // /56s of one /48 (2): within, within, soft, hard.
+        &[
+            "2001:db8:3:100::1",
+            "2001:db8:3:200::1",
+            "2001:db8:3:300::1",
+            "2001:db8:3:400::1",
+        ],
+    ];
+    for addresses in series {
+        for ip in addresses {
+            assert_eq!(nets.handle(scan_from(ip)).await.status(), 202, "{ip}");
+        }
+    }
+    let global = with_vars(
+        vars,
+        &[("QUOTA_NETWORKS", "off"), ("QUOTA_ANON_GLOBAL", "1")],
+    );
+    let global = metered_gate(&global, MemoryStore::default(), Discard, sink.meter());
+    for ip in ["192.0.2.1", "192.0.2.2"] {
+        assert_eq!(global.handle(scan_from(ip)).await.status(), 202);
+    }
 }
 
 /// The metrics AWS publishes for a function and a queue that the dashboard may plot.
@@ -340,12 +376,13 @@ fn cloudwatch_thresholds_are_the_alarms() {
             "hard-hits alarm" => &["QuotaHardHitsAbuseAlarm"],
             "1 s (p95 alarm)" => &["QuotaDelayP95HighIpAlarm", "QuotaDelayP95HighTidAlarm"],
             "backlog alarm" => &["QuotaBacklogRefusalsAlarm"],
+            "global-paced alarm" => &["QuotaGlobalPacedAlarm"],
             "dead-letter alarm" => &["ScanDeadLetterAlarm"],
             _ => &[],
         }
     };
     let alarms = alarms(&template);
-    assert_eq!(alarms.len(), 6, "{alarms:?}");
+    assert_eq!(alarms.len(), 7, "{alarms:?}");
     let mut checked = BTreeSet::new();
     for (label, value) in &lines {
         for alarm in alarms_of(label) {
@@ -470,7 +507,7 @@ fn alert_rules() -> Vec<(String, f64)> {
 #[test]
 fn grafana_thresholds_are_the_alert_rules() {
     let rules = alert_rules();
-    assert_eq!(rules.len(), 4);
+    assert_eq!(rules.len(), 5);
     let panels = panels(&grafana());
     for (expr, threshold) in rules {
         let (title, red, _) = panels

@@ -338,12 +338,15 @@ fn aws_parameter_list_is_the_templates() {
 /// docs/operations.md's metrics table is `meter/catalogue.rs`'s metrics.
 #[test]
 fn metrics_table_is_the_meters() {
-    use quota_gate::meter::{COUNTERS, DELAY_MS, EMF_DROPPED, EVENTS, REQUESTS, SHADOW_COUNTERS};
+    use quota_gate::meter::{
+        COUNTERS, DELAY_MS, EMF_DROPPED, EVENTS, LEVEL_METRICS, REQUESTS, SHADOW_COUNTERS,
+    };
     let mut metrics: BTreeSet<String> = COUNTERS
         .iter()
         .chain(&REQUESTS)
         .chain(&SHADOW_COUNTERS)
         .chain(&EVENTS)
+        .chain(&LEVEL_METRICS)
         .map(|s| s.to_string())
         .collect();
     metrics.insert(DELAY_MS.into());

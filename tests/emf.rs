@@ -17,7 +17,10 @@
 //! exactly `[["Scope"]]` (the product spec's step 9: no other dimension), a
 //! line must name exactly one of the per-outcome requests metrics (or, for
 //! an exempt scan or a `GET /quota`, exactly its one event counter), and no
-//! line may carry the client's address or digest.
+//! line may carry the client's address or digest. A scan whose delay a level
+//! above the subject set has a second line of its own with exactly one level
+//! metric: a network hit's dimension is `[["Level"]]` (a configured level's
+//! name, `v4/24`, never an address), global pacing's `[["Scope"]]` (`ip`).
 
 use quota_gate_testkit as common;
 
@@ -104,7 +107,13 @@ fn check_emf(line: &str) -> Value {
     };
     let requests = declared_of(&meter::REQUESTS);
     let events = declared_of(&meter::EVENTS);
-    if events.is_empty() {
+    let levels = declared_of(&meter::LEVEL_METRICS);
+    let by_level = levels.iter().any(|n| *n != meter::GLOBAL_PACED);
+    if !levels.is_empty() {
+        assert_eq!(levels.len(), 1, "one level metric per line: {line}");
+        assert!(requests.is_empty() && events.is_empty(), "{line}");
+        assert_eq!(root[levels[0]], 1, "{line}");
+    } else if events.is_empty() {
         assert_eq!(requests.len(), 1, "one requests metric per line: {line}");
         assert_eq!(root[requests[0]], 1, "{line}");
     } else {
@@ -118,10 +127,11 @@ fn check_emf(line: &str) -> Value {
         assert_eq!(ns, "StellaOps/Quota");
 
         let sets = d["Dimensions"].as_array().expect("Dimensions is an array");
+        let dimension = if by_level { "Level" } else { "Scope" };
         assert_eq!(
             d["Dimensions"],
-            serde_json::json!([["Scope"]]),
-            "Scope and no other dimension, in every directive: {line}"
+            serde_json::json!([[dimension]]),
+            "{dimension} and no other dimension: {line}"
         );
         for set in sets {
             let names = set.as_array().expect("a dimension set is an array");
@@ -132,7 +142,14 @@ fn check_emf(line: &str) -> Value {
                     .get(name)
                     .unwrap_or_else(|| panic!("dimension {name} missing"));
                 let value = value.as_str().expect("dimension values are strings");
-                assert!(["ip", "tid"].contains(&value), "{name}={value}");
+                let level = |v: &str| {
+                    let (family, len) = v.split_once('/').unwrap_or_default();
+                    ["v4", "v6"].contains(&family) && len.parse::<u8>().is_ok()
+                };
+                match name {
+                    "Level" => assert!(level(value), "{name}={value}"),
+                    _ => assert!(["ip", "tid"].contains(&value), "{name}={value}"),
+                }
             }
         }
 
@@ -150,7 +167,8 @@ fn check_emf(line: &str) -> Value {
                     meter::COUNTERS.contains(&name)
                         || meter::REQUESTS.contains(&name)
                         || meter::SHADOW_COUNTERS.contains(&name)
-                        || meter::EVENTS.contains(&name),
+                        || meter::EVENTS.contains(&name)
+                        || meter::LEVEL_METRICS.contains(&name),
                     "undeclared metric {name}"
                 );
                 "Count"
@@ -356,6 +374,7 @@ fn timestamp_is_the_requests_instant() {
             reminder: false,
             delay: Duration::from_secs(60),
             shadow: false,
+            level: quota_gate::level::LevelName::Subject,
         },
         end: meter::End::Answered,
         at: quota_gate::unix::UnixMillis(1_796_032_800_123),
@@ -380,4 +399,65 @@ async fn timestamps_are_the_gates_clock() {
     // Within, soft (slept 5 s), hard: the third arrived after the soft scan's sleep.
     assert!(stamps[1] - stamps[0] < 1_000, "{stamps:?}");
     assert!(stamps[2] - stamps[1] >= 5_000, "{stamps:?}");
+}
+
+/// A scan delayed by a network level is followed by that level's line (soft, then hard, dimension Level), one paced by the anonymous budget by a global-paced line; a within scan, a token's and a shadow decision have none; no line names an address.
+#[tokio::test]
+async fn level_lines() {
+    let sink = Capture::default();
+    let vars = with_vars(
+        TIERS,
+        &[
+            ("QUOTA_NETWORKS", "v4/24=1,v6/48=1"),
+            ("QUOTA_SOFT_WINDOW", "1"),
+        ],
+    );
+    let gate = metered_gate(&vars, MemoryStore::default(), Discard, sink.meter());
+    let addresses = ["198.51.100.1", "198.51.100.2", "198.51.100.3"];
+    for ip in addresses {
+        assert_eq!(gate.handle(scan_from(ip)).await.status(), 202);
+    }
+    let level_lines = |docs: &[Value]| -> Vec<(String, String)> {
+        docs.iter()
+            .filter_map(|d| {
+                let metric = meter::LEVEL_METRICS.iter().find(|m| d.get(**m).is_some())?;
+                let dimension = d.get("Level").or(d.get("Scope"))?.as_str()?.to_owned();
+                Some((metric.to_string(), dimension))
+            })
+            .collect()
+    };
+    let docs = documents(&sink);
+    assert_eq!(docs.len(), 5, "three scans, two level lines");
+    assert_eq!(
+        level_lines(&docs),
+        [
+            (meter::NETWORK_SOFT_HITS.to_string(), "v4/24".to_string()),
+            (meter::NETWORK_HARD_HITS.to_string(), "v4/24".to_string()),
+        ]
+    );
+    // The anonymous budget: the second scan is paced fleet-wide.
+    let sink = Capture::default();
+    let global = with_vars(
+        TIERS,
+        &[("QUOTA_NETWORKS", "off"), ("QUOTA_ANON_GLOBAL", "1")],
+    );
+    let gate = metered_gate(&global, MemoryStore::default(), Discard, sink.meter());
+    for ip in ["192.0.2.1", "192.0.2.2"] {
+        assert_eq!(gate.handle(scan_from(ip)).await.status(), 202);
+    }
+    let docs = documents(&sink);
+    assert_eq!(
+        level_lines(&docs),
+        [(meter::GLOBAL_PACED.to_string(), "ip".to_string())]
+    );
+    // Shadow mode decides the same, but nobody waited: no level line.
+    let sink = Capture::default();
+    let shadow = with_vars(&vars, &[("QUOTA_MODE", "shadow")]);
+    let gate = metered_gate(&shadow, MemoryStore::default(), Discard, sink.meter());
+    for ip in addresses {
+        assert_eq!(gate.handle(scan_from(ip)).await.status(), 202);
+    }
+    assert!(level_lines(&documents(&sink)).is_empty());
+    let text = sink.text();
+    assert!(!text.contains("198.51.100") && !text.contains("192.0.2"));
 }

@@ -30,13 +30,19 @@ fn scripted_run() -> &'static str {
     &scrapes()[0]
 }
 
+/// The process's one Prometheus recorder.
+fn recorder() -> &'static metrics_exporter_prometheus::PrometheusHandle {
+    static HANDLE: OnceLock<metrics_exporter_prometheus::PrometheusHandle> = OnceLock::new();
+    HANDLE.get_or_init(|| quota_gate::cli::install_prometheus().unwrap())
+}
+
 /// The scripted traffic, then two scrapes of `GET /metrics`.
 fn scrapes() -> &'static [String; 2] {
     static TEXT: OnceLock<[String; 2]> = OnceLock::new();
     TEXT.get_or_init(|| {
         let runtime = tokio::runtime::Runtime::new().unwrap();
         runtime.block_on(async {
-            let handle = quota_gate::cli::install_prometheus().unwrap();
+            let handle = recorder().clone();
             // The seed's tiers (3 within, 2 soft, then hard); reminders from the 5th.
             let key = fixture("ed25519.pub.pem");
             let extra = [("QUOTA_WARN_AT", "5"), ("QUOTA_JWT_PUBLIC_KEY", &key)];
@@ -297,8 +303,8 @@ fn alert_rules_use_exposed_series() {
     let alerts = alert_metrics();
     assert_eq!(
         alerts.len(),
-        4,
-        "the seed's three and backlog refusals: {alerts:?}"
+        5,
+        "the seed's three, backlog refusals and global pacing: {alerts:?}"
     );
     let mut used = BTreeSet::new();
     for (alert, metrics) in &alerts {
@@ -352,5 +358,65 @@ fn scrapes_are_in_a_stable_order() {
     assert!(
         soft[0].contains("\"ip\"") && soft[1].contains("\"tid\""),
         "{soft:?}"
+    );
+}
+
+/// A scan delayed by a network level counts in its level's series (soft, then hard), one paced by the anonymous budget in the global one; every configured level has a series from the start; no address reaches a label.
+#[tokio::test]
+async fn level_hits_by_level() {
+    use quota_gate::meter::{GLOBAL_PACED, NETWORK_HARD_HITS, NETWORK_SOFT_HITS};
+    // The scripted snapshot first: the traffic below must not show in it.
+    let _ = scripted_run();
+    let nets = with_vars(TIERS, &[("QUOTA_NETWORKS", "v4/24=1,v6/56=5,v6/48=5")]);
+    let levels = config(&nets).policy.levels;
+    let meter = || Meter::new("test", None).with_levels(&levels);
+    let gate = metered_gate(&nets, MemoryStore::default(), common::Discard, meter());
+    for ip in [
+        "198.51.100.1",
+        "198.51.100.2",
+        "198.51.100.3",
+        "198.51.100.4",
+    ] {
+        assert_eq!(gate.handle(scan_from(ip)).await.status(), 202, "{ip}");
+    }
+    let global = with_vars(
+        TIERS,
+        &[("QUOTA_NETWORKS", "off"), ("QUOTA_ANON_GLOBAL", "1")],
+    );
+    let global = metered_gate(&global, MemoryStore::default(), common::Discard, meter());
+    for ip in ["192.0.2.1", "192.0.2.2"] {
+        assert_eq!(global.handle(scan_from(ip)).await.status(), 202);
+    }
+    let text = quota_gate::meter::prometheus::render(recorder());
+    // v4/24 limit 1, soft window 2: within, soft, soft, hard.
+    let series = |name: &str, label: &str| format!("{name}{{{label}}}");
+    assert_eq!(
+        value(&text, &series(NETWORK_SOFT_HITS, "level=\"v4/24\"")),
+        2.0
+    );
+    assert_eq!(
+        value(&text, &series(NETWORK_HARD_HITS, "level=\"v4/24\"")),
+        1.0
+    );
+    assert_eq!(value(&text, &series(GLOBAL_PACED, "scope=\"ip\"")), 1.0);
+    for level in ["v6/56", "v6/48"] {
+        let label = format!("level=\"{level}\"");
+        assert_eq!(
+            value(&text, &series(NETWORK_SOFT_HITS, &label)),
+            0.0,
+            "{level}"
+        );
+        assert_eq!(
+            value(&text, &series(NETWORK_HARD_HITS, &label)),
+            0.0,
+            "{level}"
+        );
+    }
+    for name in [NETWORK_SOFT_HITS, NETWORK_HARD_HITS, GLOBAL_PACED] {
+        assert_counter_with_help(&text, name);
+    }
+    assert!(
+        !text.contains("198.51.100") && !text.contains("192.0.2"),
+        "{text}"
     );
 }

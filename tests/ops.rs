@@ -13,6 +13,7 @@ use common::*;
 use jsonwebtoken::Algorithm;
 use quota_gate::Gate;
 use quota_gate::ops::change;
+use quota_gate::ops::network;
 use quota_gate::ops::progress::Progress;
 use quota_gate::ops::subject::{self, Basis, SubjectArg};
 use quota_gate::ops::{OpsError, purge, stats, valkey_store};
@@ -38,6 +39,15 @@ fn ops_config(server: &ValkeyServer) -> quota_gate::Config {
 /// The gate on `server` whose keys the operator commands look at.
 fn gate_on(server: &ValkeyServer) -> Gate<ValkeyStore, StreamQueue> {
     token_gate(server, &ops_tiers())
+}
+
+/// How many of `keys` there are, all of them a level's (`quota:net:`).
+fn only_levels(keys: &[String]) -> usize {
+    assert!(
+        keys.iter().all(|k| k.starts_with("quota:net:{")),
+        "{keys:?}"
+    );
+    keys.len()
 }
 
 fn token(tid: &str, extra: Value) -> String {
@@ -152,10 +162,22 @@ async fn reset_then_next_counts_one() {
     assert!(removal.render().contains(&s.key.counter));
     let mut c = server.client().await;
     let left: Vec<String> = c.keys("quota:*").await.unwrap();
-    assert!(left.is_empty(), "{left:?}");
+    assert_eq!(
+        only_levels(&left),
+        2,
+        "its /56 and /48 keep their counts: {left:?}"
+    );
+    // Its /56 (limit 6) is still over: the next scan is its 7th.
     let body = json(&gate.handle(scan_from("2001:db8:5:6::1")).await);
     assert_eq!(body["quota"]["used"], 1);
-    assert_eq!(body["delayMs"], 0);
+    assert_eq!(body["delayMs"], 5000);
+    let removal = network::reset(&config, "2001:db8:5::/56").await.unwrap();
+    assert_eq!(removal.removed, 1, "the /56's counter");
+    let body = json(&gate.handle(scan_from("2001:db8:5:6::1")).await);
+    assert_eq!(
+        (body["quota"]["used"].as_u64(), body["delayMs"].as_u64()),
+        (Some(2), Some(0))
+    );
     assert_eq!(change::reset(&store, &s).await.unwrap().removed, 2);
     assert_eq!(change::reset(&store, &s).await.unwrap().removed, 0);
 }
@@ -184,7 +206,7 @@ async fn inspect_shows_backlog_and_reset_clears_it() {
     assert_eq!(removal.removed, 4, "counter, first-seen, slot, one record");
     let mut c = server.client().await;
     let left: Vec<String> = c.keys("quota:*").await.unwrap();
-    assert!(left.is_empty(), "{left:?}");
+    assert_eq!(only_levels(&left), 1, "its /24 keeps its count: {left:?}");
     let i = subject::inspect(&store, &config, &s).await.unwrap();
     assert_eq!((i.exists, i.backlog_ms), (false, 0));
 }
@@ -215,7 +237,8 @@ async fn purge_only_quota_keys() {
         pipe.set(k, "keep").ignore();
     }
     let _: () = pipe.query_async(&mut c).await.unwrap();
-    let quota_keys = 1_500 + 3 * 2;
+    // Each subject's counter and first-seen key; one /24, and a /56 and /48.
+    let quota_keys = 1_500 + 3 * 2 + 3;
 
     let config = ops_config(&server);
     let dry = purge::purge(valkey_store(&config).unwrap(), true, None)
@@ -331,12 +354,12 @@ async fn binary_end_to_end() {
     assert!(String::from_utf8_lossy(&refused.stderr).contains("--yes"));
     let mut c = server.client().await;
     let left: Vec<String> = c.keys("quota:*").await.unwrap();
-    assert_eq!(left.len(), 2, "a refused purge touches nothing");
+    assert_eq!(left.len(), 3, "a refused purge touches nothing");
 
     let dry = quota_gate(&["purge", "--dry-run", "--json"], &env);
     assert!(dry.status.success());
     let dry: Value = serde_json::from_slice(&dry.stdout).unwrap();
-    assert_eq!(dry["keys"], 2);
+    assert_eq!(dry["keys"], 3);
 
     let reset = quota_gate(&["reset", "--ip", "192.0.2.10/32"], &env);
     assert!(reset.status.success());
@@ -348,7 +371,7 @@ async fn binary_end_to_end() {
         "{}",
         String::from_utf8_lossy(&done.stderr)
     );
-    assert!(String::from_utf8_lossy(&done.stdout).starts_with("removed 2 quota:* keys"));
+    assert!(String::from_utf8_lossy(&done.stdout).starts_with("removed 3 quota:* keys"));
     let left: Vec<String> = c.keys("quota:*").await.unwrap();
     assert!(left.is_empty());
 
@@ -521,7 +544,8 @@ async fn cluster_inspect_reset_purge() {
     assert_eq!(body["quota"]["used"], 1);
 
     let quota_keys = cluster.keys("quota:*").len() as u64;
-    assert_eq!(quota_keys, 60);
+    // 30 subjects' counter and first-seen key, and their one /24.
+    assert_eq!(quota_keys, 61);
     let progress = Progress::new("removed", Box::new(std::io::sink()), false, Duration::ZERO);
     let report = purge::purge(store, false, Some(progress.clone()))
         .await
@@ -531,5 +555,161 @@ async fn cluster_inspect_reset_purge() {
     for k in others {
         let v: Option<String> = c.get(k).await.unwrap();
         assert_eq!(v.as_deref(), Some("keep"), "{k} must survive");
+    }
+}
+
+/// `inspect --ip` shows each level of the address; `inspect|grant|reset --network` act on one level, found by any address of the network; a network's grant always expires (with its counter, or at the period's end before the first scan).
+#[tokio::test]
+async fn network_levels() {
+    let server = ValkeyServer::start();
+    let gate = gate_on(&server);
+    let scans = [
+        vec![scan_from("203.0.113.7"); 4],
+        vec![scan_from("203.0.113.8"); 2],
+    ];
+    one_at_a_time(&gate, scans.concat()).await;
+    let config = ops_config(&server);
+    let store = valkey_store(&config).unwrap();
+    let s = subject::resolve(&config, &SubjectArg::Ip("203.0.113.7".into())).unwrap();
+    let mut i = subject::inspect(&store, &config, &s).await.unwrap();
+    let levels = network::of_ip(&config, "203.0.113.7").unwrap();
+    i.levels = network::inspect(&store, &config, &levels).await.unwrap();
+    // QUOTA_ANON=3, so the default v4/24=8x is 24; both addresses count there.
+    let l = &i.levels[..];
+    assert_eq!(l.len(), 1, "{l:?}");
+    assert_eq!(
+        (l[0].level.as_str(), l[0].used, l[0].limit, l[0].remaining),
+        ("v4/24", 6, 24, 18)
+    );
+    assert!(
+        l[0].reset_at
+            .as_deref()
+            .is_some_and(|r| r.ends_with("T00:00:00Z"))
+    );
+    assert!(
+        i.render()
+            .contains("level       v4/24: used 6 of 24, remaining 18"),
+        "{}",
+        i.render()
+    );
+
+    let n = network::inspect_network(&config, "203.0.113.200/24")
+        .await
+        .unwrap();
+    assert_eq!((n.used, n.key.as_str()), (6, l[0].key.as_str()));
+    // A grant with a counter expires with it.
+    let g = network::grant(&config, "203.0.113.0/24", 10).await.unwrap();
+    assert_eq!(g.expires_at, l[0].reset_at);
+    let n = network::inspect_network(&config, "203.0.113.0/24")
+        .await
+        .unwrap();
+    assert_eq!(
+        (n.limit, n.base_limit, n.grant, n.remaining),
+        (34, 24, 10, 28)
+    );
+    assert_eq!(n.grant_expires_at, l[0].reset_at);
+    // Before the network's first scan: the end of a period opened now.
+    let fresh = network::grant(&config, "198.51.100.0/24", 5).await.unwrap();
+    assert!(
+        fresh
+            .expires_at
+            .as_deref()
+            .is_some_and(|at| at.ends_with("T00:00:00Z"))
+    );
+    let mut c = server.client().await;
+    let grant_key = format!(
+        "{}:grant",
+        network::resolve(&config, "198.51.100.0/24")
+            .unwrap()
+            .key
+            .counter
+    );
+    let ttl: i64 = c.ttl(&grant_key).await.unwrap();
+    assert!(
+        ttl > 0 && ttl <= 86_400,
+        "a network grant always expires: {ttl}"
+    );
+    let revoked = network::grant(&config, "198.51.100.0/24", 0).await.unwrap();
+    assert_eq!(revoked.revoked, Some(true));
+    // Reset removes the level's keys and nothing of its subjects.
+    let removal = network::reset(&config, "203.0.113.0/24").await.unwrap();
+    assert_eq!(removal.removed, 2, "counter and grant");
+    assert!(network::render_removal(&removal).contains("counter, pacing slot, grant"));
+    assert_eq!(
+        subject::inspect(&store, &config, &s).await.unwrap().count,
+        4
+    );
+    let n = network::inspect_network(&config, "203.0.113.0/24")
+        .await
+        .unwrap();
+    assert_eq!((n.exists, n.used, n.limit), (false, 0, 24));
+    // A length that is not configured names the configured levels.
+    let e = network::resolve(&config, "203.0.113.0/16").unwrap_err();
+    assert!(matches!(e, OpsError::BadInput(_)), "{e}");
+    assert!(e.to_string().contains("v4/24, v6/56, v6/48"), "{e}");
+}
+
+/// The binary: `inspect --ip --json` lists the levels, `grant --network` prints its expiry, and a `--network` of another length exits 2 naming the configured levels.
+#[tokio::test]
+async fn binary_network() {
+    let server = ValkeyServer::start();
+    let gate = gate_on(&server);
+    one_at_a_time(&gate, vec![scan_from("2001:db8:7:1::1"); 2]).await;
+    let url = server.url();
+    let secret = std::str::from_utf8(SECRET).unwrap();
+    let env = [
+        ("VALKEY_URL", url.as_str()),
+        ("QUOTA_HASH_SECRET", secret),
+        ("QUOTA_ANON", "3"),
+        ("QUOTA_SOFT_WINDOW", "2"),
+    ];
+    let out = quota_gate(&["inspect", "--ip", "2001:db8:7:1::1", "--json"], &env);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let levels: Vec<(&str, u64)> = report["levels"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| (l["level"].as_str().unwrap(), l["used"].as_u64().unwrap()))
+        .collect();
+    assert_eq!(levels, [("v6/56", 2), ("v6/48", 2)]);
+    let granted = quota_gate(
+        &[
+            "grant",
+            "--network",
+            "2001:db8:7::/48",
+            "--scans",
+            "5",
+            "--json",
+        ],
+        &env,
+    );
+    assert!(
+        granted.status.success(),
+        "{}",
+        String::from_utf8_lossy(&granted.stderr)
+    );
+    let granted: Value = serde_json::from_slice(&granted.stdout).unwrap();
+    assert!(
+        granted["expiresAt"]
+            .as_str()
+            .is_some_and(|at| at.ends_with('Z')),
+        "{granted}"
+    );
+    let bad = quota_gate(&["inspect", "--network", "2001:db8:7::/64"], &env);
+    assert_eq!(bad.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&bad.stderr);
+    assert!(
+        err.contains("/64 is not a configured level") && err.contains("v6/56, v6/48"),
+        "{err}"
+    );
+    let not_cidr = quota_gate(&["reset", "--network", "nope"], &env);
+    assert_eq!(not_cidr.status.code(), Some(2));
+    for out in [&out, &bad] {
+        assert!(!String::from_utf8_lossy(&out.stdout).contains("2001:db8:7:1"));
     }
 }

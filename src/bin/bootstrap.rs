@@ -53,7 +53,7 @@ async fn start() -> Result<Gate<quota_gate::store::AnyStore, quota_gate::queue::
     let config = Config::from_env()
         .and_then(Config::require_hash_secret)
         .map_err(|e| e.to_string())?;
-    let meter = Meter::stdout(config.metrics_namespace.clone());
+    let meter = Meter::stdout(config.metrics_namespace.clone()).with_levels(&config.policy.levels);
     let gate = Gate::from_config(config, meter)
         .await
         .map_err(|e| e.to_string())?;

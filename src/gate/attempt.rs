@@ -270,11 +270,14 @@ impl Scan {
     /// first attempt.
     pub fn metered(&self, delay: Duration, shadow: bool) -> Metered {
         match &self.metering {
-            Metering::Counted { decision, .. } => Metered::Counted {
+            Metering::Counted {
+                decision, level, ..
+            } => Metered::Counted {
                 tier: decision.tier,
                 reminder: decision.reminder,
                 delay,
                 shadow,
+                level: *level,
             },
             Metering::Unmetered | Metering::Unknown { .. } if self.resumed.is_none() => {
                 Metered::StoreFailed

@@ -185,6 +185,11 @@ pub fn describe() {
         .into_iter()
         .chain(Outcome::ALL.map(|o| (o.requests_metric(), o.help())))
         .chain(Event::ALL.map(|e| (e.metric(), e.help())))
+        .chain(
+            super::levels::LEVEL_METRICS
+                .into_iter()
+                .zip(super::levels::LevelHit::HELP),
+        )
         .chain(others);
     for (name, help) in counters {
         metrics::describe_counter!(name, help);

@@ -26,16 +26,19 @@
 
 pub mod catalogue;
 pub mod emf;
+pub mod levels;
 pub mod prometheus;
 
 use std::io::Write;
 use std::sync::Arc;
 
 use crate::digest::Scope;
+use crate::level::Levels;
 use crate::stdout::LineWriter;
 use crate::unix::UnixMillis;
 use catalogue::{Counter, shadow_values};
 use emf::{Line, Sink, Unit};
+use levels::{LevelHit, LevelMeter};
 
 pub use crate::outcome::{End, Metered, Outcome};
 pub use catalogue::{
@@ -43,6 +46,7 @@ pub use catalogue::{
     Event, HARD_HITS, PROCESS_OPEN_FDS, PROCESS_RSS, REMINDERS, REQUESTS, SHADOW_COUNTERS,
     SHADOW_HARD_HITS, SHADOW_SOFT_HITS, SOFT_HITS, STORE_ERRORS, describe,
 };
+pub use levels::{GLOBAL_PACED, LEVEL_METRICS, NETWORK_HARD_HITS, NETWORK_SOFT_HITS};
 
 /// How one scan request that reached the store left the gate: what the
 /// store made of it, how it ended, and when it arrived. The gate returns
@@ -64,6 +68,9 @@ pub struct Meter {
     /// Handles registered once per scope: a lookup per call would cost the
     /// recorder a key hash and a map probe per metric per request.
     handles: Arc<[ScopeHandles; 2]>,
+    /// The levels above the subject ([`levels`]).
+    levels: Arc<LevelMeter>,
+    namespace: Arc<str>,
     emf: Option<Sink>,
 }
 
@@ -150,11 +157,22 @@ impl Meter {
     /// EMF lines to `sink` (or none at all). The `metrics` handles are
     /// registered here, so install a recorder (Prometheus) before this.
     pub fn new(namespace: impl Into<String>, sink: Option<Box<dyn Write + Send>>) -> Self {
+        let namespace: Arc<str> = namespace.into().into();
         Self {
-            directives: Arc::new(Directives::new(&namespace.into())),
+            directives: Arc::new(Directives::new(&namespace)),
             handles: Arc::new([ScopeHandles::new(Scope::Ip), ScopeHandles::new(Scope::Tid)]),
+            levels: Arc::new(LevelMeter::new(&namespace, &Levels::default())),
+            namespace,
             emf: sink.map(Sink::sync),
         }
+    }
+
+    /// The same meter with a series registered (at 0) for each configured
+    /// network level (`config.policy.levels`), so a query on one has data
+    /// before its first hit.
+    pub fn with_levels(mut self, levels: &Levels) -> Self {
+        self.levels = Arc::new(LevelMeter::new(&self.namespace, levels));
+        self
     }
 
     /// Records one request's [`Exit`] in both exporters.
@@ -181,6 +199,12 @@ impl Meter {
         }
         if let Some(sink) = &self.emf {
             sink.write(self.emf_line(exit, outcome));
+        }
+        if let Some(hit) = LevelHit::of(exit.metered) {
+            self.levels.increment(hit);
+            if let Some(sink) = &self.emf {
+                sink.write(self.levels.line(hit, exit.at.get()));
+            }
         }
     }
 
@@ -267,6 +291,7 @@ mod tests {
             reminder: false,
             delay: Duration::from_millis(delay_ms),
             shadow,
+            level: crate::level::LevelName::Subject,
         }
     }
 

@@ -9,12 +9,14 @@ use serde::Serialize;
 use time::OffsetDateTime;
 
 use super::change;
+use super::network;
 use super::progress::Progress;
 use super::subject::{self, SubjectArg};
 use super::{OpsError, purge, stats, valkey_store};
 use crate::config::Config;
 
-/// Which client: exactly one of `--ip` or `--token`.
+/// Which client: exactly one of `--ip` or `--token`; or, with
+/// `--network`, one level above the subjects.
 #[derive(Debug, Args)]
 #[group(required = true, multiple = false)]
 pub struct SubjectArgs {
@@ -25,10 +27,19 @@ pub struct SubjectArgs {
     /// which keeps it out of the shell history.
     #[arg(long, value_name = "JWT|TID")]
     pub token: Option<String>,
+    /// One network level: a CIDR of a configured length of QUOTA_NETWORKS
+    /// (`203.0.113.0/24`, `2001:db8:1::/48`).
+    #[arg(long, value_name = "CIDR")]
+    pub network: Option<String>,
 }
 
 impl SubjectArgs {
     fn into_arg(self) -> Result<SubjectArg, OpsError> {
+        if self.network.is_some() {
+            return Err(OpsError::Usage(
+                "--network names a level, not a client".into(),
+            ));
+        }
         match (self.ip, self.token) {
             (Some(ip), _) => Ok(SubjectArg::Ip(ip)),
             (None, Some(t)) if t == "-" => {
@@ -128,14 +139,28 @@ fn print<T: Serialize>(
 
 /// `quota-gate inspect`.
 pub async fn inspect(args: InspectArgs, config: &Config) -> Result<(), OpsError> {
-    let subject = subject::resolve(config, &args.subject.into_arg()?)?;
+    if let Some(cidr) = &args.subject.network {
+        let report = network::inspect_network(config, cidr).await?;
+        return print(args.json, &report, super::level_report::LevelReport::render);
+    }
+    let arg = args.subject.into_arg()?;
+    let subject = subject::resolve(config, &arg)?;
+    let levels = match &arg {
+        SubjectArg::Ip(raw) => network::of_ip(config, raw)?,
+        SubjectArg::Token(_) => Vec::new(),
+    };
     let store = valkey_store(config)?;
-    let report = subject::inspect(&store, config, &subject).await?;
+    let mut report = subject::inspect(&store, config, &subject).await?;
+    report.levels = network::inspect(&store, config, &levels).await?;
     print(args.json, &report, subject::Inspection::render)
 }
 
 /// `quota-gate reset`.
 pub async fn reset(args: ResetArgs, config: &Config) -> Result<(), OpsError> {
+    if let Some(cidr) = &args.subject.network {
+        let removal = network::reset(config, cidr).await?;
+        return print(args.json, &removal, network::render_removal);
+    }
     let subject = subject::resolve(config, &args.subject.into_arg()?)?;
     let store = valkey_store(config)?;
     let removal = change::reset(&store, &subject).await?;
@@ -148,6 +173,10 @@ pub async fn grant(args: GrantArgs, config: &Config) -> Result<(), OpsError> {
         Some(n) => change::check_scans(n)?,
         None => 0,
     };
+    if let Some(cidr) = &args.subject.network {
+        let granted = network::grant(config, cidr, scans).await?;
+        return print(args.json, &granted, change::Granted::render);
+    }
     let subject = subject::resolve(config, &args.subject.into_arg()?)?;
     let store = valkey_store(config)?;
     let granted = change::grant(&store, &subject, scans, config.policy.reset).await?;

@@ -101,6 +101,7 @@ impl ValkeyStore {
         let at: i64 = crate::store::valkey::eval(GRANT, &[&key.counter, &key.grant])
             .arg(scans)
             .arg(period_end.map_or(0, UnixSecs::get))
+            .arg(0)
             .query_async(&mut conn)
             .await?;
         Ok(if at >= 0 {
@@ -108,6 +109,25 @@ impl ValkeyStore {
         } else {
             GrantExpiry::WithNextPeriod
         })
+    }
+
+    /// Gives a level above the subject `scans` extra scans, replacing any
+    /// earlier grant; it always expires: with the level's counter when that
+    /// has an expiry, else at `period_end`. Returns the expiry.
+    pub async fn grant_level(
+        &self,
+        key: &QuotaKey,
+        scans: u64,
+        period_end: UnixSecs,
+    ) -> Result<UnixSecs, StoreError> {
+        let mut conn = self.valkey().connection().await?;
+        let at: i64 = crate::store::valkey::eval(GRANT, &[&key.counter, &key.grant])
+            .arg(scans)
+            .arg(period_end.get())
+            .arg(1)
+            .query_async(&mut conn)
+            .await?;
+        Ok(UnixSecs(at))
     }
 
     /// Takes a subject's grant back; whether there was one.

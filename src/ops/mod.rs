@@ -5,6 +5,7 @@
 //! | `inspect` | [`subject`] | one client's counter, TTL, first-seen, reset, paced backlog and next tier |
 //! | `reset` | [`subject`] | removes all of one client's keys: counter, first-seen, pacing slot, grant, idempotency records |
 //! | `grant` | [`subject`] | N extra scans for one client's current period (a key beside its counter, expiring with it), or `--revoke` |
+//! | `inspect/grant/reset --network` | [`network`] | one network level (a configured length of `QUOTA_NETWORKS`); `inspect --ip` also shows each level of the address |
 //! | `purge` | [`purge`] | the seed's mass expiry: every `quota:*` key, in batches |
 //! | `stats` | [`stats`] | soft and hard hits, reminders and p95 delay from CloudWatch |
 //!
@@ -20,6 +21,8 @@
 pub mod change;
 pub mod command;
 pub mod keys;
+pub mod level_report;
+pub mod network;
 pub mod nodes;
 pub mod progress;
 pub mod purge;
@@ -47,6 +50,10 @@ pub enum OpsError {
     /// Operator input that cannot name a client, or a refused action.
     #[error("{0}")]
     Usage(String),
+    /// Operator input that names nothing configured (a `--network` of a
+    /// length `QUOTA_NETWORKS` does not list): a usage error, exit status 2.
+    #[error("{0}")]
+    BadInput(String),
     #[error(transparent)]
     Store(#[from] StoreError),
     #[error("CloudWatch: {0}")]

@@ -164,6 +164,9 @@ pub struct Inspection {
     /// How far ahead that is, in ms: the wait a scan arriving now would add.
     pub backlog_ms: u64,
     pub next: NextScan,
+    /// The levels above the subject an anonymous scan from this address is
+    /// counted at (`QUOTA_NETWORKS`, `QUOTA_ANON_GLOBAL`); none for a token.
+    pub levels: Vec<super::level_report::LevelReport>,
 }
 
 impl Inspection {
@@ -216,6 +219,7 @@ impl Inspection {
                 delay_ms: crate::unix::duration_ms(next.delay),
                 reminder: next.reminder,
             },
+            levels: Vec::new(),
         }
     }
 
@@ -238,10 +242,7 @@ impl Inspection {
         if self.next.reminder {
             next.push_str(", with reminder");
         }
-        let limit = match self.grant {
-            0 => self.limit.to_string(),
-            n => format!("{} ({} + {n} granted)", self.limit, self.base_limit),
-        };
+        let limit = super::level_report::limit_row(self.limit, self.base_limit, self.grant);
         let reset_at = self.reset_at.as_deref().unwrap_or("-");
         let rows = [
             ("scope", format!("{} ({basis})", self.scope)),
@@ -274,11 +275,11 @@ impl Inspection {
             ),
             ("next", next),
         ];
-        let mut out = String::new();
-        for (label, value) in rows {
-            out.push_str(&format!("{label:<11} {value}\n"));
-        }
-        out
+        let levels = self.levels.iter().map(|l| ("level", l.line()));
+        rows.into_iter()
+            .chain(levels)
+            .map(|(label, value)| format!("{label:<11} {value}\n"))
+            .collect()
     }
 
     /// The grant's line: how many, and until when.

@@ -58,7 +58,8 @@ impl Server {
             0 => std::thread::available_parallelism().map_or(1, usize::from),
             n => usize::from(n),
         };
-        let meter = Meter::background_stdout(config.metrics_namespace.clone());
+        let meter = Meter::background_stdout(config.metrics_namespace.clone())
+            .with_levels(&config.policy.levels);
         let mut limits = ServeLimits::from_config(&config);
         limits.max_connections = connection_cap(limits.max_connections);
         let store = if config.store.valkey.is_some() {
