@@ -11,7 +11,8 @@
 //! | file | holds |
 //! |---|---|
 //! | `path.rs` | the driver: request in, the core's answers carried out, an [`Exit`](crate::meter::Exit) out |
-//! | `attempt.rs` | the request, the identified attempt, the scan that goes ahead, and its job and 202 |
+//! | `attempt.rs` | the request, the identified attempt and the levels above its subject |
+//! | `scan.rs` | the scan that goes ahead, and its job and 202 |
 //! | `settlement.rs` | the writes after a scan's end: a failure settled, a keyed answer saved |
 //! | `quota.rs` | the two requests that never count: `GET /quota` and an exempt caller's scan |
 //! | `wiring.rs` | the [`Gate`] and the backends the configuration names |
@@ -22,6 +23,7 @@
 mod attempt;
 mod path;
 mod quota;
+mod scan;
 mod settlement;
 mod wiring;
 

@@ -21,7 +21,8 @@ use http::{Method, Response};
 use tokio::time::{Instant, timeout};
 use uuid::Uuid;
 
-use super::attempt::{Attempt, GateRequest, Scan};
+use super::attempt::{Attempt, GateRequest};
+use super::scan::Scan;
 use super::settlement::queue_failed;
 use super::wiring::Gate;
 use crate::bugs::{self, Bug};

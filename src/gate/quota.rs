@@ -8,7 +8,8 @@ use bytes::Bytes;
 use http::Response;
 use tokio::time::Instant;
 
-use super::attempt::{GateRequest, Held, enqueue_within, level_lines, scan_job};
+use super::attempt::{GateRequest, enqueue_within, level_lines};
+use super::scan::{Held, scan_job};
 use super::settlement::queue_failed;
 use super::wiring::Gate;
 use crate::check::{LevelPeek, NextScanRules, QuotaView, exempt_response, next_scan};

@@ -1,0 +1,194 @@
+//! The scan that goes ahead ([`Scan`]): a fresh one or one a retry took
+//! over, with the job and the 202 built from it, and the one construction
+//! of a job ([`scan_job`]) that exempt scans share.
+
+use std::time::Duration;
+
+use uuid::Uuid;
+
+use super::attempt::Attempt;
+use crate::check::ShadowVerdict;
+use crate::delay::DelayPlan;
+use crate::identity::Identity;
+use crate::job::{JobTier, RequestBody};
+use crate::meter::Metered;
+use crate::queue::ScanJob;
+use crate::respond::{self, Accepted, LevelStanding, Standing};
+use crate::settle::{Metering, Resumed};
+use crate::store::{Lane, Peek};
+use crate::unix::{UnixMillis, duration_ms};
+
+/// The scan that goes ahead: a fresh one, or one a retry took over.
+pub(super) struct Scan {
+    /// Every job of a keyed scan carries its record's scanId.
+    pub scan_id: Uuid,
+    pub metering: Metering,
+    /// What each level above the subject counted (in the attempt's order).
+    pub lanes: Vec<Lane>,
+    /// When the scan arrived (the first attempt's, when resumed).
+    pub received_ms: UnixMillis,
+    /// Taken over from an earlier attempt, with its plan: nothing is slept
+    /// again, and the delay is not paced again.
+    pub resumed: Option<DelayPlan>,
+}
+
+impl Scan {
+    /// This request's scan: a keyed one under its claim's scanId.
+    pub fn fresh(attempt: &Attempt, metering: Metering, lanes: Vec<Lane>) -> Self {
+        Self {
+            scan_id: attempt
+                .claim
+                .as_ref()
+                .map_or_else(|| crate::clock::uuid_v7(attempt.now_ms), |c| c.scan_id),
+            metering,
+            lanes,
+            received_ms: attempt.now_ms,
+            resumed: None,
+        }
+    }
+
+    /// The scan an abandoned attempt left (see [`crate::settle::resume`]).
+    /// Its levels were counted (or not) by the first attempt, and are
+    /// not counted again.
+    pub fn resumed(resumed: Resumed) -> Self {
+        Self {
+            scan_id: resumed.scan_id,
+            metering: resumed.metering,
+            lanes: Vec::new(),
+            received_ms: resumed.received_ms,
+            resumed: Some(resumed.plan),
+        }
+    }
+
+    /// What the meter is told of it: a fresh scan that is not counted is
+    /// one whose count failed; a resumed one was counted, if at all, by its
+    /// first attempt.
+    pub fn metered(&self, delay: Duration, shadow: bool) -> Metered {
+        match &self.metering {
+            Metering::Counted {
+                decision, level, ..
+            } => Metered::Counted {
+                tier: decision.tier,
+                reminder: decision.reminder,
+                delay,
+                shadow,
+                level: *level,
+            },
+            Metering::Unmetered | Metering::Unknown { .. } if self.resumed.is_none() => {
+                Metered::StoreFailed
+            }
+            Metering::Unmetered | Metering::Unknown { .. } => Metered::Uncounted,
+        }
+    }
+
+    /// The job to queue, carrying the scan's `body`, held back until
+    /// `received + plan.total`.
+    pub fn job(&self, identity: &Identity, body: RequestBody, plan: DelayPlan) -> ScanJob {
+        let held = Held {
+            scan_id: self.scan_id,
+            received_ms: self.received_ms,
+            plan,
+        };
+        scan_job(
+            identity,
+            held,
+            self.metering.into(),
+            self.metering.used(),
+            body,
+        )
+    }
+
+    /// The 202 for its queued `job`. Uncounted, it reports the whole limit
+    /// until the period's end, as an exempt scan's does without the store.
+    pub fn accepted(
+        &self,
+        attempt: &Attempt,
+        job: &ScanJob,
+        plan: DelayPlan,
+        shadow: bool,
+    ) -> Accepted {
+        let (used, peek, reminder, verdict, level) = match &self.metering {
+            // A grant raises the ceiling the answer reports, as it did the tier's.
+            Metering::Counted {
+                count,
+                decision,
+                level,
+            } => (
+                Some(count.used),
+                Some(Peek::from(*count)),
+                decision.reminder,
+                shadow.then(|| ShadowVerdict::new(decision.tier, decision.delay)),
+                Some(*level),
+            ),
+            Metering::Unmetered | Metering::Unknown { .. } => (None, None, false, None, None),
+        };
+        // Each level counted with it, where it stands after this scan.
+        let levels = attempt
+            .level_rules
+            .iter()
+            .zip(&self.lanes)
+            .filter_map(|((name, limits), lane)| match lane {
+                Lane::Counted(c) => Some(LevelStanding {
+                    name: *name,
+                    used: c.used,
+                    standing: Standing::of(
+                        Some(&Peek::from(*c)),
+                        *limits,
+                        attempt.reset,
+                        attempt.now(),
+                    ),
+                }),
+                Lane::Failed { .. } => None,
+            })
+            .collect();
+        Accepted {
+            scan_id: job.scan_id,
+            scope: attempt.identity.scope,
+            used,
+            standing: Standing::of(peek.as_ref(), attempt.limits, attempt.reset, attempt.now()),
+            plan,
+            not_before_ms: job.not_before_ms,
+            token: attempt.identity.token,
+            reminder,
+            shadow: verdict,
+            level,
+            levels,
+        }
+    }
+}
+
+/// When a job may start: its scan's id and arrival, and the delay that
+/// holds it back.
+pub(super) struct Held {
+    pub scan_id: Uuid,
+    pub received_ms: UnixMillis,
+    pub plan: DelayPlan,
+}
+
+/// The one construction of a job (counted, unmetered or exempt): the
+/// subject's, with its `tier` and `count`, held as `held` says, carrying
+/// the scan's `body`.
+pub(super) fn scan_job(
+    identity: &Identity,
+    held: Held,
+    tier: JobTier,
+    count: u64,
+    body: RequestBody,
+) -> ScanJob {
+    let not_before_ms = held.received_ms.saturating_add(held.plan.total).get();
+    ScanJob {
+        version: crate::job::JOB_VERSION,
+        scan_id: held.scan_id,
+        received_at: respond::rfc3339_ms(held.received_ms.get()),
+        scope: identity.scope,
+        digest: identity.digest.to_string(),
+        tier,
+        limit: identity.limit.get(),
+        count,
+        delay_ms: duration_ms(held.plan.total),
+        deferred_ms: duration_ms(held.plan.deferred),
+        not_before: respond::rfc3339_ms(not_before_ms),
+        not_before_ms,
+        request: body,
+    }
+}
