@@ -33,6 +33,7 @@
 mod external;
 mod floor;
 mod load;
+mod paths;
 mod process;
 
 use external::WrkPath;
@@ -412,6 +413,10 @@ fn run(settings: &Settings) -> Result<Vec<String>, String> {
     }
     print_table(&rows);
     let command_ratio = print_valkey_time(&valkey_time);
+    match runtime.block_on(paths::figures(&url, common::loopback(server.port))) {
+        Ok(figures) => paths::print(&figures),
+        Err(e) => failures.push(format!("per-path figures: {e}")),
+    }
 
     // The targets, each a ratio of two figures of this run.
     let mut targets = Targets::default();

@@ -20,6 +20,11 @@ impl Lookup<'_> {
             .filter(|v| !v.is_empty())
     }
 
+    /// Whether the variable is set (to something other than blanks).
+    pub(super) fn is_set<K>(&self, var: &Var<K>) -> bool {
+        self.raw(var).is_some()
+    }
+
     /// The value, or the row's default when unset.
     fn or_default<K>(&self, var: &Var<K>) -> String {
         self.raw(var).unwrap_or_else(|| match var.row.default {

@@ -9,7 +9,7 @@ use super::lookup::Lookup;
 use super::vars;
 use super::words::{DelayMode, Mode, Pacing, ResetPolicy};
 use crate::decide::Limits;
-use crate::level::{AnonBudget, Levels, parse_networks};
+use crate::level::{AnonBudget, Levels, NetworkLevel, parse_networks};
 
 /// The quota and what happens past it.
 #[derive(Debug, Clone)]
@@ -58,8 +58,12 @@ impl Policy {
     /// IPv6 prefix (read with the identity): read after both.
     pub(super) fn with_levels(self, env: &Lookup, ipv6_prefix: u8) -> Result<Self, ConfigError> {
         let var = &vars::QUOTA_NETWORKS;
-        let networks = parse_networks(&env.text(var), self.quota_anon, ipv6_prefix)
-            .map_err(|why| ConfigError::new(var.name(), why))?;
+        let networks = if env.is_set(var) {
+            parse_networks(&env.text(var), self.quota_anon, ipv6_prefix)
+                .map_err(|why| ConfigError::new(var.name(), why))?
+        } else {
+            default_networks(&env.text(var), self.quota_anon, ipv6_prefix)
+        };
         let interval = env.millis(&vars::QUOTA_ANON_GLOBAL_INTERVAL_MS)?;
         let anon = std::num::NonZeroU32::new(env.count(&vars::QUOTA_ANON_GLOBAL)?)
             .map(|limit| AnonBudget { limit, interval });
@@ -79,4 +83,16 @@ impl Policy {
             warn_at: self.warn_at,
         }
     }
+}
+
+/// The default levels, less those a wide `QUOTA_IPV6_PREFIX` leaves no
+/// shorter than the subject (a /48 subject has no /56 or /48 above it): an
+/// operator who widens the subject does not have to restate the levels. A
+/// `QUOTA_NETWORKS` that is set is held to its grammar, and refused whole.
+fn default_networks(default: &str, anon: NonZeroU32, ipv6_prefix: u8) -> Vec<NetworkLevel> {
+    default
+        .split(',')
+        .filter_map(|level| parse_networks(level, anon, ipv6_prefix).ok())
+        .flatten()
+        .collect()
 }

@@ -211,7 +211,8 @@ variables! {
     /// network that encloses its address, like one client ([Budgets above the
     /// subject](#budgets-above-the-subject)); comma-separated `v4/<len>=<limit>` and
     /// `v6/<len>=<limit>` (a level shorter than the subject's /32 or `QUOTA_IPV6_PREFIX`, at most 3
-    /// per family), the limit a number of scans per period or `<k>x` (k × `QUOTA_ANON`); `off`: none
+    /// per family), the limit a number of scans per period or `<k>x` (k × `QUOTA_ANON`); `off`: none.
+    /// Unset, a default level not shorter than the subject is left out
     QUOTA_NETWORKS: Var<Text> = text("v4/24=8x,v6/56=2x,v6/48=8x");
     /// anonymous scans per period for all anonymous subjects together; beyond it they start at
     /// most one per `QUOTA_ANON_GLOBAL_INTERVAL_MS` across the fleet (0: off)

@@ -74,8 +74,9 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
         Ok(view.to_response())
     }
 
-    /// The subject's counter and each level's above it, read side by side
-    /// (one round trip in wall time); either failing is a 503.
+    /// The subject's counter and each level's above it, in one request
+    /// (standalone: one round trip; a cluster reads each slot at once);
+    /// a failure is a 503.
     async fn read(
         &self,
         identity: &Identity,
@@ -84,18 +85,21 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
         let key = QuotaKey::new(identity.scope, &identity.digest);
         let (level_keys, level_rules) = level_lines(identity, &self.config.policy);
         let now = now_ms.secs();
-        let levels = async {
-            if level_keys.is_empty() {
-                return Ok(Vec::new());
-            }
-            self.bounded(self.store.peek_levels(&level_keys, now)).await
+        let peeks = if level_keys.is_empty() {
+            self.bounded(self.store.peek(&key, now))
+                .await
+                .map(|p| vec![p])
+        } else {
+            let keys: Vec<QuotaKey> = std::iter::once(key).chain(level_keys).collect();
+            self.bounded(self.store.peek_levels(&keys, now)).await
         };
-        let (peek, levels) = tokio::join!(self.bounded(self.store.peek(&key, now)), levels);
-        let failed = |e| {
-            tracing::warn!(error = %e, "quota store failed on GET /quota");
-            GateError::QuotaUnavailable
-        };
-        let (peek, peeks) = (peek.map_err(failed)?, levels.map_err(failed)?);
+        let mut peeks = peeks
+            .map_err(|e| {
+                tracing::warn!(error = %e, "quota store failed on GET /quota");
+                GateError::QuotaUnavailable
+            })?
+            .into_iter();
+        let peek = peeks.next().unwrap_or_default();
         let levels = level_rules
             .into_iter()
             .zip(peeks)

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http::Response;
-use tokio::time::{Instant, timeout_at};
+use tokio::time::Instant;
 use uuid::Uuid;
 
 use super::attempt::Attempt;
@@ -123,15 +123,12 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
         let (mut backoff, mut tries) = (RETRY_FIRST, 0u32);
         let error = loop {
             tries += 1;
-            let sent = timeout_at(
-                until,
-                self.settle_once(attempt, scan_id, settlement, levels),
-            )
-            .await;
-            let e = match sent {
-                Ok(Ok(())) => return,
-                Ok(Err(e)) => e,
-                Err(_) => StoreError::Unanswered,
+            // Every try is bounded by the store's own timeout; the first is
+            // always made, however late the failure came (a stalled queue
+            // can take the whole deadline: its count is still refunded).
+            let e = match self.settle_once(attempt, scan_id, settlement, levels).await {
+                Ok(()) => return,
+                Err(e) => e,
             };
             let left = until.saturating_duration_since(Instant::now());
             if !may_repeat(settlement, attempt.keyed(), &e) || left <= backoff {

@@ -5,8 +5,10 @@
 //! its primary it makes a lagging replica: [`Proxy::cut`] partitions them.
 
 use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
-use tokio::io::copy_bidirectional;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -16,6 +18,9 @@ pub struct Proxy {
     pub addr: SocketAddr,
     upstream: watch::Sender<Option<SocketAddr>>,
     accept: JoinHandle<()>,
+    /// Reads from clients: on loopback, with a client that waits for each
+    /// answer, one a round trip.
+    bursts: Arc<AtomicU64>,
 }
 
 impl Proxy {
@@ -24,12 +29,20 @@ impl Proxy {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("a free port");
         let addr = listener.local_addr().expect("an address");
         let (tx, rx) = watch::channel(Some(upstream));
-        let accept = tokio::spawn(accept_loop(listener, rx));
+        let bursts = Arc::new(AtomicU64::new(0));
+        let accept = tokio::spawn(accept_loop(listener, rx, bursts.clone()));
         Self {
             addr,
             upstream: tx,
             accept,
+            bursts,
         }
+    }
+
+    /// How many reads the proxy made from its clients so far (a sequential
+    /// client's round trips, on loopback).
+    pub fn bursts(&self) -> u64 {
+        self.bursts.load(Ordering::Relaxed)
     }
 
     pub fn url(&self) -> String {
@@ -53,21 +66,38 @@ impl Drop for Proxy {
     }
 }
 
-async fn accept_loop(listener: TcpListener, upstream: watch::Receiver<Option<SocketAddr>>) {
+async fn accept_loop(
+    listener: TcpListener,
+    upstream: watch::Receiver<Option<SocketAddr>>,
+    bursts: Arc<AtomicU64>,
+) {
     let mut links = tokio::task::JoinSet::new();
     while let Ok((client, _)) = listener.accept().await {
         let mut changed = upstream.clone();
         let target = *changed.borrow_and_update();
+        let bursts = bursts.clone();
         links.spawn(async move {
             let Some(target) = target else {
                 return;
             };
-            let Ok(mut server) = TcpStream::connect(target).await else {
+            let Ok(server) = TcpStream::connect(target).await else {
                 return;
             };
-            let mut client = client;
+            let (mut from_client, mut to_client) = client.into_split();
+            let (mut from_server, mut to_server) = server.into_split();
+            let up = async {
+                let mut buf = vec![0u8; 64 * 1024];
+                while let Ok(n @ 1..) = from_client.read(&mut buf).await {
+                    bursts.fetch_add(1, Ordering::Relaxed);
+                    if to_server.write_all(&buf[..n]).await.is_err() {
+                        break;
+                    }
+                }
+            };
+            let down = tokio::io::copy(&mut from_server, &mut to_client);
             tokio::select! {
-                _ = copy_bidirectional(&mut client, &mut server) => {}
+                _ = up => {}
+                _ = down => {}
                 _ = changed.changed() => {}
             }
         });
