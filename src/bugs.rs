@@ -1,5 +1,6 @@
-//! Switches that bring past bugs back, one at a time, so the simulator
-//! (`tests/sim.rs`) can show that it finds each of them.
+//! Switches that bring past bugs back, one at a time, so the simulators
+//! (`tests/sim.rs` for the gate, `tests/consume_sim.rs` for the consumer)
+//! can show that they find each of them.
 //!
 //! Only the `sim-bugs` feature compiles the switch itself, and only the test
 //! harness (`testkit`, a dev-dependency) turns the feature on: a release
@@ -24,16 +25,37 @@ pub enum Bug {
     ConnectErrorAsUnanswered,
     /// A client that disconnects drops its scan wherever it stands.
     DisconnectDropsScan,
+    /// The consumer runs a scan again under the token of its last run, so
+    /// a re-run after a lost lease whose marker that token still holds is
+    /// given the same attempt number again.
+    SameTokenAfterLostLease,
+    /// The consumer tries its done marker once, does not wait until it is
+    /// recorded (on the replicas), and acks the job all the same.
+    DoneNotAwaitedBeforeAck,
 }
 
 impl Bug {
-    pub const ALL: [Self; 5] = [
+    pub const ALL: [Self; 7] = [
+        Self::RefundOfUnsentCount,
+        Self::TakeOverUnderFreshId,
+        Self::UnknownCountQueuedUnmetered,
+        Self::ConnectErrorAsUnanswered,
+        Self::DisconnectDropsScan,
+        Self::SameTokenAfterLostLease,
+        Self::DoneNotAwaitedBeforeAck,
+    ];
+
+    /// The gate's, which `tests/sim.rs` finds.
+    pub const GATE: [Self; 5] = [
         Self::RefundOfUnsentCount,
         Self::TakeOverUnderFreshId,
         Self::UnknownCountQueuedUnmetered,
         Self::ConnectErrorAsUnanswered,
         Self::DisconnectDropsScan,
     ];
+
+    /// The consumer's, which `tests/consume_sim.rs` finds.
+    pub const CONSUMER: [Self; 2] = [Self::SameTokenAfterLostLease, Self::DoneNotAwaitedBeforeAck];
 }
 
 #[cfg(feature = "sim-bugs")]

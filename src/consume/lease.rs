@@ -5,7 +5,7 @@
 //! A held job's delivery is renewed every quarter lease ([`Keeper::renewing`]).
 //! A running scan renews its delivery and its marker every quarter lease
 //! ([`Keeper::watch`]); when the marker is lost, or no renewal is known to
-//! have held for ¾ of a lease ([`schedule::must_stop`]), the watch ends and
+//! have held for ¾ of a lease ([`Silence::must_stop`]), the watch ends and
 //! the worker stops the scanner.
 
 use std::future::Future;
@@ -15,9 +15,8 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::clock::QueueClock;
-use super::error::Stop;
-use super::marker::Markers;
-use super::schedule::{self, Renewal};
+use super::marker::MarkerStore;
+use super::schedule::{self, Renewal, Silence, Stop};
 use super::source::{Delivery, JobSource};
 
 /// Marker tokens, one per attempt, unique across processes: the consumer's
@@ -46,16 +45,16 @@ impl Tokens {
 
 /// What renews a delivery and its marker: the worker's source, markers,
 /// clock and lease, borrowed for one wait or one run.
-pub struct Keeper<'a, S: JobSource> {
+pub struct Keeper<'a, S: JobSource, M: MarkerStore> {
     pub source: &'a S,
-    pub markers: &'a Markers,
+    pub markers: &'a M,
     pub clock: &'a QueueClock,
     pub lease: Duration,
 }
 
-impl<S: JobSource> Keeper<'_, S> {
+impl<S: JobSource, M: MarkerStore> Keeper<'_, S, M> {
     /// Renews the delivery and the marker of attempt `attempt` every
-    /// quarter lease; ends when the scan must stop ([`schedule::must_stop`]).
+    /// quarter lease; ends when the scan must stop ([`Silence::must_stop`]).
     pub async fn watch(self, d: &Delivery<S::Handle>, token: &str, attempt: u64) -> Stop {
         let mut tick = tokio::time::interval(self.lease / 4);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -67,7 +66,7 @@ impl<S: JobSource> Keeper<'_, S> {
             if let Err(e) = self.source.extend(d).await {
                 tracing::warn!(error = %e, "cannot renew a job's lease");
             }
-            let now = self.clock.now_ms();
+            let now = self.clock.now();
             let claim = self
                 .markers
                 .claim(d.job.scan_id, token, attempt, self.lease, now);
@@ -82,7 +81,11 @@ impl<S: JobSource> Keeper<'_, S> {
             if renewal == Renewal::Held {
                 last_held = sent;
             }
-            if schedule::must_stop(renewal, last_held.elapsed(), self.lease) {
+            let silence = Silence {
+                since_held: last_held.elapsed(),
+                lease: self.lease,
+            };
+            if silence.must_stop(renewal) {
                 return Stop::LeaseLost;
             }
         }
@@ -108,7 +111,7 @@ impl<S: JobSource> Keeper<'_, S> {
                         tracing::warn!(error = %e, "cannot renew a job's lease");
                     }
                     if let Some((token, mine)) = attempt {
-                        let now = self.clock.now_ms();
+                        let now = self.clock.now();
                         // A done marker stays done: claim.lua never overwrites it.
                         let _ = self.markers.claim(d.job.scan_id, token, mine, self.lease, now).await;
                     }

@@ -26,6 +26,7 @@
 //! make a finished scan look unfinished to the next consumer.
 
 use std::collections::{HashMap, VecDeque};
+use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -35,6 +36,7 @@ use super::error::ConsumeError;
 use super::schedule::{self, Marker, MarkerClaim};
 use crate::connection::Valkey;
 use crate::hash_tag::tagged;
+use crate::unix::UnixMillis;
 
 /// How long a done marker (and a scan's attempt counter) is kept: as long
 /// as the gate keeps a keyed request's record, after which a retry is a new
@@ -50,6 +52,59 @@ pub const DONE: &str = "done";
 
 const CLAIM: &str = include_str!("claim.lua");
 const RELEASE: &str = include_str!("release.lua");
+
+/// The markers as the worker uses them: a claim, a done marker, a release.
+/// [`Markers`] keeps them in Valkey or in the process; a test may keep them
+/// in a simulated store (`tests/consume_sim.rs`).
+pub trait MarkerStore: Send + Sync + 'static {
+    /// Claims `scan`'s marker for the attempt `token`, as a new attempt
+    /// (`mine` 0) or renewing attempt `mine`, at `now` (in-process only:
+    /// Valkey keeps time by key expiry).
+    fn claim(
+        &self,
+        scan: Uuid,
+        token: &str,
+        mine: u64,
+        lease: Duration,
+        now: UnixMillis,
+    ) -> impl Future<Output = Result<MarkerClaim, ConsumeError>> + Send;
+
+    /// Keeps `scan`'s marker as done.
+    fn done(&self, scan: Uuid) -> impl Future<Output = Result<(), ConsumeError>> + Send;
+
+    /// Releases `scan`'s marker if the attempt `token` still holds it.
+    fn release(
+        &self,
+        scan: Uuid,
+        token: &str,
+    ) -> impl Future<Output = Result<(), ConsumeError>> + Send;
+}
+
+/// The replicas a claim waits for: a new attempt's (`mine` 0) must reach
+/// `wait` of them, a renewal none (its attempt was durable when it started).
+pub fn claim_replicas(mine: u64, wait: u32) -> u32 {
+    if mine == 0 { wait } else { 0 }
+}
+
+/// A claim's answer, relied on only if the replicas hold it: a new
+/// attempt short of them is not run ([`ConsumeError::NotReplicated`]).
+pub fn durable_claim(claim: MarkerClaim, durable: bool) -> Result<MarkerClaim, ConsumeError> {
+    match claim {
+        MarkerClaim::Claimed(_) if !durable => {
+            Err(ConsumeError::NotReplicated("the attempt's claim"))
+        }
+        claim => Ok(claim),
+    }
+}
+
+/// A done marker, relied on (acked after) only if the replicas hold it.
+pub fn durable_done(durable: bool) -> Result<(), ConsumeError> {
+    if durable {
+        Ok(())
+    } else {
+        Err(ConsumeError::NotReplicated("the done marker"))
+    }
+}
 
 /// Where markers live.
 #[derive(Clone)]
@@ -118,38 +173,34 @@ impl Markers {
     fn keys(tag: &str, scan: Uuid) -> (String, String) {
         (format!("{tag}:run:{scan}"), format!("{tag}:attempt:{scan}"))
     }
+}
 
-    /// Claims `scan`'s marker for the attempt `token`, as a new attempt
-    /// (`mine` 0) or renewing attempt `mine`, at `now_ms` (in-process only:
-    /// Valkey keeps time by key expiry).
-    pub async fn claim(
+impl MarkerStore for Markers {
+    async fn claim(
         &self,
         scan: Uuid,
         token: &str,
         mine: u64,
         lease: Duration,
-        now_ms: i64,
+        now: UnixMillis,
     ) -> Result<MarkerClaim, ConsumeError> {
-        let lease_ms = i64::try_from(lease.as_millis()).unwrap_or(i64::MAX);
         match self {
             Self::Valkey { valkey, tag, wait } => {
                 let (marker, attempts) = Self::keys(tag, scan);
                 let mut cmd = crate::store::valkey::eval(CLAIM, &[&marker, &attempts]);
-                cmd.arg(token).arg(lease_ms).arg(mine).arg(DONE_TTL_SECS);
-                // A renewal needs no replica: its attempt was durable when it started.
-                let wait = if mine == 0 { *wait } else { 0 };
-                let (answer, durable): (i64, bool) = valkey
-                    .send_replicated(cmd, wait, valkey.timeout())
-                    .await
-                    .map_err(ConsumeError::from_send)?;
-                if answer > 0 && !durable {
-                    return Err(ConsumeError::NotReplicated("the attempt's claim"));
-                }
-                Ok(match answer {
+                cmd.arg(token)
+                    .arg(crate::unix::duration_ms(lease))
+                    .arg(mine)
+                    .arg(DONE_TTL_SECS);
+                let wait = claim_replicas(mine, *wait);
+                let (answer, durable): (i64, bool) =
+                    valkey.send_replicated(cmd, wait, valkey.timeout()).await?;
+                let claim = match answer {
                     n if n > 0 => MarkerClaim::Claimed(n.unsigned_abs()),
                     0 => MarkerClaim::Done,
                     _ => MarkerClaim::Busy,
-                })
+                };
+                durable_claim(claim, durable)
             }
             Self::Local(local) => {
                 let mut local = lock(local)?;
@@ -159,28 +210,21 @@ impl Markers {
                     .cloned()
                     .unwrap_or((Marker::Free, 0));
                 let (next, attempts, answer) =
-                    schedule::claim(&current, attempts, token, mine, now_ms, lease_ms);
+                    schedule::claim(&current, attempts, token, mine, now, lease);
                 local.markers.insert(scan, (next, attempts));
                 Ok(answer)
             }
         }
     }
 
-    /// Keeps `scan`'s marker as done.
-    pub async fn done(&self, scan: Uuid) -> Result<(), ConsumeError> {
+    async fn done(&self, scan: Uuid) -> Result<(), ConsumeError> {
         match self {
             Self::Valkey { valkey, tag, wait } => {
                 let (marker, _) = Self::keys(tag, scan);
                 let mut cmd = redis::cmd("SET");
                 cmd.arg(marker).arg(DONE).arg("EX").arg(DONE_TTL_SECS);
-                let ((), durable) = valkey
-                    .send_replicated(cmd, *wait, valkey.timeout())
-                    .await
-                    .map_err(ConsumeError::from_send)?;
-                if !durable {
-                    return Err(ConsumeError::NotReplicated("the done marker"));
-                }
-                Ok(())
+                let ((), durable) = valkey.send_replicated(cmd, *wait, valkey.timeout()).await?;
+                durable_done(durable)
             }
             Self::Local(local) => {
                 let mut local = lock(local)?;
@@ -197,8 +241,7 @@ impl Markers {
         }
     }
 
-    /// Releases `scan`'s marker if the attempt `token` still holds it.
-    pub async fn release(&self, scan: Uuid, token: &str) -> Result<(), ConsumeError> {
+    async fn release(&self, scan: Uuid, token: &str) -> Result<(), ConsumeError> {
         match self {
             Self::Valkey { valkey, tag, .. } => {
                 let (marker, _) = Self::keys(tag, scan);
@@ -208,7 +251,7 @@ impl Markers {
                     .send::<i64>(cmd, valkey.timeout())
                     .await
                     .map(drop)
-                    .map_err(ConsumeError::from_send)
+                    .map_err(ConsumeError::from)
             }
             Self::Local(local) => {
                 let mut local = lock(local)?;
@@ -232,7 +275,7 @@ mod tests {
         let m = Markers::local();
         let scan = Uuid::now_v7();
         let lease = Duration::from_secs(5);
-        let claim = |token: &'static str, mine| m.claim(scan, token, mine, lease, 0);
+        let claim = |token: &'static str, mine| m.claim(scan, token, mine, lease, UnixMillis(0));
         assert!(matches!(claim("a", 0).await, Ok(MarkerClaim::Claimed(1))));
         assert!(matches!(claim("b", 0).await, Ok(MarkerClaim::Busy)));
         m.release(scan, "a").await.unwrap();
@@ -247,7 +290,9 @@ mod tests {
     async fn local_after_numbers_on() {
         let scan = Uuid::now_v7();
         let m = Markers::local_after([(scan, 3)]);
-        let claim = m.claim(scan, "a", 0, Duration::from_secs(5), 0).await;
+        let claim = m
+            .claim(scan, "a", 0, Duration::from_secs(5), UnixMillis(0))
+            .await;
         assert!(matches!(claim, Ok(MarkerClaim::Claimed(4))));
     }
 

@@ -8,6 +8,7 @@ use std::sync::Mutex;
 use super::*;
 use crate::clock::Clock;
 use crate::consume::handoff::StopSignal;
+use crate::consume::marker::MarkerStore;
 use crate::job::ScanJob;
 
 /// An in-memory queue that records what the worker did with each job.
@@ -76,11 +77,11 @@ impl Scanner for Sleeper {
         let (d, attempt) = (a.delivery, a.number);
         let h: u32 = d.job.image().unwrap_or_default().parse().unwrap_or(0);
         self.log
-            .log(format!("start {h} {attempt} {}", self.clock.now_ms()));
+            .log(format!("start {h} {attempt} {}", self.clock.now().get()));
         let secs = self.secs.get(h as usize).copied().unwrap_or(u64::MAX / 4);
         tokio::select! {
             () = tokio::time::sleep(Duration::from_secs(secs)) => {
-                self.log.log(format!("end {h} {}", self.clock.now_ms()));
+                self.log.log(format!("end {h} {}", self.clock.now().get()));
                 Ok(())
             }
             why = stop => {
@@ -174,7 +175,7 @@ impl Setup {
 #[tokio::test(start_paused = true)]
 async fn held_job_starts_at_not_before() {
     let s = setup(vec![1]);
-    let due = s.clock.now_ms() + 5_000;
+    let due = s.clock.now().get() + 5_000;
     s.spawn(0, due).await.unwrap();
     let start = s.at("start", 0).unwrap();
     assert!(start >= due && start < due + 50, "{:?}", s.lines());
@@ -248,7 +249,7 @@ async fn lost_marker_stops_the_scan() {
 async fn stop_gives_back_held_and_kill_stops_running() {
     let s = setup(vec![60]);
     let running = s.spawn(0, 0);
-    let held = s.spawn(1, s.clock.now_ms() + 60_000);
+    let held = s.spawn(1, s.clock.now().get() + 60_000);
     tokio::time::sleep(Duration::from_secs(1)).await;
     s.stop.send(true).unwrap();
     held.await.unwrap();
