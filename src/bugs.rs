@@ -32,10 +32,16 @@ pub enum Bug {
     /// The consumer tries its done marker once, does not wait until it is
     /// recorded (on the replicas), and acks the job all the same.
     DoneNotAwaitedBeforeAck,
+    /// A running scan whose marker renewal stalls is stopped only when the
+    /// stalled call gives up, which may be after its marker expired.
+    StopWaitsForStalledRenewal,
+    /// With `VALKEY_WAIT_REPLICAS`, a running scan's marker renewals are
+    /// relied on without reaching the replicas.
+    RenewalsOnThePrimaryOnly,
 }
 
 impl Bug {
-    pub const ALL: [Self; 7] = [
+    pub const ALL: [Self; 9] = [
         Self::RefundOfUnsentCount,
         Self::TakeOverUnderFreshId,
         Self::UnknownCountQueuedUnmetered,
@@ -43,6 +49,8 @@ impl Bug {
         Self::DisconnectDropsScan,
         Self::SameTokenAfterLostLease,
         Self::DoneNotAwaitedBeforeAck,
+        Self::StopWaitsForStalledRenewal,
+        Self::RenewalsOnThePrimaryOnly,
     ];
 
     /// The gate's, which `tests/sim.rs` finds.
@@ -55,7 +63,12 @@ impl Bug {
     ];
 
     /// The consumer's, which `tests/consume_sim.rs` finds.
-    pub const CONSUMER: [Self; 2] = [Self::SameTokenAfterLostLease, Self::DoneNotAwaitedBeforeAck];
+    pub const CONSUMER: [Self; 4] = [
+        Self::SameTokenAfterLostLease,
+        Self::DoneNotAwaitedBeforeAck,
+        Self::StopWaitsForStalledRenewal,
+        Self::RenewalsOnThePrimaryOnly,
+    ];
 }
 
 #[cfg(feature = "sim-bugs")]

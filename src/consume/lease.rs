@@ -18,6 +18,7 @@ use super::clock::QueueClock;
 use super::marker::MarkerStore;
 use super::schedule::{self, Renewal, Silence, Stop};
 use super::source::{Delivery, JobSource};
+use crate::bugs::{self, Bug};
 
 /// Marker tokens, one per attempt, unique across processes: the consumer's
 /// name, this process's own random id (a consumer restarted under the same
@@ -61,22 +62,21 @@ impl<S: JobSource, M: MarkerStore> Keeper<'_, S, M> {
         tick.tick().await;
         let mut last_held = Instant::now();
         loop {
-            tick.tick().await;
-            let sent = Instant::now();
-            if let Err(e) = self.source.extend(d).await {
-                tracing::warn!(error = %e, "cannot renew a job's lease");
+            // The round (the tick, then both renewals) may take longer than
+            // the silence a scan is allowed (a stalled call waits out its
+            // timeout): the scan stops when that silence ends, not when the
+            // call gives up.
+            let mut silence_ends = last_held + Silence::allowed(self.lease);
+            if bugs::on(Bug::StopWaitsForStalledRenewal) {
+                silence_ends += Duration::from_secs(86_400);
             }
-            let now = self.clock.now();
-            let claim = self
-                .markers
-                .claim(d.job.scan_id, token, attempt, self.lease, now);
-            let renewal = match claim.await {
-                Ok(schedule::MarkerClaim::Claimed(_)) => Renewal::Held,
-                Ok(_) => Renewal::Lost,
-                Err(e) => {
-                    tracing::warn!(error = %e, "cannot renew a scan's marker");
-                    Renewal::Unknown
-                }
+            let round = async {
+                tick.tick().await;
+                let sent = Instant::now();
+                (sent, self.renew(d, token, attempt).await)
+            };
+            let Ok((sent, renewal)) = tokio::time::timeout_at(silence_ends, round).await else {
+                return Stop::LeaseLost;
             };
             if renewal == Renewal::Held {
                 last_held = sent;
@@ -87,6 +87,26 @@ impl<S: JobSource, M: MarkerStore> Keeper<'_, S, M> {
             };
             if silence.must_stop(renewal) {
                 return Stop::LeaseLost;
+            }
+        }
+    }
+
+    /// Renews the delivery, then the marker of attempt `attempt`: how the
+    /// marker's renewal went.
+    async fn renew(&self, d: &Delivery<S::Handle>, token: &str, attempt: u64) -> Renewal {
+        if let Err(e) = self.source.extend(d).await {
+            tracing::warn!(error = %e, "cannot renew a job's lease");
+        }
+        let now = self.clock.now();
+        let claim = self
+            .markers
+            .claim(d.job.scan_id, token, attempt, self.lease, now);
+        match claim.await {
+            Ok(schedule::MarkerClaim::Claimed(_)) => Renewal::Held,
+            Ok(_) => Renewal::Lost,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot renew a scan's marker");
+                Renewal::Unknown
             }
         }
     }

@@ -287,8 +287,14 @@ impl Silence {
         match renewal {
             Renewal::Lost => true,
             Renewal::Held => false,
-            Renewal::Unknown => self.since_held >= self.lease.saturating_mul(3) / 4,
+            Renewal::Unknown => self.since_held >= Self::allowed(self.lease),
         }
+    }
+
+    /// The longest a running scan may go without a renewal known to hold:
+    /// ¾ of its lease.
+    pub fn allowed(lease: Duration) -> Duration {
+        lease.saturating_mul(3) / 4
     }
 }
 
