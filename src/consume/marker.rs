@@ -15,15 +15,21 @@
 //! without Valkey may both run a message SQS delivers twice.
 //!
 //! **Durable before it is relied on.** With `VALKEY_WAIT_REPLICAS=N`
-//! (N > 0) a new attempt's claim (its number, the fencing token a scanner
-//! may check) and a done marker are each followed by `WAIT N` on the same
-//! connection, in the same round trip. A claim the replicas do not all hold
-//! in time is not run: [`ConsumeError::NotReplicated`], and the worker
-//! claims again (the same attempt, renewed, until a replica has it), so a
-//! failover can never hand a scanner an attempt number it or another
-//! scanner already had. A done marker short of the replicas is not acked
-//! on: the worker marks it again until one holds it, so a failover cannot
-//! make a finished scan look unfinished to the next consumer.
+//! (N > 0) every claim (a new attempt's: its number, the fencing token a
+//! scanner may check; and each renewal of a running one) and a done marker
+//! are each followed by `WAIT N` on the same connection, in the same round
+//! trip. A new attempt's claim the replicas do not all hold in time is not
+//! run: [`ConsumeError::NotReplicated`], and the worker claims again (the
+//! same attempt, renewed, until a replica has it), so a failover can never
+//! hand a scanner an attempt number it or another scanner already had. A
+//! renewal short of the replicas counts as no renewal: a running scan is
+//! stopped ¾ of a lease after the last renewal the replicas hold, before a
+//! failover to them could show its marker expired and let another attempt
+//! in (found by `tests/consume_sim.rs`: with renewals on the primary only,
+//! a failover after a replication lag of a lease had two attempts run at
+//! once). A done marker short of the replicas is not acked on: the worker
+//! marks it again until one holds it, so a failover cannot make a finished
+//! scan look unfinished to the next consumer.
 
 use std::collections::{HashMap, VecDeque};
 use std::future::Future;
@@ -34,6 +40,7 @@ use uuid::Uuid;
 
 use super::error::ConsumeError;
 use super::schedule::{self, Marker, MarkerClaim};
+use crate::bugs::{self, Bug};
 use crate::connection::Valkey;
 use crate::hash_tag::tagged;
 use crate::unix::UnixMillis;
@@ -80,16 +87,17 @@ pub trait MarkerStore: Send + Sync + 'static {
     ) -> impl Future<Output = Result<(), ConsumeError>> + Send;
 }
 
-/// The replicas a claim waits for: a new attempt's (`mine` 0) must reach
-/// `wait` of them, a renewal none (its attempt was durable when it started).
-pub fn claim_replicas(mine: u64, wait: u32) -> u32 {
-    if mine == 0 { wait } else { 0 }
-}
-
 /// A claim's answer, relied on only if the replicas hold it: a new
-/// attempt short of them is not run ([`ConsumeError::NotReplicated`]).
-pub fn durable_claim(claim: MarkerClaim, durable: bool) -> Result<MarkerClaim, ConsumeError> {
+/// attempt short of them is not run, and a renewal short of them is no
+/// renewal ([`ConsumeError::NotReplicated`]).
+pub fn durable_claim(
+    claim: MarkerClaim,
+    mine: u64,
+    durable: bool,
+) -> Result<MarkerClaim, ConsumeError> {
+    let renewal = mine > 0;
     match claim {
+        MarkerClaim::Claimed(_) if renewal && bugs::on(Bug::RenewalsOnThePrimaryOnly) => Ok(claim),
         MarkerClaim::Claimed(_) if !durable => {
             Err(ConsumeError::NotReplicated("the attempt's claim"))
         }
@@ -192,15 +200,14 @@ impl MarkerStore for Markers {
                     .arg(crate::unix::duration_ms(lease))
                     .arg(mine)
                     .arg(DONE_TTL_SECS);
-                let wait = claim_replicas(mine, *wait);
                 let (answer, durable): (i64, bool) =
-                    valkey.send_replicated(cmd, wait, valkey.timeout()).await?;
+                    valkey.send_replicated(cmd, *wait, valkey.timeout()).await?;
                 let claim = match answer {
                     n if n > 0 => MarkerClaim::Claimed(n.unsigned_abs()),
                     0 => MarkerClaim::Done,
                     _ => MarkerClaim::Busy,
                 };
-                durable_claim(claim, durable)
+                durable_claim(claim, mine, durable)
             }
             Self::Local(local) => {
                 let mut local = lock(local)?;
