@@ -53,6 +53,7 @@ use quota_gate::consume::source::{Delivery, GivenUp, JobSource};
 use quota_gate::consume::{intake, worker::Worker};
 use quota_gate::job::ScanJob;
 use quota_gate::unix::UnixMillis;
+use quota_gate_testkit::sim::wire::Rng;
 use tokio::sync::{Semaphore, watch};
 use tokio::time::Instant;
 use uuid::Uuid;
@@ -67,31 +68,6 @@ const BLOCK: Duration = Duration::from_millis(500);
 const CONSUMERS: usize = 2;
 /// How long a schedule may run, all faults included.
 const HORIZON: Duration = Duration::from_secs(900);
-
-/// A small seeded generator (SplitMix64): the same seed, the same schedule.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
-    }
-
-    fn chance(&mut self, percent: u64) -> bool {
-        self.below(100) < percent
-    }
-
-    fn ms(&mut self, from: u64, to: u64) -> Duration {
-        Duration::from_millis(from + self.below(to - from + 1))
-    }
-}
 
 /// Between `from` and `to` microseconds.
 fn micros(r: &mut Rng, from: u64, to: u64) -> Duration {
@@ -166,7 +142,7 @@ pub struct Plan {
 
 impl Plan {
     pub fn draw(seed: u64) -> Self {
-        let mut rng = Rng(seed);
+        let mut rng = Rng::new(seed);
         let r = &mut rng;
         let scans = 2 + r.below(8) as usize;
         let not_before = (0..scans).map(|_| r.below(20_000) as i64 - 5_000).collect();
@@ -179,7 +155,7 @@ impl Plan {
             .map(|_| {
                 (0..8)
                     .map(|_| Take {
-                        tenths: r.pick_tenths(),
+                        tenths: tenths(r),
                         off_us: 1 + r.below(998),
                         succeeds: r.chance(70),
                     })
@@ -219,15 +195,13 @@ impl Plan {
     }
 }
 
-impl Rng {
-    /// A scan's length in tenths of a second: mostly short, some past a
-    /// lease, a few past the scan timeout.
-    fn pick_tenths(&mut self) -> u64 {
-        match self.below(10) {
-            0..=5 => self.below(20),
-            6..=8 => 20 + self.below(80),
-            _ => 150,
-        }
+/// A scan's length in tenths of a second: mostly short, some past a lease,
+/// a few past the scan timeout.
+fn tenths(r: &mut Rng) -> u64 {
+    match r.below(10) {
+        0..=5 => r.below(20),
+        6..=8 => 20 + r.below(80),
+        _ => 150,
     }
 }
 
@@ -744,7 +718,7 @@ async fn schedule(plan: Plan) -> Arc<World> {
         ids: (0..plan.not_before.len())
             .map(|i| Uuid::from_u128(0x0190_0000_0000_7000_8000_0000_0000_0000 + i as u128))
             .collect(),
-        rng: Mutex::new(Rng(plan.seed.wrapping_mul(31).wrapping_add(7))),
+        rng: Mutex::new(Rng::new(plan.seed.wrapping_mul(31).wrapping_add(7))),
         start: Instant::now(),
         primary: Mutex::default(),
         frozen: Mutex::default(),
@@ -912,6 +886,7 @@ fn run(seed: u64, bug: Option<Bug>) -> Result<(), String> {
     })
 }
 
+/// The whole number in `var`, if set; a value that is not one panics.
 fn env_number(var: &str) -> Option<u64> {
     let value = std::env::var(var).ok()?;
     Some(

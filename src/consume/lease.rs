@@ -6,7 +6,8 @@
 //! A running scan renews its delivery and its marker every quarter lease
 //! ([`Keeper::watch`]); when the marker is lost, or no renewal is known to
 //! have held for ¾ of a lease ([`Silence::must_stop`]), the watch ends and
-//! the worker stops the scanner.
+//! the worker stops the scanner: at that deadline, even while a renewal
+//! call is still waiting for its answer.
 
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
