@@ -1,5 +1,6 @@
-//! Switches that bring past bugs back, one at a time, so the simulator
-//! (`tests/sim.rs`) can show that it finds each of them.
+//! Switches that bring past bugs back, one at a time, so the simulators
+//! (`tests/sim.rs` for the gate, `tests/consume_sim.rs` for the consumer)
+//! can show that they find each of them.
 //!
 //! Only the `sim-bugs` feature compiles the switch itself, and only the test
 //! harness (`testkit`, a dev-dependency) turns the feature on: a release
@@ -32,10 +33,23 @@ pub enum Bug {
     /// made, or one a retry took over and queued (the simulator found it:
     /// seeds 15, 74 and 163).
     LevelRefundUnguarded,
+    /// The consumer runs a scan again under the token of its last run, so
+    /// a re-run after a lost lease whose marker that token still holds is
+    /// given the same attempt number again.
+    SameTokenAfterLostLease,
+    /// The consumer tries its done marker once, does not wait until it is
+    /// recorded (on the replicas), and acks the job all the same.
+    DoneNotAwaitedBeforeAck,
+    /// A running scan whose marker renewal stalls is stopped only when the
+    /// stalled call gives up, which may be after its marker expired.
+    StopWaitsForStalledRenewal,
+    /// With `VALKEY_WAIT_REPLICAS`, a running scan's marker renewals are
+    /// relied on without reaching the replicas.
+    RenewalsOnThePrimaryOnly,
 }
 
 impl Bug {
-    pub const ALL: [Self; 7] = [
+    pub const ALL: [Self; 11] = [
         Self::RefundOfUnsentCount,
         Self::TakeOverUnderFreshId,
         Self::UnknownCountQueuedUnmetered,
@@ -43,6 +57,29 @@ impl Bug {
         Self::DisconnectDropsScan,
         Self::LevelNotRefunded,
         Self::LevelRefundUnguarded,
+        Self::SameTokenAfterLostLease,
+        Self::DoneNotAwaitedBeforeAck,
+        Self::StopWaitsForStalledRenewal,
+        Self::RenewalsOnThePrimaryOnly,
+    ];
+
+    /// The gate's, which `tests/sim.rs` finds.
+    pub const GATE: [Self; 7] = [
+        Self::RefundOfUnsentCount,
+        Self::TakeOverUnderFreshId,
+        Self::UnknownCountQueuedUnmetered,
+        Self::ConnectErrorAsUnanswered,
+        Self::DisconnectDropsScan,
+        Self::LevelNotRefunded,
+        Self::LevelRefundUnguarded,
+    ];
+
+    /// The consumer's, which `tests/consume_sim.rs` finds.
+    pub const CONSUMER: [Self; 4] = [
+        Self::SameTokenAfterLostLease,
+        Self::DoneNotAwaitedBeforeAck,
+        Self::StopWaitsForStalledRenewal,
+        Self::RenewalsOnThePrimaryOnly,
     ];
 }
 

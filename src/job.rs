@@ -228,6 +228,11 @@ pub enum JobError {
 }
 
 impl ScanJob {
+    /// [`not_before_ms`](Self::not_before_ms) as an instant.
+    pub fn not_before_at(&self) -> crate::unix::UnixMillis {
+        crate::unix::UnixMillis(self.not_before_ms)
+    }
+
     /// The deferral as a `Duration`.
     pub fn deferred(&self) -> Duration {
         Duration::from_millis(self.deferred_ms)

@@ -101,16 +101,18 @@ async fn within_quota_scan_stays_in_its_allocation_budget() {
 
 /// The most bytes the future of one request through `serve`'s gate (the
 /// store and queue `serve` builds, [`AnyStore`] and [`AnyQueue`]) may take:
-/// 3,864 measured on 2026-12-02 in this (debug) build with the levels above
-/// the subject (the attempt holds their keys and rules, the count's answer
-/// and the scan their counts; 3,536 before them; 3,456 before a command
+/// 4,120 measured on 2026-12-02 in this (debug) build: 256 bytes for the
+/// send that keeps a refusal's error code apart (`Valkey::send_coded`,
+/// which the consumer matches `NOGROUP` by), 328 for the levels above the
+/// subject (the attempt holds their keys and rules, the count's answer and
+/// the scan their counts); 3,536 before both; 3,456 before a command
 /// refused by a closed connection could be sent again), with a little room.
 /// `serve` moves that future whole into a task of its own per scan, so its
 /// size is copied on every request: the rare paths (`GET /quota`, exempt
 /// scans, repeats, store failures, pacing, settlements) and SQS's send are
 /// boxed to keep them out of it (9,168 bytes before they were). A change
 /// that needs more must say why here.
-const FUTURE_BUDGET: usize = 3_900;
+const FUTURE_BUDGET: usize = 4_200;
 
 /// A request's future stays within [`FUTURE_BUDGET`].
 #[tokio::test(flavor = "current_thread")]

@@ -237,10 +237,10 @@ variables! {
     /// cluster mode (ElastiCache Serverless)
     VALKEY_CLUSTER: Var<Flag> = flag("false");
     /// replicas a write must reach (`WAIT`) before it is relied on: a keyed scan's claim, a job
-    /// added to a stream on this Valkey, a consumer's attempt and done marker (0: off, and a
-    /// failover with replication lag may queue the lag's keyed scans twice, lose its stream jobs,
-    /// run its finished scans again and repeat its attempt numbers: the measured table under
-    /// "Production Valkey and failures"; standalone Valkey only)
+    /// added to a stream on this Valkey, a consumer's attempt, its lease renewals and its done
+    /// marker (0: off, and a failover with replication lag may queue the lag's keyed scans twice,
+    /// lose its stream jobs, run its finished scans again and repeat its attempt numbers: the
+    /// measured table under "Production Valkey and failures"; standalone Valkey only)
     VALKEY_WAIT_REPLICAS: Var<Whole> = number("0", 0, 5);
     /// PEM file of CA certificates trusted for `rediss://` (a private CA; ElastiCache needs none);
     /// read at start

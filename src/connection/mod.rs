@@ -39,5 +39,5 @@ mod setup;
 pub(crate) use command::quoted_words;
 pub use command::{eval, sized_cmd, wait};
 pub use connector::{Connection, Valkey};
-pub use send::{Request, SendError, not_connected};
+pub use send::{Refusal, Request, SendError, not_connected};
 pub(crate) use setup::client_for;

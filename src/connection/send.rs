@@ -37,6 +37,31 @@ pub enum SendError {
     Refused(String),
 }
 
+/// A server's refusal of a command (or an answer of the wrong shape), with
+/// the error code redis-rs read from it (`NOGROUP`, `BUSYGROUP`, …), so a
+/// caller tells refusals apart by their code, never by searching the text.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refusal {
+    /// The code, for an error the server sent.
+    pub code: Option<String>,
+    /// The whole error, for logs.
+    pub message: String,
+}
+
+impl Refusal {
+    fn of(e: &RedisError) -> Self {
+        Self {
+            code: e.code().map(str::to_owned),
+            message: e.to_string(),
+        }
+    }
+
+    /// Whether the server refused with `code`.
+    pub fn is(&self, code: &str) -> bool {
+        self.code.as_deref() == Some(code)
+    }
+}
+
 /// What a command that found no connection gets: it was never written, so
 /// it did not happen. The simulator's store reports its own failed connects
 /// through this one definition.
@@ -176,6 +201,18 @@ impl Valkey {
         request: impl Into<Request>,
         within: Duration,
     ) -> Result<T, SendError> {
+        let answer = self.send_coded(request, within).await?;
+        answer.map_err(|refused| SendError::Refused(refused.message))
+    }
+
+    /// [`Valkey::send`], with a refusal kept apart and its error code kept
+    /// ([`Refusal`]), for a caller that acts on which refusal it was. The
+    /// outer error is never [`SendError::Refused`].
+    pub async fn send_coded<T: FromRedisValue>(
+        &self,
+        request: impl Into<Request>,
+        within: Duration,
+    ) -> Result<Result<T, Refusal>, SendError> {
         let deadline = Instant::now() + within;
         let mut request = request.into();
         let mut resent = false;
@@ -208,9 +245,10 @@ impl Valkey {
                 }
             };
             return match answer {
-                Ok(value) => {
-                    T::from_redis_value(value).map_err(|e| SendError::Refused(e.to_string()))
-                }
+                Ok(value) => Ok(T::from_redis_value(value).map_err(|e| Refusal {
+                    code: None,
+                    message: e.to_string(),
+                })),
                 Err(e) if is_connection_error(&e) => {
                     // The connection broke with the command on it: it may
                     // have run. The next command waits for a fresh connection.
@@ -218,7 +256,7 @@ impl Valkey {
                     tracing::debug!(error = %e, "Valkey connection lost");
                     Err(SendError::Unanswered)
                 }
-                Err(e) => Err(SendError::Refused(e.to_string())),
+                Err(e) => Ok(Err(Refusal::of(&e))),
             };
         }
     }

@@ -25,9 +25,10 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::error::ConsumeError;
-use super::schedule::{SKEW_WARN_MS, clock_offset_ms};
+use super::schedule::{Reading, SKEW_WARN_MS};
 use crate::clock::Clock;
 use crate::connection::Valkey;
+use crate::unix::UnixMillis;
 
 /// How often the offset is measured again.
 pub const SYNC_EVERY: Duration = Duration::from_secs(30);
@@ -44,7 +45,7 @@ pub struct QueueClock {
 /// The server's time at a monotonic instant: a lower bound of it.
 #[derive(Debug, Clone, Copy)]
 struct Anchor {
-    queue_ms: i64,
+    queue: UnixMillis,
     at: Instant,
     /// The round trip it was measured in: how far below the server's time
     /// it may be.
@@ -53,9 +54,9 @@ struct Anchor {
 
 impl Anchor {
     /// The queue's time at `now`, by this measurement.
-    fn at(&self, now: Instant) -> i64 {
-        self.queue_ms
-            .saturating_add(millis(now.saturating_duration_since(self.at)))
+    fn at(&self, now: Instant) -> UnixMillis {
+        self.queue
+            .saturating_add(now.saturating_duration_since(self.at))
     }
 }
 
@@ -89,11 +90,11 @@ impl QueueClock {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    /// Unix milliseconds by the queue's clock.
-    pub fn now_ms(&self) -> i64 {
+    /// The time by the queue's clock.
+    pub fn now(&self) -> UnixMillis {
         match self.anchor() {
             Some(anchor) => anchor.at(Instant::now()),
-            None => self.local.now_ms(),
+            None => UnixMillis(self.local.now_ms()),
         }
     }
 
@@ -104,21 +105,21 @@ impl QueueClock {
             return Ok(None);
         };
         let sent = Instant::now();
-        let sent_ms = self.local.now_ms();
+        let sent_ms = UnixMillis(self.local.now_ms());
         let time: Vec<i64> = server.send(redis::cmd("TIME"), server.timeout()).await?;
         let answered = Instant::now();
-        let answered_ms = self.local.now_ms();
+        let answered_ms = UnixMillis(self.local.now_ms());
         let [secs, micros] = time[..] else {
             return Err(ConsumeError::Setup(format!("TIME answered {time:?}")));
         };
-        let reading = secs * 1000 + micros / 1000;
+        let reading = UnixMillis(secs * 1000 + micros / 1000);
         let measured = Anchor {
-            queue_ms: reading,
+            queue: reading,
             at: answered,
             error_ms: millis(answered - sent),
         };
         if let Some(last) = self.anchor() {
-            let moved = reading - last.at(answered);
+            let moved = reading.get() - last.at(answered).get();
             if moved.abs() > last.error_ms + measured.error_ms + 1 {
                 tracing::warn!(
                     moved_ms = moved,
@@ -131,7 +132,12 @@ impl QueueClock {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(measured);
         // The wall clock may have stepped back within the round trip.
-        let offset = clock_offset_ms(sent_ms.min(answered_ms), reading, answered_ms);
+        let offset = Reading {
+            sent: sent_ms.min(answered_ms),
+            server: reading,
+            answered: answered_ms,
+        }
+        .offset_ms();
         metrics::gauge!(super::meter::CLOCK_SKEW_MS).set(offset as f64);
         if offset.abs() > SKEW_WARN_MS {
             tracing::warn!(

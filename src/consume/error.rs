@@ -1,29 +1,14 @@
 //! The consumer's errors: what failed (Valkey, SQS, standard input, the
-//! journal, the setup), and why a running scan was stopped.
+//! journal, the setup). Why a running scan was stopped is a rule's input,
+//! [`Stop`](super::schedule::Stop).
 
-use crate::connection::SendError;
+use crate::connection::{Refusal, SendError};
 
-/// Why a running scan was stopped by the consumer (not by the scanner).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Stop {
-    /// It ran past `--scan-timeout`: a failed attempt, retried with backoff.
-    Timeout,
-    /// Its marker was lost (claimed by another attempt, done, or not
-    /// renewed for ¾ of a lease): it may not be this attempt's scan any more.
-    LeaseLost,
-    /// `SIGTERM`'s grace period ended.
-    Shutdown,
-}
+/// The refusal of a stream command whose consumer group does not exist.
+pub const NOGROUP: &str = "NOGROUP";
 
-impl std::fmt::Display for Stop {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            Self::Timeout => "scan timeout",
-            Self::LeaseLost => "lease lost",
-            Self::Shutdown => "shutdown grace over",
-        })
-    }
-}
+/// The refusal of `XGROUP CREATE` for a group that exists already.
+pub const BUSYGROUP: &str = "BUSYGROUP";
 
 /// A failed call to the queue, the markers or the journal.
 #[derive(Debug, Clone, thiserror::Error)]
@@ -55,12 +40,13 @@ pub enum ConsumeError {
     Setup(String),
 }
 
-impl ConsumeError {
-    /// A Valkey failure, with the group's loss told apart.
-    pub fn from_send(e: SendError) -> Self {
-        match &e {
-            SendError::Refused(why) if why.contains("NOGROUP") => Self::NoGroup,
-            _ => Self::Valkey(e),
+impl From<Refusal> for ConsumeError {
+    /// A refusal, with the group's loss told apart by its code.
+    fn from(refused: Refusal) -> Self {
+        if refused.is(NOGROUP) {
+            Self::NoGroup
+        } else {
+            Self::Valkey(SendError::Refused(refused.message))
         }
     }
 }
@@ -75,15 +61,20 @@ impl From<ConsumeError> for String {
 mod tests {
     use super::*;
 
-    /// A lost group is told apart from other refusals.
+    /// A lost group is told apart from other refusals by its code, not
+    /// by its text.
     #[test]
     fn nogroup_is_told_apart() {
-        let nogroup = SendError::Refused("NOGROUP No such key 'jobs'".into());
+        let refusal = |code: Option<&str>, message: &str| Refusal {
+            code: code.map(str::to_owned),
+            message: message.to_owned(),
+        };
+        let nogroup = refusal(Some(NOGROUP), "NOGROUP: No such key 'jobs'");
+        assert!(matches!(ConsumeError::from(nogroup), ConsumeError::NoGroup));
+        let mentions = refusal(Some("ERR"), "ERR NOGROUP is only a word here");
         assert!(matches!(
-            ConsumeError::from_send(nogroup),
-            ConsumeError::NoGroup
+            ConsumeError::from(mentions),
+            ConsumeError::Valkey(SendError::Refused(_))
         ));
-        let other = ConsumeError::from_send(SendError::Unanswered);
-        assert!(matches!(other, ConsumeError::Valkey(SendError::Unanswered)));
     }
 }

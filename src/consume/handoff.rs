@@ -26,7 +26,7 @@ use http_body_util::{BodyExt, Full};
 use rustix::process::{Pid, Signal, kill_process, kill_process_group};
 use tokio::io::AsyncWriteExt;
 
-use super::error::Stop;
+use super::schedule::Stop;
 use super::source::Delivery;
 
 /// The scanner.

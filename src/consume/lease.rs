@@ -5,8 +5,9 @@
 //! A held job's delivery is renewed every quarter lease ([`Keeper::renewing`]).
 //! A running scan renews its delivery and its marker every quarter lease
 //! ([`Keeper::watch`]); when the marker is lost, or no renewal is known to
-//! have held for ¾ of a lease ([`schedule::must_stop`]), the watch ends and
-//! the worker stops the scanner.
+//! have held for ¾ of a lease ([`Silence::must_stop`]), the watch ends and
+//! the worker stops the scanner: at that deadline, even while a renewal
+//! call is still waiting for its answer.
 
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -15,10 +16,10 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::clock::QueueClock;
-use super::error::Stop;
-use super::marker::Markers;
-use super::schedule::{self, Renewal};
+use super::marker::MarkerStore;
+use super::schedule::{self, Renewal, Silence, Stop};
 use super::source::{Delivery, JobSource};
+use crate::bugs::{self, Bug};
 
 /// Marker tokens, one per attempt, unique across processes: the consumer's
 /// name, this process's own random id (a consumer restarted under the same
@@ -46,44 +47,67 @@ impl Tokens {
 
 /// What renews a delivery and its marker: the worker's source, markers,
 /// clock and lease, borrowed for one wait or one run.
-pub struct Keeper<'a, S: JobSource> {
+pub struct Keeper<'a, S: JobSource, M: MarkerStore> {
     pub source: &'a S,
-    pub markers: &'a Markers,
+    pub markers: &'a M,
     pub clock: &'a QueueClock,
     pub lease: Duration,
 }
 
-impl<S: JobSource> Keeper<'_, S> {
+impl<S: JobSource, M: MarkerStore> Keeper<'_, S, M> {
     /// Renews the delivery and the marker of attempt `attempt` every
-    /// quarter lease; ends when the scan must stop ([`schedule::must_stop`]).
+    /// quarter lease; ends when the scan must stop ([`Silence::must_stop`]).
     pub async fn watch(self, d: &Delivery<S::Handle>, token: &str, attempt: u64) -> Stop {
         let mut tick = tokio::time::interval(self.lease / 4);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         tick.tick().await;
         let mut last_held = Instant::now();
         loop {
-            tick.tick().await;
-            let sent = Instant::now();
-            if let Err(e) = self.source.extend(d).await {
-                tracing::warn!(error = %e, "cannot renew a job's lease");
+            // The round (the tick, then both renewals) may take longer than
+            // the silence a scan is allowed (a stalled call waits out its
+            // timeout): the scan stops when that silence ends, not when the
+            // call gives up.
+            let mut silence_ends = last_held + Silence::allowed(self.lease);
+            if bugs::on(Bug::StopWaitsForStalledRenewal) {
+                silence_ends += Duration::from_secs(86_400);
             }
-            let now = self.clock.now_ms();
-            let claim = self
-                .markers
-                .claim(d.job.scan_id, token, attempt, self.lease, now);
-            let renewal = match claim.await {
-                Ok(schedule::MarkerClaim::Claimed(_)) => Renewal::Held,
-                Ok(_) => Renewal::Lost,
-                Err(e) => {
-                    tracing::warn!(error = %e, "cannot renew a scan's marker");
-                    Renewal::Unknown
-                }
+            let round = async {
+                tick.tick().await;
+                let sent = Instant::now();
+                (sent, self.renew(d, token, attempt).await)
+            };
+            let Ok((sent, renewal)) = tokio::time::timeout_at(silence_ends, round).await else {
+                return Stop::LeaseLost;
             };
             if renewal == Renewal::Held {
                 last_held = sent;
             }
-            if schedule::must_stop(renewal, last_held.elapsed(), self.lease) {
+            let silence = Silence {
+                since_held: last_held.elapsed(),
+                lease: self.lease,
+            };
+            if silence.must_stop(renewal) {
                 return Stop::LeaseLost;
+            }
+        }
+    }
+
+    /// Renews the delivery, then the marker of attempt `attempt`: how the
+    /// marker's renewal went.
+    async fn renew(&self, d: &Delivery<S::Handle>, token: &str, attempt: u64) -> Renewal {
+        if let Err(e) = self.source.extend(d).await {
+            tracing::warn!(error = %e, "cannot renew a job's lease");
+        }
+        let now = self.clock.now();
+        let claim = self
+            .markers
+            .claim(d.job.scan_id, token, attempt, self.lease, now);
+        match claim.await {
+            Ok(schedule::MarkerClaim::Claimed(_)) => Renewal::Held,
+            Ok(_) => Renewal::Lost,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot renew a scan's marker");
+                Renewal::Unknown
             }
         }
     }
@@ -108,7 +132,7 @@ impl<S: JobSource> Keeper<'_, S> {
                         tracing::warn!(error = %e, "cannot renew a job's lease");
                     }
                     if let Some((token, mine)) = attempt {
-                        let now = self.clock.now_ms();
+                        let now = self.clock.now();
                         // A done marker stays done: claim.lua never overwrites it.
                         let _ = self.markers.claim(d.job.scan_id, token, mine, self.lease, now).await;
                     }

@@ -15,17 +15,24 @@
 //! without Valkey may both run a message SQS delivers twice.
 //!
 //! **Durable before it is relied on.** With `VALKEY_WAIT_REPLICAS=N`
-//! (N > 0) a new attempt's claim (its number, the fencing token a scanner
-//! may check) and a done marker are each followed by `WAIT N` on the same
-//! connection, in the same round trip. A claim the replicas do not all hold
-//! in time is not run: [`ConsumeError::NotReplicated`], and the worker
-//! claims again (the same attempt, renewed, until a replica has it), so a
-//! failover can never hand a scanner an attempt number it or another
-//! scanner already had. A done marker short of the replicas is not acked
-//! on: the worker marks it again until one holds it, so a failover cannot
-//! make a finished scan look unfinished to the next consumer.
+//! (N > 0) every claim (a new attempt's: its number, the fencing token a
+//! scanner may check; and each renewal of a running one) and a done marker
+//! are each followed by `WAIT N` on the same connection, in the same round
+//! trip. A new attempt's claim the replicas do not all hold in time is not
+//! run: [`ConsumeError::NotReplicated`], and the worker claims again (the
+//! same attempt, renewed, until a replica has it), so a failover can never
+//! hand a scanner an attempt number it or another scanner already had. A
+//! renewal short of the replicas counts as no renewal: a running scan is
+//! stopped ¾ of a lease after the last renewal the replicas hold, before a
+//! failover to them could show its marker expired and let another attempt
+//! in (found by `tests/consume_sim.rs`: with renewals on the primary only,
+//! a failover after a replication lag of a lease had two attempts run at
+//! once). A done marker short of the replicas is not acked on: the worker
+//! marks it again until one holds it, so a failover cannot make a finished
+//! scan look unfinished to the next consumer.
 
 use std::collections::{HashMap, VecDeque};
+use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -33,8 +40,10 @@ use uuid::Uuid;
 
 use super::error::ConsumeError;
 use super::schedule::{self, Marker, MarkerClaim};
+use crate::bugs::{self, Bug};
 use crate::connection::Valkey;
 use crate::hash_tag::tagged;
+use crate::unix::UnixMillis;
 
 /// How long a done marker (and a scan's attempt counter) is kept: as long
 /// as the gate keeps a keyed request's record, after which a retry is a new
@@ -50,6 +59,60 @@ pub const DONE: &str = "done";
 
 const CLAIM: &str = include_str!("claim.lua");
 const RELEASE: &str = include_str!("release.lua");
+
+/// The markers as the worker uses them: a claim, a done marker, a release.
+/// [`Markers`] keeps them in Valkey or in the process; a test may keep them
+/// in a simulated store (`tests/consume_sim.rs`).
+pub trait MarkerStore: Send + Sync + 'static {
+    /// Claims `scan`'s marker for the attempt `token`, as a new attempt
+    /// (`mine` 0) or renewing attempt `mine`, at `now` (in-process only:
+    /// Valkey keeps time by key expiry).
+    fn claim(
+        &self,
+        scan: Uuid,
+        token: &str,
+        mine: u64,
+        lease: Duration,
+        now: UnixMillis,
+    ) -> impl Future<Output = Result<MarkerClaim, ConsumeError>> + Send;
+
+    /// Keeps `scan`'s marker as done.
+    fn done(&self, scan: Uuid) -> impl Future<Output = Result<(), ConsumeError>> + Send;
+
+    /// Releases `scan`'s marker if the attempt `token` still holds it.
+    fn release(
+        &self,
+        scan: Uuid,
+        token: &str,
+    ) -> impl Future<Output = Result<(), ConsumeError>> + Send;
+}
+
+/// A claim's answer, relied on only if the replicas hold it: a new
+/// attempt short of them is not run, and a renewal short of them is no
+/// renewal ([`ConsumeError::NotReplicated`]).
+pub fn durable_claim(
+    claim: MarkerClaim,
+    mine: u64,
+    durable: bool,
+) -> Result<MarkerClaim, ConsumeError> {
+    let renewal = mine > 0;
+    match claim {
+        MarkerClaim::Claimed(_) if renewal && bugs::on(Bug::RenewalsOnThePrimaryOnly) => Ok(claim),
+        MarkerClaim::Claimed(_) if !durable => {
+            Err(ConsumeError::NotReplicated("the attempt's claim"))
+        }
+        claim => Ok(claim),
+    }
+}
+
+/// A done marker, relied on (acked after) only if the replicas hold it.
+pub fn durable_done(durable: bool) -> Result<(), ConsumeError> {
+    if durable {
+        Ok(())
+    } else {
+        Err(ConsumeError::NotReplicated("the done marker"))
+    }
+}
 
 /// Where markers live.
 #[derive(Clone)]
@@ -118,38 +181,33 @@ impl Markers {
     fn keys(tag: &str, scan: Uuid) -> (String, String) {
         (format!("{tag}:run:{scan}"), format!("{tag}:attempt:{scan}"))
     }
+}
 
-    /// Claims `scan`'s marker for the attempt `token`, as a new attempt
-    /// (`mine` 0) or renewing attempt `mine`, at `now_ms` (in-process only:
-    /// Valkey keeps time by key expiry).
-    pub async fn claim(
+impl MarkerStore for Markers {
+    async fn claim(
         &self,
         scan: Uuid,
         token: &str,
         mine: u64,
         lease: Duration,
-        now_ms: i64,
+        now: UnixMillis,
     ) -> Result<MarkerClaim, ConsumeError> {
-        let lease_ms = i64::try_from(lease.as_millis()).unwrap_or(i64::MAX);
         match self {
             Self::Valkey { valkey, tag, wait } => {
                 let (marker, attempts) = Self::keys(tag, scan);
                 let mut cmd = crate::store::valkey::eval(CLAIM, &[&marker, &attempts]);
-                cmd.arg(token).arg(lease_ms).arg(mine).arg(DONE_TTL_SECS);
-                // A renewal needs no replica: its attempt was durable when it started.
-                let wait = if mine == 0 { *wait } else { 0 };
-                let (answer, durable): (i64, bool) = valkey
-                    .send_replicated(cmd, wait, valkey.timeout())
-                    .await
-                    .map_err(ConsumeError::from_send)?;
-                if answer > 0 && !durable {
-                    return Err(ConsumeError::NotReplicated("the attempt's claim"));
-                }
-                Ok(match answer {
+                cmd.arg(token)
+                    .arg(crate::unix::duration_ms(lease))
+                    .arg(mine)
+                    .arg(DONE_TTL_SECS);
+                let (answer, durable): (i64, bool) =
+                    valkey.send_replicated(cmd, *wait, valkey.timeout()).await?;
+                let claim = match answer {
                     n if n > 0 => MarkerClaim::Claimed(n.unsigned_abs()),
                     0 => MarkerClaim::Done,
                     _ => MarkerClaim::Busy,
-                })
+                };
+                durable_claim(claim, mine, durable)
             }
             Self::Local(local) => {
                 let mut local = lock(local)?;
@@ -159,28 +217,21 @@ impl Markers {
                     .cloned()
                     .unwrap_or((Marker::Free, 0));
                 let (next, attempts, answer) =
-                    schedule::claim(&current, attempts, token, mine, now_ms, lease_ms);
+                    schedule::claim(&current, attempts, token, mine, now, lease);
                 local.markers.insert(scan, (next, attempts));
                 Ok(answer)
             }
         }
     }
 
-    /// Keeps `scan`'s marker as done.
-    pub async fn done(&self, scan: Uuid) -> Result<(), ConsumeError> {
+    async fn done(&self, scan: Uuid) -> Result<(), ConsumeError> {
         match self {
             Self::Valkey { valkey, tag, wait } => {
                 let (marker, _) = Self::keys(tag, scan);
                 let mut cmd = redis::cmd("SET");
                 cmd.arg(marker).arg(DONE).arg("EX").arg(DONE_TTL_SECS);
-                let ((), durable) = valkey
-                    .send_replicated(cmd, *wait, valkey.timeout())
-                    .await
-                    .map_err(ConsumeError::from_send)?;
-                if !durable {
-                    return Err(ConsumeError::NotReplicated("the done marker"));
-                }
-                Ok(())
+                let ((), durable) = valkey.send_replicated(cmd, *wait, valkey.timeout()).await?;
+                durable_done(durable)
             }
             Self::Local(local) => {
                 let mut local = lock(local)?;
@@ -197,8 +248,7 @@ impl Markers {
         }
     }
 
-    /// Releases `scan`'s marker if the attempt `token` still holds it.
-    pub async fn release(&self, scan: Uuid, token: &str) -> Result<(), ConsumeError> {
+    async fn release(&self, scan: Uuid, token: &str) -> Result<(), ConsumeError> {
         match self {
             Self::Valkey { valkey, tag, .. } => {
                 let (marker, _) = Self::keys(tag, scan);
@@ -208,7 +258,7 @@ impl Markers {
                     .send::<i64>(cmd, valkey.timeout())
                     .await
                     .map(drop)
-                    .map_err(ConsumeError::from_send)
+                    .map_err(ConsumeError::from)
             }
             Self::Local(local) => {
                 let mut local = lock(local)?;
@@ -232,7 +282,7 @@ mod tests {
         let m = Markers::local();
         let scan = Uuid::now_v7();
         let lease = Duration::from_secs(5);
-        let claim = |token: &'static str, mine| m.claim(scan, token, mine, lease, 0);
+        let claim = |token: &'static str, mine| m.claim(scan, token, mine, lease, UnixMillis(0));
         assert!(matches!(claim("a", 0).await, Ok(MarkerClaim::Claimed(1))));
         assert!(matches!(claim("b", 0).await, Ok(MarkerClaim::Busy)));
         m.release(scan, "a").await.unwrap();
@@ -247,7 +297,9 @@ mod tests {
     async fn local_after_numbers_on() {
         let scan = Uuid::now_v7();
         let m = Markers::local_after([(scan, 3)]);
-        let claim = m.claim(scan, "a", 0, Duration::from_secs(5), 0).await;
+        let claim = m
+            .claim(scan, "a", 0, Duration::from_secs(5), UnixMillis(0))
+            .await;
         assert!(matches!(claim, Ok(MarkerClaim::Claimed(4))));
     }
 

@@ -11,14 +11,14 @@
 //! | part | file | what it does |
 //! |---|---|---|
 //! | options | [`options`] | the command line ([`ConsumeArgs`]): where jobs come from ([`SourceSpec`]), the scanner, the retry policy |
-//! | rules | [`schedule`] | pure: hold time, marker claims and attempt numbers, when a running scan must stop, retry or dead-letter, SQS visibility, clock offset |
-//! | errors | [`error`] | [`ConsumeError`] (what failed) and why a scan was stopped ([`error::Stop`]) |
+//! | rules | [`schedule`] | pure: hold time, marker claims and attempt numbers, when a running scan must stop, what follows a hand-off ([`schedule::after_hand_off`]: mark done then ack, release and retry, dead-letter, …), SQS visibility, clock offset |
+//! | errors | [`error`] | [`ConsumeError`] (what failed), Valkey's refusals told apart by their code (`NOGROUP`, `BUSYGROUP`) |
 //! | clock | [`clock`] | the queue's clock: local time corrected by Valkey's `TIME` |
 //! | sources | [`source`] | the [`JobSource`] trait: stream (group, reclaim, ack), SQS (long poll, visibility, delete), stdin (with its journal) |
-//! | markers | [`marker`] | one run per `scanId`: a leased, numbered marker in Valkey (or in process) |
+//! | markers | [`marker`] | one run per `scanId`: a leased, numbered marker in Valkey (or in process), behind the [`MarkerStore`](marker::MarkerStore) trait |
 //! | hand-off | [`handoff`], [`guard`] | the [`Scanner`](handoff::Scanner) trait: `--exec` under a guard in its own process group, or `--post` |
 //! | leases | [`lease`] | marker tokens, one per attempt; a delivery and its marker renewed every quarter lease, and the watch that stops a scan whose lease is lost |
-//! | one job | [`worker`] | hold → run slot → marker → hand-off under a lease watch and a timeout → ack, retry or dead-letter ([`schedule::after_scan`]) |
+//! | one job | [`worker`] | hold → run slot → marker → hand-off under a lease watch and a timeout → carries out what [`schedule::after_hand_off`] says |
 //! | metrics | [`meter`] | EMF lines and Prometheus: started, succeeded, failed, dead-lettered, timeouts, leases lost, held, lateness, clock skew |
 //!
 //! **Faults.** Every Valkey call goes through the connector
@@ -229,9 +229,10 @@ async fn drive<S: JobSource>(
 
 /// Reads jobs and starts a task for each, at most `max_held` unfinished,
 /// until stopping (then gives back what the source still buffers) or the
-/// end of input.
-async fn intake<S: JobSource, X: handoff::Scanner>(
-    worker: Arc<Worker<S, X>>,
+/// end of input. Public for the consumer's simulator
+/// (`tests/consume_sim.rs`), which runs it over a simulated stream.
+pub async fn intake<S: JobSource, X: handoff::Scanner, M: marker::MarkerStore>(
+    worker: Arc<Worker<S, X, M>>,
     max_held: usize,
     mut stopping: watch::Receiver<bool>,
 ) -> JoinSet<()> {

@@ -5,18 +5,31 @@
 use std::num::NonZeroU32;
 use std::time::Duration;
 
+use crate::unix::UnixMillis;
+
 /// SQS's longest visibility timeout (12 h).
 pub const MAX_VISIBILITY_SECS: u64 = 43_200;
 
-/// How long a job must still be held: zero once `not_before_ms` has come.
-pub fn hold(not_before_ms: i64, now_ms: i64) -> Duration {
-    Duration::from_millis(u64::try_from(not_before_ms.saturating_sub(now_ms)).unwrap_or(0))
+/// A job's `notBefore` against a moment by the queue's clock: named
+/// fields, so the two instants cannot be swapped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Due {
+    pub not_before: UnixMillis,
+    pub now: UnixMillis,
 }
 
-/// How late a start is (start − `notBefore`, ms); negative would be early,
-/// which [`hold`] rules out.
-pub fn lateness_ms(start_ms: i64, not_before_ms: i64) -> i64 {
-    start_ms.saturating_sub(not_before_ms)
+impl Due {
+    /// How long the job must still be held: zero once `notBefore` has come.
+    pub fn hold(self) -> Duration {
+        let ms = self.not_before.get().saturating_sub(self.now.get());
+        Duration::from_millis(u64::try_from(ms).unwrap_or(0))
+    }
+
+    /// How late a start at `now` is (ms past `notBefore`); negative would
+    /// be early, which [`Due::hold`] rules out.
+    pub fn lateness_ms(self) -> i64 {
+        self.now.get().saturating_sub(self.not_before.get())
+    }
 }
 
 /// How a not-yet-due SQS message is held: by its visibility timeout for
@@ -49,35 +62,111 @@ impl RetryPolicy {
     }
 }
 
-/// How one hand-off ended.
+/// Why a running scan was stopped by the consumer (not by the scanner).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ScanResult {
-    /// The scanner took the job (exit 0, 2xx).
-    Done,
-    /// It did not (non-zero exit, non-2xx, no answer).
-    Failed,
+pub enum Stop {
+    /// It ran past `--scan-timeout`: a failed attempt, retried with backoff.
+    Timeout,
+    /// Its marker was lost (claimed by another attempt, done, or not
+    /// renewed for ¾ of a lease): it may not be this attempt's scan any more.
+    LeaseLost,
+    /// `SIGTERM`'s grace period ended.
+    Shutdown,
 }
 
-/// What follows a hand-off.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum AfterScan {
-    /// Keep the marker as done, then acknowledge (ack / delete) the job.
-    Ack,
-    /// Release the marker and try again after this wait.
-    RetryAfter(Duration),
-    /// Release the marker and move the job to the dead-letter stream (SQS:
-    /// leave it to the queue's redrive policy).
-    DeadLetter,
-}
-
-/// The rule after a hand-off, `failures` counting this one if it failed.
-/// (Not the gate's [`crate::settle`]: that one puts a failed request right.)
-pub fn after_scan(result: ScanResult, failures: u32, policy: &RetryPolicy) -> AfterScan {
-    match result {
-        ScanResult::Done => AfterScan::Ack,
-        ScanResult::Failed if failures >= policy.max_attempts.get() => AfterScan::DeadLetter,
-        ScanResult::Failed => AfterScan::RetryAfter(policy.backoff(failures)),
+impl std::fmt::Display for Stop {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::Timeout => "scan timeout",
+            Self::LeaseLost => "lease lost",
+            Self::Shutdown => "shutdown grace over",
+        })
     }
+}
+
+/// How one hand-off ended, as the rule after it sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HandOff {
+    /// The scanner took the job (exit 0, 2xx).
+    Took,
+    /// It did not (non-zero exit, non-2xx, no answer).
+    Refused,
+    /// The consumer stopped it.
+    Stopped(Stop),
+}
+
+impl HandOff {
+    pub const ALL: [Self; 5] = [
+        Self::Took,
+        Self::Refused,
+        Self::Stopped(Stop::Timeout),
+        Self::Stopped(Stop::LeaseLost),
+        Self::Stopped(Stop::Shutdown),
+    ];
+}
+
+/// What the worker does after a hand-off. Every variant that frees the
+/// marker says how: `Release…` until it is done (the scanner is gone, so
+/// the next attempt need not wait out the lease), `ReleaseIfMine…` once.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Next {
+    /// Keep the marker as done (renewing the delivery and the marker until
+    /// that is recorded), then acknowledge the job: a crash between the two
+    /// leaves an entry the next consumer acks without running.
+    MarkDoneThenAck,
+    /// The lease was lost: not this attempt's scan any more, and no failure
+    /// of the job's. Release the marker once, in case this attempt's token
+    /// still holds it (a renewal that landed late), and come back after the
+    /// wait with a new attempt (a new token); the marker then says what
+    /// (done: ack; another attempt's: later).
+    ReleaseIfMineThenLater(Duration),
+    /// The shutdown grace ended: release, and give the job back.
+    ReleaseThenGiveBack,
+    /// A failed attempt (refused, or timed out), the `failures`-th: release,
+    /// and try again after `after`.
+    ReleaseThenRetry { failures: u32, after: Duration },
+    /// The failed attempt that reached `--max-attempts`: release, and move
+    /// the job to the dead-letter stream (SQS: leave it to the queue's
+    /// redrive policy).
+    ReleaseThenDeadLetter { failures: u32 },
+}
+
+/// The consumer's recovery, as one rule: what follows a hand-off that
+/// ended as `ended`, after `failures` failed attempts before it, under
+/// `policy`, with the marker's `lease`. A failure counts against
+/// `--max-attempts`; a lost lease and a shutdown do not (the scan was
+/// taken from this attempt, it did not fail). (Not the gate's
+/// [`crate::settle`]: that one puts a failed request right.)
+pub fn after_hand_off(
+    ended: HandOff,
+    failures: u32,
+    policy: &RetryPolicy,
+    lease: Duration,
+) -> Next {
+    let failed = |failures: u32| {
+        let failures = failures.saturating_add(1);
+        if failures >= policy.max_attempts.get() {
+            Next::ReleaseThenDeadLetter { failures }
+        } else {
+            Next::ReleaseThenRetry {
+                failures,
+                after: policy.backoff(failures),
+            }
+        }
+    };
+    match ended {
+        HandOff::Took => Next::MarkDoneThenAck,
+        HandOff::Stopped(Stop::LeaseLost) => Next::ReleaseIfMineThenLater(come_back(lease)),
+        HandOff::Stopped(Stop::Shutdown) => Next::ReleaseThenGiveBack,
+        HandOff::Refused | HandOff::Stopped(Stop::Timeout) => failed(failures),
+    }
+}
+
+/// How long to wait before trying a scan whose marker another attempt may
+/// hold: its lease ends within one lease, and by then it has either
+/// finished (done) or died (free).
+pub fn come_back(lease: Duration) -> Duration {
+    lease / 2
 }
 
 /// A `scanId` marker: what a consumer knows about one scan. Beside it a
@@ -88,7 +177,7 @@ pub enum Marker {
     /// Nobody runs it, nobody ran it.
     Free,
     /// One attempt runs it, under `token`, until its lease ends.
-    Held { token: String, until_ms: i64 },
+    Held { token: String, until: UnixMillis },
     /// It ran to success: never again.
     Done,
 }
@@ -106,7 +195,7 @@ pub enum MarkerClaim {
     Busy,
 }
 
-/// Claims `marker` for `token` at `now_ms` for `lease_ms`. `attempts` is
+/// Claims `marker` for `token` at `now` for `lease`. `attempts` is
 /// the scan's attempt counter; `mine` is the attempt number this claim
 /// renews (0: a new attempt). A new attempt takes the next number (a claim
 /// that landed unanswered and is sent again keeps it: same token). A
@@ -119,12 +208,12 @@ pub fn claim(
     attempts: u64,
     token: &str,
     mine: u64,
-    now_ms: i64,
-    lease_ms: i64,
+    now: UnixMillis,
+    lease: Duration,
 ) -> (Marker, u64, MarkerClaim) {
     let live_holder = match marker {
         Marker::Done => return (Marker::Done, attempts, MarkerClaim::Done),
-        Marker::Held { token: t, until_ms } if *until_ms > now_ms => Some(t.as_str()),
+        Marker::Held { token: t, until } if *until > now => Some(t.as_str()),
         _ => None,
     };
     if live_holder.is_some_and(|t| t != token) || (mine > 0 && mine != attempts) {
@@ -137,7 +226,7 @@ pub fn claim(
     };
     let held = Marker::Held {
         token: token.to_owned(),
-        until_ms: now_ms.saturating_add(lease_ms),
+        until: now.saturating_add(lease),
     };
     (held, number, MarkerClaim::Claimed(number))
 }
@@ -155,9 +244,7 @@ pub fn on_claim(claim: MarkerClaim, lease: Duration) -> Step {
     match claim {
         MarkerClaim::Claimed(attempt) => Step::Run(attempt),
         MarkerClaim::Done => Step::AckDuplicate,
-        // The holder's lease ends within one lease; by then it has either
-        // finished (done) or died (free).
-        MarkerClaim::Busy => Step::Later(lease / 2),
+        MarkerClaim::Busy => Step::Later(come_back(lease)),
     }
 }
 
@@ -180,31 +267,56 @@ pub enum Renewal {
     Unknown,
 }
 
-/// Whether a running scan must be stopped, after `renewal`, when the last
-/// renewal known to have held was *sent* `since_held` ago. The marker
-/// expires one lease after that renewal landed, and it landed after it was
-/// sent, so a scan stopped once ¾ of a lease has passed without a held
-/// renewal is stopped before anyone else can claim it (the last quarter is
-/// the margin for the kill and for clock drift). Only a consumer that was
-/// itself paused longer than that can overlap another attempt, and it stops
-/// at once when it wakes.
-pub fn must_stop(renewal: Renewal, since_held: Duration, lease: Duration) -> bool {
-    match renewal {
-        Renewal::Lost => true,
-        Renewal::Held => false,
-        Renewal::Unknown => since_held >= lease.saturating_mul(3) / 4,
+/// A running scan's lease, and how long ago the last renewal known to
+/// have held was *sent*: named, so the two durations cannot be swapped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Silence {
+    pub since_held: Duration,
+    pub lease: Duration,
+}
+
+impl Silence {
+    /// Whether the scan must be stopped after `renewal`. The marker expires
+    /// one lease after the last held renewal landed, and it landed after it
+    /// was sent, so a scan stopped once ¾ of a lease has passed without a
+    /// held renewal is stopped before anyone else can claim it (the last
+    /// quarter is the margin for the kill and for clock drift). Only a
+    /// consumer that was itself paused longer than that can overlap another
+    /// attempt, and it stops at once when it wakes.
+    pub fn must_stop(self, renewal: Renewal) -> bool {
+        match renewal {
+            Renewal::Lost => true,
+            Renewal::Held => false,
+            Renewal::Unknown => self.since_held >= Self::allowed(self.lease),
+        }
+    }
+
+    /// The longest a running scan may go without a renewal known to hold:
+    /// ¾ of its lease.
+    pub fn allowed(lease: Duration) -> Duration {
+        lease.saturating_mul(3) / 4
     }
 }
 
-/// The queue clock's offset from the local one (ms to add to local time),
-/// from one reading of the server's clock taken between `sent_ms` and
-/// `answered_ms` (local). The server read its clock somewhere in that round
-/// trip; taking the end of it gives the smallest offset the reading allows,
-/// so the queue time it yields is never ahead of the server's, and a job
-/// timed by it never starts early (at worst one round trip late).
-pub fn clock_offset_ms(sent_ms: i64, server_ms: i64, answered_ms: i64) -> i64 {
-    debug_assert!(sent_ms <= answered_ms);
-    server_ms.saturating_sub(answered_ms)
+/// One reading of the server's clock (`server`), taken between `sent` and
+/// `answered` by the local one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Reading {
+    pub sent: UnixMillis,
+    pub server: UnixMillis,
+    pub answered: UnixMillis,
+}
+
+impl Reading {
+    /// The queue clock's offset from the local one (ms to add to local
+    /// time). The server read its clock somewhere in the round trip; taking
+    /// the end of it gives the smallest offset the reading allows, so the
+    /// queue time it yields is never ahead of the server's, and a job timed
+    /// by it never starts early (at worst one round trip late).
+    pub fn offset_ms(self) -> i64 {
+        debug_assert!(self.sent <= self.answered);
+        self.server.get().saturating_sub(self.answered.get())
+    }
 }
 
 /// The skew past which the consumer warns (it times jobs by the queue's
@@ -225,24 +337,60 @@ mod tests {
         }
     }
 
-    /// Every result and failure count, against the policy: ack on success,
-    /// retry with a growing wait, dead-letter at the limit.
+    /// Every way a hand-off ends, after failures below, one short of, at
+    /// and over the limit, under a policy of one attempt and of three: a
+    /// success is marked then acked whatever came before; a lost lease and
+    /// a shutdown count no failure; a refusal and a timeout count one, and
+    /// are retried with a growing wait until the one that reaches the limit
+    /// is dead-lettered.
     #[test]
-    fn after_scan_table() {
-        let p = policy(3);
+    fn after_hand_off_table() {
+        use HandOff::{Refused, Stopped, Took};
+        use Next::*;
+        let lease = Duration::from_secs(8);
         let ms = Duration::from_millis;
-        assert_eq!(after_scan(ScanResult::Done, 0, &p), AfterScan::Ack);
-        assert_eq!(after_scan(ScanResult::Done, 2, &p), AfterScan::Ack);
-        assert_eq!(
-            after_scan(ScanResult::Failed, 1, &p),
-            AfterScan::RetryAfter(ms(200))
-        );
-        assert_eq!(
-            after_scan(ScanResult::Failed, 2, &p),
-            AfterScan::RetryAfter(ms(400))
-        );
-        assert_eq!(after_scan(ScanResult::Failed, 3, &p), AfterScan::DeadLetter);
-        assert_eq!(after_scan(ScanResult::Failed, 9, &p), AfterScan::DeadLetter);
+        let retry = |failures, after| ReleaseThenRetry { failures, after };
+        let dead = |failures| ReleaseThenDeadLetter { failures };
+        #[rustfmt::skip]
+        let table: &[(HandOff, u32, u32, Next)] = &[
+            // ended, failures before, --max-attempts, next
+            (Took, 0, 1, MarkDoneThenAck),
+            (Took, 0, 3, MarkDoneThenAck),
+            (Took, 2, 3, MarkDoneThenAck),
+            (Took, 5, 3, MarkDoneThenAck),
+            (Refused, 0, 1, dead(1)),
+            (Refused, 0, 3, retry(1, ms(200))),
+            (Refused, 1, 3, retry(2, ms(400))),
+            (Refused, 2, 3, dead(3)),
+            (Refused, 5, 3, dead(6)),
+            (Refused, u32::MAX, 3, dead(u32::MAX)),
+            (Stopped(Stop::Timeout), 0, 1, dead(1)),
+            (Stopped(Stop::Timeout), 0, 3, retry(1, ms(200))),
+            (Stopped(Stop::Timeout), 1, 3, retry(2, ms(400))),
+            (Stopped(Stop::Timeout), 2, 3, dead(3)),
+            (Stopped(Stop::Timeout), 5, 3, dead(6)),
+            (Stopped(Stop::LeaseLost), 0, 1, ReleaseIfMineThenLater(lease / 2)),
+            (Stopped(Stop::LeaseLost), 0, 3, ReleaseIfMineThenLater(lease / 2)),
+            (Stopped(Stop::LeaseLost), 2, 3, ReleaseIfMineThenLater(lease / 2)),
+            (Stopped(Stop::LeaseLost), 5, 3, ReleaseIfMineThenLater(lease / 2)),
+            (Stopped(Stop::Shutdown), 0, 1, ReleaseThenGiveBack),
+            (Stopped(Stop::Shutdown), 0, 3, ReleaseThenGiveBack),
+            (Stopped(Stop::Shutdown), 2, 3, ReleaseThenGiveBack),
+            (Stopped(Stop::Shutdown), 5, 3, ReleaseThenGiveBack),
+        ];
+        for &(ended, failures, max, next) in table {
+            let got = after_hand_off(ended, failures, &policy(max), lease);
+            assert_eq!(
+                got, next,
+                "{ended:?} after {failures} failures, limit {max}"
+            );
+        }
+        for ended in HandOff::ALL {
+            assert!(
+                table.iter().any(|row| row.0 == ended),
+                "{ended:?} not in the table"
+            );
+        }
         assert_eq!(policy(40).backoff(30), Duration::from_secs(30));
     }
 
@@ -252,26 +400,25 @@ mod tests {
     /// fails once another attempt was numbered.
     #[test]
     fn claim_table() {
+        let at = UnixMillis;
+        let lease = Duration::from_millis(10);
         let held = Marker::Held {
             token: "a".into(),
-            until_ms: 100,
+            until: at(100),
         };
-        assert_eq!(
-            claim(&Marker::Free, 0, "a", 0, 0, 10).2,
-            MarkerClaim::Claimed(1)
-        );
-        assert_eq!(claim(&Marker::Done, 3, "a", 0, 0, 10).2, MarkerClaim::Done);
-        assert_eq!(claim(&held, 1, "a", 1, 50, 10).2, MarkerClaim::Claimed(1));
-        assert_eq!(claim(&held, 1, "a", 0, 50, 10).2, MarkerClaim::Claimed(1));
-        assert_eq!(claim(&held, 1, "b", 0, 50, 10).2, MarkerClaim::Busy);
-        assert_eq!(claim(&held, 1, "b", 0, 100, 10).2, MarkerClaim::Claimed(2));
+        let answer = |m: &Marker, attempts, token, mine, now| {
+            claim(m, attempts, token, mine, at(now), lease).2
+        };
+        assert_eq!(answer(&Marker::Free, 0, "a", 0, 0), MarkerClaim::Claimed(1));
+        assert_eq!(answer(&Marker::Done, 3, "a", 0, 0), MarkerClaim::Done);
+        assert_eq!(answer(&held, 1, "a", 1, 50), MarkerClaim::Claimed(1));
+        assert_eq!(answer(&held, 1, "a", 0, 50), MarkerClaim::Claimed(1));
+        assert_eq!(answer(&held, 1, "b", 0, 50), MarkerClaim::Busy);
+        assert_eq!(answer(&held, 1, "b", 0, 100), MarkerClaim::Claimed(2));
         // Lease over, nobody else came: the renewal still holds.
-        assert_eq!(claim(&held, 1, "a", 1, 500, 10).2, MarkerClaim::Claimed(1));
+        assert_eq!(answer(&held, 1, "a", 1, 500), MarkerClaim::Claimed(1));
         // Another attempt was numbered meanwhile (and released): lost.
-        assert_eq!(
-            claim(&Marker::Free, 2, "a", 1, 500, 10).2,
-            MarkerClaim::Busy
-        );
+        assert_eq!(answer(&Marker::Free, 2, "a", 1, 500), MarkerClaim::Busy);
         assert_eq!(release(&held, "b"), held);
         assert_eq!(release(&held, "a"), Marker::Free);
         assert_eq!(release(&Marker::Done, "a"), Marker::Done);
@@ -286,20 +433,32 @@ mod tests {
     #[test]
     fn stop_table() {
         let lease = Duration::from_secs(8);
-        let s = Duration::from_secs;
-        assert!(must_stop(Renewal::Lost, s(0), lease));
-        assert!(!must_stop(Renewal::Held, s(60), lease));
-        assert!(!must_stop(Renewal::Unknown, s(5), lease));
-        assert!(must_stop(Renewal::Unknown, s(6), lease));
+        let after = |secs| Silence {
+            since_held: Duration::from_secs(secs),
+            lease,
+        };
+        assert!(after(0).must_stop(Renewal::Lost));
+        assert!(!after(60).must_stop(Renewal::Held));
+        assert!(!after(5).must_stop(Renewal::Unknown));
+        assert!(after(6).must_stop(Renewal::Unknown));
     }
 
     /// The offset takes the server's reading as late in the round trip as
     /// it can have been, so the queue time is never ahead of the server's.
     #[test]
     fn offsets() {
-        assert_eq!(clock_offset_ms(1_000, 1_000, 1_000), 0);
-        assert_eq!(clock_offset_ms(1_000, 21_010, 1_020), 19_990);
-        assert_eq!(clock_offset_ms(21_000, 1_005, 21_010), -20_005);
+        let offset = |sent, server, answered| {
+            let at = UnixMillis;
+            Reading {
+                sent: at(sent),
+                server: at(server),
+                answered: at(answered),
+            }
+            .offset_ms()
+        };
+        assert_eq!(offset(1_000, 1_000, 1_000), 0);
+        assert_eq!(offset(1_000, 21_010, 1_020), 19_990);
+        assert_eq!(offset(21_000, 1_005, 21_010), -20_005);
     }
 
     /// One attempt's action on a marker.
@@ -323,11 +482,13 @@ mod tests {
         /// A job is never started before its notBefore, and a due job is never held.
         #[test]
         fn never_early(not_before in -1_000_000i64..1_000_000, now in -1_000_000i64..1_000_000) {
-            let start = now + i64::try_from(hold(not_before, now).as_millis()).unwrap();
+            let due = Due { not_before: UnixMillis(not_before), now: UnixMillis(now) };
+            let start = now + i64::try_from(due.hold().as_millis()).unwrap();
             prop_assert!(start >= not_before);
-            prop_assert!(lateness_ms(start, not_before) >= 0);
+            let started = Due { now: UnixMillis(start), ..due };
+            prop_assert!(started.lateness_ms() >= 0);
             if not_before <= now {
-                prop_assert_eq!(hold(not_before, now), Duration::ZERO);
+                prop_assert_eq!(due.hold(), Duration::ZERO);
             } else {
                 prop_assert_eq!(start, not_before);
             }
@@ -361,7 +522,7 @@ mod tests {
         /// within a lease, and after a success nobody runs it again.
         #[test]
         fn runs_once(acts in proptest::collection::vec(act(), 1..60)) {
-            let lease = 100;
+            let lease = Duration::from_millis(100);
             let (mut marker, mut attempts, mut now, mut successes) = (Marker::Free, 0, 0i64, 0);
             let mut numbers = Vec::new();
             for a in acts {
@@ -369,10 +530,10 @@ mod tests {
                     Act::Wait(ms) => now += i64::from(ms),
                     Act::Try { n, succeeds } => {
                         let token = format!("t{n}");
-                        let (next, count, answer) = claim(&marker, attempts, &token, 0, now, lease);
+                        let (next, count, answer) = claim(&marker, attempts, &token, 0, UnixMillis(now), lease);
                         if let MarkerClaim::Claimed(number) = answer {
-                            prop_assert!(!matches!(&marker, Marker::Held { token: t, until_ms }
-                                if *t != token && *until_ms > now), "claimed over a live lease");
+                            prop_assert!(!matches!(&marker, Marker::Held { token: t, until }
+                                if *t != token && until.get() > now), "claimed over a live lease");
                             prop_assert!(marker != Marker::Done);
                             numbers.push(number);
                             if succeeds {

@@ -1,5 +1,7 @@
 //! One delivery's life: held until its `notBefore`, a run slot, the
-//! `scanId` marker, the hand-off, and what [`schedule::after_scan`] says after.
+//! `scanId` marker, the hand-off, and then what the rule
+//! [`schedule::after_hand_off`] says, carried out ([`Next`]). The worker
+//! decides nothing after a hand-off itself.
 //! Each delivery is a task of its own, so a held job never holds up a due
 //! one; the run slots (`--concurrency`) bound only hand-offs.
 //!
@@ -12,23 +14,25 @@
 //! keep it busy past a lease, another consumer takes the job over. A
 //! running scan renews its delivery and its marker every quarter lease
 //! ([`Keeper::watch`]); when the marker is lost, or no renewal is
-//! known to have held for ¾ of a lease ([`schedule::must_stop`]), the
+//! known to have held for ¾ of a lease ([`schedule::Silence::must_stop`]), the
 //! scanner is stopped (its process group killed) at once.
 
 use std::future::Future;
+use std::ops::ControlFlow::{self, Break, Continue};
 use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::{Semaphore, watch};
 
 use super::clock::QueueClock;
-use super::error::{ConsumeError, Stop};
+use super::error::ConsumeError;
 use super::handoff::{Attempt, Ended, Scanner};
 use super::lease::{Keeper, Tokens};
-use super::marker::Markers;
+use super::marker::{MarkerStore, Markers};
 use super::meter::{ConsumeMeter, Event};
-use super::schedule::{self, AfterScan, RetryPolicy, ScanResult, Step};
+use super::schedule::{self, Due, HandOff, Next, RetryPolicy, Step, Stop};
 use super::source::{Delivery, GivenUp, JobSource};
+use crate::bugs::{self, Bug};
 
 /// How long to wait before trying again when Valkey (markers, acks) fails.
 const STORE_RETRY: Duration = Duration::from_millis(250);
@@ -39,9 +43,9 @@ const STORE_RETRY: Duration = Duration::from_millis(250);
 const LAST_TRIES: Duration = Duration::from_secs(2);
 
 /// Everything a job task needs, shared by all of them.
-pub struct Worker<S: JobSource, X: Scanner> {
+pub struct Worker<S: JobSource, X: Scanner, M: MarkerStore = Markers> {
     pub source: S,
-    pub markers: Markers,
+    pub markers: M,
     pub scanner: X,
     /// Hand-offs at once (`--concurrency` permits).
     pub run_slots: Arc<Semaphore>,
@@ -63,12 +67,25 @@ enum Waited<T> {
     Stopping,
 }
 
-/// Whether the worker is done with a delivery.
-type Finished = bool;
+/// Whether a job waits for its `notBefore` (metered as held) or for
+/// something else (a busy marker, a retry's backoff).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Held {
+    ForNotBefore,
+    Otherwise,
+}
 
-impl<S: JobSource, X: Scanner> Worker<S, X> {
+/// One attempt's identity: the marker token it claimed with, and the
+/// number the claim gave it.
+#[derive(Clone, Copy)]
+struct Run<'a> {
+    token: &'a str,
+    number: u64,
+}
+
+impl<S: JobSource, X: Scanner, M: MarkerStore> Worker<S, X, M> {
     /// What renews this worker's deliveries and markers.
-    fn keeper(&self) -> Keeper<'_, S> {
+    fn keeper(&self) -> Keeper<'_, S, M> {
         Keeper {
             source: &self.source,
             markers: &self.markers,
@@ -77,8 +94,11 @@ impl<S: JobSource, X: Scanner> Worker<S, X> {
         }
     }
 
-    fn wait_for(&self, d: &Delivery<S::Handle>) -> Duration {
-        schedule::hold(d.job.not_before_ms, self.clock.now_ms())
+    fn due(&self, d: &Delivery<S::Handle>) -> Due {
+        Due {
+            not_before: d.job.not_before_at(),
+            now: self.clock.now(),
+        }
     }
 
     /// Runs `d` to its end: acked, dead-lettered, handed back to the queue,
@@ -93,9 +113,9 @@ impl<S: JobSource, X: Scanner> Worker<S, X> {
         // a stall that landed late).
         let mut token = self.tokens.next();
         loop {
-            let wait = self.wait_for(&d);
+            let wait = self.due(&d).hold();
             if !wait.is_zero() {
-                if self.later(&d, wait, true).await {
+                if self.later(&d, wait, Held::ForNotBefore).await.is_break() {
                     return;
                 }
                 continue;
@@ -104,151 +124,202 @@ impl<S: JobSource, X: Scanner> Worker<S, X> {
             else {
                 return self.source.give_back(&d, Duration::ZERO).await;
             };
-            let now = self.clock.now_ms();
-            let attempt = match self
-                .markers
-                .claim(d.job.scan_id, &token, 0, self.lease, now)
-                .await
-            {
-                Err(e) => {
-                    tracing::warn!(error = %e, "cannot claim a scan's marker; trying again");
+            let Some(step) = self.claim(&d, &token).await else {
+                drop(slot);
+                tokio::time::sleep(STORE_RETRY).await;
+                continue;
+            };
+            let number = match step {
+                Step::Run(number) => number,
+                Step::AckDuplicate => {
+                    self.meter.record(Event::Duplicate);
+                    return self.ack(&d).await;
+                }
+                Step::Later(after) => {
                     drop(slot);
-                    tokio::time::sleep(STORE_RETRY).await;
+                    if self.later(&d, after, Held::Otherwise).await.is_break() {
+                        return;
+                    }
                     continue;
                 }
-                Ok(claim) => match schedule::on_claim(claim, self.lease) {
-                    Step::Run(attempt) => attempt,
-                    Step::AckDuplicate => {
-                        self.meter.record(Event::Duplicate);
-                        return self.ack(&d).await;
-                    }
-                    Step::Later(after) => {
-                        drop(slot);
-                        if self.later(&d, after, false).await {
-                            return;
-                        }
-                        continue;
-                    }
-                },
             };
-            let ended = self.hand_off(&d, &token, attempt).await;
+            let run = Run {
+                token: &token,
+                number,
+            };
+            let ended = self.hand_off(&d, run).await;
             drop(slot);
-            let end = (attempt, ended);
-            if self.after_hand_off(&d, &token, end, &mut failures).await {
+            if self
+                .carry_out(&d, run, &ended, &mut failures)
+                .await
+                .is_break()
+            {
                 return;
             }
-            token = self.tokens.next();
+            if !bugs::on(Bug::SameTokenAfterLostLease) {
+                token = self.tokens.next();
+            }
         }
     }
 
-    /// Carries out what a hand-off's end calls for.
-    async fn after_hand_off(
+    /// Claims `d`'s marker for a new attempt under `token`: the step the
+    /// answer leads to, or `None` if Valkey did not answer (logged).
+    async fn claim(&self, d: &Delivery<S::Handle>, token: &str) -> Option<Step> {
+        let now = self.clock.now();
+        match self
+            .markers
+            .claim(d.job.scan_id, token, 0, self.lease, now)
+            .await
+        {
+            Ok(claim) => Some(schedule::on_claim(claim, self.lease)),
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot claim a scan's marker; trying again");
+                None
+            }
+        }
+    }
+
+    /// Carries out what [`schedule::after_hand_off`] says after `ended`
+    /// (counting `failures`): `Continue` runs the job again here, `Break`
+    /// is done with it.
+    async fn carry_out(
         &self,
         d: &Delivery<S::Handle>,
-        token: &str,
-        (attempt, ended): (u64, Result<(), Ended>),
+        run: Run<'_>,
+        ended: &Result<(), Ended>,
         failures: &mut u32,
-    ) -> Finished {
-        match ended {
-            Ok(()) => {
-                self.succeeded(d, token, attempt).await;
-                true
+    ) -> ControlFlow<()> {
+        let next =
+            schedule::after_hand_off(hand_off_of(ended), *failures, &self.policy, self.lease);
+        if let Next::ReleaseThenRetry { failures: n, .. } = next {
+            *failures = n;
+        }
+        self.record_end(d, run, ended, next);
+        let scan = d.job.scan_id;
+        let release = || self.markers.release(scan, run.token);
+        match next {
+            Next::MarkDoneThenAck => {
+                self.mark_done(d, run).await;
+                self.ack(d).await;
+                Break(())
             }
-            Err(Ended::Stopped(Stop::LeaseLost)) => {
-                // Not this attempt's scan any more: no failure of ours. The
-                // marker says what next (done: ack; busy: later); it is
-                // released only if this attempt's token still holds it (a
-                // renewal that landed late), so the next attempt need not
-                // wait that lease out. Once: the lease ends it anyway.
-                self.meter.record(Event::LeaseLost);
-                tracing::warn!(scan_id = %d.job.scan_id, attempt, "lost the scan's lease: scanner stopped");
-                if let Err(e) = self.markers.release(d.job.scan_id, token).await {
+            Next::ReleaseIfMineThenLater(after) => {
+                if let Err(e) = release().await {
                     tracing::warn!(error = %e, "cannot release a lost lease's marker; it expires");
                 }
-                self.later(d, self.lease / 2, false).await
+                self.later(d, after, Held::Otherwise).await
             }
-            Err(Ended::Stopped(Stop::Shutdown)) => {
-                // The scanner is gone: free the marker, so whoever takes the
-                // job over need not wait out the lease.
-                self.until_ok("release", || self.markers.release(d.job.scan_id, token))
-                    .await;
+            Next::ReleaseThenGiveBack => {
+                self.until_ok("release", release).await;
                 self.source.give_back(d, Duration::ZERO).await;
-                true
+                Break(())
             }
-            Err(e) => {
-                if e == Ended::Stopped(Stop::Timeout) {
-                    self.meter.record(Event::TimedOut);
-                }
-                *failures += 1;
-                !self.failed(d, token, *failures, &e.to_string()).await
+            Next::ReleaseThenRetry { after, .. } => {
+                self.until_ok("release", release).await;
+                self.later(d, after, Held::Otherwise).await
+            }
+            Next::ReleaseThenDeadLetter { failures } => {
+                self.until_ok("release", release).await;
+                self.meter.record(Event::DeadLettered);
+                let error = &error_of(ended);
+                let why = GivenUp { failures, error };
+                self.until_ok("dead-letter", || self.source.dead_letter(d, why))
+                    .await;
+                Break(())
             }
         }
     }
 
-    /// Come back after `after`: through the queue (`true`: forget it) or
-    /// here. `held` says the job waits for its `notBefore` (metered as held).
-    async fn later(&self, d: &Delivery<S::Handle>, after: Duration, held: bool) -> Finished {
+    /// Meters and logs how a hand-off ended.
+    fn record_end(
+        &self,
+        d: &Delivery<S::Handle>,
+        run: Run<'_>,
+        ended: &Result<(), Ended>,
+        next: Next,
+    ) {
+        let (scan_id, attempt) = (d.job.scan_id, run.number);
+        match ended {
+            Ok(()) => self.meter.record(Event::Succeeded),
+            Err(Ended::Stopped(Stop::LeaseLost)) => {
+                self.meter.record(Event::LeaseLost);
+                tracing::warn!(%scan_id, attempt, "lost the scan's lease: scanner stopped");
+            }
+            Err(Ended::Stopped(Stop::Shutdown)) => {}
+            Err(e) => {
+                if *e == Ended::Stopped(Stop::Timeout) {
+                    self.meter.record(Event::TimedOut);
+                }
+                self.meter.record(Event::Failed);
+                let failures = match next {
+                    Next::ReleaseThenRetry { failures, .. }
+                    | Next::ReleaseThenDeadLetter { failures } => failures,
+                    _ => 0,
+                };
+                tracing::warn!(%scan_id, attempt, failures, error = %e, "scan failed");
+            }
+        }
+    }
+
+    /// Come back after `after`: through the queue (`Break`: forget it) or
+    /// here (`Continue`).
+    async fn later(&self, d: &Delivery<S::Handle>, after: Duration, held: Held) -> ControlFlow<()> {
         match self.source.deliver_later(d, after).await {
-            Ok(true) => return true,
+            Ok(true) => return Break(()),
             Ok(false) => {}
             Err(e) => {
                 tracing::warn!(error = %e, "cannot hand a job back to the queue; holding it here")
             }
         }
-        if held {
+        let metered = held == Held::ForNotBefore;
+        if metered {
             self.meter.held(1);
         }
         let wait = self.unless_stopping(tokio::time::sleep(after));
-        let waited = self.keeper().renewing(d, None, wait);
-        let waited = waited.await;
-        if held {
+        let waited = self.keeper().renewing(d, None, wait).await;
+        if metered {
             self.meter.held(-1);
         }
         if let Waited::Stopping = waited {
-            self.source.give_back(d, self.wait_for(d)).await;
-            return true;
+            self.source.give_back(d, self.due(d).hold()).await;
+            return Break(());
         }
-        false
+        Continue(())
     }
 
-    async fn hand_off(
-        &self,
-        d: &Delivery<S::Handle>,
-        token: &str,
-        attempt: u64,
-    ) -> Result<(), Ended> {
-        self.source.started(d, attempt).await;
-        let start = self.clock.now_ms();
-        self.meter.record(Event::Started {
-            lateness_ms: schedule::lateness_ms(start, d.job.not_before_ms),
-        });
-        tracing::info!(scan_id = %d.job.scan_id, tier = d.job.tier.as_str(), attempt, "scan started");
+    async fn hand_off(&self, d: &Delivery<S::Handle>, run: Run<'_>) -> Result<(), Ended> {
+        self.source.started(d, run.number).await;
+        let lateness_ms = self.due(d).lateness_ms();
+        self.meter.record(Event::Started { lateness_ms });
+        tracing::info!(scan_id = %d.job.scan_id, tier = d.job.tier.as_str(), attempt = run.number, "scan started");
         let mut killing = self.killing.clone();
         let stop = async {
             tokio::select! {
                 () = tokio::time::sleep(self.scan_timeout) => Stop::Timeout,
-                stop = self.keeper().watch(d, token, attempt) => stop,
+                stop = self.keeper().watch(d, run.token, run.number) => stop,
                 _ = killing.wait_for(|k| *k) => Stop::Shutdown,
             }
         };
         let attempt = Attempt {
             delivery: d,
-            number: attempt,
+            number: run.number,
         };
         self.scanner.run(attempt, stop).await
     }
 
-    /// Marks the scan done, then acks it: a crash between the two leaves an
-    /// entry that the next consumer acks without running. Until done is
-    /// recorded the delivery and the marker stay renewed, so a slow Valkey
-    /// does not let the finished scan be taken over and run again.
-    async fn succeeded(&self, d: &Delivery<S::Handle>, token: &str, attempt: u64) {
-        self.meter.record(Event::Succeeded);
-        let done = self.until_ok("mark done", || self.markers.done(d.job.scan_id));
-        self.keeper()
-            .renewing(d, Some((token, attempt)), done)
-            .await;
-        self.ack(d).await;
+    /// Keeps the marker as done, until that is recorded (durably, with
+    /// `VALKEY_WAIT_REPLICAS`); meanwhile the delivery and the marker stay
+    /// renewed, so a slow Valkey does not let the finished scan be taken
+    /// over and run again.
+    async fn mark_done(&self, d: &Delivery<S::Handle>, run: Run<'_>) {
+        let scan = d.job.scan_id;
+        if bugs::on(Bug::DoneNotAwaitedBeforeAck) {
+            let _ = self.markers.done(scan).await;
+            return;
+        }
+        let done = self.until_ok("mark done", || self.markers.done(scan));
+        let renewing = Some((run.token, run.number));
+        self.keeper().renewing(d, renewing, done).await;
     }
 
     /// Acknowledges `d`, trying for at most one lease: after that the queue
@@ -257,31 +328,6 @@ impl<S: JobSource, X: Scanner> Worker<S, X> {
         let acked = tokio::time::timeout(self.lease, self.until_ok("ack", || self.source.ack(d)));
         if acked.await.is_err() {
             tracing::warn!(scan_id = %d.job.scan_id, "cannot acknowledge a finished job; its redelivery will be");
-        }
-    }
-
-    /// After a failed hand-off; `true`: try again here.
-    async fn failed(
-        &self,
-        d: &Delivery<S::Handle>,
-        token: &str,
-        failures: u32,
-        error: &str,
-    ) -> bool {
-        self.meter.record(Event::Failed);
-        tracing::warn!(scan_id = %d.job.scan_id, failures, error, "scan failed");
-        self.until_ok("release", || self.markers.release(d.job.scan_id, token))
-            .await;
-        match schedule::after_scan(ScanResult::Failed, failures, &self.policy) {
-            AfterScan::RetryAfter(wait) => !self.later(d, wait, false).await,
-            AfterScan::DeadLetter | AfterScan::Ack => {
-                self.meter.record(Event::DeadLettered);
-                self.until_ok("dead-letter", || {
-                    self.source.dead_letter(d, GivenUp { failures, error })
-                })
-                .await;
-                false
-            }
         }
     }
 
@@ -324,6 +370,23 @@ impl<S: JobSource, X: Scanner> Worker<S, X> {
             _ = stopping.wait_for(|s| *s) => Waited::Stopping,
             out = fut => Waited::Done(out),
         }
+    }
+}
+
+/// How a hand-off ended, as [`schedule::after_hand_off`] takes it.
+fn hand_off_of(ended: &Result<(), Ended>) -> HandOff {
+    match ended {
+        Ok(()) => HandOff::Took,
+        Err(Ended::Failed(_)) => HandOff::Refused,
+        Err(Ended::Stopped(stop)) => HandOff::Stopped(*stop),
+    }
+}
+
+/// The error a dead-lettered job is given up with.
+fn error_of(ended: &Result<(), Ended>) -> String {
+    match ended {
+        Ok(()) => String::new(),
+        Err(e) => e.to_string(),
     }
 }
 

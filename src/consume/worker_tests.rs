@@ -8,7 +8,10 @@ use std::sync::Mutex;
 use super::*;
 use crate::clock::Clock;
 use crate::consume::handoff::StopSignal;
+use crate::consume::marker::MarkerStore;
+use crate::consume::schedule::MarkerClaim;
 use crate::job::ScanJob;
+use crate::unix::UnixMillis;
 
 /// An in-memory queue that records what the worker did with each job.
 #[derive(Default)]
@@ -76,11 +79,11 @@ impl Scanner for Sleeper {
         let (d, attempt) = (a.delivery, a.number);
         let h: u32 = d.job.image().unwrap_or_default().parse().unwrap_or(0);
         self.log
-            .log(format!("start {h} {attempt} {}", self.clock.now_ms()));
+            .log(format!("start {h} {attempt} {}", self.clock.now().get()));
         let secs = self.secs.get(h as usize).copied().unwrap_or(u64::MAX / 4);
         tokio::select! {
             () = tokio::time::sleep(Duration::from_secs(secs)) => {
-                self.log.log(format!("end {h} {}", self.clock.now_ms()));
+                self.log.log(format!("end {h} {}", self.clock.now().get()));
                 Ok(())
             }
             why = stop => {
@@ -101,9 +104,9 @@ fn job(h: u32, not_before_ms: i64) -> ScanJob {
     ScanJob::from_json(&json.to_string()).unwrap()
 }
 
-struct Setup {
+struct Setup<M: MarkerStore = Markers> {
     fake: Arc<Fake>,
-    worker: Arc<Worker<Arc<Fake>, Sleeper>>,
+    worker: Arc<Worker<Arc<Fake>, Sleeper, M>>,
     clock: Arc<QueueClock>,
     stop: watch::Sender<bool>,
     kill: watch::Sender<bool>,
@@ -111,13 +114,17 @@ struct Setup {
 
 /// A worker with one run slot, a 4 s lease, a 10 s scan timeout and 2 attempts.
 fn setup(secs: Vec<u64>) -> Setup {
+    setup_with(secs, Markers::local())
+}
+
+fn setup_with<M: MarkerStore>(secs: Vec<u64>, markers: M) -> Setup<M> {
     let fake = Arc::new(Fake::default());
     let clock = QueueClock::local(Clock::tokio());
     let (stop, stopping) = watch::channel(false);
     let (kill, killing) = watch::channel(false);
     let worker = Arc::new(Worker {
         source: fake.clone(),
-        markers: Markers::local(),
+        markers,
         scanner: Sleeper {
             secs,
             log: fake.clone(),
@@ -146,7 +153,7 @@ fn setup(secs: Vec<u64>) -> Setup {
     }
 }
 
-impl Setup {
+impl<M: MarkerStore> Setup<M> {
     fn spawn(&self, handle: u32, not_before_ms: i64) -> tokio::task::JoinHandle<()> {
         let d = Delivery {
             job: job(handle, not_before_ms),
@@ -174,7 +181,7 @@ impl Setup {
 #[tokio::test(start_paused = true)]
 async fn held_job_starts_at_not_before() {
     let s = setup(vec![1]);
-    let due = s.clock.now_ms() + 5_000;
+    let due = s.clock.now().get() + 5_000;
     s.spawn(0, due).await.unwrap();
     let start = s.at("start", 0).unwrap();
     assert!(start >= due && start < due + 50, "{:?}", s.lines());
@@ -248,7 +255,7 @@ async fn lost_marker_stops_the_scan() {
 async fn stop_gives_back_held_and_kill_stops_running() {
     let s = setup(vec![60]);
     let running = s.spawn(0, 0);
-    let held = s.spawn(1, s.clock.now_ms() + 60_000);
+    let held = s.spawn(1, s.clock.now().get() + 60_000);
     tokio::time::sleep(Duration::from_secs(1)).await;
     s.stop.send(true).unwrap();
     held.await.unwrap();
@@ -260,4 +267,49 @@ async fn stop_gives_back_held_and_kill_stops_running() {
     assert_eq!(s.fake.count("stopped 0 shutdown"), 1, "{:?}", s.lines());
     assert_eq!(s.fake.count("give back 0"), 1, "{:?}", s.lines());
     assert_eq!(s.fake.count("ack"), 0, "{:?}", s.lines());
+}
+
+/// In-process markers whose renewals (claims of a running attempt) stall
+/// for an hour and then fail, as a call to a Valkey that stopped answering.
+struct StalledRenewals(Markers);
+
+impl MarkerStore for StalledRenewals {
+    async fn claim(
+        &self,
+        scan: uuid::Uuid,
+        token: &str,
+        mine: u64,
+        lease: Duration,
+        now: UnixMillis,
+    ) -> Result<MarkerClaim, ConsumeError> {
+        if mine > 0 {
+            tokio::time::sleep(Duration::from_secs(3_600)).await;
+            return Err(ConsumeError::Setup("stalled".into()));
+        }
+        self.0.claim(scan, token, mine, lease, now).await
+    }
+
+    async fn done(&self, scan: uuid::Uuid) -> Result<(), ConsumeError> {
+        self.0.done(scan).await
+    }
+
+    async fn release(&self, scan: uuid::Uuid, token: &str) -> Result<(), ConsumeError> {
+        self.0.release(scan, token).await
+    }
+}
+
+/// A running scan whose renewal stalls is stopped once ¾ of a lease has
+/// passed since its last renewal known to hold, not when the stalled call
+/// gives up (found by the consumer simulator: with calls that wait out
+/// their timeout, the stop came after the marker had expired).
+#[tokio::test(start_paused = true)]
+async fn stalled_renewal_stops_the_scan_in_time() {
+    let s = setup_with(vec![30], StalledRenewals(Markers::local()));
+    let task = s.spawn(0, 0);
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let lines = s.lines();
+    // Started at 0, never renewed: stopped at 3 s (¾ of the 4 s lease).
+    let stopped = lines.iter().position(|l| l == "stopped 0 lease lost");
+    assert!(stopped.is_some(), "{lines:?}");
+    task.abort();
 }

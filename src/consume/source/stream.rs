@@ -25,7 +25,7 @@ use redis::streams::{StreamAutoClaimReply, StreamId, StreamReadReply};
 
 use super::{Delivery, GivenUp, JobSource};
 use crate::connection::Valkey;
-use crate::consume::error::ConsumeError;
+use crate::consume::error::{BUSYGROUP, ConsumeError};
 use crate::job::ScanJob;
 use crate::queue::stream::JOB_FIELD;
 use crate::unix::duration_ms;
@@ -88,21 +88,14 @@ impl StreamSource {
             .arg(&self.group)
             .arg("0")
             .arg("MKSTREAM");
-        match self.call::<()>(cmd).await {
-            Err(ConsumeError::Valkey(crate::connection::SendError::Refused(e)))
-                if e.contains("BUSYGROUP") =>
-            {
-                Ok(())
-            }
-            other => other,
+        match self.ops.send_coded::<()>(cmd, self.ops.timeout()).await? {
+            Err(refused) if !refused.is(BUSYGROUP) => Err(refused.into()),
+            _ => Ok(()),
         }
     }
 
     async fn call<T: redis::FromRedisValue>(&self, cmd: redis::Cmd) -> Result<T, ConsumeError> {
-        self.ops
-            .send(cmd, self.ops.timeout())
-            .await
-            .map_err(ConsumeError::from_send)
+        Ok(self.ops.send_coded(cmd, self.ops.timeout()).await??)
     }
 
     fn lease_ms(&self) -> u64 {
@@ -132,15 +125,8 @@ impl StreamSource {
         // given up on after the server took it would hand this consumer
         // entries it never sees until a lease later (`XAUTOCLAIM`).
         let within = BLOCK + self.reads.timeout();
-        self.reads
-            .connected(within)
-            .await
-            .map_err(ConsumeError::from_send)?;
-        let reply: Option<StreamReadReply> = self
-            .reads
-            .send(cmd, within)
-            .await
-            .map_err(ConsumeError::from_send)?;
+        self.reads.connected(within).await?;
+        let reply: Option<StreamReadReply> = self.reads.send_coded(cmd, within).await??;
         let entries = reply
             .into_iter()
             .flat_map(|r| r.keys)
