@@ -49,19 +49,8 @@ pub enum Bug {
 }
 
 impl Bug {
-    pub const ALL: [Self; 11] = [
-        Self::RefundOfUnsentCount,
-        Self::TakeOverUnderFreshId,
-        Self::UnknownCountQueuedUnmetered,
-        Self::ConnectErrorAsUnanswered,
-        Self::DisconnectDropsScan,
-        Self::LevelNotRefunded,
-        Self::LevelRefundUnguarded,
-        Self::SameTokenAfterLostLease,
-        Self::DoneNotAwaitedBeforeAck,
-        Self::StopWaitsForStalledRenewal,
-        Self::RenewalsOnThePrimaryOnly,
-    ];
+    /// Every switch: the gate's, then the consumer's.
+    pub const ALL: [Self; 11] = join(Self::GATE, Self::CONSUMER);
 
     /// The gate's, which `tests/sim.rs` finds.
     pub const GATE: [Self; 7] = [
@@ -81,6 +70,25 @@ impl Bug {
         Self::StopWaitsForStalledRenewal,
         Self::RenewalsOnThePrimaryOnly,
     ];
+}
+
+/// `a` then `b`, as one array (`N` is their lengths' sum).
+const fn join<const A: usize, const B: usize, const N: usize>(
+    a: [Bug; A],
+    b: [Bug; B],
+) -> [Bug; N] {
+    assert!(A + B == N, "the lengths add up");
+    let mut out = [Bug::RefundOfUnsentCount; N];
+    let mut i = 0;
+    while i < A {
+        out[i] = a[i];
+        i += 1;
+    }
+    while i < N {
+        out[i] = b[i - A];
+        i += 1;
+    }
+    out
 }
 
 #[cfg(feature = "sim-bugs")]
