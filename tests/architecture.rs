@@ -30,6 +30,7 @@ const RULES: &[&str] = &[
 const PURE: &[&str] = &[
     "breaker",
     "config::words",
+    "consume::schedule",
     "decide",
     "delay",
     "outcome",

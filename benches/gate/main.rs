@@ -430,71 +430,64 @@ fn run(settings: &Settings) -> Result<Vec<String>, String> {
             "line 3 IP over line 1, INFO commandstats",
         );
     }
+    // The CPU and throughput ratios of the last rounds: figures now, not
+    // targets (issue 32 withdrew them; redis-rs stays on the request path).
     let find = |k: Kind| rows.iter().find(|r| r.kind == k);
-    // serve's CPU per scan against HTTP alone: the floor's process, and
-    // serve's own `GET /healthz` under the same wrk load.
+    println!("figures (no target):");
     for (scan_kind, base_kind, what) in [
         (
             Kind::Http,
             Kind::Floor,
-            "serve CPU per decision through HTTP / the HTTP floor's per request",
+            "serve CPU per decision through HTTP / the HTTP floor's",
         ),
         (
             Kind::WrkHttp,
             Kind::WrkHealthz,
-            "serve CPU per POST /scan / per GET /healthz, same process, wrk -c N",
+            "serve CPU per POST /scan / per GET /healthz, wrk",
         ),
     ] {
         if let (Some(scan), Some(base)) = (find(scan_kind), find(base_kind)) {
-            targets.check(
-                what,
+            println!(
+                "  {what}: {:.2} × (line {} {:.1} µs / line {} {:.1} µs)",
                 scan.cpu[1] / base.cpu[1],
-                2.0,
-                "×",
-                &format!(
-                    "line {} {:.1} µs / line {} {:.1} µs",
-                    scan_kind.id(),
-                    scan.cpu[1],
-                    base_kind.id(),
-                    base.cpu[1]
-                ),
+                scan_kind.id(),
+                scan.cpu[1],
+                base_kind.id(),
+                base.cpu[1]
             );
         }
     }
     if let (Some(gate), Some(rb)) = (find(Kind::WrkHttp), find(Kind::RedisBenchmark)) {
-        targets.check_min(
-            "through HTTP, stream queue (wrk -c N) / redis-benchmark -c N INCR",
+        println!(
+            "  serve, stream queue, wrk / redis-benchmark INCR: {:.2} (line 5 {:.0}/s over line 1r {:.0}/s)",
             gate.stats.per_sec / rb.stats.per_sec,
-            0.65,
-            &format!(
-                "≥ 0.65; line 5 {:.0}/s over line 1r {:.0}/s",
-                gate.stats.per_sec, rb.stats.per_sec
-            ),
+            gate.stats.per_sec,
+            rb.stats.per_sec
         );
     }
-    if let Some(c) = find(Kind::Ceiling) {
-        for r in rows.iter().filter(|r| r.kind == Kind::InProcess) {
+    match runtime.block_on(interleaved_rounds(&url, plan)) {
+        Ok(rounds) => {
+            let (gate, low, high) = Rounds::ratio(&rounds.levels, &rounds.incr);
+            println!(
+                "gate in process, IP, default levels / redis-rs INCR ceiling: {gate:.2} \
+                 (rounds {low:.2}–{high:.2}; gate {:.0}/s, INCR {:.0}/s, medians)",
+                median(&rounds.levels),
+                median(&rounds.incr)
+            );
+            let (ratio, low, high) = Rounds::ratio(&rounds.levels, &rounds.off);
             targets.check_min(
-                &format!("{} / redis-rs INCR ceiling", r.name),
-                r.stats.per_sec / c.stats.per_sec,
-                0.5,
+                "gate in process, IP: default QUOTA_NETWORKS / QUOTA_NETWORKS=off",
+                ratio,
+                0.85,
                 &format!(
-                    "≥ 0.5; {:.0}/s over line 1 {:.0}/s",
-                    r.stats.per_sec, c.stats.per_sec
+                    "≥ 0.85; median of 3 interleaved rounds ({low:.2}–{high:.2}), {:.0}/s with \
+                     levels, {:.0}/s without",
+                    median(&rounds.levels),
+                    median(&rounds.off)
                 ),
             );
         }
-    }
-    match runtime.block_on(levels_on_off(&url, plan)) {
-        Ok((on, off)) => targets.check_min(
-            "gate in process, IP: default QUOTA_NETWORKS / QUOTA_NETWORKS=off",
-            on / off,
-            0.85,
-            &format!(
-                "≥ 0.85; medians of 3 interleaved rounds, {on:.0}/s with levels over {off:.0}/s without"
-            ),
-        ),
-        Err(e) => failures.push(format!("levels on/off: {e}")),
+        Err(e) => failures.push(format!("interleaved rounds: {e}")),
     }
     match process::start_times(&url, settings.start_runs) {
         Ok(mut times) => {
@@ -729,16 +722,52 @@ async fn in_process(
     Ok(())
 }
 
-/// The gate in process with the default levels and with `QUOTA_NETWORKS=off`,
-/// three rounds each, interleaved (on, off, on, off, …) so a slow phase of
-/// the machine weighs on both: the median throughput of each.
-async fn levels_on_off(url: &str, plan: Plan) -> Result<(f64, f64), String> {
+/// The wall-clock ratios, from interleaved rounds: the redis-rs `INCR`
+/// ceiling, the gate in process with the default levels, and with
+/// `QUOTA_NETWORKS=off`, three times in turn, so a slow phase of the machine
+/// weighs on all three alike. Each line's throughput, round by round.
+struct Rounds {
+    incr: Vec<f64>,
+    levels: Vec<f64>,
+    off: Vec<f64>,
+}
+
+impl Rounds {
+    /// The median of each round's `num / den`, and the range.
+    fn ratio(num: &[f64], den: &[f64]) -> (f64, f64, f64) {
+        let mut r: Vec<f64> = num.iter().zip(den).map(|(n, d)| n / d).collect();
+        r.sort_by(f64::total_cmp);
+        (r[r.len() / 2], r[0], r[r.len() - 1])
+    }
+}
+
+async fn interleaved_rounds(url: &str, plan: Plan) -> Result<Rounds, String> {
     let on = Arc::new(valkey_gate(url)?);
     let off = Arc::new(valkey_gate_with(url, &[("QUOTA_NETWORKS", "off")])?);
     let requests = Arc::new(ip_requests(plan.concurrency));
-    let (mut with, mut without) = (Vec::new(), Vec::new());
+    let valkey = Valkey::new(url, false, Duration::from_millis(100)).map_err(|e| e.to_string())?;
+    let mut rounds = Rounds {
+        incr: Vec::new(),
+        levels: Vec::new(),
+        off: Vec::new(),
+    };
     for _ in 0..3 {
-        for (gate, into) in [(&on, &mut with), (&off, &mut without)] {
+        let v = valkey.clone();
+        let incr = closed_loop(plan, move |task, _| {
+            let v = v.clone();
+            async move {
+                let mut conn = v.connection().await.map_err(|e| e.to_string())?;
+                redis::cmd("INCR")
+                    .arg(format!("bench:incr:{task}"))
+                    .query_async::<i64>(&mut conn)
+                    .await
+                    .map(drop)
+                    .map_err(|e| e.to_string())
+            }
+        })
+        .await;
+        rounds.incr.push(incr.per_sec);
+        for (gate, into) in [(&on, &mut rounds.levels), (&off, &mut rounds.off)] {
             clear_stream(url).await;
             let (gate, requests) = (gate.clone(), requests.clone());
             let stats = closed_loop(plan, move |task, _| {
@@ -752,11 +781,14 @@ async fn levels_on_off(url: &str, plan: Plan) -> Result<(f64, f64), String> {
             into.push(stats.per_sec);
         }
     }
-    let median = |v: &mut Vec<f64>| {
-        v.sort_by(f64::total_cmp);
-        v[v.len() / 2]
-    };
-    Ok((median(&mut with), median(&mut without)))
+    Ok(rounds)
+}
+
+/// The median of `v`.
+fn median(v: &[f64]) -> f64 {
+    let mut v = v.to_vec();
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
 }
 
 /// Ok for a 202, else the status and body.
