@@ -122,6 +122,9 @@ impl fmt::Display for PolicyName {
     }
 }
 
+/// The material of the anonymous budget's digest: one counter for all.
+pub const ANON_MATERIAL: &str = "anon";
+
 /// One configured network level and its limit per period.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct NetworkLevel {
@@ -160,20 +163,30 @@ impl Levels {
         self.networks.is_empty() && self.anon.is_none()
     }
 
+    /// Each network level of `ip`'s family with the network of it that
+    /// holds `ip` (what a level's digest is made from, see [`Levels::of`]).
+    pub fn networks_of(&self, ip: IpAddr) -> impl Iterator<Item = (NetworkLevel, IpNet)> + '_ {
+        self.networks
+            .iter()
+            .filter_map(move |level| Some((*level, level.network.enclosing(ip)?)))
+    }
+
+    /// The material of one network's digest: family, prefix and length.
+    pub fn material(level: Network, net: IpNet) -> String {
+        format!("{level}:{}", net.addr())
+    }
+
     /// The levels an anonymous scan from `ip` is counted at: each network
     /// level of its family, then the anonymous budget.
     pub fn of(&self, ip: IpAddr) -> impl Iterator<Item = LevelOf> + '_ {
-        let networks = self.networks.iter().filter_map(move |level| {
-            let net = level.network.enclosing(ip)?;
-            Some(LevelOf {
-                name: LevelName::Network(level.network),
-                material: format!("{}:{}", level.network, net.addr()),
-                limit: level.limit,
-            })
+        let networks = self.networks_of(ip).map(|(level, net)| LevelOf {
+            name: LevelName::Network(level.network),
+            material: Self::material(level.network, net),
+            limit: level.limit,
         });
         networks.chain(self.anon.map(|budget| LevelOf {
             name: LevelName::Anon,
-            material: "anon".into(),
+            material: ANON_MATERIAL.into(),
             limit: budget.limit,
         }))
     }
@@ -189,7 +202,7 @@ impl Levels {
         let level = self.networks.iter().find(|l| l.network == network)?;
         Some(LevelOf {
             name: LevelName::Network(network),
-            material: format!("{network}:{}", cidr.addr()),
+            material: Self::material(network, cidr),
             limit: level.limit,
         })
     }

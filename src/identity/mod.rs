@@ -80,7 +80,14 @@ pub struct Identifier {
     quota_token: NonZeroU32,
     /// `QUOTA_NETWORKS` and `QUOTA_ANON_GLOBAL`.
     levels: Levels,
+    /// The digests of the networks seen lately (see [`Self::levels_of`]).
+    network_digests: quick_cache::sync::Cache<IpNet, Digest>,
+    /// The anonymous budget's digest (its material is a constant).
+    anon_digest: Digest,
 }
+
+/// How many networks' digests [`Identifier::levels_of`] keeps.
+pub const NETWORK_DIGESTS: usize = 4096;
 
 impl Identifier {
     /// Builds the identifier: digests keyed with [`Config::hash_secret`]
@@ -115,6 +122,9 @@ impl Identifier {
             quota_anon: config.policy.quota_anon,
             quota_token: config.policy.quota_token,
             levels: config.policy.levels.clone(),
+            network_digests: quick_cache::sync::Cache::new(NETWORK_DIGESTS),
+            anon_digest: Hasher::new(config.hash_secret())
+                .level_digest(crate::level::ANON_MATERIAL),
         })
     }
 
@@ -173,11 +183,33 @@ impl Identifier {
     }
 
     /// The levels above an anonymous subject at `ip`, keyed by their digests.
+    /// A network's digest is the same for every address in it, so it is
+    /// kept ([`NETWORK_DIGESTS`] of them, the least used going first): a
+    /// busy network's scans compute no HMAC for it.
     pub fn levels_of(&self, ip: IpAddr) -> Vec<LevelSubject> {
-        self.levels
-            .of(ip.to_canonical())
-            .map(|level| self.level_subject(level))
-            .collect()
+        let ip = ip.to_canonical();
+        let networks = self
+            .levels
+            .networks_of(ip)
+            .map(|(level, net)| LevelSubject {
+                name: LevelName::Network(level.network),
+                digest: self
+                    .network_digests
+                    .get_or_insert_with(&net, || {
+                        Ok::<_, std::convert::Infallible>(
+                            self.hasher
+                                .level_digest(&Levels::material(level.network, net)),
+                        )
+                    })
+                    .unwrap_or_else(|never| match never {}),
+                limit: level.limit,
+            });
+        let anon = self.levels.anon.map(|budget| LevelSubject {
+            name: LevelName::Anon,
+            digest: self.anon_digest.clone(),
+            limit: budget.limit,
+        });
+        networks.chain(anon).collect()
     }
 
     /// One level as the store counts it: its digest, never its material.
