@@ -136,6 +136,10 @@ impl ValkeyStore {
     /// slots: each line paced on its own node, all at once; the scan waits
     /// for the latest. Refused on any line, the lines that took a slot give
     /// it back ([`unpace`]). A keyed scan's record notes the delay after.
+    /// Not as strict as standalone's one script: a line's slot moves to its
+    /// own start, not the scan's, so a scan another line held back may start
+    /// within a delay of this line's next scan (each line still starts its
+    /// scans one delay apart, so a network's rate holds).
     async fn pace_in_cluster(
         &self,
         args: &PaceArgs<'_>,
