@@ -158,11 +158,6 @@ pub struct LevelOf {
 }
 
 impl Levels {
-    /// No level: `QUOTA_NETWORKS=off` and no anonymous budget.
-    pub fn is_empty(&self) -> bool {
-        self.networks.is_empty() && self.anon.is_none()
-    }
-
     /// Each network level of `ip`'s family with the network of it that
     /// holds `ip` (what a level's digest is made from, see [`Levels::of`]).
     pub fn networks_of(&self, ip: IpAddr) -> impl Iterator<Item = (NetworkLevel, IpNet)> + '_ {

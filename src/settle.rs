@@ -323,8 +323,11 @@ pub fn settle(metering: &Metering, keyed: bool, failure: Failure) -> Settlement 
 /// keyed retry will settle it (`Release`), every level keeps its count for
 /// that retry (which counts at no level again); and a scan refused outright
 /// (closed mode, a full backlog, a refused job) is counted at no level,
-/// even where the subject's own count never happened (in a cluster, a
-/// level lives on another node and may have counted alone).
+/// even where the subject's own count never happened. Which level counts
+/// there are to take back is [`level_refund`]'s, per level: after a failed
+/// count the driver gives every level the subject's fate (exact
+/// standalone, where they share one request; a cluster's level on another
+/// node may in truth have fared otherwise, see the README).
 pub fn levels_refunded(metering: &Metering, keyed: bool, failure: Failure) -> bool {
     match settle(metering, keyed, failure) {
         Settlement::Refund { .. } => true,

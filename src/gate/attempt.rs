@@ -157,7 +157,9 @@ impl Attempt {
             })
     }
 
-    /// The levels of a scan whose count failed: each shares its fate.
+    /// The levels of a scan whose count failed: each given its fate (exact
+    /// standalone, one request for all; in a cluster an approximation, see
+    /// [`crate::settle::levels_refunded`]).
     pub fn failed_lanes(&self, may_land: bool) -> Vec<Lane> {
         vec![Lane::Failed { may_land }; self.level_keys.len()]
     }

@@ -193,15 +193,13 @@ impl Identifier {
             .networks_of(ip)
             .map(|(level, net)| LevelSubject {
                 name: LevelName::Network(level.network),
-                digest: self
-                    .network_digests
-                    .get_or_insert_with(&net, || {
-                        Ok::<_, std::convert::Infallible>(
-                            self.hasher
-                                .level_digest(&Levels::material(level.network, net)),
-                        )
-                    })
-                    .unwrap_or_else(|never| match never {}),
+                digest: self.network_digests.get(&net).unwrap_or_else(|| {
+                    let digest = self
+                        .hasher
+                        .level_digest(&Levels::material(level.network, net));
+                    self.network_digests.insert(net, digest.clone());
+                    digest
+                }),
                 limit: level.limit,
             });
         let anon = self.levels.anon.map(|budget| LevelSubject {

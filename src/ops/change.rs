@@ -56,6 +56,18 @@ pub struct Granted {
 }
 
 impl Granted {
+    /// The answer to `--revoke` on `key`: whether there was a grant.
+    pub(super) fn revoked(key: String, revoked: bool) -> Self {
+        Self {
+            key,
+            scans: 0,
+            expires_at: None,
+            revoked: Some(revoked),
+        }
+    }
+}
+
+impl Granted {
     pub fn render(&self) -> String {
         let plural = if self.scans == 1 { "" } else { "s" };
         match (self.revoked, &self.expires_at) {
@@ -100,12 +112,7 @@ pub async fn grant(
     if scans == 0 {
         let revoked = store.revoke(&subject.key).await?;
         tracing::info!(scope = %subject.scope, revoked, "quota grant revoked");
-        return Ok(Granted {
-            key,
-            scans: 0,
-            expires_at: None,
-            revoked: Some(revoked),
-        });
+        return Ok(Granted::revoked(key, revoked));
     }
     let now = UnixSecs(crate::clock::wall_ms() / 1000);
     let expiry = store

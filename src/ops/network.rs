@@ -117,12 +117,7 @@ pub async fn grant(config: &Config, raw: &str, scans: u64) -> Result<Granted, Op
     if scans == 0 {
         let revoked = store.revoke(&level.key).await?;
         tracing::info!(level = %label, revoked, "level grant revoked");
-        return Ok(Granted {
-            key,
-            scans: 0,
-            expires_at: None,
-            revoked: Some(revoked),
-        });
+        return Ok(Granted::revoked(key, revoked));
     }
     let now = UnixSecs(crate::clock::wall_ms() / 1000);
     let at = store
