@@ -7,12 +7,16 @@
 use quota_gate_testkit as common;
 
 use bytes::Bytes;
+use common::cluster::{ValkeyCluster, cluster_gate};
 use common::*;
 use http::Method;
 use quota_gate::gate::{Gate, GateRequest};
+use quota_gate::ops::network;
 use quota_gate::queue::ScanQueue;
+use quota_gate::queue::stream::StreamQueue;
 use quota_gate::store::QuotaStore;
 use quota_gate::store::memory::MemoryStore;
+use quota_gate::store::valkey::ValkeyStore;
 use serde_json::json;
 
 /// 2 scans within per address, a /24 of 4, a /56 of 3 and a /48 of 5;
@@ -169,4 +173,101 @@ async fn levels_on_valkey() {
     let body = json(&gate.handle(check).await);
     assert!(body.get("levels").is_none(), "{body}");
     assert_eq!(body["nextScan"]["level"], "subject");
+}
+
+/// A network grant lifts the network's limit on the request path, for a
+/// plain scan and a keyed one, and a revoke takes it back: the counter
+/// holds used − granted (the count reads no grant key), and `GET /quota`
+/// and `inspect --network` add the grant back.
+async fn a_network_grant(
+    gate: &Gate<ValkeyStore, StreamQueue>,
+    ops: &quota_gate::Config,
+    conn: &mut impl redis::aio::ConnectionLike,
+) {
+    let cidr = "203.0.113.0/24";
+    let counter = network::resolve(ops, cidr).unwrap().key.counter;
+    let held = async |conn: &mut _| -> i64 {
+        redis::cmd("GET")
+            .arg(&counter)
+            .query_async(conn)
+            .await
+            .unwrap()
+    };
+    for host in 1..=4 {
+        scan(gate, scan_from(&format!("203.0.113.{host}"))).await;
+    }
+    let granted = network::grant(ops, cidr, 3).await.unwrap();
+    assert!(
+        granted
+            .expires_at
+            .is_some_and(|at| at.ends_with("T00:00:00Z"))
+    );
+    assert_eq!(held(conn).await, 1, "4 used, 3 granted");
+    let mut keyed = scan_from("203.0.113.7");
+    keyed
+        .headers
+        .insert("idempotency-key", "grant-1".parse().unwrap());
+    let scans = [scan_from("203.0.113.5"), scan_from("203.0.113.6"), keyed];
+    let mut last = None;
+    for request in scans {
+        let r = scan(gate, request).await;
+        let body = json(&r);
+        assert_eq!(
+            (body["quota"]["level"].clone(), body["delayMs"].clone()),
+            (json!("subject"), json!(0)),
+            "within the granted scans: {body}"
+        );
+        last = Some(r);
+    }
+    // The seventh of 4 + 3: none left on the network.
+    assert!(header(&last.unwrap(), "ratelimit").starts_with("\"v4-24\";r=0;t="));
+    assert_eq!(held(conn).await, 4);
+    let body = json(&gate.handle(quota_from("203.0.113.8")).await);
+    assert_eq!(
+        body["levels"],
+        json!([{"level": "v4/24", "limit": 7, "used": 7, "remaining": 0}])
+    );
+    let report = network::inspect_network(ops, cidr).await.unwrap();
+    assert_eq!(
+        (report.used, report.limit, report.grant, report.remaining),
+        (7, 7, 3, 0)
+    );
+
+    let revoked = network::grant(ops, cidr, 0).await.unwrap();
+    assert_eq!(revoked.revoked, Some(true));
+    assert_eq!(held(conn).await, 7);
+    let body = json(&scan(gate, scan_from("203.0.113.9")).await);
+    assert_eq!(body["quota"]["level"], "v4/24", "{body}");
+    assert!(body["delayMs"].as_u64().unwrap() > 0, "{body}");
+    let report = network::inspect_network(ops, cidr).await.unwrap();
+    assert_eq!(
+        (report.used, report.limit, report.grant, report.remaining),
+        (8, 4, 0, 0)
+    );
+    let again = network::grant(ops, cidr, 0).await.unwrap();
+    assert_eq!(again.revoked, Some(false), "nothing left to revoke");
+    assert_eq!(held(conn).await, 8);
+}
+
+#[tokio::test]
+async fn a_network_grant_on_valkey() {
+    let server = ValkeyServer::start();
+    let url = server.url();
+    let vars = with_vars(&vars(), &[("VALKEY_URL", url.as_str())]);
+    let mut conn = server.client().await;
+    a_network_grant(&valkey_gate(&server, &vars), &config(&vars), &mut conn).await;
+}
+
+/// On a 3-primary cluster, where each level is counted in a request of its
+/// own.
+#[tokio::test]
+async fn a_network_grant_on_a_cluster() {
+    let cluster = ValkeyCluster::start();
+    let url = cluster.url();
+    let vars = with_vars(
+        &vars(),
+        &[("VALKEY_URL", url.as_str()), ("VALKEY_CLUSTER", "true")],
+    );
+    let mut conn = cluster.client().await;
+    a_network_grant(&cluster_gate(&cluster, &vars), &config(&vars), &mut conn).await;
 }

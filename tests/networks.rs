@@ -320,3 +320,55 @@ fn bad_levels_stop_the_start() {
         assert!(e.to_string().contains(var), "{var}={value}: {e}");
     }
 }
+
+/// Under `QUOTA_RESET=rolling` a level's period is its own (it starts with
+/// the network's first scan, so its expiry is read back with every count,
+/// not taken from the subject's), and a level left without an expiry heals
+/// on its next count.
+#[tokio::test]
+async fn rolling_levels_keep_their_own_period() {
+    let server = ValkeyServer::start();
+    let vars = levels(&[("QUOTA_RESET", "rolling")]);
+    let gate = valkey_gate(&server, &vars);
+    one_at_a_time(&gate, (1..=3).map(|n| scan_from(&v4(n)))).await;
+    let identifier = Identifier::new(&config(&vars)).unwrap();
+    let level = &identifier.levels_of(v4(1).parse().unwrap())[0];
+    let counter = QuotaKey::level(&level.digest).counter;
+    let mut c = server.client().await;
+    let ttl: i64 = redis::cmd("TTL")
+        .arg(&counter)
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    assert!(ttl > 86_000 && ttl <= 86_400, "ttl {ttl}");
+    // Stripped of its expiry, the level gets one on its next count.
+    let _: i64 = redis::cmd("PERSIST")
+        .arg(&counter)
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    gate.handle(scan_from(&v4(4))).await;
+    let ttl: i64 = redis::cmd("TTL")
+        .arg(&counter)
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    assert!(ttl > 86_000 && ttl <= 86_400, "healed: ttl {ttl}");
+    // A network whose period ends sooner than a new subject's: the scan it
+    // delays reports the network's reset.
+    let _: i64 = redis::cmd("EXPIRE")
+        .arg(&counter)
+        .arg(600)
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    let r = gate.handle(scan_from(&v4(5))).await;
+    let body = json(&r);
+    assert_eq!(body["quota"]["level"], "v4/24", "{body}");
+    let ratelimit = r.headers()["ratelimit"].to_str().unwrap();
+    let t: i64 = ratelimit
+        .rsplit_once(";t=")
+        .and_then(|(_, t)| t.parse().ok())
+        .unwrap_or_else(|| panic!("{ratelimit}"));
+    assert!(t > 500 && t <= 600, "{ratelimit}");
+}

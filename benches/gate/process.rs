@@ -151,6 +151,7 @@ pub fn memory_child(n: u64) {
                     levels: &[],
                     period_end: period_end(ResetPolicy::UtcDay, now),
                     now,
+                    reset: ResetPolicy::UtcDay,
                 };
                 let _ = store.count(args).await;
             }

@@ -159,6 +159,7 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
             levels: &attempt.level_keys,
             period_end: attempt.period_end,
             now: attempt.now(),
+            reset: self.config.policy.reset,
         };
         match &attempt.claim {
             None => self.bounded(self.store.count(args)).await.map(Counted::New),

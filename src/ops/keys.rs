@@ -8,7 +8,7 @@
 use super::nodes;
 use crate::connection::Connection;
 use crate::store::valkey::ValkeyStore;
-use crate::store::{KEY_PATTERN, Peek, QuotaKey, StoreError};
+use crate::store::{GrantHeld, KEY_PATTERN, Peek, QuotaKey, StoreError};
 use crate::unix::{UnixMillis, UnixSecs};
 
 /// Keys removed per UNLINK in a purge.
@@ -34,6 +34,8 @@ pub struct Snapshot {
 
 /// Sets a subject's grant atomically, expiring with its counter.
 const GRANT: &str = include_str!("grant.lua");
+/// Sets a level's grant atomically, held in its counter.
+const GRANT_LEVEL: &str = include_str!("grant_level.lua");
 
 /// What setting a grant did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -48,34 +50,55 @@ impl ValkeyStore {
     /// Reads a subject's counter without changing it; `None` when the
     /// subject has neither a counter nor a grant.
     pub async fn inspect(&self, key: &QuotaKey) -> Result<Option<Snapshot>, StoreError> {
+        self.snapshot(key, GrantHeld::Beside).await
+    }
+
+    /// Reads a level's counter as [`inspect`](Self::inspect) does a
+    /// subject's: its used scans are what the counter holds plus the grant
+    /// taken off it.
+    pub async fn inspect_level(&self, key: &QuotaKey) -> Result<Option<Snapshot>, StoreError> {
+        self.snapshot(key, GrantHeld::InCounter).await
+    }
+
+    async fn snapshot(
+        &self,
+        key: &QuotaKey,
+        held: GrantHeld,
+    ) -> Result<Option<Snapshot>, StoreError> {
         let mut conn = self.valkey().connection().await?;
-        type Reply = (
-            Option<u64>,
-            i64,
-            Option<String>,
-            Option<i64>,
-            Option<u64>,
-            i64,
-        );
-        let (used, expires_at, first_seen, slot, grant, grant_expires_at): Reply = redis::pipe()
+        type Reply = (Option<i64>, i64, Option<i64>, Option<u64>, i64);
+        let (used, expires_at, slot, grant, grant_expires_at): Reply = redis::pipe()
             .get(&key.counter)
             .cmd("EXPIRETIME")
             .arg(&key.counter)
-            .get(&key.first_seen)
             .get(&key.slot)
             .get(&key.grant)
             .cmd("EXPIRETIME")
             .arg(&key.grant)
             .query_async(&mut conn)
             .await?;
+        // A level has no first-seen key (and an empty name is another slot).
+        let first_seen: Option<String> = match key.first_seen.is_empty() {
+            true => None,
+            false => {
+                redis::cmd("GET")
+                    .arg(&key.first_seen)
+                    .query_async(&mut conn)
+                    .await?
+            }
+        };
         if used.is_none() && grant.is_none() {
             return Ok(None);
         }
         // -1: no expiry; -2: no key (or gone since the GET).
         let at = |t: i64| Some(t).filter(|t| *t >= 0).map(UnixSecs);
+        let used = match held {
+            GrantHeld::Beside => used,
+            GrantHeld::InCounter => used.map(|h| h.saturating_add_unsigned(grant.unwrap_or(0))),
+        };
         Ok(Some(Snapshot {
             peek: Peek {
-                used: used.unwrap_or(0),
+                used: used.map_or(0, |u| u.max(0).unsigned_abs()),
                 reset_at: used.and(at(expires_at)),
                 slot_ms: slot.map(UnixMillis),
                 grant: grant.unwrap_or(0),
@@ -101,7 +124,6 @@ impl ValkeyStore {
         let at: i64 = crate::store::valkey::eval(GRANT, &[&key.counter, &key.grant])
             .arg(scans)
             .arg(period_end.map_or(0, UnixSecs::get))
-            .arg(0)
             .query_async(&mut conn)
             .await?;
         Ok(if at >= 0 {
@@ -112,22 +134,24 @@ impl ValkeyStore {
     }
 
     /// Gives a level above the subject `scans` extra scans, replacing any
-    /// earlier grant; it always expires: with the level's counter when that
-    /// has an expiry, else at `period_end`. Returns the expiry.
+    /// earlier grant (0 takes it back), held in the level's counter (see
+    /// `grant_level.lua`): the counter's expiry, or `period_end` for one
+    /// without. Returns the expiry, and the grant replaced (0: none); no
+    /// expiry when a revoke found no counter.
     pub async fn grant_level(
         &self,
         key: &QuotaKey,
         scans: u64,
         period_end: UnixSecs,
-    ) -> Result<UnixSecs, StoreError> {
+    ) -> Result<(Option<UnixSecs>, u64), StoreError> {
         let mut conn = self.valkey().connection().await?;
-        let at: i64 = crate::store::valkey::eval(GRANT, &[&key.counter, &key.grant])
-            .arg(scans)
-            .arg(period_end.get())
-            .arg(1)
-            .query_async(&mut conn)
-            .await?;
-        Ok(UnixSecs(at))
+        let (at, earlier): (i64, u64) =
+            crate::store::valkey::eval(GRANT_LEVEL, &[&key.counter, &key.grant])
+                .arg(scans)
+                .arg(period_end.get())
+                .query_async(&mut conn)
+                .await?;
+        Ok((Some(at).filter(|at| *at >= 0).map(UnixSecs), earlier))
     }
 
     /// Takes a subject's grant back; whether there was one.

@@ -10,12 +10,14 @@
 //! other names a counter the gate never writes. Nothing printed or logged
 //! names an address: a level is its name (`v4/24`) and its key.
 //!
-//! A level's grant always has an expiry. The request path's level count
-//! does not give a grant the counter's expiry (it is four plain commands,
-//! no `EXPIREAT` on the grant), so `grant --network` sets it: the level
-//! counter's own expiry when it exists, else the end of a period opened now
+//! A level's grant is held in its counter: the request path counts a
+//! level with two plain commands and reads no grant, so `grant --network`
+//! takes the grant off the count (the counter holds used − granted) and
+//! notes how much beside it, for `inspect` and `GET /quota` to add back
+//! (`grant_level.lua`). The grant expires with the counter; a counter with
+//! no expiry, or none at all, gets the end of a period opened now
 //! ([`period_end`]: tonight 00:00 UTC under `utc-day`, 24 h on under
-//! `rolling`).
+//! `rolling`, so there a grant opens the network's period).
 
 use std::net::IpAddr;
 
@@ -91,7 +93,7 @@ pub async fn inspect(
     let now = UnixSecs(crate::clock::wall_ms() / 1000);
     let mut reports = Vec::with_capacity(levels.len());
     for level in levels {
-        let snapshot = store.inspect(&level.key).await?;
+        let snapshot = store.inspect_level(&level.key).await?;
         reports.push(LevelReport::new(config, level, snapshot.as_ref(), now));
     }
     Ok(reports)
@@ -114,20 +116,20 @@ pub async fn grant(config: &Config, raw: &str, scans: u64) -> Result<Granted, Op
     let store = valkey_store(config)?;
     let key = level.key.counter.clone();
     let label = level.name.label();
+    let now = UnixSecs(crate::clock::wall_ms() / 1000);
+    let (at, earlier) = store
+        .grant_level(&level.key, scans, period_end(config.policy.reset, now))
+        .await?;
     if scans == 0 {
-        let revoked = store.revoke(&level.key).await?;
+        let revoked = earlier > 0;
         tracing::info!(level = %label, revoked, "level grant revoked");
         return Ok(Granted::revoked(key, revoked));
     }
-    let now = UnixSecs(crate::clock::wall_ms() / 1000);
-    let at = store
-        .grant_level(&level.key, scans, period_end(config.policy.reset, now))
-        .await?;
     tracing::info!(level = %label, scans, "level grant set");
     Ok(Granted {
         key,
         scans,
-        expires_at: Some(crate::respond::rfc3339(at.get())),
+        expires_at: at.map(|at| crate::respond::rfc3339(at.get())),
         revoked: None,
     })
 }

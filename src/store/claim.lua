@@ -1,15 +1,15 @@
 -- A keyed scan's count: the idempotency record and the count, atomically.
 --
 -- KEYS[1] the counter, KEYS[2] its first-seen key, KEYS[3] the record,
--- KEYS[4] the subject's grant (all under the subject's hash tag); then, for
--- each level above the subject (standalone only: a level has a slot of its
--- own), its counter and its grant. ARGV: period end (unix s), now (ISO 8601),
--- scanId, body fingerprint, received (unix ms), lease end (unix ms), record
--- TTL (s).
+-- KEYS[4] the subject's grant (all under the subject's hash tag); then the
+-- counter of each level above the subject (standalone only: a level has a
+-- slot of its own). ARGV: period end (unix s), now (ISO 8601), scanId, body
+-- fingerprint, received (unix ms), lease end (unix ms), record TTL (s).
 -- Returns {0, {field, value, ...}} when the record exists (nothing counted),
 -- else {count, reset_at, grant} after counting exactly as the plain pipeline
 -- does (grant: the extra scans granted this period, 0 when none), followed by
--- the same three for each level, counted as the pipeline counts a level.
+-- {held, reset_at} for each level, counted as the pipeline counts a level
+-- (a level's grant is held in its counter: held = used - granted).
 local existing = redis.call('HGETALL', KEYS[3])
 if #existing > 0 then
   return {0, existing}
@@ -25,11 +25,10 @@ redis.call('HSET', KEYS[3], 'state', 'pending', 'scanId', ARGV[3], 'fp', ARGV[4]
   'received', ARGV[5], 'until', ARGV[6], 'count', count, 'resetAt', reset_at)
 redis.call('EXPIRE', KEYS[3], ARGV[7])
 local reply = {count, reset_at, tonumber(redis.call('GET', KEYS[4]) or 0) or 0}
-for i = 5, #KEYS, 2 do
-  local used = redis.call('INCR', KEYS[i])
+for i = 5, #KEYS do
+  local held = redis.call('INCR', KEYS[i])
   redis.call('EXPIREAT', KEYS[i], ARGV[1], 'NX')
-  table.insert(reply, used)
+  table.insert(reply, held)
   table.insert(reply, redis.call('EXPIRETIME', KEYS[i]))
-  table.insert(reply, tonumber(redis.call('GET', KEYS[i + 1]) or 0) or 0)
 end
 return reply

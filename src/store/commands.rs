@@ -6,6 +6,7 @@ use redis::Value;
 
 use super::key::QuotaKey;
 use super::quota_store::{CountArgs, PaceArgs, PaceLane, Refund, StoreError};
+use crate::config::ResetPolicy;
 use crate::connection::{eval, sized_cmd};
 use crate::pace::Paced;
 use crate::record::{Count, Peek};
@@ -53,11 +54,14 @@ fn expire_nx(pipe: &mut redis::Pipeline, key: &str, period_end: UnixSecs) {
 }
 
 /// The subject's count, answering `[used, expiry, grant]`: `INCR`, its
-/// expiry if it has none, the first-seen key, `EXPIRETIME`, and the grant
-/// (which a grant made before the period's first scan, without an expiry,
-/// gets from this count: a grant made while the counter lived has its
-/// expiry already; the one this count opened is `period_end`).
-pub(super) fn subject_commands(pipe: &mut redis::Pipeline, args: CountArgs<'_>) {
+/// expiry if it has none, the first-seen key, `EXPIRETIME`, and the grant.
+/// Under `rolling` a grant made before the period's first scan has no
+/// expiry (the period starts with that scan) and gets the counter's from
+/// this count (`EXPIREAT …:grant … NX`: the one this count opened is
+/// `period_end`); under `utc-day` the period is known before its first
+/// scan, `grant` gives the grant its expiry itself, and that command is
+/// not sent.
+pub(super) fn subject_commands(pipe: &mut redis::Pipeline, args: &CountArgs<'_>) {
     let key = args.key;
     // Plain `INCR`, not `INCRBY 1` (which `pipe().incr` sends): one
     // argument less to parse, measurably cheaper for Valkey.
@@ -73,23 +77,37 @@ pub(super) fn subject_commands(pipe: &mut redis::Pipeline, args: CountArgs<'_>) 
         .ignore()
         .add_command(sized("EXPIRETIME", 2, &key.counter))
         .arg(&key.counter);
-    expire_nx(pipe, &key.grant, args.period_end);
+    if args.reset == ResetPolicy::Rolling {
+        expire_nx(pipe, &key.grant, args.period_end);
+    }
     pipe.add_command(sized("GET", 2, &key.grant))
         .arg(&key.grant);
 }
 
-/// A level's count, answering `[used, expiry, grant]` as the subject's:
-/// `INCR`, its expiry if it has none, `EXPIRETIME` and the grant. No
-/// first-seen key, and a level's grant always has its own expiry
-/// (`grant --network` gives it one), so four commands, three cheap.
-pub(super) fn level_commands(pipe: &mut redis::Pipeline, key: &QuotaKey, period_end: UnixSecs) {
+/// A level's count: `INCR` and its expiry if it has none, and under
+/// `rolling` `EXPIRETIME` (a level's rolling period starts with its own
+/// first scan). Under `utc-day` a level's period ends at the same 00:00 UTC
+/// as its subject's, so its end is the subject's, read back in the same
+/// round trip ([`level_of`]). No grant key is read: a network's grant is
+/// held in its counter (`grant --network` takes it off the count, see
+/// `ops/grant_level.lua`), so the count reads used − granted and compares
+/// with the level's limit as it is. Two plain commands under `utc-day`.
+pub(super) fn level_commands(pipe: &mut redis::Pipeline, key: &QuotaKey, args: &CountArgs<'_>) {
     pipe.add_command(sized("INCR", 2, &key.counter))
         .arg(&key.counter);
-    expire_nx(pipe, &key.counter, period_end);
-    pipe.add_command(sized("EXPIRETIME", 2, &key.counter))
-        .arg(&key.counter)
-        .add_command(sized("GET", 2, &key.grant))
-        .arg(&key.grant);
+    expire_nx(pipe, &key.counter, args.period_end);
+    if args.reset == ResetPolicy::Rolling {
+        pipe.add_command(sized("EXPIRETIME", 2, &key.counter))
+            .arg(&key.counter);
+    }
+}
+
+/// How many replies [`level_commands`] answers.
+pub(super) fn level_width(reset: ResetPolicy) -> usize {
+    match reset {
+        ResetPolicy::UtcDay => 1,
+        ResetPolicy::Rolling => 2,
+    }
 }
 
 /// One count from its `[used, expiry, grant]` reply, read at `now`.
@@ -105,6 +123,38 @@ pub(super) fn count_of(reply: &[Value], now: UnixSecs) -> Result<Count, StoreErr
     }
 }
 
+/// A level's count from its `[held]` or `[held, expiry]` reply (see
+/// [`level_commands`]; a keyed claim's script always reads the expiry),
+/// `period_end` standing in for an expiry not read. The counter holds
+/// used − granted: a negative one is a grant not yet used up.
+pub(super) fn level_of(
+    reply: &[Value],
+    period_end: UnixSecs,
+    now: UnixSecs,
+) -> Result<Count, StoreError> {
+    let (held, reset_at) = match reply {
+        [held] => (int(held), period_end),
+        [held, expiry] => (int(held), UnixSecs(int(expiry))),
+        _ => return Err(unexpected("a level's count")),
+    };
+    Ok(Count {
+        used: held.max(0).unsigned_abs(),
+        reset_at,
+        now,
+        grant: held.min(0).unsigned_abs(),
+    })
+}
+
+/// Where a counter's grant is counted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GrantHeld {
+    /// Beside the counter: a subject's, read with every count.
+    Beside,
+    /// Taken off the counter, which holds used − granted: a level's (the
+    /// grant key only says how much).
+    InCounter,
+}
+
 /// A read of a counter, answering `[used, expiry, slot, grant]`, changing nothing.
 pub(super) fn peek_commands(pipe: &mut redis::Pipeline, key: &QuotaKey) {
     pipe.cmd("GET")
@@ -118,23 +168,26 @@ pub(super) fn peek_commands(pipe: &mut redis::Pipeline, key: &QuotaKey) {
 }
 
 /// A read from its `[used, expiry, slot, grant]` reply.
-pub(super) fn peek_of(reply: &[Value]) -> Result<Peek, StoreError> {
+pub(super) fn peek_of(reply: &[Value], held: GrantHeld) -> Result<Peek, StoreError> {
     let [used, reset_at, slot, grant] = reply else {
         return Err(unexpected("a read"));
     };
     let present = |v: &Value| !matches!(v, Value::Nil);
-    let used = present(used).then(|| int(used));
+    let counter = present(used).then(|| int(used));
+    let grant = int(grant).max(0);
+    let used = match held {
+        GrantHeld::Beside => counter.unwrap_or(0),
+        GrantHeld::InCounter => counter.map_or(0, |h| h.saturating_add(grant)),
+    };
     Ok(Peek {
-        used: used.map_or(0, |u| u64::try_from(u).unwrap_or(0)),
+        used: used.max(0).unsigned_abs(),
         // -1: no expiry; -2: no counter.
-        reset_at: used
+        reset_at: counter
             .and(Some(int(reset_at)))
             .filter(|at| *at >= 0)
             .map(UnixSecs),
         slot_ms: present(slot).then(|| UnixMillis(int(slot))),
-        grant: present(grant)
-            .then(|| int(grant))
-            .map_or(0, |g| u64::try_from(g).unwrap_or(0)),
+        grant: grant.unsigned_abs(),
     })
 }
 

@@ -387,6 +387,7 @@ mod tests {
             levels: &[],
             period_end: period_end(reset, now),
             now,
+            reset,
         })
         .await
         .unwrap()

@@ -41,6 +41,7 @@ pub use crate::pace::{Paced, next_slot};
 pub use crate::record::{
     Claim, Claimed, Count, Field, Lane, Peek, Record, RecordError, RecordField, RecordState, Tally,
 };
+pub use commands::GrantHeld;
 pub use key::{
     IDEMPOTENCY_TTL_SECS, KEY_PATTERN, QuotaKey, grant_period_end, period_end, resets_at,
 };

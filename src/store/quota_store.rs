@@ -7,6 +7,7 @@ use std::future::Future;
 use uuid::Uuid;
 
 use super::key::QuotaKey;
+use crate::config::ResetPolicy;
 use crate::pace::Paced;
 use crate::record::{Claim, Claimed, Field, Peek, RecordError, Tally};
 use crate::unix::{UnixMillis, UnixSecs};
@@ -21,6 +22,10 @@ pub struct CountArgs<'a> {
     /// The expiry a counter without one gets (`EXPIREAT … NX`).
     pub period_end: UnixSecs,
     pub now: UnixSecs,
+    /// `QUOTA_RESET`: under `utc-day` every period's end is known before
+    /// its first scan, so a store need not read a level's back, nor give a
+    /// grant its expiry (`grant` did).
+    pub reset: ResetPolicy,
 }
 
 /// One pacing step ([`crate::pace::next_start`]): the subject's line, and

@@ -1,12 +1,14 @@
 //! The Valkey quota store.
 //!
-//! The hot path is plain commands in one pipelined round trip (`INCR`,
-//! `EXPIREAT … NX`, `SET …:ts NX EXAT`, `EXPIRETIME`, `EXPIREAT …:grant …
-//! NX` and `GET …:grant`: the extra scans support granted, which cost
-//! Valkey about two more cheap commands and no round trip; the `EXPIREAT`
-//! gives a grant made before the period's first scan, which has no expiry,
-//! the counter's, see [`QuotaKey::grant`]): a server-side script
-//! would cost Valkey some 40 INCRs per scan. Scripts (sent whole with
+//! The hot path is plain commands in one pipelined round trip: for the
+//! subject `INCR`, `EXPIREAT … NX`, `SET …:ts NX EXAT`, `EXPIRETIME` and
+//! `GET …:grant` (the extra scans support granted: one cheap command and no
+//! round trip; under `rolling` also `EXPIREAT …:grant … NX`, which gives a
+//! grant made before the period's first scan the counter's expiry, see
+//! [`QuotaKey::grant`]), and for each level above it `INCR` and `EXPIREAT …
+//! NX` (under `rolling` also `EXPIRETIME`; see
+//! [`level_commands`](super::commands::level_commands)). A server-side
+//! script would cost Valkey some 40 INCRs per scan. Scripts (sent whole with
 //! `EVAL`, see [`crate::connection::eval`]) run only where a
 //! decision must be atomic and the request is off the hot path anyway: a
 //! keyed scan's claim (`claim.lua`), pacing an over-quota scan (`pace.lua`),
@@ -24,16 +26,18 @@ use uuid::Uuid;
 use crate::unix::UnixSecs;
 
 use super::commands::{
-    PACE_SCRIPT, REFUND_SCRIPT, count_of, iso8601, level_commands, pace_script, paced,
-    peek_commands, peek_of, refund_script, subject_commands, unexpected, unpace,
+    GrantHeld, PACE_SCRIPT, REFUND_SCRIPT, count_of, iso8601, level_commands, level_of,
+    level_width, pace_script, paced, peek_commands, peek_of, refund_script, subject_commands,
+    unexpected, unpace,
 };
 use super::key::{IDEMPOTENCY_TTL_SECS, QuotaKey};
 use super::quota_store::{
     CountArgs, PaceArgs, PaceLane, QuotaStore, RecordUpdate, Refund, StoreError, TakeOver,
 };
+use crate::config::ResetPolicy;
 use crate::connection::{Request, Valkey};
 use crate::pace::Paced;
-use crate::record::{Claim, Claimed, Lane, Peek, Record, Tally};
+use crate::record::{Claim, Claimed, Count, Lane, Peek, Record, Tally};
 
 const CLAIM: &str = include_str!("claim.lua");
 const RELEASE: &str = include_str!("release.lua");
@@ -111,17 +115,12 @@ impl ValkeyStore {
     /// Counts each level in a request of its own, all sent at once (a
     /// cluster, where each level has its own slot): one lane each, a
     /// level that fails failing alone.
-    async fn count_levels(
-        &self,
-        levels: &[QuotaKey],
-        period_end: UnixSecs,
-        now: UnixSecs,
-    ) -> Vec<Lane> {
-        let counts = levels.iter().map(|level| async move {
-            let mut pipe = redis::Pipeline::with_capacity(4);
-            level_commands(&mut pipe, level, period_end);
+    async fn count_levels(&self, args: &CountArgs<'_>) -> Vec<Lane> {
+        let counts = args.levels.iter().map(|level| async move {
+            let mut pipe = redis::Pipeline::with_capacity(3);
+            level_commands(&mut pipe, level, args);
             let reply = self.send::<Vec<Value>>(pipe).await;
-            match reply.map(|r| count_of(&r, now)) {
+            match reply.map(|r| level_of(&r, args.period_end, args.now)) {
                 Ok(Ok(count)) => Lane::Counted(count),
                 Ok(Err(_)) => Lane::Failed { may_land: false },
                 Err(e) => Lane::Failed {
@@ -189,6 +188,42 @@ impl ValkeyStore {
     }
 }
 
+/// A standalone count's reply: the subject's three replies, then `width`
+/// for each level.
+fn tally(reply: &[Value], args: &CountArgs<'_>, width: usize) -> Result<Tally, StoreError> {
+    let (subject, levels) = reply
+        .split_at_checked(3)
+        .ok_or_else(|| unexpected("count"))?;
+    let subject = count_of(subject, args.now)?;
+    let levels = levels
+        .chunks_exact(width)
+        .map(|r| level_of(r, subject.reset_at, args.now).map(Lane::Counted))
+        .collect::<Result<_, _>>()?;
+    Ok(Tally { subject, levels })
+}
+
+/// Under `utc-day` a level's expiry is not read back: its period ends
+/// with its subject's, as the subject's counter reports it (a cluster's
+/// levels answer apart, so this is done once they all have).
+fn in_subject_period(levels: &mut [Lane], subject: &Count, args: &CountArgs<'_>) {
+    if args.reset == ResetPolicy::UtcDay {
+        for lane in levels {
+            if let Lane::Counted(level) = lane {
+                level.reset_at = subject.reset_at;
+            }
+        }
+    }
+}
+
+impl ValkeyStore {
+    /// Reads one counter, changing nothing.
+    async fn read(&self, key: &QuotaKey, held: GrantHeld) -> Result<Peek, StoreError> {
+        let mut pipe = redis::pipe();
+        peek_commands(&mut pipe, key);
+        peek_of(&self.send::<Vec<Value>>(pipe).await?, held)
+    }
+}
+
 impl QuotaStore for ValkeyStore {
     fn warm_up(&self) {
         self.valkey.warm_up();
@@ -200,40 +235,36 @@ impl QuotaStore for ValkeyStore {
     }
 
     async fn count(&self, args: CountArgs<'_>) -> Result<Tally, StoreError> {
-        let mut pipe = redis::Pipeline::with_capacity(6 + 4 * args.levels.len());
-        subject_commands(&mut pipe, args);
+        let mut pipe = redis::Pipeline::with_capacity(6 + 3 * args.levels.len());
+        subject_commands(&mut pipe, &args);
         if args.levels.is_empty() || !self.valkey.is_cluster() {
             // Standalone: every level rides the subject's round trip, one fate.
             for level in args.levels {
-                level_commands(&mut pipe, level, args.period_end);
+                level_commands(&mut pipe, level, &args);
             }
             let reply: Vec<Value> = self.send(pipe).await?;
-            let mut counts = reply.chunks_exact(3).map(|c| count_of(c, args.now));
-            let subject = counts.next().ok_or_else(|| unexpected("count"))??;
-            let levels = counts
-                .map(|c| c.map(Lane::Counted))
-                .collect::<Result<_, _>>()?;
-            return Ok(Tally { subject, levels });
+            return tally(&reply, &args, level_width(args.reset));
         }
         // Cluster: each level in a slot of its own, one request per slot,
         // all sent at once; a level that fails does not fail the scan.
-        let (subject, levels) = futures_util::join!(
-            self.send::<Vec<Value>>(pipe),
-            self.count_levels(args.levels, args.period_end, args.now)
-        );
+        let (subject, mut levels) =
+            futures_util::join!(self.send::<Vec<Value>>(pipe), self.count_levels(&args));
         let subject = count_of(&subject?, args.now)?;
+        in_subject_period(&mut levels, &subject, &args);
         Ok(Tally { subject, levels })
     }
 
     async fn peek(&self, key: &QuotaKey, _now: UnixSecs) -> Result<Peek, StoreError> {
-        let mut pipe = redis::pipe();
-        peek_commands(&mut pipe, key);
-        peek_of(&self.send::<Vec<Value>>(pipe).await?)
+        self.read(key, GrantHeld::Beside).await
     }
 
-    async fn peek_levels(&self, keys: &[QuotaKey], now: UnixSecs) -> Result<Vec<Peek>, StoreError> {
+    async fn peek_levels(
+        &self,
+        keys: &[QuotaKey],
+        _now: UnixSecs,
+    ) -> Result<Vec<Peek>, StoreError> {
         if self.valkey.is_cluster() {
-            let reads = keys.iter().map(|key| self.peek(key, now));
+            let reads = keys.iter().map(|key| self.read(key, GrantHeld::InCounter));
             return futures_util::future::try_join_all(reads).await;
         }
         let mut pipe = redis::pipe();
@@ -241,7 +272,10 @@ impl QuotaStore for ValkeyStore {
             peek_commands(&mut pipe, key);
         }
         let reply: Vec<Value> = self.send(pipe).await?;
-        reply.chunks_exact(4).map(peek_of).collect()
+        reply
+            .chunks_exact(4)
+            .map(|r| peek_of(r, GrantHeld::InCounter))
+            .collect()
     }
 
     async fn count_keyed(&self, args: CountArgs<'_>, claim: &Claim) -> Result<Claimed, StoreError> {
@@ -259,7 +293,7 @@ impl QuotaStore for ValkeyStore {
             &claim.record,
             &key.grant,
         ];
-        keys.extend(in_claim.iter().flat_map(|l| [l.counter.as_str(), &l.grant]));
+        keys.extend(in_claim.iter().map(|l| l.counter.as_str()));
         let mut cmd = eval(CLAIM, &keys);
         cmd.arg(args.period_end.get())
             .arg(iso8601(args.now))
@@ -276,21 +310,17 @@ impl QuotaStore for ValkeyStore {
             }
             [Value::Int(0), ..] | [] => Err(unexpected("claim")),
             counts => {
-                let mut counts = counts.chunks_exact(3).map(|c| count_of(c, args.now));
-                let subject = counts.next().ok_or_else(|| unexpected("claim"))??;
-                let mut levels = counts
-                    .map(|c| c.map(Lane::Counted))
-                    .collect::<Result<Vec<_>, _>>()?;
+                // The script reads each level's expiry: two replies a level.
+                let mut tally = tally(counts, &args, 2)?;
                 if self.wait_replicas > 0 {
                     self.replicated().await?;
                 }
                 if in_claim.is_empty() && !args.levels.is_empty() {
                     // Cluster: the levels are counted once the claim is new.
-                    levels = self
-                        .count_levels(args.levels, args.period_end, args.now)
-                        .await;
+                    tally.levels = self.count_levels(&args).await;
+                    in_subject_period(&mut tally.levels, &tally.subject, &args);
                 }
-                Ok(Claimed::New(Tally { subject, levels }))
+                Ok(Claimed::New(tally))
             }
         }
     }

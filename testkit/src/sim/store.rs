@@ -222,7 +222,8 @@ fn level_counters(levels: &[QuotaKey]) -> Vec<String> {
 
 impl QuotaStore for SimStore {
     async fn count(&self, args: CountArgs<'_>) -> Result<Tally, StoreError> {
-        let (key, period_end, now) = (args.key.clone(), args.period_end, args.now);
+        let (key, period_end, now, reset) =
+            (args.key.clone(), args.period_end, args.now, args.reset);
         let levels = args.levels.to_vec();
         let kind = Kind::Count {
             keyed: false,
@@ -237,6 +238,7 @@ impl QuotaStore for SimStore {
                     levels: &levels,
                     period_end,
                     now,
+                    reset,
                 };
                 let count = ready(m.count(args)).expect("memory store");
                 note_count(l, &key, None, &count, &levels);
@@ -248,7 +250,8 @@ impl QuotaStore for SimStore {
     }
 
     async fn count_keyed(&self, args: CountArgs<'_>, claim: &Claim) -> Result<Claimed, StoreError> {
-        let (key, period_end, now) = (args.key.clone(), args.period_end, args.now);
+        let (key, period_end, now, reset) =
+            (args.key.clone(), args.period_end, args.now, args.reset);
         let levels = args.levels.to_vec();
         let kind = Kind::Count {
             keyed: true,
@@ -269,6 +272,7 @@ impl QuotaStore for SimStore {
                     levels: &levels,
                     period_end,
                     now,
+                    reset,
                 };
                 let claimed = ready(m.count_keyed(args, &claim)).expect("memory store");
                 if let Claimed::New(count) = &claimed {
