@@ -9,7 +9,7 @@ use super::quota_store::{CountArgs, PaceArgs, PaceLane, Refund, StoreError};
 use crate::config::ResetPolicy;
 use crate::connection::{eval, sized_cmd};
 use crate::pace::Paced;
-use crate::record::{Count, Peek};
+use crate::record::{Count, Lane, Peek, Tally};
 use crate::unix::{UnixMillis, UnixSecs};
 
 const PACE: &str = include_str!("pace.lua");
@@ -143,6 +143,37 @@ pub(super) fn level_of(
         now,
         grant: held.min(0).unsigned_abs(),
     })
+}
+
+/// A standalone count's reply: the subject's three replies, then `width`
+/// for each level.
+pub(super) fn tally(
+    reply: &[Value],
+    args: &CountArgs<'_>,
+    width: usize,
+) -> Result<Tally, StoreError> {
+    let (subject, levels) = reply
+        .split_at_checked(3)
+        .ok_or_else(|| unexpected("count"))?;
+    let subject = count_of(subject, args.now)?;
+    let levels = levels
+        .chunks_exact(width)
+        .map(|r| level_of(r, subject.reset_at, args.now).map(Lane::Counted))
+        .collect::<Result<_, _>>()?;
+    Ok(Tally { subject, levels })
+}
+
+/// Under `utc-day` a level's expiry is not read back: its period ends
+/// with its subject's, as the subject's counter reports it (a cluster's
+/// levels answer apart, so this is done once they all have).
+pub(super) fn in_subject_period(levels: &mut [Lane], subject: &Count, args: &CountArgs<'_>) {
+    if args.reset == ResetPolicy::UtcDay {
+        for lane in levels {
+            if let Lane::Counted(level) = lane {
+                level.reset_at = subject.reset_at;
+            }
+        }
+    }
 }
 
 /// Where a counter's grant is counted.

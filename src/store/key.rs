@@ -21,13 +21,18 @@ pub struct QuotaKey {
     pub counter: String,
     pub first_seen: String,
     pub slot: String,
-    /// Extra scans granted for the period: read with every count, in the
-    /// same round trip, and added to the limit the scan is decided against.
-    /// It expires with the counter: set while the counter lives, it gets
-    /// the counter's expiry; set before the period's first scan, it has
-    /// none until the count that opens the period gives it the counter's
-    /// (`EXPIREAT … NX` in the same round trip), so it lasts exactly as
-    /// long as that period under either `QUOTA_RESET`.
+    /// A subject's extra scans granted for the period: read with every
+    /// count, in the same round trip, and added to the limit the scan is
+    /// decided against. It expires with the counter: set while the counter
+    /// lives, it gets the counter's expiry; set before the period's first
+    /// scan, under `utc-day` it ends tonight at 00:00 UTC, and under
+    /// `rolling` it has none until the count that opens the period gives it
+    /// the counter's (`EXPIREAT … NX` in the same round trip), so it lasts
+    /// exactly as long as that period under either `QUOTA_RESET`.
+    ///
+    /// A level's grant is held in its counter instead (the counter reads
+    /// used − granted); this key only says how much, for the reads that
+    /// add it back ([`GrantHeld::InCounter`](super::GrantHeld)).
     pub grant: String,
 }
 

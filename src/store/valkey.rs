@@ -26,18 +26,17 @@ use uuid::Uuid;
 use crate::unix::UnixSecs;
 
 use super::commands::{
-    GrantHeld, PACE_SCRIPT, REFUND_SCRIPT, count_of, iso8601, level_commands, level_of,
-    level_width, pace_script, paced, peek_commands, peek_of, refund_script, subject_commands,
-    unexpected, unpace,
+    GrantHeld, PACE_SCRIPT, REFUND_SCRIPT, count_of, in_subject_period, iso8601, level_commands,
+    level_of, level_width, pace_script, paced, peek_commands, peek_of, refund_script,
+    subject_commands, tally, unexpected, unpace,
 };
 use super::key::{IDEMPOTENCY_TTL_SECS, QuotaKey};
 use super::quota_store::{
     CountArgs, PaceArgs, PaceLane, QuotaStore, RecordUpdate, Refund, StoreError, TakeOver,
 };
-use crate::config::ResetPolicy;
 use crate::connection::{Request, Valkey};
 use crate::pace::Paced;
-use crate::record::{Claim, Claimed, Count, Lane, Peek, Record, Tally};
+use crate::record::{Claim, Claimed, Lane, Peek, Record, Tally};
 
 const CLAIM: &str = include_str!("claim.lua");
 const RELEASE: &str = include_str!("release.lua");
@@ -185,33 +184,6 @@ impl ValkeyStore {
             let _: i64 = self.send(cmd).await?;
         }
         Ok(Paced::Slot { delay_ms })
-    }
-}
-
-/// A standalone count's reply: the subject's three replies, then `width`
-/// for each level.
-fn tally(reply: &[Value], args: &CountArgs<'_>, width: usize) -> Result<Tally, StoreError> {
-    let (subject, levels) = reply
-        .split_at_checked(3)
-        .ok_or_else(|| unexpected("count"))?;
-    let subject = count_of(subject, args.now)?;
-    let levels = levels
-        .chunks_exact(width)
-        .map(|r| level_of(r, subject.reset_at, args.now).map(Lane::Counted))
-        .collect::<Result<_, _>>()?;
-    Ok(Tally { subject, levels })
-}
-
-/// Under `utc-day` a level's expiry is not read back: its period ends
-/// with its subject's, as the subject's counter reports it (a cluster's
-/// levels answer apart, so this is done once they all have).
-fn in_subject_period(levels: &mut [Lane], subject: &Count, args: &CountArgs<'_>) {
-    if args.reset == ResetPolicy::UtcDay {
-        for lane in levels {
-            if let Lane::Counted(level) = lane {
-                level.reset_at = subject.reset_at;
-            }
-        }
     }
 }
 
