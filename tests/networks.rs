@@ -370,5 +370,6 @@ async fn rolling_levels_keep_their_own_period() {
         .rsplit_once(";t=")
         .and_then(|(_, t)| t.parse().ok())
         .unwrap_or_else(|| panic!("{ratelimit}"));
-    assert!(t > 500 && t <= 600, "{ratelimit}");
+    // EXPIRE 600 from now: Valkey's whole second may round up by one.
+    assert!(t > 500 && t <= 601, "{ratelimit}");
 }

@@ -478,6 +478,22 @@ fn run(settings: &Settings) -> Result<Vec<String>, String> {
                 ),
             );
             if !rounds.counting.is_empty() {
+                let (off, ..) = Rounds::ratio(&rounds.counting_off, &rounds.incr_usec);
+                let (level, ..) = Rounds::ratio(
+                    &rounds
+                        .counting
+                        .iter()
+                        .zip(&rounds.counting_off)
+                        .map(|(on, off)| on - off)
+                        .collect::<Vec<_>>(),
+                    &rounds.incr_usec,
+                );
+                println!(
+                    "valkey command time per decision / one INCR's, medians of the rounds: \
+                     QUOTA_NETWORKS=off (the subject's count: INCR, EXPIREAT NX, SET NX, \
+                     EXPIRETIME, GET of its grant) {off:.2} ×; what the default levels add \
+                     (IPv4: its /24) {level:.2} ×"
+                );
                 let (ratio, low, high) = Rounds::ratio(&rounds.counting, &rounds.incr_usec);
                 targets.check(
                     "valkey command time per decision, default levels (XADD left out) / one INCR's",
@@ -738,6 +754,8 @@ struct Rounds {
     /// commandstats`); a round without both is left out of both.
     incr_usec: Vec<f64>,
     counting: Vec<f64>,
+    /// The same for the gate with `QUOTA_NETWORKS=off`: the subject's own.
+    counting_off: Vec<f64>,
 }
 
 impl Rounds {
@@ -760,6 +778,7 @@ async fn interleaved_rounds(url: &str, plan: Plan) -> Result<Rounds, String> {
         off: Vec::new(),
         incr_usec: Vec::new(),
         counting: Vec::new(),
+        counting_off: Vec::new(),
     };
     for _ in 0..3 {
         reset_commandstats(url).await;
@@ -779,8 +798,11 @@ async fn interleaved_rounds(url: &str, plan: Plan) -> Result<Rounds, String> {
         .await;
         rounds.incr.push(incr.per_sec);
         let incr_usec = incr_time(&commandstats(url).await);
-        for (gate, into) in [(&on, &mut rounds.levels), (&off, &mut rounds.off)] {
-            let with_levels = Arc::ptr_eq(gate, &on);
+        let lines = [
+            (&on, &mut rounds.levels, &mut rounds.counting),
+            (&off, &mut rounds.off, &mut rounds.counting_off),
+        ];
+        for (gate, into, counting_into) in lines {
             clear_stream(url).await;
             reset_commandstats(url).await;
             let (gate, requests) = (gate.clone(), requests.clone());
@@ -793,12 +815,12 @@ async fn interleaved_rounds(url: &str, plan: Plan) -> Result<Rounds, String> {
                 return Err(stats.first_error.unwrap_or_default());
             }
             into.push(stats.per_sec);
-            if let (true, Some(incr_usec)) = (with_levels, incr_usec) {
+            if incr_usec.is_some() {
                 let (counting, ..) = counting_time(&commandstats(url).await, stats.all_ops);
-                rounds.incr_usec.push(incr_usec);
-                rounds.counting.push(counting);
+                counting_into.push(counting);
             }
         }
+        rounds.incr_usec.extend(incr_usec);
     }
     Ok(rounds)
 }

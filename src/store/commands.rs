@@ -156,16 +156,18 @@ pub(super) fn tally(
         .split_at_checked(3)
         .ok_or_else(|| unexpected("count"))?;
     let subject = count_of(subject, args.now)?;
-    let levels = levels
+    let mut levels: Vec<Lane> = levels
         .chunks_exact(width)
-        .map(|r| level_of(r, subject.reset_at, args.now).map(Lane::Counted))
+        .map(|r| level_of(r, args.period_end, args.now).map(Lane::Counted))
         .collect::<Result<_, _>>()?;
+    in_subject_period(&mut levels, &subject, args);
     Ok(Tally { subject, levels })
 }
 
-/// Under `utc-day` a level's expiry is not read back: its period ends
-/// with its subject's, as the subject's counter reports it (a cluster's
-/// levels answer apart, so this is done once they all have).
+/// Under `utc-day` a level's period ends with its subject's, as the
+/// subject's counter reports it (so its expiry need not be read back, and
+/// every answer reports one reset instant); done once every level has
+/// answered (a cluster's answer apart).
 pub(super) fn in_subject_period(levels: &mut [Lane], subject: &Count, args: &CountArgs<'_>) {
     if args.reset == ResetPolicy::UtcDay {
         for lane in levels {
