@@ -325,9 +325,8 @@ pub fn settle(metering: &Metering, keyed: bool, failure: Failure) -> Settlement 
 /// (closed mode, a full backlog, a refused job) is counted at no level,
 /// even where the subject's own count never happened. Which level counts
 /// there are to take back is [`level_refund`]'s, per level: after a failed
-/// count the driver gives every level the subject's fate (exact
-/// standalone, where they share one request; a cluster's level on another
-/// node may in truth have fared otherwise, see the README).
+/// count each level has its own fate (the subject's where they shared one
+/// request; in a cluster, as the store found it on the level's node).
 pub fn levels_refunded(metering: &Metering, keyed: bool, failure: Failure) -> bool {
     match settle(metering, keyed, failure) {
         Settlement::Refund { .. } => true,

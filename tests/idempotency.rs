@@ -407,10 +407,17 @@ struct LatePace {
 }
 
 impl QuotaStore for LatePace {
-    async fn count(&self, args: CountArgs<'_>) -> Result<quota_gate::store::Tally, StoreError> {
+    async fn count(
+        &self,
+        args: CountArgs<'_>,
+    ) -> Result<quota_gate::store::Tally, quota_gate::store::CountFailed> {
         self.inner.count(args).await
     }
-    async fn count_keyed(&self, args: CountArgs<'_>, claim: &Claim) -> Result<Claimed, StoreError> {
+    async fn count_keyed(
+        &self,
+        args: CountArgs<'_>,
+        claim: &Claim,
+    ) -> Result<Claimed, quota_gate::store::CountFailed> {
         self.inner.count_keyed(args, claim).await
     }
     async fn peek(

@@ -12,9 +12,12 @@ use std::sync::Arc;
 
 use common::cluster::{ValkeyCluster, cluster_gate};
 use common::*;
+use quota_gate::connection::Valkey;
 use quota_gate::gate::Gate;
 use quota_gate::identity::Identifier;
+use quota_gate::meter::Meter;
 use quota_gate::queue::ScanQueue;
+use quota_gate::store::valkey::ValkeyStore;
 use quota_gate::store::{QuotaKey, QuotaStore};
 use serde_json::Value;
 
@@ -372,4 +375,110 @@ async fn rolling_levels_keep_their_own_period() {
         .unwrap_or_else(|| panic!("{ratelimit}"));
     // EXPIRE 600 from now: Valkey's whole second may round up by one.
     assert!(t > 500 && t <= 601, "{ratelimit}");
+}
+
+/// On a 3-primary cluster the subject and its /24 live on different
+/// nodes, and each may fail alone. The subject's node stalls (SIGSTOP)
+/// while the /24's answers: the network's count, made on a node that
+/// answered, is taken back with the scan's (closed: refused; open: queued
+/// unmetered), exactly, not given the subject's fate. The /24's node
+/// stalls while the subject's answers: the scan goes on, and the network's
+/// count lands when its node resumes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_settles_each_level_by_its_own_fate() {
+    let cluster = ValkeyCluster::start();
+    let base = levels(&[
+        ("QUOTA_NETWORKS", "v4/24=100"),
+        ("QUOTA_STORE_TIMEOUT_MS", "300"),
+        ("QUOTA_BREAKER_FAILURES", "0"),
+    ]);
+    let identifier = Identifier::new(&config(&base)).unwrap();
+    let subject_key = |ip: &str| {
+        let digest = identifier.ip_digest(ip.parse().unwrap());
+        QuotaKey::new(quota_gate::digest::Scope::Ip, &digest).counter
+    };
+    let level = &identifier.levels_of(v4(1).parse().unwrap())[0];
+    let level_node = cluster.node_of(&QuotaKey::level(&level.digest).counter);
+    let ip = (1..=250)
+        .map(v4)
+        .find(|ip| cluster.node_of(&subject_key(ip)) != level_node)
+        .expect("an address of the /24 whose subject lives on another node");
+    let subject_node = cluster.node_of(&subject_key(&ip));
+    // Jobs kept in memory: with one node stalled, the cluster client may
+    // wait on it for other slots too (a slot refresh), which is the
+    // queue's business, not this test's.
+    let url = cluster.url();
+    let gate_on = |vars: &[(&str, &str)]| {
+        let vars = with_vars(
+            vars,
+            &[("VALKEY_URL", url.as_str()), ("VALKEY_CLUSTER", "true")],
+        );
+        let config = config(&vars);
+        let valkey = Valkey::from_config(&config).unwrap().unwrap();
+        let queue = RecordingQueue::default();
+        Gate::new(
+            config,
+            ValkeyStore::new(valkey),
+            queue,
+            Meter::new("test", None),
+        )
+        .unwrap()
+    };
+    let mut conn = cluster.client().await;
+    let mut used = 0;
+    for mode in ["closed", "open"] {
+        let vars = with_vars(&base, &[("QUOTA_FAIL_MODE", mode)]);
+        let gate = gate_on(&vars);
+        // Connected to every node, and counted everywhere once.
+        assert_eq!(gate.handle(scan_from(&ip)).await.status(), 202);
+        used += 1;
+        cluster.nodes[subject_node].signal("STOP");
+        let answer = gate.handle(scan_from(&ip)).await;
+        cluster.nodes[subject_node].signal("CONT");
+        let expected = if mode == "closed" { 503 } else { 202 };
+        assert_eq!(answer.status(), expected, "{mode}: {:?}", answer.body());
+        // What the resumed node was sent runs now: the count and its refund.
+        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+        assert_eq!(
+            level_count(&mut conn, &vars, &ip, 0).await,
+            used,
+            "{mode}: the network's count was taken back"
+        );
+        let subject: Option<u64> = redis::cmd("GET")
+            .arg(subject_key(&ip))
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        assert_eq!(
+            subject,
+            Some(used),
+            "{mode}: the subject's count and refund both landed"
+        );
+    }
+    // The /24's node stalls: the scan goes on, its network count lands late.
+    let gate = gate_on(&base);
+    assert_eq!(gate.handle(scan_from(&ip)).await.status(), 202);
+    used += 1;
+    cluster.nodes[level_node].signal("STOP");
+    let answer = gate.handle(scan_from(&ip)).await;
+    cluster.nodes[level_node].signal("CONT");
+    assert_eq!(answer.status(), 202, "{:?}", answer.body());
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    used += 1;
+    assert_eq!(level_count(&mut conn, &base, &ip, 0).await, used);
+    // The subject's node is gone (its count is never sent, or refused),
+    // closed mode: the network's count made on its own node goes back.
+    let gate = gate_on(&with_vars(&base, &[("QUOTA_FAIL_MODE", "closed")]));
+    assert_eq!(gate.handle(scan_from(&ip)).await.status(), 202);
+    used += 1;
+    cluster.nodes[subject_node].signal("KILL");
+    let level = QuotaKey::level(&level.digest).counter;
+    // The first finds its connection broken under it (no answer); the
+    // next ones are refused by the store (never sent, or redirected to
+    // the dead node): each level's fate, not the subject's, settles it.
+    for n in 1..=3 {
+        let answer = gate.handle(scan_from(&ip)).await;
+        assert_eq!(answer.status(), 503, "{n}: {:?}", answer.body());
+        assert_eq!(cluster.get(&level), Some(used as i64), "{n}: taken back");
+    }
 }

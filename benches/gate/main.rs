@@ -664,7 +664,11 @@ async fn in_process(
                 now,
                 reset: ResetPolicy::UtcDay,
             };
-            store.count(args).await.map(drop).map_err(|e| e.to_string())
+            store
+                .count(args)
+                .await
+                .map(drop)
+                .map_err(|e| e.error.to_string())
         }
     });
     let measured = with_cpu(&pids, run).await;

@@ -157,9 +157,10 @@ impl Attempt {
             })
     }
 
-    /// The levels of a scan whose count failed: each given its fate (exact
-    /// standalone, one request for all; in a cluster an approximation, see
-    /// [`crate::settle::levels_refunded`]).
+    /// The levels of a scan whose count failed in one request with its
+    /// subject's: each shares the subject's fate (a store that counted a
+    /// level apart says what became of it instead, see
+    /// [`CountFailed::levels`](crate::store::CountFailed::levels)).
     pub fn failed_lanes(&self, may_land: bool) -> Vec<Lane> {
         vec![Lane::Failed { may_land }; self.level_keys.len()]
     }

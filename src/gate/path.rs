@@ -37,7 +37,8 @@ use crate::settle::{
     on_take_over,
 };
 use crate::store::{
-    Claim, Claimed, CountArgs, PaceArgs, QuotaStore, Record, StoreError, TakeOver, Tally,
+    Claim, Claimed, CountArgs, CountFailed, PaceArgs, QuotaStore, Record, StoreError, TakeOver,
+    Tally,
 };
 use crate::unix::duration_ms;
 
@@ -153,7 +154,7 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
     }
 
     /// Step 4's one round trip; a keyed scan claims its record with it.
-    async fn count<'a>(&self, attempt: &'a Attempt) -> Result<Counted<'a>, StoreError> {
+    async fn count<'a>(&self, attempt: &'a Attempt) -> Result<Counted<'a>, CountFailed> {
         let args = CountArgs {
             key: &attempt.key,
             levels: &attempt.level_keys,
@@ -174,7 +175,12 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
 
     /// The count failed: settle what it may have left, then refuse, or go
     /// on unmetered (fail open), as [`after_store_failure`] says.
-    async fn store_failed(&self, attempt: &Attempt, e: StoreError) -> Result<Metering, GateError> {
+    async fn store_failed(
+        &self,
+        attempt: &Attempt,
+        failed: CountFailed,
+    ) -> Result<Metering, GateError> {
+        let e = failed.error;
         let scope = attempt.identity.scope;
         // An open breaker is one outage, already logged when it opened.
         if matches!(e, StoreError::CircuitOpen) {
@@ -185,7 +191,9 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
         let metering = Metering::after_store_error(e.may_land(), attempt.period_end);
         let mode = self.config.store.fail_mode;
         let failure = Failure::Store { mode };
-        let lanes = attempt.failed_lanes(e.may_land());
+        let lanes = failed
+            .levels
+            .unwrap_or_else(|| attempt.failed_lanes(e.may_land()));
         self.apply(attempt, attempt.scan_id(), &metering, failure, &lanes)
             .await;
         let mut answer = after_store_failure(&metering, attempt.keyed(), mode);
@@ -374,19 +382,19 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
     /// open. A store that bounds its own wait (and keeps a command it gave
     /// up on in flight) is not given a second timer; any other is bounded
     /// here, at twice the store timeout.
-    pub(super) async fn bounded<T>(
+    pub(super) async fn bounded<T, E: From<StoreError>>(
         &self,
-        call: impl Future<Output = Result<T, StoreError>>,
-    ) -> Result<T, StoreError> {
+        call: impl Future<Output = Result<T, E>>,
+    ) -> Result<T, E> {
         if !self.breaker.admit(Instant::now().into_std()) {
-            return Err(StoreError::CircuitOpen);
+            return Err(StoreError::CircuitOpen.into());
         }
         let result = if self.store.bounds_itself() {
             call.await
         } else {
             timeout(self.config.store.timeout * 2, call)
                 .await
-                .unwrap_or(Err(StoreError::Unanswered))
+                .unwrap_or(Err(StoreError::Unanswered.into()))
         };
         self.breaker
             .record(result.is_ok(), Instant::now().into_std());

@@ -22,7 +22,7 @@ use crate::unix::{UnixMillis, UnixSecs};
 
 use super::key::{IDEMPOTENCY_TTL_SECS, QuotaKey};
 use super::quota_store::{
-    CountArgs, PaceArgs, QuotaStore, RecordUpdate, Refund, StoreError, TakeOver,
+    CountArgs, CountFailed, PaceArgs, QuotaStore, RecordUpdate, Refund, StoreError, TakeOver,
 };
 use crate::pace::{Paced, next_start};
 use crate::record::{Claim, Claimed, Count, Lane, Peek, Record, RecordState, Tally};
@@ -223,7 +223,7 @@ impl MemoryStore {
 }
 
 impl QuotaStore for MemoryStore {
-    async fn count(&self, args: CountArgs<'_>) -> Result<Tally, StoreError> {
+    async fn count(&self, args: CountArgs<'_>) -> Result<Tally, CountFailed> {
         Ok(self.lock().tally(args))
     }
 
@@ -244,7 +244,11 @@ impl QuotaStore for MemoryStore {
         })
     }
 
-    async fn count_keyed(&self, args: CountArgs<'_>, claim: &Claim) -> Result<Claimed, StoreError> {
+    async fn count_keyed(
+        &self,
+        args: CountArgs<'_>,
+        claim: &Claim,
+    ) -> Result<Claimed, CountFailed> {
         let mut inner = self.lock();
         if let Some(record) = inner.record(&claim.record, args.now) {
             return Ok(Claimed::Existing(record.clone()));

@@ -46,7 +46,8 @@ pub use key::{
     IDEMPOTENCY_TTL_SECS, KEY_PATTERN, QuotaKey, grant_period_end, period_end, resets_at,
 };
 pub use quota_store::{
-    CountArgs, PaceArgs, PaceLane, QuotaStore, RecordUpdate, Refund, StoreError, TakeOver,
+    CountArgs, CountFailed, PaceArgs, PaceLane, QuotaStore, RecordUpdate, Refund, StoreError,
+    TakeOver,
 };
 
 /// The store chosen by `VALKEY_URL`.
@@ -80,7 +81,7 @@ impl QuotaStore for AnyStore {
         }
     }
 
-    async fn count(&self, args: CountArgs<'_>) -> Result<Tally, StoreError> {
+    async fn count(&self, args: CountArgs<'_>) -> Result<Tally, CountFailed> {
         dispatch!(self, s => s.count(args))
     }
 
@@ -88,7 +89,11 @@ impl QuotaStore for AnyStore {
         dispatch!(self, s => s.peek_levels(keys, now))
     }
 
-    async fn count_keyed(&self, args: CountArgs<'_>, claim: &Claim) -> Result<Claimed, StoreError> {
+    async fn count_keyed(
+        &self,
+        args: CountArgs<'_>,
+        claim: &Claim,
+    ) -> Result<Claimed, CountFailed> {
         dispatch!(self, s => s.count_keyed(args, claim))
     }
 

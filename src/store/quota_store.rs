@@ -9,7 +9,7 @@ use uuid::Uuid;
 use super::key::QuotaKey;
 use crate::config::ResetPolicy;
 use crate::pace::Paced;
-use crate::record::{Claim, Claimed, Field, Peek, RecordError, Tally};
+use crate::record::{Claim, Claimed, Field, Lane, Peek, RecordError, Tally};
 use crate::unix::{UnixMillis, UnixSecs};
 
 /// One count request: which subject (and which levels above it), and the
@@ -119,6 +119,34 @@ impl StoreError {
     pub fn may_land(&self) -> bool {
         matches!(self, Self::Unanswered)
     }
+
+    /// Whether the command was never sent: nothing of it happened, and it
+    /// may be sent again.
+    pub fn never_sent(&self) -> bool {
+        matches!(self, Self::NotSent(_) | Self::CircuitOpen)
+    }
+}
+
+/// A count that failed: the subject's error, and what became of each
+/// level above it when that is known apart from the subject's fate.
+#[derive(Debug)]
+pub struct CountFailed {
+    pub error: StoreError,
+    /// `None`: every level shared the subject's request, and so its fate
+    /// (standalone, in memory, or a wait given up on from outside). `Some`:
+    /// each level's own, in the order asked (a cluster, where each level
+    /// is a request of its own to its own node: one may have counted while
+    /// the subject's failed, or never have been sent).
+    pub levels: Option<Vec<Lane>>,
+}
+
+impl From<StoreError> for CountFailed {
+    fn from(error: StoreError) -> Self {
+        Self {
+            error,
+            levels: None,
+        }
+    }
 }
 
 /// For the operator tools' direct commands (off the request path, where
@@ -166,9 +194,12 @@ pub trait QuotaStore: Send + Sync + 'static {
 
     /// INCR the counter, give it `period_end` if it has no expiry, write the
     /// first-seen key if missing, and read the counter's expiry back.
-    /// At each level of `args.levels` too: `INCR`, its expiry, and its
-    /// grant, in the same round trip (standalone: one request, one fate).
-    fn count(&self, args: CountArgs<'_>) -> impl Future<Output = Result<Tally, StoreError>> + Send;
+    /// At each level of `args.levels` too: `INCR` and its expiry, in the
+    /// same round trip (standalone: one request, one fate). A failed count
+    /// says what became of each level where that differs from the
+    /// subject's fate ([`CountFailed::levels`]).
+    fn count(&self, args: CountArgs<'_>)
+    -> impl Future<Output = Result<Tally, CountFailed>> + Send;
 
     /// Reads the counter, its expiry, the pacing slot and the grant in one
     /// round trip, writing nothing (`GET /quota`). The
@@ -206,7 +237,7 @@ pub trait QuotaStore: Send + Sync + 'static {
         &self,
         args: CountArgs<'_>,
         claim: &Claim,
-    ) -> impl Future<Output = Result<Claimed, StoreError>> + Send;
+    ) -> impl Future<Output = Result<Claimed, CountFailed>> + Send;
 
     /// One pacing step ([`crate::pace::next_slot`]). `Full` changes nothing: the caller
     /// refunds the count with its next call. A refund inside the step would

@@ -32,7 +32,8 @@ use super::commands::{
 };
 use super::key::{IDEMPOTENCY_TTL_SECS, QuotaKey};
 use super::quota_store::{
-    CountArgs, PaceArgs, PaceLane, QuotaStore, RecordUpdate, Refund, StoreError, TakeOver,
+    CountArgs, CountFailed, PaceArgs, PaceLane, QuotaStore, RecordUpdate, Refund, StoreError,
+    TakeOver,
 };
 use crate::connection::{Request, Valkey};
 use crate::pace::Paced;
@@ -188,69 +189,9 @@ impl ValkeyStore {
 }
 
 impl ValkeyStore {
-    /// Reads one counter, changing nothing.
-    async fn read(&self, key: &QuotaKey, held: GrantHeld) -> Result<Peek, StoreError> {
-        let mut pipe = redis::pipe();
-        peek_commands(&mut pipe, key);
-        peek_of(&self.send::<Vec<Value>>(pipe).await?, held)
-    }
-}
-
-impl QuotaStore for ValkeyStore {
-    fn warm_up(&self) {
-        self.valkey.warm_up();
-    }
-
-    /// Each command is sent by [`Valkey::send`] within the store timeout.
-    fn bounds_itself(&self) -> bool {
-        true
-    }
-
-    async fn count(&self, args: CountArgs<'_>) -> Result<Tally, StoreError> {
-        let mut pipe = redis::Pipeline::with_capacity(6 + 3 * args.levels.len());
-        subject_commands(&mut pipe, &args);
-        if args.levels.is_empty() || !self.valkey.is_cluster() {
-            // Standalone: every level rides the subject's round trip, one fate.
-            for level in args.levels {
-                level_commands(&mut pipe, level, &args);
-            }
-            let reply: Vec<Value> = self.send(pipe).await?;
-            return tally(&reply, &args, level_width(args.reset));
-        }
-        // Cluster: each level in a slot of its own, one request per slot,
-        // all sent at once; a level that fails does not fail the scan.
-        let (subject, mut levels) =
-            futures_util::join!(self.send::<Vec<Value>>(pipe), self.count_levels(&args));
-        let subject = count_of(&subject?, args.now)?;
-        in_subject_period(&mut levels, &subject, &args);
-        Ok(Tally { subject, levels })
-    }
-
-    async fn peek(&self, key: &QuotaKey, _now: UnixSecs) -> Result<Peek, StoreError> {
-        self.read(key, GrantHeld::Beside).await
-    }
-
-    async fn peek_levels(
-        &self,
-        keys: &[QuotaKey],
-        _now: UnixSecs,
-    ) -> Result<Vec<Peek>, StoreError> {
-        if self.valkey.is_cluster() {
-            let reads = keys.iter().map(|key| self.read(key, GrantHeld::InCounter));
-            return futures_util::future::try_join_all(reads).await;
-        }
-        let mut pipe = redis::pipe();
-        for key in keys {
-            peek_commands(&mut pipe, key);
-        }
-        let reply: Vec<Value> = self.send(pipe).await?;
-        reply
-            .chunks_exact(4)
-            .map(|r| peek_of(r, GrantHeld::InCounter))
-            .collect()
-    }
-
-    async fn count_keyed(&self, args: CountArgs<'_>, claim: &Claim) -> Result<Claimed, StoreError> {
+    /// A keyed count: the claim's script, and in a cluster the levels
+    /// after it ([`QuotaStore::count_keyed`]).
+    async fn claim(&self, args: CountArgs<'_>, claim: &Claim) -> Result<Claimed, StoreError> {
         let key = args.key;
         // Standalone, the levels are counted in the claim's script (one
         // fate); in a cluster they live in other slots.
@@ -297,6 +238,95 @@ impl QuotaStore for ValkeyStore {
         }
     }
 
+    /// Reads one counter, changing nothing.
+    async fn read(&self, key: &QuotaKey, held: GrantHeld) -> Result<Peek, StoreError> {
+        let mut pipe = redis::pipe();
+        peek_commands(&mut pipe, key);
+        peek_of(&self.send::<Vec<Value>>(pipe).await?, held)
+    }
+}
+
+impl QuotaStore for ValkeyStore {
+    fn warm_up(&self) {
+        self.valkey.warm_up();
+    }
+
+    /// Each command is sent by [`Valkey::send`] within the store timeout.
+    fn bounds_itself(&self) -> bool {
+        true
+    }
+
+    async fn count(&self, args: CountArgs<'_>) -> Result<Tally, CountFailed> {
+        let mut pipe = redis::Pipeline::with_capacity(6 + 3 * args.levels.len());
+        subject_commands(&mut pipe, &args);
+        if args.levels.is_empty() || !self.valkey.is_cluster() {
+            // Standalone: every level rides the subject's round trip, one fate.
+            for level in args.levels {
+                level_commands(&mut pipe, level, &args);
+            }
+            let reply: Vec<Value> = self.send(pipe).await?;
+            return Ok(tally(&reply, &args, level_width(args.reset))?);
+        }
+        // Cluster: each level in a slot of its own, one request per slot,
+        // all sent at once; a level that fails does not fail the scan, and
+        // a subject that fails says what each level did.
+        let (subject, mut levels) =
+            futures_util::join!(self.send::<Vec<Value>>(pipe), self.count_levels(&args));
+        let subject = match subject.and_then(|reply| count_of(&reply, args.now)) {
+            Ok(subject) => subject,
+            Err(error) => {
+                return Err(CountFailed {
+                    error,
+                    levels: Some(levels),
+                });
+            }
+        };
+        in_subject_period(&mut levels, &subject, &args);
+        Ok(Tally { subject, levels })
+    }
+
+    async fn peek(&self, key: &QuotaKey, _now: UnixSecs) -> Result<Peek, StoreError> {
+        self.read(key, GrantHeld::Beside).await
+    }
+
+    async fn peek_levels(
+        &self,
+        keys: &[QuotaKey],
+        _now: UnixSecs,
+    ) -> Result<Vec<Peek>, StoreError> {
+        if self.valkey.is_cluster() {
+            let reads = keys.iter().map(|key| self.read(key, GrantHeld::InCounter));
+            return futures_util::future::try_join_all(reads).await;
+        }
+        let mut pipe = redis::pipe();
+        for key in keys {
+            peek_commands(&mut pipe, key);
+        }
+        let reply: Vec<Value> = self.send(pipe).await?;
+        reply
+            .chunks_exact(4)
+            .map(|r| peek_of(r, GrantHeld::InCounter))
+            .collect()
+    }
+
+    async fn count_keyed(
+        &self,
+        args: CountArgs<'_>,
+        claim: &Claim,
+    ) -> Result<Claimed, CountFailed> {
+        // In a cluster the levels are counted only once the claim is new
+        // (and, with `VALKEY_WAIT_REPLICAS`, replicated): a claim that
+        // fails has sent nothing at any level.
+        let never_sent = |error: StoreError| match self.valkey.is_cluster() {
+            true => CountFailed {
+                error,
+                levels: Some(vec![Lane::Failed { may_land: false }; args.levels.len()]),
+            },
+            false => CountFailed::from(error),
+        };
+        self.claim(args, claim).await.map_err(never_sent)
+    }
+
     async fn pace(&self, args: PaceArgs<'_>) -> Result<Paced, StoreError> {
         let levels: Vec<PaceLane<'_>> = args
             .levels
@@ -321,23 +351,39 @@ impl QuotaStore for ValkeyStore {
             let _: i64 = self.send(refund_script(&refund, refund.levels)).await?;
             return Ok(());
         }
-        // Cluster: the levels live in other slots. Taken back after the
-        // subject's, and only if the claim's refund was its own.
-        let subject: i64 = self.send(refund_script(&refund, &[])).await?;
-        if subject == -2 {
-            return Ok(());
+        // Cluster: the levels live in other slots, each taken back on its
+        // own node once the subject's refund is sent. The subject's answer
+        // is the call's (what the caller may try again by): one never sent
+        // took nothing back, so no level goes yet (the caller sends it all
+        // again); a keyed one takes levels back only as the claim's own
+        // (answered, not -2); an unkeyed one takes every level back,
+        // whatever became of its own (a level counted on a node that
+        // answered while the subject's did not).
+        let subject = self.send::<i64>(refund_script(&refund, &[])).await;
+        let levels_go = match (&subject, refund.record) {
+            (Err(e), _) if e.never_sent() => false,
+            (_, None) => true,
+            (Ok(taken), Some(_)) => *taken != -2,
+            (Err(_), Some(_)) => false,
+        };
+        if levels_go {
+            let refunds = refund.levels.iter().map(|&(key, period_end)| {
+                let level = Refund {
+                    key,
+                    period_end,
+                    levels: &[],
+                    record: None,
+                    now: refund.now,
+                };
+                self.send::<i64>(refund_script(&level, &[]))
+            });
+            for result in futures_util::future::join_all(refunds).await {
+                if let Err(e) = result {
+                    tracing::warn!(error = %e, "could not take a level's count back");
+                }
+            }
         }
-        for &(key, period_end) in refund.levels {
-            let level = Refund {
-                key,
-                period_end,
-                levels: &[],
-                record: None,
-                now: refund.now,
-            };
-            let _: i64 = self.send(refund_script(&level, &[])).await?;
-        }
-        Ok(())
+        subject.map(drop)
     }
 
     async fn release(&self, record: &str, scan_id: Uuid, _now: UnixSecs) -> Result<(), StoreError> {

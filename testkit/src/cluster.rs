@@ -109,6 +109,28 @@ impl ValkeyCluster {
         keys
     }
 
+    /// The index of the node that serves `key`'s slot (the others answer
+    /// a plain `EXISTS` with a redirection).
+    pub fn node_of(&self, key: &str) -> usize {
+        self.nodes
+            .iter()
+            .position(|node| {
+                redis::cmd("EXISTS")
+                    .arg(key)
+                    .query::<i64>(&mut sync_client(node))
+                    .is_ok()
+            })
+            .expect("one node serves every slot")
+    }
+
+    /// `GET key` on the node that serves it, as a number (`None`: no key).
+    pub fn get(&self, key: &str) -> Option<i64> {
+        redis::cmd("GET")
+            .arg(key)
+            .query(&mut sync_client(&self.nodes[self.node_of(key)]))
+            .unwrap()
+    }
+
     /// How many of the nodes hold at least one key matching `pattern`.
     pub fn nodes_holding(&self, pattern: &str) -> usize {
         self.nodes

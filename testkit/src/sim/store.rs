@@ -10,8 +10,8 @@ use std::time::Duration;
 use quota_gate::connection::not_connected;
 use quota_gate::store::memory::MemoryStore;
 use quota_gate::store::{
-    Claim, Claimed, CountArgs, Lane, PaceArgs, Paced, QuotaKey, QuotaStore, RecordUpdate, Refund,
-    StoreError, TakeOver, Tally,
+    Claim, Claimed, CountArgs, CountFailed, Lane, PaceArgs, Paced, QuotaKey, QuotaStore,
+    RecordUpdate, Refund, StoreError, TakeOver, Tally,
 };
 use quota_gate::unix::{UnixMillis, UnixSecs};
 use uuid::Uuid;
@@ -221,7 +221,7 @@ fn level_counters(levels: &[QuotaKey]) -> Vec<String> {
 }
 
 impl QuotaStore for SimStore {
-    async fn count(&self, args: CountArgs<'_>) -> Result<Tally, StoreError> {
+    async fn count(&self, args: CountArgs<'_>) -> Result<Tally, CountFailed> {
         let (key, period_end, now, reset) =
             (args.key.clone(), args.period_end, args.now, args.reset);
         let levels = args.levels.to_vec();
@@ -247,9 +247,14 @@ impl QuotaStore for SimStore {
             kind,
         )
         .await
+        .map_err(CountFailed::from)
     }
 
-    async fn count_keyed(&self, args: CountArgs<'_>, claim: &Claim) -> Result<Claimed, StoreError> {
+    async fn count_keyed(
+        &self,
+        args: CountArgs<'_>,
+        claim: &Claim,
+    ) -> Result<Claimed, CountFailed> {
         let (key, period_end, now, reset) =
             (args.key.clone(), args.period_end, args.now, args.reset);
         let levels = args.levels.to_vec();
@@ -289,6 +294,7 @@ impl QuotaStore for SimStore {
             kind,
         )
         .await
+        .map_err(CountFailed::from)
     }
 
     async fn pace(&self, args: PaceArgs<'_>) -> Result<Paced, StoreError> {
