@@ -32,10 +32,7 @@ use crate::error::GateError;
 use crate::identity::{Identity, Origin};
 use crate::meter::{End, Exit, Metered};
 use crate::queue::{QueueError, ScanJob, ScanQueue};
-use crate::settle::{
-    self, AfterStoreFailure, DelayRule, Failure, Metering, Repeat, after_store_failure, on_repeat,
-    on_take_over,
-};
+use crate::settle::{self, DelayRule, Failure, Metering, Repeat, on_repeat, on_take_over};
 use crate::store::{
     Claim, Claimed, CountArgs, CountFailed, PaceArgs, QuotaStore, Record, StoreError, TakeOver,
     Tally,
@@ -170,40 +167,6 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
                     Claimed::Existing(record) => Counted::Existing(record, claim),
                 },
             ),
-        }
-    }
-
-    /// The count failed: settle what it may have left, then refuse, or go
-    /// on unmetered (fail open), as [`after_store_failure`] says.
-    async fn store_failed(
-        &self,
-        attempt: &Attempt,
-        failed: CountFailed,
-    ) -> Result<Metering, GateError> {
-        let e = failed.error;
-        let scope = attempt.identity.scope;
-        // An open breaker is one outage, already logged when it opened.
-        if matches!(e, StoreError::CircuitOpen) {
-            tracing::debug!(%scope, "quota store skipped: breaker open");
-        } else {
-            tracing::warn!(error = %e, %scope, "quota store failed");
-        }
-        let metering = Metering::after_store_error(e.may_land(), attempt.period_end);
-        let mode = self.config.store.fail_mode;
-        let failure = Failure::Store { mode };
-        let lanes = failed
-            .levels
-            .unwrap_or_else(|| attempt.failed_lanes(e.may_land()));
-        self.apply(attempt, attempt.scan_id(), &metering, failure, &lanes)
-            .await;
-        let mut answer = after_store_failure(&metering, attempt.keyed(), mode);
-        if bugs::on(Bug::UnknownCountQueuedUnmetered) && answer == AfterStoreFailure::Unsettled {
-            answer = AfterStoreFailure::Unmetered;
-        }
-        match answer {
-            AfterStoreFailure::Refuse => Err(GateError::StoreUnavailable),
-            AfterStoreFailure::Unsettled => Err(GateError::StoreUnsettled),
-            AfterStoreFailure::Unmetered => Ok(Metering::Unmetered),
         }
     }
 

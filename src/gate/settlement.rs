@@ -17,9 +17,13 @@ use super::wiring::Gate;
 use crate::bugs::{self, Bug};
 use crate::error::{GateError, Queued};
 use crate::queue::ScanQueue;
-use crate::settle::{Failure, Metering, Settlement, level_refund, levels_refunded, settle};
+use crate::settle::{
+    AfterStoreFailure, Failure, Metering, Settlement, after_store_failure, level_refund,
+    levels_refunded, settle,
+};
 use crate::store::{
-    Claim, Lane, QuotaKey, QuotaStore, RecordField, RecordState, RecordUpdate, Refund, StoreError,
+    Claim, CountFailed, Lane, QuotaKey, QuotaStore, RecordField, RecordState, RecordUpdate, Refund,
+    StoreError,
 };
 use crate::unix::UnixSecs;
 
@@ -88,6 +92,40 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
                     }
                 }
             }
+        }
+    }
+
+    /// The count failed: settle what it may have left, then refuse, or go
+    /// on unmetered (fail open), as [`after_store_failure`] says.
+    pub(super) async fn store_failed(
+        &self,
+        attempt: &Attempt,
+        failed: CountFailed,
+    ) -> Result<Metering, GateError> {
+        let e = failed.error;
+        let scope = attempt.identity.scope;
+        // An open breaker is one outage, already logged when it opened.
+        if matches!(e, StoreError::CircuitOpen) {
+            tracing::debug!(%scope, "quota store skipped: breaker open");
+        } else {
+            tracing::warn!(error = %e, %scope, "quota store failed");
+        }
+        let metering = Metering::after_store_error(e.may_land(), attempt.period_end);
+        let mode = self.config.store.fail_mode;
+        let failure = Failure::Store { mode };
+        let lanes = failed
+            .levels
+            .unwrap_or_else(|| attempt.failed_lanes(e.may_land()));
+        self.apply(attempt, attempt.scan_id(), &metering, failure, &lanes)
+            .await;
+        let mut answer = after_store_failure(&metering, attempt.keyed(), mode);
+        if bugs::on(Bug::UnknownCountQueuedUnmetered) && answer == AfterStoreFailure::Unsettled {
+            answer = AfterStoreFailure::Unmetered;
+        }
+        match answer {
+            AfterStoreFailure::Refuse => Err(GateError::StoreUnavailable),
+            AfterStoreFailure::Unsettled => Err(GateError::StoreUnsettled),
+            AfterStoreFailure::Unmetered => Ok(Metering::Unmetered),
         }
     }
 

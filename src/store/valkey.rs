@@ -27,8 +27,8 @@ use crate::unix::UnixSecs;
 
 use super::commands::{
     GrantHeld, PACE_SCRIPT, REFUND_SCRIPT, count_of, in_subject_period, iso8601, level_commands,
-    level_of, level_width, pace_script, paced, peek_commands, peek_of, refund_script,
-    subject_commands, tally, unexpected, unpace,
+    level_width, pace_script, paced, peek_commands, peek_of, refund_script, subject_commands,
+    tally, unexpected,
 };
 use super::key::{IDEMPOTENCY_TTL_SECS, QuotaKey};
 use super::quota_store::{
@@ -38,6 +38,8 @@ use super::quota_store::{
 use crate::connection::{Request, Valkey};
 use crate::pace::Paced;
 use crate::record::{Claim, Claimed, Lane, Peek, Record, Tally};
+
+mod cluster;
 
 const CLAIM: &str = include_str!("claim.lua");
 const RELEASE: &str = include_str!("release.lua");
@@ -112,83 +114,6 @@ impl ValkeyStore {
         Ok(self.valkey.send(request, self.valkey.timeout()).await?)
     }
 
-    /// Counts each level in a request of its own, all sent at once (a
-    /// cluster, where each level has its own slot): one lane each, a
-    /// level that fails failing alone.
-    async fn count_levels(&self, args: &CountArgs<'_>) -> Vec<Lane> {
-        let counts = args.levels.iter().map(|level| async move {
-            let mut pipe = redis::Pipeline::with_capacity(3);
-            level_commands(&mut pipe, level, args);
-            let reply = self.send::<Vec<Value>>(pipe).await;
-            match reply.map(|r| level_of(&r, args.period_end, args.now)) {
-                Ok(Ok(count)) => Lane::Counted(count),
-                Ok(Err(_)) => Lane::Failed { may_land: false },
-                Err(e) => Lane::Failed {
-                    may_land: e.may_land(),
-                },
-            }
-        });
-        futures_util::future::join_all(counts).await
-    }
-
-    /// A pacing step in a cluster, where the lines live in different
-    /// slots: each line paced on its own node, all at once; the scan waits
-    /// for the latest. Refused on any line, the lines that took a slot give
-    /// it back ([`unpace`]). A keyed scan's record notes the delay after.
-    /// Not as strict as standalone's one script: a line's slot moves to its
-    /// own start, not the scan's, so a scan another line held back may start
-    /// within a delay of this line's next scan (each line still starts its
-    /// scans one delay apart, so a network's rate holds).
-    async fn pace_in_cluster(
-        &self,
-        args: &PaceArgs<'_>,
-        levels: &[PaceLane<'_>],
-    ) -> Result<Paced, StoreError> {
-        let subject = PaceLane {
-            key: args.key,
-            delay_ms: args.delay_ms,
-            reset_at: args.reset_at,
-        };
-        let lines: Vec<PaceLane<'_>> = std::iter::once(subject)
-            .chain(levels.iter().copied())
-            .filter(|l| l.delay_ms > 0)
-            .collect();
-        let alone = PaceArgs {
-            record: None,
-            ..*args
-        };
-        let steps = lines
-            .iter()
-            .map(|line| self.send::<Vec<i64>>(pace_script(std::slice::from_ref(line), &alone)));
-        let replies = futures_util::future::try_join_all(steps).await?;
-        let refused = replies
-            .iter()
-            .filter_map(|r| match paced(r.clone()) {
-                Paced::Full { retry_after_ms } => Some(retry_after_ms),
-                Paced::Slot { .. } => None,
-            })
-            .max();
-        if let Some(retry_after_ms) = refused {
-            for (line, reply) in lines.iter().zip(&replies) {
-                if let [1, wait, previous] = reply[..] {
-                    let taken = args.arrival_ms.get().saturating_add(wait);
-                    let _: i64 = self.send(unpace(&line.key.slot, taken, previous)).await?;
-                }
-            }
-            return Ok(Paced::Full { retry_after_ms });
-        }
-        let wait = replies.iter().map(|r| r.get(1).copied().unwrap_or(0)).max();
-        let delay_ms = u64::try_from(wait.unwrap_or(0)).unwrap_or(0);
-        if let Some(record) = args.record {
-            let mut cmd = redis::cmd("HSET");
-            cmd.arg(record).arg("delayMs").arg(delay_ms);
-            let _: i64 = self.send(cmd).await?;
-        }
-        Ok(Paced::Slot { delay_ms })
-    }
-}
-
-impl ValkeyStore {
     /// A keyed count: the claim's script, and in a cluster the levels
     /// after it ([`QuotaStore::count_keyed`]).
     async fn claim(&self, args: CountArgs<'_>, claim: &Claim) -> Result<Claimed, StoreError> {
@@ -351,39 +276,7 @@ impl QuotaStore for ValkeyStore {
             let _: i64 = self.send(refund_script(&refund, refund.levels)).await?;
             return Ok(());
         }
-        // Cluster: the levels live in other slots, each taken back on its
-        // own node once the subject's refund is sent. The subject's answer
-        // is the call's (what the caller may try again by): one never sent
-        // took nothing back, so no level goes yet (the caller sends it all
-        // again); a keyed one takes levels back only as the claim's own
-        // (answered, not -2); an unkeyed one takes every level back,
-        // whatever became of its own (a level counted on a node that
-        // answered while the subject's did not).
-        let subject = self.send::<i64>(refund_script(&refund, &[])).await;
-        let levels_go = match (&subject, refund.record) {
-            (Err(e), _) if e.never_sent() => false,
-            (_, None) => true,
-            (Ok(taken), Some(_)) => *taken != -2,
-            (Err(_), Some(_)) => false,
-        };
-        if levels_go {
-            let refunds = refund.levels.iter().map(|&(key, period_end)| {
-                let level = Refund {
-                    key,
-                    period_end,
-                    levels: &[],
-                    record: None,
-                    now: refund.now,
-                };
-                self.send::<i64>(refund_script(&level, &[]))
-            });
-            for result in futures_util::future::join_all(refunds).await {
-                if let Err(e) = result {
-                    tracing::warn!(error = %e, "could not take a level's count back");
-                }
-            }
-        }
-        subject.map(drop)
+        self.refund_in_cluster(&refund).await
     }
 
     async fn release(&self, record: &str, scan_id: Uuid, _now: UnixSecs) -> Result<(), StoreError> {
