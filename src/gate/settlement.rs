@@ -271,13 +271,13 @@ fn settle_by(attempt: &Attempt, now: Instant) -> Instant {
 /// - Refused by the store ([`StoreError::Backend`]): final.
 fn may_repeat(settlement: Settlement, keyed: bool, error: &StoreError) -> bool {
     match error {
-        e if e.never_sent() => true,
+        StoreError::NotSent(_) | StoreError::CircuitOpen => true,
         StoreError::Unanswered => match settlement {
             Settlement::Release => true,
             Settlement::Refund { .. } => keyed,
             Settlement::Nothing => false,
         },
-        StoreError::NotSent(_) | StoreError::CircuitOpen | StoreError::Backend(_) => false,
+        StoreError::Backend(_) => false,
     }
 }
 

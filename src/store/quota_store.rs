@@ -121,7 +121,7 @@ impl StoreError {
     }
 
     /// Whether the command was never sent: nothing of it happened, and it
-    /// may be sent again.
+    /// may be sent again (as the gate's settlement retry does).
     pub fn never_sent(&self) -> bool {
         matches!(self, Self::NotSent(_) | Self::CircuitOpen)
     }
