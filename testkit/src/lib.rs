@@ -382,7 +382,8 @@ where
 }
 
 /// A gate on the Valkey that `vars` name (`VALKEY_URL`, …), queueing to the
-/// stream `jobs` on the same Valkey. Later entries of `vars` win.
+/// stream `SCAN_QUEUE_URL` names (`valkey-stream:jobs` unless `vars` say
+/// otherwise) on the same Valkey. Later entries of `vars` win.
 pub fn stream_gate(vars: &[(&str, &str)]) -> Gate<ValkeyStore, StreamQueue> {
     let config = config(&with_vars(
         &[("SCAN_QUEUE_URL", "valkey-stream:jobs")],
@@ -391,10 +392,14 @@ pub fn stream_gate(vars: &[(&str, &str)]) -> Gate<ValkeyStore, StreamQueue> {
     let valkey = Valkey::from_config(&config)
         .unwrap()
         .expect("VALKEY_URL is set");
+    let quota_gate::config::QueueTarget::ValkeyStream(key) = &config.queue else {
+        panic!("SCAN_QUEUE_URL must name a Valkey stream here");
+    };
+    let queue = StreamQueue::new(valkey.clone(), key);
     Gate::new(
         config,
-        ValkeyStore::new(valkey.clone()),
-        StreamQueue::new(valkey, "jobs"),
+        ValkeyStore::new(valkey),
+        queue,
         Meter::new("test", None),
     )
     .unwrap()
