@@ -45,11 +45,7 @@ const PATHS: [Path; 5] = [
         |i| scan_from(&format!("10.{}.0.1", 1 + i)),
     ),
     ("`GET /quota`, default levels", &[], |i| {
-        let mut r = scan_from(&format!("10.{}.0.1", 1 + i));
-        r.method = http::Method::GET;
-        r.path = "/quota".into();
-        r.body = bytes::Bytes::new();
-        r
+        quota_from(&format!("10.{}.0.1", 1 + i))
     }),
 ];
 

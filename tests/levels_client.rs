@@ -9,7 +9,6 @@ use quota_gate_testkit as common;
 use bytes::Bytes;
 use common::cluster::{ValkeyCluster, cluster_gate};
 use common::*;
-use http::Method;
 use quota_gate::gate::{Gate, GateRequest};
 use quota_gate::ops::network;
 use quota_gate::queue::ScanQueue;
@@ -30,16 +29,6 @@ fn vars() -> Vec<(&'static str, &'static str)> {
         ("QUOTA_MAX_BACKLOG_MS", "86400000"),
         ("QUOTA_STORE_TIMEOUT_MS", "2000"),
     ]
-}
-
-fn quota_from(ip: &str) -> GateRequest {
-    GateRequest {
-        method: Method::GET,
-        path: "/quota".into(),
-        body: Bytes::new(),
-        peer: Some(ip.parse().unwrap()),
-        ..GateRequest::default()
-    }
 }
 
 fn header(r: &http::Response<Bytes>, name: &str) -> String {

@@ -15,10 +15,10 @@ use common::*;
 use quota_gate::connection::Valkey;
 use quota_gate::gate::Gate;
 use quota_gate::identity::Identifier;
-use quota_gate::meter::Meter;
 use quota_gate::queue::ScanQueue;
 use quota_gate::store::valkey::ValkeyStore;
 use quota_gate::store::{QuotaKey, QuotaStore};
+use redis::AsyncCommands;
 use serde_json::Value;
 
 /// Subjects never over their own quota (100), networks small: a /24 of 4,
@@ -338,33 +338,16 @@ async fn rolling_levels_keep_their_own_period() {
     let level = &identifier.levels_of(v4(1).parse().unwrap())[0];
     let counter = QuotaKey::level(&level.digest).counter;
     let mut c = server.client().await;
-    let ttl: i64 = redis::cmd("TTL")
-        .arg(&counter)
-        .query_async(&mut c)
-        .await
-        .unwrap();
+    let ttl: i64 = c.ttl(&counter).await.unwrap();
     assert!(ttl > 86_000 && ttl <= 86_400, "ttl {ttl}");
     // Stripped of its expiry, the level gets one on its next count.
-    let _: i64 = redis::cmd("PERSIST")
-        .arg(&counter)
-        .query_async(&mut c)
-        .await
-        .unwrap();
+    let _: bool = c.persist(&counter).await.unwrap();
     gate.handle(scan_from(&v4(4))).await;
-    let ttl: i64 = redis::cmd("TTL")
-        .arg(&counter)
-        .query_async(&mut c)
-        .await
-        .unwrap();
+    let ttl: i64 = c.ttl(&counter).await.unwrap();
     assert!(ttl > 86_000 && ttl <= 86_400, "healed: ttl {ttl}");
     // A network whose period ends sooner than a new subject's: the scan it
     // delays reports the network's reset.
-    let _: i64 = redis::cmd("EXPIRE")
-        .arg(&counter)
-        .arg(600)
-        .query_async(&mut c)
-        .await
-        .unwrap();
+    let _: bool = c.expire(&counter, 600).await.unwrap();
     let r = gate.handle(scan_from(&v4(5))).await;
     let body = json(&r);
     assert_eq!(body["quota"]["level"], "v4/24", "{body}");
@@ -412,16 +395,8 @@ async fn a_cluster_settles_each_level_by_its_own_fate() {
             vars,
             &[("VALKEY_URL", url.as_str()), ("VALKEY_CLUSTER", "true")],
         );
-        let config = config(&vars);
-        let valkey = Valkey::from_config(&config).unwrap().unwrap();
-        let queue = RecordingQueue::default();
-        Gate::new(
-            config,
-            ValkeyStore::new(valkey),
-            queue,
-            Meter::new("test", None),
-        )
-        .unwrap()
+        let valkey = Valkey::from_config(&config(&vars)).unwrap().unwrap();
+        gate(&vars, ValkeyStore::new(valkey), RecordingQueue::default())
     };
     let mut conn = cluster.client().await;
     let mut used = 0;

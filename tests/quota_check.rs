@@ -5,12 +5,11 @@
 
 use quota_gate_testkit as common;
 
-use bytes::Bytes;
 use common::cluster::{ValkeyCluster, cluster_gate};
 use common::*;
 use http::Method;
 use quota_gate::clock::Clock;
-use quota_gate::gate::{Gate, GateRequest};
+use quota_gate::gate::Gate;
 use quota_gate::ops::change;
 use quota_gate::ops::subject::{self, SubjectArg};
 use quota_gate::queue::ScanQueue;
@@ -26,17 +25,6 @@ fn limits() -> Vec<(&'static str, &'static str)> {
         ("QUOTA_DELAY_MODE", "defer"),
         ("QUOTA_MAX_BACKLOG_MS", "86400000"),
     ])
-}
-
-/// `GET /quota` from `ip`.
-fn quota_from(ip: &str) -> GateRequest {
-    GateRequest {
-        method: Method::GET,
-        path: "/quota".into(),
-        body: Bytes::new(),
-        peer: Some(ip.parse().unwrap()),
-        ..GateRequest::default()
-    }
 }
 
 async fn get_quota<S: QuotaStore, Q: ScanQueue>(gate: &Gate<S, Q>, ip: &str) -> Value {

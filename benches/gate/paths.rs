@@ -42,11 +42,7 @@ fn scan_keyed(i: usize) -> GateRequest {
 }
 
 fn quota_read(i: usize) -> GateRequest {
-    let mut r = common::scan_from(&format!("10.{}.0.1", 1 + i));
-    r.method = http::Method::GET;
-    r.path = "/quota".into();
-    r.body = bytes::Bytes::new();
-    r
+    common::quota_from(&format!("10.{}.0.1", 1 + i))
 }
 
 fn paths() -> Vec<Path> {

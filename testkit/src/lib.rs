@@ -576,6 +576,16 @@ pub fn scan_from(ip: &str) -> GateRequest {
     }
 }
 
+/// `GET /quota` from `ip`.
+pub fn quota_from(ip: &str) -> GateRequest {
+    GateRequest {
+        method: Method::GET,
+        path: "/quota".into(),
+        peer: Some(ip.parse().unwrap()),
+        ..GateRequest::default()
+    }
+}
+
 /// The same with `Authorization: Bearer <token>`.
 pub fn scan_with_token(ip: &str, token: &str) -> GateRequest {
     let mut r = scan_from(ip);
