@@ -5,10 +5,19 @@
 //! `min(Lambda remaining time, gateway timeout) − margin`. Whatever does not
 //! fit is deferred onto the queued job (SQS `DelaySeconds`, `notBefore`), not
 //! dropped: the scan starts no sooner than the full delay after the request.
+//!
+//! Every request asleep holds one Lambda environment, so the number asleep
+//! at once is bounded across every gate process (`QUOTA_MAX_ASLEEP`): a
+//! scan sleeps only in a [`Bed`], a lease in the store that ends by itself
+//! when its sleep does ([`bed_until`]). A scan that finds every bed taken
+//! sleeps nothing and defers its whole delay: its start does not move.
 
 use std::time::Duration;
 
+use uuid::Uuid;
+
 use crate::config::words::DelayMode;
+use crate::unix::UnixMillis;
 
 /// The most SQS can hold a message back.
 pub const MAX_QUEUE_DEFERRAL: Duration = Duration::from_secs(900);
@@ -50,6 +59,68 @@ pub fn plan(total: Duration, mode: DelayMode, budget: Duration) -> DelayPlan {
         total,
         sleep,
         deferred: total - sleep,
+    }
+}
+
+/// How long a bed is held past its sleep: the sleep starts a little after
+/// the arrival its lease is counted from (the count and the pacing step
+/// come first), so the lease outlasts the sleep.
+pub const BED_GRACE: Duration = Duration::from_secs(1);
+
+/// The store key of the beds every gate process shares: a sorted set of
+/// leases, each scored by the instant it ends ([`bed_until`]).
+pub const BEDS_KEY: &str = "quota:asleep";
+
+/// A scan's ask for a bed: one of `max_asleep`, to sleep at most
+/// `budget_ms` of the delay it owes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BedAsk {
+    /// The lease's name (the scan's id): one lease per scan.
+    pub id: Uuid,
+    pub budget_ms: u64,
+    /// `QUOTA_MAX_ASLEEP`.
+    pub max_asleep: u32,
+}
+
+/// What a scan found among the beds: whether it took one (and may sleep),
+/// and how many requests were asleep fleet-wide then (itself included).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Bed {
+    pub taken: bool,
+    pub asleep: u32,
+}
+
+/// When the bed of a scan that arrived at `arrival` and owes `wait_ms` is
+/// free again: once it has slept what it may (at most `budget_ms`), and
+/// [`BED_GRACE`]. A request killed in its sleep frees its bed then too.
+pub fn bed_until(arrival: UnixMillis, wait_ms: u64, budget_ms: u64) -> UnixMillis {
+    arrival
+        .saturating_add(Duration::from_millis(wait_ms.min(budget_ms)))
+        .saturating_add(BED_GRACE)
+}
+
+/// The beds answer after the leases of `leases` that ended by `now` are
+/// dropped: a bed is taken (and its lease, ending at `until`, kept) if fewer
+/// than `max_asleep` are held. The in-memory store's rule; `pace.lua` and
+/// `bed.lua` are the same on Valkey.
+pub fn take_bed(
+    leases: &mut Vec<UnixMillis>,
+    now: UnixMillis,
+    until: UnixMillis,
+    max_asleep: u32,
+) -> Bed {
+    leases.retain(|end| *end > now);
+    let held = u32::try_from(leases.len()).unwrap_or(u32::MAX);
+    if held >= max_asleep {
+        return Bed {
+            taken: false,
+            asleep: held,
+        };
+    }
+    leases.push(until);
+    Bed {
+        taken: true,
+        asleep: held + 1,
     }
 }
 
@@ -108,6 +179,44 @@ mod tests {
             (p.sleep, p.deferred),
             (Duration::ZERO, Duration::from_secs(60))
         );
+    }
+
+    /// Beds: taken up to the cap, refused beyond it, and free again once
+    /// a lease ends, whether or not its sleeper woke.
+    #[test]
+    fn beds_are_leases() {
+        let mut leases = Vec::new();
+        let at = |ms| UnixMillis(ms);
+        let until = bed_until(at(0), 5_000, 28_000);
+        assert_eq!(until, at(6_000));
+        assert_eq!(bed_until(at(0), 60_000, 28_000), at(29_000));
+        for asleep in 1..=2 {
+            let bed = take_bed(&mut leases, at(0), until, 2);
+            assert_eq!(
+                bed,
+                Bed {
+                    taken: true,
+                    asleep
+                }
+            );
+        }
+        let full = take_bed(&mut leases, at(5_999), at(9_000), 2);
+        assert_eq!(
+            full,
+            Bed {
+                taken: false,
+                asleep: 2
+            }
+        );
+        let freed = take_bed(&mut leases, at(6_000), at(9_000), 2);
+        assert_eq!(
+            freed,
+            Bed {
+                taken: true,
+                asleep: 1
+            }
+        );
+        assert!(!take_bed(&mut leases, at(6_000), at(9_000), 0).taken);
     }
 
     proptest! {

@@ -20,6 +20,14 @@ pub enum Scope {
 }
 
 impl Scope {
+    /// Both scopes, in [`Scope::index`] order.
+    pub const ALL: [Self; 2] = [Self::Ip, Self::Tid];
+
+    /// Its place in [`Scope::ALL`] (and in per-scope arrays).
+    pub const fn index(self) -> usize {
+        self as usize
+    }
+
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Ip => "ip",

@@ -117,6 +117,14 @@ impl GateError {
         }
     }
 
+    /// Whether the gate's own infrastructure failed (worth a log line): a
+    /// 5xx that is not the client's own doing. A full backlog is the
+    /// client's (it sent faster than it is paced): metered, never logged
+    /// one line each, so a refused flood writes no line of its own.
+    pub fn is_our_failure(&self) -> bool {
+        self.status().is_server_error() && !matches!(self, Self::BacklogFull { .. })
+    }
+
     pub fn status(&self) -> StatusCode {
         match self {
             Self::NotFound => StatusCode::NOT_FOUND,

@@ -7,17 +7,26 @@
 //! predict the next scan's delay. A test on a real Valkey
 //! (`tests/pacing.rs`) checks the script and this function agree.
 
+use crate::delay::Bed;
 use crate::unix::UnixMillis;
 
 /// The answer to one pacing step.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Paced {
     /// The scan may start `delay_ms` after its arrival; the slot moved on.
-    Slot { delay_ms: u64 },
+    /// `bed`: the bed the step was asked for (see [`crate::delay::Bed`]),
+    /// taken or not; `None` when none was asked.
+    Slot { delay_ms: u64, bed: Option<Bed> },
     /// The delay would exceed the cap: nothing changed (the caller takes the
     /// count back, see [`QuotaStore::pace`](crate::store::QuotaStore::pace)); a slot within the cap frees up
-    /// in `retry_after_ms`.
-    Full { retry_after_ms: u64 },
+    /// in `retry_after_ms`. `levels_ms`: for each level of the step, in the
+    /// order asked, how long its own line stays past the cap ([`line_excess`];
+    /// 0: that line alone had room), so a level full by itself can be
+    /// refused without asking the store again, and a level with room is not.
+    Full {
+        retry_after_ms: u64,
+        levels_ms: Vec<u64>,
+    },
 }
 
 /// The pacing rule, as a pure function: the start of a scan arriving at
@@ -64,6 +73,27 @@ pub fn next_start(
         Err(wait - cap)
     } else {
         Ok(start)
+    }
+}
+
+/// How long one line, alone, stays past the cap: a scan arriving at
+/// `arrival_ms` would wait `max(arrival, previous) + delay − arrival` in it,
+/// and the cap is `max_backlog_ms` (or the line's own delay, if longer, as
+/// in [`next_start`]); 0 when the line has room. Every later scan in this
+/// line is refused until this has passed (a slot never moves back), so it
+/// bounds how long a refusal may be remembered without asking the store.
+pub fn line_excess(
+    previous: UnixMillis,
+    arrival_ms: UnixMillis,
+    delay_ms: u64,
+    max_backlog_ms: u64,
+) -> u64 {
+    if delay_ms == 0 {
+        return 0;
+    }
+    match next_start([(previous, delay_ms)], arrival_ms, max_backlog_ms) {
+        Ok(_) => 0,
+        Err(excess) => excess,
     }
 }
 
@@ -129,6 +159,28 @@ mod tests {
             start(&[(4_000, 7_000)], 1_000, 10_000),
             next_slot(4_000, 1_000, 7_000, 10_000)
         );
+    }
+
+    /// A line's own excess: what `next_slot` refuses it by, 0 with room or
+    /// no delay; where no delay exceeds the cap, the step's refusal is the
+    /// longest of its lines'.
+    #[test]
+    fn line_excess_is_each_lines_refusal() {
+        let excess = |p, a, d, cap| line_excess(UnixMillis(p), UnixMillis(a), d, cap);
+        assert_eq!(excess(20_000, 1_000, 5_000, 10_000), 14_000);
+        assert_eq!(excess(0, 1_000, 5_000, 10_000), 0);
+        assert_eq!(excess(90_000, 1_000, 0, 10_000), 0);
+        let lines = [(20_000, 60_000), (9_000, 5_000)];
+        let step = next_start(
+            lines.map(|(p, d)| (UnixMillis(p), d)),
+            UnixMillis(1_000),
+            60_000,
+        );
+        let worst = lines
+            .iter()
+            .map(|&(p, d)| excess(p, 1_000, d, 60_000))
+            .max();
+        assert_eq!(step, Err(worst.unwrap()));
     }
 
     proptest! {

@@ -227,16 +227,15 @@ pub fn decided_delay_rule(decision: &Decision, shadow: bool, pacing: Pacing) -> 
     }
 }
 
-/// What a pacing step comes to: the slot's delay, or refused with
-/// `Err(retry_after_ms)` when the backlog is full. When the store did not
-/// answer (`None`), the tier's delay: the scan is counted, so it is slowed
-/// by its tier at least.
-pub fn paced_delay(answer: Option<Paced>, tier_delay: Duration) -> Result<Duration, u64> {
-    match answer {
-        Some(Paced::Slot { delay_ms }) => Ok(Duration::from_millis(delay_ms)),
-        Some(Paced::Full { retry_after_ms }) => Err(retry_after_ms),
-        None => Ok(tier_delay),
-    }
+/// What a pacing step comes to: its answer, a slot or a refusal. When the
+/// store did not answer (`None`), the tier's delay and no bed: the scan is
+/// counted, so it is slowed by its tier at least, and it sleeps nothing
+/// (a bed it may have taken frees itself).
+pub fn paced_delay(answer: Option<Paced>, tier_delay: Duration) -> Paced {
+    answer.unwrap_or(Paced::Slot {
+        delay_ms: crate::unix::duration_ms(tier_delay),
+        bed: None,
+    })
 }
 
 /// The failure a failed enqueue is: the queue refused it (`timed_out`
@@ -795,21 +794,29 @@ mod tests {
     #[test]
     fn paced_delay_table() {
         let tier = Duration::from_secs(5);
+        let bed = Some(crate::delay::Bed {
+            taken: true,
+            asleep: 3,
+        });
+        let slot = Paced::Slot {
+            delay_ms: 12_000,
+            bed,
+        };
+        let full = Paced::Full {
+            retry_after_ms: 900,
+            levels_ms: vec![0, 900],
+        };
+        let tier_slot = Paced::Slot {
+            delay_ms: 5_000,
+            bed: None,
+        };
         let table = [
-            (
-                Some(Paced::Slot { delay_ms: 12_000 }),
-                Ok(Duration::from_secs(12)),
-            ),
-            (
-                Some(Paced::Full {
-                    retry_after_ms: 900,
-                }),
-                Err(900),
-            ),
-            (None, Ok(tier)),
+            (Some(slot.clone()), slot),
+            (Some(full.clone()), full),
+            (None, tier_slot),
         ];
         for (answer, expected) in table {
-            assert_eq!(paced_delay(answer, tier), expected, "{answer:?}");
+            assert_eq!(paced_delay(answer.clone(), tier), expected, "{answer:?}");
         }
     }
 

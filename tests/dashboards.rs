@@ -150,7 +150,7 @@ fn emf_metrics(text: &str) -> BTreeSet<MetricId> {
 }
 
 /// The scripted run through the library gate, per scope: within, soft,
-/// hard, backlog refusal; a queue failure; a keyed scan and its repeat; then a real Valkey that counts
+/// hard, backlog refusal; a soft scan asleep in a bed; a queue failure; a keyed scan and its repeat; then a real Valkey that counts
 /// one scan and is stopped: fail open, then fail closed. Returns the EMF text.
 async fn scripted_emf_run() -> String {
     let sink = Capture::default();
@@ -184,6 +184,18 @@ async fn scripted_emf_run() -> String {
         assert_eq!(keyed.handle(with_key()).await.status(), 202);
         let again = keyed.handle(with_key()).await;
         assert_eq!(again.headers()["idempotent-replayed"], "true");
+    }
+
+    // Over-quota scans that sleep (briefly), each in a bed, in each scope.
+    let sleeping = with_vars(
+        &vars,
+        &[("QUOTA_DELAY_MODE", "sleep"), ("QUOTA_SOFT_DELAY_MS", "10")],
+    );
+    let sleeping = metered_gate(&sleeping, MemoryStore::default(), Discard, sink.meter());
+    for request in requests {
+        for _ in 0..2 {
+            assert_eq!(sleeping.handle(request()).await.status(), 202);
+        }
     }
 
     // Shadow mode, exempt scans and GET /quota, in each scope.
@@ -669,7 +681,13 @@ fn grafana_queries_return_data_from_prometheus() {
         assert!(statuses[3].contains(" 503 "), "backlog_full: {statuses:?}");
     }
     drop(valkey);
-    let unmetered = http(addr, &scan_request(None));
+    // A subject the gate has not refused (a refused one is answered from
+    // its memory of the refusal, store or no store).
+    let other = mint(
+        Algorithm::EdDSA,
+        json!({"iss": "stella-ops.org", "tid": "t-dashboards-2", "exp": now() + 600}),
+    );
+    let unmetered = http(addr, &scan_request(Some(&other)));
     assert!(
         unmetered.contains("x-stella-quota: unavailable"),
         "{unmetered}"

@@ -339,7 +339,8 @@ fn aws_parameter_list_is_the_templates() {
 #[test]
 fn metrics_table_is_the_meters() {
     use quota_gate::meter::{
-        COUNTERS, DELAY_MS, EMF_DROPPED, EVENTS, LEVEL_METRICS, REQUESTS, SHADOW_COUNTERS,
+        ASLEEP, BEDS_FULL, COUNTERS, DELAY_MS, EMF_DROPPED, EVENTS, LEVEL_METRICS, REQUESTS,
+        SHADOW_COUNTERS,
     };
     let mut metrics: BTreeSet<String> = COUNTERS
         .iter()
@@ -349,8 +350,7 @@ fn metrics_table_is_the_meters() {
         .chain(&LEVEL_METRICS)
         .map(|s| s.to_string())
         .collect();
-    metrics.insert(DELAY_MS.into());
-    metrics.insert(EMF_DROPPED.into());
+    metrics.extend([DELAY_MS, EMF_DROPPED, ASLEEP, BEDS_FULL].map(String::from));
     let table: BTreeSet<String> = first_column(&read("docs/operations.md"), "| metric | type |")
         .into_iter()
         .collect();

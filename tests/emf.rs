@@ -108,14 +108,25 @@ fn check_emf(line: &str) -> Value {
     let requests = declared_of(&meter::REQUESTS);
     let events = declared_of(&meter::EVENTS);
     let levels = declared_of(&meter::LEVEL_METRICS);
+    let beds = declared_of(&[meter::ASLEEP, meter::BEDS_FULL]);
     let by_level = levels.iter().any(|n| *n != meter::GLOBAL_PACED);
-    if !levels.is_empty() {
+    if !beds.is_empty() {
+        assert_eq!(beds, [meter::ASLEEP, meter::BEDS_FULL], "{line}");
+        assert!(requests.is_empty() && events.is_empty() && levels.is_empty());
+        assert!(root[meter::ASLEEP].as_u64().is_some(), "{line}");
+        assert!(root[meter::BEDS_FULL].as_u64().unwrap() <= 1, "{line}");
+    } else if !levels.is_empty() {
         assert_eq!(levels.len(), 1, "one level metric per line: {line}");
         assert!(requests.is_empty() && events.is_empty(), "{line}");
         assert_eq!(root[levels[0]], 1, "{line}");
     } else if events.is_empty() {
         assert_eq!(requests.len(), 1, "one requests metric per line: {line}");
-        assert_eq!(root[requests[0]], 1, "{line}");
+        // Refusals go out in aggregate (one line per interval); every other outcome one a request.
+        if requests[0] == meter::Outcome::BacklogFull.requests_metric() {
+            assert!(root[requests[0]].as_u64().unwrap() >= 1, "{line}");
+        } else {
+            assert_eq!(root[requests[0]], 1, "{line}");
+        }
     } else {
         assert_eq!(events.len(), 1, "one event per line: {line}");
         assert!(requests.is_empty(), "an event is no outcome: {line}");
@@ -168,7 +179,8 @@ fn check_emf(line: &str) -> Value {
                         || meter::REQUESTS.contains(&name)
                         || meter::SHADOW_COUNTERS.contains(&name)
                         || meter::EVENTS.contains(&name)
-                        || meter::LEVEL_METRICS.contains(&name),
+                        || meter::LEVEL_METRICS.contains(&name)
+                        || [meter::ASLEEP, meter::BEDS_FULL].contains(&name),
                     "undeclared metric {name}"
                 );
                 "Count"
@@ -185,6 +197,13 @@ fn check_emf(line: &str) -> Value {
         }
     }
     doc
+}
+
+/// The lines of `sink` that are a request's own: not a bed's line, which
+/// follows each scan that asked for a bed.
+fn request_lines(sink: &Capture) -> Vec<Value> {
+    let beds = |d: &Value| d.get(meter::ASLEEP).is_some();
+    documents(sink).into_iter().filter(|d| !beds(d)).collect()
 }
 
 /// The metric names one directive declares.
@@ -224,7 +243,7 @@ async fn after_three_scans(extra: &[(&str, &str)]) -> (Gate<MemoryStore, Discard
 #[tokio::test(start_paused = true)]
 async fn tiers_print_valid_emf() {
     let (_gate, sink) = after_three_scans(&[("QUOTA_WARN_AT", "3")]).await;
-    let docs = documents(&sink);
+    let docs = request_lines(&sink);
     assert_eq!(docs.len(), 3, "one line per request");
     // within, soft, hard: the first three of meter::REQUESTS.
     for (doc, requests) in docs.iter().zip(meter::REQUESTS) {
@@ -378,6 +397,7 @@ fn timestamp_is_the_requests_instant() {
         },
         end: meter::End::Answered,
         at: quota_gate::unix::UnixMillis(1_796_032_800_123),
+        bed: None,
     });
     let line = sink.text();
     let doc: Value = serde_json::from_str(line.trim_end()).unwrap();
@@ -388,11 +408,45 @@ fn timestamp_is_the_requests_instant() {
     );
 }
 
+/// Each scan that would sleep asks for a bed, and its bed's line follows
+/// its own: how many were asleep, and whether it found every bed taken
+/// (then it slept nothing). A within scan, a deferring gate and a shadow
+/// decision ask for none.
+#[tokio::test(start_paused = true)]
+async fn bed_lines() {
+    let (_gate, sink) = after_three_scans(&[("QUOTA_MAX_ASLEEP", "1")]).await;
+    let docs = documents(&sink);
+    let beds: Vec<(u64, u64)> = docs
+        .iter()
+        .filter(|d| d.get(meter::ASLEEP).is_some())
+        .map(|d| {
+            (
+                d[meter::ASLEEP].as_u64().unwrap(),
+                d[meter::BEDS_FULL].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    // The soft scan slept 5 s in the one bed, held a second longer (its
+    // grace): the hard scan, 5 s later, found it taken and slept nothing.
+    assert_eq!(beds, [(1, 0), (1, 1)], "{docs:?}");
+    assert!(
+        docs[2].get(meter::ASLEEP).is_some(),
+        "after the soft scan's own line"
+    );
+    for quiet in [("QUOTA_DELAY_MODE", "defer"), ("QUOTA_MODE", "shadow")] {
+        let (_gate, sink) = after_three_scans(&[quiet]).await;
+        assert!(
+            request_lines(&sink).len() == documents(&sink).len(),
+            "{quiet:?}"
+        );
+    }
+}
+
 /// Every line of a request carries the gate's one clock reading: the EMF timestamps of a paused-clock run are the instants its requests arrived, not when the lines were written.
 #[tokio::test(start_paused = true)]
 async fn timestamps_are_the_gates_clock() {
     let (_gate, sink) = after_three_scans(&[]).await;
-    let stamps: Vec<u64> = documents(&sink)
+    let stamps: Vec<u64> = request_lines(&sink)
         .iter()
         .map(|d| d["_aws"]["Timestamp"].as_u64().unwrap())
         .collect();

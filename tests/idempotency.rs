@@ -436,11 +436,19 @@ impl QuotaStore for LatePace {
             go.acquire().await.unwrap().forget();
             let paced = store.pace(step.args(&step.lanes())).await;
             if let Ok(p) = &paced {
-                ran.lock().await.push(*p);
+                ran.lock().await.push(p.clone());
             }
             let _ = tx.send(paced);
         });
         rx.await.unwrap_or(Err(StoreError::Unanswered))
+    }
+    async fn take_bed(
+        &self,
+        ask: quota_gate::delay::BedAsk,
+        arrival: quota_gate::unix::UnixMillis,
+        wait_ms: u64,
+    ) -> Result<quota_gate::delay::Bed, StoreError> {
+        self.inner.take_bed(ask, arrival, wait_ms).await
     }
     async fn refund(&self, refund: Refund<'_>) -> Result<(), StoreError> {
         self.inner.refund(refund).await

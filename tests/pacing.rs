@@ -266,6 +266,7 @@ fn pace_script_matches_the_pure_rule() {
                 delay_ms: delay,
                 max_backlog_ms: cap,
                 reset_at: UnixSecs(0),
+                bed: None,
             };
             let paced = store.pace(args).await.unwrap();
             let slot: i64 = redis::cmd("GET").arg(&key.slot).query_async(&mut c).await.unwrap();
@@ -274,10 +275,11 @@ fn pace_script_matches_the_pure_rule() {
         match next_slot(UnixMillis(previous), UnixMillis(arrival), delay, cap).map(UnixMillis::get) {
             Ok(slot) => {
                 let wait = u64::try_from(slot - arrival).unwrap();
-                prop_assert_eq!(reply, (Paced::Slot { delay_ms: wait }, slot));
+                prop_assert_eq!(reply, (Paced::Slot { delay_ms: wait, bed: None }, slot));
             }
             Err(retry_after_ms) => {
-                prop_assert_eq!(reply, (Paced::Full { retry_after_ms }, previous));
+                let levels_ms = Vec::new();
+                prop_assert_eq!(reply, (Paced::Full { retry_after_ms, levels_ms }, previous));
             }
         }
     });

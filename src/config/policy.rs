@@ -27,6 +27,8 @@ pub struct Policy {
     /// The longest delay a paced scan may be given; beyond it, 503 `backlog_full`.
     pub max_backlog: Duration,
     pub delay_mode: DelayMode,
+    /// Requests asleep at once across every gate process (`QUOTA_MAX_ASLEEP`).
+    pub max_asleep: u32,
     pub gateway_timeout: Duration,
     pub delay_margin: Duration,
     /// Budgets above the subject (`QUOTA_NETWORKS`, `QUOTA_ANON_GLOBAL`).
@@ -48,6 +50,7 @@ impl Policy {
             pacing: env.word(&vars::QUOTA_PACING)?,
             max_backlog: env.millis(&vars::QUOTA_MAX_BACKLOG_MS)?,
             delay_mode: env.word(&vars::QUOTA_DELAY_MODE)?,
+            max_asleep: env.count(&vars::QUOTA_MAX_ASLEEP)?,
             gateway_timeout: env.millis(&vars::QUOTA_GATEWAY_TIMEOUT_MS)?,
             delay_margin: env.millis(&vars::QUOTA_DELAY_MARGIN_MS)?,
             levels: Levels::default(),

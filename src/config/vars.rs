@@ -255,6 +255,10 @@ variables! {
     QUOTA_BREAKER_COOLDOWN_MS: Var<Whole> = number("1000", 0, MAX_MILLIS);
     /// `sleep` (seed behaviour, capped by the budget) or `defer`
     QUOTA_DELAY_MODE: Var<Word<DelayMode>> = word("sleep");
+    /// requests asleep at once across every gate process (each holds a Lambda environment); a
+    /// scan that finds them all taken sleeps nothing and defers its whole delay onto its job
+    /// (0: none sleeps, as `defer`)
+    QUOTA_MAX_ASLEEP: Var<Whole> = number("100", 0, MAX_LIMIT);
     /// the gateway's integration timeout
     QUOTA_GATEWAY_TIMEOUT_MS: Var<Whole> = number("29000", 1, MAX_MILLIS);
     /// kept free below the gateway and Lambda deadlines

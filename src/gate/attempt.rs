@@ -14,7 +14,7 @@ use uuid::Uuid;
 
 use crate::config::{DelayMode, Policy, ResetPolicy};
 use crate::decide::{Decision, Limits, decide};
-use crate::delay::{self, DelayPlan};
+use crate::delay::{self, Bed, BedAsk, DelayPlan};
 use crate::identity::Identity;
 use crate::level::{LevelName, most_severe};
 use crate::meter::{End, Exit, Metered};
@@ -166,13 +166,42 @@ impl Attempt {
     }
 
     /// How a fresh scan's `delay` is spent: what fits the budget left now
-    /// is slept, the rest deferred.
-    pub fn plan(&self, delay: Duration, policy: &Policy) -> DelayPlan {
+    /// is slept, if the scan took a bed; the rest, or all of it, deferred.
+    pub fn plan(&self, delay: Duration, policy: &Policy, bed: Option<Bed>) -> DelayPlan {
+        let budget = match bed {
+            Some(Bed { taken: true, .. }) => self.sleep_budget(policy),
+            _ => Duration::ZERO,
+        };
+        delay::plan(delay, policy.delay_mode, budget)
+    }
+
+    /// The bed a scan that owes a delay asks for, under its `scan_id`: none
+    /// where it would not sleep (`defer` mode, no budget left,
+    /// `QUOTA_MAX_ASLEEP=0`).
+    pub fn bed_ask(&self, policy: &Policy, scan_id: Uuid) -> Option<BedAsk> {
+        let budget = self.sleep_budget(policy);
+        (policy.max_asleep > 0 && !budget.is_zero()).then(|| BedAsk {
+            id: scan_id,
+            budget_ms: duration_ms(budget),
+            max_asleep: policy.max_asleep,
+        })
+    }
+
+    /// What may be slept now: the budget left, nothing in `defer` mode.
+    fn sleep_budget(&self, policy: &Policy) -> Duration {
+        if policy.delay_mode == DelayMode::Defer {
+            return Duration::ZERO;
+        }
         let remaining = self
             .remaining
             .map(|r| r.saturating_sub(self.started.elapsed()));
-        let budget = delay::budget(remaining, policy.gateway_timeout, policy.delay_margin);
-        delay::plan(delay, policy.delay_mode, budget)
+        delay::budget(remaining, policy.gateway_timeout, policy.delay_margin)
+    }
+
+    /// The subject's key and its levels': what a remembered refusal is
+    /// looked up by.
+    pub fn keys(&self) -> impl Iterator<Item = &QuotaKey> {
+        std::iter::once(&self.key).chain(&self.level_keys)
     }
 
     /// The longest the first attempt of this key may sleep: what a 409
@@ -219,6 +248,7 @@ impl Attempt {
             metered,
             end,
             at: self.now_ms,
+            bed: None,
         }
     }
 }

@@ -12,17 +12,21 @@
 //! |---|---|
 //! | `path.rs` | the driver: request in, the core's answers carried out, an [`Exit`](crate::meter::Exit) out |
 //! | `attempt.rs` | the request, the identified attempt and the levels above its subject |
+//! | `pacing.rs` | step 6: a fresh scan's delay (paced), its bed, and a full line's refusal |
 //! | `scan.rs` | the scan that goes ahead, and its job and 202 |
 //! | `settlement.rs` | the writes after a scan's end: a failure settled, a keyed answer saved |
 //! | `quota.rs` | the two requests that never count: `GET /quota` and an exempt caller's scan |
+//! | `refused.rs` | subjects and levels the store refused, answered again without it until their `Retry-After` |
 //! | `wiring.rs` | the [`Gate`] and the backends the configuration names |
 //!
 //! In shadow mode (`QUOTA_MODE=shadow`) a scan goes the whole way, but its
 //! delay is reported, not given.
 
 mod attempt;
+mod pacing;
 mod path;
 mod quota;
+mod refused;
 mod scan;
 mod settlement;
 mod wiring;

@@ -13,7 +13,6 @@
 //! stays near 4.1 KB (9.2 KB before; `tests/alloc_budget.rs` holds it).
 
 use std::future::Future;
-use std::time::Duration;
 
 use crate::job::RequestBody;
 use bytes::Bytes;
@@ -27,17 +26,14 @@ use super::settlement::queue_failed;
 use super::wiring::Gate;
 use crate::bugs::{self, Bug};
 use crate::config::Mode;
-use crate::decide::decide;
 use crate::error::GateError;
 use crate::identity::{Identity, Origin};
 use crate::meter::{End, Exit, Metered};
 use crate::queue::{QueueError, ScanJob, ScanQueue};
-use crate::settle::{self, DelayRule, Failure, Metering, Repeat, on_repeat, on_take_over};
+use crate::settle::{self, Repeat, on_repeat, on_take_over};
 use crate::store::{
-    Claim, Claimed, CountArgs, CountFailed, PaceArgs, QuotaStore, Record, StoreError, TakeOver,
-    Tally,
+    Claim, Claimed, CountArgs, CountFailed, QuotaStore, Record, StoreError, TakeOver, Tally,
 };
-use crate::unix::duration_ms;
 
 /// A request's answer, and what the meter is told of it (nothing for a
 /// request refused before it reached the store, or not a counted scan).
@@ -69,7 +65,7 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
             self.meter.record(exit);
         }
         result.unwrap_or_else(|e| {
-            if e.status().is_server_error() {
+            if e.is_our_failure() {
                 tracing::warn!(error = %e, code = e.code(), "scan refused");
             }
             e.to_response()
@@ -130,6 +126,14 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
     /// and decide; then a repeat is answered, a failure settled, and a scan
     /// that may go ahead run.
     async fn scan(&self, attempt: &Attempt, body: RequestBody) -> Finished {
+        if let Some(until) = self.refused.until(attempt.keys(), attempt.now_ms) {
+            let retry_after_ms = u64::try_from(until.get() - attempt.now_ms.get()).unwrap_or(0);
+            let refused = GateError::backlog_full(retry_after_ms.div_ceil(1000), u64::MAX);
+            return (
+                Err(refused),
+                attempt.exit(Metered::Uncounted, End::BacklogFull),
+            );
+        }
         let (metering, lanes) = match self.count(attempt).await {
             Ok(Counted::New(tally)) => attempt.metering(tally),
             Ok(Counted::Existing(record, claim)) => {
@@ -239,12 +243,16 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
     /// Steps 6–8 for a scan that may go ahead: pace, sleep, queue, answer,
     /// and save the answer for a keyed retry.
     async fn run(&self, attempt: &Attempt, body: RequestBody, scan: Scan) -> Finished {
-        let plan = match scan.resumed {
-            Some(plan) => plan,
+        let (plan, bed) = match scan.resumed {
+            Some(plan) => (plan, None),
             None => match self.delay_of(attempt, &scan).await {
-                Ok(delay) => attempt.plan(delay, &self.config.policy),
+                Ok((delay, bed)) => (attempt.plan(delay, &self.config.policy, bed), bed),
                 Err(e) => return (Err(e), attempt.exit(Metered::Uncounted, End::BacklogFull)),
             },
+        };
+        let exit = |metered, end| Exit {
+            bed,
+            ..attempt.exit(metered, end)
         };
         let metered = scan.metered(plan.total, self.shadow());
         if !plan.sleep.is_zero() {
@@ -257,10 +265,7 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
             let failure =
                 settle::queue_failure(matches!(e, QueueError::Timeout), scan.resumed.is_some());
             Box::pin(self.apply(attempt, scan.scan_id, &scan.metering, failure, &scan.lanes)).await;
-            return (
-                Err(queue_failed(failure)),
-                attempt.exit(metered, End::QueueFailed),
-            );
+            return (Err(queue_failed(failure)), exit(metered, End::QueueFailed));
         }
         // 8: answer, and save the answer for a keyed retry.
         let response = scan
@@ -269,61 +274,11 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
         if let Some(claim) = &attempt.claim {
             Box::pin(self.save(claim, scan.scan_id, &response, attempt.now())).await;
         }
-        (Ok(response), attempt.exit(metered, End::Answered))
-    }
-
-    /// Step 6: the delay a fresh scan owes, paced by [`settle::delay_rule`];
-    /// a scan past the backlog cap is refused (and its count taken back).
-    async fn delay_of(&self, attempt: &Attempt, scan: &Scan) -> Result<Duration, GateError> {
-        match settle::delay_rule(&scan.metering, self.shadow(), self.config.policy.pacing) {
-            DelayRule::Fixed(delay) => Ok(delay),
-            // Only an over-quota scan is paced: its step stays off the
-            // within-quota scan's future (which is moved whole into its task).
-            DelayRule::Pace(tier_delay) => Box::pin(self.paced(attempt, scan, tier_delay)).await,
-        }
-    }
-
-    /// Step 6 for a scan the pacing rule applies to.
-    async fn paced(
-        &self,
-        attempt: &Attempt,
-        scan: &Scan,
-        tier_delay: Duration,
-    ) -> Result<Duration, GateError> {
-        let Metering::Counted { count, .. } = &scan.metering else {
-            return Ok(tier_delay);
-        };
-        // Each line's own tier delay: the subject's, and each level's.
-        let subject = decide(count.used, &attempt.limits.with_grant(count.grant));
-        let levels = attempt.pace_lanes(&scan.lanes);
-        let args = PaceArgs {
-            key: &attempt.key,
-            levels: &levels,
-            record: attempt.claim.as_ref().map(|c| c.record.as_str()),
-            arrival_ms: scan.received_ms,
-            delay_ms: duration_ms(subject.delay),
-            max_backlog_ms: duration_ms(self.config.policy.max_backlog),
-            reset_at: count.reset_at,
-        };
-        let paced = self.bounded(self.store.pace(args)).await;
-        if let Err(e) = &paced {
-            tracing::warn!(error = %e, "pacing failed; using the tier's delay");
-        }
-        let retry_after_ms = match settle::paced_delay(paced.ok(), tier_delay) {
-            Ok(delay) => return Ok(delay),
-            Err(retry_after_ms) => retry_after_ms,
-        };
-        let failure = Failure::BacklogFull;
-        Box::pin(self.apply(attempt, scan.scan_id, &scan.metering, failure, &scan.lanes)).await;
-        // Never past the counter's reset: from then the scan is within quota.
-        Err(GateError::backlog_full(
-            retry_after_ms.div_ceil(1000),
-            count.seconds_to_reset(),
-        ))
+        (Ok(response), exit(metered, End::Answered))
     }
 
     /// Whether decisions are only reported, not carried out (`QUOTA_MODE=shadow`).
-    fn shadow(&self) -> bool {
+    pub(super) fn shadow(&self) -> bool {
         self.config.policy.mode == Mode::Shadow
     }
 

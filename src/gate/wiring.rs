@@ -4,6 +4,7 @@
 
 use std::sync::Arc;
 
+use super::refused::Refused;
 use crate::breaker::Breaker;
 use crate::clock::Clock;
 use crate::config::{Config, ConfigError, QueueTarget, vars};
@@ -27,6 +28,8 @@ pub struct Gate<S, Q> {
     /// Skips the store after repeated failures (see [`crate::breaker`]).
     pub(super) breaker: Breaker,
     pub(super) clock: Clock,
+    /// Subjects and levels the store refused, until their `Retry-After`.
+    pub(super) refused: Refused,
 }
 
 /// What the gates of one process share: the in-memory counters (used when
@@ -99,6 +102,7 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
             queue,
             meter,
             clock: Clock::System,
+            refused: Refused::default(),
         })
     }
 

@@ -194,6 +194,7 @@ pub fn describe() {
     for (name, help) in counters {
         metrics::describe_counter!(name, help);
     }
+    super::beds::BedMeter::describe();
     metrics::describe_gauge!(
         PROCESS_RSS,
         metrics::Unit::Bytes,

@@ -24,23 +24,29 @@
 //! scrape. A line's `Timestamp` is the request's instant, the one clock
 //! reading of the request ([`Exit::at`]): the meter reads no clock.
 
+pub mod beds;
 pub mod catalogue;
 pub mod emf;
 pub mod levels;
 pub mod prometheus;
+pub mod refusals;
 
 use std::io::Write;
 use std::sync::Arc;
 
+use crate::delay::Bed;
 use crate::digest::Scope;
 use crate::level::Levels;
 use crate::stdout::LineWriter;
 use crate::unix::UnixMillis;
+use beds::BedMeter;
 use catalogue::{Counter, shadow_values};
 use emf::{Line, Sink, Unit};
 use levels::{LevelHit, LevelMeter};
+use refusals::Refusals;
 
 pub use crate::outcome::{End, Metered, Outcome};
+pub use beds::{ASLEEP, BEDS_FULL};
 pub use catalogue::{
     BACKLOG_REFUSALS, CHECKS, COUNTERS, DELAY_MS, EMF_DROPPED, ENQUEUE_ERRORS, EVENTS, EXEMPT,
     Event, HARD_HITS, PROCESS_OPEN_FDS, PROCESS_RSS, REMINDERS, REQUESTS, SHADOW_COUNTERS,
@@ -59,6 +65,9 @@ pub struct Exit {
     pub end: End,
     /// The request's instant: the line's `Timestamp`.
     pub at: UnixMillis,
+    /// What the scan found among the beds, when it asked for one (an
+    /// over-quota scan that would sleep).
+    pub bed: Option<Bed>,
 }
 
 /// Records outcomes to the EMF sink and the `metrics` facade.
@@ -70,6 +79,10 @@ pub struct Meter {
     handles: Arc<[ScopeHandles; 2]>,
     /// The levels above the subject ([`levels`]).
     levels: Arc<LevelMeter>,
+    /// The beds ([`beds`]).
+    beds: Arc<BedMeter>,
+    /// Refusals held for their next EMF line ([`refusals`]).
+    refusals: Arc<Refusals>,
     namespace: Arc<str>,
     emf: Option<Sink>,
 }
@@ -162,6 +175,8 @@ impl Meter {
             directives: Arc::new(Directives::new(&namespace)),
             handles: Arc::new([ScopeHandles::new(Scope::Ip), ScopeHandles::new(Scope::Tid)]),
             levels: Arc::new(LevelMeter::new(&namespace, &Levels::default())),
+            beds: Arc::new(BedMeter::new(&namespace)),
+            refusals: Arc::default(),
             namespace,
             emf: sink.map(Sink::sync),
         }
@@ -178,7 +193,7 @@ impl Meter {
     /// Records one request's [`Exit`] in both exporters.
     pub fn record(&self, exit: &Exit) {
         let outcome = Outcome::of(exit.metered, exit.end);
-        let handles = &self.handles[scope_index(exit.scope)];
+        let handles = &self.handles[exit.scope.index()];
         for (handle, counter) in handles.counters.iter().zip(Counter::ALL) {
             handle.increment(counter.value(exit.metered, exit.end));
         }
@@ -197,8 +212,12 @@ impl Meter {
             }
             handles.delay.record(delay.as_millis() as f64);
         }
-        if let Some(sink) = &self.emf {
-            sink.write(self.emf_line(exit, outcome));
+        self.write_emf(exit, outcome);
+        if let Some(bed) = exit.bed {
+            let line = self.beds.record(exit.scope, bed, exit.at.get());
+            if let Some(sink) = &self.emf {
+                sink.write(line);
+            }
         }
         if let Some(hit) = LevelHit::of(exit.metered) {
             self.levels.increment(hit);
@@ -208,10 +227,50 @@ impl Meter {
         }
     }
 
+    /// The request's EMF line; a refusal's only when its interval's line
+    /// is due ([`refusals`]), and then for every refusal held. Any request
+    /// writes the refusals held for its scope once they are due.
+    fn write_emf(&self, exit: &Exit, outcome: Outcome) {
+        let Some(sink) = &self.emf else { return };
+        let refused = outcome == Outcome::BacklogFull;
+        if refused {
+            self.refusals.add(exit.scope);
+        }
+        let held = self.refusals.due(exit.scope, exit.at);
+        self.write_refusals(sink, exit.scope, exit.at, held);
+        if !refused {
+            sink.write(self.emf_line(exit, outcome, 1));
+        }
+    }
+
+    /// One EMF line for `held` refusals of `scope` (none for 0).
+    fn write_refusals(&self, sink: &Sink, scope: Scope, at: UnixMillis, held: u64) {
+        if held > 0 {
+            let refusal = Exit {
+                scope,
+                metered: Metered::Uncounted,
+                end: End::BacklogFull,
+                at,
+                bed: None,
+            };
+            sink.write(self.emf_line(&refusal, Outcome::BacklogFull, held));
+        }
+    }
+
+    /// Writes the refusals held for a later line ([`refusals`]) now, at
+    /// `at`: for a process that stops.
+    pub fn flush(&self, at: UnixMillis) {
+        if let Some(sink) = &self.emf {
+            for scope in Scope::ALL {
+                self.write_refusals(sink, scope, at, self.refusals.take(scope));
+            }
+        }
+    }
+
     /// Records one [`Event`] (an exempt scan, a `GET /quota`) of the
     /// request that arrived `at`, in both exporters.
     pub fn record_event(&self, scope: Scope, event: Event, at: UnixMillis) {
-        self.handles[scope_index(scope)].events[event.index()].increment(1);
+        self.handles[scope.index()].events[event.index()].increment(1);
         if let Some(sink) = &self.emf {
             let directive = &self.directives.events[event.index()];
             let mut line = Line::start(at.get(), directive, "Scope", scope.as_str());
@@ -220,8 +279,9 @@ impl Meter {
         }
     }
 
-    /// One EMF document for `exit`, whose outcome is `outcome`.
-    fn emf_line(&self, exit: &Exit, outcome: Outcome) -> String {
+    /// One EMF document for `requests` requests that left as `exit` did,
+    /// whose outcome is `outcome` (more than one: refusals in aggregate).
+    fn emf_line(&self, exit: &Exit, outcome: Outcome, requests: u64) -> String {
         let index = outcome.index();
         let directive = match exit.metered {
             Metered::Counted { shadow: true, .. } => &self.directives.shadow[index],
@@ -229,9 +289,10 @@ impl Meter {
             _ => &self.directives.undecided[index],
         };
         let mut line = Line::start(exit.at.get(), directive, "Scope", exit.scope.as_str());
-        line.number(outcome.requests_metric(), 1u64);
+        line.number(outcome.requests_metric(), requests);
         for counter in Counter::ALL {
-            line.number(counter.name(), counter.value(exit.metered, exit.end));
+            let value = counter.value(exit.metered, exit.end);
+            line.number(counter.name(), value * requests);
         }
         match exit.metered {
             Metered::Counted {
@@ -260,13 +321,6 @@ impl Meter {
     }
 }
 
-fn scope_index(scope: Scope) -> usize {
-    match scope {
-        Scope::Ip => 0,
-        Scope::Tid => 1,
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use std::time::Duration;
@@ -282,6 +336,7 @@ mod tests {
             metered,
             end,
             at: UnixMillis(0),
+            bed: None,
         }
     }
 
@@ -318,7 +373,7 @@ mod tests {
     }
 
     fn line(meter: &Meter, e: &Exit) -> Value {
-        let text = meter.emf_line(e, Outcome::of(e.metered, e.end));
+        let text = meter.emf_line(e, Outcome::of(e.metered, e.end), 1);
         serde_json::from_str(&text).unwrap()
     }
 

@@ -42,6 +42,8 @@ pub struct Server {
     listener: std::net::TcpListener,
     gates: Vec<Gate<AnyStore, AnyQueue>>,
     metrics: Option<PrometheusHandle>,
+    /// The workers' meter, which writes what it holds once they have ended.
+    meter: Meter,
     limits: ServeLimits,
     store: &'static str,
 }
@@ -81,6 +83,7 @@ impl Server {
             listener,
             gates,
             metrics,
+            meter,
             limits,
             store,
         })
@@ -135,6 +138,7 @@ impl Server {
             .map_err(|e| e.to_string())?
             .map_err(|e| e.to_string());
         let drained_ms = duration_ms(draining.elapsed());
+        self.meter.flush(crate::clock::Clock::System.now());
         tracing::info!(drained_ms, "stopped: every request in flight answered");
         joined
     }

@@ -8,11 +8,14 @@ use super::key::QuotaKey;
 use super::quota_store::{CountArgs, PaceArgs, PaceLane, Refund, StoreError};
 use crate::config::ResetPolicy;
 use crate::connection::{eval, sized_cmd};
+use crate::delay::{BED_GRACE, BEDS_KEY, Bed, BedAsk, bed_until};
 use crate::pace::Paced;
 use crate::record::{Count, Lane, Peek, Tally};
-use crate::unix::{UnixMillis, UnixSecs};
+use crate::unix::{UnixMillis, UnixSecs, duration_ms};
 
-const PACE: &str = include_str!("pace.lua");
+/// `pace.lua` and `take_bed.lua` call `take_bed`, defined once in `bed.lua`.
+const PACE: &str = concat!(include_str!("bed.lua"), include_str!("pace.lua"));
+const TAKE_BED: &str = concat!(include_str!("bed.lua"), include_str!("take_bed.lua"));
 const UNPACE: &str = include_str!("unpace.lua");
 const REFUND: &str = include_str!("refund.lua");
 
@@ -225,10 +228,13 @@ pub(super) fn peek_of(reply: &[Value], held: GrantHeld) -> Result<Peek, StoreErr
 }
 
 /// One pacing step over `lanes` (the first may carry `args.record`), as
-/// `pace.lua` takes it.
+/// `pace.lua` takes it, with the bed `args.bed` asks for.
 pub(super) fn pace_script(lanes: &[PaceLane<'_>], args: &PaceArgs<'_>) -> redis::Cmd {
     let mut keys: Vec<&str> = lanes.iter().map(|l| l.key.slot.as_str()).collect();
     keys.extend(args.record);
+    if args.bed.is_some() {
+        keys.push(BEDS_KEY);
+    }
     let mut cmd = eval(PACE, &keys);
     cmd.arg(lanes.len())
         .arg(args.arrival_ms.get())
@@ -236,18 +242,76 @@ pub(super) fn pace_script(lanes: &[PaceLane<'_>], args: &PaceArgs<'_>) -> redis:
     for lane in lanes {
         cmd.arg(lane.delay_ms).arg(lane.reset_at.get());
     }
+    cmd.arg(u8::from(args.record.is_some()));
+    match args.bed {
+        Some(ask) => cmd
+            .arg(ask.budget_ms)
+            .arg(ask.max_asleep)
+            .arg(ask.id.to_string())
+            .arg(duration_ms(BED_GRACE)),
+        None => cmd.arg(0).arg(0).arg("").arg(0),
+    };
     cmd
 }
 
-/// A pacing step's `{fits, ms[, previous]}` reply.
-pub(super) fn paced(reply: Vec<i64>) -> Paced {
-    let (fits, ms) = (reply.first().copied(), reply.get(1).copied().unwrap_or(0));
-    let ms = u64::try_from(ms).unwrap_or(0);
-    if fits == Some(1) {
-        Paced::Slot { delay_ms: ms }
-    } else {
-        Paced::Full { retry_after_ms: ms }
+/// A pacing step's reply: `{1, delay, previous, bed taken, asleep}`, or
+/// `{0, retry after, each line's own excess…}`. A refusal's `levels_ms`
+/// are the lines' after the first, in the order sent.
+pub(super) fn paced(reply: &[i64]) -> Paced {
+    let ms = |i: usize| u64::try_from(reply.get(i).copied().unwrap_or(0)).unwrap_or(0);
+    if reply.first() == Some(&1) {
+        let bed = match reply.get(3) {
+            Some(taken) if *taken >= 0 => Some(Bed {
+                taken: *taken == 1,
+                asleep: u32::try_from(ms(4)).unwrap_or(u32::MAX),
+            }),
+            _ => None,
+        };
+        return Paced::Slot {
+            delay_ms: ms(1),
+            bed,
+        };
     }
+    Paced::Full {
+        retry_after_ms: ms(1),
+        levels_ms: (3..reply.len()).map(ms).collect(),
+    }
+}
+
+/// A bed asked alone (`take_bed.lua`): for a scan that arrived at
+/// `arrival` and owes `wait_ms`.
+pub(super) fn take_bed_script(ask: &BedAsk, arrival: UnixMillis, wait_ms: u64) -> redis::Cmd {
+    let mut cmd = eval(TAKE_BED, &[BEDS_KEY]);
+    cmd.arg(arrival.get())
+        .arg(bed_until(arrival, wait_ms, ask.budget_ms).get())
+        .arg(ask.max_asleep)
+        .arg(ask.id.to_string());
+    cmd
+}
+
+/// `take_bed.lua`'s `{taken, asleep}` reply.
+pub(super) fn bed_of(reply: &[i64]) -> Result<Bed, StoreError> {
+    match reply {
+        [taken, asleep] => Ok(Bed {
+            taken: *taken == 1,
+            asleep: u32::try_from(*asleep).unwrap_or(u32::MAX),
+        }),
+        _ => Err(unexpected("a bed")),
+    }
+}
+
+/// A refusal's `levels_ms` for every level the step was asked about, in
+/// `levels`' order: a level that was not a line (within its limit) had
+/// room (0); the others take `excess` in turn.
+pub(super) fn spread_excess(levels: &[PaceLane<'_>], excess: &[u64]) -> Vec<u64> {
+    let mut lines = excess.iter().copied();
+    levels
+        .iter()
+        .map(|l| match l.delay_ms {
+            0 => 0,
+            _ => lines.next().unwrap_or(0),
+        })
+        .collect()
 }
 
 /// Gives back a slot a refused scan took on one line (cluster mode, where
@@ -259,22 +323,32 @@ pub(super) fn unpace(slot: &str, taken: i64, previous: i64) -> redis::Cmd {
 }
 
 /// A refund's script: the subject's count, each of `levels` (which must
-/// share the subject's slot: standalone), and the record's guard.
+/// share the subject's slot: standalone), and the record's guard. Each
+/// counter goes with its grant key (a counter holding a grant is never
+/// removed) and, where it has one, its first-seen key (removed with it).
 pub(super) fn refund_script(refund: &Refund<'_>, levels: &[(&QuotaKey, UnixSecs)]) -> redis::Cmd {
-    let mut keys = vec![refund.key.counter.as_str()];
-    keys.extend(levels.iter().map(|(key, _)| key.counter.as_str()));
+    let counters = std::iter::once((refund.key, refund.period_end)).chain(levels.iter().copied());
+    let mut keys = Vec::with_capacity(3 + 2 * levels.len());
+    let mut periods = Vec::with_capacity(1 + levels.len());
+    for (key, period_end) in counters {
+        keys.extend([key.counter.as_str(), key.grant.as_str()]);
+        let first_seen = !key.first_seen.is_empty();
+        if first_seen {
+            keys.push(&key.first_seen);
+        }
+        periods.push((period_end, u8::from(first_seen)));
+    }
     keys.extend(refund.record.map(|(r, _)| r));
     let mut cmd = eval(REFUND, &keys);
-    cmd.arg(refund.period_end.get())
-        .arg(
-            refund
-                .record
-                .map(|(_, id)| id.to_string())
-                .unwrap_or_default(),
-        )
-        .arg(levels.len());
-    for (_, period_end) in levels {
-        cmd.arg(period_end.get());
+    cmd.arg(
+        refund
+            .record
+            .map(|(_, id)| id.to_string())
+            .unwrap_or_default(),
+    )
+    .arg(periods.len());
+    for (period_end, first_seen) in periods {
+        cmd.arg(period_end.get()).arg(first_seen);
     }
     cmd
 }

@@ -24,7 +24,8 @@ use super::key::{IDEMPOTENCY_TTL_SECS, QuotaKey};
 use super::quota_store::{
     CountArgs, CountFailed, PaceArgs, QuotaStore, RecordUpdate, Refund, StoreError, TakeOver,
 };
-use crate::pace::{Paced, next_start};
+use crate::delay::{Bed, BedAsk, bed_until, take_bed};
+use crate::pace::{Paced, line_excess, next_start};
 use crate::record::{Claim, Claimed, Count, Lane, Peek, Record, RecordState, Tally};
 
 const MIN_SWEEP_LEN: usize = 1024;
@@ -57,6 +58,8 @@ struct Inner {
     /// Grants (extra scans) by grant key, and when they expire (`None`:
     /// made before the period's first scan, which gives it the counter's).
     grants: HashMap<String, (u64, Option<UnixSecs>)>,
+    /// The beds' leases ([`take_bed`]): when each ends.
+    beds: Vec<UnixMillis>,
     sweep_at_len: usize,
     /// No entry expires before this (exact after a sweep, lowered on insert).
     earliest_reset: UnixSecs,
@@ -82,6 +85,16 @@ impl Inner {
             .min()
             .unwrap_or(UnixSecs(i64::MAX));
         self.last_sweep = now;
+    }
+
+    /// A bed for a scan that arrived at `arrival` and owes `wait_ms`.
+    fn take_bed(&mut self, ask: &BedAsk, arrival: UnixMillis, wait_ms: u64) -> Bed {
+        take_bed(
+            &mut self.beds,
+            arrival,
+            bed_until(arrival, wait_ms, ask.budget_ms),
+            ask.max_asleep,
+        )
     }
 
     fn live(&mut self, key: &str, now: UnixSecs) -> Option<&mut Entry> {
@@ -149,10 +162,14 @@ impl Inner {
         }
     }
 
-    /// DECR of one period only, never below zero.
+    /// As `refund.lua`: DECR of one period only, and a counter taken back
+    /// to 0 removed (grants are kept apart here: none is lost with it).
     fn refund(&mut self, counter: &str, reset_at: UnixSecs, now: UnixSecs) {
         if let Some(e) = self.live(counter, now).filter(|e| e.reset_at <= reset_at) {
             e.used = e.used.saturating_sub(1);
+            if e.used == 0 {
+                self.entries.remove(counter);
+            }
         }
     }
 }
@@ -169,6 +186,7 @@ impl Default for MemoryStore {
             entries: HashMap::new(),
             records: HashMap::new(),
             grants: HashMap::new(),
+            beds: Vec::new(),
             sweep_at_len: MIN_SWEEP_LEN,
             earliest_reset: UnixSecs(i64::MAX),
             last_sweep: UnixSecs(i64::MIN),
@@ -265,23 +283,16 @@ impl QuotaStore for MemoryStore {
     async fn pace(&self, args: PaceArgs<'_>) -> Result<Paced, StoreError> {
         let now = args.arrival_ms.secs();
         let mut inner = self.lock();
-        let lines: Vec<(&str, u64)> = std::iter::once((args.key.counter.as_str(), args.delay_ms))
-            .chain(
-                args.levels
-                    .iter()
-                    .map(|l| (l.key.counter.as_str(), l.delay_ms)),
-            )
+        let levels = args.levels.iter().map(|l| (l.key, l.delay_ms));
+        let lines: Vec<(&str, u64)> = std::iter::once((args.key, args.delay_ms))
+            .chain(levels)
+            .map(|(key, delay)| (key.counter.as_str(), delay))
             .collect();
-        let previous = |inner: &mut Inner, counter| {
-            inner
-                .live(counter, now)
-                .map_or(UnixMillis(0), |e| e.slot_ms)
-        };
-        let slots: Vec<(UnixMillis, u64)> = lines
-            .iter()
-            .map(|&(counter, delay)| (previous(&mut inner, counter), delay))
+        let previous = |e: Option<&mut Entry>| e.map_or(UnixMillis(0), |e| e.slot_ms);
+        let slots: Vec<(UnixMillis, u64)> = (lines.iter())
+            .map(|&(counter, delay)| (previous(inner.live(counter, now)), delay))
             .collect();
-        match next_start(slots, args.arrival_ms, args.max_backlog_ms) {
+        match next_start(slots.iter().copied(), args.arrival_ms, args.max_backlog_ms) {
             Ok(slot) => {
                 for (counter, _) in lines.iter().filter(|(_, delay)| *delay > 0) {
                     if let Some(e) = inner.live(counter, now) {
@@ -292,10 +303,29 @@ impl QuotaStore for MemoryStore {
                 if let Some(record) = args.record.and_then(|r| inner.record(r, now)) {
                     record.delay_ms = Some(delay_ms);
                 }
-                Ok(Paced::Slot { delay_ms })
+                let bed = args
+                    .bed
+                    .map(|ask| inner.take_bed(&ask, args.arrival_ms, delay_ms));
+                Ok(Paced::Slot { delay_ms, bed })
             }
-            Err(retry_after_ms) => Ok(Paced::Full { retry_after_ms }),
+            Err(retry_after_ms) => Ok(Paced::Full {
+                retry_after_ms,
+                levels_ms: (slots[1..].iter())
+                    .map(|&(previous, delay)| {
+                        line_excess(previous, args.arrival_ms, delay, args.max_backlog_ms)
+                    })
+                    .collect(),
+            }),
         }
+    }
+
+    async fn take_bed(
+        &self,
+        ask: BedAsk,
+        arrival: UnixMillis,
+        wait_ms: u64,
+    ) -> Result<Bed, StoreError> {
+        Ok(self.lock().take_bed(&ask, arrival, wait_ms))
     }
 
     async fn refund(&self, refund: Refund<'_>) -> Result<(), StoreError> {

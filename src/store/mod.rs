@@ -21,6 +21,7 @@
 //! | `quota:<scope>:{<digest>}:slot` | when the last paced scan may start (unix ms) | the counter's |
 //! | `quota:<scope>:{<digest>}:grant` | extra scans support granted this period (`quota-gate grant`) | the counter's (granted before the period's first scan: none until that scan's count gives it the counter's) |
 //! | `quota:<scope>:{<digest>}:idem:<sha-256 of the key>` | one `Idempotency-Key`'s record (a hash) | 24 h after the first request |
+//! | `quota:asleep` | the beds: one lease per request asleep, fleet-wide (a sorted set scored by each lease's end, unix ms; [`crate::delay::take_bed`]) | its last lease's end |
 //!
 //! The parts: [`key`] (the keys and the period's end), [`quota_store`] (the
 //! trait, its arguments and [`StoreError`]), the two stores, and here only
@@ -35,7 +36,8 @@ pub mod valkey;
 
 use uuid::Uuid;
 
-use crate::unix::UnixSecs;
+use crate::delay::{Bed, BedAsk};
+use crate::unix::{UnixMillis, UnixSecs};
 
 pub use crate::pace::{Paced, next_slot};
 pub use crate::record::{
@@ -103,6 +105,15 @@ impl QuotaStore for AnyStore {
 
     async fn pace(&self, args: PaceArgs<'_>) -> Result<Paced, StoreError> {
         dispatch!(self, s => s.pace(args))
+    }
+
+    async fn take_bed(
+        &self,
+        ask: BedAsk,
+        arrival: UnixMillis,
+        wait_ms: u64,
+    ) -> Result<Bed, StoreError> {
+        dispatch!(self, s => s.take_bed(ask, arrival, wait_ms))
     }
 
     async fn refund(&self, refund: Refund<'_>) -> Result<(), StoreError> {

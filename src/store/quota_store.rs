@@ -8,6 +8,7 @@ use uuid::Uuid;
 
 use super::key::QuotaKey;
 use crate::config::ResetPolicy;
+use crate::delay::{Bed, BedAsk};
 use crate::pace::Paced;
 use crate::record::{Claim, Claimed, Field, Lane, Peek, RecordError, Tally};
 use crate::unix::{UnixMillis, UnixSecs};
@@ -46,6 +47,9 @@ pub struct PaceArgs<'a> {
     pub max_backlog_ms: u64,
     /// The counter's expiry: the slot key expires with it.
     pub reset_at: UnixSecs,
+    /// A bed to sleep in, asked in the same step (`None`: the scan will
+    /// not sleep, as in `defer` mode).
+    pub bed: Option<BedAsk>,
 }
 
 /// A level's line in one pacing step.
@@ -244,6 +248,17 @@ pub trait QuotaStore: Send + Sync + 'static {
     /// be wrong when the caller timed out waiting for it and accepted the
     /// scan anyway (a late step would then uncount a queued scan).
     fn pace(&self, args: PaceArgs<'_>) -> impl Future<Output = Result<Paced, StoreError>> + Send;
+
+    /// Asks for a bed alone ([`crate::delay::take_bed`]), for a scan that
+    /// arrived at `arrival` and owes `wait_ms`: where no pacing step can
+    /// carry the ask (`QUOTA_PACING=off`; a cluster, whose beds live in a
+    /// slot of their own).
+    fn take_bed(
+        &self,
+        ask: BedAsk,
+        arrival: UnixMillis,
+        wait_ms: u64,
+    ) -> impl Future<Output = Result<Bed, StoreError>> + Send;
 
     /// Takes back one count of its period (a no-op if the counter is gone or
     /// belongs to a later period), and removes the record if it still names

@@ -14,7 +14,8 @@
 //! keyed scan's claim (`claim.lua`), pacing an over-quota scan (`pace.lua`),
 //! a refund after a failure (`refund.lua`), freeing an abandoned attempt's
 //! lease (`release.lua`) and taking over an abandoned record
-//! (`take_over.lua`). Every key of a subject shares its hash tag, so
+//! (`take_over.lua`); and a bed for a scan that will sleep (`bed.lua`,
+//! inside the pacing step, or alone in `take_bed.lua`). Every key of a subject shares its hash tag, so
 //! each call is single-slot in cluster mode.
 //!
 //! Operator reads and writes (`inspect`, `reset`, `purge`) live with the
@@ -23,12 +24,13 @@
 use redis::Value;
 use uuid::Uuid;
 
-use crate::unix::UnixSecs;
+use crate::delay::{Bed, BedAsk};
+use crate::unix::{UnixMillis, UnixSecs};
 
 use super::commands::{
-    GrantHeld, PACE_SCRIPT, REFUND_SCRIPT, count_of, in_subject_period, iso8601, level_commands,
-    level_width, pace_script, paced, peek_commands, peek_of, refund_script, subject_commands,
-    tally, unexpected,
+    GrantHeld, PACE_SCRIPT, REFUND_SCRIPT, bed_of, count_of, in_subject_period, iso8601,
+    level_commands, level_width, pace_script, paced, peek_commands, peek_of, refund_script,
+    spread_excess, subject_commands, take_bed_script, tally, unexpected,
 };
 use super::key::{IDEMPOTENCY_TTL_SECS, QuotaKey};
 use super::quota_store::{
@@ -163,6 +165,17 @@ impl ValkeyStore {
         }
     }
 
+    /// A bed asked after a pacing step that could not carry it (a
+    /// cluster's): a bed that cannot be had is none, and the scan sleeps
+    /// nothing, but the step's slot stands.
+    async fn bed_after(&self, ask: BedAsk, args: &PaceArgs<'_>, delay_ms: u64) -> Option<Bed> {
+        let bed = self.take_bed(ask, args.arrival_ms, delay_ms).await;
+        if let Err(e) = &bed {
+            tracing::warn!(error = %e, "no bed: the scan sleeps nothing");
+        }
+        bed.ok()
+    }
+
     /// Reads one counter, changing nothing.
     async fn read(&self, key: &QuotaKey, held: GrantHeld) -> Result<Peek, StoreError> {
         let mut pipe = redis::pipe();
@@ -259,16 +272,48 @@ impl QuotaStore for ValkeyStore {
             .filter(|l| l.delay_ms > 0)
             .copied()
             .collect();
-        if levels.is_empty() || !self.valkey.is_cluster() {
-            let subject = PaceLane {
-                key: args.key,
-                delay_ms: args.delay_ms,
-                reset_at: args.reset_at,
-            };
-            let lanes: Vec<PaceLane<'_>> = std::iter::once(subject).chain(levels).collect();
-            return self.send(pace_script(&lanes, &args)).await.map(paced);
+        let cluster = self.valkey.is_cluster();
+        if cluster && !levels.is_empty() {
+            return self.pace_in_cluster(&args, &levels).await;
         }
-        self.pace_in_cluster(&args, &levels).await
+        let subject = PaceLane {
+            key: args.key,
+            delay_ms: args.delay_ms,
+            reset_at: args.reset_at,
+        };
+        let lanes: Vec<PaceLane<'_>> = std::iter::once(subject).chain(levels).collect();
+        // In a cluster the beds live in a slot of their own: asked after.
+        let step = PaceArgs {
+            bed: args.bed.filter(|_| !cluster),
+            ..args
+        };
+        let reply: Vec<i64> = self.send(pace_script(&lanes, &step)).await?;
+        match paced(&reply) {
+            Paced::Full {
+                retry_after_ms,
+                levels_ms,
+            } => Ok(Paced::Full {
+                retry_after_ms,
+                levels_ms: spread_excess(args.levels, &levels_ms),
+            }),
+            Paced::Slot { delay_ms, bed } => {
+                let bed = match args.bed {
+                    Some(ask) if cluster => self.bed_after(ask, &args, delay_ms).await,
+                    _ => bed,
+                };
+                Ok(Paced::Slot { delay_ms, bed })
+            }
+        }
+    }
+
+    async fn take_bed(
+        &self,
+        ask: BedAsk,
+        arrival: UnixMillis,
+        wait_ms: u64,
+    ) -> Result<Bed, StoreError> {
+        let reply: Vec<i64> = self.send(take_bed_script(&ask, arrival, wait_ms)).await?;
+        bed_of(&reply)
     }
 
     async fn refund(&self, refund: Refund<'_>) -> Result<(), StoreError> {

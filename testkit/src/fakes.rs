@@ -5,6 +5,7 @@
 use std::io::Write;
 use std::sync::{Arc, Mutex};
 
+use quota_gate::delay::BedAsk;
 use quota_gate::meter::Meter;
 use quota_gate::queue::{QueueError, ScanJob, ScanQueue};
 use quota_gate::store::{PaceArgs, PaceLane, QuotaKey};
@@ -22,6 +23,7 @@ pub struct OwnedPace {
     delay_ms: u64,
     max_backlog_ms: u64,
     reset_at: UnixSecs,
+    bed: Option<BedAsk>,
 }
 
 impl OwnedPace {
@@ -38,6 +40,7 @@ impl OwnedPace {
             delay_ms: args.delay_ms,
             max_backlog_ms: args.max_backlog_ms,
             reset_at: args.reset_at,
+            bed: args.bed,
         }
     }
 
@@ -62,6 +65,7 @@ impl OwnedPace {
             delay_ms: self.delay_ms,
             max_backlog_ms: self.max_backlog_ms,
             reset_at: self.reset_at,
+            bed: self.bed,
         }
     }
 }

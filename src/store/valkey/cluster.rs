@@ -55,6 +55,7 @@ impl ValkeyStore {
             .collect();
         let alone = PaceArgs {
             record: None,
+            bed: None,
             ..*args
         };
         let steps = lines
@@ -63,19 +64,22 @@ impl ValkeyStore {
         let replies = futures_util::future::try_join_all(steps).await?;
         let refused = replies
             .iter()
-            .filter_map(|r| match paced(r.clone()) {
-                Paced::Full { retry_after_ms } => Some(retry_after_ms),
+            .filter_map(|r| match paced(r) {
+                Paced::Full { retry_after_ms, .. } => Some(retry_after_ms),
                 Paced::Slot { .. } => None,
             })
             .max();
         if let Some(retry_after_ms) = refused {
             for (line, reply) in lines.iter().zip(&replies) {
-                if let [1, wait, previous] = reply[..] {
+                if let [1, wait, previous, ..] = reply[..] {
                     let taken = args.arrival_ms.get().saturating_add(wait);
                     let _: i64 = self.send(unpace(&line.key.slot, taken, previous)).await?;
                 }
             }
-            return Ok(Paced::Full { retry_after_ms });
+            return Ok(Paced::Full {
+                retry_after_ms,
+                levels_ms: levels_excess(args, &lines, &replies),
+            });
         }
         let wait = replies.iter().map(|r| r.get(1).copied().unwrap_or(0)).max();
         let delay_ms = u64::try_from(wait.unwrap_or(0)).unwrap_or(0);
@@ -84,7 +88,12 @@ impl ValkeyStore {
             cmd.arg(record).arg("delayMs").arg(delay_ms);
             let _: i64 = self.send(cmd).await?;
         }
-        Ok(Paced::Slot { delay_ms })
+        // The beds live in a slot of their own: asked once the wait is known.
+        let bed = match args.bed {
+            Some(ask) => self.bed_after(ask, args, delay_ms).await,
+            None => None,
+        };
+        Ok(Paced::Slot { delay_ms, bed })
     }
 
     /// A refund in a cluster, where the levels live in other slots.
@@ -123,4 +132,24 @@ impl ValkeyStore {
         }
         subject.map(drop)
     }
+}
+
+/// Each level's own excess in a refused cluster step, in `args.levels`'
+/// order: a level paced alone answered its line's (`{0, retry, excess}`,
+/// or a slot: 0); a level that was not a line had room.
+fn levels_excess(args: &PaceArgs<'_>, lines: &[PaceLane<'_>], replies: &[Vec<i64>]) -> Vec<u64> {
+    args.levels
+        .iter()
+        .map(|level| {
+            lines
+                .iter()
+                .zip(replies)
+                .find(|(line, _)| std::ptr::eq(line.key, level.key))
+                .and_then(|(_, reply)| match reply[..] {
+                    [0, _, excess] => u64::try_from(excess).ok(),
+                    _ => None,
+                })
+                .unwrap_or(0)
+        })
+        .collect()
 }

@@ -8,6 +8,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use quota_gate::connection::not_connected;
+use quota_gate::delay::{Bed, BedAsk};
 use quota_gate::store::memory::MemoryStore;
 use quota_gate::store::{
     Claim, Claimed, CountArgs, CountFailed, Lane, PaceArgs, Paced, QuotaKey, QuotaStore,
@@ -302,6 +303,20 @@ impl QuotaStore for SimStore {
         self.call(
             "pace",
             move |m, _| ready(m.pace(step.args(&step.lanes()))).expect("memory store"),
+            Kind::Other,
+        )
+        .await
+    }
+
+    async fn take_bed(
+        &self,
+        ask: BedAsk,
+        arrival: UnixMillis,
+        wait_ms: u64,
+    ) -> Result<Bed, StoreError> {
+        self.call(
+            "take_bed",
+            move |m, _| ready(m.take_bed(ask, arrival, wait_ms)).expect("memory store"),
             Kind::Other,
         )
         .await

@@ -1,0 +1,102 @@
+//! Step 6 for a fresh scan: the delay it owes (paced, where the pacing
+//! rule applies), the bed it may sleep in (see [`crate::delay::Bed`]), and
+//! a refusal when its line is full, which is remembered
+//! ([`super::refused`]) so the next scans of that line are refused without
+//! the store.
+
+use std::time::Duration;
+
+use super::attempt::Attempt;
+use super::scan::Scan;
+use super::wiring::Gate;
+use crate::decide::decide;
+use crate::delay::Bed;
+use crate::error::GateError;
+use crate::pace::Paced;
+use crate::queue::ScanQueue;
+use crate::settle::{self, DelayRule, Failure, Metering};
+use crate::store::{PaceArgs, QuotaStore};
+use crate::unix::{UnixSecs, duration_ms};
+
+impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
+    /// Step 6: the delay a fresh scan owes, paced by [`settle::delay_rule`],
+    /// and the bed it may sleep in; a scan past the backlog cap is refused
+    /// (and its count taken back).
+    pub(super) async fn delay_of(
+        &self,
+        attempt: &Attempt,
+        scan: &Scan,
+    ) -> Result<(Duration, Option<Bed>), GateError> {
+        match settle::delay_rule(&scan.metering, self.shadow(), self.config.policy.pacing) {
+            DelayRule::Fixed(delay) if delay.is_zero() => Ok((delay, None)),
+            // Only an over-quota scan asks for a bed or is paced: its steps
+            // stay off the within-quota scan's future (which is moved whole
+            // into its task).
+            DelayRule::Fixed(delay) => Ok((delay, Box::pin(self.bed(attempt, scan, delay)).await)),
+            DelayRule::Pace(tier_delay) => Box::pin(self.paced(attempt, scan, tier_delay)).await,
+        }
+    }
+
+    /// A bed asked alone, for a scan whose fixed `delay` no pacing step
+    /// carries (`QUOTA_PACING=off`): without an answer, none.
+    async fn bed(&self, attempt: &Attempt, scan: &Scan, delay: Duration) -> Option<Bed> {
+        let ask = attempt.bed_ask(&self.config.policy, scan.scan_id)?;
+        let wait_ms = duration_ms(delay);
+        let bed = self.store.take_bed(ask, scan.received_ms, wait_ms);
+        self.bounded(bed).await.ok()
+    }
+
+    /// Step 6 for a scan the pacing rule applies to.
+    async fn paced(
+        &self,
+        attempt: &Attempt,
+        scan: &Scan,
+        tier_delay: Duration,
+    ) -> Result<(Duration, Option<Bed>), GateError> {
+        let Metering::Counted { count, .. } = &scan.metering else {
+            return Ok((tier_delay, None));
+        };
+        // Each line's own tier delay: the subject's, and each level's.
+        let subject = decide(count.used, &attempt.limits.with_grant(count.grant));
+        let levels = attempt.pace_lanes(&scan.lanes);
+        let args = PaceArgs {
+            key: &attempt.key,
+            levels: &levels,
+            record: attempt.claim.as_ref().map(|c| c.record.as_str()),
+            arrival_ms: scan.received_ms,
+            delay_ms: duration_ms(subject.delay),
+            max_backlog_ms: duration_ms(self.config.policy.max_backlog),
+            reset_at: count.reset_at,
+            bed: attempt.bed_ask(&self.config.policy, scan.scan_id),
+        };
+        let paced = self.bounded(self.store.pace(args)).await;
+        if let Err(e) = &paced {
+            tracing::warn!(error = %e, "pacing failed; using the tier's delay");
+        }
+        let (retry_after_ms, levels_ms) = match settle::paced_delay(paced.ok(), tier_delay) {
+            Paced::Slot { delay_ms, bed } => return Ok((Duration::from_millis(delay_ms), bed)),
+            Paced::Full {
+                retry_after_ms,
+                levels_ms,
+            } => (retry_after_ms, levels_ms),
+        };
+        let failure = Failure::BacklogFull;
+        Box::pin(self.apply(attempt, scan.scan_id, &scan.metering, failure, &scan.lanes)).await;
+        // Remembered: the subject until its retry, each level full on its
+        // own until its own, never past a counter's reset.
+        let until = |ms: u64, reset_at: UnixSecs| {
+            let at = scan.received_ms.saturating_add(Duration::from_millis(ms));
+            at.min(reset_at.millis())
+        };
+        self.refused
+            .remember(&attempt.key, until(retry_after_ms, count.reset_at));
+        for (level, ms) in levels.iter().zip(levels_ms).filter(|(_, ms)| *ms > 0) {
+            self.refused.remember(level.key, until(ms, level.reset_at));
+        }
+        // Never past the counter's reset: from then the scan is within quota.
+        Err(GateError::backlog_full(
+            retry_after_ms.div_ceil(1000),
+            count.seconds_to_reset(),
+        ))
+    }
+}

@@ -1,0 +1,367 @@
+//! What any number of addresses can cost the gate's own infrastructure,
+//! on a real Valkey: requests asleep (each a Lambda environment) are
+//! bounded fleet-wide by `QUOTA_MAX_ASLEEP`, a bed a killed sleeper held
+//! comes back by itself, a refused scan leaves no key behind, a refused
+//! flood sends no store command after its first refusal until its
+//! `Retry-After`, and writes no log line of its own.
+
+use quota_gate_testkit as common;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::client::{build, send};
+use common::serve::{spawn_serve, stderr_of};
+use common::*;
+use quota_gate::gate::{Gate, GateRequest};
+use quota_gate::queue::stream::StreamQueue;
+use quota_gate::store::valkey::ValkeyStore;
+use serde_json::Value;
+
+type ValkeyGate = Gate<ValkeyStore, StreamQueue>;
+
+/// One answer, as a client saw it: the body, and when its sleep ended and
+/// began (the answer's arrival, less `sleptMs`).
+struct Seen {
+    status: u16,
+    body: Value,
+    slept: (Instant, Instant),
+}
+
+/// Sends `requests` all at once, round-robin over `gates` (as many Lambda
+/// environments would take them), and returns what each client saw.
+async fn burst(gates: &[Arc<ValkeyGate>], requests: Vec<GateRequest>) -> Vec<Seen> {
+    let tasks: Vec<_> = requests
+        .into_iter()
+        .enumerate()
+        .map(|(i, request)| {
+            let gate = gates[i % gates.len()].clone();
+            tokio::spawn(async move {
+                let response = gate.handle(request).await;
+                let end = Instant::now();
+                let body = json(&response);
+                let slept = Duration::from_millis(body["sleptMs"].as_u64().unwrap_or(0));
+                Seen {
+                    status: response.status().as_u16(),
+                    body,
+                    slept: (end - slept, end),
+                }
+            })
+        })
+        .collect();
+    let mut seen = Vec::new();
+    for task in tasks {
+        seen.push(task.await.expect("no panic"));
+    }
+    seen
+}
+
+/// The most sleeps that overlapped at one instant.
+fn most_asleep(seen: &[Seen]) -> usize {
+    let mut edges: Vec<(Instant, i32)> = seen
+        .iter()
+        .filter(|s| s.slept.0 < s.slept.1)
+        .flat_map(|s| [(s.slept.0, 1), (s.slept.1, -1)])
+        .collect();
+    // An end before a start at the same instant: touching is not overlapping.
+    edges.sort();
+    let mut asleep = 0;
+    let mut most = 0;
+    for (_, step) in edges {
+        asleep += step;
+        most = most.max(asleep);
+    }
+    usize::try_from(most).unwrap()
+}
+
+/// Every 202 has its job, whose start is the whole delay after its
+/// arrival, whatever was slept; and slept + deferred is the delay.
+async fn every_accepted_scan_is_queued(server: &ValkeyServer, seen: &[Seen]) {
+    let jobs = stream_jobs(server, "jobs").await;
+    let accepted: Vec<&Value> = seen
+        .iter()
+        .filter(|s| s.status == 202)
+        .map(|s| &s.body)
+        .collect();
+    assert_eq!(jobs.len(), accepted.len(), "one job per 202");
+    for body in accepted {
+        let job = jobs
+            .iter()
+            .find(|j| j["scanId"] == body["scanId"])
+            .unwrap_or_else(|| panic!("no job for {body}"));
+        let delay = body["delayMs"].as_u64().unwrap();
+        assert_eq!(job["delayMs"].as_u64(), Some(delay), "{job}");
+        let start = unix_ms(job["notBefore"].as_str().unwrap());
+        let received = unix_ms(job["receivedAt"].as_str().unwrap());
+        assert_eq!(u64::try_from(start - received).unwrap(), delay, "{job}");
+        let (slept, deferred) = (body["sleptMs"].as_u64(), body["deferredMs"].as_u64());
+        assert_eq!(slept.unwrap() + deferred.unwrap(), delay, "{body}");
+    }
+}
+
+/// 50 /24 networks, each pushed over its limit by a parallel burst from
+/// six of its addresses, through two gates on one Valkey (two processes):
+/// at most `QUOTA_MAX_ASLEEP` requests sleep at once, at a small cap and at
+/// the default (which 200 would-be sleepers exceed); the others sleep
+/// nothing and defer their whole delay, so every 202 keeps its job and its
+/// start time. Each cap, twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sleepers_are_bounded_across_networks_and_gates() {
+    for cap in ["5", "5", "100", "100"] {
+        let server = ValkeyServer::start();
+        let vars = [
+            ("QUOTA_ANON", "1"),
+            ("QUOTA_NETWORKS", "v4/24=2"),
+            ("QUOTA_SOFT_WINDOW", "2"),
+            ("QUOTA_SOFT_DELAY_MS", "400"),
+            ("QUOTA_HARD_DELAY_MS", "800"),
+            ("QUOTA_STORE_TIMEOUT_MS", "2000"),
+            ("QUOTA_MAX_ASLEEP", cap),
+        ];
+        let gates: Vec<Arc<ValkeyGate>> = (0..2)
+            .map(|_| Arc::new(valkey_gate(&server, &vars)))
+            .collect();
+        let requests = (0..50)
+            .flat_map(|net| (1..=6).map(move |host| scan_from(&format!("10.{net}.0.{host}"))))
+            .collect();
+        let seen = burst(&gates, requests).await;
+        assert!(seen.iter().all(|s| s.status == 202));
+        let cap: usize = cap.parse().unwrap();
+        let most = most_asleep(&seen);
+        assert!(most <= cap, "{most} asleep at once, cap {cap}");
+        let denied = seen
+            .iter()
+            .filter(|s| s.body["delayMs"].as_u64() > Some(0) && s.body["sleptMs"] == 0)
+            .count();
+        assert!(denied >= 200 - cap, "{denied} deferred whole, cap {cap}");
+        assert!(most >= cap.min(5), "the beds were used: {most}");
+        every_accepted_scan_is_queued(&server, &seen).await;
+    }
+}
+
+/// `POST /scan` from `ip`, through the trusted proxy 127.0.0.1.
+fn forwarded_scan(ip: &str) -> Vec<u8> {
+    let headers = [
+        ("Content-Type", "application/json"),
+        ("X-Forwarded-For", ip),
+        ("Connection", "close"),
+    ];
+    build("POST", "/scan", &headers, SCAN_BODY).into_bytes()
+}
+
+/// A `serve` on `server`'s Valkey, trusting 127.0.0.1's `X-Forwarded-For`.
+fn serve_on(server: &ValkeyServer, extra: &[(&str, &str)]) -> (KillOnDrop, std::net::SocketAddr) {
+    let url = server.url();
+    let base = [
+        ("VALKEY_URL", url.as_str()),
+        ("SCAN_QUEUE_URL", "valkey-stream:jobs"),
+        ("QUOTA_TRUSTED_PROXIES", "127.0.0.1/32"),
+        ("QUOTA_HASH_SECRET", SECRET_TEXT),
+        ("QUOTA_STORE_TIMEOUT_MS", "2000"),
+    ];
+    spawn_serve(&with_vars(&base, extra))
+}
+
+/// One scan through `addr`; its status and JSON body.
+fn scan_through(addr: std::net::SocketAddr, ip: &str) -> (u16, Value) {
+    let (status, text) = send(addr, &forwarded_scan(ip), Duration::from_secs(30)).unwrap();
+    let body = text.split("\r\n\r\n").nth(1).unwrap_or_default();
+    (status, serde_json::from_str(body).unwrap_or(Value::Null))
+}
+
+/// A sleeper killed with its `serve` (SIGKILL: nothing cleans up) holds its
+/// bed only until its lease ends (its sleep and a second): a scan then
+/// finds it taken and sleeps nothing, one after the lease sleeps again.
+#[test]
+fn a_killed_sleepers_bed_comes_back_by_itself() {
+    let server = ValkeyServer::start();
+    let vars = [
+        ("QUOTA_ANON", "1"),
+        ("QUOTA_NETWORKS", "off"),
+        ("QUOTA_SOFT_WINDOW", "10"),
+        ("QUOTA_SOFT_DELAY_MS", "4000"),
+        ("QUOTA_MAX_ASLEEP", "1"),
+    ];
+    let ip = "198.51.100.1";
+    let (mut first, addr) = serve_on(&server, &vars);
+    assert_eq!(scan_through(addr, ip).0, 202, "within quota");
+    // Over quota: it takes the one bed and sleeps 4 s, until its serve is killed.
+    let asleep_at = Instant::now();
+    let sleeper = std::thread::spawn(move || scan_through(addr, ip));
+    std::thread::sleep(Duration::from_millis(500));
+    first.kill_now();
+    assert!(sleeper.join().is_err(), "the sleeper died with its serve");
+    let held: u64 = tokio::runtime::Runtime::new()
+        .unwrap()
+        .block_on(server.query(redis::cmd("ZCARD").arg("quota:asleep")));
+    assert_eq!(held, 1, "its lease is still held");
+
+    let (_second, addr) = serve_on(&server, &vars);
+    let (status, taken) = scan_through(addr, ip);
+    assert_eq!(status, 202);
+    assert!(
+        asleep_at.elapsed() < Duration::from_secs(5),
+        "slow start: the lease ended already"
+    );
+    assert!(taken["delayMs"].as_u64() > Some(0), "{taken}");
+    assert_eq!(taken["sleptMs"], 0, "the bed is still leased: {taken}");
+    // The lease ends 4 s (the sleep) and 1 s after the killed scan's arrival.
+    let lease_end = asleep_at + Duration::from_millis(5_200);
+    std::thread::sleep(lease_end.saturating_duration_since(Instant::now()));
+    let (status, back) = scan_through(addr, ip);
+    assert_eq!(status, 202);
+    assert!(
+        back["sleptMs"].as_u64() > Some(0),
+        "the bed came back: {back}"
+    );
+}
+
+/// Every key on `server`, for a failure's message.
+async fn all_keys(server: &ValkeyServer) -> Vec<String> {
+    server.keys("*").await
+}
+
+/// A network flood: 10 scans of a /48 within its limit, then hard-tier
+/// scans paced `hard_ms` apart, refused past `backlog_ms`; every address
+/// its own /64, each within its own limit of one.
+fn flood_vars<'a>(hard_ms: &'a str, backlog_ms: &'a str) -> Vec<(&'a str, &'a str)> {
+    vec![
+        ("QUOTA_ANON", "1"),
+        ("QUOTA_NETWORKS", "v6/48=10"),
+        ("QUOTA_SOFT_WINDOW", "0"),
+        ("QUOTA_HARD_DELAY_MS", hard_ms),
+        ("QUOTA_MAX_BACKLOG_MS", backlog_ms),
+        ("QUOTA_DELAY_MODE", "defer"),
+        ("QUOTA_STORE_TIMEOUT_MS", "2000"),
+    ]
+}
+
+/// The `i`-th /64 of the flooding /48.
+fn flooder(i: u32) -> String {
+    format!("2001:db8:77:{i:x}::1")
+}
+
+/// 2,000 /64s of one /48 at once, through eight gates (eight Lambda
+/// environments, each remembering its own refusals): the scans refused
+/// (the /48's line full) leave no key; what remains is the accepted
+/// subjects' counters and first-seen keys, the /48's counter and slot,
+/// and the job stream. Twice, each on a fresh server.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn refused_scans_leave_no_key() {
+    for _ in 0..2 {
+        let server = ValkeyServer::start();
+        let vars = flood_vars("60000", "300000");
+        let gates: Vec<Arc<ValkeyGate>> = (0..8)
+            .map(|_| Arc::new(valkey_gate(&server, &vars)))
+            .collect();
+        let seen = burst(&gates, (0..2_000).map(|i| scan_from(&flooder(i))).collect()).await;
+        let accepted = seen.iter().filter(|s| s.status == 202).count();
+        let refused = seen.iter().filter(|s| s.status == 503).count();
+        assert_eq!((accepted, refused), (15, 1_985), "10 within, 5 paced");
+        let keys = all_keys(&server).await;
+        assert_eq!(keys.len(), 2 * accepted + 2 + 1, "{keys:#?}");
+        every_accepted_scan_is_queued(&server, &seen).await;
+    }
+}
+
+/// The calls Valkey ran since its stats were reset, less the test's own
+/// `INFO` and `CONFIG` (sent on `admin`, connected before the reset).
+async fn commands_run(admin: &mut redis::aio::MultiplexedConnection) -> u64 {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(admin)
+        .await
+        .unwrap();
+    info.lines()
+        .filter(|l| !l.starts_with("cmdstat_info") && !l.starts_with("cmdstat_config"))
+        .filter_map(|l| l.split("calls=").nth(1))
+        .filter_map(|rest| rest.split(',').next()?.parse::<u64>().ok())
+        .sum()
+}
+
+/// After its first refusal, a network's flood (every scan a new /64) is
+/// answered 503 with its `Retry-After` without one store command, until
+/// that instant; then the store is asked again.
+#[tokio::test]
+async fn a_refused_flood_asks_the_store_once_per_retry_after() {
+    let server = ValkeyServer::start();
+    let gate = valkey_gate(&server, &flood_vars("2000", "4000"));
+    let mut i = 0;
+    let first = loop {
+        i += 1;
+        let answer = gate.handle(scan_from(&flooder(i))).await;
+        if answer.status() == 503 {
+            break answer;
+        }
+        assert!(i < 20, "the /48's line never filled");
+    };
+    let refused_at = Instant::now();
+    assert_eq!(json(&first)["error"], "backlog_full");
+    let retry = retry_after(&first);
+    assert!((1..=2).contains(&retry), "{retry}");
+    let mut admin = server.client().await;
+    let _: () = redis::cmd("CONFIG")
+        .arg("RESETSTAT")
+        .query_async(&mut admin)
+        .await
+        .unwrap();
+    for _ in 0..500 {
+        i += 1;
+        let answer = gate.handle(scan_from(&flooder(i))).await;
+        assert_eq!(answer.status(), 503);
+        assert!(
+            retry_after(&answer) <= retry,
+            "never later than the store said"
+        );
+    }
+    assert!(
+        refused_at.elapsed() < Duration::from_secs(1),
+        "the test was too slow"
+    );
+    let known = commands_run(&mut admin).await;
+    assert_eq!(known, 0, "no store command for a known refusal");
+    tokio::time::sleep(Duration::from_secs(retry) + Duration::from_millis(100)).await;
+    let _ = gate.handle(scan_from(&flooder(i + 1))).await;
+    assert!(
+        commands_run(&mut admin).await > 0,
+        "asked again after Retry-After"
+    );
+}
+
+/// A refused flood through `serve` writes no log line of its own, and
+/// under 100 bytes of output per refusal in all (EMF and logs together):
+/// refusals are metered in aggregate, one EMF line per interval.
+#[test]
+fn a_refused_flood_writes_almost_nothing() {
+    let server = ValkeyServer::start();
+    let (mut serve, addr) = serve_on(&server, &flood_vars("60000", "300000"));
+    let refused = (1..=1_000)
+        .filter(|i| scan_through(addr, &flooder(*i)).0 == 503)
+        .count();
+    assert_eq!(refused, 1_000 - 15);
+    let stopped = std::process::Command::new("kill")
+        .args(["-TERM", &serve.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(stopped.success());
+    assert!(serve.wait().unwrap().success());
+    let mut stdout = String::new();
+    std::io::Read::read_to_string(&mut serve.stdout.take().unwrap(), &mut stdout).unwrap();
+    let stderr = stderr_of(&mut serve);
+    assert!(!stderr.contains("scan refused"), "{stderr}");
+    assert!(!stderr.contains("backlog"), "{stderr}");
+    let bytes = stdout.len() + stderr.len();
+    assert!(
+        bytes < 100 * refused,
+        "{bytes} bytes for {refused} refusals"
+    );
+    // Every refusal is counted, in a few EMF lines (the first at once, the
+    // rest when serve stopped).
+    let lines: Vec<u64> = stdout
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter_map(|d| d["stella_quota_requests_backlog_full_total"].as_u64())
+        .collect();
+    assert_eq!(lines.iter().sum::<u64>(), refused as u64, "{stdout}");
+    assert!(lines.len() <= 3, "{lines:?}");
+}
