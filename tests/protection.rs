@@ -11,6 +11,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::client::{build, send};
+use common::cluster::{ValkeyCluster, cluster_gate};
 use common::serve::{spawn_serve, stderr_of};
 use common::*;
 use quota_gate::gate::{Gate, GateRequest};
@@ -74,10 +75,9 @@ fn most_asleep(seen: &[Seen]) -> usize {
     usize::try_from(most).unwrap()
 }
 
-/// Every 202 has its job, whose start is the whole delay after its
-/// arrival, whatever was slept; and slept + deferred is the delay.
-async fn every_accepted_scan_is_queued(server: &ValkeyServer, seen: &[Seen]) {
-    let jobs = stream_jobs(server, "jobs").await;
+/// Every 202 has its job among `jobs`, whose start is the whole delay
+/// after its arrival, whatever was slept; and slept + deferred is the delay.
+fn every_accepted_scan_is_queued(jobs: &[Value], seen: &[Seen]) {
     let accepted: Vec<&Value> = seen
         .iter()
         .filter(|s| s.status == 202)
@@ -135,7 +135,7 @@ async fn sleepers_are_bounded_across_networks_and_gates() {
             .count();
         assert!(denied >= 200 - cap, "{denied} deferred whole, cap {cap}");
         assert!(most >= cap.min(5), "the beds were used: {most}");
-        every_accepted_scan_is_queued(&server, &seen).await;
+        every_accepted_scan_is_queued(&stream_jobs(&server, "jobs").await, &seen);
     }
 }
 
@@ -260,7 +260,7 @@ async fn refused_scans_leave_no_key() {
         assert_eq!((accepted, refused), (15, 1_985), "10 within, 5 paced");
         let keys = all_keys(&server).await;
         assert_eq!(keys.len(), 2 * accepted + 2 + 1, "{keys:#?}");
-        every_accepted_scan_is_queued(&server, &seen).await;
+        every_accepted_scan_is_queued(&stream_jobs(&server, "jobs").await, &seen);
     }
 }
 
@@ -364,4 +364,43 @@ fn a_refused_flood_writes_almost_nothing() {
         .collect();
     assert_eq!(lines.iter().sum::<u64>(), refused as u64, "{stdout}");
     assert!(lines.len() <= 3, "{lines:?}");
+}
+
+/// On a 3-primary cluster, where the beds, each network and each subject
+/// live in slots of their own (the bed asked after the pacing step, each
+/// level paced and refunded on its own node): a /48's parallel burst of
+/// 60 /64s sleeps at most two at once, every 202 has its job and start,
+/// and the refused scans leave no key. Twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn on_a_cluster_beds_hold_and_refusals_leave_no_key() {
+    for _ in 0..2 {
+        let cluster = ValkeyCluster::start();
+        let vars = [
+            ("QUOTA_ANON", "1"),
+            ("QUOTA_NETWORKS", "v6/48=4"),
+            ("QUOTA_SOFT_WINDOW", "2"),
+            ("QUOTA_SOFT_DELAY_MS", "300"),
+            ("QUOTA_HARD_DELAY_MS", "600"),
+            ("QUOTA_MAX_BACKLOG_MS", "1500"),
+            ("QUOTA_MAX_ASLEEP", "2"),
+            ("QUOTA_STORE_TIMEOUT_MS", "2000"),
+        ];
+        let gates: Vec<Arc<ValkeyGate>> = (0..2)
+            .map(|_| Arc::new(cluster_gate(&cluster, &vars)))
+            .collect();
+        let seen = burst(&gates, (0..60).map(|i| scan_from(&flooder(i))).collect()).await;
+        let accepted = seen.iter().filter(|s| s.status == 202).count();
+        assert_eq!(
+            accepted + seen.iter().filter(|s| s.status == 503).count(),
+            60
+        );
+        assert!((6..=8).contains(&accepted), "{accepted} accepted");
+        let most = most_asleep(&seen);
+        assert!((1..=2).contains(&most), "{most} asleep at once");
+        every_accepted_scan_is_queued(&cluster.stream_jobs("jobs").await, &seen);
+        let keys: Vec<String> = (cluster.keys("quota:*").into_iter())
+            .filter(|k| k != "quota:asleep")
+            .collect();
+        assert_eq!(keys.len(), 2 * accepted + 2, "{keys:#?}");
+    }
 }
