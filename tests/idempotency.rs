@@ -442,6 +442,9 @@ impl QuotaStore for LatePace {
         });
         rx.await.unwrap_or(Err(StoreError::Unanswered))
     }
+    async fn has_record(&self, record: &str, now: UnixSecs) -> Result<bool, StoreError> {
+        self.inner.has_record(record, now).await
+    }
     async fn take_bed(
         &self,
         ask: quota_gate::delay::BedAsk,

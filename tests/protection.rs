@@ -405,3 +405,33 @@ async fn on_a_cluster_beds_hold_and_refusals_leave_no_key() {
         assert_eq!(keys.len(), 2 * accepted + 2, "{keys:#?}");
     }
 }
+
+/// The refusal memory never hides a saved answer: a keyed scan accepted
+/// before its network's line filled is replayed on retry (one read of its
+/// record), while a new key from the same network is refused at once.
+#[tokio::test]
+async fn a_known_refusal_still_replays_a_saved_answer() {
+    let server = ValkeyServer::start();
+    let gate = valkey_gate(&server, &flood_vars("60000", "300000"));
+    let keyed = |i: u32, key: &'static str| {
+        let mut r = scan_from(&flooder(i));
+        r.headers
+            .insert("idempotency-key", http::HeaderValue::from_static(key));
+        r
+    };
+    let first = gate.handle(keyed(0, "k-1")).await;
+    assert_eq!(first.status(), 202);
+    let mut i = 0;
+    while gate.handle(scan_from(&flooder(i + 1))).await.status() == 202 {
+        i += 1;
+        assert!(i < 20, "the /48's line never filled");
+    }
+    let replay = gate.handle(keyed(0, "k-1")).await;
+    assert_eq!(replay.status(), 202, "{}", json(&replay));
+    assert_eq!(replay.headers()["idempotent-replayed"], "true");
+    assert_eq!(json(&replay)["scanId"], json(&first)["scanId"]);
+    let fresh = gate.handle(keyed(0, "k-2")).await;
+    assert_eq!(fresh.status(), 503);
+    assert_eq!(json(&fresh)["error"], "backlog_full");
+    assert_eq!(stream_jobs(&server, "jobs").await.len(), 1 + i as usize);
+}

@@ -2,7 +2,7 @@
 //! rule applies), the bed it may sleep in (see [`crate::delay::Bed`]), and
 //! a refusal when its line is full, which is remembered
 //! ([`super::refused`]) so the next scans of that line are refused without
-//! the store.
+//! the store (a keyed one after one read: its record, if any, answers it).
 
 use std::time::Duration;
 
@@ -35,6 +35,25 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
             DelayRule::Fixed(delay) => Ok((delay, Box::pin(self.bed(attempt, scan, delay)).await)),
             DelayRule::Pace(tier_delay) => Box::pin(self.paced(attempt, scan, tier_delay)).await,
         }
+    }
+
+    /// The refusal of a scan whose subject or level is known refused
+    /// ([`super::refused`]), with the `Retry-After` it was given; `None`
+    /// when the store must be asked, as for a keyed scan whose record
+    /// exists (a repeat of its key is answered from it, refused or not).
+    pub(super) async fn known_refused(&self, attempt: &Attempt) -> Option<GateError> {
+        let until = self.refused.until(attempt.keys(), attempt.now_ms)?;
+        if let Some(claim) = &attempt.claim {
+            let exists = self.store.has_record(&claim.record, attempt.now());
+            if Box::pin(self.bounded(exists)).await.unwrap_or(false) {
+                return None;
+            }
+        }
+        let retry_after_ms = u64::try_from(until.get() - attempt.now_ms.get()).unwrap_or(0);
+        Some(GateError::backlog_full(
+            retry_after_ms.div_ceil(1000),
+            u64::MAX,
+        ))
     }
 
     /// A bed asked alone, for a scan whose fixed `delay` no pacing step

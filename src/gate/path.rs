@@ -126,9 +126,7 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
     /// and decide; then a repeat is answered, a failure settled, and a scan
     /// that may go ahead run.
     async fn scan(&self, attempt: &Attempt, body: RequestBody) -> Finished {
-        if let Some(until) = self.refused.until(attempt.keys(), attempt.now_ms) {
-            let retry_after_ms = u64::try_from(until.get() - attempt.now_ms.get()).unwrap_or(0);
-            let refused = GateError::backlog_full(retry_after_ms.div_ceil(1000), u64::MAX);
+        if let Some(refused) = self.known_refused(attempt).await {
             return (
                 Err(refused),
                 attempt.exit(Metered::Uncounted, End::BacklogFull),

@@ -349,6 +349,10 @@ impl QuotaStore for MemoryStore {
         Ok(())
     }
 
+    async fn has_record(&self, record: &str, now: UnixSecs) -> Result<bool, StoreError> {
+        Ok(self.lock().record(record, now).is_some())
+    }
+
     async fn release(&self, record: &str, scan_id: Uuid, now: UnixSecs) -> Result<(), StoreError> {
         if let Some(r) = self.lock().record(record, now)
             && r.state == RecordState::Pending

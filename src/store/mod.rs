@@ -120,6 +120,10 @@ impl QuotaStore for AnyStore {
         dispatch!(self, s => s.refund(refund))
     }
 
+    async fn has_record(&self, record: &str, now: UnixSecs) -> Result<bool, StoreError> {
+        dispatch!(self, s => s.has_record(record, now))
+    }
+
     async fn release(&self, record: &str, scan_id: Uuid, now: UnixSecs) -> Result<(), StoreError> {
         dispatch!(self, s => s.release(record, scan_id, now))
     }

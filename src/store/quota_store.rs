@@ -265,6 +265,15 @@ pub trait QuotaStore: Send + Sync + 'static {
     /// the scan.
     fn refund(&self, refund: Refund<'_>) -> impl Future<Output = Result<(), StoreError>> + Send;
 
+    /// Whether `record` exists: a keyed scan of a subject known to be
+    /// refused is still a repeat of its key when it does (one cheap read,
+    /// so the refusal memory never hides a saved answer).
+    fn has_record(
+        &self,
+        record: &str,
+        now: UnixSecs,
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send;
+
     /// Frees a pending record's lease (if a pending record still names
     /// `scan_id`), so a retry need not wait for it: its attempt gave up
     /// without knowing the outcome. A claim that found another attempt's

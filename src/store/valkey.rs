@@ -324,6 +324,12 @@ impl QuotaStore for ValkeyStore {
         self.refund_in_cluster(&refund).await
     }
 
+    async fn has_record(&self, record: &str, _now: UnixSecs) -> Result<bool, StoreError> {
+        let mut cmd = redis::cmd("EXISTS");
+        cmd.arg(record);
+        self.send(cmd).await
+    }
+
     async fn release(&self, record: &str, scan_id: Uuid, _now: UnixSecs) -> Result<(), StoreError> {
         let mut cmd = eval(RELEASE, &[record]);
         cmd.arg(scan_id.to_string());

@@ -308,6 +308,16 @@ impl QuotaStore for SimStore {
         .await
     }
 
+    async fn has_record(&self, record: &str, now: UnixSecs) -> Result<bool, StoreError> {
+        let record = record.to_owned();
+        self.call(
+            "has_record",
+            move |m, _| ready(m.has_record(&record, now)).expect("memory store"),
+            Kind::Other,
+        )
+        .await
+    }
+
     async fn take_bed(
         &self,
         ask: BedAsk,
