@@ -59,5 +59,6 @@ async fn start() -> Result<Gate<quota_gate::store::AnyStore, quota_gate::queue::
         .map_err(|e| e.to_string())?;
     // Connect during the cold start, not in the first request.
     gate.warm_up();
+    quota_gate::lambda::check_store(&gate).await?;
     Ok(gate)
 }
