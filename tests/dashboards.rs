@@ -333,11 +333,13 @@ fn resources(template: &str) -> BTreeMap<String, Vec<&str>> {
     out
 }
 
-/// The template's alarms: name → `Threshold`.
+/// The template's alarms that every stack has (none under a `Condition`):
+/// name → `Threshold`.
 fn alarms(template: &str) -> BTreeMap<String, f64> {
     resources(template)
         .into_iter()
         .filter(|(_, lines)| lines.contains(&"    Type: AWS::CloudWatch::Alarm"))
+        .filter(|(_, lines)| !lines.iter().any(|l| l.starts_with("    Condition: ")))
         .map(|(name, lines)| {
             let threshold = lines
                 .iter()
@@ -404,6 +406,59 @@ fn cloudwatch_thresholds_are_the_alarms() {
         shown.iter().map(|s| s.to_string()).collect::<BTreeSet<_>>(),
         all
     );
+}
+
+/// The created cache's alarms exist with the cache only, on its own
+/// metrics (dimension `clusterId`, the cache): any eviction, any throttled
+/// command, and data storage and ECPU at 75 % of the very parameters its
+/// `CacheUsageLimits` takes, so a larger cache moves its alarms with it.
+#[test]
+fn cache_alarms_follow_its_limits() {
+    let template = read("template.yaml");
+    let all = resources(&template);
+    let cache = all["ValkeyCache"].join("\n");
+    for limit in ["CacheMaxDataStorageGB", "CacheMaxEcpuPerSecond"] {
+        assert!(cache.contains(&format!("Maximum: !Ref {limit}")), "{cache}");
+    }
+    let expect = [
+        ("CacheEvictionsAlarm", "MetricName: Evictions", "0", None),
+        (
+            "CacheThrottledAlarm",
+            "MetricName: ThrottledCmds",
+            "0",
+            None,
+        ),
+        (
+            "CacheDataStorageAlarm",
+            "MetricName: BytesUsedForCache",
+            "75",
+            Some("100 * bytes / (${CacheMaxDataStorageGB} * 1000000000)"),
+        ),
+        (
+            "CacheEcpuAlarm",
+            "MetricName: ElastiCacheProcessingUnits",
+            "75",
+            Some("100 * ecpu / 60 / ${CacheMaxEcpuPerSecond}"),
+        ),
+    ];
+    for (name, metric, threshold, expression) in expect {
+        let alarm = all[name].join("\n");
+        assert!(alarm.contains("    Condition: CreateCache"), "{name}");
+        assert!(alarm.contains("Namespace: AWS/ElastiCache"), "{name}");
+        assert!(alarm.contains(metric), "{name}");
+        assert!(alarm.contains("- Name: clusterId\n"), "{name}");
+        assert!(alarm.contains("Value: !Ref ValkeyCache"), "{name}");
+        assert!(
+            alarm.contains(&format!("      Threshold: {threshold}\n")),
+            "{name}"
+        );
+        if let Some(expression) = expression {
+            assert!(
+                alarm.contains(&format!("Expression: !Sub \"{expression}\"")),
+                "{name}"
+            );
+        }
+    }
 }
 
 // --- Grafana and Prometheus -------------------------------------------------------------
