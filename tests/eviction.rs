@@ -490,3 +490,96 @@ async fn a_full_noeviction_store_loses_nothing() {
         assert!(response.headers().get("x-stella-quota").is_none());
     }
 }
+
+/// `used_memory` of `valkey` (`INFO memory`).
+async fn used_memory(valkey: &ValkeyServer) -> i64 {
+    let info: String = valkey.query(redis::cmd("INFO").arg("memory")).await;
+    let field = info.lines().find_map(|l| l.strip_prefix("used_memory:"));
+    field.unwrap().trim().parse().unwrap()
+}
+
+/// The bytes `n` subjects add to a fresh Valkey's `used_memory`, one scan
+/// each from `address(i)`, under `vars`: per subject.
+async fn bytes_per_subject(vars: &[(&str, &str)], n: u32, address: impl Fn(u32) -> String) -> f64 {
+    let valkey = &ValkeyServer::start();
+    let url = valkey.url();
+    let vars = with_vars(
+        &[
+            ("VALKEY_URL", url.as_str()),
+            ("QUOTA_STORE_TIMEOUT_MS", "2000"),
+        ],
+        vars,
+    );
+    let store = ValkeyStore::new(Valkey::new(&url, false, Duration::from_secs(2)).unwrap());
+    let gate = gate(&vars, store, Discard);
+    assert_eq!(
+        gate.handle(scan_from("192.0.2.1")).await.status(),
+        202,
+        "connected"
+    );
+    let before = used_memory(valkey).await;
+    for i in 0..n {
+        assert_eq!(gate.handle(scan_from(&address(i))).await.status(), 202);
+    }
+    (used_memory(valkey).await - before) as f64 / f64::from(n)
+}
+
+/// What a subject costs Valkey, the figures docs/production.md sizes the
+/// cache with ("Eviction and memory"): each key's `MEMORY USAGE` for one
+/// paced subject (its counter, `:ts`, `:slot`, its /24's counter) and a
+/// keyed scan's record, and the growth of `used_memory` over 10,000 fresh
+/// subjects, IPv4 (each in a /24 of its own, and with no levels) and IPv6
+/// (each in a /48 of its own). Print them with
+/// `cargo test --test eviction what_a_subject_costs_valkey -- --nocapture`.
+#[tokio::test(flavor = "multi_thread")]
+async fn what_a_subject_costs_valkey() {
+    let valkey = ValkeyServer::start();
+    let url = valkey.url();
+    let vars = [
+        ("VALKEY_URL", url.as_str()),
+        ("QUOTA_ANON", "1"),
+        ("QUOTA_DELAY_MODE", "defer"),
+        ("QUOTA_STORE_TIMEOUT_MS", "2000"),
+    ];
+    let store = ValkeyStore::new(Valkey::new(&url, false, Duration::from_secs(2)).unwrap());
+    let gate = gate(&vars, store, Discard);
+    for key in [None, None, Some("k-1")] {
+        assert_eq!(gate.handle(scan("198.51.100.7", key)).await.status(), 202);
+    }
+    let mut sizes = Vec::new();
+    for key in valkey.keys("quota:*").await {
+        let cmd = redis::cmd("MEMORY")
+            .arg("USAGE")
+            .arg(&key)
+            .arg("SAMPLES")
+            .arg("0")
+            .clone();
+        let bytes: i64 = valkey.query(&cmd).await;
+        let kind = match key.rsplit_once('}') {
+            Some((_, "")) if key.starts_with("quota:net:") => "network counter".to_owned(),
+            Some((_, "")) => "counter".to_owned(),
+            Some((_, rest)) => rest.split(':').take(2).collect::<Vec<_>>().join(":"),
+            None => key.clone(),
+        };
+        eprintln!("MEMORY USAGE {kind:<16} {bytes:>5} B  ({key})");
+        sizes.push((kind, bytes));
+    }
+    for kind in ["counter", ":ts", ":slot", "network counter", ":idem"] {
+        assert!(sizes.iter().any(|(k, _)| k == kind), "{kind}: {sizes:?}");
+    }
+    let n = 10_000;
+    let v4 = |i: u32| format!("10.{}.{}.1", i / 256, i % 256);
+    let v6 = |i: u32| format!("2001:db8:{i:x}::1");
+    let figures = [
+        ("IPv4, default levels", bytes_per_subject(&[], n, v4).await),
+        (
+            "IPv4, QUOTA_NETWORKS=off",
+            bytes_per_subject(&[("QUOTA_NETWORKS", "off")], n, v4).await,
+        ),
+        ("IPv6, default levels", bytes_per_subject(&[], n, v6).await),
+    ];
+    for (what, bytes) in figures {
+        eprintln!("used_memory per subject, {what}: {bytes:.0} B");
+        assert!((50.0..1000.0).contains(&bytes), "{what}: {bytes}");
+    }
+}
