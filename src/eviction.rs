@@ -4,10 +4,10 @@
 //! Every quota key has a TTL, so any policy but `noeviction` evicts them
 //! when the store is full: a `volatile-*` policy (ElastiCache's default, and
 //! what ElastiCache Serverless does at its data-storage maximum) takes
-//! counters and pacing slots (a client's next scans are free) and
-//! idempotency records (a keyed retry is queued a second time); an
-//! `allkeys-*` policy takes the stream's jobs and the consumer's markers
-//! too. Under `noeviction` a full store refuses writes instead, and the fail
+//! counters and pacing slots (a client's next scans are free),
+//! idempotency records (a keyed retry is queued a second time) and the
+//! consumer's markers (a finished scan runs again); an `allkeys-*` policy
+//! takes the stream's jobs too. Under `noeviction` a full store refuses writes instead, and the fail
 //! mode answers, metered. The policy is read from `INFO memory` (`CONFIG`
 //! is disabled on ElastiCache), once per primary.
 
@@ -48,13 +48,13 @@ impl Eviction {
             Self::Never => "nothing: a full store refuses writes and the fail mode answers",
             Self::KeysWithTtl => {
                 "every quota key has a TTL, so a full store evicts counters and pacing slots \
-                 (the client's next scans are free) and idempotency records (a keyed scan is \
-                 queued twice)"
+                 (the client's next scans are free), idempotency records (a keyed scan is \
+                 queued twice) and the consumer's markers (a finished scan runs again)"
             }
             Self::AllKeys => {
                 "a full store evicts any key: counters and pacing slots (free scans), idempotency \
-                 records (a keyed scan queued twice), and stream jobs and consumer markers (202'd \
-                 scans lost or run twice)"
+                 records (a keyed scan queued twice), the consumer's markers (a scan run again) \
+                 and stream jobs (202'd scans that never run)"
             }
         }
     }
