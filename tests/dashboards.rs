@@ -27,6 +27,8 @@ use common::*;
 use jsonwebtoken::Algorithm;
 use quota_gate::connection::Valkey;
 use quota_gate::gate::Gate;
+use quota_gate::meter::emf::Sink;
+use quota_gate::meter::store::{Process, StoreMeter};
 use quota_gate::store::memory::MemoryStore;
 use quota_gate::store::valkey::ValkeyStore;
 use serde_json::{Value, json};
@@ -221,6 +223,14 @@ async fn scripted_emf_run() -> String {
         Gate::new(config, ValkeyStore::new(valkey), Discard, sink.meter()).unwrap()
     };
     let (open, closed) = (on_valkey("open"), on_valkey("closed"));
+    // The Lambda's init check of the store: its one line (noeviction: 0).
+    let store_sink = Sink::sync(Box::new(sink.clone()));
+    let store_meter = StoreMeter::new("StellaOps/Quota", Process::Lambda, Some(store_sink));
+    let valkey = Valkey::new(&url, false, Duration::from_secs(2)).unwrap();
+    let store = &open.config().store;
+    quota_gate::eviction_watch::check_at_start(&valkey, store, &store_meter)
+        .await
+        .unwrap();
     assert_eq!(json(&open.handle(anon()).await)["quota"]["used"], 1);
     drop(server);
     for request in requests {
@@ -265,7 +275,7 @@ async fn levels_run(vars: &[(&str, &str)], sink: &Capture) {
     }
 }
 
-/// The metrics AWS publishes for a function and a queue that the dashboard may plot.
+/// The metrics AWS publishes for a function, a queue and a serverless cache that the dashboard may plot.
 const AWS_METRICS: &[(&str, &str, &str)] = &[
     ("AWS/Lambda", "Duration", "FunctionName"),
     ("AWS/Lambda", "ConcurrentExecutions", "FunctionName"),
@@ -281,6 +291,10 @@ const AWS_METRICS: &[(&str, &str, &str)] = &[
     ),
     ("AWS/SQS", "ApproximateAgeOfOldestMessage", "QueueName"),
     ("AWS/SQS", "NumberOfMessagesSent", "QueueName"),
+    ("AWS/ElastiCache", "Evictions", "clusterId"),
+    ("AWS/ElastiCache", "BytesUsedForCache", "clusterId"),
+    ("AWS/ElastiCache", "ElastiCacheProcessingUnits", "clusterId"),
+    ("AWS/ElastiCache", "ThrottledCmds", "clusterId"),
 ];
 
 /// Every metric and dimension set on the CloudWatch dashboard is one an EMF line of the scripted run carries (or one AWS publishes).
