@@ -526,8 +526,8 @@ async fn bytes_per_subject(vars: &[(&str, &str)], n: u32, address: impl Fn(u32) 
 
 /// What a subject costs Valkey, the figures docs/production.md sizes the
 /// cache with ("Eviction and memory"): each key's `MEMORY USAGE` for one
-/// paced subject (its counter, `:ts`, `:slot`, its /24's counter) and a
-/// keyed scan's record, and the growth of `used_memory` over 10,000 fresh
+/// paced subject (its counter, `:ts`, `:slot`, its /24's counter), a
+/// keyed scan's record and a job on a stream, and the growth of `used_memory` over 10,000 fresh
 /// subjects, IPv4 (each in a /24 of its own, and with no levels) and IPv6
 /// (each in a /48 of its own). Print them with
 /// `cargo test --test eviction what_a_subject_costs_valkey -- --nocapture`.
@@ -567,6 +567,27 @@ async fn what_a_subject_costs_valkey() {
     for kind in ["counter", ":ts", ":slot", "network counter", ":idem"] {
         assert!(sizes.iter().any(|(k, _)| k == kind), "{kind}: {sizes:?}");
     }
+    // A job on a valkey-stream queue on the same Valkey, until it is trimmed.
+    let quiet = [
+        ("QUOTA_NETWORKS", "off"),
+        ("QUOTA_STORE_TIMEOUT_MS", "2000"),
+    ];
+    let streamed = valkey_gate(&valkey, &quiet);
+    for i in 0..1000 {
+        let ip = format!("10.200.{}.{}", i / 250, i % 250);
+        assert_eq!(streamed.handle(scan_from(&ip)).await.status(), 202);
+    }
+    let cmd = redis::cmd("MEMORY")
+        .arg("USAGE")
+        .arg("jobs")
+        .arg("SAMPLES")
+        .arg("0")
+        .clone();
+    let stream: i64 = valkey.query(&cmd).await;
+    eprintln!(
+        "MEMORY USAGE stream job        {:>5} B  (jobs / 1000)",
+        stream / 1000
+    );
     let n = 10_000;
     let v4 = |i: u32| format!("10.{}.{}.1", i / 256, i % 256);
     let v6 = |i: u32| format!("2001:db8:{i:x}::1");
