@@ -42,15 +42,19 @@ fn policy_lines(log: &str) -> Vec<&str> {
         .collect()
 }
 
-/// `quota-gate <args>` with only `vars` set: its exit status and stderr,
-/// once it has exited (at most 20 s).
-fn run_to_exit(args: &[&str], vars: &[(&str, &str)]) -> (std::process::ExitStatus, String) {
-    let child = Command::new(bin("quota-gate"))
+/// `program <args>` (a binary of this package) with only `vars` set: its
+/// exit status, stdout and stderr, once it has exited (at most 20 s).
+fn run_to_exit(
+    program: &str,
+    args: &[&str],
+    vars: &[(&str, &str)],
+) -> (std::process::ExitStatus, String, String) {
+    let child = Command::new(bin(program))
         .args(args)
         .env_clear()
         .envs(vars.iter().copied())
         .stdin(Stdio::null())
-        .stdout(Stdio::null())
+        .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
@@ -58,12 +62,11 @@ fn run_to_exit(args: &[&str], vars: &[(&str, &str)]) -> (std::process::ExitStatu
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
         if let Some(status) = child.try_wait().unwrap() {
-            return (status, stderr_of(&mut child));
+            let mut stdout = String::new();
+            std::io::Read::read_to_string(child.stdout.as_mut().unwrap(), &mut stdout).unwrap();
+            return (status, stdout, stderr_of(&mut child));
         }
-        assert!(
-            Instant::now() < deadline,
-            "quota-gate {args:?} did not exit"
-        );
+        assert!(Instant::now() < deadline, "{program} {args:?} did not exit");
         std::thread::sleep(Duration::from_millis(50));
     }
 }
@@ -123,7 +126,8 @@ fn serve_refuses_an_evicting_store_when_told() {
     let valkey = ValkeyServer::start_with(&["--maxmemory-policy", "volatile-lru"]);
     let url = valkey.url();
     let listen = loopback(free_port()).to_string();
-    let (status, stderr) = run_to_exit(
+    let (status, _, stderr) = run_to_exit(
+        "quota-gate",
         &["serve"],
         &[
             ("VALKEY_URL", &url),
@@ -174,6 +178,49 @@ fn a_store_that_is_down_does_not_stop_the_start() {
         lines[0].contains("WARN") && lines[0].contains("cannot read"),
         "{stderr}"
     );
+}
+
+/// The Lambda's init runs the same check: against `volatile-lru` one
+/// error line and one EMF line (`Process` = `lambda`) before the runtime
+/// starts; with `QUOTA_STORE_EVICTION=refuse` the init fails (exit 2),
+/// naming the variable and the policy.
+#[test]
+fn the_lambda_init_says_it_and_refuses_when_told() {
+    let valkey = ValkeyServer::start_with(&["--maxmemory-policy", "volatile-lru"]);
+    let url = valkey.url();
+    // No Runtime API answers: the init's work is all there is to see.
+    let api = loopback(free_port()).to_string();
+    let vars = [
+        ("VALKEY_URL", url.as_str()),
+        ("QUOTA_HASH_SECRET", "eviction-test-secret-0123456789abcdef"),
+        ("AWS_LAMBDA_RUNTIME_API", api.as_str()),
+        ("AWS_LAMBDA_FUNCTION_NAME", "_"),
+        ("AWS_LAMBDA_FUNCTION_VERSION", "1"),
+        ("AWS_LAMBDA_FUNCTION_MEMORY_SIZE", "128"),
+    ];
+    let (_, stdout, stderr) = run_to_exit("bootstrap", &[], &vars);
+    let lines = policy_lines(&stderr);
+    assert_eq!(lines.len(), 1, "{stderr}");
+    assert!(
+        lines[0].contains("ERROR") && lines[0].contains("volatile-lru"),
+        "{stderr}"
+    );
+    let emf: Vec<Value> = stdout
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter(|d| d.get(STORE_EVICTING).is_some())
+        .collect();
+    assert_eq!(emf.len(), 1, "{stdout}");
+    assert_eq!(
+        (emf[0][STORE_EVICTING].as_u64(), emf[0]["Process"].as_str()),
+        (Some(1), Some("lambda"))
+    );
+
+    let refuse = [&vars[..], &[("QUOTA_STORE_EVICTION", "refuse")]].concat();
+    let (status, _, stderr) = run_to_exit("bootstrap", &[], &refuse);
+    assert_eq!(status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("QUOTA_STORE_EVICTION=refuse"), "{stderr}");
+    assert!(stderr.contains("volatile-lru"), "{stderr}");
 }
 
 /// `consume` runs the same check: with `refuse` against an evicting store
