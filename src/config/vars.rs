@@ -263,7 +263,8 @@ variables! {
     QUOTA_STORE_EVICTION: Var<Word<OnEviction>> = word("warn");
     /// how often `serve` and `consume` read the store's `evicted_keys` into
     /// `stella_quota_store_evicted_keys_total`
-    QUOTA_STORE_STATS_INTERVAL_MS: Var<Whole> = number("60000", 100, MAX_MILLIS).applies(Applies::LongRunning);
+    QUOTA_STORE_STATS_INTERVAL_MS: Var<Whole> =
+        number("60000", 100, MAX_MILLIS).applies(Applies::LongRunning);
     /// `sleep` (seed behaviour, capped by the budget) or `defer`
     QUOTA_DELAY_MODE: Var<Word<DelayMode>> = word("sleep");
     /// the gateway's integration timeout

@@ -156,10 +156,10 @@ async fn run_stream(
     parts: Parts,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), String> {
+    let _evictions = parts.watch_store(&ops).await?;
     let (a, p) = (&parts.args, &parts.consumer);
     let source =
         source::stream::StreamSource::open(reads, ops.clone(), key, &a.group, p, a.lease).await?;
-    let _evictions = parts.watch_store(&ops).await?;
     crate::queue::stream::warn_without_persistence(&ops, key).await;
     let markers = Markers::valkey(ops.clone(), key).with_wait(parts.wait_replicas);
     let clock = QueueClock::of_valkey(LOCAL, ops);
