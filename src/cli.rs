@@ -6,7 +6,10 @@ use clap::{Parser, Subcommand};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 
 use crate::config::Config;
-use crate::meter::DELAY_MS;
+use crate::eviction_watch;
+use crate::meter::emf::Sink;
+use crate::meter::store::{Process, StoreMeter};
+use crate::meter::{DELAY_MS, EMF_DROPPED};
 use crate::serve::Server;
 use crate::stdout::{LINE_QUEUE, LineWriter};
 
@@ -152,10 +155,18 @@ fn text<E: std::fmt::Display>(result: Result<(), E>) -> Result<(), String> {
 /// last EMF and log lines out.
 async fn serve(config: Config) -> Result<(), String> {
     let metrics = install_prometheus()?;
-    if let (crate::config::QueueTarget::ValkeyStream(key), Ok(Some(valkey))) = (
-        &config.queue,
-        crate::connection::Valkey::from_config(&config),
-    ) {
+    // A bad URL is reported by the gates' own wiring, below.
+    let valkey = crate::connection::Valkey::from_config(&config)
+        .ok()
+        .flatten();
+    // Held until the server has stopped: dropping it stops the watch.
+    let _evictions = match &valkey {
+        Some(valkey) => {
+            Some(eviction_watch::start(valkey, &config.store, store_meter(&config)).await?)
+        }
+        None => None,
+    };
+    if let (crate::config::QueueTarget::ValkeyStream(key), Some(valkey)) = (&config.queue, valkey) {
         let key = key.clone();
         tokio::spawn(async move {
             crate::queue::stream::warn_without_persistence(&valkey, &key).await;
@@ -171,6 +182,13 @@ async fn serve(config: Config) -> Result<(), String> {
         stderr.drain(EXIT_DRAIN).await;
     }
     served
+}
+
+/// `serve`'s meter of the store's own metrics: EMF lines through the
+/// non-blocking stdout, as its requests' (a dropped line is counted).
+fn store_meter(config: &Config) -> StoreMeter {
+    let sink = Sink::Background(LineWriter::stdout(), Some(metrics::counter!(EMF_DROPPED)));
+    StoreMeter::new(&config.metrics_namespace, Process::Serve, Some(sink))
 }
 
 /// How long a stopping `serve` waits for its stdout and stderr readers.

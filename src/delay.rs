@@ -99,25 +99,26 @@ pub fn bed_until(arrival: UnixMillis, wait_ms: u64, budget_ms: u64) -> UnixMilli
         .saturating_add(BED_GRACE)
 }
 
-/// The beds answer after the leases of `leases` that ended by `now` are
-/// dropped: a bed is taken (and its lease, ending at `until`, kept) if fewer
-/// than `max_asleep` are held. The in-memory store's rule; `pace.lua` and
-/// `bed.lua` are the same on Valkey.
+/// The beds' answer to `ask`, for a scan that arrived at `arrival` and
+/// owes `wait_ms`: the leases of `leases` that ended by then are dropped,
+/// and a bed is taken (its lease, ending at [`bed_until`], kept) if fewer
+/// than `ask.max_asleep` are held. The in-memory store's rule; `bed.lua`
+/// is the same on Valkey.
 pub fn take_bed(
     leases: &mut Vec<UnixMillis>,
-    now: UnixMillis,
-    until: UnixMillis,
-    max_asleep: u32,
+    ask: &BedAsk,
+    arrival: UnixMillis,
+    wait_ms: u64,
 ) -> Bed {
-    leases.retain(|end| *end > now);
+    leases.retain(|end| *end > arrival);
     let held = u32::try_from(leases.len()).unwrap_or(u32::MAX);
-    if held >= max_asleep {
+    if held >= ask.max_asleep {
         return Bed {
             taken: false,
             asleep: held,
         };
     }
-    leases.push(until);
+    leases.push(bed_until(arrival, wait_ms, ask.budget_ms));
     Bed {
         taken: true,
         asleep: held + 1,
@@ -182,16 +183,21 @@ mod tests {
     }
 
     /// Beds: taken up to the cap, refused beyond it, and free again once
-    /// a lease ends, whether or not its sleeper woke.
+    /// a lease ends (its sleep, at most the budget, and a second), whether
+    /// or not its sleeper woke.
     #[test]
     fn beds_are_leases() {
         let mut leases = Vec::new();
         let at = |ms| UnixMillis(ms);
-        let until = bed_until(at(0), 5_000, 28_000);
-        assert_eq!(until, at(6_000));
+        let ask = |max_asleep| BedAsk {
+            id: Uuid::nil(),
+            budget_ms: 28_000,
+            max_asleep,
+        };
+        assert_eq!(bed_until(at(0), 5_000, 28_000), at(6_000));
         assert_eq!(bed_until(at(0), 60_000, 28_000), at(29_000));
         for asleep in 1..=2 {
-            let bed = take_bed(&mut leases, at(0), until, 2);
+            let bed = take_bed(&mut leases, &ask(2), at(0), 5_000);
             assert_eq!(
                 bed,
                 Bed {
@@ -200,7 +206,7 @@ mod tests {
                 }
             );
         }
-        let full = take_bed(&mut leases, at(5_999), at(9_000), 2);
+        let full = take_bed(&mut leases, &ask(2), at(5_999), 5_000);
         assert_eq!(
             full,
             Bed {
@@ -208,7 +214,7 @@ mod tests {
                 asleep: 2
             }
         );
-        let freed = take_bed(&mut leases, at(6_000), at(9_000), 2);
+        let freed = take_bed(&mut leases, &ask(2), at(6_000), 5_000);
         assert_eq!(
             freed,
             Bed {
@@ -216,7 +222,7 @@ mod tests {
                 asleep: 1
             }
         );
-        assert!(!take_bed(&mut leases, at(6_000), at(9_000), 0).taken);
+        assert!(!take_bed(&mut leases, &ask(0), at(6_000), 5_000).taken);
     }
 
     proptest! {

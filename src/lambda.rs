@@ -14,8 +14,10 @@ use lambda_http::{Body, Request, RequestExt, Response, service_fn};
 
 use crate::gate::{Gate, GateRequest};
 use crate::identity::ip::parse_source;
+use crate::meter::emf::Sink;
+use crate::meter::store::{Process, StoreMeter};
 use crate::queue::ScanQueue;
-use crate::store::QuotaStore;
+use crate::store::{AnyStore, QuotaStore};
 use crate::unix::duration_ms;
 
 /// Turns a Lambda HTTP event into a gate request.
@@ -138,6 +140,21 @@ pub async fn report_init_error(api: &str, error_type: &str, message: &str) -> st
     tokio::time::timeout(Duration::from_secs(2), exchange)
         .await
         .unwrap_or_else(|_| Err(std::io::Error::other("the Runtime API did not answer")))
+}
+
+/// The Lambda's init check of the store's eviction policy
+/// ([`crate::eviction_watch::check_at_start`]): said in the log and in one
+/// EMF line on stdout, or the init refused when `QUOTA_STORE_EVICTION=refuse`.
+/// Evictions during the run are left to the cache's own `Evictions` alarm
+/// (see [`crate::eviction_watch`]).
+pub async fn check_store<Q: ScanQueue>(gate: &Gate<AnyStore, Q>) -> Result<(), String> {
+    let AnyStore::Valkey(store) = gate.store() else {
+        return Ok(());
+    };
+    let config = gate.config();
+    let sink = Sink::sync(Box::new(std::io::stdout()));
+    let meter = StoreMeter::new(&config.metrics_namespace, Process::Lambda, Some(sink));
+    crate::eviction_watch::check_at_start(store.valkey(), &config.store, &meter).await
 }
 
 /// Serves Lambda invocations until the runtime stops.

@@ -25,7 +25,7 @@
 //! | after | [`consume`] | `quota-gate consume`: holds each job until `notBefore`, runs each `scanId` once |
 //!
 //! The floors: the pure rules and types ([`decide`], [`delay`], [`outcome`],
-//! [`pace`], [`record`], [`settle`], the instant types of [`unix`], the
+//! [`pace`], [`record`], [`settle`], [`eviction`], the instant types of [`unix`], the
 //! cluster [`hash_tag`] rule, the store's circuit [`breaker`] (told the
 //! time, it reads no clock), and the one-word settings of [`config::words`])
 //! import no I/O crate and no module above them; the modules that talk to
@@ -51,7 +51,9 @@
 //! cluster, TLS) used by the store and the stream queue; [`bugs`] holds the test-only switches
 //! that bring past bugs back for the simulator; [`stdout`] is the process's non-blocking
 //! line writer (spooled jobs, EMF lines, `serve`'s logs), a writer thread on
-//! the I/O floor beside the connection; [`cli`] is the
+//! the I/O floor beside the connection; [`eviction_watch`] reads the
+//! store's eviction policy at start (said, metered, or the start refused)
+//! and its evicted keys during the run, off the request path; [`cli`] is the
 //! `quota-gate` command and [`ops`] its operator tools (inspect, reset, purge, stats), which own what
 //! only operators need: reading and removing keys, visiting every primary.
 
@@ -67,6 +69,8 @@ pub mod decide;
 pub mod delay;
 pub mod digest;
 pub mod error;
+pub mod eviction;
+pub mod eviction_watch;
 pub mod gate;
 pub mod hash_tag;
 pub mod idempotency;

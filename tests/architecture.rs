@@ -21,7 +21,7 @@ const ALLOWED_CYCLES: &[&[&str]] = &[];
 /// The rules: pure functions and types, which import no I/O crate and no
 /// crate module outside [`PURE`].
 const RULES: &[&str] = &[
-    "decide", "delay", "level", "outcome", "pace", "record", "settle",
+    "decide", "delay", "eviction", "level", "outcome", "pace", "record", "settle",
 ];
 
 /// The modules the rules may import: the rules themselves and the
@@ -33,6 +33,7 @@ const PURE: &[&str] = &[
     "consume::schedule",
     "decide",
     "delay",
+    "eviction",
     "outcome",
     "hash_tag",
     "level",

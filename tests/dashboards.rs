@@ -27,6 +27,8 @@ use common::*;
 use jsonwebtoken::Algorithm;
 use quota_gate::connection::Valkey;
 use quota_gate::gate::Gate;
+use quota_gate::meter::emf::Sink;
+use quota_gate::meter::store::{Process, StoreMeter};
 use quota_gate::store::memory::MemoryStore;
 use quota_gate::store::valkey::ValkeyStore;
 use serde_json::{Value, json};
@@ -233,6 +235,14 @@ async fn scripted_emf_run() -> String {
         Gate::new(config, ValkeyStore::new(valkey), Discard, sink.meter()).unwrap()
     };
     let (open, closed) = (on_valkey("open"), on_valkey("closed"));
+    // The Lambda's init check of the store: its one line (noeviction: 0).
+    let store_sink = Sink::sync(Box::new(sink.clone()));
+    let store_meter = StoreMeter::new("StellaOps/Quota", Process::Lambda, Some(store_sink));
+    let valkey = Valkey::new(&url, false, Duration::from_secs(2)).unwrap();
+    let store = &open.config().store;
+    quota_gate::eviction_watch::check_at_start(&valkey, store, &store_meter)
+        .await
+        .unwrap();
     assert_eq!(json(&open.handle(anon()).await)["quota"]["used"], 1);
     drop(server);
     for request in requests {
@@ -277,7 +287,7 @@ async fn levels_run(vars: &[(&str, &str)], sink: &Capture) {
     }
 }
 
-/// The metrics AWS publishes for a function and a queue that the dashboard may plot.
+/// The metrics AWS publishes for a function, a queue and a serverless cache that the dashboard may plot.
 const AWS_METRICS: &[(&str, &str, &str)] = &[
     ("AWS/Lambda", "Duration", "FunctionName"),
     ("AWS/Lambda", "ConcurrentExecutions", "FunctionName"),
@@ -293,6 +303,10 @@ const AWS_METRICS: &[(&str, &str, &str)] = &[
     ),
     ("AWS/SQS", "ApproximateAgeOfOldestMessage", "QueueName"),
     ("AWS/SQS", "NumberOfMessagesSent", "QueueName"),
+    ("AWS/ElastiCache", "Evictions", "clusterId"),
+    ("AWS/ElastiCache", "BytesUsedForCache", "clusterId"),
+    ("AWS/ElastiCache", "ElastiCacheProcessingUnits", "clusterId"),
+    ("AWS/ElastiCache", "ThrottledCmds", "clusterId"),
 ];
 
 /// Every metric and dimension set on the CloudWatch dashboard is one an EMF line of the scripted run carries (or one AWS publishes).
@@ -345,11 +359,13 @@ fn resources(template: &str) -> BTreeMap<String, Vec<&str>> {
     out
 }
 
-/// The template's alarms: name → `Threshold`.
+/// The template's alarms that every stack has (none under a `Condition`):
+/// name → `Threshold`.
 fn alarms(template: &str) -> BTreeMap<String, f64> {
     resources(template)
         .into_iter()
         .filter(|(_, lines)| lines.contains(&"    Type: AWS::CloudWatch::Alarm"))
+        .filter(|(_, lines)| !lines.iter().any(|l| l.starts_with("    Condition: ")))
         .map(|(name, lines)| {
             let threshold = lines
                 .iter()
@@ -416,6 +432,59 @@ fn cloudwatch_thresholds_are_the_alarms() {
         shown.iter().map(|s| s.to_string()).collect::<BTreeSet<_>>(),
         all
     );
+}
+
+/// The created cache's alarms exist with the cache only, on its own
+/// metrics (dimension `clusterId`, the cache): any eviction, any throttled
+/// command, and data storage and ECPU at 75 % of the very parameters its
+/// `CacheUsageLimits` takes, so a larger cache moves its alarms with it.
+#[test]
+fn cache_alarms_follow_its_limits() {
+    let template = read("template.yaml");
+    let all = resources(&template);
+    let cache = all["ValkeyCache"].join("\n");
+    for limit in ["CacheMaxDataStorageGB", "CacheMaxEcpuPerSecond"] {
+        assert!(cache.contains(&format!("Maximum: !Ref {limit}")), "{cache}");
+    }
+    let expect = [
+        ("CacheEvictionsAlarm", "MetricName: Evictions", "0", None),
+        (
+            "CacheThrottledAlarm",
+            "MetricName: ThrottledCmds",
+            "0",
+            None,
+        ),
+        (
+            "CacheDataStorageAlarm",
+            "MetricName: BytesUsedForCache",
+            "75",
+            Some("100 * bytes / (${CacheMaxDataStorageGB} * 1000000000)"),
+        ),
+        (
+            "CacheEcpuAlarm",
+            "MetricName: ElastiCacheProcessingUnits",
+            "75",
+            Some("100 * ecpu / 60 / ${CacheMaxEcpuPerSecond}"),
+        ),
+    ];
+    for (name, metric, threshold, expression) in expect {
+        let alarm = all[name].join("\n");
+        assert!(alarm.contains("    Condition: CreateCache"), "{name}");
+        assert!(alarm.contains("Namespace: AWS/ElastiCache"), "{name}");
+        assert!(alarm.contains(metric), "{name}");
+        assert!(alarm.contains("- Name: clusterId\n"), "{name}");
+        assert!(alarm.contains("Value: !Ref ValkeyCache"), "{name}");
+        assert!(
+            alarm.contains(&format!("      Threshold: {threshold}\n")),
+            "{name}"
+        );
+        if let Some(expression) = expression {
+            assert!(
+                alarm.contains(&format!("Expression: !Sub \"{expression}\"")),
+                "{name}"
+            );
+        }
+    }
 }
 
 // --- Grafana and Prometheus -------------------------------------------------------------

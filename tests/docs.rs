@@ -340,7 +340,7 @@ fn aws_parameter_list_is_the_templates() {
 fn metrics_table_is_the_meters() {
     use quota_gate::meter::{
         ASLEEP, BEDS_FULL, COUNTERS, DELAY_MS, EMF_DROPPED, EVENTS, LEVEL_METRICS, REQUESTS,
-        SHADOW_COUNTERS,
+        SHADOW_COUNTERS, STORE_METRICS,
     };
     let mut metrics: BTreeSet<String> = COUNTERS
         .iter()
@@ -348,6 +348,7 @@ fn metrics_table_is_the_meters() {
         .chain(&SHADOW_COUNTERS)
         .chain(&EVENTS)
         .chain(&LEVEL_METRICS)
+        .chain(&STORE_METRICS)
         .map(|s| s.to_string())
         .collect();
     metrics.extend([DELAY_MS, EMF_DROPPED, ASLEEP, BEDS_FULL].map(String::from));

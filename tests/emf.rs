@@ -21,6 +21,10 @@
 //! above the subject set has a second line of its own with exactly one level
 //! metric: a network hit's dimension is `[["Level"]]` (a configured level's
 //! name, `v4/24`, never an address), global pacing's `[["Scope"]]` (`ip`).
+//! The store's own lines (`stella_quota_store_evicting` at start, the
+//! evicted keys as they grow) carry one store metric each, under
+//! `[["Process"]]` (`serve`, `lambda` or `consume`): they describe the
+//! process's store, not a request.
 
 use quota_gate_testkit as common;
 
@@ -109,12 +113,20 @@ fn check_emf(line: &str) -> Value {
     let events = declared_of(&meter::EVENTS);
     let levels = declared_of(&meter::LEVEL_METRICS);
     let beds = declared_of(&[meter::ASLEEP, meter::BEDS_FULL]);
+    let store = declared_of(&meter::STORE_METRICS);
     let by_level = levels.iter().any(|n| *n != meter::GLOBAL_PACED);
     if !beds.is_empty() {
         assert_eq!(beds, [meter::ASLEEP, meter::BEDS_FULL], "{line}");
         assert!(requests.is_empty() && events.is_empty() && levels.is_empty());
         assert!(root[meter::ASLEEP].as_u64().is_some(), "{line}");
         assert!(root[meter::BEDS_FULL].as_u64().unwrap() <= 1, "{line}");
+    } else if !store.is_empty() {
+        assert_eq!(store.len(), 1, "one store metric per line: {line}");
+        assert!(
+            requests.is_empty() && events.is_empty() && levels.is_empty(),
+            "{line}"
+        );
+        assert!(root[store[0]].is_u64(), "{line}");
     } else if !levels.is_empty() {
         assert_eq!(levels.len(), 1, "one level metric per line: {line}");
         assert!(requests.is_empty() && events.is_empty(), "{line}");
@@ -138,7 +150,11 @@ fn check_emf(line: &str) -> Value {
         assert_eq!(ns, "StellaOps/Quota");
 
         let sets = d["Dimensions"].as_array().expect("Dimensions is an array");
-        let dimension = if by_level { "Level" } else { "Scope" };
+        let dimension = match (by_level, store.is_empty()) {
+            (true, _) => "Level",
+            (false, false) => "Process",
+            (false, true) => "Scope",
+        };
         assert_eq!(
             d["Dimensions"],
             serde_json::json!([[dimension]]),
@@ -159,6 +175,10 @@ fn check_emf(line: &str) -> Value {
                 };
                 match name {
                     "Level" => assert!(level(value), "{name}={value}"),
+                    "Process" => assert!(
+                        ["serve", "lambda", "consume"].contains(&value),
+                        "{name}={value}"
+                    ),
                     _ => assert!(["ip", "tid"].contains(&value), "{name}={value}"),
                 }
             }
@@ -180,7 +200,8 @@ fn check_emf(line: &str) -> Value {
                         || meter::SHADOW_COUNTERS.contains(&name)
                         || meter::EVENTS.contains(&name)
                         || meter::LEVEL_METRICS.contains(&name)
-                        || [meter::ASLEEP, meter::BEDS_FULL].contains(&name),
+                        || [meter::ASLEEP, meter::BEDS_FULL].contains(&name)
+                        || meter::STORE_METRICS.contains(&name),
                     "undeclared metric {name}"
                 );
                 "Count"
@@ -514,4 +535,53 @@ async fn level_lines() {
     assert!(level_lines(&documents(&sink)).is_empty());
     let text = sink.text();
     assert!(!text.contains("198.51.100") && !text.contains("192.0.2"));
+}
+
+/// The store's lines, from each front end: at start whether it can evict
+/// (1 or 0), then the keys evicted, a line only when there were any; each
+/// valid EMF with its one store metric under `[["Process"]]`.
+#[test]
+fn store_lines_follow_the_spec() {
+    use quota_gate::meter::emf::Sink;
+    use quota_gate::meter::store::{Process, StoreMeter};
+    let sink = Capture::default();
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64;
+    for process in [Process::Serve, Process::Lambda, Process::Consume] {
+        let meter = StoreMeter::new(
+            "StellaOps/Quota",
+            process,
+            Some(Sink::sync(Box::new(sink.clone()))),
+        );
+        meter.evicting(process == Process::Lambda, now);
+        meter.evicted(0, now);
+        meter.evicted(17, now);
+    }
+    let docs = documents(&sink);
+    assert_eq!(
+        docs.len(),
+        6,
+        "two lines per process: the gauge, the evictions"
+    );
+    let evicting: Vec<u64> = docs
+        .iter()
+        .filter_map(|d| d[meter::STORE_EVICTING].as_u64())
+        .collect();
+    assert_eq!(evicting, [0, 1, 0]);
+    for doc in docs
+        .iter()
+        .filter(|d| d.get(meter::STORE_EVICTED_KEYS).is_some())
+    {
+        assert_eq!(doc[meter::STORE_EVICTED_KEYS], 17, "{doc}");
+    }
+    let processes: Vec<&str> = docs
+        .iter()
+        .map(|d| d["Process"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        processes,
+        ["serve", "serve", "lambda", "lambda", "consume", "consume"]
+    );
 }

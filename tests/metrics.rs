@@ -420,3 +420,29 @@ async fn level_hits_by_level() {
         "{text}"
     );
 }
+
+/// The store's own metrics render unlabelled, typed and described: the
+/// gauge as the start set it, the counter as the evictions grew.
+#[test]
+fn store_metrics_are_unlabelled() {
+    use quota_gate::meter::store::{Process, StoreMeter};
+    use quota_gate::meter::{STORE_EVICTED_KEYS, STORE_EVICTING};
+    // The scripted snapshot first: these must not show in it.
+    let _ = scripted_run();
+    let meter = StoreMeter::new("test", Process::Serve, None);
+    meter.evicting(true, 0);
+    meter.evicted(3, 0);
+    meter.evicted(4, 0);
+    let text = quota_gate::meter::prometheus::render(recorder());
+    assert_eq!(value(&text, STORE_EVICTING), 1.0);
+    assert_eq!(value(&text, STORE_EVICTED_KEYS), 7.0);
+    assert!(
+        text.contains(&format!("# TYPE {STORE_EVICTING} gauge")),
+        "{text}"
+    );
+    assert!(
+        text.contains(&format!("# HELP {STORE_EVICTING} ")),
+        "{text}"
+    );
+    assert_counter_with_help(&text, STORE_EVICTED_KEYS);
+}

@@ -1,10 +1,12 @@
 //! The AWS Lambda entry point: read the configuration, build the clients
 //! once per cold start, and serve invocations.
 //!
-//! A configuration error is printed and, under a Lambda runtime, reported to
-//! the Runtime API as the function's init error (`Runtime.ConfigError`, with
-//! the variable's name), so the invocation shows the cause instead of a bare
-//! "Runtime exited"; then the process exits non-zero.
+//! A configuration error (or, with `QUOTA_STORE_EVICTION=refuse`, a store
+//! whose `maxmemory-policy` can evict the gate's keys) is printed and, under
+//! a Lambda runtime, reported to the Runtime API as the function's init
+//! error (`Runtime.ConfigError`, with the variable's name), so the
+//! invocation shows the cause instead of a bare "Runtime exited"; then the
+//! process exits non-zero.
 
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -59,5 +61,6 @@ async fn start() -> Result<Gate<quota_gate::store::AnyStore, quota_gate::queue::
         .map_err(|e| e.to_string())?;
     // Connect during the cold start, not in the first request.
     gate.warm_up();
+    quota_gate::lambda::check_store(&gate).await?;
     Ok(gate)
 }

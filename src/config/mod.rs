@@ -47,7 +47,7 @@ pub use policy::Policy;
 pub use queue::QueueTarget;
 pub use serve::ServeConfig;
 pub use store::{CaBundle, StoreConfig, ValkeyConfig, is_tls_url};
-pub use words::{DelayMode, FailMode, Mode, Pacing, ResetPolicy};
+pub use words::{DelayMode, FailMode, Mode, OnEviction, Pacing, ResetPolicy};
 
 /// Every setting of the gate.
 #[derive(Debug, Clone)]

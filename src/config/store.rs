@@ -6,7 +6,7 @@ use std::time::Duration;
 use super::error::ConfigError;
 use super::lookup::Lookup;
 use super::vars;
-use super::words::FailMode;
+use super::words::{FailMode, OnEviction};
 
 /// The quota Valkey.
 #[derive(Debug, Clone)]
@@ -30,6 +30,10 @@ pub struct StoreConfig {
     /// Consecutive failures that open the breaker (0: never opens).
     pub breaker_failures: u32,
     pub breaker_cool_down: Duration,
+    /// What the start does with a store that can evict the gate's keys.
+    pub on_eviction: OnEviction,
+    /// How often `serve` and `consume` read the store's evicted keys.
+    pub stats_interval: Duration,
 }
 
 /// CA certificates (PEM) read from `VALKEY_TLS_CA` at start.
@@ -77,6 +81,8 @@ impl StoreConfig {
             fail_mode: env.word(&vars::QUOTA_FAIL_MODE)?,
             breaker_failures: env.count(&vars::QUOTA_BREAKER_FAILURES)?,
             breaker_cool_down: env.millis(&vars::QUOTA_BREAKER_COOLDOWN_MS)?,
+            on_eviction: env.word(&vars::QUOTA_STORE_EVICTION)?,
+            stats_interval: env.millis(&vars::QUOTA_STORE_STATS_INTERVAL_MS)?,
         })
     }
 }

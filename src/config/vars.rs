@@ -14,7 +14,7 @@
 
 use std::marker::PhantomData;
 
-use super::words::{DelayMode, FailMode, Mode, Pacing, ResetPolicy};
+use super::words::{DelayMode, FailMode, Mode, OnEviction, Pacing, ResetPolicy};
 
 /// The longest delay or timeout: 24 h, in milliseconds.
 pub const MAX_MILLIS: u64 = 86_400_000;
@@ -41,6 +41,9 @@ pub enum Applies {
     Everywhere,
     /// Only by `quota-gate serve` (the local server).
     Serve,
+    /// By the long-running commands, `quota-gate serve` and `consume`, not
+    /// in Lambda: `template.yaml` leaves it out.
+    LongRunning,
     /// Everywhere, but names a local file, which a Lambda zip would have to
     /// ship: `template.yaml` leaves it out.
     LocalFile,
@@ -253,6 +256,15 @@ variables! {
     QUOTA_BREAKER_FAILURES: Var<Whole> = number("5", 0, MAX_LIMIT);
     /// how long an open breaker skips the store before one probe
     QUOTA_BREAKER_COOLDOWN_MS: Var<Whole> = number("1000", 0, MAX_MILLIS);
+    /// `warn`: a store whose `maxmemory-policy` can evict the gate's keys (anything but
+    /// `noeviction`) is named at start in an error-level line and in `stella_quota_store_evicting`;
+    /// `refuse`: such a start (serve, Lambda, consume) exits non-zero instead ([Eviction and
+    /// memory](docs/production.md#eviction-and-memory))
+    QUOTA_STORE_EVICTION: Var<Word<OnEviction>> = word("warn");
+    /// how often `serve` and `consume` read the store's `evicted_keys` into
+    /// `stella_quota_store_evicted_keys_total`
+    QUOTA_STORE_STATS_INTERVAL_MS: Var<Whole> =
+        number("60000", 100, MAX_MILLIS).applies(Applies::LongRunning);
     /// `sleep` (seed behaviour, capped by the budget) or `defer`
     QUOTA_DELAY_MODE: Var<Word<DelayMode>> = word("sleep");
     /// requests asleep at once across every gate process (each holds a Lambda environment); a

@@ -92,3 +92,14 @@ word_setting! {
         Off = "off",
     }
 }
+
+word_setting! {
+    /// What the start does when the store's `maxmemory-policy` can evict the
+    /// gate's keys ([`crate::eviction`]).
+    OnEviction {
+        /// Say so in an error-level line and a metric, and start.
+        Warn = "warn",
+        /// Refuse to start.
+        Refuse = "refuse",
+    }
+}

@@ -28,10 +28,12 @@
 //! | `connector.rs` | the [`Valkey`] handle and its connector task: connect, publish, reconnect |
 //! | `send.rs` | waiting for a live connection and [`Valkey::send`]: the sent / never-sent protocol ([`SendError`]) |
 //! | `command.rs` | the command builders ([`sized_cmd`], [`eval`]) |
+//! | `memory.rs` | what the server says of its memory, off the request path: `INFO` from every primary, its eviction policy and evicted keys |
 //! | `setup.rs` | building a handle from a URL or the configuration, TLS trust |
 
 mod command;
 mod connector;
+mod memory;
 mod send;
 mod setup;
 
@@ -39,5 +41,6 @@ mod setup;
 pub(crate) use command::quoted_words;
 pub use command::{eval, sized_cmd, wait};
 pub use connector::{Connection, Valkey};
+pub use memory::NodeInfo;
 pub use send::{Refusal, Request, SendError, not_connected};
 pub(crate) use setup::client_for;

@@ -60,6 +60,9 @@ use tokio_util::task::AbortOnDropHandle;
 
 use crate::config::Config;
 use crate::connection::Valkey;
+use crate::meter::emf::Sink;
+use crate::meter::store::{Process, StoreMeter};
+use crate::stdout::LineWriter;
 use clock::QueueClock;
 use error::ConsumeError;
 use handoff::Handoff;
@@ -87,6 +90,19 @@ struct Parts {
     namespace: String,
     /// `VALKEY_WAIT_REPLICAS`, for the markers.
     wait_replicas: u32,
+    /// The quota Valkey's settings: its eviction check and stats interval.
+    store: crate::config::StoreConfig,
+}
+
+impl Parts {
+    /// The store's eviction check and evictions watch
+    /// ([`crate::eviction_watch::start`]), for a consumer whose stream or
+    /// markers live in `ops`: an evicting store loses jobs and markers too.
+    async fn watch_store(&self, ops: &Valkey) -> Result<AbortOnDropHandle<()>, String> {
+        let emf = (!self.args.no_emf).then(|| Sink::Background(LineWriter::stdout(), None));
+        let meter = StoreMeter::new(&self.namespace, Process::Consume, emf);
+        crate::eviction_watch::start(ops, &self.store, meter).await
+    }
 }
 
 /// Runs the consumer until `shutdown` ends (or the end of standard input).
@@ -104,6 +120,7 @@ pub async fn run(
         consumer: args.consumer_name(),
         namespace: config.metrics_namespace.clone(),
         wait_replicas: config.store.valkey.as_ref().map_or(0, |v| v.wait_replicas),
+        store: config.store.clone(),
         handoff,
         args,
     };
@@ -139,6 +156,7 @@ async fn run_stream(
     parts: Parts,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), String> {
+    let _evictions = parts.watch_store(&ops).await?;
     let (a, p) = (&parts.args, &parts.consumer);
     let source =
         source::stream::StreamSource::open(reads, ops.clone(), key, &a.group, p, a.lease).await?;
@@ -159,6 +177,10 @@ async fn run_sqs(
     let sdk = aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await;
     let source = source::sqs::SqsSource::new(&sdk, url, parts.args.lease);
     let name = url.rsplit('/').next().unwrap_or("queue");
+    let _evictions = match &ops {
+        Some(ops) => Some(parts.watch_store(ops).await?),
+        None => None,
+    };
     let (markers, clock) = match ops {
         Some(ops) => (
             Markers::valkey(ops.clone(), &format!("sqs:{name}")).with_wait(parts.wait_replicas),
@@ -326,5 +348,6 @@ async fn serve_metrics(addr: SocketAddr) -> Result<(), String> {
         .and_then(PrometheusBuilder::install)
         .map_err(|e| format!("--metrics-listen {addr}: {e}"))?;
     ConsumeMeter::describe();
+    crate::meter::describe_store();
     Ok(())
 }

@@ -36,6 +36,16 @@ pub const PROCESS_RSS: &str = "process_resident_memory_bytes";
 /// stdio, the Valkey connections).
 pub const PROCESS_OPEN_FDS: &str = "process_open_fds";
 
+/// 1 when the quota Valkey's `maxmemory-policy` can evict the gate's keys
+/// (anything but `noeviction`), 0 when it cannot: read at start by `serve`,
+/// the Lambda's init and `consume` ([`crate::eviction`]).
+pub const STORE_EVICTING: &str = "stella_quota_store_evicting";
+/// Keys the quota Valkey evicted (its `evicted_keys`), as `serve` and
+/// `consume` read them every `QUOTA_STORE_STATS_INTERVAL_MS`.
+pub const STORE_EVICTED_KEYS: &str = "stella_quota_store_evicted_keys_total";
+/// The store's own metrics, in [`super::store::StoreMetric`] order.
+pub const STORE_METRICS: [&str; 2] = [STORE_EVICTING, STORE_EVICTED_KEYS];
+
 /// The counters every counted request's line carries (0 or 1 each).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Counter {
@@ -208,6 +218,20 @@ pub fn describe() {
         DELAY_MS,
         metrics::Unit::Milliseconds,
         "Delay owed per decided scan (slept plus deferred), in milliseconds."
+    );
+    describe_store();
+}
+
+/// `# HELP` text for the store's own metrics (`serve`'s and `consume`'s
+/// `/metrics`).
+pub fn describe_store() {
+    metrics::describe_gauge!(
+        STORE_EVICTING,
+        "1 when the quota Valkey's maxmemory-policy can evict the gate's keys, 0 for noeviction (read at start)."
+    );
+    metrics::describe_counter!(
+        STORE_EVICTED_KEYS,
+        "Keys the quota Valkey evicted (its evicted_keys), read every QUOTA_STORE_STATS_INTERVAL_MS."
     );
 }
 

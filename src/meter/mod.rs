@@ -21,7 +21,8 @@
 //!
 //! The rooms: [`catalogue`] names every metric and says what it counts,
 //! [`emf`] is the one EMF writer (the consumer's too), [`prometheus`] the
-//! scrape. A line's `Timestamp` is the request's instant, the one clock
+//! scrape, [`store`] the quota Valkey's own metrics (whether it can evict,
+//! what it evicted), which describe the process's store, not a request. A line's `Timestamp` is the request's instant, the one clock
 //! reading of the request ([`Exit::at`]): the meter reads no clock.
 
 pub mod beds;
@@ -30,6 +31,7 @@ pub mod emf;
 pub mod levels;
 pub mod prometheus;
 pub mod refusals;
+pub mod store;
 
 use std::io::Write;
 use std::sync::Arc;
@@ -50,7 +52,8 @@ pub use beds::{ASLEEP, BEDS_FULL};
 pub use catalogue::{
     BACKLOG_REFUSALS, CHECKS, COUNTERS, DELAY_MS, EMF_DROPPED, ENQUEUE_ERRORS, EVENTS, EXEMPT,
     Event, HARD_HITS, PROCESS_OPEN_FDS, PROCESS_RSS, REMINDERS, REQUESTS, SHADOW_COUNTERS,
-    SHADOW_HARD_HITS, SHADOW_SOFT_HITS, SOFT_HITS, STORE_ERRORS, describe,
+    SHADOW_HARD_HITS, SHADOW_SOFT_HITS, SOFT_HITS, STORE_ERRORS, STORE_EVICTED_KEYS,
+    STORE_EVICTING, STORE_METRICS, describe, describe_store,
 };
 pub use levels::{GLOBAL_PACED, LEVEL_METRICS, NETWORK_HARD_HITS, NETWORK_SOFT_HITS};
 

@@ -19,7 +19,7 @@
 //! first entry survived or not.
 
 use super::job_queue::{QueueError, ScanQueue};
-use crate::connection::{SendError, Valkey, eval, sized_cmd};
+use crate::connection::{NodeInfo, SendError, Valkey, eval, sized_cmd};
 use crate::hash_tag::tagged;
 use crate::job::ScanJob;
 
@@ -113,10 +113,8 @@ const SEND_WITHIN: std::time::Duration = super::job_queue::ENQUEUE_TIMEOUT;
 /// the consumer group and the `scanId` markers. `serve` and `consume` call
 /// it at start; it only reads `INFO persistence` (allowed on ElastiCache).
 pub async fn warn_without_persistence(valkey: &Valkey, key: &str) {
-    let mut cmd = redis::cmd("INFO");
-    cmd.arg("persistence");
-    match valkey.send::<redis::Value>(cmd, SEND_WITHIN).await {
-        Ok(info) if !aof_everywhere(&info) => tracing::warn!(
+    match valkey.read_info("persistence", SEND_WITHIN).await {
+        Ok(nodes) if !aof_everywhere(&nodes) => tracing::warn!(
             stream = key,
             "Valkey has no persistence (appendonly no): a restart loses the queued jobs, \
              the consumer group and the scanId markers; set appendonly yes"
@@ -126,23 +124,9 @@ pub async fn warn_without_persistence(valkey: &Valkey, key: &str) {
     }
 }
 
-/// Whether every `INFO persistence` text in `info` (one, or one per node)
-/// says AOF is on.
-fn aof_everywhere(info: &redis::Value) -> bool {
-    fn texts(v: &redis::Value, out: &mut Vec<String>) {
-        match v {
-            redis::Value::BulkString(b) => out.push(String::from_utf8_lossy(b).into_owned()),
-            redis::Value::VerbatimString { text, .. } => out.push(text.clone()),
-            redis::Value::Array(items) | redis::Value::Set(items) => {
-                items.iter().for_each(|i| texts(i, out));
-            }
-            redis::Value::Map(pairs) => pairs.iter().for_each(|(_, i)| texts(i, out)),
-            _ => {}
-        }
-    }
-    let mut all = Vec::new();
-    texts(info, &mut all);
-    !all.is_empty() && all.iter().all(|t| t.contains("aof_enabled:1"))
+/// Whether every node's `INFO persistence` says AOF is on.
+fn aof_everywhere(nodes: &[NodeInfo]) -> bool {
+    !nodes.is_empty() && nodes.iter().all(|n| n.field("aof_enabled") == Some("1"))
 }
 
 impl ScanQueue for StreamQueue {
@@ -176,18 +160,22 @@ impl ScanQueue for StreamQueue {
 mod tests {
     use super::*;
 
-    /// AOF on every node is persistence; any node without it, or no answer text, is not.
+    /// AOF on every node is persistence; any node without it, or no node, is not.
     #[test]
     fn persistence() {
-        let text = |t: &str| redis::Value::BulkString(t.as_bytes().to_vec());
-        assert!(aof_everywhere(&text("# Persistence\r\naof_enabled:1\r\n")));
-        assert!(!aof_everywhere(&text("aof_enabled:0\r\n")));
-        let nodes = redis::Value::Map(vec![
-            (text("a"), text("aof_enabled:1")),
-            (text("b"), text("aof_enabled:0")),
-        ]);
-        assert!(!aof_everywhere(&nodes));
-        assert!(!aof_everywhere(&redis::Value::Nil));
+        let node = |t: &str| NodeInfo {
+            node: "a:6379".into(),
+            text: t.into(),
+        };
+        assert!(aof_everywhere(&[node(
+            "# Persistence\r\naof_enabled:1\r\n"
+        )]));
+        assert!(!aof_everywhere(&[node("aof_enabled:0\r\n")]));
+        assert!(!aof_everywhere(&[
+            node("aof_enabled:1"),
+            node("aof_enabled:0")
+        ]));
+        assert!(!aof_everywhere(&[]));
     }
 
     /// `land.lua` writes the entry's fields under the names the consumer

@@ -24,7 +24,7 @@ use super::key::{IDEMPOTENCY_TTL_SECS, QuotaKey};
 use super::quota_store::{
     CountArgs, CountFailed, PaceArgs, QuotaStore, RecordUpdate, Refund, StoreError, TakeOver,
 };
-use crate::delay::{Bed, BedAsk, bed_until, take_bed};
+use crate::delay::{Bed, BedAsk, take_bed};
 use crate::pace::{Paced, line_excess, next_start};
 use crate::record::{Claim, Claimed, Count, Lane, Peek, Record, RecordState, Tally};
 
@@ -85,16 +85,6 @@ impl Inner {
             .min()
             .unwrap_or(UnixSecs(i64::MAX));
         self.last_sweep = now;
-    }
-
-    /// A bed for a scan that arrived at `arrival` and owes `wait_ms`.
-    fn take_bed(&mut self, ask: &BedAsk, arrival: UnixMillis, wait_ms: u64) -> Bed {
-        take_bed(
-            &mut self.beds,
-            arrival,
-            bed_until(arrival, wait_ms, ask.budget_ms),
-            ask.max_asleep,
-        )
     }
 
     fn live(&mut self, key: &str, now: UnixSecs) -> Option<&mut Entry> {
@@ -303,9 +293,8 @@ impl QuotaStore for MemoryStore {
                 if let Some(record) = args.record.and_then(|r| inner.record(r, now)) {
                     record.delay_ms = Some(delay_ms);
                 }
-                let bed = args
-                    .bed
-                    .map(|ask| inner.take_bed(&ask, args.arrival_ms, delay_ms));
+                let beds = &mut inner.beds;
+                let bed = (args.bed).map(|ask| take_bed(beds, &ask, args.arrival_ms, delay_ms));
                 Ok(Paced::Slot { delay_ms, bed })
             }
             Err(retry_after_ms) => Ok(Paced::Full {
@@ -325,7 +314,7 @@ impl QuotaStore for MemoryStore {
         arrival: UnixMillis,
         wait_ms: u64,
     ) -> Result<Bed, StoreError> {
-        Ok(self.lock().take_bed(&ask, arrival, wait_ms))
+        Ok(take_bed(&mut self.lock().beds, &ask, arrival, wait_ms))
     }
 
     async fn refund(&self, refund: Refund<'_>) -> Result<(), StoreError> {
