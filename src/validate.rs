@@ -32,7 +32,7 @@ impl ScanRequest {
 
 /// Whether `path` names the scan route: `/scan`, or `/<stage>/scan` when API
 /// Gateway keeps a named stage in the path. Nothing else: `/scan/` is 404,
-/// as the README's error table says.
+/// as docs/guide.md's error table says.
 pub fn is_scan_path(path: &str) -> bool {
     match path.strip_suffix("/scan") {
         Some("") => true,

@@ -137,11 +137,17 @@ async fn request_future_stays_in_its_size_budget() {
     );
 }
 
-/// The README's testing section gives today's figure: `phrase`, with its
+/// docs/getting-started.md's testing section gives today's figure: `phrase`, with its
 /// line breaks taken as spaces.
 fn readme_says(phrase: &str) {
-    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md"))
-        .expect("README.md is readable");
+    let readme = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/docs/getting-started.md"
+    ))
+    .expect("docs/getting-started.md is readable");
     let flat = readme.split_whitespace().collect::<Vec<_>>().join(" ");
-    assert!(flat.contains(phrase), "README.md should say \"{phrase}\"");
+    assert!(
+        flat.contains(phrase),
+        "docs/getting-started.md should say \"{phrase}\""
+    );
 }

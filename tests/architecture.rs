@@ -25,7 +25,7 @@ const RULES: &[&str] = &[
 ];
 
 /// The modules the rules may import: the rules themselves and the
-/// one-word settings they read. The README's ground floor names these
+/// one-word settings they read. docs/architecture.md's ground floor names these
 /// (`tests/docs.rs` checks).
 const PURE: &[&str] = &[
     "breaker",

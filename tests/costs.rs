@@ -1,7 +1,7 @@
 //! What a request costs Valkey, counted: the round trips and commands of
-//! each path in the README's table ("What the levels cost"), measured here
+//! each path in docs/benchmarks.md's table ("What the levels cost"), measured here
 //! and checked against the table itself, so a change that adds a command
-//! to a path must change the README in the same commit. Each request is
+//! to a path must change the docs in the same commit. Each request is
 //! sent once the answer to the one before is in, through a proxy that
 //! counts the gate's writes (one a round trip); Valkey's own `INFO
 //! commandstats` counts the commands. These figures do not move between
@@ -18,7 +18,7 @@ use quota_gate::gate::GateRequest;
 /// Requests per path.
 const N: u64 = 10;
 
-/// A README row, its settings, and its `i`-th request.
+/// A row of docs/benchmarks.md's table, its settings, and its `i`-th request.
 type Path = (
     &'static str,
     &'static [(&'static str, &'static str)],
@@ -189,14 +189,15 @@ async fn measure_refusals(server: &ValkeyServer) -> [(u64, BTreeMap<String, u64>
     [first, counted.per_request("a known refusal").await]
 }
 
-/// The README row `| <name> | <round trips> | <commands> …|`.
+/// docs/benchmarks.md's row `| <name> | <round trips> | <commands> …|`.
 fn readme_row(name: &str) -> (u64, u64) {
     let readme =
-        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/benchmarks.md"))
+            .unwrap();
     let row = readme
         .lines()
         .find(|l| l.trim_start().starts_with(&format!("| {name} |")))
-        .unwrap_or_else(|| panic!("README has no row `| {name} |`"));
+        .unwrap_or_else(|| panic!("docs/benchmarks.md has no row `| {name} |`"));
     let cells: Vec<&str> = row.trim().split('|').map(str::trim).collect();
     let number = |cell: &str| -> u64 {
         let digits: String = cell.chars().take_while(char::is_ascii_digit).collect();
@@ -230,7 +231,7 @@ async fn each_path_costs_what_the_readme_says() {
         assert_eq!(
             readme_row(name),
             (*round_trips, total),
-            "the README's row `{name}` (round trips, commands); measured {commands:?}"
+            "docs/benchmarks.md's row `{name}` (round trips, commands); measured {commands:?}"
         );
     }
     // The level itself, spelled out: two plain commands under utc-day (no
@@ -256,13 +257,14 @@ async fn used_memory(server: &ValkeyServer) -> i64 {
         .expect("used_memory")
 }
 
-/// The README's figure before `what`: `**<n> bytes** <what>`.
+/// docs/benchmarks.md's figure before `what`: `**<n> bytes** <what>`.
 fn readme_bytes(what: &str) -> i64 {
     let readme =
-        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/benchmarks.md"))
+            .unwrap();
     let (before, _) = readme
         .split_once(&format!(" bytes** {what}"))
-        .unwrap_or_else(|| panic!("README has no `**<n> bytes** {what}`"));
+        .unwrap_or_else(|| panic!("docs/benchmarks.md has no `**<n> bytes** {what}`"));
     let digits = before.rsplit("**").next().unwrap().replace(',', "");
     digits
         .parse()
@@ -271,7 +273,7 @@ fn readme_bytes(what: &str) -> i64 {
 
 /// What a subject holds in Valkey's memory until its period ends, and what
 /// each network it is the first of adds, measured over 10,000 new
-/// addresses (each of its own /24), within 15 % of the README's figures.
+/// addresses (each of its own /24), within 15 % of docs/benchmarks.md's figures.
 #[tokio::test]
 async fn a_subject_costs_the_memory_the_readme_says() {
     const SUBJECTS: i64 = 10_000;
@@ -302,7 +304,7 @@ async fn a_subject_costs_the_memory_the_readme_says() {
     ] {
         assert!(
             (measured - stated).abs() * 100 <= stated * 15,
-            "measured {measured} bytes, the README says {stated}"
+            "measured {measured} bytes, docs/benchmarks.md says {stated}"
         );
     }
 }

@@ -118,14 +118,13 @@ async fn operator_examples_print_what_the_doc_shows() {
     .unwrap();
 }
 
-/// Every `quota-gate …` command the README's "Operate" block shows is one of
-/// docs/operations.md's examples (run above), or `stats` (run by tests/ops.rs
+/// Every `quota-gate …` command the "Operate" block of docs/operations.md shows is one of
+/// its examples (run above), or `stats` (run by tests/ops.rs
 /// against moto).
 #[test]
 fn readme_operator_commands_are_the_runbooks() {
-    let readme = read("README.md");
     let runbook = read("docs/operations.md");
-    let block = block_after(&readme, "## Operate");
+    let block = block_after(&runbook, "## Operate");
     let commands: Vec<&str> = block
         .lines()
         .map(|l| l.split('#').next().unwrap().trim())
@@ -137,7 +136,7 @@ fn readme_operator_commands_are_the_runbooks() {
         assert!(
             runbook.contains(&format!("$ {command}\n"))
                 || runbook.contains(&format!("$ quota-gate {sub} ")),
-            "README's `{command}` has no example in docs/operations.md"
+            "`{command}` has no example in docs/operations.md"
         );
     }
 }
@@ -248,8 +247,8 @@ fn keys(v: &serde_json::Value) -> BTreeSet<String> {
     out
 }
 
-/// The alarms the README and docs/aws.md list, and the count docs/aws.md
-/// states, are template.yaml's CloudWatch alarms.
+/// The alarms docs/aws.md lists, and the count it states, are template.yaml's
+/// CloudWatch alarms.
 #[test]
 fn alarms_are_the_templates() {
     let alarms = template_resources("AWS::CloudWatch::Alarm");
@@ -264,12 +263,6 @@ fn alarms_are_the_templates() {
             })
             .collect()
     };
-    let readme = read("README.md");
-    assert_eq!(
-        expand(first_column(&readme, "| alarm | fires when |")),
-        alarms,
-        "README's alarm table"
-    );
     let aws = read("docs/aws.md");
     assert_eq!(
         expand(first_column(&aws, "| alarm (`template.yaml`) |")),
@@ -281,10 +274,9 @@ fn alarms_are_the_templates() {
         "docs/aws.md's resource table should say {} alarms",
         alarms.len()
     );
-    assert!(readme.contains(&format!("{} CloudWatch alarms", alarms.len())));
 }
 
-/// The rules docs name are prometheus/alerts.yaml's, and the README counts them right.
+/// The rules docs name are prometheus/alerts.yaml's, and docs/operations.md counts them right.
 #[test]
 fn alert_rules_are_the_rule_files() {
     let rules: BTreeSet<String> = read("prometheus/alerts.yaml")
@@ -299,12 +291,15 @@ fn alert_rules_are_the_rule_files() {
         .map(|n| format!("StellaQuota{n}"))
         .collect();
     assert_eq!(runbook, rules, "docs/operations.md has a section per rule");
-    let readme = read("README.md");
+    let runbook = read("docs/operations.md");
     let phrase = format!(
         "`prometheus/alerts.yaml` holds {} rules",
         number_word(rules.len())
     );
-    assert!(readme.contains(&phrase), "README should say: {phrase}");
+    assert!(
+        runbook.contains(&phrase),
+        "docs/operations.md should say: {phrase}"
+    );
 }
 
 /// docs/aws.md's list of the gate's settings names every template parameter
@@ -358,12 +353,16 @@ fn metrics_table_is_the_meters() {
     assert_eq!(table, metrics);
 }
 
-/// The README's ground floor is `tests/architecture.rs`'s `PURE`: the modules
+/// docs/architecture.md's ground floor is `tests/architecture.rs`'s `PURE`: the modules
 /// the house's description puts there are the ones held to it.
 #[test]
 fn ground_floor_is_the_pure_list() {
-    let readme = read("README.md");
-    let floor = between(&readme, "On the ground floor", "they import no I/O crate");
+    let architecture_md = read("docs/architecture.md");
+    let floor = between(
+        &architecture_md,
+        "On the ground floor",
+        "they import no I/O crate",
+    );
     let described: BTreeSet<String> = floor
         .split('`')
         .skip(1)
@@ -382,8 +381,8 @@ fn ground_floor_is_the_pure_list() {
     let only_pure: Vec<_> = pure.difference(&described).collect();
     assert!(
         only_readme.is_empty() && only_pure.is_empty(),
-        "the README's ground floor is not tests/architecture.rs's PURE: \
-         only in the README {only_readme:?}, only in PURE {only_pure:?}"
+        "docs/architecture.md's ground floor is not tests/architecture.rs's PURE: \
+         only in the docs {only_readme:?}, only in PURE {only_pure:?}"
     );
 }
 
@@ -423,7 +422,7 @@ async fn key_tables_are_what_valkey_holds() {
         .into_iter()
         .partition(|k| k.starts_with("quota:net:{"));
     assert!(!nets.is_empty(), "the default level counts the /24");
-    assert!(read("README.md").contains("| `quota:net:{<digest>}` |"));
+    assert!(read("docs/guide.md").contains("| `quota:net:{<digest>}` |"));
     let shapes: BTreeSet<String> = found
         .iter()
         .map(|k| {
@@ -434,10 +433,16 @@ async fn key_tables_are_what_valkey_holds() {
             }
         })
         .collect();
-    for (doc, header) in [
-        ("README.md", "| key | value | expiry |"),
-        ("docs/operations.md", "| key | value | expiry |"),
-    ] {
+    // The key layout is written once, in docs/guide.md.
+    let header = "| key | value | expiry |";
+    for elsewhere in ["README.md", "docs/operations.md", "src/store/mod.rs"] {
+        assert!(
+            !read(elsewhere).contains(header),
+            "a key table in {elsewhere}"
+        );
+    }
+    {
+        let doc = "docs/guide.md";
         let rows: BTreeSet<String> = first_column(&read(doc), header)
             .into_iter()
             .filter(|r| r.starts_with("quota:ip:"))
@@ -511,7 +516,7 @@ fn hash_secret_minimum_is_the_codes() {
     };
     assert!(secret(&"x".repeat(15)).is_err());
     assert!(secret(&"x".repeat(16)).is_ok());
-    assert!(read("README.md").contains("≥ 16 bytes"));
+    assert!(read("docs/configuration.md").contains("≥ 16 bytes"));
     let template = read("template.yaml");
     let min_length = template
         .split("\n  HashSecret:\n")
@@ -536,25 +541,4 @@ fn first_screen_has_the_two_commands() {
         .collect();
     assert_eq!(commands, ["cargo run -- serve", "scripts/test"]);
     assert!(read(".ci/run").contains("scripts/test"));
-}
-
-/// The lines of the markdown table whose header line starts with `header`,
-/// the header and its rule included.
-fn table<'a>(doc: &'a str, header: &str) -> Vec<&'a str> {
-    let from = doc.find(header).unwrap_or_else(|| panic!("{header:?}"));
-    doc[from..]
-        .lines()
-        .take_while(|l| l.starts_with('|'))
-        .collect()
-}
-
-/// The README's table of what `VALKEY_WAIT_REPLICAS` costs in a failover is
-/// docs/production.md's, row for row (the figures the failover tests assert).
-#[test]
-fn readme_failover_costs_are_production_mds() {
-    let header = "| `VALKEY_WAIT_REPLICAS` | jobs on |";
-    let (readme, production) = (read("README.md"), read("docs/production.md"));
-    let rows = table(&readme, header);
-    assert_eq!(rows.len(), 6, "{rows:#?}");
-    assert_eq!(rows, table(&production, header));
 }

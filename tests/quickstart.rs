@@ -158,7 +158,7 @@ fn bootstrap_reports_config_error_to_runtime_api() {
 }
 
 /// `HEAD /healthz` is 200 like `GET`; `/scan/` (trailing slash) is 404, as
-/// the README's error table says.
+/// docs/guide.md's error table says.
 #[test]
 fn healthz_head_and_exact_scan_path() {
     let (_serve, addr) = spawn_serve(&[]);

@@ -1,4 +1,4 @@
-//! The SAM template and the README keep up with the configuration: both are
+//! The SAM template and docs/configuration.md keep up with the configuration: both are
 //! checked against the one table of variables, `config::vars::VARIABLES`.
 
 use std::path::PathBuf;
@@ -29,16 +29,16 @@ fn template_sets_every_variable() {
     }
 }
 
-/// The README's configuration table is the table, row for row. After a
+/// docs/configuration.md's table is the table, row for row. After a
 /// change to `VARIABLES`, print it with `cargo test --test template --
 /// --nocapture` and paste it.
 #[test]
 fn readme_table_is_the_variables_table() {
-    let readme = read("README.md");
+    let doc = read("docs/configuration.md");
     let table = markdown_table();
     assert!(
-        readme.contains(&table),
-        "README.md's configuration table differs from config::vars::VARIABLES; it should be:\n\n{table}"
+        doc.contains(&table),
+        "docs/configuration.md's table differs from config::vars::VARIABLES; it should be:\n\n{table}"
     );
 }
 

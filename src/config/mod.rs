@@ -6,7 +6,7 @@
 //!
 //! The variables, their defaults and ranges are one table,
 //! [`vars::VARIABLES`]: the parser reads its defaults and ranges from it, the
-//! README's configuration table is its [`vars::markdown_table`] (a test
+//! docs/configuration.md's table is its [`vars::markdown_table`] (a test
 //! compares them), and `tests/template.rs` checks `template.yaml` against it.
 //! Each row is a typed `const` handle (`vars::QUOTA_ANON`, a [`vars::Var`]),
 //! and the parser reads a variable only through its handle, never by a

@@ -1,5 +1,5 @@
 //! The table of environment variables: one row per setting, read by the
-//! parser (defaults and ranges), by the README's configuration table (a test
+//! parser (defaults and ranges), by docs/configuration.md's table (a test
 //! checks it is [`markdown_table`]'s output) and by the template test (which
 //! variables `template.yaml` must set).
 //!
@@ -9,7 +9,7 @@
 //! as a number), does not compile. A handle's kind ([`Whole`], [`Flag`],
 //! [`Word`], [`Text`], [`Optional`]) says how it is read and, for a number,
 //! carries its range. To add a variable: one row in the table (its doc
-//! comment is the README's meaning), one read in the group of settings that
+//! comment is the table's meaning), one read in the group of settings that
 //! uses it (a test checks the parser reads every row).
 
 use std::marker::PhantomData;
@@ -93,7 +93,7 @@ pub struct Text;
 pub struct Optional;
 
 impl<K> Var<K> {
-    /// The variable's name, as errors and the README spell it.
+    /// The variable's name, as errors and the docs spell it.
     pub const fn name(&self) -> &'static str {
         self.row.name
     }
@@ -172,7 +172,7 @@ const fn optional(name: &'static str, unset: &'static str, meaning: &'static str
 use DefaultValue::{Unset, Value};
 
 /// The table: a row is the variable's meaning (its doc comment, which the
-/// README shows), its handle's type, and the handle's maker with the
+/// configuration table shows), its handle's type, and the handle's maker with the
 /// default (and range). The name is the handle's; [`VARIABLES`] lists the
 /// rows in order.
 macro_rules! variables {
@@ -186,7 +186,7 @@ macro_rules! variables {
                 $make(stringify!($name), $($arg,)* concat!($($meaning),+)) $(.applies($applies))?;
         )+
 
-        /// Every variable, in the README's order.
+        /// Every variable, in the table's order.
         pub const VARIABLES: &[Variable] = &[$($name.row),+];
     };
 }
@@ -208,11 +208,11 @@ variables! {
     QUOTA_RESET: Var<Word<ResetPolicy>> = word("utc-day");
     /// `enforce`: over-quota scans are delayed and paced; `shadow`: everything is counted, decided
     /// and metered, but no scan waits or takes a pacing slot, and each answer says what enforcement
-    /// would have done ([Rolling out](#rolling-out))
+    /// would have done ([Rolling out](operations.md#rolling-out))
     QUOTA_MODE: Var<Word<Mode>> = word("enforce");
     /// budgets above the subject: an anonymous scan is also counted, delayed and paced at each
     /// network that encloses its address, like one client ([Budgets above the
-    /// subject](#budgets-above-the-subject)); comma-separated `v4/<len>=<limit>` and
+    /// subject](guide.md#budgets-above-the-subject)); comma-separated `v4/<len>=<limit>` and
     /// `v6/<len>=<limit>` (a level shorter than the subject's /32 or `QUOTA_IPV6_PREFIX`, at most 3
     /// per family), the limit a number of scans per period or `<k>x` (k × `QUOTA_ANON`); `off`: none.
     /// Unset, a default level not shorter than the subject is left out
@@ -243,7 +243,7 @@ variables! {
     /// added to a stream on this Valkey, a consumer's attempt, its lease renewals and its done
     /// marker (0: off, and a failover with replication lag may queue the lag's keyed scans twice,
     /// lose its stream jobs, run its finished scans again and repeat its attempt numbers: the
-    /// measured table under "Production Valkey and failures"; standalone Valkey only)
+    /// measured table in [Running in production](production.md#failover); standalone Valkey only)
     VALKEY_WAIT_REPLICAS: Var<Whole> = number("0", 0, 5);
     /// PEM file of CA certificates trusted for `rediss://` (a private CA; ElastiCache needs none);
     /// read at start
@@ -275,7 +275,7 @@ variables! {
     QUOTA_GATEWAY_TIMEOUT_MS: Var<Whole> = number("29000", 1, MAX_MILLIS);
     /// kept free below the gateway and Lambda deadlines
     QUOTA_DELAY_MARGIN_MS: Var<Whole> = number("1000", 0, MAX_MILLIS);
-    /// `on`: a subject's over-quota scans start one delay apart ([Delays](#delays)); `off`: the
+    /// `on`: a subject's over-quota scans start one delay apart ([Delays](guide.md#delays)); `off`: the
     /// seed's fixed per-request delays
     QUOTA_PACING: Var<Word<Pacing>> = word("on");
     /// the longest paced delay a scan may get; beyond it 503 `backlog_full` + `Retry-After`, not
@@ -315,7 +315,7 @@ variables! {
     QUOTA_LOG_FORMAT: Var<Text> = text("text").applies(Applies::Logging);
 }
 
-/// A number as the README writes it: `86400000 (24 h)` for the longest millis.
+/// A number as the table writes it: `86400000 (24 h)` for the longest millis.
 fn bound(n: u64) -> String {
     if n == MAX_MILLIS {
         format!("{n} (24 h)")
@@ -324,7 +324,7 @@ fn bound(n: u64) -> String {
     }
 }
 
-/// The README's configuration table: `| variable | default | meaning |`.
+/// docs/configuration.md's table: `| variable | default | meaning |`.
 pub fn markdown_table() -> String {
     let mut out = String::from("| variable | default | meaning |\n|---|---|---|\n");
     for v in VARIABLES {

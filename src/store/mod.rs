@@ -11,17 +11,10 @@
 //! idempotency record and the count in [`crate::record`], the pacing rule
 //! in [`crate::pace`]; both are re-exported here.
 //!
-//! Key layout (the braces are hash tags: every key of a subject lives in one
-//! cluster slot, which ElastiCache Serverless requires of a multi-key call):
-//!
-//! | key | value | expiry |
-//! |---|---|---|
-//! | `quota:<scope>:{<digest>}` | scans counted this period | next 00:00 UTC, or 24 h after the first scan |
-//! | `quota:<scope>:{<digest>}:ts` | first scan, ISO 8601 | the counter's |
-//! | `quota:<scope>:{<digest>}:slot` | when the last paced scan may start (unix ms) | the counter's |
-//! | `quota:<scope>:{<digest>}:grant` | extra scans support granted this period (`quota-gate grant`) | the counter's (granted before the period's first scan: none until that scan's count gives it the counter's) |
-//! | `quota:<scope>:{<digest>}:idem:<sha-256 of the key>` | one `Idempotency-Key`'s record (a hash) | 24 h after the first request |
-//! | `quota:asleep` | the beds: one lease per request asleep, fleet-wide (a sorted set scored by each lease's end, unix ms; [`crate::delay::take_bed`]) | its last lease's end |
+//! The keys, their values and expiries are written once, in docs/guide.md
+//! ("Key layout"); every key of a subject shares its digest as the hash tag,
+//! so one subject lives in one cluster slot, which ElastiCache Serverless
+//! requires of a multi-key call.
 //!
 //! The parts: [`key`] (the keys and the period's end), [`quota_store`] (the
 //! trait, its arguments and [`StoreError`]), the two stores, and here only

@@ -246,7 +246,7 @@ fn write_back(line: String) {
 }
 
 /// `line` written back to standard output, to be piped in again; false when
-/// the stdout queue was full (see README, "Stopping").
+/// the stdout queue was full (see docs/consumer.md, "Stopping").
 pub(super) fn write_back_line(line: String) -> bool {
     let mut bytes = line.into_bytes();
     bytes.push(b'\n');

@@ -117,7 +117,7 @@ fn claim_string(v: &Value) -> Option<String> {
     }
 }
 
-/// A token's `tier` claim: a positive whole JSON number, as the README says.
+/// A token's `tier` claim: a positive whole JSON number, as docs/guide.md says.
 /// Anything else (a string such as `"999999"`, a fraction, 0) is ignored and
 /// the configured ceiling applies.
 pub fn tier_from_token_claim(v: &Value) -> Option<NonZeroU32> {
