@@ -29,7 +29,7 @@ use crate::decide::{Decision, Limits, decide};
 use crate::digest::Scope;
 use crate::identity::TokenStatus;
 use crate::level::{LevelName, most_severe};
-use crate::pace::next_start;
+use crate::pace::{next_start, retry_after_secs};
 use crate::record::Peek;
 use crate::respond::{self, LevelStanding, Standing, serialize_level};
 use crate::settle::{self, DelayRule};
@@ -38,11 +38,7 @@ use crate::unix::{UnixMillis, duration_ms};
 /// Whether `path` names the quota route: `/quota`, or `/<stage>/quota`
 /// when API Gateway keeps a named stage in the path (as for `/scan`).
 pub fn is_quota_path(path: &str) -> bool {
-    match path.strip_suffix("/quota") {
-        Some("") => true,
-        Some(prefix) => prefix.starts_with('/') && !prefix[1..].contains('/') && prefix.len() > 1,
-        None => false,
-    }
+    crate::validate::is_route(path, "/quota")
 }
 
 /// What the policy says about the next scan, besides the limits.
@@ -119,10 +115,14 @@ pub fn next_scan(
         std::iter::once(line(peek, &subject)).chain(decided.iter().map(|(_, d, p)| line(p, d)));
     match next_start(lines, now_ms, duration_ms(rules.max_backlog)) {
         Ok(start) => plain(u64::try_from(start.get() - now_ms.get()).unwrap_or(0)),
-        Err(retry_after_ms) => NextScan {
-            backlog_full_retry_after: Some(retry_after_ms.div_ceil(1000).max(1)),
-            ..plain(0)
-        },
+        Err(retry_after_ms) => {
+            let to_reset = peek.reset_at.map(|at| at.get() - now_ms.secs().get());
+            let to_reset = to_reset.map(|s| u64::try_from(s).unwrap_or(0));
+            NextScan {
+                backlog_full_retry_after: Some(retry_after_secs(retry_after_ms, to_reset)),
+                ..plain(0)
+            }
+        }
     }
 }
 
@@ -303,6 +303,18 @@ mod tests {
         // Past the cap: refused, with when to retry.
         let full = n(peek(5, Some(NOW + 100_000), 0));
         assert_eq!(full.backlog_full_retry_after, Some(40));
+        // Never past the counter's reset, as the scan's own 503 says (the
+        // two drifted once: `GET /quota` promised the longer wait).
+        let soon = Peek {
+            reset_at: Some(UnixSecs(NOW / 1000 + 30)),
+            ..peek(5, Some(NOW + 100_000), 0)
+        };
+        assert_eq!(n(soon).backlog_full_retry_after, Some(30));
+        let refused = crate::error::GateError::backlog_full(100_000 - 60_000, Some(30));
+        let crate::error::GateError::BacklogFull { retry_after } = refused else {
+            unreachable!()
+        };
+        assert_eq!(n(soon).backlog_full_retry_after, Some(retry_after));
         // Pacing off: the tier's delay, whatever the slot.
         let off = next_scan(
             &peek(3, Some(NOW + 10_000), 0),

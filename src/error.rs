@@ -108,12 +108,11 @@ impl GateError {
         }
     }
 
-    /// 503 `backlog_full` with `Retry-After` = `retry_after` seconds, but never
-    /// past the counter's reset (`seconds_to_reset`): the reset clears the
-    /// paced slot with the counter, so a retry then is not refused.
-    pub fn backlog_full(retry_after: u64, seconds_to_reset: u64) -> Self {
+    /// 503 `backlog_full`, its `Retry-After` by [`crate::pace::retry_after_secs`]:
+    /// when a slot frees up, never past the counter's reset.
+    pub fn backlog_full(retry_after_ms: u64, seconds_to_reset: Option<u64>) -> Self {
         Self::BacklogFull {
-            retry_after: retry_after.min(seconds_to_reset.max(1)),
+            retry_after: crate::pace::retry_after_secs(retry_after_ms, seconds_to_reset),
         }
     }
 
@@ -250,15 +249,15 @@ mod tests {
             (r.status().as_u16(), &r.headers()[header::RETRY_AFTER]),
             (503, &"7".parse::<HeaderValue>().unwrap())
         );
-        let r = GateError::backlog_full(86_401, 9_282).to_response();
+        let r = GateError::backlog_full(86_401_000, Some(9_282)).to_response();
         assert_eq!(
             r.headers()[header::RETRY_AFTER],
             "9282",
             "capped at the reset"
         );
-        let r = GateError::backlog_full(30, 9_282).to_response();
+        let r = GateError::backlog_full(29_001, Some(9_282)).to_response();
         assert_eq!(r.headers()[header::RETRY_AFTER], "30");
-        let r = GateError::backlog_full(30, 0).to_response();
+        let r = GateError::backlog_full(30_000, Some(0)).to_response();
         assert_eq!(r.headers()[header::RETRY_AFTER], "1", "never 0");
 
         let r = GateError::RepeatedIdempotencyKey { count: 2 }.to_response();

@@ -76,6 +76,17 @@ pub fn next_start(
     }
 }
 
+/// The `Retry-After` of a scan refused because its line is full, in whole
+/// seconds: when a slot within the cap frees up (`retry_after_ms`, rounded
+/// up, at least 1 s), but never past its counter's reset
+/// (`seconds_to_reset`, when it has one): the reset clears the slot with
+/// the counter, so a retry then is not refused. The scan's 503 and
+/// `GET /quota`'s `backlogFullRetryAfter` both say this.
+pub fn retry_after_secs(retry_after_ms: u64, seconds_to_reset: Option<u64>) -> u64 {
+    let secs = retry_after_ms.div_ceil(1000).max(1);
+    seconds_to_reset.map_or(secs, |reset| secs.min(reset.max(1)))
+}
+
 /// How long one line, alone, stays past the cap: a scan arriving at
 /// `arrival_ms` would wait `max(arrival, previous) + delay − arrival` in it,
 /// and the cap is `max_backlog_ms` (or the line's own delay, if longer, as

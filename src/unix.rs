@@ -9,6 +9,10 @@
 
 use std::time::Duration;
 
+/// One day in seconds: a rolling period, the `RateLimit` window, a
+/// record's life.
+pub const DAY_SECS: i64 = 86_400;
+
 /// Declares one instant type: its wire value and a later instant.
 macro_rules! instant {
     ($name:ident, $unit:literal, $whole:ident) => {

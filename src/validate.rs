@@ -34,7 +34,13 @@ impl ScanRequest {
 /// Gateway keeps a named stage in the path. Nothing else: `/scan/` is 404,
 /// as docs/guide.md's error table says.
 pub fn is_scan_path(path: &str) -> bool {
-    match path.strip_suffix("/scan") {
+    is_route(path, "/scan")
+}
+
+/// Whether `path` is `route` (`/scan`, `/quota`), or `/<stage>` and
+/// `route`: the one rule for a stage kept in the path, every route's.
+pub fn is_route(path: &str, route: &str) -> bool {
+    match path.strip_suffix(route) {
         Some("") => true,
         Some(prefix) => prefix.starts_with('/') && !prefix[1..].contains('/') && prefix.len() > 1,
         None => false,

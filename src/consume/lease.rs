@@ -69,7 +69,7 @@ impl<S: JobSource, M: MarkerStore> Keeper<'_, S, M> {
             // call gives up.
             let mut silence_ends = last_held + Silence::allowed(self.lease);
             if bugs::on(Bug::StopWaitsForStalledRenewal) {
-                silence_ends += Duration::from_secs(86_400);
+                silence_ends += Duration::from_secs(crate::unix::DAY_SECS.unsigned_abs());
             }
             let round = async {
                 tick.tick().await;

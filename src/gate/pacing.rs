@@ -50,10 +50,7 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
             }
         }
         let retry_after_ms = u64::try_from(until.get() - attempt.now_ms.get()).unwrap_or(0);
-        Some(GateError::backlog_full(
-            retry_after_ms.div_ceil(1000),
-            u64::MAX,
-        ))
+        Some(GateError::backlog_full(retry_after_ms, None))
     }
 
     /// A bed asked alone, for a scan whose fixed `delay` no pacing step
@@ -114,8 +111,8 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
         }
         // Never past the counter's reset: from then the scan is within quota.
         Err(GateError::backlog_full(
-            retry_after_ms.div_ceil(1000),
-            count.seconds_to_reset(),
+            retry_after_ms,
+            Some(count.seconds_to_reset()),
         ))
     }
 }

@@ -270,14 +270,18 @@ fn settle_by(attempt: &Attempt, now: Instant) -> Instant {
 ///     repeated.
 /// - Refused by the store ([`StoreError::Backend`]): final.
 fn may_repeat(settlement: Settlement, keyed: bool, error: &StoreError) -> bool {
+    // What was never sent did not happen: the one rule, `never_sent`.
+    if error.never_sent() {
+        return true;
+    }
     match error {
-        StoreError::NotSent(_) | StoreError::CircuitOpen => true,
         StoreError::Unanswered => match settlement {
             Settlement::Release => true,
             Settlement::Refund { .. } => keyed,
             Settlement::Nothing => false,
         },
-        StoreError::Backend(_) => false,
+        // Refused by the store: final.
+        _ => false,
     }
 }
 

@@ -22,7 +22,7 @@ use crate::digest::Scope;
 use crate::meter::{DELAY_MS, ENQUEUE_ERRORS, HARD_HITS, REMINDERS, SOFT_HITS, STORE_ERRORS};
 
 /// The longest window: CloudWatch keeps hourly data for 455 days.
-const MAX_WINDOW: Duration = Duration::from_secs(455 * 86_400);
+const MAX_WINDOW: Duration = Duration::from_secs(455 * crate::unix::DAY_SECS.unsigned_abs());
 
 /// How long the credential chain may look (instance metadata included)
 /// before `stats` says there are no credentials.

@@ -11,7 +11,7 @@ use crate::store::resets_at;
 use crate::unix::UnixSecs;
 
 /// The seconds in the policy window the headers advertise.
-const WINDOW_SECS: u64 = 86_400;
+const WINDOW_SECS: u64 = crate::unix::DAY_SECS.unsigned_abs();
 
 /// A level above the subject and where it stands, as the headers and
 /// `GET /quota` list it.

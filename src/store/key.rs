@@ -7,13 +7,13 @@ use sha2::{Digest as _, Sha256};
 
 use crate::config::ResetPolicy;
 use crate::digest::{Digest, Scope};
-use crate::unix::UnixSecs;
+use crate::unix::{DAY_SECS, UnixSecs};
 
 /// The pattern matching every key the gate writes.
 pub const KEY_PATTERN: &str = "quota:*";
 
 /// How long an idempotency record answers repeats of its key.
-pub const IDEMPOTENCY_TTL_SECS: i64 = 86_400;
+pub const IDEMPOTENCY_TTL_SECS: i64 = DAY_SECS;
 
 /// The keys of one subject.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -82,8 +82,8 @@ impl QuotaKey {
 pub fn period_end(reset: ResetPolicy, now: UnixSecs) -> UnixSecs {
     let now = now.get();
     UnixSecs(match reset {
-        ResetPolicy::Rolling => now + 86_400,
-        ResetPolicy::UtcDay => now - now.rem_euclid(86_400) + 86_400,
+        ResetPolicy::Rolling => now + DAY_SECS,
+        ResetPolicy::UtcDay => now - now.rem_euclid(DAY_SECS) + DAY_SECS,
     })
 }
 
@@ -146,7 +146,7 @@ mod tests {
         assert_eq!(resets_at(ResetPolicy::UtcDay, None, now), midnight);
         assert_eq!(
             resets_at(ResetPolicy::Rolling, None, now),
-            UnixSecs(now.get() + 86_400)
+            UnixSecs(now.get() + DAY_SECS)
         );
     }
 }

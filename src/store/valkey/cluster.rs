@@ -7,7 +7,7 @@ use redis::Value;
 
 use super::ValkeyStore;
 use crate::pace::Paced;
-use crate::record::Lane;
+use crate::record::{Lane, RecordField};
 use crate::store::commands::{level_commands, level_of, pace_script, paced, refund_script, unpace};
 use crate::store::quota_store::{CountArgs, PaceArgs, PaceLane, Refund, StoreError};
 
@@ -85,7 +85,9 @@ impl ValkeyStore {
         let delay_ms = u64::try_from(wait.unwrap_or(0)).unwrap_or(0);
         if let Some(record) = args.record {
             let mut cmd = redis::cmd("HSET");
-            cmd.arg(record).arg("delayMs").arg(delay_ms);
+            cmd.arg(record)
+                .arg(RecordField::DelayMs.name())
+                .arg(delay_ms);
             let _: i64 = self.send(cmd).await?;
         }
         // The beds live in a slot of their own: asked once the wait is known.
