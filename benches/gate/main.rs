@@ -563,6 +563,10 @@ fn run(settings: &Settings) -> Result<Vec<String>, String> {
         Ok(m) => {
             let grown = m.peak_day1.saturating_sub(m.baseline);
             let per = grown as f64 / m.subjects as f64;
+            // Bounded: yesterday's subjects are swept (only today's are
+            // held), and the day's growth is not a second day's on top.
+            let day2 = m.peak_day2.saturating_sub(m.baseline);
+            let bounded = m.len_day2 == m.subjects && day2 < 2 * grown.max(1);
             println!(
                 "memory store: {} subjects -> peak RSS +{:.1} MiB ({per:.0} B/subject); \
                  next day {} new subjects -> {} entries after sweep, peak RSS +{:.1} MiB \
@@ -571,13 +575,16 @@ fn run(settings: &Settings) -> Result<Vec<String>, String> {
                 grown as f64 / MIB,
                 m.subjects,
                 m.len_day2,
-                m.peak_day2.saturating_sub(m.baseline) as f64 / MIB,
-                if m.peak_day2 <= m.peak_day1 + m.peak_day1 / 10 {
-                    "bounded: expired entries were reused"
+                day2 as f64 / MIB,
+                if bounded {
+                    "bounded: yesterday's entries swept, their memory reused"
                 } else {
                     "NOT bounded"
                 }
             );
+            if !bounded {
+                failures.push("the memory store kept yesterday's subjects".to_owned());
+            }
             if m.len_day1 != m.subjects {
                 failures.push(format!(
                     "memory store held {} of {}",

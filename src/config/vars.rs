@@ -259,7 +259,7 @@ variables! {
     /// `warn`: a store whose `maxmemory-policy` can evict the gate's keys (anything but
     /// `noeviction`) is named at start in an error-level line and in `stella_quota_store_evicting`;
     /// `refuse`: such a start (serve, Lambda, consume) exits non-zero instead ([Eviction and
-    /// memory](docs/production.md#eviction-and-memory))
+    /// memory](production.md#eviction-and-memory))
     QUOTA_STORE_EVICTION: Var<Word<OnEviction>> = word("warn");
     /// how often `serve` and `consume` read the store's `evicted_keys` into
     /// `stella_quota_store_evicted_keys_total`

@@ -49,11 +49,6 @@ impl Spool {
             out: LineWriter::spawn("spool", out, capacity),
         }
     }
-
-    /// Jobs through an existing writer.
-    pub fn from_writer(out: LineWriter) -> Self {
-        Self { out }
-    }
 }
 
 impl ScanQueue for Spool {
