@@ -2,9 +2,9 @@
 //! (`tests/sim.rs` for the gate, `tests/consume_sim.rs` for the consumer)
 //! can show that they find each of them.
 //!
-//! Only the `sim-bugs` feature compiles the switch itself, and only the test
+//! Only the `sim-bugs` feature compiles this module, and only the test
 //! harness (`testkit`, a dev-dependency) turns the feature on: a release
-//! build has no switch, [`on`] is a constant `false` there and every guarded
+//! build has no switch, `crate::bug!` is `false` there and every guarded
 //! branch compiles away. Even with the feature, every switch is off unless a
 //! test turns one on, for its own thread only (the simulator runs each
 //! schedule on a current-thread runtime).
@@ -91,7 +91,6 @@ const fn join<const A: usize, const B: usize, const N: usize>(
     out
 }
 
-#[cfg(feature = "sim-bugs")]
 impl Bug {
     /// The bug whose variant is `name` (as `SIM_BUG` names it); an unknown
     /// name is an error that lists the known ones, so a misspelt switch
@@ -108,26 +107,16 @@ impl Bug {
     }
 }
 
-#[cfg(feature = "sim-bugs")]
 thread_local! {
     static ACTIVE: std::cell::Cell<Option<Bug>> = const { std::cell::Cell::new(None) };
 }
 
 /// Turns `bug` on (or every switch off) for the calling thread.
-#[cfg(feature = "sim-bugs")]
 pub fn set(bug: Option<Bug>) {
     ACTIVE.with(|a| a.set(bug));
 }
 
 /// Whether `bug` is switched on for this thread.
-#[cfg(feature = "sim-bugs")]
 pub fn on(bug: Bug) -> bool {
     ACTIVE.with(|a| a.get()) == Some(bug)
-}
-
-/// Whether `bug` is switched on: never, without the `sim-bugs` feature.
-#[cfg(not(feature = "sim-bugs"))]
-#[inline(always)]
-pub const fn on(_bug: Bug) -> bool {
-    false
 }

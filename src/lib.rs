@@ -48,8 +48,9 @@
 //! secret; [`error`] is the one place that maps failures to HTTP statuses.
 //!
 //! Around the path: [`connection`] is the shared connection to Valkey (standalone or
-//! cluster, TLS) used by the store and the stream queue; [`bugs`] holds the test-only switches
-//! that bring past bugs back for the simulator; [`stdout`] is the process's non-blocking
+//! cluster, TLS) used by the store and the stream queue; `bugs` holds the test-only switches
+//! that bring past bugs back for the simulators, compiled only with the `sim-bugs` feature
+//! that the test harness turns on (elsewhere `bug!` is `false`); [`stdout`] is the process's non-blocking
 //! line writer (spooled jobs, EMF lines, `serve`'s logs), a writer thread on
 //! the I/O floor beside the connection; [`eviction_watch`] reads the
 //! store's eviction policy at start (said, metered, or the start refused)
@@ -57,7 +58,26 @@
 //! `quota-gate` command and [`ops`] its operator tools (inspect, reset, purge, stats), which own what
 //! only operators need: reading and removing keys, visiting every primary.
 
+/// Whether the past bug `$bug` (a `bugs::Bug` variant) is switched back
+/// on: the simulators' switch, with the `sim-bugs` feature only. A build
+/// without it (every release and Lambda build) has no switch: this is
+/// `false`, and the branch it guards compiles away.
+#[cfg(feature = "sim-bugs")]
+macro_rules! bug {
+    ($bug:ident) => {
+        $crate::bugs::on($crate::bugs::Bug::$bug)
+    };
+}
+#[cfg(not(feature = "sim-bugs"))]
+macro_rules! bug {
+    ($bug:ident) => {
+        false
+    };
+}
+pub(crate) use bug;
+
 pub mod breaker;
+#[cfg(feature = "sim-bugs")]
 pub mod bugs;
 pub mod check;
 pub mod cli;

@@ -66,7 +66,7 @@ impl Refusal {
 /// it did not happen. The simulator's store reports its own failed connects
 /// through this one definition.
 pub fn not_connected(why: String) -> SendError {
-    if crate::bugs::on(crate::bugs::Bug::ConnectErrorAsUnanswered) {
+    if crate::bug!(ConnectErrorAsUnanswered) {
         return SendError::Unanswered;
     }
     SendError::NotSent(why)

@@ -19,7 +19,6 @@ use super::clock::QueueClock;
 use super::marker::MarkerStore;
 use super::schedule::{self, Renewal, Silence, Stop};
 use super::source::{Delivery, JobSource};
-use crate::bugs::{self, Bug};
 
 /// Marker tokens, one per attempt, unique across processes: the consumer's
 /// name, this process's own random id (a consumer restarted under the same
@@ -68,7 +67,7 @@ impl<S: JobSource, M: MarkerStore> Keeper<'_, S, M> {
             // timeout): the scan stops when that silence ends, not when the
             // call gives up.
             let mut silence_ends = last_held + Silence::allowed(self.lease);
-            if bugs::on(Bug::StopWaitsForStalledRenewal) {
+            if crate::bug!(StopWaitsForStalledRenewal) {
                 silence_ends += Duration::from_secs(crate::unix::DAY_SECS.unsigned_abs());
             }
             let round = async {

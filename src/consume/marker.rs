@@ -40,7 +40,6 @@ use uuid::Uuid;
 
 use super::error::ConsumeError;
 use super::schedule::{self, Marker, MarkerClaim};
-use crate::bugs::{self, Bug};
 use crate::connection::Valkey;
 use crate::hash_tag::tagged;
 use crate::unix::UnixMillis;
@@ -97,7 +96,7 @@ pub fn durable_claim(
 ) -> Result<MarkerClaim, ConsumeError> {
     let renewal = mine > 0;
     match claim {
-        MarkerClaim::Claimed(_) if renewal && bugs::on(Bug::RenewalsOnThePrimaryOnly) => Ok(claim),
+        MarkerClaim::Claimed(_) if renewal && crate::bug!(RenewalsOnThePrimaryOnly) => Ok(claim),
         MarkerClaim::Claimed(_) if !durable => {
             Err(ConsumeError::NotReplicated("the attempt's claim"))
         }

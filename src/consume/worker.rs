@@ -32,7 +32,6 @@ use super::marker::{MarkerStore, Markers};
 use super::meter::{ConsumeMeter, Event};
 use super::schedule::{self, Due, HandOff, Next, RetryPolicy, Step, Stop};
 use super::source::{Delivery, GivenUp, JobSource};
-use crate::bugs::{self, Bug};
 
 /// How long to wait before trying again when Valkey (markers, acks) fails.
 const STORE_RETRY: Duration = Duration::from_millis(250);
@@ -156,7 +155,7 @@ impl<S: JobSource, X: Scanner, M: MarkerStore> Worker<S, X, M> {
             {
                 return;
             }
-            if !bugs::on(Bug::SameTokenAfterLostLease) {
+            if !crate::bug!(SameTokenAfterLostLease) {
                 token = self.tokens.next();
             }
         }
@@ -313,7 +312,7 @@ impl<S: JobSource, X: Scanner, M: MarkerStore> Worker<S, X, M> {
     /// over and run again.
     async fn mark_done(&self, d: &Delivery<S::Handle>, run: Run<'_>) {
         let scan = d.job.scan_id;
-        if bugs::on(Bug::DoneNotAwaitedBeforeAck) {
+        if crate::bug!(DoneNotAwaitedBeforeAck) {
             let _ = self.markers.done(scan).await;
             return;
         }

@@ -24,7 +24,6 @@ use super::attempt::{Attempt, GateRequest};
 use super::scan::Scan;
 use super::settlement::queue_failed;
 use super::wiring::Gate;
-use crate::bugs::{self, Bug};
 use crate::config::Mode;
 use crate::error::GateError;
 use crate::identity::{Identity, Origin};
@@ -232,7 +231,7 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
             .map_or(0, |p| p.grant);
         let mut resumed =
             settle::resume(record, attempt.limits, grant, attempt.now_ms, self.shadow());
-        if bugs::on(Bug::TakeOverUnderFreshId) {
+        if crate::bug!(TakeOverUnderFreshId) {
             resumed.scan_id = Uuid::now_v7();
         }
         Scan::resumed(resumed)

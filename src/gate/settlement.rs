@@ -14,7 +14,6 @@ use uuid::Uuid;
 
 use super::attempt::Attempt;
 use super::wiring::Gate;
-use crate::bugs::{self, Bug};
 use crate::error::{GateError, Queued};
 use crate::queue::ScanQueue;
 use crate::settle::{
@@ -54,13 +53,13 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
     ) {
         let keyed = attempt.keyed();
         let mut settlement = settle(metering, keyed, failure);
-        if bugs::on(Bug::RefundOfUnsentCount) && *metering == Metering::Unmetered {
+        if crate::bug!(RefundOfUnsentCount) && *metering == Metering::Unmetered {
             settlement = Settlement::Refund {
                 period_end: UnixSecs(i64::MAX),
             };
         }
         let levels: Vec<(&QuotaKey, UnixSecs)> =
-            if levels_refunded(metering, keyed, failure) && !bugs::on(Bug::LevelNotRefunded) {
+            if levels_refunded(metering, keyed, failure) && !crate::bug!(LevelNotRefunded) {
                 let keys = attempt.level_keys.iter();
                 keys.zip(lanes)
                     .filter_map(|(key, lane)| Some((key, level_refund(lane, attempt.period_end)?)))
@@ -71,7 +70,7 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
         match settlement {
             // The levels go with the subject's refund, in its command: a
             // keyed refund that is not the claim's own takes back nothing.
-            Settlement::Refund { .. } if !bugs::on(Bug::LevelRefundUnguarded) => {
+            Settlement::Refund { .. } if !crate::bug!(LevelRefundUnguarded) => {
                 self.settle_subject(attempt, scan_id, settlement, &levels)
                     .await;
             }
@@ -119,7 +118,7 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
         self.apply(attempt, attempt.scan_id(), &metering, failure, &lanes)
             .await;
         let mut answer = after_store_failure(&metering, attempt.keyed(), mode);
-        if bugs::on(Bug::UnknownCountQueuedUnmetered) && answer == AfterStoreFailure::Unsettled {
+        if crate::bug!(UnknownCountQueuedUnmetered) && answer == AfterStoreFailure::Unsettled {
             answer = AfterStoreFailure::Unmetered;
         }
         match answer {

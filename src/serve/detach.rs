@@ -39,7 +39,7 @@ impl<T> Future for Detached<T> {
 
 impl<T> Drop for Detached<T> {
     fn drop(&mut self) {
-        if crate::bugs::on(crate::bugs::Bug::DisconnectDropsScan) {
+        if crate::bug!(DisconnectDropsScan) {
             self.task.abort();
         }
     }
