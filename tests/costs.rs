@@ -112,33 +112,14 @@ impl<'p> Counted<'p> {
     /// request of `N`.
     async fn per_request(mut self, name: &str) -> (u64, BTreeMap<String, u64>) {
         let round_trips = self.proxy.bursts() - self.before;
-        let info: String = redis::cmd("INFO")
-            .arg("commandstats")
-            .query_async(&mut self.admin)
-            .await
-            .unwrap();
-        let mut commands = BTreeMap::new();
-        for line in info.lines() {
-            let Some((command, stats)) = line
-                .strip_prefix("cmdstat_")
-                .and_then(|l| l.split_once(':'))
-            else {
-                continue;
-            };
-            if matches!(command, "config|resetstat" | "info") {
-                continue;
-            }
-            let calls: u64 = stats
-                .split(',')
-                .find_map(|f| f.strip_prefix("calls="))
-                .and_then(|c| c.parse().ok())
-                .unwrap();
+        let mut commands = command_calls(&mut self.admin).await;
+        for (command, calls) in &mut commands {
             assert_eq!(
-                calls % N,
+                *calls % N,
                 0,
                 "{name}: {calls} {command} calls over {N} requests"
             );
-            commands.insert(command.to_uppercase(), calls / N);
+            *calls /= N;
         }
         assert_eq!(round_trips % N, 0, "{name}: {round_trips} round trips");
         (round_trips / N, commands)

@@ -276,16 +276,7 @@ async fn refused_scans_leave_no_key() {
 /// The calls Valkey ran since its stats were reset, less the test's own
 /// `INFO` and `CONFIG` (sent on `admin`, connected before the reset).
 async fn commands_run(admin: &mut redis::aio::MultiplexedConnection) -> u64 {
-    let info: String = redis::cmd("INFO")
-        .arg("commandstats")
-        .query_async(admin)
-        .await
-        .unwrap();
-    info.lines()
-        .filter(|l| !l.starts_with("cmdstat_info") && !l.starts_with("cmdstat_config"))
-        .filter_map(|l| l.split("calls=").nth(1))
-        .filter_map(|rest| rest.split(',').next()?.parse::<u64>().ok())
-        .sum()
+    command_calls(admin).await.values().sum()
 }
 
 /// After its first refusal, a network's flood (every scan a new /64) is

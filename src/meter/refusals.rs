@@ -52,11 +52,9 @@ impl Refusals {
         if !won {
             return 0;
         }
-        self.pending[i].swap(0, Ordering::Relaxed)
+        self.take(scope)
     }
-}
 
-impl Refusals {
     /// Every refusal of `scope` still held, whatever the interval.
     pub(super) fn take(&self, scope: Scope) -> u64 {
         self.pending[scope.index()].swap(0, Ordering::Relaxed)

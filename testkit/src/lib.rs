@@ -532,6 +532,31 @@ pub async fn assert_400_concurrent_scans_count_exactly<Q: ScanQueue>(
     }
 }
 
+/// Each command's calls since Valkey's stats were last reset (`INFO
+/// commandstats`, the command upper-cased), less the caller's own `INFO`
+/// and `CONFIG RESETSTAT`, asked on `admin`.
+pub async fn command_calls(
+    admin: &mut redis::aio::MultiplexedConnection,
+) -> std::collections::BTreeMap<String, u64> {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(admin)
+        .await
+        .expect("INFO commandstats");
+    info.lines()
+        .filter_map(|l| l.strip_prefix("cmdstat_")?.split_once(':'))
+        .filter(|(command, _)| !matches!(*command, "config|resetstat" | "info"))
+        .map(|(command, stats)| {
+            let calls = stats
+                .split(',')
+                .find_map(|f| f.strip_prefix("calls="))
+                .and_then(|c| c.parse().ok())
+                .expect("a calls= field");
+            (command.to_uppercase(), calls)
+        })
+        .collect()
+}
+
 /// Every job queued on the stream `key`, oldest first.
 pub async fn stream_jobs(server: &ValkeyServer, key: &str) -> Vec<serde_json::Value> {
     jobs_on(&mut server.client().await, key).await
