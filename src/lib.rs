@@ -8,55 +8,24 @@
 //!
 //! # Layout
 //!
-//! The modules follow the request path, in order:
+//! The folders are the floors; each imports only the floors below it
+//! (`tests/architecture.rs` checks, and that no module imports one that
+//! imports it, no function is over 60 lines and no file over 400):
 //!
-//! | step | module | what it does |
+//! | floor | folder | what it holds |
 //! |---|---|---|
-//! | 1 | [`validate`] | `POST /scan`, a JSON object with a non-empty `image` |
-//! | 2 | [`identity`] | token (`tid`) or normalised source IP; never a client header |
-//! | 3 | [`digest`] | keyed HMAC-SHA256 of scope and material |
-//! | 4 | [`store`] | INCR + EXPIREAT NX + SET NX + EXPIRETIME, one pipeline; a keyed scan's [`record`] |
-//! | 5 | [`decide`] | pure: count and limits in, tier and delay out |
-//! | 6 | [`pace`], [`delay`] | pure: the pacing slot ([`pace::next_slot`], which the store applies), then sleep now and deferral on the job |
-//! | 7 | [`queue`], [`job`] | enqueues the scan job (SQS, Valkey stream, stdout spool); [`job::ScanJob`] is the one job type |
-//! | 8 | [`respond`] | the 202 contract and the JSON errors |
-//! | — | [`check`] | `GET /quota`: the quota and the next scan's tier and delay, read in one round trip, nothing spent |
-//! | 9 | [`meter`], [`outcome`] | EMF lines and Prometheus counters, from the gate's one [`meter::Exit`] per scan and its one [`outcome::Outcome`] |
-//! | after | [`consume`] | `quota-gate consume`: holds each job until `notBefore`, runs each `scanId` once |
+//! | 1 | [`rules`] | the pure rules and their types: [`rules::decide`] (count and limits in, tier and delay out), [`rules::level`] (the levels above a subject), [`rules::pace`], [`rules::delay`], [`rules::settle`] (what every failure and repeated key leads to), [`rules::record`], [`rules::job`] (the one job type), [`rules::digest`], [`rules::unix`] instants, the store's circuit [`rules::breaker`] |
+//! | 2 | [`config`] | every setting, read once at start |
+//! | 3 | [`io`] | the [`io::connection`] to Valkey, the [`io::store`] that counts, the [`io::queue`]s that carry jobs, the [`io::clock`], the [`io::meter`] and the [`io::stdout`] line writer |
+//! | 4 | [`gate`] | the request path behind one [`Gate::handle`] call: [`gate::validate`], [`gate::identity`], [`gate::idempotency`], [`gate::respond`], [`gate::quota_view`] (`GET /quota`), [`gate::error`] (the one map from failures to HTTP statuses) |
+//! | 4 | [`consume`] | `quota-gate consume`: holds each job until `notBefore`, runs each `scanId` once |
+//! | 5 | [`front`] | the front ends: [`front::lambda`], [`front::serve`], [`front::cli`] and its operator tools, [`front::ops`] |
 //!
-//! The floors: the pure rules and types ([`decide`], [`delay`], [`outcome`],
-//! [`pace`], [`record`], [`settle`], [`eviction`], the instant types of [`unix`], the
-//! cluster [`hash_tag`] rule, the store's circuit [`breaker`] (told the
-//! time, it reads no clock), and the one-word settings of [`config::words`])
-//! import no I/O crate and no module above them; the modules that talk to
-//! Valkey, SQS or a socket build on them; [`gate`] drives them; [`lambda`],
-//! [`serve`] and [`cli`] sit on top. No module imports one that imports it
-//! (`tests/architecture.rs` checks all three, and that no function is over
-//! 60 lines).
-//!
-//! [`gate`] strings the steps together behind one [`gate::Gate::handle`]
-//! call, reading the [`clock`] once per request: `gate/path.rs` is the
-//! driver, top to bottom, and returns one [`meter::Exit`]; `attempt.rs`
-//! the request and the scan, `settlement.rs` the writes after a failure,
-//! `quota.rs` the two requests that never count, `wiring.rs` the backends.
-//! It is the I/O driver only: what every failure and every repeated key
-//! leads to is decided by the pure rules of [`settle`]; [`idempotency`]
-//! checks the `Idempotency-Key` whose record the store keeps; [`lambda`]
-//! and [`serve`] adapt the gate to API Gateway events and to a local HTTP
-//! server. [`config`] reads every setting once, at start, from one table of
-//! variables ([`config::vars`]) into grouped settings, and settles the hash
-//! secret; [`error`] is the one place that maps failures to HTTP statuses.
-//!
-//! Around the path: [`connection`] is the shared connection to Valkey (standalone or
-//! cluster, TLS) used by the store and the stream queue; `bugs` holds the test-only switches
-//! that bring past bugs back for the simulators, compiled only with the `sim-bugs` feature
-//! that the test harness turns on (elsewhere `bug!` is `false`); [`stdout`] is the process's non-blocking
-//! line writer (spooled jobs, EMF lines, `serve`'s logs), a writer thread on
-//! the I/O floor beside the connection; [`eviction_watch`] reads the
-//! store's eviction policy at start (said, metered, or the start refused)
-//! and its evicted keys during the run, off the request path; [`cli`] is the
-//! `quota-gate` command and [`ops`] its operator tools (inspect, reset, purge, stats), which own what
-//! only operators need: reading and removing keys, visiting every primary.
+//! A scan's way through them, in order: validate, identify, digest, count
+//! (the store's one round trip), decide, pace and delay, enqueue, respond,
+//! meter. `bugs` holds the switches that bring past bugs back for the
+//! simulators, compiled only with the `sim-bugs` feature the test harness
+//! turns on (elsewhere `bug!` is `false`).
 
 /// Whether the past bug `$bug` (a `bugs::Bug` variant) is switched back
 /// on: the simulators' switch, with the `sim-bugs` feature only. A build
@@ -76,41 +45,14 @@ macro_rules! bug {
 }
 pub(crate) use bug;
 
-pub mod breaker;
 #[cfg(feature = "sim-bugs")]
 pub mod bugs;
-pub mod check;
-pub mod cli;
-pub mod clock;
 pub mod config;
-pub mod connection;
 pub mod consume;
-pub mod decide;
-pub mod delay;
-pub mod digest;
-pub mod error;
-pub mod eviction;
-pub mod eviction_watch;
+pub mod front;
 pub mod gate;
-pub mod hash_tag;
-pub mod idempotency;
-pub mod identity;
-pub mod job;
-pub mod lambda;
-pub mod level;
-pub mod meter;
-pub mod ops;
-pub mod outcome;
-pub mod pace;
-pub mod queue;
-pub mod record;
-pub mod respond;
-pub mod serve;
-pub mod settle;
-pub mod stdout;
-pub mod store;
-pub mod unix;
-pub mod validate;
+pub mod io;
+pub mod rules;
 
 pub use config::Config;
 pub use gate::{Gate, GateRequest};

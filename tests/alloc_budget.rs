@@ -18,8 +18,8 @@ use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use common::*;
-use quota_gate::queue::spool::Spool;
-use quota_gate::store::memory::MemoryStore;
+use quota_gate::io::queue::spool::Spool;
+use quota_gate::io::store::memory::MemoryStore;
 
 /// Counts every allocation (and reallocation) of the process.
 struct Counting;
@@ -119,9 +119,9 @@ const FUTURE_BUDGET: usize = 4_200;
 async fn request_future_stays_in_its_size_budget() {
     let _alone = ONE_AT_A_TIME.lock().await;
     use quota_gate::gate::{Gate, GateRequest};
-    use quota_gate::meter::Meter;
-    use quota_gate::queue::AnyQueue;
-    use quota_gate::store::AnyStore;
+    use quota_gate::io::meter::Meter;
+    use quota_gate::io::queue::AnyQueue;
+    use quota_gate::io::store::AnyStore;
 
     let gate: Gate<AnyStore, AnyQueue> = Gate::from_config(config(&[]), Meter::new("t", None))
         .await

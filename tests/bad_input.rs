@@ -17,12 +17,12 @@ use bytes::Bytes;
 use common::*;
 use http::{HeaderValue, Method, header};
 use jsonwebtoken::Algorithm;
-use quota_gate::digest::Scope;
+use quota_gate::front::lambda::to_gate_request;
 use quota_gate::gate::{Gate, GateRequest};
-use quota_gate::lambda::to_gate_request;
-use quota_gate::queue::stream::StreamQueue;
-use quota_gate::store::QuotaKey;
-use quota_gate::store::valkey::ValkeyStore;
+use quota_gate::io::queue::stream::StreamQueue;
+use quota_gate::io::store::QuotaKey;
+use quota_gate::io::store::valkey::ValkeyStore;
+use quota_gate::rules::scope::Scope;
 use redis::AsyncCommands;
 use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -350,7 +350,7 @@ impl LocalServer {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        tokio::spawn(quota_gate::serve::serve(
+        tokio::spawn(quota_gate::front::serve::serve(
             listener,
             Arc::new(gate),
             None,
@@ -494,7 +494,7 @@ mod random_events {
     use proptest::strategy::Union;
     use proptest::string::string_regex;
     use proptest::test_runner::{Config, TestCaseError, TestRunner};
-    use quota_gate::store::memory::MemoryStore;
+    use quota_gate::io::store::memory::MemoryStore;
     use std::cell::Cell;
 
     /// The least share, in percent, of generated events that must reach the

@@ -14,14 +14,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::*;
-use quota_gate::connection::Valkey;
-use quota_gate::digest::Scope;
 use quota_gate::gate::Gate;
-use quota_gate::meter::Meter;
-use quota_gate::queue::ScanQueue;
-use quota_gate::queue::stream::StreamQueue;
-use quota_gate::store::QuotaKey;
-use quota_gate::store::valkey::ValkeyStore;
+use quota_gate::io::connection::Valkey;
+use quota_gate::io::meter::Meter;
+use quota_gate::io::queue::ScanQueue;
+use quota_gate::io::queue::stream::StreamQueue;
+use quota_gate::io::store::QuotaKey;
+use quota_gate::io::store::valkey::ValkeyStore;
+use quota_gate::rules::scope::Scope;
 use tokio::time::Instant;
 
 /// The queue's own bound in these tests (the gate allows 5 s).
@@ -120,7 +120,7 @@ fn worker_ip(worker: usize) -> String {
 /// One task per worker sending scans in a loop until `until`, one subject each.
 async fn load<S, Q>(gate: Arc<Gate<S, Q>>, workers: std::ops::Range<usize>, until: Instant) -> Tally
 where
-    S: quota_gate::store::QuotaStore,
+    S: quota_gate::io::store::QuotaStore,
     Q: ScanQueue,
 {
     let tasks: Vec<_> = workers
@@ -197,7 +197,7 @@ async fn latencies<S, Q>(
     check: impl Fn(&Response),
 ) -> Vec<Duration>
 where
-    S: quota_gate::store::QuotaStore,
+    S: quota_gate::io::store::QuotaStore,
     Q: ScanQueue,
 {
     let mut took = Vec::with_capacity(n);
@@ -230,7 +230,7 @@ async fn until_counted<S, Q>(
     accepted: &mut Vec<String>,
 ) -> serde_json::Value
 where
-    S: quota_gate::store::QuotaStore,
+    S: quota_gate::io::store::QuotaStore,
     Q: ScanQueue,
 {
     let deadline = Instant::now() + within;

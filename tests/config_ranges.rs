@@ -14,9 +14,9 @@ use proptest::test_runner::TestRunner;
 use quota_gate::config::Config;
 use quota_gate::config::vars::VARIABLES;
 use quota_gate::gate::Gate;
-use quota_gate::meter::Meter;
-use quota_gate::queue::spool::Spool;
-use quota_gate::store::memory::MemoryStore;
+use quota_gate::io::meter::Meter;
+use quota_gate::io::queue::spool::Spool;
+use quota_gate::io::store::memory::MemoryStore;
 
 /// Every numeric variable, from the table the parser reads its ranges from.
 fn numeric() -> Vec<&'static str> {

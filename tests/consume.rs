@@ -281,7 +281,7 @@ async fn queued(sqs: &aws_sdk_sqs::Client, url: &str) -> u64 {
 /// could not honour.
 #[tokio::test]
 async fn jobs_match_the_published_schema() {
-    use quota_gate::store::memory::MemoryStore;
+    use quota_gate::io::store::memory::MemoryStore;
     let schema = schema::job_schema();
     let validator = schema::validator(&schema);
     let jobs = RecordingQueue::default();

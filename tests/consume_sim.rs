@@ -40,8 +40,6 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use quota_gate::bugs::{self, Bug};
-use quota_gate::clock::Clock;
-use quota_gate::connection::SendError;
 use quota_gate::consume::clock::QueueClock;
 use quota_gate::consume::error::ConsumeError;
 use quota_gate::consume::handoff::{Attempt, Ended, Scanner, StopSignal};
@@ -51,8 +49,10 @@ use quota_gate::consume::meter::ConsumeMeter;
 use quota_gate::consume::schedule::{self, Marker, MarkerClaim, RetryPolicy};
 use quota_gate::consume::source::{Delivery, GivenUp, JobSource};
 use quota_gate::consume::{intake, worker::Worker};
-use quota_gate::job::ScanJob;
-use quota_gate::unix::UnixMillis;
+use quota_gate::io::clock::Clock;
+use quota_gate::io::connection::SendError;
+use quota_gate::rules::job::ScanJob;
+use quota_gate::rules::unix::UnixMillis;
 use quota_gate_testkit::sim::wire::Rng;
 use tokio::sync::{Semaphore, watch};
 use tokio::time::Instant;
@@ -620,7 +620,7 @@ impl Scanner for SimScanner {
 }
 
 fn job_json(id: Uuid, not_before: i64) -> String {
-    let at = quota_gate::respond::rfc3339_ms;
+    let at = quota_gate::gate::respond::rfc3339_ms;
     serde_json::json!({"version": 1, "scanId": id, "receivedAt": at(T0_MS),
         "scope": "ip", "digest": "d", "tier": "soft", "limit": 1, "count": 2,
         "delayMs": 0, "deferredMs": 0, "notBefore": at(T0_MS + not_before),

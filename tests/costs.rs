@@ -71,8 +71,8 @@ async fn proxied_gate(
     vars: &[(&str, &str)],
     k: u8,
 ) -> quota_gate::gate::Gate<
-    quota_gate::store::valkey::ValkeyStore,
-    quota_gate::queue::stream::StreamQueue,
+    quota_gate::io::store::valkey::ValkeyStore,
+    quota_gate::io::queue::stream::StreamQueue,
 > {
     let url = proxy.url();
     let base = [
@@ -268,10 +268,10 @@ async fn a_subject_costs_the_memory_the_readme_says() {
         let url = server.url();
         let vars = [("VALKEY_URL", url.as_str()), ("QUOTA_NETWORKS", networks)];
         let config = config(&vars);
-        let valkey = quota_gate::connection::Valkey::from_config(&config)
+        let valkey = quota_gate::io::connection::Valkey::from_config(&config)
             .unwrap()
             .unwrap();
-        let store = quota_gate::store::valkey::ValkeyStore::new(valkey);
+        let store = quota_gate::io::store::valkey::ValkeyStore::new(valkey);
         let gate = gate(&vars, store, Discard);
         assert_eq!(gate.handle(scan_from("10.255.255.1")).await.status(), 202);
         let before = used_memory(&server).await;

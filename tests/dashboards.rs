@@ -25,12 +25,12 @@ use common::client::{http, scan_request};
 use common::serve::{spawn_serve, stderr_of};
 use common::*;
 use jsonwebtoken::Algorithm;
-use quota_gate::connection::Valkey;
 use quota_gate::gate::Gate;
-use quota_gate::meter::emf::Sink;
-use quota_gate::meter::store::{Process, StoreMeter};
-use quota_gate::store::memory::MemoryStore;
-use quota_gate::store::valkey::ValkeyStore;
+use quota_gate::io::connection::Valkey;
+use quota_gate::io::meter::emf::Sink;
+use quota_gate::io::meter::store::{Process, StoreMeter};
+use quota_gate::io::store::memory::MemoryStore;
+use quota_gate::io::store::valkey::ValkeyStore;
 use serde_json::{Value, json};
 
 const IP: &str = "203.0.113.9";
@@ -240,7 +240,7 @@ async fn scripted_emf_run() -> String {
     let store_meter = StoreMeter::new("StellaOps/Quota", Process::Lambda, Some(store_sink));
     let valkey = Valkey::new(&url, false, Duration::from_secs(2)).unwrap();
     let store = &open.config().store;
-    quota_gate::eviction_watch::check_at_start(&valkey, store, &store_meter)
+    quota_gate::io::eviction_watch::check_at_start(&valkey, store, &store_meter)
         .await
         .unwrap();
     assert_eq!(json(&open.handle(anon()).await)["quota"]["used"], 1);
@@ -555,7 +555,7 @@ fn grafana_plots_every_outcome() {
         .iter()
         .find(|(title, _, _)| title == "Requests by outcome")
         .expect("a requests-by-outcome panel");
-    for name in quota_gate::meter::REQUESTS {
+    for name in quota_gate::io::meter::REQUESTS {
         assert!(
             exprs.iter().any(|e| e.contains(&format!("{name}{{"))),
             "{name} is not plotted: {exprs:?}"

@@ -12,8 +12,8 @@ use std::time::Duration;
 
 use common::*;
 use http::HeaderValue;
-use quota_gate::ops::change;
-use quota_gate::ops::subject::{self, SubjectArg};
+use quota_gate::front::ops::change;
+use quota_gate::front::ops::subject::{self, SubjectArg};
 use redis::AsyncCommands;
 
 fn read(path: &str) -> String {
@@ -333,7 +333,7 @@ fn aws_parameter_list_is_the_templates() {
 /// docs/operations.md's metrics table is `meter/catalogue.rs`'s metrics.
 #[test]
 fn metrics_table_is_the_meters() {
-    use quota_gate::meter::{
+    use quota_gate::io::meter::{
         ASLEEP, BEDS_FULL, COUNTERS, DELAY_MS, EMF_DROPPED, EVENTS, LEVEL_METRICS, REQUESTS,
         SHADOW_COUNTERS, STORE_METRICS,
     };
@@ -353,37 +353,46 @@ fn metrics_table_is_the_meters() {
     assert_eq!(table, metrics);
 }
 
-/// docs/architecture.md's ground floor is `tests/architecture.rs`'s `PURE`: the modules
-/// the house's description puts there are the ones held to it.
+/// The floors, as (folder, floor), from a table whose rows start
+/// `| <floor> | <folder> |` (the folder in backticks or a doc link).
+fn floor_rows(text: &str, header: &str) -> BTreeSet<(String, String)> {
+    let table = &text[text.find(header).expect("the floors table")..];
+    table
+        .lines()
+        .skip(2)
+        .map(|l| l.trim_start_matches("//!").trim())
+        .take_while(|l| l.starts_with('|'))
+        .map(|l| {
+            let cells: Vec<&str> = l.split('|').map(str::trim).collect();
+            let folder = cells[2].trim_matches(|c| "`[]/".contains(c));
+            (cells[1].to_owned(), folder.to_owned())
+        })
+        .collect()
+}
+
+/// docs/architecture.md's floors and `src/lib.rs`'s map are
+/// `tests/architecture.rs`'s `FLOORS`: the folders the house's description
+/// puts on each floor are the ones held to it.
 #[test]
-fn ground_floor_is_the_pure_list() {
-    let architecture_md = read("docs/architecture.md");
-    let floor = between(
-        &architecture_md,
-        "On the ground floor",
-        "they import no I/O crate",
-    );
-    let described: BTreeSet<String> = floor
-        .split('`')
-        .skip(1)
-        .step_by(2)
-        .filter_map(|name| name.strip_suffix(".rs"))
-        .map(|path| path.replace('/', "::"))
-        .collect();
+fn the_floors_are_described_as_checked() {
     let architecture = read("tests/architecture.rs");
-    let pure: BTreeSet<String> = between(&architecture, "const PURE: &[&str] = &[", "];")
-        .split('"')
-        .skip(1)
-        .step_by(2)
-        .map(str::to_owned)
-        .collect();
-    let only_readme: Vec<_> = described.difference(&pure).collect();
-    let only_pure: Vec<_> = pure.difference(&described).collect();
-    assert!(
-        only_readme.is_empty() && only_pure.is_empty(),
-        "docs/architecture.md's ground floor is not tests/architecture.rs's PURE: \
-         only in the docs {only_readme:?}, only in PURE {only_pure:?}"
-    );
+    let checked: BTreeSet<(String, String)> =
+        between(&architecture, "const FLOORS: &[(&str, usize)] = &[", "];")
+            .split("(\"")
+            .skip(1)
+            .map(|row| {
+                let (folder, rest) = row.split_once("\", ").unwrap();
+                (
+                    rest.split(')').next().unwrap().to_owned(),
+                    folder.to_owned(),
+                )
+            })
+            .collect();
+    assert_eq!(checked.len(), 6);
+    let docs = floor_rows(&read("docs/architecture.md"), "| floor | folder |");
+    let lib = floor_rows(&read("src/lib.rs"), "| floor | folder |");
+    assert_eq!(docs, checked, "docs/architecture.md");
+    assert_eq!(lib, checked, "src/lib.rs");
 }
 
 /// A subject's keys in a real Valkey (a keyed, paced, over-quota scan and a
@@ -405,7 +414,7 @@ async fn key_tables_are_what_valkey_holds() {
     let mut c = server.client().await;
     let config = config(&[("VALKEY_URL", &server.url())]);
     let who = subject::resolve(&config, &SubjectArg::Ip("203.0.113.7".into())).unwrap();
-    let store = quota_gate::ops::valkey_store(&config).unwrap();
+    let store = quota_gate::front::ops::valkey_store(&config).unwrap();
     change::grant(&store, &who, 5, config.policy.reset)
         .await
         .unwrap();
@@ -435,7 +444,7 @@ async fn key_tables_are_what_valkey_holds() {
         .collect();
     // The key layout is written once, in docs/guide.md.
     let header = "| key | value | expiry |";
-    for elsewhere in ["README.md", "docs/operations.md", "src/store/mod.rs"] {
+    for elsewhere in ["README.md", "docs/operations.md", "src/io/store/mod.rs"] {
         assert!(
             !read(elsewhere).contains(header),
             "a key table in {elsewhere}"

@@ -13,7 +13,7 @@
 //!   array of at most 100 numbers.
 //!
 //! Beyond the specification, the names and units must be those
-//! `quota_gate::meter` declares, every directive's `Dimensions` must be
+//! `quota_gate::io::meter` declares, every directive's `Dimensions` must be
 //! exactly `[["Scope"]]` (the product spec's step 9: no other dimension), a
 //! line must name exactly one of the per-outcome requests metrics (or, for
 //! an exempt scan or a `GET /quota`, exactly its one event counter), and no
@@ -31,11 +31,11 @@ use quota_gate_testkit as common;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use common::*;
-use quota_gate::connection::Valkey;
 use quota_gate::gate::Gate;
-use quota_gate::meter;
-use quota_gate::store::memory::MemoryStore;
-use quota_gate::store::valkey::ValkeyStore;
+use quota_gate::io::connection::Valkey;
+use quota_gate::io::meter;
+use quota_gate::io::store::memory::MemoryStore;
+use quota_gate::io::store::valkey::ValkeyStore;
 use serde_json::Value;
 
 /// The units CloudWatch accepts in a metric definition.
@@ -253,7 +253,7 @@ async fn after_three_scans(extra: &[(&str, &str)]) -> (Gate<MemoryStore, Discard
     let sink = Capture::default();
     let vars = with_vars(&[("QUOTA_ANON", "1"), ("QUOTA_SOFT_WINDOW", "1")], extra);
     let gate = metered_gate(&vars, MemoryStore::default(), Discard, sink.meter())
-        .with_clock(quota_gate::clock::Clock::tokio());
+        .with_clock(quota_gate::io::clock::Clock::tokio());
     for _ in 0..3 {
         assert_eq!(gate.handle(scan_from(IP)).await.status(), 202);
     }
@@ -408,16 +408,16 @@ async fn rejected_requests_print_nothing() {
 fn timestamp_is_the_requests_instant() {
     let sink = Capture::default();
     sink.meter().record(&meter::Exit {
-        scope: quota_gate::digest::Scope::Ip,
+        scope: quota_gate::rules::scope::Scope::Ip,
         metered: meter::Metered::Counted {
-            tier: quota_gate::decide::Tier::Hard,
+            tier: quota_gate::rules::decide::Tier::Hard,
             reminder: false,
             delay: Duration::from_secs(60),
             shadow: false,
-            level: quota_gate::level::LevelName::Subject,
+            level: quota_gate::rules::level::LevelName::Subject,
         },
         end: meter::End::Answered,
-        at: quota_gate::unix::UnixMillis(1_796_032_800_123),
+        at: quota_gate::rules::unix::UnixMillis(1_796_032_800_123),
         bed: None,
     });
     let line = sink.text();
@@ -542,8 +542,8 @@ async fn level_lines() {
 /// valid EMF with its one store metric under `[["Process"]]`.
 #[test]
 fn store_lines_follow_the_spec() {
-    use quota_gate::meter::emf::Sink;
-    use quota_gate::meter::store::{Process, StoreMeter};
+    use quota_gate::io::meter::emf::Sink;
+    use quota_gate::io::meter::store::{Process, StoreMeter};
     let sink = Capture::default();
     let now = SystemTime::now()
         .duration_since(UNIX_EPOCH)

@@ -17,11 +17,11 @@ use common::consumer::StreamRig;
 use common::serve::{spawn_serve, stderr_of};
 use common::*;
 use http::HeaderValue;
-use quota_gate::connection::Valkey;
 use quota_gate::gate::Gate;
-use quota_gate::meter::{Meter, STORE_EVICTED_KEYS, STORE_EVICTING};
-use quota_gate::queue::stream::StreamQueue;
-use quota_gate::store::valkey::ValkeyStore;
+use quota_gate::io::connection::Valkey;
+use quota_gate::io::meter::{Meter, STORE_EVICTED_KEYS, STORE_EVICTING};
+use quota_gate::io::queue::stream::StreamQueue;
+use quota_gate::io::store::valkey::ValkeyStore;
 use serde_json::Value;
 
 /// The value of the unlabelled series `name` in a `/metrics` answer.

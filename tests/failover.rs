@@ -23,11 +23,11 @@ use tokio::time::Instant;
 
 use common::proxy::Proxy;
 use common::*;
-use quota_gate::connection::Valkey;
 use quota_gate::gate::{ENQUEUE_TIMEOUT, Gate, GateRequest};
-use quota_gate::meter::Meter;
-use quota_gate::queue::stream::StreamQueue;
-use quota_gate::store::valkey::ValkeyStore;
+use quota_gate::io::connection::Valkey;
+use quota_gate::io::meter::Meter;
+use quota_gate::io::queue::stream::StreamQueue;
+use quota_gate::io::store::valkey::ValkeyStore;
 use redis::AsyncCommands;
 
 /// Scans per phase and kind: before the lag and during it.

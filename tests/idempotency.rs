@@ -11,17 +11,17 @@ use std::time::Duration;
 
 use common::*;
 use http::HeaderValue;
-use quota_gate::digest::Scope;
 use quota_gate::gate::{Gate, GateRequest};
-use quota_gate::queue::ScanQueue;
-use quota_gate::queue::stream::StreamQueue;
-use quota_gate::store::memory::MemoryStore;
-use quota_gate::store::valkey::ValkeyStore;
-use quota_gate::store::{
+use quota_gate::io::queue::ScanQueue;
+use quota_gate::io::queue::stream::StreamQueue;
+use quota_gate::io::store::memory::MemoryStore;
+use quota_gate::io::store::valkey::ValkeyStore;
+use quota_gate::io::store::{
     Claim, Claimed, CountArgs, PaceArgs, Paced, QuotaKey, QuotaStore, RecordUpdate, Refund,
     StoreError, TakeOver,
 };
-use quota_gate::unix::UnixSecs;
+use quota_gate::rules::scope::Scope;
+use quota_gate::rules::unix::UnixSecs;
 use serde_json::Value;
 
 const IP: &str = "198.51.100.90";
@@ -410,21 +410,21 @@ impl QuotaStore for LatePace {
     async fn count(
         &self,
         args: CountArgs<'_>,
-    ) -> Result<quota_gate::store::Tally, quota_gate::store::CountFailed> {
+    ) -> Result<quota_gate::io::store::Tally, quota_gate::io::store::CountFailed> {
         self.inner.count(args).await
     }
     async fn count_keyed(
         &self,
         args: CountArgs<'_>,
         claim: &Claim,
-    ) -> Result<Claimed, quota_gate::store::CountFailed> {
+    ) -> Result<Claimed, quota_gate::io::store::CountFailed> {
         self.inner.count_keyed(args, claim).await
     }
     async fn peek(
         &self,
-        key: &quota_gate::store::QuotaKey,
+        key: &quota_gate::io::store::QuotaKey,
         now: UnixSecs,
-    ) -> Result<quota_gate::store::Peek, StoreError> {
+    ) -> Result<quota_gate::io::store::Peek, StoreError> {
         self.inner.peek(key, now).await
     }
     async fn pace(&self, args: PaceArgs<'_>) -> Result<Paced, StoreError> {
@@ -447,10 +447,10 @@ impl QuotaStore for LatePace {
     }
     async fn take_bed(
         &self,
-        ask: quota_gate::delay::BedAsk,
-        arrival: quota_gate::unix::UnixMillis,
+        ask: quota_gate::rules::delay::BedAsk,
+        arrival: quota_gate::rules::unix::UnixMillis,
         wait_ms: u64,
-    ) -> Result<quota_gate::delay::Bed, StoreError> {
+    ) -> Result<quota_gate::rules::delay::Bed, StoreError> {
         self.inner.take_bed(ask, arrival, wait_ms).await
     }
     async fn refund(&self, refund: Refund<'_>) -> Result<(), StoreError> {
@@ -492,7 +492,7 @@ async fn a_late_pacing_step_never_uncounts_an_accepted_scan() {
     ];
     let vars: Vec<(&str, &str)> = vars.iter().map(|(k, v)| (*k, v.as_str())).collect();
     let config = config(&vars);
-    let valkey = quota_gate::connection::Valkey::from_config(&config)
+    let valkey = quota_gate::io::connection::Valkey::from_config(&config)
         .unwrap()
         .unwrap();
     let store = LatePace {
@@ -504,7 +504,7 @@ async fn a_late_pacing_step_never_uncounts_an_accepted_scan() {
         config,
         store.clone(),
         StreamQueue::new(valkey, "jobs"),
-        quota_gate::meter::Meter::new("test", None),
+        quota_gate::io::meter::Meter::new("test", None),
     )
     .unwrap();
 

@@ -13,12 +13,12 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use common::*;
-use quota_gate::clock::Clock;
+use quota_gate::front::lambda::to_gate_request;
 use quota_gate::gate::{Gate, GateRequest};
-use quota_gate::lambda::to_gate_request;
-use quota_gate::queue::ScanJob;
-use quota_gate::queue::sqs::delay_seconds;
-use quota_gate::store::memory::MemoryStore;
+use quota_gate::io::clock::Clock;
+use quota_gate::io::queue::ScanJob;
+use quota_gate::io::queue::sqs::delay_seconds;
+use quota_gate::io::store::memory::MemoryStore;
 use serde_json::Value;
 use tokio::time::Instant;
 
@@ -74,7 +74,7 @@ async fn hard_tier_sleeps_28s_defers_32s() {
         assert_eq!(took, Duration::from_secs(28), "{remaining:?}");
         assert_eq!(body["sleptMs"], 28_000);
         assert_eq!(body["deferredMs"], 32_000);
-        assert_eq!(job.tier, quota_gate::job::JobTier::Hard);
+        assert_eq!(job.tier, quota_gate::rules::job::JobTier::Hard);
         assert_eq!((job.delay_ms, job.deferred_ms), (60_000, 32_000));
         assert_eq!(delay_seconds(job.deferred()), 32);
     }

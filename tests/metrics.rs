@@ -15,16 +15,16 @@ use common::client::{Connection, build, get_request, scan_request};
 use common::*;
 use jsonwebtoken::Algorithm;
 use quota_gate::gate::Gate;
-use quota_gate::meter::Meter;
-use quota_gate::queue::spool::Spool;
-use quota_gate::store::memory::MemoryStore;
+use quota_gate::io::meter::Meter;
+use quota_gate::io::queue::spool::Spool;
+use quota_gate::io::store::memory::MemoryStore;
 use serde_json::json;
 use tokio::net::TcpListener;
 
 const ANON_SCANS: u64 = 8;
 const TOKEN_SCANS: u64 = 2;
 
-/// Sends the scripted traffic through `quota_gate::serve::serve` once and
+/// Sends the scripted traffic through `quota_gate::front::serve::serve` once and
 /// returns what `GET /metrics` said afterwards.
 fn scripted_run() -> &'static str {
     &scrapes()[0]
@@ -33,7 +33,7 @@ fn scripted_run() -> &'static str {
 /// The process's one Prometheus recorder.
 fn recorder() -> &'static metrics_exporter_prometheus::PrometheusHandle {
     static HANDLE: OnceLock<metrics_exporter_prometheus::PrometheusHandle> = OnceLock::new();
-    HANDLE.get_or_init(|| quota_gate::cli::install_prometheus().unwrap())
+    HANDLE.get_or_init(|| quota_gate::front::cli::install_prometheus().unwrap())
 }
 
 /// The scripted traffic, then two scrapes of `GET /metrics`.
@@ -56,7 +56,7 @@ fn scrapes() -> &'static [String; 2] {
             let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
             let addr = listener.local_addr().unwrap();
             let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-            let server = tokio::spawn(quota_gate::serve::serve(
+            let server = tokio::spawn(quota_gate::front::serve::serve(
                 listener,
                 Arc::new(gate),
                 Some(handle),
@@ -180,7 +180,7 @@ fn counters_equal_what_was_sent() {
 /// Requests by outcome are one counter per outcome, labelled `scope` only: 3 within, 2 soft, 3 hard anonymous; 2 within by token; every other outcome exposed at 0.
 #[test]
 fn requests_by_outcome() {
-    use quota_gate::meter::{Outcome, REQUESTS};
+    use quota_gate::io::meter::{Outcome, REQUESTS};
     let text = scripted_run();
     assert_eq!(REQUESTS.len(), Outcome::ALL.len());
     for outcome in Outcome::ALL {
@@ -241,8 +241,8 @@ fn names_are_the_seeds() {
     // Besides the gate's own, only the process gauges sampled at each scrape,
     // under the names of Prometheus's process collector.
     let process = [
-        quota_gate::meter::PROCESS_RSS,
-        quota_gate::meter::PROCESS_OPEN_FDS,
+        quota_gate::io::meter::PROCESS_RSS,
+        quota_gate::io::meter::PROCESS_OPEN_FDS,
     ];
     for name in series_names(text) {
         assert!(
@@ -259,7 +259,7 @@ fn delay_histogram_supports_p95() {
     let text = scripted_run();
     let ip = delay_buckets(text, "ip");
     let bounds: Vec<f64> = ip.iter().map(|b| b.0).collect();
-    for b in quota_gate::cli::DELAY_BUCKETS_MS {
+    for b in quota_gate::front::cli::DELAY_BUCKETS_MS {
         assert!(bounds.contains(&b), "bucket {b} missing: {bounds:?}");
     }
     let at = |le: f64| ip.iter().find(|b| b.0 == le).unwrap().1;
@@ -364,7 +364,7 @@ fn scrapes_are_in_a_stable_order() {
 /// A scan delayed by a network level counts in its level's series (soft, then hard), one paced by the anonymous budget in the global one; every configured level has a series from the start; no address reaches a label.
 #[tokio::test]
 async fn level_hits_by_level() {
-    use quota_gate::meter::{GLOBAL_PACED, NETWORK_HARD_HITS, NETWORK_SOFT_HITS};
+    use quota_gate::io::meter::{GLOBAL_PACED, NETWORK_HARD_HITS, NETWORK_SOFT_HITS};
     // The scripted snapshot first: the traffic below must not show in it.
     let _ = scripted_run();
     let nets = with_vars(TIERS, &[("QUOTA_NETWORKS", "v4/24=1,v6/56=5,v6/48=5")]);
@@ -387,7 +387,7 @@ async fn level_hits_by_level() {
     for ip in ["192.0.2.1", "192.0.2.2"] {
         assert_eq!(global.handle(scan_from(ip)).await.status(), 202);
     }
-    let text = quota_gate::meter::prometheus::render(recorder());
+    let text = quota_gate::io::meter::prometheus::render(recorder());
     // v4/24 limit 1, soft window 2: within, soft, soft, hard.
     let series = |name: &str, label: &str| format!("{name}{{{label}}}");
     assert_eq!(
@@ -425,15 +425,15 @@ async fn level_hits_by_level() {
 /// gauge as the start set it, the counter as the evictions grew.
 #[test]
 fn store_metrics_are_unlabelled() {
-    use quota_gate::meter::store::{Process, StoreMeter};
-    use quota_gate::meter::{STORE_EVICTED_KEYS, STORE_EVICTING};
+    use quota_gate::io::meter::store::{Process, StoreMeter};
+    use quota_gate::io::meter::{STORE_EVICTED_KEYS, STORE_EVICTING};
     // The scripted snapshot first: these must not show in it.
     let _ = scripted_run();
     let meter = StoreMeter::new("test", Process::Serve, None);
     meter.evicting(true, 0);
     meter.evicted(3, 0);
     meter.evicted(4, 0);
-    let text = quota_gate::meter::prometheus::render(recorder());
+    let text = quota_gate::io::meter::prometheus::render(recorder());
     assert_eq!(value(&text, STORE_EVICTING), 1.0);
     assert_eq!(value(&text, STORE_EVICTED_KEYS), 7.0);
     assert!(

@@ -12,12 +12,12 @@ use std::sync::Arc;
 
 use common::cluster::{ValkeyCluster, cluster_gate};
 use common::*;
-use quota_gate::connection::Valkey;
 use quota_gate::gate::Gate;
-use quota_gate::identity::Identifier;
-use quota_gate::queue::ScanQueue;
-use quota_gate::store::valkey::ValkeyStore;
-use quota_gate::store::{QuotaKey, QuotaStore};
+use quota_gate::gate::identity::Identifier;
+use quota_gate::io::connection::Valkey;
+use quota_gate::io::queue::ScanQueue;
+use quota_gate::io::store::valkey::ValkeyStore;
+use quota_gate::io::store::{QuotaKey, QuotaStore};
 use redis::AsyncCommands;
 use serde_json::Value;
 
@@ -264,7 +264,7 @@ async fn the_embedded_store_counts_networks_too() {
     let queue = RecordingQueue::default();
     let gate = gate(
         &levels(&[]),
-        quota_gate::store::memory::MemoryStore::default(),
+        quota_gate::io::store::memory::MemoryStore::default(),
         queue.clone(),
     );
     rotate_sequentially(&gate).await;
@@ -378,7 +378,7 @@ async fn a_cluster_settles_each_level_by_its_own_fate() {
     let identifier = Identifier::new(&config(&base)).unwrap();
     let subject_key = |ip: &str| {
         let digest = identifier.ip_digest(ip.parse().unwrap());
-        QuotaKey::new(quota_gate::digest::Scope::Ip, &digest).counter
+        QuotaKey::new(quota_gate::rules::scope::Scope::Ip, &digest).counter
     };
     let level = &identifier.levels_of(v4(1).parse().unwrap())[0];
     let level_node = cluster.node_of(&QuotaKey::level(&level.digest).counter);

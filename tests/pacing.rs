@@ -11,10 +11,10 @@ use std::sync::Arc;
 use common::cluster::{ValkeyCluster, cluster_gate};
 use common::*;
 use quota_gate::gate::Gate;
-use quota_gate::queue::ScanQueue;
-use quota_gate::store::QuotaStore;
-use quota_gate::store::memory::MemoryStore;
-use quota_gate::unix::{UnixMillis, UnixSecs};
+use quota_gate::io::queue::ScanQueue;
+use quota_gate::io::store::QuotaStore;
+use quota_gate::io::store::memory::MemoryStore;
+use quota_gate::rules::unix::{UnixMillis, UnixSecs};
 use serde_json::Value;
 
 const IP: &str = "198.51.100.77";
@@ -187,8 +187,8 @@ async fn backlog_cap_in_memory() {
         store.clone(),
         jobs.clone(),
     );
-    let key = quota_gate::store::QuotaKey::new(
-        quota_gate::digest::Scope::Ip,
+    let key = quota_gate::io::store::QuotaKey::new(
+        quota_gate::rules::scope::Scope::Ip,
         &gate.identifier().ip_digest(IP.parse().unwrap()),
     );
     assert_capped(
@@ -232,10 +232,11 @@ async fn a_delay_longer_than_the_cap_is_served_one_at_a_time() {
 #[test]
 fn pace_script_matches_the_pure_rule() {
     use proptest::prelude::*;
-    use quota_gate::connection::Valkey;
-    use quota_gate::digest::{Hasher, Scope};
-    use quota_gate::store::valkey::ValkeyStore;
-    use quota_gate::store::{PaceArgs, Paced, QuotaKey, next_slot};
+    use quota_gate::io::connection::Valkey;
+    use quota_gate::io::store::valkey::ValkeyStore;
+    use quota_gate::io::store::{PaceArgs, Paced, QuotaKey, next_slot};
+    use quota_gate::rules::digest::Hasher;
+    use quota_gate::rules::scope::Scope;
 
     let server = ValkeyServer::start();
     let rt = tokio::runtime::Builder::new_current_thread()

@@ -15,8 +15,8 @@ use common::cluster::{ValkeyCluster, cluster_gate};
 use common::serve::{spawn_serve, stderr_of};
 use common::*;
 use quota_gate::gate::{Gate, GateRequest};
-use quota_gate::queue::stream::StreamQueue;
-use quota_gate::store::valkey::ValkeyStore;
+use quota_gate::io::queue::stream::StreamQueue;
+use quota_gate::io::store::valkey::ValkeyStore;
 use serde_json::Value;
 
 type ValkeyGate = Gate<ValkeyStore, StreamQueue>;

@@ -8,13 +8,13 @@ use quota_gate_testkit as common;
 use common::cluster::{ValkeyCluster, cluster_gate};
 use common::*;
 use http::Method;
-use quota_gate::clock::Clock;
+use quota_gate::front::ops::change;
+use quota_gate::front::ops::subject::{self, SubjectArg};
 use quota_gate::gate::Gate;
-use quota_gate::ops::change;
-use quota_gate::ops::subject::{self, SubjectArg};
-use quota_gate::queue::ScanQueue;
-use quota_gate::store::QuotaStore;
-use quota_gate::store::memory::MemoryStore;
+use quota_gate::io::clock::Clock;
+use quota_gate::io::queue::ScanQueue;
+use quota_gate::io::store::QuotaStore;
+use quota_gate::io::store::memory::MemoryStore;
 use serde_json::Value;
 
 const IP: &str = "198.51.100.23";
@@ -197,7 +197,7 @@ async fn identified_as_a_scan_is() {
 async fn grant_five<Q: ScanQueue>(
     url: &str,
     extra: &[(&str, &str)],
-    gate: impl FnOnce(&[(&str, &str)]) -> Gate<quota_gate::store::valkey::ValkeyStore, Q>,
+    gate: impl FnOnce(&[(&str, &str)]) -> Gate<quota_gate::io::store::valkey::ValkeyStore, Q>,
 ) {
     let mut vars = with_vars(&limits(), &[("VALKEY_URL", url), ("QUOTA_PACING", "off")]);
     vars.extend_from_slice(extra);
@@ -206,7 +206,7 @@ async fn grant_five<Q: ScanQueue>(
     for _ in 0..3 {
         scan(gate, IP).await;
     }
-    let store = quota_gate::ops::valkey_store(store_config).unwrap();
+    let store = quota_gate::front::ops::valkey_store(store_config).unwrap();
     let who = subject::resolve(store_config, &SubjectArg::Ip(IP.into())).unwrap();
     let before = subject::inspect(&store, store_config, &who).await.unwrap();
     assert_eq!(before.next.tier, "soft");
@@ -296,7 +296,7 @@ async fn grant_before_the_first_scan_and_in_memory() {
     store.grant(
         &who.key,
         2,
-        quota_gate::unix::UnixSecs(now()),
+        quota_gate::rules::unix::UnixSecs(now()),
         quota_gate::config::ResetPolicy::UtcDay,
     );
     let delays: Vec<u64> = {
@@ -318,15 +318,15 @@ async fn grant_before_the_first_scan_ends_tonight_under_utc_day() {
     let url = server.url();
     let vars = with_vars(&limits(), &[("VALKEY_URL", url.as_str())]);
     let store_config = &config(&vars);
-    let store = quota_gate::ops::valkey_store(store_config).unwrap();
+    let store = quota_gate::front::ops::valkey_store(store_config).unwrap();
     let who = subject::resolve(store_config, &SubjectArg::Ip(IP.into())).unwrap();
     let granted = change::grant(&store, &who, 50, store_config.policy.reset)
         .await
         .unwrap();
     let midnight = now() - now().rem_euclid(86_400) + 86_400;
-    let expected = quota_gate::respond::rfc3339(midnight);
+    let expected = quota_gate::gate::respond::rfc3339(midnight);
     // Unless the test ran across midnight.
-    let tomorrow = quota_gate::respond::rfc3339(midnight + 86_400);
+    let tomorrow = quota_gate::gate::respond::rfc3339(midnight + 86_400);
     let at = granted.expires_at.expect("a grant with an end");
     assert!(at == expected || at == tomorrow, "{at}");
     let ttl: i64 = server.query(redis::cmd("TTL").arg(&who.key.grant)).await;
@@ -348,7 +348,7 @@ async fn grant_before_the_first_scan_expires_with_its_counter() {
     );
     let store_config = &config(&vars);
     let gate = valkey_gate(&server, &vars);
-    let store = quota_gate::ops::valkey_store(store_config).unwrap();
+    let store = quota_gate::front::ops::valkey_store(store_config).unwrap();
     for (ip, keyed) in [(IP, false), ("198.51.100.24", true)] {
         let who = subject::resolve(store_config, &SubjectArg::Ip(ip.into())).unwrap();
         let granted = change::grant(&store, &who, 50, store_config.policy.reset)

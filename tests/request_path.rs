@@ -7,12 +7,12 @@ use std::time::Duration;
 
 use common::*;
 use jsonwebtoken::Algorithm;
-use quota_gate::connection::Valkey;
+use quota_gate::front::lambda::to_gate_request;
 use quota_gate::gate::Gate;
-use quota_gate::lambda::to_gate_request;
-use quota_gate::meter::Meter;
-use quota_gate::queue::stream::StreamQueue;
-use quota_gate::store::valkey::ValkeyStore;
+use quota_gate::io::connection::Valkey;
+use quota_gate::io::meter::Meter;
+use quota_gate::io::queue::stream::StreamQueue;
+use quota_gate::io::store::valkey::ValkeyStore;
 use redis::AsyncCommands;
 use serde_json::json;
 
@@ -105,8 +105,8 @@ async fn rolling_ttl_and_healing() {
 async fn counter_without_expiry_heals_on_next_scan() {
     let server = ValkeyServer::start();
     let gate = valkey_gate(&server, &[]);
-    let key = quota_gate::store::QuotaKey::new(
-        quota_gate::digest::Scope::Ip,
+    let key = quota_gate::io::store::QuotaKey::new(
+        quota_gate::rules::scope::Scope::Ip,
         &gate
             .identifier()
             .ip_digest("198.51.100.22".parse().unwrap()),
@@ -124,7 +124,7 @@ async fn counter_without_expiry_heals_on_next_scan() {
     );
     assert_eq!(
         body["quota"]["resetAt"],
-        quota_gate::respond::rfc3339(now() + to_midnight)
+        quota_gate::gate::respond::rfc3339(now() + to_midnight)
     );
 }
 

@@ -6,9 +6,9 @@ use quota_gate_testkit as common;
 use std::time::{Duration, Instant};
 
 use common::*;
-use quota_gate::meter::{self, Meter};
-use quota_gate::store::QuotaKey;
-use quota_gate::store::valkey::ValkeyStore;
+use quota_gate::io::meter::{self, Meter};
+use quota_gate::io::store::QuotaKey;
+use quota_gate::io::store::valkey::ValkeyStore;
 use serde_json::Value;
 
 const IP: &str = "198.51.100.40";
@@ -27,7 +27,7 @@ fn metered_valkey_gate(
     server: &ValkeyServer,
     vars: &[(&str, &str)],
     meter: Meter,
-) -> quota_gate::Gate<ValkeyStore, quota_gate::queue::stream::StreamQueue> {
+) -> quota_gate::Gate<ValkeyStore, quota_gate::io::queue::stream::StreamQueue> {
     let url = server.url();
     let vars = with_vars(
         &[
@@ -37,13 +37,13 @@ fn metered_valkey_gate(
         vars,
     );
     let config = config(&vars);
-    let valkey = quota_gate::connection::Valkey::from_config(&config)
+    let valkey = quota_gate::io::connection::Valkey::from_config(&config)
         .unwrap()
         .unwrap();
     quota_gate::Gate::new(
         config,
         ValkeyStore::new(valkey.clone()),
-        quota_gate::queue::stream::StreamQueue::new(valkey, "jobs"),
+        quota_gate::io::queue::stream::StreamQueue::new(valkey, "jobs"),
         meter,
     )
     .unwrap()
@@ -246,7 +246,7 @@ async fn exempt_scan_with_the_store_down() {
     ];
     let config = config(&vars);
     let store = ValkeyStore::new(
-        quota_gate::connection::Valkey::from_config(&config)
+        quota_gate::io::connection::Valkey::from_config(&config)
             .unwrap()
             .unwrap(),
     );
@@ -254,7 +254,7 @@ async fn exempt_scan_with_the_store_down() {
     let gate = quota_gate::Gate::new(
         config,
         store,
-        quota_gate::queue::spool::Spool::new(Box::new(jobs.clone())),
+        quota_gate::io::queue::spool::Spool::new(Box::new(jobs.clone())),
         Meter::new("test", None),
     )
     .unwrap();
@@ -283,18 +283,18 @@ async fn exempt_scan_with_the_store_down() {
 /// failing open, under `vars`.
 fn gate_without_a_store(
     vars: &[(&str, &str)],
-) -> quota_gate::Gate<ValkeyStore, quota_gate::queue::spool::Spool> {
+) -> quota_gate::Gate<ValkeyStore, quota_gate::io::queue::spool::Spool> {
     let nobody = format!("redis://127.0.0.1:{}", free_port());
     let config = config(&with_vars(vars, &[("VALKEY_URL", nobody.as_str())]));
     let store = ValkeyStore::new(
-        quota_gate::connection::Valkey::from_config(&config)
+        quota_gate::io::connection::Valkey::from_config(&config)
             .unwrap()
             .unwrap(),
     );
     quota_gate::Gate::new(
         config,
         store,
-        quota_gate::queue::spool::Spool::new(Box::new(Capture::default())),
+        quota_gate::io::queue::spool::Spool::new(Box::new(Capture::default())),
         Meter::new("test", None),
     )
     .unwrap()
@@ -312,7 +312,7 @@ async fn one_reset_in_an_outage() {
         ("QUOTA_RESET", "rolling"),
         ("QUOTA_EXEMPT_NETWORKS", "192.0.2.0/24"),
     ])
-    .with_clock(quota_gate::clock::Clock::Tokio {
+    .with_clock(quota_gate::io::clock::Clock::Tokio {
         wall_ms: at_ms,
         at: tokio::time::Instant::now(),
     });
@@ -382,7 +382,7 @@ fn proxied_gate(
     server: &ValkeyServer,
     exempt: &'static str,
     trusted: &'static str,
-) -> quota_gate::Gate<ValkeyStore, quota_gate::queue::stream::StreamQueue> {
+) -> quota_gate::Gate<ValkeyStore, quota_gate::io::queue::stream::StreamQueue> {
     let vars = with_vars(
         &real_delays(),
         &[
@@ -395,11 +395,11 @@ fn proxied_gate(
 
 /// The count of the address `ip` in `gate`'s store.
 async fn used_by(
-    gate: &quota_gate::Gate<ValkeyStore, quota_gate::queue::stream::StreamQueue>,
+    gate: &quota_gate::Gate<ValkeyStore, quota_gate::io::queue::stream::StreamQueue>,
     ip: &str,
 ) -> u64 {
     let key = QuotaKey::new(
-        quota_gate::digest::Scope::Ip,
+        quota_gate::rules::scope::Scope::Ip,
         &gate.identifier().ip_digest(ip.parse().unwrap()),
     );
     let seen = gate.store().inspect(&key).await.unwrap().unwrap();
@@ -455,7 +455,7 @@ fn malformed_network_names_the_variable() {
 /// events/README.md says, through the Lambda adapter.
 #[tokio::test]
 async fn sample_events_quota_and_shadow() {
-    use quota_gate::lambda::to_gate_request;
+    use quota_gate::front::lambda::to_gate_request;
     let server = ValkeyServer::start();
     let gate = valkey_gate(&server, &[]);
     for expected_used in [0, 1] {
@@ -501,7 +501,7 @@ async fn sample_events_quota_and_shadow() {
 /// read back as the one job type.
 #[tokio::test]
 async fn exempt_and_shadow_jobs_match_the_schema() {
-    use quota_gate::store::memory::MemoryStore;
+    use quota_gate::io::store::memory::MemoryStore;
     let validator = schema::validator(&schema::job_schema());
     let jobs = RecordingQueue::default();
     let vars = with_vars(

@@ -15,11 +15,11 @@ use aws_config::SdkConfig;
 use aws_sdk_sqs::types::{Message, QueueAttributeName};
 use common::moto::MotoServer;
 use common::*;
-use quota_gate::connection::Valkey;
 use quota_gate::gate::{ENQUEUE_TIMEOUT, Gate};
-use quota_gate::meter::Meter;
-use quota_gate::queue::sqs::SqsQueue;
-use quota_gate::store::valkey::ValkeyStore;
+use quota_gate::io::connection::Valkey;
+use quota_gate::io::meter::Meter;
+use quota_gate::io::queue::sqs::SqsQueue;
+use quota_gate::io::store::valkey::ValkeyStore;
 use redis::AsyncCommands;
 use serde_json::{Value, json};
 

@@ -10,8 +10,8 @@ use quota_gate_testkit as common;
 use common::moto::MotoServer;
 use common::*;
 use quota_gate::gate::Gate;
-use quota_gate::meter::Meter;
-use quota_gate::queue::AnyQueue;
+use quota_gate::io::meter::Meter;
+use quota_gate::io::queue::AnyQueue;
 
 /// From the environment alone (AWS_ENDPOINT_URL, region, keys), the cold-start path sends each 202's job to the SQS queue.
 #[test]

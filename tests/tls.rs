@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use common::cluster::ValkeyCluster;
 use common::*;
-use quota_gate::connection::Valkey;
+use quota_gate::io::connection::Valkey;
 
 /// A throw-away CA and a server certificate for 127.0.0.1 and localhost.
 struct TestPki {

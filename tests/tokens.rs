@@ -5,11 +5,11 @@ use quota_gate_testkit as common;
 
 use common::*;
 use jsonwebtoken::{Algorithm, EncodingKey, Header};
+use quota_gate::front::lambda::to_gate_request;
 use quota_gate::gate::Gate;
-use quota_gate::lambda::to_gate_request;
-use quota_gate::meter::Meter;
-use quota_gate::queue::spool::Spool;
-use quota_gate::store::memory::MemoryStore;
+use quota_gate::io::meter::Meter;
+use quota_gate::io::queue::spool::Spool;
+use quota_gate::io::store::memory::MemoryStore;
 use serde_json::json;
 
 /// A gate on the in-memory store that throws its jobs away.

@@ -1,7 +1,7 @@
 //! The HTTP floor: what HTTP alone costs here. A child process of the bench
 //! binary runs a minimal hyper server on the same runtime settings and the
-//! same connection setup as `quota-gate serve` (`src/cli.rs`,
-//! `src/serve.rs`: one single-threaded Tokio runtime per CPU on one shared
+//! same connection setup as `quota-gate serve` (`src/front/cli.rs`,
+//! `src/front/serve/`: one single-threaded Tokio runtime per CPU on one shared
 //! listening socket, `TCP_NODELAY`, hyper's HTTP/1.1 connection watched for
 //! graceful shutdown), reads the request's
 //! body as `serve` does (at most 64 KiB + 1 bytes) and answers every request
@@ -31,7 +31,7 @@ const BODY: &str = r#"{"scanId":"0192f3a4-0000-7000-8000-000000000000","status":
 /// Child mode: serves the floor on `addr` until killed.
 pub fn child(addr: &str) -> Result<(), String> {
     let addr: SocketAddr = addr.parse().map_err(|e| format!("{addr}: {e}"))?;
-    // The workers `quota-gate serve` runs (src/cli.rs): one single-threaded
+    // The workers `quota-gate serve` runs (src/front/cli.rs): one single-threaded
     // runtime per CPU, all accepting on one listening socket.
     let listener = std::net::TcpListener::bind(addr).map_err(|e| e.to_string())?;
     listener.set_nonblocking(true).map_err(|e| e.to_string())?;

@@ -49,15 +49,16 @@ use std::time::{Duration, Instant};
 
 use jsonwebtoken::Algorithm;
 use quota_gate::config::ResetPolicy;
-use quota_gate::connection::Valkey;
-use quota_gate::digest::{Hasher, Scope};
 use quota_gate::gate::{Gate, GateRequest};
-use quota_gate::meter::Meter;
-use quota_gate::queue::stream::StreamQueue;
-use quota_gate::queue::{QueueError, ScanJob, ScanQueue};
-use quota_gate::store::memory::MemoryStore;
-use quota_gate::store::valkey::ValkeyStore;
-use quota_gate::store::{CountArgs, QuotaKey, QuotaStore, period_end};
+use quota_gate::io::connection::Valkey;
+use quota_gate::io::meter::Meter;
+use quota_gate::io::queue::stream::StreamQueue;
+use quota_gate::io::queue::{QueueError, ScanJob, ScanQueue};
+use quota_gate::io::store::memory::MemoryStore;
+use quota_gate::io::store::valkey::ValkeyStore;
+use quota_gate::io::store::{CountArgs, QuotaKey, QuotaStore, period_end};
+use quota_gate::rules::digest::Hasher;
+use quota_gate::rules::scope::Scope;
 use quota_gate_testkit::{self as common, client};
 use serde_json::json;
 
@@ -663,7 +664,8 @@ async fn in_process(
         let store = store.clone();
         let keys = keys.clone();
         async move {
-            let now = quota_gate::unix::UnixSecs(time::OffsetDateTime::now_utc().unix_timestamp());
+            let now =
+                quota_gate::rules::unix::UnixSecs(time::OffsetDateTime::now_utc().unix_timestamp());
             let args = CountArgs {
                 key: &keys[task],
                 levels: &[],

@@ -9,12 +9,12 @@
 use std::collections::BTreeMap;
 
 use quota_gate::gate::GateRequest;
-use quota_gate::store::valkey::ValkeyStore;
+use quota_gate::io::store::valkey::ValkeyStore;
 use quota_gate_testkit::{self as common, proxy::Proxy};
 
 use super::{commandstats, reset_commandstats, sink_gate};
-use quota_gate::connection::Valkey;
-use quota_gate::queue::stream::StreamQueue;
+use quota_gate::io::connection::Valkey;
+use quota_gate::io::queue::stream::StreamQueue;
 
 /// One path's figures: per request, the commands by name, and round trips.
 pub struct PathFigures {

@@ -9,9 +9,10 @@ use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::{Duration, Instant};
 
 use quota_gate::config::ResetPolicy;
-use quota_gate::digest::{Hasher, Scope};
-use quota_gate::store::memory::MemoryStore;
-use quota_gate::store::{CountArgs, QuotaKey, QuotaStore, period_end};
+use quota_gate::io::store::memory::MemoryStore;
+use quota_gate::io::store::{CountArgs, QuotaKey, QuotaStore, period_end};
+use quota_gate::rules::digest::Hasher;
+use quota_gate::rules::scope::Scope;
 
 use quota_gate_testkit::{KillOnDrop, client, fixture, free_port, loopback};
 
@@ -145,7 +146,7 @@ pub fn memory_child(n: u64) {
             for i in from..from + n {
                 let ip = std::net::Ipv4Addr::from(i as u32).to_string();
                 let key = QuotaKey::new(Scope::Ip, &hasher.digest(Scope::Ip, &ip));
-                let now = quota_gate::unix::UnixSecs(t.load(Ordering::Relaxed));
+                let now = quota_gate::rules::unix::UnixSecs(t.load(Ordering::Relaxed));
                 let args = CountArgs {
                     key: &key,
                     levels: &[],

@@ -12,9 +12,9 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use quota_gate::Config;
+use quota_gate::front::lambda::{CONFIG_ERROR_TYPE, report_init_error};
 use quota_gate::gate::Gate;
-use quota_gate::lambda::{CONFIG_ERROR_TYPE, report_init_error};
-use quota_gate::meter::Meter;
+use quota_gate::io::meter::Meter;
 
 /// mimalloc, as in `quota-gate` (see there).
 #[global_allocator]
@@ -41,7 +41,7 @@ async fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    match quota_gate::lambda::run(Arc::new(gate)).await {
+    match quota_gate::front::lambda::run(Arc::new(gate)).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("quota-gate: {e}");
@@ -51,7 +51,8 @@ async fn main() -> ExitCode {
 }
 
 /// The gate of this cold start, or why there is none (naming the variable).
-async fn start() -> Result<Gate<quota_gate::store::AnyStore, quota_gate::queue::AnyQueue>, String> {
+async fn start()
+-> Result<Gate<quota_gate::io::store::AnyStore, quota_gate::io::queue::AnyQueue>, String> {
     let config = Config::from_env()
         .and_then(Config::require_hash_secret)
         .map_err(|e| e.to_string())?;
@@ -61,6 +62,6 @@ async fn start() -> Result<Gate<quota_gate::store::AnyStore, quota_gate::queue::
         .map_err(|e| e.to_string())?;
     // Connect during the cold start, not in the first request.
     gate.warm_up();
-    quota_gate::lambda::check_store(&gate).await?;
+    quota_gate::front::lambda::check_store(&gate).await?;
     Ok(gate)
 }

@@ -15,7 +15,7 @@
 //!
 //! The settings are grouped by who reads them, and each group reads its own
 //! variables (`from_vars`), in a file of its own: [`Policy`] (`policy.rs`:
-//! the quota and its delays, for [`crate::decide`], [`crate::delay`],
+//! the quota and its delays, for [`crate::rules::decide`], [`crate::rules::delay`],
 //! pacing), [`IdentityConfig`] (`identity.rs`: the hash secret, proxies,
 //! [`JwtConfig`]), [`StoreConfig`] (`store.rs`: Valkey, its TLS trust, its
 //! timeout and failure handling), the [`QueueTarget`] (`queue.rs`, with the
@@ -23,8 +23,8 @@
 //! [`ServeConfig`] (`serve.rs`). They are read in that order, so with
 //! several bad values the first group's error is the one reported.
 //! The settings that are one word each ([`FailMode`], [`DelayMode`], …)
-//! live in [`words`] and [`ConfigError`] in `error`, below the parser, so
-//! the pure rules import a setting without the configuration.
+//! live with the pure rules, in [`crate::rules::modes`], and [`ConfigError`]
+//! in `error`, so the rules import a setting without the configuration.
 //! A plain environment variable table was chosen over clap's `env` feature:
 //! Lambda has no command line, and one parser serves both binaries.
 
@@ -36,8 +36,8 @@ mod queue;
 mod serve;
 mod store;
 pub mod vars;
-pub mod words;
 
+pub use crate::rules::modes::{DelayMode, FailMode, Mode, OnEviction, Pacing, ResetPolicy};
 pub use error::ConfigError;
 use identity::HashSecret;
 pub use identity::{DEV_HASH_SECRET, IdentityConfig, JwtConfig};
@@ -47,7 +47,6 @@ pub use policy::Policy;
 pub use queue::QueueTarget;
 pub use serve::ServeConfig;
 pub use store::{CaBundle, StoreConfig, ValkeyConfig, is_tls_url};
-pub use words::{DelayMode, FailMode, Mode, OnEviction, Pacing, ResetPolicy};
 
 /// Every setting of the gate.
 #[derive(Debug, Clone)]

@@ -1,5 +1,5 @@
-//! The quota and what happens past it: the settings [`crate::decide`],
-//! [`crate::delay`] and pacing read.
+//! The quota and what happens past it: the settings [`crate::rules::decide`],
+//! [`crate::rules::delay`] and pacing read.
 
 use std::num::NonZeroU32;
 use std::time::Duration;
@@ -7,9 +7,9 @@ use std::time::Duration;
 use super::error::ConfigError;
 use super::lookup::Lookup;
 use super::vars;
-use super::words::{DelayMode, Mode, Pacing, ResetPolicy};
-use crate::decide::Limits;
-use crate::level::{AnonBudget, Levels, NetworkLevel, parse_networks};
+use crate::rules::decide::Limits;
+use crate::rules::level::{AnonBudget, Levels, NetworkLevel, parse_networks};
+use crate::rules::modes::{DelayMode, Mode, Pacing, ResetPolicy};
 
 /// The quota and what happens past it.
 #[derive(Debug, Clone)]

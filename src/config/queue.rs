@@ -4,7 +4,7 @@
 use super::error::ConfigError;
 use super::lookup::Lookup;
 use super::vars;
-use crate::hash_tag::has_hash_tag;
+use crate::rules::hash_tag::has_hash_tag;
 
 /// Where accepted scans go.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -6,7 +6,7 @@ use std::time::Duration;
 use super::error::ConfigError;
 use super::lookup::Lookup;
 use super::vars;
-use super::words::{FailMode, OnEviction};
+use crate::rules::modes::{FailMode, OnEviction};
 
 /// The quota Valkey.
 #[derive(Debug, Clone)]

@@ -14,7 +14,7 @@
 
 use std::marker::PhantomData;
 
-use super::words::{DelayMode, FailMode, Mode, OnEviction, Pacing, ResetPolicy};
+use crate::rules::modes::{DelayMode, FailMode, Mode, OnEviction, Pacing, ResetPolicy};
 
 /// The longest delay or timeout: 24 h, in milliseconds.
 pub const MAX_MILLIS: u64 = 86_400_000;

@@ -26,9 +26,9 @@ use tokio::time::Instant;
 
 use super::error::ConsumeError;
 use super::schedule::{Reading, SKEW_WARN_MS};
-use crate::clock::Clock;
-use crate::connection::Valkey;
-use crate::unix::UnixMillis;
+use crate::io::clock::Clock;
+use crate::io::connection::Valkey;
+use crate::rules::unix::UnixMillis;
 
 /// How often the offset is measured again.
 pub const SYNC_EVERY: Duration = Duration::from_secs(30);

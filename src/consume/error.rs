@@ -2,7 +2,7 @@
 //! journal, the setup). Why a running scan was stopped is a rule's input,
 //! [`Stop`](super::schedule::Stop).
 
-use crate::connection::{Refusal, SendError};
+use crate::io::connection::{Refusal, SendError};
 
 /// The refusal of a stream command whose consumer group does not exist.
 pub const NOGROUP: &str = "NOGROUP";

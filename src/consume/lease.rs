@@ -68,7 +68,7 @@ impl<S: JobSource, M: MarkerStore> Keeper<'_, S, M> {
             // call gives up.
             let mut silence_ends = last_held + Silence::allowed(self.lease);
             if crate::bug!(StopWaitsForStalledRenewal) {
-                silence_ends += Duration::from_secs(crate::unix::DAY_SECS.unsigned_abs());
+                silence_ends += Duration::from_secs(crate::rules::unix::DAY_SECS.unsigned_abs());
             }
             let round = async {
                 tick.tick().await;

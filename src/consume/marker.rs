@@ -40,14 +40,14 @@ use uuid::Uuid;
 
 use super::error::ConsumeError;
 use super::schedule::{self, Marker, MarkerClaim};
-use crate::connection::Valkey;
-use crate::hash_tag::tagged;
-use crate::unix::UnixMillis;
+use crate::io::connection::Valkey;
+use crate::rules::hash_tag::tagged;
+use crate::rules::unix::UnixMillis;
 
 /// How long a done marker (and a scan's attempt counter) is kept: as long
 /// as the gate keeps a keyed request's record, after which a retry is a new
 /// scan anyway.
-pub const DONE_TTL_SECS: i64 = crate::store::IDEMPOTENCY_TTL_SECS;
+pub const DONE_TTL_SECS: i64 = crate::io::store::IDEMPOTENCY_TTL_SECS;
 
 /// Done markers an in-process store keeps before forgetting the oldest.
 const LOCAL_DONE: usize = 100_000;
@@ -194,9 +194,9 @@ impl MarkerStore for Markers {
         match self {
             Self::Valkey { valkey, tag, wait } => {
                 let (marker, attempts) = Self::keys(tag, scan);
-                let mut cmd = crate::store::valkey::eval(CLAIM, &[&marker, &attempts]);
+                let mut cmd = crate::io::store::valkey::eval(CLAIM, &[&marker, &attempts]);
                 cmd.arg(token)
-                    .arg(crate::unix::duration_ms(lease))
+                    .arg(crate::rules::unix::duration_ms(lease))
                     .arg(mine)
                     .arg(DONE_TTL_SECS);
                 let (answer, durable): (i64, bool) =
@@ -251,7 +251,7 @@ impl MarkerStore for Markers {
         match self {
             Self::Valkey { valkey, tag, .. } => {
                 let (marker, _) = Self::keys(tag, scan);
-                let mut cmd = crate::store::valkey::eval(RELEASE, &[&marker]);
+                let mut cmd = crate::io::store::valkey::eval(RELEASE, &[&marker]);
                 cmd.arg(token);
                 valkey
                     .send::<i64>(cmd, valkey.timeout())
@@ -306,7 +306,7 @@ mod tests {
     /// quoted word that is not a command, an option or a number is that one.
     #[test]
     fn claim_spells_done() {
-        let words = crate::connection::quoted_words(CLAIM);
+        let words = crate::io::connection::quoted_words(CLAIM);
         assert!(words.contains(&DONE), "{CLAIM}");
         for word in words {
             let command = word.chars().all(|c| c.is_ascii_uppercase());

@@ -3,13 +3,13 @@
 //! `--no-emf`) and the `metrics` facade, rendered as Prometheus text when
 //! `--metrics-listen` is given. The only dimension is `Source` (`stream`,
 //! `sqs`, `stdin`); no scanId, digest or image in any metric. The lines are
-//! built and written by the gate's one EMF writer ([`crate::meter::emf`]).
+//! built and written by the gate's one EMF writer ([`crate::io::meter::emf`]).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, Ordering};
 
-use crate::meter::emf::{self, Line, Sink, Unit};
-use crate::stdout::LineWriter;
+use crate::io::meter::emf::{self, Line, Sink, Unit};
+use crate::io::stdout::LineWriter;
 
 pub const STARTED: &str = "stella_consumer_jobs_started_total";
 pub const SUCCEEDED: &str = "stella_consumer_jobs_succeeded_total";
@@ -106,7 +106,7 @@ impl ConsumeMeter {
         };
         metrics::counter!(name, "source" => source).increment(1);
         if let Some(sink) = &self.emf {
-            sink.write(self.emf_line(event, name, crate::clock::wall_ms()));
+            sink.write(self.emf_line(event, name, crate::io::clock::wall_ms()));
         }
     }
 

@@ -59,10 +59,10 @@ use tokio::task::JoinSet;
 use tokio_util::task::AbortOnDropHandle;
 
 use crate::config::Config;
-use crate::connection::Valkey;
-use crate::meter::emf::Sink;
-use crate::meter::store::{Process, StoreMeter};
-use crate::stdout::LineWriter;
+use crate::io::connection::Valkey;
+use crate::io::meter::emf::Sink;
+use crate::io::meter::store::{Process, StoreMeter};
+use crate::io::stdout::LineWriter;
 use clock::QueueClock;
 use error::ConsumeError;
 use handoff::Handoff;
@@ -96,12 +96,12 @@ struct Parts {
 
 impl Parts {
     /// The store's eviction check and evictions watch
-    /// ([`crate::eviction_watch::start`]), for a consumer whose stream or
+    /// ([`crate::io::eviction_watch::start`]), for a consumer whose stream or
     /// markers live in `ops`: an evicting store loses jobs and markers too.
     async fn watch_store(&self, ops: &Valkey) -> Result<AbortOnDropHandle<()>, String> {
         let emf = (!self.args.no_emf).then(|| Sink::Background(LineWriter::stdout(), None));
         let meter = StoreMeter::new(&self.namespace, Process::Consume, emf);
-        crate::eviction_watch::start(ops, &self.store, meter).await
+        crate::io::eviction_watch::start(ops, &self.store, meter).await
     }
 }
 
@@ -145,7 +145,7 @@ pub async fn run(
 }
 
 /// This machine's clock, which the queue's clock starts from.
-const LOCAL: crate::clock::Clock = crate::clock::Clock::System;
+const LOCAL: crate::io::clock::Clock = crate::io::clock::Clock::System;
 
 /// [`drive`] on the stream `key`: entries read on `reads`, acked, marked
 /// and timed on `ops`.
@@ -160,7 +160,7 @@ async fn run_stream(
     let (a, p) = (&parts.args, &parts.consumer);
     let source =
         source::stream::StreamSource::open(reads, ops.clone(), key, &a.group, p, a.lease).await?;
-    crate::queue::stream::warn_without_persistence(&ops, key).await;
+    crate::io::queue::stream::warn_without_persistence(&ops, key).await;
     let markers = Markers::valkey(ops.clone(), key).with_wait(parts.wait_replicas);
     let clock = QueueClock::of_valkey(LOCAL, ops);
     drive(source, markers, clock, parts, shutdown).await
@@ -243,7 +243,7 @@ async fn drive<S: JobSource>(
     });
     let tasks = intake(worker, args.max_held.get(), stopping.clone()).await;
     finish(tasks, args.grace, stopping, &kill).await;
-    crate::stdout::LineWriter::stdout()
+    crate::io::stdout::LineWriter::stdout()
         .drain(Duration::from_secs(2))
         .await;
     Ok(())
@@ -348,6 +348,6 @@ async fn serve_metrics(addr: SocketAddr) -> Result<(), String> {
         .and_then(PrometheusBuilder::install)
         .map_err(|e| format!("--metrics-listen {addr}: {e}"))?;
     ConsumeMeter::describe();
-    crate::meter::describe_store();
+    crate::io::meter::describe_store();
     Ok(())
 }

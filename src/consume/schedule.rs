@@ -5,7 +5,7 @@
 use std::num::NonZeroU32;
 use std::time::Duration;
 
-use crate::unix::UnixMillis;
+use crate::rules::unix::UnixMillis;
 
 /// SQS's longest visibility timeout (12 h).
 pub const MAX_VISIBILITY_SECS: u64 = 43_200;
@@ -136,7 +136,7 @@ pub enum Next {
 /// `policy`, with the marker's `lease`. A failure counts against
 /// `--max-attempts`; a lost lease and a shutdown do not (the scan was
 /// taken from this attempt, it did not fail). (Not the gate's
-/// [`crate::settle`]: that one puts a failed request right.)
+/// [`crate::rules::settle`]: that one puts a failed request right.)
 pub fn after_hand_off(
     ended: HandOff,
     failures: u32,

@@ -6,12 +6,12 @@ use std::num::NonZeroU32;
 use std::sync::Mutex;
 
 use super::*;
-use crate::clock::Clock;
 use crate::consume::handoff::StopSignal;
 use crate::consume::marker::MarkerStore;
 use crate::consume::schedule::MarkerClaim;
-use crate::job::ScanJob;
-use crate::unix::UnixMillis;
+use crate::io::clock::Clock;
+use crate::rules::job::ScanJob;
+use crate::rules::unix::UnixMillis;
 
 /// An in-memory queue that records what the worker did with each job.
 #[derive(Default)]
@@ -96,7 +96,7 @@ impl Scanner for Sleeper {
 
 /// A job due at `not_before_ms` whose image names the scanner's handle `h`.
 fn job(h: u32, not_before_ms: i64) -> ScanJob {
-    let at = crate::respond::rfc3339_ms;
+    let at = crate::gate::respond::rfc3339_ms;
     let json = serde_json::json!({"version": 1, "scanId": uuid::Uuid::now_v7(),
         "receivedAt": at(not_before_ms), "scope": "ip", "digest": "d", "tier": "soft",
         "limit": 1, "count": 2, "delayMs": 0, "deferredMs": 0, "notBefore": at(not_before_ms),

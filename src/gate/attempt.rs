@@ -13,15 +13,15 @@ use tokio::time::Instant;
 use uuid::Uuid;
 
 use crate::config::{DelayMode, Policy, ResetPolicy};
-use crate::decide::{Decision, Limits, decide};
-use crate::delay::{self, Bed, BedAsk, DelayPlan};
-use crate::identity::Identity;
-use crate::level::{LevelName, most_severe};
-use crate::meter::{End, Exit, Metered};
-use crate::queue::ENQUEUE_TIMEOUT;
-use crate::settle::Metering;
-use crate::store::{Claim, Count, Lane, PaceLane, QuotaKey, Tally, period_end};
-use crate::unix::{UnixMillis, UnixSecs, duration_ms};
+use crate::gate::identity::Identity;
+use crate::io::meter::{End, Exit, Metered};
+use crate::io::queue::ENQUEUE_TIMEOUT;
+use crate::io::store::{Claim, Count, Lane, PaceLane, QuotaKey, Tally, period_end};
+use crate::rules::decide::{Decision, Limits, decide};
+use crate::rules::delay::{self, Bed, BedAsk, DelayPlan};
+use crate::rules::level::{LevelName, most_severe};
+use crate::rules::settle::Metering;
+use crate::rules::unix::{UnixMillis, UnixSecs, duration_ms};
 
 /// One HTTP request, as either front end hands it over.
 #[derive(Debug, Clone, Default)]
@@ -78,8 +78,8 @@ impl Attempt {
         let ceiling = delay::ceiling(request.remaining, policy.gateway_timeout);
         let claim = idempotency_key.map(|k| Claim {
             record: key.idempotency(k),
-            scan_id: crate::clock::uuid_v7(now_ms),
-            fingerprint: crate::idempotency::fingerprint(&request.body),
+            scan_id: crate::io::clock::uuid_v7(now_ms),
+            fingerprint: crate::gate::idempotency::fingerprint(&request.body),
             received_ms: now_ms,
             lease_until_ms: now_ms.saturating_add(ceiling),
         });
@@ -160,7 +160,7 @@ impl Attempt {
     /// The levels of a scan whose count failed in one request with its
     /// subject's: each shares the subject's fate (a store that counted a
     /// level apart says what became of it instead, see
-    /// [`CountFailed::levels`](crate::store::CountFailed::levels)).
+    /// [`CountFailed::levels`](crate::io::store::CountFailed::levels)).
     pub fn failed_lanes(&self, may_land: bool) -> Vec<Lane> {
         vec![Lane::Failed { may_land }; self.level_keys.len()]
     }

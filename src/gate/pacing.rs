@@ -1,5 +1,5 @@
 //! Step 6 for a fresh scan: the delay it owes (paced, where the pacing
-//! rule applies), the bed it may sleep in (see [`crate::delay::Bed`]), and
+//! rule applies), the bed it may sleep in (see [`crate::rules::delay::Bed`]), and
 //! a refusal when its line is full, which is remembered
 //! ([`super::refused`]) so the next scans of that line are refused without
 //! the store (a keyed one after one read: its record, if any, answers it).
@@ -9,14 +9,14 @@ use std::time::Duration;
 use super::attempt::Attempt;
 use super::scan::Scan;
 use super::wiring::Gate;
-use crate::decide::decide;
-use crate::delay::Bed;
-use crate::error::GateError;
-use crate::pace::Paced;
-use crate::queue::ScanQueue;
-use crate::settle::{self, DelayRule, Failure, Metering};
-use crate::store::{PaceArgs, QuotaStore};
-use crate::unix::{UnixSecs, duration_ms};
+use crate::gate::error::GateError;
+use crate::io::queue::ScanQueue;
+use crate::io::store::{PaceArgs, QuotaStore};
+use crate::rules::decide::decide;
+use crate::rules::delay::Bed;
+use crate::rules::pace::Paced;
+use crate::rules::settle::{self, DelayRule, Failure, Metering};
+use crate::rules::unix::{UnixSecs, duration_ms};
 
 impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
     /// Step 6: the delay a fresh scan owes, paced by [`settle::delay_rule`],

@@ -1,7 +1,7 @@
 //! The request path, top to bottom: validate, identify, count, decide,
 //! pace, sleep, queue, answer. Every choice on it is made elsewhere (what a
-//! scan gets by [`crate::decide`], what a failure or a repeated
-//! `Idempotency-Key` leads to by [`crate::settle`]); this driver sends what
+//! scan gets by [`crate::rules::decide`], what a failure or a repeated
+//! `Idempotency-Key` leads to by [`crate::rules::settle`]); this driver sends what
 //! they say, in order, on one connection, and returns an [`Exit`] the meter
 //! records once.
 //!
@@ -14,7 +14,7 @@
 
 use std::future::Future;
 
-use crate::job::RequestBody;
+use crate::rules::job::RequestBody;
 use bytes::Bytes;
 use http::{Method, Response};
 use tokio::time::{Instant, timeout};
@@ -25,14 +25,14 @@ use super::scan::Scan;
 use super::settlement::queue_failed;
 use super::wiring::Gate;
 use crate::config::Mode;
-use crate::error::GateError;
-use crate::identity::{Identity, Origin};
-use crate::meter::{End, Exit, Metered};
-use crate::queue::{QueueError, ScanJob, ScanQueue};
-use crate::settle::{self, Repeat, on_repeat, on_take_over};
-use crate::store::{
+use crate::gate::error::GateError;
+use crate::gate::identity::{Identity, Origin};
+use crate::io::meter::{End, Exit, Metered};
+use crate::io::queue::{QueueError, ScanJob, ScanQueue};
+use crate::io::store::{
     Claim, Claimed, CountArgs, CountFailed, QuotaStore, Record, StoreError, TakeOver, Tally,
 };
+use crate::rules::settle::{self, Repeat, on_repeat, on_take_over};
 
 /// A request's answer, and what the meter is told of it (nothing for a
 /// request refused before it reached the store, or not a counted scan).
@@ -75,7 +75,7 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
         let started = Instant::now();
         // The one clock reading of this request.
         let now_ms = self.clock.now();
-        if crate::check::is_quota_path(&request.path) {
+        if crate::gate::quota_view::is_quota_path(&request.path) {
             if request.method != Method::GET && request.method != Method::HEAD {
                 return (Err(GateError::QuotaMethodNotAllowed), None);
             }
@@ -102,13 +102,13 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
 
     /// Steps 1–3: the scan's body, the caller, and its `Idempotency-Key`.
     fn admit<'r>(&self, request: &'r GateRequest) -> Result<Admitted<'r>, GateError> {
-        let scan = crate::validate::validate(
+        let scan = crate::gate::validate::validate(
             &request.method,
             &request.path,
             &request.headers,
             &request.body,
         )?;
-        let idempotency_key = crate::idempotency::key(&request.headers)?;
+        let idempotency_key = crate::gate::idempotency::key(&request.headers)?;
         let origin = Origin {
             peer: request.peer,
             gateway_claims: request.gateway_claims.as_ref(),
@@ -198,7 +198,7 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
             },
             // A saved answer that cannot be read: refused, as the store's.
             Repeat::Replay(saved) => {
-                crate::respond::replay(&saved).ok_or(GateError::StoreUnavailable)
+                crate::gate::respond::replay(&saved).ok_or(GateError::StoreUnavailable)
             }
             Repeat::Mismatch => Err(GateError::IdempotencyMismatch),
             Repeat::InProgress { retry_after } => {

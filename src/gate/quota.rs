@@ -1,5 +1,5 @@
 //! The two requests that never touch a counter: `GET /quota` (read in one
-//! round trip, nothing spent; the answer is built by [`crate::check`]) and
+//! round trip, nothing spent; the answer is built by [`crate::gate::quota_view`]) and
 //! an exempt scan (queued at once, uncounted, unpaced).
 
 use std::time::Duration;
@@ -12,18 +12,18 @@ use super::attempt::{GateRequest, enqueue_within, level_lines};
 use super::scan::{Held, scan_job};
 use super::settlement::queue_failed;
 use super::wiring::Gate;
-use crate::check::{LevelPeek, NextScanRules, QuotaView, exempt_response, next_scan};
-use crate::delay::{self, DelayPlan};
-use crate::error::GateError;
-use crate::identity::{Identity, Origin};
-use crate::job::{JobTier, RequestBody};
-use crate::meter::Event;
-use crate::queue::{QueueError, ScanQueue};
-use crate::record::Peek;
-use crate::respond::{self, LevelStanding, Standing};
-use crate::settle;
-use crate::store::{QuotaKey, QuotaStore};
-use crate::unix::UnixMillis;
+use crate::gate::error::GateError;
+use crate::gate::identity::{Identity, Origin};
+use crate::gate::quota_view::{LevelPeek, NextScanRules, QuotaView, exempt_response, next_scan};
+use crate::gate::respond::{self, LevelStanding, Standing};
+use crate::io::meter::Event;
+use crate::io::queue::{QueueError, ScanQueue};
+use crate::io::store::{QuotaKey, QuotaStore};
+use crate::rules::delay::{self, DelayPlan};
+use crate::rules::job::{JobTier, RequestBody};
+use crate::rules::record::Peek;
+use crate::rules::settle;
+use crate::rules::unix::UnixMillis;
 
 impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
     /// `GET /quota`: the caller, identified as for `POST /scan`, and what
@@ -120,7 +120,7 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
         started: Instant,
     ) -> Result<Response<Bytes>, GateError> {
         let held = Held {
-            scan_id: crate::clock::uuid_v7(now_ms),
+            scan_id: crate::io::clock::uuid_v7(now_ms),
             received_ms: now_ms,
             plan: DelayPlan {
                 total: Duration::ZERO,

@@ -11,8 +11,8 @@
 //! on. Each gate keeps its own (a `serve` worker, a Lambda environment),
 //! bounded at [`CAPACITY`] keys, the least useful going first.
 
-use crate::store::QuotaKey;
-use crate::unix::UnixMillis;
+use crate::io::store::QuotaKey;
+use crate::rules::unix::UnixMillis;
 
 /// How many refused subjects and levels a gate remembers at most (about
 /// 100 bytes each).
@@ -58,7 +58,8 @@ impl Refused {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::digest::{Hasher, Scope};
+    use crate::rules::digest::Hasher;
+    use crate::rules::scope::Scope;
 
     fn key(ip: &str) -> QuotaKey {
         QuotaKey::new(

@@ -7,16 +7,16 @@ use std::time::Duration;
 use uuid::Uuid;
 
 use super::attempt::Attempt;
-use crate::check::ShadowVerdict;
-use crate::delay::DelayPlan;
-use crate::identity::Identity;
-use crate::job::{JobTier, RequestBody};
-use crate::meter::Metered;
-use crate::queue::ScanJob;
-use crate::respond::{self, Accepted, LevelStanding, Standing};
-use crate::settle::{Metering, Resumed};
-use crate::store::{Lane, Peek};
-use crate::unix::{UnixMillis, duration_ms};
+use crate::gate::identity::Identity;
+use crate::gate::quota_view::ShadowVerdict;
+use crate::gate::respond::{self, Accepted, LevelStanding, Standing};
+use crate::io::meter::Metered;
+use crate::io::queue::ScanJob;
+use crate::io::store::{Lane, Peek};
+use crate::rules::delay::DelayPlan;
+use crate::rules::job::{JobTier, RequestBody};
+use crate::rules::settle::{Metering, Resumed};
+use crate::rules::unix::{UnixMillis, duration_ms};
 
 /// The scan that goes ahead: a fresh one, or one a retry took over.
 pub(super) struct Scan {
@@ -39,7 +39,7 @@ impl Scan {
             scan_id: attempt
                 .claim
                 .as_ref()
-                .map_or_else(|| crate::clock::uuid_v7(attempt.now_ms), |c| c.scan_id),
+                .map_or_else(|| crate::io::clock::uuid_v7(attempt.now_ms), |c| c.scan_id),
             metering,
             lanes,
             received_ms: attempt.now_ms,
@@ -47,7 +47,7 @@ impl Scan {
         }
     }
 
-    /// The scan an abandoned attempt left (see [`crate::settle::resume`]).
+    /// The scan an abandoned attempt left (see [`crate::rules::settle::resume`]).
     /// Its levels were counted (or not) by the first attempt, and are
     /// not counted again.
     pub fn resumed(resumed: Resumed) -> Self {
@@ -177,7 +177,7 @@ pub(super) fn scan_job(
 ) -> ScanJob {
     let not_before_ms = held.received_ms.saturating_add(held.plan.total).get();
     ScanJob {
-        version: crate::job::JOB_VERSION,
+        version: crate::rules::job::JOB_VERSION,
         scan_id: held.scan_id,
         received_at: respond::rfc3339_ms(held.received_ms.get()),
         scope: identity.scope,

@@ -14,17 +14,17 @@ use uuid::Uuid;
 
 use super::attempt::Attempt;
 use super::wiring::Gate;
-use crate::error::{GateError, Queued};
-use crate::queue::ScanQueue;
-use crate::settle::{
-    AfterStoreFailure, Failure, Metering, Settlement, after_store_failure, level_refund,
-    levels_refunded, settle,
-};
-use crate::store::{
+use crate::gate::error::{GateError, Queued};
+use crate::io::queue::ScanQueue;
+use crate::io::store::{
     Claim, CountFailed, Lane, QuotaKey, QuotaStore, RecordField, RecordState, RecordUpdate, Refund,
     StoreError,
 };
-use crate::unix::UnixSecs;
+use crate::rules::settle::{
+    AfterStoreFailure, Failure, Metering, Settlement, after_store_failure, level_refund,
+    levels_refunded, settle,
+};
+use crate::rules::unix::UnixSecs;
 
 /// The longest a failed settlement is retried (less when the answer's
 /// deadline is nearer): the client waits for its answer meanwhile, and a
@@ -221,7 +221,7 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
             (RecordField::State, RecordState::Done.name().to_owned()),
             (RecordField::ScanId, scan_id.to_string()),
             (RecordField::Fingerprint, claim.fingerprint.clone()),
-            (RecordField::Response, crate::respond::save(response)),
+            (RecordField::Response, crate::gate::respond::save(response)),
         ];
         let update = RecordUpdate {
             record: &claim.record,

@@ -5,18 +5,18 @@
 use std::sync::Arc;
 
 use super::refused::Refused;
-use crate::breaker::Breaker;
-use crate::clock::Clock;
 use crate::config::{Config, ConfigError, QueueTarget, vars};
-use crate::connection::Valkey;
-use crate::identity::Identifier;
-use crate::meter::Meter;
-use crate::queue::spool::Spool;
-use crate::queue::stream::StreamQueue;
-use crate::queue::{AnyQueue, ScanQueue};
-use crate::store::memory::MemoryStore;
-use crate::store::valkey::ValkeyStore;
-use crate::store::{AnyStore, QuotaStore};
+use crate::gate::identity::Identifier;
+use crate::io::clock::Clock;
+use crate::io::connection::Valkey;
+use crate::io::meter::Meter;
+use crate::io::queue::spool::Spool;
+use crate::io::queue::stream::StreamQueue;
+use crate::io::queue::{AnyQueue, ScanQueue};
+use crate::io::store::memory::MemoryStore;
+use crate::io::store::valkey::ValkeyStore;
+use crate::io::store::{AnyStore, QuotaStore};
+use crate::rules::breaker::Breaker;
 
 /// The quota gate.
 pub struct Gate<S, Q> {
@@ -25,7 +25,7 @@ pub struct Gate<S, Q> {
     pub(super) store: S,
     pub(super) queue: Q,
     pub(super) meter: Meter,
-    /// Skips the store after repeated failures (see [`crate::breaker`]).
+    /// Skips the store after repeated failures (see [`crate::rules::breaker`]).
     pub(super) breaker: Breaker,
     pub(super) clock: Clock,
     /// Subjects and levels the store refused, until their `Retry-After`.
@@ -80,7 +80,7 @@ impl Gate<AnyStore, AnyQueue> {
                         || aws_config::load_defaults(aws_config::BehaviorVersion::latest()),
                     )
                     .await;
-                AnyQueue::Sqs(crate::queue::sqs::SqsQueue::new(sdk, url))
+                AnyQueue::Sqs(crate::io::queue::sqs::SqsQueue::new(sdk, url))
             }
         };
         Self::new(config, store, queue, meter)

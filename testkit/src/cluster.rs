@@ -6,8 +6,8 @@
 use std::time::{Duration, Instant};
 
 use quota_gate::gate::Gate;
-use quota_gate::queue::stream::StreamQueue;
-use quota_gate::store::valkey::ValkeyStore;
+use quota_gate::io::queue::stream::StreamQueue;
+use quota_gate::io::store::valkey::ValkeyStore;
 
 use crate::{ValkeyServer, free_port, jobs_on, stream_gate, with_vars};
 

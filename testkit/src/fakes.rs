@@ -5,11 +5,11 @@
 use std::io::Write;
 use std::sync::{Arc, Mutex};
 
-use quota_gate::delay::BedAsk;
-use quota_gate::meter::Meter;
-use quota_gate::queue::{QueueError, ScanJob, ScanQueue};
-use quota_gate::store::{PaceArgs, PaceLane, QuotaKey};
-use quota_gate::unix::{UnixMillis, UnixSecs};
+use quota_gate::io::meter::Meter;
+use quota_gate::io::queue::{QueueError, ScanJob, ScanQueue};
+use quota_gate::io::store::{PaceArgs, PaceLane, QuotaKey};
+use quota_gate::rules::delay::BedAsk;
+use quota_gate::rules::unix::{UnixMillis, UnixSecs};
 
 /// A pacing step's [`PaceArgs`], owned: a store wrapper moves it into a
 /// closure or task, then lends it out again with [`OwnedPace::args`]

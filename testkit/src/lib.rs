@@ -51,12 +51,12 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, Method, header};
 use quota_gate::config::Config;
-use quota_gate::connection::Valkey;
 use quota_gate::gate::{Gate, GateRequest};
-use quota_gate::meter::Meter;
-use quota_gate::queue::ScanQueue;
-use quota_gate::queue::stream::StreamQueue;
-use quota_gate::store::valkey::ValkeyStore;
+use quota_gate::io::connection::Valkey;
+use quota_gate::io::meter::Meter;
+use quota_gate::io::queue::ScanQueue;
+use quota_gate::io::queue::stream::StreamQueue;
+use quota_gate::io::store::valkey::ValkeyStore;
 
 /// The repository root (this crate lives in `testkit/`, one level below).
 pub fn root() -> PathBuf {
@@ -366,7 +366,7 @@ pub const SECRET: &[u8] = SECRET_TEXT.as_bytes();
 /// A gate over `store` and `queue`, EMF lines discarded.
 pub fn gate<S, Q>(vars: &[(&str, &str)], store: S, queue: Q) -> Gate<S, Q>
 where
-    S: quota_gate::store::QuotaStore,
+    S: quota_gate::io::store::QuotaStore,
     Q: ScanQueue,
 {
     metered_gate(vars, store, queue, Meter::new("test", None))
@@ -375,7 +375,7 @@ where
 /// A gate over `store` and `queue` whose EMF lines go to `meter`.
 pub fn metered_gate<S, Q>(vars: &[(&str, &str)], store: S, queue: Q, meter: Meter) -> Gate<S, Q>
 where
-    S: quota_gate::store::QuotaStore,
+    S: quota_gate::io::store::QuotaStore,
     Q: ScanQueue,
 {
     Gate::new(config(vars), store, queue, meter).unwrap()
@@ -451,7 +451,7 @@ pub const SEED_DELAYS: &[(&str, &str)] = &[
 /// headers, and the delays are none for 1–3, soft for 4–5, hard for 6–8.
 pub async fn assert_tiers<S, Q>(gate: &Gate<S, Q>)
 where
-    S: quota_gate::store::QuotaStore,
+    S: quota_gate::io::store::QuotaStore,
     Q: ScanQueue,
 {
     let answers = one_at_a_time(gate, (0..8).map(|_| scan_from("203.0.113.7"))).await;
@@ -687,7 +687,7 @@ pub async fn all_at_once<S, Q>(
     requests: impl IntoIterator<Item = GateRequest>,
 ) -> Vec<http::Response<Bytes>>
 where
-    S: quota_gate::store::QuotaStore,
+    S: quota_gate::io::store::QuotaStore,
     Q: ScanQueue,
 {
     let tasks: Vec<_> = requests
@@ -711,7 +711,7 @@ pub async fn one_at_a_time<S, Q>(
     requests: impl IntoIterator<Item = GateRequest>,
 ) -> Vec<http::Response<Bytes>>
 where
-    S: quota_gate::store::QuotaStore,
+    S: quota_gate::io::store::QuotaStore,
     Q: ScanQueue,
 {
     let mut answers = Vec::new();

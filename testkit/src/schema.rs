@@ -24,7 +24,7 @@ pub fn assert_valid_jobs(validator: &jsonschema::Validator, written: &[Value]) {
     for job in written {
         let errors: Vec<String> = validator.iter_errors(job).map(|e| e.to_string()).collect();
         assert!(errors.is_empty(), "{job}: {errors:?}");
-        let read = quota_gate::job::ScanJob::from_json(&job.to_string()).unwrap();
+        let read = quota_gate::rules::job::ScanJob::from_json(&job.to_string()).unwrap();
         assert_eq!(
             &serde_json::to_value(&read).unwrap(),
             job,

@@ -250,7 +250,9 @@ fn write_back(line: String) {
 pub(super) fn write_back_line(line: String) -> bool {
     let mut bytes = line.into_bytes();
     bytes.push(b'\n');
-    crate::stdout::LineWriter::stdout().try_line(bytes).is_ok()
+    crate::io::stdout::LineWriter::stdout()
+        .try_line(bytes)
+        .is_ok()
 }
 
 /// `buf` without its line ending, as text (invalid UTF-8 replaced: such a

@@ -13,7 +13,7 @@ use std::future::Future;
 use std::time::Duration;
 
 use super::error::ConsumeError;
-use crate::job::ScanJob;
+use crate::rules::job::ScanJob;
 
 /// One job as received.
 #[derive(Debug, Clone)]

@@ -21,7 +21,7 @@ use aws_sdk_sqs::error::DisplayErrorContext;
 use super::{Delivery, GivenUp, JobSource};
 use crate::consume::error::ConsumeError;
 use crate::consume::schedule;
-use crate::job::ScanJob;
+use crate::rules::job::ScanJob;
 
 /// The long poll: `ReceiveMessage` waits this long for a first message.
 const WAIT_SECS: i32 = 5;

@@ -24,11 +24,11 @@ use std::time::{Duration, Instant};
 use redis::streams::{StreamAutoClaimReply, StreamId, StreamReadReply};
 
 use super::{Delivery, GivenUp, JobSource};
-use crate::connection::Valkey;
 use crate::consume::error::{BUSYGROUP, ConsumeError};
-use crate::job::ScanJob;
-use crate::queue::stream::JOB_FIELD;
-use crate::unix::duration_ms;
+use crate::io::connection::Valkey;
+use crate::io::queue::stream::JOB_FIELD;
+use crate::rules::job::ScanJob;
+use crate::rules::unix::duration_ms;
 
 /// How long one `XREADGROUP` blocks waiting for new entries.
 pub const BLOCK: Duration = Duration::from_millis(500);

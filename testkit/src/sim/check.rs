@@ -9,9 +9,9 @@ use std::num::NonZeroU32;
 use bytes::Bytes;
 use http::Response;
 use quota_gate::config::Config;
-use quota_gate::decide::decide;
-use quota_gate::queue::ScanJob;
-use quota_gate::store::QuotaKey;
+use quota_gate::io::queue::ScanJob;
+use quota_gate::io::store::QuotaKey;
+use quota_gate::rules::decide::decide;
 
 use super::store::Ledger;
 
@@ -227,7 +227,7 @@ impl World {
 
     /// A keyed scan's record, found by its body's fingerprint.
     fn record_of(&self, group: &Group) -> Option<String> {
-        let fingerprint = quota_gate::idempotency::fingerprint(group.body.as_bytes());
+        let fingerprint = quota_gate::gate::idempotency::fingerprint(group.body.as_bytes());
         self.ledger
             .fingerprints
             .iter()
@@ -304,7 +304,7 @@ impl World {
     /// check is per level, over all the scans of its addresses.
     fn check_levels(&self, jobs: &HashMap<usize, Vec<&ScanJob>>) -> Vec<String> {
         let identifier =
-            quota_gate::identity::Identifier::new(&self.config).expect("the sim's config");
+            quota_gate::gate::identity::Identifier::new(&self.config).expect("the sim's config");
         // Each level's counter key, and its scans: counted and "unknown".
         let mut levels: Vec<(String, i64, i64)> = Vec::new();
         for (g, group) in self.groups.iter().enumerate() {

@@ -21,12 +21,12 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::{HeaderValue, Response};
 use quota_gate::bugs::{self, Bug};
-use quota_gate::clock::Clock;
 use quota_gate::config::Config;
+use quota_gate::front::serve::detach;
 use quota_gate::gate::{Gate, GateRequest};
-use quota_gate::meter::Meter;
-use quota_gate::serve::detach;
-use quota_gate::store::memory::MemoryStore;
+use quota_gate::io::clock::Clock;
+use quota_gate::io::meter::Meter;
+use quota_gate::io::store::memory::MemoryStore;
 use tokio::time::Instant;
 use tokio_util::task::TaskTracker;
 

@@ -6,9 +6,9 @@ use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use quota_gate::connection::{SendError, not_connected};
 use quota_gate::gate::ENQUEUE_TIMEOUT;
-use quota_gate::queue::{QueueError, ScanJob, ScanQueue};
+use quota_gate::io::connection::{SendError, not_connected};
+use quota_gate::io::queue::{QueueError, ScanJob, ScanQueue};
 use uuid::Uuid;
 
 use super::wire::{Conn, Fate, Faults};

@@ -7,14 +7,14 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use quota_gate::connection::not_connected;
-use quota_gate::delay::{Bed, BedAsk};
-use quota_gate::store::memory::MemoryStore;
-use quota_gate::store::{
+use quota_gate::io::connection::not_connected;
+use quota_gate::io::store::memory::MemoryStore;
+use quota_gate::io::store::{
     Claim, Claimed, CountArgs, CountFailed, Lane, PaceArgs, Paced, QuotaKey, QuotaStore,
     RecordUpdate, Refund, StoreError, TakeOver, Tally,
 };
-use quota_gate::unix::{UnixMillis, UnixSecs};
+use quota_gate::rules::delay::{Bed, BedAsk};
+use quota_gate::rules::unix::{UnixMillis, UnixSecs};
 use uuid::Uuid;
 
 use super::wire::{Answer, Conn, Fate, Faults, Land, ready};

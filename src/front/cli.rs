@@ -1,0 +1,254 @@
+//! The `quota-gate` command: the local server and the operator tools.
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+
+use crate::config::Config;
+use crate::front::serve::Server;
+use crate::io::eviction_watch;
+use crate::io::meter::emf::Sink;
+use crate::io::meter::store::{Process, StoreMeter};
+use crate::io::meter::{DELAY_MS, EMF_DROPPED};
+use crate::io::stdout::{LINE_QUEUE, LineWriter};
+
+/// Daily free-tier quota gate for the Scanner API.
+#[derive(Debug, Parser)]
+#[command(version, about, long_about = None)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Serve POST /scan, GET /quota, GET /healthz and GET /metrics on QUOTA_LISTEN (default 127.0.0.1:9000).
+    Serve,
+    /// Show one client's counter, TTL, first-seen, reset, paced backlog and next tier (needs VALKEY_URL).
+    Inspect(crate::front::ops::command::InspectArgs),
+    /// Remove one client's keys: counter, first-seen, pacing slot, grant, idempotency records (needs VALKEY_URL).
+    Reset(crate::front::ops::command::ResetArgs),
+    /// Give one client N extra scans for the current period, or --revoke them (needs VALKEY_URL).
+    Grant(crate::front::ops::command::GrantArgs),
+    /// Remove every quota:* key, the seed's mass expiry (needs VALKEY_URL and --yes).
+    Purge(crate::front::ops::command::PurgeArgs),
+    /// Soft hits, hard hits, reminders and p95 delay per scope, from CloudWatch.
+    Stats(crate::front::ops::command::StatsArgs),
+    /// Run queued scans: each no sooner than its notBefore, each scanId once.
+    Consume(Box<crate::consume::ConsumeArgs>),
+    /// The guard `consume` runs each --exec scanner under (not for people).
+    #[command(name = "scan-guard", hide = true)]
+    ScanGuard(crate::consume::guard::GuardArgs),
+}
+
+/// Bucket bounds (ms) for `stella_quota_delay_ms`: dense around the 1 s
+/// alert threshold and the soft and hard delays, so
+/// `histogram_quantile(0.95, …)` is meaningful.
+pub const DELAY_BUCKETS_MS: [f64; 12] = [
+    0.0, 1.0, 10.0, 100.0, 500.0, 1000.0, 2000.0, 5000.0, 10000.0, 30000.0, 60000.0, 120000.0,
+];
+
+/// Installs the Prometheus recorder behind `GET /metrics`.
+pub fn install_prometheus() -> Result<PrometheusHandle, String> {
+    let handle = PrometheusBuilder::new()
+        .set_buckets_for_metric(Matcher::Full(DELAY_MS.into()), &DELAY_BUCKETS_MS)
+        .and_then(|b| b.install_recorder())
+        .map_err(|e| e.to_string())?;
+    crate::io::meter::describe();
+    Ok(handle)
+}
+
+/// Parses the command line and runs it.
+pub fn main() -> ExitCode {
+    let cli = Cli::parse();
+    if let Command::ScanGuard(args) = &cli.command {
+        return crate::consume::guard::run(args);
+    }
+    let format = match crate::LogFormat::from_env() {
+        Ok(f) => f,
+        Err(e) => return config_error(e),
+    };
+    init_tracing(&cli.command, format);
+    let config = match Config::from_env() {
+        Ok(c) => c,
+        Err(e) => return config_error(e),
+    };
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("quota-gate: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(dispatch(cli.command, config)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(Failure { message, usage }) => {
+            eprintln!("quota-gate: {message}");
+            if usage {
+                ExitCode::from(2)
+            } else {
+                ExitCode::FAILURE
+            }
+        }
+    }
+}
+
+/// A bad environment: said on stderr, exit status 2.
+fn config_error(e: impl std::fmt::Display) -> ExitCode {
+    eprintln!("quota-gate: configuration error: {e}");
+    ExitCode::from(2)
+}
+
+/// Why a command failed: its message, and whether it is a usage error
+/// (exit status 2, as clap's and a bad environment's) rather than a failure (1).
+struct Failure {
+    message: String,
+    usage: bool,
+}
+
+impl From<String> for Failure {
+    fn from(message: String) -> Self {
+        Self {
+            message,
+            usage: false,
+        }
+    }
+}
+
+/// Runs `command` (any but `scan-guard`, which needs no runtime).
+async fn dispatch(command: Command, config: Config) -> Result<(), Failure> {
+    use crate::front::ops::command as ops;
+    match command {
+        Command::Serve => Ok(serve(config).await?),
+        Command::Inspect(args) => operator(ops::inspect(args, &config).await),
+        Command::Reset(args) => operator(ops::reset(args, &config).await),
+        Command::Grant(args) => operator(ops::grant(args, &config).await),
+        Command::Purge(args) => operator(ops::purge(args, &config).await),
+        Command::Consume(args) => Ok(crate::consume::run(*args, config, shutdown_signal()).await?),
+        Command::ScanGuard(_) => Ok(()),
+        Command::Stats(args) => {
+            text(crate::front::ops::stats::preflight().await)?;
+            operator(ops::stats(args, &config).await)
+        }
+    }
+}
+
+/// An operator command's result: input that names nothing configured is a
+/// usage error.
+fn operator(result: Result<(), crate::front::ops::OpsError>) -> Result<(), Failure> {
+    result.map_err(|e| Failure {
+        usage: matches!(e, crate::front::ops::OpsError::BadInput(_)),
+        message: e.to_string(),
+    })
+}
+
+/// An operator command's error as the text `main` prints.
+fn text<E: std::fmt::Display>(result: Result<(), E>) -> Result<(), String> {
+    result.map_err(|e| e.to_string())
+}
+
+/// `quota-gate serve`: a [`Server`] until `SIGTERM` or Ctrl-C, then the
+/// last EMF and log lines out.
+async fn serve(config: Config) -> Result<(), String> {
+    let metrics = install_prometheus()?;
+    // A bad URL is reported by the gates' own wiring, below.
+    let valkey = crate::io::connection::Valkey::from_config(&config)
+        .ok()
+        .flatten();
+    // Held until the server has stopped: dropping it stops the watch.
+    let _evictions = match &valkey {
+        Some(valkey) => {
+            Some(eviction_watch::start(valkey, &config.store, store_meter(&config)).await?)
+        }
+        None => None,
+    };
+    if let (crate::config::QueueTarget::ValkeyStream(key), Some(valkey)) = (&config.queue, valkey) {
+        let key = key.clone();
+        tokio::spawn(async move {
+            crate::io::queue::stream::warn_without_persistence(&valkey, &key).await;
+        });
+    }
+    let served = Server::bind(config, Some(metrics))
+        .await?
+        .run(shutdown_signal())
+        .await;
+    // The last EMF lines and log lines out, unless nobody is reading.
+    LineWriter::stdout().drain(EXIT_DRAIN).await;
+    if let Some(stderr) = STDERR.get() {
+        stderr.drain(EXIT_DRAIN).await;
+    }
+    served
+}
+
+/// `serve`'s meter of the store's own metrics: EMF lines through the
+/// non-blocking stdout, as its requests' (a dropped line is counted).
+fn store_meter(config: &Config) -> StoreMeter {
+    let sink = Sink::Background(LineWriter::stdout(), Some(metrics::counter!(EMF_DROPPED)));
+    StoreMeter::new(&config.metrics_namespace, Process::Serve, Some(sink))
+}
+
+/// How long a stopping `serve` waits for its stdout and stderr readers.
+const EXIT_DRAIN: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// `serve`'s non-blocking stderr, for the logs.
+static STDERR: std::sync::OnceLock<LineWriter> = std::sync::OnceLock::new();
+
+/// Logs to stderr in `format`, filtered by [`crate::log_filter`]. `serve` logs through
+/// a non-blocking writer, like its stdout: a stderr nobody reads loses log
+/// lines, never requests.
+fn init_tracing(command: &Command, format: crate::LogFormat) {
+    match command {
+        Command::Serve => {
+            let stderr = STDERR
+                .get_or_init(|| {
+                    LineWriter::spawn("stderr", Box::new(std::io::stderr()), LINE_QUEUE)
+                })
+                .clone();
+            crate::init_tracing_with(format, move || LogLine(stderr.clone()));
+        }
+        _ => crate::init_tracing(format),
+    }
+}
+
+/// One formatted log event, handed to the stderr writer thread (dropped
+/// when its queue is full).
+struct LogLine(LineWriter);
+
+impl std::io::Write for LogLine {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let _ = self.0.try_line(buf.to_vec());
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Ctrl-C, or SIGTERM as container runtimes and systemd send it (`serve`
+/// and `consume` alike).
+pub(crate) async fn shutdown_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        match signal(SignalKind::terminate()) {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = tokio::signal::ctrl_c() => {}
+                    _ = term.recv() => {}
+                }
+            }
+            Err(_) => {
+                let _ = tokio::signal::ctrl_c().await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
+}

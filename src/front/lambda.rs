@@ -1,0 +1,193 @@
+//! The Lambda front end: API Gateway events in, [`Gate::handle`] out.
+//!
+//! Accepts HTTP API (payload 2.0), REST API (payload 1.0) and Function URL
+//! events. The source address is taken from the request context, where the
+//! gateway put it, never from a header.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use bytes::Bytes;
+use lambda_http::request::RequestContext;
+use lambda_http::{Body, Request, RequestExt, Response, service_fn};
+
+use crate::gate::identity::ip::parse_source;
+use crate::gate::{Gate, GateRequest};
+use crate::io::meter::emf::Sink;
+use crate::io::meter::store::{Process, StoreMeter};
+use crate::io::queue::ScanQueue;
+use crate::io::store::{AnyStore, QuotaStore};
+use crate::rules::unix::duration_ms;
+
+/// Turns a Lambda HTTP event into a gate request.
+pub fn to_gate_request(request: Request) -> GateRequest {
+    let mut gateway_claims = None;
+    let peer = match request.request_context_ref() {
+        Some(RequestContext::ApiGatewayV2(ctx)) => {
+            gateway_claims = ctx
+                .authorizer
+                .as_ref()
+                .and_then(|a| a.jwt.as_ref())
+                .map(|j| j.claims.clone());
+            ctx.http.source_ip.as_deref().and_then(parse_source)
+        }
+        Some(RequestContext::ApiGatewayV1(ctx)) => {
+            ctx.identity.source_ip.as_deref().and_then(parse_source)
+        }
+        _ => None,
+    };
+    let remaining = request.lambda_context_ref().and_then(time_left);
+    let (parts, body) = request.into_parts();
+    let body = match body {
+        Body::Empty => Bytes::new(),
+        Body::Text(t) => Bytes::from(t),
+        Body::Binary(b) => Bytes::from(b),
+        _ => Bytes::new(),
+    };
+    GateRequest {
+        method: parts.method,
+        path: parts.uri.path().to_owned(),
+        headers: parts.headers,
+        body,
+        peer,
+        gateway_claims,
+        remaining,
+    }
+}
+
+/// The earliest deadline taken for an epoch instant: 2000-01-01T00:00:00Z, in
+/// milliseconds. Anything smaller is not a point in time.
+pub const EARLIEST_DEADLINE_MS: u64 = 946_684_800_000;
+
+/// Time left before the invocation's deadline. A deadline of 0 means the
+/// runtime gave none (a bare test event). One that cannot be an epoch
+/// instant (before 2000, e.g. `cargo lambda watch` sends the timeout itself,
+/// `600000`) is treated as absent, said once in the log, so a local replay
+/// sleeps as Lambda would. One already passed is zero, so nothing sleeps.
+fn time_left(context: &lambda_runtime::Context) -> Option<Duration> {
+    let now = duration_ms(
+        SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap_or_default(),
+    );
+    remaining_before(context.deadline, now)
+}
+
+/// Time from `now_ms` to the deadline `deadline_ms` (both epoch milliseconds).
+pub fn remaining_before(deadline_ms: u64, now_ms: u64) -> Option<Duration> {
+    if deadline_ms == 0 {
+        return None;
+    }
+    if deadline_ms < EARLIEST_DEADLINE_MS {
+        static SAID: std::sync::Once = std::sync::Once::new();
+        SAID.call_once(|| {
+            tracing::warn!(
+                deadline_ms,
+                "the runtime's Lambda-Runtime-Deadline-Ms is not an epoch instant \
+                 (a local emulator?); ignoring it: only QUOTA_GATEWAY_TIMEOUT_MS bounds the delay"
+            );
+        });
+        return None;
+    }
+    Some(Duration::from_millis(deadline_ms.saturating_sub(now_ms)))
+}
+
+/// The gate's answer as a Lambda response (our bodies are always JSON text).
+pub fn to_lambda_response(response: http::Response<Bytes>) -> Response<Body> {
+    let (parts, body) = response.into_parts();
+    let body = match String::from_utf8(body.to_vec()) {
+        Ok(text) => Body::Text(text),
+        Err(e) => Body::Binary(e.into_bytes()),
+    };
+    Response::from_parts(parts, body)
+}
+
+/// The error type a configuration error is reported under.
+pub const CONFIG_ERROR_TYPE: &str = "Runtime.ConfigError";
+
+/// Reports a cold-start failure to the Lambda Runtime API
+/// (`POST /2018-06-01/runtime/init/error` on `api`, the value of
+/// `AWS_LAMBDA_RUNTIME_API`), so the invocation's error names the cause
+/// instead of a bare "Runtime exited". Returns the API's status code.
+pub async fn report_init_error(api: &str, error_type: &str, message: &str) -> std::io::Result<u16> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let body = serde_json::json!({"errorMessage": message, "errorType": error_type}).to_string();
+    // Lambda gives `host:port`; `cargo lambda watch` a URL with a path prefix
+    // (`http://[::]:9000/.rt/bootstrap`).
+    let api = api.strip_prefix("http://").unwrap_or(api);
+    let (authority, prefix) = match api.find('/') {
+        Some(i) => (&api[..i], api[i..].trim_end_matches('/')),
+        None => (api, ""),
+    };
+    let request = format!(
+        "POST {prefix}/2018-06-01/runtime/init/error HTTP/1.1\r\nHost: {authority}\r\n\
+         Lambda-Runtime-Function-Error-Type: {error_type}\r\n\
+         Content-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    let exchange = async {
+        let mut stream = tokio::net::TcpStream::connect(authority).await?;
+        stream.write_all(request.as_bytes()).await?;
+        let mut response = Vec::new();
+        stream.read_to_end(&mut response).await?;
+        let head = String::from_utf8_lossy(&response);
+        head.split_whitespace()
+            .nth(1)
+            .and_then(|code| code.parse::<u16>().ok())
+            .ok_or_else(|| std::io::Error::other("the Runtime API gave no status"))
+    };
+    tokio::time::timeout(Duration::from_secs(2), exchange)
+        .await
+        .unwrap_or_else(|_| Err(std::io::Error::other("the Runtime API did not answer")))
+}
+
+/// The Lambda's init check of the store's eviction policy
+/// ([`crate::io::eviction_watch::check_at_start`]): said in the log and in one
+/// EMF line on stdout, or the init refused when `QUOTA_STORE_EVICTION=refuse`.
+/// Evictions during the run are left to the cache's own `Evictions` alarm
+/// (see [`crate::io::eviction_watch`]).
+pub async fn check_store<Q: ScanQueue>(gate: &Gate<AnyStore, Q>) -> Result<(), String> {
+    let AnyStore::Valkey(store) = gate.store() else {
+        return Ok(());
+    };
+    let config = gate.config();
+    let sink = Sink::sync(Box::new(std::io::stdout()));
+    let meter = StoreMeter::new(&config.metrics_namespace, Process::Lambda, Some(sink));
+    crate::io::eviction_watch::check_at_start(store.valkey(), &config.store, &meter).await
+}
+
+/// Serves Lambda invocations until the runtime stops.
+pub async fn run<S: QuotaStore, Q: ScanQueue>(
+    gate: Arc<Gate<S, Q>>,
+) -> Result<(), lambda_http::Error> {
+    lambda_http::run(service_fn(move |request: Request| {
+        let gate = gate.clone();
+        async move {
+            Ok::<_, Infallible>(to_lambda_response(
+                gate.handle(to_gate_request(request)).await,
+            ))
+        }
+    }))
+    .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A real deadline counts down; none, or a duration where an instant
+    /// belongs (`cargo lambda watch`), is no deadline at all.
+    #[test]
+    fn deadlines() {
+        let now = 1_796_032_800_000;
+        assert_eq!(
+            remaining_before(now + 3_000, now),
+            Some(Duration::from_secs(3))
+        );
+        assert_eq!(remaining_before(now - 1, now), Some(Duration::ZERO));
+        assert_eq!(remaining_before(0, now), None);
+        assert_eq!(remaining_before(600_000, now), None);
+        assert_eq!(remaining_before(EARLIEST_DEADLINE_MS - 1, now), None);
+    }
+}

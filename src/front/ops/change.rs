@@ -1,0 +1,169 @@
+//! `grant` and `reset`: what an operator changes about one client, found
+//! by [`subject::resolve`](super::subject::resolve). Nothing printed or
+//! logged names its address or token.
+
+use serde::Serialize;
+
+use super::OpsError;
+use super::keys::GrantExpiry;
+use super::subject::Subject;
+use crate::config::ResetPolicy;
+use crate::io::store::grant_period_end;
+use crate::io::store::valkey::ValkeyStore;
+use crate::rules::unix::UnixSecs;
+
+/// What `reset` removed (also its `--json` form).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Removal {
+    /// The subject's counter; its first-seen, pacing and idempotency keys share its prefix.
+    pub key: String,
+    /// How many of the subject's keys existed and are now gone.
+    pub removed: u64,
+}
+
+impl Removal {
+    pub fn render(&self) -> String {
+        match self.removed {
+            0 => format!("nothing to remove: no key of {} exists\n", self.key),
+            n => format!(
+                "removed {n} key{} of {} (counter, first-seen, pacing slot, grant, idempotency records); \
+                 the next scan counts 1\n",
+                if n == 1 { "" } else { "s" },
+                self.key
+            ),
+        }
+    }
+}
+
+/// The most scans one grant may give.
+pub const MAX_GRANT: u64 = 1_000_000;
+
+/// What `grant` did (also its `--json` form).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Granted {
+    pub key: String,
+    /// The extra scans the subject now has this period (0 after `--revoke`).
+    pub scans: u64,
+    /// When the grant expires, with the counter (RFC 3339, UTC); `None`
+    /// after `--revoke`, or for a grant made before the period's first scan
+    /// (it expires with the counter that scan opens).
+    pub expires_at: Option<String>,
+    /// `--revoke` only: whether there was a grant to take back.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub revoked: Option<bool>,
+}
+
+impl Granted {
+    /// The answer to `--revoke` on `key`: whether there was a grant.
+    pub(super) fn revoked(key: String, revoked: bool) -> Self {
+        Self {
+            key,
+            scans: 0,
+            expires_at: None,
+            revoked: Some(revoked),
+        }
+    }
+}
+
+impl Granted {
+    pub fn render(&self) -> String {
+        let plural = if self.scans == 1 { "" } else { "s" };
+        match (self.revoked, &self.expires_at) {
+            (Some(true), _) => format!("revoked the grant of {}\n", self.key),
+            (Some(false), _) => format!("nothing to revoke: {} has no grant\n", self.key),
+            (None, Some(at)) => format!(
+                "granted {} extra scan{plural} to {} until {at} (replaces any earlier grant)\n",
+                self.scans, self.key
+            ),
+            (None, None) => format!(
+                "granted {} extra scan{plural} to {} until the end of the period its next scan \
+                 opens (no scan yet this period; replaces any earlier grant)\n",
+                self.scans, self.key
+            ),
+        }
+    }
+}
+
+/// Checks a grant's size: 1 to [`MAX_GRANT`] scans.
+pub fn check_scans(scans: u64) -> Result<u64, OpsError> {
+    if (1..=MAX_GRANT).contains(&scans) {
+        Ok(scans)
+    } else {
+        Err(OpsError::Usage(format!(
+            "--scans {scans}: give 1 to {MAX_GRANT} extra scans (use --revoke to take a grant back)"
+        )))
+    }
+}
+
+/// Gives a client `scans` extra scans for the current period (0 revokes):
+/// the grant expires with the counter, or, before the period's first scan,
+/// when the period ends under `reset` (`utc-day`: tonight), or (`rolling`)
+/// with the counter that scan opens. The log line names the scope and the
+/// number, never the address or token.
+pub async fn grant(
+    store: &ValkeyStore,
+    subject: &Subject,
+    scans: u64,
+    reset: ResetPolicy,
+) -> Result<Granted, OpsError> {
+    let key = subject.key.counter.clone();
+    if scans == 0 {
+        let revoked = store.revoke(&subject.key).await?;
+        tracing::info!(scope = %subject.scope, revoked, "quota grant revoked");
+        return Ok(Granted::revoked(key, revoked));
+    }
+    let now = UnixSecs(crate::io::clock::wall_ms() / 1000);
+    let expiry = store
+        .grant(&subject.key, scans, grant_period_end(reset, now))
+        .await?;
+    tracing::info!(scope = %subject.scope, scans, "quota grant set");
+    Ok(Granted {
+        key,
+        scans,
+        expires_at: match expiry {
+            GrantExpiry::At(at) => Some(crate::gate::respond::rfc3339(at.get())),
+            GrantExpiry::WithNextPeriod => None,
+        },
+        revoked: None,
+    })
+}
+
+/// Removes a client's counter, first-seen key, pacing slot and idempotency records.
+pub async fn reset(store: &ValkeyStore, subject: &Subject) -> Result<Removal, OpsError> {
+    let removed = store.reset(&subject.key).await?;
+    Ok(Removal {
+        key: subject.key.counter.clone(),
+        removed,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `--revoke` says whether there was a grant to take back.
+    #[test]
+    fn revoke_says_what_it_did() {
+        let g = |revoked| Granted {
+            key: "quota:ip:{d}".into(),
+            scans: 0,
+            expires_at: None,
+            revoked: Some(revoked),
+        };
+        assert!(g(true).render().starts_with("revoked the grant"));
+        assert!(g(false).render().starts_with("nothing to revoke"));
+    }
+
+    /// A grant is 1 to 1,000,000 scans, with a clear error otherwise.
+    #[test]
+    fn grant_size() {
+        assert_eq!(check_scans(1).unwrap(), 1);
+        assert_eq!(check_scans(MAX_GRANT).unwrap(), MAX_GRANT);
+        for bad in [0, MAX_GRANT + 1] {
+            let e = check_scans(bad).unwrap_err().to_string();
+            assert!(e.contains("1 to 1000000"), "{e}");
+        }
+    }
+}

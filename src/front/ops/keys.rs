@@ -1,0 +1,247 @@
+//! What operators read and change in the store, off the request path:
+//! one subject's keys (`inspect`, `reset`) and every quota key (`purge`, the
+//! seed's mass expiry: `SCAN MATCH quota:*` + `UNLINK` in batches, on every
+//! primary of a cluster). Plain [`ValkeyStore`] methods: the request path's
+//! [`crate::io::store::QuotaStore`] has no operator method, and the in-memory
+//! store, which lives only inside one `serve` process, has none at all.
+
+use super::nodes;
+use crate::io::connection::Connection;
+use crate::io::store::valkey::ValkeyStore;
+use crate::io::store::{GrantHeld, KEY_PATTERN, Peek, QuotaKey, StoreError};
+use crate::rules::unix::{UnixMillis, UnixSecs};
+
+/// Keys removed per UNLINK in a purge.
+const PURGE_BATCH: usize = 500;
+
+/// What an operator sees of one subject: what `GET /quota` reads (the
+/// counter, its expiry as Valkey's own `EXPIRETIME`, the instant every 202
+/// reports, the pacing slot and the grant), the period's first scan, and
+/// when the grant expires.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Snapshot {
+    /// With no counter (a grant made before the period's first scan shows
+    /// without one): `used` 0 and no `reset_at`.
+    pub peek: Peek,
+    /// Whether the counter exists.
+    pub counter: bool,
+    /// The first scan of the period, ISO 8601.
+    pub first_seen: Option<String>,
+    /// When the grant expires; `None` with no grant, or one that waits for
+    /// the period's first scan to give it the counter's expiry.
+    pub grant_expires_at: Option<UnixSecs>,
+}
+
+/// Sets a subject's grant atomically, expiring with its counter.
+const GRANT: &str = include_str!("grant.lua");
+/// Sets a level's grant atomically, held in its counter.
+const GRANT_LEVEL: &str = include_str!("grant_level.lua");
+
+/// What setting a grant did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GrantExpiry {
+    /// It expires with the counter, at this instant.
+    At(UnixSecs),
+    /// No counter yet: it expires with the one the next scan opens.
+    WithNextPeriod,
+}
+
+impl ValkeyStore {
+    /// Reads a subject's counter without changing it; `None` when the
+    /// subject has neither a counter nor a grant.
+    pub async fn inspect(&self, key: &QuotaKey) -> Result<Option<Snapshot>, StoreError> {
+        self.snapshot(key, GrantHeld::Beside).await
+    }
+
+    /// Reads a level's counter as [`inspect`](Self::inspect) does a
+    /// subject's: its used scans are what the counter holds plus the grant
+    /// taken off it.
+    pub async fn inspect_level(&self, key: &QuotaKey) -> Result<Option<Snapshot>, StoreError> {
+        self.snapshot(key, GrantHeld::InCounter).await
+    }
+
+    async fn snapshot(
+        &self,
+        key: &QuotaKey,
+        held: GrantHeld,
+    ) -> Result<Option<Snapshot>, StoreError> {
+        let mut conn = self.valkey().connection().await?;
+        type Reply = (Option<i64>, i64, Option<i64>, Option<u64>, i64);
+        let (used, expires_at, slot, grant, grant_expires_at): Reply = redis::pipe()
+            .get(&key.counter)
+            .cmd("EXPIRETIME")
+            .arg(&key.counter)
+            .get(&key.slot)
+            .get(&key.grant)
+            .cmd("EXPIRETIME")
+            .arg(&key.grant)
+            .query_async(&mut conn)
+            .await?;
+        // A level has no first-seen key (and an empty name is another slot).
+        let first_seen: Option<String> = match key.first_seen.is_empty() {
+            true => None,
+            false => {
+                redis::cmd("GET")
+                    .arg(&key.first_seen)
+                    .query_async(&mut conn)
+                    .await?
+            }
+        };
+        if used.is_none() && grant.is_none() {
+            return Ok(None);
+        }
+        // -1: no expiry; -2: no key (or gone since the GET).
+        let at = |t: i64| Some(t).filter(|t| *t >= 0).map(UnixSecs);
+        let used = match held {
+            GrantHeld::Beside => used,
+            GrantHeld::InCounter => used.map(|h| h.saturating_add_unsigned(grant.unwrap_or(0))),
+        };
+        Ok(Some(Snapshot {
+            peek: Peek {
+                used: used.map_or(0, |u| u.max(0).unsigned_abs()),
+                reset_at: used.and(at(expires_at)),
+                slot_ms: slot.map(UnixMillis),
+                grant: grant.unwrap_or(0),
+            },
+            counter: used.is_some(),
+            first_seen,
+            grant_expires_at: grant.and(at(grant_expires_at)),
+        }))
+    }
+
+    /// Gives a subject `scans` extra scans for the current period,
+    /// replacing any earlier grant: it expires with the counter, or, before
+    /// the period's first scan, at `period_end` when that is known
+    /// ([`grant_period_end`](crate::io::store::grant_period_end)), else with the
+    /// counter that scan opens.
+    pub async fn grant(
+        &self,
+        key: &QuotaKey,
+        scans: u64,
+        period_end: Option<UnixSecs>,
+    ) -> Result<GrantExpiry, StoreError> {
+        let mut conn = self.valkey().connection().await?;
+        let at: i64 = crate::io::store::valkey::eval(GRANT, &[&key.counter, &key.grant])
+            .arg(scans)
+            .arg(period_end.map_or(0, UnixSecs::get))
+            .query_async(&mut conn)
+            .await?;
+        Ok(if at >= 0 {
+            GrantExpiry::At(UnixSecs(at))
+        } else {
+            GrantExpiry::WithNextPeriod
+        })
+    }
+
+    /// Gives a level above the subject `scans` extra scans, replacing any
+    /// earlier grant (0 takes it back), held in the level's counter (see
+    /// `grant_level.lua`): the counter's expiry, or `period_end` for one
+    /// without. Returns the expiry, and the grant replaced (0: none); no
+    /// expiry when a revoke found no counter.
+    pub async fn grant_level(
+        &self,
+        key: &QuotaKey,
+        scans: u64,
+        period_end: UnixSecs,
+    ) -> Result<(Option<UnixSecs>, u64), StoreError> {
+        let mut conn = self.valkey().connection().await?;
+        let (at, earlier): (i64, u64) =
+            crate::io::store::valkey::eval(GRANT_LEVEL, &[&key.counter, &key.grant])
+                .arg(scans)
+                .arg(period_end.get())
+                .query_async(&mut conn)
+                .await?;
+        Ok((Some(at).filter(|at| *at >= 0).map(UnixSecs), earlier))
+    }
+
+    /// Takes a subject's grant back; whether there was one.
+    pub async fn revoke(&self, key: &QuotaKey) -> Result<bool, StoreError> {
+        let mut conn = self.valkey().connection().await?;
+        let removed: u64 = redis::cmd("DEL")
+            .arg(&key.grant)
+            .query_async(&mut conn)
+            .await?;
+        Ok(removed > 0)
+    }
+
+    /// Removes every key of a subject (counter, first-seen, pacing slot and
+    /// idempotency records); returns how many existed.
+    pub async fn reset(&self, key: &QuotaKey) -> Result<u64, StoreError> {
+        self.remove_matching(&key.pattern(), false, None).await
+    }
+
+    /// Removes every `quota:*` key (or only counts them when `dry_run`),
+    /// reporting each batch to `progress`; returns how many.
+    pub async fn purge(
+        &self,
+        dry_run: bool,
+        progress: Option<&(dyn Fn(u64) + Send + Sync)>,
+    ) -> Result<u64, StoreError> {
+        self.remove_matching(KEY_PATTERN, dry_run, progress).await
+    }
+
+    async fn remove_matching(
+        &self,
+        pattern: &str,
+        dry_run: bool,
+        progress: Option<&(dyn Fn(u64) + Send + Sync)>,
+    ) -> Result<u64, StoreError> {
+        if !self.valkey().is_cluster() {
+            let mut conn = self.valkey().connection().await?;
+            return purge_node(&mut conn, pattern, dry_run, progress).await;
+        }
+        // SCAN walks one node's keyspace, and a cluster connection would send
+        // each SCAN to a random node: so every primary is scanned through a
+        // connection of its own. Replicas hold copies and need nothing.
+        let mut removed = 0;
+        for (host, port) in nodes::primaries(self.valkey()).await? {
+            let mut conn = nodes::node_connection(self.valkey(), &host, port).await?;
+            removed += purge_node(&mut conn, pattern, dry_run, progress).await?;
+        }
+        Ok(removed)
+    }
+}
+
+/// `SCAN MATCH <pattern>` over one node, unlinking in batches (or only
+/// counting, in a dry run); `progress` hears each batch's count.
+pub async fn purge_node(
+    conn: &mut Connection,
+    pattern: &str,
+    dry_run: bool,
+    progress: Option<&(dyn Fn(u64) + Send + Sync)>,
+) -> Result<u64, StoreError> {
+    let mut cursor: u64 = 0;
+    let mut removed = 0u64;
+    loop {
+        let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
+            .arg(cursor)
+            .arg("MATCH")
+            .arg(pattern)
+            .arg("COUNT")
+            .arg(PURGE_BATCH)
+            .query_async(conn)
+            .await?;
+        if !keys.is_empty() {
+            let batch = if dry_run {
+                keys.len() as u64
+            } else {
+                // One UNLINK per key, pipelined: a multi-key UNLINK would be
+                // refused with CROSSSLOT by a cluster node, whose keys span
+                // many slots.
+                let mut pipe = redis::pipe();
+                for key in &keys {
+                    pipe.unlink(key);
+                }
+                pipe.query_async::<Vec<u64>>(conn).await?.iter().sum()
+            };
+            removed += batch;
+            if let Some(report) = progress {
+                report(batch);
+            }
+        }
+        if next == 0 {
+            return Ok(removed);
+        }
+        cursor = next;
+    }
+}

@@ -1,0 +1,117 @@
+//! What an operator sees of one level above the subject (a network, or
+//! the anonymous budget): the `level` lines of `inspect --ip` and the report
+//! of `inspect --network` ([`network`](super::network) finds and reads them).
+
+use std::num::NonZeroU32;
+
+use serde::Serialize;
+
+use super::keys::Snapshot;
+use crate::config::Config;
+use crate::io::store::{QuotaKey, resets_at};
+use crate::rules::level::LevelName;
+use crate::rules::unix::UnixSecs;
+
+/// One level of one address, as the store keys it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Level {
+    pub name: LevelName,
+    pub key: QuotaKey,
+    /// The level's ceiling per period, before any grant.
+    pub limit: NonZeroU32,
+}
+
+/// What `inspect` shows of one level (also its `--json` form).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct LevelReport {
+    /// `v4/24`, `v6/48`, `anon`: the level's name, as `quota.level` says it.
+    pub level: String,
+    pub key: String,
+    /// Whether the level's counter exists this period.
+    pub exists: bool,
+    pub used: u64,
+    /// The ceiling with the grant added.
+    pub limit: u32,
+    pub base_limit: u32,
+    pub grant: u64,
+    pub grant_expires_at: Option<String>,
+    pub remaining: u64,
+    /// When the level's period ends (RFC 3339, UTC): its counter's expiry,
+    /// or, with no counter, when one opened now would expire.
+    pub reset_at: Option<String>,
+    /// How far ahead the level's pacing slot is, in ms.
+    pub backlog_ms: u64,
+}
+
+impl LevelReport {
+    /// Builds the report of `level` from a store snapshot read at `now`.
+    pub fn new(config: &Config, level: &Level, snapshot: Option<&Snapshot>, now: UnixSecs) -> Self {
+        let used = snapshot.map_or(0, |s| s.peek.used);
+        let grant = snapshot.map_or(0, |s| s.peek.grant);
+        let exists = snapshot.is_some_and(|s| s.counter);
+        let expires_at = snapshot.and_then(|s| s.peek.reset_at);
+        let limit = u64::from(level.limit.get()).saturating_add(grant);
+        let reset_at = match (exists, expires_at) {
+            (true, None) => None,
+            _ => Some(resets_at(config.policy.reset, expires_at, now)),
+        };
+        let backlog_ms = snapshot.and_then(|s| s.peek.slot_ms).map_or(0, |slot| {
+            u64::try_from(slot.get() - now.millis().get()).unwrap_or(0)
+        });
+        let rfc3339 = |at: UnixSecs| crate::gate::respond::rfc3339(at.get());
+        Self {
+            level: level.name.label(),
+            key: level.key.counter.clone(),
+            exists,
+            used,
+            limit: u32::try_from(limit).unwrap_or(u32::MAX),
+            base_limit: level.limit.get(),
+            grant,
+            grant_expires_at: snapshot.and_then(|s| s.grant_expires_at).map(rfc3339),
+            remaining: limit.saturating_sub(used),
+            reset_at: reset_at.map(rfc3339),
+            backlog_ms,
+        }
+    }
+
+    /// One line: `v4/24  used 3 of 264 (…), remaining 261, resets …`.
+    pub fn line(&self) -> String {
+        let limit = limit_row(self.limit, self.base_limit, self.grant);
+        let reset = self.reset_at.as_deref().unwrap_or("never (reset it)");
+        let mut line = format!(
+            "{}: used {} of {limit}, remaining {}, resets {reset}",
+            self.level, self.used, self.remaining
+        );
+        if self.backlog_ms > 0 {
+            line.push_str(&format!(", backlog {} ms", self.backlog_ms));
+        }
+        line
+    }
+
+    /// The human form of `inspect --network`.
+    pub fn render(&self) -> String {
+        let grant = match (self.grant, &self.grant_expires_at) {
+            (0, _) => "-".to_owned(),
+            (n, Some(at)) => format!("+{n} scans this period, until {at}"),
+            (n, None) => format!("+{n} scans (no expiry: grant it again)"),
+        };
+        format!(
+            "{:<11} {}\n{:<11} {}\n{:<11} {}\n",
+            "level",
+            self.line(),
+            "key",
+            self.key,
+            "grant",
+            grant
+        )
+    }
+}
+
+/// A `limit` line: the ceiling, and with a grant what it is made of.
+pub fn limit_row(limit: u32, base: u32, grant: u64) -> String {
+    match grant {
+        0 => limit.to_string(),
+        n => format!("{limit} ({base} + {n} granted)"),
+    }
+}

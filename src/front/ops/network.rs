@@ -1,0 +1,203 @@
+//! The levels above a subject, for operators: `inspect --ip` shows each
+//! level of the address beside its subject, and `inspect | grant | reset
+//! --network <cidr>` act on one network level.
+//!
+//! A level is found as the handler finds it: its material from
+//! [`Levels::of_network`](crate::rules::level::Levels::of_network) (family, length
+//! and the network's first address), its digest from
+//! [`Identifier::level_subject`], its keys from [`QuotaKey::level`]. The
+//! CIDR must have one of the configured lengths (`QUOTA_NETWORKS`): any
+//! other names a counter the gate never writes. Nothing printed or logged
+//! names an address: a level is its name (`v4/24`) and its key.
+//!
+//! A level's grant is held in its counter: the request path counts a
+//! level with two plain commands and reads no grant, so `grant --network`
+//! takes the grant off the count (the counter holds used − granted) and
+//! notes how much beside it, for `inspect` and `GET /quota` to add back
+//! (`grant_level.lua`). The grant expires with the counter; a counter with
+//! no expiry, or none at all, gets the end of a period opened now
+//! ([`period_end`]: tonight 00:00 UTC under `utc-day`, 24 h on under
+//! `rolling`, so there a grant opens the network's period).
+
+use std::net::IpAddr;
+
+use ipnet::IpNet;
+
+use super::change::{Granted, Removal};
+use super::level_report::{Level, LevelReport};
+use super::{OpsError, valkey_store};
+use crate::config::Config;
+use crate::gate::identity::{Identifier, ip};
+use crate::io::store::valkey::ValkeyStore;
+use crate::io::store::{QuotaKey, period_end};
+use crate::rules::unix::UnixSecs;
+
+/// The level `--network <cidr>` names: one of the configured lengths.
+pub fn resolve(config: &Config, raw: &str) -> Result<Level, OpsError> {
+    let cidr: IpNet = raw.trim().parse().map_err(|_| {
+        OpsError::BadInput(format!(
+            "--network {raw}: not a CIDR (give a network such as 203.0.113.0/24 or 2001:db8::/48)"
+        ))
+    })?;
+    let level = config.policy.levels.of_network(cidr).ok_or_else(|| {
+        let configured: Vec<String> = config
+            .policy
+            .levels
+            .networks
+            .iter()
+            .map(|l| l.network.to_string())
+            .collect();
+        OpsError::BadInput(match configured.is_empty() {
+            true => format!(
+                "--network {raw}: no network level is configured (QUOTA_NETWORKS=off), \
+                 so the gate counts no network"
+            ),
+            false => format!(
+                "--network {raw}: /{} is not a configured level; the configured levels \
+                 (QUOTA_NETWORKS) are {}",
+                cidr.prefix_len(),
+                configured.join(", ")
+            ),
+        })
+    })?;
+    let subject = Identifier::new(config)?.level_subject(level);
+    Ok(Level {
+        name: subject.name,
+        key: QuotaKey::level(&subject.digest),
+        limit: subject.limit,
+    })
+}
+
+/// The levels an anonymous scan from `--ip <raw>` is counted at, in the
+/// order the gate counts them (none when levels are off).
+pub fn of_ip(config: &Config, raw: &str) -> Result<Vec<Level>, OpsError> {
+    let addr: IpAddr =
+        ip::parse_source(raw).ok_or_else(|| OpsError::Usage("--ip: not an IP address".into()))?;
+    Ok(Identifier::new(config)?
+        .levels_of(addr)
+        .into_iter()
+        .map(|l| Level {
+            name: l.name,
+            key: QuotaKey::level(&l.digest),
+            limit: l.limit,
+        })
+        .collect())
+}
+
+/// Reads each of `levels` (one round trip each: an operator's view).
+pub async fn inspect(
+    store: &ValkeyStore,
+    config: &Config,
+    levels: &[Level],
+) -> Result<Vec<LevelReport>, OpsError> {
+    let now = UnixSecs(crate::io::clock::wall_ms() / 1000);
+    let mut reports = Vec::with_capacity(levels.len());
+    for level in levels {
+        let snapshot = store.inspect_level(&level.key).await?;
+        reports.push(LevelReport::new(config, level, snapshot.as_ref(), now));
+    }
+    Ok(reports)
+}
+
+/// `inspect --network`.
+pub async fn inspect_network(config: &Config, raw: &str) -> Result<LevelReport, OpsError> {
+    let level = resolve(config, raw)?;
+    let store = valkey_store(config)?;
+    let mut reports = inspect(&store, config, std::slice::from_ref(&level)).await?;
+    reports
+        .pop()
+        .ok_or_else(|| OpsError::Usage("no level read".into()))
+}
+
+/// `grant --network`: `scans` extra scans for the level's period (0
+/// revokes), always with an expiry (see the module's docs).
+pub async fn grant(config: &Config, raw: &str, scans: u64) -> Result<Granted, OpsError> {
+    let level = resolve(config, raw)?;
+    let store = valkey_store(config)?;
+    let key = level.key.counter.clone();
+    let label = level.name.label();
+    let now = UnixSecs(crate::io::clock::wall_ms() / 1000);
+    let (at, earlier) = store
+        .grant_level(&level.key, scans, period_end(config.policy.reset, now))
+        .await?;
+    if scans == 0 {
+        let revoked = earlier > 0;
+        tracing::info!(level = %label, revoked, "level grant revoked");
+        return Ok(Granted::revoked(key, revoked));
+    }
+    tracing::info!(level = %label, scans, "level grant set");
+    Ok(Granted {
+        key,
+        scans,
+        expires_at: at.map(|at| crate::gate::respond::rfc3339(at.get())),
+        revoked: None,
+    })
+}
+
+/// `reset --network`: removes the level's counter, pacing slot and grant.
+pub async fn reset(config: &Config, raw: &str) -> Result<Removal, OpsError> {
+    let level = resolve(config, raw)?;
+    let store = valkey_store(config)?;
+    let removed = store.reset(&level.key).await?;
+    Ok(Removal {
+        key: level.key.counter,
+        removed,
+    })
+}
+
+/// The human form of `reset --network`.
+pub fn render_removal(removal: &Removal) -> String {
+    match removal.removed {
+        0 => format!("nothing to remove: no key of {} exists\n", removal.key),
+        n => format!(
+            "removed {n} key{} of {} (counter, pacing slot, grant); the network's next scan counts 1\n",
+            if n == 1 { "" } else { "s" },
+            removal.key
+        ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(networks: &str) -> Config {
+        let networks = networks.to_owned();
+        Config::from_lookup(move |k| match k {
+            "QUOTA_ANON" => Some("3".into()),
+            "QUOTA_NETWORKS" => Some(networks.clone()),
+            "QUOTA_HASH_SECRET" => Some("ops-test-secret-0123456789".into()),
+            _ => None,
+        })
+        .unwrap()
+    }
+
+    /// `--network` names the key the gate counts an address of that network under.
+    #[test]
+    fn a_network_is_the_gates_level() {
+        let c = config("v4/24=8x,v6/48=8x");
+        let net = resolve(&c, "203.0.113.0/24").unwrap();
+        assert_eq!(net, resolve(&c, "203.0.113.77/24").unwrap());
+        assert_eq!(of_ip(&c, "203.0.113.9").unwrap(), vec![net.clone()]);
+        assert_eq!(net.limit.get(), 24);
+        assert!(net.key.counter.starts_with("quota:net:{"));
+        let v6 = resolve(&c, "2001:db8:1::/48").unwrap();
+        assert_eq!(of_ip(&c, "2001:db8:1:2::3").unwrap(), vec![v6]);
+    }
+
+    /// A CIDR of a length that is not configured, or not a CIDR, is refused naming the configured levels.
+    #[test]
+    fn bad_networks() {
+        let c = config("v4/24=8x,v6/56=2x");
+        for bad in ["203.0.113.0/16", "2001:db8::/48", "203.0.113.9", "nope"] {
+            let e = resolve(&c, bad).unwrap_err();
+            assert!(matches!(e, OpsError::BadInput(_)), "{bad}: {e}");
+            if bad.contains('/') {
+                assert!(e.to_string().contains("v4/24, v6/56"), "{e}");
+            }
+        }
+        let off = config("off");
+        let e = resolve(&off, "203.0.113.0/24").unwrap_err().to_string();
+        assert!(e.contains("QUOTA_NETWORKS=off"), "{e}");
+    }
+}

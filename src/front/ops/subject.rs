@@ -1,0 +1,453 @@
+//! One client, found as the handler finds it, and `inspect` of its counter
+//! (`grant` and `reset` change it: [`change`](super::change)).
+//!
+//! `--ip` goes through the handler's own parsing ([`ip::parse_source`]) and
+//! normalisation ([`Identifier::ip_digest`]: IPv4-mapped to IPv4, IPv6 to its
+//! prefix). `--token` takes a JWT, verified with the configured keys exactly
+//! as a request's bearer token would be, or a bare `tid`. A token the handler
+//! would reject is refused here too: its requests are counted under their IP,
+//! not its `tid`, so showing the `tid` counter would mislead.
+
+use std::num::NonZeroU32;
+
+use serde::Serialize;
+use time::OffsetDateTime;
+
+use super::OpsError;
+use super::keys::Snapshot;
+use crate::config::Config;
+use crate::gate::identity::jwt::Rejection;
+use crate::gate::identity::{self, Identifier, ip};
+use crate::io::store::valkey::ValkeyStore;
+use crate::io::store::{QuotaKey, resets_at};
+use crate::rules::decide::decide;
+use crate::rules::scope::Scope;
+use crate::rules::unix::UnixSecs;
+
+/// How the operator named a client.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SubjectArg {
+    /// A source address, as the gateway reports it (`/32` and `/128` allowed).
+    Ip(String),
+    /// A JWT (`Bearer ` prefix allowed) or a bare token id.
+    Token(String),
+}
+
+/// How the `tid` of a token subject was learnt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Basis {
+    /// The normalised source address.
+    Ip,
+    /// A JWT that verified with the configured keys.
+    VerifiedToken,
+    /// A bare `tid`: a token's own `tier` claim is unknown, so the default
+    /// token quota is assumed.
+    BareTid,
+}
+
+/// A client as the store knows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Subject {
+    pub scope: Scope,
+    pub key: QuotaKey,
+    /// The daily ceiling the handler would apply.
+    pub limit: NonZeroU32,
+    pub basis: Basis,
+}
+
+/// Finds the keys of the client `arg` names, hashing under
+/// [`Config::hash_secret`], through the same
+/// [`Identifier`] functions the handler uses.
+pub fn resolve(config: &Config, arg: &SubjectArg) -> Result<Subject, OpsError> {
+    let identifier = Identifier::new(config)?;
+    let (identity, basis) = match arg {
+        SubjectArg::Ip(raw) => {
+            let addr = ip::parse_source(raw).ok_or_else(|| {
+                OpsError::Usage(
+                    "--ip: not an IP address (a /32 or /128 suffix is allowed, no other prefix)"
+                        .into(),
+                )
+            })?;
+            (identifier.ip_identity(addr), Basis::Ip)
+        }
+        SubjectArg::Token(raw) => {
+            let token = identity::bearer(raw).unwrap_or(raw.trim());
+            if token.is_empty() {
+                return Err(OpsError::Usage("--token: empty".into()));
+            }
+            if looks_like_jwt(token) {
+                let subject = identifier.verify(token).map_err(refused)?;
+                (
+                    identifier.token_identity(&subject.tid, subject.tier),
+                    Basis::VerifiedToken,
+                )
+            } else {
+                (identifier.token_identity(token, None), Basis::BareTid)
+            }
+        }
+    };
+    Ok(Subject {
+        scope: identity.scope,
+        key: QuotaKey::new(identity.scope, &identity.digest),
+        limit: identity.limit,
+        basis,
+    })
+}
+
+/// Three dot-separated parts: a compact JWS. A `tid` is an opaque id.
+fn looks_like_jwt(raw: &str) -> bool {
+    raw.split('.').count() == 3
+}
+
+/// Why a JWT given to `--token` names no counter.
+fn refused(rejection: Rejection) -> OpsError {
+    OpsError::Usage(match rejection {
+        Rejection::NoVerificationKey => "--token: this looks like a JWT, but neither \
+            QUOTA_JWT_PUBLIC_KEY nor QUOTA_JWT_JWKS is set, so it cannot be verified; set one, \
+            or pass the bare tid"
+            .into(),
+        rejection => format!(
+            "--token: the token is not valid ({}): the gate counts its requests under \
+             the caller's IP, not its tid; use --ip, or pass the bare tid",
+            rejection.as_str()
+        ),
+    })
+}
+
+/// What the next scan of a client would get.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NextScan {
+    pub count: u64,
+    pub tier: &'static str,
+    pub delay_ms: u64,
+    pub reminder: bool,
+}
+
+/// The `inspect` report (also its `--json` form).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Inspection {
+    pub scope: &'static str,
+    pub basis: Basis,
+    pub key: String,
+    pub first_seen_key: String,
+    /// Whether the counter exists (it does not before the first scan of
+    /// the period, even when a grant does).
+    pub exists: bool,
+    pub count: u64,
+    /// The daily ceiling with the grant added: what `GET /quota` and every
+    /// 202 report as `limit`.
+    pub limit: u32,
+    /// The ceiling before the grant (the scope's, or the token's tier).
+    pub base_limit: u32,
+    /// Extra scans granted for the period (`quota-gate grant`), on top of `baseLimit`.
+    pub grant: u64,
+    /// When the grant expires (RFC 3339, UTC), with the counter; `None`
+    /// with no grant, or one made before the period's first scan (it
+    /// expires with the counter that scan opens).
+    pub grant_expires_at: Option<String>,
+    /// Scans left in the period (`limit` less the count), as
+    /// `X-Stella-Quota-Remaining` last said.
+    pub remaining: u64,
+    /// `None` when the counter does not exist or (wrongly) never expires.
+    pub ttl_seconds: Option<u64>,
+    pub first_seen: Option<String>,
+    /// When the period ends (RFC 3339, UTC), the instant the gate's answers
+    /// report as `resetAt` ([`crate::io::store::resets_at`]): the counter's
+    /// `EXPIRETIME`, or, with no counter, when one opened now would expire;
+    /// `None` for a counter that (wrongly) never expires.
+    pub reset_at: Option<String>,
+    /// When the last paced scan may start (RFC 3339, UTC), if it is still ahead.
+    pub next_free_slot: Option<String>,
+    /// How far ahead that is, in ms: the wait a scan arriving now would add.
+    pub backlog_ms: u64,
+    pub next: NextScan,
+    /// The levels above the subject an anonymous scan from this address is
+    /// counted at (`QUOTA_NETWORKS`, `QUOTA_ANON_GLOBAL`); none for a token.
+    pub levels: Vec<super::level_report::LevelReport>,
+}
+
+impl Inspection {
+    /// Builds the report from a store snapshot read at `now`.
+    pub fn new(
+        config: &Config,
+        subject: &Subject,
+        snapshot: Option<&Snapshot>,
+        now: UnixSecs,
+    ) -> Self {
+        let slot = snapshot
+            .and_then(|s| s.peek.slot_ms)
+            .filter(|slot| *slot > now.millis());
+        let backlog_ms = slot.map_or(0, |slot| {
+            u64::try_from(slot.get() - now.millis().get()).unwrap_or(0)
+        });
+        let exists = snapshot.is_some_and(|s| s.counter);
+        let count = snapshot.map_or(0, |s| s.peek.used);
+        let expires_at = snapshot.and_then(|s| s.peek.reset_at);
+        let ttl =
+            expires_at.map(|at| u64::try_from(at.get().saturating_sub(now.get())).unwrap_or(0));
+        let grant = snapshot.map_or(0, |s| s.peek.grant);
+        let limits = config.policy.limits(subject.limit).with_grant(grant);
+        let next = decide(count + 1, &limits);
+        let reset_at = match (exists, expires_at) {
+            (true, None) => None,
+            _ => Some(resets_at(config.policy.reset, expires_at, now)),
+        };
+        let rfc3339 = |at: UnixSecs| crate::gate::respond::rfc3339(at.get());
+        Self {
+            scope: subject.scope.as_str(),
+            basis: subject.basis,
+            key: subject.key.counter.clone(),
+            first_seen_key: subject.key.first_seen.clone(),
+            exists,
+            count,
+            limit: limits.limit.get(),
+            base_limit: subject.limit.get(),
+            grant,
+            grant_expires_at: snapshot.and_then(|s| s.grant_expires_at).map(rfc3339),
+            remaining: u64::from(limits.limit.get()).saturating_sub(count),
+            ttl_seconds: ttl,
+            first_seen: snapshot.and_then(|s| s.first_seen.clone()),
+            reset_at: reset_at.map(rfc3339),
+            next_free_slot: slot.map(|at| crate::gate::respond::rfc3339_ms(at.get())),
+            backlog_ms,
+            next: NextScan {
+                count: count + 1,
+                tier: next.tier.as_str(),
+                delay_ms: crate::rules::unix::duration_ms(next.delay),
+                reminder: next.reminder,
+            },
+            levels: Vec::new(),
+        }
+    }
+
+    /// The human form: one aligned `label  value` line each.
+    pub fn render(&self) -> String {
+        let basis = match self.basis {
+            Basis::Ip => "source address",
+            Basis::VerifiedToken => "verified token",
+            Basis::BareTid => "bare tid (a token's tier claim would override the limit)",
+        };
+        let ttl = match (self.exists, self.ttl_seconds) {
+            (false, _) => "-".to_owned(),
+            (true, Some(t)) => format!("{t} s"),
+            (true, None) => "none (the counter never expires: reset it)".to_owned(),
+        };
+        let mut next = format!("scan {}: {}", self.next.count, self.next.tier);
+        if self.next.delay_ms > 0 {
+            next.push_str(&format!(", delayed {} ms", self.next.delay_ms));
+        }
+        if self.next.reminder {
+            next.push_str(", with reminder");
+        }
+        let limit = super::level_report::limit_row(self.limit, self.base_limit, self.grant);
+        let reset_at = self.reset_at.as_deref().unwrap_or("-");
+        let rows = [
+            ("scope", format!("{} ({basis})", self.scope)),
+            ("key", self.key.clone()),
+            ("count", self.count.to_string()),
+            ("limit", limit),
+            ("grant", self.grant_row()),
+            ("remaining", self.remaining.to_string()),
+            ("ttl", ttl),
+            (
+                "first seen",
+                self.first_seen.clone().unwrap_or_else(|| "-".into()),
+            ),
+            (
+                "resets at",
+                if self.exists {
+                    reset_at.to_owned()
+                } else {
+                    format!(
+                        "{reset_at} if a scan came now (no counter: the next scan starts a period)"
+                    )
+                },
+            ),
+            (
+                "next slot",
+                match &self.next_free_slot {
+                    Some(at) => format!("{at} (backlog {} ms)", self.backlog_ms),
+                    None => "- (no paced backlog)".into(),
+                },
+            ),
+            ("next", next),
+        ];
+        let levels = self.levels.iter().map(|l| ("level", l.line()));
+        rows.into_iter()
+            .chain(levels)
+            .map(|(label, value)| format!("{label:<11} {value}\n"))
+            .collect()
+    }
+
+    /// The grant's line: how many, and until when.
+    fn grant_row(&self) -> String {
+        match (self.grant, &self.grant_expires_at) {
+            (0, _) => "-".to_owned(),
+            (n, Some(at)) => format!("+{n} scans this period, until {at}"),
+            (n, None) => {
+                format!("+{n} scans, until the end of the period the next scan opens (no scan yet)")
+            }
+        }
+    }
+}
+
+/// Reads a client's counter.
+pub async fn inspect(
+    store: &ValkeyStore,
+    config: &Config,
+    subject: &Subject,
+) -> Result<Inspection, OpsError> {
+    let snapshot = store.inspect(&subject.key).await?;
+    Ok(Inspection::new(
+        config,
+        subject,
+        snapshot.as_ref(),
+        UnixSecs(OffsetDateTime::now_utc().unix_timestamp()),
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::io::store::Peek;
+    use crate::rules::unix::UnixMillis;
+
+    fn config() -> Config {
+        Config::from_lookup(|k| match k {
+            "QUOTA_ANON" => Some("3".into()),
+            "QUOTA_SOFT_WINDOW" => Some("2".into()),
+            "QUOTA_HASH_SECRET" => Some("ops-test-secret-0123456789".into()),
+            _ => None,
+        })
+        .unwrap()
+    }
+
+    /// The handler's normalisation: suffixes, mapped IPv6 and /64 prefixes name one key.
+    #[test]
+    fn ip_normalisation_matches_the_handler() {
+        let c = config();
+        let key = |raw: &str| {
+            resolve(&c, &SubjectArg::Ip(raw.into()))
+                .unwrap()
+                .key
+                .counter
+        };
+        assert_eq!(key("203.0.113.7"), key("203.0.113.7/32"));
+        assert_eq!(key("203.0.113.7"), key("::ffff:203.0.113.7"));
+        assert_eq!(key("2001:db8:1:2::1"), key("2001:db8:1:2:ffff::9/128"));
+        assert_ne!(key("2001:db8:1:2::1"), key("2001:db8:1:3::1"));
+        let identifier = Identifier::new(&c).unwrap();
+        let digest = identifier.ip_digest("203.0.113.7".parse().unwrap());
+        assert_eq!(
+            key("203.0.113.7"),
+            QuotaKey::new(Scope::Ip, &digest).counter
+        );
+        assert!(resolve(&c, &SubjectArg::Ip("203.0.113.0/24".into())).is_err());
+    }
+
+    /// A bare tid is hashed as is; a JWT without configured keys is refused.
+    #[test]
+    fn tokens() {
+        let c = config();
+        let s = resolve(&c, &SubjectArg::Token("tid-123".into())).unwrap();
+        assert_eq!(s.basis, Basis::BareTid);
+        assert_eq!(s.limit, c.policy.quota_token);
+        assert!(s.key.counter.starts_with("quota:tid:{"));
+        let err = resolve(&c, &SubjectArg::Token("a.b.c".into())).unwrap_err();
+        assert!(err.to_string().contains("cannot be verified"), "{err}");
+    }
+
+    /// A subject whose counter reads `peek`, no first scan or grant expiry known.
+    fn snapshot(peek: Peek) -> Snapshot {
+        Snapshot {
+            peek,
+            counter: true,
+            first_seen: None,
+            grant_expires_at: None,
+        }
+    }
+
+    /// The next scan's tier follows `decide(count + 1)`; reset instant is now + TTL.
+    #[test]
+    fn next_tier_and_reset() {
+        let c = config();
+        let s = resolve(&c, &SubjectArg::Ip("198.51.100.1".into())).unwrap();
+        let snap = Snapshot {
+            first_seen: Some("2026-11-30T00:00:01Z".into()),
+            ..snapshot(Peek {
+                used: 3,
+                reset_at: Some(UnixSecs(1_796_000_060)),
+                slot_ms: Some(UnixMillis(1_796_000_012_500)),
+                grant: 0,
+            })
+        };
+        let i = Inspection::new(&c, &s, Some(&snap), UnixSecs(1_796_000_000));
+        assert_eq!(i.backlog_ms, 12_500);
+        assert_eq!(
+            i.next_free_slot.as_deref(),
+            Some("2026-11-30T00:53:32.500Z")
+        );
+        assert_eq!((i.count, i.remaining, i.next.tier), (3, 0, "soft"));
+        assert_eq!(i.next.delay_ms, c.policy.soft_delay.as_millis() as u64);
+        assert_eq!(i.reset_at.as_deref(), Some("2026-11-30T00:54:20Z"));
+        let none = Inspection::new(&c, &s, None, UnixSecs(0));
+        assert_eq!((none.exists, none.count, none.remaining), (false, 0, 3));
+        assert_eq!(none.next.tier, "within");
+        assert!(i.render().contains(&s.key.counter));
+        // A grant of 2 raises the ceiling: two more within, then soft.
+        let mut granted = snap.clone();
+        granted.peek.grant = 2;
+        granted.grant_expires_at = Some(UnixSecs(1_796_000_060));
+        let g = Inspection::new(&c, &s, Some(&granted), UnixSecs(1_796_000_000));
+        assert_eq!((g.grant, g.remaining, g.next.tier), (2, 2, "within"));
+        // `limit` is the granted ceiling, as `GET /quota` reports it.
+        assert_eq!((g.limit, g.base_limit), (5, 3));
+        assert!(
+            g.render()
+                .contains("+2 scans this period, until 2026-11-30T00:54:20Z"),
+            "{}",
+            g.render()
+        );
+    }
+
+    /// A grant made before the period's first scan: no counter, so no
+    /// "never expires" warning; the grant waits for the period that scan
+    /// opens, and the reset shown is where a counter opened now would end.
+    #[test]
+    fn grant_without_a_counter() {
+        let c = config();
+        let s = resolve(&c, &SubjectArg::Ip("198.51.100.1".into())).unwrap();
+        let snap = Snapshot {
+            counter: false,
+            ..snapshot(Peek {
+                grant: 50,
+                ..Peek::default()
+            })
+        };
+        // 2026-11-30T10:00:00Z; utc-day: the period would end at midnight.
+        let i = Inspection::new(&c, &s, Some(&snap), UnixSecs(1_796_032_800));
+        assert_eq!(
+            (i.exists, i.ttl_seconds, i.limit, i.remaining),
+            (false, None, 53, 53)
+        );
+        assert_eq!(i.reset_at.as_deref(), Some("2026-12-01T00:00:00Z"));
+        let text = i.render();
+        assert!(!text.contains("never expires"), "{text}");
+        assert!(text.contains("the period the next scan opens"), "{text}");
+        // A counter that (wrongly) never expires is still called out.
+        let stuck = Snapshot {
+            counter: true,
+            peek: Peek {
+                used: 1,
+                ..Peek::default()
+            },
+            ..snap
+        };
+        let i = Inspection::new(&c, &s, Some(&stuck), UnixSecs(1_796_032_800));
+        assert_eq!(i.reset_at, None);
+        assert!(i.render().contains("never expires"), "{}", i.render());
+    }
+}

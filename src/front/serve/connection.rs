@@ -1,0 +1,170 @@
+//! One worker's accept loop: a connection slot, then the connection, served
+//! by hyper over a socket whose stalled writes time out.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::server::graceful::GracefulShutdown;
+use metrics_exporter_prometheus::PrometheusHandle;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio_io_timeout::TimeoutStream;
+use tokio_util::task::TaskTracker;
+
+use super::limits::ServeLimits;
+use super::route::Routes;
+use crate::gate::Gate;
+use crate::io::queue::ScanQueue;
+use crate::io::store::QuotaStore;
+
+/// The smallest read and write buffer hyper accepts.
+const HYPER_MIN_BUF: usize = 8192;
+
+/// What one worker serves, and the connection slots it shares with the
+/// process's other workers.
+pub(super) struct Worker<S, Q> {
+    pub gate: Arc<Gate<S, Q>>,
+    pub metrics: Option<PrometheusHandle>,
+    pub limits: ServeLimits,
+    pub slots: Arc<Semaphore>,
+}
+
+impl<S: QuotaStore, Q: ScanQueue> Worker<S, Q> {
+    /// Accepts on `listener` until `shutdown` completes, then stops
+    /// accepting and drains (see [`drain`]).
+    pub async fn run(
+        self,
+        listener: TcpListener,
+        shutdown: impl Future<Output = ()>,
+    ) -> std::io::Result<()> {
+        tokio::pin!(shutdown);
+        // This worker's store connection, driven by its own runtime, from now.
+        self.gate.warm_up();
+        let limits = self.limits;
+        let routes = Arc::new(Routes {
+            gate: self.gate,
+            metrics: self.metrics,
+            limits,
+            scans: TaskTracker::new(),
+        });
+        let connections = GracefulShutdown::new();
+        let builder = http1_builder(&limits);
+        loop {
+            let (permit, stream, peer) = tokio::select! {
+                accepted = accept(&listener, &self.slots) => match accepted {
+                    Some(accepted) => accepted,
+                    None => break,
+                },
+                () = &mut shutdown => break,
+            };
+            let _ = stream.set_nodelay(true);
+            limit_unsent(&stream, limits.max_unsent);
+            // Shared with the connection's gate tasks: a scan whose client
+            // left holds the slot until it ends, so the cap still bounds
+            // the scans in flight.
+            let permit = Arc::new(permit);
+            let routes = routes.clone();
+            let slot = permit.clone();
+            let service =
+                service_fn(move |request| routes.clone().route(peer, slot.clone(), request));
+            let io = TokioIo::new(Box::pin(write_timeout(stream, limits.write_timeout)));
+            let connection = connections.watch(builder.serve_connection(io, service));
+            tokio::spawn(async move {
+                if let Err(e) = connection.await {
+                    tracing::debug!(error = %e, "connection closed with an error");
+                }
+                drop(permit);
+            });
+        }
+        drop(listener);
+        drain(connections, &routes.scans, limits.drain_timeout).await;
+        Ok(())
+    }
+}
+
+/// A free connection slot, then a connection. Past the cap new connections
+/// wait in the listen backlog (and cost no file descriptor here) until one
+/// closes. `None` once the slots are closed.
+async fn accept(
+    listener: &TcpListener,
+    slots: &Arc<Semaphore>,
+) -> Option<(OwnedSemaphorePermit, TcpStream, SocketAddr)> {
+    let permit = slots.clone().acquire_owned().await.ok()?;
+    loop {
+        match listener.accept().await {
+            Ok((stream, peer)) => return Some((permit, stream, peer)),
+            Err(e) => {
+                // Out of file descriptors and the like: keep serving the
+                // others, without spinning on the error.
+                tracing::warn!(error = %e, "accept failed");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    }
+}
+
+/// hyper's HTTP/1.1 settings: the header read (and idle) timeout, and
+/// buffers of [`ServeLimits::max_buf_size`]: a request head may be that
+/// large, at most that much of the requests a client pipelines is read ahead,
+/// and the next pipelined request is not read while an answer waits unsent.
+fn http1_builder(limits: &ServeLimits) -> http1::Builder {
+    let mut builder = http1::Builder::new();
+    builder
+        .timer(TokioTimer::new())
+        .header_read_timeout(limits.header_read_timeout)
+        .keep_alive(true)
+        .max_buf_size(limits.max_buf_size.max(HYPER_MIN_BUF));
+    builder
+}
+
+/// At most `bytes` written but not yet sent may wait in the kernel for
+/// `stream` (`TCP_NOTSENT_LOWAT`, Linux): past it a write waits, and so the
+/// write timeout can tell a client that does not read. Without it, the
+/// kernel grows a loopback socket's send buffer to megabytes, and a client
+/// that never reads is sent (and costs the server) that much before its
+/// write ever waits. Bytes in flight are not counted: a reading client's
+/// throughput is not limited.
+#[cfg(any(target_os = "linux", target_os = "android"))]
+fn limit_unsent(stream: &TcpStream, bytes: u32) {
+    if let Err(e) = socket2::SockRef::from(stream).set_tcp_notsent_lowat(bytes) {
+        tracing::debug!(error = %e, "cannot set TCP_NOTSENT_LOWAT");
+    }
+}
+
+/// Elsewhere the write timeout alone lets go of a client that does not read.
+#[cfg(not(any(target_os = "linux", target_os = "android")))]
+fn limit_unsent(_: &TcpStream, _: u32) {}
+
+/// `stream`, whose writes (and flushes) fail with `TimedOut` once one has
+/// made no progress for `after`: a client that does not read its answers
+/// fills its receive window, the write then waits, and the connection (with
+/// its slot) is let go instead of held for as long as the client likes.
+fn write_timeout(stream: TcpStream, after: Duration) -> TimeoutStream<TcpStream> {
+    let mut stream = TimeoutStream::new(stream);
+    stream.set_write_timeout(Some(after));
+    stream
+}
+
+/// Lets the open connections finish their requests in flight (hyper closes
+/// each once idle) and waits for every gate task, a client's that left
+/// included, for at most `within`; past it they are dropped, so `within`
+/// must cover the longest request the settings allow
+/// ([`super::drain_timeout`]).
+async fn drain(connections: GracefulShutdown, scans: &TaskTracker, within: Duration) {
+    scans.close();
+    let drained = tokio::time::timeout(within, async {
+        connections.shutdown().await;
+        scans.wait().await;
+    });
+    if drained.await.is_err() {
+        tracing::warn!(
+            scans = scans.len(),
+            "requests still in flight after {within:?}; closing them"
+        );
+    }
+}

@@ -1,0 +1,119 @@
+//! The local server's limits: how long a client may hold a connection up,
+//! how many connections are open at once, and how long shutdown drains.
+//! Shared by the server, its workers and its routes; imports none of them.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::Semaphore;
+
+use crate::config::Config;
+
+/// A connection must deliver a request's complete headers within this long
+/// of opening or of its previous response (so it is also the idle timeout).
+pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// A request body must arrive completely within this long of its headers.
+pub const BODY_READ_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// A write to a client that has made no progress for this long closes the
+/// connection: the client is not reading its answers.
+pub const WRITE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// hyper's read and write buffer per connection: the largest request head,
+/// and how much of a client's pipelined requests is read ahead.
+pub const MAX_BUF_SIZE: usize = 64 * 1024;
+
+/// Bytes written but not yet sent that may wait in the kernel per
+/// connection before a write waits (`TCP_NOTSENT_LOWAT`, Linux).
+pub const MAX_UNSENT: u32 = 16 * 1024;
+
+/// Store calls a request may make besides its sleep and its enqueue (count,
+/// pacing, claim before; refund, release, save after), each bounded by
+/// `QUOTA_STORE_TIMEOUT_MS`, with room to spare.
+const STORE_CALLS_PER_REQUEST: u32 = 8;
+
+/// Added to the drain for the answer to be written and the connection closed.
+const DRAIN_SLACK: Duration = Duration::from_secs(1);
+
+/// Connection limits of the local server.
+#[derive(Debug, Clone, Copy)]
+pub struct ServeLimits {
+    /// Connections open at once; the next waits in the backlog.
+    pub max_connections: usize,
+    pub header_read_timeout: Duration,
+    pub body_read_timeout: Duration,
+    /// See [`WRITE_TIMEOUT`].
+    pub write_timeout: Duration,
+    /// See [`MAX_BUF_SIZE`] (at least 8 KiB, hyper's minimum).
+    pub max_buf_size: usize,
+    /// See [`MAX_UNSENT`].
+    pub max_unsent: u32,
+    /// How long shutdown waits for requests in flight ([`drain_timeout`]).
+    pub drain_timeout: Duration,
+}
+
+impl ServeLimits {
+    /// The limits `config` sets: its connection cap and drain.
+    pub fn from_config(config: &Config) -> Self {
+        Self {
+            max_connections: config.serve.max_connections as usize,
+            header_read_timeout: HEADER_READ_TIMEOUT,
+            body_read_timeout: BODY_READ_TIMEOUT,
+            write_timeout: WRITE_TIMEOUT,
+            max_buf_size: MAX_BUF_SIZE,
+            max_unsent: MAX_UNSENT,
+            drain_timeout: drain_timeout(config),
+        }
+    }
+}
+
+impl Default for ServeLimits {
+    /// The default configuration's limits, from the one table of variables.
+    fn default() -> Self {
+        Self::from_config(&Config::default())
+    }
+}
+
+/// How long shutdown waits for the requests in flight: the longest one
+/// `config` allows. A request answers within the gateway timeout (its sleep
+/// is at most the timeout less the margin, and its enqueue ends by the
+/// timeout), plus its store calls, each bounded by the store timeout.
+/// 30.8 s with the defaults.
+pub fn drain_timeout(config: &Config) -> Duration {
+    config.policy.gateway_timeout + config.store.timeout * STORE_CALLS_PER_REQUEST + DRAIN_SLACK
+}
+
+/// The semaphore that holds open connections to [`ServeLimits::max_connections`].
+pub(super) fn connection_slots(limits: ServeLimits) -> Arc<Semaphore> {
+    Arc::new(Semaphore::new(limits.max_connections.max(1)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The drain covers the longest sleep the settings allow, however long
+    /// the gateway timeout: a fixed drain cut a 45 s sleep off at 30 s.
+    #[test]
+    fn drain_outlasts_the_longest_sleep() {
+        for gateway_ms in [1_000, 29_000, 60_000, 600_000] {
+            let mut config = Config::default();
+            config.policy.gateway_timeout = Duration::from_millis(gateway_ms);
+            let longest_sleep = crate::rules::delay::budget(
+                None,
+                config.policy.gateway_timeout,
+                config.policy.delay_margin,
+            );
+            let drain = drain_timeout(&config);
+            assert!(
+                drain >= longest_sleep + config.store.timeout * 4,
+                "{gateway_ms}: {drain:?}"
+            );
+        }
+        assert_eq!(
+            ServeLimits::default().drain_timeout,
+            Duration::from_millis(30_800)
+        );
+    }
+}

@@ -1,0 +1,237 @@
+//! [`Server`]: `quota-gate serve`'s workers on one listening socket.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+use metrics_exporter_prometheus::PrometheusHandle;
+use tokio::sync::{mpsc, watch};
+
+use super::connection::Worker;
+use super::limits::{ServeLimits, connection_slots};
+use crate::config::Config;
+use crate::gate::{Gate, Shared};
+use crate::io::meter::Meter;
+use crate::io::queue::AnyQueue;
+use crate::io::store::AnyStore;
+use crate::rules::unix::duration_ms;
+
+/// Connections waiting to be accepted once the cap is reached (the kernel
+/// caps it at `net.core.somaxconn`): deep enough that a flood of reconnects
+/// does not overflow it, where a dropped SYN would cost a fresh client a
+/// retransmission (1 s, then 3 s, 7 s…).
+const LISTEN_BACKLOG: i32 = 4096;
+
+/// File descriptors kept for everything but client connections: the
+/// listener, Valkey and queue connections, stdio, the runtime's own.
+const RESERVED_FDS: usize = 64;
+
+/// The local server: one single-threaded Tokio runtime per worker
+/// (`QUOTA_SERVE_WORKERS`, one per CPU by default), all accepting on one
+/// listening socket, until a shutdown future completes.
+///
+/// Each worker has its own gate and Valkey connection, so a request, its
+/// connection's tasks and its Valkey replies stay on one thread: no
+/// cross-thread wake-ups, which under load cost a multi-thread runtime about
+/// a fifth of `serve`'s CPU (docs/benchmarks.md). The workers share the
+/// connection cap, the in-memory store (without Valkey), the stdout writer,
+/// the Prometheus recorder and the AWS configuration; each has its own
+/// breaker, as each has its own connection.
+pub struct Server {
+    listener: std::net::TcpListener,
+    gates: Vec<Gate<AnyStore, AnyQueue>>,
+    metrics: Option<PrometheusHandle>,
+    /// The workers' meter, which writes what it holds once they have ended.
+    meter: Meter,
+    limits: ServeLimits,
+    store: &'static str,
+}
+
+impl Server {
+    /// Builds every worker's gate, so a configuration error stops the start
+    /// before anything listens, then listens on `QUOTA_LISTEN`. The gates
+    /// meter through the process's non-blocking stdout (the same EMF line
+    /// per request as in Lambda, besides `metrics` at `/metrics`): a stdout
+    /// nobody reads costs lines (counted), never requests. Install the
+    /// Prometheus recorder before this.
+    pub async fn bind(config: Config, metrics: Option<PrometheusHandle>) -> Result<Self, String> {
+        let workers = match config.serve.workers {
+            0 => std::thread::available_parallelism().map_or(1, usize::from),
+            n => usize::from(n),
+        };
+        let meter = Meter::background_stdout(config.metrics_namespace.clone())
+            .with_levels(&config.policy.levels);
+        let mut limits = ServeLimits::from_config(&config);
+        limits.max_connections = connection_cap(limits.max_connections);
+        let store = if config.store.valkey.is_some() {
+            "valkey"
+        } else {
+            "in-memory"
+        };
+        let shared = Shared::default();
+        let mut gates = Vec::with_capacity(workers);
+        for _ in 0..workers {
+            let gate = Gate::from_config_sharing(config.clone(), meter.clone(), &shared)
+                .await
+                .map_err(|e| format!("configuration error: {e}"))?;
+            gates.push(gate);
+        }
+        let listen = config.serve.listen;
+        let listener = listen_on(listen).map_err(|e| format!("cannot listen on {listen}: {e}"))?;
+        Ok(Self {
+            listener,
+            gates,
+            metrics,
+            meter,
+            limits,
+            store,
+        })
+    }
+
+    /// The address it listens on (a port of 0 is chosen by the system).
+    pub fn local_addr(&self) -> std::io::Result<SocketAddr> {
+        self.listener.local_addr()
+    }
+
+    /// The limits in force (the connection cap fitted to the open-file limit).
+    pub fn limits(&self) -> ServeLimits {
+        self.limits
+    }
+
+    /// Serves until `shutdown` completes (or a worker stops), then drains
+    /// every worker (see [`super::drain_timeout`]) and returns once all
+    /// have ended.
+    pub async fn run(self, shutdown: impl Future<Output = ()>) -> Result<(), String> {
+        let addr = self.local_addr().map_err(|e| e.to_string())?;
+        let workers = self.gates.len();
+        let slots = connection_slots(self.limits);
+        let (stop, stopping) = watch::channel(false);
+        // A worker that ends before the shutdown (it could not start) stops all.
+        let (ended, mut worker_ended) = mpsc::channel::<()>(workers.max(1));
+        let mut threads = Vec::with_capacity(workers);
+        for (i, gate) in self.gates.into_iter().enumerate() {
+            let worker = Worker {
+                gate: Arc::new(gate),
+                metrics: self.metrics.clone(),
+                limits: self.limits,
+                slots: slots.clone(),
+            };
+            let listener = self.listener.try_clone().map_err(|e| e.to_string())?;
+            let thread = spawn_worker(i, worker, listener, stopping.clone(), ended.clone())
+                .map_err(|e| format!("cannot start a serve worker: {e}"))?;
+            threads.push(thread);
+        }
+        drop((self.listener, ended));
+        tracing::info!(%addr, store = self.store, workers, "quota-gate serving POST /scan");
+        let drain_limit_ms = duration_ms(self.limits.drain_timeout);
+        tokio::select! {
+            () = shutdown => {
+                tracing::info!(drain_limit_ms, "shutting down: finishing requests in flight, for at most the drain limit");
+            }
+            _ = worker_ended.recv() => tracing::error!("a serve worker stopped; shutting down"),
+        }
+        let draining = std::time::Instant::now();
+        let _ = stop.send(true);
+        let joined = tokio::task::spawn_blocking(move || join_all(threads))
+            .await
+            .map_err(|e| e.to_string())?
+            .map_err(|e| e.to_string());
+        let drained_ms = duration_ms(draining.elapsed());
+        self.meter.flush(crate::io::clock::Clock::System.now());
+        tracing::info!(drained_ms, "stopped: every request in flight answered");
+        joined
+    }
+}
+
+type WorkerThread = JoinHandle<std::io::Result<()>>;
+
+/// Starts worker `i` on a thread and runtime of its own, serving until
+/// `stopping` turns true (or its sender is gone).
+fn spawn_worker(
+    i: usize,
+    worker: Worker<AnyStore, AnyQueue>,
+    listener: std::net::TcpListener,
+    mut stopping: watch::Receiver<bool>,
+    ended: mpsc::Sender<()>,
+) -> std::io::Result<WorkerThread> {
+    let run = move || -> std::io::Result<()> {
+        let _ended = DropSends(ended);
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?;
+        runtime.block_on(async move {
+            let listener = tokio::net::TcpListener::from_std(listener)?;
+            let shutdown = async move {
+                let _ = stopping.wait_for(|stop| *stop).await;
+            };
+            worker.run(listener, shutdown).await
+        })
+    };
+    std::thread::Builder::new()
+        .name(format!("serve-{i}"))
+        .spawn(run)
+}
+
+/// Waits for every worker thread; the first error, if any.
+fn join_all(threads: Vec<WorkerThread>) -> std::io::Result<()> {
+    threads.into_iter().try_for_each(|t| {
+        t.join()
+            .unwrap_or_else(|_| Err(std::io::Error::other("worker panicked")))
+    })
+}
+
+/// Says so on its channel when dropped: a worker thread's end, however it ends.
+struct DropSends(mpsc::Sender<()>);
+
+impl Drop for DropSends {
+    fn drop(&mut self) {
+        let _ = self.0.try_send(());
+    }
+}
+
+/// A non-blocking listening socket on `addr` with a [`LISTEN_BACKLOG`]-deep
+/// backlog (the standard library's is 128).
+fn listen_on(addr: SocketAddr) -> std::io::Result<std::net::TcpListener> {
+    use socket2::{Domain, Protocol, Socket, Type};
+    let socket = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
+    // As the standard library does: a restart may bind while old
+    // connections sit in TIME_WAIT.
+    #[cfg(unix)]
+    socket.set_reuse_address(true)?;
+    socket.bind(&addr.into())?;
+    socket.listen(LISTEN_BACKLOG)?;
+    socket.set_nonblocking(true)?;
+    Ok(socket.into())
+}
+
+/// `QUOTA_MAX_CONNECTIONS`, lowered (with a warning) to fit the process's
+/// open-file limit: past that limit `accept` fails, and so would /healthz.
+fn connection_cap(configured: usize) -> usize {
+    let Some(limit) = open_file_limit() else {
+        return configured;
+    };
+    let fits = limit.saturating_sub(RESERVED_FDS).max(1);
+    if configured > fits {
+        tracing::warn!(
+            configured,
+            open_file_limit = limit,
+            "QUOTA_MAX_CONNECTIONS is above what the open-file limit allows; using {fits}"
+        );
+        fits
+    } else {
+        configured
+    }
+}
+
+/// The soft `RLIMIT_NOFILE`, from `/proc/self/limits` (Linux; `None` elsewhere).
+fn open_file_limit() -> Option<usize> {
+    let limits = std::fs::read_to_string("/proc/self/limits").ok()?;
+    limits
+        .lines()
+        .find_map(|l| l.strip_prefix("Max open files"))?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
+}

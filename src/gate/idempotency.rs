@@ -1,0 +1,112 @@
+//! `Idempotency-Key` (IETF httpapi draft) on `POST /scan`.
+//!
+//! A client that may retry (after a gateway timeout, a 503, a dropped
+//! connection) sends a key of its choosing; the gate keeps one record per
+//! key beside the subject's counter for 24 h ([`crate::io::store::Record`]):
+//!
+//! | the key is … | answer |
+//! |---|---|
+//! | new | the scan is counted, queued and answered as usual; the answer is saved |
+//! | done, same body | the saved 202 again (`Idempotent-Replayed: true`): not counted, delayed or queued |
+//! | seen with another body | 422 `idempotency_key_mismatch` |
+//! | still in flight | 409 `idempotency_in_progress` + `Retry-After` |
+//! | left pending by an attempt that gave up (timeout) | the same job (same `scanId`) queued once more, then the 202 |
+//!
+//! The body is compared by its SHA-256: a retry must resend the same bytes.
+
+use http::HeaderMap;
+use sha2::{Digest, Sha256};
+
+use crate::gate::error::GateError;
+
+/// The request header.
+pub const HEADER: &str = "idempotency-key";
+
+/// The longest key accepted.
+pub const MAX_KEY_LEN: usize = 255;
+
+/// The request's `Idempotency-Key`: `None` when absent, 400 when not 1–255
+/// visible ASCII characters, and a 400 saying so when sent more than once.
+pub fn key(headers: &HeaderMap) -> Result<Option<&str>, GateError> {
+    let mut values = headers.get_all(HEADER).iter();
+    let Some(value) = values.next() else {
+        return Ok(None);
+    };
+    let count = headers.get_all(HEADER).iter().count();
+    if count > 1 {
+        return Err(GateError::RepeatedIdempotencyKey { count });
+    }
+    let bytes = value.as_bytes();
+    if bytes.is_empty() || bytes.len() > MAX_KEY_LEN || !bytes.iter().all(u8::is_ascii_graphic) {
+        return Err(GateError::InvalidIdempotencyKey);
+    }
+    // Visible ASCII only, so this cannot fail.
+    value
+        .to_str()
+        .map(Some)
+        .map_err(|_| GateError::InvalidIdempotencyKey)
+}
+
+/// The body's fingerprint: SHA-256, hex.
+pub fn fingerprint(body: &[u8]) -> String {
+    hex::encode(Sha256::digest(body))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http::HeaderValue;
+
+    fn headers(values: &[&[u8]]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for v in values {
+            h.append(HEADER, HeaderValue::from_bytes(v).unwrap());
+        }
+        h
+    }
+
+    /// Visible ASCII of 1–255 characters passes; anything else is 400.
+    #[test]
+    fn validation() {
+        assert_eq!(key(&HeaderMap::new()).unwrap(), None);
+        let long = "k".repeat(255);
+        for good in [
+            "a",
+            "retry-1",
+            "8e03978e-40d5-43e8-bc93-6894a57f9324",
+            "\"quoted\"",
+            &long,
+        ] {
+            assert_eq!(key(&headers(&[good.as_bytes()])).unwrap(), Some(good));
+        }
+        let too_long = "k".repeat(256);
+        for bad in [
+            &b""[..],
+            b"with space",
+            b"tab\there",
+            b"caf\xc3\xa9",
+            too_long.as_bytes(),
+        ] {
+            let err = key(&headers(&[bad])).unwrap_err();
+            assert_eq!(err.code(), "invalid_idempotency_key", "{bad:?}");
+            assert_eq!(err.status(), 400);
+        }
+        let twice = key(&headers(&[b"a", b"a"])).unwrap_err();
+        assert_eq!(twice.status(), 400);
+        assert!(twice.to_string().contains("sent 2 times"), "{twice}");
+    }
+
+    /// The same bytes give the same fingerprint; any change another.
+    #[test]
+    fn fingerprints() {
+        assert_eq!(
+            fingerprint(b"{\"image\":\"a\"}"),
+            fingerprint(b"{\"image\":\"a\"}")
+        );
+        assert_ne!(
+            fingerprint(b"{\"image\":\"a\"}"),
+            fingerprint(b"{\"image\":\"b\"}")
+        );
+        assert_eq!(fingerprint(b"").len(), 64);
+    }
+}

@@ -1,0 +1,367 @@
+//! Step 2: who is asking, and under which quota.
+//!
+//! A valid bearer token puts the request in the token scope (`tid`); anything
+//! else, including an invalid token, falls back to the anonymous scope keyed
+//! by the normalised source IP, and the response says why the token was not
+//! used. The subject leaves this module only as a keyed [`Digest`].
+
+pub mod ip;
+pub mod jwt;
+
+use std::collections::HashMap;
+use std::net::IpAddr;
+use std::num::NonZeroU32;
+
+use http::{HeaderMap, header};
+use ipnet::IpNet;
+use serde_json::Value;
+
+use crate::config::{Config, ConfigError};
+use crate::gate::error::GateError;
+use crate::rules::digest::{Digest, Hasher};
+use crate::rules::level::{LevelName, Levels};
+use crate::rules::scope::Scope;
+use jwt::{Rejection, Verifier};
+
+/// What became of a presented token.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TokenStatus {
+    Accepted,
+    Rejected(Rejection),
+}
+
+/// The counted subject of one request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Identity {
+    pub scope: Scope,
+    pub digest: Digest,
+    /// The daily ceiling that applies to this subject.
+    pub limit: NonZeroU32,
+    /// `None` when no token was presented.
+    pub token: Option<TokenStatus>,
+    /// From an exempt network or with a verified exempt claim: never
+    /// counted, delayed or paced.
+    pub exempt: bool,
+    /// The levels above the subject it is counted at too: an anonymous,
+    /// counted subject's networks and the anonymous budget; none for a
+    /// token holder or an exempt scan.
+    pub levels: Vec<LevelSubject>,
+}
+
+/// One level above a subject: which, its keyed digest, and its limit.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LevelSubject {
+    pub name: LevelName,
+    pub digest: Digest,
+    pub limit: NonZeroU32,
+}
+
+/// What the platform tells us about a request besides its headers.
+#[derive(Debug, Clone, Default)]
+pub struct Origin<'a> {
+    /// The direct peer: the gateway's `sourceIp`, or the socket peer locally.
+    pub peer: Option<IpAddr>,
+    /// Claims an API Gateway JWT authorizer already verified.
+    pub gateway_claims: Option<&'a HashMap<String, String>>,
+}
+
+/// Turns requests into counted subjects.
+#[derive(Debug)]
+pub struct Identifier {
+    hasher: Hasher,
+    verifier: Option<Verifier>,
+    trusted_proxies: Vec<IpNet>,
+    ipv6_prefix: u8,
+    trust_gateway_claims: bool,
+    /// `QUOTA_EXEMPT_NETWORKS`.
+    exempt_networks: Vec<IpNet>,
+    /// `QUOTA_EXEMPT_CLAIM`, for the gateway's claims (the verifier has its own copy).
+    exempt_claim: Option<String>,
+    quota_anon: NonZeroU32,
+    quota_token: NonZeroU32,
+    /// `QUOTA_NETWORKS` and `QUOTA_ANON_GLOBAL`.
+    levels: Levels,
+    /// The digests of the networks seen lately (see [`Self::levels_of`]).
+    network_digests: quick_cache::sync::Cache<IpNet, Digest>,
+    /// The anonymous budget's digest (its material is a constant).
+    anon_digest: Digest,
+}
+
+/// How many networks' digests [`Identifier::levels_of`] keeps.
+pub const NETWORK_DIGESTS: usize = 4096;
+
+impl Identifier {
+    /// Builds the identifier: digests keyed with [`Config::hash_secret`]
+    /// (saying so when that is the built-in development secret).
+    pub fn new(config: &Config) -> Result<Self, ConfigError> {
+        // Once per process, however many gates it builds (`serve`'s workers).
+        static WARNED: std::sync::Once = std::sync::Once::new();
+        if config.uses_development_secret() {
+            WARNED.call_once(|| {
+                tracing::warn!(
+                    "QUOTA_HASH_SECRET is unset: using the built-in development secret; \
+                     digests are not private. Set it for anything but local testing."
+                );
+            });
+        }
+        warn_of_exempt_proxies(config);
+        let jwt = &config.identity.jwt;
+        Ok(Self {
+            hasher: Hasher::new(config.hash_secret()),
+            verifier: Verifier::from_config(
+                jwt.public_key.as_deref(),
+                jwt.jwks.as_deref(),
+                &jwt.issuer,
+                jwt.audience.as_deref(),
+            )?
+            .map(|v| v.with_exempt_claim(jwt.exempt_claim.clone())),
+            exempt_networks: config.identity.exempt_networks.clone(),
+            exempt_claim: jwt.exempt_claim.clone(),
+            trusted_proxies: config.identity.trusted_proxies.clone(),
+            ipv6_prefix: config.identity.ipv6_prefix,
+            trust_gateway_claims: config.identity.jwt.trust_gateway_claims,
+            quota_anon: config.policy.quota_anon,
+            quota_token: config.policy.quota_token,
+            levels: config.policy.levels.clone(),
+            network_digests: quick_cache::sync::Cache::new(NETWORK_DIGESTS),
+            anon_digest: Hasher::new(config.hash_secret())
+                .level_digest(crate::rules::level::ANON_MATERIAL),
+        })
+    }
+
+    /// Identifies the subject of a request. It is exempt when its client
+    /// address (after the trusted proxies, so a forged `X-Forwarded-For`
+    /// exempts nobody) is in an exempt network, or its verified token (or
+    /// the gateway's verified claims) carries the exempt claim as `true`.
+    /// A trusted proxy's own address, counted when its `X-Forwarded-For`
+    /// names no usable client, is never exempt.
+    pub fn identify(
+        &self,
+        headers: &HeaderMap,
+        origin: &Origin<'_>,
+    ) -> Result<Identity, GateError> {
+        let client = origin
+            .peer
+            .map(|peer| ip::client_ip(peer, headers, &self.trusted_proxies));
+        let from_exempt_network = client.is_some_and(|c| {
+            !c.proxy_fallback && self.exempt_networks.iter().any(|net| net.contains(&c.addr))
+        });
+        let client = client.map(|c| c.addr);
+        if self.trust_gateway_claims
+            && let Some(claims) = origin.gateway_claims
+            && let Some(tid) = claims.get("tid").filter(|t| !t.is_empty())
+        {
+            let tier = claims
+                .get("tier")
+                .and_then(|t| jwt::tier_from_claim(&Value::from(t.as_str())));
+            // API Gateway hands claims over as strings: `true` arrives as "true".
+            let claimed = self
+                .exempt_claim
+                .as_ref()
+                .and_then(|name| claims.get(name))
+                .is_some_and(|v| v == "true");
+            let mut identity = self.token_identity(tid, tier);
+            identity.exempt = claimed || from_exempt_network;
+            return Ok(identity);
+        }
+        let token = match self.check_token(headers) {
+            None => None,
+            Some(Ok(subject)) => {
+                let mut identity = self.token_identity(&subject.tid, subject.tier);
+                identity.exempt = subject.exempt || from_exempt_network;
+                return Ok(identity);
+            }
+            Some(Err(rejection)) => Some(TokenStatus::Rejected(rejection)),
+        };
+        let client = client.ok_or(GateError::NoSourceAddress)?;
+        let mut identity = self.ip_identity(client);
+        identity.token = token;
+        if from_exempt_network {
+            identity.exempt = true;
+            identity.levels.clear();
+        }
+        Ok(identity)
+    }
+
+    /// The levels above an anonymous subject at `ip`, keyed by their digests.
+    /// A network's digest is the same for every address in it, so it is
+    /// kept ([`NETWORK_DIGESTS`] of them, the least used going first): a
+    /// busy network's scans compute no HMAC for it.
+    pub fn levels_of(&self, ip: IpAddr) -> Vec<LevelSubject> {
+        let ip = ip.to_canonical();
+        let networks = self
+            .levels
+            .networks_of(ip)
+            .map(|(level, net)| LevelSubject {
+                name: LevelName::Network(level.network),
+                digest: self.network_digests.get(&net).unwrap_or_else(|| {
+                    let digest = self
+                        .hasher
+                        .level_digest(&Levels::material(level.network, net));
+                    self.network_digests.insert(net, digest.clone());
+                    digest
+                }),
+                limit: level.limit,
+            });
+        let anon = self.levels.anon.map(|budget| LevelSubject {
+            name: LevelName::Anon,
+            digest: self.anon_digest.clone(),
+            limit: budget.limit,
+        });
+        networks.chain(anon).collect()
+    }
+
+    /// One level as the store counts it: its digest, never its material.
+    pub fn level_subject(&self, level: crate::rules::level::LevelOf) -> LevelSubject {
+        LevelSubject {
+            name: level.name,
+            digest: self.hasher.level_digest(&level.material),
+            limit: level.limit,
+        }
+    }
+
+    /// The anonymous subject for an address, as `identify` would make it
+    /// (the operator commands use this to find a client's counter).
+    pub fn ip_digest(&self, ip: IpAddr) -> Digest {
+        self.hasher
+            .digest(Scope::Ip, &ip::material(ip, self.ipv6_prefix))
+    }
+
+    /// The anonymous subject of a (direct, already trusted) address, with
+    /// the levels above it.
+    pub fn ip_identity(&self, ip: IpAddr) -> Identity {
+        Identity {
+            scope: Scope::Ip,
+            digest: self.ip_digest(ip),
+            limit: self.quota_anon,
+            token: None,
+            exempt: false,
+            levels: self.levels_of(ip),
+        }
+    }
+
+    /// Verifies a bearer token (without its scheme) with the configured keys.
+    pub fn verify(&self, token: &str) -> Result<jwt::TokenSubject, Rejection> {
+        match &self.verifier {
+            None => Err(Rejection::NoVerificationKey),
+            Some(v) => v.verify(token),
+        }
+    }
+
+    /// The token subject of `tid`, its limit from `tier` or `QUOTA_TOKEN`.
+    pub fn token_identity(&self, tid: &str, tier: Option<NonZeroU32>) -> Identity {
+        Identity {
+            scope: Scope::Tid,
+            digest: self.hasher.digest(Scope::Tid, tid),
+            limit: tier.unwrap_or(self.quota_token),
+            token: Some(TokenStatus::Accepted),
+            exempt: false,
+            levels: Vec::new(),
+        }
+    }
+
+    /// `None` when no `Authorization` header was sent.
+    fn check_token(&self, headers: &HeaderMap) -> Option<Result<jwt::TokenSubject, Rejection>> {
+        let value = headers.get(header::AUTHORIZATION)?;
+        let Some(token) = value.to_str().ok().and_then(bearer) else {
+            return Some(Err(Rejection::NotBearer));
+        };
+        Some(self.verify(token))
+    }
+}
+
+/// Warns, once per process, of every exempt network that covers a trusted
+/// proxy: the proxy's own address never exempts (a request it forwards
+/// without a usable `X-Forwarded-For` is counted on the proxy-fallback
+/// counter), so such a network exempts only the clients it also names.
+fn warn_of_exempt_proxies(config: &Config) {
+    static WARNED: std::sync::Once = std::sync::Once::new();
+    let identity = &config.identity;
+    let overlaps =
+        ip::exempt_covering_proxies(&identity.exempt_networks, &identity.trusted_proxies);
+    if overlaps.is_empty() {
+        return;
+    }
+    WARNED.call_once(|| {
+        for (exempt, proxy) in overlaps {
+            tracing::warn!(
+                %exempt,
+                %proxy,
+                "QUOTA_EXEMPT_NETWORKS covers a trusted proxy network: the proxies' own \
+                 addresses are never exempt (a request a proxy forwards without a usable \
+                 X-Forwarded-For is counted on its proxy-fallback counter); only clients \
+                 the header names in that network are exempt"
+            );
+        }
+    });
+}
+
+/// The token of an `Authorization: Bearer <token>` value; `None` for any
+/// other scheme. The scheme is case-insensitive (RFC 9110, section 11.1).
+pub fn bearer(value: &str) -> Option<&str> {
+    value
+        .trim_start()
+        .split_once(' ')
+        .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+        .map(|(_, token)| token.trim())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http::HeaderValue;
+
+    /// An exempt network over the trusted proxy: the clients the proxy
+    /// names in it are exempt; the proxy's own address, counted when the
+    /// header names nobody usable, never is.
+    #[test]
+    fn a_trusted_proxy_is_never_exempt() {
+        let config = Config::from_lookup(|k| match k {
+            "QUOTA_TRUSTED_PROXIES" => Some("10.0.0.0/24".into()),
+            "QUOTA_EXEMPT_NETWORKS" => Some("10.0.0.0/8".into()),
+            "QUOTA_HASH_SECRET" => Some("identity-test-secret-0123456789".into()),
+            _ => None,
+        })
+        .unwrap();
+        let identifier = Identifier::new(&config).unwrap();
+        let proxy: IpAddr = "10.0.0.5".parse().unwrap();
+        let origin = Origin {
+            peer: Some(proxy),
+            gateway_claims: None,
+        };
+        let via = |xff: Option<&str>| {
+            let mut h = HeaderMap::new();
+            if let Some(v) = xff {
+                h.insert("x-forwarded-for", HeaderValue::from_str(v).unwrap());
+            }
+            identifier.identify(&h, &origin).unwrap()
+        };
+        assert!(
+            via(Some("10.1.2.3")).exempt,
+            "an exempt client behind the proxy"
+        );
+        let outside = via(Some("198.51.100.1"));
+        assert!(!outside.exempt);
+        for unusable in [
+            None,
+            Some("198.51.100.1:443"),
+            Some("198.51.100.1,"),
+            Some("junk"),
+        ] {
+            let id = via(unusable);
+            assert!(!id.exempt, "{unusable:?} exempted the proxy's fallback");
+            assert_eq!(id.digest, identifier.ip_digest(proxy), "{unusable:?}");
+        }
+        // Not through a proxy, the exempt network still exempts.
+        let direct = Origin {
+            peer: Some("10.9.9.9".parse().unwrap()),
+            gateway_claims: None,
+        };
+        assert!(
+            identifier
+                .identify(&HeaderMap::new(), &direct)
+                .unwrap()
+                .exempt
+        );
+    }
+}

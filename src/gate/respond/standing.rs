@@ -1,0 +1,112 @@
+//! Where a caller's quota stands, as every answer's quota headers say it:
+//! the subject's [`Standing`], each level's above it ([`LevelStanding`]),
+//! and the IETF `RateLimit-Policy` (one policy per level) and `RateLimit`
+//! (the one with the fewest remaining) written from them.
+
+use crate::config::ResetPolicy;
+use crate::io::store::resets_at;
+use crate::rules::decide::Limits;
+use crate::rules::level::{LevelName, PolicyName};
+use crate::rules::record::Peek;
+use crate::rules::unix::UnixSecs;
+
+/// The seconds in the policy window the headers advertise.
+const WINDOW_SECS: u64 = crate::rules::unix::DAY_SECS.unsigned_abs();
+
+/// A level above the subject and where it stands, as the headers and
+/// `GET /quota` list it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LevelStanding {
+    pub name: LevelName,
+    pub used: u64,
+    pub standing: Standing,
+}
+
+/// `quota.level` and `nextScan.level`: `subject`, `v4/24`, `anon`, …
+pub fn serialize_level<S: serde::Serializer>(
+    level: &Option<LevelName>,
+    s: S,
+) -> Result<S::Ok, S::Error> {
+    match level {
+        Some(l) => s.collect_str(l),
+        None => s.serialize_none(),
+    }
+}
+
+/// `RateLimit-Policy`: one policy per line, `(name, limit)`, as
+/// `"daily";q=33;w=86400, "v4-24";q=264;w=86400`.
+pub fn policy(lines: impl IntoIterator<Item = (LevelName, u32)>) -> String {
+    use std::fmt::Write;
+    let mut out = String::with_capacity(96);
+    for (name, limit) in lines {
+        let sep = if out.is_empty() { "" } else { ", " };
+        let _ = write!(
+            out,
+            "{sep}\"{}\";q={limit};w={WINDOW_SECS}",
+            PolicyName(name)
+        );
+    }
+    out
+}
+
+/// `RateLimit` for the policy `name`: `remaining` scans for
+/// `seconds_to_reset` more seconds.
+pub fn ratelimit(name: LevelName, remaining: u64, seconds_to_reset: u64) -> String {
+    use std::fmt::Write;
+    let mut out = String::with_capacity(48);
+    let _ = write!(
+        out,
+        "\"{}\";r={remaining};t={seconds_to_reset}",
+        PolicyName(name)
+    );
+    out
+}
+
+/// The line `RateLimit` reports: the one with the fewest remaining, the
+/// subject's on a tie (then the first level listed).
+pub fn fewest_remaining(standing: &Standing, levels: &[LevelStanding]) -> (LevelName, Standing) {
+    levels
+        .iter()
+        .fold((LevelName::Subject, *standing), |least, l| {
+            if l.standing.remaining < least.1.remaining {
+                (l.name, l.standing)
+            } else {
+                least
+            }
+        })
+}
+
+/// Where a subject's quota stands, as every answer's quota headers say it:
+/// an exempt caller's too (its scan did not spend it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Standing {
+    /// The daily ceiling, with any grant.
+    pub limit: u32,
+    pub remaining: u64,
+    /// Unix seconds.
+    pub reset_at: i64,
+    pub seconds_to_reset: u64,
+    /// The store did not answer: `remaining` is the whole limit, and the
+    /// answer says `X-Stella-Quota: unavailable`.
+    pub unavailable: bool,
+}
+
+impl Standing {
+    /// Where a subject stands whose store read `peek` at `now` (`None`: the
+    /// store did not answer): its limit with any grant, what is left, and
+    /// when the period ends, by [`resets_at`].
+    pub fn of(peek: Option<&Peek>, limits: Limits, reset: ResetPolicy, now: UnixSecs) -> Self {
+        let (limit, used, expiry) = match peek {
+            Some(p) => (limits.with_grant(p.grant).limit.get(), p.used, p.reset_at),
+            None => (limits.limit.get(), 0, None),
+        };
+        let reset_at = resets_at(reset, expiry, now);
+        Self {
+            limit,
+            remaining: u64::from(limit).saturating_sub(used),
+            reset_at: reset_at.get(),
+            seconds_to_reset: u64::try_from(reset_at.get() - now.get()).unwrap_or(0),
+            unavailable: peek.is_none(),
+        }
+    }
+}

@@ -1,0 +1,14 @@
+//! The floor that talks to the world: the connection to Valkey, the quota
+//! store and the scan queues on it (and on SQS and stdout), the clock, the
+//! process's line writer and the meter that writes through it.
+//!
+//! These build on the [rules](crate::rules) and the
+//! [configuration](crate::config), and know nothing of a request.
+
+pub mod clock;
+pub mod connection;
+pub mod eviction_watch;
+pub mod meter;
+pub mod queue;
+pub mod stdout;
+pub mod store;

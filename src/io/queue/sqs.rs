@@ -1,0 +1,182 @@
+//! An Amazon SQS queue as the scan queue (`SCAN_QUEUE_URL=https://sqs.…/<account>/<name>`).
+//!
+//! One `SendMessage` per accepted scan: the body is the [`ScanJob`] as JSON,
+//! the message attributes `scope` and `tier` (type `String`) let consumers
+//! and subscription filters route without parsing the body, and
+//! `DelaySeconds` holds the message back by the deferred part of the delay,
+//! so the scan cannot start before its delay has passed even when the
+//! handler slept only part of it.
+//!
+//! The client is built once per cold start from the SDK configuration
+//! (`aws_config`: region, credentials, `AWS_ENDPOINT_URL` for emulators) and
+//! shared by every invocation. Standard queues only: SQS refuses a
+//! per-message `DelaySeconds` on FIFO queues.
+//!
+//! The client makes one attempt per message (no SDK retry): a send that
+//! times out is reported as such (it may land) and never re-sent here.
+
+use std::time::Duration;
+
+use aws_config::SdkConfig;
+use aws_sdk_sqs::Client;
+use aws_sdk_sqs::config::retry::RetryConfig;
+use aws_sdk_sqs::config::timeout::TimeoutConfig;
+use aws_sdk_sqs::error::{DisplayErrorContext, SdkError};
+use aws_sdk_sqs::types::MessageAttributeValue;
+
+use super::job_queue::{ENQUEUE_TIMEOUT, QueueError, ScanQueue};
+use crate::rules::delay::MAX_QUEUE_DEFERRAL;
+use crate::rules::job::ScanJob;
+
+/// A TCP connect to the regional (or VPC-endpoint) SQS address takes
+/// milliseconds; a second means the network path is broken.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// Attempts per `SendMessage`: one. The SDK would re-send a message whose
+/// attempt timed out or whose connection broke after sending, and a
+/// standard queue would then hold it twice, behind the gate's back (it
+/// answers `"queued": "unknown"` and settles as if one may land). A keyed
+/// scan's retry is the only re-send, and consumers deduplicate it on `scanId`.
+const MAX_ATTEMPTS: u32 = 1;
+
+/// Sends scan jobs to one SQS queue.
+#[derive(Clone, Debug)]
+pub struct SqsQueue {
+    client: Client,
+    url: String,
+}
+
+impl SqsQueue {
+    /// A queue at `url`, with a client built from `sdk` (which carries the
+    /// region, credentials and any `AWS_ENDPOINT_URL`).
+    pub fn new(sdk: &SdkConfig, url: impl Into<String>) -> Self {
+        let timeouts = TimeoutConfig::builder()
+            .connect_timeout(CONNECT_TIMEOUT)
+            .operation_timeout(ENQUEUE_TIMEOUT)
+            .build();
+        let config = aws_sdk_sqs::config::Builder::from(sdk)
+            .timeout_config(timeouts)
+            .retry_config(RetryConfig::standard().with_max_attempts(MAX_ATTEMPTS))
+            .build();
+        Self::with_client(Client::from_conf(config), url)
+    }
+
+    /// A queue at `url` over an existing client, with that client's retry
+    /// settings: build it with one attempt, as [`new`](Self::new) does, or
+    /// a timed-out message may be sent twice.
+    pub fn with_client(client: Client, url: impl Into<String>) -> Self {
+        Self {
+            client,
+            url: url.into(),
+        }
+    }
+
+    /// The queue URL.
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+}
+
+/// `DelaySeconds` for a deferral: rounded up, because rounding down would
+/// let the scan start before its delay has passed; capped at SQS's 900 s.
+/// A longer deferral (only with a configured hard delay beyond 15 min) is
+/// still carried whole by the job's `notBefore`, which consumers honour.
+pub fn delay_seconds(deferred: Duration) -> i32 {
+    let secs = deferred.as_nanos().div_ceil(1_000_000_000);
+    let capped = secs.min(u128::from(MAX_QUEUE_DEFERRAL.as_secs()));
+    // At most 900, so the conversion cannot fail.
+    i32::try_from(capped).unwrap_or(i32::MAX)
+}
+
+fn string_attribute(value: &str) -> Result<MessageAttributeValue, QueueError> {
+    MessageAttributeValue::builder()
+        .data_type("String")
+        .string_value(value)
+        .build()
+        .map_err(|e| QueueError::Backend(e.to_string()))
+}
+
+impl ScanQueue for SqsQueue {
+    async fn enqueue(&self, job: &ScanJob) -> Result<(), QueueError> {
+        let body = serde_json::to_string(job).map_err(|e| QueueError::Backend(e.to_string()))?;
+        self.client
+            .send_message()
+            .queue_url(&self.url)
+            .message_body(body)
+            .delay_seconds(delay_seconds(job.deferred()))
+            .message_attributes("scope", string_attribute(job.scope.as_str())?)
+            .message_attributes("tier", string_attribute(job.tier.as_str())?)
+            .send()
+            .await
+            .map_err(queue_error)?;
+        Ok(())
+    }
+}
+
+/// Sorts a failed `SendMessage` by whether its message may be queued. Not
+/// queued: SQS answered with an error, the request could not be built, or
+/// its connection was never made (refused, or the connect timed out). May
+/// land: it timed out, its answer could not be read, or its connection
+/// broke when the request may already have been written.
+fn queue_error<E, R>(e: SdkError<E, R>) -> QueueError
+where
+    E: std::error::Error + 'static,
+    R: std::fmt::Debug,
+{
+    let sent = match &e {
+        SdkError::TimeoutError(_) | SdkError::ResponseError(_) => true,
+        SdkError::DispatchFailure(d) => {
+            !d.is_user() && !d.is_timeout() && !d.as_connector_error().is_some_and(|c| refused(c))
+        }
+        _ => false,
+    };
+    if sent {
+        QueueError::Timeout
+    } else {
+        // The context chain names the cause (QueueDoesNotExist, connection
+        // refused, access denied); the URL is not secret.
+        QueueError::Backend(DisplayErrorContext(&e).to_string())
+    }
+}
+
+/// Whether a connector error is a refused connect: nothing was written.
+fn refused(e: &(dyn std::error::Error + 'static)) -> bool {
+    std::iter::successors(Some(e), |e| e.source()).any(|e| {
+        e.downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::ConnectionRefused)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// DelaySeconds rounds every started second up and never exceeds 900.
+    #[test]
+    fn delay_seconds_rounds_up_and_caps() {
+        let ms = Duration::from_millis;
+        assert_eq!(delay_seconds(Duration::ZERO), 0);
+        assert_eq!(delay_seconds(ms(1)), 1);
+        assert_eq!(delay_seconds(ms(999)), 1);
+        assert_eq!(delay_seconds(ms(1000)), 1);
+        assert_eq!(delay_seconds(ms(1001)), 2);
+        assert_eq!(delay_seconds(ms(32_000)), 32);
+        assert_eq!(delay_seconds(ms(60_000)), 60);
+        assert_eq!(delay_seconds(Duration::new(31, 1)), 32);
+        assert_eq!(delay_seconds(ms(899_001)), 900);
+        assert_eq!(delay_seconds(ms(900_000)), 900);
+        assert_eq!(delay_seconds(ms(3_600_000)), 900);
+        assert_eq!(delay_seconds(Duration::MAX), 900);
+    }
+
+    proptest::proptest! {
+        /// The message is never released before the deferral, nor a second later than needed.
+        #[test]
+        fn never_early(ms in 0u64..=900_000) {
+            let d = Duration::from_millis(ms);
+            let s = u64::try_from(delay_seconds(d)).unwrap_or(0);
+            proptest::prop_assert!(Duration::from_secs(s) >= d);
+            proptest::prop_assert!(Duration::from_secs(s) < d + Duration::from_secs(1));
+        }
+    }
+}

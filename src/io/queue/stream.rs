@@ -1,0 +1,197 @@
+//! A Valkey stream as the scan queue (`SCAN_QUEUE_URL=valkey-stream:<key>`).
+//!
+//! `XADD <key> * job <json> scanId <uuid>` on the quota Valkey. A stream
+//! cannot hold an entry back, so consumers honour the job's `notBefore`.
+//!
+//! A keyed scan's job is added at most once per `scanId`: `land.lua` sets a
+//! marker key beside the stream (same hash tag, so one slot in a cluster)
+//! and adds the entry only if the marker was new, in one atomic step. A
+//! retry after a timeout can then queue the same job again safely: if the
+//! first attempt landed after all, the second adds nothing.
+//!
+//! With `VALKEY_WAIT_REPLICAS=N` (N > 0) the entry must reach N replicas
+//! before the gate relies on it: each add is followed by a `WAIT N` on the
+//! same connection, in the same round trip. An add that the replicas did
+//! not all acknowledge in time is on the primary only, and a failover may
+//! lose it: it is answered as a queue that did not answer
+//! ([`QueueError::Timeout`], `"queued": "unknown"`), never as a 202. A
+//! retry with the same `Idempotency-Key` settles it: one job, whether the
+//! first entry survived or not.
+
+use super::job_queue::{QueueError, ScanQueue};
+use crate::io::connection::{NodeInfo, SendError, Valkey, eval, sized_cmd};
+use crate::rules::hash_tag::tagged;
+use crate::rules::job::ScanJob;
+
+/// How long a landed `scanId` is remembered: as long as a key's record.
+const MARKER_TTL_SECS: i64 = crate::io::store::IDEMPOTENCY_TTL_SECS;
+
+/// Appends jobs to a stream.
+#[derive(Clone)]
+pub struct StreamQueue {
+    valkey: Valkey,
+    key: String,
+    /// `{<key>}:scan:` (or `<key>:scan:` when the key has a hash tag of its
+    /// own): the marker keys' prefix, in the stream's slot.
+    marker_prefix: String,
+    /// `VALKEY_WAIT_REPLICAS`: the replicas an entry must reach (0: none).
+    wait_replicas: u32,
+}
+
+const LAND: &str = include_str!("land.lua");
+
+/// Room for a job's JSON with a typical request body (500 to 700 bytes).
+const JOB_JSON_CAPACITY: usize = 1024;
+
+/// Not sent, or refused by the server: not queued. Sent and unanswered:
+/// the job may still land.
+fn backend(e: SendError) -> QueueError {
+    match e {
+        SendError::Unanswered => QueueError::Timeout,
+        SendError::NotSent(why) | SendError::Refused(why) => QueueError::Backend(why),
+    }
+}
+
+impl StreamQueue {
+    pub fn new(valkey: Valkey, key: impl Into<String>) -> Self {
+        let key = key.into();
+        let marker_prefix = format!("{}:scan:", tagged(&key));
+        Self {
+            valkey,
+            key,
+            marker_prefix,
+            wait_replicas: 0,
+        }
+    }
+
+    /// Every add waits (`WAIT`) until `replicas` replicas have it; one that
+    /// does not get there in time is a job whose fate is unknown.
+    pub fn with_wait(mut self, replicas: u32) -> Self {
+        self.wait_replicas = replicas;
+        self
+    }
+
+    /// Sends one add, and with [`Self::with_wait`] its `WAIT` behind it in
+    /// the same round trip ([`Valkey::send_replicated`]): short of the
+    /// replicas, the job may be lost in a failover, so it is
+    /// [`QueueError::Timeout`].
+    async fn add<T: redis::FromRedisValue>(&self, cmd: redis::Cmd) -> Result<T, QueueError> {
+        let (added, replicated) = self
+            .valkey
+            .send_replicated(cmd, self.wait_replicas, SEND_WITHIN)
+            .await
+            .map_err(backend)?;
+        if !replicated {
+            return Err(QueueError::Timeout);
+        }
+        Ok(added)
+    }
+
+    /// The job's JSON, written into a buffer sized for it at once, so it is
+    /// not grown (and copied) three times on the way.
+    fn json(job: &ScanJob) -> Result<Vec<u8>, QueueError> {
+        let mut json = Vec::with_capacity(JOB_JSON_CAPACITY);
+        serde_json::to_writer(&mut json, job).map_err(|e| QueueError::Backend(e.to_string()))?;
+        Ok(json)
+    }
+}
+
+/// The entry's field that holds the job's JSON, defined here only:
+/// [`StreamQueue`] and `land.lua` write it (a test reads the script and
+/// checks), the consumer's stream source reads it.
+pub const JOB_FIELD: &str = "job";
+
+/// The entry's field that holds the job's `scanId`, for operators' eyes.
+pub const SCAN_ID_FIELD: &str = "scanId";
+
+/// How long the stream waits for its own answer; the gate's bound (never
+/// past the answer's deadline) is usually shorter.
+const SEND_WITHIN: std::time::Duration = super::job_queue::ENQUEUE_TIMEOUT;
+
+/// Warns when the stream's Valkey keeps nothing across a restart (no AOF:
+/// `aof_enabled:0` on some node): a restart there loses every queued job,
+/// the consumer group and the `scanId` markers. `serve` and `consume` call
+/// it at start; it only reads `INFO persistence` (allowed on ElastiCache).
+pub async fn warn_without_persistence(valkey: &Valkey, key: &str) {
+    match valkey.read_info("persistence", SEND_WITHIN).await {
+        Ok(nodes) if !aof_everywhere(&nodes) => tracing::warn!(
+            stream = key,
+            "Valkey has no persistence (appendonly no): a restart loses the queued jobs, \
+             the consumer group and the scanId markers; set appendonly yes"
+        ),
+        Ok(_) => {}
+        Err(e) => tracing::debug!(error = %e, "cannot read Valkey's persistence settings"),
+    }
+}
+
+/// Whether every node's `INFO persistence` says AOF is on.
+fn aof_everywhere(nodes: &[NodeInfo]) -> bool {
+    !nodes.is_empty() && nodes.iter().all(|n| n.field("aof_enabled") == Some("1"))
+}
+
+impl ScanQueue for StreamQueue {
+    async fn enqueue(&self, job: &ScanJob) -> Result<(), QueueError> {
+        let json = Self::json(job)?;
+        let mut scan_id = uuid::Uuid::encode_buffer();
+        let bytes = self.key.len() + json.len() + 64;
+        let mut cmd = sized_cmd("XADD", 6, bytes);
+        cmd.arg(&self.key)
+            .arg("*")
+            .arg(JOB_FIELD)
+            .arg(json)
+            .arg(SCAN_ID_FIELD)
+            .arg(&*job.scan_id.hyphenated().encode_lower(&mut scan_id));
+        let _: String = self.add(cmd).await?;
+        Ok(())
+    }
+
+    async fn enqueue_once(&self, job: &ScanJob) -> Result<(), QueueError> {
+        let json = Self::json(job)?;
+        let scan_id = job.scan_id.to_string();
+        let marker = format!("{}{scan_id}", self.marker_prefix);
+        let mut cmd = eval(LAND, &[&self.key, &marker]);
+        cmd.arg(json).arg(&scan_id).arg(MARKER_TTL_SECS);
+        let _: i64 = self.add(cmd).await?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// AOF on every node is persistence; any node without it, or no node, is not.
+    #[test]
+    fn persistence() {
+        let node = |t: &str| NodeInfo {
+            node: "a:6379".into(),
+            text: t.into(),
+        };
+        assert!(aof_everywhere(&[node(
+            "# Persistence\r\naof_enabled:1\r\n"
+        )]));
+        assert!(!aof_everywhere(&[node("aof_enabled:0\r\n")]));
+        assert!(!aof_everywhere(&[
+            node("aof_enabled:1"),
+            node("aof_enabled:0")
+        ]));
+        assert!(!aof_everywhere(&[]));
+    }
+
+    /// `land.lua` writes the entry's fields under the names the consumer
+    /// reads: every quoted word that is not a command, an option or a
+    /// number is [`JOB_FIELD`] or [`SCAN_ID_FIELD`].
+    #[test]
+    fn land_fields() {
+        let fields = format!("'{JOB_FIELD}', ARGV[1], '{SCAN_ID_FIELD}', ARGV[2]");
+        assert!(LAND.contains(&fields), "{LAND}");
+        for word in crate::io::connection::quoted_words(LAND) {
+            let command = word.chars().all(|c| c.is_ascii_uppercase());
+            let argument = word == "*" || word.parse::<u64>().is_ok();
+            assert!(
+                command || argument || [JOB_FIELD, SCAN_ID_FIELD].contains(&word),
+                "land.lua: '{word}' is not a stream field"
+            );
+        }
+    }
+}

@@ -1,0 +1,354 @@
+//! The Valkey store's commands and the reading of their replies, with no
+//! I/O: the count's plain commands (the subject's, and each level's), a
+//! pacing step's script call, and a read of a counter.
+
+use redis::Value;
+
+use super::key::QuotaKey;
+use super::quota_store::{CountArgs, PaceArgs, PaceLane, Refund, StoreError};
+use crate::config::ResetPolicy;
+use crate::io::connection::{eval, sized_cmd};
+use crate::rules::delay::{BED_GRACE, BEDS_KEY, Bed, BedAsk, bed_until};
+use crate::rules::pace::Paced;
+use crate::rules::record::{Count, Lane, Peek, Tally};
+use crate::rules::unix::{UnixMillis, UnixSecs, duration_ms};
+
+/// `pace.lua` and `take_bed.lua` call `take_bed`, defined once in `bed.lua`.
+const PACE: &str = concat!(include_str!("bed.lua"), include_str!("pace.lua"));
+const TAKE_BED: &str = concat!(include_str!("bed.lua"), include_str!("take_bed.lua"));
+const UNPACE: &str = include_str!("unpace.lua");
+const REFUND: &str = include_str!("refund.lua");
+
+/// The pacing and refund scripts, for the test that reads every script.
+pub const PACE_SCRIPT: &str = PACE;
+pub const REFUND_SCRIPT: &str = REFUND;
+
+pub(super) fn iso8601(at: UnixSecs) -> String {
+    crate::io::clock::rfc3339(at.get())
+}
+
+pub(super) fn int(v: &Value) -> i64 {
+    match v {
+        Value::Int(n) => *n,
+        Value::BulkString(b) => std::str::from_utf8(b)
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(0),
+        _ => 0,
+    }
+}
+
+pub(super) fn unexpected(what: &str) -> StoreError {
+    StoreError::Backend(format!("unexpected reply to {what}"))
+}
+
+/// Each command sized at once (numbers and words: 48 bytes of room).
+fn sized(name: &str, args: usize, key: &str) -> redis::Cmd {
+    sized_cmd(name, args, key.len() + 48)
+}
+
+/// `EXPIREAT <key> <period end> NX`: an expiry only where there is none.
+fn expire_nx(pipe: &mut redis::Pipeline, key: &str, period_end: UnixSecs) {
+    pipe.add_command(sized("EXPIREAT", 4, key))
+        .arg(key)
+        .arg(period_end.get())
+        .arg("NX")
+        .ignore();
+}
+
+/// The subject's count, answering `[used, expiry, grant]`: `INCR`, its
+/// expiry if it has none, the first-seen key, `EXPIRETIME`, and the grant.
+/// Under `rolling` a grant made before the period's first scan has no
+/// expiry (the period starts with that scan) and gets the counter's from
+/// this count (`EXPIREAT …:grant … NX`: the one this count opened is
+/// `period_end`); under `utc-day` the period is known before its first
+/// scan, `grant` gives the grant its expiry itself, and that command is
+/// not sent.
+pub(super) fn subject_commands(pipe: &mut redis::Pipeline, args: &CountArgs<'_>) {
+    let key = args.key;
+    // Plain `INCR`, not `INCRBY 1` (which `pipe().incr` sends): one
+    // argument less to parse, measurably cheaper for Valkey.
+    pipe.add_command(sized("INCR", 2, &key.counter))
+        .arg(&key.counter);
+    expire_nx(pipe, &key.counter, args.period_end);
+    pipe.add_command(sized("SET", 7, &key.first_seen))
+        .arg(&key.first_seen)
+        .arg(iso8601(args.now))
+        .arg("EXAT")
+        .arg(args.period_end.get())
+        .arg("NX")
+        .ignore()
+        .add_command(sized("EXPIRETIME", 2, &key.counter))
+        .arg(&key.counter);
+    if args.reset == ResetPolicy::Rolling {
+        expire_nx(pipe, &key.grant, args.period_end);
+    }
+    pipe.add_command(sized("GET", 2, &key.grant))
+        .arg(&key.grant);
+}
+
+/// A level's count: `INCR` and its expiry if it has none, and under
+/// `rolling` `EXPIRETIME` (a level's rolling period starts with its own
+/// first scan). Under `utc-day` a level's period ends at the same 00:00 UTC
+/// as its subject's, so its end is the subject's, read back in the same
+/// round trip ([`level_of`]). No grant key is read: a network's grant is
+/// held in its counter (`grant --network` takes it off the count, see
+/// `ops/grant_level.lua`), so the count reads used − granted and compares
+/// with the level's limit as it is. Two plain commands under `utc-day`.
+pub(super) fn level_commands(pipe: &mut redis::Pipeline, key: &QuotaKey, args: &CountArgs<'_>) {
+    pipe.add_command(sized("INCR", 2, &key.counter))
+        .arg(&key.counter);
+    expire_nx(pipe, &key.counter, args.period_end);
+    if args.reset == ResetPolicy::Rolling {
+        pipe.add_command(sized("EXPIRETIME", 2, &key.counter))
+            .arg(&key.counter);
+    }
+}
+
+/// How many replies [`level_commands`] answers.
+pub(super) fn level_width(reset: ResetPolicy) -> usize {
+    match reset {
+        ResetPolicy::UtcDay => 1,
+        ResetPolicy::Rolling => 2,
+    }
+}
+
+/// One count from its `[used, expiry, grant]` reply, read at `now`.
+pub(super) fn count_of(reply: &[Value], now: UnixSecs) -> Result<Count, StoreError> {
+    match reply {
+        [used, reset_at, grant] => Ok(Count {
+            used: u64::try_from(int(used)).map_err(|_| unexpected("count"))?,
+            reset_at: UnixSecs(int(reset_at)),
+            now,
+            grant: u64::try_from(int(grant)).unwrap_or(0),
+        }),
+        _ => Err(unexpected("count")),
+    }
+}
+
+/// A level's count from its `[held]` or `[held, expiry]` reply (see
+/// [`level_commands`]; a keyed claim's script always reads the expiry),
+/// `period_end` standing in for an expiry not read. The counter holds
+/// used − granted: a negative one is a grant not yet used up.
+pub(super) fn level_of(
+    reply: &[Value],
+    period_end: UnixSecs,
+    now: UnixSecs,
+) -> Result<Count, StoreError> {
+    let (held, reset_at) = match reply {
+        [held] => (int(held), period_end),
+        [held, expiry] => (int(held), UnixSecs(int(expiry))),
+        _ => return Err(unexpected("a level's count")),
+    };
+    Ok(Count {
+        used: held.max(0).unsigned_abs(),
+        reset_at,
+        now,
+        grant: held.min(0).unsigned_abs(),
+    })
+}
+
+/// A standalone count's reply: the subject's three replies, then `width`
+/// for each level.
+pub(super) fn tally(
+    reply: &[Value],
+    args: &CountArgs<'_>,
+    width: usize,
+) -> Result<Tally, StoreError> {
+    let (subject, levels) = reply
+        .split_at_checked(3)
+        .ok_or_else(|| unexpected("count"))?;
+    let subject = count_of(subject, args.now)?;
+    let mut levels: Vec<Lane> = levels
+        .chunks_exact(width)
+        .map(|r| level_of(r, args.period_end, args.now).map(Lane::Counted))
+        .collect::<Result<_, _>>()?;
+    in_subject_period(&mut levels, &subject, args);
+    Ok(Tally { subject, levels })
+}
+
+/// Under `utc-day` a level's period ends with its subject's, as the
+/// subject's counter reports it (so its expiry need not be read back, and
+/// every answer reports one reset instant); done once every level has
+/// answered (a cluster's answer apart).
+pub(super) fn in_subject_period(levels: &mut [Lane], subject: &Count, args: &CountArgs<'_>) {
+    if args.reset == ResetPolicy::UtcDay {
+        for lane in levels {
+            if let Lane::Counted(level) = lane {
+                level.reset_at = subject.reset_at;
+            }
+        }
+    }
+}
+
+/// Where a counter's grant is counted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GrantHeld {
+    /// Beside the counter: a subject's, read with every count.
+    Beside,
+    /// Taken off the counter, which holds used − granted: a level's (the
+    /// grant key only says how much).
+    InCounter,
+}
+
+/// A read of a counter, answering `[used, expiry, slot, grant]`, changing nothing.
+pub(super) fn peek_commands(pipe: &mut redis::Pipeline, key: &QuotaKey) {
+    pipe.cmd("GET")
+        .arg(&key.counter)
+        .cmd("EXPIRETIME")
+        .arg(&key.counter)
+        .cmd("GET")
+        .arg(&key.slot)
+        .cmd("GET")
+        .arg(&key.grant);
+}
+
+/// A read from its `[used, expiry, slot, grant]` reply.
+pub(super) fn peek_of(reply: &[Value], held: GrantHeld) -> Result<Peek, StoreError> {
+    let [used, reset_at, slot, grant] = reply else {
+        return Err(unexpected("a read"));
+    };
+    let present = |v: &Value| !matches!(v, Value::Nil);
+    let counter = present(used).then(|| int(used));
+    let grant = int(grant).max(0);
+    let used = match held {
+        GrantHeld::Beside => counter.unwrap_or(0),
+        GrantHeld::InCounter => counter.map_or(0, |h| h.saturating_add(grant)),
+    };
+    Ok(Peek {
+        used: used.max(0).unsigned_abs(),
+        // -1: no expiry; -2: no counter.
+        reset_at: counter
+            .and(Some(int(reset_at)))
+            .filter(|at| *at >= 0)
+            .map(UnixSecs),
+        slot_ms: present(slot).then(|| UnixMillis(int(slot))),
+        grant: grant.unsigned_abs(),
+    })
+}
+
+/// One pacing step over `lanes` (the first may carry `args.record`), as
+/// `pace.lua` takes it, with the bed `args.bed` asks for.
+pub(super) fn pace_script(lanes: &[PaceLane<'_>], args: &PaceArgs<'_>) -> redis::Cmd {
+    let mut keys: Vec<&str> = lanes.iter().map(|l| l.key.slot.as_str()).collect();
+    keys.extend(args.record);
+    if args.bed.is_some() {
+        keys.push(BEDS_KEY);
+    }
+    let mut cmd = eval(PACE, &keys);
+    cmd.arg(lanes.len())
+        .arg(args.arrival_ms.get())
+        .arg(args.max_backlog_ms);
+    for lane in lanes {
+        cmd.arg(lane.delay_ms).arg(lane.reset_at.get());
+    }
+    cmd.arg(u8::from(args.record.is_some()));
+    match args.bed {
+        Some(ask) => cmd
+            .arg(ask.budget_ms)
+            .arg(ask.max_asleep)
+            .arg(ask.id.to_string())
+            .arg(duration_ms(BED_GRACE)),
+        None => cmd.arg(0).arg(0).arg("").arg(0),
+    };
+    cmd
+}
+
+/// A pacing step's reply: `{1, delay, previous, bed taken, asleep}`, or
+/// `{0, retry after, each line's own excess…}`. A refusal's `levels_ms`
+/// are the lines' after the first, in the order sent.
+pub(super) fn paced(reply: &[i64]) -> Paced {
+    let ms = |i: usize| u64::try_from(reply.get(i).copied().unwrap_or(0)).unwrap_or(0);
+    if reply.first() == Some(&1) {
+        let bed = match reply.get(3) {
+            Some(taken) if *taken >= 0 => Some(Bed {
+                taken: *taken == 1,
+                asleep: u32::try_from(ms(4)).unwrap_or(u32::MAX),
+            }),
+            _ => None,
+        };
+        return Paced::Slot {
+            delay_ms: ms(1),
+            bed,
+        };
+    }
+    Paced::Full {
+        retry_after_ms: ms(1),
+        levels_ms: (3..reply.len()).map(ms).collect(),
+    }
+}
+
+/// A bed asked alone (`take_bed.lua`): for a scan that arrived at
+/// `arrival` and owes `wait_ms`.
+pub(super) fn take_bed_script(ask: &BedAsk, arrival: UnixMillis, wait_ms: u64) -> redis::Cmd {
+    let mut cmd = eval(TAKE_BED, &[BEDS_KEY]);
+    cmd.arg(arrival.get())
+        .arg(bed_until(arrival, wait_ms, ask.budget_ms).get())
+        .arg(ask.max_asleep)
+        .arg(ask.id.to_string());
+    cmd
+}
+
+/// `take_bed.lua`'s `{taken, asleep}` reply.
+pub(super) fn bed_of(reply: &[i64]) -> Result<Bed, StoreError> {
+    match reply {
+        [taken, asleep] => Ok(Bed {
+            taken: *taken == 1,
+            asleep: u32::try_from(*asleep).unwrap_or(u32::MAX),
+        }),
+        _ => Err(unexpected("a bed")),
+    }
+}
+
+/// A refusal's `levels_ms` for every level the step was asked about, in
+/// `levels`' order: a level that was not a line (within its limit) had
+/// room (0); the others take `excess` in turn.
+pub(super) fn spread_excess(levels: &[PaceLane<'_>], excess: &[u64]) -> Vec<u64> {
+    let mut lines = excess.iter().copied();
+    levels
+        .iter()
+        .map(|l| match l.delay_ms {
+            0 => 0,
+            _ => lines.next().unwrap_or(0),
+        })
+        .collect()
+}
+
+/// Gives back a slot a refused scan took on one line (cluster mode, where
+/// the lines are paced apart): only if nobody took a later one since.
+pub(super) fn unpace(slot: &str, taken: i64, previous: i64) -> redis::Cmd {
+    let mut cmd = eval(UNPACE, &[slot]);
+    cmd.arg(taken).arg(previous);
+    cmd
+}
+
+/// A refund's script: the subject's count, each of `levels` (which must
+/// share the subject's slot: standalone), and the record's guard. Each
+/// counter goes with its grant key (a counter holding a grant is never
+/// removed) and, where it has one, its first-seen key (removed with it).
+pub(super) fn refund_script(refund: &Refund<'_>, levels: &[(&QuotaKey, UnixSecs)]) -> redis::Cmd {
+    let counters = std::iter::once((refund.key, refund.period_end)).chain(levels.iter().copied());
+    let mut keys = Vec::with_capacity(3 + 2 * levels.len());
+    let mut periods = Vec::with_capacity(1 + levels.len());
+    for (key, period_end) in counters {
+        keys.extend([key.counter.as_str(), key.grant.as_str()]);
+        let first_seen = !key.first_seen.is_empty();
+        if first_seen {
+            keys.push(&key.first_seen);
+        }
+        periods.push((period_end, u8::from(first_seen)));
+    }
+    keys.extend(refund.record.map(|(r, _)| r));
+    let mut cmd = eval(REFUND, &keys);
+    cmd.arg(
+        refund
+            .record
+            .map(|(_, id)| id.to_string())
+            .unwrap_or_default(),
+    )
+    .arg(periods.len());
+    for (period_end, first_seen) in periods {
+        cmd.arg(period_end.get()).arg(first_seen);
+    }
+    cmd
+}

@@ -1,0 +1,131 @@
+//! Step 4: counting, behind one narrow trait.
+//!
+//! A [`QuotaStore`] serves the request path: it counts a scan (plain
+//! commands, one round trip), paces an over-quota scan, keeps the
+//! idempotency record of a keyed scan, and takes a count back.
+//! [`valkey::ValkeyStore`] does it on Valkey (standalone or cluster);
+//! [`memory::MemoryStore`] has the same semantics in process, for the local
+//! default and unit tests.
+//!
+//! What the store keeps and answers is defined below it, with no I/O: the
+//! idempotency record and the count in [`crate::rules::record`], the pacing rule
+//! in [`crate::rules::pace`]; both are re-exported here.
+//!
+//! The keys, their values and expiries are written once, in docs/guide.md
+//! ("Key layout"); every key of a subject shares its digest as the hash tag,
+//! so one subject lives in one cluster slot, which ElastiCache Serverless
+//! requires of a multi-key call.
+//!
+//! The parts: [`key`] (the keys and the period's end), [`quota_store`] (the
+//! trait, its arguments and [`StoreError`]), the two stores, and here only
+//! [`AnyStore`], the store `VALKEY_URL` chooses. Children import each other,
+//! never this module.
+
+mod commands;
+pub mod key;
+pub mod memory;
+pub mod quota_store;
+pub mod valkey;
+
+use uuid::Uuid;
+
+use crate::rules::delay::{Bed, BedAsk};
+use crate::rules::unix::{UnixMillis, UnixSecs};
+
+pub use crate::rules::pace::{Paced, next_slot};
+pub use crate::rules::record::{
+    Claim, Claimed, Count, Field, Lane, Peek, Record, RecordError, RecordField, RecordState, Tally,
+};
+pub use commands::GrantHeld;
+pub use key::{
+    IDEMPOTENCY_TTL_SECS, KEY_PATTERN, QuotaKey, grant_period_end, period_end, resets_at,
+};
+pub use quota_store::{
+    CountArgs, CountFailed, PaceArgs, PaceLane, QuotaStore, RecordUpdate, Refund, StoreError,
+    TakeOver,
+};
+
+/// The store chosen by `VALKEY_URL`.
+#[derive(Clone)]
+pub enum AnyStore {
+    Memory(memory::MemoryStore),
+    Valkey(valkey::ValkeyStore),
+}
+
+macro_rules! dispatch {
+    ($self:ident, $s:ident => $call:expr) => {
+        match $self {
+            Self::Memory($s) => $call.await,
+            Self::Valkey($s) => $call.await,
+        }
+    };
+}
+
+impl QuotaStore for AnyStore {
+    fn warm_up(&self) {
+        match self {
+            Self::Memory(s) => s.warm_up(),
+            Self::Valkey(s) => s.warm_up(),
+        }
+    }
+
+    fn bounds_itself(&self) -> bool {
+        match self {
+            Self::Memory(s) => s.bounds_itself(),
+            Self::Valkey(s) => s.bounds_itself(),
+        }
+    }
+
+    async fn count(&self, args: CountArgs<'_>) -> Result<Tally, CountFailed> {
+        dispatch!(self, s => s.count(args))
+    }
+
+    async fn peek_levels(&self, keys: &[QuotaKey], now: UnixSecs) -> Result<Vec<Peek>, StoreError> {
+        dispatch!(self, s => s.peek_levels(keys, now))
+    }
+
+    async fn count_keyed(
+        &self,
+        args: CountArgs<'_>,
+        claim: &Claim,
+    ) -> Result<Claimed, CountFailed> {
+        dispatch!(self, s => s.count_keyed(args, claim))
+    }
+
+    async fn peek(&self, key: &QuotaKey, now: UnixSecs) -> Result<Peek, StoreError> {
+        dispatch!(self, s => s.peek(key, now))
+    }
+
+    async fn pace(&self, args: PaceArgs<'_>) -> Result<Paced, StoreError> {
+        dispatch!(self, s => s.pace(args))
+    }
+
+    async fn take_bed(
+        &self,
+        ask: BedAsk,
+        arrival: UnixMillis,
+        wait_ms: u64,
+    ) -> Result<Bed, StoreError> {
+        dispatch!(self, s => s.take_bed(ask, arrival, wait_ms))
+    }
+
+    async fn refund(&self, refund: Refund<'_>) -> Result<(), StoreError> {
+        dispatch!(self, s => s.refund(refund))
+    }
+
+    async fn has_record(&self, record: &str, now: UnixSecs) -> Result<bool, StoreError> {
+        dispatch!(self, s => s.has_record(record, now))
+    }
+
+    async fn release(&self, record: &str, scan_id: Uuid, now: UnixSecs) -> Result<(), StoreError> {
+        dispatch!(self, s => s.release(record, scan_id, now))
+    }
+
+    async fn update_record(&self, update: RecordUpdate<'_>) -> Result<(), StoreError> {
+        dispatch!(self, s => s.update_record(update))
+    }
+
+    async fn take_over(&self, args: TakeOver<'_>) -> Result<bool, StoreError> {
+        dispatch!(self, s => s.take_over(args))
+    }
+}

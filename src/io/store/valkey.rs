@@ -1,0 +1,364 @@
+//! The Valkey quota store.
+//!
+//! The hot path is plain commands in one pipelined round trip: for the
+//! subject `INCR`, `EXPIREAT … NX`, `SET …:ts NX EXAT`, `EXPIRETIME` and
+//! `GET …:grant` (the extra scans support granted: one cheap command and no
+//! round trip; under `rolling` also `EXPIREAT …:grant … NX`, which gives a
+//! grant made before the period's first scan the counter's expiry, see
+//! [`QuotaKey::grant`]), and for each level above it `INCR` and `EXPIREAT …
+//! NX` (under `rolling` also `EXPIRETIME`; see
+//! [`level_commands`](super::commands::level_commands)). A server-side
+//! script would cost Valkey some 40 INCRs per scan. Scripts (sent whole with
+//! `EVAL`, see [`crate::io::connection::eval`]) run only where a
+//! decision must be atomic and the request is off the hot path anyway: a
+//! keyed scan's claim (`claim.lua`), pacing an over-quota scan (`pace.lua`),
+//! a refund after a failure (`refund.lua`), freeing an abandoned attempt's
+//! lease (`release.lua`) and taking over an abandoned record
+//! (`take_over.lua`); and a bed for a scan that will sleep (`bed.lua`,
+//! inside the pacing step, or alone in `take_bed.lua`). Every key of a subject shares its hash tag, so
+//! each call is single-slot in cluster mode.
+//!
+//! Operator reads and writes (`inspect`, `reset`, `purge`) live with the
+//! operators, in [`crate::front::ops::keys`].
+
+use redis::Value;
+use uuid::Uuid;
+
+use crate::rules::delay::{Bed, BedAsk};
+use crate::rules::unix::{UnixMillis, UnixSecs};
+
+use super::commands::{
+    GrantHeld, PACE_SCRIPT, REFUND_SCRIPT, bed_of, count_of, in_subject_period, iso8601,
+    level_commands, level_width, pace_script, paced, peek_commands, peek_of, refund_script,
+    spread_excess, subject_commands, take_bed_script, tally, unexpected,
+};
+use super::key::{IDEMPOTENCY_TTL_SECS, QuotaKey};
+use super::quota_store::{
+    CountArgs, CountFailed, PaceArgs, PaceLane, QuotaStore, RecordUpdate, Refund, StoreError,
+    TakeOver,
+};
+use crate::io::connection::{Request, Valkey};
+use crate::rules::pace::Paced;
+use crate::rules::record::{Claim, Claimed, Lane, Peek, Record, Tally};
+
+mod cluster;
+
+const CLAIM: &str = include_str!("claim.lua");
+const RELEASE: &str = include_str!("release.lua");
+const TAKE_OVER: &str = include_str!("take_over.lua");
+
+/// Every script that reads or writes an idempotency record, for the test
+/// that checks they spell the record's fields as [`crate::rules::record::RecordField`] does.
+pub const RECORD_SCRIPTS: [(&str, &str); 5] = [
+    ("claim.lua", CLAIM),
+    ("pace.lua", PACE_SCRIPT),
+    ("refund.lua", REFUND_SCRIPT),
+    ("release.lua", RELEASE),
+    ("take_over.lua", TAKE_OVER),
+];
+
+/// Scripts are sent with [`crate::io::connection::eval`]; the operator tools and
+/// the consumer's markers still name it here.
+pub(crate) use crate::io::connection::eval;
+
+/// A quota store on Valkey.
+#[derive(Clone)]
+pub struct ValkeyStore {
+    valkey: Valkey,
+    /// `VALKEY_WAIT_REPLICAS` (0: off).
+    wait_replicas: u32,
+}
+
+fn text(v: &Value) -> &str {
+    match v {
+        Value::BulkString(b) => std::str::from_utf8(b).unwrap_or_default(),
+        Value::SimpleString(s) => s,
+        _ => "",
+    }
+}
+
+impl ValkeyStore {
+    pub fn new(valkey: Valkey) -> Self {
+        Self {
+            valkey,
+            wait_replicas: 0,
+        }
+    }
+
+    /// A keyed claim waits (`WAIT`) until `replicas` replicas have it before
+    /// its scan goes on; one that does not get there in time is a count
+    /// whose fate is unknown (it may be lost in a failover), settled as one.
+    pub fn with_wait(mut self, replicas: u32) -> Self {
+        self.wait_replicas = replicas;
+        self
+    }
+
+    /// `WAIT`s for the claim just sent to reach the replicas, on the same
+    /// connection (so behind it), within half the store timeout.
+    async fn replicated(&self) -> Result<(), StoreError> {
+        let cmd = crate::io::connection::wait(self.wait_replicas, self.valkey.timeout());
+        let reached: u32 = self.send(cmd).await?;
+        if reached < self.wait_replicas {
+            return Err(StoreError::Unanswered);
+        }
+        Ok(())
+    }
+
+    pub fn valkey(&self) -> &Valkey {
+        &self.valkey
+    }
+
+    /// Sends one request of the request path, bounded by the store timeout.
+    async fn send<T: redis::FromRedisValue>(
+        &self,
+        request: impl Into<Request>,
+    ) -> Result<T, StoreError> {
+        Ok(self.valkey.send(request, self.valkey.timeout()).await?)
+    }
+
+    /// A keyed count: the claim's script, and in a cluster the levels
+    /// after it ([`QuotaStore::count_keyed`]).
+    async fn claim(&self, args: CountArgs<'_>, claim: &Claim) -> Result<Claimed, StoreError> {
+        let key = args.key;
+        // Standalone, the levels are counted in the claim's script (one
+        // fate); in a cluster they live in other slots.
+        let in_claim = if self.valkey.is_cluster() {
+            &[][..]
+        } else {
+            args.levels
+        };
+        let mut keys = vec![
+            key.counter.as_str(),
+            &key.first_seen,
+            &claim.record,
+            &key.grant,
+        ];
+        keys.extend(in_claim.iter().map(|l| l.counter.as_str()));
+        let mut cmd = eval(CLAIM, &keys);
+        cmd.arg(args.period_end.get())
+            .arg(iso8601(args.now))
+            .arg(claim.scan_id.to_string())
+            .arg(&claim.fingerprint)
+            .arg(claim.received_ms.get())
+            .arg(claim.lease_until_ms.get())
+            .arg(IDEMPOTENCY_TTL_SECS);
+        let reply: Vec<Value> = self.send(cmd).await?;
+        match reply.as_slice() {
+            [Value::Int(0), Value::Array(fields)] => {
+                let pairs = fields.chunks_exact(2).map(|p| (text(&p[0]), text(&p[1])));
+                Ok(Claimed::Existing(Record::from_pairs(pairs)?))
+            }
+            [Value::Int(0), ..] | [] => Err(unexpected("claim")),
+            counts => {
+                // The script reads each level's expiry: two replies a level.
+                let mut tally = tally(counts, &args, 2)?;
+                if self.wait_replicas > 0 {
+                    self.replicated().await?;
+                }
+                if in_claim.is_empty() && !args.levels.is_empty() {
+                    // Cluster: the levels are counted once the claim is new.
+                    tally.levels = self.count_levels(&args).await;
+                    in_subject_period(&mut tally.levels, &tally.subject, &args);
+                }
+                Ok(Claimed::New(tally))
+            }
+        }
+    }
+
+    /// A bed asked after a pacing step that could not carry it (a
+    /// cluster's): a bed that cannot be had is none, and the scan sleeps
+    /// nothing, but the step's slot stands.
+    async fn bed_after(&self, ask: BedAsk, args: &PaceArgs<'_>, delay_ms: u64) -> Option<Bed> {
+        let bed = self.take_bed(ask, args.arrival_ms, delay_ms).await;
+        if let Err(e) = &bed {
+            tracing::warn!(error = %e, "no bed: the scan sleeps nothing");
+        }
+        bed.ok()
+    }
+
+    /// Reads one counter, changing nothing.
+    async fn read(&self, key: &QuotaKey, held: GrantHeld) -> Result<Peek, StoreError> {
+        let mut pipe = redis::pipe();
+        peek_commands(&mut pipe, key);
+        peek_of(&self.send::<Vec<Value>>(pipe).await?, held)
+    }
+}
+
+impl QuotaStore for ValkeyStore {
+    fn warm_up(&self) {
+        self.valkey.warm_up();
+    }
+
+    /// Each command is sent by [`Valkey::send`] within the store timeout.
+    fn bounds_itself(&self) -> bool {
+        true
+    }
+
+    async fn count(&self, args: CountArgs<'_>) -> Result<Tally, CountFailed> {
+        let mut pipe = redis::Pipeline::with_capacity(6 + 3 * args.levels.len());
+        subject_commands(&mut pipe, &args);
+        if args.levels.is_empty() || !self.valkey.is_cluster() {
+            // Standalone: every level rides the subject's round trip, one fate.
+            for level in args.levels {
+                level_commands(&mut pipe, level, &args);
+            }
+            let reply: Vec<Value> = self.send(pipe).await?;
+            return Ok(tally(&reply, &args, level_width(args.reset))?);
+        }
+        // Cluster: each level in a slot of its own, one request per slot,
+        // all sent at once; a level that fails does not fail the scan, and
+        // a subject that fails says what each level did.
+        let (subject, mut levels) =
+            futures_util::join!(self.send::<Vec<Value>>(pipe), self.count_levels(&args));
+        let subject = match subject.and_then(|reply| count_of(&reply, args.now)) {
+            Ok(subject) => subject,
+            Err(error) => {
+                return Err(CountFailed {
+                    error,
+                    levels: Some(levels),
+                });
+            }
+        };
+        in_subject_period(&mut levels, &subject, &args);
+        Ok(Tally { subject, levels })
+    }
+
+    async fn peek(&self, key: &QuotaKey, _now: UnixSecs) -> Result<Peek, StoreError> {
+        self.read(key, GrantHeld::Beside).await
+    }
+
+    async fn peek_levels(
+        &self,
+        keys: &[QuotaKey],
+        _now: UnixSecs,
+    ) -> Result<Vec<Peek>, StoreError> {
+        if self.valkey.is_cluster() {
+            let reads = keys.iter().map(|key| self.read(key, GrantHeld::InCounter));
+            return futures_util::future::try_join_all(reads).await;
+        }
+        let mut pipe = redis::pipe();
+        for key in keys {
+            peek_commands(&mut pipe, key);
+        }
+        let reply: Vec<Value> = self.send(pipe).await?;
+        reply
+            .chunks_exact(4)
+            .map(|r| peek_of(r, GrantHeld::InCounter))
+            .collect()
+    }
+
+    async fn count_keyed(
+        &self,
+        args: CountArgs<'_>,
+        claim: &Claim,
+    ) -> Result<Claimed, CountFailed> {
+        // In a cluster the levels are counted only once the claim is new
+        // (and, with `VALKEY_WAIT_REPLICAS`, replicated): a claim that
+        // fails has sent nothing at any level.
+        let never_sent = |error: StoreError| match self.valkey.is_cluster() {
+            true => CountFailed {
+                error,
+                levels: Some(vec![Lane::Failed { may_land: false }; args.levels.len()]),
+            },
+            false => CountFailed::from(error),
+        };
+        self.claim(args, claim).await.map_err(never_sent)
+    }
+
+    async fn pace(&self, args: PaceArgs<'_>) -> Result<Paced, StoreError> {
+        let levels: Vec<PaceLane<'_>> = args
+            .levels
+            .iter()
+            .filter(|l| l.delay_ms > 0)
+            .copied()
+            .collect();
+        let cluster = self.valkey.is_cluster();
+        if cluster && !levels.is_empty() {
+            return self.pace_in_cluster(&args, &levels).await;
+        }
+        let subject = PaceLane {
+            key: args.key,
+            delay_ms: args.delay_ms,
+            reset_at: args.reset_at,
+        };
+        let lanes: Vec<PaceLane<'_>> = std::iter::once(subject).chain(levels).collect();
+        // In a cluster the beds live in a slot of their own: asked after.
+        let step = PaceArgs {
+            bed: args.bed.filter(|_| !cluster),
+            ..args
+        };
+        let reply: Vec<i64> = self.send(pace_script(&lanes, &step)).await?;
+        match paced(&reply) {
+            Paced::Full {
+                retry_after_ms,
+                levels_ms,
+            } => Ok(Paced::Full {
+                retry_after_ms,
+                levels_ms: spread_excess(args.levels, &levels_ms),
+            }),
+            Paced::Slot { delay_ms, bed } => {
+                let bed = match args.bed {
+                    Some(ask) if cluster => self.bed_after(ask, &args, delay_ms).await,
+                    _ => bed,
+                };
+                Ok(Paced::Slot { delay_ms, bed })
+            }
+        }
+    }
+
+    async fn take_bed(
+        &self,
+        ask: BedAsk,
+        arrival: UnixMillis,
+        wait_ms: u64,
+    ) -> Result<Bed, StoreError> {
+        let reply: Vec<i64> = self.send(take_bed_script(&ask, arrival, wait_ms)).await?;
+        bed_of(&reply)
+    }
+
+    async fn refund(&self, refund: Refund<'_>) -> Result<(), StoreError> {
+        if refund.levels.is_empty() || !self.valkey.is_cluster() {
+            let _: i64 = self.send(refund_script(&refund, refund.levels)).await?;
+            return Ok(());
+        }
+        self.refund_in_cluster(&refund).await
+    }
+
+    async fn has_record(&self, record: &str, _now: UnixSecs) -> Result<bool, StoreError> {
+        let mut cmd = redis::cmd("EXISTS");
+        cmd.arg(record);
+        self.send(cmd).await
+    }
+
+    async fn release(&self, record: &str, scan_id: Uuid, _now: UnixSecs) -> Result<(), StoreError> {
+        let mut cmd = eval(RELEASE, &[record]);
+        cmd.arg(scan_id.to_string());
+        let _: i64 = self.send(cmd).await?;
+        Ok(())
+    }
+
+    async fn update_record(&self, update: RecordUpdate<'_>) -> Result<(), StoreError> {
+        let RecordUpdate { record, fields, .. } = update;
+        let mut pipe = redis::pipe();
+        pipe.cmd("HSET").arg(record);
+        for (field, value) in fields {
+            pipe.arg(field.name()).arg(value);
+        }
+        pipe.ignore()
+            .cmd("EXPIRE")
+            .arg(record)
+            .arg(IDEMPOTENCY_TTL_SECS)
+            .arg("NX")
+            .ignore();
+        let () = self.send(pipe).await?;
+        Ok(())
+    }
+
+    async fn take_over(&self, args: TakeOver<'_>) -> Result<bool, StoreError> {
+        let mut cmd = eval(TAKE_OVER, &[args.record]);
+        cmd.arg(args.expected_until_ms.get())
+            .arg(args.lease_until_ms.get());
+        let taken: i64 = self.send(cmd).await?;
+        Ok(taken == 1)
+    }
+}

@@ -1,0 +1,159 @@
+//! What a cluster does apart from a standalone Valkey: each level above a
+//! subject lives in a slot of its own, so it is counted, paced and
+//! refunded by a request of its own to its own node, all sent at once, and
+//! each may fail alone.
+
+use redis::Value;
+
+use super::ValkeyStore;
+use crate::io::store::commands::{
+    level_commands, level_of, pace_script, paced, refund_script, unpace,
+};
+use crate::io::store::quota_store::{CountArgs, PaceArgs, PaceLane, Refund, StoreError};
+use crate::rules::pace::Paced;
+use crate::rules::record::{Lane, RecordField};
+
+impl ValkeyStore {
+    /// Counts each level in a request of its own, all sent at once (a
+    /// cluster, where each level has its own slot): one lane each, a
+    /// level that fails failing alone.
+    pub(super) async fn count_levels(&self, args: &CountArgs<'_>) -> Vec<Lane> {
+        let counts = args.levels.iter().map(|level| async move {
+            let mut pipe = redis::Pipeline::with_capacity(3);
+            level_commands(&mut pipe, level, args);
+            let reply = self.send::<Vec<Value>>(pipe).await;
+            match reply.map(|r| level_of(&r, args.period_end, args.now)) {
+                Ok(Ok(count)) => Lane::Counted(count),
+                Ok(Err(_)) => Lane::Failed { may_land: false },
+                Err(e) => Lane::Failed {
+                    may_land: e.may_land(),
+                },
+            }
+        });
+        futures_util::future::join_all(counts).await
+    }
+
+    /// A pacing step in a cluster, where the lines live in different
+    /// slots: each line paced on its own node, all at once; the scan waits
+    /// for the latest. Refused on any line, the lines that took a slot give
+    /// it back ([`unpace`]). A keyed scan's record notes the delay after.
+    /// Not as strict as standalone's one script: a line's slot moves to its
+    /// own start, not the scan's, so a scan another line held back may start
+    /// within a delay of this line's next scan (each line still starts its
+    /// scans one delay apart, so a network's rate holds).
+    pub(super) async fn pace_in_cluster(
+        &self,
+        args: &PaceArgs<'_>,
+        levels: &[PaceLane<'_>],
+    ) -> Result<Paced, StoreError> {
+        let subject = PaceLane {
+            key: args.key,
+            delay_ms: args.delay_ms,
+            reset_at: args.reset_at,
+        };
+        let lines: Vec<PaceLane<'_>> = std::iter::once(subject)
+            .chain(levels.iter().copied())
+            .filter(|l| l.delay_ms > 0)
+            .collect();
+        let alone = PaceArgs {
+            record: None,
+            bed: None,
+            ..*args
+        };
+        let steps = lines
+            .iter()
+            .map(|line| self.send::<Vec<i64>>(pace_script(std::slice::from_ref(line), &alone)));
+        let replies = futures_util::future::try_join_all(steps).await?;
+        let refused = replies
+            .iter()
+            .filter_map(|r| match paced(r) {
+                Paced::Full { retry_after_ms, .. } => Some(retry_after_ms),
+                Paced::Slot { .. } => None,
+            })
+            .max();
+        if let Some(retry_after_ms) = refused {
+            for (line, reply) in lines.iter().zip(&replies) {
+                if let [1, wait, previous, ..] = reply[..] {
+                    let taken = args.arrival_ms.get().saturating_add(wait);
+                    let _: i64 = self.send(unpace(&line.key.slot, taken, previous)).await?;
+                }
+            }
+            return Ok(Paced::Full {
+                retry_after_ms,
+                levels_ms: levels_excess(args, &lines, &replies),
+            });
+        }
+        let wait = replies.iter().map(|r| r.get(1).copied().unwrap_or(0)).max();
+        let delay_ms = u64::try_from(wait.unwrap_or(0)).unwrap_or(0);
+        if let Some(record) = args.record {
+            let mut cmd = redis::cmd("HSET");
+            cmd.arg(record)
+                .arg(RecordField::DelayMs.name())
+                .arg(delay_ms);
+            let _: i64 = self.send(cmd).await?;
+        }
+        // The beds live in a slot of their own: asked once the wait is known.
+        let bed = match args.bed {
+            Some(ask) => self.bed_after(ask, args, delay_ms).await,
+            None => None,
+        };
+        Ok(Paced::Slot { delay_ms, bed })
+    }
+
+    /// A refund in a cluster, where the levels live in other slots.
+    pub(super) async fn refund_in_cluster(&self, refund: &Refund<'_>) -> Result<(), StoreError> {
+        // Cluster: the levels live in other slots, each taken back on its
+        // own node once the subject's refund is sent. The subject's answer
+        // is the call's (what the caller may try again by): one never sent
+        // took nothing back, so no level goes yet (the caller sends it all
+        // again); a keyed one takes levels back only as the claim's own
+        // (answered, not -2); an unkeyed one takes every level back,
+        // whatever became of its own (a level counted on a node that
+        // answered while the subject's did not).
+        let subject = self.send::<i64>(refund_script(refund, &[])).await;
+        let levels_go = match (&subject, refund.record) {
+            (Err(e), _) if e.never_sent() => false,
+            (_, None) => true,
+            (Ok(taken), Some(_)) => *taken != -2,
+            (Err(_), Some(_)) => false,
+        };
+        if levels_go {
+            let refunds = refund.levels.iter().map(|&(key, period_end)| {
+                let level = Refund {
+                    key,
+                    period_end,
+                    levels: &[],
+                    record: None,
+                    now: refund.now,
+                };
+                self.send::<i64>(refund_script(&level, &[]))
+            });
+            for result in futures_util::future::join_all(refunds).await {
+                if let Err(e) = result {
+                    tracing::warn!(error = %e, "could not take a level's count back");
+                }
+            }
+        }
+        subject.map(drop)
+    }
+}
+
+/// Each level's own excess in a refused cluster step, in `args.levels`'
+/// order: a level paced alone answered its line's (`{0, retry, excess}`,
+/// or a slot: 0); a level that was not a line had room.
+fn levels_excess(args: &PaceArgs<'_>, lines: &[PaceLane<'_>], replies: &[Vec<i64>]) -> Vec<u64> {
+    args.levels
+        .iter()
+        .map(|level| {
+            lines
+                .iter()
+                .zip(replies)
+                .find(|(line, _)| std::ptr::eq(line.key, level.key))
+                .and_then(|(_, reply)| match reply[..] {
+                    [0, _, excess] => u64::try_from(excess).ok(),
+                    _ => None,
+                })
+                .unwrap_or(0)
+        })
+        .collect()
+}

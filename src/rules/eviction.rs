@@ -1,0 +1,228 @@
+//! Whether the quota Valkey may evict the gate's keys, and what the start
+//! does about it: the pure rule behind [`crate::io::eviction_watch`].
+//!
+//! Every quota key has a TTL, so any policy but `noeviction` evicts them
+//! when the store is full: a `volatile-*` policy (ElastiCache's default, and
+//! what ElastiCache Serverless does at its data-storage maximum) takes
+//! counters and pacing slots (a client's next scans are free),
+//! idempotency records (a keyed retry is queued a second time) and the
+//! consumer's markers (a finished scan runs again); an `allkeys-*` policy
+//! takes the stream's jobs too. Under `noeviction` a full store refuses writes instead, and the fail
+//! mode answers, metered. The policy is read from `INFO memory` (`CONFIG`
+//! is disabled on ElastiCache), once per primary.
+
+use crate::rules::modes::OnEviction;
+
+/// What a `maxmemory-policy` can evict of the gate's keys, ordered from
+/// harmless to worst (a cluster is as bad as its worst primary).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Eviction {
+    /// `noeviction`: a full store refuses writes; nothing is lost.
+    Never,
+    /// `volatile-*`, a policy this gate does not know, or none reported:
+    /// keys with a TTL, which every quota key is.
+    KeysWithTtl,
+    /// `allkeys-*`: every key, the stream's jobs included.
+    AllKeys,
+}
+
+impl Eviction {
+    /// The class of the policy `INFO memory` reported (`None`: not reported,
+    /// taken as evicting, as ElastiCache Serverless does when full).
+    pub fn of(policy: Option<&str>) -> Self {
+        match policy {
+            Some("noeviction") => Self::Never,
+            Some(p) if p.starts_with("allkeys-") => Self::AllKeys,
+            _ => Self::KeysWithTtl,
+        }
+    }
+
+    /// Whether it can evict any of the gate's keys.
+    pub fn evicts(self) -> bool {
+        self != Self::Never
+    }
+
+    /// What breaks when the store evicts so.
+    pub fn breaks(self) -> &'static str {
+        match self {
+            Self::Never => "nothing: a full store refuses writes and the fail mode answers",
+            Self::KeysWithTtl => {
+                "every quota key has a TTL, so a full store evicts counters and pacing slots \
+                 (the client's next scans are free), idempotency records (a keyed scan is \
+                 queued twice) and the consumer's markers (a finished scan runs again)"
+            }
+            Self::AllKeys => {
+                "a full store evicts any key: counters and pacing slots (free scans), idempotency \
+                 records (a keyed scan queued twice), the consumer's markers (a scan run again) \
+                 and stream jobs (202'd scans that never run)"
+            }
+        }
+    }
+}
+
+/// How to make the store safe: the one fix every evicting policy shares.
+pub const FIX: &str = "set maxmemory-policy noeviction (on ElastiCache: a parameter group with \
+     maxmemory-policy noeviction); ElastiCache Serverless evicts at its data-storage maximum \
+     whatever the policy, so alarm on BytesUsedForCache well under it (docs/production.md, \
+     \"Eviction and memory\")";
+
+/// One primary's `maxmemory_policy` (`None`: its `INFO memory` has none).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodePolicy {
+    /// The node's address, for the message.
+    pub node: String,
+    pub policy: Option<String>,
+}
+
+/// An evicting store, as found at start.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Finding {
+    /// The worst class among the primaries.
+    pub eviction: Eviction,
+    /// The evicting policies found, each once, in the order read
+    /// (`unreported` for a primary that named none).
+    pub policies: String,
+}
+
+impl Finding {
+    /// The line that says it: the policy, what breaks and the fix.
+    pub fn message(&self) -> String {
+        format!(
+            "the quota Valkey's maxmemory-policy is {}: {}; {FIX}",
+            self.policies,
+            self.eviction.breaks()
+        )
+    }
+}
+
+/// What the start does with the store's policies.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AtStart {
+    /// `noeviction` on every primary.
+    Safe,
+    /// Say it at error level, meter it, and start.
+    Warn(Finding),
+    /// `QUOTA_STORE_EVICTION=refuse`: do not start.
+    Refuse(Finding),
+}
+
+/// The rule: the store is as bad as its worst primary; an evicting one is
+/// said, or refused when `on_eviction` says so.
+pub fn at_start(nodes: &[NodePolicy], on_eviction: OnEviction) -> AtStart {
+    let mut policies: Vec<&str> = Vec::new();
+    let mut worst = Eviction::Never;
+    for node in nodes {
+        let eviction = Eviction::of(node.policy.as_deref());
+        let name = node.policy.as_deref().unwrap_or("unreported");
+        if eviction.evicts() && !policies.contains(&name) {
+            policies.push(name);
+        }
+        worst = worst.max(eviction);
+    }
+    if !worst.evicts() {
+        return AtStart::Safe;
+    }
+    let finding = Finding {
+        eviction: worst,
+        policies: policies.join(", "),
+    };
+    match on_eviction {
+        OnEviction::Warn => AtStart::Warn(finding),
+        OnEviction::Refuse => AtStart::Refuse(finding),
+    }
+}
+
+/// The keys evicted since the last reading of the store's cumulative
+/// `evicted_keys` (`last`; `None` at the first, which only sets the base).
+/// A count that went down means the server restarted (or a primary failed
+/// over) and counts from 0 again: all of it is new.
+pub fn evicted_since(last: Option<u64>, now: u64) -> u64 {
+    match last {
+        None => 0,
+        Some(last) if now >= last => now - last,
+        Some(_) => now,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn nodes(policies: &[Option<&str>]) -> Vec<NodePolicy> {
+        policies
+            .iter()
+            .enumerate()
+            .map(|(i, p)| NodePolicy {
+                node: format!("10.0.0.{i}:6379"),
+                policy: p.map(str::to_owned),
+            })
+            .collect()
+    }
+
+    /// Only `noeviction` is safe; `allkeys-*` is worst; anything else, named
+    /// or not, evicts keys with a TTL.
+    #[test]
+    fn classes() {
+        assert_eq!(Eviction::of(Some("noeviction")), Eviction::Never);
+        for p in [
+            "volatile-lru",
+            "volatile-lfu",
+            "volatile-ttl",
+            "volatile-random",
+        ] {
+            assert_eq!(Eviction::of(Some(p)), Eviction::KeysWithTtl, "{p}");
+        }
+        for p in ["allkeys-lru", "allkeys-lfu", "allkeys-random"] {
+            assert_eq!(Eviction::of(Some(p)), Eviction::AllKeys, "{p}");
+        }
+        assert_eq!(Eviction::of(Some("newfangled")), Eviction::KeysWithTtl);
+        assert_eq!(Eviction::of(None), Eviction::KeysWithTtl);
+        assert!(Eviction::AllKeys.breaks().contains("stream jobs"));
+        assert!(!Eviction::KeysWithTtl.breaks().contains("stream"));
+    }
+
+    /// Every pair of policies and setting: safe, said, or refused, naming
+    /// each evicting policy once and the worst class of the primaries.
+    #[test]
+    fn at_start_table() {
+        use OnEviction::{Refuse, Warn};
+        let safe = nodes(&[Some("noeviction"), Some("noeviction")]);
+        assert_eq!(at_start(&safe, Warn), AtStart::Safe);
+        assert_eq!(at_start(&safe, Refuse), AtStart::Safe);
+        let mixed = nodes(&[
+            Some("noeviction"),
+            Some("volatile-lru"),
+            Some("allkeys-lru"),
+            Some("volatile-lru"),
+        ]);
+        let finding = Finding {
+            eviction: Eviction::AllKeys,
+            policies: "volatile-lru, allkeys-lru".into(),
+        };
+        assert_eq!(at_start(&mixed, Warn), AtStart::Warn(finding.clone()));
+        assert_eq!(at_start(&mixed, Refuse), AtStart::Refuse(finding));
+        let unreported = at_start(&nodes(&[None]), Refuse);
+        let AtStart::Refuse(f) = unreported else {
+            panic!("{unreported:?}")
+        };
+        assert_eq!(
+            (f.eviction, f.policies.as_str()),
+            (Eviction::KeysWithTtl, "unreported")
+        );
+        let message = f.message();
+        assert!(
+            message.contains("unreported") && message.contains("noeviction"),
+            "{message}"
+        );
+        assert!(message.contains("parameter group") && message.contains("Serverless"));
+    }
+
+    /// The first reading sets the base; a drop is a restart, counted whole.
+    #[test]
+    fn evictions_between_readings() {
+        assert_eq!(evicted_since(None, 500), 0);
+        assert_eq!(evicted_since(Some(500), 500), 0);
+        assert_eq!(evicted_since(Some(500), 730), 230);
+        assert_eq!(evicted_since(Some(500), 40), 40);
+    }
+}

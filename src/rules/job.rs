@@ -1,0 +1,339 @@
+//! The scan job: what the gate queues and what a consumer reads, one type.
+//!
+//! The JSON form is a versioned contract, written down as a JSON Schema in
+//! `docs/job.schema.json` (a test validates real jobs against it), so a
+//! consumer in another language can rely on it. `version` is 1; a change
+//! that removes or retypes a field raises it, an added field does not. A
+//! job without `version` was written before the field existed and has the
+//! same shape as version 1.
+//!
+//! `scope` and `tier` are closed sets; a job that names anything else is
+//! refused when read, not passed on.
+
+use std::fmt;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
+use uuid::Uuid;
+
+use crate::rules::decide::Tier;
+use crate::rules::scope::Scope;
+use crate::rules::settle::Metering;
+
+/// The contract version this build writes and reads.
+pub const JOB_VERSION: u32 = 1;
+
+/// The tier a job was decided in: one of a closed set, written as its
+/// lowercase name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum JobTier {
+    /// Within the daily quota.
+    Within,
+    /// In the soft window.
+    Soft,
+    /// Beyond the soft window.
+    Hard,
+    /// Accepted uncounted: the store did not answer.
+    Unmetered,
+    /// An exempt caller's scan (`QUOTA_EXEMPT_NETWORKS`, `QUOTA_EXEMPT_CLAIM`):
+    /// never counted, delayed or paced.
+    Exempt,
+}
+
+impl JobTier {
+    /// The wire word: `within`, `soft`, `hard`, `unmetered` or `exempt`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Within => "within",
+            Self::Soft => "soft",
+            Self::Hard => "hard",
+            Self::Unmetered => "unmetered",
+            Self::Exempt => "exempt",
+        }
+    }
+}
+
+impl fmt::Display for JobTier {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl From<Tier> for JobTier {
+    fn from(tier: Tier) -> Self {
+        match tier {
+            Tier::Within => Self::Within,
+            Tier::Soft => Self::Soft,
+            Tier::Hard => Self::Hard,
+        }
+    }
+}
+
+impl From<Metering> for JobTier {
+    /// The decision's tier when counted, `unmetered` otherwise.
+    fn from(metering: Metering) -> Self {
+        match metering {
+            Metering::Counted { decision, .. } => decision.tier.into(),
+            Metering::Unmetered | Metering::Unknown { .. } => Self::Unmetered,
+        }
+    }
+}
+
+/// One accepted scan, as the scanner backend receives it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ScanJob {
+    /// The contract version ([`JOB_VERSION`]).
+    #[serde(default = "first_version")]
+    pub version: u32,
+    /// UUID v7: time-ordered, so queues and logs sort by arrival.
+    pub scan_id: Uuid,
+    /// When the gate received the request (RFC 3339, UTC).
+    pub received_at: String,
+    /// `ip` or `tid`.
+    pub scope: Scope,
+    /// The subject's keyed digest (never the IP or token itself).
+    pub digest: String,
+    /// The decision tier: `within`, `soft` or `hard` (in shadow mode too,
+    /// where the job is not delayed); `unmetered` when the store did not
+    /// answer and the scan was accepted uncounted; `exempt` for an exempt
+    /// caller's scan (never counted).
+    pub tier: JobTier,
+    /// The daily ceiling that applied.
+    pub limit: u32,
+    /// The subject's count including this scan (0 when `unmetered` or `exempt`).
+    pub count: u64,
+    /// The whole delay owed, in milliseconds.
+    pub delay_ms: u64,
+    /// The part of the delay not slept in the handler, held back on the job.
+    pub deferred_ms: u64,
+    /// The scan must not start before this instant (RFC 3339, UTC).
+    pub not_before: String,
+    /// `not_before` in unix milliseconds (not serialized; [`ScanJob::from_json`]
+    /// computes it from `not_before`).
+    #[serde(skip)]
+    pub not_before_ms: i64,
+    /// The client's request body, untouched ([`RequestBody`]).
+    pub request: RequestBody,
+}
+
+/// A scan request's JSON body as the client sent it: key order, repeated
+/// keys, number spellings (`1.0`, `-0`, integers past 2⁵³, `1e400`) and
+/// string escapes are the client's own, passed through byte for byte. Only
+/// the whitespace between tokens is left out, so a job stays one line of a
+/// spool (JSON allows a raw line break nowhere else). Always an object.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct RequestBody(Box<RawValue>);
+
+impl RequestBody {
+    /// `raw`, one JSON value, with its insignificant whitespace left out.
+    pub fn new(raw: &RawValue) -> Self {
+        let text = raw.get();
+        if !text.bytes().any(is_json_space) {
+            return Self(raw.to_owned());
+        }
+        let mut out = String::with_capacity(text.len());
+        let (mut in_string, mut escaped) = (false, false);
+        for c in text.chars() {
+            if in_string {
+                match c {
+                    _ if escaped => escaped = false,
+                    '\\' => escaped = true,
+                    '"' => in_string = false,
+                    _ => {}
+                }
+            } else if c == '"' {
+                in_string = true;
+            } else if c.is_ascii() && is_json_space(c as u8) {
+                continue;
+            }
+            out.push(c);
+        }
+        // Whitespace between tokens carries no meaning: still the same JSON.
+        Self(RawValue::from_string(out).expect("valid JSON without its whitespace"))
+    }
+
+    /// The JSON text.
+    pub fn get(&self) -> &str {
+        self.0.get()
+    }
+
+    /// The `image` member of the object `text`; an error when `text` is not
+    /// an object or repeats `image`.
+    pub fn image_of(text: &str) -> Result<Image, serde_json::Error> {
+        #[derive(Deserialize)]
+        struct Probe<'a> {
+            // `null` is an `image` that is not a string, not a missing one.
+            #[serde(borrow, default, deserialize_with = "present")]
+            image: Option<&'a RawValue>,
+        }
+        fn present<'de, D: serde::Deserializer<'de>>(
+            d: D,
+        ) -> Result<Option<&'de RawValue>, D::Error> {
+            <&RawValue>::deserialize(d).map(Some)
+        }
+        let probe: Probe<'_> = serde_json::from_str(text)?;
+        Ok(match probe.image {
+            None => Image::Missing,
+            Some(raw) => serde_json::from_str(raw.get()).map_or(Image::NotAString, Image::Text),
+        })
+    }
+
+    /// The image to scan, when `image` is a string.
+    pub fn image(&self) -> Option<String> {
+        match Self::image_of(self.get()) {
+            Ok(Image::Text(image)) => Some(image),
+            _ => None,
+        }
+    }
+}
+
+/// A request body's `image` member.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Image {
+    Missing,
+    NotAString,
+    Text(String),
+}
+
+impl PartialEq for RequestBody {
+    fn eq(&self, other: &Self) -> bool {
+        self.get() == other.get()
+    }
+}
+
+/// JSON's whitespace (RFC 8259: space, tab, line feed, carriage return).
+fn is_json_space(b: u8) -> bool {
+    matches!(b, b' ' | b'\t' | b'\n' | b'\r')
+}
+
+fn first_version() -> u32 {
+    1
+}
+
+/// Why bytes are not a job this build can run.
+#[derive(Debug, thiserror::Error)]
+pub enum JobError {
+    #[error("not a scan job: {0}")]
+    Json(#[from] serde_json::Error),
+    #[error("job version {0} is newer than this consumer understands ({JOB_VERSION})")]
+    Version(u32),
+    #[error("notBefore is not an RFC 3339 instant: {0}")]
+    NotBefore(String),
+    #[error("request is not a JSON object")]
+    Request,
+}
+
+impl ScanJob {
+    /// [`not_before_ms`](Self::not_before_ms) as an instant.
+    pub fn not_before_at(&self) -> crate::rules::unix::UnixMillis {
+        crate::rules::unix::UnixMillis(self.not_before_ms)
+    }
+
+    /// The deferral as a `Duration`.
+    pub fn deferred(&self) -> Duration {
+        Duration::from_millis(self.deferred_ms)
+    }
+
+    /// The job in `json`, with [`not_before_ms`](Self::not_before_ms) filled in.
+    pub fn from_json(json: &str) -> Result<Self, JobError> {
+        let mut job: Self = serde_json::from_str(json)?;
+        if job.version > JOB_VERSION {
+            return Err(JobError::Version(job.version));
+        }
+        if !job.request.get().starts_with('{') {
+            return Err(JobError::Request);
+        }
+        let at = time::OffsetDateTime::parse(
+            &job.not_before,
+            &time::format_description::well_known::Rfc3339,
+        )
+        .map_err(|e| JobError::NotBefore(e.to_string()))?;
+        job.not_before_ms = i64::try_from(at.unix_timestamp_nanos() / 1_000_000)
+            .map_err(|e| JobError::NotBefore(e.to_string()))?;
+        Ok(job)
+    }
+
+    /// The image to scan (`request.image`), when it is a string.
+    pub fn image(&self) -> Option<String> {
+        self.request.image()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn job() -> ScanJob {
+        ScanJob {
+            version: JOB_VERSION,
+            scan_id: Uuid::now_v7(),
+            received_at: "2026-11-30T12:00:00.000Z".into(),
+            scope: Scope::Tid,
+            digest: "d".into(),
+            tier: JobTier::Hard,
+            limit: 33,
+            count: 70,
+            delay_ms: 60_000,
+            deferred_ms: 32_000,
+            not_before: "2026-11-30T12:01:00.250Z".into(),
+            not_before_ms: 1_796_040_060_250,
+            request: serde_json::from_str(r#"{"image":"alpine:3.20"}"#).unwrap(),
+        }
+    }
+
+    /// What the gate writes, a consumer reads back as the same job.
+    #[test]
+    fn round_trip() {
+        let job = job();
+        let json = serde_json::to_string(&job).unwrap();
+        assert!(json.contains("\"version\":1"), "{json}");
+        assert_eq!(ScanJob::from_json(&json).unwrap(), job);
+        assert_eq!(job.image().as_deref(), Some("alpine:3.20"));
+    }
+
+    /// Scopes and tiers are written as the words of the schema.
+    #[test]
+    fn wire_words() {
+        for (scope, word) in [(Scope::Ip, "ip"), (Scope::Tid, "tid")] {
+            assert_eq!(serde_json::to_value(scope).unwrap(), word);
+        }
+        for (tier, word) in [
+            (JobTier::Within, "within"),
+            (JobTier::Soft, "soft"),
+            (JobTier::Hard, "hard"),
+            (JobTier::Unmetered, "unmetered"),
+            (JobTier::Exempt, "exempt"),
+        ] {
+            assert_eq!(serde_json::to_value(tier).unwrap(), word);
+            assert_eq!(tier.to_string(), word);
+        }
+    }
+
+    /// Unknown scopes or tiers, newer versions and bad instants are refused.
+    #[test]
+    fn refuses_what_it_cannot_honour() {
+        let base = serde_json::to_value(job()).unwrap();
+        let with = |field: &str, value: serde_json::Value| {
+            let mut v = base.clone();
+            v[field] = value;
+            ScanJob::from_json(&v.to_string())
+        };
+        assert!(with("scope", "cookie".into()).is_err());
+        assert!(with("tier", "gold".into()).is_err());
+        assert!(matches!(
+            with("version", 2.into()),
+            Err(JobError::Version(2))
+        ));
+        assert!(matches!(
+            with("notBefore", "soon".into()),
+            Err(JobError::NotBefore(_))
+        ));
+        let mut old = base.clone();
+        old.as_object_mut().unwrap().remove("version");
+        assert_eq!(ScanJob::from_json(&old.to_string()).unwrap().version, 1);
+    }
+}

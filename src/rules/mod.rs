@@ -1,0 +1,22 @@
+//! The ground floor: the pure rules and the types they speak.
+//!
+//! Nothing here does I/O or reads a clock: each rule is told the time and
+//! the store's answers, and says what happens. No module here imports one
+//! outside this folder (`tests/architecture.rs` checks), so every rule runs,
+//! and is tested, without a server or a runtime.
+
+pub mod breaker;
+pub mod decide;
+pub mod delay;
+pub mod digest;
+pub mod eviction;
+pub mod hash_tag;
+pub mod job;
+pub mod level;
+pub mod modes;
+pub mod outcome;
+pub mod pace;
+pub mod record;
+pub mod scope;
+pub mod settle;
+pub mod unix;

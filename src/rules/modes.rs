@@ -1,0 +1,105 @@
+//! The settings that are one of a few words (`QUOTA_FAIL_MODE=open`): each
+//! an enum with its words and a `FromStr` that names the words it expects.
+//!
+//! Pure, and below everything else in [`crate::config`]: the rules that
+//! read a setting ([`crate::rules::settle`], [`crate::rules::delay`]) import it from
+//! here, not the configuration that reads the environment.
+
+use std::str::FromStr;
+
+/// A setting that is one of a few words: the enum, its variants' words, and
+/// `FromStr` that names the words it expects.
+macro_rules! word_setting {
+    ($(#[$doc:meta])* $name:ident { $($(#[$vdoc:meta])* $variant:ident = $word:literal,)+ }) => {
+        $(#[$doc])*
+        #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+        pub enum $name {
+            $($(#[$vdoc])* $variant,)+
+        }
+
+        impl $name {
+            /// The word that names it in the environment.
+            pub fn as_str(self) -> &'static str {
+                match self {
+                    $(Self::$variant => $word,)+
+                }
+            }
+        }
+
+        impl FromStr for $name {
+            type Err = String;
+
+            fn from_str(word: &str) -> Result<Self, String> {
+                match word {
+                    $($word => Ok(Self::$variant),)+
+                    other => Err(format!(
+                        "expected {}, got {other:?}",
+                        [$($word),+].join(" or ")
+                    )),
+                }
+            }
+        }
+    };
+}
+
+word_setting! {
+    /// When a counter expires.
+    ResetPolicy {
+        /// At the next 00:00 UTC after the first scan.
+        UtcDay = "utc-day",
+        /// 24 hours after the first scan.
+        Rolling = "rolling",
+    }
+}
+
+word_setting! {
+    /// Whether the decisions are carried out.
+    Mode {
+        /// Over-quota scans are delayed and paced.
+        Enforce = "enforce",
+        /// A dry run: counted, decided and metered, but nobody waits and no
+        /// pacing slot is taken; each answer says what enforcement would do.
+        Shadow = "shadow",
+    }
+}
+
+word_setting! {
+    /// What to do when the quota store cannot answer in time.
+    FailMode {
+        /// Accept the scan without delay and say the quota was not checked.
+        Open = "open",
+        /// Refuse with 503 and `Retry-After`.
+        Closed = "closed",
+    }
+}
+
+word_setting! {
+    /// Where over-quota delay is spent.
+    DelayMode {
+        /// Sleep in the handler as far as the gateway allows; defer the rest onto the job.
+        Sleep = "sleep",
+        /// Answer at once; the whole delay holds the queued job back.
+        Defer = "defer",
+    }
+}
+
+word_setting! {
+    /// Whether a subject's over-quota scans are spread out one delay apart.
+    Pacing {
+        /// `slot_k = max(arrival_k, slot_(k-1)) + D(tier_k)`: a burst is spread out.
+        On = "on",
+        /// The seed's fixed per-request delays.
+        Off = "off",
+    }
+}
+
+word_setting! {
+    /// What the start does when the store's `maxmemory-policy` can evict the
+    /// gate's keys ([`crate::rules::eviction`]).
+    OnEviction {
+        /// Say so in an error-level line and a metric, and start.
+        Warn = "warn",
+        /// Refuse to start.
+        Refuse = "refuse",
+    }
+}

@@ -1,0 +1,223 @@
+//! What a scan request that reached the count came to, as one type: the
+//! rule that turns how it left the gate ([`Metered`] and [`End`]) into its
+//! one [`Outcome`], and the outcome's metric and help text.
+//!
+//! Every outcome name the meter writes (the EMF line's requests metric,
+//! Prometheus's per-outcome counter and its `# HELP` line) comes from an
+//! [`Outcome`] variant, so adding an outcome is one variant: the compiler
+//! then asks for its metric, its help text and its place in
+//! [`Outcome::ALL`].
+//!
+//! Pure: no I/O, no clock; the meter applies it.
+
+use std::time::Duration;
+
+use crate::rules::decide::Tier;
+use crate::rules::level::LevelName;
+
+/// What the store made of a scan request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Metered {
+    /// Counted and decided: its tier, whether it carries the reminder, the
+    /// whole delay it owes (in shadow mode, what it would have owed), and
+    /// the level whose counter set that tier (the subject, a network, or
+    /// all anonymous traffic).
+    Counted {
+        tier: Tier,
+        reminder: bool,
+        delay: Duration,
+        shadow: bool,
+        level: LevelName,
+    },
+    /// The count failed (refused, or accepted unmetered).
+    StoreFailed,
+    /// No count of its own stands: a repeat of a key (its first attempt
+    /// was counted), or a count taken back (backlog full).
+    Uncounted,
+}
+
+/// How a scan request ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum End {
+    /// 202, or a replayed or refused repeat of a key (409, 422).
+    Answered,
+    /// 503 `store_unavailable` or `store_unsettled`.
+    StoreRefused,
+    /// 503 `backlog_full`.
+    BacklogFull,
+    /// 503 `queue_unavailable`.
+    QueueFailed,
+}
+
+/// What a metered request came to: accepted in a tier, accepted without a
+/// count (the store did not answer, fail-open), refused with a 503's error
+/// code, or a repeat of an `Idempotency-Key` answered from its record.
+/// Bad input is never metered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// Accepted within the quota, or decided in shadow mode (nobody waited).
+    Within,
+    Soft,
+    Hard,
+    /// Accepted while the store did not answer (fail open).
+    Unmetered,
+    BacklogFull,
+    StoreUnavailable,
+    QueueUnavailable,
+    /// A repeat of an `Idempotency-Key`: the first answer replayed, 409 or
+    /// 422; not counted again.
+    Repeat,
+}
+
+impl Outcome {
+    /// Every outcome, in declaration order: `ALL[o.index()] == o`.
+    pub const ALL: [Self; 8] = [
+        Self::Within,
+        Self::Soft,
+        Self::Hard,
+        Self::Unmetered,
+        Self::BacklogFull,
+        Self::StoreUnavailable,
+        Self::QueueUnavailable,
+        Self::Repeat,
+    ];
+
+    /// The outcome of a request that left the gate so. A refusal wins over
+    /// the tier it had been given (a soft scan whose enqueue failed was
+    /// refused, not slowed); a shadow decision counts as `within`.
+    pub const fn of(metered: Metered, end: End) -> Self {
+        match (end, metered) {
+            (End::QueueFailed, _) => Self::QueueUnavailable,
+            (End::BacklogFull, _) => Self::BacklogFull,
+            (End::StoreRefused, _) => Self::StoreUnavailable,
+            (End::Answered, Metered::Counted { shadow: true, .. }) => Self::Within,
+            (End::Answered, Metered::Counted { tier, .. }) => match tier {
+                Tier::Within => Self::Within,
+                Tier::Soft => Self::Soft,
+                Tier::Hard => Self::Hard,
+            },
+            (End::Answered, Metered::StoreFailed) => Self::Unmetered,
+            (End::Answered, Metered::Uncounted) => Self::Repeat,
+        }
+    }
+
+    /// Its position in [`Outcome::ALL`] (and in the meter's per-outcome
+    /// arrays).
+    pub const fn index(self) -> usize {
+        self as usize
+    }
+
+    /// The Count every request of this outcome adds 1 to:
+    /// `stella_quota_requests_<outcome>_total`.
+    pub const fn requests_metric(self) -> &'static str {
+        match self {
+            Self::Within => "stella_quota_requests_within_total",
+            Self::Soft => "stella_quota_requests_soft_total",
+            Self::Hard => "stella_quota_requests_hard_total",
+            Self::Unmetered => "stella_quota_requests_unmetered_total",
+            Self::BacklogFull => "stella_quota_requests_backlog_full_total",
+            Self::StoreUnavailable => "stella_quota_requests_store_unavailable_total",
+            Self::QueueUnavailable => "stella_quota_requests_queue_unavailable_total",
+            Self::Repeat => "stella_quota_requests_repeat_total",
+        }
+    }
+
+    /// What [`Outcome::requests_metric`] counts, for its `# HELP` line.
+    pub const fn help(self) -> &'static str {
+        match self {
+            Self::Within => "Scans accepted within the daily quota.",
+            Self::Soft => "Scans accepted in the soft window (soft delay).",
+            Self::Hard => "Scans accepted beyond the soft window (hard delay).",
+            Self::Unmetered => {
+                "Scans accepted without a count: the quota store did not answer (fail-open)."
+            }
+            Self::BacklogFull => "Scans refused with 503 backlog_full.",
+            Self::StoreUnavailable => {
+                "Scans refused with 503 store_unavailable (fail-closed, or a keyed scan whose count is unknown)."
+            }
+            Self::QueueUnavailable => "Scans refused with 503 queue_unavailable.",
+            Self::Repeat => {
+                "Repeats of an Idempotency-Key answered from its record (not counted again)."
+            }
+        }
+    }
+}
+
+/// [`Outcome::ALL`] holds every variant once, in declaration order: the
+/// match fails to compile when a variant is added, and the loop when `ALL`
+/// is out of order.
+const _: () = {
+    match Outcome::Within {
+        Outcome::Within
+        | Outcome::Soft
+        | Outcome::Hard
+        | Outcome::Unmetered
+        | Outcome::BacklogFull
+        | Outcome::StoreUnavailable
+        | Outcome::QueueUnavailable
+        | Outcome::Repeat => {}
+    }
+    let mut i = 0;
+    while i < Outcome::ALL.len() {
+        assert!(Outcome::ALL[i].index() == i);
+        i += 1;
+    }
+};
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const COUNTED: Metered = Metered::Counted {
+        tier: Tier::Soft,
+        reminder: false,
+        delay: Duration::from_secs(5),
+        shadow: false,
+        level: LevelName::Subject,
+    };
+
+    /// Each way out maps to its outcome; a refusal wins over the tier; shadow is within.
+    #[test]
+    fn outcomes() {
+        let counted = |tier, shadow| Metered::Counted {
+            tier,
+            reminder: false,
+            delay: Duration::ZERO,
+            shadow,
+            level: LevelName::Subject,
+        };
+        let answered = |m| Outcome::of(m, End::Answered);
+        assert_eq!(answered(counted(Tier::Within, false)), Outcome::Within);
+        assert_eq!(answered(counted(Tier::Soft, false)), Outcome::Soft);
+        assert_eq!(answered(counted(Tier::Hard, false)), Outcome::Hard);
+        assert_eq!(answered(counted(Tier::Hard, true)), Outcome::Within);
+        assert_eq!(answered(Metered::StoreFailed), Outcome::Unmetered);
+        assert_eq!(answered(Metered::Uncounted), Outcome::Repeat);
+        let refused = [
+            (End::QueueFailed, Outcome::QueueUnavailable),
+            (End::BacklogFull, Outcome::BacklogFull),
+            (End::StoreRefused, Outcome::StoreUnavailable),
+        ];
+        for (end, outcome) in refused {
+            for metered in [COUNTED, Metered::StoreFailed, Metered::Uncounted] {
+                assert_eq!(Outcome::of(metered, end), outcome, "{metered:?} {end:?}");
+            }
+        }
+    }
+
+    /// Every outcome has its own requests metric, named `stella_quota_requests_<word>_total`, and a help text.
+    #[test]
+    fn names() {
+        let mut seen = std::collections::BTreeSet::new();
+        for o in Outcome::ALL {
+            let word = o
+                .requests_metric()
+                .strip_prefix("stella_quota_requests_")
+                .and_then(|r| r.strip_suffix("_total"))
+                .unwrap_or_else(|| panic!("{o:?}"));
+            assert!(word.bytes().all(|b| b.is_ascii_lowercase() || b == b'_'));
+            assert!(seen.insert(word), "{word} twice");
+            assert!(o.help().ends_with('.'), "{o:?}");
+        }
+    }
+}

@@ -1,0 +1,351 @@
+//! The idempotency record and the count: pure types, shared by the store
+//! that keeps them and the rules that read them.
+//!
+//! A keyed scan leaves a [`Record`] (a Valkey hash) beside its subject's
+//! counter. Its field names ([`RecordField`]) and states ([`RecordState`])
+//! are defined once, here; the Lua scripts that write the record spell the
+//! same names, and a test reads the scripts and checks. [`Count`] and
+//! [`Peek`] are what one count and one read of a subject answer.
+//!
+//! Nothing here does I/O: [`crate::io::store`] reads and writes these types,
+//! [`crate::rules::settle`] decides on them.
+
+use uuid::Uuid;
+
+use crate::rules::unix::{UnixMillis, UnixSecs};
+
+/// The result of one increment.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Count {
+    /// The count after this increment (1 for the first scan of the period).
+    pub used: u64,
+    /// When the counter expires, as the store holds it.
+    pub reset_at: UnixSecs,
+    /// The gate's clock when it counted.
+    pub now: UnixSecs,
+    /// Extra scans granted for this period (0: none), read in the same round trip.
+    pub grant: u64,
+}
+
+impl Count {
+    pub fn seconds_to_reset(&self) -> u64 {
+        u64::try_from(self.reset_at.get() - self.now.get()).unwrap_or(0)
+    }
+}
+
+/// What one count of a scan answered: the subject's count, and each
+/// level's above it (in the order asked).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Tally {
+    pub subject: Count,
+    pub levels: Vec<Lane>,
+}
+
+impl Tally {
+    /// A count with no level above the subject.
+    pub fn subject(count: Count) -> Self {
+        Self {
+            subject: count,
+            levels: Vec::new(),
+        }
+    }
+}
+
+/// One level's count. Standalone, every level rides the subject's round
+/// trip and shares its fate; in a cluster a level lives on another node,
+/// whose answer may fail alone.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Lane {
+    Counted(Count),
+    /// No answer: `may_land` when the count was sent (it may still run).
+    Failed {
+        may_land: bool,
+    },
+}
+
+/// What `GET /quota` reads of a subject, in one round trip, changing nothing.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Peek {
+    /// Scans counted this period (0: no counter yet).
+    pub used: u64,
+    /// When the counter expires (unix s); `None` without a counter (or one
+    /// that never expires).
+    pub reset_at: Option<UnixSecs>,
+    /// The subject's pacing slot (unix ms), if one was taken.
+    pub slot_ms: Option<UnixMillis>,
+    /// Extra scans granted for this period.
+    pub grant: u64,
+}
+
+/// A count read as the subject stands after it (no pacing slot known).
+impl From<Count> for Peek {
+    fn from(count: Count) -> Self {
+        Self {
+            used: count.used,
+            reset_at: Some(count.reset_at),
+            slot_ms: None,
+            grant: count.grant,
+        }
+    }
+}
+
+/// What a keyed request leaves in its record before it is counted.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Claim {
+    /// The record's key ([`QuotaKey::idempotency`](crate::io::store::QuotaKey::idempotency)).
+    pub record: String,
+    pub scan_id: Uuid,
+    /// SHA-256 of the request body, hex: the same key with another body is refused.
+    pub fingerprint: String,
+    /// Unix ms when the gate received the request.
+    pub received_ms: UnixMillis,
+    /// Unix ms until which the first request may still be in flight.
+    pub lease_until_ms: UnixMillis,
+}
+
+/// Declares the fields of an idempotency record once: the enum, its names as
+/// stored, and the list of all of them. The Lua scripts spell the same names
+/// (a test reads them and checks).
+macro_rules! record_fields {
+    ($($(#[$doc:meta])* $variant:ident = $name:literal,)+) => {
+        /// One field of an idempotency record (a Valkey hash).
+        #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+        pub enum RecordField {
+            $($(#[$doc])* $variant,)+
+        }
+
+        impl RecordField {
+            pub const ALL: &[Self] = &[$(Self::$variant),+];
+
+            /// The hash field's name.
+            pub const fn name(self) -> &'static str {
+                match self {
+                    $(Self::$variant => $name,)+
+                }
+            }
+
+            pub fn parse(name: &str) -> Option<Self> {
+                match name {
+                    $($name => Some(Self::$variant),)+
+                    _ => None,
+                }
+            }
+        }
+    };
+}
+
+record_fields! {
+    /// [`RecordState`].
+    State = "state",
+    /// The scan's UUID: every job of the key carries it.
+    ScanId = "scanId",
+    /// SHA-256 of the body, hex.
+    Fingerprint = "fp",
+    /// Unix ms when the first request arrived.
+    Received = "received",
+    /// Unix ms until which an attempt holds the key (0: free to take over).
+    Until = "until",
+    /// The count the claim got (0: not counted).
+    Count = "count",
+    /// The counter's expiry (unix s) the claim saw.
+    ResetAt = "resetAt",
+    /// The paced delay (ms), once pacing decided it.
+    DelayMs = "delayMs",
+    /// The saved answer (JSON), once done.
+    Response = "response",
+}
+
+/// Where a keyed scan stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum RecordState {
+    /// An attempt holds it (or gave up on it without knowing its outcome).
+    #[default]
+    Pending,
+    /// The job is queued and the answer saved.
+    Done,
+}
+
+impl RecordState {
+    pub const ALL: &[Self] = &[Self::Pending, Self::Done];
+
+    pub const fn name(self) -> &'static str {
+        match self {
+            Self::Pending => "pending",
+            Self::Done => "done",
+        }
+    }
+}
+
+/// An idempotency record as the store holds it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Record {
+    pub state: RecordState,
+    pub scan_id: Uuid,
+    pub fingerprint: String,
+    pub received_ms: UnixMillis,
+    pub lease_until_ms: UnixMillis,
+    /// The count the first request got (0 when it was not counted).
+    pub count: u64,
+    /// The counter's expiry the first request saw.
+    pub reset_at: UnixSecs,
+    /// The paced delay, once pacing decided it.
+    pub delay_ms: Option<u64>,
+    /// The saved answer (JSON), once `done`.
+    pub response: Option<String>,
+}
+
+impl Record {
+    /// The record a claim writes, counted `count` with the counter expiring
+    /// at `reset_at`.
+    pub fn claimed(claim: &Claim, count: u64, reset_at: UnixSecs) -> Self {
+        Self {
+            state: RecordState::Pending,
+            scan_id: claim.scan_id,
+            fingerprint: claim.fingerprint.clone(),
+            received_ms: claim.received_ms,
+            lease_until_ms: claim.lease_until_ms,
+            count,
+            reset_at,
+            delay_ms: None,
+            response: None,
+        }
+    }
+
+    pub fn is_done(&self) -> bool {
+        self.state == RecordState::Done
+    }
+
+    /// Builds a record from a hash's field/value pairs. A record without a
+    /// valid `scanId` or state is an error, never a fresh identity: every
+    /// job of a key must carry the one it was given.
+    pub fn from_pairs<'a>(
+        pairs: impl IntoIterator<Item = (&'a str, &'a str)>,
+    ) -> Result<Self, RecordError> {
+        let mut text: [Option<&str>; RecordField::ALL.len()] = Default::default();
+        for (name, value) in pairs {
+            if let Some(field) = RecordField::parse(name) {
+                text[field as usize] = Some(value);
+            }
+        }
+        let get = |f: RecordField| text[f as usize];
+        let int = |f: RecordField| get(f).and_then(|v| v.parse::<i64>().ok()).unwrap_or(0);
+        let bad = |what: &'static str| RecordError(what);
+        let state = match get(RecordField::State) {
+            Some(s) if s == RecordState::Done.name() => RecordState::Done,
+            Some(s) if s == RecordState::Pending.name() => RecordState::Pending,
+            _ => return Err(bad("no valid state")),
+        };
+        let scan_id = get(RecordField::ScanId)
+            .and_then(|v| v.parse().ok())
+            .ok_or_else(|| bad("no valid scanId"))?;
+        Ok(Self {
+            state,
+            scan_id,
+            fingerprint: get(RecordField::Fingerprint).unwrap_or_default().to_owned(),
+            received_ms: UnixMillis(int(RecordField::Received)),
+            lease_until_ms: UnixMillis(int(RecordField::Until)),
+            count: u64::try_from(int(RecordField::Count)).unwrap_or(0),
+            reset_at: UnixSecs(int(RecordField::ResetAt)),
+            delay_ms: get(RecordField::DelayMs).and_then(|v| v.parse().ok()),
+            response: get(RecordField::Response).map(str::to_owned),
+        })
+    }
+
+    /// Sets fields as [`QuotaStore::update_record`](crate::io::store::QuotaStore::update_record) writes them.
+    pub fn apply(&mut self, fields: &[Field]) {
+        for (field, value) in fields {
+            let int = || value.parse::<i64>().unwrap_or(0);
+            match field {
+                RecordField::State => {
+                    self.state = if value == RecordState::Done.name() {
+                        RecordState::Done
+                    } else {
+                        RecordState::Pending
+                    }
+                }
+                RecordField::ScanId => {
+                    if let Ok(id) = value.parse() {
+                        self.scan_id = id;
+                    }
+                }
+                RecordField::Fingerprint => self.fingerprint.clone_from(value),
+                RecordField::Received => self.received_ms = UnixMillis(int()),
+                RecordField::Until => self.lease_until_ms = UnixMillis(int()),
+                RecordField::Count => self.count = u64::try_from(int()).unwrap_or(0),
+                RecordField::ResetAt => self.reset_at = UnixSecs(int()),
+                RecordField::DelayMs => self.delay_ms = value.parse().ok(),
+                RecordField::Response => self.response = Some(value.clone()),
+            }
+        }
+    }
+}
+
+/// One field of a record and its value, as [`QuotaStore::update_record`](crate::io::store::QuotaStore::update_record) sets it.
+pub type Field = (RecordField, String);
+
+/// The answer to a keyed count.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Claimed {
+    /// The key is new: the record is written and the scan counted (at
+    /// its levels too).
+    New(Tally),
+    /// The key was seen before: nothing counted; here is its record.
+    Existing(Record),
+}
+
+/// A hash that is not a valid idempotency record: what is wrong with it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("idempotency record: {0}")]
+pub struct RecordError(pub &'static str);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::io::connection::quoted_words as quoted;
+    use crate::io::store::valkey::RECORD_SCRIPTS;
+
+    /// The script `name` of [`RECORD_SCRIPTS`].
+    fn script(name: &str) -> &'static str {
+        RECORD_SCRIPTS
+            .iter()
+            .find(|(file, _)| *file == name)
+            .map(|(_, s)| *s)
+            .unwrap_or_else(|| panic!("{name} is not a record script"))
+    }
+
+    /// Every script spells the record's fields and states exactly as
+    /// `RecordField` and `RecordState` do: a word that is not a command
+    /// must be one of them.
+    #[test]
+    fn scripts_use_the_record_names() {
+        let names: Vec<&str> = RecordField::ALL
+            .iter()
+            .map(|f| f.name())
+            .chain(RecordState::ALL.iter().map(|s| s.name()))
+            .collect();
+        let mut seen = std::collections::HashSet::new();
+        for (file, script) in RECORD_SCRIPTS {
+            for word in quoted(script) {
+                let command = word.chars().all(|c| c.is_ascii_uppercase());
+                // Numbers and the EXAT/EX/NX options are arguments, not names.
+                let argument = word.parse::<f64>().is_ok() || word.starts_with('%');
+                assert!(
+                    command || argument || names.contains(&word),
+                    "{file}: '{word}' is not a record field or state"
+                );
+                seen.insert(word);
+            }
+        }
+        // The claim writes the whole record but its response and delay.
+        for field in RecordField::ALL {
+            let written_later = matches!(field, RecordField::Response | RecordField::DelayMs);
+            assert!(
+                written_later || quoted(script("claim.lua")).contains(&field.name()),
+                "claim.lua does not write {}",
+                field.name()
+            );
+        }
+        assert!(quoted(script("pace.lua")).contains(&RecordField::DelayMs.name()));
+        assert!(seen.contains(RecordState::Pending.name()));
+    }
+}

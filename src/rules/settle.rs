@@ -1,0 +1,836 @@
+//! The rules of recovery, as pure functions: what a repeat of an
+//! `Idempotency-Key` gets ([`on_repeat`], [`on_take_over`]) and how a scan
+//! taken over goes on ([`resume`]); what every failure leaves to put right
+//! ([`settle`]) and what the client is told ([`after_store_failure`]); how a
+//! failed count is metered ([`Metering::after_store_error`]), where a
+//! scan's delay comes from ([`delay_rule`], whose decided part
+//! [`decided_delay_rule`] `GET /quota` asks too, and [`paced_delay`]), and what a
+//! failed enqueue may have left ([`queue_failure`]). Like
+//! [`crate::rules::decide`], they take no client and no clock; [`crate::gate`]
+//! only carries their answers out.
+//!
+//! The one fact they rest on: a command that was never sent did not happen,
+//! and one that was sent and not answered may still run, in order, after
+//! everything sent before it on the same connection. So a count that may
+//! still land is put right by a command sent *behind* it (a refund, or the
+//! release of a keyed scan's lease, which lets its retry settle it with the
+//! true count), never by pretending it did not happen.
+
+use std::time::Duration;
+
+use uuid::Uuid;
+
+use crate::rules::decide::{Decision, Limits, decide};
+use crate::rules::delay::DelayPlan;
+use crate::rules::level::LevelName;
+use crate::rules::modes::{FailMode, Pacing};
+use crate::rules::pace::Paced;
+use crate::rules::record::{Claim, Count, Lane, Record};
+use crate::rules::unix::{UnixMillis, UnixSecs, duration_ms};
+
+/// How long after its expected end an attempt is still given, in the
+/// `Retry-After` of a 409: the enqueue and the saving of its answer.
+pub const ATTEMPT_GRACE_MS: i64 = 1_000;
+
+/// How a scan was metered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Metering {
+    /// Counted: the subject's count, and the scan's decision, the most
+    /// severe of its subject's and its levels' ([`crate::rules::level::most_severe`]),
+    /// with the level that set it.
+    Counted {
+        count: Count,
+        decision: Decision,
+        level: LevelName,
+    },
+    /// Accepted uncounted: the count was never sent (fail open).
+    Unmetered,
+    /// The count was sent and not answered: it may still land, in the
+    /// period that ends at `period_end`.
+    Unknown { period_end: UnixSecs },
+}
+
+impl Metering {
+    /// How a scan whose count failed is metered: a count that was sent and
+    /// not answered may still land, in the period ending at `period_end`
+    /// one never sent did not happen.
+    pub fn after_store_error(may_land: bool, period_end: UnixSecs) -> Self {
+        if may_land {
+            Self::Unknown { period_end }
+        } else {
+            Self::Unmetered
+        }
+    }
+
+    /// The count, 0 when not counted.
+    pub fn used(&self) -> u64 {
+        match self {
+            Self::Counted { count, .. } => count.used,
+            Self::Unmetered | Self::Unknown { .. } => 0,
+        }
+    }
+}
+
+/// What a repeat of a key gets.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Repeat {
+    /// The first attempt answered: replay its answer (saved JSON).
+    Replay(String),
+    /// The key was used with another body.
+    Mismatch,
+    /// The first attempt is still running: come back in `retry_after` s.
+    InProgress { retry_after: u64 },
+    /// The first attempt gave up without settling (or died): take over its
+    /// lease and finish its scan, under its `scanId`.
+    TakeOver,
+}
+
+/// The rule for a key seen before. `sleep_cap` is the longest the first
+/// attempt may have slept (nothing in `defer` mode), so a 409's
+/// `Retry-After` says when that attempt will have ended, not when its lease
+/// (the longest it could take) runs out.
+pub fn on_repeat(
+    record: &Record,
+    claim: &Claim,
+    now_ms: UnixMillis,
+    sleep_cap: Duration,
+) -> Repeat {
+    if record.fingerprint != claim.fingerprint {
+        return Repeat::Mismatch;
+    }
+    if record.is_done()
+        && let Some(saved) = &record.response
+    {
+        return Repeat::Replay(saved.clone());
+    }
+    if now_ms < record.lease_until_ms {
+        let slept = record.delay_ms.map_or(0, |d| d.min(duration_ms(sleep_cap)));
+        let expected_end = record
+            .received_ms
+            .get()
+            .saturating_add(i64::try_from(slept).unwrap_or(i64::MAX))
+            .saturating_add(ATTEMPT_GRACE_MS)
+            .min(record.lease_until_ms.get());
+        let wait_ms = u64::try_from(expected_end - now_ms.get()).unwrap_or(0);
+        return Repeat::InProgress {
+            retry_after: wait_ms.div_ceil(1000).max(1),
+        };
+    }
+    Repeat::TakeOver
+}
+
+/// A retry's take-over of an abandoned attempt: `taken` is the store's
+/// answer (`None`: no answer). Lost, or not known to be won, another retry
+/// holds the lease and runs the scan: `Some(retry_after)`, come back in a
+/// second. `None`: won, go on with [`resume`].
+pub fn on_take_over(taken: Option<bool>) -> Option<u64> {
+    match taken {
+        Some(true) => None,
+        Some(false) | None => Some(1),
+    }
+}
+
+/// The scan an abandoned attempt left, as the retry that took it over goes
+/// on with it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Resumed {
+    /// The record's: every job of a keyed scan carries it.
+    pub scan_id: Uuid,
+    pub metering: Metering,
+    /// When the first attempt arrived.
+    pub received_ms: UnixMillis,
+    /// Nothing is slept again; what is left of the delay holds the job back.
+    pub plan: DelayPlan,
+}
+
+/// How a taken-over scan goes on, from its record: its count (0: it was
+/// not counted) and the delay its first attempt was paced to. `limits`
+/// are the subject's, `grant` its grant now (the record does not keep it).
+///
+/// The delay is never paced again: the first attempt's job may be queued
+/// already (its queue did not answer), and refusing the scan now would
+/// refund a count whose job runs. Not paced before, it takes its tier's
+/// delay, as that attempt did when pacing failed; in shadow mode, none.
+pub fn resume(
+    record: &Record,
+    limits: Limits,
+    grant: u64,
+    now_ms: UnixMillis,
+    shadow: bool,
+) -> Resumed {
+    let metering = if record.count == 0 {
+        Metering::Unmetered
+    } else {
+        Metering::Counted {
+            count: Count {
+                used: record.count,
+                reset_at: record.reset_at,
+                now: now_ms.secs(),
+                grant,
+            },
+            decision: decide(record.count, &limits.with_grant(grant)),
+            level: LevelName::Subject,
+        }
+    };
+    let total = match &metering {
+        Metering::Counted { .. } if shadow => Duration::ZERO,
+        Metering::Counted { decision, .. } => record
+            .delay_ms
+            .map_or(decision.delay, Duration::from_millis),
+        Metering::Unmetered | Metering::Unknown { .. } => Duration::ZERO,
+    };
+    let owed = record
+        .received_ms
+        .saturating_add(total)
+        .get()
+        .saturating_sub(now_ms.get());
+    Resumed {
+        scan_id: record.scan_id,
+        metering,
+        received_ms: record.received_ms,
+        plan: DelayPlan {
+            total,
+            sleep: Duration::ZERO,
+            deferred: Duration::from_millis(u64::try_from(owed).unwrap_or(0)).min(total),
+        },
+    }
+}
+
+/// Where a fresh scan's delay comes from (step 6).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DelayRule {
+    /// Exactly this delay: none within quota or unmetered, none in shadow
+    /// mode (nobody waits, no slot is taken, so switching to enforce
+    /// inherits no backlog), the tier's with pacing off.
+    Fixed(Duration),
+    /// A pacing slot at least this tier delay after the subject's last.
+    Pace(Duration),
+}
+
+/// The rule for a fresh scan's delay: an uncounted scan waits for nothing.
+pub fn delay_rule(metering: &Metering, shadow: bool, pacing: Pacing) -> DelayRule {
+    match metering {
+        Metering::Counted { decision, .. } => decided_delay_rule(decision, shadow, pacing),
+        Metering::Unmetered | Metering::Unknown { .. } => DelayRule::Fixed(Duration::ZERO),
+    }
+}
+
+/// The rule for the delay of a scan counted as `decision` decided (what
+/// `GET /quota` predicts of the next scan is this same rule).
+pub fn decided_delay_rule(decision: &Decision, shadow: bool, pacing: Pacing) -> DelayRule {
+    if shadow || decision.delay.is_zero() {
+        return DelayRule::Fixed(Duration::ZERO);
+    }
+    match pacing {
+        Pacing::On => DelayRule::Pace(decision.delay),
+        Pacing::Off => DelayRule::Fixed(decision.delay),
+    }
+}
+
+/// What a pacing step comes to: its answer, a slot or a refusal. When the
+/// store did not answer (`None`), the tier's delay and no bed: the scan is
+/// counted, so it is slowed by its tier at least, and it sleeps nothing
+/// (a bed it may have taken frees itself).
+pub fn paced_delay(answer: Option<Paced>, tier_delay: Duration) -> Paced {
+    answer.unwrap_or(Paced::Slot {
+        delay_ms: crate::rules::unix::duration_ms(tier_delay),
+        bed: None,
+    })
+}
+
+/// The failure a failed enqueue is: the queue refused it (`timed_out`
+/// false) or did not answer. A taken-over scan's first attempt may have
+/// queued it (its queue did not answer), so for a `resumed` scan even a
+/// refusal leaves the job's fate unknown: nothing is refunded.
+pub fn queue_failure(timed_out: bool, resumed: bool) -> Failure {
+    if timed_out || resumed {
+        Failure::QueueUnknown
+    } else {
+        Failure::NotQueued
+    }
+}
+
+/// What went wrong.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Failure {
+    /// The count got no answer, or was never sent; `mode` decides whether
+    /// the scan goes on unmetered (open) or is refused (closed).
+    Store { mode: FailMode },
+    /// The subject's paced backlog is full: refused, not counted.
+    BacklogFull,
+    /// The queue refused the job: nothing was queued.
+    NotQueued,
+    /// The queue did not answer: the job may still land.
+    QueueUnknown,
+}
+
+/// What a failure leaves to put right, sent behind everything the attempt
+/// sent before.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Settlement {
+    /// Take one count of the period ending at `period_end` back (and a
+    /// keyed scan's record, if it is still this attempt's).
+    Refund { period_end: UnixSecs },
+    /// Keep the count and the record, and free the record's lease: the
+    /// outcome is unknown, and the keyed retry settles it (one job, one
+    /// count).
+    Release,
+    /// Nothing was counted, or what was counted stands.
+    Nothing,
+}
+
+/// The one rule for every failure path.
+pub fn settle(metering: &Metering, keyed: bool, failure: Failure) -> Settlement {
+    use Failure::{BacklogFull, NotQueued, QueueUnknown, Store};
+    use Metering::{Counted, Unknown, Unmetered};
+    match (metering, keyed, failure) {
+        // A refused scan is not counted.
+        (Counted { count, .. }, _, BacklogFull | NotQueued) => Settlement::Refund {
+            period_end: count.reset_at,
+        },
+        // The job may land: a keyed scan keeps its count for its retry to
+        // settle; an unkeyed one has no retry to settle it, so a late job
+        // runs uncounted rather than a missing one being charged.
+        (Counted { .. }, true, QueueUnknown) => Settlement::Release,
+        (Counted { count, .. }, false, QueueUnknown) => Settlement::Refund {
+            period_end: count.reset_at,
+        },
+        // A count that may land: closed mode promises "not counted"; an
+        // unkeyed scan that goes on unmetered must not be charged either.
+        (
+            Unknown { period_end },
+            _,
+            Store {
+                mode: FailMode::Closed,
+            },
+        )
+        | (Unknown { period_end }, false, _) => Settlement::Refund {
+            period_end: *period_end,
+        },
+        // A keyed one is not queued: its retry finds the landed claim and
+        // queues the scan with its true count and delay.
+        (Unknown { .. }, true, _) => Settlement::Release,
+        // An uncounted keyed scan's record (taken over) names its scanId;
+        // free it so a retry re-queues that same job.
+        (Unmetered, true, QueueUnknown) => Settlement::Release,
+        (Unmetered, _, _) | (Counted { .. }, _, Store { .. }) => Settlement::Nothing,
+    }
+}
+
+/// Whether a failure takes the scan's counts back at the levels above its
+/// subject too. Where the subject is refunded, every level is; where its
+/// keyed retry will settle it (`Release`), every level keeps its count for
+/// that retry (which counts at no level again); and a scan refused outright
+/// (closed mode, a full backlog, a refused job) is counted at no level,
+/// even where the subject's own count never happened. Which level counts
+/// there are to take back is [`level_refund`]'s, per level: after a failed
+/// count each level has its own fate (the subject's where they shared one
+/// request; in a cluster, as the store found it on the level's node).
+pub fn levels_refunded(metering: &Metering, keyed: bool, failure: Failure) -> bool {
+    match settle(metering, keyed, failure) {
+        Settlement::Refund { .. } => true,
+        Settlement::Release => false,
+        Settlement::Nothing => match failure {
+            Failure::BacklogFull | Failure::NotQueued => true,
+            Failure::QueueUnknown => false,
+            Failure::Store { mode } => {
+                after_store_failure(metering, keyed, mode) == AfterStoreFailure::Refuse
+            }
+        },
+    }
+}
+
+/// Which period a level's refund takes a count back from: a count's own,
+/// or, for one that may still land, the period it would land in
+/// (`period_end`); a count never sent has nothing to take back.
+pub fn level_refund(lane: &Lane, period_end: UnixSecs) -> Option<UnixSecs> {
+    match lane {
+        Lane::Counted(count) => Some(count.reset_at),
+        Lane::Failed { may_land: true } => Some(period_end),
+        Lane::Failed { may_land: false } => None,
+    }
+}
+
+/// What the client is told after a store failure, per [`settle`]'s rule.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AfterStoreFailure {
+    /// Refused with 503: not counted (closed mode; or a keyed scan whose
+    /// count was never sent, which cannot see whether an earlier attempt
+    /// of its key was counted or is still running: going on unmetered
+    /// would queue it a second time, under another `scanId`).
+    Refuse,
+    /// Refused with 503: the count may land, nothing queued; the keyed
+    /// retry settles it.
+    Unsettled,
+    /// Accepted unmetered (open mode).
+    Unmetered,
+}
+
+/// The answer to a request whose count failed.
+pub fn after_store_failure(metering: &Metering, keyed: bool, mode: FailMode) -> AfterStoreFailure {
+    match (mode, metering, keyed) {
+        (FailMode::Closed, _, _) => AfterStoreFailure::Refuse,
+        (FailMode::Open, Metering::Unknown { .. }, true) => AfterStoreFailure::Unsettled,
+        (FailMode::Open, Metering::Unmetered, true) => AfterStoreFailure::Refuse,
+        (FailMode::Open, _, _) => AfterStoreFailure::Unmetered,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::num::NonZeroU32;
+
+    const RESET: UnixSecs = UnixSecs(1_796_083_200);
+    /// The end of the period an unanswered count may land in.
+    const END: UnixSecs = UnixSecs(7);
+
+    /// The `used`th scan of a period that ends at `RESET`, 100 s before it.
+    fn count(used: u64) -> Count {
+        Count {
+            used,
+            reset_at: RESET,
+            now: UnixSecs(RESET.get() - 100),
+            grant: 0,
+        }
+    }
+
+    /// Checks each row `(metering, flag, input, expected)` of a rule that
+    /// reads a metering, a flag named `flag_name`, and one more input.
+    fn check_rows<I: Copy + std::fmt::Debug, E: PartialEq + std::fmt::Debug>(
+        flag_name: &str,
+        rows: &[(Metering, bool, I, E)],
+        rule: impl Fn(&Metering, bool, I) -> E,
+    ) {
+        for (metering, flag, input, expected) in rows {
+            assert_eq!(
+                &rule(metering, *flag, *input),
+                expected,
+                "{metering:?} {flag_name}={flag} {input:?}"
+            );
+        }
+    }
+
+    fn counted() -> Metering {
+        let limits = Limits {
+            limit: NonZeroU32::new(1).unwrap(),
+            soft_window: 0,
+            warn_at: NonZeroU32::new(100).unwrap(),
+            soft_delay: Duration::from_secs(5),
+            hard_delay: Duration::from_secs(60),
+        };
+        Metering::Counted {
+            count: count(2),
+            decision: decide(2, &limits),
+            level: LevelName::Subject,
+        }
+    }
+
+    /// A scan's count as its job carries it: never passed off as counted
+    /// when it was not.
+    #[test]
+    fn count_of_a_metering() {
+        assert_eq!(counted().used(), 2);
+        for uncounted in [Metering::Unmetered, Metering::Unknown { period_end: END }] {
+            assert_eq!(uncounted.used(), 0);
+        }
+    }
+
+    /// The decided tier of a metering, `unmetered` when not counted.
+    fn tier_of(metering: &Metering) -> &'static str {
+        match metering {
+            Metering::Counted { decision, .. } => decision.tier.as_str(),
+            Metering::Unmetered | Metering::Unknown { .. } => "unmetered",
+        }
+    }
+
+    /// The first scan of a period ending at `RESET`: within quota.
+    fn within() -> Metering {
+        Metering::Counted {
+            count: count(1),
+            decision: Decision {
+                tier: crate::rules::decide::Tier::Within,
+                delay: Duration::ZERO,
+                remaining: 0,
+                reminder: false,
+            },
+            level: LevelName::Subject,
+        }
+    }
+
+    /// Every (metering × keyed × failure) triple and its settlement.
+    #[test]
+    fn settlement_table() {
+        use Failure::*;
+        use Settlement::*;
+        let open = Store {
+            mode: FailMode::Open,
+        };
+        let closed = Store {
+            mode: FailMode::Closed,
+        };
+        let unknown = Metering::Unknown { period_end: END };
+        let within = within();
+        let refund_count = Refund { period_end: RESET };
+        let table: [(Metering, bool, Failure, Settlement); 32] = [
+            (counted(), false, open, Nothing),
+            (counted(), false, closed, Nothing),
+            (counted(), false, BacklogFull, refund_count),
+            (counted(), false, NotQueued, refund_count),
+            (counted(), false, QueueUnknown, refund_count),
+            (counted(), true, open, Nothing),
+            (counted(), true, closed, Nothing),
+            (counted(), true, BacklogFull, refund_count),
+            (counted(), true, NotQueued, refund_count),
+            (counted(), true, QueueUnknown, Release),
+            (Metering::Unmetered, false, open, Nothing),
+            (Metering::Unmetered, false, closed, Nothing),
+            (Metering::Unmetered, false, BacklogFull, Nothing),
+            (Metering::Unmetered, false, NotQueued, Nothing),
+            (Metering::Unmetered, false, QueueUnknown, Nothing),
+            (Metering::Unmetered, true, open, Nothing),
+            (Metering::Unmetered, true, closed, Nothing),
+            (Metering::Unmetered, true, BacklogFull, Nothing),
+            (Metering::Unmetered, true, NotQueued, Nothing),
+            (Metering::Unmetered, true, QueueUnknown, Release),
+            (unknown, false, open, Refund { period_end: END }),
+            (unknown, false, closed, Refund { period_end: END }),
+            (unknown, false, BacklogFull, Refund { period_end: END }),
+            (unknown, false, NotQueued, Refund { period_end: END }),
+            (unknown, false, QueueUnknown, Refund { period_end: END }),
+            (unknown, true, open, Release),
+            (unknown, true, closed, Refund { period_end: END }),
+            (unknown, true, BacklogFull, Release),
+            (unknown, true, NotQueued, Release),
+            (unknown, true, QueueUnknown, Release),
+            // A refund takes back the count's own period, whatever the
+            // count and its tier were (these two are within quota).
+            (within, true, BacklogFull, refund_count),
+            (within, false, QueueUnknown, refund_count),
+        ];
+        check_rows("keyed", &table, settle);
+    }
+
+    /// Every (metering × keyed × failure) and whether the levels above the
+    /// subject are refunded: with the subject's refund, never where its
+    /// retry settles it, and always where the scan is refused outright.
+    #[test]
+    fn level_settlement_table() {
+        use Failure::*;
+        let open = Store {
+            mode: FailMode::Open,
+        };
+        let closed = Store {
+            mode: FailMode::Closed,
+        };
+        let unknown = Metering::Unknown { period_end: END };
+        let unmetered = Metering::Unmetered;
+        let table: [(Metering, bool, Failure, bool); 30] = [
+            (counted(), false, BacklogFull, true),
+            (counted(), false, NotQueued, true),
+            (counted(), false, QueueUnknown, true),
+            (counted(), true, BacklogFull, true),
+            (counted(), true, NotQueued, true),
+            // The keyed retry settles it: one count at every level.
+            (counted(), true, QueueUnknown, false),
+            (counted(), false, open, false),
+            (counted(), true, open, false),
+            (counted(), false, closed, true),
+            (counted(), true, closed, true),
+            (unknown, false, open, true),
+            (unknown, false, closed, true),
+            (unknown, false, BacklogFull, true),
+            (unknown, false, NotQueued, true),
+            (unknown, false, QueueUnknown, true),
+            (unknown, true, open, false),
+            (unknown, true, closed, true),
+            (unknown, true, BacklogFull, false),
+            (unknown, true, NotQueued, false),
+            (unknown, true, QueueUnknown, false),
+            // Never sent: what a level counted alone goes with a refusal,
+            // and stays with a scan that runs.
+            (unmetered, false, open, false),
+            (unmetered, false, closed, true),
+            (unmetered, true, open, true),
+            (unmetered, true, closed, true),
+            (unmetered, false, BacklogFull, true),
+            (unmetered, false, NotQueued, true),
+            (unmetered, false, QueueUnknown, false),
+            (unmetered, true, BacklogFull, true),
+            (unmetered, true, NotQueued, true),
+            (unmetered, true, QueueUnknown, false),
+        ];
+        check_rows("keyed", &table, levels_refunded);
+        // Wherever the subject is refunded, so is every level.
+        for (metering, keyed, failure, _) in table {
+            if matches!(settle(&metering, keyed, failure), Settlement::Refund { .. }) {
+                assert!(levels_refunded(&metering, keyed, failure));
+            }
+        }
+    }
+
+    /// A level's refund: its own period, the period it may land in, or nothing.
+    #[test]
+    fn level_refund_periods() {
+        let c = count(3);
+        assert_eq!(level_refund(&Lane::Counted(c), END), Some(RESET));
+        assert_eq!(
+            level_refund(&Lane::Failed { may_land: true }, END),
+            Some(END)
+        );
+        assert_eq!(level_refund(&Lane::Failed { may_land: false }, END), None);
+    }
+
+    /// A count that may land is never answered as "not counted" without a refund behind it.
+    #[test]
+    fn store_failure_answers() {
+        use AfterStoreFailure::*;
+        let unknown = Metering::Unknown { period_end: END };
+        let table = [
+            (unknown, false, FailMode::Open, Unmetered),
+            (unknown, true, FailMode::Open, Unsettled),
+            (unknown, false, FailMode::Closed, Refuse),
+            (unknown, true, FailMode::Closed, Refuse),
+            (Metering::Unmetered, false, FailMode::Open, Unmetered),
+            (Metering::Unmetered, true, FailMode::Open, Refuse),
+            (Metering::Unmetered, false, FailMode::Closed, Refuse),
+            (Metering::Unmetered, true, FailMode::Closed, Refuse),
+        ];
+        for (metering, keyed, mode, expected) in table {
+            assert_eq!(after_store_failure(&metering, keyed, mode), expected);
+            // Refusing an unknown count always refunds it; accepting one
+            // unmetered without a key refunds it too.
+            if let Metering::Unknown { .. } = metering {
+                let s = settle(&metering, keyed, Failure::Store { mode });
+                match expected {
+                    Refuse | Unmetered => assert!(matches!(s, Settlement::Refund { .. })),
+                    Unsettled => assert_eq!(s, Settlement::Release),
+                }
+            }
+        }
+    }
+
+    fn record(state_done: bool, lease_until_ms: i64, delay_ms: Option<u64>) -> (Record, Claim) {
+        let claim = Claim {
+            record: "quota:ip:{d}:idem:k".into(),
+            scan_id: Uuid::now_v7(),
+            fingerprint: "fp".into(),
+            received_ms: UnixMillis(10_000),
+            lease_until_ms: UnixMillis(lease_until_ms),
+        };
+        let mut r = Record::claimed(&claim, 3, RESET);
+        r.delay_ms = delay_ms;
+        if state_done {
+            r.state = crate::rules::record::RecordState::Done;
+            r.response = Some("{}".into());
+        }
+        (r, claim)
+    }
+
+    /// Every repeat state and its answer.
+    #[test]
+    fn repeat_table() {
+        let cap = Duration::from_secs(28);
+        // (done, lease end, delay, now, fingerprint matches) → answer
+        let table = [
+            (
+                true,
+                39_000,
+                None,
+                12_000,
+                true,
+                Repeat::Replay("{}".into()),
+            ),
+            (true, 39_000, None, 12_000, false, Repeat::Mismatch),
+            (false, 39_000, None, 12_000, false, Repeat::Mismatch),
+            // In flight, within tier: done 1 s after arrival at the latest.
+            (
+                false,
+                39_000,
+                None,
+                10_500,
+                true,
+                Repeat::InProgress { retry_after: 1 },
+            ),
+            // In flight, sleeping 5 s: 4 s after arrival, 2 s left.
+            (
+                false,
+                39_000,
+                Some(5_000),
+                14_000,
+                true,
+                Repeat::InProgress { retry_after: 2 },
+            ),
+            // A 60 s delay sleeps the cap (28 s) at most, never past the lease.
+            (
+                false,
+                39_000,
+                Some(60_000),
+                20_000,
+                true,
+                Repeat::InProgress { retry_after: 19 },
+            ),
+            // Lease over (or released): take over.
+            (false, 39_000, Some(5_000), 39_000, true, Repeat::TakeOver),
+            (false, 0, None, 10_500, true, Repeat::TakeOver),
+            // Done without a saved answer: take over, re-queue under its id.
+            (true, 39_000, None, 40_000, true, Repeat::TakeOver),
+        ];
+        for (done, until, delay, now, same, expected) in table {
+            let (mut r, claim) = record(done, until, delay);
+            if done && expected == Repeat::TakeOver {
+                r.response = None;
+            }
+            if !same {
+                r.fingerprint = "other".into();
+            }
+            let at = UnixMillis(now);
+            assert_eq!(on_repeat(&r, &claim, at, cap), expected, "{r:?} at {now}");
+        }
+    }
+
+    /// A failed count is unknown when it may land, unmetered when it was never sent.
+    #[test]
+    fn metering_after_store_error() {
+        assert_eq!(
+            Metering::after_store_error(true, END),
+            Metering::Unknown { period_end: END }
+        );
+        assert_eq!(Metering::after_store_error(false, END), Metering::Unmetered);
+    }
+
+    /// Only a take-over the store confirmed goes on; lost or unanswered, 409 in a second.
+    #[test]
+    fn take_over_table() {
+        for (taken, expected) in [(Some(true), None), (Some(false), Some(1)), (None, Some(1))] {
+            assert_eq!(on_take_over(taken), expected, "{taken:?}");
+        }
+    }
+
+    /// A resumed scan keeps its record's scanId, count and paced delay;
+    /// without a paced delay it takes its tier's; what is left of the delay
+    /// after now holds the job back; shadow and uncounted scans owe nothing.
+    #[test]
+    fn resume_table() {
+        let limits = Limits {
+            limit: std::num::NonZeroU32::new(1).unwrap(),
+            soft_window: 1,
+            warn_at: std::num::NonZeroU32::new(100).unwrap(),
+            soft_delay: Duration::from_secs(5),
+            hard_delay: Duration::from_secs(60),
+        };
+        let ms = Duration::from_millis;
+        // (count, paced delay, grant, now, shadow) → (total, deferred, tier)
+        let table = [
+            (
+                2,
+                Some(7_000),
+                0,
+                12_000,
+                false,
+                ms(7_000),
+                ms(5_000),
+                "soft",
+            ),
+            (2, None, 0, 12_000, false, ms(5_000), ms(3_000), "soft"),
+            (3, None, 0, 12_000, false, ms(60_000), ms(58_000), "hard"),
+            // The grant raises the limit the tier is decided on.
+            (2, None, 1, 12_000, false, ms(0), ms(0), "within"),
+            // Past its start: nothing left to hold back.
+            (2, Some(1_000), 0, 12_000, false, ms(1_000), ms(0), "soft"),
+            (3, Some(9_000), 0, 12_000, true, ms(0), ms(0), "hard"),
+            (0, Some(9_000), 0, 12_000, false, ms(0), ms(0), "unmetered"),
+        ];
+        for (count, delay_ms, grant, now, shadow, total, deferred, tier) in table {
+            let (mut r, _) = record(false, 0, delay_ms);
+            r.count = count;
+            let resumed = resume(&r, limits, grant, UnixMillis(now), shadow);
+            let row = format!("count={count} delay={delay_ms:?} grant={grant} shadow={shadow}");
+            assert_eq!(resumed.scan_id, r.scan_id, "{row}");
+            assert_eq!(resumed.received_ms, UnixMillis(10_000), "{row}");
+            assert_eq!(resumed.metering.used(), count, "{row}");
+            assert_eq!(tier_of(&resumed.metering), tier, "{row}");
+            assert_eq!(
+                resumed.plan,
+                DelayPlan {
+                    total,
+                    sleep: Duration::ZERO,
+                    deferred
+                },
+                "{row}"
+            );
+        }
+    }
+
+    /// Where a fresh scan's delay comes from.
+    #[test]
+    fn delay_rule_table() {
+        let hard = counted();
+        let within = within();
+        let minute = Duration::from_secs(60);
+        let table = [
+            (hard, false, Pacing::On, DelayRule::Pace(minute)),
+            (hard, false, Pacing::Off, DelayRule::Fixed(minute)),
+            (hard, true, Pacing::On, DelayRule::Fixed(Duration::ZERO)),
+            (hard, true, Pacing::Off, DelayRule::Fixed(Duration::ZERO)),
+            (within, false, Pacing::On, DelayRule::Fixed(Duration::ZERO)),
+            (
+                Metering::Unmetered,
+                false,
+                Pacing::On,
+                DelayRule::Fixed(Duration::ZERO),
+            ),
+            (
+                Metering::Unknown { period_end: END },
+                false,
+                Pacing::On,
+                DelayRule::Fixed(Duration::ZERO),
+            ),
+        ];
+        check_rows("shadow", &table, delay_rule);
+    }
+
+    /// A pacing answer, or none: the slot, a refusal, or the tier's delay.
+    #[test]
+    fn paced_delay_table() {
+        let tier = Duration::from_secs(5);
+        let bed = Some(crate::rules::delay::Bed {
+            taken: true,
+            asleep: 3,
+        });
+        let slot = Paced::Slot {
+            delay_ms: 12_000,
+            bed,
+        };
+        let full = Paced::Full {
+            retry_after_ms: 900,
+            levels_ms: vec![0, 900],
+        };
+        let tier_slot = Paced::Slot {
+            delay_ms: 5_000,
+            bed: None,
+        };
+        let table = [
+            (Some(slot.clone()), slot),
+            (Some(full.clone()), full),
+            (None, tier_slot),
+        ];
+        for (answer, expected) in table {
+            assert_eq!(paced_delay(answer.clone(), tier), expected, "{answer:?}");
+        }
+    }
+
+    /// A refusal is "not queued" only for a fresh scan.
+    #[test]
+    fn queue_failure_table() {
+        let table = [
+            (false, false, Failure::NotQueued),
+            (true, false, Failure::QueueUnknown),
+            (false, true, Failure::QueueUnknown),
+            (true, true, Failure::QueueUnknown),
+        ];
+        for (timed_out, resumed, expected) in table {
+            assert_eq!(queue_failure(timed_out, resumed), expected);
+        }
+    }
+}
