@@ -69,7 +69,7 @@ async fn level_count(
 ) -> u64 {
     let identifier = Identifier::new(&config(vars)).unwrap();
     let level = &identifier.levels_of(ip.parse().unwrap())[which];
-    let key = QuotaKey::level(&level.digest);
+    let key = level.key.clone();
     let used: Option<u64> = redis::cmd("GET")
         .arg(&key.counter)
         .query_async(conn)
@@ -336,7 +336,7 @@ async fn rolling_levels_keep_their_own_period() {
     one_at_a_time(&gate, (1..=3).map(|n| scan_from(&v4(n)))).await;
     let identifier = Identifier::new(&config(&vars)).unwrap();
     let level = &identifier.levels_of(v4(1).parse().unwrap())[0];
-    let counter = QuotaKey::level(&level.digest).counter;
+    let counter = level.key.counter.clone();
     let mut c = server.client().await;
     let ttl: i64 = c.ttl(&counter).await.unwrap();
     assert!(ttl > 86_000 && ttl <= 86_400, "ttl {ttl}");
@@ -381,7 +381,7 @@ async fn a_cluster_settles_each_level_by_its_own_fate() {
         QuotaKey::new(quota_gate::rules::scope::Scope::Ip, &digest).counter
     };
     let level = &identifier.levels_of(v4(1).parse().unwrap())[0];
-    let level_node = cluster.node_of(&QuotaKey::level(&level.digest).counter);
+    let level_node = cluster.node_of(&level.key.counter.clone());
     let ip = (1..=250)
         .map(v4)
         .find(|ip| cluster.node_of(&subject_key(ip)) != level_node)
@@ -446,7 +446,7 @@ async fn a_cluster_settles_each_level_by_its_own_fate() {
     assert_eq!(gate.handle(scan_from(&ip)).await.status(), 202);
     used += 1;
     cluster.nodes[subject_node].signal("KILL");
-    let level = QuotaKey::level(&level.digest).counter;
+    let level = level.key.counter.clone();
     // The first finds its connection broken under it (no answer); the
     // next ones are refused by the store (never sent, or redirected to
     // the dead node): each level's fate, not the subject's, settles it.

@@ -8,7 +8,7 @@ use super::error::ConfigError;
 use super::lookup::Lookup;
 use super::vars;
 use crate::rules::decide::Limits;
-use crate::rules::level::{AnonBudget, Levels, NetworkLevel, parse_networks};
+use crate::rules::level::{AnonBudget, LevelName, Levels, NetworkLevel, parse_networks};
 use crate::rules::modes::{DelayMode, Mode, Pacing, ResetPolicy};
 
 /// The quota and what happens past it.
@@ -85,6 +85,12 @@ impl Policy {
             hard_delay: self.hard_delay,
             warn_at: self.warn_at,
         }
+    }
+
+    /// The limits a level's counter is decided on, for a level `name` of
+    /// ceiling `limit` ([`Levels::limits`]).
+    pub fn level_limits(&self, name: LevelName, limit: NonZeroU32) -> Limits {
+        self.levels.limits(name, limit, self.limits(limit))
     }
 }
 

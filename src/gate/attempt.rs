@@ -1,7 +1,7 @@
 //! What the request path works on: the request as a front end hands it
 //! over ([`GateRequest`]) and one identified request ([`Attempt`]), with
-//! the levels above its subject ([`level_lines`]); the scan that goes
-//! ahead is [`super::scan`]'s.
+//! the levels above its subject, each a [`Level`] that the count fills
+//! in; the scan that goes ahead is [`super::scan`]'s.
 
 use std::collections::HashMap;
 use std::net::IpAddr;
@@ -16,10 +16,10 @@ use crate::config::{DelayMode, Policy, ResetPolicy};
 use crate::gate::identity::Identity;
 use crate::io::meter::{End, Exit, Metered};
 use crate::io::queue::ENQUEUE_TIMEOUT;
-use crate::io::store::{Claim, Count, Lane, PaceLane, QuotaKey, Tally, period_end};
-use crate::rules::decide::{Decision, Limits, decide};
+use crate::io::store::{Claim, Lane, PaceLane, QuotaKey, Tally, period_end};
+use crate::rules::decide::{Limits, decide};
 use crate::rules::delay::{self, Bed, BedAsk, DelayPlan};
-use crate::rules::level::{LevelName, most_severe};
+use crate::rules::level::{Level, most_severe};
 use crate::rules::settle::Metering;
 use crate::rules::unix::{UnixMillis, UnixSecs, duration_ms};
 
@@ -43,11 +43,9 @@ pub(super) struct Attempt {
     pub identity: Identity,
     pub key: QuotaKey,
     pub limits: Limits,
-    /// The keys of the levels above the subject, counted with it, and
-    /// each level's name and limits, in the same order (the store's
-    /// answers come in it too).
-    pub level_keys: Vec<QuotaKey>,
-    pub level_rules: Vec<(LevelName, Limits)>,
+    /// The levels above the subject, counted with it (in the order the
+    /// store is asked and answers), each with what its count did.
+    pub levels: Vec<Level>,
     /// A keyed request's claim on its record.
     pub claim: Option<Claim>,
     /// The one clock reading.
@@ -67,7 +65,7 @@ impl Attempt {
     /// Everything the later steps need to know about one identified scan
     /// request, read at `now_ms`.
     pub fn new(
-        identity: Identity,
+        mut identity: Identity,
         idempotency_key: Option<&str>,
         request: &GateRequest,
         policy: &Policy,
@@ -83,10 +81,8 @@ impl Attempt {
             received_ms: now_ms,
             lease_until_ms: now_ms.saturating_add(ceiling),
         });
-        let (level_keys, level_rules) = level_lines(&identity, policy);
         Self {
-            level_keys,
-            level_rules,
+            levels: std::mem::take(&mut identity.levels),
             period_end: period_end(policy.reset, now_ms.secs()),
             reset: policy.reset,
             limits: policy.limits(identity.limit),
@@ -101,68 +97,58 @@ impl Attempt {
     }
 
     /// How a counted scan is metered: decided at its subject and at each
-    /// level that answered ([`most_severe`]); the levels' counts go with it.
-    pub fn metering(&self, tally: Tally) -> (Metering, Vec<Lane>) {
+    /// level that answered ([`most_severe`]), whose counts its levels keep.
+    pub fn metering(&mut self, tally: Tally) -> Metering {
+        self.counted(tally.levels);
         let count = tally.subject;
         let subject = decide(count.used, &self.limits.with_grant(count.grant));
-        let levels = self.level_decisions(&tally.levels);
-        let (level, decision) = most_severe(subject, levels.map(|(name, d, _)| (name, d)));
-        let metering = Metering::Counted {
+        let levels = self.levels.iter();
+        let decided = levels.filter_map(|l| Some((l.name, l.counted()?.0)));
+        let (level, decision) = most_severe(subject, decided);
+        Metering::Counted {
             count,
             decision,
             level,
-        };
-        (metering, tally.levels)
+        }
     }
 
-    /// Each counted level's name, decision and count.
-    pub fn level_decisions<'a>(
-        &'a self,
-        lanes: &'a [Lane],
-    ) -> impl Iterator<Item = (LevelName, Decision, Count)> + 'a {
-        self.level_rules
-            .iter()
-            .zip(self.level_decisions_all(lanes))
-            .filter_map(|((name, _), decided)| decided.map(|(d, c)| (*name, d, c)))
+    /// What the count did at each level, as the store answered, in the
+    /// order it was asked.
+    pub fn counted(&mut self, lanes: Vec<Lane>) {
+        for (level, lane) in self.levels.iter_mut().zip(lanes) {
+            level.lane = Some(lane);
+        }
+    }
+
+    /// The levels of a scan whose count failed: each as the store found it
+    /// apart from the subject (a cluster), or else sharing the subject's
+    /// fate, one request with it.
+    pub fn count_failed(&mut self, levels: Option<Vec<Lane>>, may_land: bool) {
+        let shared = || vec![Lane::Failed { may_land }; self.levels.len()];
+        let lanes = levels.unwrap_or_else(shared);
+        self.counted(lanes);
+    }
+
+    /// The levels' counts, settled after a failed count: none is left to
+    /// take back.
+    pub fn levels_settled(&mut self) {
+        self.levels.iter_mut().for_each(|l| l.lane = None);
     }
 
     /// The lines a counted scan waits in above its subject: each counted
     /// level's, with its own tier delay (none: within its limit).
-    pub fn pace_lanes<'a>(&'a self, lanes: &'a [Lane]) -> Vec<PaceLane<'a>> {
-        self.level_keys
+    pub fn pace_lanes(&self) -> Vec<PaceLane<'_>> {
+        self.levels
             .iter()
-            .zip(self.level_decisions_all(lanes))
-            .filter_map(|(key, decided)| {
-                let (decision, count) = decided?;
+            .filter_map(|level| {
+                let (delay_ms, reset_at) = level.line()?;
                 Some(PaceLane {
-                    key,
-                    delay_ms: duration_ms(decision.delay),
-                    reset_at: count.reset_at,
+                    key: &level.key,
+                    delay_ms,
+                    reset_at,
                 })
             })
             .collect()
-    }
-
-    /// Each level's decision and count, `None` where its count failed.
-    fn level_decisions_all<'a>(
-        &'a self,
-        lanes: &'a [Lane],
-    ) -> impl Iterator<Item = Option<(Decision, Count)>> + 'a {
-        self.level_rules
-            .iter()
-            .zip(lanes)
-            .map(|((_, limits), lane)| match lane {
-                Lane::Counted(c) => Some((decide(c.used, &limits.with_grant(c.grant)), *c)),
-                Lane::Failed { .. } => None,
-            })
-    }
-
-    /// The levels of a scan whose count failed in one request with its
-    /// subject's: each shares the subject's fate (a store that counted a
-    /// level apart says what became of it instead, see
-    /// [`CountFailed::levels`](crate::io::store::CountFailed::levels)).
-    pub fn failed_lanes(&self, may_land: bool) -> Vec<Lane> {
-        vec![Lane::Failed { may_land }; self.level_keys.len()]
     }
 
     /// How a fresh scan's `delay` is spent: what fits the budget left now
@@ -201,7 +187,7 @@ impl Attempt {
     /// The subject's key and its levels': what a remembered refusal is
     /// looked up by.
     pub fn keys(&self) -> impl Iterator<Item = &QuotaKey> {
-        std::iter::once(&self.key).chain(&self.level_keys)
+        std::iter::once(&self.key).chain(self.levels.iter().map(|l| &l.key))
     }
 
     /// The longest the first attempt of this key may sleep: what a 409
@@ -251,29 +237,6 @@ impl Attempt {
             bed: None,
         }
     }
-}
-
-/// The levels above an identified subject: each one's key, and its name
-/// and limits, in the same order (a scan counts them, `GET /quota` reads
-/// them).
-pub(super) fn level_lines(
-    identity: &Identity,
-    policy: &Policy,
-) -> (Vec<QuotaKey>, Vec<(LevelName, Limits)>) {
-    let keys = identity
-        .levels
-        .iter()
-        .map(|l| QuotaKey::level(&l.digest))
-        .collect();
-    let rules = identity
-        .levels
-        .iter()
-        .map(|l| {
-            let base = policy.limits(l.limit);
-            (l.name, policy.levels.limits(l.name, l.limit, base))
-        })
-        .collect();
-    (keys, rules)
 }
 
 /// How long an enqueue may take: at most [`ENQUEUE_TIMEOUT`], and never

@@ -74,7 +74,7 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
         };
         // Each line's own tier delay: the subject's, and each level's.
         let subject = decide(count.used, &attempt.limits.with_grant(count.grant));
-        let levels = attempt.pace_lanes(&scan.lanes);
+        let levels = attempt.pace_lanes();
         let args = PaceArgs {
             key: &attempt.key,
             levels: &levels,
@@ -97,7 +97,7 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
             } => (retry_after_ms, levels_ms),
         };
         let failure = Failure::BacklogFull;
-        Box::pin(self.apply(attempt, scan.scan_id, &scan.metering, failure, &scan.lanes)).await;
+        Box::pin(self.apply(attempt, scan.scan_id, &scan.metering, failure)).await;
         // Remembered: the subject until its retry, each level full on its
         // own until its own, never past a counter's reset.
         let until = |ms: u64, reset_at: UnixSecs| {

@@ -95,8 +95,9 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
             return (Box::pin(answer).await, None);
         }
         let policy = &self.config.policy;
-        let attempt = Attempt::new(identity, idempotency_key, &request, policy, now_ms, started);
-        let (result, exit) = self.scan(&attempt, body).await;
+        let mut attempt =
+            Attempt::new(identity, idempotency_key, &request, policy, now_ms, started);
+        let (result, exit) = self.scan(&mut attempt, body).await;
         (result, Some(exit))
     }
 
@@ -124,21 +125,21 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
     /// Steps 4–5: count (a keyed scan claims its record in the same step)
     /// and decide; then a repeat is answered, a failure settled, and a scan
     /// that may go ahead run.
-    async fn scan(&self, attempt: &Attempt, body: RequestBody) -> Finished {
+    async fn scan(&self, attempt: &mut Attempt, body: RequestBody) -> Finished {
         if let Some(refused) = self.known_refused(attempt).await {
             return (
                 Err(refused),
                 attempt.exit(Metered::Uncounted, End::BacklogFull),
             );
         }
-        let (metering, lanes) = match self.count(attempt).await {
+        let metering = match self.count(attempt).await {
             Ok(Counted::New(tally)) => attempt.metering(tally),
             Ok(Counted::Existing(record, claim)) => {
                 return Box::pin(self.repeat(attempt, claim, body, record)).await;
             }
             // Settled at every level already: nothing is left at a level.
             Err(e) => match Box::pin(self.store_failed(attempt, e)).await {
-                Ok(metering) => (metering, Vec::new()),
+                Ok(metering) => metering,
                 Err(e) => {
                     return (
                         Err(e),
@@ -147,7 +148,7 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
                 }
             },
         };
-        self.run(attempt, body, Scan::fresh(attempt, metering, lanes))
+        self.run(attempt, body, Scan::fresh(attempt, metering))
             .await
     }
 
@@ -155,7 +156,7 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
     async fn count<'a>(&self, attempt: &'a Attempt) -> Result<Counted<'a>, CountFailed> {
         let args = CountArgs {
             key: &attempt.key,
-            levels: &attempt.level_keys,
+            levels: &attempt.levels,
             period_end: attempt.period_end,
             now: attempt.now(),
             reset: self.config.policy.reset,
@@ -261,7 +262,7 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
             tracing::warn!(error = %e, "enqueue failed");
             let failure =
                 settle::queue_failure(matches!(e, QueueError::Timeout), scan.resumed.is_some());
-            Box::pin(self.apply(attempt, scan.scan_id, &scan.metering, failure, &scan.lanes)).await;
+            Box::pin(self.apply(attempt, scan.scan_id, &scan.metering, failure)).await;
             return (Err(queue_failed(failure)), exit(metered, End::QueueFailed));
         }
         // 8: answer, and save the answer for a keyed retry.

@@ -8,19 +8,20 @@ use bytes::Bytes;
 use http::Response;
 use tokio::time::Instant;
 
-use super::attempt::{GateRequest, enqueue_within, level_lines};
+use super::attempt::{GateRequest, enqueue_within};
 use super::scan::{Held, scan_job};
 use super::settlement::queue_failed;
 use super::wiring::Gate;
 use crate::gate::error::GateError;
 use crate::gate::identity::{Identity, Origin};
-use crate::gate::quota_view::{LevelPeek, NextScanRules, QuotaView, exempt_response, next_scan};
+use crate::gate::quota_view::{NextScanRules, QuotaView, exempt_response, next_scan};
 use crate::gate::respond::{self, LevelStanding, Standing};
 use crate::io::meter::Event;
 use crate::io::queue::{QueueError, ScanQueue};
 use crate::io::store::{QuotaKey, QuotaStore};
 use crate::rules::delay::{self, DelayPlan};
 use crate::rules::job::{JobTier, RequestBody};
+use crate::rules::level::Level;
 use crate::rules::record::Peek;
 use crate::rules::settle;
 use crate::rules::unix::UnixMillis;
@@ -39,14 +40,16 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
             peer: request.peer,
             gateway_claims: request.gateway_claims.as_ref(),
         };
-        let identity = self.identifier.identify(&request.headers, &origin)?;
+        let mut identity = self.identifier.identify(&request.headers, &origin)?;
         self.meter
             .record_event(identity.scope, Event::Check, now_ms);
         if identity.exempt {
             let standing = self.standing(&identity, now_ms).await;
             return Ok(exempt_response(identity.token, &standing));
         }
-        let (peek, levels) = self.read(&identity, now_ms).await?;
+        let key = QuotaKey::new(identity.scope, &identity.digest);
+        let levels = std::mem::take(&mut identity.levels);
+        let (peek, levels) = self.read(key, levels, now_ms).await?;
         let policy = &self.config.policy;
         let limits = policy.limits(identity.limit);
         let rules = NextScanRules {
@@ -57,10 +60,10 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
         let now = now_ms.secs();
         let standings = levels
             .iter()
-            .map(|l| LevelStanding {
+            .map(|(l, peek)| LevelStanding {
                 name: l.name,
-                used: l.peek.used,
-                standing: Standing::of(Some(&l.peek), l.limits, policy.reset, now),
+                used: peek.used,
+                standing: Standing::of(Some(peek), l.limits, policy.reset, now),
             })
             .collect();
         let view = QuotaView {
@@ -79,17 +82,17 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
     /// a failure is a 503.
     async fn read(
         &self,
-        identity: &Identity,
+        key: QuotaKey,
+        levels: Vec<Level>,
         now_ms: UnixMillis,
-    ) -> Result<(Peek, Vec<LevelPeek>), GateError> {
-        let key = QuotaKey::new(identity.scope, &identity.digest);
-        let (level_keys, level_rules) = level_lines(identity, &self.config.policy);
+    ) -> Result<(Peek, Vec<(Level, Peek)>), GateError> {
         let now = now_ms.secs();
-        let peeks = if level_keys.is_empty() {
+        let peeks = if levels.is_empty() {
             self.bounded(self.store.peek(&key, now))
                 .await
                 .map(|p| vec![p])
         } else {
+            let level_keys = levels.iter().map(|l| l.key.clone());
             let keys: Vec<QuotaKey> = std::iter::once(key).chain(level_keys).collect();
             self.bounded(self.store.peek_levels(&keys, now)).await
         };
@@ -100,12 +103,7 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
             })?
             .into_iter();
         let peek = peeks.next().unwrap_or_default();
-        let levels = level_rules
-            .into_iter()
-            .zip(peeks)
-            .map(|((name, limits), peek)| LevelPeek { name, limits, peek })
-            .collect();
-        Ok((peek, levels))
+        Ok((peek, levels.into_iter().zip(peeks).collect()))
     }
 
     /// An exempt scan: never counted, delayed or paced; queued at once with

@@ -28,7 +28,7 @@ use crate::gate::respond::{self, LevelStanding, Standing, serialize_level};
 use crate::io::clock::rfc3339;
 pub use crate::rules::decide::ShadowVerdict;
 use crate::rules::decide::{Decision, Limits, decide};
-use crate::rules::level::{LevelName, most_severe};
+use crate::rules::level::{Level, LevelName, most_severe};
 use crate::rules::pace::{next_start, retry_after_secs};
 use crate::rules::record::Peek;
 use crate::rules::scope::Scope;
@@ -72,23 +72,15 @@ pub struct NextScan {
     pub shadow: Option<ShadowVerdict>,
 }
 
-/// A level above the subject as `GET /quota` reads it: its name, its
-/// limits (before the grant) and its counter.
-#[derive(Debug, Clone, Copy)]
-pub struct LevelPeek {
-    pub name: LevelName,
-    pub limits: Limits,
-    pub peek: Peek,
-}
-
 /// The next scan of a subject whose store reads `peek` at `now_ms`, under
-/// `limits` (before the grant, which this adds), counted at `levels` too:
+/// `limits` (before the grant, which this adds), counted at `levels` too
+/// (each as the same read found its counter):
 /// the most severe decision sets its tier, and, paced, it starts after
 /// every line that would delay it (the subject's slot and each level's).
 pub fn next_scan(
     peek: &Peek,
     limits: Limits,
-    levels: &[LevelPeek],
+    levels: &[(Level, Peek)],
     rules: NextScanRules,
     now_ms: UnixMillis,
 ) -> NextScan {
@@ -96,7 +88,7 @@ pub fn next_scan(
     let subject = next(peek, limits);
     let decided: Vec<(LevelName, Decision, &Peek)> = levels
         .iter()
-        .map(|l| (l.name, next(&l.peek, l.limits), &l.peek))
+        .map(|(l, p)| (l.name, next(p, l.limits), p))
         .collect();
     let (level, decision) = most_severe(subject, decided.iter().map(|(n, d, _)| (*n, *d)));
     let shadow = rules.mode == Mode::Shadow;
@@ -240,6 +232,7 @@ fn ok(body: &Body<'_>, standing: &Standing, levels: &[LevelStanding]) -> Respons
 mod tests {
     use super::*;
     use crate::gate::respond::{POLICY, QUOTA_STATE, RATELIMIT, RESET};
+    use crate::rules::key::QuotaKey;
     use crate::rules::unix::UnixSecs;
     use std::num::NonZeroU32;
 
@@ -411,15 +404,14 @@ mod tests {
     }
 
     /// A /24 of limit 6 (soft 2 at 5 s, then 60 s) that has counted `used`.
-    fn network(used: u64, slot_ms: Option<i64>) -> LevelPeek {
-        LevelPeek {
-            name: v4_24(),
-            limits: Limits {
-                limit: NonZeroU32::new(6).unwrap(),
-                ..limits()
-            },
-            peek: peek(used, slot_ms, 0),
-        }
+    fn network(used: u64, slot_ms: Option<i64>) -> (Level, Peek) {
+        let digest = crate::rules::digest::Hasher::new(b"k").level_digest("v4/24:203.0.113.0");
+        let limits = Limits {
+            limit: NonZeroU32::new(6).unwrap(),
+            ..limits()
+        };
+        let level = Level::new(v4_24(), QuotaKey::level(&digest), limits);
+        (level, peek(used, slot_ms, 0))
     }
 
     /// The most severe line sets the tier and names the level; paced, the
@@ -427,7 +419,7 @@ mod tests {
     #[test]
     fn every_level_counts_for_the_next_scan() {
         let on = rules(Mode::Enforce, Pacing::On);
-        let n = |p: Peek, l: &[LevelPeek]| next_scan(&p, limits(), l, on, UnixMillis(NOW));
+        let n = |p: Peek, l: &[(Level, Peek)]| next_scan(&p, limits(), l, on, UnixMillis(NOW));
         let within = n(peek(0, None, 0), &[network(2, None)]);
         assert_eq!(
             (within.tier, within.level),
@@ -476,7 +468,7 @@ mod tests {
             used: 2,
             standing: standing(),
             levels: vec![LevelStanding {
-                name: level.name,
+                name: level.0.name,
                 used: 6,
                 standing: Standing {
                     limit: 6,

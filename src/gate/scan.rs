@@ -12,7 +12,7 @@ use crate::gate::quota_view::ShadowVerdict;
 use crate::gate::respond::{self, Accepted, LevelStanding, Standing};
 use crate::io::meter::Metered;
 use crate::io::queue::ScanJob;
-use crate::io::store::{Lane, Peek};
+use crate::io::store::Peek;
 use crate::rules::delay::DelayPlan;
 use crate::rules::job::{JobTier, RequestBody};
 use crate::rules::settle::{Metering, Resumed};
@@ -23,8 +23,6 @@ pub(super) struct Scan {
     /// Every job of a keyed scan carries its record's scanId.
     pub scan_id: Uuid,
     pub metering: Metering,
-    /// What each level above the subject counted (in the attempt's order).
-    pub lanes: Vec<Lane>,
     /// When the scan arrived (the first attempt's, when resumed).
     pub received_ms: UnixMillis,
     /// Taken over from an earlier attempt, with its plan: nothing is slept
@@ -34,14 +32,13 @@ pub(super) struct Scan {
 
 impl Scan {
     /// This request's scan: a keyed one under its claim's scanId.
-    pub fn fresh(attempt: &Attempt, metering: Metering, lanes: Vec<Lane>) -> Self {
+    pub fn fresh(attempt: &Attempt, metering: Metering) -> Self {
         Self {
             scan_id: attempt
                 .claim
                 .as_ref()
                 .map_or_else(|| crate::io::clock::uuid_v7(attempt.now_ms), |c| c.scan_id),
             metering,
-            lanes,
             received_ms: attempt.now_ms,
             resumed: None,
         }
@@ -49,12 +46,11 @@ impl Scan {
 
     /// The scan an abandoned attempt left (see [`crate::rules::settle::resume`]).
     /// Its levels were counted (or not) by the first attempt, and are
-    /// not counted again.
+    /// not counted again: the attempt's levels hold no count.
     pub fn resumed(resumed: Resumed) -> Self {
         Self {
             scan_id: resumed.scan_id,
             metering: resumed.metering,
-            lanes: Vec::new(),
             received_ms: resumed.received_ms,
             resumed: Some(resumed.plan),
         }
@@ -124,21 +120,16 @@ impl Scan {
         };
         // Each level counted with it, where it stands after this scan.
         let levels = attempt
-            .level_rules
+            .levels
             .iter()
-            .zip(&self.lanes)
-            .filter_map(|((name, limits), lane)| match lane {
-                Lane::Counted(c) => Some(LevelStanding {
-                    name: *name,
-                    used: c.used,
-                    standing: Standing::of(
-                        Some(&Peek::from(*c)),
-                        *limits,
-                        attempt.reset,
-                        attempt.now(),
-                    ),
-                }),
-                Lane::Failed { .. } => None,
+            .filter_map(|level| {
+                let (_, count) = level.counted()?;
+                let peek = Peek::from(count);
+                Some(LevelStanding {
+                    name: level.name,
+                    used: count.used,
+                    standing: Standing::of(Some(&peek), level.limits, attempt.reset, attempt.now()),
+                })
             })
             .collect();
         Accepted {

@@ -17,9 +17,10 @@ use super::wiring::Gate;
 use crate::gate::error::{GateError, Queued};
 use crate::io::queue::ScanQueue;
 use crate::io::store::{
-    Claim, CountFailed, Lane, QuotaKey, QuotaStore, RecordField, RecordState, RecordUpdate, Refund,
+    Claim, CountFailed, QuotaKey, QuotaStore, RecordField, RecordState, RecordUpdate, Refund,
     StoreError,
 };
+use crate::rules::level::Level;
 use crate::rules::settle::{
     AfterStoreFailure, Failure, Metering, Settlement, after_store_failure, level_refund,
     levels_refunded, settle,
@@ -39,17 +40,16 @@ const RETRY_MOST: Duration = Duration::from_millis(500);
 
 impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
     /// Settles a failed scan: the subject's [`Settlement`] (retried while
-    /// that is safe, [`Self::settle_subject`]), then its levels. The rule is [`settle`]'s for the subject and [`levels_refunded`]'s
-    /// for the levels above it: each level's count (`lanes`, in the
-    /// attempt's order) is taken back from its own period
-    /// ([`level_refund`]), behind the subject's.
+    /// that is safe, [`Self::settle_subject`]), then its levels. The rule
+    /// is [`settle`]'s for the subject and [`levels_refunded`]'s for the
+    /// levels above it: each level's count (its `lane`) is taken back from
+    /// its own period ([`level_refund`]), behind the subject's.
     pub(super) async fn apply(
         &self,
         attempt: &Attempt,
         scan_id: Uuid,
         metering: &Metering,
         failure: Failure,
-        lanes: &[Lane],
     ) {
         let keyed = attempt.keyed();
         let mut settlement = settle(metering, keyed, failure);
@@ -60,10 +60,9 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
         }
         let levels: Vec<(&QuotaKey, UnixSecs)> =
             if levels_refunded(metering, keyed, failure) && !crate::bug!(LevelNotRefunded) {
-                let keys = attempt.level_keys.iter();
-                keys.zip(lanes)
-                    .filter_map(|(key, lane)| Some((key, level_refund(lane, attempt.period_end)?)))
-                    .collect()
+                let refund = |l: &'_ Level| level_refund(l.lane.as_ref()?, attempt.period_end);
+                let levels = attempt.levels.iter();
+                levels.filter_map(|l| Some((&l.key, refund(l)?))).collect()
             } else {
                 Vec::new()
             };
@@ -98,7 +97,7 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
     /// on unmetered (fail open), as [`after_store_failure`] says.
     pub(super) async fn store_failed(
         &self,
-        attempt: &Attempt,
+        attempt: &mut Attempt,
         failed: CountFailed,
     ) -> Result<Metering, GateError> {
         let e = failed.error;
@@ -112,11 +111,12 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
         let metering = Metering::after_store_error(e.may_land(), attempt.period_end);
         let mode = self.config.store.fail_mode;
         let failure = Failure::Store { mode };
-        let lanes = failed
-            .levels
-            .unwrap_or_else(|| attempt.failed_lanes(e.may_land()));
-        self.apply(attempt, attempt.scan_id(), &metering, failure, &lanes)
+        attempt.count_failed(failed.levels, e.may_land());
+        self.apply(attempt, attempt.scan_id(), &metering, failure)
             .await;
+        // Settled once: a scan that goes on unmetered holds no level count
+        // for a later failure to take back again.
+        attempt.levels_settled();
         let mut answer = after_store_failure(&metering, attempt.keyed(), mode);
         if crate::bug!(UnknownCountQueuedUnmetered) && answer == AfterStoreFailure::Unsettled {
             answer = AfterStoreFailure::Unmetered;

@@ -23,7 +23,10 @@ use std::time::Duration;
 
 use ipnet::IpNet;
 
-use crate::rules::decide::{Decision, Limits};
+use crate::rules::decide::{Decision, Limits, decide};
+use crate::rules::key::QuotaKey;
+use crate::rules::record::{Count, Lane};
+use crate::rules::unix::{UnixSecs, duration_ms};
 
 /// The most network levels of one family (`QUOTA_NETWORKS`): each costs
 /// every anonymous scan a few Valkey commands.
@@ -155,6 +158,50 @@ pub struct LevelOf {
     pub name: LevelName,
     pub material: String,
     pub limit: NonZeroU32,
+}
+
+/// One level above a subject, end to end: its name, its counter's keys,
+/// the limits it is decided on, and what this scan's count did there. A
+/// scan carries one per level it is counted at, in the order the store is
+/// asked (the subject's identity makes them; the count fills in `lane`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Level {
+    pub name: LevelName,
+    pub key: QuotaKey,
+    /// The level's tier rule with its own limit (before any grant).
+    pub limits: Limits,
+    /// What the count answered here: `None` before the count, and for a
+    /// scan resumed from an earlier attempt, which counts at no level again.
+    pub lane: Option<Lane>,
+}
+
+impl Level {
+    /// A level not counted yet.
+    pub fn new(name: LevelName, key: QuotaKey, limits: Limits) -> Self {
+        Self {
+            name,
+            key,
+            limits,
+            lane: None,
+        }
+    }
+
+    /// Its count and the decision on it (its grant added), where the count
+    /// answered.
+    pub fn counted(&self) -> Option<(Decision, Count)> {
+        match self.lane? {
+            Lane::Counted(c) => Some((decide(c.used, &self.limits.with_grant(c.grant)), c)),
+            Lane::Failed { .. } => None,
+        }
+    }
+
+    /// The line a counted scan waits in here: the level's own tier delay
+    /// (0: within its limit) and its counter's expiry, which the line's
+    /// slot shares.
+    pub fn line(&self) -> Option<(u64, UnixSecs)> {
+        self.counted()
+            .map(|(decision, count)| (duration_ms(decision.delay), count.reset_at))
+    }
 }
 
 impl Levels {

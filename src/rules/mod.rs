@@ -12,6 +12,7 @@ pub mod digest;
 pub mod eviction;
 pub mod hash_tag;
 pub mod job;
+pub mod key;
 pub mod level;
 pub mod modes;
 pub mod outcome;

@@ -2,24 +2,13 @@
 //! the anonymous budget): the `level` lines of `inspect --ip` and the report
 //! of `inspect --network` ([`network`](super::network) finds and reads them).
 
-use std::num::NonZeroU32;
-
 use serde::Serialize;
 
 use super::keys::Snapshot;
 use crate::config::Config;
-use crate::io::store::{QuotaKey, resets_at};
-use crate::rules::level::LevelName;
+use crate::io::store::resets_at;
+use crate::rules::level::Level;
 use crate::rules::unix::UnixSecs;
-
-/// One level of one address, as the store keys it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Level {
-    pub name: LevelName,
-    pub key: QuotaKey,
-    /// The level's ceiling per period, before any grant.
-    pub limit: NonZeroU32,
-}
 
 /// What `inspect` shows of one level (also its `--json` form).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -51,7 +40,7 @@ impl LevelReport {
         let grant = snapshot.map_or(0, |s| s.peek.grant);
         let exists = snapshot.is_some_and(|s| s.counter);
         let expires_at = snapshot.and_then(|s| s.peek.reset_at);
-        let limit = u64::from(level.limit.get()).saturating_add(grant);
+        let limit = u64::from(level.limits.limit.get()).saturating_add(grant);
         let reset_at = match (exists, expires_at) {
             (true, None) => None,
             _ => Some(resets_at(config.policy.reset, expires_at, now)),
@@ -66,7 +55,7 @@ impl LevelReport {
             exists,
             used,
             limit: u32::try_from(limit).unwrap_or(u32::MAX),
-            base_limit: level.limit.get(),
+            base_limit: level.limits.limit.get(),
             grant,
             grant_expires_at: snapshot.and_then(|s| s.grant_expires_at).map(rfc3339),
             remaining: limit.saturating_sub(used),

@@ -5,7 +5,7 @@
 //! A level is found as the handler finds it: its material from
 //! [`Levels::of_network`](crate::rules::level::Levels::of_network) (family, length
 //! and the network's first address), its digest from
-//! [`Identifier::level_subject`], its keys from [`QuotaKey::level`]. The
+//! [`Identifier::level`], its keys from [`QuotaKey::level`](crate::rules::key::QuotaKey::level). The
 //! CIDR must have one of the configured lengths (`QUOTA_NETWORKS`): any
 //! other names a counter the gate never writes. Nothing printed or logged
 //! names an address: a level is its name (`v4/24`) and its key.
@@ -24,12 +24,13 @@ use std::net::IpAddr;
 use ipnet::IpNet;
 
 use super::change::{Granted, Removal};
-use super::level_report::{Level, LevelReport};
+use super::level_report::LevelReport;
 use super::{OpsError, valkey_store};
 use crate::config::Config;
 use crate::gate::identity::{Identifier, ip};
+use crate::io::store::period_end;
 use crate::io::store::valkey::ValkeyStore;
-use crate::io::store::{QuotaKey, period_end};
+use crate::rules::level::Level;
 use crate::rules::unix::UnixSecs;
 
 /// The level `--network <cidr>` names: one of the configured lengths.
@@ -60,12 +61,7 @@ pub fn resolve(config: &Config, raw: &str) -> Result<Level, OpsError> {
             ),
         })
     })?;
-    let subject = Identifier::new(config)?.level_subject(level);
-    Ok(Level {
-        name: subject.name,
-        key: QuotaKey::level(&subject.digest),
-        limit: subject.limit,
-    })
+    Ok(Identifier::new(config)?.level(level))
 }
 
 /// The levels an anonymous scan from `--ip <raw>` is counted at, in the
@@ -73,15 +69,7 @@ pub fn resolve(config: &Config, raw: &str) -> Result<Level, OpsError> {
 pub fn of_ip(config: &Config, raw: &str) -> Result<Vec<Level>, OpsError> {
     let addr: IpAddr =
         ip::parse_source(raw).ok_or_else(|| OpsError::Usage("--ip: not an IP address".into()))?;
-    Ok(Identifier::new(config)?
-        .levels_of(addr)
-        .into_iter()
-        .map(|l| Level {
-            name: l.name,
-            key: QuotaKey::level(&l.digest),
-            limit: l.limit,
-        })
-        .collect())
+    Ok(Identifier::new(config)?.levels_of(addr))
 }
 
 /// Reads each of `levels` (one round trip each: an operator's view).
@@ -179,7 +167,7 @@ mod tests {
         let net = resolve(&c, "203.0.113.0/24").unwrap();
         assert_eq!(net, resolve(&c, "203.0.113.77/24").unwrap());
         assert_eq!(of_ip(&c, "203.0.113.9").unwrap(), vec![net.clone()]);
-        assert_eq!(net.limit.get(), 24);
+        assert_eq!(net.limits.limit.get(), 24);
         assert!(net.key.counter.starts_with("quota:net:{"));
         let v6 = resolve(&c, "2001:db8:1::/48").unwrap();
         assert_eq!(of_ip(&c, "2001:db8:1:2::3").unwrap(), vec![v6]);

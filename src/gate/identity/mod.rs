@@ -16,10 +16,11 @@ use http::{HeaderMap, header};
 use ipnet::IpNet;
 use serde_json::Value;
 
-use crate::config::{Config, ConfigError};
+use crate::config::{Config, ConfigError, Policy};
 use crate::gate::error::GateError;
 use crate::rules::digest::{Digest, Hasher};
-use crate::rules::level::{LevelName, Levels};
+use crate::rules::key::QuotaKey;
+use crate::rules::level::{Level, LevelName, LevelOf, Levels};
 use crate::rules::scope::Scope;
 use jwt::{Rejection, Verifier};
 
@@ -45,15 +46,7 @@ pub struct Identity {
     /// The levels above the subject it is counted at too: an anonymous,
     /// counted subject's networks and the anonymous budget; none for a
     /// token holder or an exempt scan.
-    pub levels: Vec<LevelSubject>,
-}
-
-/// One level above a subject: which, its keyed digest, and its limit.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct LevelSubject {
-    pub name: LevelName,
-    pub digest: Digest,
-    pub limit: NonZeroU32,
+    pub levels: Vec<Level>,
 }
 
 /// What the platform tells us about a request besides its headers.
@@ -77,10 +70,9 @@ pub struct Identifier {
     exempt_networks: Vec<IpNet>,
     /// `QUOTA_EXEMPT_CLAIM`, for the gateway's claims (the verifier has its own copy).
     exempt_claim: Option<String>,
-    quota_anon: NonZeroU32,
-    quota_token: NonZeroU32,
-    /// `QUOTA_NETWORKS` and `QUOTA_ANON_GLOBAL`.
-    levels: Levels,
+    /// The quotas, and the levels (`QUOTA_NETWORKS`, `QUOTA_ANON_GLOBAL`)
+    /// with the limits each is decided on.
+    policy: Policy,
     /// The digests of the networks seen lately (see [`Self::levels_of`]).
     network_digests: quick_cache::sync::Cache<IpNet, Digest>,
     /// The anonymous budget's digest (its material is a constant).
@@ -120,9 +112,7 @@ impl Identifier {
             trusted_proxies: config.identity.trusted_proxies.clone(),
             ipv6_prefix: config.identity.ipv6_prefix,
             trust_gateway_claims: config.identity.jwt.trust_gateway_claims,
-            quota_anon: config.policy.quota_anon,
-            quota_token: config.policy.quota_token,
-            levels: config.policy.levels.clone(),
+            policy: config.policy.clone(),
             network_digests: quick_cache::sync::Cache::new(NETWORK_DIGESTS),
             anon_digest: Hasher::new(config.hash_secret())
                 .level_digest(crate::rules::level::ANON_MATERIAL),
@@ -187,37 +177,36 @@ impl Identifier {
     /// A network's digest is the same for every address in it, so it is
     /// kept ([`NETWORK_DIGESTS`] of them, the least used going first): a
     /// busy network's scans compute no HMAC for it.
-    pub fn levels_of(&self, ip: IpAddr) -> Vec<LevelSubject> {
+    pub fn levels_of(&self, ip: IpAddr) -> Vec<Level> {
         let ip = ip.to_canonical();
-        let networks = self
-            .levels
-            .networks_of(ip)
-            .map(|(level, net)| LevelSubject {
-                name: LevelName::Network(level.network),
-                digest: self.network_digests.get(&net).unwrap_or_else(|| {
-                    let digest = self
-                        .hasher
-                        .level_digest(&Levels::material(level.network, net));
-                    self.network_digests.insert(net, digest.clone());
-                    digest
-                }),
-                limit: level.limit,
-            });
-        let anon = self.levels.anon.map(|budget| LevelSubject {
-            name: LevelName::Anon,
-            digest: self.anon_digest.clone(),
-            limit: budget.limit,
+        let levels = &self.policy.levels;
+        let networks = levels.networks_of(ip).map(|(level, net)| {
+            let name = LevelName::Network(level.network);
+            let key = match self.network_digests.get(&net) {
+                Some(digest) => QuotaKey::level(&digest),
+                None => {
+                    let material = Levels::material(level.network, net);
+                    let digest = self.hasher.level_digest(&material);
+                    let key = QuotaKey::level(&digest);
+                    self.network_digests.insert(net, digest);
+                    key
+                }
+            };
+            Level::new(name, key, self.policy.level_limits(name, level.limit))
+        });
+        let anon = levels.anon.map(|budget| {
+            let limits = self.policy.level_limits(LevelName::Anon, budget.limit);
+            Level::new(LevelName::Anon, QuotaKey::level(&self.anon_digest), limits)
         });
         networks.chain(anon).collect()
     }
 
-    /// One level as the store counts it: its digest, never its material.
-    pub fn level_subject(&self, level: crate::rules::level::LevelOf) -> LevelSubject {
-        LevelSubject {
-            name: level.name,
-            digest: self.hasher.level_digest(&level.material),
-            limit: level.limit,
-        }
+    /// One level as the store counts it: keyed by its digest, never its
+    /// material.
+    pub fn level(&self, level: LevelOf) -> Level {
+        let key = QuotaKey::level(&self.hasher.level_digest(&level.material));
+        let limits = self.policy.level_limits(level.name, level.limit);
+        Level::new(level.name, key, limits)
     }
 
     /// The anonymous subject for an address, as `identify` would make it
@@ -233,7 +222,7 @@ impl Identifier {
         Identity {
             scope: Scope::Ip,
             digest: self.ip_digest(ip),
-            limit: self.quota_anon,
+            limit: self.policy.quota_anon,
             token: None,
             exempt: false,
             levels: self.levels_of(ip),
@@ -253,7 +242,7 @@ impl Identifier {
         Identity {
             scope: Scope::Tid,
             digest: self.hasher.digest(Scope::Tid, tid),
-            limit: tier.unwrap_or(self.quota_token),
+            limit: tier.unwrap_or(self.policy.quota_token),
             token: Some(TokenStatus::Accepted),
             exempt: false,
             levels: Vec::new(),

@@ -4,11 +4,11 @@
 
 use redis::Value;
 
-use super::key::QuotaKey;
 use super::quota_store::{CountArgs, PaceArgs, PaceLane, Refund, StoreError};
 use crate::config::ResetPolicy;
 use crate::io::connection::{eval, sized_cmd};
 use crate::rules::delay::{BED_GRACE, BEDS_KEY, Bed, BedAsk, bed_until};
+use crate::rules::key::QuotaKey;
 use crate::rules::pace::Paced;
 use crate::rules::record::{Count, Lane, Peek, Tally};
 use crate::rules::unix::{UnixMillis, UnixSecs, duration_ms};

@@ -20,11 +20,11 @@ use uuid::Uuid;
 use crate::config::ResetPolicy;
 use crate::rules::unix::{UnixMillis, UnixSecs};
 
-use super::key::{IDEMPOTENCY_TTL_SECS, QuotaKey};
 use super::quota_store::{
     CountArgs, CountFailed, PaceArgs, QuotaStore, RecordUpdate, Refund, StoreError, TakeOver,
 };
 use crate::rules::delay::{Bed, BedAsk, take_bed};
+use crate::rules::key::{IDEMPOTENCY_TTL_SECS, QuotaKey};
 use crate::rules::pace::{Paced, line_excess, next_start};
 use crate::rules::record::{Claim, Claimed, Count, Lane, Peek, Record, RecordState, Tally};
 
@@ -104,7 +104,7 @@ impl Inner {
         Tally {
             subject: self.count(args.key, args.period_end, args.now),
             levels: levels
-                .map(|key| Lane::Counted(self.count(key, args.period_end, args.now)))
+                .map(|level| Lane::Counted(self.count(&level.key, args.period_end, args.now)))
                 .collect(),
         }
     }
@@ -206,7 +206,7 @@ impl MemoryStore {
     /// does on Valkey (the embedded store has no operator commands: tests
     /// give grants with this): expiring with the counter, or, before the
     /// period's first scan, at the period's end when `reset` knows it
-    /// ([`grant_period_end`](super::key::grant_period_end)), else with the
+    /// ([`grant_period_end`](crate::rules::key::grant_period_end)), else with the
     /// counter that scan opens. Returns the expiry, `None` until that scan.
     pub fn grant(
         &self,
@@ -219,7 +219,7 @@ impl MemoryStore {
         let expires = inner
             .live(&key.counter, now)
             .map(|e| e.reset_at)
-            .or_else(|| super::key::grant_period_end(reset, now));
+            .or_else(|| crate::rules::key::grant_period_end(reset, now));
         inner.grants.insert(key.grant.clone(), (scans, expires));
         expires
     }
@@ -393,8 +393,8 @@ impl QuotaStore for MemoryStore {
 mod tests {
     use super::*;
 
-    use crate::io::store::key::period_end;
     use crate::rules::digest::Hasher;
+    use crate::rules::key::period_end;
     use crate::rules::scope::Scope;
 
     fn key(n: u32) -> QuotaKey {

@@ -22,7 +22,7 @@
 //! never this module.
 
 mod commands;
-pub mod key;
+
 pub mod memory;
 pub mod quota_store;
 pub mod valkey;
@@ -32,14 +32,14 @@ use uuid::Uuid;
 use crate::rules::delay::{Bed, BedAsk};
 use crate::rules::unix::{UnixMillis, UnixSecs};
 
+pub use crate::rules::key::{
+    IDEMPOTENCY_TTL_SECS, KEY_PATTERN, QuotaKey, grant_period_end, period_end, resets_at,
+};
 pub use crate::rules::pace::{Paced, next_slot};
 pub use crate::rules::record::{
     Claim, Claimed, Count, Field, Lane, Peek, Record, RecordError, RecordField, RecordState, Tally,
 };
 pub use commands::GrantHeld;
-pub use key::{
-    IDEMPOTENCY_TTL_SECS, KEY_PATTERN, QuotaKey, grant_period_end, period_end, resets_at,
-};
 pub use quota_store::{
     CountArgs, CountFailed, PaceArgs, PaceLane, QuotaStore, RecordUpdate, Refund, StoreError,
     TakeOver,

@@ -6,9 +6,10 @@ use std::future::Future;
 
 use uuid::Uuid;
 
-use super::key::QuotaKey;
 use crate::config::ResetPolicy;
 use crate::rules::delay::{Bed, BedAsk};
+use crate::rules::key::QuotaKey;
+use crate::rules::level::Level;
 use crate::rules::pace::Paced;
 use crate::rules::record::{Claim, Claimed, Field, Lane, Peek, RecordError, Tally};
 use crate::rules::unix::{UnixMillis, UnixSecs};
@@ -18,8 +19,9 @@ use crate::rules::unix::{UnixMillis, UnixSecs};
 #[derive(Debug, Clone, Copy)]
 pub struct CountArgs<'a> {
     pub key: &'a QuotaKey,
-    /// The levels above the subject ([`crate::rules::level`]), counted with it.
-    pub levels: &'a [QuotaKey],
+    /// The levels above the subject ([`crate::rules::level`]), counted with
+    /// it; the answer has a [`Lane`] for each, in this order.
+    pub levels: &'a [Level],
     /// The expiry a counter without one gets (`EXPIREAT … NX`).
     pub period_end: UnixSecs,
     pub now: UnixSecs,

@@ -32,12 +32,12 @@ use super::commands::{
     level_commands, level_width, pace_script, paced, peek_commands, peek_of, refund_script,
     spread_excess, subject_commands, take_bed_script, tally, unexpected,
 };
-use super::key::{IDEMPOTENCY_TTL_SECS, QuotaKey};
 use super::quota_store::{
     CountArgs, CountFailed, PaceArgs, PaceLane, QuotaStore, RecordUpdate, Refund, StoreError,
     TakeOver,
 };
 use crate::io::connection::{Request, Valkey};
+use crate::rules::key::{IDEMPOTENCY_TTL_SECS, QuotaKey};
 use crate::rules::pace::Paced;
 use crate::rules::record::{Claim, Claimed, Lane, Peek, Record, Tally};
 
@@ -133,7 +133,7 @@ impl ValkeyStore {
             &claim.record,
             &key.grant,
         ];
-        keys.extend(in_claim.iter().map(|l| l.counter.as_str()));
+        keys.extend(in_claim.iter().map(|l| l.key.counter.as_str()));
         let mut cmd = eval(CLAIM, &keys);
         cmd.arg(args.period_end.get())
             .arg(iso8601(args.now))
@@ -200,7 +200,7 @@ impl QuotaStore for ValkeyStore {
         if args.levels.is_empty() || !self.valkey.is_cluster() {
             // Standalone: every level rides the subject's round trip, one fate.
             for level in args.levels {
-                level_commands(&mut pipe, level, &args);
+                level_commands(&mut pipe, &level.key, &args);
             }
             let reply: Vec<Value> = self.send(pipe).await?;
             return Ok(tally(&reply, &args, level_width(args.reset))?);

@@ -10,7 +10,6 @@ use bytes::Bytes;
 use http::Response;
 use quota_gate::config::Config;
 use quota_gate::io::queue::ScanJob;
-use quota_gate::io::store::QuotaKey;
 use quota_gate::rules::decide::decide;
 
 use super::store::Ledger;
@@ -312,7 +311,7 @@ impl World {
             let counted = jobs.get(&g).is_some_and(|j| j.iter().any(|j| j.count > 0));
             let unknown = self.answers.iter().any(|a| a.group == g && a.unknown());
             for level in identifier.levels_of(ip) {
-                let counter = QuotaKey::level(&level.digest).counter;
+                let counter = level.key.counter;
                 let i = match levels.iter().position(|(c, ..)| *c == counter) {
                     Some(i) => i,
                     None => {

@@ -14,6 +14,7 @@ use quota_gate::io::store::{
     RecordUpdate, Refund, StoreError, TakeOver, Tally,
 };
 use quota_gate::rules::delay::{Bed, BedAsk};
+use quota_gate::rules::level::Level;
 use quota_gate::rules::unix::{UnixMillis, UnixSecs};
 use uuid::Uuid;
 
@@ -207,18 +208,18 @@ fn note_count(
     key: &QuotaKey,
     record: Option<String>,
     tally: &Tally,
-    levels: &[QuotaKey],
+    levels: &[Level],
 ) {
     note(ledger, &key.counter, record, 1);
     for (level, lane) in levels.iter().zip(&tally.levels) {
         if matches!(lane, Lane::Counted(_)) {
-            note(ledger, &level.counter, None, 1);
+            note(ledger, &level.key.counter, None, 1);
         }
     }
 }
 
-fn level_counters(levels: &[QuotaKey]) -> Vec<String> {
-    levels.iter().map(|l| l.counter.clone()).collect()
+fn level_counters(levels: &[Level]) -> Vec<String> {
+    levels.iter().map(|l| l.key.counter.clone()).collect()
 }
 
 impl QuotaStore for SimStore {

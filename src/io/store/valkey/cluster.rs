@@ -20,7 +20,7 @@ impl ValkeyStore {
     pub(super) async fn count_levels(&self, args: &CountArgs<'_>) -> Vec<Lane> {
         let counts = args.levels.iter().map(|level| async move {
             let mut pipe = redis::Pipeline::with_capacity(3);
-            level_commands(&mut pipe, level, args);
+            level_commands(&mut pipe, &level.key, args);
             let reply = self.send::<Vec<Value>>(pipe).await;
             match reply.map(|r| level_of(&r, args.period_end, args.now)) {
                 Ok(Ok(count)) => Lane::Counted(count),

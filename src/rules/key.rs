@@ -5,8 +5,8 @@
 
 use sha2::{Digest as _, Sha256};
 
-use crate::config::ResetPolicy;
 use crate::rules::digest::Digest;
+use crate::rules::modes::ResetPolicy;
 use crate::rules::scope::Scope;
 use crate::rules::unix::{DAY_SECS, UnixSecs};
 
@@ -33,7 +33,7 @@ pub struct QuotaKey {
     ///
     /// A level's grant is held in its counter instead (the counter reads
     /// used − granted); this key only says how much, for the reads that
-    /// add it back ([`GrantHeld::InCounter`](super::GrantHeld)).
+    /// add it back (`GrantHeld::InCounter` in the store).
     pub grant: String,
 }
 
