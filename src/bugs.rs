@@ -2,7 +2,7 @@
 //! (`tests/sim.rs` for the gate, `tests/consume_sim.rs` for the consumer)
 //! can show that they find each of them.
 //!
-//! Only the `sim-bugs` feature compiles this module, and only the test
+//! Only the `testing` feature compiles this module, and only the test
 //! harness (`testkit`, a dev-dependency) turns the feature on: a release
 //! build has no switch, `crate::bug!` is `false` there and every guarded
 //! branch compiles away. Even with the feature, every switch is off unless a

@@ -24,20 +24,20 @@
 //! A scan's way through them, in order: validate, identify, digest, count
 //! (the store's one round trip), decide, pace and delay, enqueue, respond,
 //! meter. `bugs` holds the switches that bring past bugs back for the
-//! simulators, compiled only with the `sim-bugs` feature the test harness
+//! simulators, compiled only with the `testing` feature the test harness
 //! turns on (elsewhere `bug!` is `false`).
 
 /// Whether the past bug `$bug` (a `bugs::Bug` variant) is switched back
-/// on: the simulators' switch, with the `sim-bugs` feature only. A build
+/// on: the simulators' switch, with the `testing` feature only. A build
 /// without it (every release and Lambda build) has no switch: this is
 /// `false`, and the branch it guards compiles away.
-#[cfg(feature = "sim-bugs")]
+#[cfg(feature = "testing")]
 macro_rules! bug {
     ($bug:ident) => {
         $crate::bugs::on($crate::bugs::Bug::$bug)
     };
 }
-#[cfg(not(feature = "sim-bugs"))]
+#[cfg(not(feature = "testing"))]
 macro_rules! bug {
     ($bug:ident) => {
         false
@@ -45,7 +45,7 @@ macro_rules! bug {
 }
 pub(crate) use bug;
 
-#[cfg(feature = "sim-bugs")]
+#[cfg(feature = "testing")]
 pub mod bugs;
 pub mod config;
 pub mod consume;

@@ -407,6 +407,10 @@ struct LatePace {
 }
 
 impl QuotaStore for LatePace {
+    fn bounds_itself(&self) -> bool {
+        false
+    }
+
     async fn count(
         &self,
         args: CountArgs<'_>,

@@ -227,15 +227,16 @@ async fn a_delay_longer_than_the_cap_is_served_one_at_a_time() {
     assert_eq!(answers, [(202, 0), (202, 20_000), (503, 0)]);
 }
 
-/// `pace.lua` on a real Valkey and the pure `store::next_slot` agree on every
+/// `pace.lua` on a real Valkey and the pure `pace::next_start` agree on every
 /// input: the same slot, the same delay, the same refusal and wait.
 #[test]
 fn pace_script_matches_the_pure_rule() {
     use proptest::prelude::*;
     use quota_gate::io::connection::Valkey;
     use quota_gate::io::store::valkey::ValkeyStore;
-    use quota_gate::io::store::{PaceArgs, Paced, QuotaKey, next_slot};
+    use quota_gate::io::store::{PaceArgs, Paced, QuotaKey};
     use quota_gate::rules::digest::Hasher;
+    use quota_gate::rules::pace::next_start;
     use quota_gate::rules::scope::Scope;
 
     let server = ValkeyServer::start();
@@ -273,7 +274,7 @@ fn pace_script_matches_the_pure_rule() {
             let slot: i64 = redis::cmd("GET").arg(&key.slot).query_async(&mut c).await.unwrap();
             (paced, slot)
         });
-        match next_slot(UnixMillis(previous), UnixMillis(arrival), delay, cap).map(UnixMillis::get) {
+        match next_start([(UnixMillis(previous), delay)], UnixMillis(arrival), cap).map(UnixMillis::get) {
             Ok(slot) => {
                 let wait = u64::try_from(slot - arrival).unwrap();
                 prop_assert_eq!(reply, (Paced::Slot { delay_ms: wait, bed: None }, slot));

@@ -107,6 +107,7 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
     }
 
     /// Reads time from `clock` (tests pass one that follows paused Tokio time).
+    #[cfg(feature = "testing")]
     pub fn with_clock(mut self, clock: Clock) -> Self {
         self.clock = clock;
         self
@@ -116,6 +117,7 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
         &self.config
     }
 
+    #[cfg(feature = "testing")]
     pub fn identifier(&self) -> &Identifier {
         &self.identifier
     }
@@ -124,10 +126,12 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
         &self.store
     }
 
+    #[cfg(feature = "testing")]
     pub fn queue(&self) -> &Q {
         &self.queue
     }
 
+    #[cfg(feature = "testing")]
     pub fn breaker(&self) -> &Breaker {
         &self.breaker
     }

@@ -107,6 +107,7 @@ impl Breaker {
     }
 
     /// Whether calls are being skipped at `now`.
+    #[cfg(any(test, feature = "testing"))]
     pub fn is_open(&self, now: Instant) -> bool {
         match *self.lock() {
             State::Closed { .. } => false,

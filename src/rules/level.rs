@@ -92,11 +92,6 @@ impl LevelName {
     pub fn label(self) -> String {
         self.to_string()
     }
-
-    /// The name in `RateLimit-Policy`, a token (`"daily"`, `"v4-24"`, `"anon"`).
-    pub fn policy_name(self) -> String {
-        PolicyName(self).to_string()
-    }
 }
 
 /// The label (`subject`, `v4/24`, `anon`), written without a `String`.
@@ -461,7 +456,7 @@ mod tests {
         assert_eq!(of.len(), 2);
         assert_eq!(of[0].material, "v4/24:203.0.113.0");
         assert_eq!(of[0].name.label(), "v4/24");
-        assert_eq!(of[0].name.policy_name(), "v4-24");
+        assert_eq!(PolicyName(of[0].name).to_string(), "v4-24");
         assert_eq!(of[1].name, LevelName::Anon);
         let ip: IpAddr = "2001:db8:1:2:3::9".parse().unwrap();
         let of: Vec<_> = levels().of(ip).map(|l| l.material).collect();

@@ -1,7 +1,7 @@
 //! Pacing, as a pure rule: over-quota scans of one subject start one tier
 //! delay apart, so a parallel burst waits in line instead of all at once.
 //!
-//! [`next_slot`] is the rule; `pace.lua` (through
+//! [`next_start`] is the rule; `pace.lua` (through
 //! [`crate::io::store::QuotaStore::pace`]) applies it atomically in Valkey, the
 //! in-memory store calls it directly, and [`crate::gate::quota_view`] uses it to
 //! predict the next scan's delay. A test on a real Valkey
@@ -27,20 +27,6 @@ pub enum Paced {
         retry_after_ms: u64,
         levels_ms: Vec<u64>,
     },
-}
-
-/// The pacing rule, as a pure function: the start of a scan arriving at
-/// `arrival_ms` whose tier delays it `delay_ms`, after the subject's
-/// previous slot. Returns the new slot, or `Err(retry_after_ms)` when the
-/// delay would exceed `max_backlog_ms` (or the tier's own delay, if that is
-/// longer: a scan with nothing ahead of it always gets its slot).
-pub fn next_slot(
-    previous: UnixMillis,
-    arrival_ms: UnixMillis,
-    delay_ms: u64,
-    max_backlog_ms: u64,
-) -> Result<UnixMillis, u64> {
-    next_start([(previous, delay_ms)], arrival_ms, max_backlog_ms)
 }
 
 /// The pacing rule over several lines (the subject's, and each level's
@@ -114,7 +100,8 @@ mod tests {
 
     /// The rule on bare milliseconds, as the tables write them.
     fn next_slot(previous: i64, arrival: i64, delay: u64, cap: u64) -> Result<i64, u64> {
-        super::next_slot(UnixMillis(previous), UnixMillis(arrival), delay, cap).map(UnixMillis::get)
+        super::next_start([(UnixMillis(previous), delay)], UnixMillis(arrival), cap)
+            .map(UnixMillis::get)
     }
     use proptest::prelude::*;
 

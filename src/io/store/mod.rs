@@ -35,7 +35,7 @@ use crate::rules::unix::{UnixMillis, UnixSecs};
 pub use crate::rules::key::{
     IDEMPOTENCY_TTL_SECS, KEY_PATTERN, QuotaKey, grant_period_end, period_end, resets_at,
 };
-pub use crate::rules::pace::{Paced, next_slot};
+pub use crate::rules::pace::Paced;
 pub use crate::rules::record::{
     Claim, Claimed, Count, Field, Lane, Peek, Record, RecordError, RecordField, RecordState, Tally,
 };

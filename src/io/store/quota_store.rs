@@ -192,11 +192,9 @@ pub trait QuotaStore: Send + Sync + 'static {
     fn warm_up(&self) {}
 
     /// Whether every call bounds its own wait (each command within the
-    /// store timeout), so the gate need not arm a second timer around it.
-    /// A store that may wait unbounded (a test wrapper) keeps the default.
-    fn bounds_itself(&self) -> bool {
-        false
-    }
+    /// store timeout), so the gate need not arm a second timer around it;
+    /// `false` for a store that may wait unbounded, which the gate bounds.
+    fn bounds_itself(&self) -> bool;
 
     /// INCR the counter, give it `period_end` if it has no expiry, write the
     /// first-seen key if missing, and read the counter's expiry back.
@@ -208,17 +206,12 @@ pub trait QuotaStore: Send + Sync + 'static {
     -> impl Future<Output = Result<Tally, CountFailed>> + Send;
 
     /// Reads the counter, its expiry, the pacing slot and the grant in one
-    /// round trip, writing nothing (`GET /quota`). The
-    /// default (for test wrappers that never serve `GET /quota`) answers
-    /// that it cannot read, which the gate turns into a 503, never a guess.
+    /// round trip, writing nothing (`GET /quota`).
     fn peek(
         &self,
         key: &QuotaKey,
         now: UnixSecs,
-    ) -> impl Future<Output = Result<Peek, StoreError>> + Send {
-        let _ = (key, now);
-        async { Err(StoreError::Backend("this store cannot be read".into())) }
-    }
+    ) -> impl Future<Output = Result<Peek, StoreError>> + Send;
 
     /// Reads each of `keys` as [`Self::peek`] does, in one round trip (the
     /// levels above a subject, for `GET /quota` and `inspect`).

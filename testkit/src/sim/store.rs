@@ -223,6 +223,22 @@ fn level_counters(levels: &[Level]) -> Vec<String> {
 }
 
 impl QuotaStore for SimStore {
+    /// A simulated call may wait as long as its schedule says: the gate
+    /// bounds it.
+    fn bounds_itself(&self) -> bool {
+        false
+    }
+
+    /// Read as the in-memory store reads, at once (the simulated schedules
+    /// send no `GET /quota`).
+    async fn peek(
+        &self,
+        key: &QuotaKey,
+        now: UnixSecs,
+    ) -> Result<quota_gate::io::store::Peek, StoreError> {
+        self.memory.peek(key, now).await
+    }
+
     async fn count(&self, args: CountArgs<'_>) -> Result<Tally, CountFailed> {
         let (key, period_end, now, reset) =
             (args.key.clone(), args.period_end, args.now, args.reset);
