@@ -11,6 +11,8 @@ use bytes::Bytes;
 use http::{HeaderValue, Response, StatusCode, header};
 use serde::Serialize;
 
+use crate::rules::settle::Failure;
+
 /// Seconds a client should wait before retrying after a 503.
 pub const RETRY_AFTER_SECS: u64 = 1;
 
@@ -106,6 +108,17 @@ impl GateError {
             code,
             detail: detail.into(),
         }
+    }
+
+    /// What the client is told of a failed enqueue, for counted and exempt
+    /// scans alike: a refused job was not queued; one whose fate is
+    /// unknown may still be.
+    pub fn queue_failed(failure: Failure) -> Self {
+        let queued = match failure {
+            Failure::NotQueued => Queued::No,
+            Failure::QueueUnknown | Failure::Store { .. } | Failure::BacklogFull => Queued::Unknown,
+        };
+        Self::QueueFailed { queued }
     }
 
     /// 503 `backlog_full`, its `Retry-After` by [`crate::rules::pace::retry_after_secs`]:

@@ -22,7 +22,6 @@ use uuid::Uuid;
 
 use super::attempt::{Attempt, GateRequest};
 use super::scan::Scan;
-use super::settlement::queue_failed;
 use super::wiring::Gate;
 use crate::config::Mode;
 use crate::gate::error::GateError;
@@ -263,7 +262,10 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
             let failure =
                 settle::queue_failure(matches!(e, QueueError::Timeout), scan.resumed.is_some());
             Box::pin(self.apply(attempt, scan.scan_id, &scan.metering, failure)).await;
-            return (Err(queue_failed(failure)), exit(metered, End::QueueFailed));
+            return (
+                Err(GateError::queue_failed(failure)),
+                exit(metered, End::QueueFailed),
+            );
         }
         // 8: answer, and save the answer for a keyed retry.
         let response = scan

@@ -10,7 +10,6 @@ use tokio::time::Instant;
 
 use super::attempt::{GateRequest, enqueue_within};
 use super::scan::{Held, scan_job};
-use super::settlement::queue_failed;
 use super::wiring::Gate;
 use crate::gate::error::GateError;
 use crate::gate::identity::{Identity, Origin};
@@ -19,10 +18,10 @@ use crate::gate::respond::{self, LevelStanding, Standing};
 use crate::io::meter::Event;
 use crate::io::queue::{QueueError, ScanQueue};
 use crate::io::store::{QuotaKey, QuotaStore};
+use crate::rules::count::Peek;
 use crate::rules::delay::{self, DelayPlan};
 use crate::rules::job::{JobTier, RequestBody};
 use crate::rules::level::Level;
-use crate::rules::record::Peek;
 use crate::rules::settle;
 use crate::rules::unix::UnixMillis;
 
@@ -136,7 +135,9 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
         if let Err(e) = queued.unwrap_or(Err(QueueError::Timeout)) {
             tracing::warn!(error = %e, "enqueue failed (exempt scan)");
             let timed_out = matches!(e, QueueError::Timeout);
-            return Err(queue_failed(settle::queue_failure(timed_out, false)));
+            return Err(GateError::queue_failed(settle::queue_failure(
+                timed_out, false,
+            )));
         }
         self.meter
             .record_event(identity.scope, Event::Exempt, now_ms);

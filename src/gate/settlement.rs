@@ -1,9 +1,7 @@
 //! The writes that follow a scan's end: a failure's [`Settlement`] carried
 //! out (and retried while that is safe, see [`Gate::apply`]), and a keyed
 //! scan's answer saved for its repeats. Both are sent behind everything the
-//! attempt sent before, on the same connection while it lives. Here too the
-//! one answer to a failed enqueue ([`queue_failed`]), for counted and
-//! exempt scans alike.
+//! attempt sent before, on the same connection while it lives.
 
 use std::time::Duration;
 
@@ -14,7 +12,7 @@ use uuid::Uuid;
 
 use super::attempt::Attempt;
 use super::wiring::Gate;
-use crate::gate::error::{GateError, Queued};
+use crate::gate::error::GateError;
 use crate::io::queue::ScanQueue;
 use crate::io::store::{
     Claim, CountFailed, QuotaKey, QuotaStore, RecordField, RecordState, RecordUpdate, Refund,
@@ -232,16 +230,6 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
             tracing::warn!(error = %e, "could not save an idempotent answer");
         }
     }
-}
-
-/// What the client is told of a failed enqueue: a refused job was not
-/// queued; one whose fate is unknown may still be.
-pub(super) fn queue_failed(failure: Failure) -> GateError {
-    let queued = match failure {
-        Failure::NotQueued => Queued::No,
-        Failure::QueueUnknown | Failure::Store { .. } | Failure::BacklogFull => Queued::Unknown,
-    };
-    GateError::QueueFailed { queued }
 }
 
 /// When a failed settlement stops being retried: [`SETTLE_WITHIN`] from

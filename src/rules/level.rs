@@ -23,9 +23,9 @@ use std::time::Duration;
 
 use ipnet::IpNet;
 
+use crate::rules::count::{Count, Lane};
 use crate::rules::decide::{Decision, Limits, decide};
 use crate::rules::key::QuotaKey;
-use crate::rules::record::{Count, Lane};
 use crate::rules::unix::{UnixSecs, duration_ms};
 
 /// The most network levels of one family (`QUOTA_NETWORKS`): each costs

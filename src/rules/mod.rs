@@ -6,6 +6,7 @@
 //! and is tested, without a server or a runtime.
 
 pub mod breaker;
+pub mod count;
 pub mod decide;
 pub mod delay;
 pub mod digest;

@@ -1,93 +1,18 @@
-//! The idempotency record and the count: pure types, shared by the store
-//! that keeps them and the rules that read them.
+//! The idempotency record: pure types, shared by the store that keeps it
+//! and the rules that read it.
 //!
 //! A keyed scan leaves a [`Record`] (a Valkey hash) beside its subject's
 //! counter. Its field names ([`RecordField`]) and states ([`RecordState`])
 //! are defined once, here; the Lua scripts that write the record spell the
-//! same names, and a test reads the scripts and checks. [`Count`] and
-//! [`Peek`] are what one count and one read of a subject answer.
+//! same names, and a test reads the scripts and checks.
 //!
 //! Nothing here does I/O: [`crate::io::store`] reads and writes these types,
 //! [`crate::rules::settle`] decides on them.
 
 use uuid::Uuid;
 
+use crate::rules::count::Tally;
 use crate::rules::unix::{UnixMillis, UnixSecs};
-
-/// The result of one increment.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Count {
-    /// The count after this increment (1 for the first scan of the period).
-    pub used: u64,
-    /// When the counter expires, as the store holds it.
-    pub reset_at: UnixSecs,
-    /// The gate's clock when it counted.
-    pub now: UnixSecs,
-    /// Extra scans granted for this period (0: none), read in the same round trip.
-    pub grant: u64,
-}
-
-impl Count {
-    pub fn seconds_to_reset(&self) -> u64 {
-        u64::try_from(self.reset_at.get() - self.now.get()).unwrap_or(0)
-    }
-}
-
-/// What one count of a scan answered: the subject's count, and each
-/// level's above it (in the order asked).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Tally {
-    pub subject: Count,
-    pub levels: Vec<Lane>,
-}
-
-impl Tally {
-    /// A count with no level above the subject.
-    pub fn subject(count: Count) -> Self {
-        Self {
-            subject: count,
-            levels: Vec::new(),
-        }
-    }
-}
-
-/// One level's count. Standalone, every level rides the subject's round
-/// trip and shares its fate; in a cluster a level lives on another node,
-/// whose answer may fail alone.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Lane {
-    Counted(Count),
-    /// No answer: `may_land` when the count was sent (it may still run).
-    Failed {
-        may_land: bool,
-    },
-}
-
-/// What `GET /quota` reads of a subject, in one round trip, changing nothing.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Peek {
-    /// Scans counted this period (0: no counter yet).
-    pub used: u64,
-    /// When the counter expires (unix s); `None` without a counter (or one
-    /// that never expires).
-    pub reset_at: Option<UnixSecs>,
-    /// The subject's pacing slot (unix ms), if one was taken.
-    pub slot_ms: Option<UnixMillis>,
-    /// Extra scans granted for this period.
-    pub grant: u64,
-}
-
-/// A count read as the subject stands after it (no pacing slot known).
-impl From<Count> for Peek {
-    fn from(count: Count) -> Self {
-        Self {
-            used: count.used,
-            reset_at: Some(count.reset_at),
-            slot_ms: None,
-            grant: count.grant,
-        }
-    }
-}
 
 /// What a keyed request leaves in its record before it is counted.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

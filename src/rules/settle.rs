@@ -20,12 +20,13 @@ use std::time::Duration;
 
 use uuid::Uuid;
 
+use crate::rules::count::{Count, Lane};
 use crate::rules::decide::{Decision, Limits, decide};
 use crate::rules::delay::DelayPlan;
 use crate::rules::level::LevelName;
 use crate::rules::modes::{FailMode, Pacing};
 use crate::rules::pace::Paced;
-use crate::rules::record::{Claim, Count, Lane, Record};
+use crate::rules::record::{Claim, Record};
 use crate::rules::unix::{UnixMillis, UnixSecs, duration_ms};
 
 /// How long after its expected end an attempt is still given, in the

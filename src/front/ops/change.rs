@@ -5,8 +5,8 @@
 use serde::Serialize;
 
 use super::OpsError;
-use super::keys::GrantExpiry;
 use super::subject::Subject;
+use super::valkey_admin::GrantExpiry;
 use crate::config::ResetPolicy;
 use crate::io::store::grant_period_end;
 use crate::io::store::valkey::ValkeyStore;

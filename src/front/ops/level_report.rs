@@ -4,7 +4,7 @@
 
 use serde::Serialize;
 
-use super::keys::Snapshot;
+use super::valkey_admin::Snapshot;
 use crate::config::Config;
 use crate::io::store::resets_at;
 use crate::rules::level::Level;

@@ -20,7 +20,6 @@
 
 pub mod change;
 pub mod command;
-pub mod keys;
 pub mod level_report;
 pub mod network;
 pub mod nodes;
@@ -28,6 +27,7 @@ pub mod progress;
 pub mod purge;
 pub mod stats;
 pub mod subject;
+pub mod valkey_admin;
 
 use std::time::Duration;
 

@@ -14,7 +14,7 @@ use serde::Serialize;
 use time::OffsetDateTime;
 
 use super::OpsError;
-use super::keys::Snapshot;
+use super::valkey_admin::Snapshot;
 use crate::config::Config;
 use crate::gate::identity::jwt::Rejection;
 use crate::gate::identity::{self, Identifier, ip};

@@ -5,9 +5,9 @@
 
 use crate::config::ResetPolicy;
 use crate::io::store::resets_at;
+use crate::rules::count::Peek;
 use crate::rules::decide::Limits;
 use crate::rules::level::{LevelName, PolicyName};
-use crate::rules::record::Peek;
 use crate::rules::unix::UnixSecs;
 
 /// The seconds in the policy window the headers advertise.

@@ -7,10 +7,10 @@ use redis::Value;
 use super::quota_store::{CountArgs, PaceArgs, PaceLane, Refund, StoreError};
 use crate::config::ResetPolicy;
 use crate::io::connection::{eval, sized_cmd};
+use crate::rules::count::{Count, Lane, Peek, Tally};
 use crate::rules::delay::{BED_GRACE, BEDS_KEY, Bed, BedAsk, bed_until};
 use crate::rules::key::QuotaKey;
 use crate::rules::pace::Paced;
-use crate::rules::record::{Count, Lane, Peek, Tally};
 use crate::rules::unix::{UnixMillis, UnixSecs, duration_ms};
 
 /// `pace.lua` and `take_bed.lua` call `take_bed`, defined once in `bed.lua`.

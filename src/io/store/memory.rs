@@ -23,10 +23,11 @@ use crate::rules::unix::{UnixMillis, UnixSecs};
 use super::quota_store::{
     CountArgs, CountFailed, PaceArgs, QuotaStore, RecordUpdate, Refund, StoreError, TakeOver,
 };
+use crate::rules::count::{Count, Lane, Peek, Tally};
 use crate::rules::delay::{Bed, BedAsk, take_bed};
 use crate::rules::key::{IDEMPOTENCY_TTL_SECS, QuotaKey};
 use crate::rules::pace::{Paced, line_excess, next_start};
-use crate::rules::record::{Claim, Claimed, Count, Lane, Peek, Record, RecordState, Tally};
+use crate::rules::record::{Claim, Claimed, Record, RecordState};
 
 const MIN_SWEEP_LEN: usize = 1024;
 

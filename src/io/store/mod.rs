@@ -32,12 +32,13 @@ use uuid::Uuid;
 use crate::rules::delay::{Bed, BedAsk};
 use crate::rules::unix::{UnixMillis, UnixSecs};
 
+pub use crate::rules::count::{Count, Lane, Peek, Tally};
 pub use crate::rules::key::{
     IDEMPOTENCY_TTL_SECS, KEY_PATTERN, QuotaKey, grant_period_end, period_end, resets_at,
 };
 pub use crate::rules::pace::Paced;
 pub use crate::rules::record::{
-    Claim, Claimed, Count, Field, Lane, Peek, Record, RecordError, RecordField, RecordState, Tally,
+    Claim, Claimed, Field, Record, RecordError, RecordField, RecordState,
 };
 pub use commands::GrantHeld;
 pub use quota_store::{

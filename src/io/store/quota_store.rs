@@ -7,11 +7,12 @@ use std::future::Future;
 use uuid::Uuid;
 
 use crate::config::ResetPolicy;
+use crate::rules::count::{Lane, Peek, Tally};
 use crate::rules::delay::{Bed, BedAsk};
 use crate::rules::key::QuotaKey;
 use crate::rules::level::Level;
 use crate::rules::pace::Paced;
-use crate::rules::record::{Claim, Claimed, Field, Lane, Peek, RecordError, Tally};
+use crate::rules::record::{Claim, Claimed, Field, RecordError};
 use crate::rules::unix::{UnixMillis, UnixSecs};
 
 /// One count request: which subject (and which levels above it), and the

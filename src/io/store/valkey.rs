@@ -19,7 +19,7 @@
 //! each call is single-slot in cluster mode.
 //!
 //! Operator reads and writes (`inspect`, `reset`, `purge`) live with the
-//! operators, in [`crate::front::ops::keys`].
+//! operators, in [`crate::front::ops::valkey_admin`].
 
 use redis::Value;
 use uuid::Uuid;
@@ -37,9 +37,10 @@ use super::quota_store::{
     TakeOver,
 };
 use crate::io::connection::{Request, Valkey};
+use crate::rules::count::{Lane, Peek, Tally};
 use crate::rules::key::{IDEMPOTENCY_TTL_SECS, QuotaKey};
 use crate::rules::pace::Paced;
-use crate::rules::record::{Claim, Claimed, Lane, Peek, Record, Tally};
+use crate::rules::record::{Claim, Claimed, Record};
 
 mod cluster;
 

@@ -10,8 +10,9 @@ use crate::io::store::commands::{
     level_commands, level_of, pace_script, paced, refund_script, unpace,
 };
 use crate::io::store::quota_store::{CountArgs, PaceArgs, PaceLane, Refund, StoreError};
+use crate::rules::count::Lane;
 use crate::rules::pace::Paced;
-use crate::rules::record::{Lane, RecordField};
+use crate::rules::record::RecordField;
 
 impl ValkeyStore {
     /// Counts each level in a request of its own, all sent at once (a
