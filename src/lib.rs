@@ -91,6 +91,14 @@ impl LogFormat {
     /// Lambda sets from the function's `LoggingConfig` (`JSON` or `Text`),
     /// read as `lambda_runtime`'s own subscriber reads it: `JSON` in any
     /// case is JSON, anything else text.
+    ///
+    /// That subscriber (`lambda_runtime::tracing::init_default_subscriber`)
+    /// is not used itself: its JSON nests an event's fields under `fields`,
+    /// where our lines carry `message`, `error` and `code` at the top level
+    /// (the schema docs/dashboards.md documents and the log queries read),
+    /// and its filter would let the AWS SDK's own info lines through. So
+    /// the gate reads the same two variables the same way
+    /// (`AWS_LAMBDA_LOG_LEVEL` in [`log_filter`]) into its own subscriber.
     pub fn lambda() -> Self {
         match std::env::var("AWS_LAMBDA_LOG_FORMAT") {
             Ok(v) if v.eq_ignore_ascii_case("json") => Self::Json,
@@ -126,15 +134,29 @@ where
     };
 }
 
-/// `RUST_LOG`, or by default `info`, with the AWS SDK's own chatter only from
-/// `error`.
+/// The log level: Lambda's `AWS_LAMBDA_LOG_LEVEL` (set from the function's
+/// `LoggingConfig.ApplicationLogLevel`, and first, as the runtime's own
+/// subscriber takes it), else `RUST_LOG`, else `info`; the AWS SDK's own
+/// chatter only from `error` unless a directive names it.
 pub fn log_filter() -> tracing_subscriber::EnvFilter {
-    tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
-        tracing_subscriber::EnvFilter::new(
-            "info,aws_config=error,aws_smithy_runtime=error,aws_smithy_runtime_api=error,\
-             aws_sdk_cloudwatch=error,aws_sdk_sqs=error,aws_sdk_sts=error,aws_sdk_sso=error",
-        )
-    })
+    const QUIET_SDK: &str = "aws_config=error,aws_smithy_runtime=error,\
+        aws_smithy_runtime_api=error,aws_sdk_cloudwatch=error,aws_sdk_sqs=error,\
+        aws_sdk_sts=error,aws_sdk_sso=error";
+    let level = std::env::var("AWS_LAMBDA_LOG_LEVEL")
+        .ok()
+        .map(|l| lambda_level(&l))
+        .or_else(|| std::env::var("RUST_LOG").ok())
+        .unwrap_or_else(|| "info".to_owned());
+    tracing_subscriber::EnvFilter::try_new(format!("{QUIET_SDK},{level}"))
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(format!("{QUIET_SDK},info")))
+}
+
+/// An `AWS_LAMBDA_LOG_LEVEL` as a directive: Lambda's `FATAL` is `error`.
+fn lambda_level(level: &str) -> String {
+    match level.to_ascii_lowercase().as_str() {
+        "fatal" => "error".to_owned(),
+        other => other.to_owned(),
+    }
 }
 
 #[cfg(test)]
@@ -153,5 +175,12 @@ mod tests {
         assert_eq!(with("JSON"), Ok(LogFormat::Json));
         assert_eq!(with("text"), Ok(LogFormat::Text));
         assert!(with("xml").unwrap_err().contains("QUOTA_LOG_FORMAT"));
+    }
+
+    /// Lambda's level words are directives; `FATAL` has no tracing level.
+    #[test]
+    fn lambda_levels() {
+        assert_eq!(super::lambda_level("WARN"), "warn");
+        assert_eq!(super::lambda_level("FATAL"), "error");
     }
 }

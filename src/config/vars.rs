@@ -307,7 +307,9 @@ variables! {
     /// accepting on the one socket; 0: one per CPU
     QUOTA_SERVE_WORKERS: Var<Whole> = number("0", 0, MAX_WORKERS).applies(Applies::Serve);
     // Read by the logger (`tracing`'s `EnvFilter`), not by [`super::Config`].
-    /// log filter; logs go to stderr and never contain an IP, token or digest
+    /// log filter (the AWS SDK's own lines only from `error` unless named); Lambda's
+    /// `AWS_LAMBDA_LOG_LEVEL` (the function's `ApplicationLogLevel`) comes first. Logs go to
+    /// stderr and never contain an IP, token or digest
     RUST_LOG: Var<Text> = text("info").applies(Applies::Logging);
     // Read by the logger ([`crate::LogFormat`]), not by [`super::Config`].
     /// `text` or `json` (one object a line) for `quota-gate`'s logs; Lambda follows the function's

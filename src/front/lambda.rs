@@ -109,37 +109,28 @@ pub const CONFIG_ERROR_TYPE: &str = "Runtime.ConfigError";
 /// Reports a cold-start failure to the Lambda Runtime API
 /// (`POST /2018-06-01/runtime/init/error` on `api`, the value of
 /// `AWS_LAMBDA_RUNTIME_API`), so the invocation's error names the cause
-/// instead of a bare "Runtime exited". Returns the API's status code.
-pub async fn report_init_error(api: &str, error_type: &str, message: &str) -> std::io::Result<u16> {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+/// instead of a bare "Runtime exited". Sent with the runtime's own API
+/// client, which takes Lambda's `host:port` and `cargo lambda watch`'s URL
+/// with a path prefix alike. Returns the API's status code.
+pub async fn report_init_error(
+    api: &str,
+    error_type: &str,
+    message: &str,
+) -> Result<u16, lambda_runtime::Error> {
+    use lambda_runtime_api_client::{PooledClient, body::Body, build_request};
+    let endpoint: http::Uri = api.parse()?;
     let body = serde_json::json!({"errorMessage": message, "errorType": error_type}).to_string();
-    // Lambda gives `host:port`; `cargo lambda watch` a URL with a path prefix
-    // (`http://[::]:9000/.rt/bootstrap`).
-    let api = api.strip_prefix("http://").unwrap_or(api);
-    let (authority, prefix) = match api.find('/') {
-        Some(i) => (&api[..i], api[i..].trim_end_matches('/')),
-        None => (api, ""),
-    };
-    let request = format!(
-        "POST {prefix}/2018-06-01/runtime/init/error HTTP/1.1\r\nHost: {authority}\r\n\
-         Lambda-Runtime-Function-Error-Type: {error_type}\r\n\
-         Content-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    );
-    let exchange = async {
-        let mut stream = tokio::net::TcpStream::connect(authority).await?;
-        stream.write_all(request.as_bytes()).await?;
-        let mut response = Vec::new();
-        stream.read_to_end(&mut response).await?;
-        let head = String::from_utf8_lossy(&response);
-        head.split_whitespace()
-            .nth(1)
-            .and_then(|code| code.parse::<u16>().ok())
-            .ok_or_else(|| std::io::Error::other("the Runtime API gave no status"))
-    };
-    tokio::time::timeout(Duration::from_secs(2), exchange)
+    let request = build_request()
+        .method(http::Method::POST)
+        .uri("/2018-06-01/runtime/init/error")
+        .header("lambda-runtime-function-error-type", error_type)
+        .header(http::header::CONTENT_TYPE, "application/json")
+        .body(Body::from(body))?;
+    let client = PooledClient::builder().with_endpoint(endpoint).build();
+    let response = tokio::time::timeout(Duration::from_secs(2), client.call(request))
         .await
-        .unwrap_or_else(|_| Err(std::io::Error::other("the Runtime API did not answer")))
+        .map_err(|_| "the Runtime API did not answer")??;
+    Ok(response.status().as_u16())
 }
 
 /// The Lambda's init check of the store's eviction policy
