@@ -20,7 +20,7 @@ use crate::io::store::{Claim, Lane, PaceLane, QuotaKey, Tally, period_end};
 use crate::rules::decide::{Limits, decide};
 use crate::rules::delay::{self, Bed, BedAsk, DelayPlan};
 use crate::rules::level::{Level, most_severe};
-use crate::rules::settle::Metering;
+use crate::rules::settle::Charge;
 use crate::rules::unix::{UnixMillis, UnixSecs, duration_ms};
 
 /// One HTTP request, as either front end hands it over.
@@ -98,14 +98,14 @@ impl Attempt {
 
     /// How a counted scan is metered: decided at its subject and at each
     /// level that answered ([`most_severe`]), whose counts its levels keep.
-    pub fn metering(&mut self, tally: Tally) -> Metering {
+    pub fn charge(&mut self, tally: Tally) -> Charge {
         self.counted(tally.levels);
         let count = tally.subject;
         let subject = decide(count.used, &self.limits.with_grant(count.grant));
         let levels = self.levels.iter();
         let decided = levels.filter_map(|l| Some((l.name, l.counted()?.0)));
         let (level, decision) = most_severe(subject, decided);
-        Metering::Counted {
+        Charge::Counted {
             count,
             decision,
             level,

@@ -15,7 +15,7 @@ use crate::io::store::{PaceArgs, QuotaStore};
 use crate::rules::decide::decide;
 use crate::rules::delay::Bed;
 use crate::rules::pace::Paced;
-use crate::rules::settle::{self, DelayRule, Failure, Metering};
+use crate::rules::settle::{self, Charge, DelayRule, Failure};
 use crate::rules::unix::{UnixSecs, duration_ms};
 
 impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
@@ -27,7 +27,7 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
         attempt: &Attempt,
         scan: &Scan,
     ) -> Result<(Duration, Option<Bed>), GateError> {
-        match settle::delay_rule(&scan.metering, self.shadow(), self.config.policy.pacing) {
+        match settle::delay_rule(&scan.charge, self.shadow(), self.config.policy.pacing) {
             DelayRule::Fixed(delay) if delay.is_zero() => Ok((delay, None)),
             // Only an over-quota scan asks for a bed or is paced: its steps
             // stay off the within-quota scan's future (which is moved whole
@@ -69,7 +69,7 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
         scan: &Scan,
         tier_delay: Duration,
     ) -> Result<(Duration, Option<Bed>), GateError> {
-        let Metering::Counted { count, .. } = &scan.metering else {
+        let Charge::Counted { count, .. } = &scan.charge else {
             return Ok((tier_delay, None));
         };
         // Each line's own tier delay: the subject's, and each level's.
@@ -97,7 +97,7 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
             } => (retry_after_ms, levels_ms),
         };
         let failure = Failure::BacklogFull;
-        Box::pin(self.apply(attempt, scan.scan_id, &scan.metering, failure)).await;
+        Box::pin(self.apply(attempt, scan.scan_id, &scan.charge, failure)).await;
         // Remembered: the subject until its retry, each level full on its
         // own until its own, never past a counter's reset.
         let until = |ms: u64, reset_at: UnixSecs| {

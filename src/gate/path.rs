@@ -131,14 +131,14 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
                 attempt.exit(Metered::Uncounted, End::BacklogFull),
             );
         }
-        let metering = match self.count(attempt).await {
-            Ok(Counted::New(tally)) => attempt.metering(tally),
+        let charge = match self.count(attempt).await {
+            Ok(Counted::New(tally)) => attempt.charge(tally),
             Ok(Counted::Existing(record, claim)) => {
                 return Box::pin(self.repeat(attempt, claim, body, record)).await;
             }
             // Settled at every level already: nothing is left at a level.
             Err(e) => match Box::pin(self.store_failed(attempt, e)).await {
-                Ok(metering) => metering,
+                Ok(charge) => charge,
                 Err(e) => {
                     return (
                         Err(e),
@@ -147,8 +147,7 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
                 }
             },
         };
-        self.run(attempt, body, Scan::fresh(attempt, metering))
-            .await
+        self.run(attempt, body, Scan::fresh(attempt, charge)).await
     }
 
     /// Step 4's one round trip; a keyed scan claims its record with it.
@@ -261,7 +260,7 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
             tracing::warn!(error = %e, "enqueue failed");
             let failure =
                 settle::queue_failure(matches!(e, QueueError::Timeout), scan.resumed.is_some());
-            Box::pin(self.apply(attempt, scan.scan_id, &scan.metering, failure)).await;
+            Box::pin(self.apply(attempt, scan.scan_id, &scan.charge, failure)).await;
             return (
                 Err(GateError::queue_failed(failure)),
                 exit(metered, End::QueueFailed),

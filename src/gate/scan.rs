@@ -15,14 +15,14 @@ use crate::io::queue::ScanJob;
 use crate::io::store::Peek;
 use crate::rules::delay::DelayPlan;
 use crate::rules::job::{JobTier, RequestBody};
-use crate::rules::settle::{Metering, Resumed};
+use crate::rules::settle::{Charge, Resumed};
 use crate::rules::unix::{UnixMillis, duration_ms};
 
 /// The scan that goes ahead: a fresh one, or one a retry took over.
 pub(super) struct Scan {
     /// Every job of a keyed scan carries its record's scanId.
     pub scan_id: Uuid,
-    pub metering: Metering,
+    pub charge: Charge,
     /// When the scan arrived (the first attempt's, when resumed).
     pub received_ms: UnixMillis,
     /// Taken over from an earlier attempt, with its plan: nothing is slept
@@ -32,13 +32,13 @@ pub(super) struct Scan {
 
 impl Scan {
     /// This request's scan: a keyed one under its claim's scanId.
-    pub fn fresh(attempt: &Attempt, metering: Metering) -> Self {
+    pub fn fresh(attempt: &Attempt, charge: Charge) -> Self {
         Self {
             scan_id: attempt
                 .claim
                 .as_ref()
                 .map_or_else(|| crate::io::clock::uuid_v7(attempt.now_ms), |c| c.scan_id),
-            metering,
+            charge,
             received_ms: attempt.now_ms,
             resumed: None,
         }
@@ -50,7 +50,7 @@ impl Scan {
     pub fn resumed(resumed: Resumed) -> Self {
         Self {
             scan_id: resumed.scan_id,
-            metering: resumed.metering,
+            charge: resumed.charge,
             received_ms: resumed.received_ms,
             resumed: Some(resumed.plan),
         }
@@ -60,8 +60,8 @@ impl Scan {
     /// one whose count failed; a resumed one was counted, if at all, by its
     /// first attempt.
     pub fn metered(&self, delay: Duration, shadow: bool) -> Metered {
-        match &self.metering {
-            Metering::Counted {
+        match &self.charge {
+            Charge::Counted {
                 decision, level, ..
             } => Metered::Counted {
                 tier: decision.tier,
@@ -70,10 +70,10 @@ impl Scan {
                 shadow,
                 level: *level,
             },
-            Metering::Unmetered | Metering::Unknown { .. } if self.resumed.is_none() => {
+            Charge::Unmetered | Charge::Unknown { .. } if self.resumed.is_none() => {
                 Metered::StoreFailed
             }
-            Metering::Unmetered | Metering::Unknown { .. } => Metered::Uncounted,
+            Charge::Unmetered | Charge::Unknown { .. } => Metered::Uncounted,
         }
     }
 
@@ -85,13 +85,7 @@ impl Scan {
             received_ms: self.received_ms,
             plan,
         };
-        scan_job(
-            identity,
-            held,
-            self.metering.into(),
-            self.metering.used(),
-            body,
-        )
+        scan_job(identity, held, self.charge.into(), self.charge.used(), body)
     }
 
     /// The 202 for its queued `job`. Uncounted, it reports the whole limit
@@ -103,9 +97,9 @@ impl Scan {
         plan: DelayPlan,
         shadow: bool,
     ) -> Accepted {
-        let (used, peek, reminder, verdict, level) = match &self.metering {
+        let (used, peek, reminder, verdict, level) = match &self.charge {
             // A grant raises the ceiling the answer reports, as it did the tier's.
-            Metering::Counted {
+            Charge::Counted {
                 count,
                 decision,
                 level,
@@ -116,7 +110,7 @@ impl Scan {
                 shadow.then(|| ShadowVerdict::new(decision.tier, decision.delay)),
                 Some(*level),
             ),
-            Metering::Unmetered | Metering::Unknown { .. } => (None, None, false, None, None),
+            Charge::Unmetered | Charge::Unknown { .. } => (None, None, false, None, None),
         };
         // Each level counted with it, where it stands after this scan.
         let levels = attempt

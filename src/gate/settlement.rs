@@ -20,7 +20,7 @@ use crate::io::store::{
 };
 use crate::rules::level::Level;
 use crate::rules::settle::{
-    AfterStoreFailure, Failure, Metering, Settlement, after_store_failure, level_refund,
+    AfterStoreFailure, Charge, Failure, Settlement, after_store_failure, level_refund,
     levels_refunded, settle,
 };
 use crate::rules::unix::UnixSecs;
@@ -46,18 +46,18 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
         &self,
         attempt: &Attempt,
         scan_id: Uuid,
-        metering: &Metering,
+        charge: &Charge,
         failure: Failure,
     ) {
         let keyed = attempt.keyed();
-        let mut settlement = settle(metering, keyed, failure);
-        if crate::bug!(RefundOfUnsentCount) && *metering == Metering::Unmetered {
+        let mut settlement = settle(charge, keyed, failure);
+        if crate::bug!(RefundOfUnsentCount) && *charge == Charge::Unmetered {
             settlement = Settlement::Refund {
                 period_end: UnixSecs(i64::MAX),
             };
         }
         let levels: Vec<(&QuotaKey, UnixSecs)> =
-            if levels_refunded(metering, keyed, failure) && !crate::bug!(LevelNotRefunded) {
+            if levels_refunded(charge, keyed, failure) && !crate::bug!(LevelNotRefunded) {
                 let refund = |l: &'_ Level| level_refund(l.lane.as_ref()?, attempt.period_end);
                 let levels = attempt.levels.iter();
                 levels.filter_map(|l| Some((&l.key, refund(l)?))).collect()
@@ -97,7 +97,7 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
         &self,
         attempt: &mut Attempt,
         failed: CountFailed,
-    ) -> Result<Metering, GateError> {
+    ) -> Result<Charge, GateError> {
         let e = failed.error;
         let scope = attempt.identity.scope;
         // An open breaker is one outage, already logged when it opened.
@@ -106,23 +106,23 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
         } else {
             tracing::warn!(error = %e, %scope, "quota store failed");
         }
-        let metering = Metering::after_store_error(e.may_land(), attempt.period_end);
+        let charge = Charge::after_store_error(e.may_land(), attempt.period_end);
         let mode = self.config.store.fail_mode;
         let failure = Failure::Store { mode };
         attempt.count_failed(failed.levels, e.may_land());
-        self.apply(attempt, attempt.scan_id(), &metering, failure)
+        self.apply(attempt, attempt.scan_id(), &charge, failure)
             .await;
         // Settled once: a scan that goes on unmetered holds no level count
         // for a later failure to take back again.
         attempt.levels_settled();
-        let mut answer = after_store_failure(&metering, attempt.keyed(), mode);
+        let mut answer = after_store_failure(&charge, attempt.keyed(), mode);
         if crate::bug!(UnknownCountQueuedUnmetered) && answer == AfterStoreFailure::Unsettled {
             answer = AfterStoreFailure::Unmetered;
         }
         match answer {
             AfterStoreFailure::Refuse => Err(GateError::StoreUnavailable),
             AfterStoreFailure::Unsettled => Err(GateError::StoreUnsettled),
-            AfterStoreFailure::Unmetered => Ok(Metering::Unmetered),
+            AfterStoreFailure::Unmetered => Ok(Charge::Unmetered),
         }
     }
 

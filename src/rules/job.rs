@@ -19,7 +19,7 @@ use uuid::Uuid;
 
 use crate::rules::decide::Tier;
 use crate::rules::scope::Scope;
-use crate::rules::settle::Metering;
+use crate::rules::settle::Charge;
 
 /// The contract version this build writes and reads.
 pub const JOB_VERSION: u32 = 1;
@@ -71,12 +71,12 @@ impl From<Tier> for JobTier {
     }
 }
 
-impl From<Metering> for JobTier {
+impl From<Charge> for JobTier {
     /// The decision's tier when counted, `unmetered` otherwise.
-    fn from(metering: Metering) -> Self {
-        match metering {
-            Metering::Counted { decision, .. } => decision.tier.into(),
-            Metering::Unmetered | Metering::Unknown { .. } => Self::Unmetered,
+    fn from(charge: Charge) -> Self {
+        match charge {
+            Charge::Counted { decision, .. } => decision.tier.into(),
+            Charge::Unmetered | Charge::Unknown { .. } => Self::Unmetered,
         }
     }
 }

@@ -2,7 +2,7 @@
 //! `Idempotency-Key` gets ([`on_repeat`], [`on_take_over`]) and how a scan
 //! taken over goes on ([`resume`]); what every failure leaves to put right
 //! ([`settle`]) and what the client is told ([`after_store_failure`]); how a
-//! failed count is metered ([`Metering::after_store_error`]), where a
+//! failed count is metered ([`Charge::after_store_error`]), where a
 //! scan's delay comes from ([`delay_rule`], whose decided part
 //! [`decided_delay_rule`] `GET /quota` asks too, and [`paced_delay`]), and what a
 //! failed enqueue may have left ([`queue_failure`]). Like
@@ -33,9 +33,11 @@ use crate::rules::unix::{UnixMillis, UnixSecs, duration_ms};
 /// `Retry-After` of a 409: the enqueue and the saving of its answer.
 pub const ATTEMPT_GRACE_MS: i64 = 1_000;
 
-/// How a scan was metered.
+/// What the count charged a scan: counted and decided, accepted uncounted,
+/// or a count sent and not answered. What a failure leads to is settled on
+/// it; the meter is told of it as a [`Metered`](crate::rules::outcome::Metered).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Metering {
+pub enum Charge {
     /// Counted: the subject's count, and the scan's decision, the most
     /// severe of its subject's and its levels' ([`crate::rules::level::most_severe`]),
     /// with the level that set it.
@@ -51,7 +53,7 @@ pub enum Metering {
     Unknown { period_end: UnixSecs },
 }
 
-impl Metering {
+impl Charge {
     /// How a scan whose count failed is metered: a count that was sent and
     /// not answered may still land, in the period ending at `period_end`
     /// one never sent did not happen.
@@ -137,7 +139,7 @@ pub fn on_take_over(taken: Option<bool>) -> Option<u64> {
 pub struct Resumed {
     /// The record's: every job of a keyed scan carries it.
     pub scan_id: Uuid,
-    pub metering: Metering,
+    pub charge: Charge,
     /// When the first attempt arrived.
     pub received_ms: UnixMillis,
     /// Nothing is slept again; what is left of the delay holds the job back.
@@ -159,10 +161,10 @@ pub fn resume(
     now_ms: UnixMillis,
     shadow: bool,
 ) -> Resumed {
-    let metering = if record.count == 0 {
-        Metering::Unmetered
+    let charge = if record.count == 0 {
+        Charge::Unmetered
     } else {
-        Metering::Counted {
+        Charge::Counted {
             count: Count {
                 used: record.count,
                 reset_at: record.reset_at,
@@ -173,12 +175,12 @@ pub fn resume(
             level: LevelName::Subject,
         }
     };
-    let total = match &metering {
-        Metering::Counted { .. } if shadow => Duration::ZERO,
-        Metering::Counted { decision, .. } => record
+    let total = match &charge {
+        Charge::Counted { .. } if shadow => Duration::ZERO,
+        Charge::Counted { decision, .. } => record
             .delay_ms
             .map_or(decision.delay, Duration::from_millis),
-        Metering::Unmetered | Metering::Unknown { .. } => Duration::ZERO,
+        Charge::Unmetered | Charge::Unknown { .. } => Duration::ZERO,
     };
     let owed = record
         .received_ms
@@ -187,7 +189,7 @@ pub fn resume(
         .saturating_sub(now_ms.get());
     Resumed {
         scan_id: record.scan_id,
-        metering,
+        charge,
         received_ms: record.received_ms,
         plan: DelayPlan {
             total,
@@ -209,10 +211,10 @@ pub enum DelayRule {
 }
 
 /// The rule for a fresh scan's delay: an uncounted scan waits for nothing.
-pub fn delay_rule(metering: &Metering, shadow: bool, pacing: Pacing) -> DelayRule {
-    match metering {
-        Metering::Counted { decision, .. } => decided_delay_rule(decision, shadow, pacing),
-        Metering::Unmetered | Metering::Unknown { .. } => DelayRule::Fixed(Duration::ZERO),
+pub fn delay_rule(charge: &Charge, shadow: bool, pacing: Pacing) -> DelayRule {
+    match charge {
+        Charge::Counted { decision, .. } => decided_delay_rule(decision, shadow, pacing),
+        Charge::Unmetered | Charge::Unknown { .. } => DelayRule::Fixed(Duration::ZERO),
     }
 }
 
@@ -281,10 +283,10 @@ pub enum Settlement {
 }
 
 /// The one rule for every failure path.
-pub fn settle(metering: &Metering, keyed: bool, failure: Failure) -> Settlement {
+pub fn settle(charge: &Charge, keyed: bool, failure: Failure) -> Settlement {
+    use Charge::{Counted, Unknown, Unmetered};
     use Failure::{BacklogFull, NotQueued, QueueUnknown, Store};
-    use Metering::{Counted, Unknown, Unmetered};
-    match (metering, keyed, failure) {
+    match (charge, keyed, failure) {
         // A refused scan is not counted.
         (Counted { count, .. }, _, BacklogFull | NotQueued) => Settlement::Refund {
             period_end: count.reset_at,
@@ -327,15 +329,15 @@ pub fn settle(metering: &Metering, keyed: bool, failure: Failure) -> Settlement 
 /// there are to take back is [`level_refund`]'s, per level: after a failed
 /// count each level has its own fate (the subject's where they shared one
 /// request; in a cluster, as the store found it on the level's node).
-pub fn levels_refunded(metering: &Metering, keyed: bool, failure: Failure) -> bool {
-    match settle(metering, keyed, failure) {
+pub fn levels_refunded(charge: &Charge, keyed: bool, failure: Failure) -> bool {
+    match settle(charge, keyed, failure) {
         Settlement::Refund { .. } => true,
         Settlement::Release => false,
         Settlement::Nothing => match failure {
             Failure::BacklogFull | Failure::NotQueued => true,
             Failure::QueueUnknown => false,
             Failure::Store { mode } => {
-                after_store_failure(metering, keyed, mode) == AfterStoreFailure::Refuse
+                after_store_failure(charge, keyed, mode) == AfterStoreFailure::Refuse
             }
         },
     }
@@ -368,11 +370,11 @@ pub enum AfterStoreFailure {
 }
 
 /// The answer to a request whose count failed.
-pub fn after_store_failure(metering: &Metering, keyed: bool, mode: FailMode) -> AfterStoreFailure {
-    match (mode, metering, keyed) {
+pub fn after_store_failure(charge: &Charge, keyed: bool, mode: FailMode) -> AfterStoreFailure {
+    match (mode, charge, keyed) {
         (FailMode::Closed, _, _) => AfterStoreFailure::Refuse,
-        (FailMode::Open, Metering::Unknown { .. }, true) => AfterStoreFailure::Unsettled,
-        (FailMode::Open, Metering::Unmetered, true) => AfterStoreFailure::Refuse,
+        (FailMode::Open, Charge::Unknown { .. }, true) => AfterStoreFailure::Unsettled,
+        (FailMode::Open, Charge::Unmetered, true) => AfterStoreFailure::Refuse,
         (FailMode::Open, _, _) => AfterStoreFailure::Unmetered,
     }
 }
@@ -396,23 +398,23 @@ mod tests {
         }
     }
 
-    /// Checks each row `(metering, flag, input, expected)` of a rule that
-    /// reads a metering, a flag named `flag_name`, and one more input.
+    /// Checks each row `(charge, flag, input, expected)` of a rule that
+    /// reads a charge, a flag named `flag_name`, and one more input.
     fn check_rows<I: Copy + std::fmt::Debug, E: PartialEq + std::fmt::Debug>(
         flag_name: &str,
-        rows: &[(Metering, bool, I, E)],
-        rule: impl Fn(&Metering, bool, I) -> E,
+        rows: &[(Charge, bool, I, E)],
+        rule: impl Fn(&Charge, bool, I) -> E,
     ) {
-        for (metering, flag, input, expected) in rows {
+        for (charge, flag, input, expected) in rows {
             assert_eq!(
-                &rule(metering, *flag, *input),
+                &rule(charge, *flag, *input),
                 expected,
-                "{metering:?} {flag_name}={flag} {input:?}"
+                "{charge:?} {flag_name}={flag} {input:?}"
             );
         }
     }
 
-    fn counted() -> Metering {
+    fn counted() -> Charge {
         let limits = Limits {
             limit: NonZeroU32::new(1).unwrap(),
             soft_window: 0,
@@ -420,7 +422,7 @@ mod tests {
             soft_delay: Duration::from_secs(5),
             hard_delay: Duration::from_secs(60),
         };
-        Metering::Counted {
+        Charge::Counted {
             count: count(2),
             decision: decide(2, &limits),
             level: LevelName::Subject,
@@ -432,22 +434,22 @@ mod tests {
     #[test]
     fn count_of_a_metering() {
         assert_eq!(counted().used(), 2);
-        for uncounted in [Metering::Unmetered, Metering::Unknown { period_end: END }] {
+        for uncounted in [Charge::Unmetered, Charge::Unknown { period_end: END }] {
             assert_eq!(uncounted.used(), 0);
         }
     }
 
-    /// The decided tier of a metering, `unmetered` when not counted.
-    fn tier_of(metering: &Metering) -> &'static str {
-        match metering {
-            Metering::Counted { decision, .. } => decision.tier.as_str(),
-            Metering::Unmetered | Metering::Unknown { .. } => "unmetered",
+    /// The decided tier of a charge, `unmetered` when not counted.
+    fn tier_of(charge: &Charge) -> &'static str {
+        match charge {
+            Charge::Counted { decision, .. } => decision.tier.as_str(),
+            Charge::Unmetered | Charge::Unknown { .. } => "unmetered",
         }
     }
 
     /// The first scan of a period ending at `RESET`: within quota.
-    fn within() -> Metering {
-        Metering::Counted {
+    fn within() -> Charge {
+        Charge::Counted {
             count: count(1),
             decision: Decision {
                 tier: crate::rules::decide::Tier::Within,
@@ -459,7 +461,7 @@ mod tests {
         }
     }
 
-    /// Every (metering × keyed × failure) triple and its settlement.
+    /// Every (charge × keyed × failure) triple and its settlement.
     #[test]
     fn settlement_table() {
         use Failure::*;
@@ -470,10 +472,10 @@ mod tests {
         let closed = Store {
             mode: FailMode::Closed,
         };
-        let unknown = Metering::Unknown { period_end: END };
+        let unknown = Charge::Unknown { period_end: END };
         let within = within();
         let refund_count = Refund { period_end: RESET };
-        let table: [(Metering, bool, Failure, Settlement); 32] = [
+        let table: [(Charge, bool, Failure, Settlement); 32] = [
             (counted(), false, open, Nothing),
             (counted(), false, closed, Nothing),
             (counted(), false, BacklogFull, refund_count),
@@ -484,16 +486,16 @@ mod tests {
             (counted(), true, BacklogFull, refund_count),
             (counted(), true, NotQueued, refund_count),
             (counted(), true, QueueUnknown, Release),
-            (Metering::Unmetered, false, open, Nothing),
-            (Metering::Unmetered, false, closed, Nothing),
-            (Metering::Unmetered, false, BacklogFull, Nothing),
-            (Metering::Unmetered, false, NotQueued, Nothing),
-            (Metering::Unmetered, false, QueueUnknown, Nothing),
-            (Metering::Unmetered, true, open, Nothing),
-            (Metering::Unmetered, true, closed, Nothing),
-            (Metering::Unmetered, true, BacklogFull, Nothing),
-            (Metering::Unmetered, true, NotQueued, Nothing),
-            (Metering::Unmetered, true, QueueUnknown, Release),
+            (Charge::Unmetered, false, open, Nothing),
+            (Charge::Unmetered, false, closed, Nothing),
+            (Charge::Unmetered, false, BacklogFull, Nothing),
+            (Charge::Unmetered, false, NotQueued, Nothing),
+            (Charge::Unmetered, false, QueueUnknown, Nothing),
+            (Charge::Unmetered, true, open, Nothing),
+            (Charge::Unmetered, true, closed, Nothing),
+            (Charge::Unmetered, true, BacklogFull, Nothing),
+            (Charge::Unmetered, true, NotQueued, Nothing),
+            (Charge::Unmetered, true, QueueUnknown, Release),
             (unknown, false, open, Refund { period_end: END }),
             (unknown, false, closed, Refund { period_end: END }),
             (unknown, false, BacklogFull, Refund { period_end: END }),
@@ -512,7 +514,7 @@ mod tests {
         check_rows("keyed", &table, settle);
     }
 
-    /// Every (metering × keyed × failure) and whether the levels above the
+    /// Every (charge × keyed × failure) and whether the levels above the
     /// subject are refunded: with the subject's refund, never where its
     /// retry settles it, and always where the scan is refused outright.
     #[test]
@@ -524,9 +526,9 @@ mod tests {
         let closed = Store {
             mode: FailMode::Closed,
         };
-        let unknown = Metering::Unknown { period_end: END };
-        let unmetered = Metering::Unmetered;
-        let table: [(Metering, bool, Failure, bool); 30] = [
+        let unknown = Charge::Unknown { period_end: END };
+        let unmetered = Charge::Unmetered;
+        let table: [(Charge, bool, Failure, bool); 30] = [
             (counted(), false, BacklogFull, true),
             (counted(), false, NotQueued, true),
             (counted(), false, QueueUnknown, true),
@@ -563,9 +565,9 @@ mod tests {
         ];
         check_rows("keyed", &table, levels_refunded);
         // Wherever the subject is refunded, so is every level.
-        for (metering, keyed, failure, _) in table {
-            if matches!(settle(&metering, keyed, failure), Settlement::Refund { .. }) {
-                assert!(levels_refunded(&metering, keyed, failure));
+        for (charge, keyed, failure, _) in table {
+            if matches!(settle(&charge, keyed, failure), Settlement::Refund { .. }) {
+                assert!(levels_refunded(&charge, keyed, failure));
             }
         }
     }
@@ -586,23 +588,23 @@ mod tests {
     #[test]
     fn store_failure_answers() {
         use AfterStoreFailure::*;
-        let unknown = Metering::Unknown { period_end: END };
+        let unknown = Charge::Unknown { period_end: END };
         let table = [
             (unknown, false, FailMode::Open, Unmetered),
             (unknown, true, FailMode::Open, Unsettled),
             (unknown, false, FailMode::Closed, Refuse),
             (unknown, true, FailMode::Closed, Refuse),
-            (Metering::Unmetered, false, FailMode::Open, Unmetered),
-            (Metering::Unmetered, true, FailMode::Open, Refuse),
-            (Metering::Unmetered, false, FailMode::Closed, Refuse),
-            (Metering::Unmetered, true, FailMode::Closed, Refuse),
+            (Charge::Unmetered, false, FailMode::Open, Unmetered),
+            (Charge::Unmetered, true, FailMode::Open, Refuse),
+            (Charge::Unmetered, false, FailMode::Closed, Refuse),
+            (Charge::Unmetered, true, FailMode::Closed, Refuse),
         ];
-        for (metering, keyed, mode, expected) in table {
-            assert_eq!(after_store_failure(&metering, keyed, mode), expected);
+        for (charge, keyed, mode, expected) in table {
+            assert_eq!(after_store_failure(&charge, keyed, mode), expected);
             // Refusing an unknown count always refunds it; accepting one
             // unmetered without a key refunds it too.
-            if let Metering::Unknown { .. } = metering {
-                let s = settle(&metering, keyed, Failure::Store { mode });
+            if let Charge::Unknown { .. } = charge {
+                let s = settle(&charge, keyed, Failure::Store { mode });
                 match expected {
                     Refuse | Unmetered => assert!(matches!(s, Settlement::Refund { .. })),
                     Unsettled => assert_eq!(s, Settlement::Release),
@@ -694,10 +696,10 @@ mod tests {
     #[test]
     fn metering_after_store_error() {
         assert_eq!(
-            Metering::after_store_error(true, END),
-            Metering::Unknown { period_end: END }
+            Charge::after_store_error(true, END),
+            Charge::Unknown { period_end: END }
         );
-        assert_eq!(Metering::after_store_error(false, END), Metering::Unmetered);
+        assert_eq!(Charge::after_store_error(false, END), Charge::Unmetered);
     }
 
     /// Only a take-over the store confirmed goes on; lost or unanswered, 409 in a second.
@@ -749,8 +751,8 @@ mod tests {
             let row = format!("count={count} delay={delay_ms:?} grant={grant} shadow={shadow}");
             assert_eq!(resumed.scan_id, r.scan_id, "{row}");
             assert_eq!(resumed.received_ms, UnixMillis(10_000), "{row}");
-            assert_eq!(resumed.metering.used(), count, "{row}");
-            assert_eq!(tier_of(&resumed.metering), tier, "{row}");
+            assert_eq!(resumed.charge.used(), count, "{row}");
+            assert_eq!(tier_of(&resumed.charge), tier, "{row}");
             assert_eq!(
                 resumed.plan,
                 DelayPlan {
@@ -776,13 +778,13 @@ mod tests {
             (hard, true, Pacing::Off, DelayRule::Fixed(Duration::ZERO)),
             (within, false, Pacing::On, DelayRule::Fixed(Duration::ZERO)),
             (
-                Metering::Unmetered,
+                Charge::Unmetered,
                 false,
                 Pacing::On,
                 DelayRule::Fixed(Duration::ZERO),
             ),
             (
-                Metering::Unknown { period_end: END },
+                Charge::Unknown { period_end: END },
                 false,
                 Pacing::On,
                 DelayRule::Fixed(Duration::ZERO),

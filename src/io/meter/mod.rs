@@ -19,6 +19,13 @@
 //! labelled `scope` only, like the other quota counters; there every series
 //! exists from the start (at 0), so a query on any of them has data.
 //!
+//! Three ideas, a name each: the [`Meter`] writes; an [`Exit`] is what the
+//! gate tells it of one request (its count as [`Metered`], how it ended as
+//! [`End`], its scope and instant); the [`Outcome`] is the one word the
+//! request came to, which the ground floor derives from those two. The
+//! count's [`Charge`](crate::rules::settle::Charge) is the settlement's, not
+//! the meter's: the gate tells the meter of it as a [`Metered`].
+//!
 //! The rooms: [`catalogue`] names every metric and says what it counts,
 //! [`emf`] is the one EMF writer (the consumer's too), [`prometheus`] the
 //! scrape, [`store`] the quota Valkey's own metrics (whether it can evict,
