@@ -64,8 +64,11 @@ pub enum LogFormat {
     Text,
     /// One JSON object a line: `timestamp`, `level`, the event's fields at
     /// the top level (`message`, `error`, `code`, …) and `span`, the
-    /// current span's fields, so under Lambda every line carries the
-    /// runtime's `span.requestId`.
+    /// current span's fields: a request's lines carry `span.traceId` (and
+    /// under Lambda `span.requestId`), a consumer's job's `span.scanId` and
+    /// `span.traceId`. Each span's end is a line of its own (`message`
+    /// `close`, with `time.busy` and `time.idle`): the request's steps'
+    /// durations.
     Json,
 }
 
@@ -118,6 +121,7 @@ where
     let _ = match format {
         LogFormat::Text => builder.try_init(),
         LogFormat::Json => builder
+            .with_span_events(tracing_subscriber::fmt::format::FmtSpan::CLOSE)
             .json()
             .flatten_event(true)
             .with_current_span(true)
