@@ -149,13 +149,19 @@ fn check_emf(line: &str) -> Value {
     // A request's line carries its trace id as a property, never a
     // dimension or a metric; the store's lines and the refusals' aggregate
     // belong to no one request.
-    let aggregate = !store.is_empty()
-        || requests == [meter::Outcome::BacklogFull.requests_metric()];
-    match root.get("traceId").map(|v| v.as_str().expect("traceId is text")) {
+    let aggregate =
+        !store.is_empty() || requests == [meter::Outcome::BacklogFull.requests_metric()];
+    match root
+        .get("traceId")
+        .map(|v| v.as_str().expect("traceId is text"))
+    {
         Some(id) => {
             let hex = |c: char| c.is_ascii_digit() || ('a'..='f').contains(&c);
             assert!(id.len() == 32 && id.chars().all(hex), "{line}");
-            assert!(!line.contains("\"Name\":\"traceId\""), "not a metric: {line}");
+            assert!(
+                !line.contains("\"Name\":\"traceId\""),
+                "not a metric: {line}"
+            );
             assert!(!line.contains("[\"traceId\"]"), "not a dimension: {line}");
         }
         None => assert!(aggregate, "a request's line carries its traceId: {line}"),

@@ -62,7 +62,7 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
     /// Runs the whole request path and answers. Never panics on any input.
     /// Every request that reached the store is metered once, whatever its
     /// exit. It runs in its trace's `request` span ([`super::trace`]).
-    pub async fn handle(&self, mut request: GateRequest) -> Response<Bytes> {
+    pub fn handle(&self, mut request: GateRequest) -> impl Future<Output = Response<Bytes>> + '_ {
         // The one clock reading of this request.
         let now_ms = self.clock.now();
         let trace = super::trace::resolve(request.trace.take(), &request.headers, now_ms);
@@ -72,20 +72,19 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
             requestId = request.request_id.as_deref()
         );
         request.trace = Some(trace);
-        self.answer(request, now_ms).instrument(span).await
-    }
-
-    async fn answer(&self, request: GateRequest, now_ms: UnixMillis) -> Response<Bytes> {
-        let (result, exit) = self.process(request, now_ms).await;
-        if let Some(exit) = &exit {
-            self.meter.record(exit);
-        }
-        result.unwrap_or_else(|e| {
-            if e.is_our_failure() {
-                tracing::warn!(error = %e, code = e.code(), "scan refused");
+        let answer = async move {
+            let (result, exit) = self.process(request, now_ms).await;
+            if let Some(exit) = &exit {
+                self.meter.record(exit);
             }
-            e.to_response()
-        })
+            result.unwrap_or_else(|e| {
+                if e.is_our_failure() {
+                    tracing::warn!(error = %e, code = e.code(), "scan refused");
+                }
+                e.to_response()
+            })
+        };
+        answer.instrument(span)
     }
 
     async fn process(&self, request: GateRequest, now_ms: UnixMillis) -> Answer {
