@@ -14,10 +14,10 @@
 //!
 //! | floor | folder | what it holds |
 //! |---|---|---|
-//! | 1 | [`rules`] | the pure rules and their types: [`rules::decide`] (count and limits in, tier and delay out), [`rules::level`] (the levels above a subject), [`rules::pace`], [`rules::delay`], [`rules::settle`] (what every failure and repeated key leads to), [`rules::record`], [`rules::job`] (the one job type), [`rules::digest`], [`rules::unix`] instants, the store's circuit [`rules::breaker`] |
+//! | 1 | [`rules`] | the pure rules and their types: [`rules::decide`] (count and limits in, tier and delay out), [`rules::level`] (the levels above a subject), [`rules::pace`], [`rules::delay`], [`rules::settle`] (what every failure and repeated key leads to), [`rules::record`], [`rules::job`] (the one job type), [`rules::trace`] (W3C and X-Ray trace context), [`rules::digest`], [`rules::unix`] instants, the store's circuit [`rules::breaker`] |
 //! | 2 | [`config`] | every setting, read once at start |
 //! | 3 | [`io`] | the [`io::connection`] to Valkey, the [`io::store`] that counts, the [`io::queue`]s that carry jobs, the [`io::clock`], the [`io::meter`] and the [`io::stdout`] line writer |
-//! | 4 | [`gate`] | the request path behind one [`Gate::handle`] call: [`gate::validate`], [`gate::identity`], [`gate::idempotency`], [`gate::respond`], [`gate::quota_view`] (`GET /quota`), [`gate::error`] (the one map from failures to HTTP statuses) |
+//! | 4 | [`gate`] | the request path behind one [`Gate::handle`] call: [`gate::validate`], [`gate::identity`], [`gate::idempotency`], [`gate::respond`], [`gate::quota_view`] (`GET /quota`), [`gate::trace`] (the request's trace and its steps' spans), [`gate::error`] (the one map from failures to HTTP statuses) |
 //! | 4 | [`consume`] | `quota-gate consume`: holds each job until `notBefore`, runs each `scanId` once |
 //! | 5 | [`front`] | the front ends: [`front::lambda`], [`front::serve`], [`front::cli`] and its operator tools, [`front::ops`] |
 //!
@@ -64,8 +64,11 @@ pub enum LogFormat {
     Text,
     /// One JSON object a line: `timestamp`, `level`, the event's fields at
     /// the top level (`message`, `error`, `code`, …) and `span`, the
-    /// current span's fields, so under Lambda every line carries the
-    /// runtime's `span.requestId`.
+    /// current span's fields: a request's lines carry `span.traceId` (and
+    /// under Lambda `span.requestId`), a consumer's job's `span.scanId` and
+    /// `span.traceId`. Each span's end is a line of its own (`message`
+    /// `close`, with `time.busy` and `time.idle`): the request's steps'
+    /// durations.
     Json,
 }
 
@@ -126,6 +129,7 @@ where
     let _ = match format {
         LogFormat::Text => builder.try_init(),
         LogFormat::Json => builder
+            .with_span_events(tracing_subscriber::fmt::format::FmtSpan::CLOSE)
             .json()
             .flatten_event(true)
             .with_current_span(true)

@@ -101,7 +101,11 @@ async fn within_quota_scan_stays_in_its_allocation_budget() {
 
 /// The most bytes the future of one request through `serve`'s gate (the
 /// store and queue `serve` builds, [`AnyStore`] and [`AnyQueue`]) may take:
-/// 4,120 measured on 2026-12-02 in this (debug) build: 256 bytes for the
+/// 4,560 measured on 2026-12-03 in this (debug) build: 432 bytes for the
+/// request's trace (its context rides on the request, the attempt and the
+/// job, the request's span and the count's and enqueue's step spans
+/// around their futures, and the Lambda request id beside it; 4,128
+/// before); 256 bytes for the
 /// send that keeps a refusal's error code apart (`Valkey::send_coded`,
 /// which the consumer matches `NOGROUP` by), 328 for the levels above the
 /// subject (the attempt holds their keys and rules, the count's answer and
@@ -112,7 +116,7 @@ async fn within_quota_scan_stays_in_its_allocation_budget() {
 /// scans, repeats, store failures, pacing, settlements) and SQS's send are
 /// boxed to keep them out of it (9,168 bytes before they were). A change
 /// that needs more must say why here.
-const FUTURE_BUDGET: usize = 4_200;
+const FUTURE_BUDGET: usize = 4_640;
 
 /// A request's future stays within [`FUTURE_BUDGET`].
 #[tokio::test(flavor = "current_thread")]

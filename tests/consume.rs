@@ -277,8 +277,8 @@ async fn queued(sqs: &aws_sdk_sqs::Client, url: &str) -> u64 {
 
 /// The job contract: every job the gate really writes (within, soft and
 /// hard tiers, IP scope) validates against docs/job.schema.json, which
-/// requires exactly the fields the type writes, and rejects what a consumer
-/// could not honour.
+/// requires exactly the fields the type writes but `trace` (which jobs
+/// written before it lack), and rejects what a consumer could not honour.
 #[tokio::test]
 async fn jobs_match_the_published_schema() {
     use quota_gate::io::store::memory::MemoryStore;
@@ -308,6 +308,7 @@ async fn jobs_match_the_published_schema() {
         .keys()
         .map(String::as_str)
         .collect();
+    required.push("trace");
     required.sort_unstable();
     fields.sort_unstable();
     assert_eq!(
@@ -315,6 +316,8 @@ async fn jobs_match_the_published_schema() {
         "the schema names every field the gate writes"
     );
     for (field, bad) in [
+        ("trace", json!({"traceparent": "00-junk"})),
+        ("trace", json!({"tracestate": "a=1"})),
         ("scope", json!("cookie")),
         ("tier", json!("gold")),
         ("version", json!(2)),

@@ -17,7 +17,9 @@
 //! exactly `[["Scope"]]` (the product spec's step 9: no other dimension), a
 //! line must name exactly one of the per-outcome requests metrics (or, for
 //! an exempt scan or a `GET /quota`, exactly its one event counter), and no
-//! line may carry the client's address or digest. A scan whose delay a level
+//! line may carry the client's address or digest. Every line of a request
+//! carries its trace id as the property `traceId` (32 hex digits), never a
+//! dimension or a metric. A scan whose delay a level
 //! above the subject set has a second line of its own with exactly one level
 //! metric: a network hit's dimension is `[["Level"]]` (a configured level's
 //! name, `v4/24`, never an address), global pacing's `[["Scope"]]` (`ip`).
@@ -143,6 +145,26 @@ fn check_emf(line: &str) -> Value {
         assert_eq!(events.len(), 1, "one event per line: {line}");
         assert!(requests.is_empty(), "an event is no outcome: {line}");
         assert_eq!(root[events[0]], 1, "{line}");
+    }
+    // A request's line carries its trace id as a property, never a
+    // dimension or a metric; the store's lines and the refusals' aggregate
+    // belong to no one request.
+    let aggregate =
+        !store.is_empty() || requests == [meter::Outcome::BacklogFull.requests_metric()];
+    match root
+        .get("traceId")
+        .map(|v| v.as_str().expect("traceId is text"))
+    {
+        Some(id) => {
+            let hex = |c: char| c.is_ascii_digit() || ('a'..='f').contains(&c);
+            assert!(id.len() == 32 && id.chars().all(hex), "{line}");
+            assert!(
+                !line.contains("\"Name\":\"traceId\""),
+                "not a metric: {line}"
+            );
+            assert!(!line.contains("[\"traceId\"]"), "not a dimension: {line}");
+        }
+        None => assert!(aggregate, "a request's line carries its traceId: {line}"),
     }
     for d in directives {
         let ns = d["Namespace"].as_str().expect("Namespace is a string");
@@ -419,6 +441,7 @@ fn timestamp_is_the_requests_instant() {
         end: meter::End::Answered,
         at: quota_gate::rules::unix::UnixMillis(1_796_032_800_123),
         bed: None,
+        trace: None,
     });
     let line = sink.text();
     let doc: Value = serde_json::from_str(line.trim_end()).unwrap();

@@ -1,12 +1,14 @@
 //! The Lambda logs are JSON lines with the runtime's request id and nothing
-//! personal: the sample events go through the real runtime emulator
+//! personal, and every request's lines, EMF lines and job carry the trace
+//! the runtime was given (`Lambda-Runtime-Trace-Id`, which the emulator
+//! sends as Lambda does): the sample events go through the real runtime emulator
 //! (`cargo lambda watch --only-lambda-apis`, `cargo lambda invoke`) to the
 //! built `bootstrap` with `AWS_LAMBDA_LOG_FORMAT=JSON`, as the template's
 //! `LogFormat: JSON` sets it. Needs `cargo-lambda` on `PATH`.
 
 use quota_gate_testkit as common;
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::io::Read;
 use std::process::{Command, Stdio};
 use std::time::Duration;
@@ -107,6 +109,7 @@ fn lambda_logs_are_json_with_the_request_id() {
     );
 
     let mut request_ids = BTreeSet::new();
+    let (mut xray_of, mut trace_of) = (BTreeMap::new(), BTreeMap::new());
     for line in stderr.lines() {
         let doc: Value = serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}: {line}"));
         assert!(
@@ -115,14 +118,40 @@ fn lambda_logs_are_json_with_the_request_id() {
         );
         if let Some(id) = doc["span"]["requestId"].as_str() {
             request_ids.insert(id.to_owned());
+            let span = &doc["span"];
+            if let Some(xray) = span["xrayTraceId"].as_str() {
+                xray_of.insert(id.to_owned(), xray_trace_id(xray));
+            }
+            if let Some(trace) = span["traceId"].as_str() {
+                trace_of.insert(id.to_owned(), trace.to_owned());
+            }
         }
     }
+    // Each invocation's trace is the X-Ray trace the runtime was given.
+    assert!(
+        trace_of.len() >= 5,
+        "the request span carries its trace: {stderr}"
+    );
+    for (id, trace) in &trace_of {
+        assert_eq!(Some(trace), xray_of.get(id), "{id}: {stderr}");
+    }
+    let traces: BTreeSet<&String> = trace_of.values().collect();
     assert!(
         request_ids.len() >= 5,
         "a warning with its own request id per unmetered scan: {stderr}"
     );
     let emf: Vec<&str> = stdout.lines().filter(|l| l.contains("\"_aws\"")).collect();
     assert!(emf.len() >= 9, "{stdout}");
+    // The EMF lines and the spooled jobs carry those traces.
+    for line in stdout.lines() {
+        let doc: Value = serde_json::from_str(line).unwrap();
+        let trace = match doc["trace"]["traceparent"].as_str() {
+            Some(traceparent) => traceparent[3..35].to_owned(),
+            None => doc["traceId"].as_str().unwrap_or_default().to_owned(),
+        };
+        let store_line = doc.get("Process").is_some();
+        assert!(store_line || traces.contains(&trace), "{line}");
+    }
     let mut secrets: Vec<String> = events
         .iter()
         .map(|e| source_ip(&serde_json::from_str(&event_text(e)).unwrap()))
@@ -131,6 +160,15 @@ fn lambda_logs_are_json_with_the_request_id() {
     let secrets: Vec<&str> = secrets.iter().map(String::as_str).collect();
     assert_nothing_personal(&stderr, &secrets);
     assert_nothing_personal(&emf.join("\n"), &secrets);
+}
+
+/// The 32 hex digits of an X-Ray header's `Root=1-<8>-<24>`.
+fn xray_trace_id(header: &str) -> String {
+    let root = header
+        .split(';')
+        .find_map(|f| f.strip_prefix("Root=1-"))
+        .unwrap();
+    root.replace('-', "")
 }
 
 /// Stops `child` and returns its stdout and stderr.

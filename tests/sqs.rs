@@ -183,11 +183,14 @@ async fn one_message_per_202_with_the_job() {
         for field in ["receivedAt", "notBefore"] {
             assert!(job[field].as_str().unwrap().ends_with('Z'), "{field}");
         }
+        // The request's trace (one the gate started: no context was given).
+        let traceparent = job["trace"]["traceparent"].as_str().unwrap();
         assert_eq!(
             message["message_attributes"],
             json!({
                 "scope": {"DataType": "String", "StringValue": "ip"},
                 "tier": {"DataType": "String", "StringValue": tier},
+                "traceparent": {"DataType": "String", "StringValue": traceparent},
             })
         );
         let deferred = answer["deferredMs"].as_u64().unwrap();

@@ -3,11 +3,13 @@
 //!
 //! `--exec <command>` runs `sh -c <command>` under a [`guard`](super::guard)
 //! in a process group of its own, with the job's JSON on standard input and
-//! `SCAN_ID`, `SCAN_ATTEMPT` and `IMAGE` in the environment; its standard
+//! `SCAN_ID`, `SCAN_ATTEMPT` and `IMAGE` in the environment, and the job's
+//! trace as `TRACEPARENT`, `TRACESTATE` and `_X_AMZN_TRACE_ID`; its standard
 //! output and error are the consumer's. Exit status 0 means done. `--post
 //! <url>` sends the job JSON in a `POST` (`content-type: application/json`,
-//! `x-scan-id`, `x-scan-attempt`) over plain HTTP/1.1, for a scanner beside
-//! the consumer; any 2xx means done.
+//! `x-scan-id`, `x-scan-attempt`, and the trace as `traceparent`,
+//! `tracestate` and `x-amzn-trace-id`) over plain HTTP/1.1, for a scanner
+//! beside the consumer; any 2xx means done.
 //!
 //! A running hand-off is stopped when its `stop` future ends (the scan
 //! timeout, a lost lease, the end of the shutdown grace): an `--exec`
@@ -28,6 +30,9 @@ use tokio::io::AsyncWriteExt;
 
 use super::schedule::Stop;
 use super::source::Delivery;
+use crate::rules::trace::{
+    TRACEPARENT, TRACEPARENT_ENV, TRACESTATE, TRACESTATE_ENV, TraceContext, XRAY_ENV, XRAY_HEADER,
+};
 
 /// The scanner.
 #[derive(Debug, Clone)]
@@ -154,7 +159,8 @@ async fn exec<H>(
 ) -> Result<(), Ended> {
     let exe = std::env::current_exe()
         .map_err(|e| Ended::Failed(format!("cannot find quota-gate's own binary: {e}")))?;
-    let mut child = tokio::process::Command::new(exe)
+    let mut child = tokio::process::Command::new(exe);
+    child
         .arg(super::guard::COMMAND)
         .arg("--parent")
         .arg(std::process::id().to_string())
@@ -162,7 +168,9 @@ async fn exec<H>(
         .arg(command)
         .env("SCAN_ID", d.job.scan_id.to_string())
         .env("SCAN_ATTEMPT", attempt.to_string())
-        .env("IMAGE", d.job.image().unwrap_or_default())
+        .env("IMAGE", d.job.image().unwrap_or_default());
+    trace_env(&mut child, d.job.trace.as_ref());
+    let mut child = child
         .stdin(Stdio::piped())
         .process_group(0)
         .spawn()
@@ -199,6 +207,43 @@ async fn exec<H>(
     }
 }
 
+/// The job's trace in the scanner's environment: `TRACEPARENT` and
+/// `TRACESTATE` (OpenTelemetry's environment carrier) and `_X_AMZN_TRACE_ID`
+/// (X-Ray's). A job without one removes the consumer's own, so a scanner
+/// never continues a trace that is not its job's.
+fn trace_env(command: &mut tokio::process::Command, trace: Option<&TraceContext>) {
+    let Some(trace) = trace else {
+        for name in [TRACEPARENT_ENV, TRACESTATE_ENV, XRAY_ENV] {
+            command.env_remove(name);
+        }
+        return;
+    };
+    command
+        .env(TRACEPARENT_ENV, trace.traceparent().as_str())
+        .env(XRAY_ENV, trace.xray_header().as_str());
+    match trace.tracestate() {
+        Some(state) => command.env(TRACESTATE_ENV, state),
+        None => command.env_remove(TRACESTATE_ENV),
+    };
+}
+
+/// The job's trace as the scanner's request headers: `traceparent`,
+/// `tracestate` and `x-amzn-trace-id`.
+fn trace_headers(
+    mut request: http::request::Builder,
+    trace: Option<&TraceContext>,
+) -> http::request::Builder {
+    if let Some(trace) = trace {
+        request = request
+            .header(TRACEPARENT, trace.traceparent().as_str())
+            .header(XRAY_HEADER, trace.xray_header().as_str());
+        if let Some(state) = trace.tracestate() {
+            request = request.header(TRACESTATE, state);
+        }
+    }
+    request
+}
+
 async fn post<H>(uri: &http::Uri, d: &Delivery<H>, attempt: u64) -> Result<(), String> {
     let host = uri.host().unwrap_or_default();
     let port = uri.port_u16().unwrap_or(80);
@@ -215,7 +260,8 @@ async fn post<H>(uri: &http::Uri, d: &Delivery<H>, attempt: u64) -> Result<(), S
         .header(http::header::HOST, authority)
         .header(http::header::CONTENT_TYPE, "application/json")
         .header("x-scan-id", d.job.scan_id.to_string())
-        .header("x-scan-attempt", attempt.to_string())
+        .header("x-scan-attempt", attempt.to_string());
+    let request = trace_headers(request, d.job.trace.as_ref())
         .body(Full::new(Bytes::from(d.json.clone())))
         .map_err(|e| e.to_string())?;
     let response = sender

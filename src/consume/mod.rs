@@ -57,6 +57,8 @@ use std::time::Duration;
 use tokio::sync::{Semaphore, watch};
 use tokio::task::JoinSet;
 use tokio_util::task::AbortOnDropHandle;
+use tracing::Instrument;
+use tracing::field::display;
 
 use crate::config::Config;
 use crate::io::connection::Valkey;
@@ -297,10 +299,16 @@ pub async fn intake<S: JobSource, X: handoff::Scanner, M: marker::MarkerStore>(
                 None => room.clone().try_acquire_owned().ok(),
             };
             let worker = worker.clone();
-            tasks.spawn(async move {
-                let _permit = permit;
-                worker.process(d).await;
-            });
+            // Every line about the job carries its scanId and its trace's id.
+            let trace_id = d.job.trace.as_ref().map(|t| display(t.trace_id));
+            let span = tracing::info_span!("job", scanId = %d.job.scan_id, traceId = trace_id);
+            tasks.spawn(
+                async move {
+                    let _permit = permit;
+                    worker.process(d).await;
+                }
+                .instrument(span),
+            );
         }
     }
 }

@@ -19,10 +19,12 @@ pub struct ConsumeArgs {
     #[arg(long)]
     pub from: Option<String>,
     /// The scanner command (`sh -c`, in a process group of its own): job JSON on stdin,
-    /// SCAN_ID, SCAN_ATTEMPT and IMAGE in its environment; exit 0 = done.
+    /// SCAN_ID, SCAN_ATTEMPT, IMAGE and the job's trace (TRACEPARENT, TRACESTATE,
+    /// _X_AMZN_TRACE_ID) in its environment; exit 0 = done.
     #[arg(long, required_unless_present = "post", conflicts_with = "post")]
     pub exec: Option<String>,
-    /// The scanner URL (http://): the job JSON is POSTed with x-scan-id and x-scan-attempt; 2xx = done.
+    /// The scanner URL (http://): the job JSON is POSTed with x-scan-id, x-scan-attempt and
+    /// the job's trace (traceparent, tracestate, x-amzn-trace-id); 2xx = done.
     #[arg(long)]
     pub post: Option<String>,
     /// Hand-offs running at once.

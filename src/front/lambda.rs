@@ -2,7 +2,9 @@
 //!
 //! Accepts HTTP API (payload 2.0), REST API (payload 1.0) and Function URL
 //! events. The source address is taken from the request context, where the
-//! gateway put it, never from a header.
+//! gateway put it, never from a header; the trace context from the
+//! invocation's X-Ray header (`Lambda-Runtime-Trace-Id`, which the runtime
+//! also puts in `_X_AMZN_TRACE_ID` and `lambda_http` in `X-Amzn-Trace-Id`).
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -37,7 +39,13 @@ pub fn to_gate_request(request: Request) -> GateRequest {
         }
         _ => None,
     };
-    let remaining = request.lambda_context_ref().and_then(time_left);
+    let context = request.lambda_context_ref();
+    let remaining = context.and_then(time_left);
+    // The invocation's X-Ray context, which no client can set.
+    let trace = context
+        .and_then(|c| c.xray_trace_id.as_deref())
+        .and_then(crate::gate::trace::from_xray_header);
+    let request_id = context.map(|c| c.request_id.clone());
     let (parts, body) = request.into_parts();
     let body = match body {
         Body::Empty => Bytes::new(),
@@ -53,6 +61,8 @@ pub fn to_gate_request(request: Request) -> GateRequest {
         peer,
         gateway_claims,
         remaining,
+        trace,
+        request_id,
     }
 }
 

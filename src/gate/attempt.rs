@@ -21,6 +21,7 @@ use crate::rules::decide::{Limits, decide};
 use crate::rules::delay::{self, Bed, BedAsk, DelayPlan};
 use crate::rules::level::{Level, most_severe};
 use crate::rules::settle::Charge;
+use crate::rules::trace::{TraceContext, TraceId};
 use crate::rules::unix::{UnixMillis, UnixSecs, duration_ms};
 
 /// One HTTP request, as either front end hands it over.
@@ -36,6 +37,13 @@ pub struct GateRequest {
     pub gateway_claims: Option<HashMap<String, String>>,
     /// Time left before the Lambda deadline, when running in Lambda.
     pub remaining: Option<Duration>,
+    /// The trace context the front end was given outside the headers (the
+    /// Lambda invocation's X-Ray context); it wins over any header. The
+    /// gate fills it in from the headers, or starts a trace, when it is
+    /// `None` ([`crate::gate::trace`]).
+    pub trace: Option<TraceContext>,
+    /// The platform's id of the request (Lambda's), logged beside its trace.
+    pub request_id: Option<String>,
 }
 
 /// One identified scan request, as the steps after identification see it.
@@ -59,6 +67,8 @@ pub(super) struct Attempt {
     /// Lambda's remaining time at arrival, if in Lambda.
     pub remaining: Option<Duration>,
     pub started: Instant,
+    /// The request's trace: its job carries it, its EMF line its id.
+    pub trace: Option<TraceContext>,
 }
 
 impl Attempt {
@@ -93,6 +103,7 @@ impl Attempt {
             ceiling,
             remaining: request.remaining,
             started,
+            trace: request.trace.clone(),
         }
     }
 
@@ -235,7 +246,13 @@ impl Attempt {
             end,
             at: self.now_ms,
             bed: None,
+            trace: self.trace_id(),
         }
+    }
+
+    /// The id of the request's trace.
+    pub fn trace_id(&self) -> Option<TraceId> {
+        self.trace.as_ref().map(|t| t.trace_id)
     }
 }
 

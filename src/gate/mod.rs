@@ -17,6 +17,7 @@
 //! | `settlement.rs` | the writes after a scan's end: a failure settled, a keyed answer saved |
 //! | `quota.rs` | the two requests that never count: `GET /quota` and an exempt caller's scan |
 //! | `refused.rs` | subjects and levels the store refused, answered again without it until their `Retry-After` |
+//! | `trace.rs` | the request's trace context, and the spans of its steps |
 //! | `wiring.rs` | the [`Gate`] and the backends the configuration names |
 //!
 //! In shadow mode (`QUOTA_MODE=shadow`) a scan goes the whole way, but its
@@ -27,6 +28,7 @@ pub mod idempotency;
 pub mod identity;
 pub mod quota_view;
 pub mod respond;
+pub mod trace;
 pub mod validate;
 
 mod attempt;

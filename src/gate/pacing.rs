@@ -6,8 +6,11 @@
 
 use std::time::Duration;
 
+use tracing::Instrument;
+
 use super::attempt::Attempt;
 use super::scan::Scan;
+use super::trace::step;
 use super::wiring::Gate;
 use crate::gate::error::GateError;
 use crate::io::queue::ScanQueue;
@@ -32,8 +35,15 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
             // Only an over-quota scan asks for a bed or is paced: its steps
             // stay off the within-quota scan's future (which is moved whole
             // into its task).
-            DelayRule::Fixed(delay) => Ok((delay, Box::pin(self.bed(attempt, scan, delay)).await)),
-            DelayRule::Pace(tier_delay) => Box::pin(self.paced(attempt, scan, tier_delay)).await,
+            DelayRule::Fixed(delay) => {
+                let bed = self.bed(attempt, scan, delay);
+                let span = step!("pace", attempt.trace_id());
+                Ok((delay, Box::pin(bed.instrument(span)).await))
+            }
+            DelayRule::Pace(tier_delay) => {
+                let paced = self.paced(attempt, scan, tier_delay);
+                Box::pin(paced.instrument(step!("pace", attempt.trace_id()))).await
+            }
         }
     }
 

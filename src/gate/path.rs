@@ -18,10 +18,12 @@ use crate::rules::job::RequestBody;
 use bytes::Bytes;
 use http::{Method, Response};
 use tokio::time::{Instant, timeout};
+use tracing::Instrument;
 use uuid::Uuid;
 
 use super::attempt::{Attempt, GateRequest};
 use super::scan::Scan;
+use super::trace::step;
 use super::wiring::Gate;
 use crate::config::Mode;
 use crate::gate::error::GateError;
@@ -32,6 +34,7 @@ use crate::io::store::{
     Claim, Claimed, CountArgs, CountFailed, QuotaStore, Record, StoreError, TakeOver, Tally,
 };
 use crate::rules::settle::{self, Repeat, on_repeat, on_take_over};
+use crate::rules::unix::UnixMillis;
 
 /// A request's answer, and what the meter is told of it (nothing for a
 /// request refused before it reached the store, or not a counted scan).
@@ -56,24 +59,35 @@ struct Admitted<'r> {
 
 impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
     /// Runs the whole request path and answers. Never panics on any input.
-    /// Every request that reached the store is metered once, whatever its exit.
-    pub async fn handle(&self, request: GateRequest) -> Response<Bytes> {
-        let (result, exit) = self.process(request).await;
-        if let Some(exit) = &exit {
-            self.meter.record(exit);
-        }
-        result.unwrap_or_else(|e| {
-            if e.is_our_failure() {
-                tracing::warn!(error = %e, code = e.code(), "scan refused");
-            }
-            e.to_response()
-        })
-    }
-
-    async fn process(&self, request: GateRequest) -> Answer {
-        let started = Instant::now();
+    /// Every request that reached the store is metered once, whatever its
+    /// exit. It runs in its trace's `request` span ([`super::trace`]).
+    pub fn handle(&self, mut request: GateRequest) -> impl Future<Output = Response<Bytes>> + '_ {
         // The one clock reading of this request.
         let now_ms = self.clock.now();
+        let trace = super::trace::resolve(request.trace.take(), &request.headers, now_ms);
+        let span = tracing::info_span!(
+            "request",
+            traceId = %trace.trace_id,
+            requestId = request.request_id.as_deref()
+        );
+        request.trace = Some(trace);
+        let answer = async move {
+            let (result, exit) = self.process(request, now_ms).await;
+            if let Some(exit) = &exit {
+                self.meter.record(exit);
+            }
+            result.unwrap_or_else(|e| {
+                if e.is_our_failure() {
+                    tracing::warn!(error = %e, code = e.code(), "scan refused");
+                }
+                e.to_response()
+            })
+        };
+        answer.instrument(span)
+    }
+
+    async fn process(&self, request: GateRequest, now_ms: UnixMillis) -> Answer {
+        let started = Instant::now();
         if crate::gate::quota_view::is_quota_path(&request.path) {
             if request.method != Method::GET && request.method != Method::HEAD {
                 return (Err(GateError::QuotaMethodNotAllowed), None);
@@ -159,15 +173,18 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
             now: attempt.now(),
             reset: self.config.policy.reset,
         };
-        match &attempt.claim {
-            None => self.bounded(self.store.count(args)).await.map(Counted::New),
-            Some(claim) => Ok(
-                match self.bounded(self.store.count_keyed(args, claim)).await? {
-                    Claimed::New(count) => Counted::New(count),
-                    Claimed::Existing(record) => Counted::Existing(record, claim),
-                },
-            ),
-        }
+        let count = async {
+            match &attempt.claim {
+                None => self.bounded(self.store.count(args)).await.map(Counted::New),
+                Some(claim) => Ok(
+                    match self.bounded(self.store.count_keyed(args, claim)).await? {
+                        Claimed::New(count) => Counted::New(count),
+                        Claimed::Existing(record) => Counted::Existing(record, claim),
+                    },
+                ),
+            }
+        };
+        count.instrument(step!("count", attempt.trace_id())).await
     }
 
     /// Answers a key seen before (its `claim` found `record`), by
@@ -252,11 +269,16 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
         };
         let metered = scan.metered(plan.total, self.shadow());
         if !plan.sleep.is_zero() {
-            tokio::time::sleep(plan.sleep).await;
+            let sleep = tokio::time::sleep(plan.sleep);
+            sleep.instrument(step!("sleep", attempt.trace_id())).await;
         }
         // 7: forward, within the answer's deadline.
-        let job = scan.job(&attempt.identity, body, plan);
-        if let Err(e) = self.enqueue(&job, attempt).await {
+        let job = scan.job(&attempt.identity, body, plan, attempt.trace.clone());
+        let enqueue = self.enqueue(&job, attempt);
+        if let Err(e) = enqueue
+            .instrument(step!("enqueue", attempt.trace_id()))
+            .await
+        {
             tracing::warn!(error = %e, "enqueue failed");
             let failure =
                 settle::queue_failure(matches!(e, QueueError::Timeout), scan.resumed.is_some());

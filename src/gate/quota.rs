@@ -7,9 +7,11 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::Response;
 use tokio::time::Instant;
+use tracing::Instrument;
 
 use super::attempt::{GateRequest, enqueue_within};
 use super::scan::{Held, scan_job};
+use super::trace::step;
 use super::wiring::Gate;
 use crate::gate::error::GateError;
 use crate::gate::identity::{Identity, Origin};
@@ -23,6 +25,7 @@ use crate::rules::delay::{self, DelayPlan};
 use crate::rules::job::{JobTier, RequestBody};
 use crate::rules::level::Level;
 use crate::rules::settle;
+use crate::rules::trace::TraceId;
 use crate::rules::unix::UnixMillis;
 
 impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
@@ -41,7 +44,7 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
         };
         let mut identity = self.identifier.identify(&request.headers, &origin)?;
         self.meter
-            .record_event(identity.scope, Event::Check, now_ms);
+            .record_event(identity.scope, Event::Check, now_ms, trace_id(request));
         if identity.exempt {
             let standing = self.standing(&identity, now_ms).await;
             return Ok(exempt_response(identity.token, &standing));
@@ -125,12 +128,20 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
                 deferred: Duration::ZERO,
             },
         };
-        let job = scan_job(&identity, held, JobTier::Exempt, 0, body);
+        let job = scan_job(
+            &identity,
+            held,
+            JobTier::Exempt,
+            0,
+            (body, request.trace.clone()),
+        );
+        let enqueue = self.queue.enqueue(&job);
+        let enqueue = enqueue.instrument(step!("enqueue", trace_id(request)));
         let ceiling = delay::ceiling(request.remaining, self.config.policy.gateway_timeout);
         let within = enqueue_within(started, ceiling);
         // The read for the headers goes beside the enqueue, so it adds no
         // wait of its own (the store's timeout is far below the enqueue's).
-        let enqueue = tokio::time::timeout(within, self.queue.enqueue(&job));
+        let enqueue = tokio::time::timeout(within, enqueue);
         let (queued, standing) = tokio::join!(enqueue, self.standing(&identity, now_ms));
         if let Err(e) = queued.unwrap_or(Err(QueueError::Timeout)) {
             tracing::warn!(error = %e, "enqueue failed (exempt scan)");
@@ -140,7 +151,7 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
             )));
         }
         self.meter
-            .record_event(identity.scope, Event::Exempt, now_ms);
+            .record_event(identity.scope, Event::Exempt, now_ms, trace_id(request));
         Ok(respond::exempt(
             job.scan_id,
             now_ms.get(),
@@ -160,4 +171,9 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
         let limits = self.config.policy.limits(identity.limit);
         Standing::of(peek.as_ref(), limits, self.config.policy.reset, now)
     }
+}
+
+/// The id of the request's trace.
+fn trace_id(request: &GateRequest) -> Option<TraceId> {
+    request.trace.as_ref().map(|t| t.trace_id)
 }

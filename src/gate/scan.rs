@@ -16,6 +16,7 @@ use crate::io::store::Peek;
 use crate::rules::delay::DelayPlan;
 use crate::rules::job::{JobTier, RequestBody};
 use crate::rules::settle::{Charge, Resumed};
+use crate::rules::trace::TraceContext;
 use crate::rules::unix::{UnixMillis, duration_ms};
 
 /// The scan that goes ahead: a fresh one, or one a retry took over.
@@ -77,15 +78,27 @@ impl Scan {
         }
     }
 
-    /// The job to queue, carrying the scan's `body`, held back until
-    /// `received + plan.total`.
-    pub fn job(&self, identity: &Identity, body: RequestBody, plan: DelayPlan) -> ScanJob {
+    /// The job to queue, carrying the scan's `body` and `trace`, held back
+    /// until `received + plan.total`.
+    pub fn job(
+        &self,
+        identity: &Identity,
+        body: RequestBody,
+        plan: DelayPlan,
+        trace: Option<TraceContext>,
+    ) -> ScanJob {
         let held = Held {
             scan_id: self.scan_id,
             received_ms: self.received_ms,
             plan,
         };
-        scan_job(identity, held, self.charge.into(), self.charge.used(), body)
+        scan_job(
+            identity,
+            held,
+            self.charge.into(),
+            self.charge.used(),
+            (body, trace),
+        )
     }
 
     /// The 202 for its queued `job`. Uncounted, it reports the whole limit
@@ -152,13 +165,13 @@ pub(super) struct Held {
 
 /// The one construction of a job (counted, unmetered or exempt): the
 /// subject's, with its `tier` and `count`, held as `held` says, carrying
-/// the scan's `body`.
+/// the scan's `body` and the request's `trace`.
 pub(super) fn scan_job(
     identity: &Identity,
     held: Held,
     tier: JobTier,
     count: u64,
-    body: RequestBody,
+    (body, trace): (RequestBody, Option<TraceContext>),
 ) -> ScanJob {
     let not_before_ms = held.received_ms.saturating_add(held.plan.total).get();
     ScanJob {
@@ -175,5 +188,6 @@ pub(super) fn scan_job(
         not_before: respond::rfc3339_ms(not_before_ms),
         not_before_ms,
         request: body,
+        trace,
     }
 }

@@ -20,6 +20,7 @@ use uuid::Uuid;
 use crate::rules::decide::Tier;
 use crate::rules::scope::Scope;
 use crate::rules::settle::Charge;
+use crate::rules::trace::{self, TraceContext};
 
 /// The contract version this build writes and reads.
 pub const JOB_VERSION: u32 = 1;
@@ -117,6 +118,16 @@ pub struct ScanJob {
     pub not_before_ms: i64,
     /// The client's request body, untouched ([`RequestBody`]).
     pub request: RequestBody,
+    /// The request's trace context (`traceparent`, and `tracestate` when
+    /// the client sent a valid one): the trace the scan continues. Absent
+    /// in jobs written before it existed; one that is not a valid
+    /// `traceparent` is read as absent ([`trace::lenient`]).
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "trace::lenient"
+    )]
+    pub trace: Option<TraceContext>,
 }
 
 /// A scan request's JSON body as the client sent it: key order, repeated
@@ -282,6 +293,10 @@ mod tests {
             not_before: "2026-11-30T12:01:00.250Z".into(),
             not_before_ms: 1_796_040_060_250,
             request: serde_json::from_str(r#"{"image":"alpine:3.20"}"#).unwrap(),
+            trace: TraceContext::from_w3c(
+                "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+                Some("a=1"),
+            ),
         }
     }
 

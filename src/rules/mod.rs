@@ -21,4 +21,5 @@ pub mod pace;
 pub mod record;
 pub mod scope;
 pub mod settle;
+pub mod trace;
 pub mod unix;

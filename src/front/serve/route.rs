@@ -90,6 +90,8 @@ impl<S: QuotaStore, Q: ScanQueue> Routes<S, Q> {
             peer: Some(peer.ip().to_canonical()),
             gateway_claims: None,
             remaining: None,
+            trace: None,
+            request_id: None,
         };
         // The gate runs to its end even if this future is dropped.
         let gate = self.gate.clone();

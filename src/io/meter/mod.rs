@@ -47,6 +47,7 @@ use crate::io::stdout::LineWriter;
 use crate::rules::delay::Bed;
 use crate::rules::level::Levels;
 use crate::rules::scope::Scope;
+use crate::rules::trace::TraceId;
 use crate::rules::unix::UnixMillis;
 use beds::BedMeter;
 use catalogue::{Counter, shadow_values};
@@ -78,6 +79,9 @@ pub struct Exit {
     /// What the scan found among the beds, when it asked for one (an
     /// over-quota scan that would sleep).
     pub bed: Option<Bed>,
+    /// The request's trace: every EMF line of the request carries its id
+    /// as the property `traceId` (never a dimension).
+    pub trace: Option<TraceId>,
 }
 
 /// Records outcomes to the EMF sink and the `metrics` facade.
@@ -226,13 +230,16 @@ impl Meter {
         if let Some(bed) = exit.bed {
             let line = self.beds.record(exit.scope, bed, exit.at.get());
             if let Some(sink) = &self.emf {
-                sink.write(line);
+                sink.write(emf::with_trace(line, exit.trace));
             }
         }
         if let Some(hit) = LevelHit::of(exit.metered) {
             self.levels.increment(hit);
             if let Some(sink) = &self.emf {
-                sink.write(self.levels.line(hit, exit.at.get()));
+                sink.write(emf::with_trace(
+                    self.levels.line(hit, exit.at.get()),
+                    exit.trace,
+                ));
             }
         }
     }
@@ -262,6 +269,7 @@ impl Meter {
                 end: End::BacklogFull,
                 at,
                 bed: None,
+                trace: None,
             };
             sink.write(self.emf_line(&refusal, Outcome::BacklogFull, held));
         }
@@ -278,13 +286,14 @@ impl Meter {
     }
 
     /// Records one [`Event`] (an exempt scan, a `GET /quota`) of the
-    /// request that arrived `at`, in both exporters.
-    pub fn record_event(&self, scope: Scope, event: Event, at: UnixMillis) {
+    /// request that arrived `at` in `trace`, in both exporters.
+    pub fn record_event(&self, scope: Scope, event: Event, at: UnixMillis, trace: Option<TraceId>) {
         self.handles[scope.index()].events[event.index()].increment(1);
         if let Some(sink) = &self.emf {
             let directive = &self.directives.events[event.index()];
             let mut line = Line::start(at.get(), directive, "Scope", scope.as_str());
             line.number(event.metric(), 1u64);
+            line.trace(trace);
             sink.write(line.finish());
         }
     }
@@ -327,6 +336,7 @@ impl Meter {
             }
             Metered::StoreFailed | Metered::Uncounted => {}
         }
+        line.trace(exit.trace);
         line.finish()
     }
 }
@@ -347,6 +357,7 @@ mod tests {
             end,
             at: UnixMillis(0),
             bed: None,
+            trace: None,
         }
     }
 

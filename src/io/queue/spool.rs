@@ -130,6 +130,7 @@ mod tests {
             not_before: "2026-11-30T12:00:00Z".into(),
             not_before_ms: 1_796_040_000_000,
             request: serde_json::from_str("{}").unwrap(),
+            trace: None,
         }
     }
 

@@ -2,7 +2,9 @@
 //!
 //! One `SendMessage` per accepted scan: the body is the [`ScanJob`] as JSON,
 //! the message attributes `scope` and `tier` (type `String`) let consumers
-//! and subscription filters route without parsing the body, and
+//! and subscription filters route without parsing the body, the job's
+//! trace rides as the `AWSTraceHeader` system attribute and the
+//! `traceparent` (and `tracestate`) message attributes, and
 //! `DelaySeconds` holds the message back by the deferred part of the delay,
 //! so the scan cannot start before its delay has passed even when the
 //! handler slept only part of it.
@@ -22,11 +24,15 @@ use aws_sdk_sqs::Client;
 use aws_sdk_sqs::config::retry::RetryConfig;
 use aws_sdk_sqs::config::timeout::TimeoutConfig;
 use aws_sdk_sqs::error::{DisplayErrorContext, SdkError};
-use aws_sdk_sqs::types::MessageAttributeValue;
+use aws_sdk_sqs::operation::send_message::builders::SendMessageFluentBuilder;
+use aws_sdk_sqs::types::{
+    MessageAttributeValue, MessageSystemAttributeNameForSends, MessageSystemAttributeValue,
+};
 
 use super::job_queue::{ENQUEUE_TIMEOUT, QueueError, ScanQueue};
 use crate::rules::delay::MAX_QUEUE_DEFERRAL;
 use crate::rules::job::ScanJob;
+use crate::rules::trace::{TRACEPARENT, TRACESTATE};
 
 /// A TCP connect to the regional (or VPC-endpoint) SQS address takes
 /// milliseconds; a second means the network path is broken.
@@ -97,19 +103,43 @@ fn string_attribute(value: &str) -> Result<MessageAttributeValue, QueueError> {
         .map_err(|e| QueueError::Backend(e.to_string()))
 }
 
+/// The job's trace on the message: X-Ray's `AWSTraceHeader` system
+/// attribute (the one `SendMessage` takes; what X-Ray and an SQS-triggered
+/// Lambda continue the trace from), and `traceparent`/`tracestate` message
+/// attributes for any other consumer.
+fn traced(
+    send: SendMessageFluentBuilder,
+    job: &ScanJob,
+) -> Result<SendMessageFluentBuilder, QueueError> {
+    let Some(trace) = &job.trace else {
+        return Ok(send);
+    };
+    let header = MessageSystemAttributeValue::builder()
+        .data_type("String")
+        .string_value(trace.xray_header().as_str())
+        .build()
+        .map_err(|e| QueueError::Backend(e.to_string()))?;
+    let send = send
+        .message_system_attributes(MessageSystemAttributeNameForSends::AwsTraceHeader, header)
+        .message_attributes(TRACEPARENT, string_attribute(trace.traceparent().as_str())?);
+    Ok(match trace.tracestate() {
+        Some(state) => send.message_attributes(TRACESTATE, string_attribute(state)?),
+        None => send,
+    })
+}
+
 impl ScanQueue for SqsQueue {
     async fn enqueue(&self, job: &ScanJob) -> Result<(), QueueError> {
         let body = serde_json::to_string(job).map_err(|e| QueueError::Backend(e.to_string()))?;
-        self.client
+        let send = self
+            .client
             .send_message()
             .queue_url(&self.url)
             .message_body(body)
             .delay_seconds(delay_seconds(job.deferred()))
             .message_attributes("scope", string_attribute(job.scope.as_str())?)
-            .message_attributes("tier", string_attribute(job.tier.as_str())?)
-            .send()
-            .await
-            .map_err(queue_error)?;
+            .message_attributes("tier", string_attribute(job.tier.as_str())?);
+        traced(send, job)?.send().await.map_err(queue_error)?;
         Ok(())
     }
 }

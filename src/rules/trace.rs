@@ -1,0 +1,531 @@
+//! Trace context: the W3C `traceparent`/`tracestate` pair and the AWS
+//! X-Ray header, read, checked and written; one [`TraceContext`] that a
+//! scan carries from the request to its job and on to the scanner.
+//!
+//! Pure: nothing here reads a clock or draws a random number. A trace the
+//! gate starts is made from the instant and the random bytes it is given
+//! ([`TraceContext::start`]).
+//!
+//! **Validation** follows W3C Trace Context (Level 1, with the forward
+//! compatibility of later versions): lowercase hex, neither id all zeros,
+//! version `ff` refused, a version-00 header exactly 55 characters. A
+//! `tracestate` is kept only beside a valid `traceparent`, only when every
+//! member is well formed, the keys are unique, there are at most
+//! [`MAX_TRACESTATE_MEMBERS`] members and at most [`MAX_TRACESTATE_BYTES`]
+//! bytes; otherwise it is dropped whole (the spec allows a vendor to drop
+//! what it cannot carry). Anything malformed is ignored, never an error.
+//!
+//! **X-Ray** (`Root=1-<8 hex>-<24 hex>;Parent=<16 hex>;Sampled=1`): AWS's
+//! documented mapping to W3C is the root's two hex groups joined (the
+//! first 8 digits are the trace's start, epoch seconds), the parent as the
+//! span id, `Sampled=1` as the sampled flag. So every W3C trace id has an
+//! X-Ray form and back; a trace the gate starts puts the epoch seconds
+//! first, as X-Ray requires of the ids it accepts.
+//!
+//! The gate records no spans of its own anywhere but its logs, so it
+//! forwards the parent id as it was given (a pass-through hop, as a proxy
+//! would): the scanner's span is a child of the caller's.
+
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+/// The W3C header names (HTTP) and the names they take elsewhere.
+pub const TRACEPARENT: &str = "traceparent";
+pub const TRACESTATE: &str = "tracestate";
+/// The X-Ray header (HTTP), as API Gateway, an ALB and `lambda_http` set it.
+pub const XRAY_HEADER: &str = "x-amzn-trace-id";
+/// The environment variables a scanner reads: the OpenTelemetry convention
+/// for environment carriers, and the X-Ray SDKs' variable.
+pub const TRACEPARENT_ENV: &str = "TRACEPARENT";
+pub const TRACESTATE_ENV: &str = "TRACESTATE";
+pub const XRAY_ENV: &str = "_X_AMZN_TRACE_ID";
+
+/// The most `tracestate` members carried (the spec's own limit).
+pub const MAX_TRACESTATE_MEMBERS: usize = 32;
+/// The most `tracestate` bytes carried: the 512 the spec asks every vendor
+/// to propagate. A longer one is dropped whole.
+pub const MAX_TRACESTATE_BYTES: usize = 512;
+
+/// A trace id: 16 bytes, not all zero.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct TraceId([u8; 16]);
+
+/// A span (parent) id: 8 bytes, not all zero.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct SpanId([u8; 8]);
+
+/// A checked `tracestate`, members separated by `,` without spaces.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TraceState(Box<str>);
+
+/// One trace's context, as a request brings it and a job carries it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TraceContext {
+    pub trace_id: TraceId,
+    /// The span the next hop is a child of.
+    pub parent_id: SpanId,
+    /// Whether the caller may have recorded it (W3C flag 01, X-Ray `Sampled=1`).
+    pub sampled: bool,
+    pub state: Option<TraceState>,
+}
+
+/// ASCII text of at most `N` bytes, written on the stack.
+#[derive(Clone, Copy)]
+pub struct Text<const N: usize> {
+    buf: [u8; N],
+    len: usize,
+}
+
+impl<const N: usize> Text<N> {
+    fn new() -> Self {
+        Self {
+            buf: [0; N],
+            len: 0,
+        }
+    }
+
+    fn push(&mut self, s: &[u8]) {
+        let end = (self.len + s.len()).min(N);
+        self.buf[self.len..end].copy_from_slice(&s[..end - self.len]);
+        self.len = end;
+    }
+
+    fn push_hex(&mut self, bytes: &[u8]) {
+        const DIGITS: &[u8; 16] = b"0123456789abcdef";
+        for b in bytes {
+            self.push(&[DIGITS[usize::from(b >> 4)], DIGITS[usize::from(b & 15)]]);
+        }
+    }
+
+    /// The text (only ASCII is ever pushed).
+    pub fn as_str(&self) -> &str {
+        std::str::from_utf8(&self.buf[..self.len]).unwrap_or("")
+    }
+}
+
+impl<const N: usize> fmt::Display for Text<N> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Lowercase hex of exactly `2 * M` digits, as bytes; `None` otherwise.
+fn hex<const M: usize>(text: &[u8], lowercase_only: bool) -> Option<[u8; M]> {
+    if text.len() != 2 * M {
+        return None;
+    }
+    let digit = |c: u8| match c {
+        b'0'..=b'9' => Some(c - b'0'),
+        b'a'..=b'f' => Some(c - b'a' + 10),
+        b'A'..=b'F' if !lowercase_only => Some(c - b'A' + 10),
+        _ => None,
+    };
+    let mut out = [0u8; M];
+    for (i, pair) in text.chunks_exact(2).enumerate() {
+        out[i] = digit(pair[0])? << 4 | digit(pair[1])?;
+    }
+    Some(out)
+}
+
+impl TraceId {
+    /// The id of `bytes`, unless they are all zero.
+    pub fn new(bytes: [u8; 16]) -> Option<Self> {
+        (bytes != [0; 16]).then_some(Self(bytes))
+    }
+
+    /// 32 lowercase hex digits: the W3C form, and the logs' and EMF's `traceId`.
+    pub fn hex(&self) -> Text<32> {
+        let mut t = Text::new();
+        t.push_hex(&self.0);
+        t
+    }
+
+    /// The X-Ray form: `1-<first 8 digits>-<last 24>`.
+    pub fn xray(&self) -> Text<35> {
+        let mut t = Text::new();
+        t.push(b"1-");
+        t.push_hex(&self.0[..4]);
+        t.push(b"-");
+        t.push_hex(&self.0[4..]);
+        t
+    }
+
+    /// An X-Ray root (`1-5759e988-bd862e3fe1be46a994272793`, either case).
+    pub fn from_xray(root: &str) -> Option<Self> {
+        let rest = root.strip_prefix("1-")?.as_bytes();
+        if rest.len() != 33 || rest[8] != b'-' {
+            return None;
+        }
+        let time: [u8; 4] = hex(&rest[..8], false)?;
+        let random: [u8; 12] = hex(&rest[9..], false)?;
+        let mut bytes = [0u8; 16];
+        bytes[..4].copy_from_slice(&time);
+        bytes[4..].copy_from_slice(&random);
+        Self::new(bytes)
+    }
+}
+
+impl fmt::Display for TraceId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.hex().as_str())
+    }
+}
+
+impl fmt::Debug for TraceId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "TraceId({self})")
+    }
+}
+
+impl SpanId {
+    /// The id of `bytes`, unless they are all zero.
+    pub fn new(bytes: [u8; 8]) -> Option<Self> {
+        (bytes != [0; 8]).then_some(Self(bytes))
+    }
+
+    /// 16 lowercase hex digits.
+    pub fn hex(&self) -> Text<16> {
+        let mut t = Text::new();
+        t.push_hex(&self.0);
+        t
+    }
+}
+
+impl fmt::Debug for SpanId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "SpanId({})", self.hex())
+    }
+}
+
+impl TraceState {
+    /// `raw` (header values joined by `,`) when it is a well-formed list
+    /// within the bounds; blank members are left out.
+    pub fn parse(raw: &str) -> Option<Self> {
+        if raw.len() > MAX_TRACESTATE_BYTES {
+            return None;
+        }
+        let members: Vec<&str> = raw
+            .split(',')
+            .map(|m| m.trim_matches([' ', '\t']))
+            .filter(|m| !m.is_empty())
+            .collect();
+        if members.is_empty() || members.len() > MAX_TRACESTATE_MEMBERS {
+            return None;
+        }
+        let mut keys = Vec::with_capacity(members.len());
+        for member in &members {
+            let (key, value) = member.split_once('=')?;
+            if !valid_key(key) || !valid_value(value) || keys.contains(&key) {
+                return None;
+            }
+            keys.push(key);
+        }
+        Some(Self(members.join(",").into()))
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+/// A list member's key: `simple-key` or `tenant@system`.
+fn valid_key(key: &str) -> bool {
+    let rest = |c: u8| matches!(c, b'a'..=b'z' | b'0'..=b'9' | b'_' | b'-' | b'*' | b'/');
+    let b = key.as_bytes();
+    match key.split_once('@') {
+        None => {
+            (1..=256).contains(&b.len()) && b[0].is_ascii_lowercase() && b.iter().all(|&c| rest(c))
+        }
+        Some((tenant, system)) => {
+            let (t, s) = (tenant.as_bytes(), system.as_bytes());
+            (1..=241).contains(&t.len())
+                && (t[0].is_ascii_lowercase() || t[0].is_ascii_digit())
+                && t.iter().all(|&c| rest(c))
+                && (1..=14).contains(&s.len())
+                && s[0].is_ascii_lowercase()
+                && s.iter().all(|&c| rest(c))
+        }
+    }
+}
+
+/// A list member's value: up to 256 printable characters but `,` and `=`,
+/// not ending in a space.
+fn valid_value(value: &str) -> bool {
+    let b = value.as_bytes();
+    (1..=256).contains(&b.len())
+        && b.iter()
+            .all(|&c| (0x20..=0x7e).contains(&c) && c != b',' && c != b'=')
+        && b[b.len() - 1] != b' '
+}
+
+impl TraceContext {
+    /// A W3C `traceparent` and, beside it, the `tracestate` header values
+    /// joined by `,` (if any). `None` when the `traceparent` is malformed;
+    /// a malformed or oversized `tracestate` alone is dropped.
+    pub fn from_w3c(traceparent: &str, tracestate: Option<&str>) -> Option<Self> {
+        let b = traceparent.trim_matches([' ', '\t']).as_bytes();
+        if b.len() < 55 {
+            return None;
+        }
+        let version: [u8; 1] = hex(&b[..2], true)?;
+        let fits = match version[0] {
+            0xff => false,
+            0 => b.len() == 55,
+            _ => b.len() == 55 || b[55] == b'-',
+        };
+        if !fits || b[2] != b'-' || b[35] != b'-' || b[52] != b'-' {
+            return None;
+        }
+        let flags: [u8; 1] = hex(&b[53..55], true)?;
+        Some(Self {
+            trace_id: TraceId::new(hex(&b[3..35], true)?)?,
+            parent_id: SpanId::new(hex(&b[36..52], true)?)?,
+            sampled: flags[0] & 1 == 1,
+            state: tracestate.and_then(TraceState::parse),
+        })
+    }
+
+    /// An X-Ray header (`Root=…;Parent=…;Sampled=…`, in any order, other
+    /// fields ignored). Its `Root` is required; without a `Parent` (an ALB
+    /// sends none) `parent` is the span the next hop hangs under.
+    pub fn from_xray(header: &str, parent: SpanId) -> Option<Self> {
+        let (mut root, mut parent_id, mut sampled) = (None, None, false);
+        for field in header.split(';') {
+            let Some((key, value)) = field.split_once('=') else {
+                continue;
+            };
+            match key.trim() {
+                "Root" => root = Some(TraceId::from_xray(value.trim())?),
+                "Parent" => parent_id = Some(SpanId::new(hex(value.trim().as_bytes(), false)?)?),
+                "Sampled" => sampled = value.trim() == "1",
+                _ => {}
+            }
+        }
+        Some(Self {
+            trace_id: root?,
+            parent_id: parent_id.unwrap_or(parent),
+            sampled,
+            state: None,
+        })
+    }
+
+    /// A trace of the gate's own, started at `unix_secs` (X-Ray wants the
+    /// start in the id's first 4 bytes) from 20 random bytes: 12 for the
+    /// rest of the trace id, 8 for the span id. Sampled: its logs record it.
+    pub fn start(unix_secs: u32, random: [u8; 20]) -> Self {
+        let mut trace = [0u8; 16];
+        trace[..4].copy_from_slice(&unix_secs.to_be_bytes());
+        trace[4..].copy_from_slice(&random[..12]);
+        let mut span = [0u8; 8];
+        span.copy_from_slice(&random[12..]);
+        span[7] |= (span == [0; 8]) as u8;
+        Self {
+            trace_id: TraceId(trace),
+            parent_id: SpanId(span),
+            sampled: true,
+            state: None,
+        }
+    }
+
+    /// The `traceparent` to send on: version 00, this trace and parent, and
+    /// the sampled flag only.
+    pub fn traceparent(&self) -> Text<55> {
+        let mut t = Text::new();
+        t.push(b"00-");
+        t.push_hex(&self.trace_id.0);
+        t.push(b"-");
+        t.push_hex(&self.parent_id.0);
+        t.push(if self.sampled { b"-01" } else { b"-00" });
+        t
+    }
+
+    /// The X-Ray header to send on (SQS's `AWSTraceHeader`, `_X_AMZN_TRACE_ID`).
+    pub fn xray_header(&self) -> Text<74> {
+        let mut t = Text::new();
+        t.push(b"Root=");
+        t.push(self.trace_id.xray().as_str().as_bytes());
+        t.push(b";Parent=");
+        t.push_hex(&self.parent_id.0);
+        t.push(if self.sampled {
+            b";Sampled=1"
+        } else {
+            b";Sampled=0"
+        });
+        t
+    }
+
+    /// The `tracestate` to send on, if any.
+    pub fn tracestate(&self) -> Option<&str> {
+        self.state.as_ref().map(TraceState::as_str)
+    }
+}
+
+/// The job's `trace` member: `{"traceparent": …, "tracestate": …}`.
+impl Serialize for TraceContext {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeStruct;
+        let mut out = s.serialize_struct("Trace", 1 + usize::from(self.state.is_some()))?;
+        out.serialize_field(TRACEPARENT, self.traceparent().as_str())?;
+        if let Some(state) = self.tracestate() {
+            out.serialize_field(TRACESTATE, state)?;
+        }
+        out.end()
+    }
+}
+
+impl<'de> Deserialize<'de> for TraceContext {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        struct Wire {
+            traceparent: String,
+            tracestate: Option<String>,
+        }
+        let wire = Wire::deserialize(d)?;
+        Self::from_w3c(&wire.traceparent, wire.tracestate.as_deref())
+            .ok_or_else(|| serde::de::Error::custom("not a W3C traceparent"))
+    }
+}
+
+/// A job's `trace`, read leniently: a member that is not a trace context
+/// (a foreign writer's) is no context, not a job refused.
+pub fn lenient<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<TraceContext>, D::Error> {
+    let value = Option::<serde_json::Value>::deserialize(d)?;
+    Ok(value.and_then(|v| serde_json::from_value(v).ok()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const TP: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+
+    /// The spec's example reads, and writes back unchanged.
+    #[test]
+    fn traceparent_round_trip() {
+        let t =
+            TraceContext::from_w3c(TP, Some("rojo=00f067aa0ba902b7,congo=t61rcWkgMzE")).unwrap();
+        assert_eq!(t.trace_id.to_string(), "4bf92f3577b34da6a3ce929d0e0e4736");
+        assert!(t.sampled);
+        assert_eq!(t.traceparent().as_str(), TP);
+        assert_eq!(
+            t.tracestate(),
+            Some("rojo=00f067aa0ba902b7,congo=t61rcWkgMzE")
+        );
+    }
+
+    /// Malformed headers are refused: wrong length, case, separators, zero
+    /// ids, version ff, a version-00 header with a tail.
+    #[test]
+    fn traceparent_malformed() {
+        let bad = [
+            "",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7",
+            "00-4BF92F3577B34DA6A3CE929D0E0E4736-00f067aa0ba902b7-01",
+            "00-00000000000000000000000000000000-00f067aa0ba902b7-01",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-0000000000000000-01",
+            "ff-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-x",
+            "00_4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-0g",
+            "zz-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+        ];
+        for b in bad {
+            assert!(TraceContext::from_w3c(b, None).is_none(), "{b}");
+        }
+        // A later version may carry more, after a dash; it is sent on as 00.
+        let v1 = "01-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-03-xyz";
+        let t = TraceContext::from_w3c(v1, None).unwrap();
+        assert_eq!(t.traceparent().as_str(), TP);
+        assert!(TraceContext::from_w3c(&v1.replace("-xyz", "xyz"), None).is_none());
+    }
+
+    /// A tracestate too long, too many members, with a bad or repeated key
+    /// is dropped whole; the traceparent stays.
+    #[test]
+    fn tracestate_bounds() {
+        let long = format!("a={}", "x".repeat(MAX_TRACESTATE_BYTES));
+        let many = (0..33)
+            .map(|i| format!("k{i}=v"))
+            .collect::<Vec<_>>()
+            .join(",");
+        for bad in [
+            long.as_str(),
+            &many,
+            "A=1",
+            "a=1,a=2",
+            "a",
+            "a=b=c",
+            "a=1 ,=2",
+        ] {
+            let t = TraceContext::from_w3c(TP, Some(bad)).unwrap();
+            assert_eq!(t.state, None, "{bad}");
+        }
+        let fine = (0..32)
+            .map(|i| format!("k{i}=v"))
+            .collect::<Vec<_>>()
+            .join(" , ");
+        let t = TraceContext::from_w3c(TP, Some(&fine)).unwrap();
+        assert_eq!(t.tracestate().unwrap().split(',').count(), 32);
+        assert!(TraceState::parse("t@sys=1,,b=x y").is_some());
+    }
+
+    /// X-Ray and W3C ids map by AWS's rule, both ways.
+    #[test]
+    fn xray_mapping() {
+        let spare = SpanId::new([9; 8]).unwrap();
+        let header = "Root=1-5759e988-bd862e3fe1be46a994272793;Parent=53995c3f42cd8ad8;Sampled=1";
+        let t = TraceContext::from_xray(header, spare).unwrap();
+        assert_eq!(t.trace_id.to_string(), "5759e988bd862e3fe1be46a994272793");
+        assert_eq!(
+            t.traceparent().as_str(),
+            "00-5759e988bd862e3fe1be46a994272793-53995c3f42cd8ad8-01"
+        );
+        assert_eq!(t.xray_header().as_str(), header);
+        // An ALB's: no parent, a Self field, another order.
+        let alb =
+            "Self=1-67891234-12456789abcdef012345678;Root=1-67891233-abcdef012345678912345678";
+        let t = TraceContext::from_xray(alb, spare).unwrap();
+        assert_eq!(t.parent_id, spare);
+        assert!(!t.sampled);
+        let w3c = TraceContext::from_w3c(TP, None).unwrap();
+        assert_eq!(
+            w3c.xray_header().as_str(),
+            "Root=1-4bf92f35-77b34da6a3ce929d0e0e4736;Parent=00f067aa0ba902b7;Sampled=1"
+        );
+        for bad in [
+            "",
+            "Root=1-5759e988",
+            "Parent=53995c3f42cd8ad8",
+            "Root=2-5759e988-bd862e3fe1be46a994272793",
+        ] {
+            assert!(TraceContext::from_xray(bad, spare).is_none(), "{bad}");
+        }
+    }
+
+    /// A started trace puts its second first, and its ids are never zero.
+    #[test]
+    fn started() {
+        let t = TraceContext::start(0x5759_e988, [0; 20]);
+        assert!(t.trace_id.xray().as_str().starts_with("1-5759e988-"));
+        assert_eq!(t.parent_id.hex().as_str(), "0000000000000001");
+        assert!(t.sampled);
+    }
+
+    /// The job's member round-trips; a foreign one is read as none.
+    #[test]
+    fn job_member() {
+        let t = TraceContext::from_w3c(TP, Some("a=1")).unwrap();
+        let json = serde_json::to_string(&t).unwrap();
+        assert_eq!(
+            json,
+            format!(r#"{{"traceparent":"{TP}","tracestate":"a=1"}}"#)
+        );
+        assert_eq!(serde_json::from_str::<TraceContext>(&json).unwrap(), t);
+        let read = |j: &str| lenient(&mut serde_json::Deserializer::from_str(j)).unwrap();
+        assert_eq!(read(&json), Some(t));
+        assert_eq!(read(r#"{"traceparent":"junk"}"#), None);
+        assert_eq!(read("7"), None);
+        assert_eq!(read("null"), None);
+    }
+}
