@@ -277,6 +277,34 @@ async fn levels_run(vars: &[(&str, &str)], sink: &Capture) {
             assert_eq!(nets.handle(scan_from(ip)).await.status(), 202, "{ip}");
         }
     }
+    // Token holders of one network (each token a first scan of its own)
+    // at their own levels: within, soft, hard.
+    let tokens = with_vars(
+        vars,
+        &[
+            ("QUOTA_NETWORKS", "off"),
+            ("QUOTA_TOKEN_NETWORKS", "v4/24=1,v6/48=1"),
+        ],
+    );
+    let tokens = metered_gate(&tokens, MemoryStore::default(), Discard, sink.meter());
+    for (i, ip) in [
+        "198.51.100.1",
+        "198.51.100.2",
+        "198.51.100.3",
+        "2001:db8:5:1::1",
+        "2001:db8:5:2::1",
+        "2001:db8:5:3::1",
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let token = mint(
+            Algorithm::EdDSA,
+            json!({"iss": "stella-ops.org", "tid": format!("t-net-{i}"), "exp": now() + 600}),
+        );
+        let status = tokens.handle(scan_with_token(ip, &token)).await.status();
+        assert_eq!(status, 202, "{ip}");
+    }
     let global = with_vars(
         vars,
         &[("QUOTA_NETWORKS", "off"), ("QUOTA_ANON_GLOBAL", "1")],

@@ -18,6 +18,7 @@ use quota_gate::io::connection::Valkey;
 use quota_gate::io::queue::ScanQueue;
 use quota_gate::io::store::valkey::ValkeyStore;
 use quota_gate::io::store::{QuotaKey, QuotaStore};
+use quota_gate::rules::scope::Scope;
 use redis::AsyncCommands;
 use serde_json::Value;
 
@@ -68,7 +69,7 @@ async fn level_count(
     which: usize,
 ) -> u64 {
     let identifier = Identifier::new(&config(vars)).unwrap();
-    let level = &identifier.levels_of(ip.parse().unwrap())[which];
+    let level = &identifier.levels_of(Scope::Ip, ip.parse().unwrap())[which];
     let key = level.key.clone();
     let used: Option<u64> = redis::cmd("GET")
         .arg(&key.counter)
@@ -335,7 +336,7 @@ async fn rolling_levels_keep_their_own_period() {
     let gate = valkey_gate(&server, &vars);
     one_at_a_time(&gate, (1..=3).map(|n| scan_from(&v4(n)))).await;
     let identifier = Identifier::new(&config(&vars)).unwrap();
-    let level = &identifier.levels_of(v4(1).parse().unwrap())[0];
+    let level = &identifier.levels_of(Scope::Ip, v4(1).parse().unwrap())[0];
     let counter = level.key.counter.clone();
     let mut c = server.client().await;
     let ttl: i64 = c.ttl(&counter).await.unwrap();
@@ -380,7 +381,7 @@ async fn a_cluster_settles_each_level_by_its_own_fate() {
         let digest = identifier.ip_digest(ip.parse().unwrap());
         QuotaKey::new(quota_gate::rules::scope::Scope::Ip, &digest).counter
     };
-    let level = &identifier.levels_of(v4(1).parse().unwrap())[0];
+    let level = &identifier.levels_of(Scope::Ip, v4(1).parse().unwrap())[0];
     let level_node = cluster.node_of(&level.key.counter.clone());
     let ip = (1..=250)
         .map(v4)

@@ -52,6 +52,9 @@ pub struct JwtConfig {
     pub trust_gateway_claims: bool,
     /// A verified token whose claim of this name is `true` is exempt.
     pub exempt_claim: Option<String>,
+    /// A verified token whose claim of this name is a non-empty string is
+    /// counted by that value, its account, not by its `tid`.
+    pub account_claim: Option<String>,
 }
 
 impl HashSecret {
@@ -81,7 +84,8 @@ impl IdentityConfig {
                 issuer: env.text(&vars::QUOTA_JWT_ISSUER),
                 audience: env.optional(&vars::QUOTA_JWT_AUDIENCE),
                 trust_gateway_claims: env.flag(&vars::QUOTA_TRUST_GATEWAY_CLAIMS)?,
-                exempt_claim: exempt_claim(env)?,
+                exempt_claim: claim_name(env, &vars::QUOTA_EXEMPT_CLAIM)?,
+                account_claim: claim_name(env, &vars::QUOTA_JWT_ACCOUNT_CLAIM)?,
             },
         })
     }
@@ -106,9 +110,12 @@ fn networks(env: &Lookup, var: &vars::Var<vars::Optional>) -> Result<Vec<IpNet>,
         .collect()
 }
 
-/// `QUOTA_EXEMPT_CLAIM`: a claim name, one word of visible ASCII.
-fn exempt_claim(env: &Lookup) -> Result<Option<String>, ConfigError> {
-    let var = &vars::QUOTA_EXEMPT_CLAIM;
+/// `QUOTA_EXEMPT_CLAIM` or `QUOTA_JWT_ACCOUNT_CLAIM`: a claim name, one
+/// word of visible ASCII, and none the gate already reads.
+fn claim_name(
+    env: &Lookup,
+    var: &vars::Var<vars::Optional>,
+) -> Result<Option<String>, ConfigError> {
     match env.optional(var).map(|s| s.trim().to_owned()) {
         Some(name) if !name.chars().all(|c| c.is_ascii_graphic()) => Err(ConfigError::new(
             var.name(),

@@ -8,8 +8,9 @@ use super::error::ConfigError;
 use super::lookup::Lookup;
 use super::vars;
 use crate::rules::decide::Limits;
-use crate::rules::level::{AnonBudget, LevelName, Levels, NetworkLevel, parse_networks};
+use crate::rules::level::{AnonBudget, LevelName, Levels};
 use crate::rules::modes::{DelayMode, Mode, Pacing, ResetPolicy};
+use crate::rules::networks::{NetworkLevel, parse_networks};
 
 /// The quota and what happens past it.
 #[derive(Debug, Clone)]
@@ -60,18 +61,25 @@ impl Policy {
     /// The levels above the subject, whose grammar needs the subject's
     /// IPv6 prefix (read with the identity): read after both.
     pub(super) fn with_levels(self, env: &Lookup, ipv6_prefix: u8) -> Result<Self, ConfigError> {
-        let var = &vars::QUOTA_NETWORKS;
-        let networks = if env.is_set(var) {
-            parse_networks(&env.text(var), self.quota_anon, ipv6_prefix)
-                .map_err(|why| ConfigError::new(var.name(), why))?
-        } else {
-            default_networks(&env.text(var), self.quota_anon, ipv6_prefix)
+        let networks = |var: &vars::Var<vars::Text>, base: NonZeroU32| {
+            if env.is_set(var) {
+                parse_networks(&env.text(var), base, ipv6_prefix)
+                    .map_err(|why| ConfigError::new(var.name(), why))
+            } else {
+                Ok(default_networks(&env.text(var), base, ipv6_prefix))
+            }
         };
+        let anon_networks = networks(&vars::QUOTA_NETWORKS, self.quota_anon)?;
+        let token_networks = networks(&vars::QUOTA_TOKEN_NETWORKS, self.quota_token)?;
         let interval = env.millis(&vars::QUOTA_ANON_GLOBAL_INTERVAL_MS)?;
         let anon = std::num::NonZeroU32::new(env.count(&vars::QUOTA_ANON_GLOBAL)?)
             .map(|limit| AnonBudget { limit, interval });
         Ok(Self {
-            levels: Levels { networks, anon },
+            levels: Levels {
+                anon_networks,
+                token_networks,
+                anon,
+            },
             ..self
         })
     }

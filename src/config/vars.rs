@@ -217,6 +217,11 @@ variables! {
     /// per family), the limit a number of scans per period or `<k>x` (k × `QUOTA_ANON`); `off`: none.
     /// Unset, a default level not shorter than the subject is left out
     QUOTA_NETWORKS: Var<Text> = text("v4/24=8x,v6/56=2x,v6/48=8x");
+    /// the same for token holders: a token holder's scan is also counted, delayed and paced at each
+    /// network that encloses its source address, on counters apart from the anonymous ones
+    /// ([Tokens share their network](guide.md#tokens-share-their-network)); the grammar of
+    /// `QUOTA_NETWORKS`, the limit a number or `<k>x` (k × `QUOTA_TOKEN`); `off`: none
+    QUOTA_TOKEN_NETWORKS: Var<Text> = text("v4/24=10x,v6/48=10x");
     /// anonymous scans per period for all anonymous subjects together; beyond it they start at
     /// most one per `QUOTA_ANON_GLOBAL_INTERVAL_MS` across the fleet (0: off)
     QUOTA_ANON_GLOBAL: Var<Whole> = number("0", 0, MAX_LIMIT);
@@ -296,6 +301,11 @@ variables! {
     /// a claim name (e.g. `quota_exempt`): a verified token whose claim of that name is `true` is
     /// exempt, like `QUOTA_EXEMPT_NETWORKS`
     QUOTA_EXEMPT_CLAIM: Var<Optional> = optional("unset → none");
+    /// a claim name (e.g. `sub`) whose value names the account: all tokens of one account share one
+    /// counter; a token without it (or with an empty or non-string value) is counted by its `tid`.
+    /// Never a claim that is the same for every holder ([One account, one
+    /// budget](guide.md#one-account-one-budget))
+    QUOTA_JWT_ACCOUNT_CLAIM: Var<Optional> = optional("unset → per `tid`");
     /// CloudWatch namespace of the EMF lines
     QUOTA_METRICS_NAMESPACE: Var<Text> = text("StellaOps/Quota");
     /// address of `quota-gate serve`

@@ -397,8 +397,8 @@ mod tests {
     }
 
     fn v4_24() -> LevelName {
-        LevelName::Network(crate::rules::level::Network {
-            family: crate::rules::level::Family::V4,
+        LevelName::Network(crate::rules::networks::Network {
+            family: crate::rules::networks::Family::V4,
             len: 24,
         })
     }

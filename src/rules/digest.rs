@@ -65,6 +65,13 @@ impl Hasher {
         self.keyed("net", material)
     }
 
+    /// The digest of an account (`QUOTA_JWT_ACCOUNT_CLAIM`), whose tokens
+    /// share one counter in the token scope: hex(HMAC-SHA256(secret,
+    /// "account:" ‖ value)), apart from every `tid`'s.
+    pub fn account_digest(&self, account: &str) -> Digest {
+        self.keyed("account", account)
+    }
+
     fn keyed(&self, domain: &str, material: &str) -> Digest {
         let mut mac = self.mac.clone();
         mac.update(domain.as_bytes());

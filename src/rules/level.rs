@@ -1,6 +1,8 @@
 //! Budgets above the subject, as pure rules: the networks that enclose an
-//! anonymous address (`QUOTA_NETWORKS`) and all anonymous traffic together
-//! (`QUOTA_ANON_GLOBAL`), each counted and paced like one client.
+//! anonymous address (`QUOTA_NETWORKS`), the same networks for the token
+//! holders who scan from them (`QUOTA_TOKEN_NETWORKS`), and all anonymous
+//! traffic together (`QUOTA_ANON_GLOBAL`), each counted and paced like one
+//! client.
 //!
 //! A per-address quota is only as strong as the cheapest block of
 //! addresses: one IPv6 /48 holds 65,536 /64s, each with its own quota. So an
@@ -8,13 +10,19 @@
 //! its /56 and /48 (IPv6), and, when set, the anonymous budget. Each level
 //! has the subject's tier rule with its own limit (the anonymous budget has
 //! only its interval), its own pacing slot and the backlog cap; the scan
-//! gets the most severe tier of all of them ([`most_severe`]). Token holders
-//! and exempt scans are never counted at a level.
+//! gets the most severe tier of all of them ([`most_severe`]).
 //!
-//! Here: the grammar of `QUOTA_NETWORKS` ([`parse_networks`]), the levels of
-//! one address ([`Levels::of`], with the material each level's digest is
-//! made from: family, prefix and length, never the address) and the rule
-//! that picks the scan's decision. No I/O, no clock.
+//! A token is as cheap as an e-mail address, so a token holder's scan is
+//! counted at its source network's levels too, on counters of their own
+//! (`tid:v4/24`): a network's anonymous flood never slows its token
+//! holders, and their scans never use up its anonymous budget. Exempt scans
+//! are never counted at a level.
+//!
+//! Here: the levels of one address ([`Levels::of`], with the material each
+//! level's digest is made from: whose traffic, family, prefix and length,
+//! never the address), the one [`Level`] a scan carries through the gate,
+//! and the rule that picks the scan's decision; the grammar of a list of
+//! networks is [`crate::rules::networks`]'s. No I/O, no clock.
 
 use std::fmt;
 use std::net::IpAddr;
@@ -26,87 +34,53 @@ use ipnet::IpNet;
 use crate::rules::count::{Count, Lane};
 use crate::rules::decide::{Decision, Limits, decide};
 use crate::rules::key::QuotaKey;
+use crate::rules::networks::{Family, Network, NetworkLevel};
+use crate::rules::scope::Scope;
 use crate::rules::unix::{UnixSecs, duration_ms};
-
-/// The most network levels of one family (`QUOTA_NETWORKS`): each costs
-/// every anonymous scan a few Valkey commands.
-pub const MAX_PER_FAMILY: usize = 3;
-
-/// An address family.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum Family {
-    V4,
-    V6,
-}
-
-impl Family {
-    pub fn of(ip: IpAddr) -> Self {
-        match ip {
-            IpAddr::V4(_) => Self::V4,
-            IpAddr::V6(_) => Self::V6,
-        }
-    }
-
-    fn as_str(self) -> &'static str {
-        match self {
-            Self::V4 => "v4",
-            Self::V6 => "v6",
-        }
-    }
-}
-
-/// One network level: a family and a prefix length (`v4/24`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct Network {
-    pub family: Family,
-    pub len: u8,
-}
-
-impl Network {
-    /// The network of this level that holds `ip` (of the same family).
-    pub fn enclosing(self, ip: IpAddr) -> Option<IpNet> {
-        (Family::of(ip) == self.family)
-            .then(|| IpNet::new(ip, self.len).ok().map(|n| n.trunc()))
-            .flatten()
-    }
-}
-
-impl fmt::Display for Network {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}/{}", self.family.as_str(), self.len)
-    }
-}
 
 /// Which counter set a scan's delay, as clients and metrics name it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum LevelName {
     /// The subject itself: its address (or /64) or its token.
     Subject,
+    /// The anonymous scans of one network (`v4/24`).
     Network(Network),
+    /// The token holders' scans from one network (`tid:v4/24`).
+    TokenNetwork(Network),
     /// All anonymous traffic together.
     Anon,
 }
 
 impl LevelName {
-    /// `subject`, `v4/24`, `anon`, … (`quota.level`).
+    /// `subject`, `v4/24`, `tid:v4/24`, `anon`, … (`quota.level`).
     pub fn label(self) -> String {
         self.to_string()
     }
+
+    /// The level of `network` for the traffic of `scope`.
+    pub fn network(scope: Scope, network: Network) -> Self {
+        match scope {
+            Scope::Ip => Self::Network(network),
+            Scope::Tid => Self::TokenNetwork(network),
+        }
+    }
 }
 
-/// The label (`subject`, `v4/24`, `anon`), written without a `String`.
+/// The label (`subject`, `v4/24`, `tid:v4/24`, `anon`), written without a
+/// `String`.
 impl fmt::Display for LevelName {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Self::Subject => f.write_str("subject"),
             Self::Network(n) => n.fmt(f),
+            Self::TokenNetwork(n) => write!(f, "tid:{n}"),
             Self::Anon => f.write_str("anon"),
         }
     }
 }
 
-/// A level's name in `RateLimit-Policy` (`daily`, `v4-24`, `anon`), written
-/// without a `String`.
+/// A level's name in `RateLimit-Policy` (`daily`, `v4-24`, `tid-v4-24`,
+/// `anon`), written without a `String`.
 #[derive(Debug, Clone, Copy)]
 pub struct PolicyName(pub LevelName);
 
@@ -115,6 +89,7 @@ impl fmt::Display for PolicyName {
         match self.0 {
             LevelName::Subject => f.write_str("daily"),
             LevelName::Network(n) => write!(f, "{}-{}", n.family.as_str(), n.len),
+            LevelName::TokenNetwork(n) => write!(f, "tid-{}-{}", n.family.as_str(), n.len),
             LevelName::Anon => f.write_str("anon"),
         }
     }
@@ -122,13 +97,6 @@ impl fmt::Display for PolicyName {
 
 /// The material of the anonymous budget's digest: one counter for all.
 pub const ANON_MATERIAL: &str = "anon";
-
-/// One configured network level and its limit per period.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct NetworkLevel {
-    pub network: Network,
-    pub limit: NonZeroU32,
-}
 
 /// The budget of all anonymous traffic together (`QUOTA_ANON_GLOBAL`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -141,8 +109,11 @@ pub struct AnonBudget {
 /// Every level above the subject, as configured.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Levels {
-    /// Widest last within a family, as `QUOTA_NETWORKS` lists them sorted.
-    pub networks: Vec<NetworkLevel>,
+    /// `QUOTA_NETWORKS`: narrowest first within a family, as
+    /// [`parse_networks`](crate::rules::networks::parse_networks) sorts them.
+    pub anon_networks: Vec<NetworkLevel>,
+    /// `QUOTA_TOKEN_NETWORKS`, sorted the same way.
+    pub token_networks: Vec<NetworkLevel>,
     pub anon: Option<AnonBudget>,
 }
 
@@ -200,46 +171,68 @@ impl Level {
 }
 
 impl Levels {
-    /// Each network level of `ip`'s family with the network of it that
-    /// holds `ip` (what a level's digest is made from, see [`Levels::of`]).
-    pub fn networks_of(&self, ip: IpAddr) -> impl Iterator<Item = (NetworkLevel, IpNet)> + '_ {
-        self.networks
-            .iter()
-            .filter_map(move |level| Some((*level, level.network.enclosing(ip)?)))
+    /// The network levels of `scope`'s traffic: `QUOTA_NETWORKS` for
+    /// anonymous scans, `QUOTA_TOKEN_NETWORKS` for token holders'.
+    pub fn networks(&self, scope: Scope) -> &[NetworkLevel] {
+        match scope {
+            Scope::Ip => &self.anon_networks,
+            Scope::Tid => &self.token_networks,
+        }
     }
 
-    /// The material of one network's digest: family, prefix and length.
-    pub fn material(level: Network, net: IpNet) -> String {
-        format!("{level}:{}", net.addr())
+    /// Each network level of `scope` and of `ip`'s family, named, with the
+    /// network of it that holds `ip` (what a level's digest is made from,
+    /// see [`Levels::of`]).
+    pub fn networks_of(
+        &self,
+        scope: Scope,
+        ip: IpAddr,
+    ) -> impl Iterator<Item = (LevelName, NetworkLevel, IpNet)> + '_ {
+        self.networks(scope).iter().filter_map(move |level| {
+            let name = LevelName::network(scope, level.network);
+            Some((name, *level, level.network.enclosing(ip)?))
+        })
     }
 
-    /// The levels an anonymous scan from `ip` is counted at: each network
-    /// level of its family, then the anonymous budget.
-    pub fn of(&self, ip: IpAddr) -> impl Iterator<Item = LevelOf> + '_ {
-        let networks = self.networks_of(ip).map(|(level, net)| LevelOf {
-            name: LevelName::Network(level.network),
-            material: Self::material(level.network, net),
-            limit: level.limit,
-        });
-        networks.chain(self.anon.map(|budget| LevelOf {
+    /// The material of one network level's digest: whose traffic, family,
+    /// prefix and length (`v4/24:203.0.113.0`, `tid:v4/24:203.0.113.0`).
+    pub fn material(name: LevelName, net: IpNet) -> String {
+        format!("{name}:{}", net.addr())
+    }
+
+    /// The levels a scan of `scope` from `ip` is counted at: each network
+    /// level of `scope` and of its family, then, for an anonymous scan, the
+    /// anonymous budget.
+    pub fn of(&self, scope: Scope, ip: IpAddr) -> impl Iterator<Item = LevelOf> + '_ {
+        let networks = self
+            .networks_of(scope, ip)
+            .map(|(name, level, net)| LevelOf {
+                name,
+                material: Self::material(name, net),
+                limit: level.limit,
+            });
+        let anon = self.anon.filter(|_| scope == Scope::Ip);
+        networks.chain(anon.map(|budget| LevelOf {
             name: LevelName::Anon,
             material: ANON_MATERIAL.into(),
             limit: budget.limit,
         }))
     }
 
-    /// The level `cidr` names, if it is a configured network level (the
-    /// operator commands' `--network`), with the material of its digest.
-    pub fn of_network(&self, cidr: IpNet) -> Option<LevelOf> {
+    /// The level `cidr` names for `scope`'s traffic, if it is a configured
+    /// network level (the operator commands' `--network`), with the
+    /// material of its digest.
+    pub fn of_network(&self, scope: Scope, cidr: IpNet) -> Option<LevelOf> {
         let cidr = cidr.trunc();
         let network = Network {
             family: Family::of(cidr.addr()),
             len: cidr.prefix_len(),
         };
-        let level = self.networks.iter().find(|l| l.network == network)?;
+        let level = self.networks(scope).iter().find(|l| l.network == network)?;
+        let name = LevelName::network(scope, network);
         Some(LevelOf {
-            name: LevelName::Network(network),
-            material: Self::material(network, cidr),
+            name,
+            material: Self::material(name, cidr),
             limit: level.limit,
         })
     }
@@ -267,94 +260,6 @@ impl Levels {
     }
 }
 
-/// `QUOTA_NETWORKS`: `off`, or comma-separated `v4/<len>=<limit>` and
-/// `v6/<len>=<limit>`, the limit a number or `<k>x` (k × `anon`). A level
-/// must be shorter than the subject (IPv4 /32, IPv6 `ipv6_prefix`), and
-/// each at most once. Sorted by family, then from the narrowest.
-pub fn parse_networks(
-    text: &str,
-    anon: NonZeroU32,
-    ipv6_prefix: u8,
-) -> Result<Vec<NetworkLevel>, String> {
-    let text = text.trim();
-    if text.eq_ignore_ascii_case("off") {
-        return Ok(Vec::new());
-    }
-    let mut levels = Vec::new();
-    for item in text.split(',').map(str::trim).filter(|s| !s.is_empty()) {
-        let level = parse_level(item, anon, ipv6_prefix)?;
-        if levels
-            .iter()
-            .any(|l: &NetworkLevel| l.network == level.network)
-        {
-            return Err(format!("{} is listed twice", level.network));
-        }
-        levels.push(level);
-    }
-    if levels.is_empty() {
-        return Err("lists no level (`off` turns levels off)".into());
-    }
-    for family in [Family::V4, Family::V6] {
-        if levels.iter().filter(|l| l.network.family == family).count() > MAX_PER_FAMILY {
-            return Err(format!(
-                "at most {MAX_PER_FAMILY} levels of {} (each costs every scan)",
-                family.as_str()
-            ));
-        }
-    }
-    // Narrowest first: the order `quota.level` ties are broken in.
-    levels.sort_by_key(|l| (l.network.family, std::cmp::Reverse(l.network.len)));
-    Ok(levels)
-}
-
-fn parse_level(item: &str, anon: NonZeroU32, ipv6_prefix: u8) -> Result<NetworkLevel, String> {
-    let (network, limit) = item
-        .split_once('=')
-        .ok_or_else(|| format!("{item:?} is not `v4/<len>=<limit>` or `v6/<len>=<limit>`"))?;
-    let (family, len) = network
-        .trim()
-        .split_once('/')
-        .ok_or_else(|| format!("{network:?} is not `v4/<len>` or `v6/<len>`"))?;
-    let (family, subject_len) = match family.trim() {
-        "v4" => (Family::V4, 32),
-        "v6" => (Family::V6, ipv6_prefix),
-        other => return Err(format!("{other:?} is not an address family (v4 or v6)")),
-    };
-    let len: u8 = len
-        .trim()
-        .parse()
-        .map_err(|_| format!("{network:?}: {len:?} is not a prefix length"))?;
-    if len == 0 || len >= subject_len {
-        return Err(format!(
-            "{network:?} must be shorter than the subject's /{subject_len} and at least /1"
-        ));
-    }
-    Ok(NetworkLevel {
-        network: Network { family, len },
-        limit: parse_limit(limit.trim(), anon).map_err(|why| format!("{network}: {why}"))?,
-    })
-}
-
-/// A level's limit: a number of scans, or `<k>x` of the anonymous quota.
-fn parse_limit(text: &str, anon: NonZeroU32) -> Result<NonZeroU32, String> {
-    let (number, times) = match text.strip_suffix(['x', 'X']) {
-        Some(k) => (k, true),
-        None => (text, false),
-    };
-    let n: u32 = number
-        .parse()
-        .ok()
-        .filter(|n| *n > 0)
-        .ok_or_else(|| format!("{text:?} is not a limit (a whole number ≥ 1, or `<k>x`)"))?;
-    let limit = if times {
-        n.checked_mul(anon.get())
-            .ok_or_else(|| format!("{text:?} × {anon} is too large"))?
-    } else {
-        n
-    };
-    NonZeroU32::new(limit).ok_or_else(|| format!("{text:?} is not a limit"))
-}
-
 /// The scan's decision: the most severe of its subject's and its levels'
 /// (the longest delay, then the higher tier; a tie goes to the first, so
 /// the subject, then the narrowest level), with the level that set it.
@@ -378,6 +283,7 @@ pub fn most_severe(
 mod tests {
     use super::*;
     use crate::rules::decide::{Tier, decide};
+    use crate::rules::networks::parse_networks;
 
     fn n(k: u32) -> NonZeroU32 {
         NonZeroU32::new(k).unwrap()
@@ -387,59 +293,10 @@ mod tests {
         Network { family, len }
     }
 
-    /// The default, and every way a level can be written wrong.
-    #[test]
-    fn grammar() {
-        let levels = parse_networks("v4/24=8x,v6/56=2x,v6/48=8x", n(33), 64).unwrap();
-        assert_eq!(
-            levels,
-            [
-                NetworkLevel {
-                    network: v(Family::V4, 24),
-                    limit: n(264)
-                },
-                NetworkLevel {
-                    network: v(Family::V6, 56),
-                    limit: n(66)
-                },
-                NetworkLevel {
-                    network: v(Family::V6, 48),
-                    limit: n(264)
-                },
-            ]
-        );
-        assert_eq!(parse_networks(" OFF ", n(33), 64).unwrap(), []);
-        assert_eq!(
-            parse_networks("v6/40=1000, v6/48=7", n(33), 64).unwrap()[0].network,
-            v(Family::V6, 48)
-        );
-        for (bad, why) in [
-            ("v4/24", "is not `v4/<len>=<limit>`"),
-            ("v4=3", "is not `v4/<len>`"),
-            ("v5/24=3", "not an address family"),
-            ("v4/x=3", "not a prefix length"),
-            ("v4/32=3", "shorter than the subject's /32"),
-            ("v6/64=3", "shorter than the subject's /64"),
-            ("v4/0=3", "at least /1"),
-            ("v4/24=0", "not a limit"),
-            ("v4/24=lots", "not a limit"),
-            ("v4/24=-1", "not a limit"),
-            ("v4/24=3,v4/24=4", "listed twice"),
-            ("v4/24=4294967295x", "too large"),
-            ("v4/8=1,v4/16=1,v4/24=1,v4/28=1", "at most 3 levels of v4"),
-            (",", "lists no level"),
-        ] {
-            let e = parse_networks(bad, n(33), 64).unwrap_err();
-            assert!(e.contains(why), "{bad}: {e}");
-        }
-        // The subject's IPv6 prefix bounds the levels.
-        assert!(parse_networks("v6/56=1", n(33), 56).is_err());
-        assert!(parse_networks("v6/56=1", n(33), 60).is_ok());
-    }
-
     fn levels() -> Levels {
         Levels {
-            networks: parse_networks("v4/24=8x,v6/56=2x,v6/48=8x", n(33), 64).unwrap(),
+            anon_networks: parse_networks("v4/24=8x,v6/56=2x,v6/48=8x", n(33), 64).unwrap(),
+            token_networks: parse_networks("v4/24=10x", n(333), 64).unwrap(),
             anon: Some(AnonBudget {
                 limit: n(1000),
                 interval: Duration::from_secs(1),
@@ -452,23 +309,38 @@ mod tests {
     #[test]
     fn levels_of_an_address() {
         let ip: IpAddr = "203.0.113.77".parse().unwrap();
-        let of: Vec<_> = levels().of(ip).collect();
+        let of: Vec<_> = levels().of(Scope::Ip, ip).collect();
         assert_eq!(of.len(), 2);
         assert_eq!(of[0].material, "v4/24:203.0.113.0");
         assert_eq!(of[0].name.label(), "v4/24");
         assert_eq!(PolicyName(of[0].name).to_string(), "v4-24");
         assert_eq!(of[1].name, LevelName::Anon);
         let ip: IpAddr = "2001:db8:1:2:3::9".parse().unwrap();
-        let of: Vec<_> = levels().of(ip).map(|l| l.material).collect();
+        let of: Vec<_> = levels().of(Scope::Ip, ip).map(|l| l.material).collect();
         assert_eq!(of, ["v6/56:2001:db8:1::", "v6/48:2001:db8:1::", "anon"]);
-        assert!(Levels::default().of(ip).next().is_none());
-        let net = levels().of_network("2001:db8:1:ff12::/56".parse().unwrap());
+        assert!(Levels::default().of(Scope::Ip, ip).next().is_none());
+        let net = levels().of_network(Scope::Ip, "2001:db8:1:ff12::/56".parse().unwrap());
         assert_eq!(net.unwrap().material, "v6/56:2001:db8:1:ff00::");
-        assert!(
-            levels()
-                .of_network("203.0.113.0/25".parse().unwrap())
-                .is_none()
-        );
+        let cidr = "203.0.113.0/25".parse().unwrap();
+        assert!(levels().of_network(Scope::Ip, cidr).is_none());
+    }
+
+    /// A token holder's levels: its networks on counters of their own (the
+    /// material says whose traffic), never the anonymous budget.
+    #[test]
+    fn a_token_holders_levels() {
+        let ip: IpAddr = "203.0.113.77".parse().unwrap();
+        let of: Vec<_> = levels().of(Scope::Tid, ip).collect();
+        assert_eq!(of.len(), 1);
+        assert_eq!(of[0].material, "tid:v4/24:203.0.113.0");
+        assert_eq!(of[0].name.label(), "tid:v4/24");
+        assert_eq!(PolicyName(of[0].name).to_string(), "tid-v4-24");
+        assert_eq!(of[0].limit.get(), 3330);
+        let v6: IpAddr = "2001:db8::1".parse().unwrap();
+        assert!(levels().of(Scope::Tid, v6).next().is_none());
+        let cidr = "203.0.113.0/24".parse().unwrap();
+        let net = levels().of_network(Scope::Tid, cidr).unwrap();
+        assert_eq!(net.name, LevelName::TokenNetwork(v(Family::V4, 24)));
     }
 
     /// The longest delay wins; a tie goes to the subject, then the narrowest.

@@ -16,6 +16,7 @@ pub mod job;
 pub mod key;
 pub mod level;
 pub mod modes;
+pub mod networks;
 pub mod outcome;
 pub mod pace;
 pub mod record;

@@ -28,7 +28,8 @@ pub struct SubjectArgs {
     #[arg(long, value_name = "JWT|TID")]
     pub token: Option<String>,
     /// One network level: a CIDR of a configured length of QUOTA_NETWORKS
-    /// (`203.0.113.0/24`, `2001:db8:1::/48`).
+    /// (`203.0.113.0/24`, `2001:db8:1::/48`), or `tid:<CIDR>` for its token
+    /// holders' level (QUOTA_TOKEN_NETWORKS).
     #[arg(long, value_name = "CIDR")]
     pub network: Option<String>,
 }

@@ -31,31 +31,38 @@ use crate::gate::identity::{Identifier, ip};
 use crate::io::store::period_end;
 use crate::io::store::valkey::ValkeyStore;
 use crate::rules::level::Level;
+use crate::rules::scope::Scope;
 use crate::rules::unix::UnixSecs;
 
-/// The level `--network <cidr>` names: one of the configured lengths.
+/// The level `--network <cidr>` names: one of the configured lengths of
+/// `QUOTA_NETWORKS`, or, written `tid:<cidr>`, of `QUOTA_TOKEN_NETWORKS`
+/// (the token holders' level of that network).
 pub fn resolve(config: &Config, raw: &str) -> Result<Level, OpsError> {
-    let cidr: IpNet = raw.trim().parse().map_err(|_| {
+    let (scope, text, var) = match raw.trim().strip_prefix("tid:") {
+        Some(cidr) => (Scope::Tid, cidr, "QUOTA_TOKEN_NETWORKS"),
+        None => (Scope::Ip, raw.trim(), "QUOTA_NETWORKS"),
+    };
+    let cidr: IpNet = text.parse().map_err(|_| {
         OpsError::BadInput(format!(
-            "--network {raw}: not a CIDR (give a network such as 203.0.113.0/24 or 2001:db8::/48)"
+            "--network {raw}: not a CIDR (give a network such as 203.0.113.0/24 or \
+             2001:db8::/48, or tid:203.0.113.0/24 for its token holders' level)"
         ))
     })?;
-    let level = config.policy.levels.of_network(cidr).ok_or_else(|| {
-        let configured: Vec<String> = config
-            .policy
-            .levels
-            .networks
+    let levels = &config.policy.levels;
+    let level = levels.of_network(scope, cidr).ok_or_else(|| {
+        let configured: Vec<String> = levels
+            .networks(scope)
             .iter()
             .map(|l| l.network.to_string())
             .collect();
         OpsError::BadInput(match configured.is_empty() {
             true => format!(
-                "--network {raw}: no network level is configured (QUOTA_NETWORKS=off), \
+                "--network {raw}: no network level is configured ({var}=off), \
                  so the gate counts no network"
             ),
             false => format!(
                 "--network {raw}: /{} is not a configured level; the configured levels \
-                 (QUOTA_NETWORKS) are {}",
+                 ({var}) are {}",
                 cidr.prefix_len(),
                 configured.join(", ")
             ),
@@ -69,7 +76,7 @@ pub fn resolve(config: &Config, raw: &str) -> Result<Level, OpsError> {
 pub fn of_ip(config: &Config, raw: &str) -> Result<Vec<Level>, OpsError> {
     let addr: IpAddr =
         ip::parse_source(raw).ok_or_else(|| OpsError::Usage("--ip: not an IP address".into()))?;
-    Ok(Identifier::new(config)?.levels_of(addr))
+    Ok(Identifier::new(config)?.levels_of(Scope::Ip, addr))
 }
 
 /// Reads each of `levels` (one round trip each: an operator's view).

@@ -16,7 +16,7 @@ use time::OffsetDateTime;
 use super::OpsError;
 use super::valkey_admin::Snapshot;
 use crate::config::Config;
-use crate::gate::identity::jwt::Rejection;
+use crate::gate::identity::jwt::{Rejection, TokenSubject};
 use crate::gate::identity::{self, Identifier, ip};
 use crate::io::store::valkey::ValkeyStore;
 use crate::io::store::{QuotaKey, resets_at};
@@ -79,11 +79,20 @@ pub fn resolve(config: &Config, arg: &SubjectArg) -> Result<Subject, OpsError> {
             if looks_like_jwt(token) {
                 let subject = identifier.verify(token).map_err(refused)?;
                 (
-                    identifier.token_identity(&subject.tid, subject.tier),
+                    identifier.token_identity(&subject, None, false),
                     Basis::VerifiedToken,
                 )
             } else {
-                (identifier.token_identity(token, None), Basis::BareTid)
+                let subject = TokenSubject {
+                    tid: token.to_owned(),
+                    tier: None,
+                    exempt: false,
+                    account: None,
+                };
+                (
+                    identifier.token_identity(&subject, None, false),
+                    Basis::BareTid,
+                )
             }
         }
     };

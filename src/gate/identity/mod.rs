@@ -22,7 +22,7 @@ use crate::rules::digest::{Digest, Hasher};
 use crate::rules::key::QuotaKey;
 use crate::rules::level::{Level, LevelName, LevelOf, Levels};
 use crate::rules::scope::Scope;
-use jwt::{Rejection, Verifier};
+use jwt::{Rejection, TokenSubject, Verifier};
 
 /// What became of a presented token.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -43,10 +43,14 @@ pub struct Identity {
     /// From an exempt network or with a verified exempt claim: never
     /// counted, delayed or paced.
     pub exempt: bool,
-    /// The levels above the subject it is counted at too: an anonymous,
-    /// counted subject's networks and the anonymous budget; none for a
-    /// token holder or an exempt scan.
+    /// The levels above the subject it is counted at too: an anonymous
+    /// subject's networks and the anonymous budget, a token holder's
+    /// networks (its source address's, on the token holders' counters);
+    /// none for an exempt scan.
     pub levels: Vec<Level>,
+    /// `QUOTA_JWT_ACCOUNT_CLAIM` is set and this verified token names no
+    /// account: it is counted by its `tid` (and metered as such).
+    pub account_missing: bool,
 }
 
 /// What the platform tells us about a request besides its headers.
@@ -73,8 +77,11 @@ pub struct Identifier {
     /// The quotas, and the levels (`QUOTA_NETWORKS`, `QUOTA_ANON_GLOBAL`)
     /// with the limits each is decided on.
     policy: Policy,
-    /// The digests of the networks seen lately (see [`Self::levels_of`]).
-    network_digests: quick_cache::sync::Cache<IpNet, Digest>,
+    /// `QUOTA_JWT_ACCOUNT_CLAIM`, for the gateway's claims (the verifier
+    /// has its own copy).
+    account_claim: Option<String>,
+    /// The digests of the network levels seen lately (see [`Self::levels_of`]).
+    network_digests: quick_cache::sync::Cache<(LevelName, IpNet), Digest>,
     /// The anonymous budget's digest (its material is a constant).
     anon_digest: Digest,
 }
@@ -106,9 +113,13 @@ impl Identifier {
                 &jwt.issuer,
                 jwt.audience.as_deref(),
             )?
-            .map(|v| v.with_exempt_claim(jwt.exempt_claim.clone())),
+            .map(|v| {
+                v.with_exempt_claim(jwt.exempt_claim.clone())
+                    .with_account_claim(jwt.account_claim.clone())
+            }),
             exempt_networks: config.identity.exempt_networks.clone(),
             exempt_claim: jwt.exempt_claim.clone(),
+            account_claim: jwt.account_claim.clone(),
             trusted_proxies: config.identity.trusted_proxies.clone(),
             ipv6_prefix: config.identity.ipv6_prefix,
             trust_gateway_claims: config.identity.jwt.trust_gateway_claims,
@@ -139,27 +150,14 @@ impl Identifier {
         let client = client.map(|c| c.addr);
         if self.trust_gateway_claims
             && let Some(claims) = origin.gateway_claims
-            && let Some(tid) = claims.get("tid").filter(|t| !t.is_empty())
+            && let Some(subject) = self.gateway_subject(claims)
         {
-            let tier = claims
-                .get("tier")
-                .and_then(|t| jwt::tier_from_claim(&Value::from(t.as_str())));
-            // API Gateway hands claims over as strings: `true` arrives as "true".
-            let claimed = self
-                .exempt_claim
-                .as_ref()
-                .and_then(|name| claims.get(name))
-                .is_some_and(|v| v == "true");
-            let mut identity = self.token_identity(tid, tier);
-            identity.exempt = claimed || from_exempt_network;
-            return Ok(identity);
+            return Ok(self.token_identity(&subject, client, from_exempt_network));
         }
         let token = match self.check_token(headers) {
             None => None,
             Some(Ok(subject)) => {
-                let mut identity = self.token_identity(&subject.tid, subject.tier);
-                identity.exempt = subject.exempt || from_exempt_network;
-                return Ok(identity);
+                return Ok(self.token_identity(&subject, client, from_exempt_network));
             }
             Some(Err(rejection)) => Some(TokenStatus::Rejected(rejection)),
         };
@@ -173,28 +171,26 @@ impl Identifier {
         Ok(identity)
     }
 
-    /// The levels above an anonymous subject at `ip`, keyed by their digests.
-    /// A network's digest is the same for every address in it, so it is
-    /// kept ([`NETWORK_DIGESTS`] of them, the least used going first): a
-    /// busy network's scans compute no HMAC for it.
-    pub fn levels_of(&self, ip: IpAddr) -> Vec<Level> {
+    /// The levels above a subject of `scope` at `ip`, keyed by their
+    /// digests. A network's digest is the same for every address in it, so
+    /// it is kept ([`NETWORK_DIGESTS`] of them, the least used going
+    /// first): a busy network's scans compute no HMAC for it.
+    pub fn levels_of(&self, scope: Scope, ip: IpAddr) -> Vec<Level> {
         let ip = ip.to_canonical();
         let levels = &self.policy.levels;
-        let networks = levels.networks_of(ip).map(|(level, net)| {
-            let name = LevelName::Network(level.network);
-            let key = match self.network_digests.get(&net) {
+        let networks = levels.networks_of(scope, ip).map(|(name, level, net)| {
+            let key = match self.network_digests.get(&(name, net)) {
                 Some(digest) => QuotaKey::level(&digest),
                 None => {
-                    let material = Levels::material(level.network, net);
-                    let digest = self.hasher.level_digest(&material);
+                    let digest = self.hasher.level_digest(&Levels::material(name, net));
                     let key = QuotaKey::level(&digest);
-                    self.network_digests.insert(net, digest);
+                    self.network_digests.insert((name, net), digest);
                     key
                 }
             };
             Level::new(name, key, self.policy.level_limits(name, level.limit))
         });
-        let anon = levels.anon.map(|budget| {
+        let anon = levels.anon.filter(|_| scope == Scope::Ip).map(|budget| {
             let limits = self.policy.level_limits(LevelName::Anon, budget.limit);
             Level::new(LevelName::Anon, QuotaKey::level(&self.anon_digest), limits)
         });
@@ -225,7 +221,8 @@ impl Identifier {
             limit: self.policy.quota_anon,
             token: None,
             exempt: false,
-            levels: self.levels_of(ip),
+            levels: self.levels_of(Scope::Ip, ip),
+            account_missing: false,
         }
     }
 
@@ -237,16 +234,52 @@ impl Identifier {
         }
     }
 
-    /// The token subject of `tid`, its limit from `tier` or `QUOTA_TOKEN`.
-    pub fn token_identity(&self, tid: &str, tier: Option<NonZeroU32>) -> Identity {
+    /// The token holder a verified `subject` names: its account (with
+    /// `QUOTA_JWT_ACCOUNT_CLAIM`) or else its `tid`, its limit from its
+    /// `tier` or `QUOTA_TOKEN`, counted at the token levels of the address
+    /// it scans from (`client`), unless it is exempt (by its claim or its
+    /// network).
+    pub fn token_identity(
+        &self,
+        subject: &TokenSubject,
+        client: Option<IpAddr>,
+        from_exempt_network: bool,
+    ) -> Identity {
+        let digest = match &subject.account {
+            Some(account) => self.hasher.account_digest(account),
+            None => self.hasher.digest(Scope::Tid, &subject.tid),
+        };
+        let exempt = subject.exempt || from_exempt_network;
+        let levels = match client {
+            Some(ip) if !exempt => self.levels_of(Scope::Tid, ip),
+            _ => Vec::new(),
+        };
         Identity {
             scope: Scope::Tid,
-            digest: self.hasher.digest(Scope::Tid, tid),
-            limit: tier.unwrap_or(self.policy.quota_token),
+            digest,
+            limit: subject.tier.unwrap_or(self.policy.quota_token),
             token: Some(TokenStatus::Accepted),
-            exempt: false,
-            levels: Vec::new(),
+            exempt,
+            levels,
+            account_missing: self.account_claim.is_some() && subject.account.is_none(),
         }
+    }
+
+    /// The token subject an API Gateway JWT authorizer's verified claims
+    /// name (strings all: `true` arrives as "true"), if they carry a `tid`.
+    fn gateway_subject(&self, claims: &HashMap<String, String>) -> Option<TokenSubject> {
+        let tid = claims.get("tid").filter(|t| !t.is_empty())?;
+        let claim = |name: &Option<String>| claims.get(name.as_deref()?);
+        Some(TokenSubject {
+            tid: tid.clone(),
+            tier: claims
+                .get("tier")
+                .and_then(|t| jwt::tier_from_claim(&Value::from(t.as_str()))),
+            exempt: claim(&self.exempt_claim).is_some_and(|v| v == "true"),
+            account: claim(&self.account_claim)
+                .filter(|a| !a.is_empty())
+                .cloned(),
+        })
     }
 
     /// `None` when no `Authorization` header was sent.

@@ -261,15 +261,18 @@ impl Accepted {
         let line = self.levels.iter().find(|l| l.name == level)?;
         let limit = line.standing.limit;
         let label = level.label();
-        let whose = match level {
-            LevelName::Anon => format!("All anonymous scans together ({label}) are"),
-            _ => format!("Your network ({label}) is"),
+        let message = match level {
+            LevelName::Anon => format!(
+                "All anonymous scans together ({label}) are over their shared limit of {limit} scans today, so their scans start one delay apart; scanning with a token lifts this limit."
+            ),
+            LevelName::TokenNetwork(_) => format!(
+                "The token holders of your network ({label}) are over their shared limit of {limit} scans today, so their scans start one delay apart."
+            ),
+            _ => format!(
+                "Your network ({label}) is over its shared limit of {limit} scans today, so its scans start one delay apart; scanning with a token lifts the network's limit."
+            ),
         };
-        delayed.then(|| {
-            format!(
-                "{whose} over its shared limit of {limit} scans today, so its scans start one delay apart; scanning with a token lifts the network's limit."
-            )
-        })
+        delayed.then_some(message)
     }
 
     /// The 202's JSON body, written into a buffer sized for all of it at
@@ -362,8 +365,8 @@ mod tests {
     }
 
     fn v4_24() -> LevelName {
-        LevelName::Network(crate::rules::level::Network {
-            family: crate::rules::level::Family::V4,
+        LevelName::Network(crate::rules::networks::Network {
+            family: crate::rules::networks::Family::V4,
             len: 24,
         })
     }

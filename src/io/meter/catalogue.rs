@@ -26,6 +26,9 @@ pub const SHADOW_COUNTERS: [&str; 2] = [SHADOW_SOFT_HITS, SHADOW_HARD_HITS];
 pub const EXEMPT: &str = "stella_quota_exempt_total";
 /// `GET /quota` answers: reads that never touch the quota.
 pub const CHECKS: &str = "stella_quota_checks_total";
+/// Verified tokens that name no account while `QUOTA_JWT_ACCOUNT_CLAIM` is
+/// set: each is counted by its `tid`.
+pub const TOKENS_WITHOUT_ACCOUNT: &str = "stella_quota_tokens_without_account_total";
 /// EMF lines dropped because the output queue was full (`serve` only): a
 /// stdout reader that is slow or gone.
 pub const EMF_DROPPED: &str = "stella_quota_emf_dropped_total";
@@ -140,11 +143,13 @@ pub enum Event {
     Exempt,
     /// A `GET /quota` answer ([`CHECKS`]).
     Check,
+    /// A verified token without the account claim ([`TOKENS_WITHOUT_ACCOUNT`]).
+    NoAccount,
 }
 
 impl Event {
     /// Every event, in declaration order: `ALL[e.index()] == e`.
-    pub const ALL: [Self; 2] = [Self::Exempt, Self::Check];
+    pub const ALL: [Self; 3] = [Self::Exempt, Self::Check, Self::NoAccount];
 
     pub const fn index(self) -> usize {
         self as usize
@@ -155,6 +160,7 @@ impl Event {
         match self {
             Self::Exempt => EXEMPT,
             Self::Check => CHECKS,
+            Self::NoAccount => TOKENS_WITHOUT_ACCOUNT,
         }
     }
 
@@ -164,13 +170,20 @@ impl Event {
                 "Exempt scans (QUOTA_EXEMPT_NETWORKS or QUOTA_EXEMPT_CLAIM): queued, never counted."
             }
             Self::Check => "GET /quota answers (the quota is read, never spent).",
+            Self::NoAccount => {
+                "Verified tokens without the QUOTA_JWT_ACCOUNT_CLAIM claim, counted by their tid."
+            }
         }
     }
 }
 
 /// What is metered on a line of its own, with no outcome (it reached no
 /// counter): in [`Event::ALL`] order.
-pub const EVENTS: [&str; 2] = [Event::ALL[0].metric(), Event::ALL[1].metric()];
+pub const EVENTS: [&str; 3] = [
+    Event::ALL[0].metric(),
+    Event::ALL[1].metric(),
+    Event::ALL[2].metric(),
+];
 
 /// `# HELP` text for `GET /metrics`, so a scraper's UI says what each series
 /// counts. Called once the recorder is installed (descriptions sent before

@@ -1,6 +1,7 @@
 //! Scans whose delay a level above the subject set: a network
 //! (`stella_quota_network_soft_hits_total` / `…_hard_hits_total`, dimension
-//! `Level`: `v4/24`, `v6/48`, … the configured levels only) or all
+//! `Level`: `v4/24`, `v6/48`, … for anonymous scans, `tid:v4/24`, … for
+//! token holders', the configured levels only) or all
 //! anonymous traffic (`stella_quota_global_paced_total`, dimension `Scope`,
 //! always `ip`: only anonymous scans are counted there).
 //!
@@ -14,7 +15,7 @@
 //! dimensions.
 
 use crate::rules::decide::Tier;
-use crate::rules::level::{LevelName, Levels, Network};
+use crate::rules::level::{LevelName, Levels};
 use crate::rules::outcome::Metered;
 use crate::rules::scope::Scope;
 
@@ -34,8 +35,9 @@ pub const LEVEL_DIMENSION: &str = "Level";
 /// What a level did to one scan, if it set the scan's delay.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum LevelHit {
-    NetworkSoft(Network),
-    NetworkHard(Network),
+    /// A network level (anonymous or token holders': its name).
+    NetworkSoft(LevelName),
+    NetworkHard(LevelName),
     GlobalPaced,
 }
 
@@ -54,8 +56,12 @@ impl LevelHit {
         };
         match (level, tier) {
             (_, Tier::Within) | (LevelName::Subject, _) => None,
-            (LevelName::Network(n), Tier::Soft) => Some(Self::NetworkSoft(n)),
-            (LevelName::Network(n), Tier::Hard) => Some(Self::NetworkHard(n)),
+            (LevelName::Network(_) | LevelName::TokenNetwork(_), Tier::Soft) => {
+                Some(Self::NetworkSoft(level))
+            }
+            (LevelName::Network(_) | LevelName::TokenNetwork(_), Tier::Hard) => {
+                Some(Self::NetworkHard(level))
+            }
             (LevelName::Anon, _) => Some(Self::GlobalPaced),
         }
     }
@@ -74,16 +80,17 @@ impl LevelHit {
 
     /// The `# HELP` text of each level metric, in [`LEVEL_METRICS`] order.
     pub const HELP: [&str; 3] = [
-        "Anonymous scans given the soft delay by a network level (QUOTA_NETWORKS), by level.",
-        "Anonymous scans given the hard delay by a network level (QUOTA_NETWORKS), by level.",
+        "Scans given the soft delay by a network level (QUOTA_NETWORKS, QUOTA_TOKEN_NETWORKS), by level.",
+        "Scans given the hard delay by a network level (QUOTA_NETWORKS, QUOTA_TOKEN_NETWORKS), by level.",
         "Anonymous scans paced by the budget of all anonymous traffic (QUOTA_ANON_GLOBAL).",
     ];
 }
 
 /// The `metrics` handles and EMF directives of the level metrics.
 pub(super) struct LevelMeter {
-    /// Per configured network level: its soft and hard hits.
-    networks: Vec<(Network, [metrics::Counter; 2])>,
+    /// Per configured network level (anonymous and token holders'): its
+    /// soft and hard hits.
+    networks: Vec<(LevelName, [metrics::Counter; 2])>,
     global: metrics::Counter,
     /// Per [`LEVEL_METRICS`]: the directive of its line.
     directives: [String; 3],
@@ -93,10 +100,13 @@ impl LevelMeter {
     /// Registers a series for each configured network level (at 0, so a
     /// query has data from the start) and the global one.
     pub(super) fn new(namespace: &str, levels: &Levels) -> Self {
-        let networks = levels
-            .networks
-            .iter()
-            .map(|l| (l.network, Self::network_handles(l.network)))
+        let networks = Scope::ALL
+            .into_iter()
+            .flat_map(|scope| {
+                let names = levels.networks(scope).iter();
+                names.map(move |l| LevelName::network(scope, l.network))
+            })
+            .map(|name| (name, Self::network_handles(name)))
             .collect();
         let dimension = |i: usize| match i {
             2 => "Scope",
@@ -111,8 +121,8 @@ impl LevelMeter {
         }
     }
 
-    fn network_handles(network: Network) -> [metrics::Counter; 2] {
-        let label = network.to_string();
+    fn network_handles(name: LevelName) -> [metrics::Counter; 2] {
+        let label = name.to_string();
         [NETWORK_SOFT_HITS, NETWORK_HARD_HITS]
             .map(|name| metrics::counter!(name, "level" => label.clone()))
     }
@@ -150,7 +160,7 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
-    use crate::rules::level::Family;
+    use crate::rules::networks::{Family, Network};
 
     fn counted(tier: Tier, level: LevelName, shadow: bool) -> Metered {
         Metered::Counted {
@@ -170,14 +180,19 @@ mod tests {
             len: 24,
         };
         let net = LevelName::Network(v4);
+        let tokens = LevelName::TokenNetwork(v4);
+        assert_eq!(
+            LevelHit::of(counted(Tier::Hard, tokens, false)),
+            Some(LevelHit::NetworkHard(tokens))
+        );
         let of = LevelHit::of;
         assert_eq!(
             of(counted(Tier::Soft, net, false)),
-            Some(LevelHit::NetworkSoft(v4))
+            Some(LevelHit::NetworkSoft(net))
         );
         assert_eq!(
             of(counted(Tier::Hard, net, false)),
-            Some(LevelHit::NetworkHard(v4))
+            Some(LevelHit::NetworkHard(net))
         );
         assert_eq!(
             of(counted(Tier::Soft, LevelName::Anon, false)),
@@ -187,7 +202,7 @@ mod tests {
         assert_eq!(of(counted(Tier::Within, net, false)), None);
         assert_eq!(of(counted(Tier::Hard, LevelName::Subject, false)), None);
         assert_eq!(of(Metered::StoreFailed), None);
-        for hit in [LevelHit::NetworkSoft(v4), LevelHit::GlobalPaced] {
+        for hit in [LevelHit::NetworkSoft(net), LevelHit::GlobalPaced] {
             assert_eq!(LEVEL_METRICS[hit.index()], hit.metric());
         }
     }
@@ -201,13 +216,17 @@ mod tests {
         };
         let meter = LevelMeter::new("ns", &Levels::default());
         let doc: serde_json::Value =
-            serde_json::from_str(&meter.line(LevelHit::NetworkHard(v6), 7)).unwrap();
+            serde_json::from_str(&meter.line(LevelHit::NetworkHard(LevelName::Network(v6)), 7))
+                .unwrap();
         assert_eq!(
             doc["_aws"]["CloudWatchMetrics"][0]["Dimensions"],
             serde_json::json!([["Level"]])
         );
         assert_eq!(doc["Level"], "v6/48");
         assert_eq!(doc[NETWORK_HARD_HITS], 1);
+        let tokens = LevelHit::NetworkSoft(LevelName::TokenNetwork(v6));
+        let doc: serde_json::Value = serde_json::from_str(&meter.line(tokens, 7)).unwrap();
+        assert_eq!(doc["Level"], "tid:v6/48");
         let global: serde_json::Value =
             serde_json::from_str(&meter.line(LevelHit::GlobalPaced, 7)).unwrap();
         assert_eq!(global["Scope"], "ip");

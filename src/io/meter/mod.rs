@@ -109,7 +109,7 @@ struct ScopeHandles {
     requests: [metrics::Counter; 8],
     shadow: [metrics::Counter; 2],
     /// [`EVENTS`].
-    events: [metrics::Counter; 2],
+    events: [metrics::Counter; 3],
 }
 
 impl ScopeHandles {
@@ -137,7 +137,7 @@ struct Directives {
     /// For a request decided in shadow mode: as `decided`, plus [`SHADOW_COUNTERS`].
     shadow: [String; 8],
     /// For an [`Event`]: its one counter.
-    events: [String; 2],
+    events: [String; 3],
 }
 
 impl Directives {

@@ -310,7 +310,7 @@ impl World {
             let ip = group.ip.parse().expect("a sim address");
             let counted = jobs.get(&g).is_some_and(|j| j.iter().any(|j| j.count > 0));
             let unknown = self.answers.iter().any(|a| a.group == g && a.unknown());
-            for level in identifier.levels_of(ip) {
+            for level in identifier.levels_of(quota_gate::rules::scope::Scope::Ip, ip) {
                 let counter = level.key.counter;
                 let i = match levels.iter().position(|(c, ..)| *c == counter) {
                     Some(i) => i,

@@ -39,6 +39,9 @@ pub struct TokenSubject {
     pub tier: Option<NonZeroU32>,
     /// Its `QUOTA_EXEMPT_CLAIM` claim is `true`: never counted, delayed or paced.
     pub exempt: bool,
+    /// Its `QUOTA_JWT_ACCOUNT_CLAIM` claim, when that is set and the claim
+    /// is a non-empty string: the account all its tokens are counted as.
+    pub account: Option<String>,
 }
 
 /// Why a presented token was not used. The string forms are part of the
@@ -85,6 +88,7 @@ pub struct Verifier {
     audience: Option<String>,
     /// `QUOTA_EXEMPT_CLAIM`: the claim whose `true` makes a token exempt.
     exempt_claim: Option<String>,
+    account_claim: Option<String>,
     verified: VerifiedCache<TokenSubject>,
 }
 
@@ -157,6 +161,7 @@ impl Verifier {
             issuer: issuer.to_owned(),
             audience: audience.map(str::to_owned),
             exempt_claim: None,
+            account_claim: None,
             verified: VerifiedCache::default(),
         }))
     }
@@ -164,6 +169,12 @@ impl Verifier {
     /// Marks a verified token whose claim `name` is `true` as exempt.
     pub fn with_exempt_claim(mut self, name: Option<String>) -> Self {
         self.exempt_claim = name;
+        self
+    }
+
+    /// Reads a verified token's account from its claim `name`.
+    pub fn with_account_claim(mut self, name: Option<String>) -> Self {
+        self.account_claim = name;
         self
     }
 
@@ -238,7 +249,18 @@ impl Verifier {
             .exempt_claim
             .as_ref()
             .is_some_and(|name| claims.rest.get(name) == Some(&Value::Bool(true)));
-        Ok(TokenSubject { tid, tier, exempt })
+        // Only a non-empty string names an account: a number or an object
+        // is a claim someone meant differently.
+        let account = self.account_claim.as_ref().and_then(|name| {
+            let value = claims.rest.get(name)?.as_str()?;
+            (!value.is_empty()).then(|| value.to_owned())
+        });
+        Ok(TokenSubject {
+            tid,
+            tier,
+            exempt,
+            account,
+        })
     }
 
     fn validation(&self, algorithm: Algorithm) -> Validation {
