@@ -141,8 +141,8 @@ async fn levels_in_memory() {
     a_rotated_v6(&gate).await;
 }
 
-/// On a real Valkey: the same, and a token holder of the crowded /24
-/// sees no level at all.
+/// On a real Valkey: the same, and a token holder of the crowded /24 sees
+/// only its network's token level, which the anonymous crowd never touched.
 #[tokio::test]
 async fn levels_on_valkey() {
     let server = ValkeyServer::start();
@@ -156,11 +156,19 @@ async fn levels_on_valkey() {
     let body = json(&r);
     assert_eq!(body["quota"]["level"], "subject");
     assert_eq!(body["delayMs"], 0);
-    assert_eq!(header(&r, "ratelimit-policy"), "\"daily\";q=50;w=86400");
+    assert_eq!(
+        header(&r, "ratelimit-policy"),
+        "\"daily\";q=50;w=86400, \"tid-v4-24\";q=3330;w=86400"
+    );
     let mut check = quota_from("203.0.113.7");
     check.headers = scan_with_token("203.0.113.7", &token).headers;
     let body = json(&gate.handle(check).await);
-    assert!(body.get("levels").is_none(), "{body}");
+    let levels = body["levels"].as_array().unwrap();
+    assert_eq!(levels.len(), 1, "{body}");
+    assert_eq!(
+        (levels[0]["level"].as_str(), levels[0]["used"].as_u64()),
+        (Some("tid:v4/24"), Some(1))
+    );
     assert_eq!(body["nextScan"]["level"], "subject");
 }
 
