@@ -132,7 +132,8 @@ pub fn log_filter() -> tracing_subscriber::EnvFilter {
     tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
         tracing_subscriber::EnvFilter::new(
             "info,aws_config=error,aws_smithy_runtime=error,aws_smithy_runtime_api=error,\
-             aws_sdk_cloudwatch=error,aws_sdk_sqs=error,aws_sdk_sts=error,aws_sdk_sso=error",
+             aws_sdk_cloudwatch=error,aws_sdk_sqs=error,aws_sdk_sts=error,aws_sdk_sso=error,\
+             aws_sdk_secretsmanager=error,aws_sdk_ssm=error",
         )
     })
 }
