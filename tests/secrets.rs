@@ -482,3 +482,90 @@ fn init_time_with_references() {
     assert!(reference_ms < plain_ms + 2000.0);
     drop(valkey);
 }
+
+/// The same through the real runtime emulator (`cargo lambda watch
+/// --only-lambda-apis`, `cargo lambda invoke`), as `tests/lambda_logs.rs`
+/// runs it: `bootstrap` started with references to moto answers the sample
+/// event 202 and counts it on the counter the plain values use. Needs
+/// `cargo-lambda` on `PATH`.
+#[test]
+fn lambda_through_cargo_lambda_reads_references() {
+    let (moto, valkey, plain_url) = stores_with_secrets();
+    let port = free_port();
+    let cargo_lambda = || {
+        let mut command = Command::new("cargo-lambda");
+        command.arg("lambda").current_dir(root());
+        command
+    };
+    let mut emulator = KillOnDrop::new(
+        cargo_lambda()
+            .args([
+                "watch",
+                "--only-lambda-apis",
+                "--invoke-address",
+                "127.0.0.1",
+            ])
+            .args(["--invoke-port", &port.to_string()])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("cargo-lambda on PATH"),
+    );
+    assert!(
+        wait_for_port(loopback(port), Duration::from_secs(60)),
+        "the emulator did not listen"
+    );
+    let mut by_reference = aws_env(&moto);
+    by_reference.push(("QUOTA_HASH_SECRET", "secretsmanager:quota/hash".into()));
+    by_reference.push(("VALKEY_URL", "ssm:/quota/valkey-url".into()));
+    let plain = [
+        ("QUOTA_HASH_SECRET", HASH_SECRET.to_owned()),
+        ("VALKEY_URL", plain_url),
+    ];
+    for (vars, used) in [(&plain[..], 1), (&by_reference[..], 2)] {
+        let mut bootstrap = KillOnDrop::new(
+            Command::new(bin("bootstrap"))
+                .env_clear()
+                .env(
+                    "AWS_LAMBDA_RUNTIME_API",
+                    format!("http://127.0.0.1:{port}/.rt"),
+                )
+                .env("AWS_LAMBDA_FUNCTION_NAME", "_")
+                .env("AWS_LAMBDA_FUNCTION_VERSION", "1")
+                .env("AWS_LAMBDA_FUNCTION_MEMORY_SIZE", "128")
+                .envs(vars.iter().map(|(k, v)| (*k, v.as_str())))
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap(),
+        );
+        let out = cargo_lambda()
+            .args(["invoke", "_", "--invoke-address", "127.0.0.1"])
+            .args(["--invoke-port", &port.to_string()])
+            .args(["--data-file", "events/http-api-v2-ipv4.json"])
+            .output()
+            .unwrap();
+        bootstrap.kill_now();
+        let mut printed = String::new();
+        bootstrap
+            .stdout
+            .take()
+            .unwrap()
+            .read_to_string(&mut printed)
+            .unwrap();
+        printed.push_str(&serve::stderr_of(&mut bootstrap));
+        let answer = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "{out:?}\n{printed}");
+        let response: serde_json::Value = serde_json::from_str(&answer).unwrap();
+        let body: serde_json::Value =
+            serde_json::from_str(response["body"].as_str().unwrap()).unwrap();
+        assert_eq!(response["statusCode"], 202, "{answer}");
+        assert_eq!(body["quota"]["used"], used, "{answer}");
+        assert!(
+            !printed.contains(HASH_SECRET) && !printed.contains(VALKEY_PASSWORD),
+            "{printed}"
+        );
+    }
+    emulator.kill_now();
+    drop(valkey);
+}
