@@ -99,7 +99,7 @@ where
         let secret = stores
             .read(reference)
             .await
-            .and_then(non_empty)
+            .and_then(usable)
             .map_err(|reason| ConfigError::new(var, format!("{reference}: {reason}")))?;
         Ok::<_, ConfigError>((*var, secret))
     });
@@ -110,10 +110,14 @@ where
     })
 }
 
-/// A secret of blanks is no secret (the parser would take it for unset).
-fn non_empty(secret: String) -> Result<String, String> {
+/// A secret of blanks is no secret (the parser would take it for unset),
+/// and one that reads as a reference or an ARN is not followed: the parser
+/// would refuse it, printing it.
+fn usable(secret: String) -> Result<String, String> {
     if secret.trim().is_empty() {
         Err("the secret is empty".to_owned())
+    } else if !matches!(SecretRef::parse(&secret), Ok(None)) {
+        Err("the secret holds a reference or an ARN, not a value".to_owned())
     } else {
         Ok(secret)
     }
@@ -216,10 +220,12 @@ mod tests {
         assert_eq!(resolve(bad).await.unwrap_err().var, "QUOTA_HASH_SECRET");
     }
 
-    /// Blanks are an empty secret.
+    /// Blanks are an empty secret; a reference held in a secret is not
+    /// followed, and the error does not show it.
     #[test]
-    fn blanks_are_empty() {
-        assert!(non_empty(" \n".into()).is_err());
-        assert_eq!(non_empty("x".into()).as_deref(), Ok("x"));
+    fn usable_secrets() {
+        assert_eq!(usable(" \n".into()).unwrap_err(), "the secret is empty");
+        assert!(!usable("ssm:/hidden".into()).unwrap_err().contains("hidden"));
+        assert_eq!(usable("x".into()).as_deref(), Ok("x"));
     }
 }
