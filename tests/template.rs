@@ -99,3 +99,43 @@ fn numeric_parameters_stay_in_their_variables_range() {
     }
     assert!(checked >= 12, "only {checked} numeric parameters found");
 }
+
+/// No secret value is in the function's configuration: every secret
+/// variable of the table is set in template.yaml as a `secretsmanager:`
+/// reference (or, for `VALKEY_URL`, a URL without credentials), no parameter
+/// is `NoEcho` (none holds a secret), and the function may read its own
+/// secrets only: `secretsmanager:GetSecretValue` on the hash key and the
+/// optional Valkey secret, no wildcard.
+#[test]
+fn template_keeps_secrets_out_of_the_environment() {
+    let template = read("template.yaml");
+    assert!(!template.contains("NoEcho"), "a parameter holds a secret");
+    for var in VARIABLES.iter().filter(|v| v.secret) {
+        let at = template
+            .find(&format!("          {}: ", var.name))
+            .unwrap_or_else(|| panic!("template.yaml does not set {}", var.name));
+        let setting: String = template[at..].lines().take(4).collect();
+        assert!(
+            setting.contains("\"secretsmanager:${"),
+            "{} is not set by reference: {setting}",
+            var.name
+        );
+    }
+    let grant = template
+        .split("Action: secretsmanager:GetSecretValue")
+        .nth(1)
+        .expect("the function may read its secrets");
+    let resources: Vec<&str> = grant
+        .lines()
+        .skip(2) // the rest of the action's line, `Resource:`
+        .take_while(|l| l.trim_start().starts_with('-'))
+        .collect();
+    assert_eq!(
+        resources,
+        [
+            "                - !If [CreateHashSecret, !Ref HashSecret, !Ref HashSecretArn]",
+            "                - !If [HasValkeySecret, !Ref ValkeySecretArn, !Ref AWS::NoValue]",
+        ]
+    );
+    assert_eq!(template.matches("Action: secretsmanager:").count(), 1);
+}

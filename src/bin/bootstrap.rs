@@ -1,8 +1,9 @@
 //! The AWS Lambda entry point: read the configuration, build the clients
 //! once per cold start, and serve invocations.
 //!
-//! A configuration error (or, with `QUOTA_STORE_EVICTION=refuse`, a store
-//! whose `maxmemory-policy` can evict the gate's keys) is printed and, under
+//! A configuration error (a secret reference that cannot be read among
+//! them), or, with `QUOTA_STORE_EVICTION=refuse`, a store
+//! whose `maxmemory-policy` can evict the gate's keys, is printed and, under
 //! a Lambda runtime, reported to the Runtime API as the function's init
 //! error (`Runtime.ConfigError`, with the variable's name), so the
 //! invocation shows the cause instead of a bare "Runtime exited"; then the
@@ -53,7 +54,9 @@ async fn main() -> ExitCode {
 /// The gate of this cold start, or why there is none (naming the variable).
 async fn start()
 -> Result<Gate<quota_gate::io::store::AnyStore, quota_gate::io::queue::AnyQueue>, String> {
-    let config = Config::from_env()
+    // References to secret stores are read here, once per cold start.
+    let config = quota_gate::io::secrets::config_from_env()
+        .await
         .and_then(Config::require_hash_secret)
         .map_err(|e| e.to_string())?;
     let meter = Meter::stdout(config.metrics_namespace.clone()).with_levels(&config.policy.levels);

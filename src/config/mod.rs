@@ -25,6 +25,10 @@
 //! The settings that are one word each ([`FailMode`], [`DelayMode`], …)
 //! live with the pure rules, in [`crate::rules::modes`], and [`ConfigError`]
 //! in `error`, so the rules import a setting without the configuration.
+//! A secret variable may hold a reference to a secret store instead
+//! ([`secret_ref`], the one grammar); reading it is I/O, done by the front
+//! ends before this parse (`crate::io::secrets`), and a reference that
+//! reaches the parser is refused.
 //! A plain environment variable table was chosen over clap's `env` feature:
 //! Lambda has no command line, and one parser serves both binaries.
 
@@ -33,6 +37,7 @@ mod identity;
 mod lookup;
 mod policy;
 mod queue;
+pub mod secret_ref;
 mod serve;
 mod store;
 pub mod vars;
@@ -79,6 +84,7 @@ impl Config {
     /// value. Empty values count as unset; defaults and ranges come from
     /// [`vars::VARIABLES`].
     pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Self, ConfigError> {
+        secret_ref::refuse_unresolved(&lookup)?;
         let env = Lookup(&lookup);
         let policy = Policy::from_vars(&env)?;
         let identity = IdentityConfig::from_vars(&env)?;

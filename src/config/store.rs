@@ -9,7 +9,7 @@ use super::vars;
 use crate::rules::modes::{FailMode, OnEviction};
 
 /// The quota Valkey.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct ValkeyConfig {
     pub url: String,
     pub cluster: bool,
@@ -17,6 +17,24 @@ pub struct ValkeyConfig {
     pub wait_replicas: u32,
     /// Extra trust for `rediss://`: replaces the platform's roots when set.
     pub tls_ca: Option<CaBundle>,
+}
+
+impl std::fmt::Debug for ValkeyConfig {
+    /// The URL without its user and password: a credential is never printed.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let url = match (self.url.find("://"), self.url.rfind('@')) {
+            (Some(scheme), Some(at)) if at > scheme => {
+                format!("{}…{}", &self.url[..scheme + 3], &self.url[at..])
+            }
+            _ => self.url.clone(),
+        };
+        f.debug_struct("ValkeyConfig")
+            .field("url", &url)
+            .field("cluster", &self.cluster)
+            .field("wait_replicas", &self.wait_replicas)
+            .field("tls_ca", &self.tls_ca)
+            .finish()
+    }
 }
 
 /// The quota store and what to do when it fails.
@@ -148,4 +166,21 @@ impl ValkeyConfig {
 /// Whether a Valkey URL asks for TLS (`rediss://` or `valkeys://`).
 pub fn is_tls_url(url: &str) -> bool {
     url.starts_with("rediss://") || url.starts_with("valkeys://")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A Valkey URL's user and password never reach a `Debug` print.
+    #[test]
+    fn debug_hides_credentials() {
+        let mut v = ValkeyConfig::parse("rediss://gate:pa55word@host:6379".into()).unwrap();
+        assert!(
+            format!("{v:?}").contains("\"rediss://…@host:6379\""),
+            "{v:?}"
+        );
+        v.url = "redis://127.0.0.1:6379".into();
+        assert!(format!("{v:?}").contains("\"redis://127.0.0.1:6379\""));
+    }
 }

@@ -60,6 +60,10 @@ pub struct Variable {
     pub range: Option<(u64, u64)>,
     pub meaning: &'static str,
     pub applies: Applies,
+    /// A secret: it may be given as a reference to a secret store
+    /// ([`super::secret_ref`]), which the front ends read at start, and its
+    /// value is never printed.
+    pub secret: bool,
 }
 
 /// A typed handle on one row: `K` says how the parser reads the variable.
@@ -110,6 +114,17 @@ impl<K: Copy> Var<K> {
             kind: self.kind,
         }
     }
+
+    /// The same row, marked a secret (see [`Variable::secret`]).
+    const fn secret(self) -> Self {
+        Var {
+            row: Variable {
+                secret: true,
+                ..self.row
+            },
+            kind: self.kind,
+        }
+    }
 }
 
 const fn row(
@@ -125,6 +140,7 @@ const fn row(
         // A doc comment's lines each start with a space.
         meaning: meaning.trim_ascii(),
         applies: Applies::Everywhere,
+        secret: false,
     }
 }
 
@@ -178,12 +194,12 @@ use DefaultValue::{Unset, Value};
 macro_rules! variables {
     ($(
         $(#[doc = $meaning:literal])+
-        $name:ident: $ty:ty = $make:ident($($arg:expr),*) $(.applies($applies:expr))?;
+        $name:ident: $ty:ty = $make:ident($($arg:expr),*) $(.$modify:ident($($how:expr)?))*;
     )+) => {
         $(
             $(#[doc = $meaning])+
             pub const $name: $ty =
-                $make(stringify!($name), $($arg,)* concat!($($meaning),+)) $(.applies($applies))?;
+                $make(stringify!($name), $($arg,)* concat!($($meaning),+)) $(.$modify($($how)?))*;
         )+
 
         /// Every variable, in the table's order.
@@ -229,7 +245,7 @@ variables! {
     QUOTA_ANON_GLOBAL_INTERVAL_MS: Var<Whole> = number("1000", 1, MAX_MILLIS);
     /// HMAC key for digests, ≥ 16 bytes (use 32 random bytes). **Required in Lambda**; `serve` and
     /// the operator commands fall back to a built-in development secret and warn
-    QUOTA_HASH_SECRET: Var<Optional> = optional("—");
+    QUOTA_HASH_SECRET: Var<Optional> = optional("—").secret();
     /// IPv6 sources are counted per prefix of this length
     QUOTA_IPV6_PREFIX: Var<Whole> = number("64", 1, 128);
     /// comma-separated CIDRs; only when the direct peer is one of them is `X-Forwarded-For` read
@@ -241,7 +257,7 @@ variables! {
     /// trusted proxy)
     QUOTA_EXEMPT_NETWORKS: Var<Optional> = optional("empty");
     /// `redis://`, `rediss://` (TLS), `valkey://` or `valkeys://`
-    VALKEY_URL: Var<Optional> = optional("unset → in-memory");
+    VALKEY_URL: Var<Optional> = optional("unset → in-memory").secret();
     /// cluster mode (ElastiCache Serverless)
     VALKEY_CLUSTER: Var<Flag> = flag("false");
     /// replicas a write must reach (`WAIT`) before it is relied on: a keyed scan's claim, a job
@@ -327,6 +343,11 @@ variables! {
     QUOTA_LOG_FORMAT: Var<Text> = text("text").applies(Applies::Logging);
 }
 
+/// What the table adds to a secret variable's meaning: the grammar of
+/// [`super::secret_ref`] (a test there checks both prefixes are named).
+pub const SECRET_NOTE: &str = "; or a reference, read once at start: `secretsmanager:<secret ARN or \
+     name>` or `ssm:<SecureString parameter name or ARN>` ([Secrets](production.md#secrets))";
+
 /// A number as the table writes it: `86400000 (24 h)` for the longest millis.
 fn bound(n: u64) -> String {
     if n == MAX_MILLIS {
@@ -349,8 +370,9 @@ pub fn markdown_table() -> String {
             .range
             .map(|(min, max)| format!("; {} … {}", bound(min), bound(max)))
             .unwrap_or_default();
+        let secret = if v.secret { SECRET_NOTE } else { "" };
         out.push_str(&format!(
-            "| `{}` | {default} | {}{range} |\n",
+            "| `{}` | {default} | {}{range}{secret} |\n",
             v.name, v.meaning
         ));
     }

@@ -70,10 +70,6 @@ pub fn main() -> ExitCode {
         Err(e) => return config_error(e),
     };
     init_tracing(&cli.command, format);
-    let config = match Config::from_env() {
-        Ok(c) => c,
-        Err(e) => return config_error(e),
-    };
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -83,6 +79,11 @@ pub fn main() -> ExitCode {
             eprintln!("quota-gate: cannot start the runtime: {e}");
             return ExitCode::FAILURE;
         }
+    };
+    // References to secret stores are read here, once, before anything starts.
+    let config = match runtime.block_on(crate::io::secrets::config_from_env()) {
+        Ok(c) => c,
+        Err(e) => return config_error(e),
     };
     match runtime.block_on(dispatch(cli.command, config)) {
         Ok(()) => ExitCode::SUCCESS,

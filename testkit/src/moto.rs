@@ -1,4 +1,5 @@
-//! A real `moto` server (SQS, CloudWatch) on a free port, killed on drop.
+//! A real `moto` server (SQS, CloudWatch, Secrets Manager, Parameter Store,
+//! IAM) on a free port, killed on drop.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -22,11 +23,19 @@ pub struct MotoServer {
 
 impl MotoServer {
     pub fn start() -> Self {
+        Self::start_with(&[])
+    }
+
+    /// The same with `env` set for the server, e.g.
+    /// `INITIAL_NO_AUTH_ACTION_COUNT`: moto then checks every request's
+    /// signature and IAM permissions after that many unchecked ones.
+    pub fn start_with(env: &[(&str, &str)]) -> Self {
         for _ in 0..5 {
             let port = free_port();
             let bin = moto_server_bin();
             let child = Command::new(&bin)
                 .args(["-H", "127.0.0.1", "-p", &port.to_string()])
+                .envs(env.iter().copied())
                 .stdout(Stdio::null())
                 .stderr(Stdio::null())
                 .spawn()
@@ -56,14 +65,81 @@ impl MotoServer {
     /// An SDK configuration pointed at this server with dummy credentials,
     /// built without touching the process environment.
     pub async fn sdk_config(&self) -> aws_config::SdkConfig {
+        self.sdk_config_as("testing", "testing").await
+    }
+
+    /// The same, signed with the access key `key_id` / `secret_key`.
+    pub async fn sdk_config_as(&self, key_id: &str, secret_key: &str) -> aws_config::SdkConfig {
         aws_config::defaults(aws_config::BehaviorVersion::latest())
             .endpoint_url(self.endpoint())
             .region(aws_config::Region::new("us-east-1"))
             .credentials_provider(aws_sdk_sqs::config::Credentials::new(
-                "testing", "testing", None, None, "test",
+                key_id, secret_key, None, None, "test",
             ))
             .load()
             .await
+    }
+
+    /// Creates a Secrets Manager secret holding `value`; returns its ARN.
+    pub async fn create_secret(&self, name: &str, value: &str) -> String {
+        let client = aws_sdk_secretsmanager::Client::new(&self.sdk_config().await);
+        let created = client
+            .create_secret()
+            .name(name)
+            .secret_string(value)
+            .send()
+            .await
+            .unwrap();
+        created.arn.unwrap()
+    }
+
+    /// Deletes the secret `id` (scheduled, as AWS does: it can no longer be read).
+    pub async fn delete_secret(&self, id: &str) {
+        let client = aws_sdk_secretsmanager::Client::new(&self.sdk_config().await);
+        client.delete_secret().secret_id(id).send().await.unwrap();
+    }
+
+    /// Puts a Parameter Store parameter, a `SecureString` or a plain `String`.
+    pub async fn put_parameter(&self, name: &str, value: &str, secure: bool) {
+        use aws_sdk_ssm::types::ParameterType;
+        let client = aws_sdk_ssm::Client::new(&self.sdk_config().await);
+        let kind = if secure {
+            ParameterType::SecureString
+        } else {
+            ParameterType::String
+        };
+        let put = client.put_parameter().name(name).value(value).r#type(kind);
+        put.send().await.unwrap();
+    }
+
+    /// Creates the IAM user `name`, with no policy, and an access key for it:
+    /// `(key id, secret key)`. Two IAM requests (moto's query API).
+    pub fn iam_user(&self, name: &str) -> (String, String) {
+        let iam = |body: String| {
+            let auth = "AWS4-HMAC-SHA256 Credential=testing/20260101/us-east-1/iam/aws4_request, \
+                        SignedHeaders=host, Signature=0";
+            let headers = [
+                ("Authorization", auth),
+                ("Content-Type", "application/x-www-form-urlencoded"),
+            ];
+            http(
+                self.addr(),
+                &crate::client::build("POST", "/", &headers, &body),
+            )
+        };
+        let created = iam(format!(
+            "Action=CreateUser&UserName={name}&Version=2010-05-08"
+        ));
+        assert!(created.contains("<UserName>"), "{created}");
+        let key = iam(format!(
+            "Action=CreateAccessKey&UserName={name}&Version=2010-05-08"
+        ));
+        let field = |tag: &str| {
+            let start = key.find(&format!("<{tag}>")).expect(tag) + tag.len() + 2;
+            let end = key[start..].find('<').unwrap() + start;
+            key[start..end].to_owned()
+        };
+        (field("AccessKeyId"), field("SecretAccessKey"))
     }
 
     /// moto's own view of its state (`GET /moto-api/data.json`): every model

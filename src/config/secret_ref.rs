@@ -1,0 +1,169 @@
+//! The one grammar of a secret given by reference instead of by value.
+//!
+//! A secret variable (a row marked [`super::vars::Variable::secret`]:
+//! `QUOTA_HASH_SECRET`, `VALKEY_URL`) holds either its value or a reference,
+//! a scheme prefix on the value:
+//!
+//! | value | read with |
+//! |---|---|
+//! | `secretsmanager:<secret ARN or name>` | Secrets Manager `GetSecretValue`: the secret's string |
+//! | `ssm:<parameter name or ARN>` | Parameter Store `GetParameter` with decryption: a `SecureString`'s value |
+//!
+//! A prefix on the value, rather than a `_ARN` variable beside each, keeps one
+//! variable per setting (the table, the template's parameters and the docs
+//! stay one row each) and lets the template pass either a value or a
+//! reference through the same variable. The front ends read references once,
+//! at start, before the configuration is parsed (`crate::io::secrets`); the
+//! parser itself refuses a reference it is handed, so an unresolved reference
+//! can never become a hash key.
+
+use super::error::ConfigError;
+use super::vars::{VARIABLES, Variable};
+
+/// The prefix of a Secrets Manager reference.
+pub const SECRETS_MANAGER: &str = "secretsmanager:";
+/// The prefix of a Parameter Store reference.
+pub const PARAMETER: &str = "ssm:";
+
+/// A secret's place in a secret store.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SecretRef {
+    /// A Secrets Manager secret: its ARN or name.
+    SecretsManager(String),
+    /// A Parameter Store `SecureString`: its name or ARN.
+    Parameter(String),
+}
+
+impl SecretRef {
+    /// `Ok(None)` for a plain value; the reference a prefixed value names;
+    /// an error (no value) for a prefix with nothing after it, or for a bare
+    /// ARN, which would otherwise be taken for the secret itself.
+    pub fn parse(value: &str) -> Result<Option<Self>, String> {
+        let value = value.trim();
+        let named = |id: &str, make: fn(String) -> Self| {
+            if id.is_empty() {
+                Err("names no secret after its prefix".to_owned())
+            } else {
+                Ok(Some(make(id.to_owned())))
+            }
+        };
+        if let Some(id) = value.strip_prefix(SECRETS_MANAGER) {
+            named(id, Self::SecretsManager)
+        } else if let Some(id) = value.strip_prefix(PARAMETER) {
+            named(id, Self::Parameter)
+        } else if value.starts_with("arn:") {
+            Err(format!(
+                "an ARN is not a value: write {SECRETS_MANAGER}<ARN> or {PARAMETER}<ARN>"
+            ))
+        } else {
+            Ok(None)
+        }
+    }
+}
+
+impl std::fmt::Display for SecretRef {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::SecretsManager(id) => write!(f, "{SECRETS_MANAGER}{id}"),
+            Self::Parameter(name) => write!(f, "{PARAMETER}{name}"),
+        }
+    }
+}
+
+/// The variables that may be given by reference.
+pub fn secret_variables() -> impl Iterator<Item = &'static Variable> {
+    VARIABLES.iter().filter(|v| v.secret)
+}
+
+/// The references among the secret variables `lookup` gives, each with its
+/// variable's name; a malformed one is an error naming its variable.
+pub fn references(
+    lookup: &dyn Fn(&str) -> Option<String>,
+) -> Result<Vec<(&'static str, SecretRef)>, ConfigError> {
+    let mut found = Vec::new();
+    for var in secret_variables() {
+        let Some(value) = lookup(var.name) else {
+            continue;
+        };
+        match SecretRef::parse(&value) {
+            Ok(Some(reference)) => found.push((var.name, reference)),
+            Ok(None) => {}
+            Err(problem) => return Err(ConfigError::new(var.name, problem)),
+        }
+    }
+    Ok(found)
+}
+
+/// Refuses a configuration whose secret variable still holds a reference:
+/// the front ends resolve them before parsing, and a reference taken as a
+/// value would be a hash key anyone can read in the function's settings.
+pub(super) fn refuse_unresolved(
+    lookup: &dyn Fn(&str) -> Option<String>,
+) -> Result<(), ConfigError> {
+    match references(lookup)?.first() {
+        None => Ok(()),
+        Some((var, reference)) => Err(ConfigError::new(
+            var,
+            format!(
+                "{reference} is a reference that was not read (the front ends read them at start)"
+            ),
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The two prefixes name a store; a plain value, a URL and a word are
+    /// values; a bare ARN or an empty reference is refused.
+    #[test]
+    fn grammar() {
+        let arn = "arn:aws:secretsmanager:eu-west-1:123456789012:secret:quota-hash-AbCdEf";
+        assert_eq!(
+            SecretRef::parse(&format!("secretsmanager:{arn}")),
+            Ok(Some(SecretRef::SecretsManager(arn.to_owned())))
+        );
+        assert_eq!(
+            SecretRef::parse(" ssm:/quota/valkey-url "),
+            Ok(Some(SecretRef::Parameter("/quota/valkey-url".to_owned())))
+        );
+        for plain in [
+            "rediss://user:pw@host:6379",
+            "0123456789abcdef0123",
+            "ssmx:y",
+        ] {
+            assert_eq!(SecretRef::parse(plain), Ok(None), "{plain}");
+        }
+        assert!(SecretRef::parse("ssm:").is_err());
+        assert!(SecretRef::parse("secretsmanager:  ").is_err());
+        assert!(
+            SecretRef::parse(arn)
+                .unwrap_err()
+                .contains("secretsmanager:<ARN>")
+        );
+        for prefix in [SECRETS_MANAGER, PARAMETER] {
+            assert!(super::super::vars::SECRET_NOTE.contains(&format!("`{prefix}<")));
+        }
+        let r = SecretRef::Parameter("/a".into());
+        assert_eq!(SecretRef::parse(&r.to_string()), Ok(Some(r)));
+    }
+
+    /// Only the rows marked secret are read as references, and a reference
+    /// left unread stops the parse naming its variable.
+    #[test]
+    fn only_secret_rows() {
+        let names: Vec<_> = secret_variables().map(|v| v.name).collect();
+        assert_eq!(names, ["QUOTA_HASH_SECRET", "VALKEY_URL"]);
+        let lookup = |k: &str| match k {
+            "VALKEY_URL" => Some("ssm:/quota/valkey".to_owned()),
+            "QUOTA_JWT_ISSUER" => Some("ssm:/not-a-secret".to_owned()),
+            _ => None,
+        };
+        let found = references(&lookup).unwrap();
+        assert_eq!(found.len(), 1);
+        let e = crate::config::Config::from_lookup(lookup).unwrap_err();
+        assert_eq!(e.var, "VALKEY_URL");
+        assert!(e.problem.contains("ssm:/quota/valkey"), "{e}");
+    }
+}

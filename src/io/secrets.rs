@@ -1,0 +1,231 @@
+//! Secrets by reference, read once at start: the front ends (Lambda init,
+//! `quota-gate serve`, `consume` and the operator commands) hand
+//! [`crate::config::Config::from_lookup`] the environment with every
+//! reference ([`crate::config::secret_ref`]) replaced by its secret.
+//!
+//! The AWS SDK reads them (`GetSecretValue`, `GetParameter` with
+//! decryption), with the credentials, region and `AWS_ENDPOINT_URL` of the
+//! process, as the SQS client does; the SDK is loaded only when some
+//! variable is a reference, so plain values cost the start nothing. Both are
+//! read at once. A reference that cannot be read (missing, not permitted,
+//! deleted, a parameter that is not a `SecureString`), or that holds an empty
+//! or binary secret, stops the start with the variable's name, the reference
+//! and the store's reason: never the value, which no log line, metric or
+//! error carries.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use aws_config::{BehaviorVersion, SdkConfig};
+use aws_sdk_secretsmanager::error::{DisplayErrorContext, ProvideErrorMetadata, SdkError};
+use aws_sdk_ssm::types::ParameterType;
+
+use crate::config::secret_ref::{SecretRef, references};
+use crate::config::{Config, ConfigError};
+
+/// A read is one HTTPS request in the function's region; the SDK retries a
+/// throttled or failed one within this bound, well inside Lambda's 10 s init.
+const READ_TIMEOUT: Duration = Duration::from_secs(5);
+/// A connect that takes a second means the network path is broken (a VPC
+/// without a route to the service).
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// The environment `base` gives, with each reference replaced by its secret.
+pub struct Resolved<F> {
+    base: F,
+    secrets: HashMap<&'static str, String>,
+}
+
+impl<F: Fn(&str) -> Option<String>> Resolved<F> {
+    /// The variable's value: its secret if it was a reference.
+    pub fn get(&self, name: &str) -> Option<String> {
+        match self.secrets.get(name) {
+            Some(secret) => Some(secret.clone()),
+            None => (self.base)(name),
+        }
+    }
+
+    /// The variables read from a secret store, in the table's order.
+    pub fn from_store(&self) -> Vec<&'static str> {
+        let mut names: Vec<_> = self.secrets.keys().copied().collect();
+        names.sort_unstable();
+        names
+    }
+}
+
+impl<F> std::fmt::Debug for Resolved<F> {
+    /// Names only: the values are secrets.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_set().entries(self.secrets.keys()).finish()
+    }
+}
+
+/// The process environment, its references read, parsed: what every front
+/// end starts from. Logs which variables came from a store (names only).
+pub async fn config_from_env() -> Result<Config, ConfigError> {
+    let resolved = resolve(|k: &str| std::env::var(k).ok()).await?;
+    for variable in resolved.from_store() {
+        tracing::info!(variable, "read from its secret store");
+    }
+    Config::from_lookup(|k| resolved.get(k))
+}
+
+/// `base` with its references read, the SDK configured from the process
+/// environment (loaded only when there is a reference).
+pub async fn resolve<F>(base: F) -> Result<Resolved<F>, ConfigError>
+where
+    F: Fn(&str) -> Option<String>,
+{
+    if references(&base)?.is_empty() {
+        return Ok(Resolved {
+            base,
+            secrets: HashMap::new(),
+        });
+    }
+    let sdk = aws_config::load_defaults(BehaviorVersion::latest()).await;
+    resolve_with(base, &sdk).await
+}
+
+/// `base` with its references read through `sdk` (tests point it at an
+/// emulator).
+pub async fn resolve_with<F>(base: F, sdk: &SdkConfig) -> Result<Resolved<F>, ConfigError>
+where
+    F: Fn(&str) -> Option<String>,
+{
+    let wanted = references(&base)?;
+    let stores = Stores::new(sdk, &wanted);
+    let stores = &stores;
+    let reads = wanted.iter().map(|(var, reference)| async move {
+        let secret = stores
+            .read(reference)
+            .await
+            .and_then(usable)
+            .map_err(|reason| ConfigError::new(var, format!("{reference}: {reason}")))?;
+        Ok::<_, ConfigError>((*var, secret))
+    });
+    let secrets = futures_util::future::try_join_all(reads).await?;
+    Ok(Resolved {
+        base,
+        secrets: secrets.into_iter().collect(),
+    })
+}
+
+/// A secret of blanks is no secret (the parser would take it for unset),
+/// and one that reads as a reference or an ARN is not followed: the parser
+/// would refuse it, printing it.
+fn usable(secret: String) -> Result<String, String> {
+    if secret.trim().is_empty() {
+        Err("the secret is empty".to_owned())
+    } else if !matches!(SecretRef::parse(&secret), Ok(None)) {
+        Err("the secret holds a reference or an ARN, not a value".to_owned())
+    } else {
+        Ok(secret)
+    }
+}
+
+/// The clients of the stores the references name, each built only if used.
+struct Stores {
+    secrets_manager: Option<aws_sdk_secretsmanager::Client>,
+    parameters: Option<aws_sdk_ssm::Client>,
+}
+
+impl Stores {
+    fn new(sdk: &SdkConfig, wanted: &[(&str, SecretRef)]) -> Self {
+        let uses = |f: fn(&SecretRef) -> bool| wanted.iter().any(|(_, r)| f(r));
+        let timeouts = aws_config::timeout::TimeoutConfig::builder()
+            .connect_timeout(CONNECT_TIMEOUT)
+            .operation_timeout(READ_TIMEOUT)
+            .build();
+        let sdk = sdk.to_builder().timeout_config(timeouts).build();
+        Self {
+            secrets_manager: uses(|r| matches!(r, SecretRef::SecretsManager(_)))
+                .then(|| aws_sdk_secretsmanager::Client::new(&sdk)),
+            parameters: uses(|r| matches!(r, SecretRef::Parameter(_)))
+                .then(|| aws_sdk_ssm::Client::new(&sdk)),
+        }
+    }
+
+    /// The secret `reference` names, or why it cannot be had.
+    async fn read(&self, reference: &SecretRef) -> Result<String, String> {
+        match (reference, &self.secrets_manager, &self.parameters) {
+            (SecretRef::SecretsManager(id), Some(client), _) => {
+                let got = client.get_secret_value().secret_id(id).send().await;
+                let got = got.map_err(|e| reason(&e))?;
+                match (got.secret_string, got.secret_binary) {
+                    (Some(secret), _) => Ok(secret),
+                    (None, Some(_)) => Err("the secret is binary; a string is expected".to_owned()),
+                    (None, None) => Err("the secret has no value".to_owned()),
+                }
+            }
+            (SecretRef::Parameter(name), _, Some(client)) => {
+                let got = client
+                    .get_parameter()
+                    .name(name)
+                    .with_decryption(true)
+                    .send()
+                    .await;
+                let parameter = got.map_err(|e| reason(&e))?.parameter;
+                let parameter = parameter.ok_or("the store returned no parameter")?;
+                match parameter.r#type {
+                    Some(ParameterType::SecureString) => parameter
+                        .value
+                        .ok_or_else(|| "the parameter has no value".to_owned()),
+                    other => Err(format!(
+                        "a {} parameter, not a SecureString: a secret is kept encrypted",
+                        other.as_ref().map_or("typeless", |t| t.as_str())
+                    )),
+                }
+            }
+            _ => Err("no client for this store".to_owned()),
+        }
+    }
+}
+
+/// What the store said, in one line: a service error's code and message
+/// (not the raw response the SDK's own display appends), or why no answer
+/// came (a timeout, no route, no credentials).
+fn reason<E, R>(e: &SdkError<E, R>) -> String
+where
+    E: ProvideErrorMetadata + std::error::Error + 'static,
+    R: std::fmt::Debug,
+{
+    match (e.code(), e.message()) {
+        (Some(code), Some(message)) => {
+            format!(
+                "{code}: {}",
+                message.split_whitespace().collect::<Vec<_>>().join(" ")
+            )
+        }
+        (Some(code), None) => code.to_owned(),
+        _ => DisplayErrorContext(e).to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Plain values pass through untouched and load no SDK; a malformed
+    /// reference names its variable before any request.
+    #[tokio::test]
+    async fn plain_values_need_no_store() {
+        let base = |k: &str| (k == "VALKEY_URL").then(|| "redis://127.0.0.1:1".to_owned());
+        let resolved = resolve(base).await.unwrap();
+        assert_eq!(
+            resolved.get("VALKEY_URL").as_deref(),
+            Some("redis://127.0.0.1:1")
+        );
+        assert!(resolved.from_store().is_empty());
+        let bad = |k: &str| (k == "QUOTA_HASH_SECRET").then(|| "ssm:".to_owned());
+        assert_eq!(resolve(bad).await.unwrap_err().var, "QUOTA_HASH_SECRET");
+    }
+
+    /// Blanks are an empty secret; a reference held in a secret is not
+    /// followed, and the error does not show it.
+    #[test]
+    fn usable_secrets() {
+        assert_eq!(usable(" \n".into()).unwrap_err(), "the secret is empty");
+        assert!(!usable("ssm:/hidden".into()).unwrap_err().contains("hidden"));
+        assert_eq!(usable("x".into()).as_deref(), Ok("x"));
+    }
+}
