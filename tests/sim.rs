@@ -49,10 +49,10 @@ fn env_bug() -> Option<Bug> {
 /// change to the simulator that moves where a bug is found moves its seed
 /// here and in docs/guarantees.md.
 const REGRESSIONS: &[(u64, Bug)] = &[
-    (15, Bug::RefundOfUnsentCount),
+    (42, Bug::RefundOfUnsentCount),
     (4, Bug::TakeOverUnderFreshId),
     (3, Bug::UnknownCountQueuedUnmetered),
-    (15, Bug::ConnectErrorAsUnanswered),
+    (255, Bug::ConnectErrorAsUnanswered),
     (145, Bug::DisconnectDropsScan),
     (1, Bug::LevelNotRefunded),
     (15, Bug::LevelRefundUnguarded),

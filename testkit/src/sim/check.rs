@@ -64,11 +64,24 @@ impl Answer {
 #[derive(Debug, Clone)]
 pub struct Group {
     pub keyed: bool,
+    /// A token holder: its subject is its `tid`, its levels the token
+    /// levels of its address's networks.
+    pub token: bool,
     /// The client's address: its subject, and the levels above it.
     pub ip: &'static str,
     pub body: String,
     /// Unix ms of its first attempt.
     pub first_ms: i64,
+}
+
+impl Group {
+    /// How the events name its client: its address, and its token if any.
+    fn label(&self) -> String {
+        match self.token {
+            true => format!("{} with a token", self.ip),
+            false => self.ip.to_owned(),
+        }
+    }
 }
 
 /// Everything a schedule left.
@@ -310,7 +323,11 @@ impl World {
             let ip = group.ip.parse().expect("a sim address");
             let counted = jobs.get(&g).is_some_and(|j| j.iter().any(|j| j.count > 0));
             let unknown = self.answers.iter().any(|a| a.group == g && a.unknown());
-            for level in identifier.levels_of(quota_gate::rules::scope::Scope::Ip, ip) {
+            let scope = match group.token {
+                true => quota_gate::rules::scope::Scope::Tid,
+                false => quota_gate::rules::scope::Scope::Ip,
+            };
+            for level in identifier.levels_of(scope, ip) {
                 let counter = level.key.counter;
                 let i = match levels.iter().position(|(c, ..)| *c == counter) {
                     Some(i) => i,
@@ -357,7 +374,7 @@ impl World {
                 "t={:>6} ms  scan {} ({}) attempt {}: {} {} scanId={} used={} level={} queued={} counted={}{}{}",
                 a.at_ms - super::T0_MS,
                 a.group,
-                self.groups[a.group].ip,
+                self.groups[a.group].label(),
                 a.attempt,
                 a.status,
                 b["error"].as_str().unwrap_or(""),

@@ -77,10 +77,17 @@ pub struct Plan {
     pub groups: Vec<GroupPlan>,
 }
 
+/// `QUOTA_TOKEN_NETWORKS`, small enough that token holders sharing a
+/// network are held back by it.
+const TOKEN_NETWORKS: &[&str] = &["v4/24=2,v6/48=3", "v4/24=1x,v6/48=2x", "off"];
+
 /// One scan a client wants: its attempts (one, unless keyed).
 #[derive(Debug, Clone)]
 pub struct GroupPlan {
     pub keyed: bool,
+    /// Sent with a token (`tid` `sim-<group>`, as the gateway's verified
+    /// claims): counted as a token holder, at its network's token levels.
+    pub token: bool,
     pub ip: &'static str,
     pub attempts: Vec<AttemptPlan>,
 }
@@ -113,6 +120,12 @@ impl Plan {
         }
         // Small network limits, so a level, not only the subject, decides.
         vars.push(("QUOTA_NETWORKS", r.pick(NETWORKS).into()));
+        // Token holders, drawn apart so every seed's schedule is otherwise
+        // what it was before they were.
+        let t = &mut Rng::new(seed.rotate_left(17) ^ 0x70_6b_65_6e);
+        vars.push(("QUOTA_TRUST_GATEWAY_CLAIMS", "true".into()));
+        vars.push(("QUOTA_TOKEN", t.pick(&["1", "2", "3"]).into()));
+        vars.push(("QUOTA_TOKEN_NETWORKS", t.pick(TOKEN_NETWORKS).into()));
         let workers = 1 + r.below(3) as usize;
         let faults_until = r.ms(0, 20_000);
         let mut groups = Vec::new();
@@ -133,6 +146,7 @@ impl Plan {
             }
             groups.push(GroupPlan {
                 keyed,
+                token: t.chance(35),
                 ip,
                 attempts,
             });
@@ -379,6 +393,7 @@ async fn schedule(seed: u64, plan: Plan) -> Result<Stats, String> {
             .enumerate()
             .map(|(g, p)| Group {
                 keyed: p.keyed,
+                token: p.token,
                 ip: p.ip,
                 body: body(g),
                 first_ms: T0_MS + p.attempts[0].at.as_millis() as i64,
@@ -419,6 +434,10 @@ pub fn body(g: usize) -> String {
 fn request(g: usize, group: &GroupPlan) -> GateRequest {
     let mut r = crate::scan_from(group.ip);
     r.body = Bytes::from(body(g));
+    if group.token {
+        let tid = ("tid".to_owned(), format!("sim-{g}"));
+        r.gateway_claims = Some(std::collections::HashMap::from([tid]));
+    }
     if group.keyed {
         r.headers.insert(
             "idempotency-key",
