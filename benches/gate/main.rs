@@ -478,6 +478,26 @@ fn run(settings: &Settings) -> Result<Vec<String>, String> {
                     median(&rounds.off)
                 ),
             );
+            let (ratio, low, high) = Rounds::ratio(&rounds.tokens, &rounds.tokens_off);
+            targets.check_min(
+                "gate in process, token: default QUOTA_TOKEN_NETWORKS / QUOTA_TOKEN_NETWORKS=off",
+                ratio,
+                0.85,
+                &format!(
+                    "≥ 0.85; median of 3 interleaved rounds ({low:.2}–{high:.2}), {:.0}/s with \
+                     token levels, {:.0}/s without",
+                    median(&rounds.tokens),
+                    median(&rounds.tokens_off)
+                ),
+            );
+            println!(
+                "valkey commands per decision (INFO commandstats, XADD included), medians of \
+                 the rounds: IP with the default levels {:.2}, token with the default token \
+                 levels {:.2}; each is one round trip for the count and one for the XADD \
+                 (tests/costs.rs holds the round trips)",
+                median(&rounds.commands_ip),
+                median(&rounds.commands_token)
+            );
             if !rounds.counting.is_empty() {
                 let (off, ..) = Rounds::ratio(&rounds.counting_off, &rounds.incr_usec);
                 let (level, ..) = Rounds::ratio(
@@ -769,6 +789,15 @@ struct Rounds {
     counting: Vec<f64>,
     /// The same for the gate with `QUOTA_NETWORKS=off`: the subject's own.
     counting_off: Vec<f64>,
+    /// Token holders (one token per task, from its own address): the gate
+    /// with the default `QUOTA_TOKEN_NETWORKS`, and with it `off`.
+    tokens: Vec<f64>,
+    tokens_off: Vec<f64>,
+    /// Valkey commands per decision (`INFO commandstats` calls, `XADD`
+    /// included), round by round: anonymous with the default levels, and a
+    /// token holder with the default token levels.
+    commands_ip: Vec<f64>,
+    commands_token: Vec<f64>,
 }
 
 impl Rounds {
@@ -783,7 +812,15 @@ impl Rounds {
 async fn interleaved_rounds(url: &str, plan: Plan) -> Result<Rounds, String> {
     let on = Arc::new(valkey_gate(url)?);
     let off = Arc::new(valkey_gate_with(url, &[("QUOTA_NETWORKS", "off")])?);
+    let tokens_off = Arc::new(valkey_gate_with(url, &[("QUOTA_TOKEN_NETWORKS", "off")])?);
     let requests = Arc::new(ip_requests(plan.concurrency));
+    let token_requests: Arc<Vec<GateRequest>> = Arc::new(
+        (0..plan.concurrency)
+            .map(|t| {
+                common::scan_with_token(&task_ip(t), &token(Algorithm::EdDSA, &format!("r{t}")))
+            })
+            .collect(),
+    );
     let valkey = Valkey::new(url, false, Duration::from_millis(100)).map_err(|e| e.to_string())?;
     let mut rounds = Rounds {
         incr: Vec::new(),
@@ -792,6 +829,10 @@ async fn interleaved_rounds(url: &str, plan: Plan) -> Result<Rounds, String> {
         incr_usec: Vec::new(),
         counting: Vec::new(),
         counting_off: Vec::new(),
+        tokens: Vec::new(),
+        tokens_off: Vec::new(),
+        commands_ip: Vec::new(),
+        commands_token: Vec::new(),
     };
     for _ in 0..3 {
         reset_commandstats(url).await;
@@ -812,10 +853,36 @@ async fn interleaved_rounds(url: &str, plan: Plan) -> Result<Rounds, String> {
         rounds.incr.push(incr.per_sec);
         let incr_usec = incr_time(&commandstats(url).await);
         let lines = [
-            (&on, &mut rounds.levels, &mut rounds.counting),
-            (&off, &mut rounds.off, &mut rounds.counting_off),
+            (
+                &on,
+                &requests,
+                &mut rounds.levels,
+                Some(&mut rounds.counting),
+                Some(&mut rounds.commands_ip),
+            ),
+            (
+                &off,
+                &requests,
+                &mut rounds.off,
+                Some(&mut rounds.counting_off),
+                None,
+            ),
+            (
+                &on,
+                &token_requests,
+                &mut rounds.tokens,
+                None,
+                Some(&mut rounds.commands_token),
+            ),
+            (
+                &tokens_off,
+                &token_requests,
+                &mut rounds.tokens_off,
+                None,
+                None,
+            ),
         ];
-        for (gate, into, counting_into) in lines {
+        for (gate, requests, into, counting_into, commands_into) in lines {
             clear_stream(url).await;
             reset_commandstats(url).await;
             let (gate, requests) = (gate.clone(), requests.clone());
@@ -828,8 +895,12 @@ async fn interleaved_rounds(url: &str, plan: Plan) -> Result<Rounds, String> {
                 return Err(stats.first_error.unwrap_or_default());
             }
             into.push(stats.per_sec);
-            if incr_usec.is_some() {
-                let (counting, ..) = counting_time(&commandstats(url).await, stats.all_ops);
+            let command_stats = commandstats(url).await;
+            if let Some(commands) = commands_into {
+                commands.push(commands_per_decision(&command_stats, stats.all_ops));
+            }
+            if let (Some(counting_into), Some(_)) = (counting_into, incr_usec) {
+                let (counting, ..) = counting_time(&command_stats, stats.all_ops);
                 counting_into.push(counting);
             }
         }
@@ -1005,6 +1076,21 @@ fn counting_time(
         }
     }
     (counting, parts, xadd)
+}
+
+/// Valkey commands per decision: every call but the bench's own
+/// bookkeeping, `XADD` included.
+fn commands_per_decision(stats: &external::CommandStats, decisions: u64) -> f64 {
+    let calls: u64 = stats
+        .iter()
+        .filter(|(name, _)| {
+            !(name.starts_with("config")
+                || name.starts_with("client")
+                || matches!(name.as_str(), "info" | "del"))
+        })
+        .map(|(_, &(calls, _))| calls)
+        .sum();
+    calls as f64 / decisions.max(1) as f64
 }
 
 /// One INCR's time in Valkey (`usec_per_call`).
