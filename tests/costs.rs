@@ -25,7 +25,24 @@ type Path = (
     fn(u64) -> GateRequest,
 );
 
-const PATHS: [Path; 5] = [
+/// The Ed25519 test key that verifies [`token_scan`]'s tokens.
+const KEY: (&str, &str) = (
+    "QUOTA_JWT_PUBLIC_KEY",
+    concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/fixtures/jwt/ed25519.pub.pem"
+    ),
+);
+
+/// The `i`-th token holder's scan, each from its own /24.
+fn token_scan(i: u64) -> GateRequest {
+    let claims =
+        serde_json::json!({"iss": "stella-ops.org", "tid": format!("t-{i}"), "exp": now() + 600});
+    let token = mint(jsonwebtoken::Algorithm::EdDSA, claims);
+    scan_with_token(&format!("10.{}.0.1", 1 + i), &token)
+}
+
+const PATHS: [Path; 7] = [
     (
         "within quota, IPv4, `QUOTA_NETWORKS=off`",
         &[("QUOTA_NETWORKS", "off")],
@@ -43,6 +60,16 @@ const PATHS: [Path; 5] = [
         "within quota, IPv4, default levels, `QUOTA_RESET=rolling`",
         &[("QUOTA_RESET", "rolling")],
         |i| scan_from(&format!("10.{}.0.1", 1 + i)),
+    ),
+    (
+        "within quota, token, `QUOTA_TOKEN_NETWORKS=off`",
+        &[KEY, ("QUOTA_TOKEN_NETWORKS", "off")],
+        token_scan,
+    ),
+    (
+        "within quota, token, default token levels (its /24)",
+        &[KEY],
+        token_scan,
     ),
     ("`GET /quota`, default levels", &[], |i| {
         quota_from(&format!("10.{}.0.1", 1 + i))
