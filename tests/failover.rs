@@ -373,3 +373,222 @@ fn wait_needs_a_standalone_valkey() {
     let c = quota_gate::Config::from_lookup(standalone).unwrap();
     assert_eq!(c.store.valkey.unwrap().wait_replicas, 1);
 }
+
+/// Keyed clients in the lagged failover, and the keyed scans each sends.
+const CLIENTS: usize = 10;
+const KEYED_EACH: usize = 25;
+
+/// What one lagged failover did to the keyed scans, read from the new
+/// primary's stream and the scanner's log.
+#[derive(Debug, Default)]
+struct Runs {
+    /// Keys whose scan is in the stream under more than one `scanId`.
+    queued_twice: Vec<String>,
+    /// `scanId`s that ran (ended) more than once.
+    ran_twice: Vec<String>,
+    /// 202'd `scanId`s with no job on the new primary.
+    lost: Vec<String>,
+    /// Replays that answered another `scanId` than the client's 202.
+    replayed_otherwise: Vec<String>,
+}
+
+impl Runs {
+    fn clean(&self) -> bool {
+        self.queued_twice.is_empty()
+            && self.ran_twice.is_empty()
+            && self.lost.is_empty()
+            && self.replayed_otherwise.is_empty()
+    }
+}
+
+/// Client `c`'s `n`th keyed scan: its own subject, key and image.
+fn keyed_scan(c: usize, n: usize) -> GateRequest {
+    let mut r = scan_from(&format!("198.51.100.{}", c + 1));
+    r.body = format!(r#"{{"image":"registry.example.com/c{c}:{n}"}}"#).into();
+    let key = format!("c{c}-{n}");
+    r.headers.insert("idempotency-key", key.parse().unwrap());
+    r
+}
+
+/// The `Idempotency-Key` of a job, read back from its image.
+fn key_of(job: &serde_json::Value) -> Option<String> {
+    let image = job["request"]["image"].as_str()?;
+    let (c, n) = image
+        .strip_prefix("registry.example.com/")?
+        .split_once(':')?;
+    c.starts_with('c').then(|| format!("{c}-{n}"))
+}
+
+/// One keyed client: its scans 0.1 s apart, each retried with the same key
+/// on any non-202 until it has its 202; the `scanId` each key was answered.
+async fn keyed_client(gate: &FailoverGate, c: usize) -> Vec<(String, String)> {
+    let mut answered = Vec::new();
+    for n in 0..KEYED_EACH {
+        let request = keyed_scan(c, n);
+        let body = until_accepted_within(gate, &request, 400).await;
+        answered.push((format!("c{c}-{n}"), body["scanId"].as_str().unwrap().into()));
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    answered
+}
+
+/// [`until_accepted`] with room for `tries` tries, 0.1 s apart.
+async fn until_accepted_within(
+    gate: &FailoverGate,
+    request: &GateRequest,
+    tries: usize,
+) -> serde_json::Value {
+    for _ in 0..tries {
+        let r = gate.handle(request.clone()).await;
+        match r.status().as_u16() {
+            202 => return json(&r),
+            409 | 503 => tokio::time::sleep(Duration::from_millis(100)).await,
+            other => panic!("{other}: {:?}", r.body()),
+        }
+    }
+    panic!("no 202 in {tries} tries");
+}
+
+/// The lagged failover of issue 44, end to end: a primary with AOF and a
+/// replica that follows it through a link frozen `freeze_ms` before the
+/// primary is killed; the gate and two consumers (`--lease lease_s`) reach
+/// the primary through an endpoint that moves to the promoted replica;
+/// `VALKEY_WAIT_REPLICAS=1`, the jobs on the failing Valkey's stream.
+async fn lagged_failover(freeze_ms: u64, lease_s: u64) -> Runs {
+    let primary = ValkeyServer::start_with(&["--appendonly", "yes"]);
+    let link = Proxy::start(primary.addr()).await;
+    let replica = ValkeyServer::replica_of(link.addr).await;
+    let endpoint = Proxy::start(primary.addr()).await;
+    let gate = gate(&endpoint.url(), None, 1);
+    let scanner = common::consumer::Scanner::new();
+    let url = endpoint.url();
+    let vars = [
+        ("VALKEY_URL", url.as_str()),
+        ("SCAN_QUEUE_URL", "valkey-stream:jobs"),
+        ("VALKEY_WAIT_REPLICAS", "1"),
+        ("SLEEP", "0.2"),
+    ];
+    let lease = format!("{lease_s}s");
+    let args = ["--lease", lease.as_str(), "--concurrency", "4"];
+    let _a = scanner.consume("a", &args, &vars, std::process::Stdio::null());
+    let _b = scanner.consume("b", &args, &vars, std::process::Stdio::null());
+    // The consumers have made the group before the burst.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while primary.keys("jobs").await.is_empty() {
+        assert!(Instant::now() < deadline, "{}", scanner.all_errors());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let started = Instant::now();
+    let clients = (0..CLIENTS).map(|c| keyed_client(&gate, c));
+    let plain = (0..2).map(|p| {
+        let gate = &gate;
+        async move {
+            for n in 0..KEYED_EACH {
+                let mut r = scan_from(&format!("198.51.100.{}", 100 + p));
+                r.body = format!(r#"{{"image":"registry.example.com/plain{p}:{n}"}}"#).into();
+                let _ = gate.handle(r).await;
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    });
+    let failover = async {
+        tokio::time::sleep_until(started + Duration::from_millis(800)).await;
+        link.freeze();
+        tokio::time::sleep(Duration::from_millis(freeze_ms)).await;
+        primary.signal("KILL");
+        link.cut();
+        replica.promote().await;
+        endpoint.switch(replica.addr());
+        ValkeyServer::replica_of(replica.addr()).await
+    };
+    let (answered, _, _replacement) = tokio::join!(
+        futures_util::future::join_all(clients),
+        futures_util::future::join_all(plain),
+        failover
+    );
+    let answered: HashMap<String, String> = answered.into_iter().flatten().collect();
+    let mut runs = Runs::default();
+    // Every key replayed once: the same scanId.
+    for c in 0..CLIENTS {
+        for n in 0..KEYED_EACH {
+            let body = until_accepted_within(&gate, &keyed_scan(c, n), 100).await;
+            let key = format!("c{c}-{n}");
+            if body["scanId"].as_str() != Some(answered[&key].as_str()) {
+                runs.replayed_otherwise.push(key);
+            }
+        }
+    }
+    let jobs = stream_jobs(&replica, "jobs").await;
+    let mut by_key: HashMap<String, HashSet<String>> = HashMap::new();
+    let mut queued = HashSet::new();
+    for job in &jobs {
+        let id = job["scanId"].as_str().unwrap().to_owned();
+        queued.insert(id.clone());
+        if let Some(key) = key_of(job) {
+            by_key.entry(key).or_default().insert(id);
+        }
+    }
+    runs.queued_twice = by_key
+        .iter()
+        .filter(|(_, ids)| ids.len() > 1)
+        .map(|(k, ids)| format!("{k}: {ids:?}"))
+        .collect();
+    runs.lost = answered
+        .values()
+        .filter(|id| !queued.contains(*id))
+        .cloned()
+        .collect();
+    // Every job left to run, then room for a second run to show.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let ended: HashSet<String> = scanner.ends().into_iter().map(|l| l.scan_id).collect();
+        if queued.iter().all(|id| ended.contains(id)) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{} of {} jobs ended\n{}",
+            ended.len(),
+            queued.len(),
+            scanner.all_errors()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    tokio::time::sleep(Duration::from_secs(lease_s + 1)).await;
+    let mut ends: HashMap<String, Vec<String>> = HashMap::new();
+    for l in scanner.ends() {
+        ends.entry(l.scan_id.clone())
+            .or_default()
+            .push(format!("{} {} #{}", l.at_ms, l.tag, l.attempt));
+    }
+    runs.ran_twice = ends
+        .into_iter()
+        .filter(|(_, e)| e.len() > 1)
+        .map(|(id, e)| format!("{id}: {e:?}"))
+        .collect();
+    runs
+}
+
+/// Issue 44: through a lagged failover with `VALKEY_WAIT_REPLICAS=1` and
+/// the jobs on the failing Valkey's stream, every keyed scan is queued
+/// under one `scanId` and runs once, every 202's job is on the new primary
+/// and every replay answers the first 202's `scanId`; repeated with the
+/// lag (freeze to kill) and the consumers' lease varied.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lagged_failover_runs_every_keyed_scan_once() {
+    let rounds: Vec<(u64, u64)> = match std::env::var("FAILOVER_ROUNDS") {
+        Ok(n) => (0..n.parse::<u64>().unwrap())
+            .map(|i| (200 + (i * 397) % 1800, 2 + i % 4))
+            .collect(),
+        Err(_) => vec![(1000, 3), (200, 2), (2000, 5), (600, 4)],
+    };
+    let mut bad = Vec::new();
+    for (round, &(freeze_ms, lease_s)) in rounds.iter().enumerate() {
+        let runs = lagged_failover(freeze_ms, lease_s).await;
+        println!("lagged failover {round}: freeze {freeze_ms} ms, lease {lease_s} s: {runs:?}");
+        if !runs.clean() {
+            bad.push((freeze_ms, lease_s, runs));
+        }
+    }
+    assert!(bad.is_empty(), "{bad:#?}");
+}

@@ -2,7 +2,10 @@
 //! what the gate sees of ElastiCache's primary endpoint, which moves to the
 //! promoted replica in a failover. A switch also cuts every connection to
 //! the old upstream, as the old primary's death does. Between a replica and
-//! its primary it makes a lagging replica: [`Proxy::cut`] partitions them.
+//! its primary it makes a lagging replica: [`Proxy::cut`] partitions them,
+//! [`Proxy::freeze`] holds every byte back on connections that stay open
+//! (the primary still counts the replica as connected, and a write it sent
+//! before the freeze may or may not have reached it).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -21,6 +24,8 @@ pub struct Proxy {
     /// Reads from clients: on loopback, with a client that waits for each
     /// answer, one a round trip.
     bursts: Arc<AtomicU64>,
+    /// While true, no byte is forwarded either way.
+    frozen: watch::Sender<bool>,
 }
 
 impl Proxy {
@@ -30,12 +35,14 @@ impl Proxy {
         let addr = listener.local_addr().expect("an address");
         let (tx, rx) = watch::channel(Some(upstream));
         let bursts = Arc::new(AtomicU64::new(0));
-        let accept = tokio::spawn(accept_loop(listener, rx, bursts.clone()));
+        let (frozen, frozen_rx) = watch::channel(false);
+        let accept = tokio::spawn(accept_loop(listener, rx, bursts.clone(), frozen_rx));
         Self {
             addr,
             upstream: tx,
             accept,
             bursts,
+            frozen,
         }
     }
 
@@ -58,6 +65,13 @@ impl Proxy {
     pub fn cut(&self) {
         self.upstream.send_replace(None);
     }
+
+    /// Forwards nothing more, either way, until [`Proxy::cut`] or
+    /// [`Proxy::switch`]: the connections stay open, so the far end still
+    /// counts its peer as connected (a replica that lags, not one gone).
+    pub fn freeze(&self) {
+        self.frozen.send_replace(true);
+    }
 }
 
 impl Drop for Proxy {
@@ -70,12 +84,14 @@ async fn accept_loop(
     listener: TcpListener,
     upstream: watch::Receiver<Option<SocketAddr>>,
     bursts: Arc<AtomicU64>,
+    frozen: watch::Receiver<bool>,
 ) {
     let mut links = tokio::task::JoinSet::new();
     while let Ok((client, _)) = listener.accept().await {
         let mut changed = upstream.clone();
         let target = *changed.borrow_and_update();
         let bursts = bursts.clone();
+        let (mut thaw_up, mut thaw_down) = (frozen.clone(), frozen.clone());
         links.spawn(async move {
             let Some(target) = target else {
                 return;
@@ -89,12 +105,23 @@ async fn accept_loop(
                 let mut buf = vec![0u8; 64 * 1024];
                 while let Ok(n @ 1..) = from_client.read(&mut buf).await {
                     bursts.fetch_add(1, Ordering::Relaxed);
-                    if to_server.write_all(&buf[..n]).await.is_err() {
+                    if thaw_up.wait_for(|f| !*f).await.is_err()
+                        || to_server.write_all(&buf[..n]).await.is_err()
+                    {
                         break;
                     }
                 }
             };
-            let down = tokio::io::copy(&mut from_server, &mut to_client);
+            let down = async {
+                let mut buf = vec![0u8; 64 * 1024];
+                while let Ok(n @ 1..) = from_server.read(&mut buf).await {
+                    if thaw_down.wait_for(|f| !*f).await.is_err()
+                        || to_client.write_all(&buf[..n]).await.is_err()
+                    {
+                        break;
+                    }
+                }
+            };
             tokio::select! {
                 _ = up => {}
                 _ = down => {}

@@ -6,4 +6,10 @@ if redis.call('SET', KEYS[2], '1', 'NX', 'EX', ARGV[3]) then
   redis.call('XADD', KEYS[1], '*', 'job', ARGV[1], 'scanId', ARGV[2])
   return 1
 end
+-- Landed before: write all the same (the marker's TTL again), so the WAIT
+-- behind this script waits for the replication offset of now, which covers
+-- the earlier landing. A script that writes nothing leaves the connection's
+-- offset where its last write was, and a WAIT would vouch for a job the
+-- replica may not hold.
+redis.call('EXPIRE', KEYS[2], ARGV[3])
 return 0
