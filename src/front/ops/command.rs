@@ -15,8 +15,8 @@ use super::subject::{self, SubjectArg};
 use super::{OpsError, purge, stats, valkey_store};
 use crate::config::Config;
 
-/// Which client: exactly one of `--ip` or `--token`; or, with
-/// `--network`, one level above the subjects.
+/// Which client: exactly one of `--ip`, `--token` or `--account`; or,
+/// with `--network`, one level above the subjects.
 #[derive(Debug, Args)]
 #[group(required = true, multiple = false)]
 pub struct SubjectArgs {
@@ -27,6 +27,10 @@ pub struct SubjectArgs {
     /// which keeps it out of the shell history.
     #[arg(long, value_name = "JWT|TID")]
     pub token: Option<String>,
+    /// An account, as the QUOTA_JWT_ACCOUNT_CLAIM claim names it: the one counter all its
+    /// tokens share.
+    #[arg(long, value_name = "ACCOUNT")]
+    pub account: Option<String>,
     /// One network level: a CIDR of a configured length of QUOTA_NETWORKS
     /// (`203.0.113.0/24`, `2001:db8:1::/48`), or `tid:<CIDR>` for its token
     /// holders' level (QUOTA_TOKEN_NETWORKS).
@@ -41,6 +45,9 @@ impl SubjectArgs {
                 "--network names a level, not a client".into(),
             ));
         }
+        if let Some(account) = self.account {
+            return Ok(SubjectArg::Account(account));
+        }
         match (self.ip, self.token) {
             (Some(ip), _) => Ok(SubjectArg::Ip(ip)),
             (None, Some(t)) if t == "-" => {
@@ -51,7 +58,7 @@ impl SubjectArgs {
                 Ok(SubjectArg::Token(token))
             }
             (None, Some(t)) => Ok(SubjectArg::Token(t)),
-            (None, None) => Err(OpsError::Usage("give --ip or --token".into())),
+            (None, None) => Err(OpsError::Usage("give --ip, --token or --account".into())),
         }
     }
 }
@@ -148,7 +155,7 @@ pub async fn inspect(args: InspectArgs, config: &Config) -> Result<(), OpsError>
     let subject = subject::resolve(config, &arg)?;
     let levels = match &arg {
         SubjectArg::Ip(raw) => network::of_ip(config, raw)?,
-        SubjectArg::Token(_) => Vec::new(),
+        SubjectArg::Token(_) | SubjectArg::Account(_) => Vec::new(),
     };
     let store = valkey_store(config)?;
     let mut report = subject::inspect(&store, config, &subject).await?;

@@ -31,6 +31,8 @@ pub enum SubjectArg {
     Ip(String),
     /// A JWT (`Bearer ` prefix allowed) or a bare token id.
     Token(String),
+    /// An account (`QUOTA_JWT_ACCOUNT_CLAIM`): its tokens' one counter.
+    Account(String),
 }
 
 /// How the `tid` of a token subject was learnt.
@@ -44,6 +46,9 @@ pub enum Basis {
     /// A bare `tid`: a token's own `tier` claim is unknown, so the default
     /// token quota is assumed.
     BareTid,
+    /// An account's counter, which all its tokens share; the default
+    /// token quota is assumed.
+    Account,
 }
 
 /// A client as the store knows it.
@@ -94,6 +99,22 @@ pub fn resolve(config: &Config, arg: &SubjectArg) -> Result<Subject, OpsError> {
                     Basis::BareTid,
                 )
             }
+        }
+        SubjectArg::Account(raw) => {
+            let account = raw.trim();
+            if account.is_empty() {
+                return Err(OpsError::Usage("--account: empty".into()));
+            }
+            let subject = TokenSubject {
+                tid: String::new(),
+                tier: None,
+                exempt: false,
+                account: Some(account.to_owned()),
+            };
+            (
+                identifier.token_identity(&subject, None, false),
+                Basis::Account,
+            )
         }
     };
     Ok(Subject {
@@ -238,6 +259,7 @@ impl Inspection {
             Basis::Ip => "source address",
             Basis::VerifiedToken => "verified token",
             Basis::BareTid => "bare tid (a token's tier claim would override the limit)",
+            Basis::Account => "account (a token's tier claim would override the limit)",
         };
         let ttl = match (self.exists, self.ttl_seconds) {
             (false, _) => "-".to_owned(),
@@ -332,6 +354,20 @@ mod tests {
             _ => None,
         })
         .unwrap()
+    }
+
+    /// `--account` names the account's one counter, as a token carrying it
+    /// is counted: apart from a `tid` of the same text.
+    #[test]
+    fn an_account_is_its_tokens_counter() {
+        let c = config();
+        let account = resolve(&c, &SubjectArg::Account(" acct-1 ".into())).unwrap();
+        assert_eq!(account.basis, Basis::Account);
+        let digest = crate::rules::digest::Hasher::new(c.hash_secret()).account_digest("acct-1");
+        assert_eq!(account.key, QuotaKey::new(Scope::Tid, &digest));
+        let tid = resolve(&c, &SubjectArg::Token("acct-1".into())).unwrap();
+        assert_ne!(account.key, tid.key);
+        assert!(resolve(&c, &SubjectArg::Account(" ".into())).is_err());
     }
 
     /// The handler's normalisation: suffixes, mapped IPv6 and /64 prefixes name one key.
