@@ -343,6 +343,39 @@ mod tests {
         assert_eq!(net.name, LevelName::TokenNetwork(v(Family::V4, 24)));
     }
 
+    /// A level decides on its own count, its grant added: over its limit it
+    /// is a line with its tier's delay and its counter's expiry; within it,
+    /// a line of no delay; not counted, or its count failed, nothing.
+    #[test]
+    fn a_level_decides_on_its_own_count() {
+        let limits = Limits {
+            limit: n(3),
+            soft_window: 2,
+            soft_delay: Duration::from_secs(5),
+            hard_delay: Duration::from_secs(60),
+            warn_at: n(100),
+        };
+        let digest = crate::rules::digest::Hasher::new(b"k").level_digest("v4/24:203.0.113.0");
+        let name = LevelName::Network(v(Family::V4, 24));
+        let mut level = Level::new(name, QuotaKey::level(&digest), limits);
+        assert_eq!((level.counted(), level.line()), (None, None));
+        let count = |used, grant| Count {
+            used,
+            reset_at: UnixSecs(86_400),
+            now: UnixSecs(1),
+            grant,
+        };
+        level.lane = Some(Lane::Counted(count(4, 0)));
+        let (decision, counted) = level.counted().unwrap();
+        assert_eq!((decision.tier, counted.used), (Tier::Soft, 4));
+        assert_eq!(level.line(), Some((5_000, UnixSecs(86_400))));
+        level.lane = Some(Lane::Counted(count(4, 1)));
+        assert_eq!(level.counted().unwrap().0.tier, Tier::Within);
+        assert_eq!(level.line(), Some((0, UnixSecs(86_400))));
+        level.lane = Some(Lane::Failed { may_land: true });
+        assert_eq!(level.counted(), None);
+    }
+
     /// The longest delay wins; a tie goes to the subject, then the narrowest.
     #[test]
     fn the_most_severe_level_decides() {
