@@ -143,31 +143,52 @@ async fn token_levels_off() {
     }
 }
 
+/// A gate with a token quota of 3, no token levels, and the account read
+/// from `claim`.
+fn account_gate(
+    server: &ValkeyServer,
+    claim: &str,
+) -> quota_gate::Gate<
+    quota_gate::io::store::valkey::ValkeyStore,
+    quota_gate::io::queue::stream::StreamQueue,
+> {
+    let vars = with_vars(
+        TOKENS,
+        &[
+            ("QUOTA_TOKEN", "3"),
+            ("QUOTA_TOKEN_NETWORKS", "off"),
+            ("QUOTA_JWT_ACCOUNT_CLAIM", claim),
+        ],
+    );
+    token_gate(server, &vars)
+}
+
+/// One scan each of `tokens`, the `i`-th from `198.51.<i>.7`: each answer's
+/// delay.
+async fn delays<S: quota_gate::io::store::QuotaStore, Q: quota_gate::io::queue::ScanQueue>(
+    gate: &quota_gate::Gate<S, Q>,
+    tokens: &[String],
+) -> Vec<u64> {
+    let mut delays = Vec::new();
+    for (i, t) in tokens.iter().enumerate() {
+        let ip = format!("198.51.{i}.7");
+        let body = json(&gate.handle(scan_with_token(&ip, t)).await);
+        delays.push(body["delayMs"].as_u64().unwrap());
+    }
+    delays
+}
+
 /// With the account claim set, ten tokens of one account share its one
 /// budget (the fourth scan is over a quota of 3); a token without the
 /// claim, or with an empty one, is counted by its `tid`, and metered.
 #[tokio::test]
 async fn one_account_one_budget() {
     let server = ValkeyServer::start();
-    let vars = with_vars(
-        TOKENS,
-        &[
-            ("QUOTA_TOKEN", "3"),
-            ("QUOTA_TOKEN_NETWORKS", "off"),
-            ("QUOTA_JWT_ACCOUNT_CLAIM", "account"),
-        ],
-    );
-    let gate = token_gate(&server, &vars);
-    let mut delays = Vec::new();
-    for i in 0..10 {
-        let t = token(&format!("t-{i}"), json!({"account": "acct-1"}));
-        let ip = format!("198.51.{i}.7");
-        delays.push(
-            json(&gate.handle(scan_with_token(&ip, &t)).await)["delayMs"]
-                .as_u64()
-                .unwrap(),
-        );
-    }
+    let gate = account_gate(&server, "account");
+    let tokens: Vec<String> = (0..10)
+        .map(|i| token(&format!("t-{i}"), json!({"account": "acct-1"})))
+        .collect();
+    let delays = delays(&gate, &tokens).await;
     assert_eq!(&delays[..3], [0, 0, 0]);
     assert!(delays[3..].iter().all(|d| *d >= 1000), "{delays:?}");
     // Another account, a token without the claim, one with an empty or a
@@ -225,25 +246,12 @@ async fn tokens_without_the_account_are_metered() {
 #[tokio::test]
 async fn a_claim_the_same_for_everyone_is_one_budget_for_all() {
     let server = ValkeyServer::start();
-    let vars = with_vars(
-        TOKENS,
-        &[
-            ("QUOTA_TOKEN", "3"),
-            ("QUOTA_TOKEN_NETWORKS", "off"),
-            ("QUOTA_JWT_ACCOUNT_CLAIM", "sub"),
-        ],
-    );
-    let gate = token_gate(&server, &vars);
-    let mut delays = Vec::new();
-    for (i, who) in ["alice", "bob", "carol", "dave"].into_iter().enumerate() {
-        let t = token(who, json!({"sub": "free-tier"}));
-        let ip = format!("198.51.{i}.7");
-        delays.push(
-            json(&gate.handle(scan_with_token(&ip, &t)).await)["delayMs"]
-                .as_u64()
-                .unwrap(),
-        );
-    }
+    let gate = account_gate(&server, "sub");
+    let tokens: Vec<String> = ["alice", "bob", "carol", "dave"]
+        .into_iter()
+        .map(|who| token(who, json!({"sub": "free-tier"})))
+        .collect();
+    let delays = delays(&gate, &tokens).await;
     assert_eq!(&delays[..3], [0, 0, 0]);
     assert!(
         delays[3] >= 1000,

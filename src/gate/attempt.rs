@@ -71,6 +71,13 @@ pub(super) struct Attempt {
     pub trace: Option<TraceContext>,
 }
 
+impl GateRequest {
+    /// The id of the request's trace, once the gate has given it one.
+    pub fn trace_id(&self) -> Option<TraceId> {
+        self.trace.as_ref().map(|t| t.trace_id)
+    }
+}
+
 impl Attempt {
     /// Everything the later steps need to know about one identified scan
     /// request, read at `now_ms`.

@@ -104,10 +104,9 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
             Err(e) => return (Err(e), None),
         };
         if identity.account_missing {
-            let trace = request.trace.as_ref().map(|t| t.trace_id);
             let event = crate::io::meter::Event::NoAccount;
             self.meter
-                .record_event(identity.scope, event, now_ms, trace);
+                .record_event(identity.scope, event, now_ms, request.trace_id());
         }
         if identity.exempt {
             let answer = self.exempt(identity, body, &request, now_ms, started);

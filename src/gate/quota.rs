@@ -25,7 +25,6 @@ use crate::rules::delay::{self, DelayPlan};
 use crate::rules::job::{JobTier, RequestBody};
 use crate::rules::level::Level;
 use crate::rules::settle;
-use crate::rules::trace::TraceId;
 use crate::rules::unix::UnixMillis;
 
 impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
@@ -44,7 +43,7 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
         };
         let mut identity = self.identifier.identify(&request.headers, &origin)?;
         self.meter
-            .record_event(identity.scope, Event::Check, now_ms, trace_id(request));
+            .record_event(identity.scope, Event::Check, now_ms, request.trace_id());
         if identity.exempt {
             let standing = self.standing(&identity, now_ms).await;
             return Ok(exempt_response(identity.token, &standing));
@@ -136,7 +135,7 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
             (body, request.trace.clone()),
         );
         let enqueue = self.queue.enqueue(&job);
-        let enqueue = enqueue.instrument(step!("enqueue", trace_id(request)));
+        let enqueue = enqueue.instrument(step!("enqueue", request.trace_id()));
         let ceiling = delay::ceiling(request.remaining, self.config.policy.gateway_timeout);
         let within = enqueue_within(started, ceiling);
         // The read for the headers goes beside the enqueue, so it adds no
@@ -151,7 +150,7 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
             )));
         }
         self.meter
-            .record_event(identity.scope, Event::Exempt, now_ms, trace_id(request));
+            .record_event(identity.scope, Event::Exempt, now_ms, request.trace_id());
         Ok(respond::exempt(
             job.scan_id,
             now_ms.get(),
@@ -171,9 +170,4 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
         let limits = self.config.policy.limits(identity.limit);
         Standing::of(peek.as_ref(), limits, self.config.policy.reset, now)
     }
-}
-
-/// The id of the request's trace.
-fn trace_id(request: &GateRequest) -> Option<TraceId> {
-    request.trace.as_ref().map(|t| t.trace_id)
 }
