@@ -251,7 +251,7 @@ async fn cluster_over_tls() {
     ]);
     for i in 0..30 {
         let r = gate.handle(scan_from(&format!("198.51.100.{i}"))).await;
-        assert_eq!(r.status(), 202);
+        assert_eq!(r.status(), 202, "scan {i}: {}", json(&r));
         assert!(r.headers().get("x-stella-quota").is_none(), "counted");
     }
     let body = json(&gate.handle(scan_from("198.51.100.0")).await);

@@ -20,7 +20,9 @@ pub struct ValkeyCluster {
 }
 
 impl ValkeyCluster {
-    /// Starts the cluster and waits until every node reports `cluster_state:ok`.
+    /// Starts the cluster and waits until every node reports `cluster_state:ok`
+    /// and every node sees the same addresses (an announced port travels by
+    /// gossip, so a node may still name a peer by the port it was met on).
     pub fn start() -> Self {
         Self::start_with(|_| Vec::new())
     }
@@ -80,7 +82,7 @@ impl ValkeyCluster {
                     && info.contains("cluster_known_nodes:3")
                     && info.contains("cluster_slots_ok:16384")
             });
-            if ready {
+            if ready && self.addresses_agree() {
                 return;
             }
             assert!(Instant::now() < deadline, "the cluster did not converge");
@@ -89,6 +91,28 @@ impl ValkeyCluster {
     }
 
     /// A seed URL (any node will do: the client discovers the rest).
+    /// Whether every node's `CLUSTER NODES` lists the same `ip:port` addresses.
+    fn addresses_agree(&self) -> bool {
+        let views: Vec<Vec<String>> = self
+            .nodes
+            .iter()
+            .map(|node| {
+                let table: String = redis::cmd("CLUSTER")
+                    .arg("NODES")
+                    .query(&mut sync_client(node))
+                    .unwrap_or_default();
+                let mut addresses: Vec<String> = table
+                    .lines()
+                    .filter_map(|line| line.split(' ').nth(1))
+                    .map(|field| field.split('@').next().unwrap_or(field).to_owned())
+                    .collect();
+                addresses.sort();
+                addresses
+            })
+            .collect();
+        views.len() == self.nodes.len() && views.windows(2).all(|pair| pair[0] == pair[1])
+    }
+
     pub fn url(&self) -> String {
         self.nodes[0].url()
     }
