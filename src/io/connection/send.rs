@@ -268,6 +268,13 @@ impl Valkey {
     /// connection): its answer, and whether the replicas acknowledged it. A
     /// write short of them is on the primary only, and a failover may lose
     /// it: the caller does not rely on it (`VALKEY_WAIT_REPLICAS`).
+    ///
+    /// The two answers are read apart: a refused write is
+    /// [`SendError::Refused`], but a write that ran and a `WAIT` the server
+    /// refused (a node that is no longer a primary answers
+    /// `WAIT cannot be used with replica instances`) is a write that ran,
+    /// short of its replicas, never a refusal of the write: a keyed scan
+    /// whose job landed must not be refunded as one that was not queued.
     pub async fn send_replicated<T: FromRedisValue>(
         &self,
         cmd: Cmd,
@@ -279,9 +286,12 @@ impl Valkey {
         }
         let mut pipe = redis::pipe();
         pipe.add_command(cmd)
-            .add_command(super::command::wait(replicas, self.timeout()));
-        let (answer, reached): (T, u32) = self.send(pipe, within).await?;
-        Ok((answer, reached >= replicas))
+            .add_command(super::command::wait(replicas, self.timeout()))
+            .ignore_errors();
+        let (answer, reached): (redis::RedisResult<T>, redis::RedisResult<u32>) =
+            self.send(pipe, within).await?;
+        let answer = answer.map_err(|e| SendError::Refused(e.to_string()))?;
+        Ok((answer, reached.is_ok_and(|n| n >= replicas)))
     }
 }
 
