@@ -44,13 +44,18 @@ pub enum Bug {
     /// stalled call gives up, which may be after its marker expired.
     StopWaitsForStalledRenewal,
     /// With `VALKEY_WAIT_REPLICAS`, a running scan's marker renewals are
-    /// relied on without reaching the replicas.
+    /// relied on without reaching the replicas (brought back with
+    /// [`Bug::OrphanClaimedAtOnce`], which covers it too).
     RenewalsOnThePrimaryOnly,
+    /// A new attempt claims a scan whose last attempt's lease ran out
+    /// unreleased at once: after a failover lost a live attempt's renewals
+    /// and done marker, the scan it ran to success runs again (issue 44).
+    OrphanClaimedAtOnce,
 }
 
 impl Bug {
     /// Every switch: the gate's, then the consumer's.
-    pub const ALL: [Self; 11] = join(Self::GATE, Self::CONSUMER);
+    pub const ALL: [Self; 12] = join(Self::GATE, Self::CONSUMER);
 
     /// The gate's, which `tests/sim.rs` finds.
     pub const GATE: [Self; 7] = [
@@ -64,11 +69,12 @@ impl Bug {
     ];
 
     /// The consumer's, which `tests/consume_sim.rs` finds.
-    pub const CONSUMER: [Self; 4] = [
+    pub const CONSUMER: [Self; 5] = [
         Self::SameTokenAfterLostLease,
         Self::DoneNotAwaitedBeforeAck,
         Self::StopWaitsForStalledRenewal,
         Self::RenewalsOnThePrimaryOnly,
+        Self::OrphanClaimedAtOnce,
     ];
 }
 
@@ -92,6 +98,17 @@ const fn join<const A: usize, const B: usize, const N: usize>(
 }
 
 impl Bug {
+    /// A later fix that closes this bug too, and is switched back off with
+    /// it, so the simulator still shows that the first fix matters: the
+    /// one-more-lease wait after a lease ran out unreleased also keeps a
+    /// running scan whose renewals a failover lost.
+    pub const fn covered_by(self) -> Option<Self> {
+        match self {
+            Self::RenewalsOnThePrimaryOnly => Some(Self::OrphanClaimedAtOnce),
+            _ => None,
+        }
+    }
+
     /// The bug whose variant is `name` (as `SIM_BUG` names it); an unknown
     /// name is an error that lists the known ones, so a misspelt switch
     /// never runs with no bug on.
@@ -116,7 +133,10 @@ pub fn set(bug: Option<Bug>) {
     ACTIVE.with(|a| a.set(bug));
 }
 
-/// Whether `bug` is switched on for this thread.
+/// Whether `bug` is switched on for this thread: itself, or as the later
+/// fix that also covers the bug switched on ([`Bug::covered_by`]).
 pub fn on(bug: Bug) -> bool {
-    ACTIVE.with(|a| a.get()) == Some(bug)
+    ACTIVE
+        .with(|a| a.get())
+        .is_some_and(|active| active == bug || active.covered_by() == Some(bug))
 }

@@ -23,6 +23,10 @@
 //! - a scan's attempt numbers strictly increase, start after start;
 //! - no scan starts again once a consumer was told its done marker was
 //!   recorded;
+//! - a scan run to success runs again only if the consumer that ran it
+//!   lost touch with Valkey for a lease after (killed, paused, cut off):
+//!   a failover that lost a live consumer's renewals and done marker gives
+//!   it a lease to come back ([`Bug::OrphanClaimedAtOnce`], issue 44);
 //! - two runs of one scan overlap only while a consumer of one of them is
 //!   paused (the README's one window);
 //! - every scan ends: its done marker in Valkey, or dead-lettered.
@@ -222,6 +226,9 @@ struct Log {
     /// When a consumer was first told a scan's done marker is recorded
     /// (on the replicas, with `VALKEY_WAIT_REPLICAS`).
     recorded: BTreeMap<usize, Duration>,
+    /// Per process and scan, when a command of its that kept the marker
+    /// (a claim or renewal that held, a done marker) landed on a primary.
+    touched: BTreeMap<(usize, usize), Vec<Duration>>,
     dead: BTreeMap<usize, Duration>,
     events: Vec<String>,
 }
@@ -237,6 +244,8 @@ struct Run {
     from: Duration,
     /// `None` while it runs.
     until: Option<Duration>,
+    /// The scanner took it.
+    succeeded: bool,
 }
 
 /// The simulated Valkey, shared by every consumer.
@@ -507,6 +516,17 @@ impl World {
 struct SimMarkers {
     world: Arc<World>,
     me: usize,
+    pid: usize,
+}
+
+impl World {
+    /// Notes that a command of process `pid` kept scan `n`'s marker (held
+    /// or done) as it landed: the consumer is in touch with that scan.
+    fn kept(&self, pid: usize, n: usize) {
+        let at = self.at();
+        let mut log = self.log.lock().unwrap();
+        log.touched.entry((pid, n)).or_default().push(at);
+    }
 }
 
 impl MarkerStore for SimMarkers {
@@ -518,7 +538,7 @@ impl MarkerStore for SimMarkers {
         lease: Duration,
         _now: UnixMillis,
     ) -> Result<MarkerClaim, ConsumeError> {
-        let (n, token) = (self.world.scan_of(scan), token.to_owned());
+        let (n, token, pid) = (self.world.scan_of(scan), token.to_owned(), self.pid);
         let answer = self
             .world
             .send(self.me, move |w, data| {
@@ -526,6 +546,9 @@ impl MarkerStore for SimMarkers {
                 let (next, attempts, answer) =
                     schedule::claim(&marker, attempts, &token, mine, w.now(), lease);
                 data.markers.insert(n, (next, attempts));
+                if answer != MarkerClaim::Busy {
+                    w.kept(pid, n);
+                }
                 answer
             })
             .await?;
@@ -533,11 +556,12 @@ impl MarkerStore for SimMarkers {
     }
 
     async fn done(&self, scan: Uuid) -> Result<(), ConsumeError> {
-        let n = self.world.scan_of(scan);
+        let (n, pid) = (self.world.scan_of(scan), self.pid);
         self.world
-            .send(self.me, move |_, data| {
+            .send(self.me, move |w, data| {
                 let attempts = data.markers.get(&n).map_or(0, |m| m.1);
                 data.markers.insert(n, (Marker::Done, attempts));
+                w.kept(pid, n);
             })
             .await?;
         marker::durable_done(self.world.durable(self.world.plan.wait))?;
@@ -594,6 +618,7 @@ impl Scanner for SimScanner {
                 pid,
                 from: w.at(),
                 until: None,
+                succeeded: false,
             });
             (log.runs.len() - 1, nth)
         };
@@ -609,6 +634,7 @@ impl Scanner for SimScanner {
                 if !take.succeeds {
                     return Err(Ended::Failed("refused".into()));
                 }
+                w.log.lock().unwrap().runs[index].succeeded = true;
                 Ok(())
             }
             why = stop => {
@@ -646,6 +672,7 @@ fn consumer(world: &Arc<World>, me: usize, pid: usize) -> tokio::task::JoinHandl
         markers: SimMarkers {
             world: world.clone(),
             me,
+            pid,
         },
         scanner: SimScanner {
             world: world.clone(),
@@ -796,6 +823,7 @@ impl World {
             }
         }
         self.check_once(&log)?;
+        self.check_rerun(&log)?;
         self.check_overlaps(&log)?;
         if let Some(scan) = (0..self.plan.not_before.len()).find(|s| !self.ended(&log, *s)) {
             return Err(format!(
@@ -817,6 +845,42 @@ impl World {
                     "scan {scan} ran again (attempt {}, c{}) after its done marker was recorded at {at:?}",
                     again.attempt, again.pid
                 ));
+            }
+        }
+        Ok(())
+    }
+
+    /// A scan run to success starts again only after its consumer went a
+    /// lease without keeping that scan's marker (killed, paused, cut off,
+    /// or every such call failing); its keeping counts even where a
+    /// failover lost it since: a live consumer whose renewals and done
+    /// marker the new primary lacks keeps its scan.
+    fn check_rerun(&self, log: &Log) -> Result<(), String> {
+        let none = Vec::new();
+        for ran in log.runs.iter().filter(|r| r.succeeded) {
+            let Some(end) = ran.until else { continue };
+            let touched = log.touched.get(&(ran.pid, ran.scan)).unwrap_or(&none);
+            for again in log
+                .runs
+                .iter()
+                .filter(|r| r.scan == ran.scan && r.from > end)
+            {
+                let mut times: Vec<Duration> = touched
+                    .iter()
+                    .copied()
+                    .filter(|t| (end..again.from).contains(t))
+                    .collect();
+                times.push(end);
+                times.push(again.from);
+                times.sort();
+                let silence = times.windows(2).map(|w| w[1] - w[0]).max();
+                if silence.is_some_and(|s| s < LEASE) {
+                    return Err(format!(
+                        "scan {}: attempt {} (c{}) ran again after attempt {} (c{}) ran it to \
+                         success at {end:?}, its consumer never a lease without keeping that marker",
+                        ran.scan, again.attempt, again.pid, ran.attempt, ran.pid
+                    ));
+                }
             }
         }
         Ok(())

@@ -252,7 +252,7 @@ impl MarkerStore for Markers {
             Self::Valkey { valkey, tag, .. } => {
                 let (marker, _) = Self::keys(tag, scan);
                 let mut cmd = crate::io::store::valkey::eval(RELEASE, &[&marker]);
-                cmd.arg(token);
+                cmd.arg(token).arg(DONE_TTL_SECS);
                 valkey
                     .send::<i64>(cmd, valkey.timeout())
                     .await
@@ -302,19 +302,24 @@ mod tests {
         assert!(matches!(claim, Ok(MarkerClaim::Claimed(4))));
     }
 
-    /// `claim.lua` spells a finished scan's marker as [`DONE`] does: every
-    /// quoted word that is not a command, an option or a number is that one.
+    /// The scripts spell the marker's values alike: [`DONE`], `free` (a
+    /// released marker) and `orphan:` (one kept out a lease more,
+    /// [`Marker::Orphaned`]); every quoted word that is not a command, an
+    /// option or a number is one of them.
     #[test]
-    fn claim_spells_done() {
-        let words = crate::io::connection::quoted_words(CLAIM);
-        assert!(words.contains(&DONE), "{CLAIM}");
-        for word in words {
-            let command = word.chars().all(|c| c.is_ascii_uppercase());
-            let number = word.parse::<u64>().is_ok();
-            assert!(
-                command || number || word == DONE,
-                "claim.lua: '{word}' is not {DONE:?}"
-            );
+    fn scripts_spell_the_values() {
+        let values = [DONE, "free", "orphan:"];
+        for (name, script) in [("claim.lua", CLAIM), ("release.lua", RELEASE)] {
+            for word in crate::io::connection::quoted_words(script) {
+                let command = word.chars().all(|c| c.is_ascii_uppercase());
+                let number = word.parse::<u64>().is_ok();
+                assert!(
+                    command || number || values.contains(&word),
+                    "{name}: '{word}' is not one of {values:?}"
+                );
+            }
         }
+        let words = crate::io::connection::quoted_words(CLAIM);
+        assert!(values.iter().all(|v| words.contains(v)), "{CLAIM}");
     }
 }

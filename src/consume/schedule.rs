@@ -176,8 +176,16 @@ pub fn come_back(lease: Duration) -> Duration {
 pub enum Marker {
     /// Nobody runs it, nobody ran it.
     Free,
-    /// One attempt runs it, under `token`, until its lease ends.
+    /// One attempt runs it, under `token`, until its lease ends. Past
+    /// `until` and never released, its attempt may still be alive: a
+    /// failover can lose the renewals and the done marker of an attempt
+    /// that ran to success.
     Held { token: String, until: UnixMillis },
+    /// The last attempt's lease ran out unreleased, and a new attempt came:
+    /// it is kept out until `until` (one more lease), while the last
+    /// attempt may renew and mark its scan done (the one rule that closes
+    /// a second run after a failover lost a live attempt's marker).
+    Orphaned { until: UnixMillis },
     /// It ran to success: never again.
     Done,
 }
@@ -201,8 +209,12 @@ pub enum MarkerClaim {
 /// that landed unanswered and is sent again keeps it: same token). A
 /// renewal holds only if no other attempt was numbered since, even if its
 /// lease ran out meanwhile: a consumer that was paused past its lease finds
-/// out here. The Valkey script (`claim.lua`) applies the same rule, with
-/// key expiry as the lease. Returns the marker, the counter and the answer.
+/// out here. A new attempt that finds the last one's lease run out
+/// unreleased waits one more lease ([`Marker::Orphaned`]): that attempt may
+/// be alive, its marker lost in a failover, and it renews or marks the
+/// scan done meanwhile; one that died costs a lease of delay. The Valkey
+/// script (`claim.lua`) applies the same rule, with key expiry as the
+/// lease. Returns the marker, the counter and the answer.
 pub fn claim(
     marker: &Marker,
     attempts: u64,
@@ -216,8 +228,22 @@ pub fn claim(
         Marker::Held { token: t, until } if *until > now => Some(t.as_str()),
         _ => None,
     };
-    if live_holder.is_some_and(|t| t != token) || (mine > 0 && mine != attempts) {
+    let kept_out = match marker {
+        Marker::Orphaned { until } => *until > now,
+        _ => false,
+    };
+    if live_holder.is_some_and(|t| t != token)
+        || (mine > 0 && mine != attempts)
+        || (mine == 0 && kept_out)
+    {
         return (marker.clone(), attempts, MarkerClaim::Busy);
+    }
+    let run_out = matches!(marker, Marker::Held { .. }) && live_holder.is_none();
+    if mine == 0 && run_out && !crate::bug!(OrphanClaimedAtOnce) {
+        let orphaned = Marker::Orphaned {
+            until: now.saturating_add(lease),
+        };
+        return (orphaned, attempts, MarkerClaim::Busy);
     }
     let number = if mine > 0 || live_holder == Some(token) {
         attempts
@@ -414,7 +440,17 @@ mod tests {
         assert_eq!(answer(&held, 1, "a", 1, 50), MarkerClaim::Claimed(1));
         assert_eq!(answer(&held, 1, "a", 0, 50), MarkerClaim::Claimed(1));
         assert_eq!(answer(&held, 1, "b", 0, 50), MarkerClaim::Busy);
-        assert_eq!(answer(&held, 1, "b", 0, 100), MarkerClaim::Claimed(2));
+        // Lease over, unreleased: a new attempt waits one more lease, in
+        // which the last attempt may still renew; then it gets in.
+        let (orphaned, _, busy) = claim(&held, 1, "b", 0, at(100), lease);
+        assert_eq!(
+            (busy, &orphaned),
+            (MarkerClaim::Busy, &Marker::Orphaned { until: at(110) })
+        );
+        assert_eq!(answer(&orphaned, 1, "c", 0, 105), MarkerClaim::Busy);
+        assert_eq!(answer(&orphaned, 1, "a", 1, 105), MarkerClaim::Claimed(1));
+        assert_eq!(answer(&orphaned, 1, "b", 0, 110), MarkerClaim::Claimed(2));
+        assert_eq!(release(&orphaned, "a"), orphaned);
         // Lease over, nobody else came: the renewal still holds.
         assert_eq!(answer(&held, 1, "a", 1, 500), MarkerClaim::Claimed(1));
         // Another attempt was numbered meanwhile (and released): lost.

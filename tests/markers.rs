@@ -1,0 +1,78 @@
+//! The `scanId` markers' rule, twice: `claim.lua` and `release.lua` on a
+//! real Valkey answer every step as the pure rule (`schedule::claim`, the
+//! in-process markers) does, with real time for the leases; above all the
+//! one-more-lease wait after a lease ran out unreleased, which lets a live
+//! attempt whose marker a failover lost come back and finish (issue 44).
+
+use quota_gate_testkit as common;
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use common::ValkeyServer;
+use quota_gate::consume::marker::{MarkerStore, Markers};
+use quota_gate::consume::schedule::MarkerClaim::{self, Busy, Claimed, Done};
+use quota_gate::io::connection::Valkey;
+use quota_gate::rules::unix::UnixMillis;
+use uuid::Uuid;
+
+const LEASE: Duration = Duration::from_millis(300);
+/// Past a lease, with room for a loaded machine's scheduling.
+const PAST_LEASE: Duration = Duration::from_millis(450);
+
+fn now() -> UnixMillis {
+    let ms = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_millis();
+    UnixMillis(i64::try_from(ms).unwrap())
+}
+
+/// Both stores' answers to one claim, which must agree.
+async fn claim(stores: &[Markers; 2], scan: Uuid, token: &str, mine: u64) -> MarkerClaim {
+    let at = now();
+    let valkey = stores[0].claim(scan, token, mine, LEASE, at).await.unwrap();
+    let local = stores[1].claim(scan, token, mine, LEASE, at).await.unwrap();
+    assert_eq!(
+        valkey, local,
+        "{token} renewing {mine}: Valkey against the rule"
+    );
+    valkey
+}
+
+#[tokio::test]
+async fn valkey_markers_follow_the_rule() {
+    let server = ValkeyServer::start();
+    let valkey = Valkey::new(&server.url(), false, Duration::from_secs(2)).unwrap();
+    let stores = [Markers::valkey(valkey, "jobs"), Markers::local()];
+    let scan = Uuid::now_v7();
+    let sleep = || tokio::time::sleep(PAST_LEASE);
+    assert_eq!(claim(&stores, scan, "a", 0).await, Claimed(1));
+    assert_eq!(claim(&stores, scan, "b", 0).await, Busy);
+    // a's lease runs out unreleased: b waits one more lease, in which a
+    // (alive, its renewals lost) takes its marker back.
+    sleep().await;
+    assert_eq!(claim(&stores, scan, "b", 0).await, Busy);
+    assert_eq!(claim(&stores, scan, "a", 1).await, Claimed(1));
+    assert_eq!(claim(&stores, scan, "b", 0).await, Busy);
+    // Out again, and a never comes back: c gets in a lease after it asked.
+    sleep().await;
+    assert_eq!(claim(&stores, scan, "c", 0).await, Busy);
+    assert_eq!(claim(&stores, scan, "c", 0).await, Busy);
+    sleep().await;
+    assert_eq!(claim(&stores, scan, "c", 0).await, Claimed(2));
+    assert_eq!(
+        claim(&stores, scan, "a", 1).await,
+        Busy,
+        "a was numbered over"
+    );
+    // A released marker is free at once.
+    for store in &stores {
+        store.release(scan, "c").await.unwrap();
+    }
+    assert_eq!(claim(&stores, scan, "b", 0).await, Claimed(3));
+    for store in &stores {
+        store.done(scan).await.unwrap();
+    }
+    assert_eq!(claim(&stores, scan, "d", 0).await, Done);
+    assert_eq!(claim(&stores, scan, "b", 3).await, Done);
+}
