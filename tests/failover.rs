@@ -592,7 +592,9 @@ async fn lagged_failover(freeze_ms: u64, lease_s: u64, defaults: bool) -> Runs {
 /// the jobs on the failing Valkey's stream, every keyed scan is queued
 /// under one `scanId` and runs once, every 202's job is on the new primary
 /// and every replay answers the first 202's `scanId`; repeated with the
-/// lag (freeze to kill) and the consumers' lease varied.
+/// lag (freeze to kill) and the consumers' lease varied, every other round
+/// on the gate's defaults (`FAILOVER_ROUNDS=N` for more rounds,
+/// `FAILOVER_DEFAULTS=1` for all on the defaults).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lagged_failover_runs_every_keyed_scan_once() {
     let rounds: Vec<(u64, u64)> = match std::env::var("FAILOVER_ROUNDS") {
@@ -603,9 +605,14 @@ async fn a_lagged_failover_runs_every_keyed_scan_once() {
     };
     let mut bad = Vec::new();
     for (round, &(freeze_ms, lease_s)) in rounds.iter().enumerate() {
-        let defaults = std::env::var("FAILOVER_DEFAULTS").is_ok();
+        // Every other round on the gate's defaults (sleep, pacing, the
+        // default limits and store timeout); all with FAILOVER_DEFAULTS.
+        let defaults = round % 2 == 1 || std::env::var("FAILOVER_DEFAULTS").is_ok();
         let runs = lagged_failover(freeze_ms, lease_s, defaults).await;
-        println!("lagged failover {round}: freeze {freeze_ms} ms, lease {lease_s} s: {runs:?}");
+        println!(
+            "lagged failover {round}: freeze {freeze_ms} ms, lease {lease_s} s, \
+             defaults {defaults}: {runs:?}"
+        );
         if !runs.clean() {
             bad.push((freeze_ms, lease_s, runs));
         }
