@@ -73,6 +73,21 @@ fn gate_within(
         ("QUOTA_STORE_TIMEOUT_MS", "300"),
         ("QUOTA_GATEWAY_TIMEOUT_MS", gateway_ms),
     ]);
+    wired(config, queue)
+}
+
+/// A gate on its defaults (sleep mode, pacing, the default limits and
+/// store timeout) with `VALKEY_WAIT_REPLICAS=1` and its jobs on the store's
+/// stream, as `serve` runs it.
+fn default_gate(store_url: &str) -> FailoverGate {
+    wired(
+        config(&[("VALKEY_URL", store_url), ("VALKEY_WAIT_REPLICAS", "1")]),
+        None,
+    )
+}
+
+/// The gate of `config`, its jobs on a stream on `queue`, or on the store.
+fn wired(config: quota_gate::config::Config, queue: Option<&ValkeyServer>) -> FailoverGate {
     let store = Valkey::from_config(&config).unwrap().unwrap();
     let wait = config.store.valkey.as_ref().unwrap().wait_replicas;
     // A stream on the store's Valkey waits for its replicas as the store
@@ -93,21 +108,6 @@ fn gate_within(
     .unwrap()
 }
 
-/// A gate on its defaults (sleep mode, pacing, the default limits and
-/// store timeout) with `VALKEY_WAIT_REPLICAS=1` and its jobs on the store's
-/// stream, as `serve` runs it.
-fn default_gate(store_url: &str) -> FailoverGate {
-    let config = config(&[("VALKEY_URL", store_url), ("VALKEY_WAIT_REPLICAS", "1")]);
-    let store = Valkey::from_config(&config).unwrap().unwrap();
-    Gate::new(
-        config,
-        ValkeyStore::new(store.clone()).with_wait(1),
-        StreamQueue::new(store, "jobs").with_wait(1),
-        Meter::new("test", None),
-    )
-    .unwrap()
-}
-
 /// Scan `n` of a phase: its own body, from one of five subjects, keyed or not.
 fn scan(phase: &str, n: usize, keyed: bool) -> GateRequest {
     let mut r = scan_from(&format!("198.51.100.{}", n % 5 + 1));
@@ -122,15 +122,7 @@ fn scan(phase: &str, n: usize, keyed: bool) -> GateRequest {
 
 /// Keeps a keyed client at it until its 202 (409 and 503 say to retry).
 async fn until_accepted(gate: &FailoverGate, request: &GateRequest) -> serde_json::Value {
-    for _ in 0..60 {
-        let r = gate.handle(request.clone()).await;
-        match r.status().as_u16() {
-            202 => return json(&r),
-            409 | 503 => tokio::time::sleep(Duration::from_millis(250)).await,
-            other => panic!("{other}: {:?}", r.body()),
-        }
-    }
-    panic!("no 202 in 60 attempts");
+    until_accepted_every(gate, request, 60, Duration::from_millis(250)).await
 }
 
 /// Every subject's counter on `server`, summed.
@@ -453,11 +445,21 @@ async fn until_accepted_within(
     request: &GateRequest,
     tries: usize,
 ) -> serde_json::Value {
+    until_accepted_every(gate, request, tries, Duration::from_millis(100)).await
+}
+
+/// Sends `request` up to `tries` times, `pause` apart, until its 202.
+async fn until_accepted_every(
+    gate: &FailoverGate,
+    request: &GateRequest,
+    tries: usize,
+    pause: Duration,
+) -> serde_json::Value {
     for _ in 0..tries {
         let r = gate.handle(request.clone()).await;
         match r.status().as_u16() {
             202 => return json(&r),
-            409 | 503 => tokio::time::sleep(Duration::from_millis(100)).await,
+            409 | 503 => tokio::time::sleep(pause).await,
             other => panic!("{other}: {:?}", r.body()),
         }
     }
