@@ -66,9 +66,9 @@ pub enum LogFormat {
     /// the top level (`message`, `error`, `code`, …) and `span`, the
     /// current span's fields: a request's lines carry `span.traceId` (and
     /// under Lambda `span.requestId`), a consumer's job's `span.scanId` and
-    /// `span.traceId`. Each span's end is a line of its own (`message`
-    /// `close`, with `time.busy` and `time.idle`): the request's steps'
-    /// durations.
+    /// `span.traceId`. The end of each of a request's steps (target
+    /// [`gate::trace::STEP_TARGET`]) is a line of its own (`message`
+    /// `close`, with `time.busy` and `time.idle`): its duration.
     Json,
 }
 
@@ -120,21 +120,38 @@ pub fn init_tracing(format: LogFormat) {
 /// colours. A second call does nothing.
 pub fn init_tracing_with<W>(format: LogFormat, writer: W)
 where
-    W: for<'w> tracing_subscriber::fmt::MakeWriter<'w> + Send + Sync + 'static,
+    W: for<'w> tracing_subscriber::fmt::MakeWriter<'w> + Clone + Send + Sync + 'static,
 {
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(log_filter())
-        .with_ansi(false)
-        .with_writer(writer);
+    use tracing_subscriber::fmt::format::FmtSpan;
+    use tracing_subscriber::prelude::*;
+    let registry = tracing_subscriber::registry().with(log_filter());
     let _ = match format {
-        LogFormat::Text => builder.try_init(),
-        LogFormat::Json => builder
-            .with_span_events(tracing_subscriber::fmt::format::FmtSpan::CLOSE)
-            .json()
-            .flatten_event(true)
-            .with_current_span(true)
-            .with_span_list(false)
+        LogFormat::Text => registry
+            .with(
+                tracing_subscriber::fmt::layer()
+                    .with_ansi(false)
+                    .with_writer(writer),
+            )
             .try_init(),
+        LogFormat::Json => {
+            let json = || {
+                tracing_subscriber::fmt::layer()
+                    .json()
+                    .flatten_event(true)
+                    .with_current_span(true)
+                    .with_span_list(false)
+                    .with_writer(writer.clone())
+            };
+            // The events, in every span; and the end of each step's span
+            // alone (the request's own span ends without a line, so a
+            // request refused before any step writes nothing).
+            let step_ends = json().with_span_events(FmtSpan::CLOSE).with_filter(
+                tracing_subscriber::filter::filter_fn(|meta| {
+                    meta.is_span() && meta.target() == gate::trace::STEP_TARGET
+                }),
+            );
+            registry.with(json().and_then(step_ends)).try_init()
+        }
     };
 }
 

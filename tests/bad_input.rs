@@ -125,6 +125,15 @@ async fn refusals_are_never_counted() {
         (r#"{"image":"   "}"#, "empty_image"),
         (r#"{"image":null}"#, "invalid_image"),
         (r#"{"image":["a:1"]}"#, "invalid_image"),
+        (
+            r#"{"image":"alpine\u0000:3.20"}"#,
+            "image_control_character",
+        ),
+        (
+            r#"{"image":"alpine:3.20\r\nX-Evil: 1"}"#,
+            "image_control_character",
+        ),
+        (r#"{"image":"\u001b[2Jalpine"}"#, "image_control_character"),
     ] {
         cases.push((with_body(body), 400, code));
     }

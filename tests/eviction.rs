@@ -180,6 +180,76 @@ fn a_store_that_is_down_does_not_stop_the_start() {
     );
 }
 
+/// A policy changed while `serve` runs is read again each stats
+/// interval: the gauge follows it, and each change is one line (an error
+/// naming the policy, then that it is `noeviction` again).
+#[test]
+fn a_policy_changed_while_running_is_said_and_metered() {
+    let valkey = ValkeyServer::start_with(&["--maxmemory-policy", "noeviction"]);
+    let url = valkey.url();
+    let (mut serve, addr) = spawn_serve(&[
+        ("VALKEY_URL", &url),
+        ("QUOTA_STORE_STATS_INTERVAL_MS", "200"),
+    ]);
+    let gauge_becomes = |want: f64| {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while metric(&scrape(addr), STORE_EVICTING) != Some(want) {
+            assert!(Instant::now() < deadline, "the gauge never said {want}");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    };
+    let set = |policy: &str| {
+        let cmd = redis::cmd("CONFIG")
+            .arg("SET")
+            .arg("maxmemory-policy")
+            .arg(policy)
+            .clone();
+        let runtime = tokio::runtime::Runtime::new().unwrap();
+        let () = runtime.block_on(valkey.query(&cmd));
+    };
+    gauge_becomes(0.0);
+    set("allkeys-lru");
+    gauge_becomes(1.0);
+    set("noeviction");
+    gauge_becomes(0.0);
+    serve.kill_now();
+    let stderr = stderr_of(&mut serve);
+    let lines = policy_lines(&stderr);
+    assert_eq!(lines.len(), 2, "{stderr}");
+    assert!(
+        lines[0].contains("ERROR") && lines[0].contains("allkeys-lru"),
+        "{stderr}"
+    );
+    assert!(lines[1].contains("noeviction now"), "{stderr}");
+}
+
+/// With `QUOTA_STORE_EVICTION=refuse`, a store that was down when `serve`
+/// started and comes up evicting is refused when the watch first reads
+/// it: `serve` stops, non-zero, naming the variable and the policy.
+#[test]
+fn a_store_down_at_start_that_comes_up_evicting_is_refused() {
+    let port = free_port();
+    let url = format!("redis://127.0.0.1:{port}");
+    let (mut serve, _addr) = spawn_serve(&[
+        ("VALKEY_URL", &url),
+        ("QUOTA_STORE_EVICTION", "refuse"),
+        ("QUOTA_STORE_STATS_INTERVAL_MS", "200"),
+    ]);
+    let _valkey = ValkeyServer::start_on(port, &["--maxmemory-policy", "allkeys-lru"]);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let status = loop {
+        if let Some(status) = serve.try_wait().unwrap() {
+            break status;
+        }
+        assert!(Instant::now() < deadline, "serve ran on an evicting store");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let stderr = stderr_of(&mut serve);
+    assert!(!status.success(), "{status}: {stderr}");
+    assert!(stderr.contains("QUOTA_STORE_EVICTION=refuse"), "{stderr}");
+    assert!(stderr.contains("allkeys-lru"), "{stderr}");
+}
+
 /// The Lambda's init runs the same check: against `volatile-lru` one
 /// error line and one EMF line (`Process` = `lambda`) before the runtime
 /// starts; with `QUOTA_STORE_EVICTION=refuse` the init fails (exit 2),

@@ -713,3 +713,66 @@ async fn binary_network() {
         assert!(!String::from_utf8_lossy(&out.stdout).contains("2001:db8:7:1"));
     }
 }
+
+/// A refusal remembered by two gates (two Lambda environments) does not
+/// outlive an operator's `reset` or `grant`: the gate that reads
+/// `GET /quota` accepts the next scan at once (it never says "within"
+/// while it would refuse), the other within a second and a bit. With an
+/// hour's hard delay, the refusal's own `Retry-After` is an hour.
+#[tokio::test]
+async fn refusals_do_not_outlive_the_operator() {
+    let server = ValkeyServer::start();
+    let vars = [
+        ("QUOTA_ANON", "1"),
+        ("QUOTA_NETWORKS", "off"),
+        ("QUOTA_SOFT_WINDOW", "0"),
+        ("QUOTA_HARD_DELAY_MS", "3600000"),
+        ("QUOTA_MAX_BACKLOG_MS", "3600000"),
+        ("QUOTA_DELAY_MODE", "defer"),
+    ];
+    let url = server.url();
+    let config = config(&with_vars(&vars, &[("VALKEY_URL", url.as_str())]));
+    let store = valkey_store(&config).unwrap();
+    let (a, b) = (valkey_gate(&server, &vars), valkey_gate(&server, &vars));
+    let ip = "198.51.100.70";
+    let who = subject::resolve(&config, &SubjectArg::Ip(ip.into())).unwrap();
+    for round in ["reset", "grant"] {
+        // Within, an hour out, then refused: both gates remember it.
+        for gate in [&a, &a, &a, &b] {
+            gate.handle(scan_from(ip)).await;
+        }
+        for gate in [&a, &b] {
+            let refused = gate.handle(scan_from(ip)).await;
+            assert_eq!(refused.status(), 503, "round {round}");
+            assert!(retry_after(&refused) > 3_000, "round {round}");
+        }
+        if round == "reset" {
+            change::reset(&store, &who).await.unwrap();
+        } else {
+            change::grant(&store, &who, 5, config.policy.reset)
+                .await
+                .unwrap();
+        }
+        let quota = json(&a.handle(quota_from(ip)).await);
+        assert_eq!(
+            quota["nextScan"]["tier"], "within",
+            "round {round}: {quota}"
+        );
+        let scan = a.handle(scan_from(ip)).await;
+        assert_eq!(scan.status(), 202, "round {round}: GET /quota said within");
+        let since = std::time::Instant::now();
+        let accepted = loop {
+            let scan = b.handle(scan_from(ip)).await;
+            if scan.status() == 202 {
+                break since.elapsed();
+            }
+            assert!(since.elapsed() < Duration::from_secs(3), "round {round}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        assert!(
+            accepted < Duration::from_millis(1_500),
+            "round {round}: {accepted:?}"
+        );
+        change::reset(&store, &who).await.unwrap();
+    }
+}

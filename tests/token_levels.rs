@@ -191,18 +191,49 @@ async fn one_account_one_budget() {
     let delays = delays(&gate, &tokens).await;
     assert_eq!(&delays[..3], [0, 0, 0]);
     assert!(delays[3..].iter().all(|d| *d >= 1000), "{delays:?}");
-    // Another account, a token without the claim, one with an empty or a
-    // numeric claim: each counted on its own.
-    for claims in [
-        json!({"account": "acct-2"}),
-        json!({}),
-        json!({"account": ""}),
-        json!({"account": 7}),
-    ] {
+    // Another account and a token without the claim: each counted on its own.
+    for claims in [json!({"account": "acct-2"}), json!({})] {
         let t = token("t-0", claims.clone());
         let body = json(&gate.handle(scan_with_token("192.0.2.1", &t)).await);
         assert_eq!(body["delayMs"], 0, "{claims}: {body}");
+        assert_eq!(body["quota"]["scope"], "tid", "{claims}: {body}");
     }
+    // A claim that is there but not a non-empty string: the token is
+    // malformed, named in the answer, and the scan counted by its address.
+    for claims in [
+        json!({"account": ""}),
+        json!({"account": 7}),
+        json!({"account": []}),
+        json!({"account": {}}),
+    ] {
+        let t = token("t-0", claims.clone());
+        let body = json(&gate.handle(scan_with_token("192.0.2.2", &t)).await);
+        let refused = json!({"accepted": false, "reason": "malformed", "claim": "account"});
+        assert_eq!(body["token"], refused, "{claims}: {body}");
+        assert_eq!(body["quota"]["scope"], "ip", "{claims}: {body}");
+    }
+}
+
+/// A `tid` must be a non-empty string: a number (which every issuer's
+/// token 12345 would share), an empty string, an array or an object makes
+/// the token malformed, named in the answer; the scan is counted by its
+/// address, never on a shared token counter.
+#[tokio::test]
+async fn a_tid_is_a_non_empty_string() {
+    let server = ValkeyServer::start();
+    let gate = token_gate(&server, TOKENS);
+    for tid in [json!(12345), json!(""), json!([]), json!({}), json!(true)] {
+        let t = token("replaced", json!({"tid": tid}));
+        let body = json(&gate.handle(scan_with_token("192.0.2.3", &t)).await);
+        let refused = json!({"accepted": false, "reason": "malformed", "claim": "tid"});
+        assert_eq!(body["token"], refused, "{tid}: {body}");
+        assert_eq!(body["quota"]["scope"], "ip", "{tid}: {body}");
+    }
+    let mut c = server.client().await;
+    let tid: Vec<String> = redis::AsyncCommands::keys(&mut c, "quota:tid:*")
+        .await
+        .unwrap();
+    assert!(tid.is_empty(), "counted as a token: {tid:?}");
 }
 
 /// A token without the account claim is metered: one

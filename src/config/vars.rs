@@ -283,7 +283,7 @@ variables! {
     /// memory](production.md#eviction-and-memory))
     QUOTA_STORE_EVICTION: Var<Word<OnEviction>> = word("warn");
     /// how often `serve` and `consume` read the store's `evicted_keys` into
-    /// `stella_quota_store_evicted_keys_total`
+    /// `stella_quota_store_evicted_keys_total`, and its `maxmemory-policy` again
     QUOTA_STORE_STATS_INTERVAL_MS: Var<Whole> =
         number("60000", 100, MAX_MILLIS).applies(Applies::LongRunning);
     /// `sleep` (seed behaviour, capped by the budget) or `defer`

@@ -62,6 +62,7 @@ use tracing::field::display;
 
 use crate::config::Config;
 use crate::io::connection::Valkey;
+use crate::io::eviction_watch::{Watch, until_refused};
 use crate::io::meter::emf::Sink;
 use crate::io::meter::store::{Process, StoreMeter};
 use crate::io::stdout::LineWriter;
@@ -100,7 +101,7 @@ impl Parts {
     /// The store's eviction check and evictions watch
     /// ([`crate::io::eviction_watch::start`]), for a consumer whose stream or
     /// markers live in `ops`: an evicting store loses jobs and markers too.
-    async fn watch_store(&self, ops: &Valkey) -> Result<AbortOnDropHandle<()>, String> {
+    async fn watch_store(&self, ops: &Valkey) -> Result<Watch, String> {
         let emf = (!self.args.no_emf).then(|| Sink::Background(LineWriter::stdout(), None));
         let meter = StoreMeter::new(&self.namespace, Process::Consume, emf);
         crate::io::eviction_watch::start(ops, &self.store, meter).await
@@ -158,14 +159,15 @@ async fn run_stream(
     parts: Parts,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), String> {
-    let _evictions = parts.watch_store(&ops).await?;
+    let watch = parts.watch_store(&ops).await?;
+    let (shutdown, refusal) = until_refused(Some(watch), shutdown);
     let (a, p) = (&parts.args, &parts.consumer);
     let source =
         source::stream::StreamSource::open(reads, ops.clone(), key, &a.group, p, a.lease).await?;
     crate::io::queue::stream::warn_without_persistence(&ops, key).await;
     let markers = Markers::valkey(ops.clone(), key).with_wait(parts.wait_replicas);
     let clock = QueueClock::of_valkey(LOCAL, ops);
-    drive(source, markers, clock, parts, shutdown).await
+    refusal.or(drive(source, markers, clock, parts, shutdown).await)
 }
 
 /// [`drive`] on the SQS queue `url`, with markers and clock on `ops` if there
@@ -179,10 +181,11 @@ async fn run_sqs(
     let sdk = aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await;
     let source = source::sqs::SqsSource::new(&sdk, url, parts.args.lease);
     let name = url.rsplit('/').next().unwrap_or("queue");
-    let _evictions = match &ops {
+    let watch = match &ops {
         Some(ops) => Some(parts.watch_store(ops).await?),
         None => None,
     };
+    let (shutdown, refusal) = until_refused(watch, shutdown);
     let (markers, clock) = match ops {
         Some(ops) => (
             Markers::valkey(ops.clone(), &format!("sqs:{name}")).with_wait(parts.wait_replicas),
@@ -196,7 +199,7 @@ async fn run_sqs(
             (Markers::local(), QueueClock::local(LOCAL))
         }
     };
-    drive(source, markers, clock, parts, shutdown).await
+    refusal.or(drive(source, markers, clock, parts, shutdown).await)
 }
 
 /// Runs one consumer on `source` until `shutdown` (or the source's end).

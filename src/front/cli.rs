@@ -160,13 +160,14 @@ async fn serve(config: Config) -> Result<(), String> {
     let valkey = crate::io::connection::Valkey::from_config(&config)
         .ok()
         .flatten();
-    // Held until the server has stopped: dropping it stops the watch.
-    let _evictions = match &valkey {
+    let watch = match &valkey {
         Some(valkey) => {
             Some(eviction_watch::start(valkey, &config.store, store_meter(&config)).await?)
         }
         None => None,
     };
+    // Serves until a signal, or the watch refusing the store.
+    let (shutdown, refusal) = eviction_watch::until_refused(watch, shutdown_signal());
     if let (crate::config::QueueTarget::ValkeyStream(key), Some(valkey)) = (&config.queue, valkey) {
         let key = key.clone();
         tokio::spawn(async move {
@@ -175,14 +176,14 @@ async fn serve(config: Config) -> Result<(), String> {
     }
     let served = Server::bind(config, Some(metrics))
         .await?
-        .run(shutdown_signal())
+        .run(shutdown)
         .await;
     // The last EMF lines and log lines out, unless nobody is reading.
     LineWriter::stdout().drain(EXIT_DRAIN).await;
     if let Some(stderr) = STDERR.get() {
         stderr.drain(EXIT_DRAIN).await;
     }
-    served
+    refusal.or(served)
 }
 
 /// `serve`'s meter of the store's own metrics: EMF lines through the

@@ -169,37 +169,55 @@ impl Attempt {
             .collect()
     }
 
-    /// How a fresh scan's `delay` is spent: what fits the budget left now
-    /// is slept, if the scan took a bed; the rest, or all of it, deferred.
+    /// How a fresh scan's `delay` is spent: what fits the sleep cap is
+    /// served in the handler, if the scan took a bed; the rest, or all of
+    /// it, deferred. Both are counted from the arrival: the handler sleeps
+    /// until [`Self::slept_until`], however long the store's round trips
+    /// took before.
     pub fn plan(&self, delay: Duration, policy: &Policy, bed: Option<Bed>) -> DelayPlan {
-        let budget = match bed {
+        let cap = match bed {
             Some(Bed { taken: true, .. }) => self.sleep_budget(policy),
             _ => Duration::ZERO,
         };
-        delay::plan(delay, policy.delay_mode, budget)
+        delay::plan(delay, policy.delay_mode, cap)
+    }
+
+    /// What may be served in the handler, counted from the arrival: the
+    /// ceiling less the margin, or less what the store's round trips took
+    /// so far if that is longer (the enqueue and a keyed scan's save,
+    /// after the sleep, may take as long); nothing in `defer` mode. In
+    /// whole milliseconds, as the answer reports what was slept.
+    fn sleep_budget(&self, policy: &Policy) -> Duration {
+        let margin = policy.delay_margin.max(self.started.elapsed());
+        let budget = match policy.delay_mode {
+            DelayMode::Defer => Duration::ZERO,
+            DelayMode::Sleep => delay::budget(self.remaining, policy.gateway_timeout, margin),
+        };
+        Duration::from_millis(duration_ms(budget))
+    }
+
+    /// When the handler's part of the delay is over: `plan.sleep` after
+    /// the arrival. So the answer is never later than the deadline
+    /// (arrival + ceiling − margin) and the sleep ends before the bed's
+    /// lease, which is counted from the arrival too ([`delay::bed_until`]),
+    /// whatever the store's latency within its timeout.
+    pub fn slept_until(&self, plan: &DelayPlan) -> Instant {
+        self.started + plan.sleep
     }
 
     /// The bed a scan that owes a delay asks for, under its `scan_id`: none
     /// where it would not sleep (`defer` mode, no budget left,
-    /// `QUOTA_MAX_ASLEEP=0`).
+    /// `QUOTA_MAX_ASLEEP=0`). Its lease lasts the budget from the arrival,
+    /// at least what [`Self::plan`] serves in the handler later (the
+    /// budget only shrinks).
     pub fn bed_ask(&self, policy: &Policy, scan_id: Uuid) -> Option<BedAsk> {
         let budget = self.sleep_budget(policy);
-        (policy.max_asleep > 0 && !budget.is_zero()).then(|| BedAsk {
+        let left = budget.saturating_sub(self.started.elapsed());
+        (policy.max_asleep > 0 && !left.is_zero()).then(|| BedAsk {
             id: scan_id,
             budget_ms: duration_ms(budget),
             max_asleep: policy.max_asleep,
         })
-    }
-
-    /// What may be slept now: the budget left, nothing in `defer` mode.
-    fn sleep_budget(&self, policy: &Policy) -> Duration {
-        if policy.delay_mode == DelayMode::Defer {
-            return Duration::ZERO;
-        }
-        let remaining = self
-            .remaining
-            .map(|r| r.saturating_sub(self.started.elapsed()));
-        delay::budget(remaining, policy.gateway_timeout, policy.delay_margin)
     }
 
     /// The subject's key and its levels': what a remembered refusal is
@@ -236,6 +254,12 @@ impl Attempt {
     /// The lease a claim or a take-over holds: until the answer's deadline.
     pub fn lease_until_ms(&self) -> UnixMillis {
         self.now_ms.saturating_add(self.ceiling)
+    }
+
+    /// The answer's deadline: the arrival and the ceiling. Nothing the
+    /// request path awaits runs past it.
+    pub fn deadline(&self) -> Instant {
+        self.started + self.ceiling
     }
 
     /// How long an enqueue may take: at most [`ENQUEUE_TIMEOUT`], and never

@@ -114,10 +114,12 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
             let at = scan.received_ms.saturating_add(Duration::from_millis(ms));
             at.min(reset_at.millis())
         };
-        self.refused
-            .remember(&attempt.key, until(retry_after_ms, count.reset_at));
+        let now = attempt.now_ms;
+        let subject_until = until(retry_after_ms, count.reset_at);
+        self.refused.remember(&attempt.key, subject_until, now);
         for (level, ms) in levels.iter().zip(levels_ms).filter(|(_, ms)| *ms > 0) {
-            self.refused.remember(level.key, until(ms, level.reset_at));
+            self.refused
+                .remember(level.key, until(ms, level.reset_at), now);
         }
         // Never past the counter's reset: from then the scan is within quota.
         Err(GateError::backlog_full(

@@ -274,7 +274,7 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
         };
         let metered = scan.metered(plan.total, self.shadow());
         if !plan.sleep.is_zero() {
-            let sleep = tokio::time::sleep(plan.sleep);
+            let sleep = tokio::time::sleep_until(attempt.slept_until(&plan));
             sleep.instrument(step!("sleep", attempt.trace_id())).await;
         }
         // 7: forward, within the answer's deadline.
@@ -298,7 +298,11 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
             .accepted(attempt, &job, plan, self.shadow())
             .to_response();
         if let Some(claim) = &attempt.claim {
-            Box::pin(self.save(claim, scan.scan_id, &response, attempt.now())).await;
+            // Not past the deadline: a save left unanswered still lands,
+            // and a retry after the claim's lease takes the scan over under
+            // the same scanId.
+            let save = self.save(claim, scan.scan_id, &response, attempt.now());
+            let _ = tokio::time::timeout_at(attempt.deadline(), Box::pin(save)).await;
         }
         (Ok(response), exit(metered, End::Answered))
     }

@@ -50,7 +50,7 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
         }
         let key = QuotaKey::new(identity.scope, &identity.digest);
         let levels = std::mem::take(&mut identity.levels);
-        let (peek, levels) = self.read(key, levels, now_ms).await?;
+        let (peek, levels) = self.read(&key, levels, now_ms).await?;
         let policy = &self.config.policy;
         let limits = policy.limits(identity.limit);
         let rules = NextScanRules {
@@ -67,12 +67,18 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
                 standing: Standing::of(Some(peek), l.limits, policy.reset, now),
             })
             .collect();
+        let next = next_scan(&peek, limits, &levels, rules, now_ms);
+        if next.backlog_full_retry_after.is_none() {
+            // The store says the next scan goes ahead: so does this gate.
+            let level_keys = levels.iter().map(|(l, _)| &l.key);
+            self.refused.forget(std::iter::once(&key).chain(level_keys));
+        }
         let view = QuotaView {
             scope: identity.scope,
             used: peek.used,
             standing: Standing::of(Some(&peek), limits, policy.reset, now),
             levels: standings,
-            next: next_scan(&peek, limits, &levels, rules, now_ms),
+            next,
             token: identity.token,
         };
         Ok(view.to_response())
@@ -83,18 +89,18 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
     /// a failure is a 503.
     async fn read(
         &self,
-        key: QuotaKey,
+        key: &QuotaKey,
         levels: Vec<Level>,
         now_ms: UnixMillis,
     ) -> Result<(Peek, Vec<(Level, Peek)>), GateError> {
         let now = now_ms.secs();
         let peeks = if levels.is_empty() {
-            self.bounded(self.store.peek(&key, now))
+            self.bounded(self.store.peek(key, now))
                 .await
                 .map(|p| vec![p])
         } else {
             let level_keys = levels.iter().map(|l| l.key.clone());
-            let keys: Vec<QuotaKey> = std::iter::once(key).chain(level_keys).collect();
+            let keys: Vec<QuotaKey> = std::iter::once(key.clone()).chain(level_keys).collect();
             self.bounded(self.store.peek_levels(&keys, now)).await
         };
         let mut peeks = peeks

@@ -1,5 +1,5 @@
 //! Refusals remembered: a subject, or a level above it, whose line the
-//! store found full (503 `backlog_full`) is refused from here until the
+//! store found full (503 `backlog_full`) is refused from here, with the
 //! instant it was told it may retry, without a store command.
 //!
 //! A refused flood (a network rotating through its addresses, a client
@@ -7,9 +7,17 @@
 //! and a refund per request. Remembered here, it costs a lookup. The
 //! entries only refuse, never admit: a miss asks the store. An entry may
 //! refuse a little longer than the store would (a refund elsewhere, an
-//! operator's `reset`), never shorter, because a line's slot only moves
-//! on. Each gate keeps its own (a `serve` worker, a Lambda environment),
-//! bounded at [`CAPACITY`] keys, the least useful going first.
+//! operator's `grant` or `reset`), never shorter, because a line's slot only
+//! moves on without them. So it refuses for at most [`RECHECK`] before the
+//! store is asked again (and, still full, remembered again): an operator's
+//! change reaches every gate within that, and a refused flood still costs
+//! the store one refusal a key a second. `GET /quota` reads the store
+//! itself, and a line it finds open is forgotten at once, so it never says
+//! "within" while this gate would refuse. Each gate keeps its own (a
+//! `serve` worker, a Lambda environment), bounded at [`CAPACITY`] keys, the
+//! least useful going first.
+
+use std::time::Duration;
 
 use crate::io::store::QuotaKey;
 use crate::rules::unix::UnixMillis;
@@ -18,9 +26,21 @@ use crate::rules::unix::UnixMillis;
 /// 100 bytes each).
 pub const CAPACITY: usize = 4_096;
 
-/// Refused subjects and levels, by counter key, each until when.
+/// The longest a refusal is answered from memory before the store is
+/// asked again.
+pub const RECHECK: Duration = Duration::from_secs(1);
+
+/// One remembered refusal: the retry instant the client is told, and
+/// when the store must be asked again.
+#[derive(Debug, Clone, Copy)]
+struct Entry {
+    until: UnixMillis,
+    recheck: UnixMillis,
+}
+
+/// Refused subjects and levels, by counter key.
 pub(super) struct Refused {
-    until: quick_cache::sync::Cache<String, UnixMillis>,
+    until: quick_cache::sync::Cache<String, Entry>,
 }
 
 impl Default for Refused {
@@ -45,13 +65,26 @@ impl Refused {
         }
         keys.into_iter()
             .filter_map(|key| self.until.get(key.counter.as_str()))
-            .filter(|until| *until > now)
+            .filter(|entry| entry.until > now && entry.recheck > now)
+            .map(|entry| entry.until)
             .max()
     }
 
-    /// Remembers that `key` is refused until `until`.
-    pub fn remember(&self, key: &QuotaKey, until: UnixMillis) {
-        self.until.insert(key.counter.clone(), until);
+    /// Remembers at `now` that `key` is refused until `until`.
+    pub fn remember(&self, key: &QuotaKey, until: UnixMillis, now: UnixMillis) {
+        let recheck = now.saturating_add(RECHECK);
+        self.until
+            .insert(key.counter.clone(), Entry { until, recheck });
+    }
+
+    /// Forgets `keys`: the store found their lines open.
+    pub fn forget<'a>(&self, keys: impl IntoIterator<Item = &'a QuotaKey>) {
+        if self.until.is_empty() {
+            return;
+        }
+        for key in keys {
+            self.until.remove(key.counter.as_str());
+        }
     }
 }
 
@@ -75,17 +108,38 @@ mod tests {
         let refused = Refused::default();
         let (a, b) = (key("192.0.2.1"), key("192.0.2.2"));
         assert_eq!(refused.until([&a], UnixMillis(0)), None);
-        refused.remember(&a, UnixMillis(5_000));
-        refused.remember(&b, UnixMillis(9_000));
-        assert_eq!(
-            refused.until([&a], UnixMillis(4_999)),
-            Some(UnixMillis(5_000))
-        );
+        refused.remember(&a, UnixMillis(500), UnixMillis(0));
+        refused.remember(&b, UnixMillis(900), UnixMillis(0));
+        assert_eq!(refused.until([&a], UnixMillis(499)), Some(UnixMillis(500)));
         assert_eq!(
             refused.until([&a, &b], UnixMillis(0)),
-            Some(UnixMillis(9_000))
+            Some(UnixMillis(900))
         );
-        assert_eq!(refused.until([&a], UnixMillis(5_000)), None);
+        assert_eq!(refused.until([&a], UnixMillis(500)), None);
         assert_eq!(refused.until([&key("192.0.2.3")], UnixMillis(0)), None);
+    }
+
+    /// A refusal for an hour is answered from memory for one [`RECHECK`]
+    /// only, with the hour's instant; then the store is asked again.
+    #[test]
+    fn asks_the_store_again_after_a_recheck() {
+        let refused = Refused::default();
+        let a = key("192.0.2.1");
+        let hour = UnixMillis(10_000 + 3_600_000);
+        refused.remember(&a, hour, UnixMillis(10_000));
+        assert_eq!(refused.until([&a], UnixMillis(10_999)), Some(hour));
+        assert_eq!(refused.until([&a], UnixMillis(11_000)), None);
+    }
+
+    /// A line found open is forgotten at once.
+    #[test]
+    fn forgets_an_open_line() {
+        let refused = Refused::default();
+        let (a, b) = (key("192.0.2.1"), key("192.0.2.2"));
+        refused.remember(&a, UnixMillis(900), UnixMillis(0));
+        refused.remember(&b, UnixMillis(900), UnixMillis(0));
+        refused.forget([&a]);
+        assert_eq!(refused.until([&a], UnixMillis(1)), None);
+        assert_eq!(refused.until([&b], UnixMillis(1)), Some(UnixMillis(900)));
     }
 }

@@ -236,7 +236,7 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
 /// `now`, and never past the answer's deadline (a lease ends there anyway,
 /// and an answer later than it is one the client no longer waits for).
 fn settle_by(attempt: &Attempt, now: Instant) -> Instant {
-    (attempt.started + attempt.ceiling).min(now + SETTLE_WITHIN)
+    attempt.deadline().min(now + SETTLE_WITHIN)
 }
 
 /// Whether a settlement that failed with `error` may be sent again.

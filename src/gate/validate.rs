@@ -1,7 +1,7 @@
 //! Step 1: is this a scan request at all?
 //!
 //! `POST /scan` with a JSON object body of at most 64 KiB holding a non-empty
-//! string `image` of at most 1024 bytes. Every other field passes through to
+//! string `image` of at most 1024 bytes and no control character. Every other field passes through to
 //! the job untouched. A request that fails here is answered with a clear JSON
 //! error and is never counted.
 
@@ -123,6 +123,12 @@ pub fn parse_body(body: &[u8]) -> Result<ScanRequest, GateError> {
                 s.len()
             ),
         )),
+        // A NUL no consumer can pass on; CR, LF and ESC would reach the
+        // scanner's `IMAGE` and its logs as the client sent them.
+        Image::Text(s) if s.chars().any(char::is_control) => Err(GateError::bad_request(
+            "image_control_character",
+            "`image` must not contain control characters",
+        )),
         Image::Text(_) => Ok(ScanRequest {
             body: RequestBody::new(raw),
         }),
@@ -212,6 +218,22 @@ mod tests {
             (&br#"{"image":7}"#[..], "400 invalid_image"),
             (&br#"{"image":null}"#[..], "400 invalid_image"),
             (long.as_bytes(), "400 image_too_long"),
+            (
+                &br#"{"image":"a\u0000b"}"#[..],
+                "400 image_control_character",
+            ),
+            (
+                &br#"{"image":"a:1\r\nX: y"}"#[..],
+                "400 image_control_character",
+            ),
+            (
+                &br#"{"image":"\u001b[31ma"}"#[..],
+                "400 image_control_character",
+            ),
+            (
+                &br#"{"image":"a\u0085"}"#[..],
+                "400 image_control_character",
+            ),
         ] {
             let answer = validate(&Method::POST, "/scan", &json_headers(), body);
             assert_eq!(code(answer), want, "{}", String::from_utf8_lossy(body));

@@ -132,6 +132,37 @@ pub fn at_start(nodes: &[NodePolicy], on_eviction: OnEviction) -> AtStart {
     }
 }
 
+/// What a reading of the policies calls for, after the last reading
+/// found the store evicting or not (`None`: none was read yet).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Reading {
+    /// As before: nothing to say.
+    Unchanged,
+    /// `noeviction` now (or at the first reading).
+    Safe,
+    /// Evicting now (or at the first reading): said and metered.
+    Evicting(Finding),
+    /// Evicting at the first reading, with `QUOTA_STORE_EVICTION=refuse`:
+    /// the process does not run on it, whether it just started or the
+    /// store was down when it did.
+    Refuse(Finding),
+}
+
+/// The rule behind each reading: [`at_start`]'s verdict, said once a
+/// change. A store that turns evicting later is said and metered, not
+/// refused: stopping a running fleet over a setting is an outage of its
+/// own, and the gauge's alarm calls the operator.
+pub fn reading(last: Option<bool>, nodes: &[NodePolicy], on_eviction: OnEviction) -> Reading {
+    match (last, at_start(nodes, on_eviction)) {
+        (None, AtStart::Refuse(finding)) => Reading::Refuse(finding),
+        (Some(false), AtStart::Safe) | (Some(true), AtStart::Warn(_) | AtStart::Refuse(_)) => {
+            Reading::Unchanged
+        }
+        (_, AtStart::Safe) => Reading::Safe,
+        (_, AtStart::Warn(finding) | AtStart::Refuse(finding)) => Reading::Evicting(finding),
+    }
+}
+
 /// The keys evicted since the last reading of the store's cumulative
 /// `evicted_keys` (`last`; `None` at the first, which only sets the base).
 /// A count that went down means the server restarted (or a primary failed
@@ -224,5 +255,21 @@ mod tests {
         assert_eq!(evicted_since(Some(500), 500), 0);
         assert_eq!(evicted_since(Some(500), 730), 230);
         assert_eq!(evicted_since(Some(500), 40), 40);
+    }
+
+    /// Each reading says a change once; refusal only at the first reading
+    /// (a store down at start that comes up evicting), never later.
+    #[test]
+    fn readings_say_each_change_once() {
+        use OnEviction::{Refuse, Warn};
+        let (safe, lru) = (nodes(&[Some("noeviction")]), nodes(&[Some("allkeys-lru")]));
+        let evicting = |r: &Reading| matches!(r, Reading::Evicting(_));
+        assert!(matches!(reading(None, &lru, Refuse), Reading::Refuse(_)));
+        assert!(evicting(&reading(None, &lru, Warn)));
+        assert!(evicting(&reading(Some(false), &lru, Refuse)));
+        assert_eq!(reading(Some(true), &lru, Refuse), Reading::Unchanged);
+        assert_eq!(reading(None, &safe, Refuse), Reading::Safe);
+        assert_eq!(reading(Some(true), &safe, Warn), Reading::Safe);
+        assert_eq!(reading(Some(false), &safe, Warn), Reading::Unchanged);
     }
 }

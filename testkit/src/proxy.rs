@@ -5,16 +5,20 @@
 //! its primary it makes a lagging replica: [`Proxy::cut`] partitions them,
 //! [`Proxy::freeze`] holds every byte back on connections that stay open
 //! (the primary still counts the replica as connected, and a write it sent
-//! before the freeze may or may not have reached it).
+//! before the freeze may or may not have reached it). [`Proxy::slow`] holds
+//! each answer back for a while: a store that answers within its timeout,
+//! but late.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::watch;
+use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
+use tokio::time::Instant;
 
 /// The proxy; it stops (and drops every connection) when dropped.
 pub struct Proxy {
@@ -26,6 +30,8 @@ pub struct Proxy {
     bursts: Arc<AtomicU64>,
     /// While true, no byte is forwarded either way.
     frozen: watch::Sender<bool>,
+    /// How long each answer is held back.
+    latency: watch::Sender<Duration>,
 }
 
 impl Proxy {
@@ -36,14 +42,28 @@ impl Proxy {
         let (tx, rx) = watch::channel(Some(upstream));
         let bursts = Arc::new(AtomicU64::new(0));
         let (frozen, frozen_rx) = watch::channel(false);
-        let accept = tokio::spawn(accept_loop(listener, rx, bursts.clone(), frozen_rx));
+        let (latency, latency_rx) = watch::channel(Duration::ZERO);
+        let link = Link {
+            bursts: bursts.clone(),
+            frozen: frozen_rx,
+            latency: latency_rx,
+        };
+        let accept = tokio::spawn(accept_loop(listener, rx, link));
         Self {
             addr,
             upstream: tx,
             accept,
             bursts,
             frozen,
+            latency,
         }
+    }
+
+    /// Holds every answer back `latency` from when the server sent it (each
+    /// on its own: answers to concurrent commands are not queued behind
+    /// each other's wait).
+    pub fn slow(&self, latency: Duration) {
+        self.latency.send_replace(latency);
     }
 
     /// How many reads the proxy made from its clients so far (a sequential
@@ -80,18 +100,29 @@ impl Drop for Proxy {
     }
 }
 
+/// What every link of the proxy shares.
+#[derive(Clone)]
+struct Link {
+    bursts: Arc<AtomicU64>,
+    frozen: watch::Receiver<bool>,
+    latency: watch::Receiver<Duration>,
+}
+
 async fn accept_loop(
     listener: TcpListener,
     upstream: watch::Receiver<Option<SocketAddr>>,
-    bursts: Arc<AtomicU64>,
-    frozen: watch::Receiver<bool>,
+    link: Link,
 ) {
     let mut links = tokio::task::JoinSet::new();
     while let Ok((client, _)) = listener.accept().await {
         let mut changed = upstream.clone();
         let target = *changed.borrow_and_update();
-        let bursts = bursts.clone();
-        let (mut thaw_up, mut thaw_down) = (frozen.clone(), frozen.clone());
+        let Link {
+            bursts,
+            frozen,
+            latency,
+        } = link.clone();
+        let (mut thaw_up, mut thaw_down) = (frozen.clone(), frozen);
         links.spawn(async move {
             let Some(target) = target else {
                 return;
@@ -112,11 +143,26 @@ async fn accept_loop(
                     }
                 }
             };
-            let down = async {
+            // Answers are read at once and written when their hold ends.
+            let (held, mut due) = mpsc::unbounded_channel::<(Instant, Vec<u8>)>();
+            let read_down = async {
+                // Dropped at the server's end, so `down` ends once it wrote all.
+                let held = held;
                 let mut buf = vec![0u8; 64 * 1024];
                 while let Ok(n @ 1..) = from_server.read(&mut buf).await {
+                    let at = Instant::now() + *latency.borrow();
+                    if held.send((at, buf[..n].to_vec())).is_err() {
+                        break;
+                    }
+                }
+                drop(held);
+                std::future::pending::<()>().await;
+            };
+            let down = async {
+                while let Some((at, bytes)) = due.recv().await {
+                    tokio::time::sleep_until(at).await;
                     if thaw_down.wait_for(|f| !*f).await.is_err()
-                        || to_client.write_all(&buf[..n]).await.is_err()
+                        || to_client.write_all(&bytes).await.is_err()
                     {
                         break;
                     }
@@ -124,6 +170,7 @@ async fn accept_loop(
             };
             tokio::select! {
                 _ = up => {}
+                _ = read_down => {}
                 _ = down => {}
                 _ = changed.changed() => {}
             }

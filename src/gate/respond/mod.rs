@@ -107,6 +107,9 @@ pub struct TokenBody {
     accepted: bool,
     #[serde(skip_serializing_if = "Option::is_none")]
     reason: Option<&'static str>,
+    /// The claim a `malformed` token was refused for (`tid`, `account`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    claim: Option<&'static str>,
 }
 
 impl From<TokenStatus> for TokenBody {
@@ -115,10 +118,12 @@ impl From<TokenStatus> for TokenBody {
             TokenStatus::Accepted => Self {
                 accepted: true,
                 reason: None,
+                claim: None,
             },
             TokenStatus::Rejected(r) => Self {
                 accepted: false,
                 reason: Some(r.as_str()),
+                claim: r.claim().map(|c| c.as_str()),
             },
         }
     }

@@ -60,6 +60,26 @@ pub enum Rejection {
     WrongIssuer,
     WrongAudience,
     MissingTid,
+    /// A claim the gate counts by is there but not a non-empty string:
+    /// `malformed`, with the claim named in the answer (`token.claim`).
+    MalformedClaim(Claim),
+}
+
+/// The claims a token is counted by.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Claim {
+    Tid,
+    /// The claim `QUOTA_JWT_ACCOUNT_CLAIM` names.
+    Account,
+}
+
+impl Claim {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Tid => "tid",
+            Self::Account => "account",
+        }
+    }
 }
 
 impl Rejection {
@@ -67,7 +87,7 @@ impl Rejection {
         match self {
             Self::NotBearer => "not_bearer",
             Self::TooLarge => "too_large",
-            Self::Malformed => "malformed",
+            Self::Malformed | Self::MalformedClaim(_) => "malformed",
             Self::AlgorithmNotAllowed => "algorithm_not_allowed",
             Self::UnknownKid => "unknown_kid",
             Self::NoVerificationKey => "no_verification_key",
@@ -77,6 +97,14 @@ impl Rejection {
             Self::WrongIssuer => "wrong_issuer",
             Self::WrongAudience => "wrong_audience",
             Self::MissingTid => "missing_tid",
+        }
+    }
+
+    /// The claim at fault, for a [`Self::MalformedClaim`].
+    pub fn claim(self) -> Option<Claim> {
+        match self {
+            Self::MalformedClaim(claim) => Some(claim),
+            _ => None,
         }
     }
 }
@@ -112,12 +140,13 @@ struct Claims {
     exp: Option<Value>,
 }
 
-/// A claim that may arrive as a JSON string or number (gateway claims are strings).
-fn claim_string(v: &Value) -> Option<String> {
+/// A claim the gate counts by: a non-empty JSON string, nothing else. A
+/// number is refused, not read as its digits: `"tid": 12345` is a claim
+/// someone meant differently, and any issuer's 12345 would share a counter.
+fn counting_claim(v: &Value, claim: Claim) -> Result<String, Rejection> {
     match v {
-        Value::String(s) if !s.is_empty() => Some(s.clone()),
-        Value::Number(n) => Some(n.to_string()),
-        _ => None,
+        Value::String(s) if !s.is_empty() => Ok(s.clone()),
+        _ => Err(Rejection::MalformedClaim(claim)),
     }
 }
 
@@ -240,8 +269,8 @@ impl Verifier {
         if claims.rest.get("iss").and_then(Value::as_str) != Some(self.issuer.as_str()) {
             return Err(Rejection::WrongIssuer);
         }
-        let tid = claims.tid.as_ref().and_then(claim_string);
-        let tid = tid.ok_or(Rejection::MissingTid)?;
+        let tid = claims.tid.as_ref().ok_or(Rejection::MissingTid)?;
+        let tid = counting_claim(tid, Claim::Tid)?;
         let tier = claims.tier.as_ref().and_then(tier_from_token_claim);
         // Only a JSON `true` exempts: a string "true" or a 1 is a
         // claim someone meant differently.
@@ -249,12 +278,15 @@ impl Verifier {
             .exempt_claim
             .as_ref()
             .is_some_and(|name| claims.rest.get(name) == Some(&Value::Bool(true)));
-        // Only a non-empty string names an account: a number or an object
-        // is a claim someone meant differently.
-        let account = self.account_claim.as_ref().and_then(|name| {
-            let value = claims.rest.get(name)?.as_str()?;
-            (!value.is_empty()).then(|| value.to_owned())
-        });
+        // Absent, the token is counted by its `tid`; present, it is read by
+        // the same rule as the `tid`.
+        let account = self
+            .account_claim
+            .as_ref()
+            .and_then(|name| claims.rest.get(name));
+        let account = account
+            .map(|v| counting_claim(v, Claim::Account))
+            .transpose()?;
         Ok(TokenSubject {
             tid,
             tier,
