@@ -773,7 +773,8 @@ fn spool_consumer(
     let errors = std::fs::File::create(scanner.dir.path().join("a.err")).unwrap();
     let mut cmd = std::process::Command::new(bin("quota-gate"));
     cmd.args(["consume", "--no-emf", "--from", "-", "--exec"])
-        .arg(scanner.exec());
+        .arg(scanner.exec())
+        .args(["--scanner-env", SCANNER_VARS]);
     if let Some(journal) = journal {
         cmd.arg("--journal").arg(journal);
     }

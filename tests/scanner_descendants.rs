@@ -8,6 +8,9 @@
 //!
 //! A spool consumer (`--from -`, one job on its stdin) is enough: what is
 //! tested is the process tree, not the queue. Each end runs twice.
+//!
+//! Nor does a scanner, or its guard, get the consumer's secrets: their
+//! environments hold the allowed variables, `--scanner-env`'s and the job's.
 
 use quota_gate_testkit as common;
 
@@ -140,4 +143,102 @@ fn no_end_leaves_a_daemon() {
             run(end);
         }
     }
+}
+
+/// The secrets a consumer may hold, by name and value: none of either may
+/// reach a scanner.
+const SECRETS: [(&str, &str); 6] = [
+    ("VALKEY_URL", "redis://:hunter2@127.0.0.1:1/"),
+    ("QUOTA_HASH_SECRET", "s3cr3t-hash-key-0123456789abcdef"),
+    (
+        "AWS_SECRET_ACCESS_KEY",
+        "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY",
+    ),
+    ("AWS_ACCESS_KEY_ID", "AKIAIOSFODNN7EXAMPLE"),
+    (
+        "AWS_CONTAINER_CREDENTIALS_FULL_URI",
+        "http://169.254.170.23/v1/credentials-token",
+    ),
+    ("SCAN_QUEUE_URL", "valkey-stream:secret-jobs"),
+];
+
+/// The beginnings of names the consumer has that its scanners must not get
+/// (`NOT_SET` is named with `--scanner-env` but unset).
+const KEPT_BACK: [&str; 6] = [
+    "VALKEY_",
+    "QUOTA_",
+    "AWS_",
+    "SCAN_QUEUE_URL",
+    "RUST_LOG",
+    "NOT_SET",
+];
+
+/// Waits for `file` (written by the scanner) and reads its
+/// `NAME=value` entries, NUL-separated as in `/proc/<pid>/environ`.
+fn environ(file: &Path, consumer_log: impl Fn() -> String) -> Vec<(String, String)> {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !file.exists() {
+        assert!(
+            Instant::now() < deadline,
+            "no scanner ran:\n{}",
+            consumer_log()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let text = std::fs::read_to_string(file).unwrap();
+    for (name, value) in SECRETS {
+        assert!(!text.contains(value), "{name}'s value in {text:?}");
+    }
+    text.split('\0')
+        .filter(|e| !e.is_empty())
+        .map(|e| {
+            e.split_once('=')
+                .map(|(k, v)| (k.into(), v.into()))
+                .unwrap()
+        })
+        .collect()
+}
+
+/// The scanner and its guard hold no secret of their consumer: only PATH,
+/// what `--scanner-env` names (and the consumer has) and the job's own
+/// variables, which win over the consumer's.
+#[test]
+fn scanners_get_no_secrets() {
+    let scanner = Scanner::new();
+    let runs = scanner.dir.path().join("runs");
+    // Its own environment and its parent's (the guard's), as the kernel holds them.
+    let command = r#"cat /proc/$PPID/environ > "$RUNS/guard.tmp"
+cat /proc/$$/environ > "$RUNS/scanner.tmp"
+mv "$RUNS/guard.tmp" "$RUNS/guard"; mv "$RUNS/scanner.tmp" "$RUNS/scanner""#;
+    let args = [
+        "--from",
+        "-",
+        "--exec",
+        command,
+        "--scanner-env",
+        "KEEP_ME,NOT_SET",
+        "--scanner-env",
+        "SCAN_ID",
+    ];
+    let mut vars = SECRETS.to_vec();
+    vars.extend([("KEEP_ME", "1"), ("SCAN_ID", "the-consumer's")]);
+    let mut consumer = scanner.consume("a", &args, &vars, Stdio::piped());
+    let job = job(now_ms());
+    writeln!(consumer.stdin.take().unwrap(), "{job}").unwrap();
+    let log = || scanner.errors_of("a");
+    for who in ["scanner", "guard"] {
+        let env = environ(&runs.join(who), log);
+        let value = |name: &str| env.iter().find(|(k, _)| k == name).map(|(_, v)| v.as_str());
+        let path = std::env::var("PATH").unwrap_or_default();
+        assert_eq!(value("PATH"), Some(path.as_str()), "{who}: {env:?}");
+        assert_eq!(value("KEEP_ME"), Some("1"), "{who}: {env:?}");
+        assert_eq!(value("SCAN_ID"), job["scanId"].as_str(), "{who}: {env:?}");
+        assert_eq!(value("SCAN_ATTEMPT"), Some("1"), "{who}: {env:?}");
+        assert_eq!(value("IMAGE"), Some("alpine:3.20"), "{who}: {env:?}");
+        for (name, _) in &env {
+            let kept_back = KEPT_BACK.iter().any(|p| name.starts_with(p));
+            assert!(!kept_back, "{who} got {name}: {env:?}");
+        }
+    }
+    assert!(consumer.wait().unwrap().success(), "{}", log());
 }

@@ -234,6 +234,7 @@ fn consume_hands_the_trace_to_the_scanner() {
                   echo status $? >> \"$OUT/$SCAN_ID\"";
     let mut consumer = Command::new(bin("quota-gate"))
         .args(["consume", "--from", "-", "--no-emf", "--exec", script])
+        .args(["--scanner-env", "OUT"])
         .env_clear()
         .env("PATH", std::env::var("PATH").unwrap_or_default())
         .env("OUT", dir.path())

@@ -11,6 +11,13 @@
 //! `tracestate` and `x-amzn-trace-id`) over plain HTTP/1.1, for a scanner
 //! beside the consumer; any 2xx means done.
 //!
+//! An `--exec` scanner handles untrusted images, so neither it nor its
+//! guard inherits the consumer's environment, which holds the store's
+//! password, the hash secret and AWS credentials: they start from an empty
+//! one with only [`SCANNER_ENV`] and what `--scanner-env` names copied
+//! over ([`scanner_env`], read once at start), then the job's variables,
+//! which win.
+//!
 //! A running hand-off is stopped when its `stop` future ends (the scan
 //! timeout, a lost lease, the end of the shutdown grace): an `--exec`
 //! scanner's guard is told to stop, kills every descendant of the scanner
@@ -19,6 +26,7 @@
 //! or unanswered `--post` may have landed: the scanner gets the same
 //! `scanId` again on the retry, with a higher attempt number.
 
+use std::ffi::OsString;
 use std::future::Future;
 use std::process::Stdio;
 use std::time::Duration;
@@ -37,8 +45,28 @@ use crate::rules::trace::{
 /// The scanner.
 #[derive(Debug, Clone)]
 pub enum Handoff {
-    Exec(String),
+    /// `sh -c command`, its environment `env` (see [`scanner_env`]) and the job's.
+    Exec {
+        command: String,
+        env: Vec<(OsString, OsString)>,
+    },
     Post(http::Uri),
+}
+
+/// The consumer's variables every `--exec` scanner gets, each if set: what a
+/// shell and its tools need, nothing that reaches the queue, the store or AWS.
+pub const SCANNER_ENV: [&str; 6] = ["PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "TZ"];
+
+/// The variables an `--exec` scanner starts from: [`SCANNER_ENV`] and
+/// `named` (`--scanner-env`), with the consumer's values; one the consumer
+/// does not have is left out.
+pub fn scanner_env(named: &[String]) -> Vec<(OsString, OsString)> {
+    let names = SCANNER_ENV
+        .into_iter()
+        .chain(named.iter().map(String::as_str));
+    names
+        .filter_map(|name| Some((name.into(), std::env::var_os(name)?)))
+        .collect()
 }
 
 /// How a hand-off ended without the scanner taking the job.
@@ -99,7 +127,7 @@ impl Handoff {
 impl Scanner for Handoff {
     async fn run<H: Sync>(&self, a: Attempt<'_, H>, stop: impl StopSignal) -> Result<(), Ended> {
         match self {
-            Self::Exec(command) => exec(command, a.delivery, a.number, stop).await,
+            Self::Exec { command, env } => exec(command, env, a.delivery, a.number, stop).await,
             Self::Post(uri) => {
                 tokio::select! {
                     done = post(uri, a.delivery, a.number) => done.map_err(Ended::Failed),
@@ -153,6 +181,7 @@ impl Drop for Guard {
 
 async fn exec<H>(
     command: &str,
+    env: &[(OsString, OsString)],
     d: &Delivery<H>,
     attempt: u64,
     stop: impl Future<Output = Stop>,
@@ -166,6 +195,9 @@ async fn exec<H>(
         .arg(std::process::id().to_string())
         .arg("--")
         .arg(command)
+        // The job's variables after the allowed ones: the job's win.
+        .env_clear()
+        .envs(env.iter().map(|(k, v)| (k, v)))
         .env("SCAN_ID", d.job.scan_id.to_string())
         .env("SCAN_ATTEMPT", attempt.to_string())
         .env("IMAGE", d.job.image().unwrap_or_default());

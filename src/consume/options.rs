@@ -7,7 +7,7 @@ use std::num::{NonZeroU32, NonZeroUsize};
 use std::path::PathBuf;
 use std::time::Duration;
 
-use super::handoff::Handoff;
+use super::handoff::{Handoff, scanner_env};
 use super::schedule::RetryPolicy;
 use crate::config::QueueTarget;
 
@@ -20,9 +20,20 @@ pub struct ConsumeArgs {
     pub from: Option<String>,
     /// The scanner command (`sh -c`, in a process group of its own): job JSON on stdin,
     /// SCAN_ID, SCAN_ATTEMPT, IMAGE and the job's trace (TRACEPARENT, TRACESTATE,
-    /// _X_AMZN_TRACE_ID) in its environment; exit 0 = done.
+    /// _X_AMZN_TRACE_ID) in its environment; exit 0 = done. Of the consumer's own
+    /// environment it gets only PATH, HOME, LANG, LC_ALL, TMPDIR, TZ and --scanner-env.
     #[arg(long, required_unless_present = "post", conflicts_with = "post")]
     pub exec: Option<String>,
+    /// A variable of the consumer's environment to pass on to the --exec scanner
+    /// (repeatable, or comma-separated); one the consumer does not have is not passed.
+    #[arg(
+        long,
+        value_name = "NAME",
+        value_delimiter = ',',
+        value_parser = env_name,
+        conflicts_with = "post"
+    )]
+    pub scanner_env: Vec<String>,
     /// The scanner URL (http://): the job JSON is POSTed with x-scan-id, x-scan-attempt and
     /// the job's trace (traceparent, tracestate, x-amzn-trace-id); 2xx = done.
     #[arg(long)]
@@ -87,7 +98,10 @@ impl ConsumeArgs {
             return Err("--lease must be at least 1s".into());
         }
         match (&self.exec, &self.post) {
-            (Some(command), None) => Ok(Handoff::Exec(command.clone())),
+            (Some(command), None) => Ok(Handoff::Exec {
+                command: command.clone(),
+                env: scanner_env(&self.scanner_env),
+            }),
             (None, Some(url)) => Handoff::post(url),
             _ => Err("give one of --exec or --post".into()),
         }
@@ -132,6 +146,14 @@ impl SourceSpec {
     }
 }
 
+/// A `--scanner-env` name: one a variable can have.
+fn env_name(name: &str) -> Result<String, String> {
+    if name.is_empty() || name.contains(['=', '\0']) {
+        return Err("not a variable's name (empty, or holds '=' or NUL)".into());
+    }
+    Ok(name.to_owned())
+}
+
 /// `<host>-<pid>`: unique among live consumers, readable in `XINFO CONSUMERS`.
 fn default_consumer() -> String {
     let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
@@ -174,5 +196,33 @@ mod tests {
         );
         assert!(SourceSpec::resolve(Some("valkey-stream:"), &stream).is_err());
         assert!(SourceSpec::resolve(Some("ftp://x"), &stream).is_err());
+    }
+
+    #[derive(Debug, clap::Parser)]
+    struct Consume {
+        #[command(flatten)]
+        args: ConsumeArgs,
+    }
+
+    fn parse(args: &[&str]) -> Result<ConsumeArgs, clap::Error> {
+        let all = ["consume", "--exec", "true"].iter().chain(args);
+        <Consume as clap::Parser>::try_parse_from(all).map(|c| c.args)
+    }
+
+    /// `--scanner-env` is repeatable and takes lists; a name no variable can
+    /// have is a usage error that names the flag, and it is for `--exec` only.
+    #[test]
+    fn scanner_env_names() {
+        let args = parse(&["--scanner-env", "A", "--scanner-env", "B,C_1"]).unwrap();
+        assert_eq!(args.scanner_env, ["A", "B", "C_1"]);
+        assert!(parse(&[]).unwrap().scanner_env.is_empty());
+        for bad in ["", "A=B", "A,,B", "A\0B"] {
+            let e = parse(&["--scanner-env", bad]).unwrap_err();
+            assert_eq!(e.kind(), clap::error::ErrorKind::ValueValidation, "{bad:?}");
+            assert!(e.to_string().contains("--scanner-env"), "{e}");
+            assert_eq!(e.exit_code(), 2);
+        }
+        let post = ["consume", "--post", "http://x/", "--scanner-env", "A"];
+        assert!(<Consume as clap::Parser>::try_parse_from(post).is_err());
     }
 }

@@ -37,6 +37,10 @@ if [ "$IMAGE" = hang ]; then work="${HANG:-3600}"; fi
 wait $!
 "#;
 
+/// The variables the scanner script reads beside the job's, for
+/// `--scanner-env` (a scanner gets no other of the consumer's).
+pub const SCANNER_VARS: &str = "LOG,RUNS,TAG,SLEEP,HANG";
+
 /// A scratch folder with the scanner script and its log.
 pub struct Scanner {
     pub dir: tempfile::TempDir,
@@ -153,7 +157,8 @@ impl Scanner {
 
     /// `quota-gate consume` with `args` (and `--exec` this scanner, unless
     /// `args` name one), the variables `vars` (and PATH), its scanners' log
-    /// going here, tagged `tag`.
+    /// going here, tagged `tag`; an `--exec` scanner is given the script's
+    /// variables ([`SCANNER_VARS`]).
     pub fn consume(
         &self,
         tag: &str,
@@ -164,11 +169,14 @@ impl Scanner {
         let errors = std::fs::File::create(self.dir.path().join(format!("{tag}.err"))).unwrap();
         let own_scanner = args.iter().any(|a| *a == "--exec" || *a == "--post");
         let exec = self.exec();
-        let default_exec = if own_scanner {
+        let mut default_exec = if own_scanner {
             vec![]
         } else {
             vec!["--exec", exec.as_str()]
         };
+        if !args.contains(&"--post") {
+            default_exec.extend(["--scanner-env", SCANNER_VARS]);
+        }
         let child = Command::new(bin("quota-gate"))
             .arg("consume")
             .args(default_exec)
