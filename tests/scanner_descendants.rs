@@ -242,3 +242,43 @@ mv "$RUNS/guard.tmp" "$RUNS/guard"; mv "$RUNS/scanner.tmp" "$RUNS/scanner""#;
     }
     assert!(consumer.wait().unwrap().success(), "{}", log());
 }
+
+/// Nor can a scanner of the same user read the consumer's own environment:
+/// the consumer is not dumpable, so its `/proc/<pid>/environ` is root's.
+/// Run as an unprivileged user (`setpriv`), the scanner finds its
+/// grandparent's environ refused, and the consumer's secret nowhere.
+#[test]
+fn the_consumers_environ_is_out_of_the_scanners_reach() {
+    let root = rustix::process::getuid().is_root();
+    assert!(root, "run as root: the test drops to an unprivileged user");
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out");
+    std::fs::set_permissions(
+        dir.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o777),
+    )
+    .unwrap();
+    // The scanner's parent is its guard; the guard's is the consumer.
+    let command = format!(
+        r#"consumer=$(cut -d' ' -f4 /proc/$PPID/stat)
+cat /proc/$consumer/environ > {out} 2>&1 || echo refused >> {out}"#,
+        out = out.display()
+    );
+    let mut consumer = std::process::Command::new("setpriv")
+        .args(["--reuid", "65534", "--regid", "65534", "--clear-groups"])
+        .arg(common::bin("quota-gate"))
+        .args(["consume", "--from", "-", "--exec", &command])
+        .env("QUOTA_HASH_SECRET", "the-consumers-secret-0123456789")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let job = job(now_ms());
+    writeln!(consumer.stdin.take().unwrap(), "{job}").unwrap();
+    let status = consumer.wait().unwrap();
+    assert!(status.success(), "{status}");
+    let read = std::fs::read_to_string(&out).expect("the scanner ran");
+    assert!(read.contains("refused"), "{read}");
+    assert!(!read.contains("the-consumers-secret"), "{read}");
+}
