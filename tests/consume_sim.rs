@@ -533,6 +533,7 @@ impl MarkerStore for SimMarkers {
     async fn claim(
         &self,
         scan: Uuid,
+        _entry: Option<&str>,
         token: &str,
         mine: u64,
         lease: Duration,

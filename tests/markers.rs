@@ -30,8 +30,14 @@ fn now() -> UnixMillis {
 /// Both stores' answers to one claim, which must agree.
 async fn claim(stores: &[Markers; 2], scan: Uuid, token: &str, mine: u64) -> MarkerClaim {
     let at = now();
-    let valkey = stores[0].claim(scan, token, mine, LEASE, at).await.unwrap();
-    let local = stores[1].claim(scan, token, mine, LEASE, at).await.unwrap();
+    let valkey = stores[0]
+        .claim(scan, None, token, mine, LEASE, at)
+        .await
+        .unwrap();
+    let local = stores[1]
+        .claim(scan, None, token, mine, LEASE, at)
+        .await
+        .unwrap();
     assert_eq!(
         valkey, local,
         "{token} renewing {mine}: Valkey against the rule"
@@ -75,4 +81,42 @@ async fn valkey_markers_follow_the_rule() {
     }
     assert_eq!(claim(&stores, scan, "d", 0).await, Done);
     assert_eq!(claim(&stores, scan, "b", 3).await, Done);
+}
+
+/// A new attempt of a stream's job runs only while the job's entry is in
+/// the stream: an entry a failover lost (here: never added) is gone, and
+/// not run from a consumer's hands; a done marker still says done, and a
+/// renewal of a running attempt is not checked.
+#[tokio::test]
+async fn a_job_whose_entry_is_gone_is_not_run() {
+    let server = ValkeyServer::start();
+    let valkey = Valkey::new(&server.url(), false, Duration::from_secs(2)).unwrap();
+    let markers = Markers::of_stream(valkey, "jobs");
+    let mut c = server.client().await;
+    let entry: String = redis::cmd("XADD")
+        .arg("jobs")
+        .arg("*")
+        .arg("job")
+        .arg("{}")
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    let (kept, lost) = (Uuid::now_v7(), Uuid::now_v7());
+    let claim = |scan, entry: &str, mine| {
+        let entry = entry.to_owned();
+        let markers = &markers;
+        async move {
+            let claim = markers.claim(scan, Some(&entry), "a", mine, LEASE, now());
+            claim.await.unwrap()
+        }
+    };
+    assert_eq!(claim(kept, &entry, 0).await, Claimed(1));
+    assert_eq!(claim(lost, "1-1", 0).await, MarkerClaim::Gone);
+    assert_eq!(
+        claim(kept, "1-1", 1).await,
+        Claimed(1),
+        "a renewal is not checked"
+    );
+    markers.done(kept).await.unwrap();
+    assert_eq!(claim(kept, "1-1", 0).await, Done);
 }

@@ -100,7 +100,7 @@ impl<S: JobSource, M: MarkerStore> Keeper<'_, S, M> {
         let now = self.clock.now();
         let claim = self
             .markers
-            .claim(d.job.scan_id, token, attempt, self.lease, now);
+            .claim(d.job.scan_id, None, token, attempt, self.lease, now);
         match claim.await {
             Ok(schedule::MarkerClaim::Claimed(_)) => Renewal::Held,
             Ok(_) => Renewal::Lost,
@@ -133,7 +133,8 @@ impl<S: JobSource, M: MarkerStore> Keeper<'_, S, M> {
                     if let Some((token, mine)) = attempt {
                         let now = self.clock.now();
                         // A done marker stays done: claim.lua never overwrites it.
-                        let _ = self.markers.claim(d.job.scan_id, token, mine, self.lease, now).await;
+                        let renew = self.markers.claim(d.job.scan_id, None, token, mine, self.lease, now);
+                        let _ = renew.await;
                     }
                 }
             }

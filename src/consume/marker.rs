@@ -65,10 +65,13 @@ const RELEASE: &str = include_str!("release.lua");
 pub trait MarkerStore: Send + Sync + 'static {
     /// Claims `scan`'s marker for the attempt `token`, as a new attempt
     /// (`mine` 0) or renewing attempt `mine`, at `now` (in-process only:
-    /// Valkey keeps time by key expiry).
+    /// Valkey keeps time by key expiry). A new attempt of a job read from
+    /// a stream (`entry`, its entry id) is [`MarkerClaim::Gone`] if the
+    /// entry is no longer in the stream.
     fn claim(
         &self,
         scan: Uuid,
+        entry: Option<&str>,
         token: &str,
         mine: u64,
         lease: Duration,
@@ -122,6 +125,9 @@ pub enum Markers {
         /// `VALKEY_WAIT_REPLICAS`: replicas a claim and a done marker must
         /// reach before they count (0: none).
         wait: u32,
+        /// The stream the jobs are read from, whose entries a new attempt
+        /// checks (none for SQS).
+        stream: Option<String>,
     },
     Local(Arc<Mutex<Local>>),
 }
@@ -146,6 +152,18 @@ impl Markers {
             valkey,
             tag: tagged(key),
             wait: 0,
+            stream: None,
+        }
+    }
+
+    /// Markers beside the stream `key` the jobs are read from: a new
+    /// attempt runs only while its job's entry is in it.
+    pub fn of_stream(valkey: Valkey, key: &str) -> Self {
+        Self::Valkey {
+            valkey,
+            tag: tagged(key),
+            wait: 0,
+            stream: Some(key.to_owned()),
         }
     }
 
@@ -186,24 +204,37 @@ impl MarkerStore for Markers {
     async fn claim(
         &self,
         scan: Uuid,
+        entry: Option<&str>,
         token: &str,
         mine: u64,
         lease: Duration,
         now: UnixMillis,
     ) -> Result<MarkerClaim, ConsumeError> {
         match self {
-            Self::Valkey { valkey, tag, wait } => {
+            Self::Valkey {
+                valkey,
+                tag,
+                wait,
+                stream,
+            } => {
                 let (marker, attempts) = Self::keys(tag, scan);
-                let mut cmd = crate::io::store::valkey::eval(CLAIM, &[&marker, &attempts]);
+                let checked = stream.as_deref().zip(entry);
+                let mut keys = vec![marker.as_str(), attempts.as_str()];
+                keys.extend(checked.map(|(stream, _)| stream));
+                let mut cmd = crate::io::store::valkey::eval(CLAIM, &keys);
                 cmd.arg(token)
                     .arg(crate::rules::unix::duration_ms(lease))
                     .arg(mine)
                     .arg(DONE_TTL_SECS);
+                if let Some((_, entry)) = checked {
+                    cmd.arg(entry);
+                }
                 let (answer, durable): (i64, bool) =
                     valkey.send_replicated(cmd, *wait, valkey.timeout()).await?;
                 let claim = match answer {
                     n if n > 0 => MarkerClaim::Claimed(n.unsigned_abs()),
                     0 => MarkerClaim::Done,
+                    -2 => MarkerClaim::Gone,
                     _ => MarkerClaim::Busy,
                 };
                 durable_claim(claim, mine, durable)
@@ -225,7 +256,9 @@ impl MarkerStore for Markers {
 
     async fn done(&self, scan: Uuid) -> Result<(), ConsumeError> {
         match self {
-            Self::Valkey { valkey, tag, wait } => {
+            Self::Valkey {
+                valkey, tag, wait, ..
+            } => {
                 let (marker, _) = Self::keys(tag, scan);
                 let mut cmd = redis::cmd("SET");
                 cmd.arg(marker).arg(DONE).arg("EX").arg(DONE_TTL_SECS);
@@ -281,7 +314,8 @@ mod tests {
         let m = Markers::local();
         let scan = Uuid::now_v7();
         let lease = Duration::from_secs(5);
-        let claim = |token: &'static str, mine| m.claim(scan, token, mine, lease, UnixMillis(0));
+        let claim =
+            |token: &'static str, mine| m.claim(scan, None, token, mine, lease, UnixMillis(0));
         assert!(matches!(claim("a", 0).await, Ok(MarkerClaim::Claimed(1))));
         assert!(matches!(claim("b", 0).await, Ok(MarkerClaim::Busy)));
         m.release(scan, "a").await.unwrap();
@@ -297,7 +331,7 @@ mod tests {
         let scan = Uuid::now_v7();
         let m = Markers::local_after([(scan, 3)]);
         let claim = m
-            .claim(scan, "a", 0, Duration::from_secs(5), UnixMillis(0))
+            .claim(scan, None, "a", 0, Duration::from_secs(5), UnixMillis(0))
             .await;
         assert!(matches!(claim, Ok(MarkerClaim::Claimed(4))));
     }

@@ -178,7 +178,7 @@ async fn run_stream(
     let source =
         source::stream::StreamSource::open(reads, ops.clone(), key, &a.group, p, a.lease).await?;
     crate::io::queue::stream::warn_without_persistence(&ops, key).await;
-    let markers = Markers::valkey(ops.clone(), key).with_wait(parts.wait_replicas);
+    let markers = Markers::of_stream(ops.clone(), key).with_wait(parts.wait_replicas);
     let clock = QueueClock::of_valkey(LOCAL, ops);
     refusal.or(drive(source, markers, clock, parts, shutdown).await)
 }

@@ -201,6 +201,9 @@ pub enum MarkerClaim {
     /// Another attempt holds a live lease, or (for a renewal) claimed the
     /// scan since this one last held it: come back later / stop.
     Busy,
+    /// The job is no longer in its queue (a stream entry a failover lost
+    /// with its landing): not run.
+    Gone,
 }
 
 /// Claims `marker` for `token` at `now` for `lease`. `attempts` is
@@ -271,6 +274,7 @@ pub fn on_claim(claim: MarkerClaim, lease: Duration) -> Step {
         MarkerClaim::Claimed(attempt) => Step::Run(attempt),
         MarkerClaim::Done => Step::AckDuplicate,
         MarkerClaim::Busy => Step::Later(come_back(lease)),
+        MarkerClaim::Gone => Step::Drop,
     }
 }
 
@@ -280,6 +284,8 @@ pub enum Step {
     Run(u64),
     AckDuplicate,
     Later(Duration),
+    /// Let go without running: the job is gone from its queue.
+    Drop,
 }
 
 /// How one renewal of a running scan's marker went.

@@ -134,6 +134,14 @@ impl<S: JobSource, X: Scanner, M: MarkerStore> Worker<S, X, M> {
                     self.meter.record(Event::Duplicate);
                     return self.ack(&d).await;
                 }
+                Step::Drop => {
+                    tracing::warn!(
+                        scan_id = %d.job.scan_id,
+                        "the job's entry is gone from the stream (a failover lost its \
+                         landing): not run; the gate's retry of its key queues it again"
+                    );
+                    return self.ack(&d).await;
+                }
                 Step::Later(after) => {
                     drop(slot);
                     if self.later(&d, after, Held::Otherwise).await.is_break() {
@@ -167,7 +175,14 @@ impl<S: JobSource, X: Scanner, M: MarkerStore> Worker<S, X, M> {
         let now = self.clock.now();
         match self
             .markers
-            .claim(d.job.scan_id, token, 0, self.lease, now)
+            .claim(
+                d.job.scan_id,
+                self.source.entry(d),
+                token,
+                0,
+                self.lease,
+                now,
+            )
             .await
         {
             Ok(claim) => Some(schedule::on_claim(claim, self.lease)),

@@ -277,6 +277,7 @@ impl MarkerStore for StalledRenewals {
     async fn claim(
         &self,
         scan: uuid::Uuid,
+        entry: Option<&str>,
         token: &str,
         mine: u64,
         lease: Duration,
@@ -286,7 +287,7 @@ impl MarkerStore for StalledRenewals {
             tokio::time::sleep(Duration::from_secs(3_600)).await;
             return Err(ConsumeError::Setup("stalled".into()));
         }
-        self.0.claim(scan, token, mine, lease, now).await
+        self.0.claim(scan, entry, token, mine, lease, now).await
     }
 
     async fn done(&self, scan: uuid::Uuid) -> Result<(), ConsumeError> {

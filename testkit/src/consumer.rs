@@ -33,7 +33,7 @@ echo $$ > "$pidfile"
 echo "start $(now) $SCAN_ID $TAG $SCAN_ATTEMPT" >> "$LOG"
 work="${SLEEP:-0}"
 if [ "$IMAGE" = hang ]; then work="${HANG:-3600}"; fi
-( sleep "$work"; echo "end $(now) $SCAN_ID $TAG $SCAN_ATTEMPT" >> "$LOG" ) &
+( sleep "$work"; echo "end $(now) $SCAN_ID $TAG $SCAN_ATTEMPT $IMAGE" >> "$LOG" ) &
 wait $!
 "#;
 
@@ -54,6 +54,8 @@ pub struct Line {
     pub scan_id: String,
     pub tag: String,
     pub attempt: u64,
+    /// The job's image (on `end` lines).
+    pub image: String,
 }
 
 impl Default for Scanner {
@@ -89,6 +91,7 @@ impl Scanner {
                     scan_id: f.next()?.into(),
                     tag: f.next().unwrap_or("").into(),
                     attempt: f.next().and_then(|a| a.parse().ok()).unwrap_or(0),
+                    image: f.next().unwrap_or("").into(),
                 })
             })
             .collect()

@@ -75,6 +75,13 @@ pub trait JobSource: Send + Sync + 'static {
         d: &Delivery<Self::Handle>,
     ) -> impl Future<Output = Result<(), ConsumeError>> + Send;
 
+    /// The id of `d`'s entry in its stream, which a new attempt checks is
+    /// still there ([`super::marker::MarkerStore::claim`]); none for
+    /// other queues.
+    fn entry<'d>(&self, _d: &'d Delivery<Self::Handle>) -> Option<&'d str> {
+        None
+    }
+
     /// Renews this consumer's hold on a delivery it keeps (held or running).
     fn extend(
         &self,

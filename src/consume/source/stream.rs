@@ -272,6 +272,10 @@ impl JobSource for StreamSource {
         self.xack(&d.handle).await
     }
 
+    fn entry<'d>(&self, d: &'d Delivery<String>) -> Option<&'d str> {
+        Some(&d.handle)
+    }
+
     /// Resets the entry's idle time, so nobody reclaims it.
     async fn extend(&self, d: &Delivery<String>) -> Result<(), ConsumeError> {
         self.xclaim(&d.handle, 0).await
