@@ -17,16 +17,20 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use common::client::{get_request, http, post_scan, request, send};
-use common::serve::{Flood, spawn_serve, spawn_serve_with_open_files, stderr_of};
+use common::serve::{Dribble, Flood, spawn_serve, spawn_serve_with_open_files, stderr_of};
 use common::{KillOnDrop, ValkeyServer, stream_jobs, with_vars};
 
 /// One scan on its own connection: the status code (0 for no answer), how
 /// long it took, and the response (or what went wrong).
 fn timed_scan(addr: SocketAddr) -> (u16, Duration, String) {
+    timed_scan_within(addr, Duration::from_secs(30))
+}
+
+/// The same, giving up (status 0) after `within`.
+fn timed_scan_within(addr: SocketAddr, within: Duration) -> (u16, Duration, String) {
     let started = Instant::now();
     let scan = post_scan(r#"{"image":"alpine:3.20"}"#);
-    let (status, response) =
-        send(addr, scan.as_bytes(), Duration::from_secs(30)).unwrap_or_else(|e| (0, e));
+    let (status, response) = send(addr, scan.as_bytes(), within).unwrap_or_else(|e| (0, e));
     (status, started.elapsed(), response)
 }
 
@@ -233,7 +237,8 @@ fn slow_and_idle_connections_are_closed() {
     assert_healthy(addr);
 }
 
-/// At `QUOTA_MAX_CONNECTIONS` a new connection waits (the open ones keep
+/// At `QUOTA_MAX_CONNECTIONS`, every open connection a keep-alive one just
+/// answered (within its grace), a new connection waits (the open ones keep
 /// working), and /healthz answers on it as soon as an old one closes.
 #[test]
 fn connection_cap_waits_for_a_free_slot() {
@@ -385,11 +390,7 @@ fn stalled_body_gets_408() {
 #[test]
 fn workers_share_one_in_memory_count() {
     let (mut serve, addr) = spawn_serve(&[("QUOTA_SERVE_WORKERS", "4"), ("QUOTA_ANON", "1000")]);
-    // The jobs are spooled to stdout (54 KB for 40 scans): read it, or a
-    // pipe the kernel sized down on a busy machine (one page, once a user's
-    // pipes pass `pipe-user-pages-soft`) fills, and the spool refuses jobs.
-    let mut stdout = serve.stdout.take().expect("piped stdout");
-    std::thread::spawn(move || std::io::copy(&mut stdout, &mut std::io::sink()));
+    read_stdout_away(&mut serve);
     let answers = burst(addr, 8, 40);
     let mut used: Vec<u64> = answers
         .iter()
@@ -404,18 +405,31 @@ fn workers_share_one_in_memory_count() {
     assert_eq!(used, (1..=40).collect::<Vec<u64>>());
 }
 
+/// Reads `serve`'s stdout away on a thread of its own. Jobs are spooled to
+/// stdout (54 KB for 40 scans): a pipe the kernel sized down on a busy
+/// machine (one page, once a user's pipes pass `pipe-user-pages-soft`)
+/// fills, and the spool then refuses jobs.
+fn read_stdout_away(serve: &mut KillOnDrop) {
+    let mut stdout = serve.stdout.take().expect("piped stdout");
+    std::thread::spawn(move || std::io::copy(&mut stdout, &mut std::io::sink()));
+}
+
 /// Fresh clients for `during`, on two threads: `GET /healthz` and
 /// `POST /scan`, each on a new connection, one after another. Every answer:
-/// what was asked, the status (0 for none within 30 s) and how long it took.
-fn probe(addr: SocketAddr, during: Duration) -> Vec<(&'static str, u16, Duration)> {
+/// what was asked, the status (0 for none within `within`) and how long it
+/// took.
+fn probe(
+    addr: SocketAddr,
+    during: Duration,
+    within: Duration,
+) -> Vec<(&'static str, u16, Duration)> {
     let until = Instant::now() + during;
     let health = std::thread::spawn(move || {
         let mut answers = Vec::new();
         while Instant::now() < until {
             let started = Instant::now();
             let asked = request("GET", "/healthz");
-            let status =
-                common::client::once(addr, asked.as_bytes(), Duration::from_secs(30)).unwrap_or(0);
+            let status = common::client::once(addr, asked.as_bytes(), within).unwrap_or(0);
             answers.push(("/healthz", status, started.elapsed()));
             std::thread::sleep(Duration::from_millis(200));
         }
@@ -423,12 +437,18 @@ fn probe(addr: SocketAddr, during: Duration) -> Vec<(&'static str, u16, Duration
     });
     let mut answers = Vec::new();
     while Instant::now() < until {
-        let (status, took, _) = timed_scan(addr);
+        let (status, took, _) = timed_scan_within(addr, within);
         answers.push(("POST /scan", status, took));
         std::thread::sleep(Duration::from_millis(200));
     }
     answers.extend(health.join().unwrap());
     answers
+}
+
+/// The longest `what` of `answers` took.
+fn slowest(answers: &[(&'static str, u16, Duration)], what: &str) -> Duration {
+    let took = answers.iter().filter(|a| a.0 == what).map(|a| a.2);
+    took.max().unwrap_or_default()
 }
 
 /// `connections` clients that each pipeline 1 500 `GET /metrics` with a
@@ -441,18 +461,14 @@ fn assert_never_readers_hold_nothing(connections: usize, extra: &[(&str, &str)])
     let (_valkey, _serve, addr) = serve_on_valkey(&vars);
     let flood = Flood::start(addr, connections, 1500, &get_request("/metrics"));
     std::thread::sleep(Duration::from_secs(1));
-    let answers = probe(addr, Duration::from_secs(25));
+    let answers = probe(addr, Duration::from_secs(25), Duration::from_secs(30));
     let closed = flood.stop();
-    let slowest = |what: &str| {
-        let took = answers.iter().filter(|a| a.0 == what).map(|a| a.2);
-        took.max().unwrap_or_default()
-    };
     eprintln!(
         "{connections} never-reading connections: {} answers, slowest /healthz {:?}, \
          slowest scan {:?}; flood connections closed by serve: {closed}",
         answers.len(),
-        slowest("/healthz"),
-        slowest("POST /scan"),
+        slowest(&answers, "/healthz"),
+        slowest(&answers, "POST /scan"),
     );
     for (what, status, took) in &answers {
         let expected = if *what == "/healthz" { 200 } else { 202 };
@@ -473,6 +489,114 @@ fn never_reading_pipeliners_hold_nothing_at_the_default_cap() {
 #[test]
 fn never_reading_pipeliners_hold_nothing_at_a_small_cap() {
     assert_never_readers_hold_nothing(8, &[("QUOTA_MAX_CONNECTIONS", "8")]);
+}
+
+/// One keep-alive connection that asks for `/healthz` every 500 ms for
+/// `during`, on a thread that panics if an answer does not come.
+fn keep_alive_client(addr: SocketAddr, during: Duration) -> std::thread::JoinHandle<()> {
+    let mut connection = TcpStream::connect(addr).unwrap();
+    connection
+        .set_read_timeout(Some(Duration::from_secs(3)))
+        .unwrap();
+    healthz_on(&mut connection);
+    let until = Instant::now() + during;
+    std::thread::spawn(move || {
+        while Instant::now() < until {
+            std::thread::sleep(Duration::from_millis(500));
+            healthz_on(&mut connection);
+        }
+    })
+}
+
+/// Slowloris past the cap: 96 clients at `QUOTA_MAX_CONNECTIONS=64` that
+/// send a request line and then a byte of header a second, never finishing,
+/// each reopened 250 ms after `serve` closes it. For 6 s from when the cap
+/// is full, every fresh client's `/healthz` and scan is answered within
+/// 1 s: a dribbling connection gives its slot up to a new one (the probes
+/// were answered only at the dribblers' 10 s header timeout before), and
+/// `serve` let go of dribblers to admit them. A keep-alive client that
+/// opened before the flood, sending a request every 500 ms, keeps its
+/// connection throughout.
+#[test]
+fn header_dribblers_past_the_cap_hold_nothing() {
+    let (mut serve, addr) =
+        spawn_serve(&[("QUOTA_MAX_CONNECTIONS", "64"), ("QUOTA_ANON", "100000")]);
+    read_stdout_away(&mut serve);
+    let keep_alive = keep_alive_client(addr, Duration::from_secs(7));
+    let dribble = Dribble::start(addr, 96, Duration::from_millis(250));
+    std::thread::sleep(Duration::from_millis(1500));
+    let answers = probe(addr, Duration::from_secs(6), Duration::from_secs(3));
+    let closed = dribble.stop();
+    let kept = keep_alive.join();
+    assert!(kept.is_ok(), "the keep-alive connection was lost");
+    eprintln!(
+        "96 dribblers past a cap of 64: {} answers, slowest /healthz {:?}, slowest scan {:?}; \
+         dribblers closed by serve: {closed}",
+        answers.len(),
+        slowest(&answers, "/healthz"),
+        slowest(&answers, "POST /scan"),
+    );
+    for (what, status, took) in &answers {
+        let expected = if *what == "/healthz" { 200 } else { 202 };
+        assert_eq!(*status, expected, "{what} after {took:?}");
+        assert!(*took < Duration::from_secs(1), "{what} took {took:?}");
+    }
+    assert!(answers.len() >= 20, "{} answers", answers.len());
+    assert!(closed >= 32, "only {closed} dribblers closed");
+}
+
+/// Sends `bytes` on a new connection, shuts its write side (a client that
+/// half-closes once its request is sent), and reads until `serve` closes,
+/// for at most `within`: what came back, and how long `serve` took to close.
+fn half_closed_exchange(addr: SocketAddr, bytes: &[u8], within: Duration) -> (String, Duration) {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(within)).unwrap();
+    s.write_all(bytes).unwrap();
+    s.shutdown(std::net::Shutdown::Write).unwrap();
+    let sent = Instant::now();
+    let mut answer = Vec::new();
+    let closed = s.read_to_end(&mut answer);
+    assert!(closed.is_ok(), "not closed within {within:?}: {closed:?}");
+    (
+        String::from_utf8_lossy(&answer).into_owned(),
+        sent.elapsed(),
+    )
+}
+
+/// `answer` is one complete response of `status`: its head and its whole
+/// body, as long as its `Content-Length`.
+fn assert_whole(answer: &str, status: u16) {
+    let head = common::client::parse_response(answer.as_bytes())
+        .unwrap()
+        .unwrap_or_else(|| panic!("no complete head: {answer:?}"));
+    assert_eq!(head.status, status, "{answer}");
+    assert!(!head.body.is_empty(), "{answer}");
+    assert_eq!(head.body.end, answer.len(), "the whole body: {answer}");
+}
+
+/// A client that half-closes (`shutdown(Write)`) once its request is sent
+/// gets its whole answer: a scan its 202 (counted once), `GET /quota` its
+/// 200. One whose headers the half-close cut short is let go at once, not
+/// after the header timeout.
+#[test]
+fn a_half_closed_request_gets_its_whole_answer() {
+    let (mut serve, addr) = spawn_serve(&[]);
+    read_stdout_away(&mut serve);
+    let within = Duration::from_secs(5);
+    let scan = common::client::scan_request(None);
+    let (answer, _) = half_closed_exchange(addr, scan.as_bytes(), within);
+    assert_whole(&answer, 202);
+    assert!(answer.contains("\"scanId\""), "{answer}");
+    assert!(answer.contains("x-stella-quota-remaining: 32"), "{answer}");
+    let (answer, _) = half_closed_exchange(addr, get_request("/quota").as_bytes(), within);
+    assert_whole(&answer, 200);
+    assert!(answer.contains("x-stella-quota-remaining: 32"), "{answer}");
+    let cut = b"GET /quota HTTP/1.1\r\nhost: x\r\n";
+    let (answer, took) = half_closed_exchange(addr, cut, within);
+    eprintln!("headers cut short by a half-close: closed after {took:?}: {answer:?}");
+    assert!(took < Duration::from_secs(2), "{took:?}");
+    let next = http(addr, &post_scan(r#"{"image":"a"}"#));
+    assert!(next.contains("x-stella-quota-remaining: 31"), "{next}");
 }
 
 /// `POST /scan` with `Idempotency-Key: key`, closing the connection after.

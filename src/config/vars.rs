@@ -326,8 +326,9 @@ variables! {
     QUOTA_METRICS_NAMESPACE: Var<Text> = text("StellaOps/Quota");
     /// address of `quota-gate serve`
     QUOTA_LISTEN: Var<Text> = text("127.0.0.1:9000").applies(Applies::Serve);
-    /// connections `quota-gate serve` keeps open at once; more wait in the listen backlog until one
-    /// closes. Keep it below the open-file limit (`ulimit -n`)
+    /// connections `quota-gate serve` keeps open at once; past it a new one takes the slot of the
+    /// one that has waited longest for a request (closing it), or waits in the listen backlog until
+    /// one closes. Keep it below the open-file limit (`ulimit -n`)
     QUOTA_MAX_CONNECTIONS: Var<Whole> = number("1024", 1, MAX_CONNECTIONS).applies(Applies::Serve);
     /// `quota-gate serve`'s workers, each a single-threaded runtime with its own Valkey connection
     /// accepting on the one socket; 0: one per CPU

@@ -1,6 +1,8 @@
-//! `quota-gate serve` as a child process, killed on drop, and a [`Flood`]
-//! of clients that never read.
+//! `quota-gate serve` as a child process, killed on drop, a [`Flood`] of
+//! clients that never read, and a [`Dribble`] of clients that never finish
+//! their headers.
 
+use std::future::Future;
 use std::io::Read;
 use std::net::SocketAddr;
 use std::process::{Child, Command, Stdio};
@@ -8,7 +10,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use tokio::io::AsyncWriteExt;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::{KillOnDrop, bin, free_port, loopback, wait_for_port};
 
@@ -66,11 +68,7 @@ pub fn stderr_of(child: &mut Child) -> String {
 /// with a 4 KiB receive buffer, so the server's answers soon have nowhere to
 /// go; a connection the server lets go is opened again at once, so the
 /// flood holds its size until stopped.
-pub struct Flood {
-    stop: Option<tokio::sync::oneshot::Sender<()>>,
-    thread: Option<std::thread::JoinHandle<()>>,
-    closed: Arc<AtomicUsize>,
-}
+pub struct Flood(Swarm);
 
 /// The receive buffer of a flood socket.
 const FLOOD_RECV_BUFFER: u32 = 4096;
@@ -82,6 +80,62 @@ impl Flood {
     pub fn start(addr: SocketAddr, connections: usize, pipelined: usize, request: &str) -> Self {
         let burst = Arc::new(request.repeat(pipelined).into_bytes());
         let one = Arc::new(request.as_bytes().to_vec());
+        Self(Swarm::start(connections, move |closed| {
+            hold(addr, burst.clone(), one.clone(), closed)
+        }))
+    }
+
+    /// How many of the flood's connections the server has closed so far.
+    pub fn closed(&self) -> usize {
+        self.0.closed()
+    }
+
+    /// Closes every flood socket; how many the server had closed.
+    pub fn stop(self) -> usize {
+        self.0.stop()
+    }
+}
+
+/// Slowloris: clients that send a request line and then one byte of a
+/// header every second, never finishing the headers; a connection the
+/// server closes is opened again `reopen_after` later, so the dribble holds
+/// its size until stopped.
+pub struct Dribble(Swarm);
+
+impl Dribble {
+    /// `connections` dribbling sockets to `addr`.
+    pub fn start(addr: SocketAddr, connections: usize, reopen_after: Duration) -> Self {
+        Self(Swarm::start(connections, move |closed| {
+            dribble(addr, reopen_after, closed)
+        }))
+    }
+
+    /// How many of the dribbling connections the server has closed so far.
+    pub fn closed(&self) -> usize {
+        self.0.closed()
+    }
+
+    /// Closes every dribbling socket; how many the server had closed.
+    pub fn stop(self) -> usize {
+        self.0.stop()
+    }
+}
+
+/// Client connections, each a task on a runtime of its own thread that
+/// counts the times the server closed it, until stopped.
+struct Swarm {
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+    closed: Arc<AtomicUsize>,
+}
+
+impl Swarm {
+    /// `connections` tasks made by `client`, given the closed counter.
+    fn start<F, C>(connections: usize, client: C) -> Self
+    where
+        F: Future<Output = ()> + 'static,
+        C: Fn(Arc<AtomicUsize>) -> F + Send + 'static,
+    {
         let closed = Arc::new(AtomicUsize::new(0));
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let counter = closed.clone();
@@ -90,13 +144,14 @@ impl Flood {
                 .enable_all()
                 .build()
                 .unwrap();
-            runtime.block_on(async move {
+            let local = tokio::task::LocalSet::new();
+            local.block_on(&runtime, async move {
                 for _ in 0..connections {
-                    tokio::spawn(hold(addr, burst.clone(), one.clone(), counter.clone()));
+                    tokio::task::spawn_local(client(counter.clone()));
                 }
                 let _ = stopped.await;
             });
-            // Dropping the runtime drops every socket.
+            // Dropping the tasks and the runtime drops every socket.
         });
         Self {
             stop: Some(stop),
@@ -105,13 +160,11 @@ impl Flood {
         }
     }
 
-    /// How many of the flood's connections the server has closed so far.
-    pub fn closed(&self) -> usize {
+    fn closed(&self) -> usize {
         self.closed.load(Ordering::Relaxed)
     }
 
-    /// Closes every flood socket; how many the server had closed.
-    pub fn stop(mut self) -> usize {
+    fn stop(mut self) -> usize {
         self.halt();
         self.closed()
     }
@@ -126,7 +179,7 @@ impl Flood {
     }
 }
 
-impl Drop for Flood {
+impl Drop for Swarm {
     fn drop(&mut self) {
         self.halt();
     }
@@ -148,6 +201,29 @@ async fn hold(addr: SocketAddr, burst: Arc<Vec<u8>>, one: Arc<Vec<u8>>, closed: 
             }
         }
         closed.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// One dribbling connection: a request line, then a header name one byte a
+/// second; it learns that the server closed it from a read (end of stream
+/// or an error) between bytes, and opens another `reopen_after` later.
+async fn dribble(addr: SocketAddr, reopen_after: Duration, closed: Arc<AtomicUsize>) {
+    loop {
+        if let Ok(mut stream) = tokio::net::TcpStream::connect(addr).await {
+            let mut sent = stream
+                .write_all(b"GET /healthz HTTP/1.1\r\nhost: x\r\n")
+                .await;
+            let mut answer = [0u8; 512];
+            while sent.is_ok() {
+                let read = tokio::time::timeout(Duration::from_secs(1), stream.read(&mut answer));
+                match read.await {
+                    Err(_elapsed) => sent = stream.write_all(b"x").await,
+                    Ok(_closed_or_answered) => break,
+                }
+            }
+            closed.fetch_add(1, Ordering::Relaxed);
+        }
+        tokio::time::sleep(reopen_after).await;
     }
 }
 

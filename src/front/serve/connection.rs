@@ -1,6 +1,8 @@
-//! One worker's accept loop: a connection slot, then the connection, served
+//! One worker's accept loop: a connection, then a slot for it (another
+//! connection's, at the cap, see [`Admission`]), then the connection served
 //! by hyper over a socket whose stalled writes time out.
 
+use std::convert::Infallible;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -12,10 +14,12 @@ use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
 use metrics_exporter_prometheus::PrometheusHandle;
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::sync::OwnedSemaphorePermit;
 use tokio_io_timeout::TimeoutStream;
 use tokio_util::task::TaskTracker;
 
+use super::admission::{Admission, Registration};
+use super::answer::{Answer, Flushed};
 use super::limits::ServeLimits;
 use super::route::Routes;
 use crate::gate::Gate;
@@ -31,7 +35,15 @@ pub(super) struct Worker<S, Q> {
     pub gate: Arc<Gate<S, Q>>,
     pub metrics: Option<PrometheusHandle>,
     pub limits: ServeLimits,
-    pub slots: Arc<Semaphore>,
+    pub admission: Arc<Admission>,
+}
+
+/// A connection accepted and admitted: its slot and its registration.
+struct Accepted {
+    stream: TcpStream,
+    peer: SocketAddr,
+    permit: OwnedSemaphorePermit,
+    registration: Registration,
 }
 
 impl<S: QuotaStore, Q: ScanQueue> Worker<S, Q> {
@@ -55,31 +67,19 @@ impl<S: QuotaStore, Q: ScanQueue> Worker<S, Q> {
         let connections = GracefulShutdown::new();
         let builder = http1_builder(&limits);
         loop {
-            let (permit, stream, peer) = tokio::select! {
-                accepted = accept(&listener, &self.slots) => match accepted {
+            let accepted = tokio::select! {
+                accepted = accept(&listener, &self.admission) => match accepted {
                     Some(accepted) => accepted,
                     None => break,
                 },
                 () = &mut shutdown => break,
             };
-            let _ = stream.set_nodelay(true);
-            limit_unsent(&stream, limits.max_unsent);
-            // Shared with the connection's gate tasks: a scan whose client
-            // left holds the slot until it ends, so the cap still bounds
-            // the scans in flight.
-            let permit = Arc::new(permit);
-            let routes = routes.clone();
-            let slot = permit.clone();
-            let service =
-                service_fn(move |request| routes.clone().route(peer, slot.clone(), request));
-            let io = TokioIo::new(Box::pin(write_timeout(stream, limits.write_timeout)));
-            let connection = connections.watch(builder.serve_connection(io, service));
-            tokio::spawn(async move {
-                if let Err(e) = connection.await {
-                    tracing::debug!(error = %e, "connection closed with an error");
-                }
-                drop(permit);
-            });
+            let connection = Connection {
+                routes: &routes,
+                builder: &builder,
+                watcher: &connections,
+            };
+            connection.spawn(accepted);
         }
         drop(listener);
         drain(connections, &routes.scans, limits.drain_timeout).await;
@@ -87,17 +87,74 @@ impl<S: QuotaStore, Q: ScanQueue> Worker<S, Q> {
     }
 }
 
-/// A free connection slot, then a connection. Past the cap new connections
-/// wait in the listen backlog (and cost no file descriptor here) until one
-/// closes. `None` once the slots are closed.
-async fn accept(
-    listener: &TcpListener,
-    slots: &Arc<Semaphore>,
-) -> Option<(OwnedSemaphorePermit, TcpStream, SocketAddr)> {
-    let permit = slots.clone().acquire_owned().await.ok()?;
-    loop {
+/// What serving one connection takes from its worker.
+struct Connection<'a, S, Q> {
+    routes: &'a Arc<Routes<S, Q>>,
+    builder: &'a http1::Builder,
+    watcher: &'a GracefulShutdown,
+}
+
+impl<S: QuotaStore, Q: ScanQueue> Connection<'_, S, Q> {
+    /// Serves `accepted` in a task of its own, until the client or hyper
+    /// ends it, or it is closed to admit another, or the drain ends.
+    fn spawn(self, accepted: Accepted) {
+        let Accepted {
+            stream,
+            peer,
+            permit,
+            registration,
+        } = accepted;
+        let limits = &self.routes.limits;
+        let _ = stream.set_nodelay(true);
+        limit_unsent(&stream, limits.max_unsent);
+        // Shared with the connection's gate tasks: a scan whose client
+        // left holds the slot until it ends, so the cap still bounds
+        // the scans in flight.
+        let permit = Arc::new(permit);
+        let presence = registration.presence().clone();
+        let routes = self.routes.clone();
+        let slot = permit.clone();
+        let service = service_fn(move |request| {
+            // Synchronously, as the request's head arrives: a connection
+            // closed for another a moment before never lets it in.
+            let started = presence.request_started();
+            let routed = started.then(|| routes.clone().route(peer, slot.clone(), request));
+            let presence = presence.clone();
+            async move {
+                let response = match routed {
+                    Some(routed) => routed.await?,
+                    None => super::route::gave_way(),
+                };
+                Ok::<_, Infallible>(response.map(|body| Answer::new(body, presence)))
+            }
+        });
+        let socket = Box::pin(write_timeout(stream, limits.write_timeout));
+        let io = TokioIo::new(Flushed::new(socket, registration.presence().clone()));
+        let connection = self
+            .watcher
+            .watch(self.builder.serve_connection(io, service));
+        tokio::spawn(async move {
+            tokio::select! {
+                ended = connection => if let Err(e) = ended {
+                    tracing::debug!(error = %e, "connection closed with an error");
+                },
+                () = registration.presence().closed() => {
+                    tracing::debug!("closed while waiting for a request, to admit another");
+                }
+            }
+            drop((permit, registration));
+        });
+    }
+}
+
+/// The next connection, once admitted (see [`Admission::admit`]): while it
+/// waits for a slot, the worker accepts no other, and the rest wait in the
+/// listen backlog (costing no file descriptor here). `None` once the slots
+/// are closed.
+async fn accept(listener: &TcpListener, admission: &Arc<Admission>) -> Option<Accepted> {
+    let (stream, peer) = loop {
         match listener.accept().await {
-            Ok((stream, peer)) => return Some((permit, stream, peer)),
+            Ok(accepted) => break accepted,
             Err(e) => {
                 // Out of file descriptors and the like: keep serving the
                 // others, without spinning on the error.
@@ -105,10 +162,18 @@ async fn accept(
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }
         }
-    }
+    };
+    let (permit, registration) = admission.admit().await?;
+    Some(Accepted {
+        stream,
+        peer,
+        permit,
+        registration,
+    })
 }
 
-/// hyper's HTTP/1.1 settings: the header read (and idle) timeout, and
+/// hyper's HTTP/1.1 settings: the header read (and idle) timeout,
+/// half-closed requests answered, and
 /// buffers of [`ServeLimits::max_buf_size`]: a request head may be that
 /// large, at most that much of the requests a client pipelines is read ahead,
 /// and the next pipelined request is not read while an answer waits unsent.
@@ -117,6 +182,11 @@ fn http1_builder(limits: &ServeLimits) -> http1::Builder {
     builder
         .timer(TokioTimer::new())
         .header_read_timeout(limits.header_read_timeout)
+        // A client that shuts its side once its request is sent still
+        // reads the answer: without this, hyper takes the end of the
+        // request stream for the client gone and drops the answer, while a
+        // scan it had started is counted and queued.
+        .half_close(true)
         .keep_alive(true)
         .max_buf_size(limits.max_buf_size.max(HYPER_MIN_BUF));
     builder

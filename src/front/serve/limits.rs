@@ -1,17 +1,28 @@
 //! The local server's limits: how long a client may hold a connection up,
-//! how many connections are open at once, and how long shutdown drains.
+//! how many connections are open at once and which give way past that, and
+//! how long shutdown drains.
 //! Shared by the server, its workers and its routes; imports none of them.
 
-use std::sync::Arc;
 use std::time::Duration;
-
-use tokio::sync::Semaphore;
 
 use crate::config::Config;
 
 /// A connection must deliver a request's complete headers within this long
 /// of opening or of its previous response (so it is also the idle timeout).
 pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// At the connection cap, a connection that has not sent a request's
+/// complete headers may be closed to admit a new one once it has been open
+/// this long: a client sends its request as soon as it has connected, so
+/// this is ample for a real one, and a flood of connections that never
+/// finish their headers is let go at up to
+/// [`ServeLimits::max_connections`] per this long.
+pub const NEW_CONNECTION_GRACE: Duration = Duration::from_millis(250);
+
+/// At the connection cap, a keep-alive connection may be closed to admit a
+/// new one once it has waited this long for its next request: a client
+/// between two requests keeps its connection.
+pub const KEEP_ALIVE_GRACE: Duration = Duration::from_secs(2);
 
 /// A request body must arrive completely within this long of its headers.
 pub const BODY_READ_TIMEOUT: Duration = Duration::from_secs(10);
@@ -39,9 +50,14 @@ const DRAIN_SLACK: Duration = Duration::from_secs(1);
 /// Connection limits of the local server.
 #[derive(Debug, Clone, Copy)]
 pub struct ServeLimits {
-    /// Connections open at once; the next waits in the backlog.
+    /// Connections open at once; past it a new one takes the slot of one
+    /// waiting for a request, or waits for a slot to free.
     pub max_connections: usize,
     pub header_read_timeout: Duration,
+    /// See [`NEW_CONNECTION_GRACE`].
+    pub new_connection_grace: Duration,
+    /// See [`KEEP_ALIVE_GRACE`].
+    pub keep_alive_grace: Duration,
     pub body_read_timeout: Duration,
     /// See [`WRITE_TIMEOUT`].
     pub write_timeout: Duration,
@@ -59,6 +75,8 @@ impl ServeLimits {
         Self {
             max_connections: config.serve.max_connections as usize,
             header_read_timeout: HEADER_READ_TIMEOUT,
+            new_connection_grace: NEW_CONNECTION_GRACE,
+            keep_alive_grace: KEEP_ALIVE_GRACE,
             body_read_timeout: BODY_READ_TIMEOUT,
             write_timeout: WRITE_TIMEOUT,
             max_buf_size: MAX_BUF_SIZE,
@@ -82,11 +100,6 @@ impl Default for ServeLimits {
 /// 30.8 s with the defaults.
 pub fn drain_timeout(config: &Config) -> Duration {
     config.policy.gateway_timeout + config.store.timeout * STORE_CALLS_PER_REQUEST + DRAIN_SLACK
-}
-
-/// The semaphore that holds open connections to [`ServeLimits::max_connections`].
-pub(super) fn connection_slots(limits: ServeLimits) -> Arc<Semaphore> {
-    Arc::new(Semaphore::new(limits.max_connections.max(1)))
 }
 
 #[cfg(test)]

@@ -115,6 +115,22 @@ impl<S: QuotaStore, Q: ScanQueue> Routes<S, Q> {
     }
 }
 
+/// The answer to a request whose head arrived just as its connection was
+/// closed to admit another: it never reached the gate, so nothing was
+/// counted; the client may send it again. (The connection is on its way
+/// out, so this is seldom even written.)
+pub(super) fn gave_way() -> Response<Full<Bytes>> {
+    let mut answer = text(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "text/plain",
+        "connection closed for another; send the request again\n".into(),
+    );
+    let headers = answer.headers_mut();
+    headers.insert(header::CONNECTION, HeaderValue::from_static("close"));
+    headers.insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+    answer
+}
+
 /// Why a body could not be read: past the limit (413), or cut short or
 /// badly framed by the client (fewer bytes than its `Content-Length`, a
 /// broken chunk), which is the client's mistake too (400), not a size.

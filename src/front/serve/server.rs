@@ -8,8 +8,9 @@ use std::thread::JoinHandle;
 use metrics_exporter_prometheus::PrometheusHandle;
 use tokio::sync::{mpsc, watch};
 
+use super::admission::Admission;
 use super::connection::Worker;
-use super::limits::{ServeLimits, connection_slots};
+use super::limits::ServeLimits;
 use crate::config::Config;
 use crate::gate::{Gate, Shared};
 use crate::io::meter::Meter;
@@ -105,7 +106,7 @@ impl Server {
     pub async fn run(self, shutdown: impl Future<Output = ()>) -> Result<(), String> {
         let addr = self.local_addr().map_err(|e| e.to_string())?;
         let workers = self.gates.len();
-        let slots = connection_slots(self.limits);
+        let admission = Admission::new(&self.limits);
         let (stop, stopping) = watch::channel(false);
         // A worker that ends before the shutdown (it could not start) stops all.
         let (ended, mut worker_ended) = mpsc::channel::<()>(workers.max(1));
@@ -115,7 +116,7 @@ impl Server {
                 gate: Arc::new(gate),
                 metrics: self.metrics.clone(),
                 limits: self.limits,
-                slots: slots.clone(),
+                admission: admission.clone(),
             };
             let listener = self.listener.try_clone().map_err(|e| e.to_string())?;
             let thread = spawn_worker(i, worker, listener, stopping.clone(), ended.clone())

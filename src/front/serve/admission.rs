@@ -1,0 +1,338 @@
+//! The connection cap, and which connection gives way past it.
+//!
+//! A connection is either *waiting* for a request's complete headers (its
+//! first since it opened, or its next since its last answer was sent) or
+//! *busy* (a request being read, run or answered). Only a waiting one
+//! costs nothing to close: no request of it has reached the gate, and its
+//! answers are all sent. So at the cap a new connection takes the slot of
+//! the connection that has waited longest, once that one has had its grace
+//! ([`ServeLimits::new_connection_grace`] from opening,
+//! [`ServeLimits::keep_alive_grace`] from its last answer); only when every
+//! connection is busy or within its grace does it wait for a slot. Clients
+//! that open connections and dribble their headers (slowloris) then hold
+//! slots only until newer clients need them, instead of for the whole
+//! header timeout, and a client between two requests keeps its connection.
+//!
+//! The state is one atomic word per connection ([`Presence`]), written by
+//! the connection's own task as requests start and answers go out; the
+//! list of open connections is locked only to open, close and pick one to
+//! close, which happens at the cap only.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, Instant};
+
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, TryAcquireError};
+
+use super::limits::ServeLimits;
+
+/// How often a new connection held at the cap looks again for one to
+/// close: one may have come out of its grace since, or another worker may
+/// have taken the slot freed for it.
+const LOOK_AGAIN: Duration = Duration::from_millis(50);
+
+/// [`Presence`] states besides waiting: a request is being read, run or
+/// answered.
+const BUSY: u64 = 0;
+/// Its answer is all with hyper, not yet all written to the socket.
+const SENDING: u64 = 1;
+/// Closed to admit another: no request may start.
+const CLOSED: u64 = u64::MAX;
+/// Waiting, closable from `(state - WAITING)` ms after the epoch.
+const WAITING: u64 = 2;
+
+/// The milliseconds since a shared instant, which the states count in.
+#[derive(Debug, Clone, Copy)]
+struct Clock {
+    epoch: Instant,
+}
+
+impl Clock {
+    /// The waiting state closable `grace` from now.
+    fn waiting_for(self, grace: Duration) -> u64 {
+        let from = self.epoch.elapsed() + grace;
+        // Saturating: 584 million years of uptime would be needed.
+        WAITING.saturating_add(u64::try_from(from.as_millis()).unwrap_or(CLOSED - 1))
+    }
+
+    /// The latest waiting state closable now.
+    fn now(self) -> u64 {
+        self.waiting_for(Duration::ZERO)
+    }
+}
+
+/// What the cap knows of one open connection: whether it waits for a
+/// request (and since when it may be closed), and the signal to close it.
+#[derive(Debug)]
+pub(super) struct Presence {
+    state: AtomicU64,
+    closed: Notify,
+    clock: Clock,
+    keep_alive_grace: Duration,
+}
+
+impl Presence {
+    /// A request's headers have arrived: the connection is busy until its
+    /// answer is sent. `false` if it was just closed to admit another: the
+    /// request must not reach the gate (its connection is going).
+    pub fn request_started(&self) -> bool {
+        let busy = |state| (state != CLOSED).then_some(BUSY);
+        self.state
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, busy)
+            .is_ok()
+    }
+
+    /// hyper holds the whole answer (and drops its body): it is sent once
+    /// hyper's buffer is written out ([`Self::flushed`]).
+    pub fn answer_handed_over(&self) {
+        let _ = self
+            .state
+            .compare_exchange(BUSY, SENDING, Ordering::AcqRel, Ordering::Acquire);
+    }
+
+    /// Everything hyper had to write is written: an answer handed over is
+    /// sent, and the connection waits for its next request.
+    pub fn flushed(&self) {
+        if self.state.load(Ordering::Acquire) != SENDING {
+            return;
+        }
+        let waiting = self.clock.waiting_for(self.keep_alive_grace);
+        let _ =
+            (self.state).compare_exchange(SENDING, waiting, Ordering::AcqRel, Ordering::Acquire);
+    }
+
+    /// Completes once the connection is closed to admit another.
+    pub async fn closed(&self) {
+        self.closed.notified().await;
+    }
+
+    /// Its waiting state, if it waits and may be closed by `now`.
+    fn closable(&self, now: u64) -> Option<u64> {
+        let state = self.state.load(Ordering::Acquire);
+        (WAITING..=now).contains(&state).then_some(state)
+    }
+
+    /// Closes it if it is still in `state`; whether it did.
+    fn close_if(&self, state: u64) -> bool {
+        let closed = self
+            .state
+            .compare_exchange(state, CLOSED, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok();
+        if closed {
+            // Kept for the task if it is not waiting on it yet.
+            self.closed.notify_one();
+        }
+        closed
+    }
+}
+
+/// The connection slots every worker shares, and the open connections.
+#[derive(Debug)]
+pub(super) struct Admission {
+    slots: Arc<Semaphore>,
+    open: Mutex<HashMap<u64, Arc<Presence>>>,
+    next_id: AtomicU64,
+    clock: Clock,
+    new_connection_grace: Duration,
+    keep_alive_grace: Duration,
+}
+
+/// An admitted connection's place among the open ones, left when dropped.
+#[derive(Debug)]
+pub(super) struct Registration {
+    admission: Arc<Admission>,
+    id: u64,
+    presence: Arc<Presence>,
+}
+
+impl Registration {
+    pub fn presence(&self) -> &Arc<Presence> {
+        &self.presence
+    }
+}
+
+impl Drop for Registration {
+    fn drop(&mut self) {
+        self.admission.open_connections().remove(&self.id);
+    }
+}
+
+impl Admission {
+    /// [`ServeLimits::max_connections`] slots (at least one).
+    pub fn new(limits: &ServeLimits) -> Arc<Self> {
+        Arc::new(Self {
+            slots: Arc::new(Semaphore::new(limits.max_connections.max(1))),
+            open: Mutex::default(),
+            next_id: AtomicU64::new(0),
+            clock: Clock {
+                epoch: Instant::now(),
+            },
+            new_connection_grace: limits.new_connection_grace,
+            keep_alive_grace: limits.keep_alive_grace,
+        })
+    }
+
+    /// A slot for a connection just accepted, and its registration as
+    /// waiting for its first request: a free slot, else the slot of the
+    /// connection that has waited longest (closed for it), else the next
+    /// slot to free. `None` once the slots are closed.
+    pub async fn admit(self: &Arc<Self>) -> Option<(OwnedSemaphorePermit, Registration)> {
+        let permit = self.slot().await?;
+        let presence = Arc::new(Presence {
+            state: AtomicU64::new(self.clock.waiting_for(self.new_connection_grace)),
+            closed: Notify::new(),
+            clock: self.clock,
+            keep_alive_grace: self.keep_alive_grace,
+        });
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        self.open_connections().insert(id, presence.clone());
+        let admission = self.clone();
+        Some((
+            permit,
+            Registration {
+                admission,
+                id,
+                presence,
+            },
+        ))
+    }
+
+    /// A free slot, making one if none is. A closed connection's slot frees
+    /// once its task has run; if another worker takes it first, or none
+    /// could be closed yet, this looks again every [`LOOK_AGAIN`].
+    async fn slot(&self) -> Option<OwnedSemaphorePermit> {
+        loop {
+            match self.slots.clone().try_acquire_owned() {
+                Ok(permit) => return Some(permit),
+                Err(TryAcquireError::Closed) => return None,
+                Err(TryAcquireError::NoPermits) => {}
+            }
+            if self.close_longest_waiting() {
+                tracing::debug!("at the connection cap: closed the longest waiting connection");
+            }
+            let freed = tokio::time::timeout(LOOK_AGAIN, self.slots.clone().acquire_owned());
+            if let Ok(permit) = freed.await {
+                return permit.ok();
+            }
+        }
+    }
+
+    /// Closes the connection that has waited longest for a request, past
+    /// its grace; whether there was one.
+    fn close_longest_waiting(&self) -> bool {
+        let now = self.clock.now();
+        let open = self.open_connections();
+        loop {
+            let longest = open
+                .values()
+                .filter_map(|p| Some((p.closable(now)?, p)))
+                .min_by_key(|(state, _)| *state);
+            let Some((state, presence)) = longest else {
+                return false;
+            };
+            if presence.close_if(state) {
+                return true;
+            }
+            // A request started on it meanwhile: look again.
+        }
+    }
+
+    fn open_connections(&self) -> MutexGuard<'_, HashMap<u64, Arc<Presence>>> {
+        self.open.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    type Admitted = (OwnedSemaphorePermit, Registration);
+
+    /// Slots for `cap` connections, with the graces given in ms.
+    fn admission(cap: usize, new_ms: u64, keep_alive_ms: u64) -> Arc<Admission> {
+        Admission::new(&ServeLimits {
+            max_connections: cap,
+            new_connection_grace: Duration::from_millis(new_ms),
+            keep_alive_grace: Duration::from_millis(keep_alive_ms),
+            ..ServeLimits::default()
+        })
+    }
+
+    async fn admitted(admission: &Arc<Admission>) -> Admitted {
+        admission.admit().await.expect("open slots")
+    }
+
+    /// Whether `connection` is closed within `within`.
+    async fn closed_within(connection: &Admitted, within: u64) -> bool {
+        let closed = connection.1.presence().closed();
+        tokio::time::timeout(Duration::from_millis(within), closed)
+            .await
+            .is_ok()
+    }
+
+    /// Admits a connection at the cap once `victim` has given way (its task
+    /// ends when it is closed), within `within` ms.
+    async fn admitted_for(admission: &Arc<Admission>, victim: Admitted, within: u64) -> Admitted {
+        let admitting = tokio::spawn({
+            let admission = admission.clone();
+            async move { admitted(&admission).await }
+        });
+        assert!(closed_within(&victim, within).await, "not closed");
+        drop(victim);
+        admitting.await.unwrap()
+    }
+
+    /// At the cap, the connection waiting longest for a request gives way
+    /// to a new one; a busy one never does, and a request can no longer
+    /// start on the one closed.
+    #[tokio::test]
+    async fn the_longest_waiting_connection_gives_way() {
+        let admission = admission(3, 0, 0);
+        let busy = admitted(&admission).await;
+        let oldest = admitted(&admission).await;
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        let newer = admitted(&admission).await;
+        assert!(busy.1.presence().request_started());
+        let presence = oldest.1.presence().clone();
+        let _new = admitted_for(&admission, oldest, 500).await;
+        assert!(!presence.request_started(), "closed for another");
+        assert!(!closed_within(&busy, 10).await);
+        assert!(!closed_within(&newer, 10).await);
+    }
+
+    /// A connection within its grace keeps its slot: a new one waits until
+    /// the grace is over, or for a slot to free.
+    #[tokio::test]
+    async fn a_connection_within_its_grace_keeps_its_slot() {
+        let admission = admission(1, 200, 0);
+        let young = admitted(&admission).await;
+        let started = Instant::now();
+        let _new = admitted_for(&admission, young, 1_000).await;
+        let waited = started.elapsed();
+        assert!(waited >= Duration::from_millis(200), "{waited:?}");
+    }
+
+    /// A busy connection gives way only once its answer is sent and it has
+    /// then waited its keep-alive grace for the next request.
+    #[tokio::test]
+    async fn a_keep_alive_connection_gives_way_after_its_grace() {
+        let admission = admission(1, 0, 200);
+        let client = admitted(&admission).await;
+        let presence = client.1.presence().clone();
+        assert!(presence.request_started());
+        let admitting = tokio::spawn({
+            let admission = admission.clone();
+            async move { admitted(&admission).await }
+        });
+        assert!(!closed_within(&client, 300).await, "busy");
+        presence.answer_handed_over();
+        assert!(!closed_within(&client, 100).await, "its answer is not sent");
+        presence.flushed();
+        let sent = Instant::now();
+        assert!(closed_within(&client, 1_000).await, "idle past its grace");
+        assert!(sent.elapsed() >= Duration::from_millis(150));
+        drop(client);
+        let _new = admitting.await.unwrap();
+    }
+}

@@ -1,0 +1,112 @@
+//! How a connection's [`Presence`] learns that its answer is out: hyper
+//! drops the response body once it holds all of it ([`Answer`]), and
+//! flushes the socket once it has written all it holds ([`Flushed`]). Only
+//! then does the connection wait for its next request, and only then may
+//! it be closed to admit another: an answer is never cut off by that.
+
+use std::convert::Infallible;
+use std::io::IoSlice;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll, ready};
+
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper::body::{Body, Frame, SizeHint};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+
+use super::admission::Presence;
+
+/// A response body that tells its connection's [`Presence`] when hyper is
+/// done with it.
+pub(super) struct Answer {
+    body: Full<Bytes>,
+    presence: Arc<Presence>,
+}
+
+impl Answer {
+    pub fn new(body: Full<Bytes>, presence: Arc<Presence>) -> Self {
+        Self { body, presence }
+    }
+}
+
+impl Body for Answer {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        Pin::new(&mut self.body).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.body.size_hint()
+    }
+}
+
+impl Drop for Answer {
+    fn drop(&mut self) {
+        self.presence.answer_handed_over();
+    }
+}
+
+/// A connection's socket that tells its [`Presence`] of every flush that
+/// completes: hyper flushes the socket only once its own buffer is written.
+pub(super) struct Flushed<T> {
+    io: T,
+    presence: Arc<Presence>,
+}
+
+impl<T> Flushed<T> {
+    pub fn new(io: T, presence: Arc<Presence>) -> Self {
+        Self { io, presence }
+    }
+}
+
+impl<T: AsyncRead + Unpin> AsyncRead for Flushed<T> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.io).poll_read(cx, buf)
+    }
+}
+
+impl<T: AsyncWrite + Unpin> AsyncWrite for Flushed<T> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.io).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.io).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        ready!(Pin::new(&mut self.io).poll_flush(cx))?;
+        self.presence.flushed();
+        Poll::Ready(Ok(()))
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.io).poll_shutdown(cx)
+    }
+}
