@@ -308,13 +308,21 @@ async fn jobs_match_the_published_schema() {
         .keys()
         .map(String::as_str)
         .collect();
-    required.push("trace");
+    // Optional in the schema (older jobs lack them), always written.
+    required.extend(["trace", "lane"]);
     required.sort_unstable();
     fields.sort_unstable();
     assert_eq!(
         required, fields,
         "the schema names every field the gate writes"
     );
+    // An over-quota job names its lane and its tenant too.
+    let over = written
+        .iter()
+        .find(|j| j["lane"] == "over")
+        .expect("an over-quota job");
+    assert!(over["tenant"].is_string(), "{over}");
+    assert!(schema["properties"]["tenant"].is_object());
     for (field, bad) in [
         ("trace", json!({"traceparent": "00-junk"})),
         ("trace", json!({"tracestate": "a=1"})),
@@ -810,4 +818,87 @@ fn wait_exit(
         );
         std::thread::sleep(Duration::from_millis(50));
     }
+}
+
+/// Within quota means at once, also at a busy scanner: one consumer
+/// (`--concurrency 1`, a scan takes 0.2 s) behind a flood of 40 addresses,
+/// each with one scan within quota and 14 over it (paced 1 s apart onto
+/// their `notBefore`). Once the flood's own within-quota scans ran, the
+/// over-quota backlog is long (560 scans, 112 s of scanning), and
+/// within-quota scans of fresh addresses sent 3 s apart each start within
+/// the idle dwell, one scan and some slack of their 202 (first come, first
+/// served, the same scans started 22–89 s late). A modest tenant's
+/// over-quota scan takes its turn within a round of the 40 noisy tenants,
+/// not behind their backlog.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn within_quota_starts_at_once_at_a_busy_scanner() {
+    let rig = StreamRig::start();
+    let vars = [
+        ("QUOTA_ANON", "1"),
+        ("QUOTA_NETWORKS", "off"),
+        ("QUOTA_SOFT_WINDOW", "100"),
+        ("QUOTA_SOFT_DELAY_MS", "1000"),
+        ("QUOTA_DELAY_MODE", "defer"),
+    ];
+    let gate = std::sync::Arc::new(valkey_gate(&rig.valkey, &vars));
+    let args = ["--concurrency", "1", "--lease", "30s"];
+    let _consumer = rig.consume("a", &args, &[("SLEEP", "0.2")]);
+    let scanner = &rig.scanner;
+    // A scan's 202 (as unix ms), its id and its body.
+    let scan = |ip: String| {
+        let gate = gate.clone();
+        async move {
+            let body = json(&gate.handle(scan_from(&ip)).await);
+            (now_ms(), body["scanId"].as_str().unwrap().to_owned(), body)
+        }
+    };
+    // From `since` (unix ms) to the scan's start.
+    let waited = |since: i64, id: String| async move {
+        let deadline = Instant::now() + Duration::from_secs(90);
+        loop {
+            let starts = scanner.of("start");
+            if let Some(line) = starts.iter().find(|l| l.scan_id == id) {
+                return line.at_ms - since;
+            }
+            let errors = scanner.errors_of("a");
+            assert!(Instant::now() < deadline, "{id} never started\n{errors}");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    };
+    let (at, id, _) = scan("192.0.2.250".into()).await;
+    let idle = waited(at, id).await;
+    let flood = (0..40).flat_map(|a| (0..15).map(move |_| format!("198.18.{a}.1")));
+    let flooded = futures_util::future::join_all(flood.map(scan)).await;
+    // The flood's 40 within-quota scans go first: 8 s of scanning.
+    for (at, id, body) in flooded {
+        if body["delayMs"] == 0 {
+            waited(at, id).await;
+        }
+    }
+    // A modest tenant: within quota, then one scan over it, due in 1 s.
+    scan("203.0.113.1".into()).await;
+    let (at, modest, body) = scan("203.0.113.1".into()).await;
+    assert_eq!(body["delayMs"], 1000, "{body}");
+    let modest_due = at + 1000;
+    let backlog = Instant::now() + Duration::from_secs(1);
+    let mut within = Vec::new();
+    for i in 0..4 {
+        tokio::time::sleep_until((backlog + Duration::from_secs(3 * i)).into()).await;
+        let (at, id, _) = scan(format!("192.0.2.{i}")).await;
+        within.push(waited(at, id).await);
+    }
+    let modest_late = waited(modest_due, modest).await;
+    println!(
+        "idle dwell {idle} ms; within-quota dwell {within:?} ms; modest over-quota wait {modest_late} ms"
+    );
+    let bound = idle + 200 + 400;
+    assert!(
+        within.iter().all(|d| *d <= bound),
+        "within-quota dwell {within:?} ms, idle {idle} ms, bound {bound} ms"
+    );
+    // A round: the 40 noisy tenants and the within-quota scans, 0.2 s each.
+    assert!(
+        modest_late <= 45 * 250,
+        "the modest over-quota scan waited {modest_late} ms"
+    );
 }

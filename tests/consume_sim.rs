@@ -58,7 +58,7 @@ use quota_gate::io::connection::SendError;
 use quota_gate::rules::job::ScanJob;
 use quota_gate::rules::unix::UnixMillis;
 use quota_gate_testkit::sim::wire::Rng;
-use tokio::sync::{Semaphore, watch};
+use tokio::sync::watch;
 use tokio::time::Instant;
 use uuid::Uuid;
 
@@ -680,7 +680,7 @@ fn consumer(world: &Arc<World>, me: usize, pid: usize) -> tokio::task::JoinHandl
             slot: me,
             pid,
         },
-        run_slots: Arc::new(Semaphore::new(concurrency)),
+        run_slots: quota_gate::consume::slots::RunSlots::new(concurrency, 4),
         policy: RetryPolicy {
             max_attempts: std::num::NonZeroU32::new(3).unwrap(),
             base: Duration::from_secs(1),

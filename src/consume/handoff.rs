@@ -36,7 +36,7 @@ use http_body_util::{BodyExt, Full};
 use rustix::process::{Pid, Signal, kill_process, kill_process_group};
 use tokio::io::AsyncWriteExt;
 
-use super::schedule::Stop;
+use super::schedule::{HandOff, Stop};
 use super::source::Delivery;
 use crate::rules::trace::{
     TRACEPARENT, TRACEPARENT_ENV, TRACESTATE, TRACESTATE_ENV, TraceContext, XRAY_ENV, XRAY_HEADER,
@@ -315,5 +315,22 @@ async fn post<H>(uri: &http::Uri, d: &Delivery<H>, attempt: u64) -> Result<(), S
         Ok(())
     } else {
         Err(format!("scanner answered {status}"))
+    }
+}
+
+/// How a hand-off ended, as [`schedule::after_hand_off`] takes it.
+pub(super) fn hand_off_of(ended: &Result<(), Ended>) -> HandOff {
+    match ended {
+        Ok(()) => HandOff::Took,
+        Err(Ended::Failed(_)) => HandOff::Refused,
+        Err(Ended::Stopped(stop)) => HandOff::Stopped(*stop),
+    }
+}
+
+/// The error a dead-lettered job is given up with.
+pub(super) fn error_of(ended: &Result<(), Ended>) -> String {
+    match ended {
+        Ok(()) => String::new(),
+        Err(e) => e.to_string(),
     }
 }

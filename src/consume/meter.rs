@@ -1,8 +1,9 @@
 //! What the consumer did, as metrics, in the gate's two forms: an EMF line
 //! per event on stdout (through the non-blocking stdout writer, off with
 //! `--no-emf`) and the `metrics` facade, rendered as Prometheus text when
-//! `--metrics-listen` is given. The only dimension is `Source` (`stream`,
-//! `sqs`, `stdin`); no scanId, digest or image in any metric. The lines are
+//! `--metrics-listen` is given. The dimension is `Source` (`stream`,
+//! `sqs`, `stdin`), and for the lateness (the dwell from due to start) also
+//! `Lane` (`within`, `over`); no scanId, digest or image in any metric. The lines are
 //! built and written by the gate's one EMF writer ([`crate::io::meter::emf`]).
 
 use std::sync::Arc;
@@ -10,6 +11,7 @@ use std::sync::atomic::{AtomicI64, Ordering};
 
 use crate::io::meter::emf::{self, Line, Sink, Unit};
 use crate::io::stdout::LineWriter;
+use crate::rules::job::Lane;
 
 pub const STARTED: &str = "stella_consumer_jobs_started_total";
 pub const SUCCEEDED: &str = "stella_consumer_jobs_succeeded_total";
@@ -37,7 +39,7 @@ pub const LATENESS_BUCKETS_MS: [f64; 10] = [
 /// One thing that happened to a job.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Event {
-    Started { lateness_ms: i64 },
+    Started { lateness_ms: i64, lane: Lane },
     Succeeded,
     Failed,
     DeadLettered,
@@ -93,8 +95,10 @@ impl ConsumeMeter {
     pub fn record(&self, event: Event) {
         let source = self.source;
         let name = match event {
-            Event::Started { lateness_ms } => {
-                metrics::histogram!(LATENESS_MS, "source" => source).record(lateness_ms as f64);
+            Event::Started { lateness_ms, lane } => {
+                let lane = lane.as_str();
+                metrics::histogram!(LATENESS_MS, "source" => source, "lane" => lane)
+                    .record(lateness_ms as f64);
                 STARTED
             }
             Event::Succeeded => SUCCEEDED,
@@ -113,18 +117,27 @@ impl ConsumeMeter {
     /// The EMF document for one event, named `name`, at `timestamp_ms`.
     fn emf_line(&self, event: Event, name: &str, timestamp_ms: i64) -> String {
         let mut declared = vec![(name, Unit::Count), (HELD, Unit::Count)];
-        let lateness = match event {
-            Event::Started { lateness_ms } => Some(lateness_ms),
+        let started = match event {
+            Event::Started { lateness_ms, lane } => Some((lateness_ms, lane)),
             _ => None,
         };
-        if lateness.is_some() {
+        if started.is_some() {
             declared.push((LATENESS_MS, Unit::Milliseconds));
         }
-        let directive = emf::directive(&self.namespace, "Source", &declared);
+        let directive = match started {
+            // The dwell per lane too: the same metrics under Source and Lane.
+            Some(_) => emf::directive_by(
+                &self.namespace,
+                &[&["Source"], &["Source", "Lane"]],
+                &declared,
+            ),
+            None => emf::directive(&self.namespace, "Source", &declared),
+        };
         let mut line = Line::start(timestamp_ms, &directive, "Source", self.source);
         line.number(name, 1u64);
         line.number(HELD, self.held.load(Ordering::Relaxed));
-        if let Some(lateness_ms) = lateness {
+        if let Some((lateness_ms, lane)) = started {
+            line.text("Lane", lane.as_str());
             line.number(LATENESS_MS, lateness_ms);
         }
         line.finish()
@@ -137,19 +150,23 @@ mod tests {
 
     use super::*;
 
-    /// A started job's line declares its counter, the held gauge and the lateness, dimension Source only.
+    /// A started job's line declares its counter, the held gauge and the lateness, by Source and by Source and Lane.
     #[test]
     fn emf_shape() {
         let meter = ConsumeMeter::new("StellaOps/Quota", "stream", false);
         meter.held(2);
         let line = meter.emf_line(
-            Event::Started { lateness_ms: 12 },
+            Event::Started {
+                lateness_ms: 12,
+                lane: Lane::Over,
+            },
             STARTED,
             1_796_032_800_000,
         );
         let doc: Value = serde_json::from_str(&line).unwrap();
         let cw = &doc["_aws"]["CloudWatchMetrics"][0];
-        assert_eq!(cw["Dimensions"], json!([["Source"]]));
+        assert_eq!(cw["Dimensions"], json!([["Source"], ["Source", "Lane"]]));
+        assert_eq!(doc["Lane"], "over");
         assert_eq!(cw["Metrics"].as_array().unwrap().len(), 3);
         assert_eq!(doc[STARTED], 1);
         assert_eq!(doc[HELD], 2);

@@ -6,7 +6,8 @@
 //! gate writes to (the same `SCAN_QUEUE_URL`, `VALKEY_URL`,
 //! `VALKEY_CLUSTER`, … unless `--from` says otherwise), holds each job until
 //! its `notBefore` in a task of its own (so held jobs never block due ones),
-//! and hands due jobs to the scanner, at most `--concurrency` at once.
+//! and hands due jobs to the scanner, at most `--concurrency` at once,
+//! within-quota ones first ([`slots`]).
 //!
 //! | part | file | what it does |
 //! |---|---|---|
@@ -18,6 +19,7 @@
 //! | markers | [`marker`] | one run per `scanId`: a leased, numbered marker in Valkey (or in process), behind the [`MarkerStore`](marker::MarkerStore) trait |
 //! | hand-off | [`handoff`], [`guard`] | the [`Scanner`](handoff::Scanner) trait: `--exec` under a guard in its own process group, or `--post` |
 //! | leases | [`lease`] | marker tokens, one per attempt; a delivery and its marker renewed every quarter lease, and the watch that stops a scan whose lease is lost |
+//! | run slots | [`slots`] | which due job starts next: within quota first, over-quota tenants in turn, the over lane's share every `--over-every`-th start |
 //! | one job | [`worker`] | hold → run slot → marker → hand-off under a lease watch and a timeout → carries out what [`schedule::after_hand_off`] says |
 //! | metrics | [`meter`] | EMF lines and Prometheus: started, succeeded, failed, dead-lettered, timeouts, leases lost, held, lateness, clock skew |
 //!
@@ -46,6 +48,7 @@ pub mod marker;
 pub mod meter;
 pub mod options;
 pub mod schedule;
+pub mod slots;
 pub mod source;
 pub mod worker;
 
@@ -249,7 +252,7 @@ async fn drive<S: JobSource>(
         source,
         markers,
         scanner: handoff,
-        run_slots: Arc::new(Semaphore::new(args.concurrency.get())),
+        run_slots: slots::RunSlots::new(args.concurrency.get(), args.over_every.get()),
         policy: args.retry_policy(),
         lease: args.lease,
         scan_timeout: args.scan_timeout,

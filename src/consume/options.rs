@@ -41,6 +41,10 @@ pub struct ConsumeArgs {
     /// Hand-offs running at once.
     #[arg(long, default_value = "4")]
     pub concurrency: NonZeroUsize,
+    /// While due jobs of both lanes wait for a slot, every Nth start goes
+    /// to an over-quota job (the rest to within-quota ones, which go first).
+    #[arg(long, default_value = "4")]
+    pub over_every: NonZeroU32,
     /// Jobs read and not yet finished (held or running), at most.
     #[arg(long, default_value = "1024")]
     pub max_held: NonZeroUsize,

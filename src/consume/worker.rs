@@ -22,15 +22,16 @@ use std::ops::ControlFlow::{self, Break, Continue};
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::{Semaphore, watch};
+use tokio::sync::watch;
 
 use super::clock::QueueClock;
 use super::error::ConsumeError;
-use super::handoff::{Attempt, Ended, Scanner};
+use super::handoff::{Attempt, Ended, Scanner, error_of, hand_off_of};
 use super::lease::{Keeper, Tokens};
 use super::marker::{MarkerStore, Markers};
 use super::meter::{ConsumeMeter, Event};
-use super::schedule::{self, Due, HandOff, Next, RetryPolicy, Step, Stop};
+use super::schedule::{self, Due, Next, RetryPolicy, Step, Stop};
+use super::slots::RunSlots;
 use super::source::{Delivery, GivenUp, JobSource};
 
 /// How long to wait before trying again when Valkey (markers, acks) fails.
@@ -46,8 +47,8 @@ pub struct Worker<S: JobSource, X: Scanner, M: MarkerStore = Markers> {
     pub source: S,
     pub markers: M,
     pub scanner: X,
-    /// Hand-offs at once (`--concurrency` permits).
-    pub run_slots: Arc<Semaphore>,
+    /// Hand-offs at once (`--concurrency`), within quota first.
+    pub run_slots: Arc<RunSlots>,
     pub policy: RetryPolicy,
     pub lease: Duration,
     pub scan_timeout: Duration,
@@ -119,8 +120,8 @@ impl<S: JobSource, X: Scanner, M: MarkerStore> Worker<S, X, M> {
                 }
                 continue;
             }
-            let Waited::Done(Ok(slot)) = self.unless_stopping(self.run_slots.acquire()).await
-            else {
+            let slot = self.run_slots.acquire(d.job.lane(), d.job.tenant());
+            let Waited::Done(slot) = self.unless_stopping(slot).await else {
                 return self.source.give_back(&d, Duration::ZERO).await;
             };
             let Some(step) = self.claim(&d, &token).await else {
@@ -130,18 +131,7 @@ impl<S: JobSource, X: Scanner, M: MarkerStore> Worker<S, X, M> {
             };
             let number = match step {
                 Step::Run(number) => number,
-                Step::AckDuplicate => {
-                    self.meter.record(Event::Duplicate);
-                    return self.ack(&d).await;
-                }
-                Step::Drop => {
-                    tracing::warn!(
-                        scan_id = %d.job.scan_id,
-                        "the job's entry is gone from the stream (a failover lost its \
-                         landing): not run; the gate's retry of its key queues it again"
-                    );
-                    return self.ack(&d).await;
-                }
+                Step::AckDuplicate | Step::Drop => return self.let_go(&d, step).await,
                 Step::Later(after) => {
                     drop(slot);
                     if self.later(&d, after, Held::Otherwise).await.is_break() {
@@ -167,6 +157,21 @@ impl<S: JobSource, X: Scanner, M: MarkerStore> Worker<S, X, M> {
                 token = self.tokens.next();
             }
         }
+    }
+
+    /// Lets go of a job not to run: one that ran already (a duplicate), or
+    /// one whose entry is gone from its stream.
+    async fn let_go(&self, d: &Delivery<S::Handle>, step: Step) {
+        if step == Step::AckDuplicate {
+            self.meter.record(Event::Duplicate);
+        } else {
+            tracing::warn!(
+                scan_id = %d.job.scan_id,
+                "the job's entry is gone from the stream (a failover lost its landing): \
+                 not run; the gate's retry of its key queues it again"
+            );
+        }
+        self.ack(d).await
     }
 
     /// Claims `d`'s marker for a new attempt under `token`: the step the
@@ -304,7 +309,8 @@ impl<S: JobSource, X: Scanner, M: MarkerStore> Worker<S, X, M> {
     async fn hand_off(&self, d: &Delivery<S::Handle>, run: Run<'_>) -> Result<(), Ended> {
         self.source.started(d, run.number).await;
         let lateness_ms = self.due(d).lateness_ms();
-        self.meter.record(Event::Started { lateness_ms });
+        let lane = d.job.lane();
+        self.meter.record(Event::Started { lateness_ms, lane });
         tracing::info!(scan_id = %d.job.scan_id, tier = d.job.tier.as_str(), attempt = run.number, "scan started");
         let mut killing = self.killing.clone();
         let stop = async {
@@ -384,23 +390,6 @@ impl<S: JobSource, X: Scanner, M: MarkerStore> Worker<S, X, M> {
             _ = stopping.wait_for(|s| *s) => Waited::Stopping,
             out = fut => Waited::Done(out),
         }
-    }
-}
-
-/// How a hand-off ended, as [`schedule::after_hand_off`] takes it.
-fn hand_off_of(ended: &Result<(), Ended>) -> HandOff {
-    match ended {
-        Ok(()) => HandOff::Took,
-        Err(Ended::Failed(_)) => HandOff::Refused,
-        Err(Ended::Stopped(stop)) => HandOff::Stopped(*stop),
-    }
-}
-
-/// The error a dead-lettered job is given up with.
-fn error_of(ended: &Result<(), Ended>) -> String {
-    match ended {
-        Ok(()) => String::new(),
-        Err(e) => e.to_string(),
     }
 }
 

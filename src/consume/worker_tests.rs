@@ -130,7 +130,7 @@ fn setup_with<M: MarkerStore>(secs: Vec<u64>, markers: M) -> Setup<M> {
             log: fake.clone(),
             clock: clock.clone(),
         },
-        run_slots: Arc::new(Semaphore::new(1)),
+        run_slots: crate::consume::slots::RunSlots::new(1, 4),
         policy: RetryPolicy {
             max_attempts: NonZeroU32::new(2).unwrap(),
             base: Duration::from_secs(1),

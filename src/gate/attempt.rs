@@ -19,7 +19,7 @@ use crate::io::queue::ENQUEUE_TIMEOUT;
 use crate::io::store::{Claim, Lane, PaceLane, QuotaKey, Tally, period_end};
 use crate::rules::decide::{Limits, decide};
 use crate::rules::delay::{self, Bed, BedAsk, DelayPlan};
-use crate::rules::level::{Level, most_severe};
+use crate::rules::level::{Level, LevelName, most_severe};
 use crate::rules::settle::Charge;
 use crate::rules::trace::{TraceContext, TraceId};
 use crate::rules::unix::{UnixMillis, UnixSecs, duration_ms};
@@ -218,6 +218,14 @@ impl Attempt {
             budget_ms: duration_ms(budget),
             max_asleep: policy.max_asleep,
         })
+    }
+
+    /// The key of the line `level` names: the subject's, or a level's.
+    pub fn key_of(&self, level: LevelName) -> &QuotaKey {
+        self.levels
+            .iter()
+            .find(|l| l.name == level)
+            .map_or(&self.key, |l| &l.key)
     }
 
     /// The subject's key and its levels': what a remembered refusal is

@@ -278,7 +278,7 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
             sleep.instrument(step!("sleep", attempt.trace_id())).await;
         }
         // 7: forward, within the answer's deadline.
-        let job = scan.job(&attempt.identity, body, plan, attempt.trace.clone());
+        let job = scan.job(attempt, body, plan, attempt.trace.clone());
         let enqueue = self.enqueue(&job, attempt);
         if let Err(e) = enqueue
             .instrument(step!("enqueue", attempt.trace_id()))

@@ -14,7 +14,7 @@ use crate::io::meter::Metered;
 use crate::io::queue::ScanJob;
 use crate::io::store::Peek;
 use crate::rules::delay::DelayPlan;
-use crate::rules::job::{JobTier, RequestBody};
+use crate::rules::job::{JobTier, Lane, RequestBody};
 use crate::rules::settle::{Charge, Resumed};
 use crate::rules::trace::TraceContext;
 use crate::rules::unix::{UnixMillis, duration_ms};
@@ -79,10 +79,12 @@ impl Scan {
     }
 
     /// The job to queue, carrying the scan's `body` and `trace`, held back
-    /// until `received + plan.total`.
+    /// until `received + plan.total`; over quota, its tenant is the line
+    /// of the level whose decision delayed it (the subject's, or a
+    /// network's), so one network's backlog takes its turn as one.
     pub fn job(
         &self,
-        identity: &Identity,
+        attempt: &Attempt,
         body: RequestBody,
         plan: DelayPlan,
         trace: Option<TraceContext>,
@@ -92,13 +94,17 @@ impl Scan {
             received_ms: self.received_ms,
             plan,
         };
-        scan_job(
-            identity,
+        let mut job = scan_job(
+            &attempt.identity,
             held,
             self.charge.into(),
             self.charge.used(),
             (body, trace),
-        )
+        );
+        if let (Some(Lane::Over), Charge::Counted { level, .. }) = (job.lane, self.charge) {
+            job.tenant = Some(attempt.key_of(level).counter.clone());
+        }
+        job
     }
 
     /// The 202 for its queued `job`. Uncounted, it reports the whole limit
@@ -189,5 +195,7 @@ pub(super) fn scan_job(
         not_before_ms,
         request: body,
         trace,
+        lane: Some(Lane::of(tier, duration_ms(held.plan.total))),
+        tenant: None,
     }
 }

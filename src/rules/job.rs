@@ -128,6 +128,42 @@ pub struct ScanJob {
         deserialize_with = "trace::lenient"
     )]
     pub trace: Option<TraceContext>,
+    /// The line it waits in at the scanner; absent in jobs written before
+    /// it existed, which [`ScanJob::lane`] reads from the tier and delay.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lane: Option<Lane>,
+    /// An over-quota job's tenant: an opaque id (a keyed digest) of the
+    /// subject or network whose line paced it; over-quota jobs of one
+    /// tenant take their turn together.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tenant: Option<String>,
+}
+
+/// Which line a job waits in at the scanner: within quota, which starts
+/// first, or over it ([`crate::consume::slots`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Lane {
+    Within,
+    Over,
+}
+
+impl Lane {
+    /// The lane of a job of `tier` that owes `delay_ms`: over quota only
+    /// where the gate delayed it (a shadow-mode verdict delays nothing).
+    pub fn of(tier: JobTier, delay_ms: u64) -> Self {
+        match tier {
+            JobTier::Soft | JobTier::Hard if delay_ms > 0 => Self::Over,
+            _ => Self::Within,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Within => "within",
+            Self::Over => "over",
+        }
+    }
 }
 
 /// A scan request's JSON body as the client sent it: key order, repeated
@@ -272,6 +308,17 @@ impl ScanJob {
     pub fn image(&self) -> Option<String> {
         self.request.image()
     }
+
+    /// The line it waits in at the scanner.
+    pub fn lane(&self) -> Lane {
+        self.lane
+            .unwrap_or_else(|| Lane::of(self.tier, self.delay_ms))
+    }
+
+    /// Whose turn it takes in the over lane: its tenant, else its subject.
+    pub fn tenant(&self) -> &str {
+        self.tenant.as_deref().unwrap_or(&self.digest)
+    }
 }
 
 #[cfg(test)]
@@ -297,6 +344,8 @@ mod tests {
                 "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
                 Some("a=1"),
             ),
+            lane: Some(Lane::Over),
+            tenant: Some("quota:net:{t}".into()),
         }
     }
 
@@ -350,5 +399,22 @@ mod tests {
         let mut old = base.clone();
         old.as_object_mut().unwrap().remove("version");
         assert_eq!(ScanJob::from_json(&old.to_string()).unwrap().version, 1);
+    }
+
+    /// A job written before lanes read its lane from its tier and delay
+    /// (a shadow-mode verdict, never delayed, is within), and its subject
+    /// as its tenant.
+    #[test]
+    fn lanes_of_older_jobs() {
+        let mut old = serde_json::to_value(job()).unwrap();
+        let fields = old.as_object_mut().unwrap();
+        fields.remove("lane");
+        fields.remove("tenant");
+        let job = ScanJob::from_json(&old.to_string()).unwrap();
+        assert_eq!((job.lane(), job.tenant()), (Lane::Over, "d"));
+        assert_eq!(Lane::of(JobTier::Soft, 0), Lane::Within);
+        assert_eq!(Lane::of(JobTier::Within, 0), Lane::Within);
+        assert_eq!(Lane::of(JobTier::Exempt, 0), Lane::Within);
+        assert_eq!(Lane::of(JobTier::Hard, 1), Lane::Over);
     }
 }

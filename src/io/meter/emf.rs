@@ -44,11 +44,17 @@ impl Unit {
 /// changes after start: build it once per kind of line (building it per
 /// request was half of the gate's own CPU).
 pub fn directive(namespace: &str, dimension: &str, metrics: &[(&str, Unit)]) -> String {
+    directive_by(namespace, &[&[dimension]], metrics)
+}
+
+/// [`directive`] with several dimension sets: the same metrics aggregated
+/// by each.
+pub fn directive_by(namespace: &str, dimensions: &[&[&str]], metrics: &[(&str, Unit)]) -> String {
     let metrics: Vec<Value> = metrics
         .iter()
         .map(|(name, unit)| json!({"Name": name, "Unit": unit.as_str()}))
         .collect();
-    json!([{"Namespace": namespace, "Dimensions": [[dimension]], "Metrics": metrics}]).to_string()
+    json!([{"Namespace": namespace, "Dimensions": dimensions, "Metrics": metrics}]).to_string()
 }
 
 /// One EMF document being written: pieces pushed in turn, numbers by

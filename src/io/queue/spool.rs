@@ -131,6 +131,8 @@ mod tests {
             not_before_ms: 1_796_040_000_000,
             request: serde_json::from_str("{}").unwrap(),
             trace: None,
+            lane: None,
+            tenant: None,
         }
     }
 

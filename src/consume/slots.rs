@@ -1,0 +1,271 @@
+//! The run slots (`--concurrency`): which due job starts next when the
+//! scanner is busy. A within-quota scan is promised "at once", at the
+//! scanner too, so due jobs do not start first come, first served:
+//!
+//! 1. **Within quota first.** A due job of the within lane takes the next
+//!    free slot before any due over-quota job.
+//! 2. **Tenants in turn.** Over-quota jobs wait in one line per tenant
+//!    (the subject or network whose line paced them, the job's `tenant`),
+//!    and the lines are served round-robin: one network's backlog holds
+//!    back another's over-quota scan by at most one start per waiting
+//!    tenant, not by its whole backlog.
+//! 3. **A share for the over lane.** While within-quota jobs wait without
+//!    a break and over-quota ones wait too, every `over_every`-th start
+//!    goes to the over lane (`--over-every`), so within-quota work that
+//!    never stops still leaves over-quota jobs at least one start in
+//!    `over_every`. A within-quota job that finds no other waiting in its
+//!    lane starts next, whatever waits over quota: its wait is the scan
+//!    that frees the slot, no more.
+//!
+//! The rule is [`next_lane`], pure; [`RunSlots`] carries it out: a slot is
+//! handed from the job that ends straight to the waiter the rule picks.
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use tokio::sync::oneshot;
+
+use crate::rules::job::Lane;
+
+/// Which lane the next free slot goes to: `None` when nobody waits.
+/// `since_over` counts the starts given to the within lane since the over
+/// lane's last, while both lanes waited without a break.
+pub fn next_lane(
+    within_waiting: bool,
+    over_waiting: bool,
+    since_over: u32,
+    over_every: u32,
+) -> Option<Lane> {
+    match (within_waiting, over_waiting) {
+        (true, true) if since_over + 1 >= over_every => Some(Lane::Over),
+        (true, _) => Some(Lane::Within),
+        (false, true) => Some(Lane::Over),
+        (false, false) => None,
+    }
+}
+
+/// A job waiting for a slot: where to hand it.
+type Waiter = oneshot::Sender<Slot>;
+
+/// The waiting jobs and the free slots.
+struct State {
+    free: usize,
+    within: VecDeque<Waiter>,
+    /// One line per tenant, in the order they are served.
+    over: VecDeque<(String, VecDeque<Waiter>)>,
+    since_over: u32,
+}
+
+impl State {
+    /// The next waiter by [`next_lane`], taken out of its line.
+    fn next(&mut self, over_every: u32) -> Option<Waiter> {
+        let lane = next_lane(
+            !self.within.is_empty(),
+            !self.over.is_empty(),
+            self.since_over,
+            over_every,
+        )?;
+        match lane {
+            Lane::Within => {
+                let waiter = self.within.pop_front();
+                // The share is owed only while the within line never
+                // empties: a within-quota job that finds it empty starts
+                // next, whatever waits over quota.
+                self.since_over = if self.within.is_empty() || self.over.is_empty() {
+                    0
+                } else {
+                    self.since_over + 1
+                };
+                waiter
+            }
+            Lane::Over => {
+                self.since_over = 0;
+                let (tenant, mut line) = self.over.pop_front()?;
+                let waiter = line.pop_front();
+                // The tenant goes to the back of the round, if it still waits.
+                if !line.is_empty() {
+                    self.over.push_back((tenant, line));
+                }
+                waiter
+            }
+        }
+    }
+
+    fn wait(&mut self, lane: Lane, tenant: &str, waiter: Waiter) {
+        match lane {
+            Lane::Within => self.within.push_back(waiter),
+            Lane::Over => match self.over.iter_mut().find(|(t, _)| t == tenant) {
+                Some((_, line)) => line.push_back(waiter),
+                None => self
+                    .over
+                    .push_back((tenant.to_owned(), VecDeque::from([waiter]))),
+            },
+        }
+    }
+
+    fn waiting(&self) -> bool {
+        !self.within.is_empty() || !self.over.is_empty()
+    }
+}
+
+/// `--concurrency` slots, handed out by the rule above.
+pub struct RunSlots {
+    state: Mutex<State>,
+    over_every: u32,
+}
+
+/// A held slot; it goes to the next waiter when dropped.
+pub struct Slot(Arc<RunSlots>);
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.0.release();
+    }
+}
+
+impl RunSlots {
+    /// `slots` slots, the over lane's share one start in `over_every` (at
+    /// least 1: every start, when nobody within quota waits).
+    pub fn new(slots: usize, over_every: u32) -> Arc<Self> {
+        Arc::new(Self {
+            state: Mutex::new(State {
+                free: slots,
+                within: VecDeque::new(),
+                over: VecDeque::new(),
+                since_over: 0,
+            }),
+            over_every: over_every.max(1),
+        })
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // A panic cannot leave the state half-changed: every change is one
+        // push, pop or count, so a poisoned lock's state is still sound.
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// A slot for a due job of `lane` and `tenant`: at once if one is free
+    /// and nobody waits, else when the rule picks it. Dropping the future
+    /// leaves the line; a slot already handed to it goes on to the next.
+    pub async fn acquire(self: &Arc<Self>, lane: Lane, tenant: &str) -> Slot {
+        let handed = {
+            let mut state = self.lock();
+            if state.free > 0 && !state.waiting() {
+                state.free -= 1;
+                return Slot(self.clone());
+            }
+            let (tx, rx) = oneshot::channel();
+            state.wait(lane, tenant, tx);
+            rx
+        };
+        match handed.await {
+            Ok(slot) => slot,
+            // Never: a waiter is only dropped once it has been sent to.
+            Err(_) => std::future::pending().await,
+        }
+    }
+
+    /// A slot given back: to the next waiter the rule picks, or free.
+    fn release(self: &Arc<Self>) {
+        loop {
+            let waiter = {
+                let mut state = self.lock();
+                match state.next(self.over_every) {
+                    Some(waiter) => waiter,
+                    None => {
+                        state.free += 1;
+                        return;
+                    }
+                }
+            };
+            match waiter.send(Slot(self.clone())) {
+                Ok(()) => return,
+                // Its job stopped waiting: the slot goes on to the next,
+                // without passing through `Drop` (which would release it
+                // a second time).
+                Err(slot) => std::mem::forget(slot),
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    /// The rule's table: within first; the over lane's share every
+    /// `over_every`-th start while both wait; alone, each lane goes.
+    #[test]
+    fn the_rule() {
+        assert_eq!(next_lane(false, false, 0, 4), None);
+        assert_eq!(next_lane(true, false, 9, 4), Some(Lane::Within));
+        assert_eq!(next_lane(false, true, 0, 4), Some(Lane::Over));
+        assert_eq!(next_lane(true, true, 0, 4), Some(Lane::Within));
+        assert_eq!(next_lane(true, true, 2, 4), Some(Lane::Within));
+        assert_eq!(next_lane(true, true, 3, 4), Some(Lane::Over));
+        assert_eq!(next_lane(true, true, 0, 1), Some(Lane::Over));
+    }
+
+    /// With one slot held, waiters start in the rule's order: the
+    /// within-quota job that came last before the over-quota ones that came
+    /// first, tenants in turn (a, b, a, c), and a within job every time the
+    /// share allows.
+    #[tokio::test(start_paused = true)]
+    async fn order_of_starts() {
+        let slots = RunSlots::new(1, 3);
+        let held = slots.acquire(Lane::Within, "-").await;
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let mut tasks = Vec::new();
+        let arrivals = [
+            (Lane::Over, "a", "a1"),
+            (Lane::Over, "a", "a2"),
+            (Lane::Over, "a", "a3"),
+            (Lane::Over, "b", "b1"),
+            (Lane::Over, "c", "c1"),
+            (Lane::Within, "-", "w1"),
+            (Lane::Within, "-", "w2"),
+            (Lane::Within, "-", "w3"),
+        ];
+        for (lane, tenant, name) in arrivals {
+            let (slots, tx) = (slots.clone(), tx.clone());
+            tasks.push(tokio::spawn(async move {
+                let _slot = slots.acquire(lane, tenant).await;
+                tx.send(name).unwrap();
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }));
+            tokio::task::yield_now().await;
+        }
+        drop(held);
+        for task in tasks {
+            task.await.unwrap();
+        }
+        let mut order = Vec::new();
+        while let Ok(name) = rx.try_recv() {
+            order.push(name);
+        }
+        assert_eq!(
+            order,
+            ["w1", "w2", "a1", "w3", "b1", "c1", "a2", "a3"],
+            "within first, the over lane's share every third start, tenants in turn"
+        );
+    }
+
+    /// A waiter that gives up (its job stopped) does not take a slot with
+    /// it: the slot goes on to the next, and comes back free.
+    #[tokio::test(start_paused = true)]
+    async fn a_waiter_that_leaves_takes_no_slot() {
+        let slots = RunSlots::new(1, 4);
+        let held = slots.acquire(Lane::Within, "-").await;
+        let gone = {
+            let slots = slots.clone();
+            tokio::spawn(async move { slots.acquire(Lane::Over, "a").await })
+        };
+        tokio::task::yield_now().await;
+        gone.abort();
+        let _ = gone.await;
+        drop(held);
+        let again = tokio::time::timeout(Duration::from_secs(1), slots.acquire(Lane::Over, "b"));
+        assert!(again.await.is_ok(), "the slot came back free");
+    }
+}
