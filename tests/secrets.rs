@@ -604,7 +604,11 @@ sys.stdout.write(request.url.removeprefix("https://"))
         .arg(credentials.session_token().unwrap_or_default())
         .output()
         .expect("the venv's python (scripts/test installs it)");
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     String::from_utf8(out.stdout).unwrap()
 }
 
@@ -625,7 +629,12 @@ fn iam_token_is_botocores() {
     let long_lived = Credentials::new("AKIAEXAMPLEKEY123456", "c2VjcmV0/key+", None, None, "test");
     for credentials in [&session, &long_lived] {
         for (user, cache, serverless, region) in [
-            ("quota-gate-valkey-gate", "quota-gate-valkey", true, "us-east-1"),
+            (
+                "quota-gate-valkey-gate",
+                "quota-gate-valkey",
+                true,
+                "us-east-1",
+            ),
             ("gate user", "replication-group-1", false, "eu-west-2"),
         ] {
             let request = TokenFor {
@@ -636,8 +645,15 @@ fn iam_token_is_botocores() {
             };
             let time = UNIX_EPOCH + Duration::from_secs(at);
             let ours = token(request, credentials, time).unwrap();
-            assert_eq!(ours, botocore_token(request, credentials, at), "{request:?}");
-            assert!(ours.starts_with(&format!("{cache}/?Action=connect&User=")), "{ours}");
+            assert_eq!(
+                ours,
+                botocore_token(request, credentials, at),
+                "{request:?}"
+            );
+            assert!(
+                ours.starts_with(&format!("{cache}/?Action=connect&User=")),
+                "{ours}"
+            );
             assert_eq!(ours.contains("ResourceType=ServerlessCache"), serverless);
             assert!(ours.contains("X-Amz-Expires=900"), "{ours}");
             let later = token(request, credentials, time + Duration::from_secs(1)).unwrap();

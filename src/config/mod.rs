@@ -255,8 +255,14 @@ mod tests {
             vars.push((var, value));
             config(&vars).map(|_| ()).unwrap_err().var
         };
-        assert_eq!(with("VALKEY_URL", "redis://cache.example:6379"), "VALKEY_AUTH");
-        assert_eq!(with("VALKEY_URL", "rediss://u:p@cache.example:6379"), "VALKEY_URL");
+        assert_eq!(
+            with("VALKEY_URL", "redis://cache.example:6379"),
+            "VALKEY_AUTH"
+        );
+        assert_eq!(
+            with("VALKEY_URL", "rediss://u:p@cache.example:6379"),
+            "VALKEY_URL"
+        );
         assert_eq!(with("VALKEY_USER", ""), "VALKEY_USER");
         assert_eq!(with("VALKEY_CACHE_NAME", ""), "VALKEY_CACHE_NAME");
         assert_eq!(with("VALKEY_AUTH", "token"), "VALKEY_AUTH");

@@ -14,9 +14,7 @@
 
 use std::marker::PhantomData;
 
-use crate::rules::modes::{
-    DelayMode, FailMode, Mode, OnEviction, Pacing, ResetPolicy, ValkeyAuth,
-};
+use crate::rules::modes::{DelayMode, FailMode, Mode, OnEviction, Pacing, ResetPolicy, ValkeyAuth};
 
 /// The longest delay or timeout: 24 h, in milliseconds.
 pub const MAX_MILLIS: u64 = 86_400_000;

@@ -315,9 +315,9 @@ impl Link {
             // A token that could not be signed: the AWS side's reason.
             Some(_) => e.to_string(),
             None => format!(
-                "refused by the server ({e}: WRONGPASS, a token it does not accept: the user is not \
-                 IAM-enabled or not in the cache's user group, or the role lacks elasticache:Connect \
-                 on the cache and the user)"
+                "the server refused the token (WRONGPASS: a token signed wrong or too long ago, a user \
+                 that is not IAM-enabled or not in the cache's user group, or a role without \
+                 elasticache:Connect on the cache and the user; {e})"
             ),
         };
         let why = format!("ElastiCache IAM sign-in as {user} to {cache} failed: {reason}");

@@ -84,7 +84,11 @@ pub struct TokenFor<'a> {
 
 /// ElastiCache's IAM authentication token for `request`, signed with
 /// `credentials` as of `at`: the presigned URL without its `https://`.
-pub fn token(request: TokenFor<'_>, credentials: &Credentials, at: SystemTime) -> Result<String, String> {
+pub fn token(
+    request: TokenFor<'_>,
+    credentials: &Credentials,
+    at: SystemTime,
+) -> Result<String, String> {
     let mut query = format!("Action=connect&User={}", encode(request.user));
     if request.serverless {
         query.push_str("&ResourceType=ServerlessCache");
@@ -115,7 +119,10 @@ pub fn token(request: TokenFor<'_>, credentials: &Credentials, at: SystemTime) -
             query.push_str(&format!("&{name}={}", encode(value)));
         }
     }
-    Ok(format!("{}/?{query}&X-Amz-Signature={signature}", request.cache))
+    Ok(format!(
+        "{}/?{query}&X-Amz-Signature={signature}",
+        request.cache
+    ))
 }
 
 /// RFC 3986 percent-encoding of a query value, as SigV4 (and botocore)
@@ -235,7 +242,9 @@ impl IamSigner {
             .await
             .map_err(|e| format!("no AWS credentials: {}", DisplayErrorContext(e)))?;
         if !lasts(fresh.expiry(), now, LEAST_LEFT) {
-            return Err("the AWS credentials expire within a minute and none fresher are given".into());
+            return Err(
+                "the AWS credentials expire within a minute and none fresher are given".into(),
+            );
         }
         if fresh.expiry().is_some()
             && let Ok(mut held) = self.inner.held.lock()
@@ -347,7 +356,13 @@ mod tests {
             let life = self.lifetimes[n.min(self.lifetimes.len() - 1)];
             let expiry = SystemTime::UNIX_EPOCH + Duration::from_secs(T0 + life);
             let key = format!("AKID{n}");
-            future::ProvideCredentials::ready(Ok(Credentials::new(key, "secret", None, Some(expiry), "test")))
+            future::ProvideCredentials::ready(Ok(Credentials::new(
+                key,
+                "secret",
+                None,
+                Some(expiry),
+                "test",
+            )))
         }
     }
 
@@ -366,9 +381,13 @@ mod tests {
             cache: "quota".into(),
             serverless: true,
         };
-        let clock: Clock =
-            Arc::new(move || SystemTime::UNIX_EPOCH + Duration::from_secs(now.load(Ordering::SeqCst)));
-        (IamSigner::assemble(iam, OnceCell::new_with(Some(aws)), clock, RENEW_EVERY), asked)
+        let clock: Clock = Arc::new(move || {
+            SystemTime::UNIX_EPOCH + Duration::from_secs(now.load(Ordering::SeqCst))
+        });
+        (
+            IamSigner::assemble(iam, OnceCell::new_with(Some(aws)), clock, RENEW_EVERY),
+            asked,
+        )
     }
 
     /// Credentials are kept while they outlast a token, and asked for again
@@ -408,7 +427,11 @@ mod tests {
         let start = tokio::time::Instant::now();
         let first = stream.next().await.unwrap().unwrap();
         assert_eq!(first.username(), "gate");
-        assert!(first.password().starts_with("quota/?Action=connect&User=gate"));
+        assert!(
+            first
+                .password()
+                .starts_with("quota/?Action=connect&User=gate")
+        );
         assert_eq!(start.elapsed(), Duration::ZERO);
         stream.next().await.unwrap().unwrap();
         assert_eq!(start.elapsed(), RENEW_EVERY);
