@@ -358,26 +358,8 @@ impl IamRig {
     /// signed as of the rig's clock (less `skew` seconds), renewed every `renew`.
     fn valkey(&self, skew: u64, renew: Duration) -> (quota_gate::config::Config, Valkey) {
         let (url, ca) = (self.proxy.url(), self.pki.ca());
-        let config = config(&[
-            ("VALKEY_URL", &url),
-            ("VALKEY_TLS_CA", &ca),
-            ("VALKEY_AUTH", "iam"),
-            ("VALKEY_USER", IAM_USER),
-            ("VALKEY_CACHE_NAME", IAM_CACHE),
-            ("VALKEY_CACHE_SERVERLESS", "true"),
-            ("SCAN_QUEUE_URL", "valkey-stream:jobs"),
-            ("QUOTA_STORE_TIMEOUT_MS", "2000"),
-        ]);
-        let iam: IamConfig = config.store.valkey.as_ref().unwrap().iam.clone().unwrap();
-        let now = self.now.clone();
-        let clock =
-            Arc::new(move || UNIX_EPOCH + Duration::from_secs(now.load(Ordering::SeqCst) - skew));
-        let provider = SharedCredentialsProvider::new(credentials());
-        let signer = IamSigner::for_tests(iam, provider, "us-east-1", clock, renew);
-        let valkey = Valkey::from_config_signed(&config, signer)
-            .unwrap()
-            .unwrap();
-        (config, valkey)
+        let vars = [("VALKEY_URL", url.as_str()), ("VALKEY_TLS_CA", ca.as_str())];
+        iam_valkey(&vars, self.now.clone(), skew, renew)
     }
 
     fn gate(&self, renew: Duration) -> Gate<ValkeyStore, StreamQueue> {
@@ -391,6 +373,34 @@ impl IamRig {
         )
         .unwrap()
     }
+}
+
+/// The Valkey `vars` name, signing in as the IAM user, its tokens signed as
+/// of `now` (less `skew` seconds) and renewed every `renew`.
+fn iam_valkey(
+    vars: &[(&str, &str)],
+    now: Arc<AtomicU64>,
+    skew: u64,
+    renew: Duration,
+) -> (quota_gate::config::Config, Valkey) {
+    let iam_vars = [
+        ("VALKEY_AUTH", "iam"),
+        ("VALKEY_USER", IAM_USER),
+        ("VALKEY_CACHE_NAME", IAM_CACHE),
+        ("VALKEY_CACHE_SERVERLESS", "true"),
+        ("SCAN_QUEUE_URL", "valkey-stream:jobs"),
+        ("QUOTA_STORE_TIMEOUT_MS", "2000"),
+    ];
+    let config = config(&with_vars(&iam_vars, vars));
+    let iam: IamConfig = config.store.valkey.as_ref().unwrap().iam.clone().unwrap();
+    let clock =
+        Arc::new(move || UNIX_EPOCH + Duration::from_secs(now.load(Ordering::SeqCst) - skew));
+    let provider = SharedCredentialsProvider::new(credentials());
+    let signer = IamSigner::for_tests(iam, provider, "us-east-1", clock, renew);
+    let valkey = Valkey::from_config_signed(&config, signer)
+        .unwrap()
+        .unwrap();
+    (config, valkey)
 }
 
 /// Scans from `ip` until one is counted, for at most `within`.
@@ -492,4 +502,75 @@ async fn iam_renews_live_connections_and_reconnects_sign_anew() {
         "no reconnect"
     );
     assert_eq!(rig.refused().await, 0, "the reconnect used an old token");
+}
+
+/// As on ElastiCache Serverless: a cluster behind TLS, the IAM user on every
+/// node (ACLs are per node). Every node connection the cluster client opens
+/// signs in with the token, so scans count on all three primaries, each
+/// through a connection of the IAM user, and none is refused.
+#[tokio::test]
+async fn iam_cluster_over_tls() {
+    let pki = TestPki::new("iam-cluster");
+    let tls_ports: Vec<u16> = (0..3).map(|_| free_port()).collect();
+    let cluster = ValkeyCluster::start_with(|i| {
+        vec![
+            "--cluster-announce-port".to_owned(),
+            tls_ports[i].to_string(),
+        ]
+    });
+    let _proxies: Vec<TlsProxy> = cluster
+        .nodes
+        .iter()
+        .zip(&tls_ports)
+        .map(|(node, port)| TlsProxy::start(&pki, *port, node.port))
+        .collect();
+    let password = format!(">{}", iam_token(T0));
+    for node in &cluster.nodes {
+        let mut cmd = redis::cmd("ACL");
+        cmd.arg(&["SETUSER", IAM_USER, "on", "~*", "&*", "+@all", &password]);
+        let () = node.query(&cmd).await;
+    }
+    let (url, ca) = (format!("rediss://127.0.0.1:{}", tls_ports[0]), pki.ca());
+    let vars = [
+        ("VALKEY_URL", url.as_str()),
+        ("VALKEY_TLS_CA", ca.as_str()),
+        ("VALKEY_CLUSTER", "true"),
+    ];
+    let (config, valkey) = iam_valkey(
+        &vars,
+        Arc::new(AtomicU64::new(T0)),
+        0,
+        Duration::from_secs(3600),
+    );
+    let queue = StreamQueue::new(valkey.clone(), "jobs");
+    let gate = Gate::new(
+        config,
+        ValkeyStore::new(valkey),
+        queue,
+        Meter::new("test", None),
+    )
+    .unwrap();
+    for i in 0..30 {
+        let r = gate.handle(scan_from(&format!("198.51.100.{i}"))).await;
+        assert_eq!(r.status(), 202, "scan {i}: {}", json(&r));
+        assert!(
+            r.headers().get("x-stella-quota").is_none(),
+            "scan {i} was not counted"
+        );
+    }
+    assert_eq!(cluster.nodes_holding("quota:*"), 3);
+    // The gate's connection to each primary is the IAM user's (the test's
+    // own connections are the default user's).
+    for (i, node) in cluster.nodes.iter().enumerate() {
+        let clients: String = node.query(redis::cmd("CLIENT").arg("LIST")).await;
+        assert!(
+            clients.contains(&format!("user={IAM_USER}")),
+            "node {i}:\n{clients}"
+        );
+        let stats: String = node.query(redis::cmd("INFO").arg("stats")).await;
+        assert!(
+            stats.contains("acl_access_denied_auth:0"),
+            "node {i} refused a sign-in"
+        );
+    }
 }
