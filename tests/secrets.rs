@@ -10,6 +10,11 @@
 //! `secretsmanager:GetSecretValue` is refused for real. It does not check a
 //! policy's `Resource` for these services, nor KMS key policies, so the
 //! template's grant of one ARN alone is checked by `tests/template.rs`, not here.
+//!
+//! The other credential the gate holds no value of: the ElastiCache IAM
+//! authentication token (`VALKEY_AUTH=iam`), compared byte for byte with what
+//! botocore signs for the same credentials, time, region, cache and user
+//! (its use against a real Valkey is in `tests/tls.rs`).
 
 use quota_gate_testkit as common;
 
@@ -20,11 +25,13 @@ use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, UNIX_EPOCH};
 
+use aws_credential_types::Credentials;
 use common::moto::MotoServer;
 use common::serve::spawn_serve;
 use common::*;
+use quota_gate::io::connection::iam::{TokenFor, token};
 use quota_gate::io::secrets::resolve_with;
 
 const HASH_SECRET: &str = "moto-held-hash-secret-7f3a9c1e5b2d4f60";
@@ -569,4 +576,88 @@ fn lambda_through_cargo_lambda_reads_references() {
     }
     emulator.kill_now();
     drop(valkey);
+}
+
+/// botocore's ElastiCache IAM token (the AWS documentation's Python signer:
+/// `SigV4QueryAuth` on `AWSRequest`, 900 s), its clock frozen at `at`.
+fn botocore_token(request: TokenFor<'_>, credentials: &Credentials, at: u64) -> String {
+    const SCRIPT: &str = r#"
+import datetime, sys
+from unittest import mock
+import botocore.auth, botocore.awsrequest, botocore.credentials
+user, cache, serverless, region, at, key, secret, session = sys.argv[1:]
+params = {"Action": "connect", "User": user}
+if serverless == "true":
+    params["ResourceType"] = "ServerlessCache"
+request = botocore.awsrequest.AWSRequest(method="GET", url=f"https://{cache}/", params=params)
+credentials = botocore.credentials.Credentials(key, secret, session or None)
+now = datetime.datetime.fromtimestamp(int(at), datetime.timezone.utc)
+with mock.patch("botocore.auth.get_current_datetime", return_value=now):
+    botocore.auth.SigV4QueryAuth(credentials, "elasticache", region, expires=900).add_auth(request)
+sys.stdout.write(request.url.removeprefix("https://"))
+"#;
+    let out = Command::new(root().join(".tools/venv/bin/python"))
+        .args(["-c", SCRIPT, request.user, request.cache])
+        .arg(request.serverless.to_string())
+        .args([request.region, &at.to_string()])
+        .args([credentials.access_key_id(), credentials.secret_access_key()])
+        .arg(credentials.session_token().unwrap_or_default())
+        .output()
+        .expect("the venv's python (scripts/test installs it)");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+/// The token is ElastiCache's, byte for byte botocore's: serverless and
+/// not, with and without a session token (one with characters a query must
+/// escape), a user id that must be escaped too. And it is a function of its
+/// time: a second later, another token.
+#[test]
+fn iam_token_is_botocores() {
+    let at = 1_796_083_200; // a fixed instant (UTC midnight), so the test is repeatable
+    let session = Credentials::new(
+        "ASIAEXAMPLEKEY123456",
+        "wJalrXUtnFEMI/K7MDENG+bPxRfiCYEXAMPLEKEY",
+        Some("IQoJb3JpZ2luX2VjE/session+token==".to_owned()),
+        None,
+        "test",
+    );
+    let long_lived = Credentials::new("AKIAEXAMPLEKEY123456", "c2VjcmV0/key+", None, None, "test");
+    for credentials in [&session, &long_lived] {
+        for (user, cache, serverless, region) in [
+            (
+                "quota-gate-valkey-gate",
+                "quota-gate-valkey",
+                true,
+                "us-east-1",
+            ),
+            ("gate user", "replication-group-1", false, "eu-west-2"),
+        ] {
+            let request = TokenFor {
+                user,
+                cache,
+                serverless,
+                region,
+            };
+            let time = UNIX_EPOCH + Duration::from_secs(at);
+            let ours = token(request, credentials, time).unwrap();
+            assert_eq!(
+                ours,
+                botocore_token(request, credentials, at),
+                "{request:?}"
+            );
+            assert!(
+                ours.starts_with(&format!("{cache}/?Action=connect&User=")),
+                "{ours}"
+            );
+            assert_eq!(ours.contains("ResourceType=ServerlessCache"), serverless);
+            assert!(ours.contains("X-Amz-Expires=900"), "{ours}");
+            let later = token(request, credentials, time + Duration::from_secs(1)).unwrap();
+            assert_ne!(later, ours);
+        }
+    }
 }

@@ -125,11 +125,7 @@ fn template_keeps_secrets_out_of_the_environment() {
         .split("Action: secretsmanager:GetSecretValue")
         .nth(1)
         .expect("the function may read its secrets");
-    let resources: Vec<&str> = grant
-        .lines()
-        .skip(2) // the rest of the action's line, `Resource:`
-        .take_while(|l| l.trim_start().starts_with('-'))
-        .collect();
+    let resources = listed(grant);
     assert_eq!(
         resources,
         [
@@ -138,4 +134,123 @@ fn template_keeps_secrets_out_of_the_environment() {
         ]
     );
     assert_eq!(template.matches("Action: secretsmanager:").count(), 1);
+}
+
+/// The items of the list that follows an action's line and its `Resource:`
+/// line: the lines as indented as the first, each an item (`- …`).
+fn listed(grant: &str) -> Vec<&str> {
+    let indent = |l: &str| l.len() - l.trim_start().len();
+    let mut lines = grant.lines().skip(2).peekable(); // the action's line, `Resource:`
+    let first = lines.peek().map_or(0, |l| indent(l));
+    lines
+        .take_while(|l| indent(l) == first && l.trim_start().starts_with('-'))
+        .collect()
+}
+
+/// The block of the top-level key `name` of a section (two spaces in): its
+/// lines up to the next such key.
+fn resource<'a>(template: &'a str, name: &str) -> &'a str {
+    let start = template
+        .find(&format!("\n  {name}:\n"))
+        .unwrap_or_else(|| panic!("template.yaml has no {name}"))
+        + 1;
+    let block = &template[start..];
+    let mut end = 0;
+    for (i, line) in block.split_inclusive('\n').enumerate() {
+        let outdented = !line.starts_with("   ") && !line.trim().is_empty();
+        if i > 0 && outdented && !line.trim_start().starts_with('#') {
+            break;
+        }
+        end += line.len();
+    }
+    &block[..end]
+}
+
+/// The created cache takes IAM sign-in only: it is attached to a user group
+/// of an IAM-enabled gate user and the `default` user every group must hold,
+/// switched off; the function may connect as that user to that cache alone,
+/// and its environment names the user and the cache, no password.
+#[test]
+fn created_cache_takes_iam_sign_in_only() {
+    let template = read("template.yaml");
+    let gate_user = resource(&template, "ValkeyGateUser");
+    for line in [
+        "Type: AWS::ElastiCache::User",
+        "Condition: CreateCache",
+        "UserId: !Sub \"${CacheName}-gate\"",
+        "UserName: !Sub \"${CacheName}-gate\"",
+        "Engine: valkey",
+        "Type: iam",
+        "AccessString: \"on ~* +@all -@dangerous +info\"",
+    ] {
+        assert!(
+            gate_user.contains(line),
+            "ValkeyGateUser lacks {line}:\n{gate_user}"
+        );
+    }
+    let default = resource(&template, "ValkeyDefaultUser");
+    for line in [
+        "UserName: default",
+        "AccessString: \"off -@all\"",
+        "Engine: valkey",
+    ] {
+        assert!(
+            default.contains(line),
+            "ValkeyDefaultUser lacks {line}:\n{default}"
+        );
+    }
+    let group = resource(&template, "ValkeyUserGroup");
+    assert!(
+        group.contains("Type: AWS::ElastiCache::UserGroup"),
+        "{group}"
+    );
+    assert!(
+        group.contains(
+            "UserIds:\n        - !Ref ValkeyDefaultUser\n        - !Ref ValkeyGateUser\n"
+        ),
+        "{group}"
+    );
+    let cache = resource(&template, "ValkeyCache");
+    assert!(
+        cache.contains("UserGroupId: !Ref ValkeyUserGroup"),
+        "{cache}"
+    );
+    let grant = template
+        .split("Action: elasticache:Connect")
+        .nth(1)
+        .expect("the function may connect to its cache");
+    let resources: Vec<&str> = listed(grant).into_iter().map(str::trim).collect();
+    assert_eq!(
+        resources,
+        ["- !GetAtt ValkeyCache.ARN", "- !GetAtt ValkeyGateUser.Arn"]
+    );
+    assert_eq!(template.matches("Action: elasticache:").count(), 1);
+    let function = resource(&template, "QuotaGateFunction");
+    let environment = function.split("      Environment:\n").nth(1).unwrap();
+    let environment = environment.split("      Events:\n").next().unwrap();
+    for line in [
+        "VALKEY_AUTH: !If [IamAuth, iam, password]",
+        "VALKEY_USER: !If [IamAuth, !Ref ValkeyGateUser, \"\"]",
+        "VALKEY_CACHE_NAME: !If [IamAuth, !Ref CacheName, \"\"]",
+        "VALKEY_CACHE_SERVERLESS: !If [IamAuth, \"true\", \"false\"]",
+    ] {
+        assert!(environment.contains(line), "the environment lacks {line}");
+    }
+    // Past its comments and the word `password` of VALKEY_AUTH: no password, token or
+    // credentials in a URL.
+    let settings: String = environment
+        .lines()
+        .filter(|l| !l.trim_start().starts_with('#') && !l.contains("VALKEY_AUTH: "))
+        .collect::<Vec<_>>()
+        .join("\n")
+        .to_lowercase();
+    for word in ["password", "authtoken", "auth_token", "@"] {
+        assert!(
+            !settings.contains(word),
+            "a password in the environment ({word})"
+        );
+    }
+    assert!(template.contains(
+        "  IamAuth: !And [!Condition UseCreatedCache, !Not [!Condition HasValkeySecret]]\n"
+    ));
 }

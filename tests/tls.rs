@@ -1,16 +1,33 @@
 //! `rediss://` with rustls against real servers: `stunnel4` terminates TLS in
 //! front of `valkey-server` (the pinned build has no TLS of its own), with a
 //! test CA and server certificate made by `openssl` at test time.
+//!
+//! ElastiCache IAM authentication (`VALKEY_AUTH=iam`) against the same: the
+//! Valkey stands in for ElastiCache with an ACL user whose password is the
+//! token expected for a fixed clock and fixed credentials (the token itself
+//! is checked against botocore in `tests/secrets.rs`), so a wrong token is
+//! refused for real. The signer's clock, credentials and renewal interval
+//! are the `testing` feature's (`IamSigner::for_tests`).
 
 use quota_gate_testkit as common;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::time::Duration;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant, UNIX_EPOCH};
 
+use aws_credential_types::Credentials;
+use aws_credential_types::provider::SharedCredentialsProvider;
 use common::cluster::ValkeyCluster;
 use common::*;
+use quota_gate::config::IamConfig;
+use quota_gate::gate::Gate;
 use quota_gate::io::connection::Valkey;
+use quota_gate::io::connection::iam::{IamSigner, TokenFor, token};
+use quota_gate::io::meter::Meter;
+use quota_gate::io::queue::stream::StreamQueue;
+use quota_gate::io::store::valkey::ValkeyStore;
 
 /// A throw-away CA and a server certificate for 127.0.0.1 and localhost.
 struct TestPki {
@@ -264,4 +281,296 @@ async fn cluster_over_tls() {
     let mut conn = gate.store().valkey().connection().await.unwrap();
     let jobs: u64 = redis::AsyncCommands::xlen(&mut conn, "jobs").await.unwrap();
     assert_eq!(jobs, 31);
+}
+
+const IAM_USER: &str = "quota-gate-iam";
+const IAM_CACHE: &str = "quota-cache";
+/// The signer's clock at the start, a fixed instant (UTC midnight).
+const T0: u64 = 1_796_083_200;
+
+/// A Valkey behind TLS standing in for ElastiCache, and the clock the
+/// gates' tokens are signed as of.
+struct IamRig {
+    pki: TestPki,
+    server: ValkeyServer,
+    proxy: TlsProxy,
+    now: Arc<AtomicU64>,
+}
+
+fn credentials() -> Credentials {
+    let session = Some("IQoJb3JpZ2luX2VjE/session+token==".to_owned());
+    Credentials::new(
+        "ASIAEXAMPLEKEY123456",
+        "c2VjcmV0/key+",
+        session,
+        None,
+        "test",
+    )
+}
+
+/// The token a signer makes at `at` seconds.
+fn iam_token(at: u64) -> String {
+    let request = TokenFor {
+        user: IAM_USER,
+        cache: IAM_CACHE,
+        serverless: true,
+        region: "us-east-1",
+    };
+    token(
+        request,
+        &credentials(),
+        UNIX_EPOCH + Duration::from_secs(at),
+    )
+    .unwrap()
+}
+
+impl IamRig {
+    fn start(name: &str) -> Self {
+        let pki = TestPki::new(name);
+        let server = ValkeyServer::start();
+        let proxy = TlsProxy::start(&pki, free_port(), server.port);
+        Self {
+            pki,
+            server,
+            proxy,
+            now: Arc::new(AtomicU64::new(T0)),
+        }
+    }
+
+    /// `ACL SETUSER` of the IAM user with `rules` (its passwords).
+    async fn user(&self, rules: &[String]) {
+        let mut cmd = redis::cmd("ACL");
+        cmd.arg(&["SETUSER", IAM_USER, "on", "~*", "&*", "+@all"])
+            .arg(rules);
+        let () = self.server.query(&cmd).await;
+    }
+
+    /// Refused sign-ins so far (`acl_access_denied_auth`).
+    async fn refused(&self) -> u64 {
+        let info: String = self.server.query(redis::cmd("INFO").arg("stats")).await;
+        info.lines()
+            .find_map(|l| l.strip_prefix("acl_access_denied_auth:"))
+            .and_then(|n| n.trim().parse().ok())
+            .unwrap()
+    }
+
+    /// The Valkey of a gate signing in as the IAM user over TLS, its tokens
+    /// signed as of the rig's clock (less `skew` seconds), renewed every `renew`.
+    fn valkey(&self, skew: u64, renew: Duration) -> (quota_gate::config::Config, Valkey) {
+        let (url, ca) = (self.proxy.url(), self.pki.ca());
+        let vars = [("VALKEY_URL", url.as_str()), ("VALKEY_TLS_CA", ca.as_str())];
+        iam_valkey(&vars, self.now.clone(), skew, renew)
+    }
+
+    fn gate(&self, renew: Duration) -> Gate<ValkeyStore, StreamQueue> {
+        let (config, valkey) = self.valkey(0, renew);
+        let queue = StreamQueue::new(valkey.clone(), "jobs");
+        Gate::new(
+            config,
+            ValkeyStore::new(valkey),
+            queue,
+            Meter::new("test", None),
+        )
+        .unwrap()
+    }
+}
+
+/// The Valkey `vars` name, signing in as the IAM user, its tokens signed as
+/// of `now` (less `skew` seconds) and renewed every `renew`.
+fn iam_valkey(
+    vars: &[(&str, &str)],
+    now: Arc<AtomicU64>,
+    skew: u64,
+    renew: Duration,
+) -> (quota_gate::config::Config, Valkey) {
+    let iam_vars = [
+        ("VALKEY_AUTH", "iam"),
+        ("VALKEY_USER", IAM_USER),
+        ("VALKEY_CACHE_NAME", IAM_CACHE),
+        ("VALKEY_CACHE_SERVERLESS", "true"),
+        ("SCAN_QUEUE_URL", "valkey-stream:jobs"),
+        ("QUOTA_STORE_TIMEOUT_MS", "2000"),
+    ];
+    let config = config(&with_vars(&iam_vars, vars));
+    let iam: IamConfig = config.store.valkey.as_ref().unwrap().iam.clone().unwrap();
+    let clock =
+        Arc::new(move || UNIX_EPOCH + Duration::from_secs(now.load(Ordering::SeqCst) - skew));
+    let provider = SharedCredentialsProvider::new(credentials());
+    let signer = IamSigner::for_tests(iam, provider, "us-east-1", clock, renew);
+    let valkey = Valkey::from_config_signed(&config, signer)
+        .unwrap()
+        .unwrap();
+    (config, valkey)
+}
+
+/// Scans from `ip` until one is counted, for at most `within`.
+async fn counted(gate: &Gate<ValkeyStore, StreamQueue>, ip: &str, within: Duration) -> bool {
+    let until = Instant::now() + within;
+    while Instant::now() < until {
+        let r = gate.handle(scan_from(ip)).await;
+        if r.status() == 202 && r.headers().get("x-stella-quota").is_none() {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    false
+}
+
+/// With `VALKEY_AUTH=iam` the gate signs in over TLS with the token of its
+/// clock and counts. A token the server does not take (signed a second
+/// off) is refused: the error names the user and the cache, and a flood of
+/// requests waiting for the connection does not make it retry at once.
+#[tokio::test]
+async fn iam_signs_in_with_its_token_and_a_wrong_one_is_refused() {
+    let rig = IamRig::start("iam");
+    rig.user(&[format!(">{}", iam_token(T0))]).await;
+    let gate = rig.gate(Duration::from_secs(3600));
+    for n in 1..=3u64 {
+        let r = gate.handle(scan_from("203.0.113.9")).await;
+        assert!(r.headers().get("x-stella-quota").is_none(), "counted");
+        assert_eq!(json(&r)["quota"]["used"], n);
+    }
+    assert_eq!(rig.refused().await, 0);
+    let (_, wrong) = rig.valkey(1, Duration::from_secs(3600));
+    let err = wrong
+        .connection()
+        .await
+        .err()
+        .expect("a wrong token is refused");
+    let why = err.to_string();
+    assert!(why.contains(IAM_USER) && why.contains(IAM_CACHE), "{why}");
+    assert!(why.contains("WRONGPASS"), "{why}");
+    for _ in 0..20 {
+        let _ = wrong.connected(Duration::from_millis(100)).await;
+    }
+    // Two seconds of waiting callers: attempts at 0, 1 s and 3 s at most.
+    let refused = rig.refused().await;
+    assert!((1..=3).contains(&refused), "{refused} refused sign-ins");
+}
+
+/// A live connection signs in again before its token runs out, with a new
+/// token, and no request fails meanwhile; a reconnect signs anew.
+#[tokio::test]
+async fn iam_renews_live_connections_and_reconnects_sign_anew() {
+    let rig = IamRig::start("iam-renew");
+    let t1 = T0 + 600;
+    rig.user(&[format!(">{}", iam_token(T0))]).await;
+    let gate = rig.gate(Duration::from_millis(200));
+    assert!(counted(&gate, "203.0.113.10", Duration::from_secs(5)).await);
+    // Ten minutes on: the server takes the new token too, then only it.
+    rig.user(&[format!(">{}", iam_token(t1))]).await;
+    rig.now.store(t1, Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    rig.user(&[format!("<{}", iam_token(T0))]).await;
+    let mut admin = rig.server.client().await;
+    let () = redis::cmd("CONFIG")
+        .arg("RESETSTAT")
+        .query_async(&mut admin)
+        .await
+        .unwrap();
+    for i in 0..30 {
+        let r = gate.handle(scan_from("203.0.113.11")).await;
+        assert!(
+            r.headers().get("x-stella-quota").is_none(),
+            "scan {i} was not counted"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let renewals = command_calls(&mut admin)
+        .await
+        .get("AUTH")
+        .copied()
+        .unwrap_or(0);
+    assert!(renewals >= 3, "{renewals} renewals in 1.5 s");
+    assert_eq!(rig.refused().await, 0, "a renewal used the old token");
+    // A gate that renews hourly, connected on the T1 token; then only a later token is taken.
+    drop(gate);
+    let gate = rig.gate(Duration::from_secs(3600));
+    assert!(counted(&gate, "203.0.113.12", Duration::from_secs(5)).await);
+    let t2 = t1 + 600;
+    rig.user(&["resetpass".to_owned(), format!(">{}", iam_token(t2))])
+        .await;
+    rig.now.store(t2, Ordering::SeqCst);
+    let killed: u64 = redis::cmd("CLIENT")
+        .arg(&["KILL", "USER", IAM_USER])
+        .query_async(&mut admin)
+        .await
+        .unwrap();
+    assert!(killed >= 1);
+    assert!(
+        counted(&gate, "203.0.113.13", Duration::from_secs(5)).await,
+        "no reconnect"
+    );
+    assert_eq!(rig.refused().await, 0, "the reconnect used an old token");
+}
+
+/// As on ElastiCache Serverless: a cluster behind TLS, the IAM user on every
+/// node (ACLs are per node). Every node connection the cluster client opens
+/// signs in with the token, so scans count on all three primaries, each
+/// through a connection of the IAM user, and none is refused.
+#[tokio::test]
+async fn iam_cluster_over_tls() {
+    let pki = TestPki::new("iam-cluster");
+    let tls_ports: Vec<u16> = (0..3).map(|_| free_port()).collect();
+    let cluster = ValkeyCluster::start_with(|i| {
+        vec![
+            "--cluster-announce-port".to_owned(),
+            tls_ports[i].to_string(),
+        ]
+    });
+    let _proxies: Vec<TlsProxy> = cluster
+        .nodes
+        .iter()
+        .zip(&tls_ports)
+        .map(|(node, port)| TlsProxy::start(&pki, *port, node.port))
+        .collect();
+    let password = format!(">{}", iam_token(T0));
+    for node in &cluster.nodes {
+        let mut cmd = redis::cmd("ACL");
+        cmd.arg(&["SETUSER", IAM_USER, "on", "~*", "&*", "+@all", &password]);
+        let () = node.query(&cmd).await;
+    }
+    let (url, ca) = (format!("rediss://127.0.0.1:{}", tls_ports[0]), pki.ca());
+    let vars = [
+        ("VALKEY_URL", url.as_str()),
+        ("VALKEY_TLS_CA", ca.as_str()),
+        ("VALKEY_CLUSTER", "true"),
+    ];
+    let (config, valkey) = iam_valkey(
+        &vars,
+        Arc::new(AtomicU64::new(T0)),
+        0,
+        Duration::from_secs(3600),
+    );
+    let queue = StreamQueue::new(valkey.clone(), "jobs");
+    let gate = Gate::new(
+        config,
+        ValkeyStore::new(valkey),
+        queue,
+        Meter::new("test", None),
+    )
+    .unwrap();
+    for i in 0..30 {
+        let r = gate.handle(scan_from(&format!("198.51.100.{i}"))).await;
+        assert_eq!(r.status(), 202, "scan {i}: {}", json(&r));
+        assert!(
+            r.headers().get("x-stella-quota").is_none(),
+            "scan {i} was not counted"
+        );
+    }
+    assert_eq!(cluster.nodes_holding("quota:*"), 3);
+    // The gate's connection to each primary is the IAM user's (the test's
+    // own connections are the default user's).
+    for (i, node) in cluster.nodes.iter().enumerate() {
+        let clients: String = node.query(redis::cmd("CLIENT").arg("LIST")).await;
+        assert!(
+            clients.contains(&format!("user={IAM_USER}")),
+            "node {i}:\n{clients}"
+        );
+        let stats: String = node.query(redis::cmd("INFO").arg("stats")).await;
+        assert!(
+            stats.contains("acl_access_denied_auth:0"),
+            "node {i} refused a sign-in"
+        );
+    }
 }

@@ -42,7 +42,9 @@ mod serve;
 mod store;
 pub mod vars;
 
-pub use crate::rules::modes::{DelayMode, FailMode, Mode, OnEviction, Pacing, ResetPolicy};
+pub use crate::rules::modes::{
+    DelayMode, FailMode, Mode, OnEviction, Pacing, ResetPolicy, ValkeyAuth,
+};
 pub use error::ConfigError;
 use identity::HashSecret;
 pub use identity::{DEV_HASH_SECRET, IdentityConfig, JwtConfig};
@@ -51,7 +53,7 @@ pub use lookup::ranged_number;
 pub use policy::Policy;
 pub use queue::QueueTarget;
 pub use serve::ServeConfig;
-pub use store::{CaBundle, StoreConfig, ValkeyConfig, is_tls_url};
+pub use store::{CaBundle, IamConfig, StoreConfig, ValkeyConfig, is_tls_url};
 
 /// Every setting of the gate.
 #[derive(Debug, Clone)]
@@ -226,6 +228,48 @@ mod tests {
         ] {
             assert_eq!(config(&vars).unwrap_err().var, "VALKEY_TLS_CA", "{vars:?}");
         }
+    }
+
+    /// `VALKEY_AUTH=iam` needs a TLS URL without credentials, a user and a
+    /// cache; each refusal names its variable, and a user or cache without
+    /// `iam` is refused rather than ignored.
+    #[test]
+    fn iam_auth() {
+        let iam = [
+            ("VALKEY_URL", "rediss://cache.example:6379"),
+            ("VALKEY_AUTH", "iam"),
+            ("VALKEY_USER", "gate"),
+            ("VALKEY_CACHE_NAME", "quota"),
+            ("VALKEY_CACHE_SERVERLESS", "true"),
+        ];
+        let c = config(&iam).unwrap().store.valkey.unwrap();
+        let want = IamConfig {
+            user: "gate".into(),
+            cache: "quota".into(),
+            serverless: true,
+        };
+        assert_eq!(c.iam, Some(want));
+        let with = |var: &str, value: &str| {
+            let mut vars = iam.to_vec();
+            vars.retain(|(k, _)| *k != var);
+            vars.push((var, value));
+            config(&vars).map(|_| ()).unwrap_err().var
+        };
+        assert_eq!(
+            with("VALKEY_URL", "redis://cache.example:6379"),
+            "VALKEY_AUTH"
+        );
+        assert_eq!(
+            with("VALKEY_URL", "rediss://u:p@cache.example:6379"),
+            "VALKEY_URL"
+        );
+        assert_eq!(with("VALKEY_USER", ""), "VALKEY_USER");
+        assert_eq!(with("VALKEY_CACHE_NAME", ""), "VALKEY_CACHE_NAME");
+        assert_eq!(with("VALKEY_AUTH", "token"), "VALKEY_AUTH");
+        assert_eq!(with("VALKEY_AUTH", "password"), "VALKEY_USER");
+        assert_eq!(config(&iam[1..]).unwrap_err().var, "VALKEY_AUTH");
+        let plain = config(&[("VALKEY_URL", "redis://127.0.0.1:6379")]).unwrap();
+        assert_eq!(plain.store.valkey.unwrap().iam, None);
     }
 
     /// Queue targets are told apart by their URL.

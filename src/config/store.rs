@@ -1,12 +1,12 @@
-//! The quota store: the Valkey (its URL, cluster mode, replicas, TLS trust),
-//! its timeout and what to do when it fails.
+//! The quota store: the Valkey (its URL, cluster mode, replicas, TLS trust,
+//! how it authenticates), its timeout and what to do when it fails.
 
 use std::time::Duration;
 
 use super::error::ConfigError;
 use super::lookup::Lookup;
 use super::vars;
-use crate::rules::modes::{FailMode, OnEviction};
+use crate::rules::modes::{FailMode, OnEviction, ValkeyAuth};
 
 /// The quota Valkey.
 #[derive(Clone)]
@@ -17,6 +17,20 @@ pub struct ValkeyConfig {
     pub wait_replicas: u32,
     /// Extra trust for `rediss://`: replaces the platform's roots when set.
     pub tls_ca: Option<CaBundle>,
+    /// ElastiCache IAM authentication (`VALKEY_AUTH=iam`); `None`: the URL's
+    /// own credentials, if any.
+    pub iam: Option<IamConfig>,
+}
+
+/// Whom an ElastiCache IAM authentication token names: the user (its id,
+/// which is also its name) and the cache. No secret: the token is signed
+/// with the process's AWS credentials when a connection is made.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IamConfig {
+    pub user: String,
+    pub cache: String,
+    /// An ElastiCache Serverless cache: the token names its resource type.
+    pub serverless: bool,
 }
 
 impl std::fmt::Debug for ValkeyConfig {
@@ -33,6 +47,7 @@ impl std::fmt::Debug for ValkeyConfig {
             .field("cluster", &self.cluster)
             .field("wait_replicas", &self.wait_replicas)
             .field("tls_ca", &self.tls_ca)
+            .field("iam", &self.iam)
             .finish()
     }
 }
@@ -127,19 +142,53 @@ impl ValkeyConfig {
             .optional(&vars::VALKEY_TLS_CA)
             .map(|path| CaBundle::read(&path))
             .transpose()?;
-        match (valkey, tls_ca) {
-            (None, None) => Ok(None),
-            (Some(v), tls_ca) if tls_ca.is_none() || v.is_tls() => Ok(Some(ValkeyConfig {
+        let iam = IamConfig::from_vars(env)?;
+        let valkey = match (valkey, tls_ca) {
+            (None, None) => None,
+            (Some(v), tls_ca) if tls_ca.is_none() || v.is_tls() => Some(ValkeyConfig {
                 cluster,
                 wait_replicas,
                 tls_ca,
                 ..v
-            })),
-            _ => Err(ConfigError::new(
-                vars::VALKEY_TLS_CA.name(),
-                "needs a rediss:// or valkeys:// VALKEY_URL",
+            }),
+            _ => {
+                return Err(ConfigError::new(
+                    vars::VALKEY_TLS_CA.name(),
+                    "needs a rediss:// or valkeys:// VALKEY_URL",
+                ));
+            }
+        };
+        match (valkey, iam) {
+            (valkey, None) => Ok(valkey),
+            (Some(v), Some(iam)) => v.signed_in(iam).map(Some),
+            (None, Some(_)) => Err(ConfigError::new(
+                vars::VALKEY_AUTH.name(),
+                "iam needs a VALKEY_URL",
             )),
         }
+    }
+
+    /// This Valkey, authenticated by IAM: only over TLS (ElastiCache takes a
+    /// token over TLS only, and it must not cross a network in the clear),
+    /// and with no password of the URL's own beside it.
+    fn signed_in(self, iam: IamConfig) -> Result<Self, ConfigError> {
+        if !self.is_tls() {
+            return Err(ConfigError::new(
+                vars::VALKEY_AUTH.name(),
+                "iam needs a rediss:// or valkeys:// VALKEY_URL (ElastiCache takes a token over TLS only)",
+            ));
+        }
+        let scheme_end = self.url.find("://").map_or(0, |at| at + 3);
+        if self.url[scheme_end..].contains('@') {
+            return Err(ConfigError::new(
+                vars::VALKEY_URL.name(),
+                "carries a user or password, but VALKEY_AUTH=iam signs in with VALKEY_USER and a token",
+            ));
+        }
+        Ok(Self {
+            iam: Some(iam),
+            ..self
+        })
     }
 
     fn parse(url: String) -> Result<Self, ConfigError> {
@@ -155,11 +204,41 @@ impl ValkeyConfig {
             cluster: false,
             wait_replicas: 0,
             tls_ca: None,
+            iam: None,
         })
     }
 
     fn is_tls(&self) -> bool {
         is_tls_url(&self.url)
+    }
+}
+
+impl IamConfig {
+    /// `VALKEY_AUTH` and, with `iam`, whom the token names. `VALKEY_USER`
+    /// and `VALKEY_CACHE_NAME` are refused without `iam`: a password user
+    /// goes in the URL, and a user set beside a URL without one would be
+    /// silently ignored.
+    fn from_vars(env: &Lookup) -> Result<Option<Self>, ConfigError> {
+        let serverless = env.flag(&vars::VALKEY_CACHE_SERVERLESS)?;
+        let user = env.optional(&vars::VALKEY_USER);
+        let cache = env.optional(&vars::VALKEY_CACHE_NAME);
+        let auth = env.word(&vars::VALKEY_AUTH)?;
+        let need = |name: &'static str, value: Option<String>| match (auth, value) {
+            (ValkeyAuth::Iam, Some(v)) => Ok(Some(v)),
+            (ValkeyAuth::Iam, None) => Err(ConfigError::new(name, "required with VALKEY_AUTH=iam")),
+            (ValkeyAuth::Password, None) => Ok(None),
+            (ValkeyAuth::Password, Some(_)) => Err(ConfigError::new(
+                name,
+                "only read with VALKEY_AUTH=iam (a password's user goes in VALKEY_URL)",
+            )),
+        };
+        let user = need(vars::VALKEY_USER.name(), user)?;
+        let cache = need(vars::VALKEY_CACHE_NAME.name(), cache)?;
+        Ok(user.zip(cache).map(|(user, cache)| Self {
+            user,
+            cache,
+            serverless,
+        }))
     }
 }
 

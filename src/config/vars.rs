@@ -14,7 +14,7 @@
 
 use std::marker::PhantomData;
 
-use crate::rules::modes::{DelayMode, FailMode, Mode, OnEviction, Pacing, ResetPolicy};
+use crate::rules::modes::{DelayMode, FailMode, Mode, OnEviction, Pacing, ResetPolicy, ValkeyAuth};
 
 /// The longest delay or timeout: 24 h, in milliseconds.
 pub const MAX_MILLIS: u64 = 86_400_000;
@@ -269,6 +269,17 @@ variables! {
     /// PEM file of CA certificates trusted for `rediss://` (a private CA; ElastiCache needs none);
     /// read at start
     VALKEY_TLS_CA: Var<Optional> = optional("unset → platform roots").applies(Applies::LocalFile);
+    /// `password`: whatever `VALKEY_URL` carries; `iam`: ElastiCache IAM authentication, a token
+    /// signed with the process's AWS credentials for each connection and renewed on live ones (needs
+    /// a TLS `VALKEY_URL` without credentials, `VALKEY_USER` and `VALKEY_CACHE_NAME`; [IAM
+    /// authentication](production.md#iam-authentication))
+    VALKEY_AUTH: Var<Word<ValkeyAuth>> = word("password");
+    /// with `VALKEY_AUTH=iam`: the ElastiCache user id (an IAM-enabled user's name is its id)
+    VALKEY_USER: Var<Optional> = optional("—");
+    /// with `VALKEY_AUTH=iam`: the cache (serverless cache or replication group) the token names
+    VALKEY_CACHE_NAME: Var<Optional> = optional("—");
+    /// with `VALKEY_AUTH=iam`: the cache is ElastiCache Serverless (the token says so)
+    VALKEY_CACHE_SERVERLESS: Var<Flag> = flag("false");
     /// bound on every Valkey call
     QUOTA_STORE_TIMEOUT_MS: Var<Whole> = number("100", 1, MAX_MILLIS);
     /// `open`: accept unmetered, mark `X-Stella-Quota: unavailable`; `closed`: 503 + `Retry-After`

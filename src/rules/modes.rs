@@ -103,3 +103,14 @@ word_setting! {
         Refuse = "refuse",
     }
 }
+
+word_setting! {
+    /// How a connection to the quota Valkey authenticates.
+    ValkeyAuth {
+        /// With whatever `VALKEY_URL` carries (a user and password, or nothing).
+        Password = "password",
+        /// ElastiCache IAM authentication: a token signed with the process's
+        /// AWS credentials, fresh for each connection and renewed on live ones.
+        Iam = "iam",
+    }
+}

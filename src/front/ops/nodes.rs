@@ -34,7 +34,7 @@ pub async fn primaries(valkey: &Valkey) -> RedisResult<Vec<(String, u16)>> {
 }
 
 /// A standalone connection to one node at `host:port`, with the same
-/// credentials, TLS trust and timeouts as the configured URL.
+/// credentials (or IAM sign-in), TLS trust and timeouts as the configured URL.
 pub async fn node_connection(valkey: &Valkey, host: &str, port: u16) -> RedisResult<Connection> {
     let addr = match valkey.info().addr() {
         ConnectionAddr::TcpTls { insecure, .. } => ConnectionAddr::TcpTls {
@@ -46,9 +46,11 @@ pub async fn node_connection(valkey: &Valkey, host: &str, port: u16) -> RedisRes
         _ => ConnectionAddr::Tcp(host.to_owned(), port),
     };
     let client = client_for(valkey.info().clone().set_addr(addr), valkey.tls())?;
-    let config = redis::AsyncConnectionConfig::new()
-        .set_connection_timeout(Some(valkey.timeout()))
-        .set_response_timeout(Some(valkey.timeout()));
+    let config = valkey.signed_in(
+        redis::AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(valkey.timeout()))
+            .set_response_timeout(Some(valkey.timeout())),
+    );
     Ok(Connection::Standalone(
         client
             .get_multiplexed_async_connection_with_config(&config)

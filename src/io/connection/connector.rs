@@ -16,12 +16,15 @@ use redis::aio::{ConnectionLike, MultiplexedConnection};
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
 use redis::{
-    AsyncConnectionConfig, Cmd, ConnectionInfo, Pipeline, RedisFuture, RedisResult,
-    TlsCertificates, Value,
+    AsyncConnectionConfig, Cmd, ConnectionInfo, ErrorKind, Pipeline, RedisError, RedisFuture,
+    RedisResult, TlsCertificates, Value,
 };
 use tokio::runtime::RuntimeFlavor;
 use tokio::sync::{Notify, watch};
 use tokio::time::timeout;
+
+use super::iam::IamSigner;
+use crate::config::IamConfig;
 
 /// The least time a connection attempt is given, whatever the store
 /// timeout: a TLS handshake to a cluster can outlast 100 ms, and an attempt
@@ -32,6 +35,13 @@ pub(super) const MIN_CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 /// second, and cut short whenever a request needs the connection.
 const RETRY_FIRST: Duration = Duration::from_millis(50);
 const RETRY_MOST: Duration = Duration::from_secs(2);
+
+/// Waits after a sign-in that failed (a token refused, or none signed),
+/// doubling, and not cut short by a waiting request: a retry at once would
+/// be refused again until the credentials, the user or its permission
+/// change, and every request of a flood would send one.
+const AUTH_RETRY_FIRST: Duration = Duration::from_secs(1);
+const AUTH_RETRY_MOST: Duration = Duration::from_secs(30);
 
 /// A cheap, cloneable handle on the quota Valkey.
 #[derive(Clone)]
@@ -45,6 +55,8 @@ pub(super) struct Inner {
     /// for the per-primary connections a cluster purge opens (`ops::nodes`).
     info: ConnectionInfo,
     tls: Option<TlsCertificates>,
+    /// ElastiCache IAM authentication, when `VALKEY_AUTH=iam`.
+    iam: Option<IamSigner>,
     pub(super) timeout: Duration,
     pub(super) link: Arc<Link>,
     /// Held so the connector sees a reader until the last handle is gone.
@@ -106,6 +118,7 @@ impl Valkey {
         kind: Kind,
         info: ConnectionInfo,
         tls: Option<TlsCertificates>,
+        iam: Option<IamSigner>,
         timeout: Duration,
     ) -> Self {
         let (current, watching) = watch::channel(None);
@@ -114,6 +127,7 @@ impl Valkey {
                 kind,
                 info,
                 tls,
+                iam,
                 timeout,
                 link: Arc::new(Link {
                     current,
@@ -144,7 +158,8 @@ impl Valkey {
         }
         let (kind, link) = (self.inner.kind.clone(), self.inner.link.clone());
         let connect_timeout = self.inner.timeout.max(MIN_CONNECT_TIMEOUT);
-        tokio::spawn(keep_connected(kind, link, connect_timeout));
+        let iam = self.inner.iam.clone();
+        tokio::spawn(keep_connected(kind, link, connect_timeout, iam));
     }
 
     /// The URL's connection settings (credentials, TLS, database).
@@ -155,6 +170,16 @@ impl Valkey {
     /// Extra TLS trust (`VALKEY_TLS_CA`), if any.
     pub(crate) fn tls(&self) -> Option<&TlsCertificates> {
         self.inner.tls.as_ref()
+    }
+
+    /// `config` signing in as this handle's connections do: with a fresh
+    /// IAM token (and renewing it) when `VALKEY_AUTH=iam`, else unchanged
+    /// (the URL's credentials are in [`Self::info`]).
+    pub(crate) fn signed_in(&self, config: AsyncConnectionConfig) -> AsyncConnectionConfig {
+        match &self.inner.iam {
+            Some(signer) => config.set_credentials_provider(signer.clone()),
+            None => config,
+        }
     }
 
     /// The bound on each command of the request path.
@@ -189,15 +214,22 @@ impl Link {
 }
 
 impl Kind {
-    async fn connect(&self, connect_timeout: Duration) -> RedisResult<Connection> {
+    async fn connect(
+        &self,
+        connect_timeout: Duration,
+        iam: Option<&IamSigner>,
+    ) -> RedisResult<Connection> {
         match self {
             Self::Standalone(client) => {
                 // No response timeout on the connection itself: callers bound
                 // their own wait, and a command they gave up on is still
                 // awaited (`Valkey::send`), never cut off.
-                let config = AsyncConnectionConfig::new()
+                let mut config = AsyncConnectionConfig::new()
                     .set_connection_timeout(Some(connect_timeout))
                     .set_response_timeout(None);
+                if let Some(signer) = iam {
+                    config = config.set_credentials_provider(signer.clone());
+                }
                 let c = client
                     .get_multiplexed_async_connection_with_config(&config)
                     .await?;
@@ -210,7 +242,12 @@ impl Kind {
 
 /// The connector: connects, and reconnects whenever the connection breaks,
 /// until every handle on the Valkey is gone.
-async fn keep_connected(kind: Kind, link: Arc<Link>, connect_timeout: Duration) {
+async fn keep_connected(
+    kind: Kind,
+    link: Arc<Link>,
+    connect_timeout: Duration,
+    iam: Option<IamSigner>,
+) {
     let mut generation = 0;
     let mut backoff = RETRY_FIRST;
     loop {
@@ -218,19 +255,19 @@ async fn keep_connected(kind: Kind, link: Arc<Link>, connect_timeout: Duration) 
             return;
         }
         if link.current.borrow().is_none() {
-            match timeout(connect_timeout, kind.connect(connect_timeout)).await {
+            let attempt = kind.connect(connect_timeout, iam.as_ref());
+            match timeout(connect_timeout, attempt).await {
                 Ok(Ok(connection)) => {
                     generation += 1;
-                    let driver = matches!(connection, Connection::Standalone(_))
-                        .then(single_thread)
-                        .flatten();
-                    link.current.send_replace(Some(Live {
-                        generation,
-                        connection,
-                        driver,
-                    }));
+                    link.publish(generation, connection);
                     backoff = RETRY_FIRST;
-                    link.set_last_error(None);
+                }
+                Ok(Err(e)) if iam.is_some() && e.kind() == ErrorKind::AuthenticationFailed => {
+                    link.sign_in_failed(&e, iam.as_ref().map(IamSigner::iam));
+                    backoff = backoff.max(AUTH_RETRY_FIRST);
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(AUTH_RETRY_MOST);
+                    continue;
                 }
                 failed => {
                     let why = match failed {
@@ -252,6 +289,42 @@ async fn keep_connected(kind: Kind, link: Arc<Link>, connect_timeout: Duration) 
             () = link.wake.notified() => {}
             () = link.current.closed() => return,
         }
+    }
+}
+
+impl Link {
+    /// Makes `connection` the live one.
+    fn publish(&self, generation: u64, connection: Connection) {
+        let driver = matches!(connection, Connection::Standalone(_))
+            .then(single_thread)
+            .flatten();
+        self.current.send_replace(Some(Live {
+            generation,
+            connection,
+            driver,
+        }));
+        self.set_last_error(None);
+    }
+
+    /// An IAM sign-in failed: the reason, naming the user and the cache,
+    /// becomes what waiting callers see, and is one error line (again only
+    /// when the reason changes).
+    fn sign_in_failed(&self, e: &RedisError, iam: Option<&IamConfig>) {
+        let (user, cache) = iam.map_or(("", ""), |i| (i.user.as_str(), i.cache.as_str()));
+        let reason = match e.detail() {
+            // A token that could not be signed: the AWS side's reason.
+            Some(_) => e.to_string(),
+            None => format!(
+                "the server refused the token (WRONGPASS: a token signed wrong or too long ago, a user \
+                 that is not IAM-enabled or not in the cache's user group, or a role without \
+                 elasticache:Connect on the cache and the user; {e})"
+            ),
+        };
+        let why = format!("ElastiCache IAM sign-in as {user} to {cache} failed: {reason}");
+        if self.last_error().as_deref() != Some(why.as_str()) {
+            tracing::error!(user, cache, error = %reason, "ElastiCache IAM sign-in failed; the quota store is unreachable");
+        }
+        self.set_last_error(Some(why));
     }
 }
 

@@ -20,6 +20,8 @@
 //!
 //! Scripts go as one `EVAL` each ([`eval`]). TLS is rustls, verified
 //! against the platform's roots or only `VALKEY_TLS_CA`, never skipped.
+//! With `VALKEY_AUTH=iam` each connection signs in with an ElastiCache IAM
+//! token and renews it while it lives ([`iam`]).
 //!
 //! # Layout
 //!
@@ -30,9 +32,11 @@
 //! | `command.rs` | the command builders ([`sized_cmd`], [`eval`]) |
 //! | `memory.rs` | what the server says of its memory, off the request path: `INFO` from every primary, its eviction policy and evicted keys |
 //! | `setup.rs` | building a handle from a URL or the configuration, TLS trust |
+//! | `iam.rs` | ElastiCache IAM authentication: the token, the credentials it is signed with, renewing it on live connections |
 
 mod command;
 mod connector;
+pub mod iam;
 mod memory;
 mod send;
 mod setup;

@@ -6,6 +6,10 @@
 //! against the platform's roots (ElastiCache certificates chain to Amazon's
 //! public roots), or only against `VALKEY_TLS_CA` when set. There is no
 //! switch to skip verification.
+//!
+//! With `VALKEY_AUTH=iam` every connection the handle opens, and every node
+//! connection of a cluster client, signs in with an IAM token from one
+//! [`IamSigner`] (`iam.rs`).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -14,8 +18,9 @@ use redis::cluster::ClusterClient;
 use redis::{ConnectionInfo, IntoConnectionInfo, RedisError, RedisResult, TlsCertificates};
 
 use super::connector::{Kind, MIN_CONNECT_TIMEOUT, Valkey};
+use super::iam::IamSigner;
 use super::send::DETACHED_WAIT;
-use crate::config::{Config, ConfigError, is_tls_url};
+use crate::config::{Config, ConfigError, ValkeyConfig, is_tls_url};
 
 /// The cluster client re-sends nothing. Its retries would re-send a command
 /// whose connection broke after it was written (an `INCR` counted twice, a
@@ -39,12 +44,12 @@ impl Valkey {
     /// platform's roots for `rediss://`. `timeout` bounds each command the
     /// request path sends.
     pub fn new(url: &str, cluster: bool, timeout: Duration) -> Result<Self, ConfigError> {
-        Self::with_tls_ca(url, cluster, timeout, None)
+        Self::with_tls_ca(url, cluster, timeout, None, None)
     }
 
     /// The Valkey named by `config` (`VALKEY_URL`, `VALKEY_CLUSTER`,
-    /// `VALKEY_TLS_CA`), its commands bound by `QUOTA_STORE_TIMEOUT_MS`;
-    /// `None` when no URL is set.
+    /// `VALKEY_TLS_CA`, `VALKEY_AUTH`), its commands bound by
+    /// `QUOTA_STORE_TIMEOUT_MS`; `None` when no URL is set.
     pub fn from_config(config: &Config) -> Result<Option<Self>, ConfigError> {
         Self::from_config_within(config, config.store.timeout)
     }
@@ -60,15 +65,33 @@ impl Valkey {
             .store
             .valkey
             .as_ref()
-            .map(|v| {
-                Self::with_tls_ca(
-                    &v.url,
-                    v.cluster,
-                    timeout,
-                    v.tls_ca.as_ref().map(|ca| ca.pem.as_slice()),
-                )
-            })
+            .map(|v| Self::configured(v, timeout, v.iam.clone().map(IamSigner::new)))
             .transpose()
+    }
+
+    /// The Valkey named by `config`, signing in with `signer`'s tokens (its
+    /// credentials, region and clock) instead of the process's: the tests'
+    /// way to know each token.
+    #[cfg(feature = "testing")]
+    pub fn from_config_signed(
+        config: &Config,
+        signer: IamSigner,
+    ) -> Result<Option<Self>, ConfigError> {
+        config
+            .store
+            .valkey
+            .as_ref()
+            .map(|v| Self::configured(v, config.store.timeout, Some(signer.clone())))
+            .transpose()
+    }
+
+    fn configured(
+        v: &ValkeyConfig,
+        timeout: Duration,
+        iam: Option<IamSigner>,
+    ) -> Result<Self, ConfigError> {
+        let ca = v.tls_ca.as_ref().map(|ca| ca.pem.as_slice());
+        Self::with_tls_ca(&v.url, v.cluster, timeout, ca, iam)
     }
 
     /// Like [`new`](Self::new), but a `rediss://` server must chain to one of
@@ -78,6 +101,7 @@ impl Valkey {
         cluster: bool,
         timeout: Duration,
         ca: Option<&[u8]>,
+        iam: Option<IamSigner>,
     ) -> Result<Self, ConfigError> {
         if is_tls_url(url) {
             install_crypto_provider();
@@ -106,13 +130,16 @@ impl Valkey {
             if let Some(certs) = &tls {
                 builder = builder.certs(certs.clone());
             }
+            if let Some(signer) = &iam {
+                builder = builder.set_credentials_provider(signer.clone());
+            }
             Kind::Cluster(Arc::new(builder.build().map_err(bad)?))
         } else {
             Kind::Standalone(Box::new(
                 client_for(info.clone(), tls.as_ref()).map_err(bad)?,
             ))
         };
-        Ok(Self::assemble(kind, info, tls, timeout))
+        Ok(Self::assemble(kind, info, tls, iam, timeout))
     }
 }
 
