@@ -533,7 +533,7 @@ impl MarkerStore for SimMarkers {
     async fn claim(
         &self,
         scan: Uuid,
-        _entry: Option<&str>,
+        _entry: Option<(&str, &str)>,
         token: &str,
         mine: u64,
         lease: Duration,

@@ -91,7 +91,7 @@ async fn valkey_markers_follow_the_rule() {
 async fn a_job_whose_entry_is_gone_is_not_run() {
     let server = ValkeyServer::start();
     let valkey = Valkey::new(&server.url(), false, Duration::from_secs(2)).unwrap();
-    let markers = Markers::of_stream(valkey, "jobs");
+    let markers = Markers::valkey(valkey, "jobs");
     let mut c = server.client().await;
     let entry: String = redis::cmd("XADD")
         .arg("jobs")
@@ -106,7 +106,7 @@ async fn a_job_whose_entry_is_gone_is_not_run() {
         let entry = entry.to_owned();
         let markers = &markers;
         async move {
-            let claim = markers.claim(scan, Some(&entry), "a", mine, LEASE, now());
+            let claim = markers.claim(scan, Some(("jobs", &entry)), "a", mine, LEASE, now());
             claim.await.unwrap()
         }
     };

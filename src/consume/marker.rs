@@ -66,12 +66,12 @@ pub trait MarkerStore: Send + Sync + 'static {
     /// Claims `scan`'s marker for the attempt `token`, as a new attempt
     /// (`mine` 0) or renewing attempt `mine`, at `now` (in-process only:
     /// Valkey keeps time by key expiry). A new attempt of a job read from
-    /// a stream (`entry`, its entry id) is [`MarkerClaim::Gone`] if the
-    /// entry is no longer in the stream.
+    /// a stream (`entry`: the stream and the entry's id) is
+    /// [`MarkerClaim::Gone`] if the entry is no longer in the stream.
     fn claim(
         &self,
         scan: Uuid,
-        entry: Option<&str>,
+        entry: Option<(&str, &str)>,
         token: &str,
         mine: u64,
         lease: Duration,
@@ -125,9 +125,6 @@ pub enum Markers {
         /// `VALKEY_WAIT_REPLICAS`: replicas a claim and a done marker must
         /// reach before they count (0: none).
         wait: u32,
-        /// The stream the jobs are read from, whose entries a new attempt
-        /// checks (none for SQS).
-        stream: Option<String>,
     },
     Local(Arc<Mutex<Local>>),
 }
@@ -152,18 +149,6 @@ impl Markers {
             valkey,
             tag: tagged(key),
             wait: 0,
-            stream: None,
-        }
-    }
-
-    /// Markers beside the stream `key` the jobs are read from: a new
-    /// attempt runs only while its job's entry is in it.
-    pub fn of_stream(valkey: Valkey, key: &str) -> Self {
-        Self::Valkey {
-            valkey,
-            tag: tagged(key),
-            wait: 0,
-            stream: Some(key.to_owned()),
         }
     }
 
@@ -204,21 +189,16 @@ impl MarkerStore for Markers {
     async fn claim(
         &self,
         scan: Uuid,
-        entry: Option<&str>,
+        entry: Option<(&str, &str)>,
         token: &str,
         mine: u64,
         lease: Duration,
         now: UnixMillis,
     ) -> Result<MarkerClaim, ConsumeError> {
         match self {
-            Self::Valkey {
-                valkey,
-                tag,
-                wait,
-                stream,
-            } => {
+            Self::Valkey { valkey, tag, wait } => {
                 let (marker, attempts) = Self::keys(tag, scan);
-                let checked = stream.as_deref().zip(entry);
+                let checked = entry;
                 let mut keys = vec![marker.as_str(), attempts.as_str()];
                 keys.extend(checked.map(|(stream, _)| stream));
                 let mut cmd = crate::io::store::valkey::eval(CLAIM, &keys);
@@ -256,9 +236,7 @@ impl MarkerStore for Markers {
 
     async fn done(&self, scan: Uuid) -> Result<(), ConsumeError> {
         match self {
-            Self::Valkey {
-                valkey, tag, wait, ..
-            } => {
+            Self::Valkey { valkey, tag, wait } => {
                 let (marker, _) = Self::keys(tag, scan);
                 let mut cmd = redis::cmd("SET");
                 cmd.arg(marker).arg(DONE).arg("EX").arg(DONE_TTL_SECS);

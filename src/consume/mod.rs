@@ -68,7 +68,9 @@ use crate::io::connection::Valkey;
 use crate::io::eviction_watch::{Watch, until_refused};
 use crate::io::meter::emf::Sink;
 use crate::io::meter::store::{Process, StoreMeter};
+use crate::io::queue::stream::lane_key;
 use crate::io::stdout::LineWriter;
+use crate::rules::job::Lane;
 use clock::QueueClock;
 use error::ConsumeError;
 use handoff::Handoff;
@@ -151,12 +153,16 @@ pub async fn run(
             let source = source::stdin::StdinSource::open(parts.args.journal.as_deref()).await?;
             let markers = Markers::local_after(source.started_attempts());
             let clock = QueueClock::local(LOCAL);
-            drive(source, markers, clock, parts, shutdown).await
+            drive(vec![source], markers, clock, parts, shutdown).await
         }
         SourceSpec::Stream(key) => {
             let missing = || ConsumeError::Setup("a valkey-stream source needs VALKEY_URL".into());
             let ops = ops.ok_or_else(missing)?;
-            let reads = valkey(&config, ops_timeout)?.ok_or_else(missing)?;
+            // A blocking read holds its connection: one per lane.
+            let mut reads = Vec::new();
+            for _ in 0..2 {
+                reads.push(valkey(&config, ops_timeout)?.ok_or_else(missing)?);
+            }
             run_stream(&key, reads, ops, parts, shutdown).await
         }
         SourceSpec::Sqs(url) => run_sqs(&url, ops, parts, shutdown).await,
@@ -166,11 +172,12 @@ pub async fn run(
 /// This machine's clock, which the queue's clock starts from.
 const LOCAL: crate::io::clock::Clock = crate::io::clock::Clock::System;
 
-/// [`drive`] on the stream `key`: entries read on `reads`, acked, marked
-/// and timed on `ops`.
+/// [`drive`] on the stream `key`'s two lanes (the within lane's stream and
+/// the over lane's, [`lane_key`]): each lane's entries read on one of
+/// `reads`, acked, marked and timed on `ops`.
 async fn run_stream(
     key: &str,
-    reads: Valkey,
+    reads: Vec<Valkey>,
     ops: Valkey,
     parts: Parts,
     shutdown: impl Future<Output = ()> + Send + 'static,
@@ -178,12 +185,17 @@ async fn run_stream(
     let watch = parts.watch_store(&ops).await?;
     let (shutdown, refusal) = until_refused(Some(watch), shutdown);
     let (a, p) = (&parts.args, &parts.consumer);
-    let source =
-        source::stream::StreamSource::open(reads, ops.clone(), key, &a.group, p, a.lease).await?;
+    let mut sources = Vec::new();
+    for (lane, reads) in [Lane::Within, Lane::Over].into_iter().zip(reads) {
+        let lane_key = lane_key(key, lane);
+        let source =
+            source::stream::StreamSource::open(reads, ops.clone(), &lane_key, &a.group, p, a.lease);
+        sources.push(source.await?);
+    }
     crate::io::queue::stream::warn_without_persistence(&ops, key).await;
-    let markers = Markers::of_stream(ops.clone(), key).with_wait(parts.wait_replicas);
+    let markers = Markers::valkey(ops.clone(), key).with_wait(parts.wait_replicas);
     let clock = QueueClock::of_valkey(LOCAL, ops);
-    refusal.or(drive(source, markers, clock, parts, shutdown).await)
+    refusal.or(drive(sources, markers, clock, parts, shutdown).await)
 }
 
 /// [`drive`] on the SQS queue `url`, with markers and clock on `ops` if there
@@ -215,12 +227,13 @@ async fn run_sqs(
             (Markers::local(), QueueClock::local(LOCAL))
         }
     };
-    refusal.or(drive(source, markers, clock, parts, shutdown).await)
+    refusal.or(drive(vec![source], markers, clock, parts, shutdown).await)
 }
 
-/// Runs one consumer on `source` until `shutdown` (or the source's end).
+/// Runs one consumer on `sources` (a queue's lanes, each read with a room
+/// of its own) until `shutdown` (or the sources' end).
 async fn drive<S: JobSource>(
-    source: S,
+    sources: Vec<S>,
     markers: Markers,
     clock: Arc<QueueClock>,
     parts: Parts,
@@ -237,7 +250,8 @@ async fn drive<S: JobSource>(
         tracing::warn!(error = %e, "cannot read Valkey's clock yet; timing by this machine's until it answers");
     }
     let _sync = AbortOnDropHandle::new(tokio::spawn(clock.clone().keep_in_sync()));
-    let meter = ConsumeMeter::new(&namespace, source.name(), !args.no_emf);
+    let name = sources.first().map_or("none", JobSource::name);
+    let meter = ConsumeMeter::new(&namespace, name, !args.no_emf);
     let (stop, stopping) = watch::channel(false);
     let (kill, killing) = watch::channel(false);
     let _signal = AbortOnDropHandle::new(tokio::spawn(async move {
@@ -247,23 +261,31 @@ async fn drive<S: JobSource>(
         // Held until the consumer ends: a closed channel would read as "not stopping".
         std::future::pending::<()>().await;
     }));
-    tracing::info!(source = source.name(), consumer, "quota-gate consuming");
-    let worker = Arc::new(Worker {
-        source,
-        markers,
-        scanner: handoff,
-        run_slots: slots::RunSlots::new(args.concurrency.get(), args.over_every.get()),
-        policy: args.retry_policy(),
-        lease: args.lease,
-        scan_timeout: args.scan_timeout,
-        meter,
-        clock,
-        stopping: stopping.clone(),
-        killing,
-        tokens: Tokens::new(consumer),
+    tracing::info!(source = name, consumer, "quota-gate consuming");
+    // The lanes share the run slots (within quota first) and the markers.
+    let run_slots = slots::RunSlots::new(args.concurrency.get(), args.over_every.get());
+    let lanes = sources.into_iter().map(|source| {
+        let worker = Arc::new(Worker {
+            source,
+            markers: markers.clone(),
+            scanner: handoff.clone(),
+            run_slots: run_slots.clone(),
+            policy: args.retry_policy(),
+            lease: args.lease,
+            scan_timeout: args.scan_timeout,
+            meter: meter.clone(),
+            clock: clock.clone(),
+            stopping: stopping.clone(),
+            killing: killing.clone(),
+            tokens: Tokens::new(consumer.clone()),
+        });
+        let (stopping, kill) = (stopping.clone(), &kill);
+        async move {
+            let tasks = intake(worker, args.max_held.get(), stopping.clone()).await;
+            finish(tasks, args.grace, stopping, kill).await;
+        }
     });
-    let tasks = intake(worker, args.max_held.get(), stopping.clone()).await;
-    finish(tasks, args.grace, stopping, &kill).await;
+    futures_util::future::join_all(lanes).await;
     crate::io::stdout::LineWriter::stdout()
         .drain(Duration::from_secs(2))
         .await;

@@ -277,7 +277,7 @@ impl MarkerStore for StalledRenewals {
     async fn claim(
         &self,
         scan: uuid::Uuid,
-        entry: Option<&str>,
+        entry: Option<(&str, &str)>,
         token: &str,
         mine: u64,
         lease: Duration,

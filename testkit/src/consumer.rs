@@ -18,6 +18,9 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
+use quota_gate::io::queue::stream::lane_key;
+use quota_gate::rules::job::Lane;
+
 use crate::{KillOnDrop, ValkeyServer, bin};
 
 /// The scanner script.
@@ -303,23 +306,34 @@ pub fn not_befores(jobs: &[Value]) -> HashMap<String, i64> {
         .collect()
 }
 
-/// `XLEN key`.
+/// `XLEN` of both lanes of the queue `key`.
 pub async fn xlen(valkey: &ValkeyServer, key: &str) -> i64 {
-    valkey.query(redis::cmd("XLEN").arg(key)).await
+    let mut n = 0;
+    for lane in [Lane::Within, Lane::Over] {
+        let len: i64 = valkey
+            .query(redis::cmd("XLEN").arg(lane_key(key, lane)))
+            .await;
+        n += len;
+    }
+    n
 }
 
-/// Entries read by the group and not acknowledged.
+/// Entries read by the group and not acknowledged, in both lanes of the
+/// queue `key` (a lane's stream the consumer never created counts none).
 pub async fn pending(valkey: &ValkeyServer, key: &str) -> i64 {
-    let summary: redis::Value = valkey
-        .query(redis::cmd("XPENDING").arg(key).arg("quota-gate"))
-        .await;
-    match summary {
-        redis::Value::Array(v) => match v.first() {
-            Some(redis::Value::Int(n)) => *n,
-            _ => 0,
-        },
-        _ => 0,
+    let mut n = 0;
+    for lane in [Lane::Within, Lane::Over] {
+        let mut cmd = redis::cmd("XPENDING");
+        cmd.arg(lane_key(key, lane)).arg("quota-gate");
+        let summary: redis::RedisResult<redis::Value> =
+            cmd.query_async(&mut valkey.client().await).await;
+        if let Ok(redis::Value::Array(v)) = summary
+            && let Some(redis::Value::Int(held)) = v.first()
+        {
+            n += held;
+        }
     }
+    n
 }
 
 /// A Valkey server with the stream `jobs`, and a scanner: what most

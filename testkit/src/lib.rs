@@ -56,7 +56,9 @@ use quota_gate::io::connection::Valkey;
 use quota_gate::io::meter::Meter;
 use quota_gate::io::queue::ScanQueue;
 use quota_gate::io::queue::stream::StreamQueue;
+use quota_gate::io::queue::stream::lane_key;
 use quota_gate::io::store::valkey::ValkeyStore;
+use quota_gate::rules::job::Lane;
 
 /// The repository root (this crate lives in `testkit/`, one level below).
 pub fn root() -> PathBuf {
@@ -562,20 +564,30 @@ pub async fn stream_jobs(server: &ValkeyServer, key: &str) -> Vec<serde_json::Va
     jobs_on(&mut server.client().await, key).await
 }
 
-/// Every job on the stream `key` through `conn` (standalone or cluster), oldest first.
+/// Every job on the queue `key` through `conn` (standalone or cluster):
+/// both lanes' streams, oldest entry first.
 pub async fn jobs_on(
     conn: &mut impl redis::aio::ConnectionLike,
     key: &str,
 ) -> Vec<serde_json::Value> {
-    let reply: redis::streams::StreamRangeReply = redis::cmd("XRANGE")
-        .arg(key)
-        .arg("-")
-        .arg("+")
-        .query_async(conn)
-        .await
-        .unwrap();
-    reply
-        .ids
+    let mut entries = Vec::new();
+    for lane in [Lane::Within, Lane::Over] {
+        let reply: redis::streams::StreamRangeReply = redis::cmd("XRANGE")
+            .arg(lane_key(key, lane))
+            .arg("-")
+            .arg("+")
+            .query_async(conn)
+            .await
+            .unwrap();
+        entries.extend(reply.ids);
+    }
+    // Entry ids are `<ms>-<seq>`: oldest first across the two streams.
+    let order = |id: &str| -> (u64, u64) {
+        let (ms, seq) = id.split_once('-').unwrap_or((id, "0"));
+        (ms.parse().unwrap_or(0), seq.parse().unwrap_or(0))
+    };
+    entries.sort_by_key(|e| order(&e.id));
+    entries
         .iter()
         .map(|entry| serde_json::from_str(&entry.get::<String>("job").unwrap()).unwrap())
         .collect()

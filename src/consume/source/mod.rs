@@ -75,10 +75,10 @@ pub trait JobSource: Send + Sync + 'static {
         d: &Delivery<Self::Handle>,
     ) -> impl Future<Output = Result<(), ConsumeError>> + Send;
 
-    /// The id of `d`'s entry in its stream, which a new attempt checks is
+    /// `d`'s stream and its entry's id, which a new attempt checks is
     /// still there ([`super::marker::MarkerStore::claim`]); none for
     /// other queues.
-    fn entry<'d>(&self, _d: &'d Delivery<Self::Handle>) -> Option<&'d str> {
+    fn entry<'d>(&'d self, _d: &'d Delivery<Self::Handle>) -> Option<(&'d str, &'d str)> {
         None
     }
 

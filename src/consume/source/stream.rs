@@ -272,8 +272,8 @@ impl JobSource for StreamSource {
         self.xack(&d.handle).await
     }
 
-    fn entry<'d>(&self, d: &'d Delivery<String>) -> Option<&'d str> {
-        Some(&d.handle)
+    fn entry<'d>(&'d self, d: &'d Delivery<String>) -> Option<(&'d str, &'d str)> {
+        Some((&self.key, &d.handle))
     }
 
     /// Resets the entry's idle time, so nobody reclaims it.

@@ -3,6 +3,12 @@
 //! `XADD <key> * job <json> scanId <uuid>` on the quota Valkey. A stream
 //! cannot hold an entry back, so consumers honour the job's `notBefore`.
 //!
+//! The lanes keep apart ([`lane_key`]): a within-quota job goes to `<key>`,
+//! an over-quota one to `{<key>}:over` (`<key>:over` when the key has a
+//! hash tag of its own: one slot with `<key>` in a cluster). A consumer
+//! reads each with its own room, so over-quota jobs held for their
+//! `notBefore` never leave a within-quota job unread.
+//!
 //! A keyed scan's job is added at most once per `scanId`: `land.lua` sets a
 //! marker key beside the stream (same hash tag, so one slot in a cluster)
 //! and adds the entry only if the marker was new, in one atomic step. A
@@ -21,7 +27,7 @@
 use super::job_queue::{QueueError, ScanQueue};
 use crate::io::connection::{NodeInfo, SendError, Valkey, eval, sized_cmd};
 use crate::rules::hash_tag::tagged;
-use crate::rules::job::ScanJob;
+use crate::rules::job::{Lane, ScanJob};
 
 /// How long a landed `scanId` is remembered: as long as a key's record.
 const MARKER_TTL_SECS: i64 = crate::io::store::IDEMPOTENCY_TTL_SECS;
@@ -31,6 +37,8 @@ const MARKER_TTL_SECS: i64 = crate::io::store::IDEMPOTENCY_TTL_SECS;
 pub struct StreamQueue {
     valkey: Valkey,
     key: String,
+    /// The over lane's stream ([`lane_key`]).
+    over_key: String,
     /// `{<key>}:scan:` (or `<key>:scan:` when the key has a hash tag of its
     /// own): the marker keys' prefix, in the stream's slot.
     marker_prefix: String,
@@ -58,6 +66,7 @@ impl StreamQueue {
         let marker_prefix = format!("{}:scan:", tagged(&key));
         Self {
             valkey,
+            over_key: lane_key(&key, Lane::Over),
             key,
             marker_prefix,
             wait_replicas: 0,
@@ -87,12 +96,30 @@ impl StreamQueue {
         Ok(added)
     }
 
+    /// The stream of `job`'s lane.
+    fn key_of(&self, job: &ScanJob) -> &str {
+        match job.lane() {
+            Lane::Within => &self.key,
+            Lane::Over => &self.over_key,
+        }
+    }
+
     /// The job's JSON, written into a buffer sized for it at once, so it is
     /// not grown (and copied) three times on the way.
     fn json(job: &ScanJob) -> Result<Vec<u8>, QueueError> {
         let mut json = Vec::with_capacity(JOB_JSON_CAPACITY);
         serde_json::to_writer(&mut json, job).map_err(|e| QueueError::Backend(e.to_string()))?;
         Ok(json)
+    }
+}
+
+/// The stream of `lane` for the queue `key`: the key itself for the
+/// within lane, `{<key>}:over` (or `<key>:over` when it has a hash tag)
+/// for the over lane, in the same cluster slot.
+pub fn lane_key(key: &str, lane: Lane) -> String {
+    match lane {
+        Lane::Within => key.to_owned(),
+        Lane::Over => format!("{}:over", tagged(key)),
     }
 }
 
@@ -133,9 +160,10 @@ impl ScanQueue for StreamQueue {
     async fn enqueue(&self, job: &ScanJob) -> Result<(), QueueError> {
         let json = Self::json(job)?;
         let mut scan_id = uuid::Uuid::encode_buffer();
-        let bytes = self.key.len() + json.len() + 64;
+        let key = self.key_of(job);
+        let bytes = key.len() + json.len() + 64;
         let mut cmd = sized_cmd("XADD", 6, bytes);
-        cmd.arg(&self.key)
+        cmd.arg(key)
             .arg("*")
             .arg(JOB_FIELD)
             .arg(json)
@@ -149,7 +177,7 @@ impl ScanQueue for StreamQueue {
         let json = Self::json(job)?;
         let scan_id = job.scan_id.to_string();
         let marker = format!("{}{scan_id}", self.marker_prefix);
-        let mut cmd = eval(LAND, &[&self.key, &marker]);
+        let mut cmd = eval(LAND, &[self.key_of(job), &marker]);
         cmd.arg(json).arg(&scan_id).arg(MARKER_TTL_SECS);
         let _: i64 = self.add(cmd).await?;
         Ok(())
@@ -159,6 +187,14 @@ impl ScanQueue for StreamQueue {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The over lane's stream shares the queue key's hash tag: one slot.
+    #[test]
+    fn lane_keys() {
+        assert_eq!(lane_key("jobs", Lane::Within), "jobs");
+        assert_eq!(lane_key("jobs", Lane::Over), "{jobs}:over");
+        assert_eq!(lane_key("{q}jobs", Lane::Over), "{q}jobs:over");
+    }
 
     /// AOF on every node is persistence; any node without it, or no node, is not.
     #[test]
