@@ -313,7 +313,8 @@ variables! {
     /// the longest paced delay a scan may get; beyond it 503 `backlog_full` + `Retry-After`, not
     /// counted
     QUOTA_MAX_BACKLOG_MS: Var<Whole> = number("900000", 0, MAX_MILLIS);
-    /// an SQS queue URL, or `valkey-stream:<key>` (XADD on the quota Valkey; needs `VALKEY_URL`)
+    /// an SQS queue URL, or `valkey-stream:<key>` (XADD on the quota Valkey, over-quota jobs to
+    /// `{<key>}:over`; needs `VALKEY_URL`)
     SCAN_QUEUE_URL: Var<Optional> = optional("unset → stdout spool");
     /// PEM text or path: RSA (RS256), P-256 (ES256) or Ed25519 (EdDSA) public key
     QUOTA_JWT_PUBLIC_KEY: Var<Optional> = optional("—");

@@ -32,6 +32,18 @@ use rustix::process::{
     set_child_subreaper, wait,
 };
 
+/// Makes this process not dumpable: an `--exec` scanner runs as the same
+/// user, and would otherwise read the consumer's `/proc/<pid>/environ`
+/// (the store's password, the hash key, AWS credentials) and its memory.
+/// Not dumpable, those files are root's; the scanner, started by `exec`,
+/// is dumpable again.
+pub fn keep_from_the_scanner() {
+    use rustix::process::{DumpableBehavior, set_dumpable_behavior};
+    if let Err(e) = set_dumpable_behavior(DumpableBehavior::NotDumpable) {
+        tracing::warn!(error = %e, "cannot keep the consumer's environment from its scanners");
+    }
+}
+
 /// The hidden subcommand's name.
 pub const COMMAND: &str = "scan-guard";
 

@@ -113,18 +113,6 @@ impl Parts {
     }
 }
 
-/// Makes this process not dumpable: an `--exec` scanner runs as the same
-/// user, and would otherwise read the consumer's `/proc/<pid>/environ`
-/// (the store's password, the hash key, AWS credentials) and its memory.
-/// Not dumpable, those files are root's; the scanner, started by `exec`,
-/// is dumpable again.
-fn keep_from_the_scanner() {
-    use rustix::process::{DumpableBehavior, set_dumpable_behavior};
-    if let Err(e) = set_dumpable_behavior(DumpableBehavior::NotDumpable) {
-        tracing::warn!(error = %e, "cannot keep the consumer's environment from its scanners");
-    }
-}
-
 /// Runs the consumer until `shutdown` ends (or the end of standard input).
 pub async fn run(
     args: ConsumeArgs,
@@ -132,7 +120,7 @@ pub async fn run(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), String> {
     let handoff = args.handoff()?;
-    keep_from_the_scanner();
+    guard::keep_from_the_scanner();
     if let Some(addr) = args.metrics_listen {
         serve_metrics(addr).await?;
     }

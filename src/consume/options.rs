@@ -45,7 +45,8 @@ pub struct ConsumeArgs {
     /// to an over-quota job (the rest to within-quota ones, which go first).
     #[arg(long, default_value = "4")]
     pub over_every: NonZeroU32,
-    /// Jobs read and not yet finished (held or running), at most.
+    /// Jobs read and not yet finished (held or running), at most; on a
+    /// stream, per lane (within quota, over it).
     #[arg(long, default_value = "1024")]
     pub max_held: NonZeroUsize,
     /// The stream's consumer group.
