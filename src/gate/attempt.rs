@@ -169,7 +169,7 @@ impl Attempt {
             .collect()
     }
 
-    /// How a fresh scan's `delay` is spent: what fits the sleep cap is
+    /// How a fresh scan's `delay` is spent: what fits the sleep budget is
     /// served in the handler, if the scan took a bed; the rest, or all of
     /// it, deferred. Both are counted from the arrival: the handler sleeps
     /// until [`Self::slept_until`], however long the store's round trips
