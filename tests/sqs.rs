@@ -367,3 +367,78 @@ async fn unmetered_scans_say_so_on_sqs() {
     let attrs = message.message_attributes.as_ref().unwrap();
     assert_eq!(attrs["tier"].string_value(), Some("unmetered"));
 }
+
+/// The lanes apart on SQS: with `SCAN_QUEUE_OVER_URL`, a within-quota job
+/// goes to the scan queue without a message group, an over-quota one to
+/// the over lane's queue with its tenant as `MessageGroupId` (SQS fair
+/// queues); without it, both share the scan queue, the over-quota one
+/// still in its tenant's group.
+#[tokio::test]
+async fn over_quota_jobs_take_their_lane_and_their_tenants_group() {
+    let rig = Rig::start().await;
+    let over_url = rig.moto.create_queue("scans-over").await;
+    let url = rig.valkey.url();
+    let vars = [
+        ("VALKEY_URL", url.as_str()),
+        ("SCAN_QUEUE_URL", rig.queue_url.as_str()),
+        ("SCAN_QUEUE_OVER_URL", over_url.as_str()),
+        ("QUOTA_STORE_TIMEOUT_MS", "1000"),
+        ("QUOTA_ANON", "1"),
+        ("QUOTA_DELAY_MODE", "defer"),
+    ];
+    let config = config(&vars);
+    let queue = SqsQueue::new(&rig.sdk, &rig.queue_url).with_over_lane(config.queue_over.clone());
+    let valkey = Valkey::new(&url, false, config.store.timeout).unwrap();
+    let gate = Gate::new(
+        config,
+        ValkeyStore::new(valkey),
+        queue,
+        Meter::new("test", None),
+    )
+    .unwrap();
+    for _ in 0..2 {
+        assert_eq!(gate.handle(scan_from("192.0.2.7")).await.status(), 202);
+    }
+    let receive = |queue: String| {
+        let sqs = rig.sqs.clone();
+        async move {
+            let out = sqs
+                .receive_message()
+                .queue_url(queue)
+                .max_number_of_messages(10);
+            let out = out
+                .message_system_attribute_names("All".into())
+                .wait_time_seconds(1);
+            out.send().await.unwrap().messages.unwrap_or_default()
+        }
+    };
+    let within = receive(rig.queue_url.clone()).await;
+    assert_eq!(within.len(), 1, "{within:?}");
+    assert_eq!(job_of(&within[0])["lane"], "within");
+    let group = |m: &Message| {
+        m.attributes.as_ref().and_then(|a| {
+            a.get(&aws_sdk_sqs::types::MessageSystemAttributeName::MessageGroupId)
+                .cloned()
+        })
+    };
+    assert_eq!(group(&within[0]), None);
+    // The over-quota job is held back by its DelaySeconds: read moto's record.
+    let over: Vec<Value> = rig
+        .moto
+        .sqs_messages()
+        .into_iter()
+        .filter(|m| {
+            m["body"]
+                .as_str()
+                .is_some_and(|b| b.contains(r#""lane":"over""#))
+        })
+        .collect();
+    assert_eq!(over.len(), 1, "{over:?}");
+    let job: Value = serde_json::from_str(over[0]["body"].as_str().unwrap()).unwrap();
+    assert_eq!(over[0]["group_id"], job["tenant"], "{over:?}");
+    assert!(
+        job["tenant"]
+            .as_str()
+            .is_some_and(|t| !t.contains("192.0.2.7"))
+    );
+}

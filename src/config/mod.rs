@@ -64,6 +64,9 @@ pub struct Config {
     /// A [`QueueTarget::ValkeyStream`] only ever comes with a
     /// [`StoreConfig::valkey`]: the parser refuses one without the other.
     pub queue: QueueTarget,
+    /// `SCAN_QUEUE_OVER_URL`: the SQS queue of the over lane, beside an SQS
+    /// `queue` (unset: the lanes share it).
+    pub queue_over: Option<String>,
     /// CloudWatch namespace of the EMF lines.
     pub metrics_namespace: String,
     pub serve: ServeConfig,
@@ -93,11 +96,13 @@ impl Config {
         let policy = policy.with_levels(&env, identity.ipv6_prefix)?;
         let store = StoreConfig::from_vars(&env)?;
         let queue = QueueTarget::from_vars(&env, store.valkey.is_some())?;
+        let queue_over = queue::over_lane(&env, &queue)?;
         Ok(Self {
             policy,
             identity,
             store,
             queue,
+            queue_over,
             metrics_namespace: env.text(&vars::QUOTA_METRICS_NAMESPACE),
             serve: ServeConfig::from_vars(&env)?,
         })

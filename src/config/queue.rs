@@ -56,12 +56,48 @@ impl QueueTarget {
     }
 }
 
+/// `SCAN_QUEUE_OVER_URL`: an SQS queue URL, only beside an SQS `queue` (a
+/// stream keeps its lanes apart by itself, the spool has one).
+pub(super) fn over_lane(env: &Lookup, queue: &QueueTarget) -> Result<Option<String>, ConfigError> {
+    let var = &vars::SCAN_QUEUE_OVER_URL;
+    let Some(url) = env.optional(var) else {
+        return Ok(None);
+    };
+    match (queue, QueueTarget::from_url(&url)) {
+        (QueueTarget::Sqs(_), Ok(QueueTarget::Sqs(url))) => Ok(Some(url)),
+        (QueueTarget::Sqs(_), _) => Err(ConfigError::new(var.name(), "expected an SQS queue URL")),
+        _ => Err(ConfigError::new(
+            var.name(),
+            "is for an SQS SCAN_QUEUE_URL only (a stream keeps its lanes apart by itself)",
+        )),
+    }
+}
+
 /// The scheme of a Valkey stream's queue URL.
 const STREAM: &str = "valkey-stream:";
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The over lane's queue is an SQS URL beside an SQS queue, and nothing
+    /// else: each refusal names the variable.
+    #[test]
+    fn over_lanes() {
+        let sqs = "https://sqs.us-east-1.amazonaws.com/123456789012/scans";
+        let over = "https://sqs.us-east-1.amazonaws.com/123456789012/scans-over";
+        let read = |queue: &str, lane: &str| {
+            let vars = [("SCAN_QUEUE_OVER_URL", lane.to_owned())];
+            let env = |k: &str| vars.iter().find(|(n, _)| *n == k).map(|(_, v)| v.clone());
+            let target = QueueTarget::from_url(queue).unwrap();
+            over_lane(&Lookup(&env), &target)
+        };
+        assert_eq!(read(sqs, over).ok().flatten().as_deref(), Some(over));
+        for (queue, lane) in [(sqs, "valkey-stream:x"), ("valkey-stream:jobs", over)] {
+            let e = read(queue, lane).unwrap_err();
+            assert!(e.to_string().contains("SCAN_QUEUE_OVER_URL"), "{e}");
+        }
+    }
 
     /// Every queue URL is told apart by its prefix, and a stream key's
     /// braces must form a hash tag.

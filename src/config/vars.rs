@@ -316,6 +316,9 @@ variables! {
     /// an SQS queue URL, or `valkey-stream:<key>` (XADD on the quota Valkey, over-quota jobs to
     /// `{<key>}:over`; needs `VALKEY_URL`)
     SCAN_QUEUE_URL: Var<Optional> = optional("unset → stdout spool");
+    /// with an SQS `SCAN_QUEUE_URL`: the SQS queue of over-quota jobs, so a consumer always
+    /// reaches a due within-quota job ([The consumer](consumer.md))
+    SCAN_QUEUE_OVER_URL: Var<Optional> = optional("unset → the over lane shares SCAN_QUEUE_URL");
     /// PEM text or path: RSA (RS256), P-256 (ES256) or Ed25519 (EdDSA) public key
     QUOTA_JWT_PUBLIC_KEY: Var<Optional> = optional("—");
     /// JWKS JSON or path; keys picked by `kid` (rotation); a token without `kid` is tried on the keys of its algorithm

@@ -153,7 +153,10 @@ pub async fn run(
             }
             run_stream(&key, reads, ops, parts, shutdown).await
         }
-        SourceSpec::Sqs(url) => run_sqs(&url, ops, parts, shutdown).await,
+        SourceSpec::Sqs(url) => {
+            let over = parts.args.over_lane(&config)?;
+            run_sqs(&url, over.as_deref(), ops, parts, shutdown).await
+        }
     }
 }
 
@@ -190,12 +193,17 @@ async fn run_stream(
 /// is a Valkey.
 async fn run_sqs(
     url: &str,
+    over: Option<&str>,
     ops: Option<Valkey>,
     parts: Parts,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), String> {
     let sdk = aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await;
-    let source = source::sqs::SqsSource::new(&sdk, url, parts.args.lease);
+    let lease = parts.args.lease;
+    let lanes = std::iter::once(url).chain(over);
+    let sources = lanes
+        .map(|url| source::sqs::SqsSource::new(&sdk, url, lease))
+        .collect();
     let name = url.rsplit('/').next().unwrap_or("queue");
     let watch = match &ops {
         Some(ops) => Some(parts.watch_store(ops).await?),
@@ -215,7 +223,7 @@ async fn run_sqs(
             (Markers::local(), QueueClock::local(LOCAL))
         }
     };
-    refusal.or(drive(vec![source], markers, clock, parts, shutdown).await)
+    refusal.or(drive(sources, markers, clock, parts, shutdown).await)
 }
 
 /// Runs one consumer on `sources` (a queue's lanes, each read with a room

@@ -18,6 +18,10 @@ pub struct ConsumeArgs {
     /// an SQS queue URL. Default: the queue the gate writes to (SCAN_QUEUE_URL).
     #[arg(long)]
     pub from: Option<String>,
+    /// The over lane's SQS queue, read beside `--from`'s with a room of its
+    /// own. Default: SCAN_QUEUE_OVER_URL, when reading the gate's own queue.
+    #[arg(long)]
+    pub from_over: Option<String>,
     /// The scanner command (`sh -c`, in a process group of its own): job JSON on stdin,
     /// SCAN_ID, SCAN_ATTEMPT, IMAGE and the job's trace (TRACEPARENT, TRACESTATE,
     /// _X_AMZN_TRACE_ID) in its environment; exit 0 = done. Of the consumer's own
@@ -94,6 +98,9 @@ impl ConsumeArgs {
         if self.journal.is_some() && spec != SourceSpec::Stdin {
             return Err("--journal is for --from - (the spool) only".into());
         }
+        if self.from_over.is_some() && !matches!(spec, SourceSpec::Sqs(_)) {
+            return Err("--from-over is for an SQS queue only (a stream has its lanes)".into());
+        }
         Ok(spec)
     }
 
@@ -109,6 +116,19 @@ impl ConsumeArgs {
             }),
             (None, Some(url)) => Handoff::post(url),
             _ => Err("give one of --exec or --post".into()),
+        }
+    }
+
+    /// The over lane's SQS queue: `--from-over`, else the gate's own
+    /// (`SCAN_QUEUE_OVER_URL`) when `--from` names no other queue.
+    pub fn over_lane(&self, config: &crate::Config) -> Result<Option<String>, String> {
+        match &self.from_over {
+            Some(url) => match QueueTarget::from_url(url) {
+                Ok(QueueTarget::Sqs(url)) => Ok(Some(url)),
+                _ => Err(format!("--from-over {url}: expected an SQS queue URL")),
+            },
+            None if self.from.is_none() => Ok(config.queue_over.clone()),
+            None => Ok(None),
         }
     }
 

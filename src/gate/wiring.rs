@@ -80,7 +80,8 @@ impl Gate<AnyStore, AnyQueue> {
                         || aws_config::load_defaults(aws_config::BehaviorVersion::latest()),
                     )
                     .await;
-                AnyQueue::Sqs(crate::io::queue::sqs::SqsQueue::new(sdk, url))
+                let queue = crate::io::queue::sqs::SqsQueue::new(sdk, url);
+                AnyQueue::Sqs(queue.with_over_lane(config.queue_over.clone()))
             }
         };
         Self::new(config, store, queue, meter)

@@ -9,6 +9,11 @@
 //! so the scan cannot start before its delay has passed even when the
 //! handler slept only part of it.
 //!
+//! An over-quota job goes to the over lane's queue (`SCAN_QUEUE_OVER_URL`,
+//! when set), so a consumer always reaches a due within-quota job, and
+//! carries its tenant as `MessageGroupId`: SQS fair queues then keep one
+//! tenant's backlog from crowding out the others' messages.
+//!
 //! The client is built once per cold start from the SDK configuration
 //! (`aws_config`: region, credentials, `AWS_ENDPOINT_URL` for emulators) and
 //! shared by every invocation. Standard queues only: SQS refuses a
@@ -31,7 +36,7 @@ use aws_sdk_sqs::types::{
 
 use super::job_queue::{ENQUEUE_TIMEOUT, QueueError, ScanQueue};
 use crate::rules::delay::MAX_QUEUE_DEFERRAL;
-use crate::rules::job::ScanJob;
+use crate::rules::job::{Lane, ScanJob};
 use crate::rules::trace::{TRACEPARENT, TRACESTATE};
 
 /// A TCP connect to the regional (or VPC-endpoint) SQS address takes
@@ -50,6 +55,8 @@ const MAX_ATTEMPTS: u32 = 1;
 pub struct SqsQueue {
     client: Client,
     url: String,
+    /// The over lane's queue (`None`: the lanes share `url`).
+    over_url: Option<String>,
 }
 
 impl SqsQueue {
@@ -74,7 +81,14 @@ impl SqsQueue {
         Self {
             client,
             url: url.into(),
+            over_url: None,
         }
+    }
+
+    /// Over-quota jobs go to `url` instead (`None`: the same queue).
+    pub fn with_over_lane(mut self, url: Option<String>) -> Self {
+        self.over_url = url;
+        self
     }
 
     /// The queue URL (the tests check which queue the variables chose).
@@ -131,10 +145,16 @@ fn traced(
 impl ScanQueue for SqsQueue {
     async fn enqueue(&self, job: &ScanJob) -> Result<(), QueueError> {
         let body = serde_json::to_string(job).map_err(|e| QueueError::Backend(e.to_string()))?;
+        let (url, group) = match (job.lane(), &self.over_url) {
+            (Lane::Over, Some(over)) => (over, Some(job.tenant())),
+            (Lane::Over, None) => (&self.url, Some(job.tenant())),
+            (Lane::Within, _) => (&self.url, None),
+        };
         let send = self
             .client
             .send_message()
-            .queue_url(&self.url)
+            .queue_url(url)
+            .set_message_group_id(group.map(str::to_owned))
             .message_body(body)
             .delay_seconds(delay_seconds(job.deferred()))
             .message_attributes("scope", string_attribute(job.scope.as_str())?)
