@@ -433,12 +433,12 @@ fn cloudwatch_thresholds_are_the_alarms() {
             "1 s (p95 alarm)" => &["QuotaDelayP95HighIpAlarm", "QuotaDelayP95HighTidAlarm"],
             "backlog alarm" => &["QuotaBacklogRefusalsAlarm"],
             "global-paced alarm" => &["QuotaGlobalPacedAlarm"],
-            "dead-letter alarm" => &["ScanDeadLetterAlarm"],
+            "dead-letter alarm" => &["ScanDeadLetterAlarm", "ScanOverDeadLetterAlarm"],
             _ => &[],
         }
     };
     let alarms = alarms(&template);
-    assert_eq!(alarms.len(), 7, "{alarms:?}");
+    assert_eq!(alarms.len(), 8, "{alarms:?}");
     let mut checked = BTreeSet::new();
     for (label, value) in &lines {
         for alarm in alarms_of(label) {
