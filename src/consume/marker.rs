@@ -198,16 +198,15 @@ impl MarkerStore for Markers {
         match self {
             Self::Valkey { valkey, tag, wait } => {
                 let (marker, attempts) = Self::keys(tag, scan);
-                let checked = entry;
                 let mut keys = vec![marker.as_str(), attempts.as_str()];
-                keys.extend(checked.map(|(stream, _)| stream));
+                keys.extend(entry.map(|(stream, _)| stream));
                 let mut cmd = crate::io::store::valkey::eval(CLAIM, &keys);
                 cmd.arg(token)
                     .arg(crate::rules::unix::duration_ms(lease))
                     .arg(mine)
                     .arg(DONE_TTL_SECS);
-                if let Some((_, entry)) = checked {
-                    cmd.arg(entry);
+                if let Some((_, id)) = entry {
+                    cmd.arg(id);
                 }
                 let (answer, durable): (i64, bool) =
                     valkey.send_replicated(cmd, *wait, valkey.timeout()).await?;
