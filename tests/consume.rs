@@ -507,6 +507,19 @@ async fn metrics_listen_serves_prometheus_text() {
         text.contains("stella_consumer_jobs_succeeded_total"),
         "{text}"
     );
+    // The consumer's alert rule reads a series this consumer exposes.
+    let rules = std::fs::read_to_string(common::root().join("prometheus/alerts.yaml")).unwrap();
+    let rule = rules
+        .lines()
+        .find(|l| l.contains("stella_consumer_lateness_ms_bucket{lane=\"within\"}"))
+        .expect("the within-quota dwell rule");
+    assert!(rule.trim_start().starts_with("expr:"), "{rule}");
+    assert!(
+        text.contains(
+            "stella_consumer_lateness_ms_bucket{source=\"stdin\",lane=\"within\",le=\"5000\"}"
+        ),
+        "{text}"
+    );
     drop(stdin);
 }
 

@@ -22,6 +22,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::client::{http, scan_request};
+use common::consumer::{Scanner, job, now_ms};
 use common::serve::{spawn_serve, stderr_of};
 use common::*;
 use jsonwebtoken::Algorithm;
@@ -616,7 +617,7 @@ fn alert_rules() -> Vec<(String, f64)> {
 #[test]
 fn grafana_thresholds_are_the_alert_rules() {
     let rules = alert_rules();
-    assert_eq!(rules.len(), 5);
+    assert_eq!(rules.len(), 6);
     let panels = panels(&grafana());
     for (expr, threshold) in rules {
         let (title, red, _) = panels
@@ -681,15 +682,17 @@ fn prometheus_bin() -> PathBuf {
     std::env::var_os("PROMETHEUS_BIN").map_or_else(|| PathBuf::from("prometheus"), PathBuf::from)
 }
 
-/// A real Prometheus scraping `target` every second, killed on drop.
-fn start_prometheus(target: SocketAddr, dir: &std::path::Path) -> (KillOnDrop, SocketAddr) {
+/// A real Prometheus scraping `targets` every second, killed on drop.
+fn start_prometheus(targets: &[SocketAddr], dir: &std::path::Path) -> (KillOnDrop, SocketAddr) {
     let config = dir.join("prometheus.yml");
+    let targets: Vec<String> = targets.iter().map(|t| format!("'{t}'")).collect();
     std::fs::write(
         &config,
         format!(
             "global: {{scrape_interval: 1s, evaluation_interval: 1s}}\n\
              scrape_configs:\n  - job_name: quota-gate\n    static_configs:\n      \
-             - targets: ['{target}']\n"
+             - targets: [{}]\n",
+            targets.join(", ")
         ),
     )
     .unwrap();
@@ -757,8 +760,18 @@ fn grafana_queries_return_data_from_prometheus() {
         ],
     );
     let (mut serve, addr) = spawn_serve(&vars);
+    // A consumer beside it, for the consumer's panels: one job run.
+    let scanner = Scanner::new();
+    let consumer = loopback(free_port());
+    let listen = consumer.to_string();
+    let args = ["--from", "-", "--metrics-listen", &listen];
+    let mut consume = scanner.consume("g", &args, &[], Stdio::piped());
+    let mut jobs = consume.stdin.take().unwrap();
+    writeln!(jobs, "{}", job(now_ms())).unwrap();
+    scanner.wait_for_ends(1, Duration::from_secs(10));
+    assert!(wait_for_port(consumer, Duration::from_secs(10)));
     let dir = tempfile::tempdir().unwrap();
-    let (_prometheus, prometheus) = start_prometheus(addr, dir.path());
+    let (_prometheus, prometheus) = start_prometheus(&[addr, consumer], dir.path());
 
     let token = token();
     for t in [None, Some(token.as_str())] {
@@ -791,6 +804,7 @@ fn grafana_queries_return_data_from_prometheus() {
     );
     wait_for(prometheus, "stella_quota_requests_unmetered_total", 1.0);
     wait_for(prometheus, "count_over_time(process_open_fds[1m])", 3.0);
+    wait_for(prometheus, "stella_consumer_lateness_ms_count", 1.0);
 
     for (title, _, exprs) in panels(&grafana()) {
         for expr in exprs {

@@ -2,8 +2,9 @@
 //! per event on stdout (through the non-blocking stdout writer, off with
 //! `--no-emf`) and the `metrics` facade, rendered as Prometheus text when
 //! `--metrics-listen` is given. The dimension is `Source` (`stream`,
-//! `sqs`, `stdin`), and for the lateness (the dwell from due to start) also
-//! `Lane` (`within`, `over`); no scanId, digest or image in any metric. The lines are
+//! `sqs`, `stdin`), and for the lateness (the dwell from due to start) and
+//! the backlog (due jobs waiting for a run slot) also `Lane` (`within`,
+//! `over`); no scanId, digest or image in any metric. The lines are
 //! built and written by the gate's one EMF writer ([`crate::io::meter::emf`]).
 
 use std::sync::Arc;
@@ -25,6 +26,9 @@ pub const HELD: &str = "stella_consumer_held_jobs";
 pub const TIMEOUTS: &str = "stella_consumer_scan_timeouts_total";
 /// Scans stopped because their marker's lease was lost.
 pub const LEASES_LOST: &str = "stella_consumer_leases_lost_total";
+/// Due jobs waiting for a run slot right now (the scanner busy), per lane:
+/// the backlog the lanes' order (`consume::slots`) works through.
+pub const WAITING: &str = "stella_consumer_waiting_jobs";
 /// Valkey's clock minus this machine's (ms), as last measured.
 pub const CLOCK_SKEW_MS: &str = "stella_consumer_clock_skew_ms";
 /// Start − `notBefore`, per started job.
@@ -55,16 +59,43 @@ pub struct ConsumeMeter {
     source: &'static str,
     emf: Option<Sink>,
     held: Arc<AtomicI64>,
+    /// [`WAITING`] per lane, indexed by [`lane_index`].
+    waiting: Arc<[AtomicI64; 2]>,
+}
+
+/// A due job's place in the backlog of its lane: counted while it lives.
+pub struct Waiting {
+    meter: ConsumeMeter,
+    lane: Lane,
+}
+
+impl Drop for Waiting {
+    fn drop(&mut self) {
+        self.meter.waiting_by(self.lane, -1);
+    }
+}
+
+fn lane_index(lane: Lane) -> usize {
+    match lane {
+        Lane::Within => 0,
+        Lane::Over => 1,
+    }
 }
 
 impl ConsumeMeter {
     pub fn new(namespace: &str, source: &'static str, emf: bool) -> Self {
+        // The gauges start at zero, so a quiet lane reads 0, not absent.
+        metrics::gauge!(HELD, "source" => source).set(0.0);
+        for lane in [Lane::Within, Lane::Over] {
+            metrics::gauge!(WAITING, "source" => source, "lane" => lane.as_str()).set(0.0);
+        }
         Self {
             namespace: namespace.into(),
             source,
             // A stdout nobody reads loses metric lines, never jobs.
             emf: emf.then(|| Sink::Background(LineWriter::stdout(), None)),
             held: Arc::default(),
+            waiting: Arc::default(),
         }
     }
 
@@ -78,6 +109,7 @@ impl ConsumeMeter {
         metrics::describe_counter!(TIMEOUTS, "Scans stopped at --scan-timeout.");
         metrics::describe_counter!(LEASES_LOST, "Scans stopped because their lease was lost.");
         metrics::describe_gauge!(HELD, "Jobs waiting for their notBefore.");
+        metrics::describe_gauge!(WAITING, "Due jobs waiting for a run slot, per lane.");
         metrics::describe_gauge!(CLOCK_SKEW_MS, "Valkey's clock minus this machine's, ms.");
         metrics::describe_histogram!(
             LATENESS_MS,
@@ -90,6 +122,20 @@ impl ConsumeMeter {
     pub fn held(&self, delta: i64) {
         let now = self.held.fetch_add(delta, Ordering::Relaxed) + delta;
         metrics::gauge!(HELD, "source" => self.source).set(now as f64);
+    }
+
+    /// A due job of `lane` waits for a run slot until the guard drops.
+    pub fn waiting(&self, lane: Lane) -> Waiting {
+        self.waiting_by(lane, 1);
+        Waiting {
+            meter: self.clone(),
+            lane,
+        }
+    }
+
+    fn waiting_by(&self, lane: Lane, delta: i64) {
+        let now = self.waiting[lane_index(lane)].fetch_add(delta, Ordering::Relaxed) + delta;
+        metrics::gauge!(WAITING, "source" => self.source, "lane" => lane.as_str()).set(now as f64);
     }
 
     pub fn record(&self, event: Event) {
@@ -123,6 +169,7 @@ impl ConsumeMeter {
         };
         if started.is_some() {
             declared.push((LATENESS_MS, Unit::Milliseconds));
+            declared.push((WAITING, Unit::Count));
         }
         let directive = match started {
             // The dwell per lane too: the same metrics under Source and Lane.
@@ -139,6 +186,10 @@ impl ConsumeMeter {
         if let Some((lateness_ms, lane)) = started {
             line.text("Lane", lane.as_str());
             line.number(LATENESS_MS, lateness_ms);
+            line.number(
+                WAITING,
+                self.waiting[lane_index(lane)].load(Ordering::Relaxed),
+            );
         }
         line.finish()
     }
@@ -150,11 +201,13 @@ mod tests {
 
     use super::*;
 
-    /// A started job's line declares its counter, the held gauge and the lateness, by Source and by Source and Lane.
+    /// A started job's line declares its counter, the held gauge, the
+    /// lateness and its lane's backlog, by Source and by Source and Lane.
     #[test]
     fn emf_shape() {
         let meter = ConsumeMeter::new("StellaOps/Quota", "stream", false);
         meter.held(2);
+        let _waiting = meter.waiting(Lane::Over);
         let line = meter.emf_line(
             Event::Started {
                 lateness_ms: 12,
@@ -167,7 +220,8 @@ mod tests {
         let cw = &doc["_aws"]["CloudWatchMetrics"][0];
         assert_eq!(cw["Dimensions"], json!([["Source"], ["Source", "Lane"]]));
         assert_eq!(doc["Lane"], "over");
-        assert_eq!(cw["Metrics"].as_array().unwrap().len(), 3);
+        assert_eq!(cw["Metrics"].as_array().unwrap().len(), 4);
+        assert_eq!(doc[WAITING], 1);
         assert_eq!(doc[STARTED], 1);
         assert_eq!(doc[HELD], 2);
         assert_eq!(doc[LATENESS_MS], 12);

@@ -120,8 +120,11 @@ impl<S: JobSource, X: Scanner, M: MarkerStore> Worker<S, X, M> {
                 }
                 continue;
             }
+            let waiting = self.meter.waiting(d.job.lane());
             let slot = self.run_slots.acquire(d.job.lane(), d.job.tenant());
-            let Waited::Done(slot) = self.unless_stopping(slot).await else {
+            let slot = self.unless_stopping(slot).await;
+            drop(waiting);
+            let Waited::Done(slot) = slot else {
                 return self.source.give_back(&d, Duration::ZERO).await;
             };
             let Some(step) = self.claim(&d, &token).await else {
