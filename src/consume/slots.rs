@@ -268,4 +268,112 @@ mod tests {
         let again = tokio::time::timeout(Duration::from_secs(1), slots.acquire(Lane::Over, "b"));
         assert!(again.await.is_ok(), "the slot came back free");
     }
+    /// One drawn arrival: over quota or not, its tenant, when it arrives,
+    /// how long its scan takes (ms).
+    type Arrival = (bool, u8, u64, u64);
+
+    /// Runs `arrivals` through one slot (paused time); per start, in
+    /// order: (its index, the indexes waiting when the slot was handed).
+    fn run(arrivals: &[Arrival], over_every: u32) -> Vec<(usize, Vec<usize>)> {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .start_paused(true)
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let slots = RunSlots::new(1, over_every);
+            // Each task's arrival and start, in one sequence of events.
+            let log = Arc::new(Mutex::new(Vec::new()));
+            let mut tasks = Vec::new();
+            for (i, &(over, tenant, at, scan)) in arrivals.iter().enumerate() {
+                let (slots, log) = (slots.clone(), log.clone());
+                let lane = if over { Lane::Over } else { Lane::Within };
+                tasks.push(tokio::spawn(async move {
+                    tokio::time::sleep(Duration::from_millis(at)).await;
+                    log.lock().unwrap().push((i, false));
+                    let slot = slots.acquire(lane, &tenant.to_string()).await;
+                    log.lock().unwrap().push((i, true));
+                    tokio::time::sleep(Duration::from_millis(scan)).await;
+                    drop(slot);
+                }));
+            }
+            for task in tasks {
+                task.await.unwrap();
+            }
+            // With one slot, a start is handed when the last one ends, so
+            // what waited then is what had arrived and not started before
+            // this start was logged.
+            let log = log.lock().unwrap();
+            let mut waiting: Vec<usize> = Vec::new();
+            let mut starts = Vec::new();
+            for &(i, started) in log.iter() {
+                if started {
+                    starts.push((i, waiting.clone()));
+                    waiting.retain(|w| *w != i);
+                } else {
+                    waiting.push(i);
+                }
+            }
+            starts
+        })
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(200))]
+
+        /// Drawn arrivals of both lanes and four tenants through one slot:
+        /// an over-quota job starts while a within-quota one waits only
+        /// once `over_every - 1` within-quota ones started since the over
+        /// lane's last start; and a tenant starts again only after every
+        /// tenant that waited then and still waits took its turn.
+        #[test]
+        fn drawn_arrivals_keep_the_order(
+            arrivals in proptest::collection::vec(
+                (proptest::bool::ANY, 0u8..4, 0u64..200, 1u64..30), 1..40),
+            over_every in 1u32..5,
+        ) {
+            let starts = run(&arrivals, over_every);
+            proptest::prop_assert_eq!(starts.len(), arrivals.len());
+            let over = |i: usize| arrivals[i].0;
+            let mut within_since_over = 0u32;
+            // Per tenant, its last start: (position, over-quota tenants waiting then).
+            let mut last_turn: std::collections::HashMap<u8, (usize, Vec<u8>)> = Default::default();
+            let mut turns: Vec<Option<u8>> = Vec::new();
+            for (n, (i, waiting)) in starts.iter().enumerate() {
+                let others: Vec<usize> = waiting.iter().copied().filter(|w| w != i).collect();
+                if !over(*i) {
+                    within_since_over += 1;
+                    turns.push(None);
+                    continue;
+                }
+                if others.iter().any(|w| !over(*w)) {
+                    proptest::prop_assert!(
+                        within_since_over + 1 >= over_every,
+                        "an over-quota start after {} within-quota ones: {:?}",
+                        within_since_over, starts
+                    );
+                }
+                within_since_over = 0;
+                let tenant = arrivals[*i].1;
+                let waiting_tenants: Vec<u8> = others
+                    .iter()
+                    .filter(|w| over(**w))
+                    .map(|w| arrivals[*w].1)
+                    .filter(|t| *t != tenant)
+                    .collect();
+                if let Some((at, before)) = last_turn.get(&tenant) {
+                    // A tenant waiting then and now had its turn in between.
+                    for t in before.iter().filter(|t| waiting_tenants.contains(t)) {
+                        proptest::prop_assert!(
+                            turns[*at..].contains(&Some(*t)),
+                            "tenant {} again before {} had its turn: {:?}",
+                            tenant, t, starts
+                        );
+                    }
+                }
+                last_turn.insert(tenant, (n, waiting_tenants));
+                turns.push(Some(tenant));
+            }
+        }
+    }
 }
