@@ -1,6 +1,16 @@
 //! Pacing, as a pure rule: over-quota scans of one subject start one tier
 //! delay apart, so a parallel burst waits in line instead of all at once.
 //!
+//! This is the generic cell rate algorithm (GCRA, ITU-T I.371; the rule
+//! behind governor's `test_and_update` and redis-cell) with a burst of one:
+//! each line's "slot" is its theoretical arrival time (TAT), the emission
+//! interval is the tier's delay, and where a rate limiter refuses a cell
+//! that arrives before its TAT, the gate delays the scan to it instead and
+//! moves the TAT one interval on. Several lines (the subject's and the
+//! levels above it) are paced at once by taking the latest of their TATs.
+//! The cap (`QUOTA_MAX_BACKLOG_MS`) is GCRA's delay-variation tolerance
+//! turned around: beyond it the scan is refused, not delayed.
+//!
 //! [`next_start`] is the rule; `pace.lua` (through
 //! [`crate::io::store::QuotaStore::pace`]) applies it atomically in Valkey, the
 //! in-memory store calls it directly, and [`crate::gate::quota_view`] uses it to
