@@ -451,11 +451,9 @@ impl QuotaStore for LatePace {
     }
     async fn take_bed(
         &self,
-        ask: quota_gate::rules::delay::BedAsk,
-        arrival: quota_gate::rules::unix::UnixMillis,
-        wait_ms: u64,
+        bed: quota_gate::rules::delay::LoneBed,
     ) -> Result<quota_gate::rules::delay::Bed, StoreError> {
-        self.inner.take_bed(ask, arrival, wait_ms).await
+        self.inner.take_bed(bed).await
     }
     async fn refund(&self, refund: Refund<'_>) -> Result<(), StoreError> {
         self.inner.refund(refund).await

@@ -16,7 +16,7 @@ use crate::gate::error::GateError;
 use crate::io::queue::ScanQueue;
 use crate::io::store::{PaceArgs, QuotaStore};
 use crate::rules::decide::decide;
-use crate::rules::delay::Bed;
+use crate::rules::delay::{Bed, LoneBed};
 use crate::rules::pace::Paced;
 use crate::rules::settle::{self, Charge, DelayRule, Failure};
 use crate::rules::unix::{UnixSecs, duration_ms};
@@ -67,8 +67,11 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
     /// carries (`QUOTA_PACING=off`): without an answer, none.
     async fn bed(&self, attempt: &Attempt, scan: &Scan, delay: Duration) -> Option<Bed> {
         let ask = attempt.bed_ask(&self.config.policy, scan.scan_id)?;
-        let wait_ms = duration_ms(delay);
-        let bed = self.store.take_bed(ask, scan.received_ms, wait_ms);
+        let bed = self.store.take_bed(LoneBed {
+            ask,
+            arrival: scan.received_ms,
+            wait_ms: duration_ms(delay),
+        });
         self.bounded(bed).await.ok()
     }
 

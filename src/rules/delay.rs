@@ -82,6 +82,15 @@ pub struct BedAsk {
     pub max_asleep: u32,
 }
 
+/// A bed asked alone, outside a pacing step: for a scan that arrived at
+/// `arrival` and owes `wait_ms`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LoneBed {
+    pub ask: BedAsk,
+    pub arrival: UnixMillis,
+    pub wait_ms: u64,
+}
+
 /// What a scan found among the beds: whether it took one (and may sleep),
 /// and how many requests were asleep fleet-wide then (itself included).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -8,7 +8,7 @@ use super::quota_store::{CountArgs, PaceArgs, PaceLane, Refund, StoreError};
 use crate::config::ResetPolicy;
 use crate::io::connection::{eval, sized_cmd};
 use crate::rules::count::{Count, Lane, Peek, Tally};
-use crate::rules::delay::{BED_GRACE, BEDS_KEY, Bed, BedAsk, bed_until};
+use crate::rules::delay::{BED_GRACE, BEDS_KEY, Bed, LoneBed, bed_until};
 use crate::rules::key::QuotaKey;
 use crate::rules::pace::Paced;
 use crate::rules::unix::{UnixMillis, UnixSecs, duration_ms};
@@ -278,12 +278,16 @@ pub(super) fn paced(reply: &[i64]) -> Paced {
     }
 }
 
-/// A bed asked alone (`take_bed.lua`): for a scan that arrived at
-/// `arrival` and owes `wait_ms`.
-pub(super) fn take_bed_script(ask: &BedAsk, arrival: UnixMillis, wait_ms: u64) -> redis::Cmd {
+/// A bed asked alone (`take_bed.lua`).
+pub(super) fn take_bed_script(bed: &LoneBed) -> redis::Cmd {
+    let LoneBed {
+        ask,
+        arrival,
+        wait_ms,
+    } = bed;
     let mut cmd = eval(TAKE_BED, &[BEDS_KEY]);
     cmd.arg(arrival.get())
-        .arg(bed_until(arrival, wait_ms, ask.budget_ms).get())
+        .arg(bed_until(*arrival, *wait_ms, ask.budget_ms).get())
         .arg(ask.max_asleep)
         .arg(ask.id.to_string());
     cmd

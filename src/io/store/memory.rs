@@ -24,7 +24,7 @@ use super::quota_store::{
     CountArgs, CountFailed, PaceArgs, QuotaStore, RecordUpdate, Refund, StoreError, TakeOver,
 };
 use crate::rules::count::{Count, Lane, Peek, Tally};
-use crate::rules::delay::{Bed, BedAsk, take_bed};
+use crate::rules::delay::{Bed, LoneBed, take_bed};
 use crate::rules::key::{IDEMPOTENCY_TTL_SECS, QuotaKey};
 use crate::rules::pace::{Paced, line_excess, next_start};
 use crate::rules::record::{Claim, Claimed, Record, RecordState};
@@ -315,13 +315,13 @@ impl QuotaStore for MemoryStore {
         }
     }
 
-    async fn take_bed(
-        &self,
-        ask: BedAsk,
-        arrival: UnixMillis,
-        wait_ms: u64,
-    ) -> Result<Bed, StoreError> {
-        Ok(take_bed(&mut self.lock().beds, &ask, arrival, wait_ms))
+    async fn take_bed(&self, bed: LoneBed) -> Result<Bed, StoreError> {
+        Ok(take_bed(
+            &mut self.lock().beds,
+            &bed.ask,
+            bed.arrival,
+            bed.wait_ms,
+        ))
     }
 
     async fn refund(&self, refund: Refund<'_>) -> Result<(), StoreError> {

@@ -29,8 +29,8 @@ pub mod valkey;
 
 use uuid::Uuid;
 
-use crate::rules::delay::{Bed, BedAsk};
-use crate::rules::unix::{UnixMillis, UnixSecs};
+use crate::rules::delay::{Bed, LoneBed};
+use crate::rules::unix::UnixSecs;
 
 pub use crate::rules::count::{Count, Lane, Peek, Tally};
 pub use crate::rules::key::{
@@ -101,13 +101,8 @@ impl QuotaStore for AnyStore {
         dispatch!(self, s => s.pace(args))
     }
 
-    async fn take_bed(
-        &self,
-        ask: BedAsk,
-        arrival: UnixMillis,
-        wait_ms: u64,
-    ) -> Result<Bed, StoreError> {
-        dispatch!(self, s => s.take_bed(ask, arrival, wait_ms))
+    async fn take_bed(&self, bed: LoneBed) -> Result<Bed, StoreError> {
+        dispatch!(self, s => s.take_bed(bed))
     }
 
     async fn refund(&self, refund: Refund<'_>) -> Result<(), StoreError> {

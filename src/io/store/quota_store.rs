@@ -8,7 +8,7 @@ use uuid::Uuid;
 
 use crate::config::ResetPolicy;
 use crate::rules::count::{Lane, Peek, Tally};
-use crate::rules::delay::{Bed, BedAsk};
+use crate::rules::delay::{Bed, BedAsk, LoneBed};
 use crate::rules::key::QuotaKey;
 use crate::rules::level::Level;
 use crate::rules::pace::Paced;
@@ -245,16 +245,10 @@ pub trait QuotaStore: Send + Sync + 'static {
     /// scan anyway (a late step would then uncount a queued scan).
     fn pace(&self, args: PaceArgs<'_>) -> impl Future<Output = Result<Paced, StoreError>> + Send;
 
-    /// Asks for a bed alone ([`crate::rules::delay::take_bed`]), for a scan that
-    /// arrived at `arrival` and owes `wait_ms`: where no pacing step can
-    /// carry the ask (`QUOTA_PACING=off`; a cluster, whose beds live in a
-    /// slot of their own).
-    fn take_bed(
-        &self,
-        ask: BedAsk,
-        arrival: UnixMillis,
-        wait_ms: u64,
-    ) -> impl Future<Output = Result<Bed, StoreError>> + Send;
+    /// Asks for a bed alone ([`crate::rules::delay::take_bed`]): where no
+    /// pacing step can carry the ask (`QUOTA_PACING=off`; a cluster, whose
+    /// beds live in a slot of their own).
+    fn take_bed(&self, bed: LoneBed) -> impl Future<Output = Result<Bed, StoreError>> + Send;
 
     /// Takes back one count of its period (a no-op if the counter is gone or
     /// belongs to a later period), and removes the record if it still names

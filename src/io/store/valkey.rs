@@ -24,8 +24,8 @@
 use redis::Value;
 use uuid::Uuid;
 
-use crate::rules::delay::{Bed, BedAsk};
-use crate::rules::unix::{UnixMillis, UnixSecs};
+use crate::rules::delay::{Bed, BedAsk, LoneBed};
+use crate::rules::unix::UnixSecs;
 
 use super::commands::{
     GrantHeld, PACE_SCRIPT, REFUND_SCRIPT, bed_of, count_of, in_subject_period, iso8601,
@@ -170,7 +170,12 @@ impl ValkeyStore {
     /// cluster's): a bed that cannot be had is none, and the scan sleeps
     /// nothing, but the step's slot stands.
     async fn bed_after(&self, ask: BedAsk, args: &PaceArgs<'_>, delay_ms: u64) -> Option<Bed> {
-        let bed = self.take_bed(ask, args.arrival_ms, delay_ms).await;
+        let bed = self.take_bed(LoneBed {
+            ask,
+            arrival: args.arrival_ms,
+            wait_ms: delay_ms,
+        });
+        let bed = bed.await;
         if let Err(e) = &bed {
             tracing::warn!(error = %e, "no bed: the scan sleeps nothing");
         }
@@ -307,13 +312,8 @@ impl QuotaStore for ValkeyStore {
         }
     }
 
-    async fn take_bed(
-        &self,
-        ask: BedAsk,
-        arrival: UnixMillis,
-        wait_ms: u64,
-    ) -> Result<Bed, StoreError> {
-        let reply: Vec<i64> = self.send(take_bed_script(&ask, arrival, wait_ms)).await?;
+    async fn take_bed(&self, bed: LoneBed) -> Result<Bed, StoreError> {
+        let reply: Vec<i64> = self.send(take_bed_script(&bed)).await?;
         bed_of(&reply)
     }
 

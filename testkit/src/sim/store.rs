@@ -13,7 +13,7 @@ use quota_gate::io::store::{
     Claim, Claimed, CountArgs, CountFailed, Lane, PaceArgs, Paced, QuotaKey, QuotaStore,
     RecordUpdate, Refund, StoreError, TakeOver, Tally,
 };
-use quota_gate::rules::delay::{Bed, BedAsk};
+use quota_gate::rules::delay::{Bed, LoneBed};
 use quota_gate::rules::level::Level;
 use quota_gate::rules::unix::{UnixMillis, UnixSecs};
 use uuid::Uuid;
@@ -335,15 +335,10 @@ impl QuotaStore for SimStore {
         .await
     }
 
-    async fn take_bed(
-        &self,
-        ask: BedAsk,
-        arrival: UnixMillis,
-        wait_ms: u64,
-    ) -> Result<Bed, StoreError> {
+    async fn take_bed(&self, bed: LoneBed) -> Result<Bed, StoreError> {
         self.call(
             "take_bed",
-            move |m, _| ready(m.take_bed(ask, arrival, wait_ms)).expect("memory store"),
+            move |m, _| ready(m.take_bed(bed)).expect("memory store"),
             Kind::Other,
         )
         .await
