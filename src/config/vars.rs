@@ -360,9 +360,10 @@ variables! {
 }
 
 /// What the table adds to a secret variable's meaning: the grammar of
-/// [`super::secret_ref`] (a test there checks both prefixes are named).
+/// [`super::secret_ref`] (a test there checks every prefix is named).
 pub const SECRET_NOTE: &str = "; or a reference, read once at start: `secretsmanager:<secret ARN or \
-     name>` or `ssm:<SecureString parameter name or ARN>` ([Secrets](production.md#secrets))";
+     name>`, `ssm:<SecureString parameter name or ARN>` or `file:<path>` (a mounted secret file, its \
+     trailing newline dropped) ([Secrets](production.md#secrets))";
 
 /// A number as the table writes it: `86400000 (24 h)` for the longest millis.
 fn bound(n: u64) -> String {
