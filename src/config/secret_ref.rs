@@ -164,7 +164,7 @@ mod tests {
                 .contains("secretsmanager:<ARN>")
         );
         for prefix in [SECRETS_MANAGER, PARAMETER, FILE] {
-            assert!(super::super::vars::SECRET_NOTE.contains(&format!("`{prefix}<")));
+            assert!(super::super::table::SECRET_NOTE.contains(&format!("`{prefix}<")));
         }
         for r in [
             SecretRef::Parameter("/a".into()),

@@ -174,27 +174,33 @@ async fn serve(config: Config) -> Result<(), String> {
             crate::io::queue::stream::warn_without_persistence(&valkey, &key).await;
         });
     }
+    // What QUOTA_DRAIN_TIMEOUT_MS keeps for the last lines, after the requests.
+    let output = config.serve.drain_timeout - crate::front::serve::drain_timeout(&config);
     let served = Server::bind(config, Some(metrics))
         .await?
         .run(shutdown)
         .await;
     // The last EMF lines and log lines out, unless nobody is reading.
-    LineWriter::stdout().drain(EXIT_DRAIN).await;
+    let by = tokio::time::Instant::now() + output;
+    LineWriter::stdout().drain(output).await;
     if let Some(stderr) = STDERR.get() {
-        stderr.drain(EXIT_DRAIN).await;
+        stderr
+            .drain(by.saturating_duration_since(tokio::time::Instant::now()))
+            .await;
     }
     refusal.or(served)
 }
 
 /// `serve`'s meter of the store's own metrics: EMF lines through the
-/// non-blocking stdout, as its requests' (a dropped line is counted).
+/// non-blocking stdout, as its requests' (a dropped line is counted), unless
+/// `QUOTA_EMF=off`.
 fn store_meter(config: &Config) -> StoreMeter {
-    let sink = Sink::Background(LineWriter::stdout(), Some(metrics::counter!(EMF_DROPPED)));
-    StoreMeter::new(&config.metrics_namespace, Process::Serve, Some(sink))
+    let sink = config
+        .serve
+        .emf
+        .then(|| Sink::Background(LineWriter::stdout(), Some(metrics::counter!(EMF_DROPPED))));
+    StoreMeter::new(&config.metrics_namespace, Process::Serve, sink)
 }
-
-/// How long a stopping `serve` waits for its stdout and stderr readers.
-const EXIT_DRAIN: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// `serve`'s non-blocking stderr, for the logs.
 static STDERR: std::sync::OnceLock<LineWriter> = std::sync::OnceLock::new();
