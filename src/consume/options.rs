@@ -82,6 +82,9 @@ pub struct ConsumeArgs {
     /// Serve Prometheus text at GET /metrics on this address.
     #[arg(long)]
     pub metrics_listen: Option<SocketAddr>,
+    /// Answer GET /healthz (alive) and GET /readyz (its Valkey answers) on this address.
+    #[arg(long)]
+    pub health_listen: Option<SocketAddr>,
     /// No EMF metric lines on stdout.
     #[arg(long)]
     pub no_emf: bool,

@@ -1,7 +1,7 @@
 //! The local front end: `quota-gate serve`, an HTTP/1.1 server on the same
 //! [`Gate::handle`] as Lambda.
 //!
-//! Routes: `POST /scan` (the gate), `GET`/`HEAD /healthz`, and `GET /metrics`
+//! Routes: `POST /scan` (the gate), `GET`/`HEAD /healthz`, `/readyz`, and `GET /metrics`
 //! (Prometheus text, when a recorder handle is given). The source address is
 //! the socket peer.
 //!
@@ -13,7 +13,7 @@
 //! | `connection.rs` | a worker's accept loop: a connection, a slot for it, then hyper over a socket whose stalled writes time out; the drain |
 //! | `admission.rs` | the connection cap, shared by the workers, and which open connection gives its slot up to a new one |
 //! | `answer.rs` | the response body and socket wrappers that tell the cap when a connection's answer is sent |
-//! | `route.rs` | one request: `/healthz`, `/metrics`, or the gate in a task of its own |
+//! | `route.rs` | one request: `/healthz`, `/readyz`, `/metrics`, or the gate in a task of its own |
 //! | `limits.rs` | [`ServeLimits`]: the timeouts, the connection cap, its graces and the drain, shared by the others |
 //!
 //! # Clients that hold the server up
@@ -109,7 +109,8 @@
 //! finish keeps the bound whatever the delays: a 28 s sleep could never
 //! finish within it, and one rule serves both.
 //!
-//! `/healthz` and `/metrics` touch neither the store, the queue nor stdout.
+//! `/healthz` and `/metrics` touch neither the store, the queue nor stdout;
+//! `/readyz` sends the store one `PING`, waiting at most a second.
 
 mod admission;
 mod answer;
