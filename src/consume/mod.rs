@@ -17,7 +17,7 @@
 //! | clock | [`clock`] | the queue's clock: local time corrected by Valkey's `TIME` |
 //! | sources | [`source`] | the [`JobSource`] trait: stream (group, reclaim, ack), SQS (long poll, visibility, delete), stdin (with its journal) |
 //! | markers | [`marker`] | one run per `scanId`: a leased, numbered marker in Valkey (or in process), behind the [`MarkerStore`](marker::MarkerStore) trait |
-//! | hand-off | [`handoff`], [`guard`] | the [`Scanner`](handoff::Scanner) trait: `--exec` under a guard in its own process group, or `--post` |
+//! | hand-off | [`handoff`], [`guard`], [`post`] | the [`Scanner`](handoff::Scanner) trait: `--exec` under a guard in its own process group, or `--post` over HTTP or HTTPS |
 //! | leases | [`lease`] | marker tokens, one per attempt; a delivery and its marker renewed every quarter lease, and the watch that stops a scan whose lease is lost |
 //! | run slots | [`slots`] | which due job starts next: within quota first, over-quota tenants in turn, the over lane's share every `--over-every`-th start |
 //! | one job | [`worker`] | hold → run slot → marker → hand-off under a lease watch and a timeout → carries out what [`schedule::after_hand_off`] says |
@@ -49,6 +49,7 @@ pub mod listen;
 pub mod marker;
 pub mod meter;
 pub mod options;
+pub mod post;
 pub mod schedule;
 pub mod slots;
 pub mod source;
