@@ -46,7 +46,7 @@ pub async fn serve_metrics(addr: SocketAddr) -> Result<(), String> {
 }
 
 /// `/healthz` and `/readyz` on `addr`, readiness being `valkey`'s `PING`,
-/// until the handle is dropped (the consumer's end).
+/// until the handle is dropped (the consumer's end), its connections with it.
 pub async fn serve_health(
     addr: SocketAddr,
     valkey: Option<Valkey>,
@@ -55,7 +55,10 @@ pub async fn serve_health(
         .await
         .map_err(|e| format!("--health-listen {addr}: {e}"))?;
     let accepting = async move {
+        // Owned by the accepting task: its end (the handle dropped) ends them.
+        let mut connections = tokio::task::JoinSet::new();
         loop {
+            while connections.try_join_next().is_some() {}
             let Ok((stream, _)) = listener.accept().await else {
                 tokio::time::sleep(std::time::Duration::from_millis(50)).await;
                 continue;
@@ -69,7 +72,7 @@ pub async fn serve_health(
                 .timer(TokioTimer::new())
                 .header_read_timeout(HEADER_READ_TIMEOUT)
                 .serve_connection(TokioIo::new(stream), service);
-            tokio::spawn(connection);
+            connections.spawn(connection);
         }
     };
     Ok(AbortOnDropHandle::new(tokio::spawn(accepting)))
