@@ -16,7 +16,7 @@
 //! |---|---|---|
 //! | 1 | [`rules`] | the pure rules and their types: [`rules::decide`] (count and limits in, tier and delay out), [`rules::level`] (the levels above a subject), [`rules::pace`], [`rules::delay`], [`rules::settle`] (what every failure and repeated key leads to), [`rules::record`], [`rules::job`] (the one job type), [`rules::trace`] (W3C and X-Ray trace context), [`rules::digest`], [`rules::unix`] instants, the store's circuit [`rules::breaker`] |
 //! | 2 | [`config`] | every setting, read once at start, and [`config::secret_ref`], the grammar of a secret given by reference |
-//! | 3 | [`io`] | the [`io::connection`] to Valkey, the [`io::store`] that counts, the [`io::queue`]s that carry jobs, the [`io::clock`], the [`io::meter`], the [`io::stdout`] line writer, and [`io::secrets`], which reads the configuration's secret references at start |
+//! | 3 | [`io`] | the [`io::connection`] to Valkey, the [`io::store`] that counts, the [`io::queue`]s that carry jobs, the [`io::clock`], the [`io::meter`], the [`io::stdout`] line writer, the [`io::health`] answer of `/readyz`, and [`io::secrets`], which reads the configuration's secret references at start |
 //! | 4 | [`gate`] | the request path behind one [`Gate::handle`] call: [`gate::validate`], [`gate::identity`], [`gate::idempotency`], [`gate::respond`], [`gate::quota_view`] (`GET /quota`), [`gate::trace`] (the request's trace and its steps' spans), [`gate::error`] (the one map from failures to HTTP statuses) |
 //! | 4 | [`consume`] | `quota-gate consume`: holds each job until `notBefore`, runs each `scanId` once |
 //! | 5 | [`front`] | the front ends: [`front::lambda`], [`front::serve`], [`front::cli`] and its operator tools, [`front::ops`] |

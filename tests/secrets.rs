@@ -1,7 +1,8 @@
 //! Secrets by reference (`secretsmanager:<ARN or name>`, `ssm:<parameter>`),
 //! read at start from a real moto server's Secrets Manager and Parameter
 //! Store: in process through `io::secrets::resolve_with`, and from outside
-//! through `quota-gate serve`, `consume` and the Lambda `bootstrap`.
+//! through `quota-gate serve`, `consume` and the Lambda `bootstrap`; and
+//! `file:<path>` references, mounted secret files, read by `serve`.
 //!
 //! What moto can and cannot stand for: it serves both stores as AWS does
 //! (missing secrets and parameters, a secret scheduled for deletion, a
@@ -178,6 +179,58 @@ fn serve_with_references_answers_as_with_values() {
     assert_eq!(second, [(202, 4), (202, 5), (202, 6)], "the same counter");
     assert_eq!(first_keys, second_keys, "the same digests");
     drop(valkey);
+}
+
+/// `file:` references (files ending in a newline, as mounted Docker and
+/// Kubernetes secrets do) give `serve` the same counter and digests as the
+/// values themselves; a missing file stops it (exit status 2) naming the
+/// variable and the path, and no secret is printed.
+#[test]
+fn serve_with_secret_files_answers_as_with_values() {
+    let valkey = ValkeyServer::start();
+    let url = format!("redis://:{VALKEY_PASSWORD}@127.0.0.1:{}", valkey.port);
+    runtime().block_on(async {
+        let mut c = valkey.client().await;
+        let _: () = redis::cmd("CONFIG")
+            .arg(&["SET", "requirepass", VALKEY_PASSWORD])
+            .query_async(&mut c)
+            .await
+            .unwrap();
+    });
+    let dir = tempfile::tempdir().unwrap();
+    let (hash_file, url_file) = (dir.path().join("hash"), dir.path().join("url"));
+    std::fs::write(&hash_file, format!("{HASH_SECRET}\n")).unwrap();
+    std::fs::write(&url_file, format!("{url}\n")).unwrap();
+    let plain = [
+        ("QUOTA_HASH_SECRET", HASH_SECRET),
+        ("VALKEY_URL", url.as_str()),
+    ];
+    let (first, first_keys) = three_scans(&plain, &url);
+    let hash_ref = format!("file:{}", hash_file.display());
+    let url_ref = format!("file:{}", url_file.display());
+    let by_file = [
+        ("QUOTA_HASH_SECRET", hash_ref.as_str()),
+        ("VALKEY_URL", url_ref.as_str()),
+        ("RUST_LOG", "trace"),
+    ];
+    let (second, second_keys) = three_scans(&by_file, &url);
+    assert_eq!(first, [(202, 1), (202, 2), (202, 3)]);
+    assert_eq!(second, [(202, 4), (202, 5), (202, 6)], "the same counter");
+    assert_eq!(first_keys, second_keys, "the same digests");
+    let missing = format!("file:{}", dir.path().join("absent").display());
+    let out = Command::new(bin("quota-gate"))
+        .arg("serve")
+        .env_clear()
+        .env("QUOTA_HASH_SECRET", &missing)
+        .env("QUOTA_LISTEN", loopback(free_port()).to_string())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    let expected =
+        format!("configuration error: QUOTA_HASH_SECRET: {missing}: cannot read the file");
+    assert!(stderr.contains(&expected), "{stderr}");
+    assert_eq!(stderr.trim_end().lines().count(), 1, "{stderr}");
 }
 
 /// Moto holding the hash key (a secret) and the URL of a Valkey that asks for

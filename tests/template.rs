@@ -3,7 +3,8 @@
 
 use std::path::PathBuf;
 
-use quota_gate::config::vars::{Applies, VARIABLES, markdown_table};
+use quota_gate::config::table::markdown_table;
+use quota_gate::config::vars::{Applies, VARIABLES};
 
 fn read(path: &str) -> String {
     std::fs::read_to_string(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(path)).unwrap()

@@ -8,6 +8,9 @@
 //! is checked against botocore in `tests/secrets.rs`), so a wrong token is
 //! refused for real. The signer's clock, credentials and renewal interval
 //! are the `testing` feature's (`IamSigner::for_tests`).
+//!
+//! `consume --post https://…` against the same `stunnel4` in front of a
+//! plain HTTP scanner: trusted through `--post-ca`, refused with another CA.
 
 use quota_gate_testkit as common;
 
@@ -572,5 +575,146 @@ async fn iam_cluster_over_tls() {
             stats.contains("acl_access_denied_auth:0"),
             "node {i} refused a sign-in"
         );
+    }
+}
+
+/// A plain HTTP scanner on a port of its own: answers every `POST` 204 and
+/// counts the requests that reached it (each on its own connection or not).
+struct HttpScanner {
+    port: u16,
+    posts: Arc<AtomicU64>,
+}
+
+impl HttpScanner {
+    fn start() -> Self {
+        use std::io::{BufRead, BufReader, Read, Write};
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let posts = Arc::new(AtomicU64::new(0));
+        let seen = posts.clone();
+        std::thread::spawn(move || {
+            for conn in listener.incoming() {
+                let Ok(conn) = conn else { return };
+                let seen = seen.clone();
+                std::thread::spawn(move || {
+                    let mut reader = BufReader::new(conn);
+                    loop {
+                        let mut length = 0;
+                        let mut line = String::new();
+                        while reader.read_line(&mut line).is_ok_and(|n| n > 0) {
+                            if line == "\r\n" {
+                                break;
+                            }
+                            let lower = line.to_ascii_lowercase();
+                            if let Some(n) = lower.strip_prefix("content-length:") {
+                                length = n.trim().parse().unwrap_or(0);
+                            }
+                            line.clear();
+                        }
+                        if line != "\r\n" {
+                            return;
+                        }
+                        let mut body = vec![0; length];
+                        if reader.read_exact(&mut body).is_err() {
+                            return;
+                        }
+                        seen.fetch_add(1, Ordering::SeqCst);
+                        let _ = reader
+                            .get_mut()
+                            .write_all(b"HTTP/1.1 204 No Content\r\ncontent-length: 0\r\n\r\n");
+                    }
+                });
+            }
+        });
+        Self { port, posts }
+    }
+
+    fn posts(&self) -> u64 {
+        self.posts.load(Ordering::SeqCst)
+    }
+}
+
+/// `consume --post https://…` hands a job to a scanner behind TLS whose
+/// certificate chains to `--post-ca`; checked against another CA, the
+/// scanner is never reached and the failure names the certificate.
+#[tokio::test(flavor = "multi_thread")]
+async fn consume_posts_over_https() {
+    use common::consumer::{StreamRig, job, now_ms};
+    let pki = TestPki::new("post");
+    let other = TestPki::new("post-other");
+    let scanner = HttpScanner::start();
+    let proxy = TlsProxy::start(&pki, free_port(), scanner.port);
+    let url = format!("https://localhost:{}/scan", proxy.port);
+    let (ca, other_ca) = (pki.ca(), other.ca());
+    let untrusted = StreamRig::start();
+    let args = |ca| ["--post", &url, "--post-ca", ca, "--backoff", "100ms"].map(str::to_owned);
+    let refused = args(&other_ca);
+    let refused: Vec<&str> = refused.iter().map(String::as_str).collect();
+    let _refused = untrusted.consume("x", &refused, &[]);
+    untrusted.queue(&[job(now_ms())]).await;
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while !untrusted.scanner.errors_of("x").contains("scan failed") {
+        assert!(
+            Instant::now() < deadline,
+            "{}",
+            untrusted.scanner.errors_of("x")
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let errors = untrusted.scanner.errors_of("x");
+    assert!(errors.contains("certificate"), "{errors}");
+    assert_eq!(scanner.posts(), 0);
+    let trusted = StreamRig::start();
+    let accepted = args(&ca);
+    let accepted: Vec<&str> = accepted.iter().map(String::as_str).collect();
+    let _accepted = trusted.consume("y", &accepted, &[]);
+    trusted.queue(&[job(now_ms()), job(now_ms())]).await;
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while scanner.posts() < 2 || trusted.pending().await > 0 {
+        assert!(
+            Instant::now() < deadline,
+            "{}",
+            trusted.scanner.errors_of("y")
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(scanner.posts(), 2);
+}
+
+/// A `--post-ca` that cannot be read, or is given for plain HTTP, stops the
+/// consumer at start in one line.
+#[test]
+fn a_bad_post_ca_stops_the_consumer() {
+    let dir = tempfile::tempdir().unwrap();
+    let empty = dir.path().join("empty.pem");
+    std::fs::write(&empty, "no certificate here\n").unwrap();
+    let empty = empty.to_string_lossy().into_owned();
+    let cases = [
+        (
+            "https://localhost:1/scan",
+            "/nonexistent/ca.pem",
+            "--post-ca /nonexistent/ca.pem",
+        ),
+        (
+            "https://localhost:1/scan",
+            empty.as_str(),
+            "holds no PEM certificate",
+        ),
+        (
+            "http://localhost:1/scan",
+            empty.as_str(),
+            "--post-ca is for an https://",
+        ),
+    ];
+    for (url, ca, expected) in cases {
+        let out = Command::new(bin("quota-gate"))
+            .args(["consume", "--from", "-", "--post", url, "--post-ca", ca])
+            .env_clear()
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{stderr}");
+        assert!(stderr.contains(expected), "{expected}: {stderr}");
     }
 }

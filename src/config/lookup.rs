@@ -69,8 +69,8 @@ impl Lookup<'_> {
 
     pub(super) fn flag(&self, var: &Var<Flag>) -> Result<bool, ConfigError> {
         match self.or_default(var).to_ascii_lowercase().as_str() {
-            "true" | "1" | "yes" => Ok(true),
-            "false" | "0" | "no" => Ok(false),
+            "true" | "1" | "yes" | "on" => Ok(true),
+            "false" | "0" | "no" | "off" => Ok(false),
             other => Err(ConfigError::new(
                 var.name(),
                 format!("expected true or false, got {other:?}"),

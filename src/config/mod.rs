@@ -6,7 +6,7 @@
 //!
 //! The variables, their defaults and ranges are one table,
 //! [`vars::VARIABLES`]: the parser reads its defaults and ranges from it, the
-//! docs/configuration.md's table is its [`vars::markdown_table`] (a test
+//! docs/configuration.md's table is its [`table::markdown_table`] (a test
 //! compares them), and `tests/template.rs` checks `template.yaml` against it.
 //! Each row is a typed `const` handle (`vars::QUOTA_ANON`, a [`vars::Var`]),
 //! and the parser reads a variable only through its handle, never by a
@@ -40,6 +40,7 @@ mod queue;
 pub mod secret_ref;
 mod serve;
 mod store;
+pub mod table;
 pub mod vars;
 
 pub use crate::rules::modes::{

@@ -8,6 +8,7 @@
 //! |---|---|
 //! | `secretsmanager:<secret ARN or name>` | Secrets Manager `GetSecretValue`: the secret's string |
 //! | `ssm:<parameter name or ARN>` | Parameter Store `GetParameter` with decryption: a `SecureString`'s value |
+//! | `file:<path>` | the file's text, its trailing newline dropped (a Docker or Kubernetes secret file ends with one) |
 //!
 //! A prefix on the value, rather than a `_ARN` variable beside each, keeps one
 //! variable per setting (the table, the template's parameters and the docs
@@ -24,6 +25,8 @@ use super::vars::{VARIABLES, Variable};
 pub const SECRETS_MANAGER: &str = "secretsmanager:";
 /// The prefix of a Parameter Store reference.
 pub const PARAMETER: &str = "ssm:";
+/// The prefix of a reference to a local file (a mounted secret).
+pub const FILE: &str = "file:";
 
 /// A secret's place in a secret store.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -32,6 +35,8 @@ pub enum SecretRef {
     SecretsManager(String),
     /// A Parameter Store `SecureString`: its name or ARN.
     Parameter(String),
+    /// A file on this machine: its path, as given.
+    File(String),
 }
 
 impl SecretRef {
@@ -51,6 +56,8 @@ impl SecretRef {
             named(id, Self::SecretsManager)
         } else if let Some(id) = value.strip_prefix(PARAMETER) {
             named(id, Self::Parameter)
+        } else if let Some(path) = value.strip_prefix(FILE) {
+            named(path, Self::File)
         } else if value.starts_with("arn:") {
             Err(format!(
                 "an ARN is not a value: write {SECRETS_MANAGER}<ARN> or {PARAMETER}<ARN>"
@@ -61,11 +68,19 @@ impl SecretRef {
     }
 }
 
+impl SecretRef {
+    /// Whether it is read through the AWS SDK (a file is not).
+    pub fn in_aws(&self) -> bool {
+        !matches!(self, Self::File(_))
+    }
+}
+
 impl std::fmt::Display for SecretRef {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Self::SecretsManager(id) => write!(f, "{SECRETS_MANAGER}{id}"),
             Self::Parameter(name) => write!(f, "{PARAMETER}{name}"),
+            Self::File(path) => write!(f, "{FILE}{path}"),
         }
     }
 }
@@ -132,9 +147,15 @@ mod tests {
             "rediss://user:pw@host:6379",
             "0123456789abcdef0123",
             "ssmx:y",
+            "files:/x",
         ] {
             assert_eq!(SecretRef::parse(plain), Ok(None), "{plain}");
         }
+        assert_eq!(
+            SecretRef::parse("file:/run/secrets/quota hash"),
+            Ok(Some(SecretRef::File("/run/secrets/quota hash".to_owned())))
+        );
+        assert!(SecretRef::parse("file:").is_err());
         assert!(SecretRef::parse("ssm:").is_err());
         assert!(SecretRef::parse("secretsmanager:  ").is_err());
         assert!(
@@ -142,11 +163,15 @@ mod tests {
                 .unwrap_err()
                 .contains("secretsmanager:<ARN>")
         );
-        for prefix in [SECRETS_MANAGER, PARAMETER] {
-            assert!(super::super::vars::SECRET_NOTE.contains(&format!("`{prefix}<")));
+        for prefix in [SECRETS_MANAGER, PARAMETER, FILE] {
+            assert!(super::super::table::SECRET_NOTE.contains(&format!("`{prefix}<")));
         }
-        let r = SecretRef::Parameter("/a".into());
-        assert_eq!(SecretRef::parse(&r.to_string()), Ok(Some(r)));
+        for r in [
+            SecretRef::Parameter("/a".into()),
+            SecretRef::File("b".into()),
+        ] {
+            assert_eq!(SecretRef::parse(&r.to_string()), Ok(Some(r)));
+        }
     }
 
     /// Only the rows marked secret are read as references, and a reference

@@ -1,6 +1,7 @@
 //! The local server's settings (`quota-gate serve`).
 
 use std::net::SocketAddr;
+use std::time::Duration;
 
 use super::error::ConfigError;
 use super::lookup::Lookup;
@@ -14,10 +15,20 @@ pub struct ServeConfig {
     pub max_connections: u32,
     /// Single-threaded workers; 0: one per CPU.
     pub workers: u16,
+    /// EMF lines on stdout (`QUOTA_EMF`).
+    pub emf: bool,
+    /// From `SIGTERM` to the exit, at most (`QUOTA_DRAIN_TIMEOUT_MS`).
+    pub drain_timeout: Duration,
 }
 
 impl ServeConfig {
-    /// `quota-gate serve`'s address, connection cap and workers.
+    /// Whether clients may reach the listener from other hosts: anything
+    /// but a loopback address (a wildcard `0.0.0.0` or `::` included).
+    pub fn listens_beyond_loopback(&self) -> bool {
+        !self.listen.ip().is_loopback()
+    }
+
+    /// `quota-gate serve`'s address, connection cap, workers, EMF and drain.
     pub(super) fn from_vars(env: &Lookup) -> Result<Self, ConfigError> {
         let listen = env.text(&vars::QUOTA_LISTEN);
         let listen = listen.parse().map_err(|_| {
@@ -30,6 +41,8 @@ impl ServeConfig {
             listen,
             max_connections: env.number(&vars::QUOTA_MAX_CONNECTIONS)? as u32,
             workers: env.number(&vars::QUOTA_SERVE_WORKERS)? as u16,
+            emf: env.flag(&vars::QUOTA_EMF)?,
+            drain_timeout: env.millis(&vars::QUOTA_DRAIN_TIMEOUT_MS)?,
         })
     }
 }

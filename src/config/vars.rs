@@ -1,7 +1,7 @@
 //! The table of environment variables: one row per setting, read by the
 //! parser (defaults and ranges), by docs/configuration.md's table (a test
-//! checks it is [`markdown_table`]'s output) and by the template test (which
-//! variables `template.yaml` must set).
+//! checks it is [`super::table::markdown_table`]'s output) and by the
+//! template test (which variables `template.yaml` must set).
 //!
 //! Each row is a `const` handle ([`Var`]) and [`VARIABLES`] is built from
 //! those handles, so the parser names a variable by its handle, never by a
@@ -80,7 +80,7 @@ pub struct Whole {
     pub max: u64,
 }
 
-/// `true` or `false` (also `1`/`0`, `yes`/`no`).
+/// `true` or `false` (also `1`/`0`, `yes`/`no`, `on`/`off`).
 #[derive(Debug, Clone, Copy)]
 pub struct Flag;
 
@@ -348,6 +348,15 @@ variables! {
     /// `quota-gate serve`'s workers, each a single-threaded runtime with its own Valkey connection
     /// accepting on the one socket; 0: one per CPU
     QUOTA_SERVE_WORKERS: Var<Whole> = number("0", 0, MAX_WORKERS).applies(Applies::Serve);
+    /// `quota-gate serve`'s EMF lines on stdout (about 0.9 KB a request); `off` where nothing
+    /// reads stdout into CloudWatch (`/metrics` is unchanged; Lambda always writes them, `consume`
+    /// has `--no-emf`)
+    QUOTA_EMF: Var<Flag> = flag("on").applies(Applies::Serve);
+    /// the most `quota-gate serve` takes from `SIGTERM` to its exit: a scan asleep is woken at
+    /// once and answered with the rest of its delay on its job ([Stopping](operations.md#stopping));
+    /// keep it below the supervisor's grace (Docker's 10 s)
+    QUOTA_DRAIN_TIMEOUT_MS: Var<Whole> =
+        number("8000", 1000, MAX_MILLIS).applies(Applies::Serve);
     // Read by the logger (`tracing`'s `EnvFilter`), not by [`super::Config`].
     /// log filter (the AWS SDK's own lines only from `error` unless named); Lambda's
     /// `AWS_LAMBDA_LOG_LEVEL` (the function's `ApplicationLogLevel`) comes first. Logs go to
@@ -357,42 +366,6 @@ variables! {
     /// `text` or `json` (one object a line) for `quota-gate`'s logs; Lambda follows the function's
     /// `LogFormat` (`JSON` in the template) instead
     QUOTA_LOG_FORMAT: Var<Text> = text("text").applies(Applies::Logging);
-}
-
-/// What the table adds to a secret variable's meaning: the grammar of
-/// [`super::secret_ref`] (a test there checks both prefixes are named).
-pub const SECRET_NOTE: &str = "; or a reference, read once at start: `secretsmanager:<secret ARN or \
-     name>` or `ssm:<SecureString parameter name or ARN>` ([Secrets](production.md#secrets))";
-
-/// A number as the table writes it: `86400000 (24 h)` for the longest millis.
-fn bound(n: u64) -> String {
-    if n == MAX_MILLIS {
-        format!("{n} (24 h)")
-    } else {
-        n.to_string()
-    }
-}
-
-/// docs/configuration.md's table: `| variable | default | meaning |`.
-pub fn markdown_table() -> String {
-    let mut out = String::from("| variable | default | meaning |\n|---|---|---|\n");
-    for v in VARIABLES {
-        let default = match v.default {
-            Value(word) if word.parse::<u64>().is_ok() => word.to_owned(),
-            Value(word) => format!("`{word}`"),
-            Unset(words) => words.to_owned(),
-        };
-        let range = v
-            .range
-            .map(|(min, max)| format!("; {} … {}", bound(min), bound(max)))
-            .unwrap_or_default();
-        let secret = if v.secret { SECRET_NOTE } else { "" };
-        out.push_str(&format!(
-            "| `{}` | {default} | {}{range}{secret} |\n",
-            v.name, v.meaning
-        ));
-    }
-    out
 }
 
 #[cfg(test)]

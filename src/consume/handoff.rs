@@ -8,8 +8,8 @@
 //! output and error are the consumer's. Exit status 0 means done. `--post
 //! <url>` sends the job JSON in a `POST` (`content-type: application/json`,
 //! `x-scan-id`, `x-scan-attempt`, and the trace as `traceparent`,
-//! `tracestate` and `x-amzn-trace-id`) over plain HTTP/1.1, for a scanner
-//! beside the consumer; any 2xx means done.
+//! `tracestate` and `x-amzn-trace-id`) over HTTP/1.1; any 2xx means done.
+//! An `https://` scanner is reached over rustls ([`super::post`]).
 //!
 //! An `--exec` scanner handles untrusted images, so neither it nor its
 //! guard inherits the consumer's environment, which holds the store's
@@ -28,19 +28,17 @@
 
 use std::ffi::OsString;
 use std::future::Future;
+use std::path::Path;
 use std::process::Stdio;
 use std::time::Duration;
 
-use bytes::Bytes;
-use http_body_util::{BodyExt, Full};
 use rustix::process::{Pid, Signal, kill_process, kill_process_group};
 use tokio::io::AsyncWriteExt;
 
+use super::post::Post;
 use super::schedule::{HandOff, Stop};
 use super::source::Delivery;
-use crate::rules::trace::{
-    TRACEPARENT, TRACEPARENT_ENV, TRACESTATE, TRACESTATE_ENV, TraceContext, XRAY_ENV, XRAY_HEADER,
-};
+use crate::rules::trace::{TRACEPARENT_ENV, TRACESTATE_ENV, TraceContext, XRAY_ENV};
 
 /// The scanner.
 #[derive(Debug, Clone)]
@@ -50,7 +48,15 @@ pub enum Handoff {
         command: String,
         env: Vec<(OsString, OsString)>,
     },
-    Post(http::Uri),
+    /// Boxed: the client is large, and built once.
+    Post(Box<Post>),
+}
+
+impl Handoff {
+    /// `--post`'s scanner: see [`Post::new`].
+    pub fn post(url: &str, ca: Option<&Path>) -> Result<Self, String> {
+        Post::new(url, ca).map(|post| Self::Post(Box::new(post)))
+    }
 }
 
 /// The consumer's variables every `--exec` scanner gets, each if set: what a
@@ -111,26 +117,13 @@ pub trait Scanner: Send + Sync + 'static {
     ) -> impl Future<Output = Result<(), Ended>> + Send;
 }
 
-impl Handoff {
-    /// `--post`'s URL, which must be `http://host[:port]/path`.
-    pub fn post(url: &str) -> Result<Self, String> {
-        let uri: http::Uri = url.parse().map_err(|e| format!("--post {url}: {e}"))?;
-        if uri.scheme_str() != Some("http") || uri.host().is_none() {
-            return Err(format!(
-                "--post {url}: expected an http://host[:port]/path URL"
-            ));
-        }
-        Ok(Self::Post(uri))
-    }
-}
-
 impl Scanner for Handoff {
     async fn run<H: Sync>(&self, a: Attempt<'_, H>, stop: impl StopSignal) -> Result<(), Ended> {
         match self {
             Self::Exec { command, env } => exec(command, env, a.delivery, a.number, stop).await,
-            Self::Post(uri) => {
+            Self::Post(target) => {
                 tokio::select! {
-                    done = post(uri, a.delivery, a.number) => done.map_err(Ended::Failed),
+                    done = target.send(a.delivery, a.number) => done.map_err(Ended::Failed),
                     why = stop => Err(Ended::Stopped(why)),
                 }
             }
@@ -257,65 +250,6 @@ fn trace_env(command: &mut tokio::process::Command, trace: Option<&TraceContext>
         Some(state) => command.env(TRACESTATE_ENV, state),
         None => command.env_remove(TRACESTATE_ENV),
     };
-}
-
-/// The job's trace as the scanner's request headers: `traceparent`,
-/// `tracestate` and `x-amzn-trace-id`.
-fn trace_headers(
-    mut request: http::request::Builder,
-    trace: Option<&TraceContext>,
-) -> http::request::Builder {
-    if let Some(trace) = trace {
-        request = request
-            .header(TRACEPARENT, trace.traceparent().as_str())
-            .header(XRAY_HEADER, trace.xray_header().as_str());
-        if let Some(state) = trace.tracestate() {
-            request = request.header(TRACESTATE, state);
-        }
-    }
-    request
-}
-
-async fn post<H>(uri: &http::Uri, d: &Delivery<H>, attempt: u64) -> Result<(), String> {
-    let host = uri.host().unwrap_or_default();
-    let port = uri.port_u16().unwrap_or(80);
-    let stream = tokio::net::TcpStream::connect((host, port))
-        .await
-        .map_err(|e| format!("cannot reach the scanner: {e}"))?;
-    let io = hyper_util::rt::TokioIo::new(stream);
-    let (mut sender, connection) = hyper::client::conn::http1::handshake(io)
-        .await
-        .map_err(|e| format!("scanner handshake: {e}"))?;
-    let connection = tokio::spawn(connection);
-    let authority = uri.authority().map_or(host, |a| a.as_str());
-    let request = http::Request::post(uri.path_and_query().map_or("/", |p| p.as_str()))
-        .header(http::header::HOST, authority)
-        .header(http::header::CONTENT_TYPE, "application/json")
-        .header("x-scan-id", d.job.scan_id.to_string())
-        .header("x-scan-attempt", attempt.to_string());
-    let request = trace_headers(request, d.job.trace.as_ref())
-        .body(Full::new(Bytes::from(d.json.clone())))
-        .map_err(|e| e.to_string())?;
-    let response = sender
-        .send_request(request)
-        .await
-        .map_err(|e| format!("scanner did not answer: {e}"));
-    let response = match response {
-        Ok(r) => r,
-        Err(e) => {
-            connection.abort();
-            return Err(e);
-        }
-    };
-    let status = response.status();
-    // Read the answer to its end, so the connection closes cleanly.
-    let _ = response.into_body().collect().await;
-    connection.abort();
-    if status.is_success() {
-        Ok(())
-    } else {
-        Err(format!("scanner answered {status}"))
-    }
 }
 
 /// How a hand-off ended, as [`schedule::after_hand_off`] takes it.

@@ -17,11 +17,12 @@
 //! | clock | [`clock`] | the queue's clock: local time corrected by Valkey's `TIME` |
 //! | sources | [`source`] | the [`JobSource`] trait: stream (group, reclaim, ack), SQS (long poll, visibility, delete), stdin (with its journal) |
 //! | markers | [`marker`] | one run per `scanId`: a leased, numbered marker in Valkey (or in process), behind the [`MarkerStore`](marker::MarkerStore) trait |
-//! | hand-off | [`handoff`], [`guard`] | the [`Scanner`](handoff::Scanner) trait: `--exec` under a guard in its own process group, or `--post` |
+//! | hand-off | [`handoff`], [`guard`], [`post`] | the [`Scanner`](handoff::Scanner) trait: `--exec` under a guard in its own process group, or `--post` over HTTP or HTTPS |
 //! | leases | [`lease`] | marker tokens, one per attempt; a delivery and its marker renewed every quarter lease, and the watch that stops a scan whose lease is lost |
 //! | run slots | [`slots`] | which due job starts next: within quota first, over-quota tenants in turn, the over lane's share every `--over-every`-th start |
 //! | one job | [`worker`] | hold → run slot → marker → hand-off under a lease watch and a timeout → carries out what [`schedule::after_hand_off`] says |
 //! | metrics | [`meter`] | EMF lines and Prometheus: started, succeeded, failed, dead-lettered, timeouts, leases lost, held, lateness, clock skew |
+//! | listeners | [`listen`] | `--metrics-listen` (Prometheus) and `--health-listen` (`/healthz`, `/readyz`) |
 //!
 //! **Faults.** Every Valkey call goes through the connector
 //! ([`Valkey::send`]), so a dropped connection or a restart costs the time to
@@ -44,16 +45,17 @@ pub mod error;
 pub mod guard;
 pub mod handoff;
 pub mod lease;
+pub mod listen;
 pub mod marker;
 pub mod meter;
 pub mod options;
+pub mod post;
 pub mod schedule;
 pub mod slots;
 pub mod source;
 pub mod worker;
 
 use std::future::Future;
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -122,7 +124,7 @@ pub async fn run(
     let handoff = args.handoff()?;
     guard::keep_from_the_scanner();
     if let Some(addr) = args.metrics_listen {
-        serve_metrics(addr).await?;
+        listen::serve_metrics(addr).await?;
     }
     let spec = args.source(&config.queue)?;
     let parts = Parts {
@@ -136,6 +138,14 @@ pub async fn run(
     // Marker and ack calls: the store's bound, with room for a busy machine.
     let ops_timeout = config.store.timeout.max(Duration::from_secs(1));
     let ops = valkey(&config, ops_timeout)?;
+    // Ready when the Valkey it reads or marks on answers (none for stdin).
+    let _health = match parts.args.health_listen {
+        Some(addr) => {
+            let probed = ops.clone().filter(|_| spec != SourceSpec::Stdin);
+            Some(listen::serve_health(addr, probed).await?)
+        }
+        None => None,
+    };
     match spec {
         SourceSpec::Stdin => {
             let source = source::stdin::StdinSource::open(parts.args.journal.as_deref()).await?;
@@ -378,21 +388,4 @@ async fn finish(
     if reaped.await.is_err() {
         tasks.shutdown().await;
     }
-}
-
-/// `GET /metrics` as Prometheus text on `addr`, served by the exporter's own
-/// HTTP listener on this runtime.
-async fn serve_metrics(addr: SocketAddr) -> Result<(), String> {
-    use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
-    PrometheusBuilder::new()
-        .with_http_listener(addr)
-        .set_buckets_for_metric(
-            Matcher::Full(meter::LATENESS_MS.into()),
-            &meter::LATENESS_BUCKETS_MS,
-        )
-        .and_then(PrometheusBuilder::install)
-        .map_err(|e| format!("--metrics-listen {addr}: {e}"))?;
-    ConsumeMeter::describe();
-    crate::io::meter::describe_store();
-    Ok(())
 }

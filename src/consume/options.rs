@@ -38,10 +38,14 @@ pub struct ConsumeArgs {
         conflicts_with = "post"
     )]
     pub scanner_env: Vec<String>,
-    /// The scanner URL (http://): the job JSON is POSTed with x-scan-id, x-scan-attempt and
-    /// the job's trace (traceparent, tracestate, x-amzn-trace-id); 2xx = done.
+    /// The scanner URL (http:// or https://): the job JSON is POSTed with x-scan-id,
+    /// x-scan-attempt and the job's trace (traceparent, tracestate, x-amzn-trace-id); 2xx = done.
     #[arg(long)]
     pub post: Option<String>,
+    /// PEM file of the CA certificates an https:// --post scanner is checked against,
+    /// instead of the platform's.
+    #[arg(long, requires = "post")]
+    pub post_ca: Option<PathBuf>,
     /// Hand-offs running at once.
     #[arg(long, default_value = "4")]
     pub concurrency: NonZeroUsize,
@@ -82,6 +86,9 @@ pub struct ConsumeArgs {
     /// Serve Prometheus text at GET /metrics on this address.
     #[arg(long)]
     pub metrics_listen: Option<SocketAddr>,
+    /// Answer GET /healthz (alive) and GET /readyz (its Valkey answers) on this address.
+    #[arg(long)]
+    pub health_listen: Option<SocketAddr>,
     /// No EMF metric lines on stdout.
     #[arg(long)]
     pub no_emf: bool,
@@ -114,7 +121,7 @@ impl ConsumeArgs {
                 command: command.clone(),
                 env: scanner_env(&self.scanner_env),
             }),
-            (None, Some(url)) => Handoff::post(url),
+            (None, Some(url)) => Handoff::post(url, self.post_ca.as_deref()),
             _ => Err("give one of --exec or --post".into()),
         }
     }

@@ -23,7 +23,7 @@ pub struct Cli {
 
 #[derive(Debug, Subcommand)]
 pub enum Command {
-    /// Serve POST /scan, GET /quota, GET /healthz and GET /metrics on QUOTA_LISTEN (default 127.0.0.1:9000).
+    /// Serve POST /scan, GET /quota, GET /healthz, GET /readyz and GET /metrics on QUOTA_LISTEN (default 127.0.0.1:9000).
     Serve,
     /// Show one client's counter, TTL, first-seen, reset, paced backlog and next tier (needs VALKEY_URL).
     Inspect(crate::front::ops::command::InspectArgs),
@@ -37,6 +37,8 @@ pub enum Command {
     Stats(crate::front::ops::command::StatsArgs),
     /// Run queued scans: each no sooner than its notBefore, each scanId once.
     Consume(Box<crate::consume::ConsumeArgs>),
+    /// GET an http:// URL: exit 0 on 2xx within 2 s, else 1 (a container HEALTHCHECK).
+    Probe(crate::front::probe::ProbeArgs),
     /// The guard `consume` runs each --exec scanner under (not for people).
     #[command(name = "scan-guard", hide = true)]
     ScanGuard(crate::consume::guard::GuardArgs),
@@ -64,6 +66,10 @@ pub fn main() -> ExitCode {
     let cli = Cli::parse();
     if let Command::ScanGuard(args) = &cli.command {
         return crate::consume::guard::run(args);
+    }
+    // No configuration, secret or logger: a probe runs every few seconds.
+    if let Command::Probe(args) = &cli.command {
+        return crate::front::probe::run(args);
     }
     let format = match crate::LogFormat::from_env() {
         Ok(f) => f,
@@ -120,7 +126,7 @@ impl From<String> for Failure {
     }
 }
 
-/// Runs `command` (any but `scan-guard`, which needs no runtime).
+/// Runs `command` (any but `scan-guard` and `probe`, which need no configuration).
 async fn dispatch(command: Command, config: Config) -> Result<(), Failure> {
     use crate::front::ops::command as ops;
     match command {
@@ -130,7 +136,7 @@ async fn dispatch(command: Command, config: Config) -> Result<(), Failure> {
         Command::Grant(args) => operator(ops::grant(args, &config).await),
         Command::Purge(args) => operator(ops::purge(args, &config).await),
         Command::Consume(args) => Ok(crate::consume::run(*args, config, shutdown_signal()).await?),
-        Command::ScanGuard(_) => Ok(()),
+        Command::ScanGuard(_) | Command::Probe(_) => Ok(()),
         Command::Stats(args) => {
             text(crate::front::ops::stats::preflight().await)?;
             operator(ops::stats(args, &config).await)
@@ -174,27 +180,33 @@ async fn serve(config: Config) -> Result<(), String> {
             crate::io::queue::stream::warn_without_persistence(&valkey, &key).await;
         });
     }
+    // What QUOTA_DRAIN_TIMEOUT_MS keeps for the last lines, after the requests.
+    let output = config.serve.drain_timeout - crate::front::serve::drain_timeout(&config);
     let served = Server::bind(config, Some(metrics))
         .await?
         .run(shutdown)
         .await;
     // The last EMF lines and log lines out, unless nobody is reading.
-    LineWriter::stdout().drain(EXIT_DRAIN).await;
+    let by = tokio::time::Instant::now() + output;
+    LineWriter::stdout().drain(output).await;
     if let Some(stderr) = STDERR.get() {
-        stderr.drain(EXIT_DRAIN).await;
+        stderr
+            .drain(by.saturating_duration_since(tokio::time::Instant::now()))
+            .await;
     }
     refusal.or(served)
 }
 
 /// `serve`'s meter of the store's own metrics: EMF lines through the
-/// non-blocking stdout, as its requests' (a dropped line is counted).
+/// non-blocking stdout, as its requests' (a dropped line is counted), unless
+/// `QUOTA_EMF=off`.
 fn store_meter(config: &Config) -> StoreMeter {
-    let sink = Sink::Background(LineWriter::stdout(), Some(metrics::counter!(EMF_DROPPED)));
-    StoreMeter::new(&config.metrics_namespace, Process::Serve, Some(sink))
+    let sink = config
+        .serve
+        .emf
+        .then(|| Sink::Background(LineWriter::stdout(), Some(metrics::counter!(EMF_DROPPED))));
+    StoreMeter::new(&config.metrics_namespace, Process::Serve, sink)
 }
-
-/// How long a stopping `serve` waits for its stdout and stderr readers.
-const EXIT_DRAIN: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// `serve`'s non-blocking stderr, for the logs.
 static STDERR: std::sync::OnceLock<LineWriter> = std::sync::OnceLock::new();

@@ -33,6 +33,7 @@ use crate::io::queue::{QueueError, ScanJob, ScanQueue};
 use crate::io::store::{
     Claim, Claimed, CountArgs, CountFailed, QuotaStore, Record, StoreError, TakeOver, Tally,
 };
+use crate::rules::delay::DelayPlan;
 use crate::rules::settle::{self, Repeat, on_repeat, on_take_over};
 use crate::rules::unix::UnixMillis;
 
@@ -273,10 +274,7 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
             ..attempt.exit(metered, end)
         };
         let metered = scan.metered(plan.total, self.shadow());
-        if !plan.sleep.is_zero() {
-            let sleep = tokio::time::sleep_until(attempt.slept_until(&plan));
-            sleep.instrument(step!("sleep", attempt.trace_id())).await;
-        }
+        let plan = self.sleep(attempt, plan).await;
         // 7: forward, within the answer's deadline.
         let job = scan.job(attempt, body, plan, attempt.trace.clone());
         let enqueue = self.enqueue(&job, attempt);
@@ -305,6 +303,22 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
             let _ = tokio::time::timeout_at(attempt.deadline(), Box::pin(save)).await;
         }
         (Ok(response), exit(metered, End::Answered))
+    }
+
+    /// Step 6's sleep in the handler, until [`Attempt::slept_until`] or
+    /// until the process stops ([`Gate::wake_sleepers`]): then cut short,
+    /// the rest of the delay deferred onto the job.
+    async fn sleep(&self, attempt: &Attempt, plan: DelayPlan) -> DelayPlan {
+        if plan.sleep.is_zero() {
+            return plan;
+        }
+        let sleep = async {
+            tokio::select! {
+                () = tokio::time::sleep_until(attempt.slept_until(&plan)) => plan,
+                () = self.wake.cancelled() => plan.cut_short(attempt.started.elapsed()),
+            }
+        };
+        sleep.instrument(step!("sleep", attempt.trace_id())).await
     }
 
     /// Whether decisions are only reported, not carried out (`QUOTA_MODE=shadow`).

@@ -4,6 +4,8 @@
 
 use std::sync::Arc;
 
+use tokio_util::sync::CancellationToken;
+
 use super::refused::Refused;
 use crate::config::{Config, ConfigError, QueueTarget, vars};
 use crate::gate::identity::Identifier;
@@ -30,6 +32,8 @@ pub struct Gate<S, Q> {
     pub(super) clock: Clock,
     /// Subjects and levels the store refused, until their `Retry-After`.
     pub(super) refused: Refused,
+    /// Cancelled when the process stops ([`Gate::wake_sleepers`]).
+    pub(super) wake: CancellationToken,
 }
 
 /// What the gates of one process share: the in-memory counters (used when
@@ -104,6 +108,7 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
             meter,
             clock: Clock::System,
             refused: Refused::default(),
+            wake: CancellationToken::new(),
         })
     }
 
@@ -135,6 +140,16 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
     #[cfg(feature = "testing")]
     pub fn breaker(&self) -> &Breaker {
         &self.breaker
+    }
+
+    /// Ends every sleep of this gate, now and from now on: a stopping
+    /// `serve` cannot wait out a delay of up to the gateway timeout. Each
+    /// woken scan goes on at once, its job held back by the rest of its
+    /// delay ([`crate::rules::delay::DelayPlan::cut_short`]), so it is queued
+    /// and answered within the drain, never counted and lost. Lambda never
+    /// calls it: an invocation is not stopped from inside.
+    pub fn wake_sleepers(&self) {
+        self.wake.cancel();
     }
 
     /// Starts the store's connection in the background on the current

@@ -3,11 +3,14 @@
 //! [`crate::config::Config::from_lookup`] the environment with every
 //! reference ([`crate::config::secret_ref`]) replaced by its secret.
 //!
-//! The AWS SDK reads them (`GetSecretValue`, `GetParameter` with
+//! The AWS SDK reads the stores' (`GetSecretValue`, `GetParameter` with
 //! decryption), with the credentials, region and `AWS_ENDPOINT_URL` of the
 //! process, as the SQS client does; the SDK is loaded only when some
-//! variable is a reference, so plain values cost the start nothing. Both are
-//! read at once. A reference that cannot be read (missing, not permitted,
+//! variable names a store, so plain values and files cost the start nothing.
+//! All are read at once. A `file:` reference is read from this machine (a
+//! Docker or Kubernetes secret mounted as a file), its trailing newline
+//! dropped: the editors and `echo` that write such files end them with one,
+//! and a key is never meant to. A reference that cannot be read (missing, not permitted,
 //! deleted, a parameter that is not a `SecureString`), or that holds an empty
 //! or binary secret, stops the start with the variable's name, the reference
 //! and the store's reason: never the value, which no log line, metric or
@@ -71,18 +74,16 @@ pub async fn config_from_env() -> Result<Config, ConfigError> {
 }
 
 /// `base` with its references read, the SDK configured from the process
-/// environment (loaded only when there is a reference).
+/// environment (loaded only when a reference names an AWS store).
 pub async fn resolve<F>(base: F) -> Result<Resolved<F>, ConfigError>
 where
     F: Fn(&str) -> Option<String>,
 {
-    if references(&base)?.is_empty() {
-        return Ok(Resolved {
-            base,
-            secrets: HashMap::new(),
-        });
-    }
-    let sdk = aws_config::load_defaults(BehaviorVersion::latest()).await;
+    let sdk = if references(&base)?.iter().any(|(_, r)| r.in_aws()) {
+        aws_config::load_defaults(BehaviorVersion::latest()).await
+    } else {
+        SdkConfig::builder().build()
+    };
     resolve_with(base, &sdk).await
 }
 
@@ -132,6 +133,7 @@ struct Stores {
 impl Stores {
     fn new(sdk: &SdkConfig, wanted: &[(&str, SecretRef)]) -> Self {
         let uses = |f: fn(&SecretRef) -> bool| wanted.iter().any(|(_, r)| f(r));
+        // A file needs no client, nor a configured SDK.
         let timeouts = aws_config::timeout::TimeoutConfig::builder()
             .connect_timeout(CONNECT_TIMEOUT)
             .operation_timeout(READ_TIMEOUT)
@@ -148,6 +150,7 @@ impl Stores {
     /// The secret `reference` names, or why it cannot be had.
     async fn read(&self, reference: &SecretRef) -> Result<String, String> {
         match (reference, &self.secrets_manager, &self.parameters) {
+            (SecretRef::File(path), _, _) => read_file(path),
             (SecretRef::SecretsManager(id), Some(client), _) => {
                 let got = client.get_secret_value().secret_id(id).send().await;
                 let got = got.map_err(|e| reason(&e))?;
@@ -178,6 +181,23 @@ impl Stores {
             }
             _ => Err("no client for this store".to_owned()),
         }
+    }
+}
+
+/// A secret file's text, its trailing newline (`\n` or `\r\n`) dropped;
+/// why not, without its content: a missing or unreadable file, or one that
+/// is not text.
+fn read_file(path: &str) -> Result<String, String> {
+    // Once, at start: a blocking read is what the start wants.
+    match std::fs::read(path) {
+        Ok(bytes) => {
+            let mut text =
+                String::from_utf8(bytes).map_err(|_| "the file is not UTF-8 text".to_owned())?;
+            let kept = text.trim_end_matches(['\n', '\r']).len();
+            text.truncate(kept);
+            Ok(text)
+        }
+        Err(e) => Err(format!("cannot read the file: {e}")),
     }
 }
 
@@ -218,6 +238,39 @@ mod tests {
         assert!(resolved.from_store().is_empty());
         let bad = |k: &str| (k == "QUOTA_HASH_SECRET").then(|| "ssm:".to_owned());
         assert_eq!(resolve(bad).await.unwrap_err().var, "QUOTA_HASH_SECRET");
+    }
+
+    /// A `file:` reference is the file's text less its trailing newline,
+    /// read without AWS; a missing or empty file stops the start naming
+    /// the variable and the path, never the content.
+    #[tokio::test]
+    async fn files_are_read_here() {
+        let dir = tempfile::tempdir().unwrap();
+        let key = dir.path().join("hash");
+        std::fs::write(&key, "s3cret-key-0123456789\r\n").unwrap();
+        let empty = dir.path().join("empty");
+        std::fs::write(&empty, "\n").unwrap();
+        let at = |path: &std::path::Path| format!("file:{}", path.display());
+        let (key_ref, empty_ref) = (at(&key), at(&empty));
+        let base = |k: &str| (k == "QUOTA_HASH_SECRET").then(|| key_ref.clone());
+        let resolved = resolve(base).await.unwrap();
+        assert_eq!(
+            resolved.get("QUOTA_HASH_SECRET").as_deref(),
+            Some("s3cret-key-0123456789")
+        );
+        let missing = dir.path().join("missing");
+        let missing_ref = at(&missing);
+        for (reference, why) in [(&missing_ref, "cannot read"), (&empty_ref, "empty")] {
+            let base = |k: &str| (k == "VALKEY_URL").then(|| reference.clone());
+            let e = resolve(base).await.unwrap_err();
+            let line = e.to_string();
+            assert_eq!(e.var, "VALKEY_URL");
+            assert!(
+                line.contains(reference.as_str()) && line.contains(why),
+                "{line}"
+            );
+            assert!(!line.contains('\n'), "{line}");
+        }
     }
 
     /// Blanks are an empty secret; a reference held in a secret is not

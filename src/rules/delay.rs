@@ -62,6 +62,23 @@ pub fn plan(total: Duration, mode: DelayMode, budget: Duration) -> DelayPlan {
     }
 }
 
+impl DelayPlan {
+    /// The plan of a sleep woken after `slept` (the process is stopping):
+    /// what was slept, in whole milliseconds rounded down, and the rest of
+    /// the delay deferred onto the job. The total, and so the job's
+    /// `notBefore`, is unchanged: the scan still starts no sooner than its
+    /// delay after the request, however early its answer came.
+    pub fn cut_short(self, slept: Duration) -> Self {
+        let slept = Duration::from_millis(u64::try_from(slept.as_millis()).unwrap_or(u64::MAX));
+        let sleep = self.sleep.min(slept);
+        Self {
+            total: self.total,
+            sleep,
+            deferred: self.total - sleep,
+        }
+    }
+}
+
 /// How long a bed is held past its sleep: the sleep starts a little after
 /// the arrival its lease is counted from (the count and the pacing step
 /// come first), so the lease outlasts the sleep.
@@ -141,6 +158,34 @@ mod tests {
 
     const GATEWAY: Duration = Duration::from_millis(29_000);
     const MARGIN: Duration = Duration::from_millis(1_000);
+
+    /// A woken sleep keeps its total and defers what it did not sleep, in
+    /// whole milliseconds rounded down (so the deferral errs late); a wake
+    /// after the sleep's end changes nothing.
+    #[test]
+    fn cut_short_defers_the_rest() {
+        let hard = plan(
+            Duration::from_secs(60),
+            DelayMode::Sleep,
+            Duration::from_secs(28),
+        );
+        let ms = Duration::from_millis;
+        let table = [
+            (Duration::ZERO, ms(0), ms(60_000)),
+            (Duration::from_micros(2_500_900), ms(2_500), ms(57_500)),
+            (ms(28_000), ms(28_000), ms(32_000)),
+            (ms(40_000), ms(28_000), ms(32_000)),
+        ];
+        for (slept, sleep, deferred) in table {
+            let cut = hard.cut_short(slept);
+            assert_eq!(
+                (cut.total, cut.sleep, cut.deferred),
+                (hard.total, sleep, deferred)
+            );
+        }
+        let none = plan(Duration::ZERO, DelayMode::Sleep, ms(28_000));
+        assert_eq!(none.cut_short(ms(5)), none);
+    }
 
     /// Behind the HTTP API a hard delay sleeps 28 s and defers 32 s.
     #[test]

@@ -82,6 +82,8 @@ impl<S: QuotaStore, Q: ScanQueue> Worker<S, Q> {
             connection.spawn(accepted);
         }
         drop(listener);
+        // No sleep outlasts the drain: the sleepers go on to their jobs now.
+        routes.gate.wake_sleepers();
         drain(connections, &routes.scans, limits.drain_timeout).await;
         Ok(())
     }
@@ -222,8 +224,8 @@ fn write_timeout(stream: TcpStream, after: Duration) -> TimeoutStream<TcpStream>
 
 /// Lets the open connections finish their requests in flight (hyper closes
 /// each once idle) and waits for every gate task, a client's that left
-/// included, for at most `within`; past it they are dropped, so `within`
-/// must cover the longest request the settings allow
+/// included, for at most `within`; past it they are dropped. The sleepers
+/// were woken, so `within` need only cover an enqueue and the store calls
 /// ([`super::drain_timeout`]).
 async fn drain(connections: GracefulShutdown, scans: &TaskTracker, within: Duration) {
     scans.close();

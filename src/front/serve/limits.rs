@@ -39,13 +39,15 @@ pub const MAX_BUF_SIZE: usize = 64 * 1024;
 /// connection before a write waits (`TCP_NOTSENT_LOWAT`, Linux).
 pub const MAX_UNSENT: u32 = 16 * 1024;
 
-/// Store calls a request may make besides its sleep and its enqueue (count,
-/// pacing, claim before; refund, release, save after), each bounded by
+/// Of `QUOTA_DRAIN_TIMEOUT_MS`, what is kept for the last EMF and log
+/// lines to reach stdout and stderr once the requests are done (at most a
+/// quarter of it).
+pub const EXIT_OUTPUT: Duration = Duration::from_secs(1);
+
+/// Store calls a request may make besides its enqueue (count, pacing,
+/// claim before; refund, release, save after), each bounded by
 /// `QUOTA_STORE_TIMEOUT_MS`, with room to spare.
 const STORE_CALLS_PER_REQUEST: u32 = 8;
-
-/// Added to the drain for the answer to be written and the connection closed.
-const DRAIN_SLACK: Duration = Duration::from_secs(1);
 
 /// Connection limits of the local server.
 #[derive(Debug, Clone, Copy)]
@@ -93,40 +95,40 @@ impl Default for ServeLimits {
     }
 }
 
-/// How long shutdown waits for the requests in flight: the longest one
-/// `config` allows. A request answers within the gateway timeout (its sleep
-/// is at most the timeout less the margin, and its enqueue ends by the
-/// timeout), plus its store calls, each bounded by the store timeout.
-/// 30.8 s with the defaults.
+/// How long shutdown waits for the requests in flight:
+/// `QUOTA_DRAIN_TIMEOUT_MS` less what the last output lines get
+/// ([`EXIT_OUTPUT`]). Every sleep is woken at shutdown, so a request in
+/// flight needs only its enqueue and its store calls; 7 s with the defaults.
 pub fn drain_timeout(config: &Config) -> Duration {
-    config.policy.gateway_timeout + config.store.timeout * STORE_CALLS_PER_REQUEST + DRAIN_SLACK
+    let total = config.serve.drain_timeout;
+    total - EXIT_OUTPUT.min(total / 4)
+}
+
+/// What a woken request may still take at worst: its enqueue
+/// ([`crate::gate::ENQUEUE_TIMEOUT`]) and its store calls. A drain shorter
+/// than this may cut such a request off counted and without its job (the
+/// start warns).
+pub fn longest_woken_request(config: &Config) -> Duration {
+    crate::gate::ENQUEUE_TIMEOUT + config.store.timeout * STORE_CALLS_PER_REQUEST
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    /// The drain covers the longest sleep the settings allow, however long
-    /// the gateway timeout: a fixed drain cut a 45 s sleep off at 30 s.
+    /// The requests get the configured drain less the output's share, and
+    /// by default that covers what a woken request may still take.
     #[test]
-    fn drain_outlasts_the_longest_sleep() {
-        for gateway_ms in [1_000, 29_000, 60_000, 600_000] {
-            let mut config = Config::default();
-            config.policy.gateway_timeout = Duration::from_millis(gateway_ms);
-            let longest_sleep = crate::rules::delay::budget(
-                None,
-                config.policy.gateway_timeout,
-                config.policy.delay_margin,
-            );
-            let drain = drain_timeout(&config);
-            assert!(
-                drain >= longest_sleep + config.store.timeout * 4,
-                "{gateway_ms}: {drain:?}"
-            );
-        }
+    fn drain_is_the_configured_bound() {
+        let config = Config::default();
+        assert_eq!(drain_timeout(&config), Duration::from_millis(7_000));
+        assert!(drain_timeout(&config) >= longest_woken_request(&config));
+        let mut short = Config::default();
+        short.serve.drain_timeout = Duration::from_millis(1_000);
+        assert_eq!(drain_timeout(&short), Duration::from_millis(750));
         assert_eq!(
             ServeLimits::default().drain_timeout,
-            Duration::from_millis(30_800)
+            Duration::from_millis(7_000)
         );
     }
 }

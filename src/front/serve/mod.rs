@@ -1,7 +1,7 @@
 //! The local front end: `quota-gate serve`, an HTTP/1.1 server on the same
 //! [`Gate::handle`] as Lambda.
 //!
-//! Routes: `POST /scan` (the gate), `GET`/`HEAD /healthz`, and `GET /metrics`
+//! Routes: `POST /scan` (the gate), `GET`/`HEAD /healthz`, `/readyz`, and `GET /metrics`
 //! (Prometheus text, when a recorder handle is given). The source address is
 //! the socket peer.
 //!
@@ -13,7 +13,7 @@
 //! | `connection.rs` | a worker's accept loop: a connection, a slot for it, then hyper over a socket whose stalled writes time out; the drain |
 //! | `admission.rs` | the connection cap, shared by the workers, and which open connection gives its slot up to a new one |
 //! | `answer.rs` | the response body and socket wrappers that tell the cap when a connection's answer is sent |
-//! | `route.rs` | one request: `/healthz`, `/metrics`, or the gate in a task of its own |
+//! | `route.rs` | one request: `/healthz`, `/readyz`, `/metrics`, or the gate in a task of its own |
 //! | `limits.rs` | [`ServeLimits`]: the timeouts, the connection cap, its graces and the drain, shared by the others |
 //!
 //! # Clients that hold the server up
@@ -94,17 +94,23 @@
 //!
 //! When the shutdown future completes (`SIGTERM` or Ctrl-C for
 //! `quota-gate serve`), the workers stop accepting, idle connections are
-//! closed, and the requests in flight, and the tasks of clients that left,
-//! run to their end: for at most [`drain_timeout`], the longest a request
-//! may take under the settings (its sleep, at most
-//! `QUOTA_GATEWAY_TIMEOUT_MS − QUOTA_DELAY_MARGIN_MS`, its enqueue and its
-//! store calls). So a scan asleep at `SIGTERM` still gets its 202 and its
-//! job; a counted scan is never left without its job (or its refund) unless
-//! the drain itself times out, which the store and queue timeouts prevent.
-//! A supervisor's grace period (Kubernetes' `terminationGracePeriodSeconds`,
-//! Docker's `stop --time`) should be at least [`drain_timeout`].
+//! closed, and every scan asleep in its delay is woken
+//! ([`Gate::wake_sleepers`]): it goes on at once, its job held back by the
+//! rest of its delay (its `notBefore` is unchanged, so it still starts no
+//! sooner than its delay after the request), and the client gets its 202
+//! early. The requests in flight, and the tasks of clients that left, then
+//! need only their enqueue and store calls, and get [`drain_timeout`]:
+//! `QUOTA_DRAIN_TIMEOUT_MS` (8 s, below Docker's 10 s stop timeout) less
+//! the second kept for the last EMF and log lines. So the process exits
+//! within `QUOTA_DRAIN_TIMEOUT_MS` of the signal, and a counted scan is
+//! never left without its job (or its refund) unless its enqueue or store
+//! calls outlast the drain (the start warns when the setting leaves less
+//! than they may take). Waking the sleepers rather than letting short ones
+//! finish keeps the bound whatever the delays: a 28 s sleep could never
+//! finish within it, and one rule serves both.
 //!
-//! `/healthz` and `/metrics` touch neither the store, the queue nor stdout.
+//! `/healthz` and `/metrics` touch neither the store, the queue nor stdout;
+//! `/readyz` sends the store one `PING`, waiting at most a second.
 
 mod admission;
 mod answer;

@@ -1,4 +1,5 @@
-//! One request on a connection: `/healthz`, `/metrics`, or the gate.
+//! One request on a connection: `/healthz`, `/readyz` (the store answers a
+//! `PING` within a second, [`crate::io::health`]), `/metrics`, or the gate.
 //!
 //! The gate's handling of a request runs in a task of its own, which the
 //! connection only awaits: when the client goes away, hyper drops the
@@ -25,6 +26,7 @@ use super::limits::ServeLimits;
 use crate::gate::error::{GateError, Queued};
 use crate::gate::validate::MAX_BODY_BYTES;
 use crate::gate::{Gate, GateRequest};
+use crate::io::health::{ALIVE, READY_TIMEOUT, readiness};
 use crate::io::queue::ScanQueue;
 use crate::io::store::QuotaStore;
 
@@ -38,8 +40,15 @@ pub(super) struct Routes<S, Q> {
     pub scans: TaskTracker,
 }
 
-/// `GET /healthz` and `GET /metrics` (HEAD gets the same status and
-/// headers; hyper leaves out the body); `None` for everything else.
+/// A `GET` or `HEAD` of `path` (HEAD gets the same status and headers;
+/// hyper leaves out the body).
+fn is_probe(request: &Request<Incoming>, path: &str) -> bool {
+    (request.method() == Method::GET || request.method() == Method::HEAD)
+        && request.uri().path() == path
+}
+
+/// `GET /healthz` (alive: it touches nothing) and `GET /metrics`; `None`
+/// for everything else.
 fn endpoint(
     request: &Request<Incoming>,
     metrics: Option<&PrometheusHandle>,
@@ -48,7 +57,7 @@ fn endpoint(
         return None;
     }
     match (request.uri().path(), metrics) {
-        ("/healthz", _) => Some(text(StatusCode::OK, "text/plain", "ok\n".into())),
+        ("/healthz", _) => Some(text(StatusCode::OK, "text/plain", ALIVE.into())),
         ("/metrics", Some(handle)) => Some(text(
             StatusCode::OK,
             "text/plain; version=0.0.4",
@@ -68,6 +77,11 @@ impl<S: QuotaStore, Q: ScanQueue> Routes<S, Q> {
     ) -> Result<Response<Full<Bytes>>, Infallible> {
         if let Some(answer) = endpoint(&request, self.metrics.as_ref()) {
             return Ok(answer);
+        }
+        if is_probe(&request, "/readyz") {
+            let store = self.gate.store().ready(READY_TIMEOUT).await;
+            let (status, body) = readiness(&store);
+            return Ok(text(status, "application/json", body.into()));
         }
         if let Some(refusal) = refuse_before_body(&request) {
             return Ok(refusal);

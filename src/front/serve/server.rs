@@ -61,10 +61,24 @@ impl Server {
             0 => std::thread::available_parallelism().map_or(1, usize::from),
             n => usize::from(n),
         };
-        let meter = Meter::background_stdout(config.metrics_namespace.clone())
-            .with_levels(&config.policy.levels);
+        let meter = if config.serve.emf {
+            Meter::background_stdout(config.metrics_namespace.clone())
+        } else {
+            Meter::new(config.metrics_namespace.clone(), None)
+        };
+        let meter = meter.with_levels(&config.policy.levels);
+        warn_if_proxies_untrusted(&config);
         let mut limits = ServeLimits::from_config(&config);
         limits.max_connections = connection_cap(limits.max_connections);
+        let woken = super::limits::longest_woken_request(&config);
+        if limits.drain_timeout < woken {
+            tracing::warn!(
+                drain_ms = duration_ms(limits.drain_timeout),
+                woken_ms = duration_ms(woken),
+                "QUOTA_DRAIN_TIMEOUT_MS leaves the requests in flight at shutdown less than an \
+                 enqueue and the store calls may take: one cut off is counted without its job"
+            );
+        }
         let store = if config.store.valkey.is_some() {
             "valkey"
         } else {
@@ -188,6 +202,21 @@ struct DropSends(mpsc::Sender<()>);
 impl Drop for DropSends {
     fn drop(&mut self) {
         let _ = self.0.try_send(());
+    }
+}
+
+/// One warning at start when clients from other hosts may connect and no
+/// proxy is trusted: behind a reverse proxy, a load balancer or a NAT, the
+/// socket peer of every request is the proxy, so every client behind it
+/// shares one anonymous counter.
+fn warn_if_proxies_untrusted(config: &Config) {
+    if config.serve.listens_beyond_loopback() && config.identity.trusted_proxies.is_empty() {
+        tracing::warn!(
+            listen = %config.serve.listen,
+            "QUOTA_TRUSTED_PROXIES is empty: behind a proxy, load balancer or NAT every client \
+             shares the proxy's one anonymous counter; set QUOTA_TRUSTED_PROXIES to the proxies' \
+             CIDRs (e.g. 10.0.0.0/8) so their X-Forwarded-For names the client"
+        );
     }
 }
 

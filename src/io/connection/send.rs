@@ -173,6 +173,15 @@ impl Valkey {
         self.live(Instant::now() + within).await.map(|_| ())
     }
 
+    /// `PING`, answered within `within` (a wait for a connection
+    /// included): whether the server is there to answer a command now, for
+    /// a readiness probe.
+    pub async fn ping(&self, within: Duration) -> Result<(), SendError> {
+        self.send::<String>(redis::cmd("PING"), within)
+            .await
+            .map(|_| ())
+    }
+
     /// A connection for commands outside the request path (operator tools,
     /// tests), waiting for it at most the store timeout.
     pub async fn connection(&self) -> RedisResult<Connection> {

@@ -77,6 +77,10 @@ impl QuotaStore for AnyStore {
         }
     }
 
+    async fn ready(&self, within: std::time::Duration) -> Result<(), StoreError> {
+        dispatch!(self, s => s.ready(within))
+    }
+
     async fn count(&self, args: CountArgs<'_>) -> Result<Tally, CountFailed> {
         dispatch!(self, s => s.count(args))
     }

@@ -3,6 +3,7 @@
 //! command may still run. The Valkey and in-memory stores implement it.
 
 use std::future::Future;
+use std::time::Duration;
 
 use uuid::Uuid;
 
@@ -191,6 +192,13 @@ pub trait QuotaStore: Send + Sync + 'static {
     /// Starts connecting in the background, on the current runtime, so the
     /// first request finds a connection. A no-op for stores without one.
     fn warm_up(&self) {}
+
+    /// Whether the store answers a command within `within` now: `serve`'s
+    /// `GET /readyz`. A store in this process always does.
+    fn ready(&self, within: Duration) -> impl Future<Output = Result<(), StoreError>> + Send {
+        let _ = within;
+        std::future::ready(Ok(()))
+    }
 
     /// Whether every call bounds its own wait (each command within the
     /// store timeout), so the gate need not arm a second timer around it;

@@ -200,6 +200,10 @@ impl QuotaStore for ValkeyStore {
         true
     }
 
+    async fn ready(&self, within: std::time::Duration) -> Result<(), StoreError> {
+        Ok(self.valkey.ping(within).await?)
+    }
+
     async fn count(&self, args: CountArgs<'_>) -> Result<Tally, CountFailed> {
         let mut pipe = redis::Pipeline::with_capacity(6 + 3 * args.levels.len());
         subject_commands(&mut pipe, &args);

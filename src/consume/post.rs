@@ -1,0 +1,155 @@
+//! `--post`: the job handed to a scanner over HTTP/1.1, `http://` (a
+//! scanner beside the consumer) or `https://`.
+//!
+//! An `https://` scanner's certificate is checked by rustls (through
+//! `hyper-rustls`, the connector the AWS SDK uses too, so no TLS code of our
+//! own) against the platform's CA certificates (`rustls-native-certs`, which
+//! honours `SSL_CERT_FILE`), or against `--post-ca`'s alone: a scanner with
+//! a private CA is trusted without trusting that CA for anything else, and
+//! an image without a CA bundle can still reach it. The roots are read once,
+//! at start; connections are kept alive between hand-offs.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper_rustls::{ConfigBuilderExt, HttpsConnector, HttpsConnectorBuilder};
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+
+use super::source::Delivery;
+use crate::rules::trace::{TRACEPARENT, TRACESTATE, TraceContext, XRAY_HEADER};
+
+/// `--post`'s scanner: its URL and the client that reaches it, built once.
+#[derive(Clone)]
+pub struct Post {
+    uri: http::Uri,
+    client: Client<HttpsConnector<HttpConnector>, Full<Bytes>>,
+}
+
+impl std::fmt::Debug for Post {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("Post").field(&self.uri).finish()
+    }
+}
+
+impl Post {
+    /// `--post`'s URL, `http://` or `https://host[:port]/path`, and for
+    /// `https://` the CA file `--post-ca` names (else the platform's roots).
+    pub fn new(url: &str, ca: Option<&Path>) -> Result<Self, String> {
+        let uri: http::Uri = url.parse().map_err(|e| format!("--post {url}: {e}"))?;
+        let https = match (uri.scheme_str(), uri.host()) {
+            (Some("http"), Some(_)) => false,
+            (Some("https"), Some(_)) => true,
+            _ => {
+                return Err(format!(
+                    "--post {url}: expected an http:// or https://host[:port]/path URL"
+                ));
+            }
+        };
+        if ca.is_some() && !https {
+            return Err("--post-ca is for an https:// --post".into());
+        }
+        let connector = HttpsConnectorBuilder::new()
+            .with_tls_config(tls_config(https, ca)?)
+            .https_or_http()
+            .enable_http1()
+            .build();
+        let client = Client::builder(TokioExecutor::new()).build(connector);
+        Ok(Self { uri, client })
+    }
+}
+
+/// The TLS settings of `--post`: rustls on aws-lc-rs, trusting `ca`'s
+/// certificates, else the platform's (none needed for plain HTTP).
+fn tls_config(https: bool, ca: Option<&Path>) -> Result<rustls::ClientConfig, String> {
+    let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
+    let builder = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| format!("--post: {e}"))?;
+    let builder = match (https, ca) {
+        (true, Some(path)) => builder.with_root_certificates(roots_of(path)?),
+        (true, None) => builder.with_native_roots().map_err(|e| {
+            format!("--post: no CA certificates on this platform ({e}); give --post-ca")
+        })?,
+        (false, _) => builder.with_root_certificates(rustls::RootCertStore::empty()),
+    };
+    Ok(builder.with_no_client_auth())
+}
+
+/// The CA certificates of the PEM file at `path`: a file that cannot be
+/// read, or holds none, stops the start.
+fn roots_of(path: &Path) -> Result<rustls::RootCertStore, String> {
+    use rustls::pki_types::{CertificateDer, pem::PemObject};
+    let shown = path.display();
+    let pem = std::fs::read(path).map_err(|e| format!("--post-ca {shown}: {e}"))?;
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in CertificateDer::pem_slice_iter(&pem) {
+        let cert = cert.map_err(|e| format!("--post-ca {shown}: {e}"))?;
+        roots
+            .add(cert)
+            .map_err(|e| format!("--post-ca {shown}: {e}"))?;
+    }
+    if roots.is_empty() {
+        return Err(format!("--post-ca {shown}: holds no PEM certificate"));
+    }
+    Ok(roots)
+}
+
+/// The job's trace as the scanner's request headers: `traceparent`,
+/// `tracestate` and `x-amzn-trace-id`.
+fn trace_headers(
+    mut request: http::request::Builder,
+    trace: Option<&TraceContext>,
+) -> http::request::Builder {
+    if let Some(trace) = trace {
+        request = request
+            .header(TRACEPARENT, trace.traceparent().as_str())
+            .header(XRAY_HEADER, trace.xray_header().as_str());
+        if let Some(state) = trace.tracestate() {
+            request = request.header(TRACESTATE, state);
+        }
+    }
+    request
+}
+
+impl Post {
+    /// POSTs `d`'s job as attempt `attempt`; `Ok` on a 2xx.
+    pub async fn send<H>(&self, d: &Delivery<H>, attempt: u64) -> Result<(), String> {
+        let request = http::Request::post(self.uri.clone())
+            .header(http::header::CONTENT_TYPE, "application/json")
+            .header("x-scan-id", d.job.scan_id.to_string())
+            .header("x-scan-attempt", attempt.to_string());
+        let request = trace_headers(request, d.job.trace.as_ref())
+            .body(Full::new(Bytes::from(d.json.clone())))
+            .map_err(|e| e.to_string())?;
+        let response = self
+            .client
+            .request(request)
+            .await
+            .map_err(|e| format!("scanner did not answer: {}", causes(&e)))?;
+        let status = response.status();
+        // Read the answer to its end, so the connection can carry the next.
+        let _ = response.into_body().collect().await;
+        if status.is_success() {
+            Ok(())
+        } else {
+            Err(format!("scanner answered {status}"))
+        }
+    }
+}
+
+/// An error and its causes, in one line: the client's own says only
+/// "client error (Connect)", its causes say which certificate or address.
+fn causes(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut line = e.to_string();
+    let mut source = e.source();
+    while let Some(cause) = source {
+        line.push_str(": ");
+        line.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    line
+}

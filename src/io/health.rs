@@ -1,0 +1,68 @@
+//! Liveness and readiness, as `serve` and `consume` answer them on their
+//! listeners: `/healthz` says the process is alive (it answers at all and
+//! touches nothing), `/readyz` that the store it depends on answers a
+//! `PING` within [`READY_TIMEOUT`]. An orchestrator restarts a process that
+//! is not alive and stops sending work to one that is not ready: a Valkey
+//! that is away makes the gate not ready, never dead, so it is not
+//! restarted for what a restart cannot mend.
+
+use std::time::Duration;
+
+use http::StatusCode;
+
+use crate::io::store::StoreError;
+
+/// How long `/readyz` waits for the store's answer: long enough for a
+/// healthy store across a network, short enough that a probe (Kubernetes'
+/// default timeout is 1 s, the image's `probe` 2 s) hears the 503.
+pub const READY_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// `/healthz`'s body.
+pub const ALIVE: &str = "ok\n";
+
+/// `/readyz`'s answer to the store's: 200 `{"ready":true}`, or 503 with
+/// why, in a word (`unreachable`, `no_answer`, `refused`): never the
+/// store's own message, which may name its address.
+pub fn readiness(store: &Result<(), StoreError>) -> (StatusCode, &'static str) {
+    match store {
+        Ok(()) => (StatusCode::OK, r#"{"ready":true}"#),
+        Err(StoreError::NotSent(_) | StoreError::CircuitOpen) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            r#"{"ready":false,"store":"unreachable"}"#,
+        ),
+        Err(StoreError::Unanswered) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            r#"{"ready":false,"store":"no_answer"}"#,
+        ),
+        Err(StoreError::Backend(_)) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            r#"{"ready":false,"store":"refused"}"#,
+        ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Only an answer is ready; each failure says its kind in JSON, without
+    /// the store's message.
+    #[test]
+    fn answers() {
+        assert_eq!(readiness(&Ok(())).0, StatusCode::OK);
+        for (e, word) in [
+            (
+                StoreError::NotSent("10.0.0.9:6379 refused".into()),
+                "unreachable",
+            ),
+            (StoreError::Unanswered, "no_answer"),
+            (StoreError::Backend("NOAUTH".into()), "refused"),
+        ] {
+            let (status, body) = readiness(&Err(e));
+            assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+            let json: serde_json::Value = serde_json::from_str(body).unwrap();
+            assert_eq!(json["store"], word);
+            assert!(!body.contains("10.0.0.9"));
+        }
+    }
+}
