@@ -2,7 +2,7 @@
 //! per event on stdout (through the non-blocking stdout writer, off with
 //! `--no-emf`) and the `metrics` facade, rendered as Prometheus text when
 //! `--metrics-listen` is given. The dimension is `Source` (`stream`,
-//! `sqs`, `stdin`), and for the lateness (the dwell from due to start) also
+//! `sqs`, `stdin`; `lambda` for the consumer function), and for the lateness (the dwell from due to start) also
 //! `Lane` (`within`, `over`); no scanId, digest or image in any metric. The lines are
 //! built and written by the gate's one EMF writer ([`crate::io::meter::emf`]).
 
@@ -59,11 +59,17 @@ pub struct ConsumeMeter {
 
 impl ConsumeMeter {
     pub fn new(namespace: &str, source: &'static str, emf: bool) -> Self {
+        // A stdout nobody reads loses metric lines, never jobs.
+        let sink = emf.then(|| Sink::Background(LineWriter::stdout(), None));
+        Self::with_sink(namespace, source, sink)
+    }
+
+    /// The same, its EMF lines written to `emf` (none: no EMF lines).
+    pub fn with_sink(namespace: &str, source: &'static str, emf: Option<Sink>) -> Self {
         Self {
             namespace: namespace.into(),
             source,
-            // A stdout nobody reads loses metric lines, never jobs.
-            emf: emf.then(|| Sink::Background(LineWriter::stdout(), None)),
+            emf,
             held: Arc::default(),
         }
     }
