@@ -106,9 +106,7 @@ impl SqsSource {
             .map(drop)
             .map_err(sdk_err)
     }
-}
 
-impl SqsSource {
     /// The message of `receipt` invisible for another lease from now.
     pub async fn renew(&self, receipt: &str) -> Result<(), ConsumeError> {
         self.visibility(receipt, self.lease_secs).await
