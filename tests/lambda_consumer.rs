@@ -28,7 +28,8 @@ struct Posted {
     request: String,
 }
 
-/// A scanner on a local port: 500 for an image named `…scanner-refuses…`, else 204.
+/// A scanner on a local port: 500 for an image named `…scanner-refuses…`,
+/// an answer 10 s late for `…scanner-hangs…`, else 204.
 fn scanner() -> (String, Arc<Mutex<Vec<Posted>>>) {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let url = format!("http://{}/scan", listener.local_addr().unwrap());
@@ -54,8 +55,14 @@ fn scanner() -> (String, Arc<Mutex<Vec<Posted>>>) {
                 "204 No Content"
             };
             let at_ms = now_ms();
+            let hangs = request.contains("scanner-hangs");
             seen.lock().unwrap().push(Posted { at_ms, request });
-            let _ = write!(conn, "HTTP/1.1 {status}\r\ncontent-length: 0\r\n\r\n");
+            std::thread::spawn(move || {
+                if hangs {
+                    std::thread::sleep(Duration::from_secs(10));
+                }
+                let _ = write!(conn, "HTTP/1.1 {status}\r\ncontent-length: 0\r\n\r\n");
+            });
         }
     });
     (url, posted)
@@ -298,4 +305,39 @@ async fn sample_events() {
     assert_eq!(rig.posts_of(&due).len(), 1, "the due job ran once");
     let posted = rig.posted.lock().unwrap().len();
     assert_eq!(posted, 2, "the due job and the refused one, nothing else");
+}
+
+/// Near the invocation's deadline a running hand-off is stopped: the
+/// invocation answers in time, naming the message (given back, its marker
+/// released), instead of Lambda timing out the whole batch.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_scan_past_the_deadline_is_given_back_in_time() {
+    let rig = Rig::start().await;
+    let hangs = job_in("within", "scanner-hangs:1", now_ms());
+    rig.send(&rig.within, &hangs).await;
+    let batch = rig.receive(&rig.within).await;
+    let records: Vec<Value> = batch
+        .iter()
+        .map(|m| {
+            json!({"messageId": m.message_id(), "receiptHandle": m.receipt_handle(),
+            "body": m.body(), "eventSourceARN": "arn:aws:sqs:us-east-1:123456789012:scans"})
+        })
+        .collect();
+    let event: SqsEvent = serde_json::from_value(json!({ "Records": records })).unwrap();
+    let started = std::time::Instant::now();
+    // 6 s left: the scan is stopped 5 s before the deadline, after 1 s.
+    let answer = rig
+        .consumer
+        .handle(event, Some(Duration::from_secs(6)))
+        .await;
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
+    assert_eq!(failed(&answer), [id_of(&batch, &hangs)]);
+    assert_eq!(rig.posts_of(&hangs).len(), 1);
+    // Given back at once and its marker released: the next invocation runs it again.
+    let again = rig.receive(&rig.within).await;
+    assert_eq!(again.len(), 1, "not given back");
 }
