@@ -19,7 +19,7 @@
 //! | 3 | [`io`] | the [`io::connection`] to Valkey, the [`io::store`] that counts, the [`io::queue`]s that carry jobs, the [`io::clock`], the [`io::meter`], the [`io::stdout`] line writer, the [`io::health`] answer of `/readyz`, and [`io::secrets`], which reads the configuration's secret references at start |
 //! | 4 | [`gate`] | the request path behind one [`Gate::handle`] call: [`gate::validate`], [`gate::identity`], [`gate::idempotency`], [`gate::respond`], [`gate::quota_view`] (`GET /quota`), [`gate::trace`] (the request's trace and its steps' spans), [`gate::error`] (the one map from failures to HTTP statuses) |
 //! | 4 | [`consume`] | `quota-gate consume`: holds each job until `notBefore`, runs each `scanId` once |
-//! | 5 | [`front`] | the front ends: [`front::lambda`], [`front::serve`], [`front::cli`] and its operator tools, [`front::ops`] |
+//! | 5 | [`front`] | the front ends: [`front::lambda`] (and the consumer's, [`front::lambda_consumer`]), [`front::serve`], [`front::cli`] and its operator tools, [`front::ops`] |
 //!
 //! A scan's way through them, in order: validate, identify, digest, count
 //! (the store's one round trip), decide, pace and delay, enqueue, respond,

@@ -338,15 +338,46 @@ const AWS_METRICS: &[(&str, &str, &str)] = &[
     ("AWS/ElastiCache", "ThrottledCmds", "clusterId"),
 ];
 
-/// Every metric and dimension set on the CloudWatch dashboard is one an EMF line of the scripted run carries (or one AWS publishes).
+/// The consumer function's EMF lines for what it meters: a job started in
+/// each lane, one that succeeded, one that failed, a duplicate.
+fn consumer_emf_lines() -> String {
+    use quota_gate::consume::meter::{ConsumeMeter, Event};
+    use quota_gate::consume::source::sqs_batch::SOURCE;
+    use quota_gate::rules::job::Lane;
+    let sink = Capture::default();
+    let meter = ConsumeMeter::with_sink(
+        "StellaOps/Quota",
+        SOURCE,
+        Some(Sink::sync(Box::new(sink.clone()))),
+    );
+    for lane in [Lane::Within, Lane::Over] {
+        meter.record(Event::Started {
+            lateness_ms: 3,
+            lane,
+        });
+    }
+    for event in [Event::Succeeded, Event::Failed, Event::Duplicate] {
+        meter.record(event);
+    }
+    sink.text()
+}
+
+/// Every metric and dimension set on the CloudWatch dashboard is one an EMF line of the scripted run (or of the consumer function) carries, or one AWS publishes.
 #[tokio::test]
 async fn cloudwatch_dashboard_plots_only_emitted_metrics() {
     let body = cloudwatch_body(&read("template.yaml"));
     let plotted = dashboard_metrics(&body);
     let emitted = emf_metrics(&scripted_emf_run().await);
+    let consumer = emf_metrics(&consumer_emf_lines());
     let mut ours = BTreeSet::new();
     for (ns, name, dims) in &plotted {
-        if ns == "StellaOps/Quota" {
+        let id = (ns.clone(), name.clone(), dims.clone());
+        if ns == "StellaOps/Quota" && name.starts_with("stella_consumer_") {
+            assert!(
+                consumer.contains(&id),
+                "the dashboard plots {name} {dims:?}, which no EMF line of the consumer function carries"
+            );
+        } else if ns == "StellaOps/Quota" {
             ours.insert((ns.clone(), name.clone(), dims.clone()));
             assert!(
                 emitted.contains(&(ns.clone(), name.clone(), dims.clone())),
@@ -435,11 +466,15 @@ fn cloudwatch_thresholds_are_the_alarms() {
             "backlog alarm" => &["QuotaBacklogRefusalsAlarm"],
             "global-paced alarm" => &["QuotaGlobalPacedAlarm"],
             "dead-letter alarm" => &["ScanDeadLetterAlarm", "ScanOverDeadLetterAlarm"],
+            "within-lane age alarm" => &["ScanQueueAgeAlarm"],
+            "over-lane age alarm" => &["ScanQueueOverAgeAlarm"],
+            "consumer errors alarm" => &["ConsumerErrorsAlarm"],
+            "within dwell alarm" => &["ConsumerDwellWithinAlarm"],
             _ => &[],
         }
     };
     let alarms = alarms(&template);
-    assert_eq!(alarms.len(), 8, "{alarms:?}");
+    assert_eq!(alarms.len(), 12, "{alarms:?}");
     let mut checked = BTreeSet::new();
     for (label, value) in &lines {
         for alarm in alarms_of(label) {

@@ -104,9 +104,10 @@ fn numeric_parameters_stay_in_their_variables_range() {
 /// No secret value is in the function's configuration: every secret
 /// variable of the table is set in template.yaml as a `secretsmanager:`
 /// reference (or, for `VALKEY_URL`, a URL without credentials), no parameter
-/// is `NoEcho` (none holds a secret), and the function may read its own
+/// is `NoEcho` (none holds a secret), and each function may read its own
 /// secrets only: `secretsmanager:GetSecretValue` on the hash key and the
-/// optional Valkey secret, no wildcard.
+/// optional Valkey secret for the gate, on the Valkey secret alone for the
+/// consumer (it digests nothing), no wildcard.
 #[test]
 fn template_keeps_secrets_out_of_the_environment() {
     let template = read("template.yaml");
@@ -122,7 +123,8 @@ fn template_keeps_secrets_out_of_the_environment() {
             var.name
         );
     }
-    let grant = template
+    let gate = resource(&template, "QuotaGateFunction");
+    let grant = gate
         .split("Action: secretsmanager:GetSecretValue")
         .nth(1)
         .expect("the function may read its secrets");
@@ -134,7 +136,19 @@ fn template_keeps_secrets_out_of_the_environment() {
             "                - !If [HasValkeySecret, !Ref ValkeySecretArn, !Ref AWS::NoValue]",
         ]
     );
-    assert_eq!(template.matches("Action: secretsmanager:").count(), 1);
+    let consumer = resource(&template, "QuotaConsumerFunction");
+    let grant = consumer
+        .split("Action: secretsmanager:GetSecretValue")
+        .nth(1)
+        .expect("the consumer may read the Valkey secret");
+    let resources: Vec<&str> = listed(grant).into_iter().map(str::trim).collect();
+    assert_eq!(resources, ["- !Ref ValkeySecretArn"]);
+    assert!(
+        consumer.contains(
+            "              - HasValkeySecret\n              - Sid: ReadTheValkeySecret\n"
+        )
+    );
+    assert_eq!(template.matches("Action: secretsmanager:").count(), 2);
 }
 
 /// The items of the list that follows an action's line and its `Resource:`
@@ -169,7 +183,7 @@ fn resource<'a>(template: &'a str, name: &str) -> &'a str {
 
 /// The created cache takes IAM sign-in only: it is attached to a user group
 /// of an IAM-enabled gate user and the `default` user every group must hold,
-/// switched off; the function may connect as that user to that cache alone,
+/// switched off; each function may connect as that user to that cache alone,
 /// and its environment names the user and the cache, no password.
 #[test]
 fn created_cache_takes_iam_sign_in_only() {
@@ -216,17 +230,31 @@ fn created_cache_takes_iam_sign_in_only() {
         cache.contains("UserGroupId: !Ref ValkeyUserGroup"),
         "{cache}"
     );
-    let grant = template
-        .split("Action: elasticache:Connect")
-        .nth(1)
-        .expect("the function may connect to its cache");
-    let resources: Vec<&str> = listed(grant).into_iter().map(str::trim).collect();
-    assert_eq!(
-        resources,
-        ["- !GetAtt ValkeyCache.ARN", "- !GetAtt ValkeyGateUser.Arn"]
-    );
-    assert_eq!(template.matches("Action: elasticache:").count(), 1);
-    let function = resource(&template, "QuotaGateFunction");
+    // The gate and the consumer sign in as the gate's user, to that cache alone.
+    for name in ["QuotaGateFunction", "QuotaConsumerFunction"] {
+        let function = resource(&template, name);
+        let grant = function
+            .split("Action: elasticache:Connect")
+            .nth(1)
+            .unwrap_or_else(|| panic!("{name} may connect to its cache"));
+        let resources: Vec<&str> = listed(grant).into_iter().map(str::trim).collect();
+        assert_eq!(
+            resources,
+            ["- !GetAtt ValkeyCache.ARN", "- !GetAtt ValkeyGateUser.Arn"],
+            "{name}"
+        );
+        assert!(function.contains("              - IamAuth\n"), "{name}");
+        assert_no_password(name, function);
+    }
+    assert_eq!(template.matches("Action: elasticache:").count(), 2);
+    assert!(template.contains(
+        "  IamAuth: !And [!Condition UseCreatedCache, !Not [!Condition HasValkeySecret]]\n"
+    ));
+}
+
+/// `name`'s environment names the cache's IAM user and the cache, no
+/// password, token or credentials in a URL.
+fn assert_no_password(name: &str, function: &str) {
     let environment = function.split("      Environment:\n").nth(1).unwrap();
     let environment = environment.split("      Events:\n").next().unwrap();
     for line in [
@@ -235,7 +263,10 @@ fn created_cache_takes_iam_sign_in_only() {
         "VALKEY_CACHE_NAME: !If [IamAuth, !Ref CacheName, \"\"]",
         "VALKEY_CACHE_SERVERLESS: !If [IamAuth, \"true\", \"false\"]",
     ] {
-        assert!(environment.contains(line), "the environment lacks {line}");
+        assert!(
+            environment.contains(line),
+            "{name}'s environment lacks {line}"
+        );
     }
     // Past its comments and the word `password` of VALKEY_AUTH: no password, token or
     // credentials in a URL.
@@ -248,10 +279,7 @@ fn created_cache_takes_iam_sign_in_only() {
     for word in ["password", "authtoken", "auth_token", "@"] {
         assert!(
             !settings.contains(word),
-            "a password in the environment ({word})"
+            "a password in {name}'s environment ({word})"
         );
     }
-    assert!(template.contains(
-        "  IamAuth: !And [!Condition UseCreatedCache, !Not [!Condition HasValkeySecret]]\n"
-    ));
 }

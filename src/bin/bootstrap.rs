@@ -1,5 +1,7 @@
 //! The AWS Lambda entry point: read the configuration, build the clients
-//! once per cold start, and serve invocations.
+//! once per cold start, and serve invocations: API Gateway events (the
+//! gate), or with `QUOTA_ROLE=consume` the scan queues' SQS events (the
+//! consumer, `quota_gate::front::lambda_consumer`).
 //!
 //! A configuration error (a secret reference that cannot be read among
 //! them), or, with `QUOTA_STORE_EVICTION=refuse`, a store
@@ -14,6 +16,7 @@ use std::sync::Arc;
 
 use quota_gate::Config;
 use quota_gate::front::lambda::{CONFIG_ERROR_TYPE, report_init_error};
+use quota_gate::front::lambda_consumer::{self, Consumer, Role};
 use quota_gate::gate::Gate;
 use quota_gate::io::meter::Meter;
 
@@ -30,25 +33,36 @@ async fn main() -> ExitCode {
     // JSON when the function's LoggingConfig says so; the runtime's span
     // puts the request id on every line logged during an invocation.
     quota_gate::init_tracing(quota_gate::LogFormat::lambda());
-    let gate = match start().await {
-        Ok(gate) => gate,
-        Err(message) => {
-            eprintln!("quota-gate: configuration error: {message}");
-            if let Ok(api) = std::env::var("AWS_LAMBDA_RUNTIME_API")
-                && let Err(e) = report_init_error(&api, CONFIG_ERROR_TYPE, &message).await
-            {
-                eprintln!("quota-gate: could not report the init error to {api}: {e}");
-            }
-            return ExitCode::from(2);
-        }
+    let served = match Role::from_lookup(|k| std::env::var(k).ok()) {
+        Ok(Role::Gate) => match start().await {
+            Ok(gate) => quota_gate::front::lambda::run(Arc::new(gate)).await,
+            Err(message) => return init_failed(&message).await,
+        },
+        Ok(Role::Consume) => match Consumer::from_env().await {
+            Ok(consumer) => lambda_consumer::run(Arc::new(consumer)).await,
+            Err(message) => return init_failed(&message).await,
+        },
+        Err(message) => return init_failed(&message).await,
     };
-    match quota_gate::front::lambda::run(Arc::new(gate)).await {
+    match served {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("quota-gate: {e}");
             ExitCode::FAILURE
         }
     }
+}
+
+/// Says why the cold start failed, on stderr and, under a Lambda runtime,
+/// as the function's init error.
+async fn init_failed(message: &str) -> ExitCode {
+    eprintln!("quota-gate: configuration error: {message}");
+    if let Ok(api) = std::env::var("AWS_LAMBDA_RUNTIME_API")
+        && let Err(e) = report_init_error(&api, CONFIG_ERROR_TYPE, message).await
+    {
+        eprintln!("quota-gate: could not report the init error to {api}: {e}");
+    }
+    ExitCode::from(2)
 }
 
 /// The gate of this cold start, or why there is none (naming the variable).

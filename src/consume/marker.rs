@@ -161,6 +161,13 @@ impl Markers {
         self
     }
 
+    /// Markers in Valkey for the SQS queue `url` (`{sqs:<queue name>}`):
+    /// `consume` and the consumer function keep the same ones for a queue.
+    pub fn of_sqs(valkey: Valkey, url: &str) -> Self {
+        let name = super::source::sqs::queue_name(url);
+        Self::valkey(valkey, &format!("sqs:{name}"))
+    }
+
     /// Markers in this process only.
     pub fn local() -> Self {
         Self::Local(Arc::default())

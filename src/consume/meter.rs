@@ -2,9 +2,10 @@
 //! per event on stdout (through the non-blocking stdout writer, off with
 //! `--no-emf`) and the `metrics` facade, rendered as Prometheus text when
 //! `--metrics-listen` is given. The dimension is `Source` (`stream`,
-//! `sqs`, `stdin`), and for the lateness (the dwell from due to start) and
-//! the backlog (due jobs waiting for a run slot) also `Lane` (`within`,
-//! `over`); no scanId, digest or image in any metric. The lines are
+//! `sqs`, `stdin`; `lambda` for the consumer function), and for the lateness
+//! (the dwell from due to start) and the backlog (due jobs waiting for a run
+//! slot) also `Lane` (`within`, `over`); no scanId, digest or image in any
+//! metric. The lines are
 //! built and written by the gate's one EMF writer ([`crate::io::meter::emf`]).
 
 use std::sync::Arc;
@@ -84,6 +85,13 @@ fn lane_index(lane: Lane) -> usize {
 
 impl ConsumeMeter {
     pub fn new(namespace: &str, source: &'static str, emf: bool) -> Self {
+        // A stdout nobody reads loses metric lines, never jobs.
+        let sink = emf.then(|| Sink::Background(LineWriter::stdout(), None));
+        Self::with_sink(namespace, source, sink)
+    }
+
+    /// The same, its EMF lines written to `emf` (none: no EMF lines).
+    pub fn with_sink(namespace: &str, source: &'static str, emf: Option<Sink>) -> Self {
         // The gauges start at zero, so a quiet lane reads 0, not absent.
         metrics::gauge!(HELD, "source" => source).set(0.0);
         for lane in [Lane::Within, Lane::Over] {
@@ -92,8 +100,7 @@ impl ConsumeMeter {
         Self {
             namespace: namespace.into(),
             source,
-            // A stdout nobody reads loses metric lines, never jobs.
-            emf: emf.then(|| Sink::Background(LineWriter::stdout(), None)),
+            emf,
             held: Arc::default(),
             waiting: Arc::default(),
         }

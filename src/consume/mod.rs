@@ -214,7 +214,6 @@ async fn run_sqs(
     let sources = lanes
         .map(|url| source::sqs::SqsSource::new(&sdk, url, lease))
         .collect();
-    let name = url.rsplit('/').next().unwrap_or("queue");
     let watch = match &ops {
         Some(ops) => Some(parts.watch_store(ops).await?),
         None => None,
@@ -222,7 +221,7 @@ async fn run_sqs(
     let (shutdown, refusal) = until_refused(watch, shutdown);
     let (markers, clock) = match ops {
         Some(ops) => (
-            Markers::valkey(ops.clone(), &format!("sqs:{name}")).with_wait(parts.wait_replicas),
+            Markers::of_sqs(ops.clone(), url).with_wait(parts.wait_replicas),
             QueueClock::of_valkey(LOCAL, ops),
         ),
         None => {

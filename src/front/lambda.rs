@@ -75,7 +75,7 @@ pub const EARLIEST_DEADLINE_MS: u64 = 946_684_800_000;
 /// instant (before 2000, e.g. `cargo lambda watch` sends the timeout itself,
 /// `600000`) is treated as absent, said once in the log, so a local replay
 /// sleeps as Lambda would. One already passed is zero, so nothing sleeps.
-fn time_left(context: &lambda_runtime::Context) -> Option<Duration> {
+pub fn time_left(context: &lambda_runtime::Context) -> Option<Duration> {
     let now = duration_ms(
         SystemTime::now()
             .duration_since(UNIX_EPOCH)

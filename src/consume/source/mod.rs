@@ -1,11 +1,13 @@
-//! Where jobs come from: a Valkey stream, an SQS queue or standard input,
-//! each behind the one [`JobSource`] trait the worker is generic over. Each
-//! source has its own handle type, so a delivery can only be acknowledged
-//! by the source it came from.
+//! Where jobs come from: a Valkey stream, an SQS queue, standard input or
+//! one Lambda SQS event's batch (the consumer function's), each behind the
+//! one [`JobSource`] trait the worker is generic over. Each source has its
+//! own handle type, so a delivery can only be acknowledged by the source it
+//! came from.
 
 pub mod input;
 pub mod journal;
 pub mod sqs;
+pub mod sqs_batch;
 pub mod stdin;
 pub mod stream;
 

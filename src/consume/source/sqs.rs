@@ -93,7 +93,9 @@ impl SqsSource {
         Ok(out)
     }
 
-    async fn visibility(&self, receipt: &str, secs: i32) -> Result<(), ConsumeError> {
+    /// Makes the message of `receipt` invisible for `secs` from now (0:
+    /// visible again at once).
+    pub async fn visibility(&self, receipt: &str, secs: i32) -> Result<(), ConsumeError> {
         self.client
             .change_message_visibility()
             .queue_url(&self.url)
@@ -104,6 +106,22 @@ impl SqsSource {
             .map(drop)
             .map_err(sdk_err)
     }
+
+    /// The message of `receipt` invisible for another lease from now.
+    pub async fn renew(&self, receipt: &str) -> Result<(), ConsumeError> {
+        self.visibility(receipt, self.lease_secs).await
+    }
+
+    /// The queue's name: the last segment of its URL (of its ARN too).
+    pub fn queue_name(&self) -> &str {
+        queue_name(&self.url)
+    }
+}
+
+/// The queue's name in its URL (`…/<account>/<name>`) or its ARN
+/// (`arn:aws:sqs:<region>:<account>:<name>`).
+pub fn queue_name(url_or_arn: &str) -> &str {
+    url_or_arn.rsplit(['/', ':']).next().unwrap_or(url_or_arn)
 }
 
 impl JobSource for SqsSource {
@@ -130,7 +148,7 @@ impl JobSource for SqsSource {
 
     /// Another lease of invisibility from now.
     async fn extend(&self, d: &Delivery<String>) -> Result<(), ConsumeError> {
-        self.visibility(&d.handle, self.lease_secs).await
+        self.renew(&d.handle).await
     }
 
     /// Invisible until just before `wait` has passed; `false` when that is

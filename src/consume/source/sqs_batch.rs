@@ -1,0 +1,261 @@
+//! One Lambda SQS event's messages as a [`JobSource`]: what the consumer
+//! function ([`crate::front::lambda_consumer`]) hands the worker.
+//!
+//! Lambda's event source mapping receives the messages, and deletes every
+//! one the function does not name as a batch item failure
+//! (`ReportBatchItemFailures`). So an ack here deletes nothing: it marks the
+//! message as done, and every message not acked when the invocation ends is
+//! reported as a failure and stays on its queue. That is how a message not
+//! yet due is kept: made invisible until just before its `notBefore`
+//! (`ChangeMessageVisibility`, whole seconds rounded down, at most 12 h a
+//! round, [`schedule::sqs_visibility`], as `consume` holds one), then named
+//! a failure, so Lambda leaves it. A failed scan, or one whose marker
+//! another attempt holds, comes back the same way after its wait; the
+//! queue's redrive policy dead-letters a message after `maxReceiveCount`
+//! receives. A message that is not a readable job, or that comes from a
+//! queue the function was not given, is a failure too, left to the redrive
+//! policy.
+
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use super::sqs::{SqsSource, queue_name};
+use super::{Delivery, GivenUp, JobSource};
+use crate::consume::error::ConsumeError;
+use crate::consume::schedule;
+use crate::rules::job::ScanJob;
+
+/// The consumer function's `Source` dimension, in its metrics and logs.
+pub const SOURCE: &str = "lambda";
+
+/// An SQS event as Lambda delivers it (the members the consumer reads).
+#[derive(Debug, Clone, Deserialize)]
+pub struct SqsEvent {
+    #[serde(rename = "Records", default)]
+    pub records: Vec<SqsRecord>,
+}
+
+/// One message of an [`SqsEvent`].
+#[derive(Debug, Clone, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SqsRecord {
+    pub message_id: String,
+    pub receipt_handle: String,
+    pub body: String,
+    #[serde(rename = "eventSourceARN")]
+    pub event_source_arn: String,
+}
+
+/// The function's answer: the messages Lambda must leave on their queue.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct BatchResponse {
+    pub batch_item_failures: Vec<ItemFailure>,
+}
+
+/// One message left on its queue, by its id.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ItemFailure {
+    pub item_identifier: String,
+}
+
+/// How one message of the batch is told apart and held: its id (the batch
+/// item), its receipt and its queue (an index into [`Lanes`]).
+#[derive(Debug, Clone)]
+pub struct Message {
+    pub id: String,
+    pub receipt: String,
+    lane: usize,
+}
+
+/// The queues the function reads (the scan queue, and the over lane's), a
+/// client for each, built once per cold start.
+pub struct Lanes(Vec<SqsSource>);
+
+impl Lanes {
+    /// The queues at `urls`, with clients built from `sdk`; a renewal
+    /// keeps a message invisible for `lease`.
+    pub fn new<'a>(
+        sdk: &aws_config::SdkConfig,
+        urls: impl IntoIterator<Item = &'a str>,
+        lease: Duration,
+    ) -> Self {
+        Self(
+            urls.into_iter()
+                .map(|url| SqsSource::new(sdk, url, lease))
+                .collect(),
+        )
+    }
+
+    /// The lane whose queue the ARN `arn` names.
+    fn of_arn(&self, arn: &str) -> Option<usize> {
+        let name = queue_name(arn);
+        self.0.iter().position(|q| q.queue_name() == name)
+    }
+}
+
+/// One invocation's batch.
+pub struct SqsBatch {
+    lanes: Arc<Lanes>,
+    acked: Mutex<HashSet<String>>,
+}
+
+impl SqsBatch {
+    pub fn new(lanes: Arc<Lanes>) -> Self {
+        Self {
+            lanes,
+            acked: Mutex::default(),
+        }
+    }
+
+    /// The batch's jobs: each record from one of the lanes' queues whose body
+    /// is a readable job. The others are logged, and never acked.
+    pub fn deliveries(&self, records: Vec<SqsRecord>) -> Vec<Delivery<Message>> {
+        let mut out = Vec::with_capacity(records.len());
+        for record in records {
+            let Some(lane) = self.lanes.of_arn(&record.event_source_arn) else {
+                tracing::error!(
+                    message = record.message_id,
+                    queue = record.event_source_arn,
+                    "a message from a queue the function was not given (SCAN_QUEUE_URL, \
+                     SCAN_QUEUE_OVER_URL): left on it"
+                );
+                continue;
+            };
+            match ScanJob::from_json(&record.body) {
+                Ok(job) => out.push(Delivery {
+                    job,
+                    json: record.body,
+                    handle: Message {
+                        id: record.message_id,
+                        receipt: record.receipt_handle,
+                        lane,
+                    },
+                }),
+                Err(e) => tracing::error!(
+                    message = record.message_id,
+                    error = %e,
+                    "unreadable SQS message: left to the redrive policy"
+                ),
+            }
+        }
+        out
+    }
+
+    /// The answer for the messages `ids`: each one not acked is a failure.
+    pub fn response<'a>(&self, ids: impl IntoIterator<Item = &'a str>) -> BatchResponse {
+        let acked = self.acked();
+        let batch_item_failures = ids
+            .into_iter()
+            .filter(|id| !acked.contains(*id))
+            .map(|id| ItemFailure {
+                item_identifier: id.to_owned(),
+            })
+            .collect();
+        BatchResponse {
+            batch_item_failures,
+        }
+    }
+
+    fn acked(&self) -> std::sync::MutexGuard<'_, HashSet<String>> {
+        self.acked
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn queue(&self, d: &Delivery<Message>) -> &SqsSource {
+        // `deliveries` only hands out messages of a known lane.
+        &self.lanes.0[d.handle.lane]
+    }
+
+    /// Invisible for `secs`; a failure is logged: the message then comes
+    /// back after the queue's own visibility timeout, and is held again if
+    /// it is still not due.
+    async fn hold(&self, d: &Delivery<Message>, secs: i32) {
+        if let Err(e) = self.queue(d).visibility(&d.handle.receipt, secs).await {
+            tracing::warn!(scan_id = %d.job.scan_id, error = %e, "cannot change a message's visibility; it comes back after the queue's visibility timeout");
+        }
+    }
+}
+
+impl JobSource for SqsBatch {
+    type Handle = Message;
+
+    fn name(&self) -> &'static str {
+        SOURCE
+    }
+
+    /// Lambda hands the batch over in one event: there is nothing to read.
+    async fn next(&self, _max: usize) -> Result<Option<Vec<Delivery<Message>>>, ConsumeError> {
+        Ok(None)
+    }
+
+    /// Done: Lambda deletes it, once the invocation answers without naming it.
+    async fn ack(&self, d: &Delivery<Message>) -> Result<(), ConsumeError> {
+        self.acked().insert(d.handle.id.clone());
+        Ok(())
+    }
+
+    async fn extend(&self, d: &Delivery<Message>) -> Result<(), ConsumeError> {
+        self.queue(d).renew(&d.handle.receipt).await
+    }
+
+    /// Invisible until just before `wait` has passed, and left on the queue
+    /// (never acked); `false` when that is under a second (held in memory).
+    async fn deliver_later(
+        &self,
+        d: &Delivery<Message>,
+        wait: Duration,
+    ) -> Result<bool, ConsumeError> {
+        match schedule::sqs_visibility(wait) {
+            None => Ok(false),
+            Some(secs) => {
+                self.hold(d, secs).await;
+                Ok(true)
+            }
+        }
+    }
+
+    /// The queue's redrive policy moves it after `maxReceiveCount` receives.
+    async fn dead_letter(&self, _: &Delivery<Message>, _: GivenUp<'_>) -> Result<(), ConsumeError> {
+        Ok(())
+    }
+
+    /// Visible again now, or when its `notBefore` comes.
+    async fn give_back(&self, d: &Delivery<Message>, wait: Duration) {
+        self.hold(d, schedule::sqs_visibility(wait).unwrap_or(0))
+            .await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A record's members as Lambda names them; the answer as Lambda reads it.
+    #[test]
+    fn event_and_answer_shapes() {
+        let event: SqsEvent = serde_json::from_str(
+            r#"{"Records":[{"messageId":"m-1","receiptHandle":"r","body":"{}",
+                "attributes":{"ApproximateReceiveCount":"1"},"messageAttributes":{},
+                "md5OfBody":"x","eventSource":"aws:sqs",
+                "eventSourceARN":"arn:aws:sqs:us-east-1:123456789012:scans","awsRegion":"us-east-1"}]}"#,
+        )
+        .unwrap();
+        assert_eq!(event.records[0].message_id, "m-1");
+        assert_eq!(queue_name(&event.records[0].event_source_arn), "scans");
+        let answer = BatchResponse {
+            batch_item_failures: vec![ItemFailure {
+                item_identifier: "m-1".into(),
+            }],
+        };
+        assert_eq!(
+            serde_json::to_string(&answer).unwrap(),
+            r#"{"batchItemFailures":[{"itemIdentifier":"m-1"}]}"#
+        );
+    }
+}

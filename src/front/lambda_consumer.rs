@@ -1,0 +1,248 @@
+//! The consumer as a Lambda function: the same `bootstrap` binary with
+//! `QUOTA_ROLE=consume`, triggered by SQS on the scan queue and the over
+//! lane's, answering with the messages to leave on their queue
+//! (`ReportBatchItemFailures`).
+//!
+//! Each message of a batch goes through `consume`'s own worker
+//! ([`crate::consume::worker`]): held until its `notBefore` (by visibility,
+//! [`crate::consume::source::sqs_batch`]), the `scanId` marker claimed in
+//! the same Valkey keys `consume` uses for the queue, the job POSTed to the
+//! scanner ([`Handoff::post`]), the marker kept as done, and metered with
+//! `Source` `lambda`. A batch's messages run at once; how many scans run at
+//! once is the event source mappings' concurrency (the over lane's capped,
+//! so within-quota jobs find the scanner free).
+//!
+//! | variable | meaning |
+//! |---|---|
+//! | `QUOTA_ROLE` | `consume` (this function); unset or `gate`: the gate |
+//! | `SCANNER_URL` | where each due job is POSTed (required) |
+//! | `SCAN_QUEUE_URL`, `SCAN_QUEUE_OVER_URL` | the queues the event source mappings read: their names tell a message's lane, and the markers are `{sqs:<SCAN_QUEUE_URL's name>}:run:<scanId>`, as `consume`'s |
+//! | `VALKEY_*`, `QUOTA_STORE_TIMEOUT_MS`, `QUOTA_METRICS_NAMESPACE` | as for the gate |
+//!
+//! Before the invocation's deadline ([`STOP_BEFORE_DEADLINE`]) no new
+//! scan starts and running ones are stopped, their markers released and
+//! their messages handed back: Lambda would otherwise end the invocation
+//! and redeliver the whole batch.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::Duration;
+
+use lambda_runtime::{LambdaEvent, service_fn};
+use tokio::sync::watch;
+use tracing::Instrument;
+use tracing::field::display;
+
+use crate::config::{Config, QueueTarget};
+use crate::consume::clock::QueueClock;
+use crate::consume::handoff::Handoff;
+use crate::consume::lease::Tokens;
+use crate::consume::marker::Markers;
+use crate::consume::meter::ConsumeMeter;
+use crate::consume::schedule::RetryPolicy;
+use crate::consume::slots::RunSlots;
+use crate::consume::source::sqs_batch::{BatchResponse, Lanes, SOURCE, SqsBatch, SqsEvent};
+use crate::consume::worker::Worker;
+use crate::io::connection::Valkey;
+
+/// Which handler the `bootstrap` binary serves.
+pub const ROLE: &str = "QUOTA_ROLE";
+/// The scanner the consumer function POSTs each due job to.
+pub const SCANNER_URL: &str = "SCANNER_URL";
+
+/// The marker lease and a held message's visibility renewal, as
+/// `consume`'s default `--lease`.
+const LEASE: Duration = Duration::from_secs(30);
+/// How long before the invocation's deadline running scans are stopped
+/// (and at most 2 s more spent releasing their markers).
+pub const STOP_BEFORE_DEADLINE: Duration = Duration::from_secs(5);
+/// The longest one scan may run: Lambda's own limit.
+const SCAN_TIMEOUT: Duration = Duration::from_secs(900);
+/// A failed scan's message comes back after this (each invocation is a
+/// new worker, so the wait does not grow; the queue's `maxReceiveCount`
+/// bounds the tries).
+const RETRY_AFTER: Duration = Duration::from_secs(30);
+
+/// What the `bootstrap` binary is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    /// The gate: API Gateway events in ([`crate::front::lambda`]).
+    Gate,
+    /// The consumer: SQS events in (this module).
+    Consume,
+}
+
+impl Role {
+    /// `QUOTA_ROLE` as `lookup` has it.
+    pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Self, String> {
+        match lookup(ROLE).as_deref() {
+            None | Some("" | "gate") => Ok(Self::Gate),
+            Some("consume") => Ok(Self::Consume),
+            Some(other) => Err(format!("{ROLE}: {other:?} is not gate or consume")),
+        }
+    }
+}
+
+/// The consumer function's parts, built once per cold start.
+pub struct Consumer {
+    lanes: Arc<Lanes>,
+    markers: Markers,
+    clock: Arc<QueueClock>,
+    scanner: Handoff,
+    meter: ConsumeMeter,
+}
+
+impl Consumer {
+    /// From the process environment (secret references read), with the
+    /// SDK's own configuration.
+    pub async fn from_env() -> Result<Self, String> {
+        let config = crate::io::secrets::config_from_env()
+            .await
+            .map_err(|e| e.to_string())?;
+        let scanner = std::env::var(SCANNER_URL).unwrap_or_default();
+        let sdk = aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await;
+        let meter = ConsumeMeter::new(&config.metrics_namespace, SOURCE, true);
+        Self::new(&config, &scanner, &sdk, meter)
+    }
+
+    /// A consumer of `config`'s queues handing jobs to `scanner` (a URL),
+    /// its SQS clients from `sdk`, metered by `meter`.
+    pub fn new(
+        config: &Config,
+        scanner: &str,
+        sdk: &aws_config::SdkConfig,
+        meter: ConsumeMeter,
+    ) -> Result<Self, String> {
+        if scanner.is_empty() {
+            return Err(format!("{SCANNER_URL}: required with {ROLE}=consume"));
+        }
+        let scanner = Handoff::post(scanner, None).map_err(|e| format!("{SCANNER_URL}: {e}"))?;
+        let QueueTarget::Sqs(within) = &config.queue else {
+            return Err(format!(
+                "SCAN_QUEUE_URL: the consumer function reads an SQS queue ({ROLE}=consume)"
+            ));
+        };
+        let urls = std::iter::once(within.as_str()).chain(config.queue_over.as_deref());
+        let lanes = Arc::new(Lanes::new(sdk, urls, LEASE));
+        let timeout = config.store.timeout.max(Duration::from_secs(1));
+        let ops = Valkey::from_config_within(config, timeout).map_err(|e| e.to_string())?;
+        let local = crate::io::clock::Clock::System;
+        let (markers, clock) = match ops {
+            Some(ops) => {
+                let wait = config.store.valkey.as_ref().map_or(0, |v| v.wait_replicas);
+                let markers = Markers::of_sqs(ops.clone(), within).with_wait(wait);
+                (markers, QueueClock::of_valkey(local, ops))
+            }
+            None => {
+                tracing::warn!(
+                    "no VALKEY_URL: scanId markers are kept in this environment only; \
+                     a message SQS delivers twice may run twice"
+                );
+                (Markers::local(), QueueClock::local(local))
+            }
+        };
+        Ok(Self {
+            lanes,
+            markers,
+            clock,
+            scanner,
+            meter,
+        })
+    }
+
+    /// Runs one SQS event's jobs, each to its end; `remaining` is the time
+    /// left before the invocation's deadline (none: no deadline).
+    pub async fn handle(&self, event: SqsEvent, remaining: Option<Duration>) -> BatchResponse {
+        if let Err(e) = self.clock.sync().await {
+            tracing::warn!(error = %e, "cannot read Valkey's clock; timing by the last reading");
+        }
+        let ids: Vec<String> = event.records.iter().map(|r| r.message_id.clone()).collect();
+        let source = SqsBatch::new(self.lanes.clone());
+        let deliveries = source.deliveries(event.records);
+        let (stop, stopping) = watch::channel(false);
+        let worker = self.worker(source, deliveries.len(), stopping);
+        let runs = futures_util::future::join_all(deliveries.into_iter().map(|d| {
+            let trace_id = d.job.trace.as_ref().map(|t| display(t.trace_id));
+            let span = tracing::info_span!("job", scanId = %d.job.scan_id, traceId = trace_id);
+            worker.process(d).instrument(span)
+        }));
+        let deadline = async move {
+            match remaining {
+                Some(left) => tokio::time::sleep(left.saturating_sub(STOP_BEFORE_DEADLINE)).await,
+                None => std::future::pending().await,
+            }
+            tracing::warn!("the invocation's deadline is near: stopping its scans");
+            let _ = stop.send(true);
+            // Held until the runs end: a closed channel reads as stopping too.
+            std::future::pending::<()>().await;
+        };
+        tokio::select! {
+            _ = runs => {}
+            () = deadline => {}
+        }
+        // Out before the environment is frozen.
+        crate::io::stdout::LineWriter::stdout()
+            .drain(Duration::from_secs(1))
+            .await;
+        worker.source.response(ids.iter().map(String::as_str))
+    }
+
+    /// This invocation's worker over `source`'s `jobs` jobs: every one
+    /// runs at once, and stops when `stopping` turns true.
+    fn worker(
+        &self,
+        source: SqsBatch,
+        jobs: usize,
+        stopping: watch::Receiver<bool>,
+    ) -> Worker<SqsBatch, Handoff> {
+        Worker {
+            source,
+            markers: self.markers.clone(),
+            scanner: self.scanner.clone(),
+            run_slots: RunSlots::new(jobs.max(1), 4),
+            policy: RetryPolicy {
+                max_attempts: std::num::NonZeroU32::MAX,
+                base: RETRY_AFTER,
+                cap: RETRY_AFTER,
+            },
+            lease: LEASE,
+            scan_timeout: SCAN_TIMEOUT,
+            meter: self.meter.clone(),
+            clock: self.clock.clone(),
+            killing: stopping.clone(),
+            stopping,
+            tokens: Tokens::new(SOURCE.to_owned()),
+        }
+    }
+}
+
+/// Serves SQS events until the runtime stops.
+pub async fn run(consumer: Arc<Consumer>) -> Result<(), lambda_runtime::Error> {
+    lambda_runtime::run(service_fn(move |event: LambdaEvent<SqsEvent>| {
+        let consumer = consumer.clone();
+        async move {
+            let remaining = super::lambda::time_left(&event.context);
+            Ok::<_, Infallible>(consumer.handle(event.payload, remaining).await)
+        }
+    }))
+    .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `QUOTA_ROLE` picks the handler; unset is the gate; anything else is refused, by name.
+    #[test]
+    fn roles() {
+        let role = |v: Option<&str>| Role::from_lookup(|_| v.map(str::to_owned));
+        assert_eq!(role(None), Ok(Role::Gate));
+        assert_eq!(role(Some("gate")), Ok(Role::Gate));
+        assert_eq!(role(Some("consume")), Ok(Role::Consume));
+        assert!(
+            role(Some("consumer"))
+                .unwrap_err()
+                .starts_with("QUOTA_ROLE")
+        );
+    }
+}
