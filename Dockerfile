@@ -28,7 +28,7 @@ FROM docker.io/library/debian:bookworm-slim
 # bundle, taken from the build stage so this stage installs no package.
 COPY --from=build /etc/ssl/certs/ca-certificates.crt /etc/ssl/certs/ca-certificates.crt
 COPY --from=build /out/quota-gate /usr/local/bin/quota-gate
-RUN useradd --system --uid 10001 --user-group --no-create-home \
+RUN useradd --uid 10001 --user-group --no-create-home --no-log-init \
       --home-dir /nonexistent --shell /usr/sbin/nologin quota-gate
 # Numeric, so a runtime that checks "not root" (Kubernetes runAsNonRoot)
 # can tell without reading /etc/passwd.
