@@ -7,7 +7,7 @@
 # no field for it). With a `vendor/` directory from `cargo vendor --locked`
 # in the context, the build reads crates from there and needs no network.
 
-FROM docker.io/library/rust:1.95-slim-bookworm AS build
+FROM rust:1.95-slim-bookworm AS build
 WORKDIR /src
 COPY . .
 # The cache mounts keep the registry and the compiled dependencies between
@@ -23,7 +23,7 @@ RUN --mount=type=cache,target=/usr/local/cargo/registry \
     cargo build --release --locked --bin quota-gate "$@"; \
     install -D target/release/quota-gate /out/quota-gate
 
-FROM docker.io/library/debian:bookworm-slim
+FROM debian:bookworm-slim
 # The binary links only glibc and libgcc; TLS (rediss://, SQS) needs the CA
 # bundle, taken from the build stage so this stage installs no package.
 COPY --from=build /etc/ssl/certs/ca-certificates.crt /etc/ssl/certs/ca-certificates.crt
