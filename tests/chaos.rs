@@ -469,7 +469,7 @@ async fn hung_store_latency_and_breaker() {
         open.len()
     );
     // The timeout is the bound: nothing returns before it. How much later, and what an
-    // open breaker costs, are figures (printed above, and in docs/production.md), not
+    // open breaker costs, are figures (printed above), not
     // assertions: on a loaded 2-core machine wall-clock limits only measure the load.
     assert!(p50 >= Duration::from_millis(timeout_ms), "{p50:?}");
     assert_eq!(

@@ -14,8 +14,8 @@
 //! scan that finished in the lag may run again, as attempt 1 again: at most
 //! the scans that ended in the lag (and more than half of them in every
 //! run), attempt numbers repeat (at most those handed out in the lag), and
-//! no job is lost (docs/production.md, "Failover", the consumer's table:
-//! each test prints the figures it states).
+//! no job is lost (docs/production.md, "Failover": each test prints its
+//! figures and asserts the bounds that table states).
 
 use quota_gate_testkit as common;
 
@@ -48,7 +48,7 @@ impl Outcome {
         self.ends.values().map(|n| n - 1).sum()
     }
 
-    /// The figures docs/production.md's consumer table states.
+    /// The figures behind the bounds docs/production.md's failover table states.
     fn figures(&self) -> String {
         format!(
             "ran twice {} (ended in the lag {}), attempts repeated {} (started in the lag {}), \
@@ -151,7 +151,7 @@ async fn failover(wait: u32) -> Outcome {
 }
 
 /// With `VALKEY_WAIT_REPLICAS=1`: every scan ends exactly once, and no
-/// attempt number repeats (docs/production.md's consumer row for `1`).
+/// attempt number repeats (docs/production.md's failover table, `1`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn failover_with_wait_completes_each_scan_once() {
     for round in 0..2 {
@@ -167,7 +167,7 @@ async fn failover_with_wait_completes_each_scan_once() {
     }
 }
 
-/// With `0` (docs/production.md's consumer row): no job is lost; scans run
+/// With `0` (docs/production.md's failover table): no job is lost; scans run
 /// twice, more than half and at most all of those that ended in the lag
 /// (their done markers and acks went with the primary); attempt numbers
 /// repeat, at most those handed out in the lag (their counter's increments

@@ -579,10 +579,14 @@ fn panels(dashboard: &Value) -> Vec<(String, Option<f64>, Vec<String>)> {
         .collect()
 }
 
-/// The dashboard imports as is: a schema version, a Prometheus data source variable every panel uses.
+/// The dashboard imports as is: a schema version, a Prometheus data source variable every panel
+/// uses; and every panel names its entry of the runbook, a heading of docs/operations.md.
 #[test]
 fn grafana_dashboard_is_importable() {
     let d = grafana();
+    let runbook = common::markdown::anchors(
+        &std::fs::read_to_string(common::root().join("docs/operations.md")).unwrap(),
+    );
     assert!(d["schemaVersion"].as_u64().unwrap() >= 36);
     assert!(d["uid"].is_string() && d["title"].is_string());
     let variables = d["templating"]["list"].as_array().unwrap();
@@ -599,11 +603,20 @@ fn grafana_dashboard_is_importable() {
             "panel ids are unique"
         );
         assert_eq!(p["datasource"]["uid"], uid.as_str(), "{}", p["title"]);
+        let description = p["description"].as_str().unwrap();
+        let anchor = description
+            .split("docs/operations.md#")
+            .nth(1)
+            .map(|a| {
+                a.split(|c: char| !(c.is_alphanumeric() || c == '-'))
+                    .next()
+                    .unwrap()
+            })
+            .unwrap_or_else(|| panic!("{}: no runbook entry", p["title"]));
         assert!(
-            p["description"]
-                .as_str()
-                .unwrap()
-                .contains("docs/dashboards.md#")
+            runbook.contains(anchor),
+            "{}: docs/operations.md#{anchor}",
+            p["title"]
         );
         for t in p["targets"].as_array().unwrap() {
             assert_eq!(t["datasource"]["uid"], uid.as_str());

@@ -558,3 +558,47 @@ fn first_screen_has_the_two_commands() {
     assert_eq!(commands, ["cargo run -- serve", "scripts/test"]);
     assert!(read(".ci/run").contains("scripts/test"));
 }
+
+/// Every relative link of README.md and the docs (`[…](guide.md#delays)`,
+/// `[…](#stopping)`) names a file that exists, and an anchor one of its
+/// headings makes, by GitHub's rules.
+#[test]
+fn relative_links_land() {
+    use common::markdown::{anchors, relative_links};
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let mut docs = vec![root.join("README.md")];
+    let mut dirs = vec![root.join("docs")];
+    while let Some(dir) = dirs.pop() {
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                dirs.push(path);
+            } else if path.extension().is_some_and(|e| e == "md") {
+                docs.push(path);
+            }
+        }
+    }
+    assert!(docs.len() > 5, "{docs:?}");
+    let mut broken = Vec::new();
+    for doc in &docs {
+        let text = std::fs::read_to_string(doc).unwrap();
+        for link in relative_links(&text) {
+            let (file, anchor) = link.split_once('#').unwrap_or((&link, ""));
+            let target = if file.is_empty() {
+                doc.clone()
+            } else {
+                doc.parent().unwrap().join(file)
+            };
+            let name = doc.strip_prefix(&root).unwrap().display();
+            if !target.exists() {
+                broken.push(format!("{name}: {link}: no such file"));
+            } else if !anchor.is_empty() {
+                let heads = anchors(&std::fs::read_to_string(&target).unwrap_or_default());
+                if !heads.contains(anchor) {
+                    broken.push(format!("{name}: {link}: no such heading"));
+                }
+            }
+        }
+    }
+    assert!(broken.is_empty(), "broken links:\n{}", broken.join("\n"));
+}

@@ -43,11 +43,10 @@ fn env_bug() -> Option<Bug> {
     Some(Bug::named(&name).unwrap_or_else(|e| panic!("SIM_BUG: {e}")))
 }
 
-/// The regression seeds: where each past bug was first found (docs/guarantees.md's
-/// table), replayed by [`replay`] when no `SIM_SEED` is given. Each must
-/// keep every guarantee with no bug on and break one with its bug on; a
-/// change to the simulator that moves where a bug is found moves its seed
-/// here and in docs/guarantees.md.
+/// The regression seeds: where each past bug was first found, replayed by
+/// [`replay`] when no `SIM_SEED` is given. Each must keep every guarantee
+/// with no bug on and break one with its bug on; a change to the simulator
+/// that moves where a bug is found moves its seed here.
 const REGRESSIONS: &[(u64, Bug)] = &[
     (42, Bug::RefundOfUnsentCount),
     (4, Bug::TakeOverUnderFreshId),
@@ -147,7 +146,7 @@ fn replay_regressions() {
         assert!(
             sim::run(seed, Some(bug)).is_err(),
             "seed {seed} with {bug:?} on broke no guarantee: the replay no longer finds it \
-             (move the seed in REGRESSIONS and docs/guarantees.md to where each_past_bug_is_found finds it)"
+             (move the seed in REGRESSIONS to where each_past_bug_is_found finds it)"
         );
     }
     eprintln!("{} regression seeds replayed", REGRESSIONS.len());
