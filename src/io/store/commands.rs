@@ -173,10 +173,8 @@ pub(super) fn tally(
 /// answered (a cluster's answer apart).
 pub(super) fn in_subject_period(levels: &mut [LevelCount], subject: &Count, args: &CountArgs<'_>) {
     if args.reset == ResetPolicy::UtcDay {
-        for count in levels {
-            if let Ok(level) = count {
-                level.reset_at = subject.reset_at;
-            }
+        for level in levels.iter_mut().flatten() {
+            level.reset_at = subject.reset_at;
         }
     }
 }
