@@ -16,7 +16,7 @@ use crate::config::{DelayMode, Policy, ResetPolicy};
 use crate::gate::identity::Identity;
 use crate::io::meter::{End, Exit, Metered};
 use crate::io::queue::ENQUEUE_TIMEOUT;
-use crate::io::store::{Claim, Lane, PaceLane, QuotaKey, Tally, period_end};
+use crate::io::store::{Claim, LevelCount, NoAnswer, PaceLane, QuotaKey, Tally, period_end};
 use crate::rules::decide::{Limits, decide};
 use crate::rules::delay::{self, Bed, BedAsk, DelayPlan};
 use crate::rules::level::{Level, LevelName, most_severe};
@@ -132,25 +132,25 @@ impl Attempt {
 
     /// What the count did at each level, as the store answered, in the
     /// order it was asked.
-    pub fn counted(&mut self, lanes: Vec<Lane>) {
-        for (level, lane) in self.levels.iter_mut().zip(lanes) {
-            level.lane = Some(lane);
+    pub fn counted(&mut self, counts: Vec<LevelCount>) {
+        for (level, count) in self.levels.iter_mut().zip(counts) {
+            level.count = Some(count);
         }
     }
 
     /// The levels of a scan whose count failed: each as the store found it
     /// apart from the subject (a cluster), or else sharing the subject's
     /// fate, one request with it.
-    pub fn count_failed(&mut self, levels: Option<Vec<Lane>>, may_land: bool) {
-        let shared = || vec![Lane::Failed { may_land }; self.levels.len()];
-        let lanes = levels.unwrap_or_else(shared);
-        self.counted(lanes);
+    pub fn count_failed(&mut self, levels: Option<Vec<LevelCount>>, may_land: bool) {
+        let shared = || vec![Err(NoAnswer { may_land }); self.levels.len()];
+        let counts = levels.unwrap_or_else(shared);
+        self.counted(counts);
     }
 
     /// The levels' counts, settled after a failed count: none is left to
     /// take back.
     pub fn levels_settled(&mut self) {
-        self.levels.iter_mut().for_each(|l| l.lane = None);
+        self.levels.iter_mut().for_each(|l| l.count = None);
     }
 
     /// The lines a counted scan waits in above its subject: each counted

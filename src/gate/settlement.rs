@@ -40,7 +40,7 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
     /// Settles a failed scan: the subject's [`Settlement`] (retried while
     /// that is safe, [`Self::settle_subject`]), then its levels. The rule
     /// is [`settle`]'s for the subject and [`levels_refunded`]'s for the
-    /// levels above it: each level's count (its `lane`) is taken back from
+    /// levels above it: each level's count is taken back from
     /// its own period ([`level_refund`]), behind the subject's.
     pub(super) async fn apply(
         &self,
@@ -58,7 +58,7 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
         }
         let levels: Vec<(&QuotaKey, UnixSecs)> =
             if levels_refunded(charge, keyed, failure) && !crate::bug!(LevelNotRefunded) {
-                let refund = |l: &'_ Level| level_refund(l.lane.as_ref()?, attempt.period_end);
+                let refund = |l: &'_ Level| level_refund(l.count.as_ref()?, attempt.period_end);
                 let levels = attempt.levels.iter();
                 levels.filter_map(|l| Some((&l.key, refund(l)?))).collect()
             } else {

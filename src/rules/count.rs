@@ -1,5 +1,5 @@
 //! What the store answers of a counter: one count ([`Count`], with each
-//! level's [`Lane`] in a [`Tally`]) and one read that changes nothing
+//! level's [`LevelCount`] in a [`Tally`]) and one read that changes nothing
 //! ([`Peek`]). Pure types: [`crate::io::store`] makes them, the rules read
 //! them.
 
@@ -29,7 +29,7 @@ impl Count {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Tally {
     pub subject: Count,
-    pub levels: Vec<Lane>,
+    pub levels: Vec<LevelCount>,
 }
 
 impl Tally {
@@ -42,16 +42,15 @@ impl Tally {
     }
 }
 
-/// One level's count. Standalone, every level rides the subject's round
-/// trip and shares its fate; in a cluster a level lives on another node,
-/// whose answer may fail alone.
+/// One level's count, or no answer. Standalone, every level rides the
+/// subject's round trip and shares its fate; in a cluster a level lives on
+/// another node, whose answer may fail alone.
+pub type LevelCount = Result<Count, NoAnswer>;
+
+/// A count that got no answer: `may_land` when it was sent (it may still run).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Lane {
-    Counted(Count),
-    /// No answer: `may_land` when the count was sent (it may still run).
-    Failed {
-        may_land: bool,
-    },
+pub struct NoAnswer {
+    pub may_land: bool,
 }
 
 /// What `GET /quota` reads of a subject, in one round trip, changing nothing.

@@ -31,7 +31,7 @@ use std::time::Duration;
 
 use ipnet::IpNet;
 
-use crate::rules::count::{Count, Lane};
+use crate::rules::count::{Count, LevelCount};
 use crate::rules::decide::{Decision, Limits, decide};
 use crate::rules::key::QuotaKey;
 use crate::rules::networks::{Family, Network, NetworkLevel};
@@ -129,7 +129,7 @@ pub struct LevelOf {
 /// One level above a subject, end to end: its name, its counter's keys,
 /// the limits it is decided on, and what this scan's count did there. A
 /// scan carries one per level it is counted at, in the order the store is
-/// asked (the subject's identity makes them; the count fills in `lane`).
+/// asked (the subject's identity makes them; the count fills in `count`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Level {
     pub name: LevelName,
@@ -138,7 +138,7 @@ pub struct Level {
     pub limits: Limits,
     /// What the count answered here: `None` before the count, and for a
     /// scan resumed from an earlier attempt, which counts at no level again.
-    pub lane: Option<Lane>,
+    pub count: Option<LevelCount>,
 }
 
 impl Level {
@@ -148,16 +148,16 @@ impl Level {
             name,
             key,
             limits,
-            lane: None,
+            count: None,
         }
     }
 
     /// Its count and the decision on it (its grant added), where the count
     /// answered.
     pub fn counted(&self) -> Option<(Decision, Count)> {
-        match self.lane? {
-            Lane::Counted(c) => Some((decide(c.used, &self.limits.with_grant(c.grant)), c)),
-            Lane::Failed { .. } => None,
+        match self.count? {
+            Ok(c) => Some((decide(c.used, &self.limits.with_grant(c.grant)), c)),
+            Err(_) => None,
         }
     }
 
@@ -282,6 +282,7 @@ pub fn most_severe(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::rules::count::NoAnswer;
     use crate::rules::decide::{Tier, decide};
     use crate::rules::networks::parse_networks;
 
@@ -365,14 +366,14 @@ mod tests {
             now: UnixSecs(1),
             grant,
         };
-        level.lane = Some(Lane::Counted(count(4, 0)));
+        level.count = Some(Ok(count(4, 0)));
         let (decision, counted) = level.counted().unwrap();
         assert_eq!((decision.tier, counted.used), (Tier::Soft, 4));
         assert_eq!(level.line(), Some((5_000, UnixSecs(86_400))));
-        level.lane = Some(Lane::Counted(count(4, 1)));
+        level.count = Some(Ok(count(4, 1)));
         assert_eq!(level.counted().unwrap().0.tier, Tier::Within);
         assert_eq!(level.line(), Some((0, UnixSecs(86_400))));
-        level.lane = Some(Lane::Failed { may_land: true });
+        level.count = Some(Err(NoAnswer { may_land: true }));
         assert_eq!(level.counted(), None);
     }
 

@@ -20,7 +20,7 @@ use std::time::Duration;
 
 use uuid::Uuid;
 
-use crate::rules::count::{Count, Lane};
+use crate::rules::count::{Count, LevelCount, NoAnswer};
 use crate::rules::decide::{Decision, Limits, decide};
 use crate::rules::delay::DelayPlan;
 use crate::rules::level::LevelName;
@@ -346,11 +346,11 @@ pub fn levels_refunded(charge: &Charge, keyed: bool, failure: Failure) -> bool {
 /// Which period a level's refund takes a count back from: a count's own,
 /// or, for one that may still land, the period it would land in
 /// (`period_end`); a count never sent has nothing to take back.
-pub fn level_refund(lane: &Lane, period_end: UnixSecs) -> Option<UnixSecs> {
-    match lane {
-        Lane::Counted(count) => Some(count.reset_at),
-        Lane::Failed { may_land: true } => Some(period_end),
-        Lane::Failed { may_land: false } => None,
+pub fn level_refund(count: &LevelCount, period_end: UnixSecs) -> Option<UnixSecs> {
+    match count {
+        Ok(count) => Some(count.reset_at),
+        Err(NoAnswer { may_land: true }) => Some(period_end),
+        Err(NoAnswer { may_land: false }) => None,
     }
 }
 
@@ -576,12 +576,12 @@ mod tests {
     #[test]
     fn level_refund_periods() {
         let c = count(3);
-        assert_eq!(level_refund(&Lane::Counted(c), END), Some(RESET));
+        assert_eq!(level_refund(&Ok(c), END), Some(RESET));
         assert_eq!(
-            level_refund(&Lane::Failed { may_land: true }, END),
+            level_refund(&Err(NoAnswer { may_land: true }), END),
             Some(END)
         );
-        assert_eq!(level_refund(&Lane::Failed { may_land: false }, END), None);
+        assert_eq!(level_refund(&Err(NoAnswer { may_land: false }), END), None);
     }
 
     /// A count that may land is never answered as "not counted" without a refund behind it.

@@ -7,7 +7,7 @@ use redis::Value;
 use super::quota_store::{CountArgs, PaceArgs, PaceLane, Refund, StoreError};
 use crate::config::ResetPolicy;
 use crate::io::connection::{eval, sized_cmd};
-use crate::rules::count::{Count, Lane, Peek, Tally};
+use crate::rules::count::{Count, LevelCount, Peek, Tally};
 use crate::rules::delay::{BED_GRACE, BEDS_KEY, Bed, LoneBed, bed_until};
 use crate::rules::key::QuotaKey;
 use crate::rules::pace::Paced;
@@ -159,9 +159,9 @@ pub(super) fn tally(
         .split_at_checked(3)
         .ok_or_else(|| unexpected("count"))?;
     let subject = count_of(subject, args.now)?;
-    let mut levels: Vec<Lane> = levels
+    let mut levels: Vec<LevelCount> = levels
         .chunks_exact(width)
-        .map(|r| level_of(r, args.period_end, args.now).map(Lane::Counted))
+        .map(|r| level_of(r, args.period_end, args.now).map(Ok))
         .collect::<Result<_, _>>()?;
     in_subject_period(&mut levels, &subject, args);
     Ok(Tally { subject, levels })
@@ -171,12 +171,10 @@ pub(super) fn tally(
 /// subject's counter reports it (so its expiry need not be read back, and
 /// every answer reports one reset instant); done once every level has
 /// answered (a cluster's answer apart).
-pub(super) fn in_subject_period(levels: &mut [Lane], subject: &Count, args: &CountArgs<'_>) {
+pub(super) fn in_subject_period(levels: &mut [LevelCount], subject: &Count, args: &CountArgs<'_>) {
     if args.reset == ResetPolicy::UtcDay {
-        for lane in levels {
-            if let Lane::Counted(level) = lane {
-                level.reset_at = subject.reset_at;
-            }
+        for level in levels.iter_mut().flatten() {
+            level.reset_at = subject.reset_at;
         }
     }
 }

@@ -23,7 +23,7 @@ use crate::rules::unix::{UnixMillis, UnixSecs};
 use super::quota_store::{
     CountArgs, CountFailed, PaceArgs, QuotaStore, RecordUpdate, Refund, StoreError, TakeOver,
 };
-use crate::rules::count::{Count, Lane, Peek, Tally};
+use crate::rules::count::{Count, Peek, Tally};
 use crate::rules::delay::{Bed, LoneBed, take_bed};
 use crate::rules::key::{IDEMPOTENCY_TTL_SECS, QuotaKey};
 use crate::rules::pace::{Paced, line_excess, next_start};
@@ -105,7 +105,7 @@ impl Inner {
         Tally {
             subject: self.count(args.key, args.period_end, args.now),
             levels: levels
-                .map(|level| Lane::Counted(self.count(&level.key, args.period_end, args.now)))
+                .map(|level| Ok(self.count(&level.key, args.period_end, args.now)))
                 .collect(),
         }
     }

@@ -32,7 +32,7 @@ use uuid::Uuid;
 use crate::rules::delay::{Bed, LoneBed};
 use crate::rules::unix::UnixSecs;
 
-pub use crate::rules::count::{Count, Lane, Peek, Tally};
+pub use crate::rules::count::{Count, LevelCount, NoAnswer, Peek, Tally};
 pub use crate::rules::key::{
     IDEMPOTENCY_TTL_SECS, KEY_PATTERN, QuotaKey, grant_period_end, period_end, resets_at,
 };

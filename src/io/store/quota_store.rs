@@ -8,7 +8,7 @@ use std::time::Duration;
 use uuid::Uuid;
 
 use crate::config::ResetPolicy;
-use crate::rules::count::{Lane, Peek, Tally};
+use crate::rules::count::{LevelCount, Peek, Tally};
 use crate::rules::delay::{Bed, BedAsk, LoneBed};
 use crate::rules::key::QuotaKey;
 use crate::rules::level::Level;
@@ -22,7 +22,7 @@ use crate::rules::unix::{UnixMillis, UnixSecs};
 pub struct CountArgs<'a> {
     pub key: &'a QuotaKey,
     /// The levels above the subject ([`crate::rules::level`]), counted with
-    /// it; the answer has a [`Lane`] for each, in this order.
+    /// it; the answer has a [`LevelCount`] for each, in this order.
     pub levels: &'a [Level],
     /// The expiry a counter without one gets (`EXPIREAT … NX`).
     pub period_end: UnixSecs,
@@ -145,7 +145,7 @@ pub struct CountFailed {
     /// each level's own, in the order asked (a cluster, where each level
     /// is a request of its own to its own node: one may have counted while
     /// the subject's failed, or never have been sent).
-    pub levels: Option<Vec<Lane>>,
+    pub levels: Option<Vec<LevelCount>>,
 }
 
 impl From<StoreError> for CountFailed {

@@ -37,7 +37,7 @@ use super::quota_store::{
     TakeOver,
 };
 use crate::io::connection::{Request, Valkey};
-use crate::rules::count::{Lane, Peek, Tally};
+use crate::rules::count::{NoAnswer, Peek, Tally};
 use crate::rules::key::{IDEMPOTENCY_TTL_SECS, QuotaKey};
 use crate::rules::pace::Paced;
 use crate::rules::record::{Claim, Claimed, Record};
@@ -268,7 +268,7 @@ impl QuotaStore for ValkeyStore {
         let never_sent = |error: StoreError| match self.valkey.is_cluster() {
             true => CountFailed {
                 error,
-                levels: Some(vec![Lane::Failed { may_land: false }; args.levels.len()]),
+                levels: Some(vec![Err(NoAnswer { may_land: false }); args.levels.len()]),
             },
             false => CountFailed::from(error),
         };

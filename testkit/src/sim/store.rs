@@ -10,8 +10,8 @@ use std::time::Duration;
 use quota_gate::io::connection::not_connected;
 use quota_gate::io::store::memory::MemoryStore;
 use quota_gate::io::store::{
-    Claim, Claimed, CountArgs, CountFailed, Lane, PaceArgs, Paced, QuotaKey, QuotaStore,
-    RecordUpdate, Refund, StoreError, TakeOver, Tally,
+    Claim, Claimed, CountArgs, CountFailed, PaceArgs, Paced, QuotaKey, QuotaStore, RecordUpdate,
+    Refund, StoreError, TakeOver, Tally,
 };
 use quota_gate::rules::delay::{Bed, LoneBed};
 use quota_gate::rules::level::Level;
@@ -211,8 +211,8 @@ fn note_count(
     levels: &[Level],
 ) {
     note(ledger, &key.counter, record, 1);
-    for (level, lane) in levels.iter().zip(&tally.levels) {
-        if matches!(lane, Lane::Counted(_)) {
+    for (level, count) in levels.iter().zip(&tally.levels) {
+        if count.is_ok() {
             note(ledger, &level.key.counter, None, 1);
         }
     }

@@ -10,7 +10,7 @@ use crate::io::store::commands::{
     level_commands, level_of, pace_script, paced, refund_script, unpace,
 };
 use crate::io::store::quota_store::{CountArgs, PaceArgs, PaceLane, Refund, StoreError};
-use crate::rules::count::Lane;
+use crate::rules::count::{LevelCount, NoAnswer};
 use crate::rules::pace::Paced;
 use crate::rules::record::RecordField;
 
@@ -18,17 +18,17 @@ impl ValkeyStore {
     /// Counts each level in a request of its own, all sent at once (a
     /// cluster, where each level has its own slot): one lane each, a
     /// level that fails failing alone.
-    pub(super) async fn count_levels(&self, args: &CountArgs<'_>) -> Vec<Lane> {
+    pub(super) async fn count_levels(&self, args: &CountArgs<'_>) -> Vec<LevelCount> {
         let counts = args.levels.iter().map(|level| async move {
             let mut pipe = redis::Pipeline::with_capacity(3);
             level_commands(&mut pipe, &level.key, args);
             let reply = self.send::<Vec<Value>>(pipe).await;
             match reply.map(|r| level_of(&r, args.period_end, args.now)) {
-                Ok(Ok(count)) => Lane::Counted(count),
-                Ok(Err(_)) => Lane::Failed { may_land: false },
-                Err(e) => Lane::Failed {
+                Ok(Ok(count)) => Ok(count),
+                Ok(Err(_)) => Err(NoAnswer { may_land: false }),
+                Err(e) => Err(NoAnswer {
                     may_land: e.may_land(),
-                },
+                }),
             }
         });
         futures_util::future::join_all(counts).await
