@@ -1,5 +1,5 @@
 //! Switches that bring past bugs back, one at a time, so the simulators
-//! (`tests/sim.rs` for the gate, `tests/consume_sim.rs` for the consumer)
+//! (`tests/it/sim.rs` for the gate, `tests/it/consume_sim.rs` for the consumer)
 //! can show that they find each of them.
 //!
 //! Only the `testing` feature compiles this module, and only the test
@@ -57,7 +57,7 @@ impl Bug {
     /// Every switch: the gate's, then the consumer's.
     pub const ALL: [Self; 12] = join(Self::GATE, Self::CONSUMER);
 
-    /// The gate's, which `tests/sim.rs` finds.
+    /// The gate's, which `tests/it/sim.rs` finds.
     pub const GATE: [Self; 7] = [
         Self::RefundOfUnsentCount,
         Self::TakeOverUnderFreshId,
@@ -68,7 +68,7 @@ impl Bug {
         Self::LevelRefundUnguarded,
     ];
 
-    /// The consumer's, which `tests/consume_sim.rs` finds.
+    /// The consumer's, which `tests/it/consume_sim.rs` finds.
     pub const CONSUMER: [Self; 5] = [
         Self::SameTokenAfterLostLease,
         Self::DoneNotAwaitedBeforeAck,

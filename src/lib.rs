@@ -9,7 +9,7 @@
 //! # Layout
 //!
 //! The folders are the floors; each imports only the floors below it
-//! (`tests/architecture.rs` checks, and that no module imports one that
+//! (`tests/it/architecture.rs` checks, and that no module imports one that
 //! imports it, no function is over 60 lines and no file over 400):
 //!
 //! | floor | folder | what it holds |

@@ -494,7 +494,7 @@ fn run(settings: &Settings) -> Result<Vec<String>, String> {
                 "valkey commands per decision (INFO commandstats, XADD included), medians of \
                  the rounds: IP with the default levels {:.2}, token with the default token \
                  levels {:.2}; each is one round trip for the count and one for the XADD \
-                 (tests/costs.rs holds the round trips)",
+                 (tests/it/costs.rs holds the round trips)",
                 median(&rounds.commands_ip),
                 median(&rounds.commands_token)
             );

@@ -7,7 +7,7 @@
 //! The variables, their defaults and ranges are one table,
 //! [`vars::VARIABLES`]: the parser reads its defaults and ranges from it, the
 //! docs/configuration.md's table is its [`table::markdown_table`] (a test
-//! compares them), and `tests/template.rs` checks `template.yaml` against it.
+//! compares them), and `tests/it/template.rs` checks `template.yaml` against it.
 //! Each row is a typed `const` handle (`vars::QUOTA_ANON`, a [`vars::Var`]),
 //! and the parser reads a variable only through its handle, never by a
 //! string: a misspelt name, or a word read as a number, is a compile error

@@ -25,7 +25,7 @@
 //! renewal short of the replicas counts as no renewal: a running scan is
 //! stopped ¾ of a lease after the last renewal the replicas hold, before a
 //! failover to them could show its marker expired and let another attempt
-//! in (found by `tests/consume_sim.rs`: with renewals on the primary only,
+//! in (found by `tests/it/consume_sim.rs`: with renewals on the primary only,
 //! a failover after a replication lag of a lease had two attempts run at
 //! once). A done marker short of the replicas is not acked on: the worker
 //! marks it again until one holds it, so a failover cannot make a finished
@@ -61,7 +61,7 @@ const RELEASE: &str = include_str!("release.lua");
 
 /// The markers as the worker uses them: a claim, a done marker, a release.
 /// [`Markers`] keeps them in Valkey or in the process; a test may keep them
-/// in a simulated store (`tests/consume_sim.rs`).
+/// in a simulated store (`tests/it/consume_sim.rs`).
 pub trait MarkerStore: Send + Sync + 'static {
     /// Claims `scan`'s marker for the attempt `token`, as a new attempt
     /// (`mine` 0) or renewing attempt `mine`, at `now` (in-process only:

@@ -300,7 +300,7 @@ async fn drive<S: JobSource>(
 /// Reads jobs and starts a task for each, at most `max_held` unfinished,
 /// until stopping (then gives back what the source still buffers) or the
 /// end of input. Public for the consumer's simulator
-/// (`tests/consume_sim.rs`), which runs it over a simulated stream.
+/// (`tests/it/consume_sim.rs`), which runs it over a simulated stream.
 pub async fn intake<S: JobSource, X: handoff::Scanner, M: marker::MarkerStore>(
     worker: Arc<Worker<S, X, M>>,
     max_held: usize,

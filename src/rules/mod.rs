@@ -2,7 +2,7 @@
 //!
 //! Nothing here does I/O or reads a clock: each rule is told the time and
 //! the store's answers, and says what happens. No module here imports one
-//! outside this folder (`tests/architecture.rs` checks), so every rule runs,
+//! outside this folder (`tests/it/architecture.rs` checks), so every rule runs,
 //! and is tested, without a server or a runtime.
 
 pub mod breaker;

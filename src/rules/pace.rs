@@ -15,7 +15,7 @@
 //! [`crate::io::store::QuotaStore::pace`]) applies it atomically in Valkey, the
 //! in-memory store calls it directly, and [`crate::gate::quota_view`] uses it to
 //! predict the next scan's delay. A test on a real Valkey
-//! (`tests/pacing.rs`) checks the script and this function agree.
+//! (`tests/it/pacing.rs`) checks the script and this function agree.
 
 use crate::rules::delay::Bed;
 use crate::rules::unix::UnixMillis;

@@ -2,7 +2,7 @@
 //! in a task of its own, which the connection only awaits. When the client
 //! goes away, hyper drops the wait, not the task, so a scan once counted
 //! runs to its end (job queued, keyed answer saved). The simulator
-//! (`tests/sim.rs`) drops the same wait at random moments.
+//! (`tests/it/sim.rs`) drops the same wait at random moments.
 
 use std::future::Future;
 use std::pin::Pin;

@@ -71,14 +71,14 @@
 //! `POST /scan` are answered within the write timeout plus the time to
 //! reach the head of the backlog: the slowest in 25 s took 4.1 s (4.4 s
 //! with 8 at `QUOTA_MAX_CONNECTIONS=8`), on a busy 2-core machine, while
-//! `serve` closed about 4 100 flood connections (`tests/serve.rs`).
+//! `serve` closed about 4 100 flood connections (`tests/it/serve.rs`).
 //!
 //! With 1 100 connections each dribbling a header byte a second at the
 //! default cap, reopened as they were closed (about 900 a second), a fresh
 //! client's `/healthz` and `POST /scan` were answered within 13 ms
 //! throughout 30 s on a busy 2-core machine; when dribblers held their
 //! slots until the header timeout, such answers took up to 8.6 s, and a
-//! slow one was in flight nearly the whole 30 s (`tests/serve.rs` holds the
+//! slow one was in flight nearly the whole 30 s (`tests/it/serve.rs` holds the
 //! answers to 1 s with 96 dribblers at `QUOTA_MAX_CONNECTIONS=64`).
 //!
 //! # The request outlives its connection

@@ -6,7 +6,7 @@
 //! time paused. After each schedule the guarantees are checked
 //! ([`check`]). The same seed replays the same schedule.
 //!
-//! `tests/sim.rs` runs it; the README's "Simulation" section lists what is
+//! `tests/it/sim.rs` runs it; the README's "Simulation" section lists what is
 //! checked.
 
 pub mod check;

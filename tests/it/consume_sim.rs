@@ -970,7 +970,7 @@ const DEFAULT_SEEDS: u64 = 1_000;
 
 fn replay_command(seed: u64, bug: Option<Bug>) -> String {
     let bug = bug.map_or(String::new(), |b| format!(" SIM_BUG={b:?}"));
-    format!("CONSUME_SIM_SEED={seed}{bug} cargo test --test consume_sim replay")
+    format!("CONSUME_SIM_SEED={seed}{bug} cargo test --test it consume_sim::replay")
 }
 
 /// The first seed from 1 to `last` that breaks a promise, with its report,

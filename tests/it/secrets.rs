@@ -10,12 +10,12 @@
 //! signatures and IAM actions, so a principal without
 //! `secretsmanager:GetSecretValue` is refused for real. It does not check a
 //! policy's `Resource` for these services, nor KMS key policies, so the
-//! template's grant of one ARN alone is checked by `tests/template.rs`, not here.
+//! template's grant of one ARN alone is checked by `tests/it/template.rs`, not here.
 //!
 //! The other credential the gate holds no value of: the ElastiCache IAM
 //! authentication token (`VALKEY_AUTH=iam`), compared byte for byte with what
 //! botocore signs for the same credentials, time, region, cache and user
-//! (its use against a real Valkey is in `tests/tls.rs`).
+//! (its use against a real Valkey is in `tests/it/tls.rs`).
 
 use quota_gate_testkit as common;
 
@@ -545,7 +545,7 @@ fn init_time_with_references() {
 }
 
 /// The same through the real runtime emulator (`cargo lambda watch
-/// --only-lambda-apis`, `cargo lambda invoke`), as `tests/lambda_logs.rs`
+/// --only-lambda-apis`, `cargo lambda invoke`), as `tests/it/lambda_logs.rs`
 /// runs it: `bootstrap` started with references to moto answers the sample
 /// event 202 and counts it on the counter the plain values use. Needs
 /// `cargo-lambda` on `PATH`.

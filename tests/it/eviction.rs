@@ -650,7 +650,7 @@ async fn bytes_per_subject(vars: &[(&str, &str)], n: u32, address: impl Fn(u32) 
 /// keyed scan's record and a job on a stream, and the growth of `used_memory` over 10,000 fresh
 /// subjects, IPv4 (each in a /24 of its own, and with no levels) and IPv6
 /// (each in a /48 of its own). Print them with
-/// `cargo test --test eviction what_a_subject_costs_valkey -- --nocapture`.
+/// `cargo test --test it eviction::what_a_subject_costs_valkey -- --nocapture`.
 #[tokio::test(flavor = "multi_thread")]
 async fn what_a_subject_costs_valkey() {
     let valkey = ValkeyServer::start();

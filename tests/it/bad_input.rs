@@ -2,7 +2,7 @@
 //! the status and body it must get and proof (against a real Valkey) that
 //! nothing was counted or queued. Token rejections fall back to the anonymous
 //! quota by design: for those the proof is that no token counter exists.
-//! `tests/request_path.rs` covers `alg: none`, HS256 with the public key,
+//! `tests/it/request_path.rs` covers `alg: none`, HS256 with the public key,
 //! expired, not yet valid, wrong issuer, missing `tid` and garbage tokens;
 //! the cases here extend it. Property tests end the file: random events
 //! through parsing, identity and the whole gate never panic and get only

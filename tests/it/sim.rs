@@ -90,8 +90,8 @@ fn explore(first: u64, seeds: u64, bug: Option<Bug>, threads: u64) -> Vec<(u64, 
 
 fn replay_command(seed: u64, bug: Option<Bug>) -> String {
     match bug {
-        Some(b) => format!("SIM_SEED={seed} SIM_BUG={b:?} cargo test --test sim replay"),
-        None => format!("SIM_SEED={seed} cargo test --test sim replay"),
+        Some(b) => format!("SIM_SEED={seed} SIM_BUG={b:?} cargo test --test it sim::replay"),
+        None => format!("SIM_SEED={seed} cargo test --test it sim::replay"),
     }
 }
 

@@ -5,7 +5,7 @@
 //! The store is the in-memory one and the queue records jobs in process:
 //! both do no I/O, so paused time advances only when the handler sleeps and
 //! the elapsed (virtual) time is exactly what it slept. The SQS side of the
-//! deferral (DelaySeconds on a real queue) is in `tests/sqs.rs`.
+//! deferral (DelaySeconds on a real queue) is in `tests/it/sqs.rs`.
 
 use quota_gate_testkit as common;
 

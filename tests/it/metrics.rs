@@ -300,7 +300,7 @@ fn alert_metrics() -> BTreeMap<String, BTreeSet<String>> {
 #[test]
 fn alert_rules_use_exposed_series() {
     let exposed = series_names(scripted_run());
-    // The consumer's rules are tests/consume.rs's to check.
+    // The consumer's rules are tests/it/consume.rs's to check.
     let alerts: BTreeMap<_, _> = alert_metrics()
         .into_iter()
         .filter(|(_, metrics)| !metrics.iter().any(|m| m.starts_with("stella_consumer_")))

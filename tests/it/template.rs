@@ -31,7 +31,7 @@ fn template_sets_every_variable() {
 }
 
 /// docs/configuration.md's table is the table, row for row. After a
-/// change to `VARIABLES`, print it with `cargo test --test template --
+/// change to `VARIABLES`, print it with `cargo test --test it template:: --
 /// --nocapture` and paste it.
 #[test]
 fn readme_table_is_the_variables_table() {

@@ -1,7 +1,7 @@
 //! The docs cannot go stale: their examples are run and compared with what the
 //! program prints, and the lists they repeat are checked against the one place
 //! each is defined (the template, the alert rules, `meter/catalogue.rs`,
-//! `tests/architecture.rs`'s pure modules, a real Valkey's keys, the lock file).
+//! `tests/it/architecture.rs`'s pure modules, a real Valkey's keys, the lock file).
 
 use quota_gate_testkit as common;
 
@@ -119,7 +119,7 @@ async fn operator_examples_print_what_the_doc_shows() {
 }
 
 /// Every `quota-gate …` command the "Operate" block of docs/operations.md shows is one of
-/// its examples (run above), or `stats` (run by tests/ops.rs
+/// its examples (run above), or `stats` (run by tests/it/ops.rs
 /// against moto).
 #[test]
 fn readme_operator_commands_are_the_runbooks() {
@@ -371,11 +371,11 @@ fn floor_rows(text: &str, header: &str) -> BTreeSet<(String, String)> {
 }
 
 /// docs/architecture.md's floors and `src/lib.rs`'s map are
-/// `tests/architecture.rs`'s `FLOORS`: the folders the house's description
+/// `tests/it/architecture.rs`'s `FLOORS`: the folders the house's description
 /// puts on each floor are the ones held to it.
 #[test]
 fn the_floors_are_described_as_checked() {
-    let architecture = read("tests/architecture.rs");
+    let architecture = read("tests/it/architecture.rs");
     let checked: BTreeSet<(String, String)> =
         between(&architecture, "const FLOORS: &[(&str, usize)] = &[", "];")
             .split("(\"")

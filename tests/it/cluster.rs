@@ -13,7 +13,7 @@ use redis::AsyncCommands;
 async fn tiers_against_a_cluster() {
     let cluster = ValkeyCluster::start();
     // The subject's tiers alone: with the default levels its 202s would
-    // also list the /24's policy (tests/levels_client.rs covers that).
+    // also list the /24's policy (tests/it/levels_client.rs covers that).
     let vars = with_vars(TIERS, &[("QUOTA_NETWORKS", "off")]);
     assert_tiers(&cluster_gate(&cluster, &vars)).await;
     assert_eq!(cluster.stream_jobs("jobs").await.len(), 8);

@@ -8,7 +8,7 @@
 //! included) and, for a parent, its bare `child::` paths: a parent that
 //! re-exports from a child depends on it, so a child that names its parent
 //! closes a cycle. A path counts for the longest module it names.
-//! No external tools: `cargo test --test architecture`.
+//! No external tools: `cargo test --test it architecture::`.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -20,7 +20,7 @@ const ALLOWED_CYCLES: &[&[&str]] = &[];
 
 /// The floors, one folder of `src/` each, from the ground up: a module
 /// imports only modules of its own folder and of folders on lower floors.
-/// `src/lib.rs`'s layout table is this list (`tests/docs.rs` checks).
+/// `src/lib.rs`'s layout table is this list (`tests/it/docs.rs` checks).
 const FLOORS: &[(&str, usize)] = &[
     ("rules", 1),
     ("config", 2),

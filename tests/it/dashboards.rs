@@ -1,5 +1,5 @@
 //! The dashboards show only what the gate really emits, and their
-//! thresholds are the alerts'. (The JSON logs: `tests/lambda_logs.rs`.)
+//! thresholds are the alerts'. (The JSON logs: `tests/it/lambda_logs.rs`.)
 //!
 //! - CloudWatch: the dashboard body in `template.yaml` is read back and every
 //!   quota metric it plots, with its dimensions, must be carried by an EMF

@@ -21,7 +21,7 @@ use serde_json::json;
 async fn tiers_against_valkey() {
     let server = ValkeyServer::start();
     // The subject's tiers alone: with the default levels its 202s would
-    // also list the /24's policy (tests/levels_client.rs covers that).
+    // also list the /24's policy (tests/it/levels_client.rs covers that).
     let vars = with_vars(TIERS, &[("QUOTA_NETWORKS", "off")]);
     assert_tiers(&valkey_gate(&server, &vars)).await;
     let jobs = stream_jobs(&server, "jobs").await;

@@ -5,7 +5,7 @@
 //! ElastiCache IAM authentication (`VALKEY_AUTH=iam`) against the same: the
 //! Valkey stands in for ElastiCache with an ACL user whose password is the
 //! token expected for a fixed clock and fixed credentials (the token itself
-//! is checked against botocore in `tests/secrets.rs`), so a wrong token is
+//! is checked against botocore in `tests/it/secrets.rs`), so a wrong token is
 //! refused for real. The signer's clock, credentials and renewal interval
 //! are the `testing` feature's (`IamSigner::for_tests`).
 //!
