@@ -268,6 +268,15 @@ mod tests {
         let again = tokio::time::timeout(Duration::from_secs(1), slots.acquire(Lane::Over, "b"));
         assert!(again.await.is_ok(), "the slot came back free");
     }
+    use proptest::test_runner::TestCaseError;
+
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    enum Event {
+        Arrive,
+        Start,
+        Release,
+    }
+
     /// One drawn arrival: over quota or not, its tenant, when it arrives,
     /// how long its scan takes (ms).
     type Arrival = (bool, u8, u64, u64);
@@ -282,7 +291,7 @@ mod tests {
             .unwrap();
         rt.block_on(async {
             let slots = RunSlots::new(1, over_every);
-            // Each task's arrival and start, in one sequence of events.
+            // Each task's arrival, start and release, in one sequence.
             let log = Arc::new(Mutex::new(Vec::new()));
             let mut tasks = Vec::new();
             for (i, &(over, tenant, at, scan)) in arrivals.iter().enumerate() {
@@ -290,32 +299,105 @@ mod tests {
                 let lane = if over { Lane::Over } else { Lane::Within };
                 tasks.push(tokio::spawn(async move {
                     tokio::time::sleep(Duration::from_millis(at)).await;
-                    log.lock().unwrap().push((i, false));
+                    log.lock().unwrap().push((i, Event::Arrive));
                     let slot = slots.acquire(lane, &tenant.to_string()).await;
-                    log.lock().unwrap().push((i, true));
+                    log.lock().unwrap().push((i, Event::Start));
                     tokio::time::sleep(Duration::from_millis(scan)).await;
+                    // Logged before the drop, which hands the slot on.
+                    log.lock().unwrap().push((i, Event::Release));
                     drop(slot);
                 }));
             }
             for task in tasks {
                 task.await.unwrap();
             }
-            // With one slot, a start is handed when the last one ends, so
-            // what waited then is what had arrived and not started before
-            // this start was logged.
+            // A start was handed at the last release before it, unless its
+            // own arrival came after that release (it found the slot free):
+            // what waited is what had arrived by then and not yet started.
             let log = log.lock().unwrap();
-            let mut waiting: Vec<usize> = Vec::new();
             let mut starts = Vec::new();
-            for &(i, started) in log.iter() {
-                if started {
-                    starts.push((i, waiting.clone()));
-                    waiting.retain(|w| *w != i);
-                } else {
-                    waiting.push(i);
+            for (n, &(i, event)) in log.iter().enumerate() {
+                if event != Event::Start {
+                    continue;
                 }
+                let arrived = log.iter().position(|&e| e == (i, Event::Arrive)).unwrap();
+                let handed = log[..n].iter().rposition(|e| e.1 == Event::Release);
+                let at = match handed {
+                    Some(r) if r > arrived => r,
+                    _ => n,
+                };
+                let started: Vec<usize> = log[..n]
+                    .iter()
+                    .filter(|e| e.1 == Event::Start)
+                    .map(|e| e.0)
+                    .collect();
+                let waiting = log[..at]
+                    .iter()
+                    .filter(|e| e.1 == Event::Arrive && !started.contains(&e.0))
+                    .map(|e| e.0)
+                    .collect();
+                starts.push((i, waiting));
             }
             starts
         })
+    }
+
+    /// The order rules over the starts of `arrivals` (see the property below).
+    fn order_holds(arrivals: &[Arrival], over_every: u32) -> Result<(), TestCaseError> {
+        let starts = run(arrivals, over_every);
+        proptest::prop_assert_eq!(starts.len(), arrivals.len());
+        let over = |i: usize| arrivals[i].0;
+        let mut within_since_over = 0u32;
+        // Per tenant, its last start: (position, over-quota tenants waiting then).
+        let mut last_turn: std::collections::HashMap<u8, (usize, Vec<u8>)> = Default::default();
+        let mut turns: Vec<Option<u8>> = Vec::new();
+        for (n, (i, waiting)) in starts.iter().enumerate() {
+            let others: Vec<usize> = waiting.iter().copied().filter(|w| w != i).collect();
+            if !over(*i) {
+                within_since_over += 1;
+                turns.push(None);
+                continue;
+            }
+            if others.iter().any(|w| !over(*w)) {
+                proptest::prop_assert!(
+                    within_since_over + 1 >= over_every,
+                    "an over-quota start after {} within-quota ones: {:?}",
+                    within_since_over,
+                    starts
+                );
+            }
+            within_since_over = 0;
+            let tenant = arrivals[*i].1;
+            let waiting_tenants: Vec<u8> = others
+                .iter()
+                .filter(|w| over(**w))
+                .map(|w| arrivals[*w].1)
+                .filter(|t| *t != tenant)
+                .collect();
+            if let Some((at, before)) = last_turn.get(&tenant) {
+                // A tenant waiting then and now had its turn in between.
+                for t in before.iter().filter(|t| waiting_tenants.contains(t)) {
+                    proptest::prop_assert!(
+                        turns[*at..].contains(&Some(*t)),
+                        "tenant {} again before {} had its turn: {:?}",
+                        tenant,
+                        t,
+                        starts
+                    );
+                }
+            }
+            last_turn.insert(tenant, (n, waiting_tenants));
+            turns.push(Some(tenant));
+        }
+        Ok(())
+    }
+
+    /// A release and an arrival in the same millisecond: the slot was
+    /// handed before the within-quota job arrived.
+    #[test]
+    fn a_tie_between_a_release_and_an_arrival() {
+        let arrivals = [(true, 0, 0, 11), (true, 0, 0, 1), (false, 0, 11, 1)];
+        order_holds(&arrivals, 2).unwrap();
     }
 
     proptest::proptest! {
@@ -332,48 +414,7 @@ mod tests {
                 (proptest::bool::ANY, 0u8..4, 0u64..200, 1u64..30), 1..40),
             over_every in 1u32..5,
         ) {
-            let starts = run(&arrivals, over_every);
-            proptest::prop_assert_eq!(starts.len(), arrivals.len());
-            let over = |i: usize| arrivals[i].0;
-            let mut within_since_over = 0u32;
-            // Per tenant, its last start: (position, over-quota tenants waiting then).
-            let mut last_turn: std::collections::HashMap<u8, (usize, Vec<u8>)> = Default::default();
-            let mut turns: Vec<Option<u8>> = Vec::new();
-            for (n, (i, waiting)) in starts.iter().enumerate() {
-                let others: Vec<usize> = waiting.iter().copied().filter(|w| w != i).collect();
-                if !over(*i) {
-                    within_since_over += 1;
-                    turns.push(None);
-                    continue;
-                }
-                if others.iter().any(|w| !over(*w)) {
-                    proptest::prop_assert!(
-                        within_since_over + 1 >= over_every,
-                        "an over-quota start after {} within-quota ones: {:?}",
-                        within_since_over, starts
-                    );
-                }
-                within_since_over = 0;
-                let tenant = arrivals[*i].1;
-                let waiting_tenants: Vec<u8> = others
-                    .iter()
-                    .filter(|w| over(**w))
-                    .map(|w| arrivals[*w].1)
-                    .filter(|t| *t != tenant)
-                    .collect();
-                if let Some((at, before)) = last_turn.get(&tenant) {
-                    // A tenant waiting then and now had its turn in between.
-                    for t in before.iter().filter(|t| waiting_tenants.contains(t)) {
-                        proptest::prop_assert!(
-                            turns[*at..].contains(&Some(*t)),
-                            "tenant {} again before {} had its turn: {:?}",
-                            tenant, t, starts
-                        );
-                    }
-                }
-                last_turn.insert(tenant, (n, waiting_tenants));
-                turns.push(Some(tenant));
-            }
+            order_holds(&arrivals, over_every)?;
         }
     }
 }
