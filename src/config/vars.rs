@@ -69,47 +69,41 @@ impl Variable {
     }
 }
 
-/// A row; a doc comment's lines each start with a space, hence the trim.
-const fn row(name: &'static str, default: DefaultValue, meaning: &'static str) -> Variable {
-    let (range, meaning, applies) = (None, meaning.trim_ascii(), Applies::Everywhere);
+/// A row with a default and no range; the macro names it and gives its meaning.
+const fn value(default: &'static str) -> Variable {
+    row(DefaultValue::Value(default))
+}
+
+/// A whole number in `min..=max`, both ends included.
+const fn number(default: &'static str, min: u64, max: u64) -> Variable {
+    Variable {
+        range: Some((min, max)),
+        ..value(default)
+    }
+}
+
+/// A variable whose absence means something of its own: `words` say what.
+const fn unset(words: &'static str) -> Variable {
+    row(DefaultValue::Unset(words))
+}
+
+/// A row read everywhere, neither a number nor a secret.
+const fn row(default: DefaultValue) -> Variable {
+    let (name, meaning, applies) = ("", "", Applies::Everywhere);
+    let (range, secret) = (None, false);
     Variable {
         name,
         default,
         range,
         meaning,
         applies,
-        secret: false,
+        secret,
     }
 }
-
-/// A whole number in `min..=max`, both ends included.
-const fn number(
-    name: &'static str,
-    default: &'static str,
-    min: u64,
-    max: u64,
-    meaning: &'static str,
-) -> Variable {
-    Variable {
-        range: Some((min, max)),
-        ..row(name, Value(default), meaning)
-    }
-}
-
-/// Anything else with a default: a word, a flag, text.
-const fn value(name: &'static str, default: &'static str, meaning: &'static str) -> Variable {
-    row(name, Value(default), meaning)
-}
-
-/// A variable whose absence means something of its own.
-const fn unset(name: &'static str, words: &'static str, meaning: &'static str) -> Variable {
-    row(name, Unset(words), meaning)
-}
-
-use DefaultValue::{Unset, Value};
 
 /// The table: a row is its doc comment (the meaning), its name and its
-/// maker with the default (and range). [`VARIABLES`] lists the rows in order.
+/// maker with the default (and range); a doc comment's lines each start with
+/// a space, hence the trim. [`VARIABLES`] lists the rows in order.
 macro_rules! variables {
     ($(
         $(#[doc = $meaning:literal])+
@@ -117,8 +111,11 @@ macro_rules! variables {
     )+) => {
         $(
             $(#[doc = $meaning])+
-            pub const $name: Variable =
-                $make(stringify!($name), $($arg,)* concat!($($meaning),+)) $(.$modify($($how)?))*;
+            pub const $name: Variable = Variable {
+                name: stringify!($name),
+                meaning: concat!($($meaning),+).trim_ascii(),
+                ..$make($($arg),*)
+            } $(.$modify($($how)?))*;
         )+
 
         /// Every variable, in the table's order.
