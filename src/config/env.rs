@@ -39,7 +39,13 @@ impl Env {
                 (None, DefaultValue::Value(default)) => default.to_owned(),
                 (None, DefaultValue::Unset(_)) => continue,
             };
-            env.values.insert(var.name.to_owned(), typed(var, raw)?);
+            // Checked here, once for every numeric variable, so no value
+            // can make a later request overflow.
+            let value = match var.range {
+                Some((min, max)) => Value::from(ranged_number(var.name, &raw, min, max)?),
+                None => Value::String(raw),
+            };
+            env.values.insert(var.name.to_owned(), value);
         }
         Ok(env)
     }
@@ -60,15 +66,6 @@ impl Env {
                 e.into_inner().to_string(),
             )
         })
-    }
-}
-
-/// A number is checked against its row's range here, once for every
-/// numeric variable, so no value can make a later request overflow.
-fn typed(var: &Variable, raw: String) -> Result<Value, ConfigError> {
-    match var.range {
-        Some((min, max)) => ranged_number(var.name, &raw, min, max).map(Value::from),
-        None => Ok(Value::String(raw)),
     }
 }
 

@@ -1,5 +1,5 @@
 //! The table of environment variables, one row each: the one source of the
-//! defaults and ranges the parser applies ([`super::env`]), of
+//! defaults and ranges the parser applies (`env.rs`), of
 //! docs/configuration.md's table ([`super::table::markdown_table`]) and of the
 //! template test. A row's doc comment is its meaning. A row is read by the
 //! group field that `#[serde(rename)]`s to its name (a test checks that every
