@@ -4,24 +4,21 @@
 //! process environment, so tests build configurations without touching
 //! global state. A bad value fails at start with the variable's name.
 //!
-//! The variables, their defaults and ranges are one table,
-//! [`vars::VARIABLES`]: the environment is read into a map of its rows, with
-//! their defaults and numbers checked against their ranges (`env`), and each
-//! group of settings is a serde struct deserialized from that map, a field
-//! per variable (`#[serde(rename = "QUOTA_ANON")]`), a special format by
-//! `deserialize_with`. The groups, each in a file, are read in this order
-//! (with several bad values the first group's error is the one reported):
-//! [`Policy`] (the quota and its delays), [`IdentityConfig`] (the hash
-//! secret, proxies, [`JwtConfig`]), [`StoreConfig`] (the Valkey, its TLS
-//! trust, timeout and failure handling), the [`QueueTarget`] (with the one
-//! grammar of a queue URL) and [`ServeConfig`]. What a group cannot say
-//! field by field (a CA bundle needs a TLS URL) is checked when it is
-//! assembled. The one-word settings live with the rules
-//! ([`crate::rules::modes`]) and [`ConfigError`] in `error`. A secret
-//! variable may hold a reference to a secret store ([`secret_ref`]); the
-//! front ends read it before this parse, which refuses one left unread.
-//! Environment variables rather than clap's `env` feature: Lambda has no
-//! command line, and one parser serves both binaries.
+//! One table, [`vars::VARIABLES`], holds the variables, defaults and ranges.
+//! The environment is read into a map of its rows (`env.rs`: defaults
+//! filled, numbers checked against their ranges), and each group of settings
+//! is a serde struct deserialized from it, a field per variable
+//! (`#[serde(rename = "QUOTA_ANON")]`, a special format by
+//! `deserialize_with`); what one field cannot check alone (a CA bundle needs
+//! a TLS URL) is checked as the group is assembled. The groups, a file each,
+//! are read in order, so the first group's error is the one reported:
+//! [`Policy`], [`IdentityConfig`] (with [`JwtConfig`]), [`StoreConfig`], the
+//! [`QueueTarget`] and [`ServeConfig`]. The one-word settings live with the
+//! rules ([`crate::rules::modes`]). A secret variable may hold a reference to
+//! a secret store ([`secret_ref`]), read by the front ends before this parse,
+//! which refuses one left unread. Environment variables rather than clap's
+//! `env` feature: Lambda has no command line, and one parser serves both
+//! binaries.
 
 mod env;
 mod error;
