@@ -55,66 +55,30 @@ pub enum Event {
 }
 
 impl Event {
-    const fn index(self) -> usize {
+    /// Its counter.
+    const fn metric(self) -> &'static str {
         match self {
-            Self::Started { .. } => 0,
-            Self::Succeeded => 1,
-            Self::Failed => 2,
-            Self::DeadLettered => 3,
-            Self::Duplicate => 4,
-            Self::TimedOut => 5,
-            Self::LeaseLost => 6,
+            Self::Started { .. } => STARTED,
+            Self::Succeeded => SUCCEEDED,
+            Self::Failed => FAILED,
+            Self::DeadLettered => DEAD_LETTERED,
+            Self::Duplicate => DUPLICATES,
+            Self::TimedOut => TIMEOUTS,
+            Self::LeaseLost => LEASES_LOST,
         }
     }
 }
-
-/// Each [`Event`]'s counter, in [`Event::index`] order.
-const COUNTERS: [&str; 7] = [
-    STARTED,
-    SUCCEEDED,
-    FAILED,
-    DEAD_LETTERED,
-    DUPLICATES,
-    TIMEOUTS,
-    LEASES_LOST,
-];
 
 /// Records events through the `metrics` facade: Prometheus, and an EMF
 /// line per event when EMF is on.
 #[derive(Clone)]
 pub struct ConsumeMeter {
     emf: Option<Emf>,
-    handles: Arc<SourceHandles>,
+    handles: Handles,
+    source: &'static str,
     held: Arc<AtomicI64>,
     /// [`WAITING`] per lane, indexed by [`lane_index`].
     waiting: Arc<[AtomicI64; 2]>,
-}
-
-/// The handles of one source: per [`Event`], per lane where there is one.
-struct SourceHandles {
-    counters: [metrics::Counter; 7],
-    held: metrics::Gauge,
-    waiting: [metrics::Gauge; 2],
-    lateness: [metrics::Histogram; 2],
-}
-
-impl SourceHandles {
-    fn new(handles: &Handles, source: &'static str) -> Self {
-        let source_label = [("source", source.to_owned())];
-        let lane = |lane: Lane| {
-            [
-                ("source", source.to_owned()),
-                ("lane", lane.as_str().to_owned()),
-            ]
-        };
-        let lanes = [Lane::Within, Lane::Over];
-        Self {
-            counters: COUNTERS.map(|name| handles.counter(name, &source_label)),
-            held: handles.gauge(HELD, &source_label),
-            waiting: lanes.map(|l| handles.gauge(WAITING, &lane(l))),
-            lateness: lanes.map(|l| handles.histogram(LATENESS_MS, &lane(l))),
-        }
-    }
 }
 
 /// A due job's place in the backlog of its lane: counted while it lives.
@@ -145,18 +109,22 @@ impl ConsumeMeter {
 
     /// The same, its EMF lines written to `emf` (none: no EMF lines).
     pub fn with_sink(namespace: &str, source: &'static str, emf: Option<Sink>) -> Self {
-        let emf = emf.map(|sink| Emf::new(namespace, sink));
-        let handles = SourceHandles::new(&Handles::new(emf.as_ref()), source);
-        // The gauges start at zero, so a quiet lane reads 0, not absent.
-        handles.held.set(0.0);
-        handles.waiting.iter().for_each(|g| g.set(0.0));
-        Self {
+        let emf = emf.map(|sink| Emf::new(namespace, sink, &[]));
+        let meter = Self {
+            handles: Handles::new(emf.as_ref()),
             emf,
-            handles: Arc::new(handles),
+            source,
             held: Arc::default(),
             waiting: Arc::default(),
+        };
+        // The gauges start at zero, so a quiet lane reads 0, not absent.
+        meter.held(0);
+        for lane in [Lane::Within, Lane::Over] {
+            meter.waiting_by(lane, 0);
         }
+        meter
     }
+
     /// `# HELP` text for Prometheus.
     pub fn describe() {
         metrics::describe_counter!(STARTED, "Jobs handed to the scanner.");
@@ -179,7 +147,9 @@ impl ConsumeMeter {
     /// One more (or one fewer) job waiting for its `notBefore`.
     pub fn held(&self, delta: i64) {
         let now = self.held.fetch_add(delta, Ordering::Relaxed) + delta;
-        self.handles.held.set(now as f64);
+        self.handles
+            .gauge(HELD, &[("source", self.source)])
+            .set(now as f64);
     }
 
     /// A due job of `lane` waits for a run slot until the guard drops.
@@ -192,9 +162,14 @@ impl ConsumeMeter {
     }
 
     fn waiting_by(&self, lane: Lane, delta: i64) {
-        let i = lane_index(lane);
-        let now = self.waiting[i].fetch_add(delta, Ordering::Relaxed) + delta;
-        self.handles.waiting[i].set(now as f64);
+        let now = self.waiting[lane_index(lane)].fetch_add(delta, Ordering::Relaxed) + delta;
+        self.handles
+            .gauge(WAITING, &self.lane(lane))
+            .set(now as f64);
+    }
+
+    fn lane(&self, lane: Lane) -> [(&'static str, &'static str); 2] {
+        [("source", self.source), ("lane", lane.as_str())]
     }
 
     /// Records `event`, as one EMF line stamped now: its counter, the held
@@ -202,14 +177,15 @@ impl ConsumeMeter {
     /// lane's backlog (the gauges set again to their value, so the line
     /// carries them).
     pub fn record(&self, event: Event) {
-        let h = &self.handles;
         let record = || {
-            h.counters[event.index()].increment(1);
-            h.held.set(self.held.load(Ordering::Relaxed) as f64);
+            let source = [("source", self.source)];
+            self.handles.counter(event.metric(), &source).increment(1);
+            self.held(0);
             if let Event::Started { lateness_ms, lane } = event {
-                let i = lane_index(lane);
-                h.lateness[i].record(lateness_ms as f64);
-                h.waiting[i].set(self.waiting[i].load(Ordering::Relaxed) as f64);
+                let lane_labels = self.lane(lane);
+                let lateness = self.handles.histogram(LATENESS_MS, &lane_labels);
+                lateness.record(lateness_ms as f64);
+                self.waiting_by(lane, 0);
             }
         };
         match &self.emf {

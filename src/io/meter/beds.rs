@@ -25,7 +25,7 @@ pub(super) struct BedMeter([(metrics::Gauge, metrics::Counter); 2]);
 impl BedMeter {
     pub(super) fn new(handles: &Handles) -> Self {
         Self(Scope::ALL.map(|scope| {
-            let scope = [("scope", scope.as_str().to_owned())];
+            let scope = [("scope", scope.as_str())];
             (
                 handles.gauge(ASLEEP, &scope),
                 handles.counter(BEDS_FULL, &scope),

@@ -56,25 +56,23 @@ impl Handles {
         }
     }
 
-    pub fn counter(&self, name: &'static str, labels: &[(&'static str, String)]) -> Counter {
+    pub fn counter(&self, name: &'static str, labels: &[(&'static str, &str)]) -> Counter {
         self.fanout()
             .register_counter(&key(name, labels), &METADATA)
     }
 
-    pub fn gauge(&self, name: &'static str, labels: &[(&'static str, String)]) -> Gauge {
+    pub fn gauge(&self, name: &'static str, labels: &[(&'static str, &str)]) -> Gauge {
         self.fanout().register_gauge(&key(name, labels), &METADATA)
     }
 
-    pub fn histogram(&self, name: &'static str, labels: &[(&'static str, String)]) -> Histogram {
+    pub fn histogram(&self, name: &'static str, labels: &[(&'static str, &str)]) -> Histogram {
         self.fanout()
             .register_histogram(&key(name, labels), &METADATA)
     }
 }
 
-fn key(name: &'static str, labels: &[(&'static str, String)]) -> Key {
-    let labels: Vec<Label> = labels
-        .iter()
-        .map(|(k, v)| Label::new(*k, v.clone()))
-        .collect();
+fn key(name: &'static str, labels: &[(&'static str, &str)]) -> Key {
+    let labels = labels.iter().map(|(k, v)| Label::new(*k, (*v).to_owned()));
+    let labels: Vec<Label> = labels.collect();
     Key::from_parts(name, labels)
 }

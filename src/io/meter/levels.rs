@@ -84,51 +84,42 @@ impl LevelHit {
     ];
 }
 
-/// The handles of the level metrics.
-pub(super) struct LevelMeter {
-    /// Per configured network level (anonymous and token holders'): its
-    /// soft and hard hits.
-    networks: Vec<(LevelName, [metrics::Counter; 2])>,
-    global: metrics::Counter,
-    handles: Handles,
-}
+/// The level metrics, registered where they are counted (a lookup per
+/// hit: only a delayed scan has one).
+pub(super) struct LevelMeter(Handles);
 
 impl LevelMeter {
     /// Registers a series for each configured network level (at 0, so a
-    /// query has data from the start) and the global one.
+    /// query has data from the start) and the global one: registered, not
+    /// incremented, so no EMF line holds a 0 for them.
     pub(super) fn new(handles: Handles, levels: &Levels) -> Self {
-        let networks = Scope::ALL
-            .into_iter()
-            .flat_map(|scope| {
-                let names = levels.networks(scope).iter();
-                names.map(move |l| LevelName::network(scope, l.network))
-            })
-            .map(|name| (name, Self::network_handles(&handles, name)))
-            .collect();
-        Self {
-            networks,
-            global: handles.counter(GLOBAL_PACED, &[("scope", Scope::Ip.as_str().to_owned())]),
-            handles,
+        let meter = Self(handles);
+        for scope in Scope::ALL {
+            for level in levels.networks(scope) {
+                let name = LevelName::network(scope, level.network);
+                let _ = meter.counter(LevelHit::NetworkSoft(name));
+                let _ = meter.counter(LevelHit::NetworkHard(name));
+            }
         }
+        let _ = meter.counter(LevelHit::GlobalPaced);
+        meter
     }
 
-    fn network_handles(handles: &Handles, name: LevelName) -> [metrics::Counter; 2] {
-        let label = [("level", name.to_string())];
-        [NETWORK_SOFT_HITS, NETWORK_HARD_HITS].map(|name| handles.counter(name, &label))
+    /// The counter of `hit`'s series.
+    fn counter(&self, hit: LevelHit) -> metrics::Counter {
+        match hit {
+            LevelHit::GlobalPaced => self
+                .0
+                .counter(GLOBAL_PACED, &[("scope", Scope::Ip.as_str())]),
+            LevelHit::NetworkSoft(n) | LevelHit::NetworkHard(n) => {
+                self.0.counter(hit.metric(), &[("level", &n.to_string())])
+            }
+        }
     }
 
     /// Counts `hit`.
     pub(super) fn increment(&self, hit: LevelHit) {
-        let network = match hit {
-            LevelHit::GlobalPaced => return self.global.increment(1),
-            LevelHit::NetworkSoft(n) | LevelHit::NetworkHard(n) => n,
-        };
-        let handles = self.networks.iter().find(|(n, _)| *n == network);
-        match handles {
-            Some((_, h)) => h[hit.index()].increment(1),
-            // A meter built without the levels (tests): registered on first use.
-            None => Self::network_handles(&self.handles, network)[hit.index()].increment(1),
-        }
+        self.counter(hit).increment(1);
     }
 }
 

@@ -117,7 +117,7 @@ struct ScopeHandles {
 
 impl ScopeHandles {
     fn new(register: &Handles, scope: Scope) -> Self {
-        let scope = [("scope", scope.as_str().to_owned())];
+        let scope = [("scope", scope.as_str())];
         let counter = |name| register.counter(name, &scope);
         Self {
             counters: COUNTERS.map(counter),
@@ -154,7 +154,7 @@ impl Meter {
     }
 
     fn with_sink(namespace: &str, sink: Option<Sink>) -> Self {
-        let emf = sink.map(|sink| Emf::new(namespace, sink));
+        let emf = sink.map(|sink| Emf::new(namespace, sink, &[]));
         let register = Handles::new(emf.as_ref());
         Self {
             handles: Arc::new(Scope::ALL.map(|scope| ScopeHandles::new(&register, scope))),
@@ -188,7 +188,7 @@ impl Meter {
             }
             Some(emf) => {
                 let properties = properties(exit.metered, exit.end);
-                emf.line(doc(exit, properties.as_slice()), scan);
+                emf.line(doc(exit, &properties), scan);
             }
         }
         if let Some(emf) = self.register.emf()
@@ -271,33 +271,16 @@ fn doc<'a>(exit: &Exit, properties: &'a [(&'a str, &'a str)]) -> Doc<'a> {
 }
 
 /// The text members of a scan's line: its tier (`unmetered` when the store
-/// failed open), and `mode` in shadow mode.
-fn properties(metered: Metered, end: End) -> Properties {
-    let mut p = Properties([("", ""); 2], 0);
+/// failed open), and `mode` in shadow mode; an empty name is no member.
+fn properties(metered: Metered, end: End) -> [(&'static str, &'static str); 2] {
+    let none = ("", "");
     match metered {
-        Metered::Counted { shadow, tier, .. } => {
-            if shadow {
-                p.push("mode", "shadow");
-            }
-            p.push("tier", tier.as_str());
-        }
-        Metered::StoreFailed if end != End::StoreRefused => p.push("tier", "unmetered"),
-        Metered::StoreFailed | Metered::Uncounted => {}
-    }
-    p
-}
-
-/// At most two text members, without a heap allocation per request.
-struct Properties([(&'static str, &'static str); 2], usize);
-
-impl Properties {
-    fn push(&mut self, name: &'static str, value: &'static str) {
-        self.0[self.1] = (name, value);
-        self.1 += 1;
-    }
-
-    fn as_slice(&self) -> &[(&'static str, &'static str)] {
-        &self.0[..self.1]
+        Metered::Counted {
+            shadow: true, tier, ..
+        } => [("tier", tier.as_str()), ("mode", "shadow")],
+        Metered::Counted { tier, .. } => [("tier", tier.as_str()), none],
+        Metered::StoreFailed if end != End::StoreRefused => [("tier", "unmetered"), none],
+        Metered::StoreFailed | Metered::Uncounted => [none, none],
     }
 }
 
@@ -453,5 +436,52 @@ mod tests {
         assert_eq!(closed["stella_quota_requests_store_unavailable_total"], 1);
         assert!(closed.get("tier").is_none(), "{closed}");
         assert_eq!(closed["Scope"], "tid");
+    }
+
+    /// Each metric of a request is recorded once, through the facade: a
+    /// local recorder reads the values, and the EMF line carries the same.
+    #[test]
+    fn recorded_once_through_the_facade() {
+        use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+
+        let recorder = DebuggingRecorder::new();
+        let snapshotter = recorder.snapshotter();
+        let out = Buffer::default();
+        let meter =
+            metrics::with_local_recorder(&recorder, || Meter::with_sink("ns", Some(out.sink())));
+        let hard = exit(Scope::Ip, counted(Tier::Hard, 60_000, false), End::Answered);
+        meter.record(&hard);
+        meter.record(&exit(Scope::Tid, Metered::Uncounted, End::BacklogFull));
+        let values = snapshotter.snapshot().into_vec();
+        let value = |name: &str, scope: &str| {
+            let found = values.iter().find(|(key, ..)| {
+                let key = key.key();
+                key.name() == name && key.labels().any(|l| l.value() == scope)
+            });
+            found.map(|(.., value)| value)
+        };
+        assert_eq!(value(HARD_HITS, "ip"), Some(&DebugValue::Counter(1)));
+        assert_eq!(value(REQUESTS[2], "ip"), Some(&DebugValue::Counter(1)));
+        assert_eq!(
+            value(BACKLOG_REFUSALS, "tid"),
+            Some(&DebugValue::Counter(1))
+        );
+        assert_eq!(value(SOFT_HITS, "ip"), Some(&DebugValue::Counter(0)));
+        let Some(DebugValue::Histogram(delays)) = value(DELAY_MS, "ip") else {
+            panic!("no delay sample");
+        };
+        assert_eq!(delays.iter().map(|d| d.0).collect::<Vec<_>>(), [60_000.0]);
+        let docs = out.documents();
+        assert_eq!(
+            (docs[0][HARD_HITS].as_u64(), docs[0][DELAY_MS].as_u64()),
+            (Some(1), Some(60_000))
+        );
+        assert_eq!(
+            (
+                docs[1]["Scope"].as_str(),
+                docs[1][BACKLOG_REFUSALS].as_u64()
+            ),
+            (Some("tid"), Some(1))
+        );
     }
 }

@@ -50,8 +50,8 @@ impl StoreMeter {
     /// registered here, at 0, so a query has data before the first
     /// eviction: install the Prometheus recorder before this.
     pub fn new(namespace: &str, process: Process, emf: Option<Sink>) -> Self {
-        let emf = emf
-            .map(|sink| Emf::with_dimension(namespace, sink, PROCESS_DIMENSION, process.as_str()));
+        let process = [(PROCESS_DIMENSION, process.as_str())];
+        let emf = emf.map(|sink| Emf::new(namespace, sink, &process));
         let handles = Handles::new(emf.as_ref());
         Self {
             evicted: handles.counter(STORE_EVICTED_KEYS, &[]),

@@ -31,7 +31,7 @@ impl Emf {
             }
         }
         for (series, value) in line {
-            member(&mut out, series.name.as_str());
+            member(&mut out, series.key.name());
             match *value {
                 Value::Count(n) => out.push_str(digits.format(n)),
                 // An integral sample as an integer, as CloudWatch reads it.
@@ -42,7 +42,7 @@ impl Emf {
                 Value::Sample(_) => out.push('0'),
             }
         }
-        for (name, value) in doc.properties {
+        for (name, value) in doc.properties.iter().filter(|(n, _)| !n.is_empty()) {
             text(&mut out, name, value);
         }
         if let Some(id) = doc.trace {
@@ -88,7 +88,7 @@ fn directive(namespace: &str, line: &[(Arc<Series>, Value)]) -> String {
     }
     let metrics: Vec<serde_json::Value> = line
         .iter()
-        .map(|(s, _)| serde_json::json!({"Name": s.name.as_str(), "Unit": s.unit}))
+        .map(|(s, _)| serde_json::json!({"Name": s.key.name(), "Unit": s.unit}))
         .collect();
     serde_json::json!([{"Namespace": namespace, "Dimensions": sets, "Metrics": metrics}])
         .to_string()

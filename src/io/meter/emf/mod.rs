@@ -14,12 +14,8 @@
 //! refused request, metered in aggregate) is held, summed per series, until
 //! [`Emf::flush_held`] writes one line per label set.
 //!
-//! Written here rather than with `metrics_cloudwatch_embedded` (see
-//! docs/architecture.md): that crate renders one document per label set at
-//! each flush of a process-wide collector, with the label's own name as the
-//! dimension, a global timestamp and global properties, where operators and
-//! dashboards read per-request lines stamped with the request's instant and
-//! trace, `Scope` for a `scope` label, and one line over two dimension sets.
+//! Our own rather than `metrics_cloudwatch_embedded`, which cannot write
+//! these lines (docs/architecture.md says why).
 //!
 //! Two ways out ([`Sink`]): written and flushed before the call returns
 //! (Lambda freezes the process once the response is sent), or queued for a
@@ -69,7 +65,7 @@ struct Inner {
 /// held of it for a later line.
 struct Series {
     id: usize,
-    name: KeyName,
+    key: Key,
     unit: &'static str,
     /// (EMF dimension, value), labels first, then the renderer's defaults.
     dimensions: Vec<(String, String)>,
@@ -177,43 +173,39 @@ pub struct Doc<'a> {
 }
 
 impl Emf {
-    /// A renderer of lines in `namespace`, written to `sink`.
-    pub fn new(namespace: &str, sink: Sink) -> Self {
+    /// A renderer of lines in `namespace`, written to `sink`; every series
+    /// also under the dimensions `defaults` (the store's `Process`).
+    pub fn new(namespace: &str, sink: Sink, defaults: &[(&str, &str)]) -> Self {
+        let defaults = defaults
+            .iter()
+            .map(|(n, v)| ((*n).to_owned(), (*v).to_owned()));
         Self(Arc::new(Inner {
             namespace: namespace.to_owned(),
             sink,
-            defaults: Vec::new(),
+            defaults: defaults.collect(),
             series: Mutex::default(),
             directives: RwLock::default(),
         }))
     }
 
-    /// The same, every series also under the dimension `name` = `value`
-    /// (register no handle before this).
-    pub fn with_dimension(namespace: &str, sink: Sink, name: &str, value: &str) -> Self {
-        let mut emf = Self::new(namespace, sink);
-        if let Some(inner) = Arc::get_mut(&mut emf.0) {
-            inner.defaults.push((name.to_owned(), value.to_owned()));
-        }
-        emf
-    }
-
+    /// The series of `key`: registered once, found again after.
     fn series(&self, key: &Key) -> Arc<Series> {
-        let name = key.name_shared();
-        // Milliseconds for the `_ms` metrics, a Count for every other one.
-        let unit = if name.as_str().ends_with("_ms") {
-            "Milliseconds"
-        } else {
-            "Count"
-        };
+        let mut all = self.0.series.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(known) = all.iter().find(|s| s.key == *key) {
+            return known.clone();
+        }
         let labels = key
             .labels()
             .map(|l| (dimension(l.key()), l.value().to_owned()));
-        let mut all = self.0.series.lock().unwrap_or_else(|e| e.into_inner());
         let series = Arc::new(Series {
             id: all.len(),
-            name,
-            unit,
+            key: key.clone(),
+            // Milliseconds for the `_ms` metrics, a Count for every other one.
+            unit: if key.name().ends_with("_ms") {
+                "Milliseconds"
+            } else {
+                "Count"
+            },
             dimensions: labels.chain(self.0.defaults.iter().cloned()).collect(),
             held: AtomicU64::new(0),
             touched: AtomicBool::new(false),
@@ -336,10 +328,10 @@ mod tests {
     #[test]
     fn line_shape() {
         let out = Buffer::default();
-        let emf = Emf::new("ns", out.sink());
+        let emf = Emf::new("ns", out.sink(), &[]);
         let handles = Handles::new(Some(&emf));
-        let source = [("source", "stdin".to_owned())];
-        let lane = [("source", "stdin".to_owned()), ("lane", "over".to_owned())];
+        let source = [("source", "stdin")];
+        let lane = [("source", "stdin"), ("lane", "over")];
         let (count, late) = (
             handles.counter("a", &source),
             handles.histogram("b_ms", &lane),
@@ -381,10 +373,10 @@ mod tests {
     #[test]
     fn held_counts() {
         let out = Buffer::default();
-        let emf = Emf::new("ns", out.sink());
+        let emf = Emf::new("ns", out.sink(), &[]);
         let handles = Handles::new(Some(&emf));
-        let ip = handles.counter("r", &[("scope", "ip".to_owned())]);
-        let tid = handles.counter("r", &[("scope", "tid".to_owned())]);
+        let ip = handles.counter("r", &[("scope", "ip")]);
+        let tid = handles.counter("r", &[("scope", "tid")]);
         (0..500).for_each(|_| ip.increment(1));
         tid.increment(0);
         emf.flush_held(7, None);
