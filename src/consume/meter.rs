@@ -11,8 +11,7 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, Ordering};
 
-use crate::io::meter::emf::{Doc, Emf, Sink};
-use crate::io::meter::handles::Handles;
+use crate::io::meter::emf::{Doc, Emf, Handles, Sink};
 use crate::io::stdout::LineWriter;
 use crate::rules::job::Lane;
 

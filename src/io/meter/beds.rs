@@ -11,7 +11,7 @@
 use crate::rules::delay::Bed;
 use crate::rules::scope::Scope;
 
-use super::handles::Handles;
+use super::emf::Handles;
 
 /// Requests asleep fleet-wide, as the beds answered the last scan that asked.
 pub const ASLEEP: &str = "stella_quota_asleep";

@@ -19,7 +19,7 @@ use crate::rules::level::{LevelName, Levels};
 use crate::rules::outcome::Metered;
 use crate::rules::scope::Scope;
 
-use super::handles::Handles;
+use super::emf::Handles;
 
 /// Scans delayed in the soft tier by a network level's counter.
 pub const NETWORK_SOFT_HITS: &str = "stella_quota_network_soft_hits_total";

@@ -37,7 +37,6 @@
 pub mod beds;
 pub mod catalogue;
 pub mod emf;
-pub mod handles;
 pub mod levels;
 pub mod prometheus;
 pub mod refusals;
@@ -54,8 +53,7 @@ use crate::rules::trace::TraceId;
 use crate::rules::unix::UnixMillis;
 use beds::BedMeter;
 use catalogue::{Counter, shadow_values};
-use emf::{Doc, Emf, Sink};
-use handles::Handles;
+use emf::{Doc, Emf, Handles, Sink};
 use levels::{LevelHit, LevelMeter};
 use refusals::Refusals;
 

@@ -11,8 +11,7 @@
 use std::sync::{Arc, OnceLock};
 
 use super::catalogue::{STORE_EVICTED_KEYS, STORE_EVICTING};
-use super::emf::{Doc, Emf, Sink};
-use super::handles::Handles;
+use super::emf::{Doc, Emf, Handles, Sink};
 
 /// The EMF dimension of the store's metrics.
 pub const PROCESS_DIMENSION: &str = "Process";

@@ -1,7 +1,7 @@
 //! CloudWatch's embedded metric format (EMF) as a renderer behind the
-//! `metrics` facade: [`Emf`] is a [`metrics::Recorder`], and a meter's
-//! handles are a fan-out of the process's recorder (Prometheus under
-//! `serve`) and this one ([`Handles`](super::handles::Handles)). Each event is recorded once, through
+//! `metrics` facade: [`Emf`] is a [`metrics::Recorder`] layered over the
+//! installed one (Prometheus under `serve`), so each handle a meter
+//! registers through it ([`Handles`]) records in both. Each event is recorded once, through
 //! the facade; this renderer turns what one call recorded into one line.
 //!
 //! How a recording becomes a line: [`Emf::line`] runs the caller's
@@ -31,8 +31,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
 use metrics::{
-    Counter, CounterFn, Gauge, GaugeFn, Histogram, HistogramFn, Key, KeyName, Metadata, Recorder,
-    SharedString, Unit,
+    Counter, CounterFn, Gauge, GaugeFn, Histogram, HistogramFn, Key, KeyName, Label, Metadata,
+    Recorder, SharedString, Unit,
 };
 
 use crate::rules::trace::TraceId;
@@ -91,20 +91,24 @@ thread_local! {
     static SPARE: RefCell<Captured> = const { RefCell::new(Vec::new()) };
 }
 
-/// A series' handle: into the open capture, else held.
-struct Handle(Arc<Series>);
+/// A series' handle: the installed recorder's handle, and this renderer's
+/// series (into the open capture, else held).
+struct Handle<H> {
+    inner: H,
+    series: Arc<Series>,
+}
 
-impl Handle {
+impl<H> Handle<H> {
     /// Adds `value` to the capture; `false` when none is open.
     fn capture(&self, value: Value) -> bool {
         CAPTURE.with(|c| match c.borrow_mut().as_mut() {
             Some(line) => {
                 // A series twice in one line: counts add, a sample replaces.
-                let earlier = line.iter_mut().find(|(s, _)| Arc::ptr_eq(s, &self.0));
+                let earlier = line.iter_mut().find(|(s, _)| Arc::ptr_eq(s, &self.series));
                 match (earlier, value) {
                     (Some((_, Value::Count(n))), Value::Count(v)) => *n += v,
                     (Some((_, old)), _) => *old = value,
-                    (None, _) => line.push((self.0.clone(), value)),
+                    (None, _) => line.push((self.series.clone(), value)),
                 }
                 true
             }
@@ -113,52 +117,120 @@ impl Handle {
     }
 }
 
-impl CounterFn for Handle {
+impl CounterFn for Handle<Counter> {
     fn increment(&self, value: u64) {
+        self.inner.increment(value);
         if !self.capture(Value::Count(value)) {
-            self.0.held.fetch_add(value, Ordering::Relaxed);
-            self.0.touched.store(true, Ordering::Relaxed);
+            self.series.held.fetch_add(value, Ordering::Relaxed);
+            self.series.touched.store(true, Ordering::Relaxed);
         }
     }
 
     fn absolute(&self, value: u64) {
-        CounterFn::increment(self, value);
+        self.inner.absolute(value);
     }
 }
 
-impl GaugeFn for Handle {
-    /// A gauge is rendered as it was set in the line's capture; outside
-    /// one it is not held (the next line sets it again).
+/// A gauge is rendered as it was set in the line's capture; outside one it
+/// is not held (the next line sets it again).
+impl GaugeFn for Handle<Gauge> {
     fn set(&self, value: f64) {
+        self.inner.set(value);
         self.capture(Value::Sample(value));
     }
 
-    fn increment(&self, _: f64) {}
+    fn increment(&self, value: f64) {
+        self.inner.increment(value);
+    }
 
-    fn decrement(&self, _: f64) {}
+    fn decrement(&self, value: f64) {
+        self.inner.decrement(value);
+    }
 }
 
-impl HistogramFn for Handle {
+impl HistogramFn for Handle<Histogram> {
     fn record(&self, value: f64) {
+        self.inner.record(value);
         self.capture(Value::Sample(value));
     }
 }
 
+/// A layer over the installed recorder: each handle it gives records in
+/// both (descriptions go to the installed recorder directly).
 impl Recorder for Emf {
     fn describe_counter(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
     fn describe_gauge(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
     fn describe_histogram(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
 
-    fn register_counter(&self, key: &Key, _: &Metadata<'_>) -> Counter {
-        Counter::from_arc(Arc::new(Handle(self.series(key))))
+    fn register_counter(&self, key: &Key, meta: &Metadata<'_>) -> Counter {
+        let inner = metrics::with_recorder(|r| r.register_counter(key, meta));
+        Counter::from_arc(Arc::new(Handle {
+            inner,
+            series: self.series(key),
+        }))
     }
 
-    fn register_gauge(&self, key: &Key, _: &Metadata<'_>) -> Gauge {
-        Gauge::from_arc(Arc::new(Handle(self.series(key))))
+    fn register_gauge(&self, key: &Key, meta: &Metadata<'_>) -> Gauge {
+        let inner = metrics::with_recorder(|r| r.register_gauge(key, meta));
+        Gauge::from_arc(Arc::new(Handle {
+            inner,
+            series: self.series(key),
+        }))
     }
 
-    fn register_histogram(&self, key: &Key, _: &Metadata<'_>) -> Histogram {
-        Histogram::from_arc(Arc::new(Handle(self.series(key))))
+    fn register_histogram(&self, key: &Key, meta: &Metadata<'_>) -> Histogram {
+        let inner = metrics::with_recorder(|r| r.register_histogram(key, meta));
+        Histogram::from_arc(Arc::new(Handle {
+            inner,
+            series: self.series(key),
+        }))
+    }
+}
+
+static METADATA: Metadata = Metadata::new(module_path!(), metrics::Level::INFO, None);
+
+/// Where a meter registers its handles: through the renderer when EMF is
+/// on, else the installed recorder alone. Register after installing
+/// Prometheus.
+#[derive(Clone)]
+pub struct Handles(Option<Emf>);
+
+impl Handles {
+    pub fn new(emf: Option<&Emf>) -> Self {
+        Self(emf.cloned())
+    }
+
+    /// The renderer, when EMF is on.
+    pub fn emf(&self) -> Option<&Emf> {
+        self.0.as_ref()
+    }
+
+    fn register<T>(
+        &self,
+        name: &'static str,
+        labels: &[(&str, &str)],
+        f: impl Fn(&dyn Recorder, &Key) -> T,
+    ) -> T {
+        let labels = labels
+            .iter()
+            .map(|(k, v)| Label::new((*k).to_owned(), (*v).to_owned()));
+        let key = Key::from_parts(name, labels.collect::<Vec<_>>());
+        match &self.0 {
+            Some(emf) => f(emf, &key),
+            None => metrics::with_recorder(|r| f(r, &key)),
+        }
+    }
+
+    pub fn counter(&self, name: &'static str, labels: &[(&str, &str)]) -> Counter {
+        self.register(name, labels, |r, key| r.register_counter(key, &METADATA))
+    }
+
+    pub fn gauge(&self, name: &'static str, labels: &[(&str, &str)]) -> Gauge {
+        self.register(name, labels, |r, key| r.register_gauge(key, &METADATA))
+    }
+
+    pub fn histogram(&self, name: &'static str, labels: &[(&str, &str)]) -> Histogram {
+        self.register(name, labels, |r, key| r.register_histogram(key, &METADATA))
     }
 }
 
@@ -321,7 +393,6 @@ mod tests {
 
     use super::testing::Buffer;
     use super::*;
-    use crate::io::meter::handles::Handles;
 
     /// A capture is one line: its label sets as dimension sets, each
     /// dimension once, each metric with its unit, the properties after.
