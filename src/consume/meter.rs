@@ -72,7 +72,6 @@ impl Event {
 /// line per event when EMF is on.
 #[derive(Clone)]
 pub struct ConsumeMeter {
-    emf: Option<Emf>,
     handles: Handles,
     source: &'static str,
     held: Arc<AtomicI64>,
@@ -111,7 +110,6 @@ impl ConsumeMeter {
         let emf = emf.map(|sink| Emf::new(namespace, sink, &[]));
         let meter = Self {
             handles: Handles::new(emf.as_ref()),
-            emf,
             source,
             held: Arc::default(),
             waiting: Arc::default(),
@@ -187,19 +185,8 @@ impl ConsumeMeter {
                 self.waiting_by(lane, 0);
             }
         };
-        match &self.emf {
-            Some(emf) => {
-                let at = crate::io::clock::wall_ms();
-                emf.line(
-                    Doc {
-                        at,
-                        ..Doc::default()
-                    },
-                    record,
-                );
-            }
-            None => record(),
-        }
+        self.handles
+            .line(Doc::at(crate::io::clock::wall_ms()), record);
     }
 }
 

@@ -178,16 +178,13 @@ impl Meter {
         let outcome = Outcome::of(exit.metered, exit.end);
         let at = exit.at.get();
         let scan = || self.record_scan(exit, outcome);
-        match self.register.emf() {
-            None => scan(),
-            Some(_) if outcome == Outcome::BacklogFull => {
-                self.refusals.add(exit.scope);
-                scan();
-            }
-            Some(emf) => {
-                let properties = properties(exit.metered, exit.end);
-                emf.line(doc(exit, &properties), scan);
-            }
+        if outcome == Outcome::BacklogFull {
+            // No line open: the renderer holds it for its interval's line.
+            self.refusals.add(exit.scope);
+            scan();
+        } else {
+            self.register
+                .line(doc(exit, &properties(exit.metered, exit.end)), scan);
         }
         if let Some(emf) = self.register.emf()
             && self.refusals.due(exit.scope, exit.at)
@@ -195,10 +192,12 @@ impl Meter {
             emf.flush_held(at, Some(("Scope", exit.scope.as_str())));
         }
         if let Some(bed) = exit.bed {
-            self.line(exit, || self.beds.record(exit.scope, bed));
+            let beds = || self.beds.record(exit.scope, bed);
+            self.register.line(doc(exit, &[]), beds);
         }
         if let Some(hit) = LevelHit::of(exit.metered) {
-            self.line(exit, || self.levels.increment(hit));
+            let levels = || self.levels.increment(hit);
+            self.register.line(doc(exit, &[]), levels);
         }
     }
 
@@ -225,14 +224,6 @@ impl Meter {
         }
     }
 
-    /// Runs `record` as one EMF line of `exit`'s request (no properties).
-    fn line(&self, exit: &Exit, record: impl FnOnce()) {
-        match self.register.emf() {
-            Some(emf) => emf.line(doc(exit, &[]), record),
-            None => record(),
-        }
-    }
-
     /// Writes the refusals held for a later line ([`refusals`]) now, at
     /// `at`: for a process that stops.
     pub fn flush(&self, at: UnixMillis) {
@@ -245,17 +236,13 @@ impl Meter {
     /// request that arrived `at` in `trace`.
     pub fn record_event(&self, scope: Scope, event: Event, at: UnixMillis, trace: Option<TraceId>) {
         let handle = &self.handles[scope.index()].events[event.index()];
-        match self.register.emf() {
-            Some(emf) => {
-                let doc = Doc {
-                    at: at.get(),
-                    properties: &[],
-                    trace,
-                };
-                emf.line(doc, || handle.increment(1));
-            }
-            None => handle.increment(1),
-        }
+        let at = at.get();
+        let doc = Doc {
+            at,
+            properties: &[],
+            trace,
+        };
+        self.register.line(doc, || handle.increment(1));
     }
 }
 

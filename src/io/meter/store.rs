@@ -37,7 +37,6 @@ impl Process {
 /// Records the store's metrics, each on an EMF line of its own.
 #[derive(Clone)]
 pub struct StoreMeter {
-    emf: Option<Emf>,
     handles: Handles,
     /// Registered at the first reading ([`StoreMeter::evicting`]).
     evicting: Arc<OnceLock<metrics::Gauge>>,
@@ -56,7 +55,6 @@ impl StoreMeter {
             evicted: handles.counter(STORE_EVICTED_KEYS, &[]),
             evicting: Arc::default(),
             handles,
-            emf,
         }
     }
 
@@ -67,7 +65,8 @@ impl StoreMeter {
         let gauge = self
             .evicting
             .get_or_init(|| self.handles.gauge(STORE_EVICTING, &[]));
-        self.line(at_ms, || gauge.set(f64::from(u8::from(evicting))));
+        self.handles
+            .line(Doc::at(at_ms), || gauge.set(f64::from(u8::from(evicting))));
     }
 
     /// `keys` more evicted since the last reading (an EMF line only when
@@ -75,20 +74,9 @@ impl StoreMeter {
     pub fn evicted(&self, keys: u64, at_ms: i64) {
         match keys {
             0 => self.evicted.increment(0),
-            _ => self.line(at_ms, || self.evicted.increment(keys)),
-        }
-    }
-
-    fn line(&self, at: i64, record: impl FnOnce()) {
-        match &self.emf {
-            Some(emf) => emf.line(
-                Doc {
-                    at,
-                    ..Doc::default()
-                },
-                record,
-            ),
-            None => record(),
+            _ => self
+                .handles
+                .line(Doc::at(at_ms), || self.evicted.increment(keys)),
         }
     }
 }

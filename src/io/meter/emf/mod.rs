@@ -164,26 +164,17 @@ impl Recorder for Emf {
 
     fn register_counter(&self, key: &Key, meta: &Metadata<'_>) -> Counter {
         let inner = metrics::with_recorder(|r| r.register_counter(key, meta));
-        Counter::from_arc(Arc::new(Handle {
-            inner,
-            series: self.series(key),
-        }))
+        Counter::from_arc(self.handle(key, inner))
     }
 
     fn register_gauge(&self, key: &Key, meta: &Metadata<'_>) -> Gauge {
         let inner = metrics::with_recorder(|r| r.register_gauge(key, meta));
-        Gauge::from_arc(Arc::new(Handle {
-            inner,
-            series: self.series(key),
-        }))
+        Gauge::from_arc(self.handle(key, inner))
     }
 
     fn register_histogram(&self, key: &Key, meta: &Metadata<'_>) -> Histogram {
         let inner = metrics::with_recorder(|r| r.register_histogram(key, meta));
-        Histogram::from_arc(Arc::new(Handle {
-            inner,
-            series: self.series(key),
-        }))
+        Histogram::from_arc(self.handle(key, inner))
     }
 }
 
@@ -203,6 +194,14 @@ impl Handles {
     /// The renderer, when EMF is on.
     pub fn emf(&self) -> Option<&Emf> {
         self.0.as_ref()
+    }
+
+    /// Runs `record` as one EMF line ([`Emf::line`]); with EMF off, runs it.
+    pub fn line(&self, doc: Doc<'_>, record: impl FnOnce()) {
+        match &self.0 {
+            Some(emf) => emf.line(doc, record),
+            None => record(),
+        }
     }
 
     fn register<T>(
@@ -244,6 +243,16 @@ pub struct Doc<'a> {
     pub trace: Option<TraceId>,
 }
 
+impl Doc<'static> {
+    /// A line at `at` with no properties and no trace.
+    pub fn at(at: i64) -> Self {
+        Self {
+            at,
+            ..Self::default()
+        }
+    }
+}
+
 impl Emf {
     /// A renderer of lines in `namespace`, written to `sink`; every series
     /// also under the dimensions `defaults` (the store's `Process`).
@@ -260,9 +269,19 @@ impl Emf {
         }))
     }
 
+    fn handle<H>(&self, key: &Key, inner: H) -> Arc<Handle<H>> {
+        let series = self.series(key);
+        Arc::new(Handle { inner, series })
+    }
+
+    /// Every series registered, in order.
+    fn all(&self) -> std::sync::MutexGuard<'_, Vec<Arc<Series>>> {
+        self.0.series.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     /// The series of `key`: registered once, found again after.
     fn series(&self, key: &Key) -> Arc<Series> {
-        let mut all = self.0.series.lock().unwrap_or_else(|e| e.into_inner());
+        let mut all = self.all();
         if let Some(known) = all.iter().find(|s| s.key == *key) {
             return known.clone();
         }
@@ -306,12 +325,7 @@ impl Emf {
     /// line per label set, at `at`: of the series with the dimension
     /// `only` (name, value), or of every series.
     pub fn flush_held(&self, at: i64, only: Option<(&str, &str)>) {
-        let all = self
-            .0
-            .series
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone();
+        let all = self.all().clone();
         let wanted = |s: &Arc<Series>| match only {
             Some((name, value)) => s.dimensions.iter().any(|(n, v)| n == name && v == value),
             None => true,
@@ -331,11 +345,7 @@ impl Emf {
             }
         }
         for line in lines {
-            let doc = Doc {
-                at,
-                ..Doc::default()
-            };
-            self.0.sink.write(self.render(&line, doc));
+            self.0.sink.write(self.render(&line, Doc::at(at)));
         }
     }
 }
