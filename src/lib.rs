@@ -81,7 +81,7 @@ impl LogFormat {
 
     /// The same from a lookup function (tests pass a map).
     pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Self, String> {
-        let name = config::vars::QUOTA_LOG_FORMAT.row.name;
+        let name = config::vars::QUOTA_LOG_FORMAT.name;
         match lookup(name) {
             None => Ok(Self::Text),
             Some(v) if v.eq_ignore_ascii_case("text") => Ok(Self::Text),

@@ -4,37 +4,25 @@
 //! process environment, so tests build configurations without touching
 //! global state. A bad value fails at start with the variable's name.
 //!
-//! The variables, their defaults and ranges are one table,
-//! [`vars::VARIABLES`]: the parser reads its defaults and ranges from it, the
-//! docs/configuration.md's table is its [`table::markdown_table`] (a test
-//! compares them), and `tests/it/template.rs` checks `template.yaml` against it.
-//! Each row is a typed `const` handle (`vars::QUOTA_ANON`, a [`vars::Var`]),
-//! and the parser reads a variable only through its handle, never by a
-//! string: a misspelt name, or a word read as a number, is a compile error
-//! rather than a panic at start, and a test checks the parser reads every row.
-//!
-//! The settings are grouped by who reads them, and each group reads its own
-//! variables (`from_vars`), in a file of its own: [`Policy`] (`policy.rs`:
-//! the quota and its delays, for [`crate::rules::decide`], [`crate::rules::delay`],
-//! pacing), [`IdentityConfig`] (`identity.rs`: the hash secret, proxies,
-//! [`JwtConfig`]), [`StoreConfig`] (`store.rs`: Valkey, its TLS trust, its
-//! timeout and failure handling), the [`QueueTarget`] (`queue.rs`, with the
-//! one grammar of a queue URL, [`QueueTarget::from_url`]) and
-//! [`ServeConfig`] (`serve.rs`). They are read in that order, so with
-//! several bad values the first group's error is the one reported.
-//! The settings that are one word each ([`FailMode`], [`DelayMode`], …)
-//! live with the pure rules, in [`crate::rules::modes`], and [`ConfigError`]
-//! in `error`, so the rules import a setting without the configuration.
-//! A secret variable may hold a reference to a secret store instead
-//! ([`secret_ref`], the one grammar); reading it is I/O, done by the front
-//! ends before this parse (`crate::io::secrets`), and a reference that
-//! reaches the parser is refused.
-//! A plain environment variable table was chosen over clap's `env` feature:
-//! Lambda has no command line, and one parser serves both binaries.
+//! One table, [`vars::VARIABLES`], holds the variables, defaults and ranges.
+//! The environment is read into a map of its rows (`env.rs`: defaults
+//! filled, numbers checked against their ranges), and each group of settings
+//! is a serde struct deserialized from it, a field per variable
+//! (`#[serde(rename = "QUOTA_ANON")]`, a special format by
+//! `deserialize_with`); what one field cannot check alone (a CA bundle needs
+//! a TLS URL) is checked as the group is assembled. The groups, a file each,
+//! are read in order, so the first group's error is the one reported:
+//! [`Policy`], [`IdentityConfig`] (with [`JwtConfig`]), [`StoreConfig`], the
+//! [`QueueTarget`] and [`ServeConfig`]. The one-word settings live with the
+//! rules ([`crate::rules::modes`]). A secret variable may hold a reference to
+//! a secret store ([`secret_ref`]), read by the front ends before this parse,
+//! which refuses one left unread. Environment variables rather than clap's
+//! `env` feature: Lambda has no command line, and one parser serves both
+//! binaries.
 
+mod env;
 mod error;
 mod identity;
-mod lookup;
 mod policy;
 mod queue;
 pub mod secret_ref;
@@ -46,11 +34,10 @@ pub mod vars;
 pub use crate::rules::modes::{
     DelayMode, FailMode, Mode, OnEviction, Pacing, ResetPolicy, ValkeyAuth,
 };
+use env::Env;
 pub use error::ConfigError;
 use identity::HashSecret;
 pub use identity::{DEV_HASH_SECRET, IdentityConfig, JwtConfig};
-use lookup::Lookup;
-pub use lookup::ranged_number;
 pub use policy::Policy;
 pub use queue::QueueTarget;
 pub use serve::ServeConfig;
@@ -91,21 +78,22 @@ impl Config {
     /// [`vars::VARIABLES`].
     pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Self, ConfigError> {
         secret_ref::refuse_unresolved(&lookup)?;
-        let env = Lookup(&lookup);
-        let policy = Policy::from_vars(&env)?;
-        let identity = IdentityConfig::from_vars(&env)?;
+        let env = Env::read(&lookup)?;
+        let policy: Policy = env.group()?;
+        let identity = IdentityConfig::read(&env)?;
         let policy = policy.with_levels(&env, identity.ipv6_prefix)?;
-        let store = StoreConfig::from_vars(&env)?;
-        let queue = QueueTarget::from_vars(&env, store.valkey.is_some())?;
-        let queue_over = queue::over_lane(&env, &queue)?;
+        let store = StoreConfig::read(&env)?;
+        let (queue, queue_over) = queue::read(&env, store.valkey.is_some())?;
+        let serve = env.group()?;
+        let metrics_namespace = env.group::<Namespace>()?.name;
         Ok(Self {
             policy,
             identity,
             store,
             queue,
             queue_over,
-            metrics_namespace: env.text(&vars::QUOTA_METRICS_NAMESPACE),
-            serve: ServeConfig::from_vars(&env)?,
+            metrics_namespace,
+            serve,
         })
     }
 
@@ -116,7 +104,7 @@ impl Config {
         match self.identity.hash_secret {
             HashSecret::Configured(_) => Ok(self),
             HashSecret::Development => Err(ConfigError::new(
-                vars::QUOTA_HASH_SECRET.name(),
+                vars::QUOTA_HASH_SECRET.name,
                 "required in Lambda (32 random bytes, e.g. from Secrets Manager)",
             )),
         }
@@ -136,6 +124,13 @@ impl Config {
             HashSecret::Development => DEV_HASH_SECRET.as_bytes(),
         }
     }
+}
+
+/// `QUOTA_METRICS_NAMESPACE`, a group of one.
+#[derive(serde::Deserialize)]
+pub(super) struct Namespace {
+    #[serde(rename = "QUOTA_METRICS_NAMESPACE")]
+    name: String,
 }
 
 #[cfg(test)]
@@ -317,6 +312,62 @@ mod tests {
         let c = config(&[("QUOTA_HASH_SECRET", "0123456789abcdef0123")]).unwrap();
         assert_eq!(c.hash_secret(), b"0123456789abcdef0123");
         assert!(c.require_hash_secret().is_ok());
+    }
+
+    /// The names a group asks serde for: its fields' variables.
+    fn fields<T: serde::de::DeserializeOwned>() -> Vec<&'static str> {
+        use serde::de::{Error, Visitor, value};
+        struct Fields(Vec<&'static str>);
+        impl<'de> serde::Deserializer<'de> for &mut Fields {
+            type Error = value::Error;
+            fn deserialize_any<V: Visitor<'de>>(self, _: V) -> Result<V::Value, value::Error> {
+                Err(Error::custom("not a struct"))
+            }
+            fn deserialize_struct<V: Visitor<'de>>(
+                self,
+                _: &'static str,
+                fields: &'static [&'static str],
+                _: V,
+            ) -> Result<V::Value, value::Error> {
+                self.0.extend(fields);
+                Err(Error::custom("fields read"))
+            }
+            serde::forward_to_deserialize_any! {
+                bool i8 i16 i32 i64 i128 u8 u16 u32 u64 u128 f32 f64 char str string bytes
+                byte_buf option unit unit_struct newtype_struct seq tuple tuple_struct map enum
+                identifier ignored_any
+            }
+        }
+        let mut fields = Fields(Vec::new());
+        let _ = T::deserialize(&mut fields);
+        fields.0
+    }
+
+    /// Every row of the table (less the logger's) is the field of one
+    /// group, and every group's field is a row.
+    #[test]
+    fn every_row_is_a_field() {
+        let mut read = [
+            fields::<Policy>(),
+            fields::<policy::LevelVars>(),
+            fields::<IdentityConfig>(),
+            fields::<JwtConfig>(),
+            fields::<StoreConfig>(),
+            fields::<ValkeyConfig>(),
+            fields::<store::IamVars>(),
+            fields::<queue::QueueVars>(),
+            fields::<ServeConfig>(),
+            fields::<Namespace>(),
+        ]
+        .concat();
+        read.sort_unstable();
+        let mut rows: Vec<_> = vars::VARIABLES
+            .iter()
+            .filter(|v| v.applies != vars::Applies::Logging)
+            .map(|v| v.name)
+            .collect();
+        rows.sort_unstable();
+        assert_eq!(read, rows);
     }
 
     /// Every numeric default lies in its range, so an empty environment

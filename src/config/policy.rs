@@ -4,84 +4,93 @@
 use std::num::NonZeroU32;
 use std::time::Duration;
 
+use serde::Deserialize;
+
+use super::env::{Env, millis, parsed};
 use super::error::ConfigError;
-use super::lookup::Lookup;
-use super::vars;
+use super::vars::{QUOTA_NETWORKS, QUOTA_TOKEN_NETWORKS, Variable};
 use crate::rules::decide::Limits;
 use crate::rules::level::{AnonBudget, LevelName, Levels};
 use crate::rules::modes::{DelayMode, Mode, Pacing, ResetPolicy};
 use crate::rules::networks::{NetworkLevel, parse_networks};
 
 /// The quota and what happens past it.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Deserialize)]
 pub struct Policy {
+    #[serde(rename = "QUOTA_ANON")]
     pub quota_anon: NonZeroU32,
+    #[serde(rename = "QUOTA_TOKEN")]
     pub quota_token: NonZeroU32,
+    #[serde(rename = "QUOTA_WARN_AT")]
     pub warn_at: NonZeroU32,
+    #[serde(rename = "QUOTA_SOFT_WINDOW")]
     pub soft_window: u32,
+    #[serde(rename = "QUOTA_SOFT_DELAY_MS", deserialize_with = "millis")]
     pub soft_delay: Duration,
+    #[serde(rename = "QUOTA_HARD_DELAY_MS", deserialize_with = "millis")]
     pub hard_delay: Duration,
+    #[serde(rename = "QUOTA_RESET", deserialize_with = "parsed")]
     pub reset: ResetPolicy,
-    /// `enforce` or `shadow` (`QUOTA_MODE`).
+    #[serde(rename = "QUOTA_MODE", deserialize_with = "parsed")]
     pub mode: Mode,
+    #[serde(rename = "QUOTA_PACING", deserialize_with = "parsed")]
     pub pacing: Pacing,
     /// The longest delay a paced scan may be given; beyond it, 503 `backlog_full`.
+    #[serde(rename = "QUOTA_MAX_BACKLOG_MS", deserialize_with = "millis")]
     pub max_backlog: Duration,
+    #[serde(rename = "QUOTA_DELAY_MODE", deserialize_with = "parsed")]
     pub delay_mode: DelayMode,
-    /// Requests asleep at once across every gate process (`QUOTA_MAX_ASLEEP`).
+    /// Requests asleep at once across every gate process.
+    #[serde(rename = "QUOTA_MAX_ASLEEP")]
     pub max_asleep: u32,
+    #[serde(rename = "QUOTA_GATEWAY_TIMEOUT_MS", deserialize_with = "millis")]
     pub gateway_timeout: Duration,
+    #[serde(rename = "QUOTA_DELAY_MARGIN_MS", deserialize_with = "millis")]
     pub delay_margin: Duration,
-    /// Budgets above the subject (`QUOTA_NETWORKS`, `QUOTA_ANON_GLOBAL`).
+    /// Budgets above the subject ([`Policy::with_levels`]).
+    #[serde(skip)]
     pub levels: Levels,
 }
 
-impl Policy {
-    /// The quota and its delays.
-    pub(super) fn from_vars(env: &Lookup) -> Result<Self, ConfigError> {
-        Ok(Self {
-            quota_anon: env.limit(&vars::QUOTA_ANON)?,
-            quota_token: env.limit(&vars::QUOTA_TOKEN)?,
-            warn_at: env.limit(&vars::QUOTA_WARN_AT)?,
-            soft_window: env.count(&vars::QUOTA_SOFT_WINDOW)?,
-            soft_delay: env.millis(&vars::QUOTA_SOFT_DELAY_MS)?,
-            hard_delay: env.millis(&vars::QUOTA_HARD_DELAY_MS)?,
-            reset: env.word(&vars::QUOTA_RESET)?,
-            mode: env.word(&vars::QUOTA_MODE)?,
-            pacing: env.word(&vars::QUOTA_PACING)?,
-            max_backlog: env.millis(&vars::QUOTA_MAX_BACKLOG_MS)?,
-            delay_mode: env.word(&vars::QUOTA_DELAY_MODE)?,
-            max_asleep: env.count(&vars::QUOTA_MAX_ASLEEP)?,
-            gateway_timeout: env.millis(&vars::QUOTA_GATEWAY_TIMEOUT_MS)?,
-            delay_margin: env.millis(&vars::QUOTA_DELAY_MARGIN_MS)?,
-            levels: Levels::default(),
-        })
-    }
+/// The variables of the budgets above the subject, whose grammar needs the
+/// subject's IPv6 prefix (read with the identity).
+#[derive(Deserialize)]
+pub(super) struct LevelVars {
+    #[serde(rename = "QUOTA_NETWORKS")]
+    anon_networks: String,
+    #[serde(rename = "QUOTA_TOKEN_NETWORKS")]
+    token_networks: String,
+    #[serde(rename = "QUOTA_ANON_GLOBAL")]
+    anon_global: u32,
+    #[serde(rename = "QUOTA_ANON_GLOBAL_INTERVAL_MS", deserialize_with = "millis")]
+    anon_global_interval: Duration,
+}
 
-    /// The levels above the subject, whose grammar needs the subject's
-    /// IPv6 prefix (read with the identity): read after both.
-    pub(super) fn with_levels(self, env: &Lookup, ipv6_prefix: u8) -> Result<Self, ConfigError> {
-        let networks = |var: &vars::Var<vars::Text>, base: NonZeroU32| {
+impl Policy {
+    /// The levels above the subject: read after the identity.
+    pub(super) fn with_levels(self, env: &Env, ipv6_prefix: u8) -> Result<Self, ConfigError> {
+        let vars: LevelVars = env.group()?;
+        let networks = |var: &Variable, value: &str, base: NonZeroU32| {
             if env.is_set(var) {
-                parse_networks(&env.text(var), base, ipv6_prefix)
-                    .map_err(|why| ConfigError::new(var.name(), why))
+                parse_networks(value, base, ipv6_prefix)
+                    .map_err(|why| ConfigError::new(var.name, why))
             } else {
-                Ok(default_networks(&env.text(var), base, ipv6_prefix))
+                Ok(default_networks(value, base, ipv6_prefix))
             }
         };
-        let anon_networks = networks(&vars::QUOTA_NETWORKS, self.quota_anon)?;
-        let token_networks = networks(&vars::QUOTA_TOKEN_NETWORKS, self.quota_token)?;
-        let interval = env.millis(&vars::QUOTA_ANON_GLOBAL_INTERVAL_MS)?;
-        let anon = std::num::NonZeroU32::new(env.count(&vars::QUOTA_ANON_GLOBAL)?)
-            .map(|limit| AnonBudget { limit, interval });
-        Ok(Self {
-            levels: Levels {
-                anon_networks,
-                token_networks,
-                anon,
-            },
-            ..self
-        })
+        let levels = Levels {
+            anon_networks: networks(&QUOTA_NETWORKS, &vars.anon_networks, self.quota_anon)?,
+            token_networks: networks(
+                &QUOTA_TOKEN_NETWORKS,
+                &vars.token_networks,
+                self.quota_token,
+            )?,
+            anon: NonZeroU32::new(vars.anon_global).map(|limit| AnonBudget {
+                limit,
+                interval: vars.anon_global_interval,
+            }),
+        };
+        Ok(Self { levels, ..self })
     }
 
     /// The limits for a subject whose daily ceiling is `limit`.

@@ -1,9 +1,11 @@
 //! Where accepted scans go, and the one grammar of a queue URL
 //! (`SCAN_QUEUE_URL`, `quota-gate consume --from`).
 
+use serde::Deserialize;
+
+use super::env::Env;
 use super::error::ConfigError;
-use super::lookup::Lookup;
-use super::vars;
+use super::vars::{SCAN_QUEUE_OVER_URL, SCAN_QUEUE_URL};
 use crate::rules::hash_tag::has_hash_tag;
 
 /// Where accepted scans go.
@@ -18,22 +20,6 @@ pub enum QueueTarget {
 }
 
 impl QueueTarget {
-    /// `SCAN_QUEUE_URL`: unset (the spool) or a queue URL ([`Self::from_url`]);
-    /// a Valkey stream needs `has_valkey`.
-    pub(super) fn from_vars(env: &Lookup, has_valkey: bool) -> Result<Self, ConfigError> {
-        let var = &vars::SCAN_QUEUE_URL;
-        let Some(url) = env.optional(var) else {
-            return Ok(Self::Spool);
-        };
-        match Self::from_url(&url) {
-            Ok(Self::ValkeyStream(key)) if !has_valkey => Err(ConfigError::new(
-                var.name(),
-                format!("{STREAM}{key} needs VALKEY_URL"),
-            )),
-            parsed => parsed.map_err(|problem| ConfigError::new(var.name(), problem)),
-        }
-    }
-
     /// A queue URL: `valkey-stream:<key>` or an SQS queue URL (`https://`,
     /// or `http://` for a local endpoint). The one grammar of
     /// `SCAN_QUEUE_URL` and of `quota-gate consume --from`; the problem, if
@@ -56,21 +42,43 @@ impl QueueTarget {
     }
 }
 
-/// `SCAN_QUEUE_OVER_URL`: an SQS queue URL, only beside an SQS `queue` (a
-/// stream keeps its lanes apart by itself, the spool has one).
-pub(super) fn over_lane(env: &Lookup, queue: &QueueTarget) -> Result<Option<String>, ConfigError> {
-    let var = &vars::SCAN_QUEUE_OVER_URL;
-    let Some(url) = env.optional(var) else {
-        return Ok(None);
+/// The queue variables; a stream needs the quota Valkey, an over lane an
+/// SQS queue beside it (a stream keeps its lanes apart by itself, the
+/// spool has one).
+#[derive(Deserialize)]
+pub(super) struct QueueVars {
+    #[serde(rename = "SCAN_QUEUE_URL")]
+    url: Option<String>,
+    #[serde(rename = "SCAN_QUEUE_OVER_URL")]
+    over: Option<String>,
+}
+
+/// `SCAN_QUEUE_URL` (unset: the spool) and `SCAN_QUEUE_OVER_URL`.
+pub(super) fn read(
+    env: &Env,
+    has_valkey: bool,
+) -> Result<(QueueTarget, Option<String>), ConfigError> {
+    let QueueVars { url, over } = env.group()?;
+    let queue_err = |problem| ConfigError::new(SCAN_QUEUE_URL.name, problem);
+    let queue = match url.as_deref().map(QueueTarget::from_url) {
+        None => QueueTarget::Spool,
+        Some(Ok(QueueTarget::ValkeyStream(key))) if !has_valkey => {
+            return Err(queue_err(format!("{STREAM}{key} needs VALKEY_URL")));
+        }
+        Some(parsed) => parsed.map_err(queue_err)?,
     };
-    match (queue, QueueTarget::from_url(&url)) {
-        (QueueTarget::Sqs(_), Ok(QueueTarget::Sqs(url))) => Ok(Some(url)),
-        (QueueTarget::Sqs(_), _) => Err(ConfigError::new(var.name(), "expected an SQS queue URL")),
-        _ => Err(ConfigError::new(
-            var.name(),
-            "is for an SQS SCAN_QUEUE_URL only (a stream keeps its lanes apart by itself)",
-        )),
-    }
+    let over_err = |problem: &str| ConfigError::new(SCAN_QUEUE_OVER_URL.name, problem);
+    let over = match (&queue, over.as_deref().map(QueueTarget::from_url)) {
+        (_, None) => None,
+        (QueueTarget::Sqs(_), Some(Ok(QueueTarget::Sqs(url)))) => Some(url),
+        (QueueTarget::Sqs(_), _) => return Err(over_err("expected an SQS queue URL")),
+        _ => {
+            return Err(over_err(
+                "is for an SQS SCAN_QUEUE_URL only (a stream keeps its lanes apart by itself)",
+            ));
+        }
+    };
+    Ok((queue, over))
 }
 
 /// The scheme of a Valkey stream's queue URL.
@@ -87,10 +95,13 @@ mod tests {
         let sqs = "https://sqs.us-east-1.amazonaws.com/123456789012/scans";
         let over = "https://sqs.us-east-1.amazonaws.com/123456789012/scans-over";
         let read = |queue: &str, lane: &str| {
-            let vars = [("SCAN_QUEUE_OVER_URL", lane.to_owned())];
-            let env = |k: &str| vars.iter().find(|(n, _)| *n == k).map(|(_, v)| v.clone());
-            let target = QueueTarget::from_url(queue).unwrap();
-            over_lane(&Lookup(&env), &target)
+            let vars = [("SCAN_QUEUE_URL", queue), ("SCAN_QUEUE_OVER_URL", lane)];
+            let env = |k: &str| {
+                vars.iter()
+                    .find(|(n, _)| *n == k)
+                    .map(|(_, v)| v.to_string())
+            };
+            read(&Env::read(&env).unwrap(), true).map(|(_, over)| over)
         };
         assert_eq!(read(sqs, over).ok().flatten().as_deref(), Some(over));
         for (queue, lane) in [(sqs, "valkey-stream:x"), ("valkey-stream:jobs", over)] {

@@ -3,21 +3,27 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use super::error::ConfigError;
-use super::lookup::Lookup;
-use super::vars;
+use serde::Deserialize;
+use serde::de::{Deserializer, Error as _};
+
+use super::env::{flag, millis};
 
 /// The local server (`quota-gate serve`).
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Deserialize)]
 pub struct ServeConfig {
+    #[serde(rename = "QUOTA_LISTEN", deserialize_with = "host_port")]
     pub listen: SocketAddr,
     /// Connections kept open at once.
+    #[serde(rename = "QUOTA_MAX_CONNECTIONS")]
     pub max_connections: u32,
     /// Single-threaded workers; 0: one per CPU.
+    #[serde(rename = "QUOTA_SERVE_WORKERS")]
     pub workers: u16,
-    /// EMF lines on stdout (`QUOTA_EMF`).
+    /// EMF lines on stdout.
+    #[serde(rename = "QUOTA_EMF", deserialize_with = "flag")]
     pub emf: bool,
-    /// From `SIGTERM` to the exit, at most (`QUOTA_DRAIN_TIMEOUT_MS`).
+    /// From `SIGTERM` to the exit, at most.
+    #[serde(rename = "QUOTA_DRAIN_TIMEOUT_MS", deserialize_with = "millis")]
     pub drain_timeout: Duration,
 }
 
@@ -27,22 +33,11 @@ impl ServeConfig {
     pub fn listens_beyond_loopback(&self) -> bool {
         !self.listen.ip().is_loopback()
     }
+}
 
-    /// `quota-gate serve`'s address, connection cap, workers, EMF and drain.
-    pub(super) fn from_vars(env: &Lookup) -> Result<Self, ConfigError> {
-        let listen = env.text(&vars::QUOTA_LISTEN);
-        let listen = listen.parse().map_err(|_| {
-            ConfigError::new(
-                vars::QUOTA_LISTEN.name(),
-                format!("expected host:port, got {listen:?}"),
-            )
-        })?;
-        Ok(Self {
-            listen,
-            max_connections: env.number(&vars::QUOTA_MAX_CONNECTIONS)? as u32,
-            workers: env.number(&vars::QUOTA_SERVE_WORKERS)? as u16,
-            emf: env.flag(&vars::QUOTA_EMF)?,
-            drain_timeout: env.millis(&vars::QUOTA_DRAIN_TIMEOUT_MS)?,
-        })
-    }
+fn host_port<'de, D: Deserializer<'de>>(d: D) -> Result<SocketAddr, D::Error> {
+    let listen = String::deserialize(d)?;
+    listen
+        .parse()
+        .map_err(|_| D::Error::custom(format!("expected host:port, got {listen:?}")))
 }

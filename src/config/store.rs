@@ -3,22 +3,33 @@
 
 use std::time::Duration;
 
+use serde::Deserialize;
+use serde::de::{Deserializer, Error as _};
+
+use super::env::{Env, flag, millis, parsed};
 use super::error::ConfigError;
-use super::lookup::Lookup;
-use super::vars;
+use super::vars::{
+    VALKEY_AUTH, VALKEY_CACHE_NAME, VALKEY_TLS_CA, VALKEY_URL, VALKEY_USER, VALKEY_WAIT_REPLICAS,
+};
 use crate::rules::modes::{FailMode, OnEviction, ValkeyAuth};
 
 /// The quota Valkey.
-#[derive(Clone)]
+#[derive(Clone, Deserialize)]
 pub struct ValkeyConfig {
+    /// Empty while it is read: unset, the in-memory store.
+    #[serde(rename = "VALKEY_URL", default, deserialize_with = "valkey_url")]
     pub url: String,
+    #[serde(rename = "VALKEY_CLUSTER", deserialize_with = "flag")]
     pub cluster: bool,
     /// Replicas a keyed claim must reach before its scan goes on (0: off).
+    #[serde(rename = "VALKEY_WAIT_REPLICAS")]
     pub wait_replicas: u32,
     /// Extra trust for `rediss://`: replaces the platform's roots when set.
+    #[serde(rename = "VALKEY_TLS_CA", default, deserialize_with = "ca_bundle")]
     pub tls_ca: Option<CaBundle>,
     /// ElastiCache IAM authentication (`VALKEY_AUTH=iam`); `None`: the URL's
     /// own credentials, if any.
+    #[serde(skip)]
     pub iam: Option<IamConfig>,
 }
 
@@ -53,19 +64,26 @@ impl std::fmt::Debug for ValkeyConfig {
 }
 
 /// The quota store and what to do when it fails.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Deserialize)]
 pub struct StoreConfig {
     /// `None`: the in-memory store.
+    #[serde(skip)]
     pub valkey: Option<ValkeyConfig>,
     /// Bound on every store call.
+    #[serde(rename = "QUOTA_STORE_TIMEOUT_MS", deserialize_with = "millis")]
     pub timeout: Duration,
+    #[serde(rename = "QUOTA_FAIL_MODE", deserialize_with = "parsed")]
     pub fail_mode: FailMode,
     /// Consecutive failures that open the breaker (0: never opens).
+    #[serde(rename = "QUOTA_BREAKER_FAILURES")]
     pub breaker_failures: u32,
+    #[serde(rename = "QUOTA_BREAKER_COOLDOWN_MS", deserialize_with = "millis")]
     pub breaker_cool_down: Duration,
     /// What the start does with a store that can evict the gate's keys.
+    #[serde(rename = "QUOTA_STORE_EVICTION", deserialize_with = "parsed")]
     pub on_eviction: OnEviction,
     /// How often `serve` and `consume` read the store's evicted keys.
+    #[serde(rename = "QUOTA_STORE_STATS_INTERVAL_MS", deserialize_with = "millis")]
     pub stats_interval: Duration,
 }
 
@@ -85,86 +103,63 @@ impl std::fmt::Debug for CaBundle {
     }
 }
 
-impl CaBundle {
-    /// Reads the bundle now, so a missing or unreadable file stops the cold
-    /// start with the variable's name instead of failing every connection.
-    fn read(path: &str) -> Result<Self, ConfigError> {
-        let var = vars::VALKEY_TLS_CA.name();
-        let pem = std::fs::read(path)
-            .map_err(|e| ConfigError::new(var, format!("cannot read {path:?}: {e}")))?;
-        if !String::from_utf8_lossy(&pem).contains("-----BEGIN CERTIFICATE-----") {
-            return Err(ConfigError::new(
-                var,
-                format!("{path:?} holds no PEM certificate"),
-            ));
-        }
-        Ok(Self {
-            path: path.to_owned(),
-            pem,
-        })
+/// Read now, so a missing or unreadable file stops the cold start with the
+/// variable's name instead of failing every connection.
+fn ca_bundle<'de, D: Deserializer<'de>>(d: D) -> Result<Option<CaBundle>, D::Error> {
+    let path = String::deserialize(d)?;
+    let pem =
+        std::fs::read(&path).map_err(|e| D::Error::custom(format!("cannot read {path:?}: {e}")))?;
+    if !String::from_utf8_lossy(&pem).contains("-----BEGIN CERTIFICATE-----") {
+        return Err(D::Error::custom(format!(
+            "{path:?} holds no PEM certificate"
+        )));
     }
+    Ok(Some(CaBundle { path, pem }))
+}
+
+fn valkey_url<'de, D: Deserializer<'de>>(d: D) -> Result<String, D::Error> {
+    const SCHEMES: [&str; 4] = ["redis://", "rediss://", "valkey://", "valkeys://"];
+    let url = String::deserialize(d)?;
+    if !SCHEMES.iter().any(|s| url.starts_with(s)) {
+        return Err(D::Error::custom(
+            "expected a redis://, rediss://, valkey:// or valkeys:// URL",
+        ));
+    }
+    Ok(url)
 }
 
 impl StoreConfig {
     /// Valkey (or the in-memory store), its timeout and failure handling.
-    pub(super) fn from_vars(env: &Lookup) -> Result<Self, ConfigError> {
+    pub(super) fn read(env: &Env) -> Result<Self, ConfigError> {
+        let valkey = ValkeyConfig::read(env)?;
         Ok(Self {
-            valkey: ValkeyConfig::from_vars(env)?,
-            timeout: env.millis(&vars::QUOTA_STORE_TIMEOUT_MS)?,
-            fail_mode: env.word(&vars::QUOTA_FAIL_MODE)?,
-            breaker_failures: env.count(&vars::QUOTA_BREAKER_FAILURES)?,
-            breaker_cool_down: env.millis(&vars::QUOTA_BREAKER_COOLDOWN_MS)?,
-            on_eviction: env.word(&vars::QUOTA_STORE_EVICTION)?,
-            stats_interval: env.millis(&vars::QUOTA_STORE_STATS_INTERVAL_MS)?,
+            valkey,
+            ..env.group()?
         })
     }
 }
 
 impl ValkeyConfig {
-    /// `VALKEY_URL`, `VALKEY_CLUSTER`, `VALKEY_WAIT_REPLICAS` and `VALKEY_TLS_CA`; `None`: the
+    /// The Valkey variables, checked against each other; `None`: the
     /// in-memory store. A CA bundle needs a TLS URL.
-    fn from_vars(env: &Lookup) -> Result<Option<Self>, ConfigError> {
-        let cluster = env.flag(&vars::VALKEY_CLUSTER)?;
-        let wait_replicas = env.count(&vars::VALKEY_WAIT_REPLICAS)?;
-        if wait_replicas > 0 && cluster {
+    fn read(env: &Env) -> Result<Option<Self>, ConfigError> {
+        let valkey: Self = env.group()?;
+        if valkey.wait_replicas > 0 && valkey.cluster {
             // WAIT names no key: a cluster client cannot send it to the
             // claim's primary.
-            return Err(ConfigError::new(
-                vars::VALKEY_WAIT_REPLICAS.name(),
-                "needs a standalone Valkey (VALKEY_CLUSTER=false)",
-            ));
+            let problem = "needs a standalone Valkey (VALKEY_CLUSTER=false)";
+            return Err(ConfigError::new(VALKEY_WAIT_REPLICAS.name, problem));
         }
-        let valkey = env
-            .optional(&vars::VALKEY_URL)
-            .map(ValkeyConfig::parse)
-            .transpose()?;
-        let tls_ca = env
-            .optional(&vars::VALKEY_TLS_CA)
-            .map(|path| CaBundle::read(&path))
-            .transpose()?;
-        let iam = IamConfig::from_vars(env)?;
-        let valkey = match (valkey, tls_ca) {
-            (None, None) => None,
-            (Some(v), tls_ca) if tls_ca.is_none() || v.is_tls() => Some(ValkeyConfig {
-                cluster,
-                wait_replicas,
-                tls_ca,
-                ..v
-            }),
-            _ => {
-                return Err(ConfigError::new(
-                    vars::VALKEY_TLS_CA.name(),
-                    "needs a rediss:// or valkeys:// VALKEY_URL",
-                ));
-            }
-        };
-        match (valkey, iam) {
-            (valkey, None) => Ok(valkey),
-            (Some(v), Some(iam)) => v.signed_in(iam).map(Some),
-            (None, Some(_)) => Err(ConfigError::new(
-                vars::VALKEY_AUTH.name(),
-                "iam needs a VALKEY_URL",
-            )),
+        let iam = env.group::<IamVars>()?.iam()?;
+        if valkey.tls_ca.is_some() && !valkey.is_tls() {
+            let problem = "needs a rediss:// or valkeys:// VALKEY_URL";
+            return Err(ConfigError::new(VALKEY_TLS_CA.name, problem));
+        }
+        match (valkey.url.is_empty(), iam) {
+            (true, None) => Ok(None),
+            (true, Some(_)) => Err(ConfigError::new(VALKEY_AUTH.name, "iam needs a VALKEY_URL")),
+            (false, None) => Ok(Some(valkey)),
+            (false, Some(iam)) => valkey.signed_in(iam).map(Some),
         }
     }
 
@@ -174,14 +169,14 @@ impl ValkeyConfig {
     fn signed_in(self, iam: IamConfig) -> Result<Self, ConfigError> {
         if !self.is_tls() {
             return Err(ConfigError::new(
-                vars::VALKEY_AUTH.name(),
+                VALKEY_AUTH.name,
                 "iam needs a rediss:// or valkeys:// VALKEY_URL (ElastiCache takes a token over TLS only)",
             ));
         }
         let scheme_end = self.url.find("://").map_or(0, |at| at + 3);
         if self.url[scheme_end..].contains('@') {
             return Err(ConfigError::new(
-                vars::VALKEY_URL.name(),
+                VALKEY_URL.name,
                 "carries a user or password, but VALKEY_AUTH=iam signs in with VALKEY_USER and a token",
             ));
         }
@@ -191,53 +186,44 @@ impl ValkeyConfig {
         })
     }
 
-    fn parse(url: String) -> Result<Self, ConfigError> {
-        const SCHEMES: [&str; 4] = ["redis://", "rediss://", "valkey://", "valkeys://"];
-        if !SCHEMES.iter().any(|s| url.starts_with(s)) {
-            return Err(ConfigError::new(
-                vars::VALKEY_URL.name(),
-                "expected a redis://, rediss://, valkey:// or valkeys:// URL",
-            ));
-        }
-        Ok(Self {
-            url,
-            cluster: false,
-            wait_replicas: 0,
-            tls_ca: None,
-            iam: None,
-        })
-    }
-
     fn is_tls(&self) -> bool {
         is_tls_url(&self.url)
     }
 }
 
-impl IamConfig {
-    /// `VALKEY_AUTH` and, with `iam`, whom the token names. `VALKEY_USER`
-    /// and `VALKEY_CACHE_NAME` are refused without `iam`: a password user
-    /// goes in the URL, and a user set beside a URL without one would be
-    /// silently ignored.
-    fn from_vars(env: &Lookup) -> Result<Option<Self>, ConfigError> {
-        let serverless = env.flag(&vars::VALKEY_CACHE_SERVERLESS)?;
-        let user = env.optional(&vars::VALKEY_USER);
-        let cache = env.optional(&vars::VALKEY_CACHE_NAME);
-        let auth = env.word(&vars::VALKEY_AUTH)?;
-        let need = |name: &'static str, value: Option<String>| match (auth, value) {
+/// `VALKEY_AUTH` and, with `iam`, whom the token names.
+#[derive(Deserialize)]
+pub(super) struct IamVars {
+    #[serde(rename = "VALKEY_AUTH", deserialize_with = "parsed")]
+    auth: ValkeyAuth,
+    #[serde(rename = "VALKEY_USER")]
+    user: Option<String>,
+    #[serde(rename = "VALKEY_CACHE_NAME")]
+    cache: Option<String>,
+    #[serde(rename = "VALKEY_CACHE_SERVERLESS", deserialize_with = "flag")]
+    serverless: bool,
+}
+
+impl IamVars {
+    /// `VALKEY_USER` and `VALKEY_CACHE_NAME` are refused without `iam`: a
+    /// password user goes in the URL, and a user set beside a URL without
+    /// one would be silently ignored.
+    fn iam(self) -> Result<Option<IamConfig>, ConfigError> {
+        let need = |var: &'static str, value: Option<String>| match (self.auth, value) {
             (ValkeyAuth::Iam, Some(v)) => Ok(Some(v)),
-            (ValkeyAuth::Iam, None) => Err(ConfigError::new(name, "required with VALKEY_AUTH=iam")),
+            (ValkeyAuth::Iam, None) => Err(ConfigError::new(var, "required with VALKEY_AUTH=iam")),
             (ValkeyAuth::Password, None) => Ok(None),
             (ValkeyAuth::Password, Some(_)) => Err(ConfigError::new(
-                name,
+                var,
                 "only read with VALKEY_AUTH=iam (a password's user goes in VALKEY_URL)",
             )),
         };
-        let user = need(vars::VALKEY_USER.name(), user)?;
-        let cache = need(vars::VALKEY_CACHE_NAME.name(), cache)?;
-        Ok(user.zip(cache).map(|(user, cache)| Self {
+        let user = need(VALKEY_USER.name, self.user.clone())?;
+        let cache = need(VALKEY_CACHE_NAME.name, self.cache.clone())?;
+        Ok(user.zip(cache).map(|(user, cache)| IamConfig {
             user,
             cache,
-            serverless,
+            serverless: self.serverless,
         }))
     }
 }
@@ -254,7 +240,13 @@ mod tests {
     /// A Valkey URL's user and password never reach a `Debug` print.
     #[test]
     fn debug_hides_credentials() {
-        let mut v = ValkeyConfig::parse("rediss://gate:pa55word@host:6379".into()).unwrap();
+        let mut v = ValkeyConfig {
+            url: "rediss://gate:pa55word@host:6379".into(),
+            cluster: false,
+            wait_replicas: 0,
+            tls_ca: None,
+            iam: None,
+        };
         assert!(
             format!("{v:?}").contains("\"rediss://…@host:6379\""),
             "{v:?}"

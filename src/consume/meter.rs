@@ -5,13 +5,13 @@
 //! `sqs`, `stdin`; `lambda` for the consumer function), and for the lateness
 //! (the dwell from due to start) and the backlog (due jobs waiting for a run
 //! slot) also `Lane` (`within`, `over`); no scanId, digest or image in any
-//! metric. The lines are
-//! built and written by the gate's one EMF writer ([`crate::io::meter::emf`]).
+//! metric. Each event is recorded once, through the facade; the EMF lines
+//! are rendered by the gate's one EMF renderer ([`crate::io::meter::emf`]).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, Ordering};
 
-use crate::io::meter::emf::{self, Line, Sink, Unit};
+use crate::io::meter::emf::{Doc, Emf, Handles, Sink};
 use crate::io::stdout::LineWriter;
 use crate::rules::job::Lane;
 
@@ -53,12 +53,27 @@ pub enum Event {
     LeaseLost,
 }
 
-/// Records events to EMF lines and the `metrics` facade.
+impl Event {
+    /// Its counter.
+    const fn metric(self) -> &'static str {
+        match self {
+            Self::Started { .. } => STARTED,
+            Self::Succeeded => SUCCEEDED,
+            Self::Failed => FAILED,
+            Self::DeadLettered => DEAD_LETTERED,
+            Self::Duplicate => DUPLICATES,
+            Self::TimedOut => TIMEOUTS,
+            Self::LeaseLost => LEASES_LOST,
+        }
+    }
+}
+
+/// Records events through the `metrics` facade: Prometheus, and an EMF
+/// line per event when EMF is on.
 #[derive(Clone)]
 pub struct ConsumeMeter {
-    namespace: Arc<str>,
+    handles: Handles,
     source: &'static str,
-    emf: Option<Sink>,
     held: Arc<AtomicI64>,
     /// [`WAITING`] per lane, indexed by [`lane_index`].
     waiting: Arc<[AtomicI64; 2]>,
@@ -92,18 +107,19 @@ impl ConsumeMeter {
 
     /// The same, its EMF lines written to `emf` (none: no EMF lines).
     pub fn with_sink(namespace: &str, source: &'static str, emf: Option<Sink>) -> Self {
-        // The gauges start at zero, so a quiet lane reads 0, not absent.
-        metrics::gauge!(HELD, "source" => source).set(0.0);
-        for lane in [Lane::Within, Lane::Over] {
-            metrics::gauge!(WAITING, "source" => source, "lane" => lane.as_str()).set(0.0);
-        }
-        Self {
-            namespace: namespace.into(),
+        let emf = emf.map(|sink| Emf::new(namespace, sink, &[]));
+        let meter = Self {
+            handles: Handles::new(emf.as_ref()),
             source,
-            emf,
             held: Arc::default(),
             waiting: Arc::default(),
+        };
+        // The gauges start at zero, so a quiet lane reads 0, not absent.
+        meter.held(0);
+        for lane in [Lane::Within, Lane::Over] {
+            meter.waiting_by(lane, 0);
         }
+        meter
     }
 
     /// `# HELP` text for Prometheus.
@@ -128,7 +144,9 @@ impl ConsumeMeter {
     /// One more (or one fewer) job waiting for its `notBefore`.
     pub fn held(&self, delta: i64) {
         let now = self.held.fetch_add(delta, Ordering::Relaxed) + delta;
-        metrics::gauge!(HELD, "source" => self.source).set(now as f64);
+        self.handles
+            .gauge(HELD, &[("source", self.source)])
+            .set(now as f64);
     }
 
     /// A due job of `lane` waits for a run slot until the guard drops.
@@ -142,63 +160,33 @@ impl ConsumeMeter {
 
     fn waiting_by(&self, lane: Lane, delta: i64) {
         let now = self.waiting[lane_index(lane)].fetch_add(delta, Ordering::Relaxed) + delta;
-        metrics::gauge!(WAITING, "source" => self.source, "lane" => lane.as_str()).set(now as f64);
+        self.handles
+            .gauge(WAITING, &self.lane(lane))
+            .set(now as f64);
     }
 
+    fn lane(&self, lane: Lane) -> [(&'static str, &'static str); 2] {
+        [("source", self.source), ("lane", lane.as_str())]
+    }
+
+    /// Records `event`, as one EMF line stamped now: its counter, the held
+    /// gauge as it stands, and for a started job its lateness and its
+    /// lane's backlog (the gauges set again to their value, so the line
+    /// carries them).
     pub fn record(&self, event: Event) {
-        let source = self.source;
-        let name = match event {
-            Event::Started { lateness_ms, lane } => {
-                let lane = lane.as_str();
-                metrics::histogram!(LATENESS_MS, "source" => source, "lane" => lane)
-                    .record(lateness_ms as f64);
-                STARTED
+        let record = || {
+            let source = [("source", self.source)];
+            self.handles.counter(event.metric(), &source).increment(1);
+            self.held(0);
+            if let Event::Started { lateness_ms, lane } = event {
+                let lane_labels = self.lane(lane);
+                let lateness = self.handles.histogram(LATENESS_MS, &lane_labels);
+                lateness.record(lateness_ms as f64);
+                self.waiting_by(lane, 0);
             }
-            Event::Succeeded => SUCCEEDED,
-            Event::Failed => FAILED,
-            Event::DeadLettered => DEAD_LETTERED,
-            Event::Duplicate => DUPLICATES,
-            Event::TimedOut => TIMEOUTS,
-            Event::LeaseLost => LEASES_LOST,
         };
-        metrics::counter!(name, "source" => source).increment(1);
-        if let Some(sink) = &self.emf {
-            sink.write(self.emf_line(event, name, crate::io::clock::wall_ms()));
-        }
-    }
-
-    /// The EMF document for one event, named `name`, at `timestamp_ms`.
-    fn emf_line(&self, event: Event, name: &str, timestamp_ms: i64) -> String {
-        let mut declared = vec![(name, Unit::Count), (HELD, Unit::Count)];
-        let started = match event {
-            Event::Started { lateness_ms, lane } => Some((lateness_ms, lane)),
-            _ => None,
-        };
-        if started.is_some() {
-            declared.push((LATENESS_MS, Unit::Milliseconds));
-            declared.push((WAITING, Unit::Count));
-        }
-        let directive = match started {
-            // The dwell per lane too: the same metrics under Source and Lane.
-            Some(_) => emf::directive_by(
-                &self.namespace,
-                &[&["Source"], &["Source", "Lane"]],
-                &declared,
-            ),
-            None => emf::directive(&self.namespace, "Source", &declared),
-        };
-        let mut line = Line::start(timestamp_ms, &directive, "Source", self.source);
-        line.number(name, 1u64);
-        line.number(HELD, self.held.load(Ordering::Relaxed));
-        if let Some((lateness_ms, lane)) = started {
-            line.text("Lane", lane.as_str());
-            line.number(LATENESS_MS, lateness_ms);
-            line.number(
-                WAITING,
-                self.waiting[lane_index(lane)].load(Ordering::Relaxed),
-            );
-        }
-        line.finish()
+        self.handles
+            .line(Doc::at(crate::io::clock::wall_ms()), record);
     }
 }
 
@@ -207,32 +195,41 @@ mod tests {
     use serde_json::{Value, json};
 
     use super::*;
+    use crate::io::meter::emf::testing::Buffer;
 
     /// A started job's line declares its counter, the held gauge, the
     /// lateness and its lane's backlog, by Source and by Source and Lane.
     #[test]
     fn emf_shape() {
-        let meter = ConsumeMeter::new("StellaOps/Quota", "stream", false);
+        let out = Buffer::default();
+        let meter = ConsumeMeter::with_sink("StellaOps/Quota", "stream", Some(out.sink()));
         meter.held(2);
         let _waiting = meter.waiting(Lane::Over);
-        let line = meter.emf_line(
-            Event::Started {
-                lateness_ms: 12,
-                lane: Lane::Over,
-            },
-            STARTED,
-            1_796_032_800_000,
-        );
-        let doc: Value = serde_json::from_str(&line).unwrap();
+        meter.record(Event::Started {
+            lateness_ms: 12,
+            lane: Lane::Over,
+        });
+        meter.record(Event::Succeeded);
+        let docs = out.documents();
+        assert_eq!(docs.len(), 2, "{docs:?}");
+        let doc: &Value = &docs[0];
         let cw = &doc["_aws"]["CloudWatchMetrics"][0];
         assert_eq!(cw["Dimensions"], json!([["Source"], ["Source", "Lane"]]));
         assert_eq!(doc["Lane"], "over");
-        assert_eq!(cw["Metrics"].as_array().unwrap().len(), 4);
+        let names: Vec<&str> = cw["Metrics"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| m["Name"].as_str().unwrap())
+            .collect();
+        assert_eq!(names, [STARTED, HELD, LATENESS_MS, WAITING]);
         assert_eq!(doc[WAITING], 1);
         assert_eq!(doc[STARTED], 1);
         assert_eq!(doc[HELD], 2);
         assert_eq!(doc[LATENESS_MS], 12);
         assert_eq!(doc["Source"], "stream");
-        assert_eq!(doc["_aws"]["Timestamp"], 1_796_032_800_000u64);
+        let done = &docs[1]["_aws"]["CloudWatchMetrics"][0];
+        assert_eq!(done["Dimensions"], json!([["Source"]]));
+        assert_eq!(docs[1][SUCCEEDED], 1);
     }
 }

@@ -4,53 +4,40 @@
 //! found every bed taken and so slept nothing
 //! (`stella_quota_beds_full_total`).
 //!
-//! Only an over-quota scan that would sleep asks, so only its EMF line
-//! carries these, on a line of its own after the scan's (the scan's
-//! directive is shared by every scan of its outcome).
+//! Only an over-quota scan that would sleep asks; in EMF these go on a
+//! line of their own after the scan's (the scan's directive is shared by
+//! every scan of its outcome).
 
 use crate::rules::delay::Bed;
 use crate::rules::scope::Scope;
 
-use super::emf::{self, Line, Unit};
+use super::emf::Handles;
 
 /// Requests asleep fleet-wide, as the beds answered the last scan that asked.
 pub const ASLEEP: &str = "stella_quota_asleep";
 /// Scans that found every bed taken: their whole delay was deferred.
 pub const BEDS_FULL: &str = "stella_quota_beds_full_total";
 
-/// The `metrics` handles and the EMF directive of the bed metrics.
-pub(super) struct BedMeter {
-    /// Per scope ([`Scope::Ip`], [`Scope::Tid`]): the gauge and the counter.
-    handles: [(metrics::Gauge, metrics::Counter); 2],
-    directive: String,
-}
+/// The handles of the bed metrics: per scope ([`Scope::Ip`],
+/// [`Scope::Tid`]), the gauge and the counter.
+pub(super) struct BedMeter([(metrics::Gauge, metrics::Counter); 2]);
 
 impl BedMeter {
-    pub(super) fn new(namespace: &str) -> Self {
-        let handles = Scope::ALL.map(|scope| {
-            let scope = scope.as_str();
+    pub(super) fn new(handles: &Handles) -> Self {
+        Self(Scope::ALL.map(|scope| {
+            let scope = [("scope", scope.as_str())];
             (
-                metrics::gauge!(ASLEEP, "scope" => scope),
-                metrics::counter!(BEDS_FULL, "scope" => scope),
+                handles.gauge(ASLEEP, &scope),
+                handles.counter(BEDS_FULL, &scope),
             )
-        });
-        let metrics = [(ASLEEP, Unit::Count), (BEDS_FULL, Unit::Count)];
-        Self {
-            handles,
-            directive: emf::directive(namespace, "Scope", &metrics),
-        }
+        }))
     }
 
-    /// Records `bed` in Prometheus, and returns its EMF line (for a
-    /// request that arrived at `at_ms`).
-    pub(super) fn record(&self, scope: Scope, bed: Bed, at_ms: i64) -> String {
-        let (asleep, full) = &self.handles[scope.index()];
+    /// Records what the beds answered a scan of `scope`.
+    pub(super) fn record(&self, scope: Scope, bed: Bed) {
+        let (asleep, full) = &self.0[scope.index()];
         asleep.set(f64::from(bed.asleep));
         full.increment(u64::from(!bed.taken));
-        let mut line = Line::start(at_ms, &self.directive, "Scope", scope.as_str());
-        line.number(ASLEEP, bed.asleep);
-        line.number(BEDS_FULL, u64::from(!bed.taken));
-        line.finish()
     }
 
     /// The `# HELP` texts.

@@ -19,7 +19,7 @@ use crate::rules::level::{LevelName, Levels};
 use crate::rules::outcome::Metered;
 use crate::rules::scope::Scope;
 
-use super::emf::{self, Line, Unit};
+use super::emf::Handles;
 
 /// Scans delayed in the soft tier by a network level's counter.
 pub const NETWORK_SOFT_HITS: &str = "stella_quota_network_soft_hits_total";
@@ -29,8 +29,6 @@ pub const NETWORK_HARD_HITS: &str = "stella_quota_network_hard_hits_total";
 pub const GLOBAL_PACED: &str = "stella_quota_global_paced_total";
 /// The level metrics, in [`LevelHit::index`] order.
 pub const LEVEL_METRICS: [&str; 3] = [NETWORK_SOFT_HITS, NETWORK_HARD_HITS, GLOBAL_PACED];
-/// The EMF dimension of the network metrics (Prometheus: the label `level`).
-pub const LEVEL_DIMENSION: &str = "Level";
 
 /// What a level did to one scan, if it set the scan's delay.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -86,72 +84,42 @@ impl LevelHit {
     ];
 }
 
-/// The `metrics` handles and EMF directives of the level metrics.
-pub(super) struct LevelMeter {
-    /// Per configured network level (anonymous and token holders'): its
-    /// soft and hard hits.
-    networks: Vec<(LevelName, [metrics::Counter; 2])>,
-    global: metrics::Counter,
-    /// Per [`LEVEL_METRICS`]: the directive of its line.
-    directives: [String; 3],
-}
+/// The level metrics, registered where they are counted (a lookup per
+/// hit: only a delayed scan has one).
+pub(super) struct LevelMeter(Handles);
 
 impl LevelMeter {
     /// Registers a series for each configured network level (at 0, so a
-    /// query has data from the start) and the global one.
-    pub(super) fn new(namespace: &str, levels: &Levels) -> Self {
-        let networks = Scope::ALL
-            .into_iter()
-            .flat_map(|scope| {
-                let names = levels.networks(scope).iter();
-                names.map(move |l| LevelName::network(scope, l.network))
-            })
-            .map(|name| (name, Self::network_handles(name)))
-            .collect();
-        let dimension = |i: usize| match i {
-            2 => "Scope",
-            _ => LEVEL_DIMENSION,
-        };
-        Self {
-            networks,
-            global: metrics::counter!(GLOBAL_PACED, "scope" => Scope::Ip.as_str()),
-            directives: std::array::from_fn(|i| {
-                emf::directive(namespace, dimension(i), &[(LEVEL_METRICS[i], Unit::Count)])
-            }),
-        }
-    }
-
-    fn network_handles(name: LevelName) -> [metrics::Counter; 2] {
-        let label = name.to_string();
-        [NETWORK_SOFT_HITS, NETWORK_HARD_HITS]
-            .map(|name| metrics::counter!(name, "level" => label.clone()))
-    }
-
-    /// Counts `hit` in Prometheus.
-    pub(super) fn increment(&self, hit: LevelHit) {
-        let network = match hit {
-            LevelHit::GlobalPaced => return self.global.increment(1),
-            LevelHit::NetworkSoft(n) | LevelHit::NetworkHard(n) => n,
-        };
-        let handles = self.networks.iter().find(|(n, _)| *n == network);
-        match handles {
-            Some((_, h)) => h[hit.index()].increment(1),
-            // A meter built without the levels (tests): registered on first use.
-            None => Self::network_handles(network)[hit.index()].increment(1),
-        }
-    }
-
-    /// The EMF line of `hit`, for a request that arrived at `at_ms`.
-    pub(super) fn line(&self, hit: LevelHit, at_ms: i64) -> String {
-        let directive = &self.directives[hit.index()];
-        let mut line = match hit {
-            LevelHit::GlobalPaced => Line::start(at_ms, directive, "Scope", Scope::Ip.as_str()),
-            LevelHit::NetworkSoft(n) | LevelHit::NetworkHard(n) => {
-                Line::start(at_ms, directive, LEVEL_DIMENSION, &n.to_string())
+    /// query has data from the start) and the global one: registered, not
+    /// incremented, so no EMF line holds a 0 for them.
+    pub(super) fn new(handles: Handles, levels: &Levels) -> Self {
+        let meter = Self(handles);
+        for scope in Scope::ALL {
+            for level in levels.networks(scope) {
+                let name = LevelName::network(scope, level.network);
+                let _ = meter.counter(LevelHit::NetworkSoft(name));
+                let _ = meter.counter(LevelHit::NetworkHard(name));
             }
-        };
-        line.number(hit.metric(), 1u64);
-        line.finish()
+        }
+        let _ = meter.counter(LevelHit::GlobalPaced);
+        meter
+    }
+
+    /// The counter of `hit`'s series.
+    fn counter(&self, hit: LevelHit) -> metrics::Counter {
+        match hit {
+            LevelHit::GlobalPaced => self
+                .0
+                .counter(GLOBAL_PACED, &[("scope", Scope::Ip.as_str())]),
+            LevelHit::NetworkSoft(n) | LevelHit::NetworkHard(n) => {
+                self.0.counter(hit.metric(), &[("level", &n.to_string())])
+            }
+        }
+    }
+
+    /// Counts `hit`.
+    pub(super) fn increment(&self, hit: LevelHit) {
+        self.counter(hit).increment(1);
     }
 }
 
@@ -205,31 +173,5 @@ mod tests {
         for hit in [LevelHit::NetworkSoft(net), LevelHit::GlobalPaced] {
             assert_eq!(LEVEL_METRICS[hit.index()], hit.metric());
         }
-    }
-
-    /// A network hit's line has the one dimension Level, named by family and length only.
-    #[test]
-    fn lines() {
-        let v6 = Network {
-            family: Family::V6,
-            len: 48,
-        };
-        let meter = LevelMeter::new("ns", &Levels::default());
-        let doc: serde_json::Value =
-            serde_json::from_str(&meter.line(LevelHit::NetworkHard(LevelName::Network(v6)), 7))
-                .unwrap();
-        assert_eq!(
-            doc["_aws"]["CloudWatchMetrics"][0]["Dimensions"],
-            serde_json::json!([["Level"]])
-        );
-        assert_eq!(doc["Level"], "v6/48");
-        assert_eq!(doc[NETWORK_HARD_HITS], 1);
-        let tokens = LevelHit::NetworkSoft(LevelName::TokenNetwork(v6));
-        let doc: serde_json::Value = serde_json::from_str(&meter.line(tokens, 7)).unwrap();
-        assert_eq!(doc["Level"], "tid:v6/48");
-        let global: serde_json::Value =
-            serde_json::from_str(&meter.line(LevelHit::GlobalPaced, 7)).unwrap();
-        assert_eq!(global["Scope"], "ip");
-        assert_eq!(global[GLOBAL_PACED], 1);
     }
 }

@@ -1,25 +1,25 @@
 //! Step 9: what the gate did, as metrics.
 //!
-//! One call, [`Meter::record`], per counted request feeds two exporters:
-//! a CloudWatch embedded-metric-format (EMF) line on stdout, which Lambda
-//! ships to CloudWatch Logs and CloudWatch turns into metrics, and the
-//! `metrics` facade, which `quota-gate serve` renders as Prometheus text at
-//! `GET /metrics` ([`prometheus`]). Every metric has the dimension `Scope`
-//! (`ip` or `tid`) and no other (the spec's step 9): no per-client
-//! dimension, and no IP, token or digest in any line. Every EMF line has one
+//! One call, [`Meter::record`], per counted request records each metric
+//! once, through the `metrics` facade, whose handles fan out to two
+//! renderers: `quota-gate serve`'s Prometheus text at `GET /metrics`
+//! ([`prometheus`]), and CloudWatch embedded-metric-format (EMF) lines on
+//! stdout ([`emf`]), which Lambda ships to CloudWatch Logs and CloudWatch
+//! turns into metrics. Every metric has the dimension `Scope` (`ip` or
+//! `tid`) and no other (the spec's step 9): no per-client dimension, and no
+//! IP, token or digest in any line. Every scan's EMF line has one
 //! directive, whose `Dimensions` are exactly `[["Scope"]]`.
 //!
 //! What a request came to (its [`Outcome`], one rule on the ground floor) is
 //! therefore not a dimension but part of a metric's name: one Count per
 //! outcome, `stella_quota_requests_<outcome>_total` ([`REQUESTS`]), so a
-//! dashboard shows requests by outcome by plotting them all. A line names
-//! (and carries, with the value 1) only the metric of its own outcome: EMF
-//! requires every metric a directive names to be a member of the line, and a
-//! zero for the others would only add bytes. In Prometheus they are counters
-//! labelled `scope` only, like the other quota counters; there every series
-//! exists from the start (at 0), so a query on any of them has data.
+//! dashboard shows requests by outcome by plotting them all. A request
+//! records (and its line carries, with the value 1) only the metric of its
+//! own outcome. In Prometheus they are counters labelled `scope` only, like
+//! the other quota counters; there every series exists from the start (at
+//! 0), so a query on any of them has data.
 //!
-//! Three ideas, a name each: the [`Meter`] writes; an [`Exit`] is what the
+//! Three ideas, a name each: the [`Meter`] records; an [`Exit`] is what the
 //! gate tells it of one request (its count as [`Metered`], how it ended as
 //! [`End`], its scope and instant); the [`Outcome`] is the one word the
 //! request came to, which the ground floor derives from those two. The
@@ -27,10 +27,12 @@
 //! the meter's: the gate tells the meter of it as a [`Metered`].
 //!
 //! The rooms: [`catalogue`] names every metric and says what it counts,
-//! [`emf`] is the one EMF writer (the consumer's too), [`prometheus`] the
-//! scrape, [`store`] the quota Valkey's own metrics (whether it can evict,
-//! what it evicted), which describe the process's store, not a request. A line's `Timestamp` is the request's instant, the one clock
-//! reading of the request ([`Exit::at`]): the meter reads no clock.
+//! [`emf`] is the EMF renderer (the consumer's and the store's too),
+//! [`prometheus`] the scrape, [`store`] the quota Valkey's own metrics
+//! (whether it can evict, what it evicted), which describe the process's
+//! store, not a request. A line's `Timestamp` is the request's instant, the
+//! one clock reading of the request ([`Exit::at`]): the meter reads no
+//! clock.
 
 pub mod beds;
 pub mod catalogue;
@@ -51,7 +53,7 @@ use crate::rules::trace::TraceId;
 use crate::rules::unix::UnixMillis;
 use beds::BedMeter;
 use catalogue::{Counter, shadow_values};
-use emf::{Line, Sink, Unit};
+use emf::{Doc, Emf, Handles, Sink};
 use levels::{LevelHit, LevelMeter};
 use refusals::Refusals;
 
@@ -84,10 +86,10 @@ pub struct Exit {
     pub trace: Option<TraceId>,
 }
 
-/// Records outcomes to the EMF sink and the `metrics` facade.
+/// Records outcomes through the `metrics` facade: Prometheus, and EMF
+/// lines when a sink is given ([`emf`]).
 #[derive(Clone)]
 pub struct Meter {
-    directives: Arc<Directives>,
     /// Handles registered once per scope: a lookup per call would cost the
     /// recorder a key hash and a map probe per metric per request.
     handles: Arc<[ScopeHandles; 2]>,
@@ -95,13 +97,12 @@ pub struct Meter {
     levels: Arc<LevelMeter>,
     /// The beds ([`beds`]).
     beds: Arc<BedMeter>,
-    /// Refusals held for their next EMF line ([`refusals`]).
+    /// When refusals held for EMF are due ([`refusals`]).
     refusals: Arc<Refusals>,
-    namespace: Arc<str>,
-    emf: Option<Sink>,
+    register: Handles,
 }
 
-/// The `metrics` handles of one scope.
+/// The handles of one scope.
 struct ScopeHandles {
     counters: [metrics::Counter; 6],
     delay: metrics::Histogram,
@@ -113,51 +114,15 @@ struct ScopeHandles {
 }
 
 impl ScopeHandles {
-    fn new(scope: Scope) -> Self {
-        let scope = scope.as_str();
+    fn new(register: &Handles, scope: Scope) -> Self {
+        let scope = [("scope", scope.as_str())];
+        let counter = |name| register.counter(name, &scope);
         Self {
-            counters: COUNTERS.map(|name| metrics::counter!(name, "scope" => scope)),
-            delay: metrics::histogram!(DELAY_MS, "scope" => scope),
-            requests: REQUESTS.map(|name| metrics::counter!(name, "scope" => scope)),
-            shadow: SHADOW_COUNTERS.map(|name| metrics::counter!(name, "scope" => scope)),
-            events: EVENTS.map(|name| metrics::counter!(name, "scope" => scope)),
-        }
-    }
-}
-
-/// The `CloudWatchMetrics` member, serialized once per kind of line: it
-/// never changes after start.
-struct Directives {
-    /// For a decided request, per outcome: the counters, the outcome's
-    /// requests metric and the delay sample.
-    decided: [String; 8],
-    /// For a request the store could not count, per outcome: the counters
-    /// and the outcome's requests metric.
-    undecided: [String; 8],
-    /// For a request decided in shadow mode: as `decided`, plus [`SHADOW_COUNTERS`].
-    shadow: [String; 8],
-    /// For an [`Event`]: its one counter.
-    events: [String; 3],
-}
-
-impl Directives {
-    fn new(namespace: &str) -> Self {
-        let directive = |with_delay: bool, shadow: bool, requests: &str| {
-            let mut metrics: Vec<(&str, Unit)> = COUNTERS.map(|n| (n, Unit::Count)).to_vec();
-            if shadow {
-                metrics.extend(SHADOW_COUNTERS.map(|n| (n, Unit::Count)));
-            }
-            metrics.push((requests, Unit::Count));
-            if with_delay {
-                metrics.push((DELAY_MS, Unit::Milliseconds));
-            }
-            emf::directive(namespace, "Scope", &metrics)
-        };
-        Self {
-            decided: REQUESTS.map(|r| directive(true, false, r)),
-            undecided: REQUESTS.map(|r| directive(false, false, r)),
-            shadow: REQUESTS.map(|r| directive(true, true, r)),
-            events: EVENTS.map(|e| emf::directive(namespace, "Scope", &[(e, Unit::Count)])),
+            counters: COUNTERS.map(counter),
+            delay: register.histogram(DELAY_MS, &scope),
+            requests: REQUESTS.map(counter),
+            shadow: SHADOW_COUNTERS.map(counter),
+            events: EVENTS.map(counter),
         }
     }
 }
@@ -175,24 +140,26 @@ impl Meter {
     /// wait on a pipe. A line that finds the queue full is dropped and
     /// counted in [`EMF_DROPPED`].
     pub fn background_stdout(namespace: impl Into<String>) -> Self {
-        let mut meter = Self::new(namespace, None);
         let dropped = metrics::counter!(EMF_DROPPED);
-        meter.emf = Some(Sink::Background(LineWriter::stdout(), Some(dropped)));
-        meter
+        let sink = Sink::Background(LineWriter::stdout(), Some(dropped));
+        Self::with_sink(&namespace.into(), Some(sink))
     }
 
-    /// EMF lines to `sink` (or none at all). The `metrics` handles are
-    /// registered here, so install a recorder (Prometheus) before this.
+    /// EMF lines to `sink` (or none at all). The handles are registered
+    /// here, so install a recorder (Prometheus) before this.
     pub fn new(namespace: impl Into<String>, sink: Option<Box<dyn Write + Send>>) -> Self {
-        let namespace: Arc<str> = namespace.into().into();
+        Self::with_sink(&namespace.into(), sink.map(Sink::sync))
+    }
+
+    fn with_sink(namespace: &str, sink: Option<Sink>) -> Self {
+        let emf = sink.map(|sink| Emf::new(namespace, sink, &[]));
+        let register = Handles::new(emf.as_ref());
         Self {
-            directives: Arc::new(Directives::new(&namespace)),
-            handles: Arc::new([ScopeHandles::new(Scope::Ip), ScopeHandles::new(Scope::Tid)]),
-            levels: Arc::new(LevelMeter::new(&namespace, &Levels::default())),
-            beds: Arc::new(BedMeter::new(&namespace)),
+            handles: Arc::new(Scope::ALL.map(|scope| ScopeHandles::new(&register, scope))),
+            levels: Arc::new(LevelMeter::new(register.clone(), &Levels::default())),
+            beds: Arc::new(BedMeter::new(&register)),
             refusals: Arc::default(),
-            namespace,
-            emf: sink.map(Sink::sync),
+            register,
         }
     }
 
@@ -200,144 +167,105 @@ impl Meter {
     /// network level (`config.policy.levels`), so a query on one has data
     /// before its first hit.
     pub fn with_levels(mut self, levels: &Levels) -> Self {
-        self.levels = Arc::new(LevelMeter::new(&self.namespace, levels));
+        self.levels = Arc::new(LevelMeter::new(self.register.clone(), levels));
         self
     }
 
-    /// Records one request's [`Exit`] in both exporters.
+    /// Records one request's [`Exit`]: the scan's metrics as one EMF line
+    /// (a refusal's held, see [`refusals`]), then the bed's and the level's
+    /// on lines of their own.
     pub fn record(&self, exit: &Exit) {
         let outcome = Outcome::of(exit.metered, exit.end);
+        let at = exit.at.get();
+        let scan = || self.record_scan(exit, outcome);
+        if outcome == Outcome::BacklogFull {
+            // No line open: the renderer holds it for its interval's line.
+            self.refusals.add(exit.scope);
+            scan();
+        } else {
+            self.register
+                .line(doc(exit, &properties(exit.metered, exit.end)), scan);
+        }
+        if let Some(emf) = self.register.emf()
+            && self.refusals.due(exit.scope, exit.at)
+        {
+            emf.flush_held(at, Some(("Scope", exit.scope.as_str())));
+        }
+        if let Some(bed) = exit.bed {
+            let beds = || self.beds.record(exit.scope, bed);
+            self.register.line(doc(exit, &[]), beds);
+        }
+        if let Some(hit) = LevelHit::of(exit.metered) {
+            let levels = || self.levels.increment(hit);
+            self.register.line(doc(exit, &[]), levels);
+        }
+    }
+
+    /// The scan's metrics, in the order its EMF line declares them.
+    fn record_scan(&self, exit: &Exit, outcome: Outcome) {
         let handles = &self.handles[exit.scope.index()];
         for (handle, counter) in handles.counters.iter().zip(Counter::ALL) {
             handle.increment(counter.value(exit.metered, exit.end));
         }
-        handles.requests[outcome.index()].increment(1);
         if let Metered::Counted {
-            tier,
-            delay,
-            shadow,
-            ..
+            tier, shadow: true, ..
         } = exit.metered
         {
-            if shadow {
-                for (handle, value) in handles.shadow.iter().zip(shadow_values(tier)) {
-                    handle.increment(value);
-                }
-            }
-            handles.delay.record(delay.as_millis() as f64);
-        }
-        self.write_emf(exit, outcome);
-        if let Some(bed) = exit.bed {
-            let line = self.beds.record(exit.scope, bed, exit.at.get());
-            if let Some(sink) = &self.emf {
-                sink.write(emf::with_trace(line, exit.trace));
+            for (handle, value) in handles.shadow.iter().zip(shadow_values(tier)) {
+                handle.increment(value);
             }
         }
-        if let Some(hit) = LevelHit::of(exit.metered) {
-            self.levels.increment(hit);
-            if let Some(sink) = &self.emf {
-                sink.write(emf::with_trace(
-                    self.levels.line(hit, exit.at.get()),
-                    exit.trace,
-                ));
-            }
-        }
-    }
-
-    /// The request's EMF line; a refusal's only when its interval's line
-    /// is due ([`refusals`]), and then for every refusal held. Any request
-    /// writes the refusals held for its scope once they are due.
-    fn write_emf(&self, exit: &Exit, outcome: Outcome) {
-        let Some(sink) = &self.emf else { return };
-        let refused = outcome == Outcome::BacklogFull;
-        if refused {
-            self.refusals.add(exit.scope);
-        }
-        let held = self.refusals.due(exit.scope, exit.at);
-        self.write_refusals(sink, exit.scope, exit.at, held);
-        if !refused {
-            sink.write(self.emf_line(exit, outcome, 1));
-        }
-    }
-
-    /// One EMF line for `held` refusals of `scope` (none for 0).
-    fn write_refusals(&self, sink: &Sink, scope: Scope, at: UnixMillis, held: u64) {
-        if held > 0 {
-            let refusal = Exit {
-                scope,
-                metered: Metered::Uncounted,
-                end: End::BacklogFull,
-                at,
-                bed: None,
-                trace: None,
-            };
-            sink.write(self.emf_line(&refusal, Outcome::BacklogFull, held));
+        handles.requests[outcome.index()].increment(1);
+        // No decision, no delay sample: an outage must not drag p95 down.
+        if let Metered::Counted { delay, .. } = exit.metered {
+            handles
+                .delay
+                .record(crate::rules::unix::duration_ms(delay) as f64);
         }
     }
 
     /// Writes the refusals held for a later line ([`refusals`]) now, at
     /// `at`: for a process that stops.
     pub fn flush(&self, at: UnixMillis) {
-        if let Some(sink) = &self.emf {
-            for scope in Scope::ALL {
-                self.write_refusals(sink, scope, at, self.refusals.take(scope));
-            }
+        if let Some(emf) = self.register.emf() {
+            emf.flush_held(at.get(), None);
         }
     }
 
     /// Records one [`Event`] (an exempt scan, a `GET /quota`) of the
-    /// request that arrived `at` in `trace`, in both exporters.
+    /// request that arrived `at` in `trace`.
     pub fn record_event(&self, scope: Scope, event: Event, at: UnixMillis, trace: Option<TraceId>) {
-        self.handles[scope.index()].events[event.index()].increment(1);
-        if let Some(sink) = &self.emf {
-            let directive = &self.directives.events[event.index()];
-            let mut line = Line::start(at.get(), directive, "Scope", scope.as_str());
-            line.number(event.metric(), 1u64);
-            line.trace(trace);
-            sink.write(line.finish());
-        }
-    }
-
-    /// One EMF document for `requests` requests that left as `exit` did,
-    /// whose outcome is `outcome` (more than one: refusals in aggregate).
-    fn emf_line(&self, exit: &Exit, outcome: Outcome, requests: u64) -> String {
-        let index = outcome.index();
-        let directive = match exit.metered {
-            Metered::Counted { shadow: true, .. } => &self.directives.shadow[index],
-            Metered::Counted { .. } => &self.directives.decided[index],
-            _ => &self.directives.undecided[index],
+        let handle = &self.handles[scope.index()].events[event.index()];
+        let at = at.get();
+        let doc = Doc {
+            at,
+            properties: &[],
+            trace,
         };
-        let mut line = Line::start(exit.at.get(), directive, "Scope", exit.scope.as_str());
-        line.number(outcome.requests_metric(), requests);
-        for counter in Counter::ALL {
-            let value = counter.value(exit.metered, exit.end);
-            line.number(counter.name(), value * requests);
-        }
-        match exit.metered {
-            Metered::Counted {
-                tier,
-                delay,
-                shadow,
-                ..
-            } => {
-                if shadow {
-                    for (name, value) in SHADOW_COUNTERS.iter().zip(shadow_values(tier)) {
-                        line.number(name, value);
-                    }
-                    line.text("mode", "shadow");
-                }
-                // No decision, no delay sample: an outage must not drag p95 down.
-                let delay = crate::rules::unix::duration_ms(delay);
-                line.number(DELAY_MS, delay);
-                line.text("tier", tier.as_str());
-            }
-            Metered::StoreFailed if exit.end != End::StoreRefused => {
-                line.text("tier", "unmetered");
-            }
-            Metered::StoreFailed | Metered::Uncounted => {}
-        }
-        line.trace(exit.trace);
-        line.finish()
+        self.register.line(doc, || handle.increment(1));
+    }
+}
+
+/// The EMF line of `exit`'s request carrying `properties`.
+fn doc<'a>(exit: &Exit, properties: &'a [(&'a str, &'a str)]) -> Doc<'a> {
+    Doc {
+        at: exit.at.get(),
+        properties,
+        trace: exit.trace,
+    }
+}
+
+/// The text members of a scan's line: its tier (`unmetered` when the store
+/// failed open), and `mode` in shadow mode; an empty name is no member.
+fn properties(metered: Metered, end: End) -> [(&'static str, &'static str); 2] {
+    let none = ("", "");
+    match metered {
+        Metered::Counted {
+            shadow: true, tier, ..
+        } => [("tier", tier.as_str()), ("mode", "shadow")],
+        Metered::Counted { tier, .. } => [("tier", tier.as_str()), none],
+        Metered::StoreFailed if end != End::StoreRefused => [("tier", "unmetered"), none],
+        Metered::StoreFailed | Metered::Uncounted => [none, none],
     }
 }
 
@@ -348,6 +276,7 @@ mod tests {
     use serde_json::{Value, json};
 
     use super::*;
+    use crate::io::meter::emf::testing::Buffer;
     use crate::rules::decide::Tier;
 
     fn exit(scope: Scope, metered: Metered, end: End) -> Exit {
@@ -355,7 +284,7 @@ mod tests {
             scope,
             metered,
             end,
-            at: UnixMillis(0),
+            at: UnixMillis(1_796_032_800_000),
             bed: None,
             trace: None,
         }
@@ -393,18 +322,20 @@ mod tests {
         all
     }
 
-    fn line(meter: &Meter, e: &Exit) -> Value {
-        let text = meter.emf_line(e, Outcome::of(e.metered, e.end), 1);
-        serde_json::from_str(&text).unwrap()
+    /// The scan's EMF line for `e` (a refusal's: its interval's line).
+    fn line(e: &Exit) -> Value {
+        let out = Buffer::default();
+        let meter = Meter::with_sink("StellaOps/Quota", Some(out.sink()));
+        meter.record(e);
+        out.documents().remove(0)
     }
 
     /// Every line, whatever its outcome, has one directive whose Dimensions are exactly [["Scope"]], and no Outcome member.
     #[test]
     fn dimensions_are_scope_only() {
-        let meter = Meter::new("StellaOps/Quota", None);
         let mut seen = Vec::new();
         for e in every_kind() {
-            let doc = line(&meter, &e);
+            let doc = line(&e);
             let directives = doc["_aws"]["CloudWatchMetrics"].as_array().unwrap();
             assert_eq!(directives.len(), 1, "{doc}");
             assert_eq!(directives[0]["Dimensions"], json!([["Scope"]]), "{doc}");
@@ -419,9 +350,8 @@ mod tests {
     /// A line names and carries the requests metric of its own outcome (value 1) and no other one.
     #[test]
     fn one_requests_metric_per_line() {
-        let meter = Meter::new("ns", None);
         for e in every_kind() {
-            let doc = line(&meter, &e);
+            let doc = line(&e);
             let own = Outcome::of(e.metered, e.end).requests_metric();
             let named: Vec<&str> = doc["_aws"]["CloudWatchMetrics"][0]["Metrics"]
                 .as_array()
@@ -441,15 +371,11 @@ mod tests {
     /// Each declared metric and dimension is a top-level member, per the EMF spec.
     #[test]
     fn emf_structure() {
-        let meter = Meter::new("StellaOps/Quota", None);
         for e in every_kind() {
-            let doc = line(
-                &meter,
-                &Exit {
-                    at: UnixMillis(1_796_032_800_000),
-                    ..e
-                },
-            );
+            let doc = line(&Exit {
+                at: UnixMillis(1_796_032_800_000),
+                ..e
+            });
             let aws = &doc["_aws"];
             assert_eq!(aws["Timestamp"], 1_796_032_800_000u64);
             let directive = &aws["CloudWatchMetrics"][0];
@@ -465,19 +391,20 @@ mod tests {
     /// Soft and hard tiers and the delay show in the values; shadow ones under the shadow counters.
     #[test]
     fn values() {
-        let meter = Meter::new("ns", None);
-        let hard = line(
-            &meter,
-            &exit(Scope::Ip, counted(Tier::Hard, 60_000, false), End::Answered),
-        );
+        let hard = line(&exit(
+            Scope::Ip,
+            counted(Tier::Hard, 60_000, false),
+            End::Answered,
+        ));
         assert_eq!(hard[HARD_HITS], 1);
         assert_eq!(hard[SOFT_HITS], 0);
         assert_eq!(hard[DELAY_MS], 60_000);
         assert_eq!(hard["tier"], "hard");
-        let shadow = line(
-            &meter,
-            &exit(Scope::Ip, counted(Tier::Soft, 0, true), End::Answered),
-        );
+        let shadow = line(&exit(
+            Scope::Ip,
+            counted(Tier::Soft, 0, true),
+            End::Answered,
+        ));
         assert_eq!(
             (
                 shadow[SOFT_HITS].as_u64(),
@@ -486,19 +413,60 @@ mod tests {
             (Some(0), Some(1))
         );
         assert_eq!(shadow["mode"], "shadow");
-        let open = line(
-            &meter,
-            &exit(Scope::Tid, Metered::StoreFailed, End::Answered),
-        );
+        let open = line(&exit(Scope::Tid, Metered::StoreFailed, End::Answered));
         assert_eq!(open[STORE_ERRORS], 1);
         assert_eq!(open["tier"], "unmetered");
         assert!(open.get(DELAY_MS).is_none());
-        let closed = line(
-            &meter,
-            &exit(Scope::Tid, Metered::StoreFailed, End::StoreRefused),
-        );
+        let closed = line(&exit(Scope::Tid, Metered::StoreFailed, End::StoreRefused));
         assert_eq!(closed["stella_quota_requests_store_unavailable_total"], 1);
         assert!(closed.get("tier").is_none(), "{closed}");
         assert_eq!(closed["Scope"], "tid");
+    }
+
+    /// Each metric of a request is recorded once, through the facade: a
+    /// local recorder reads the values, and the EMF line carries the same.
+    #[test]
+    fn recorded_once_through_the_facade() {
+        use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+
+        let recorder = DebuggingRecorder::new();
+        let snapshotter = recorder.snapshotter();
+        let out = Buffer::default();
+        let meter =
+            metrics::with_local_recorder(&recorder, || Meter::with_sink("ns", Some(out.sink())));
+        let hard = exit(Scope::Ip, counted(Tier::Hard, 60_000, false), End::Answered);
+        meter.record(&hard);
+        meter.record(&exit(Scope::Tid, Metered::Uncounted, End::BacklogFull));
+        let values = snapshotter.snapshot().into_vec();
+        let value = |name: &str, scope: &str| {
+            let found = values.iter().find(|(key, ..)| {
+                let key = key.key();
+                key.name() == name && key.labels().any(|l| l.value() == scope)
+            });
+            found.map(|(.., value)| value)
+        };
+        assert_eq!(value(HARD_HITS, "ip"), Some(&DebugValue::Counter(1)));
+        assert_eq!(value(REQUESTS[2], "ip"), Some(&DebugValue::Counter(1)));
+        assert_eq!(
+            value(BACKLOG_REFUSALS, "tid"),
+            Some(&DebugValue::Counter(1))
+        );
+        assert_eq!(value(SOFT_HITS, "ip"), Some(&DebugValue::Counter(0)));
+        let Some(DebugValue::Histogram(delays)) = value(DELAY_MS, "ip") else {
+            panic!("no delay sample");
+        };
+        assert_eq!(delays.iter().map(|d| d.0).collect::<Vec<_>>(), [60_000.0]);
+        let docs = out.documents();
+        assert_eq!(
+            (docs[0][HARD_HITS].as_u64(), docs[0][DELAY_MS].as_u64()),
+            (Some(1), Some(60_000))
+        );
+        assert_eq!(
+            (
+                docs[1]["Scope"].as_str(),
+                docs[1][BACKLOG_REFUSALS].as_u64()
+            ),
+            (Some("tid"), Some(1))
+        );
     }
 }

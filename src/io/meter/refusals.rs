@@ -1,16 +1,18 @@
 //! Refusals metered in aggregate: a scan refused with 503 `backlog_full`
 //! is the client's doing (it sent faster than it is paced), and a refused
 //! flood must not cost a log line per request. Prometheus counts each one
-//! as it comes (a counter costs no output); in EMF they are written as one
-//! line per scope and [`INTERVAL_MS`], whose counts are the refusals since
-//! the last (the first refusal after a quiet interval goes out at once).
+//! as it comes (a counter costs no output); in EMF they are recorded with
+//! no line open, so the renderer holds them ([`super::emf`]), and they are
+//! written as one line per scope and [`INTERVAL_MS`], whose counts are the
+//! refusals since the last (the first refusal after a quiet interval goes
+//! out at once).
 //!
-//! A line is written by the next request that finds the interval over, of
-//! any outcome, so counts held at the end of a flood go out with the next
-//! request, or when `serve` stops ([`super::Meter::flush`]); those of a
-//! Lambda environment that ends first are lost to EMF (at most one
-//! interval's, of one environment; the alarms sum five minutes). Counting across requests needs no
-//! clock: each request's own instant is compared.
+//! The lines are written by the next request that finds the interval over,
+//! of any outcome, so counts held at the end of a flood go out with the
+//! next request, or when `serve` stops ([`super::Meter::flush`]); those of
+//! a Lambda environment that ends first are lost to EMF (at most one
+//! interval's, of one environment; the alarms sum five minutes). Counting
+//! across requests needs no clock: each request's own instant is compared.
 
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 
@@ -34,30 +36,23 @@ impl Refusals {
         self.pending[scope.index()].fetch_add(1, Ordering::Relaxed);
     }
 
-    /// The refusals of `scope` to write now, at `at` (0: none, or the
-    /// interval since the last line is not over). Whoever takes them
-    /// writes them: a second caller in the same instant finds none.
-    pub(super) fn due(&self, scope: Scope, at: UnixMillis) -> u64 {
+    /// Whether the refusals held for `scope` are to be written now, at
+    /// `at` (no: none held, or the interval since its last line is not
+    /// over). Whoever is told yes writes them: a second caller in the same
+    /// instant is told no.
+    pub(super) fn due(&self, scope: Scope, at: UnixMillis) -> bool {
         let i = scope.index();
         if self.pending[i].load(Ordering::Relaxed) == 0 {
-            return 0;
+            return false;
         }
         let last = self.last_line_ms[i].load(Ordering::Relaxed);
         if at.get().saturating_sub(last) < INTERVAL_MS {
-            return 0;
+            return false;
         }
         let won = self.last_line_ms[i]
             .compare_exchange(last, at.get(), Ordering::Relaxed, Ordering::Relaxed)
             .is_ok();
-        if !won {
-            return 0;
-        }
-        self.take(scope)
-    }
-
-    /// Every refusal of `scope` still held, whatever the interval.
-    pub(super) fn take(&self, scope: Scope) -> u64 {
-        self.pending[scope.index()].swap(0, Ordering::Relaxed)
+        won && self.pending[i].swap(0, Ordering::Relaxed) > 0
     }
 }
 
@@ -71,16 +66,16 @@ mod tests {
     fn one_line_per_interval() {
         let r = Refusals::default();
         let at = |ms: i64| UnixMillis(1_796_032_800_000 + ms);
-        assert_eq!(r.due(Scope::Ip, at(0)), 0);
+        assert!(!r.due(Scope::Ip, at(0)));
         r.add(Scope::Ip);
-        assert_eq!(r.due(Scope::Ip, at(0)), 1);
+        assert!(r.due(Scope::Ip, at(0)));
         for _ in 0..500 {
             r.add(Scope::Ip);
         }
         r.add(Scope::Tid);
-        assert_eq!(r.due(Scope::Ip, at(59_999)), 0);
-        assert_eq!(r.due(Scope::Tid, at(59_999)), 1);
-        assert_eq!(r.due(Scope::Ip, at(60_000)), 500);
-        assert_eq!(r.due(Scope::Ip, at(60_001)), 0);
+        assert!(!r.due(Scope::Ip, at(59_999)));
+        assert!(r.due(Scope::Tid, at(59_999)));
+        assert!(r.due(Scope::Ip, at(60_000)));
+        assert!(!r.due(Scope::Ip, at(60_001)));
     }
 }

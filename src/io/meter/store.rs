@@ -8,8 +8,10 @@
 //! front end that read them), as the consumer's lines have `Source`. No
 //! address, policy or key is a dimension.
 
-use super::catalogue::{STORE_EVICTED_KEYS, STORE_EVICTING, STORE_METRICS};
-use super::emf::{self, Line, Sink, Unit};
+use std::sync::{Arc, OnceLock};
+
+use super::catalogue::{STORE_EVICTED_KEYS, STORE_EVICTING};
+use super::emf::{Doc, Emf, Handles, Sink};
 
 /// The EMF dimension of the store's metrics.
 pub const PROCESS_DIMENSION: &str = "Process";
@@ -32,20 +34,12 @@ impl Process {
     }
 }
 
-/// One of the store's metrics: its index in [`STORE_METRICS`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum StoreMetric {
-    Evicting,
-    EvictedKeys,
-}
-
-/// Records the store's metrics in both exporters.
+/// Records the store's metrics, each on an EMF line of its own.
 #[derive(Clone)]
 pub struct StoreMeter {
-    process: Process,
-    /// Per [`StoreMetric`]: the directive of its line.
-    directives: [String; 2],
-    emf: Option<Sink>,
+    handles: Handles,
+    /// Registered at the first reading ([`StoreMeter::evicting`]).
+    evicting: Arc<OnceLock<metrics::Gauge>>,
     evicted: metrics::Counter,
 }
 
@@ -54,66 +48,58 @@ impl StoreMeter {
     /// registered here, at 0, so a query has data before the first
     /// eviction: install the Prometheus recorder before this.
     pub fn new(namespace: &str, process: Process, emf: Option<Sink>) -> Self {
-        let directive =
-            |name: &str| emf::directive(namespace, PROCESS_DIMENSION, &[(name, Unit::Count)]);
+        let process = [(PROCESS_DIMENSION, process.as_str())];
+        let emf = emf.map(|sink| Emf::new(namespace, sink, &process));
+        let handles = Handles::new(emf.as_ref());
         Self {
-            process,
-            directives: STORE_METRICS.map(directive),
-            emf,
-            evicted: metrics::counter!(STORE_EVICTED_KEYS),
+            evicted: handles.counter(STORE_EVICTED_KEYS, &[]),
+            evicting: Arc::default(),
+            handles,
         }
     }
 
-    /// Whether the store can evict the gate's keys, as read at start: the
-    /// gauge, and one EMF line.
+    /// Whether the store can evict the gate's keys, as read. Its gauge is
+    /// registered at the first reading, not before: a store never read
+    /// shows no series, not a 0 that would say `noeviction`.
     pub fn evicting(&self, evicting: bool, at_ms: i64) {
-        metrics::gauge!(STORE_EVICTING).set(f64::from(u8::from(evicting)));
-        if let Some(sink) = &self.emf {
-            sink.write(self.line(StoreMetric::Evicting, u64::from(evicting), at_ms));
-        }
+        let gauge = self
+            .evicting
+            .get_or_init(|| self.handles.gauge(STORE_EVICTING, &[]));
+        self.handles
+            .line(Doc::at(at_ms), || gauge.set(f64::from(u8::from(evicting))));
     }
 
-    /// `keys` more evicted since the last reading: the counter, and an EMF
-    /// line when there were any.
+    /// `keys` more evicted since the last reading (an EMF line only when
+    /// there were any).
     pub fn evicted(&self, keys: u64, at_ms: i64) {
-        self.evicted.increment(keys);
-        if keys > 0
-            && let Some(sink) = &self.emf
-        {
-            sink.write(self.line(StoreMetric::EvictedKeys, keys, at_ms));
+        match keys {
+            0 => self.evicted.increment(0),
+            _ => self
+                .handles
+                .line(Doc::at(at_ms), || self.evicted.increment(keys)),
         }
-    }
-
-    /// The EMF document carrying `value` for `metric`, at `at_ms`.
-    pub fn line(&self, metric: StoreMetric, value: u64, at_ms: i64) -> String {
-        let index = metric as usize;
-        let mut line = Line::start(
-            at_ms,
-            &self.directives[index],
-            PROCESS_DIMENSION,
-            self.process.as_str(),
-        );
-        line.number(STORE_METRICS[index], value);
-        line.finish()
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use serde_json::{Value, json};
+    use serde_json::json;
 
     use super::*;
+    use crate::io::meter::emf::testing::Buffer;
 
     /// Each line declares its one metric (Count) under the dimension Process only, and carries it.
     #[test]
     fn emf_shape() {
-        let meter = StoreMeter::new("StellaOps/Quota", Process::Consume, None);
-        for (metric, name, value) in [
-            (StoreMetric::Evicting, STORE_EVICTING, 1),
-            (StoreMetric::EvictedKeys, STORE_EVICTED_KEYS, 42),
-        ] {
-            let doc: Value =
-                serde_json::from_str(&meter.line(metric, value, 1_796_032_800_000)).unwrap();
+        let out = Buffer::default();
+        let meter = StoreMeter::new("StellaOps/Quota", Process::Consume, Some(out.sink()));
+        meter.evicting(true, 1_796_032_800_000);
+        meter.evicted(0, 1_796_032_800_000);
+        meter.evicted(42, 1_796_032_800_000);
+        let docs = out.documents();
+        assert_eq!(docs.len(), 2, "{docs:?}");
+        let expected = [(STORE_EVICTING, 1), (STORE_EVICTED_KEYS, 42)];
+        for (doc, (name, value)) in docs.iter().zip(expected) {
             let directive = &doc["_aws"]["CloudWatchMetrics"][0];
             assert_eq!(directive["Dimensions"], json!([["Process"]]));
             assert_eq!(

@@ -1,0 +1,104 @@
+//! The environment as serde reads it: a map from each variable the table
+//! holds to its value, the table's default where it is unset, a number
+//! already checked against its row's range. A group struct is deserialized
+//! from it ([`Env::group`]), and a value its field refuses is an error naming
+//! the variable (the field's path, by `serde_path_to_error`).
+
+use std::str::FromStr;
+use std::time::Duration;
+
+use serde::Deserialize;
+use serde::de::{DeserializeOwned, Deserializer, Error as _};
+use serde_json::{Map, Value};
+
+use super::error::ConfigError;
+use super::vars::{Applies, DefaultValue, VARIABLES, Variable};
+
+/// The configuration's variables, with their defaults.
+pub(super) struct Env {
+    values: Map<String, Value>,
+    /// The variables set (to something other than blanks).
+    set: Vec<&'static str>,
+}
+
+impl Env {
+    /// Reads every row of the table (the logger's aside) through `lookup`.
+    /// Empty values count as unset.
+    pub(super) fn read(lookup: &dyn Fn(&str) -> Option<String>) -> Result<Self, ConfigError> {
+        let mut env = Self {
+            values: Map::new(),
+            set: Vec::new(),
+        };
+        for var in VARIABLES.iter().filter(|v| v.applies != Applies::Logging) {
+            let raw = lookup(var.name).map(|v| v.trim().to_owned());
+            let raw = match (raw.filter(|v| !v.is_empty()), var.default) {
+                (Some(value), _) => {
+                    env.set.push(var.name);
+                    value
+                }
+                (None, DefaultValue::Value(default)) => default.to_owned(),
+                (None, DefaultValue::Unset(_)) => continue,
+            };
+            // Checked here, once for every numeric variable, so no value
+            // can make a later request overflow.
+            let value = match var.range {
+                Some((min, max)) => Value::from(ranged_number(var.name, &raw, min, max)?),
+                None => Value::String(raw),
+            };
+            env.values.insert(var.name.to_owned(), value);
+        }
+        Ok(env)
+    }
+
+    /// Whether `var` is set, rather than at its default.
+    pub(super) fn is_set(&self, var: &Variable) -> bool {
+        self.set.contains(&var.name)
+    }
+
+    /// The group `T`, read from its fields' variables.
+    pub(super) fn group<T: DeserializeOwned>(&self) -> Result<T, ConfigError> {
+        let map = serde_json::Value::Object(self.values.clone());
+        serde_path_to_error::deserialize(map).map_err(|e| {
+            let path = e.path().to_string();
+            let var = VARIABLES.iter().find(|v| v.name == path);
+            ConfigError::new(
+                var.map_or("configuration", |v| v.name),
+                e.into_inner().to_string(),
+            )
+        })
+    }
+}
+
+/// Parses a whole number in `min..=max` for the variable `var`.
+fn ranged_number(var: &'static str, raw: &str, min: u64, max: u64) -> Result<u64, ConfigError> {
+    let expected = || format!("expected a whole number in {min}..={max}, got {raw:?}");
+    match raw.parse() {
+        Ok(n) if (min..=max).contains(&n) => Ok(n),
+        _ => Err(ConfigError::new(var, expected())),
+    }
+}
+
+/// A number of milliseconds.
+pub(super) fn millis<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+    u64::deserialize(d).map(Duration::from_millis)
+}
+
+/// `true` or `false` (also `1`/`0`, `yes`/`no`, `on`/`off`).
+pub(super) fn flag<'de, D: Deserializer<'de>>(d: D) -> Result<bool, D::Error> {
+    match String::deserialize(d)?.to_ascii_lowercase().as_str() {
+        "true" | "1" | "yes" | "on" => Ok(true),
+        "false" | "0" | "no" | "off" => Ok(false),
+        other => Err(D::Error::custom(format!(
+            "expected true or false, got {other:?}"
+        ))),
+    }
+}
+
+/// A word setting (or anything else whose `FromStr` says what it expects).
+pub(super) fn parsed<'de, D, T>(d: D) -> Result<T, D::Error>
+where
+    D: Deserializer<'de>,
+    T: FromStr<Err = String>,
+{
+    String::deserialize(d)?.parse().map_err(D::Error::custom)
+}
