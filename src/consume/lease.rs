@@ -16,9 +16,10 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::clock::QueueClock;
-use super::marker::MarkerStore;
+use super::marker::{MarkerAsk, MarkerStore};
 use super::schedule::{self, Renewal, Silence, Stop};
 use super::source::{Delivery, JobSource};
+use crate::rules::unix::UnixMillis;
 
 /// Marker tokens, one per attempt, unique across processes: the consumer's
 /// name, this process's own random id (a consumer restarted under the same
@@ -93,14 +94,30 @@ impl<S: JobSource, M: MarkerStore> Keeper<'_, S, M> {
 
     /// Renews the delivery, then the marker of attempt `attempt`: how the
     /// marker's renewal went.
+    /// The claim that renews attempt `mine` of `d` under `token`.
+    fn renewal<'a>(
+        &self,
+        d: &Delivery<S::Handle>,
+        token: &'a str,
+        mine: u64,
+        now: UnixMillis,
+    ) -> MarkerAsk<'a> {
+        MarkerAsk {
+            scan: d.job.scan_id,
+            entry: None,
+            token,
+            mine,
+            lease: self.lease,
+            now,
+        }
+    }
+
     async fn renew(&self, d: &Delivery<S::Handle>, token: &str, attempt: u64) -> Renewal {
         if let Err(e) = self.source.extend(d).await {
             tracing::warn!(error = %e, "cannot renew a job's lease");
         }
         let now = self.clock.now();
-        let claim = self
-            .markers
-            .claim(d.job.scan_id, None, token, attempt, self.lease, now);
+        let claim = self.markers.claim(self.renewal(d, token, attempt, now));
         match claim.await {
             Ok(schedule::MarkerClaim::Claimed(_)) => Renewal::Held,
             Ok(_) => Renewal::Lost,
@@ -133,7 +150,7 @@ impl<S: JobSource, M: MarkerStore> Keeper<'_, S, M> {
                     if let Some((token, mine)) = attempt {
                         let now = self.clock.now();
                         // A done marker stays done: claim.lua never overwrites it.
-                        let renew = self.markers.claim(d.job.scan_id, None, token, mine, self.lease, now);
+                        let renew = self.markers.claim(self.renewal(d, token, mine, now));
                         let _ = renew.await;
                     }
                 }

@@ -62,20 +62,26 @@ const RELEASE: &str = include_str!("release.lua");
 /// The markers as the worker uses them: a claim, a done marker, a release.
 /// [`Markers`] keeps them in Valkey or in the process; a test may keep them
 /// in a simulated store (`tests/it/consume_sim.rs`).
+/// One claim of a scan's marker ([`MarkerStore::claim`]): for the attempt
+/// `token`, as a new attempt (`mine` 0) or renewing attempt `mine`, for
+/// `lease`, at `now` (in-process only: Valkey keeps time by key expiry). A
+/// new attempt of a job read from a stream (`entry`: the stream and the
+/// entry's id) is [`MarkerClaim::Gone`] if the entry is no longer in it.
+#[derive(Debug, Clone, Copy)]
+pub struct MarkerAsk<'a> {
+    pub scan: Uuid,
+    pub entry: Option<(&'a str, &'a str)>,
+    pub token: &'a str,
+    pub mine: u64,
+    pub lease: Duration,
+    pub now: UnixMillis,
+}
+
 pub trait MarkerStore: Send + Sync + 'static {
-    /// Claims `scan`'s marker for the attempt `token`, as a new attempt
-    /// (`mine` 0) or renewing attempt `mine`, at `now` (in-process only:
-    /// Valkey keeps time by key expiry). A new attempt of a job read from
-    /// a stream (`entry`: the stream and the entry's id) is
-    /// [`MarkerClaim::Gone`] if the entry is no longer in the stream.
+    /// Claims a scan's marker as `ask` says.
     fn claim(
         &self,
-        scan: Uuid,
-        entry: Option<(&str, &str)>,
-        token: &str,
-        mine: u64,
-        lease: Duration,
-        now: UnixMillis,
+        ask: MarkerAsk<'_>,
     ) -> impl Future<Output = Result<MarkerClaim, ConsumeError>> + Send;
 
     /// Keeps `scan`'s marker as done.
@@ -193,15 +199,15 @@ impl Markers {
 }
 
 impl MarkerStore for Markers {
-    async fn claim(
-        &self,
-        scan: Uuid,
-        entry: Option<(&str, &str)>,
-        token: &str,
-        mine: u64,
-        lease: Duration,
-        now: UnixMillis,
-    ) -> Result<MarkerClaim, ConsumeError> {
+    async fn claim(&self, ask: MarkerAsk<'_>) -> Result<MarkerClaim, ConsumeError> {
+        let MarkerAsk {
+            scan,
+            entry,
+            token,
+            mine,
+            lease,
+            now,
+        } = ask;
         match self {
             Self::Valkey { valkey, tag, wait } => {
                 let (marker, attempts) = Self::keys(tag, scan);
@@ -298,8 +304,16 @@ mod tests {
         let m = Markers::local();
         let scan = Uuid::now_v7();
         let lease = Duration::from_secs(5);
-        let claim =
-            |token: &'static str, mine| m.claim(scan, None, token, mine, lease, UnixMillis(0));
+        let claim = |token: &'static str, mine| {
+            m.claim(MarkerAsk {
+                scan,
+                entry: None,
+                token,
+                mine,
+                lease,
+                now: UnixMillis(0),
+            })
+        };
         assert!(matches!(claim("a", 0).await, Ok(MarkerClaim::Claimed(1))));
         assert!(matches!(claim("b", 0).await, Ok(MarkerClaim::Busy)));
         m.release(scan, "a").await.unwrap();
@@ -315,7 +329,14 @@ mod tests {
         let scan = Uuid::now_v7();
         let m = Markers::local_after([(scan, 3)]);
         let claim = m
-            .claim(scan, None, "a", 0, Duration::from_secs(5), UnixMillis(0))
+            .claim(MarkerAsk {
+                scan,
+                entry: None,
+                token: "a",
+                mine: 0,
+                lease: Duration::from_secs(5),
+                now: UnixMillis(0),
+            })
             .await;
         assert!(matches!(claim, Ok(MarkerClaim::Claimed(4))));
     }

@@ -28,7 +28,7 @@ use super::clock::QueueClock;
 use super::error::ConsumeError;
 use super::handoff::{Attempt, Ended, Scanner, error_of, hand_off_of};
 use super::lease::{Keeper, Tokens};
-use super::marker::{MarkerStore, Markers};
+use super::marker::{MarkerAsk, MarkerStore, Markers};
 use super::meter::{ConsumeMeter, Event};
 use super::schedule::{self, Due, Next, RetryPolicy, Step, Stop};
 use super::slots::RunSlots;
@@ -181,18 +181,15 @@ impl<S: JobSource, X: Scanner, M: MarkerStore> Worker<S, X, M> {
     /// answer leads to, or `None` if Valkey did not answer (logged).
     async fn claim(&self, d: &Delivery<S::Handle>, token: &str) -> Option<Step> {
         let now = self.clock.now();
-        match self
-            .markers
-            .claim(
-                d.job.scan_id,
-                self.source.entry(d),
-                token,
-                0,
-                self.lease,
-                now,
-            )
-            .await
-        {
+        let ask = MarkerAsk {
+            scan: d.job.scan_id,
+            entry: self.source.entry(d),
+            token,
+            mine: 0,
+            lease: self.lease,
+            now,
+        };
+        match self.markers.claim(ask).await {
             Ok(claim) => Some(schedule::on_claim(claim, self.lease)),
             Err(e) => {
                 tracing::warn!(error = %e, "cannot claim a scan's marker; trying again");

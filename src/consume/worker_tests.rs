@@ -11,7 +11,6 @@ use crate::consume::marker::MarkerStore;
 use crate::consume::schedule::MarkerClaim;
 use crate::io::clock::Clock;
 use crate::rules::job::ScanJob;
-use crate::rules::unix::UnixMillis;
 
 /// An in-memory queue that records what the worker did with each job.
 #[derive(Default)]
@@ -274,20 +273,12 @@ async fn stop_gives_back_held_and_kill_stops_running() {
 struct StalledRenewals(Markers);
 
 impl MarkerStore for StalledRenewals {
-    async fn claim(
-        &self,
-        scan: uuid::Uuid,
-        entry: Option<(&str, &str)>,
-        token: &str,
-        mine: u64,
-        lease: Duration,
-        now: UnixMillis,
-    ) -> Result<MarkerClaim, ConsumeError> {
-        if mine > 0 {
+    async fn claim(&self, ask: MarkerAsk<'_>) -> Result<MarkerClaim, ConsumeError> {
+        if ask.mine > 0 {
             tokio::time::sleep(Duration::from_secs(3_600)).await;
             return Err(ConsumeError::Setup("stalled".into()));
         }
-        self.0.claim(scan, entry, token, mine, lease, now).await
+        self.0.claim(ask).await
     }
 
     async fn done(&self, scan: uuid::Uuid) -> Result<(), ConsumeError> {

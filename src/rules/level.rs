@@ -285,14 +285,7 @@ mod tests {
     use crate::rules::count::NoAnswer;
     use crate::rules::decide::{Tier, decide};
     use crate::rules::networks::parse_networks;
-
-    fn n(k: u32) -> NonZeroU32 {
-        NonZeroU32::new(k).unwrap()
-    }
-
-    fn v(family: Family, len: u8) -> Network {
-        Network { family, len }
-    }
+    use crate::rules::networks::tests::{n, v};
 
     fn levels() -> Levels {
         Levels {

@@ -154,14 +154,16 @@ fn parse_limit(text: &str, anon: NonZeroU32) -> Result<NonZeroU32, String> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    fn n(k: u32) -> NonZeroU32 {
+    /// A limit, in tests.
+    pub(crate) fn n(k: u32) -> NonZeroU32 {
         NonZeroU32::new(k).unwrap()
     }
 
-    fn v(family: Family, len: u8) -> Network {
+    /// A network level of `family` and prefix `len`, in tests.
+    pub(crate) fn v(family: Family, len: u8) -> Network {
         Network { family, len }
     }
 

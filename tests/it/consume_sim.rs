@@ -48,7 +48,7 @@ use quota_gate::consume::clock::QueueClock;
 use quota_gate::consume::error::ConsumeError;
 use quota_gate::consume::handoff::{Attempt, Ended, Scanner, StopSignal};
 use quota_gate::consume::lease::Tokens;
-use quota_gate::consume::marker::{self, MarkerStore};
+use quota_gate::consume::marker::{self, MarkerAsk, MarkerStore};
 use quota_gate::consume::meter::ConsumeMeter;
 use quota_gate::consume::schedule::{self, Marker, MarkerClaim, RetryPolicy};
 use quota_gate::consume::source::{Delivery, GivenUp, JobSource};
@@ -530,15 +530,14 @@ impl World {
 }
 
 impl MarkerStore for SimMarkers {
-    async fn claim(
-        &self,
-        scan: Uuid,
-        _entry: Option<(&str, &str)>,
-        token: &str,
-        mine: u64,
-        lease: Duration,
-        _now: UnixMillis,
-    ) -> Result<MarkerClaim, ConsumeError> {
+    async fn claim(&self, ask: MarkerAsk<'_>) -> Result<MarkerClaim, ConsumeError> {
+        let MarkerAsk {
+            scan,
+            token,
+            mine,
+            lease,
+            ..
+        } = ask;
         let (n, token, pid) = (self.world.scan_of(scan), token.to_owned(), self.pid);
         let answer = self
             .world

@@ -9,7 +9,7 @@ use quota_gate_testkit as common;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use common::ValkeyServer;
-use quota_gate::consume::marker::{MarkerStore, Markers};
+use quota_gate::consume::marker::{MarkerAsk, MarkerStore, Markers};
 use quota_gate::consume::schedule::MarkerClaim::{self, Busy, Claimed, Done};
 use quota_gate::io::connection::Valkey;
 use quota_gate::rules::unix::UnixMillis;
@@ -30,14 +30,16 @@ fn now() -> UnixMillis {
 /// Both stores' answers to one claim, which must agree.
 async fn claim(stores: &[Markers; 2], scan: Uuid, token: &str, mine: u64) -> MarkerClaim {
     let at = now();
-    let valkey = stores[0]
-        .claim(scan, None, token, mine, LEASE, at)
-        .await
-        .unwrap();
-    let local = stores[1]
-        .claim(scan, None, token, mine, LEASE, at)
-        .await
-        .unwrap();
+    let ask = MarkerAsk {
+        scan,
+        entry: None,
+        token,
+        mine,
+        lease: LEASE,
+        now: at,
+    };
+    let valkey = stores[0].claim(ask).await.unwrap();
+    let local = stores[1].claim(ask).await.unwrap();
     assert_eq!(
         valkey, local,
         "{token} renewing {mine}: Valkey against the rule"
@@ -106,8 +108,15 @@ async fn a_job_whose_entry_is_gone_is_not_run() {
         let entry = entry.to_owned();
         let markers = &markers;
         async move {
-            let claim = markers.claim(scan, Some(("jobs", &entry)), "a", mine, LEASE, now());
-            claim.await.unwrap()
+            let ask = MarkerAsk {
+                scan,
+                entry: Some(("jobs", &entry)),
+                token: "a",
+                mine,
+                lease: LEASE,
+                now: now(),
+            };
+            markers.claim(ask).await.unwrap()
         }
     };
     assert_eq!(claim(kept, &entry, 0).await, Claimed(1));
