@@ -49,7 +49,7 @@ pub enum Bug {
     RenewalsOnThePrimaryOnly,
     /// A new attempt claims a scan whose last attempt's lease ran out
     /// unreleased at once: after a failover lost a live attempt's renewals
-    /// and done marker, the scan it ran to success runs again (issue 44).
+    /// and done marker, the scan it ran to success runs again.
     OrphanClaimedAtOnce,
 }
 

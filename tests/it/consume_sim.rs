@@ -26,7 +26,7 @@
 //! - a scan run to success runs again only if the consumer that ran it
 //!   lost touch with Valkey for a lease after (killed, paused, cut off):
 //!   a failover that lost a live consumer's renewals and done marker gives
-//!   it a lease to come back ([`Bug::OrphanClaimedAtOnce`], issue 44);
+//!   it a lease to come back ([`Bug::OrphanClaimedAtOnce`]);
 //! - two runs of one scan overlap only while a consumer of one of them is
 //!   paused (the README's one window);
 //! - every scan ends: its done marker in Valkey, or dead-lettered.

@@ -469,7 +469,7 @@ async fn until_accepted_every(
     panic!("no 202 in {tries} tries");
 }
 
-/// The lagged failover of issue 44, end to end: a primary with AOF and a
+/// The lagged failover, end to end: a primary with AOF and a
 /// replica that follows it through a link frozen `freeze_ms` before the
 /// primary is killed; the gate and two consumers (`--lease lease_s`) reach
 /// the primary through an endpoint that moves to the promoted replica;

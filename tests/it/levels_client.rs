@@ -1,4 +1,4 @@
-//! What a client sees of the levels above its subject (issue 32, "Clients
+//! What a client sees of the levels above its subject ("Clients
 //! see it"): `quota.level`, a `RateLimit-Policy` per level, `RateLimit` for
 //! the fewest remaining, the reminder that a token lifts a network's
 //! limit, and `GET /quota`'s `levels` and `nextScan`; on the in-memory store

@@ -2,7 +2,7 @@
 //! real Valkey answer every step as the pure rule (`schedule::claim`, the
 //! in-process markers) does, with real time for the leases; above all the
 //! one-more-lease wait after a lease ran out unreleased, which lets a live
-//! attempt whose marker a failover lost come back and finish (issue 44).
+//! attempt whose marker a failover lost come back and finish.
 
 use quota_gate_testkit as common;
 

@@ -1,4 +1,4 @@
-//! `GET /quota` and `quota-gate grant` (issue 24) with real parts: a real
+//! `GET /quota` and `quota-gate grant` with real parts: a real
 //! Valkey (standalone and cluster), the in-memory store under a paused
 //! clock where delays must match to the millisecond, and the operator
 //! functions the CLI runs.

@@ -1,4 +1,4 @@
-//! Turning the gate on without fear (issue 24): shadow mode and exemptions,
+//! Turning the gate on without fear: shadow mode and exemptions,
 //! on a real Valkey with the jobs on its stream and the EMF lines captured.
 
 use quota_gate_testkit as common;

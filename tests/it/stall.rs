@@ -1,7 +1,7 @@
 //! Exactly once at every timing of a store stall, through the real
 //! `quota-gate serve` on a real Valkey (`SIGSTOP`, then `SIGCONT`), with the
 //! scan queue a stream on that same Valkey: the matrix of timings, worker
-//! counts and fail modes of issue 17, each case run several times.
+//! counts and fail modes, each case run several times.
 //!
 //! A case: a warm-up, Valkey stopped, keyed and unkeyed scans sent one after
 //! another with a gap, Valkey resumed when the stall is over, every key
