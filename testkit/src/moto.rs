@@ -62,6 +62,18 @@ impl MotoServer {
         format!("http://127.0.0.1:{}", self.port)
     }
 
+    /// The environment that points a child process's AWS SDK at this
+    /// server, with dummy credentials and no instance metadata.
+    pub fn process_env(&self) -> Vec<(&'static str, String)> {
+        vec![
+            ("AWS_ENDPOINT_URL", self.endpoint()),
+            ("AWS_REGION", "us-east-1".into()),
+            ("AWS_ACCESS_KEY_ID", "testing".into()),
+            ("AWS_SECRET_ACCESS_KEY", "testing".into()),
+            ("AWS_EC2_METADATA_DISABLED", "true".into()),
+        ]
+    }
+
     /// An SDK configuration pointed at this server with dummy credentials,
     /// built without touching the process environment.
     pub async fn sdk_config(&self) -> aws_config::SdkConfig {

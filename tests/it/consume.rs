@@ -196,15 +196,10 @@ async fn sqs_visibility_holds_and_duplicates_run_once() {
             .unwrap();
     }
     let scanner = Scanner::new();
-    let endpoint = moto.endpoint();
-    let vars = [
-        ("AWS_ENDPOINT_URL", endpoint.as_str()),
-        ("AWS_REGION", "us-east-1"),
-        ("AWS_ACCESS_KEY_ID", "testing"),
-        ("AWS_SECRET_ACCESS_KEY", "testing"),
-        ("AWS_EC2_METADATA_DISABLED", "true"),
-        ("VALKEY_URL", &valkey.url()),
-    ];
+    let aws = moto.process_env();
+    let valkey_url = valkey.url();
+    let mut vars: Vec<(&str, &str)> = aws.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    vars.push(("VALKEY_URL", &valkey_url));
     let _c = scanner.consume(
         "sqs",
         &["--from", &url, "--lease", "5s"],

@@ -250,18 +250,10 @@ async fn within_quota_starts_at_once_at_a_busy_scanner_on_sqs() {
         .with_over_lane(config.queue_over.clone());
     let store = ValkeyStore::new(Valkey::new(&url, false, config.store.timeout).unwrap());
     let gate = Gate::new(config, store, queue, Meter::new("test", None)).unwrap();
-    let endpoint = moto.endpoint();
-    let aws = [
-        ("AWS_ENDPOINT_URL", endpoint.as_str()),
-        ("AWS_REGION", "us-east-1"),
-        ("AWS_ACCESS_KEY_ID", "testing"),
-        ("AWS_SECRET_ACCESS_KEY", "testing"),
-        ("AWS_EC2_METADATA_DISABLED", "true"),
-        ("VALKEY_URL", url.as_str()),
-    ];
+    let aws = moto.process_env();
+    let mut env: Vec<(&str, &str)> = aws.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    env.extend([("VALKEY_URL", url.as_str()), ("SLEEP", "0.2")]);
     let scanner = Scanner::new();
-    let mut env = aws.to_vec();
-    env.push(("SLEEP", "0.2"));
     let args = ["--from", &within_url, "--from-over", &over_url];
     let args = [&args[..], &["--concurrency", "1"]].concat();
     let _consumer = scanner.consume("a", &args, &env, std::process::Stdio::null());
