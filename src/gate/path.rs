@@ -29,7 +29,7 @@ use crate::config::Mode;
 use crate::gate::error::GateError;
 use crate::gate::identity::{Identity, Origin};
 use crate::io::meter::{End, Exit, Metered};
-use crate::io::queue::{QueueError, ScanJob, ScanQueue};
+use crate::io::queue::{Once, QueueError, ScanJob, ScanQueue};
 use crate::io::store::{
     Claim, Claimed, CountArgs, CountFailed, QuotaStore, Record, StoreError, TakeOver, Tally,
 };
@@ -276,20 +276,33 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
         let metered = scan.metered(plan.total, self.shadow());
         let plan = self.sleep(attempt, plan).await;
         // 7: forward, within the answer's deadline.
-        let job = scan.job(attempt, body, plan, attempt.trace.clone());
+        let mut job = scan.job(attempt, body, plan, attempt.trace.clone());
         let enqueue = self.enqueue(&job, attempt);
-        if let Err(e) = enqueue
+        match enqueue
             .instrument(step!("enqueue", attempt.trace_id()))
             .await
         {
-            tracing::warn!(error = %e, "enqueue failed");
-            let failure =
-                settle::queue_failure(matches!(e, QueueError::Timeout), scan.resumed.is_some());
-            Box::pin(self.apply(attempt, scan.scan_id, &scan.charge, failure)).await;
-            return (
-                Err(GateError::queue_failed(failure)),
-                exit(metered, End::QueueFailed),
-            );
+            // The record's job is queued under an earlier attempt's
+            // `scanId` (its claim lost in a failover, its job not): that
+            // job is this scan's, and the answer names it.
+            Ok(landed) if landed != job.scan_id => {
+                tracing::info!(
+                    scan_id = %landed,
+                    "a keyed scan's job was queued by an earlier attempt: answered with its scanId"
+                );
+                job.scan_id = landed;
+            }
+            Ok(_) => {}
+            Err(e) => {
+                tracing::warn!(error = %e, "enqueue failed");
+                let failure =
+                    settle::queue_failure(matches!(e, QueueError::Timeout), scan.resumed.is_some());
+                Box::pin(self.apply(attempt, scan.scan_id, &scan.charge, failure)).await;
+                return (
+                    Err(GateError::queue_failed(failure)),
+                    exit(metered, End::QueueFailed),
+                );
+            }
         }
         // 8: answer, and save the answer for a keyed retry.
         let response = scan
@@ -299,7 +312,7 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
             // Not past the deadline: a save left unanswered still lands,
             // and a retry after the claim's lease takes the scan over under
             // the same scanId.
-            let save = self.save(claim, scan.scan_id, &response, attempt.now());
+            let save = self.save(claim, job.scan_id, &response, attempt.now());
             let _ = tokio::time::timeout_at(attempt.deadline(), Box::pin(save)).await;
         }
         (Ok(response), exit(metered, End::Answered))
@@ -326,13 +339,20 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
         self.config.policy.mode == Mode::Shadow
     }
 
-    /// Step 7, once: a keyed scan's job is deduplicated by its scanId.
-    async fn enqueue(&self, job: &ScanJob, attempt: &Attempt) -> Result<(), QueueError> {
+    /// Step 7: the `scanId` the job is queued under. A keyed scan's job is
+    /// queued once per record: under an earlier attempt's `scanId` if that
+    /// one's job landed.
+    async fn enqueue(&self, job: &ScanJob, attempt: &Attempt) -> Result<Uuid, QueueError> {
         let enqueue = async {
-            if attempt.keyed() {
-                self.queue.enqueue_once(job).await
-            } else {
-                self.queue.enqueue(job).await
+            match &attempt.claim {
+                Some(claim) => {
+                    let once = Once {
+                        record: &claim.record,
+                        expires_at: claim.expires_at(),
+                    };
+                    self.queue.enqueue_once(job, once).await
+                }
+                None => self.queue.enqueue(job).await.map(|()| job.scan_id),
             }
         };
         timeout(attempt.enqueue_within(), enqueue)

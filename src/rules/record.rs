@@ -12,6 +12,7 @@
 use uuid::Uuid;
 
 use crate::rules::count::Tally;
+use crate::rules::key::IDEMPOTENCY_TTL_SECS;
 use crate::rules::unix::{UnixMillis, UnixSecs};
 
 /// What a keyed request leaves in its record before it is counted.
@@ -26,6 +27,13 @@ pub struct Claim {
     pub received_ms: UnixMillis,
     /// Unix ms until which the first request may still be in flight.
     pub lease_until_ms: UnixMillis,
+}
+
+impl Claim {
+    /// When the record expires: [`IDEMPOTENCY_TTL_SECS`] after the request.
+    pub fn expires_at(&self) -> UnixSecs {
+        UnixSecs(self.received_ms.secs().get() + IDEMPOTENCY_TTL_SECS)
+    }
 }
 
 /// Declares the fields of an idempotency record once: the enum, its names as

@@ -123,6 +123,39 @@ async fn keyed_retries_on_valkey() {
     assert!(ttl > 86_000 && ttl <= 86_400, "24 h: {ttl}");
 }
 
+/// A failover that loses a keyed scan's record but not its job (the claim
+/// short of the replica, the job landed on the new primary by a send that
+/// waited out the outage): the retry counts afresh under a new `scanId`,
+/// but its job does not land twice, and its 202 and every replay name the
+/// job that is queued.
+#[tokio::test]
+async fn a_retry_whose_record_was_lost_answers_the_queued_job() {
+    let server = ValkeyServer::start();
+    let gate = valkey_gate(&server, &[]);
+    let first = gate.handle(keyed(IP, "order-7")).await;
+    assert_eq!(first.status(), 202);
+    let queued = json(&first)["scanId"].clone();
+    let mut c = server.client().await;
+    let records: Vec<String> = redis::AsyncCommands::keys(&mut c, "quota:ip:{*}:idem:*")
+        .await
+        .unwrap();
+    let () = redis::AsyncCommands::del(&mut c, &records).await.unwrap();
+    let retry = gate.handle(keyed(IP, "order-7")).await;
+    assert_eq!(retry.status(), 202);
+    assert!(retry.headers().get("idempotent-replayed").is_none());
+    assert_eq!(json(&retry)["scanId"], queued, "the queued job's id");
+    let jobs = stream_jobs(&server, "jobs").await;
+    assert_eq!(jobs.len(), 1, "{jobs:?}");
+    assert_eq!(jobs[0]["scanId"], queued);
+    let replay = gate.handle(keyed(IP, "order-7")).await;
+    assert_eq!(replay.headers()["idempotent-replayed"], "true");
+    assert_eq!(json(&replay)["scanId"], queued);
+    // Another key of the subject lands as ever.
+    let other = gate.handle(keyed(IP, "order-8")).await;
+    assert_ne!(json(&other)["scanId"], queued);
+    assert_eq!(stream_jobs(&server, "jobs").await.len(), 2);
+}
+
 #[tokio::test]
 async fn keyed_retries_in_memory() {
     let jobs = RecordingQueue::default();

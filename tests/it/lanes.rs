@@ -17,7 +17,7 @@
 
 use quota_gate_testkit as common;
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::future::Future;
 use std::time::{Duration, Instant};
 
@@ -323,9 +323,14 @@ async fn the_over_lane_keeps_its_share_when_within_quota_work_saturates() {
     );
     // One in four, less the first start (taken before all was read).
     assert!(over_starts.len() + 1 >= both.len() / 4, "{starts:?}");
-    // Tenants in turn: any five over-quota starts in a row are five tenants.
-    for five in over_starts.windows(5) {
-        let distinct: std::collections::BTreeSet<&&str> = five.iter().collect();
-        assert_eq!(distinct.len(), 5, "{over_starts:?}");
+    // Tenants in turn among the jobs waiting for a slot: each job is
+    // claimed before it waits, so a loaded machine may seat the first few
+    // late; from the first round of all five tenants on, any five
+    // over-quota starts in a row are five tenants.
+    let five_tenants = |five: &[&str]| five.iter().collect::<BTreeSet<_>>().len() == 5;
+    let first_round = over_starts.windows(5).position(five_tenants);
+    let first_round = first_round.unwrap_or_else(|| panic!("never a round: {over_starts:?}"));
+    for five in over_starts[first_round..].windows(5) {
+        assert!(five_tenants(five), "{over_starts:?}");
     }
 }

@@ -5,7 +5,10 @@
 use std::future::Future;
 use std::time::Duration;
 
+use uuid::Uuid;
+
 use crate::rules::job::ScanJob;
+use crate::rules::unix::UnixSecs;
 
 /// The longest an enqueue may take before the scan is refunded and refused
 /// (less when the gateway or Lambda deadline is nearer). It lives with the
@@ -28,10 +31,26 @@ pub trait ScanQueue: Send + Sync + 'static {
     /// Queues `job`, held back by `job.deferred_ms` where the backend can.
     fn enqueue(&self, job: &ScanJob) -> impl Future<Output = Result<(), QueueError>> + Send;
 
-    /// Queues `job` unless a job with its `scanId` was queued before: what a
-    /// keyed retry uses. Backends that cannot tell queue it again, and
-    /// consumers deduplicate on `scanId`.
-    fn enqueue_once(&self, job: &ScanJob) -> impl Future<Output = Result<(), QueueError>> + Send {
-        self.enqueue(job)
+    /// Queues a keyed scan's `job` unless its record's job was queued
+    /// before, under this `scanId` or another (an attempt whose claim a
+    /// failover lost may have landed its job on the new primary); the
+    /// `scanId` the record's job is queued under. Backends that cannot tell
+    /// queue it again, and consumers deduplicate on `scanId`.
+    fn enqueue_once(
+        &self,
+        job: &ScanJob,
+        record: Once<'_>,
+    ) -> impl Future<Output = Result<Uuid, QueueError>> + Send {
+        let _ = record;
+        async move { self.enqueue(job).await.map(|()| job.scan_id) }
     }
+}
+
+/// The idempotency record a keyed scan's job belongs to.
+#[derive(Debug, Clone, Copy)]
+pub struct Once<'a> {
+    /// The record's key.
+    pub record: &'a str,
+    /// When the record expires: what lands once is remembered as long.
+    pub expires_at: UnixSecs,
 }

@@ -13,7 +13,7 @@ pub mod spool;
 pub mod sqs;
 pub mod stream;
 
-pub use job_queue::{ENQUEUE_TIMEOUT, QueueError, ScanQueue};
+pub use job_queue::{ENQUEUE_TIMEOUT, Once, QueueError, ScanQueue};
 
 /// The job type lives in [`crate::rules::job`], shared with the consumer.
 pub use crate::rules::job::ScanJob;
@@ -34,11 +34,15 @@ impl ScanQueue for AnyQueue {
         }
     }
 
-    async fn enqueue_once(&self, job: &ScanJob) -> Result<(), QueueError> {
+    async fn enqueue_once(
+        &self,
+        job: &ScanJob,
+        record: Once<'_>,
+    ) -> Result<uuid::Uuid, QueueError> {
         match self {
-            Self::Spool(q) => q.enqueue_once(job).await,
-            Self::Stream(q) => q.enqueue_once(job).await,
-            Self::Sqs(q) => Box::pin(q.enqueue_once(job)).await,
+            Self::Spool(q) => q.enqueue_once(job, record).await,
+            Self::Stream(q) => q.enqueue_once(job, record).await,
+            Self::Sqs(q) => Box::pin(q.enqueue_once(job, record)).await,
         }
     }
 }

@@ -9,11 +9,16 @@
 //! reads each with its own room, so over-quota jobs held for their
 //! `notBefore` never leave a within-quota job unread.
 //!
-//! A keyed scan's job is added at most once per `scanId`: `land.lua` sets a
-//! marker key beside the stream (same hash tag, so one slot in a cluster)
-//! and adds the entry only if the marker was new, in one atomic step. A
-//! retry after a timeout can then queue the same job again safely: if the
-//! first attempt landed after all, the second adds nothing.
+//! A keyed scan's job is added at most once per idempotency record:
+//! `land.lua` sets a marker key beside the stream (same hash tag, so one
+//! slot in a cluster), named by the record and holding the `scanId`, and
+//! adds the entry only if the marker was new, in one atomic step. A retry
+//! after a timeout can then queue the same job again safely: if the first
+//! attempt landed after all, the second adds nothing and answers the first
+//! one's `scanId`. That holds even when a failover lost the first
+//! attempt's claim (so the retry counts afresh under a new `scanId`) but
+//! not its job: a send that waited out the outage lands on the new
+//! primary.
 //!
 //! With `VALKEY_WAIT_REPLICAS=N` (N > 0) the entry must reach N replicas
 //! before the gate relies on it: each add is followed by a `WAIT N` on the
@@ -24,13 +29,12 @@
 //! retry with the same `Idempotency-Key` settles it: one job, whether the
 //! first entry survived or not.
 
-use super::job_queue::{QueueError, ScanQueue};
+use super::job_queue::{Once, QueueError, ScanQueue};
 use crate::io::connection::{NodeInfo, SendError, Valkey, eval, sized_cmd};
 use crate::rules::hash_tag::tagged;
 use crate::rules::job::{Lane, ScanJob};
-
-/// How long a landed `scanId` is remembered: as long as a key's record.
-const MARKER_TTL_SECS: i64 = crate::io::store::IDEMPOTENCY_TTL_SECS;
+use sha2::{Digest, Sha256};
+use uuid::Uuid;
 
 /// Appends jobs to a stream.
 #[derive(Clone)]
@@ -39,8 +43,8 @@ pub struct StreamQueue {
     key: String,
     /// The over lane's stream ([`lane_key`]).
     over_key: String,
-    /// `{<key>}:scan:` (or `<key>:scan:` when the key has a hash tag of its
-    /// own): the marker keys' prefix, in the stream's slot.
+    /// `{<key>}:landed:` (or `<key>:landed:` when the key has a hash tag of
+    /// its own): the marker keys' prefix, in the stream's slot.
     marker_prefix: String,
     /// `VALKEY_WAIT_REPLICAS`: the replicas an entry must reach (0: none).
     wait_replicas: u32,
@@ -63,7 +67,7 @@ fn backend(e: SendError) -> QueueError {
 impl StreamQueue {
     pub fn new(valkey: Valkey, key: impl Into<String>) -> Self {
         let key = key.into();
-        let marker_prefix = format!("{}:scan:", tagged(&key));
+        let marker_prefix = format!("{}:landed:", tagged(&key));
         Self {
             valkey,
             over_key: lane_key(&key, Lane::Over),
@@ -173,14 +177,18 @@ impl ScanQueue for StreamQueue {
         Ok(())
     }
 
-    async fn enqueue_once(&self, job: &ScanJob) -> Result<(), QueueError> {
+    async fn enqueue_once(&self, job: &ScanJob, once: Once<'_>) -> Result<Uuid, QueueError> {
         let json = Self::json(job)?;
-        let scan_id = job.scan_id.to_string();
-        let marker = format!("{}{scan_id}", self.marker_prefix);
+        // The record's key names a subject's digest: hashed again, so the
+        // marker's name stays short and says nothing of the subject.
+        let record = Sha256::digest(once.record.as_bytes());
+        let marker = format!("{}{}", self.marker_prefix, hex::encode(&record[..16]));
         let mut cmd = eval(LAND, &[self.key_of(job), &marker]);
-        cmd.arg(json).arg(&scan_id).arg(MARKER_TTL_SECS);
-        let _: i64 = self.add(cmd).await?;
-        Ok(())
+        cmd.arg(json)
+            .arg(job.scan_id.to_string())
+            .arg(once.expires_at.get());
+        let landed: String = self.add(cmd).await?;
+        Uuid::parse_str(&landed).map_err(|e| QueueError::Backend(format!("a marker: {e}")))
     }
 }
 

@@ -1,6 +1,9 @@
-//! The simulated scan queue: a Valkey stream's semantics (a keyed job lands
-//! at most once per `scanId`, checked when it lands), each send given a
-//! seeded fate on the wire.
+//! The simulated scan queue: a keyed job lands at most once per `scanId`,
+//! checked when it lands, as every queue's consumers deduplicate; each send
+//! given a seeded fate on the wire. It leaves out the stream's marker per
+//! idempotency record (which would also catch a retry under a fresh
+//! `scanId`): the gate's one `scanId` per key is checked as SQS, which has
+//! no such marker, relies on it.
 
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
@@ -8,7 +11,7 @@ use std::time::Duration;
 
 use quota_gate::gate::ENQUEUE_TIMEOUT;
 use quota_gate::io::connection::{SendError, not_connected};
-use quota_gate::io::queue::{QueueError, ScanJob, ScanQueue};
+use quota_gate::io::queue::{Once, QueueError, ScanJob, ScanQueue};
 use uuid::Uuid;
 
 use super::wire::{Conn, Fate, Faults};
@@ -76,7 +79,7 @@ impl ScanQueue for SimQueue {
         self.send(job, false).await
     }
 
-    async fn enqueue_once(&self, job: &ScanJob) -> Result<(), QueueError> {
-        self.send(job, true).await
+    async fn enqueue_once(&self, job: &ScanJob, _: Once<'_>) -> Result<Uuid, QueueError> {
+        self.send(job, true).await.map(|()| job.scan_id)
     }
 }
