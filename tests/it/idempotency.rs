@@ -12,8 +12,9 @@ use std::time::Duration;
 use common::*;
 use http::HeaderValue;
 use quota_gate::gate::{Gate, GateRequest};
-use quota_gate::io::queue::ScanQueue;
+use quota_gate::io::connection::Valkey;
 use quota_gate::io::queue::stream::StreamQueue;
+use quota_gate::io::queue::{Once, ScanJob, ScanQueue};
 use quota_gate::io::store::memory::MemoryStore;
 use quota_gate::io::store::valkey::ValkeyStore;
 use quota_gate::io::store::{
@@ -154,6 +155,32 @@ async fn a_retry_whose_record_was_lost_answers_the_queued_job() {
     let other = gate.handle(keyed(IP, "order-8")).await;
     assert_ne!(json(&other)["scanId"], queued);
     assert_eq!(stream_jobs(&server, "jobs").await.len(), 2);
+}
+
+/// The stream's markers of earlier versions (one per `scanId`) still hold
+/// for as long as they last: a take-over of a job landed before an upgrade
+/// adds no second entry; another record's job lands.
+#[tokio::test]
+async fn a_job_marked_by_an_earlier_version_lands_no_more() {
+    let server = ValkeyServer::start();
+    let valkey = Valkey::new(&server.url(), false, Duration::from_secs(1)).unwrap();
+    let queue = StreamQueue::new(valkey, "jobs");
+    let job: ScanJob = serde_json::from_value(common::consumer::job(now() * 1000)).unwrap();
+    let mut c = server.client().await;
+    let marker = format!("{{jobs}}:scan:{}", job.scan_id);
+    let () = redis::AsyncCommands::set(&mut c, &marker, "1")
+        .await
+        .unwrap();
+    let once = |record| Once {
+        record,
+        expires_at: UnixSecs(now() + 60),
+    };
+    let landed = queue.enqueue_once(&job, once("quota:a")).await.unwrap();
+    assert_eq!(landed, job.scan_id);
+    assert!(stream_jobs(&server, "jobs").await.is_empty());
+    let () = redis::AsyncCommands::del(&mut c, &marker).await.unwrap();
+    queue.enqueue_once(&job, once("quota:b")).await.unwrap();
+    assert_eq!(stream_jobs(&server, "jobs").await.len(), 1);
 }
 
 #[tokio::test]

@@ -43,8 +43,8 @@ pub struct StreamQueue {
     key: String,
     /// The over lane's stream ([`lane_key`]).
     over_key: String,
-    /// `{<key>}:landed:` (or `<key>:landed:` when the key has a hash tag of
-    /// its own): the marker keys' prefix, in the stream's slot.
+    /// `{<key>}:` (or `<key>:` when the key has a hash tag of its own): the
+    /// marker keys' prefix, in the stream's slot.
     marker_prefix: String,
     /// `VALKEY_WAIT_REPLICAS`: the replicas an entry must reach (0: none).
     wait_replicas: u32,
@@ -67,7 +67,7 @@ fn backend(e: SendError) -> QueueError {
 impl StreamQueue {
     pub fn new(valkey: Valkey, key: impl Into<String>) -> Self {
         let key = key.into();
-        let marker_prefix = format!("{}:landed:", tagged(&key));
+        let marker_prefix = format!("{}:", tagged(&key));
         Self {
             valkey,
             over_key: lane_key(&key, Lane::Over),
@@ -182,8 +182,14 @@ impl ScanQueue for StreamQueue {
         // The record's key names a subject's digest: hashed again, so the
         // marker's name stays short and says nothing of the subject.
         let record = Sha256::digest(once.record.as_bytes());
-        let marker = format!("{}{}", self.marker_prefix, hex::encode(&record[..16]));
-        let mut cmd = eval(LAND, &[self.key_of(job), &marker]);
+        let marker = format!(
+            "{}landed:{}",
+            self.marker_prefix,
+            hex::encode(&record[..16])
+        );
+        // What earlier versions marked, for as long as their markers last.
+        let by_scan_id = format!("{}scan:{}", self.marker_prefix, job.scan_id);
+        let mut cmd = eval(LAND, &[self.key_of(job), &marker, &by_scan_id]);
         cmd.arg(json)
             .arg(job.scan_id.to_string())
             .arg(once.expires_at.get());
