@@ -53,7 +53,7 @@ use quota_gate::gate::{Gate, GateRequest};
 use quota_gate::io::connection::Valkey;
 use quota_gate::io::meter::Meter;
 use quota_gate::io::queue::stream::StreamQueue;
-use quota_gate::io::queue::{QueueError, ScanJob, ScanQueue};
+use quota_gate::io::queue::{ScanJob, ScanQueue, SendError};
 use quota_gate::io::store::memory::MemoryStore;
 use quota_gate::io::store::valkey::ValkeyStore;
 use quota_gate::io::store::{CountArgs, QuotaKey, QuotaStore, period_end};
@@ -941,8 +941,8 @@ fn ip_requests(n: usize) -> Vec<GateRequest> {
 struct SerializeOnly;
 
 impl ScanQueue for SerializeOnly {
-    async fn enqueue(&self, job: &ScanJob) -> Result<(), QueueError> {
-        let json = serde_json::to_string(job).map_err(|e| QueueError::Backend(e.to_string()))?;
+    async fn enqueue(&self, job: &ScanJob) -> Result<(), SendError> {
+        let json = serde_json::to_string(job).map_err(|e| SendError::Refused(e.to_string()))?;
         std::hint::black_box((json, job.scan_id.to_string()));
         Ok(())
     }

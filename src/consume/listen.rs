@@ -85,7 +85,7 @@ async fn answer(request: &Request<Incoming>, valkey: Option<&Valkey>) -> Respons
         (true, "/healthz") => (StatusCode::OK, "text/plain", ALIVE),
         (true, "/readyz") => {
             let store = match valkey {
-                Some(valkey) => valkey.ping(READY_TIMEOUT).await.map_err(Into::into),
+                Some(valkey) => valkey.ping(READY_TIMEOUT).await,
                 None => Ok(()),
             };
             let (status, body) = readiness(&store);

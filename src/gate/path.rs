@@ -29,9 +29,9 @@ use crate::config::Mode;
 use crate::gate::error::GateError;
 use crate::gate::identity::{Identity, Origin};
 use crate::io::meter::{End, Exit, Metered};
-use crate::io::queue::{Once, QueueError, ScanJob, ScanQueue};
+use crate::io::queue::{Once, ScanJob, ScanQueue, SendError};
 use crate::io::store::{
-    Claim, Claimed, CountArgs, CountFailed, QuotaStore, Record, StoreError, TakeOver, Tally,
+    Claim, Claimed, CountArgs, CountFailed, QuotaStore, Record, TakeOver, Tally,
 };
 use crate::rules::delay::DelayPlan;
 use crate::rules::settle::{self, Repeat, on_repeat, on_take_over};
@@ -295,8 +295,10 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
             Ok(_) => {}
             Err(e) => {
                 tracing::warn!(error = %e, "enqueue failed");
-                let failure =
-                    settle::queue_failure(matches!(e, QueueError::Timeout), scan.resumed.is_some());
+                let failure = settle::queue_failure(
+                    matches!(e, SendError::Unanswered),
+                    scan.resumed.is_some(),
+                );
                 Box::pin(self.apply(attempt, scan.scan_id, &scan.charge, failure)).await;
                 return (
                     Err(GateError::queue_failed(failure)),
@@ -342,7 +344,7 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
     /// Step 7: the `scanId` the job is queued under. A keyed scan's job is
     /// queued once per record: under an earlier attempt's `scanId` if that
     /// one's job landed.
-    async fn enqueue(&self, job: &ScanJob, attempt: &Attempt) -> Result<Uuid, QueueError> {
+    async fn enqueue(&self, job: &ScanJob, attempt: &Attempt) -> Result<Uuid, SendError> {
         let enqueue = async {
             match &attempt.claim {
                 Some(claim) => {
@@ -357,26 +359,26 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
         };
         timeout(attempt.enqueue_within(), enqueue)
             .await
-            .unwrap_or(Err(QueueError::Timeout))
+            .unwrap_or(Err(SendError::Unanswered))
     }
 
     /// One store call of the request path, skipped while the breaker is
     /// open. A store that bounds its own wait (and keeps a command it gave
     /// up on in flight) is not given a second timer; any other is bounded
     /// here, at twice the store timeout.
-    pub(super) async fn bounded<T, E: From<StoreError>>(
+    pub(super) async fn bounded<T, E: From<SendError>>(
         &self,
         call: impl Future<Output = Result<T, E>>,
     ) -> Result<T, E> {
         if !self.breaker.admit(Instant::now().into_std()) {
-            return Err(StoreError::CircuitOpen.into());
+            return Err(SendError::Skipped.into());
         }
         let result = if self.store.bounds_itself() {
             call.await
         } else {
             timeout(self.config.store.timeout * 2, call)
                 .await
-                .unwrap_or(Err(StoreError::Unanswered.into()))
+                .unwrap_or(Err(SendError::Unanswered.into()))
         };
         self.breaker
             .record(result.is_ok(), Instant::now().into_std());

@@ -18,7 +18,7 @@ use crate::gate::identity::{Identity, Origin};
 use crate::gate::quota_view::{NextScanRules, QuotaView, exempt_response, next_scan};
 use crate::gate::respond::{self, LevelStanding, Standing};
 use crate::io::meter::Event;
-use crate::io::queue::{QueueError, ScanQueue};
+use crate::io::queue::{ScanQueue, SendError};
 use crate::io::store::{QuotaKey, QuotaStore};
 use crate::rules::count::Peek;
 use crate::rules::delay::{self, DelayPlan};
@@ -148,9 +148,9 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
         // wait of its own (the store's timeout is far below the enqueue's).
         let enqueue = tokio::time::timeout(within, enqueue);
         let (queued, standing) = tokio::join!(enqueue, self.standing(&identity, now_ms));
-        if let Err(e) = queued.unwrap_or(Err(QueueError::Timeout)) {
+        if let Err(e) = queued.unwrap_or(Err(SendError::Unanswered)) {
             tracing::warn!(error = %e, "enqueue failed (exempt scan)");
-            let timed_out = matches!(e, QueueError::Timeout);
+            let timed_out = matches!(e, SendError::Unanswered);
             return Err(GateError::queue_failed(settle::queue_failure(
                 timed_out, false,
             )));

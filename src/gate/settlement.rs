@@ -16,7 +16,7 @@ use crate::gate::error::GateError;
 use crate::io::queue::ScanQueue;
 use crate::io::store::{
     Claim, CountFailed, QuotaKey, QuotaStore, RecordField, RecordState, RecordUpdate, Refund,
-    StoreError,
+    SendError,
 };
 use crate::rules::level::Level;
 use crate::rules::settle::{
@@ -101,7 +101,7 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
         let e = failed.error;
         let scope = attempt.identity.scope;
         // An open breaker is one outage, already logged when it opened.
-        if matches!(e, StoreError::CircuitOpen) {
+        if matches!(e, SendError::Skipped) {
             tracing::debug!(%scope, "quota store skipped: breaker open");
         } else {
             tracing::warn!(error = %e, %scope, "quota store failed");
@@ -183,7 +183,7 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
         scan_id: Uuid,
         settlement: Settlement,
         levels: &[(&QuotaKey, UnixSecs)],
-    ) -> Result<(), StoreError> {
+    ) -> Result<(), SendError> {
         match (settlement, &attempt.claim) {
             (Settlement::Nothing, _) | (Settlement::Release, None) => Ok(()),
             (Settlement::Refund { period_end }, claim) => {
@@ -241,7 +241,7 @@ fn settle_by(attempt: &Attempt, now: Instant) -> Instant {
 
 /// Whether a settlement that failed with `error` may be sent again.
 ///
-/// - Never sent ([`StoreError::NotSent`], [`StoreError::CircuitOpen`]): it
+/// - Never sent ([`SendError::NotSent`], [`SendError::Skipped`]): it
 ///   did not happen, so any settlement may be sent again.
 /// - Sent, unanswered: it may have run, so only what is safe twice.
 ///   - A release only sets a pending record's lease to 0 while the record
@@ -255,14 +255,14 @@ fn settle_by(attempt: &Attempt, now: Instant) -> Instant {
 ///   - An unkeyed refund is a bare `DECR`: sent again after one that ran,
 ///     it would take back a second count, one this scan never made. Not
 ///     repeated.
-/// - Refused by the store ([`StoreError::Backend`]): final.
-fn may_repeat(settlement: Settlement, keyed: bool, error: &StoreError) -> bool {
+/// - Refused by the store ([`SendError::Refused`]): final.
+fn may_repeat(settlement: Settlement, keyed: bool, error: &SendError) -> bool {
     // What was never sent did not happen: the one rule, `never_sent`.
     if error.never_sent() {
         return true;
     }
     match error {
-        StoreError::Unanswered => match settlement {
+        SendError::Unanswered => match settlement {
             Settlement::Release => true,
             Settlement::Refund { .. } => keyed,
             Settlement::Nothing => false,
@@ -284,10 +284,10 @@ mod tests {
         let refund = Settlement::Refund {
             period_end: UnixSecs(0),
         };
-        let not_sent = StoreError::NotSent("down".into());
-        let refused = StoreError::Backend("ERR".into());
-        let unanswered = StoreError::Unanswered;
-        let open = StoreError::CircuitOpen;
+        let not_sent = SendError::NotSent("down".into());
+        let refused = SendError::Refused("ERR".into());
+        let unanswered = SendError::Unanswered;
+        let open = SendError::Skipped;
         let table = [
             (Settlement::Release, true, &not_sent, true),
             (Settlement::Release, true, &open, true),

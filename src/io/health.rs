@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use http::StatusCode;
 
-use crate::io::store::StoreError;
+use crate::io::store::SendError;
 
 /// How long `/readyz` waits for the store's answer: long enough for a
 /// healthy store across a network, short enough that a probe (Kubernetes'
@@ -23,18 +23,18 @@ pub const ALIVE: &str = "ok\n";
 /// `/readyz`'s answer to the store's: 200 `{"ready":true}`, or 503 with
 /// why, in a word (`unreachable`, `no_answer`, `refused`): never the
 /// store's own message, which may name its address.
-pub fn readiness(store: &Result<(), StoreError>) -> (StatusCode, &'static str) {
+pub fn readiness(store: &Result<(), SendError>) -> (StatusCode, &'static str) {
     match store {
         Ok(()) => (StatusCode::OK, r#"{"ready":true}"#),
-        Err(StoreError::NotSent(_) | StoreError::CircuitOpen) => (
+        Err(SendError::NotSent(_) | SendError::Skipped) => (
             StatusCode::SERVICE_UNAVAILABLE,
             r#"{"ready":false,"store":"unreachable"}"#,
         ),
-        Err(StoreError::Unanswered) => (
+        Err(SendError::Unanswered) => (
             StatusCode::SERVICE_UNAVAILABLE,
             r#"{"ready":false,"store":"no_answer"}"#,
         ),
-        Err(StoreError::Backend(_)) => (
+        Err(SendError::Refused(_)) => (
             StatusCode::SERVICE_UNAVAILABLE,
             r#"{"ready":false,"store":"refused"}"#,
         ),
@@ -52,11 +52,11 @@ mod tests {
         assert_eq!(readiness(&Ok(())).0, StatusCode::OK);
         for (e, word) in [
             (
-                StoreError::NotSent("10.0.0.9:6379 refused".into()),
+                SendError::NotSent("10.0.0.9:6379 refused".into()),
                 "unreachable",
             ),
-            (StoreError::Unanswered, "no_answer"),
-            (StoreError::Backend("NOAUTH".into()), "refused"),
+            (SendError::Unanswered, "no_answer"),
+            (SendError::Refused("NOAUTH".into()), "refused"),
         ] {
             let (status, body) = readiness(&Err(e));
             assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);

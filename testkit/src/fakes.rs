@@ -6,7 +6,7 @@ use std::io::Write;
 use std::sync::{Arc, Mutex};
 
 use quota_gate::io::meter::Meter;
-use quota_gate::io::queue::{QueueError, ScanJob, ScanQueue};
+use quota_gate::io::queue::{ScanJob, ScanQueue, SendError};
 use quota_gate::io::store::{PaceArgs, PaceLane, QuotaKey};
 use quota_gate::rules::delay::BedAsk;
 use quota_gate::rules::unix::{UnixMillis, UnixSecs};
@@ -75,7 +75,7 @@ impl OwnedPace {
 pub struct RecordingQueue(Arc<Mutex<Vec<ScanJob>>>);
 
 impl ScanQueue for RecordingQueue {
-    async fn enqueue(&self, job: &ScanJob) -> Result<(), QueueError> {
+    async fn enqueue(&self, job: &ScanJob) -> Result<(), SendError> {
         self.0.lock().unwrap().push(job.clone());
         Ok(())
     }
@@ -111,7 +111,7 @@ impl RecordingQueue {
 pub struct Discard;
 
 impl ScanQueue for Discard {
-    async fn enqueue(&self, _: &ScanJob) -> Result<(), QueueError> {
+    async fn enqueue(&self, _: &ScanJob) -> Result<(), SendError> {
         Ok(())
     }
 }
@@ -120,8 +120,8 @@ impl ScanQueue for Discard {
 pub struct Refuse;
 
 impl ScanQueue for Refuse {
-    async fn enqueue(&self, _: &ScanJob) -> Result<(), QueueError> {
-        Err(QueueError::Backend("refused by the test".into()))
+    async fn enqueue(&self, _: &ScanJob) -> Result<(), SendError> {
+        Err(SendError::Refused("refused by the test".into()))
     }
 }
 

@@ -19,7 +19,7 @@ use quota_gate::io::store::memory::MemoryStore;
 use quota_gate::io::store::valkey::ValkeyStore;
 use quota_gate::io::store::{
     Claim, Claimed, CountArgs, PaceArgs, Paced, QuotaKey, QuotaStore, RecordUpdate, Refund,
-    StoreError, TakeOver,
+    SendError, TakeOver,
 };
 use quota_gate::rules::scope::Scope;
 use quota_gate::rules::unix::UnixSecs;
@@ -488,10 +488,10 @@ impl QuotaStore for LatePace {
         &self,
         key: &quota_gate::io::store::QuotaKey,
         now: UnixSecs,
-    ) -> Result<quota_gate::io::store::Peek, StoreError> {
+    ) -> Result<quota_gate::io::store::Peek, SendError> {
         self.inner.peek(key, now).await
     }
-    async fn pace(&self, args: PaceArgs<'_>) -> Result<Paced, StoreError> {
+    async fn pace(&self, args: PaceArgs<'_>) -> Result<Paced, SendError> {
         let (store, go, ran) = (self.inner.clone(), self.go.clone(), self.ran.clone());
         let step = OwnedPace::new(&args);
         let (tx, rx) = tokio::sync::oneshot::channel();
@@ -504,18 +504,18 @@ impl QuotaStore for LatePace {
             }
             let _ = tx.send(paced);
         });
-        rx.await.unwrap_or(Err(StoreError::Unanswered))
+        rx.await.unwrap_or(Err(SendError::Unanswered))
     }
-    async fn has_record(&self, record: &str, now: UnixSecs) -> Result<bool, StoreError> {
+    async fn has_record(&self, record: &str, now: UnixSecs) -> Result<bool, SendError> {
         self.inner.has_record(record, now).await
     }
     async fn take_bed(
         &self,
         bed: quota_gate::rules::delay::LoneBed,
-    ) -> Result<quota_gate::rules::delay::Bed, StoreError> {
+    ) -> Result<quota_gate::rules::delay::Bed, SendError> {
         self.inner.take_bed(bed).await
     }
-    async fn refund(&self, refund: Refund<'_>) -> Result<(), StoreError> {
+    async fn refund(&self, refund: Refund<'_>) -> Result<(), SendError> {
         self.inner.refund(refund).await
     }
     async fn release(
@@ -523,13 +523,13 @@ impl QuotaStore for LatePace {
         record: &str,
         scan_id: uuid::Uuid,
         now: UnixSecs,
-    ) -> Result<(), StoreError> {
+    ) -> Result<(), SendError> {
         self.inner.release(record, scan_id, now).await
     }
-    async fn update_record(&self, update: RecordUpdate<'_>) -> Result<(), StoreError> {
+    async fn update_record(&self, update: RecordUpdate<'_>) -> Result<(), SendError> {
         self.inner.update_record(update).await
     }
-    async fn take_over(&self, args: TakeOver<'_>) -> Result<bool, StoreError> {
+    async fn take_over(&self, args: TakeOver<'_>) -> Result<bool, SendError> {
         self.inner.take_over(args).await
     }
 }

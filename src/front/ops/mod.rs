@@ -33,7 +33,7 @@ use std::time::Duration;
 
 use crate::config::{Config, ConfigError};
 use crate::io::connection::Valkey;
-use crate::io::store::StoreError;
+use crate::io::store::SendError;
 use crate::io::store::valkey::ValkeyStore;
 
 /// The bound on each Valkey call from an operator command. The request
@@ -55,7 +55,7 @@ pub enum OpsError {
     #[error("{0}")]
     BadInput(String),
     #[error(transparent)]
-    Store(#[from] StoreError),
+    Store(#[from] SendError),
     #[error("CloudWatch: {0}")]
     CloudWatch(String),
 }

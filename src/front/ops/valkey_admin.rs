@@ -8,7 +8,7 @@
 use super::nodes;
 use crate::io::connection::Connection;
 use crate::io::store::valkey::ValkeyStore;
-use crate::io::store::{GrantHeld, KEY_PATTERN, Peek, QuotaKey, StoreError};
+use crate::io::store::{GrantHeld, KEY_PATTERN, Peek, QuotaKey, SendError};
 use crate::rules::unix::{UnixMillis, UnixSecs};
 
 /// Keys removed per UNLINK in a purge.
@@ -49,14 +49,14 @@ pub enum GrantExpiry {
 impl ValkeyStore {
     /// Reads a subject's counter without changing it; `None` when the
     /// subject has neither a counter nor a grant.
-    pub async fn inspect(&self, key: &QuotaKey) -> Result<Option<Snapshot>, StoreError> {
+    pub async fn inspect(&self, key: &QuotaKey) -> Result<Option<Snapshot>, SendError> {
         self.snapshot(key, GrantHeld::Beside).await
     }
 
     /// Reads a level's counter as [`inspect`](Self::inspect) does a
     /// subject's: its used scans are what the counter holds plus the grant
     /// taken off it.
-    pub async fn inspect_level(&self, key: &QuotaKey) -> Result<Option<Snapshot>, StoreError> {
+    pub async fn inspect_level(&self, key: &QuotaKey) -> Result<Option<Snapshot>, SendError> {
         self.snapshot(key, GrantHeld::InCounter).await
     }
 
@@ -64,7 +64,7 @@ impl ValkeyStore {
         &self,
         key: &QuotaKey,
         held: GrantHeld,
-    ) -> Result<Option<Snapshot>, StoreError> {
+    ) -> Result<Option<Snapshot>, SendError> {
         let mut conn = self.valkey().connection().await?;
         type Reply = (Option<i64>, i64, Option<i64>, Option<u64>, i64);
         let (used, expires_at, slot, grant, grant_expires_at): Reply = redis::pipe()
@@ -119,7 +119,7 @@ impl ValkeyStore {
         key: &QuotaKey,
         scans: u64,
         period_end: Option<UnixSecs>,
-    ) -> Result<GrantExpiry, StoreError> {
+    ) -> Result<GrantExpiry, SendError> {
         let mut conn = self.valkey().connection().await?;
         let at: i64 = crate::io::store::valkey::eval(GRANT, &[&key.counter, &key.grant])
             .arg(scans)
@@ -143,7 +143,7 @@ impl ValkeyStore {
         key: &QuotaKey,
         scans: u64,
         period_end: UnixSecs,
-    ) -> Result<(Option<UnixSecs>, u64), StoreError> {
+    ) -> Result<(Option<UnixSecs>, u64), SendError> {
         let mut conn = self.valkey().connection().await?;
         let (at, earlier): (i64, u64) =
             crate::io::store::valkey::eval(GRANT_LEVEL, &[&key.counter, &key.grant])
@@ -155,7 +155,7 @@ impl ValkeyStore {
     }
 
     /// Takes a subject's grant back; whether there was one.
-    pub async fn revoke(&self, key: &QuotaKey) -> Result<bool, StoreError> {
+    pub async fn revoke(&self, key: &QuotaKey) -> Result<bool, SendError> {
         let mut conn = self.valkey().connection().await?;
         let removed: u64 = redis::cmd("DEL")
             .arg(&key.grant)
@@ -166,7 +166,7 @@ impl ValkeyStore {
 
     /// Removes every key of a subject (counter, first-seen, pacing slot and
     /// idempotency records); returns how many existed.
-    pub async fn reset(&self, key: &QuotaKey) -> Result<u64, StoreError> {
+    pub async fn reset(&self, key: &QuotaKey) -> Result<u64, SendError> {
         self.remove_matching(&key.pattern(), false, None).await
     }
 
@@ -176,7 +176,7 @@ impl ValkeyStore {
         &self,
         dry_run: bool,
         progress: Option<&(dyn Fn(u64) + Send + Sync)>,
-    ) -> Result<u64, StoreError> {
+    ) -> Result<u64, SendError> {
         self.remove_matching(KEY_PATTERN, dry_run, progress).await
     }
 
@@ -185,7 +185,7 @@ impl ValkeyStore {
         pattern: &str,
         dry_run: bool,
         progress: Option<&(dyn Fn(u64) + Send + Sync)>,
-    ) -> Result<u64, StoreError> {
+    ) -> Result<u64, SendError> {
         if !self.valkey().is_cluster() {
             let mut conn = self.valkey().connection().await?;
             return purge_node(&mut conn, pattern, dry_run, progress).await;
@@ -209,7 +209,7 @@ pub async fn purge_node(
     pattern: &str,
     dry_run: bool,
     progress: Option<&(dyn Fn(u64) + Send + Sync)>,
-) -> Result<u64, StoreError> {
+) -> Result<u64, SendError> {
     let mut cursor: u64 = 0;
     let mut removed = 0u64;
     loop {

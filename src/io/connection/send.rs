@@ -19,22 +19,39 @@ use super::connector::{Connection, Live, MIN_CONNECT_TIMEOUT, Valkey, single_thr
 /// background (see [`Valkey::send`]); after that its answer is dropped.
 pub(super) const DETACHED_WAIT: Duration = Duration::from_secs(300);
 
-/// Why a command got no answer: the distinction every recovery rule rests
-/// on. Only a command that left the process can still run.
+/// Why a command got no answer, from the quota store or a scan queue alike:
+/// the distinction every recovery rule rests on. Only a command that left
+/// the process can still run.
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum SendError {
     /// Never written: no connection within the timeout, or a connection
     /// attempt failed. The command did not happen and never will.
     #[error("not sent: {0}")]
     NotSent(String),
+    /// Never written: skipped by the gate's open circuit breaker.
+    #[error("not sent: skipped after repeated failures")]
+    Skipped,
     /// Written, then no answer in time (or the connection broke before the
     /// answer): the command may still run when the server wakes up.
-    #[error("sent, no answer in time")]
+    #[error("sent, no answer in time: it may still run")]
     Unanswered,
     /// The server answered with an error (or an answer of the wrong shape):
     /// the command ran, or was refused, and that is final.
-    #[error("{0}")]
+    #[error("refused: {0}")]
     Refused(String),
+}
+
+impl SendError {
+    /// Whether the command may still run later.
+    pub fn may_land(&self) -> bool {
+        matches!(self, Self::Unanswered)
+    }
+
+    /// Whether the command was never sent: nothing of it happened, and it
+    /// may be sent again (as the gate's settlement retry does).
+    pub fn never_sent(&self) -> bool {
+        matches!(self, Self::NotSent(_) | Self::Skipped)
+    }
 }
 
 /// A server's refusal of a command (or an answer of the wrong shape), with

@@ -1,12 +1,14 @@
-//! What every scan queue is: the [`ScanQueue`] trait, its [`QueueError`],
-//! and the [`ENQUEUE_TIMEOUT`] the queues bound their sends by. A leaf:
-//! the queues and the gate import it, it imports only the job.
+//! What every scan queue is: the [`ScanQueue`] trait, and the
+//! [`ENQUEUE_TIMEOUT`] the queues bound their sends by. A failed enqueue
+//! is a [`SendError`], as a failed store call is: never sent (not queued),
+//! sent and unanswered (the job may still land), or refused.
 
 use std::future::Future;
 use std::time::Duration;
 
 use uuid::Uuid;
 
+pub use crate::io::connection::SendError;
 use crate::rules::job::ScanJob;
 use crate::rules::unix::UnixSecs;
 
@@ -15,21 +17,10 @@ use crate::rules::unix::UnixSecs;
 /// queues, which bound their own sends by it; the gate imports it.
 pub const ENQUEUE_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// Why a job could not be queued.
-#[derive(Debug, thiserror::Error)]
-pub enum QueueError {
-    /// Sent, but no answer (in time, or at all: the connection dropped):
-    /// the job may have landed, or still land.
-    #[error("the scan queue did not answer in time")]
-    Timeout,
-    #[error("scan queue error: {0}")]
-    Backend(String),
-}
-
 /// A scan queue.
 pub trait ScanQueue: Send + Sync + 'static {
     /// Queues `job`, held back by `job.deferred_ms` where the backend can.
-    fn enqueue(&self, job: &ScanJob) -> impl Future<Output = Result<(), QueueError>> + Send;
+    fn enqueue(&self, job: &ScanJob) -> impl Future<Output = Result<(), SendError>> + Send;
 
     /// Queues a keyed scan's `job` unless its record's job was queued
     /// before, under this `scanId` or another (an attempt whose claim a
@@ -40,7 +31,7 @@ pub trait ScanQueue: Send + Sync + 'static {
         &self,
         job: &ScanJob,
         record: Once<'_>,
-    ) -> impl Future<Output = Result<Uuid, QueueError>> + Send {
+    ) -> impl Future<Output = Result<Uuid, SendError>> + Send {
         let _ = record;
         async move { self.enqueue(job).await.map(|()| job.scan_id) }
     }

@@ -13,7 +13,7 @@ pub mod spool;
 pub mod sqs;
 pub mod stream;
 
-pub use job_queue::{ENQUEUE_TIMEOUT, Once, QueueError, ScanQueue};
+pub use job_queue::{ENQUEUE_TIMEOUT, Once, ScanQueue, SendError};
 
 /// The job type lives in [`crate::rules::job`], shared with the consumer.
 pub use crate::rules::job::ScanJob;
@@ -26,7 +26,7 @@ pub enum AnyQueue {
 }
 
 impl ScanQueue for AnyQueue {
-    async fn enqueue(&self, job: &ScanJob) -> Result<(), QueueError> {
+    async fn enqueue(&self, job: &ScanJob) -> Result<(), SendError> {
         match self {
             Self::Spool(q) => q.enqueue(job).await,
             Self::Stream(q) => q.enqueue(job).await,
@@ -34,11 +34,7 @@ impl ScanQueue for AnyQueue {
         }
     }
 
-    async fn enqueue_once(
-        &self,
-        job: &ScanJob,
-        record: Once<'_>,
-    ) -> Result<uuid::Uuid, QueueError> {
+    async fn enqueue_once(&self, job: &ScanJob, record: Once<'_>) -> Result<uuid::Uuid, SendError> {
         match self {
             Self::Spool(q) => q.enqueue_once(job, record).await,
             Self::Stream(q) => q.enqueue_once(job, record).await,

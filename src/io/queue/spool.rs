@@ -8,7 +8,7 @@
 //! Jobs go through the process's non-blocking [`LineWriter`] (see
 //! [`crate::io::stdout`]), shared with the EMF lines. When its queue is full a
 //! job cannot be dropped: [`Spool::enqueue`] fails at once with a
-//! [`QueueError`], and the gate refunds the count and answers 503.
+//! [`SendError`], and the gate refunds the count and answers 503.
 //!
 //! A job is answered 202 only once the writer thread has written and flushed
 //! its line (an acknowledgement per job). A job whose enqueue is given up
@@ -19,7 +19,7 @@ use std::io::Write;
 
 use crate::io::stdout::{LINE_QUEUE, LineWriter, WriteError};
 
-use super::job_queue::{QueueError, ScanQueue};
+use super::job_queue::{ScanQueue, SendError};
 use crate::rules::job::ScanJob;
 
 /// Writes jobs as JSON lines.
@@ -52,11 +52,12 @@ impl Spool {
 }
 
 impl ScanQueue for Spool {
-    async fn enqueue(&self, job: &ScanJob) -> Result<(), QueueError> {
-        let mut line = serde_json::to_vec(job).map_err(|e| QueueError::Backend(e.to_string()))?;
+    async fn enqueue(&self, job: &ScanJob) -> Result<(), SendError> {
+        let mut line = serde_json::to_vec(job).map_err(|e| SendError::NotSent(e.to_string()))?;
         line.push(b'\n');
+        // A line refused by the writer was never written.
         self.out.write_acknowledged(line).await.map_err(|e| {
-            QueueError::Backend(match e {
+            SendError::NotSent(match e {
                 WriteError::Full => {
                     "spool full: standard output is not being read fast enough".into()
                 }

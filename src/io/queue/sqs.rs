@@ -34,7 +34,7 @@ use aws_sdk_sqs::types::{
     MessageAttributeValue, MessageSystemAttributeNameForSends, MessageSystemAttributeValue,
 };
 
-use super::job_queue::{ENQUEUE_TIMEOUT, QueueError, ScanQueue};
+use super::job_queue::{ENQUEUE_TIMEOUT, ScanQueue, SendError};
 use crate::rules::delay::MAX_QUEUE_DEFERRAL;
 use crate::rules::job::{Lane, ScanJob};
 use crate::rules::trace::{TRACEPARENT, TRACESTATE};
@@ -109,12 +109,12 @@ pub fn delay_seconds(deferred: Duration) -> i32 {
     i32::try_from(capped).unwrap_or(i32::MAX)
 }
 
-fn string_attribute(value: &str) -> Result<MessageAttributeValue, QueueError> {
+fn string_attribute(value: &str) -> Result<MessageAttributeValue, SendError> {
     MessageAttributeValue::builder()
         .data_type("String")
         .string_value(value)
         .build()
-        .map_err(|e| QueueError::Backend(e.to_string()))
+        .map_err(|e| SendError::NotSent(e.to_string()))
 }
 
 /// The job's trace on the message: X-Ray's `AWSTraceHeader` system
@@ -124,7 +124,7 @@ fn string_attribute(value: &str) -> Result<MessageAttributeValue, QueueError> {
 fn traced(
     send: SendMessageFluentBuilder,
     job: &ScanJob,
-) -> Result<SendMessageFluentBuilder, QueueError> {
+) -> Result<SendMessageFluentBuilder, SendError> {
     let Some(trace) = &job.trace else {
         return Ok(send);
     };
@@ -132,7 +132,7 @@ fn traced(
         .data_type("String")
         .string_value(trace.xray_header().as_str())
         .build()
-        .map_err(|e| QueueError::Backend(e.to_string()))?;
+        .map_err(|e| SendError::NotSent(e.to_string()))?;
     let send = send
         .message_system_attributes(MessageSystemAttributeNameForSends::AwsTraceHeader, header)
         .message_attributes(TRACEPARENT, string_attribute(trace.traceparent().as_str())?);
@@ -143,8 +143,8 @@ fn traced(
 }
 
 impl ScanQueue for SqsQueue {
-    async fn enqueue(&self, job: &ScanJob) -> Result<(), QueueError> {
-        let body = serde_json::to_string(job).map_err(|e| QueueError::Backend(e.to_string()))?;
+    async fn enqueue(&self, job: &ScanJob) -> Result<(), SendError> {
+        let body = serde_json::to_string(job).map_err(|e| SendError::NotSent(e.to_string()))?;
         let (url, group) = match (job.lane(), &self.over_url) {
             (Lane::Over, Some(over)) => (over, Some(job.tenant())),
             (Lane::Over, None) => (&self.url, Some(job.tenant())),
@@ -169,7 +169,7 @@ impl ScanQueue for SqsQueue {
 /// its connection was never made (refused, or the connect timed out). May
 /// land: it timed out, its answer could not be read, or its connection
 /// broke when the request may already have been written.
-fn queue_error<E, R>(e: SdkError<E, R>) -> QueueError
+fn queue_error<E, R>(e: SdkError<E, R>) -> SendError
 where
     E: std::error::Error + 'static,
     R: std::fmt::Debug,
@@ -181,12 +181,12 @@ where
         }
         _ => false,
     };
-    if sent {
-        QueueError::Timeout
-    } else {
-        // The context chain names the cause (QueueDoesNotExist, connection
-        // refused, access denied); the URL is not secret.
-        QueueError::Backend(DisplayErrorContext(&e).to_string())
+    // The context chain names the cause (QueueDoesNotExist, connection
+    // refused, access denied); the URL is not secret.
+    match e {
+        _ if sent => SendError::Unanswered,
+        SdkError::ServiceError(_) => SendError::Refused(DisplayErrorContext(&e).to_string()),
+        _ => SendError::NotSent(DisplayErrorContext(&e).to_string()),
     }
 }
 

@@ -25,11 +25,11 @@
 //! same connection, in the same round trip. An add that the replicas did
 //! not all acknowledge in time is on the primary only, and a failover may
 //! lose it: it is answered as a queue that did not answer
-//! ([`QueueError::Timeout`], `"queued": "unknown"`), never as a 202. A
+//! ([`SendError::Unanswered`], `"queued": "unknown"`), never as a 202. A
 //! retry with the same `Idempotency-Key` settles it: one job, whether the
 //! first entry survived or not.
 
-use super::job_queue::{Once, QueueError, ScanQueue};
+use super::job_queue::{Once, ScanQueue};
 use crate::io::connection::{NodeInfo, SendError, Valkey, eval, sized_cmd};
 use crate::rules::hash_tag::tagged;
 use crate::rules::job::{Lane, ScanJob};
@@ -55,15 +55,6 @@ const LAND: &str = include_str!("land.lua");
 /// Room for a job's JSON with a typical request body (500 to 700 bytes).
 const JOB_JSON_CAPACITY: usize = 1024;
 
-/// Not sent, or refused by the server: not queued. Sent and unanswered:
-/// the job may still land.
-fn backend(e: SendError) -> QueueError {
-    match e {
-        SendError::Unanswered => QueueError::Timeout,
-        SendError::NotSent(why) | SendError::Refused(why) => QueueError::Backend(why),
-    }
-}
-
 impl StreamQueue {
     pub fn new(valkey: Valkey, key: impl Into<String>) -> Self {
         let key = key.into();
@@ -87,15 +78,14 @@ impl StreamQueue {
     /// Sends one add, and with [`Self::with_wait`] its `WAIT` behind it in
     /// the same round trip ([`Valkey::send_replicated`]): short of the
     /// replicas, the job may be lost in a failover, so it is
-    /// [`QueueError::Timeout`].
-    async fn add<T: redis::FromRedisValue>(&self, cmd: redis::Cmd) -> Result<T, QueueError> {
+    /// [`SendError::Unanswered`].
+    async fn add<T: redis::FromRedisValue>(&self, cmd: redis::Cmd) -> Result<T, SendError> {
         let (added, replicated) = self
             .valkey
             .send_replicated(cmd, self.wait_replicas, SEND_WITHIN)
-            .await
-            .map_err(backend)?;
+            .await?;
         if !replicated {
-            return Err(QueueError::Timeout);
+            return Err(SendError::Unanswered);
         }
         Ok(added)
     }
@@ -110,9 +100,9 @@ impl StreamQueue {
 
     /// The job's JSON, written into a buffer sized for it at once, so it is
     /// not grown (and copied) three times on the way.
-    fn json(job: &ScanJob) -> Result<Vec<u8>, QueueError> {
+    fn json(job: &ScanJob) -> Result<Vec<u8>, SendError> {
         let mut json = Vec::with_capacity(JOB_JSON_CAPACITY);
-        serde_json::to_writer(&mut json, job).map_err(|e| QueueError::Backend(e.to_string()))?;
+        serde_json::to_writer(&mut json, job).map_err(|e| SendError::NotSent(e.to_string()))?;
         Ok(json)
     }
 }
@@ -161,7 +151,7 @@ fn aof_everywhere(nodes: &[NodeInfo]) -> bool {
 }
 
 impl ScanQueue for StreamQueue {
-    async fn enqueue(&self, job: &ScanJob) -> Result<(), QueueError> {
+    async fn enqueue(&self, job: &ScanJob) -> Result<(), SendError> {
         let json = Self::json(job)?;
         let mut scan_id = uuid::Uuid::encode_buffer();
         let key = self.key_of(job);
@@ -177,7 +167,7 @@ impl ScanQueue for StreamQueue {
         Ok(())
     }
 
-    async fn enqueue_once(&self, job: &ScanJob, once: Once<'_>) -> Result<Uuid, QueueError> {
+    async fn enqueue_once(&self, job: &ScanJob, once: Once<'_>) -> Result<Uuid, SendError> {
         let json = Self::json(job)?;
         // The record's key names a subject's digest: hashed again, so the
         // marker's name stays short and says nothing of the subject.
@@ -194,7 +184,7 @@ impl ScanQueue for StreamQueue {
             .arg(job.scan_id.to_string())
             .arg(once.expires_at.get());
         let landed: String = self.add(cmd).await?;
-        Uuid::parse_str(&landed).map_err(|e| QueueError::Backend(format!("a marker: {e}")))
+        Uuid::parse_str(&landed).map_err(|e| SendError::Refused(format!("a marker: {e}")))
     }
 }
 

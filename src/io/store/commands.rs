@@ -4,7 +4,7 @@
 
 use redis::Value;
 
-use super::quota_store::{CountArgs, PaceArgs, PaceLane, Refund, StoreError};
+use super::quota_store::{CountArgs, PaceArgs, PaceLane, Refund, SendError};
 use crate::config::ResetPolicy;
 use crate::io::connection::{eval, sized_cmd};
 use crate::rules::count::{Count, LevelCount, Peek, Tally};
@@ -38,8 +38,8 @@ pub(super) fn int(v: &Value) -> i64 {
     }
 }
 
-pub(super) fn unexpected(what: &str) -> StoreError {
-    StoreError::Backend(format!("unexpected reply to {what}"))
+pub(super) fn unexpected(what: &str) -> SendError {
+    SendError::Refused(format!("unexpected reply to {what}"))
 }
 
 /// Each command sized at once (numbers and words: 48 bytes of room).
@@ -114,7 +114,7 @@ pub(super) fn level_width(reset: ResetPolicy) -> usize {
 }
 
 /// One count from its `[used, expiry, grant]` reply, read at `now`.
-pub(super) fn count_of(reply: &[Value], now: UnixSecs) -> Result<Count, StoreError> {
+pub(super) fn count_of(reply: &[Value], now: UnixSecs) -> Result<Count, SendError> {
     match reply {
         [used, reset_at, grant] => Ok(Count {
             used: u64::try_from(int(used)).map_err(|_| unexpected("count"))?,
@@ -134,7 +134,7 @@ pub(super) fn level_of(
     reply: &[Value],
     period_end: UnixSecs,
     now: UnixSecs,
-) -> Result<Count, StoreError> {
+) -> Result<Count, SendError> {
     let (held, reset_at) = match reply {
         [held] => (int(held), period_end),
         [held, expiry] => (int(held), UnixSecs(int(expiry))),
@@ -154,7 +154,7 @@ pub(super) fn tally(
     reply: &[Value],
     args: &CountArgs<'_>,
     width: usize,
-) -> Result<Tally, StoreError> {
+) -> Result<Tally, SendError> {
     let (subject, levels) = reply
         .split_at_checked(3)
         .ok_or_else(|| unexpected("count"))?;
@@ -202,7 +202,7 @@ pub(super) fn peek_commands(pipe: &mut redis::Pipeline, key: &QuotaKey) {
 }
 
 /// A read from its `[used, expiry, slot, grant]` reply.
-pub(super) fn peek_of(reply: &[Value], held: GrantHeld) -> Result<Peek, StoreError> {
+pub(super) fn peek_of(reply: &[Value], held: GrantHeld) -> Result<Peek, SendError> {
     let [used, reset_at, slot, grant] = reply else {
         return Err(unexpected("a read"));
     };
@@ -292,7 +292,7 @@ pub(super) fn take_bed_script(bed: &LoneBed) -> redis::Cmd {
 }
 
 /// `take_bed.lua`'s `{taken, asleep}` reply.
-pub(super) fn bed_of(reply: &[i64]) -> Result<Bed, StoreError> {
+pub(super) fn bed_of(reply: &[i64]) -> Result<Bed, SendError> {
     match reply {
         [taken, asleep] => Ok(Bed {
             taken: *taken == 1,

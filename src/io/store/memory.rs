@@ -21,7 +21,7 @@ use crate::config::ResetPolicy;
 use crate::rules::unix::{UnixMillis, UnixSecs};
 
 use super::quota_store::{
-    CountArgs, CountFailed, PaceArgs, QuotaStore, RecordUpdate, Refund, StoreError, TakeOver,
+    CountArgs, CountFailed, PaceArgs, QuotaStore, RecordUpdate, Refund, SendError, TakeOver,
 };
 use crate::rules::count::{Count, Peek, Tally};
 use crate::rules::delay::{Bed, LoneBed, take_bed};
@@ -242,7 +242,7 @@ impl QuotaStore for MemoryStore {
         true
     }
 
-    async fn peek(&self, key: &QuotaKey, now: UnixSecs) -> Result<Peek, StoreError> {
+    async fn peek(&self, key: &QuotaKey, now: UnixSecs) -> Result<Peek, SendError> {
         let mut inner = self.lock();
         let grant = inner.grant(key, now);
         Ok(match inner.live(&key.counter, now) {
@@ -277,7 +277,7 @@ impl QuotaStore for MemoryStore {
         Ok(Claimed::New(tally))
     }
 
-    async fn pace(&self, args: PaceArgs<'_>) -> Result<Paced, StoreError> {
+    async fn pace(&self, args: PaceArgs<'_>) -> Result<Paced, SendError> {
         let now = args.arrival_ms.secs();
         let mut inner = self.lock();
         let levels = args.levels.iter().map(|l| (l.key, l.delay_ms));
@@ -315,7 +315,7 @@ impl QuotaStore for MemoryStore {
         }
     }
 
-    async fn take_bed(&self, bed: LoneBed) -> Result<Bed, StoreError> {
+    async fn take_bed(&self, bed: LoneBed) -> Result<Bed, SendError> {
         Ok(take_bed(
             &mut self.lock().beds,
             &bed.ask,
@@ -324,7 +324,7 @@ impl QuotaStore for MemoryStore {
         ))
     }
 
-    async fn refund(&self, refund: Refund<'_>) -> Result<(), StoreError> {
+    async fn refund(&self, refund: Refund<'_>) -> Result<(), SendError> {
         let now = refund.now;
         let mut inner = self.lock();
         // As refund.lua: a keyed refund is the claim's own, or nothing.
@@ -345,11 +345,11 @@ impl QuotaStore for MemoryStore {
         Ok(())
     }
 
-    async fn has_record(&self, record: &str, now: UnixSecs) -> Result<bool, StoreError> {
+    async fn has_record(&self, record: &str, now: UnixSecs) -> Result<bool, SendError> {
         Ok(self.lock().record(record, now).is_some())
     }
 
-    async fn release(&self, record: &str, scan_id: Uuid, now: UnixSecs) -> Result<(), StoreError> {
+    async fn release(&self, record: &str, scan_id: Uuid, now: UnixSecs) -> Result<(), SendError> {
         if let Some(r) = self.lock().record(record, now)
             && r.state == RecordState::Pending
             && r.scan_id == scan_id
@@ -359,7 +359,7 @@ impl QuotaStore for MemoryStore {
         Ok(())
     }
 
-    async fn update_record(&self, update: RecordUpdate<'_>) -> Result<(), StoreError> {
+    async fn update_record(&self, update: RecordUpdate<'_>) -> Result<(), SendError> {
         let RecordUpdate {
             record,
             fields,
@@ -381,7 +381,7 @@ impl QuotaStore for MemoryStore {
         Ok(())
     }
 
-    async fn take_over(&self, args: TakeOver<'_>) -> Result<bool, StoreError> {
+    async fn take_over(&self, args: TakeOver<'_>) -> Result<bool, SendError> {
         let mut inner = self.lock();
         match inner.record(args.record, args.now) {
             Some(r)

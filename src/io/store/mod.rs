@@ -17,7 +17,7 @@
 //! requires of a multi-key call.
 //!
 //! The parts: [`key`] (the keys and the period's end), [`quota_store`] (the
-//! trait, its arguments and [`StoreError`]), the two stores, and here only
+//! trait, its arguments and [`SendError`]), the two stores, and here only
 //! [`AnyStore`], the store `VALKEY_URL` chooses. Children import each other,
 //! never this module.
 
@@ -42,7 +42,7 @@ pub use crate::rules::record::{
 };
 pub use commands::GrantHeld;
 pub use quota_store::{
-    CountArgs, CountFailed, PaceArgs, PaceLane, QuotaStore, RecordUpdate, Refund, StoreError,
+    CountArgs, CountFailed, PaceArgs, PaceLane, QuotaStore, RecordUpdate, Refund, SendError,
     TakeOver,
 };
 
@@ -77,7 +77,7 @@ impl QuotaStore for AnyStore {
         }
     }
 
-    async fn ready(&self, within: std::time::Duration) -> Result<(), StoreError> {
+    async fn ready(&self, within: std::time::Duration) -> Result<(), SendError> {
         dispatch!(self, s => s.ready(within))
     }
 
@@ -85,7 +85,7 @@ impl QuotaStore for AnyStore {
         dispatch!(self, s => s.count(args))
     }
 
-    async fn peek_levels(&self, keys: &[QuotaKey], now: UnixSecs) -> Result<Vec<Peek>, StoreError> {
+    async fn peek_levels(&self, keys: &[QuotaKey], now: UnixSecs) -> Result<Vec<Peek>, SendError> {
         dispatch!(self, s => s.peek_levels(keys, now))
     }
 
@@ -97,35 +97,35 @@ impl QuotaStore for AnyStore {
         dispatch!(self, s => s.count_keyed(args, claim))
     }
 
-    async fn peek(&self, key: &QuotaKey, now: UnixSecs) -> Result<Peek, StoreError> {
+    async fn peek(&self, key: &QuotaKey, now: UnixSecs) -> Result<Peek, SendError> {
         dispatch!(self, s => s.peek(key, now))
     }
 
-    async fn pace(&self, args: PaceArgs<'_>) -> Result<Paced, StoreError> {
+    async fn pace(&self, args: PaceArgs<'_>) -> Result<Paced, SendError> {
         dispatch!(self, s => s.pace(args))
     }
 
-    async fn take_bed(&self, bed: LoneBed) -> Result<Bed, StoreError> {
+    async fn take_bed(&self, bed: LoneBed) -> Result<Bed, SendError> {
         dispatch!(self, s => s.take_bed(bed))
     }
 
-    async fn refund(&self, refund: Refund<'_>) -> Result<(), StoreError> {
+    async fn refund(&self, refund: Refund<'_>) -> Result<(), SendError> {
         dispatch!(self, s => s.refund(refund))
     }
 
-    async fn has_record(&self, record: &str, now: UnixSecs) -> Result<bool, StoreError> {
+    async fn has_record(&self, record: &str, now: UnixSecs) -> Result<bool, SendError> {
         dispatch!(self, s => s.has_record(record, now))
     }
 
-    async fn release(&self, record: &str, scan_id: Uuid, now: UnixSecs) -> Result<(), StoreError> {
+    async fn release(&self, record: &str, scan_id: Uuid, now: UnixSecs) -> Result<(), SendError> {
         dispatch!(self, s => s.release(record, scan_id, now))
     }
 
-    async fn update_record(&self, update: RecordUpdate<'_>) -> Result<(), StoreError> {
+    async fn update_record(&self, update: RecordUpdate<'_>) -> Result<(), SendError> {
         dispatch!(self, s => s.update_record(update))
     }
 
-    async fn take_over(&self, args: TakeOver<'_>) -> Result<bool, StoreError> {
+    async fn take_over(&self, args: TakeOver<'_>) -> Result<bool, SendError> {
         dispatch!(self, s => s.take_over(args))
     }
 }

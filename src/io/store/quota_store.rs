@@ -1,6 +1,6 @@
 //! The request path's store, as one narrow trait: [`QuotaStore`], the
-//! arguments of its calls, and [`StoreError`], which says whether a failed
-//! command may still run. The Valkey and in-memory stores implement it.
+//! arguments of its calls; a failed call is a [`SendError`], which says
+//! whether it may still run. The Valkey and in-memory stores implement it.
 
 use std::future::Future;
 use std::time::Duration;
@@ -8,6 +8,7 @@ use std::time::Duration;
 use uuid::Uuid;
 
 use crate::config::ResetPolicy;
+pub use crate::io::connection::SendError;
 use crate::rules::count::{LevelCount, Peek, Tally};
 use crate::rules::delay::{Bed, BedAsk, LoneBed};
 use crate::rules::key::QuotaKey;
@@ -104,42 +105,11 @@ pub struct TakeOver<'a> {
     pub now: UnixSecs,
 }
 
-/// Why the store could not answer. The first two did not happen; only
-/// [`Unanswered`](Self::Unanswered) may still run.
-#[derive(Debug, Clone, thiserror::Error)]
-pub enum StoreError {
-    /// Never sent (no live connection within the timeout, a failed connect).
-    #[error("the quota store is unreachable: {0}")]
-    NotSent(String),
-    /// Skipped by the open breaker: never sent.
-    #[error("the quota store is being skipped after repeated failures")]
-    CircuitOpen,
-    /// Sent, but no answer in time: the command may still run.
-    #[error("the quota store did not answer in time")]
-    Unanswered,
-    /// The store answered with an error: final.
-    #[error("quota store error: {0}")]
-    Backend(String),
-}
-
-impl StoreError {
-    /// Whether the command may still run later.
-    pub fn may_land(&self) -> bool {
-        matches!(self, Self::Unanswered)
-    }
-
-    /// Whether the command was never sent: nothing of it happened, and it
-    /// may be sent again (as the gate's settlement retry does).
-    pub fn never_sent(&self) -> bool {
-        matches!(self, Self::NotSent(_) | Self::CircuitOpen)
-    }
-}
-
 /// A count that failed: the subject's error, and what became of each
 /// level above it when that is known apart from the subject's fate.
 #[derive(Debug)]
 pub struct CountFailed {
-    pub error: StoreError,
+    pub error: SendError,
     /// `None`: every level shared the subject's request, and so its fate
     /// (standalone, in memory, or a wait given up on from outside). `Some`:
     /// each level's own, in the order asked (a cluster, where each level
@@ -148,8 +118,8 @@ pub struct CountFailed {
     pub levels: Option<Vec<LevelCount>>,
 }
 
-impl From<StoreError> for CountFailed {
-    fn from(error: StoreError) -> Self {
+impl From<SendError> for CountFailed {
+    fn from(error: SendError) -> Self {
         Self {
             error,
             levels: None,
@@ -159,31 +129,20 @@ impl From<StoreError> for CountFailed {
 
 /// For the operator tools' direct commands (off the request path, where
 /// nothing is settled after a failure).
-impl From<redis::RedisError> for StoreError {
+impl From<redis::RedisError> for SendError {
     fn from(e: redis::RedisError) -> Self {
         if e.is_timeout() {
             Self::Unanswered
         } else {
-            Self::Backend(e.to_string())
+            Self::Refused(e.to_string())
         }
     }
 }
 
 /// A hash that is not a valid record is the store's answer, and final.
-impl From<RecordError> for StoreError {
+impl From<RecordError> for SendError {
     fn from(e: RecordError) -> Self {
-        Self::Backend(e.to_string())
-    }
-}
-
-impl From<crate::io::connection::SendError> for StoreError {
-    fn from(e: crate::io::connection::SendError) -> Self {
-        use crate::io::connection::SendError;
-        match e {
-            SendError::NotSent(why) => Self::NotSent(why),
-            SendError::Unanswered => Self::Unanswered,
-            SendError::Refused(why) => Self::Backend(why),
-        }
+        Self::Refused(e.to_string())
     }
 }
 
@@ -195,7 +154,7 @@ pub trait QuotaStore: Send + Sync + 'static {
 
     /// Whether the store answers a command within `within` now: `serve`'s
     /// `GET /readyz`. A store in this process always does.
-    fn ready(&self, within: Duration) -> impl Future<Output = Result<(), StoreError>> + Send {
+    fn ready(&self, within: Duration) -> impl Future<Output = Result<(), SendError>> + Send {
         let _ = within;
         std::future::ready(Ok(()))
     }
@@ -220,7 +179,7 @@ pub trait QuotaStore: Send + Sync + 'static {
         &self,
         key: &QuotaKey,
         now: UnixSecs,
-    ) -> impl Future<Output = Result<Peek, StoreError>> + Send;
+    ) -> impl Future<Output = Result<Peek, SendError>> + Send;
 
     /// Reads each of `keys` as [`Self::peek`] does, in one round trip (the
     /// levels above a subject, for `GET /quota` and `inspect`).
@@ -228,7 +187,7 @@ pub trait QuotaStore: Send + Sync + 'static {
         &self,
         keys: &[QuotaKey],
         now: UnixSecs,
-    ) -> impl Future<Output = Result<Vec<Peek>, StoreError>> + Send {
+    ) -> impl Future<Output = Result<Vec<Peek>, SendError>> + Send {
         async move {
             let mut peeks = Vec::with_capacity(keys.len());
             for key in keys {
@@ -251,17 +210,17 @@ pub trait QuotaStore: Send + Sync + 'static {
     /// refunds the count with its next call. A refund inside the step would
     /// be wrong when the caller timed out waiting for it and accepted the
     /// scan anyway (a late step would then uncount a queued scan).
-    fn pace(&self, args: PaceArgs<'_>) -> impl Future<Output = Result<Paced, StoreError>> + Send;
+    fn pace(&self, args: PaceArgs<'_>) -> impl Future<Output = Result<Paced, SendError>> + Send;
 
     /// Asks for a bed alone ([`crate::rules::delay::take_bed`]): where no
     /// pacing step can carry the ask (`QUOTA_PACING=off`; a cluster, whose
     /// beds live in a slot of their own).
-    fn take_bed(&self, bed: LoneBed) -> impl Future<Output = Result<Bed, StoreError>> + Send;
+    fn take_bed(&self, bed: LoneBed) -> impl Future<Output = Result<Bed, SendError>> + Send;
 
     /// Takes back one count of its period (a no-op if the counter is gone or
     /// belongs to a later period), and removes the record if it still names
     /// the scan.
-    fn refund(&self, refund: Refund<'_>) -> impl Future<Output = Result<(), StoreError>> + Send;
+    fn refund(&self, refund: Refund<'_>) -> impl Future<Output = Result<(), SendError>> + Send;
 
     /// Whether `record` exists: a keyed scan of a subject known to be
     /// refused is still a repeat of its key when it does (one cheap read,
@@ -270,7 +229,7 @@ pub trait QuotaStore: Send + Sync + 'static {
         &self,
         record: &str,
         now: UnixSecs,
-    ) -> impl Future<Output = Result<bool, StoreError>> + Send;
+    ) -> impl Future<Output = Result<bool, SendError>> + Send;
 
     /// Frees a pending record's lease (if a pending record still names
     /// `scan_id`), so a retry need not wait for it: its attempt gave up
@@ -283,7 +242,7 @@ pub trait QuotaStore: Send + Sync + 'static {
         record: &str,
         scan_id: Uuid,
         now: UnixSecs,
-    ) -> impl Future<Output = Result<(), StoreError>> + Send;
+    ) -> impl Future<Output = Result<(), SendError>> + Send;
 
     /// Updates a record: `fields` are set, and the record gets its 24 h
     /// expiry if it has none (a record written here first, because the
@@ -291,13 +250,11 @@ pub trait QuotaStore: Send + Sync + 'static {
     fn update_record(
         &self,
         update: RecordUpdate<'_>,
-    ) -> impl Future<Output = Result<(), StoreError>> + Send;
+    ) -> impl Future<Output = Result<(), SendError>> + Send;
 
     /// Takes over a `pending` record whose lease ran out: sets its lease to
     /// `lease_until_ms` if the record still holds `expected_until_ms`.
     /// `false` when another request took it first.
-    fn take_over(
-        &self,
-        args: TakeOver<'_>,
-    ) -> impl Future<Output = Result<bool, StoreError>> + Send;
+    fn take_over(&self, args: TakeOver<'_>)
+    -> impl Future<Output = Result<bool, SendError>> + Send;
 }

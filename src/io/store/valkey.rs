@@ -33,7 +33,7 @@ use super::commands::{
     spread_excess, subject_commands, take_bed_script, tally, unexpected,
 };
 use super::quota_store::{
-    CountArgs, CountFailed, PaceArgs, PaceLane, QuotaStore, RecordUpdate, Refund, StoreError,
+    CountArgs, CountFailed, PaceArgs, PaceLane, QuotaStore, RecordUpdate, Refund, SendError,
     TakeOver,
 };
 use crate::io::connection::{Request, Valkey};
@@ -96,11 +96,11 @@ impl ValkeyStore {
 
     /// `WAIT`s for the claim just sent to reach the replicas, on the same
     /// connection (so behind it), within half the store timeout.
-    async fn replicated(&self) -> Result<(), StoreError> {
+    async fn replicated(&self) -> Result<(), SendError> {
         let cmd = crate::io::connection::wait(self.wait_replicas, self.valkey.timeout());
         let reached: u32 = self.send(cmd).await?;
         if reached < self.wait_replicas {
-            return Err(StoreError::Unanswered);
+            return Err(SendError::Unanswered);
         }
         Ok(())
     }
@@ -113,13 +113,13 @@ impl ValkeyStore {
     async fn send<T: redis::FromRedisValue>(
         &self,
         request: impl Into<Request>,
-    ) -> Result<T, StoreError> {
-        Ok(self.valkey.send(request, self.valkey.timeout()).await?)
+    ) -> Result<T, SendError> {
+        self.valkey.send(request, self.valkey.timeout()).await
     }
 
     /// A keyed count: the claim's script, and in a cluster the levels
     /// after it ([`QuotaStore::count_keyed`]).
-    async fn claim(&self, args: CountArgs<'_>, claim: &Claim) -> Result<Claimed, StoreError> {
+    async fn claim(&self, args: CountArgs<'_>, claim: &Claim) -> Result<Claimed, SendError> {
         let key = args.key;
         // Standalone, the levels are counted in the claim's script (one
         // fate); in a cluster they live in other slots.
@@ -183,7 +183,7 @@ impl ValkeyStore {
     }
 
     /// Reads one counter, changing nothing.
-    async fn read(&self, key: &QuotaKey, held: GrantHeld) -> Result<Peek, StoreError> {
+    async fn read(&self, key: &QuotaKey, held: GrantHeld) -> Result<Peek, SendError> {
         let mut pipe = redis::pipe();
         peek_commands(&mut pipe, key);
         peek_of(&self.send::<Vec<Value>>(pipe).await?, held)
@@ -200,8 +200,8 @@ impl QuotaStore for ValkeyStore {
         true
     }
 
-    async fn ready(&self, within: std::time::Duration) -> Result<(), StoreError> {
-        Ok(self.valkey.ping(within).await?)
+    async fn ready(&self, within: std::time::Duration) -> Result<(), SendError> {
+        self.valkey.ping(within).await
     }
 
     async fn count(&self, args: CountArgs<'_>) -> Result<Tally, CountFailed> {
@@ -233,15 +233,11 @@ impl QuotaStore for ValkeyStore {
         Ok(Tally { subject, levels })
     }
 
-    async fn peek(&self, key: &QuotaKey, _now: UnixSecs) -> Result<Peek, StoreError> {
+    async fn peek(&self, key: &QuotaKey, _now: UnixSecs) -> Result<Peek, SendError> {
         self.read(key, GrantHeld::Beside).await
     }
 
-    async fn peek_levels(
-        &self,
-        keys: &[QuotaKey],
-        _now: UnixSecs,
-    ) -> Result<Vec<Peek>, StoreError> {
+    async fn peek_levels(&self, keys: &[QuotaKey], _now: UnixSecs) -> Result<Vec<Peek>, SendError> {
         if self.valkey.is_cluster() {
             let reads = keys.iter().map(|key| self.read(key, GrantHeld::InCounter));
             return futures_util::future::try_join_all(reads).await;
@@ -265,7 +261,7 @@ impl QuotaStore for ValkeyStore {
         // In a cluster the levels are counted only once the claim is new
         // (and, with `VALKEY_WAIT_REPLICAS`, replicated): a claim that
         // fails has sent nothing at any level.
-        let never_sent = |error: StoreError| match self.valkey.is_cluster() {
+        let never_sent = |error: SendError| match self.valkey.is_cluster() {
             true => CountFailed {
                 error,
                 levels: Some(vec![Err(NoAnswer { may_land: false }); args.levels.len()]),
@@ -275,7 +271,7 @@ impl QuotaStore for ValkeyStore {
         self.claim(args, claim).await.map_err(never_sent)
     }
 
-    async fn pace(&self, args: PaceArgs<'_>) -> Result<Paced, StoreError> {
+    async fn pace(&self, args: PaceArgs<'_>) -> Result<Paced, SendError> {
         let levels: Vec<PaceLane<'_>> = args
             .levels
             .iter()
@@ -316,12 +312,12 @@ impl QuotaStore for ValkeyStore {
         }
     }
 
-    async fn take_bed(&self, bed: LoneBed) -> Result<Bed, StoreError> {
+    async fn take_bed(&self, bed: LoneBed) -> Result<Bed, SendError> {
         let reply: Vec<i64> = self.send(take_bed_script(&bed)).await?;
         bed_of(&reply)
     }
 
-    async fn refund(&self, refund: Refund<'_>) -> Result<(), StoreError> {
+    async fn refund(&self, refund: Refund<'_>) -> Result<(), SendError> {
         if refund.levels.is_empty() || !self.valkey.is_cluster() {
             let _: i64 = self.send(refund_script(&refund, refund.levels)).await?;
             return Ok(());
@@ -329,20 +325,20 @@ impl QuotaStore for ValkeyStore {
         self.refund_in_cluster(&refund).await
     }
 
-    async fn has_record(&self, record: &str, _now: UnixSecs) -> Result<bool, StoreError> {
+    async fn has_record(&self, record: &str, _now: UnixSecs) -> Result<bool, SendError> {
         let mut cmd = redis::cmd("EXISTS");
         cmd.arg(record);
         self.send(cmd).await
     }
 
-    async fn release(&self, record: &str, scan_id: Uuid, _now: UnixSecs) -> Result<(), StoreError> {
+    async fn release(&self, record: &str, scan_id: Uuid, _now: UnixSecs) -> Result<(), SendError> {
         let mut cmd = eval(RELEASE, &[record]);
         cmd.arg(scan_id.to_string());
         let _: i64 = self.send(cmd).await?;
         Ok(())
     }
 
-    async fn update_record(&self, update: RecordUpdate<'_>) -> Result<(), StoreError> {
+    async fn update_record(&self, update: RecordUpdate<'_>) -> Result<(), SendError> {
         let RecordUpdate { record, fields, .. } = update;
         let mut pipe = redis::pipe();
         pipe.cmd("HSET").arg(record);
@@ -359,7 +355,7 @@ impl QuotaStore for ValkeyStore {
         Ok(())
     }
 
-    async fn take_over(&self, args: TakeOver<'_>) -> Result<bool, StoreError> {
+    async fn take_over(&self, args: TakeOver<'_>) -> Result<bool, SendError> {
         let mut cmd = eval(TAKE_OVER, &[args.record]);
         cmd.arg(args.expected_until_ms.get())
             .arg(args.lease_until_ms.get());

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use quota_gate::gate::ENQUEUE_TIMEOUT;
 use quota_gate::io::connection::{SendError, not_connected};
-use quota_gate::io::queue::{Once, QueueError, ScanJob, ScanQueue};
+use quota_gate::io::queue::{Once, ScanJob, ScanQueue};
 use uuid::Uuid;
 
 use super::wire::{Conn, Fate, Faults};
@@ -31,16 +31,8 @@ pub struct SimQueue {
     pub faults: Arc<Faults>,
 }
 
-/// As the stream queue maps its send errors.
-fn queue_error(e: SendError) -> QueueError {
-    match e {
-        SendError::Unanswered => QueueError::Timeout,
-        SendError::NotSent(why) | SendError::Refused(why) => QueueError::Backend(why),
-    }
-}
-
 impl SimQueue {
-    async fn send(&self, job: &ScanJob, once: bool) -> Result<(), QueueError> {
+    async fn send(&self, job: &ScanJob, once: bool) -> Result<(), SendError> {
         let jobs = self.jobs.clone();
         let job = job.clone();
         let effect = Box::new(move || {
@@ -54,11 +46,11 @@ impl SimQueue {
         match self.faults.draw(within) {
             Fate::NotSent(after) => {
                 tokio::time::sleep(after).await;
-                Err(queue_error(not_connected("sim: no connection".into())))
+                Err(not_connected("sim: no connection".into()))
             }
             Fate::Refused => {
                 self.conn.write(None, None);
-                Err(QueueError::Backend("sim: refused".into()))
+                Err(SendError::Refused("sim: refused".into()))
             }
             Fate::Answered(after) => {
                 self.conn.write(Some(effect), None);
@@ -68,18 +60,18 @@ impl SimQueue {
             Fate::Unanswered(land) => {
                 self.conn.write(Some(effect), Some(land));
                 tokio::time::sleep(within).await;
-                Err(QueueError::Timeout)
+                Err(SendError::Unanswered)
             }
         }
     }
 }
 
 impl ScanQueue for SimQueue {
-    async fn enqueue(&self, job: &ScanJob) -> Result<(), QueueError> {
+    async fn enqueue(&self, job: &ScanJob) -> Result<(), SendError> {
         self.send(job, false).await
     }
 
-    async fn enqueue_once(&self, job: &ScanJob, _: Once<'_>) -> Result<Uuid, QueueError> {
+    async fn enqueue_once(&self, job: &ScanJob, _: Once<'_>) -> Result<Uuid, SendError> {
         self.send(job, true).await.map(|()| job.scan_id)
     }
 }

@@ -11,7 +11,7 @@ use quota_gate::io::connection::not_connected;
 use quota_gate::io::store::memory::MemoryStore;
 use quota_gate::io::store::{
     Claim, Claimed, CountArgs, CountFailed, PaceArgs, Paced, QuotaKey, QuotaStore, RecordUpdate,
-    Refund, StoreError, TakeOver, Tally,
+    Refund, SendError, TakeOver, Tally,
 };
 use quota_gate::rules::delay::{Bed, LoneBed};
 use quota_gate::rules::level::Level;
@@ -92,7 +92,7 @@ pub struct SimStore {
 impl SimStore {
     /// Sends one command: `op` is its effect on the shared state, run when
     /// (and if) it lands; `kind` says what the ledger notes of its loss.
-    async fn call<T, F>(&self, name: &str, op: F, kind: Kind) -> Result<T, StoreError>
+    async fn call<T, F>(&self, name: &str, op: F, kind: Kind) -> Result<T, SendError>
     where
         T: Send + 'static,
         F: FnOnce(&MemoryStore, &Mutex<Ledger>) -> T + Send + 'static,
@@ -143,11 +143,11 @@ impl SimStore {
         match fate {
             Fate::NotSent(after) => {
                 tokio::time::sleep(after).await;
-                Err(StoreError::from(not_connected("sim: no connection".into())))
+                Err(not_connected("sim: no connection".into()))
             }
             Fate::Refused => {
                 self.conn.write(None, None);
-                Err(StoreError::Backend("sim: refused".into()))
+                Err(SendError::Refused("sim: refused".into()))
             }
             Fate::Answered(after) => {
                 let answering = self.answering.clone();
@@ -167,7 +167,7 @@ impl SimStore {
                 }
                 answer
                     .take()
-                    .ok_or_else(|| StoreError::Backend("sim: lost answer".into()))
+                    .ok_or_else(|| SendError::Refused("sim: lost answer".into()))
             }
             Fate::Unanswered(land) => {
                 let effect = Box::new(move || {
@@ -175,7 +175,7 @@ impl SimStore {
                 });
                 self.conn.write(Some(effect), Some(land));
                 tokio::time::sleep(self.timeout).await;
-                Err(StoreError::Unanswered)
+                Err(SendError::Unanswered)
             }
         }
     }
@@ -235,7 +235,7 @@ impl QuotaStore for SimStore {
         &self,
         key: &QuotaKey,
         now: UnixSecs,
-    ) -> Result<quota_gate::io::store::Peek, StoreError> {
+    ) -> Result<quota_gate::io::store::Peek, SendError> {
         self.memory.peek(key, now).await
     }
 
@@ -315,7 +315,7 @@ impl QuotaStore for SimStore {
         .map_err(CountFailed::from)
     }
 
-    async fn pace(&self, args: PaceArgs<'_>) -> Result<Paced, StoreError> {
+    async fn pace(&self, args: PaceArgs<'_>) -> Result<Paced, SendError> {
         let step = crate::OwnedPace::new(&args);
         self.call(
             "pace",
@@ -325,7 +325,7 @@ impl QuotaStore for SimStore {
         .await
     }
 
-    async fn has_record(&self, record: &str, now: UnixSecs) -> Result<bool, StoreError> {
+    async fn has_record(&self, record: &str, now: UnixSecs) -> Result<bool, SendError> {
         let record = record.to_owned();
         self.call(
             "has_record",
@@ -335,7 +335,7 @@ impl QuotaStore for SimStore {
         .await
     }
 
-    async fn take_bed(&self, bed: LoneBed) -> Result<Bed, StoreError> {
+    async fn take_bed(&self, bed: LoneBed) -> Result<Bed, SendError> {
         self.call(
             "take_bed",
             move |m, _| ready(m.take_bed(bed)).expect("memory store"),
@@ -344,7 +344,7 @@ impl QuotaStore for SimStore {
         .await
     }
 
-    async fn refund(&self, refund: Refund<'_>) -> Result<(), StoreError> {
+    async fn refund(&self, refund: Refund<'_>) -> Result<(), SendError> {
         let key = refund.key.clone();
         let levels: Vec<(QuotaKey, UnixSecs)> = refund
             .levels
@@ -392,7 +392,7 @@ impl QuotaStore for SimStore {
         .await
     }
 
-    async fn release(&self, record: &str, scan_id: Uuid, now: UnixSecs) -> Result<(), StoreError> {
+    async fn release(&self, record: &str, scan_id: Uuid, now: UnixSecs) -> Result<(), SendError> {
         let record = record.to_owned();
         self.call(
             "release",
@@ -402,7 +402,7 @@ impl QuotaStore for SimStore {
         .await
     }
 
-    async fn update_record(&self, update: RecordUpdate<'_>) -> Result<(), StoreError> {
+    async fn update_record(&self, update: RecordUpdate<'_>) -> Result<(), SendError> {
         let (record, fields, now) = (update.record.to_owned(), update.fields.to_vec(), update.now);
         self.call(
             "update_record",
@@ -419,7 +419,7 @@ impl QuotaStore for SimStore {
         .await
     }
 
-    async fn take_over(&self, args: TakeOver<'_>) -> Result<bool, StoreError> {
+    async fn take_over(&self, args: TakeOver<'_>) -> Result<bool, SendError> {
         let record = args.record.to_owned();
         let (expected_until_ms, lease_until_ms, now) =
             (args.expected_until_ms, args.lease_until_ms, args.now);

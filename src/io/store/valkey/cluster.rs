@@ -9,7 +9,7 @@ use super::ValkeyStore;
 use crate::io::store::commands::{
     level_commands, level_of, pace_script, paced, refund_script, unpace,
 };
-use crate::io::store::quota_store::{CountArgs, PaceArgs, PaceLane, Refund, StoreError};
+use crate::io::store::quota_store::{CountArgs, PaceArgs, PaceLane, Refund, SendError};
 use crate::rules::count::{LevelCount, NoAnswer};
 use crate::rules::pace::Paced;
 use crate::rules::record::RecordField;
@@ -46,7 +46,7 @@ impl ValkeyStore {
         &self,
         args: &PaceArgs<'_>,
         levels: &[PaceLane<'_>],
-    ) -> Result<Paced, StoreError> {
+    ) -> Result<Paced, SendError> {
         let subject = PaceLane {
             key: args.key,
             delay_ms: args.delay_ms,
@@ -102,7 +102,7 @@ impl ValkeyStore {
     }
 
     /// A refund in a cluster, where the levels live in other slots.
-    pub(super) async fn refund_in_cluster(&self, refund: &Refund<'_>) -> Result<(), StoreError> {
+    pub(super) async fn refund_in_cluster(&self, refund: &Refund<'_>) -> Result<(), SendError> {
         // Cluster: the levels live in other slots, each taken back on its
         // own node once the subject's refund is sent. The subject's answer
         // is the call's (what the caller may try again by): one never sent
