@@ -34,6 +34,7 @@ use crate::io::store::{
     Claim, Claimed, CountArgs, CountFailed, QuotaStore, Record, TakeOver, Tally,
 };
 use crate::rules::delay::DelayPlan;
+use crate::rules::record;
 use crate::rules::settle::{self, Repeat, on_repeat, on_take_over};
 use crate::rules::unix::UnixMillis;
 
@@ -277,7 +278,14 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
         let plan = self.sleep(attempt, plan).await;
         // 7: forward, within the answer's deadline.
         let mut job = scan.job(attempt, body, plan, attempt.trace.clone());
-        let enqueue = self.enqueue(&job, attempt);
+        // A keyed scan's job lands once per record, remembered as long as
+        // the record lasts: from its first request (a take-over's is the
+        // record's, not the retry's).
+        let once = attempt.claim.as_ref().map(|claim| Once {
+            record: &claim.record,
+            expires_at: record::expires_at(scan.received_ms),
+        });
+        let enqueue = self.enqueue(&job, once, attempt);
         match enqueue
             .instrument(step!("enqueue", attempt.trace_id()))
             .await
@@ -344,16 +352,15 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
     /// Step 7: the `scanId` the job is queued under. A keyed scan's job is
     /// queued once per record: under an earlier attempt's `scanId` if that
     /// one's job landed.
-    async fn enqueue(&self, job: &ScanJob, attempt: &Attempt) -> Result<Uuid, SendError> {
+    async fn enqueue(
+        &self,
+        job: &ScanJob,
+        once: Option<Once<'_>>,
+        attempt: &Attempt,
+    ) -> Result<Uuid, SendError> {
         let enqueue = async {
-            match &attempt.claim {
-                Some(claim) => {
-                    let once = Once {
-                        record: &claim.record,
-                        expires_at: claim.expires_at(),
-                    };
-                    self.queue.enqueue_once(job, once).await
-                }
+            match once {
+                Some(once) => self.queue.enqueue_once(job, once).await,
                 None => self.queue.enqueue(job).await.map(|()| job.scan_id),
             }
         };

@@ -29,11 +29,10 @@ pub struct Claim {
     pub lease_until_ms: UnixMillis,
 }
 
-impl Claim {
-    /// When the record expires: [`IDEMPOTENCY_TTL_SECS`] after the request.
-    pub fn expires_at(&self) -> UnixSecs {
-        UnixSecs(self.received_ms.secs().get() + IDEMPOTENCY_TTL_SECS)
-    }
+/// When a record written for a request received at `received` expires:
+/// [`IDEMPOTENCY_TTL_SECS`] on (later writes keep the expiry).
+pub fn expires_at(received: UnixMillis) -> UnixSecs {
+    UnixSecs(received.secs().get() + IDEMPOTENCY_TTL_SECS)
 }
 
 /// Declares the fields of an idempotency record once: the enum, its names as

@@ -140,6 +140,29 @@ async fn a_retry_whose_record_was_lost_answers_the_queued_job() {
     let records: Vec<String> = redis::AsyncCommands::keys(&mut c, "quota:ip:{*}:idem:*")
         .await
         .unwrap();
+    // The stream's marker of the record lasts as long as the record.
+    let markers: Vec<String> = redis::AsyncCommands::keys(&mut c, "{jobs}:landed:*")
+        .await
+        .unwrap();
+    let expiry = |key: String| {
+        let mut c = c.clone();
+        async move {
+            let at: i64 = redis::cmd("EXPIRETIME")
+                .arg(key)
+                .query_async(&mut c)
+                .await
+                .unwrap();
+            at
+        }
+    };
+    let (record_at, marker_at) = (
+        expiry(records[0].clone()).await,
+        expiry(markers[0].clone()).await,
+    );
+    assert!(
+        (record_at - marker_at).abs() <= 1,
+        "{record_at} {marker_at}"
+    );
     let () = redis::AsyncCommands::del(&mut c, &records).await.unwrap();
     let retry = gate.handle(keyed(IP, "order-7")).await;
     assert_eq!(retry.status(), 202);

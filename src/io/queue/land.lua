@@ -16,10 +16,11 @@ if not landed then
   redis.call('XADD', KEYS[1], '*', 'job', ARGV[1], 'scanId', ARGV[2])
   return ARGV[2]
 end
--- Landed before: write all the same (the marker again), so the WAIT behind
--- this script waits for the replication offset of now, which covers the
--- earlier landing. A script that writes nothing leaves the connection's
--- offset where its last write was, and a WAIT would vouch for a job the
--- replica may not hold.
-redis.call('SET', KEYS[2], landed, 'EXAT', ARGV[3])
+-- Landed before: write all the same (the marker again, kept to the later
+-- of its expiry and this record's), so the WAIT behind this script waits
+-- for the replication offset of now, which covers the earlier landing. A
+-- script that writes nothing leaves the connection's offset where its last
+-- write was, and a WAIT would vouch for a job the replica may not hold.
+local at = math.max(redis.call('EXPIRETIME', KEYS[2]), tonumber(ARGV[3]))
+redis.call('SET', KEYS[2], landed, 'EXAT', at)
 return landed
