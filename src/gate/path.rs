@@ -278,29 +278,8 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
         let plan = self.sleep(attempt, plan).await;
         // 7: forward, within the answer's deadline.
         let mut job = scan.job(attempt, body, plan, attempt.trace.clone());
-        // A keyed scan's job lands once per record, remembered as long as
-        // the record lasts: from its first request (a take-over's is the
-        // record's, not the retry's).
-        let once = attempt.claim.as_ref().map(|claim| Once {
-            record: &claim.record,
-            expires_at: record::expires_at(scan.received_ms),
-        });
-        let enqueue = self.enqueue(&job, once, attempt);
-        match enqueue
-            .instrument(step!("enqueue", attempt.trace_id()))
-            .await
-        {
-            // The record's job is queued under an earlier attempt's
-            // `scanId` (its claim lost in a failover, its job not): that
-            // job is this scan's, and the answer names it.
-            Ok(landed) if landed != job.scan_id => {
-                tracing::info!(
-                    scan_id = %landed,
-                    "a keyed scan's job was queued by an earlier attempt: answered with its scanId"
-                );
-                job.scan_id = landed;
-            }
-            Ok(_) => {}
+        match self.enqueue(attempt, &scan, &job).await {
+            Ok(landed) => job.scan_id = landed,
             Err(e) => {
                 tracing::warn!(error = %e, "enqueue failed");
                 let failure = settle::queue_failure(
@@ -350,21 +329,35 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
     }
 
     /// Step 7: the `scanId` the job is queued under. A keyed scan's job is
-    /// queued once per record: under an earlier attempt's `scanId` if that
-    /// one's job landed.
+    /// queued once per record, remembered as long as the record lasts (from
+    /// its first request: a take-over's is the record's, not the retry's):
+    /// under an earlier attempt's `scanId` if that one's job landed (its
+    /// claim lost in a failover, its job not), and the answer names it.
     async fn enqueue(
         &self,
-        job: &ScanJob,
-        once: Option<Once<'_>>,
         attempt: &Attempt,
+        scan: &Scan,
+        job: &ScanJob,
     ) -> Result<Uuid, SendError> {
         let enqueue = async {
-            match once {
-                Some(once) => self.queue.enqueue_once(job, once).await,
-                None => self.queue.enqueue(job).await.map(|()| job.scan_id),
+            let Some(claim) = &attempt.claim else {
+                return self.queue.enqueue(job).await.map(|()| job.scan_id);
+            };
+            let once = Once {
+                record: &claim.record,
+                expires_at: record::expires_at(scan.received_ms),
+            };
+            let landed = self.queue.enqueue_once(job, once).await?;
+            if landed != job.scan_id {
+                tracing::info!(
+                    scan_id = %landed,
+                    "a keyed scan's job was queued by an earlier attempt: answered with its scanId"
+                );
             }
+            Ok(landed)
         };
         timeout(attempt.enqueue_within(), enqueue)
+            .instrument(step!("enqueue", attempt.trace_id()))
             .await
             .unwrap_or(Err(SendError::Unanswered))
     }
