@@ -317,7 +317,12 @@ fn full_matrix() -> Vec<Case> {
     all
 }
 
-/// Every case of the covering subset, twice, four at a time: exactly one
+/// How many cases run at once: a case mostly waits (on its stall, its
+/// retries and the leases they meet), so ten cost little CPU.
+const RUNNERS: usize = 10;
+
+/// Every case of the covering subset, twice, [`RUNNERS`] at a time (each
+/// runner takes the next case as soon as its last one ends): exactly one
 /// job and one count per keyed scan, and every unkeyed answer true afterwards.
 /// `STALL_MATRIX=full` and `STALL_ROUNDS=n` make it the soak (`scripts/stall-soak`).
 #[test]
@@ -331,21 +336,32 @@ fn every_timing_of_a_stall_settles_exactly_once() {
         .into_iter()
         .flat_map(|c| (0..rounds).map(move |r| (c, r)))
         .collect();
-    for batch in runs.chunks(4) {
-        let threads: Vec<_> = batch
-            .iter()
-            .map(|&(case, round)| std::thread::spawn(move || run(case, round)))
-            .collect();
-        let failures: Vec<String> = threads
-            .into_iter()
-            .filter_map(|t| t.join().err())
-            .map(|e| {
-                e.downcast_ref::<String>()
-                    .cloned()
-                    .or_else(|| e.downcast_ref::<&str>().map(|s| (*s).to_owned()))
-                    .unwrap_or_default()
+    let next = std::sync::Mutex::new(runs.into_iter());
+    let failures: Vec<String> = std::thread::scope(|s| {
+        let runners: Vec<_> = (0..RUNNERS)
+            .map(|_| {
+                s.spawn(|| {
+                    let mut failures = Vec::new();
+                    loop {
+                        // Taken, and the lock let go, before the run.
+                        let taken = next.lock().unwrap().next();
+                        let Some((case, round)) = taken else { break };
+                        let ran = std::panic::catch_unwind(|| run(case, round));
+                        failures.extend(ran.err().map(|e| {
+                            e.downcast_ref::<String>()
+                                .cloned()
+                                .or_else(|| e.downcast_ref::<&str>().map(|s| (*s).to_owned()))
+                                .unwrap_or_default()
+                        }));
+                    }
+                    failures
+                })
             })
             .collect();
-        assert!(failures.is_empty(), "{failures:#?}");
-    }
+        runners
+            .into_iter()
+            .flat_map(|r| r.join().unwrap())
+            .collect()
+    });
+    assert!(failures.is_empty(), "{failures:#?}");
 }
