@@ -30,9 +30,8 @@ pub trait ScanQueue: Send + Sync + 'static {
     fn enqueue_once(
         &self,
         job: &ScanJob,
-        record: Once<'_>,
+        _: Once<'_>,
     ) -> impl Future<Output = Result<Uuid, SendError>> + Send {
-        let _ = record;
         async move { self.enqueue(job).await.map(|()| job.scan_id) }
     }
 }
