@@ -30,6 +30,7 @@
 pub mod client;
 pub mod cluster;
 pub mod consumer;
+pub mod lambda;
 pub mod markdown;
 pub mod moto;
 pub mod proxy;

@@ -11,8 +11,8 @@ use quota_gate_testkit as common;
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::Read;
 use std::process::{Command, Stdio};
-use std::time::Duration;
 
+use common::lambda::Emulator;
 use common::serve::stderr_of;
 use common::*;
 use serde_json::Value;
@@ -27,46 +27,18 @@ fn source_ip(event: &Value) -> String {
     ip.split('/').next().unwrap().to_owned()
 }
 
-/// `cargo lambda` run from the repository root.
-fn cargo_lambda() -> Command {
-    let mut command = Command::new("cargo-lambda");
-    command.arg("lambda").current_dir(root());
-    command
-}
-
 /// Sample events through the real runtime emulator to `bootstrap` with the
 /// template's JSON log format: every log line is JSON with the runtime's
 /// request id, and no line (log or EMF) carries an IP, a token or a digest.
 #[test]
 fn lambda_logs_are_json_with_the_request_id() {
     let valkey = ValkeyServer::start();
-    let port = free_port();
-    let mut emulator = KillOnDrop::new(
-        cargo_lambda()
-            .args([
-                "watch",
-                "--only-lambda-apis",
-                "--invoke-address",
-                "127.0.0.1",
-            ])
-            .args(["--invoke-port", &port.to_string()])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("cargo-lambda on PATH"),
-    );
-    assert!(
-        wait_for_port(loopback(port), Duration::from_secs(60)),
-        "the emulator did not listen"
-    );
+    let mut emulator = Emulator::start();
     let secret = "dashboards-test-secret-0123456789abcdef";
     let bootstrap = KillOnDrop::new(
         Command::new(bin("bootstrap"))
             .env_clear()
-            .env(
-                "AWS_LAMBDA_RUNTIME_API",
-                format!("http://127.0.0.1:{port}/.rt"),
-            )
+            .env("AWS_LAMBDA_RUNTIME_API", emulator.runtime_api())
             .env("AWS_LAMBDA_FUNCTION_NAME", "_")
             .env("AWS_LAMBDA_FUNCTION_VERSION", "1")
             .env("AWS_LAMBDA_FUNCTION_MEMORY_SIZE", "128")
@@ -89,12 +61,7 @@ fn lambda_logs_are_json_with_the_request_id() {
         "http-api-v2-bad-body.json",
     ];
     let invoke = |event: &str| {
-        let out = cargo_lambda()
-            .args(["invoke", "_", "--invoke-address", "127.0.0.1"])
-            .args(["--invoke-port", &port.to_string()])
-            .args(["--data-file", &format!("events/{event}")])
-            .output()
-            .unwrap();
+        let out = emulator.invoke(&format!("events/{event}"));
         (!out.status.success()).then(|| format!("{event}: {out:?}"))
     };
     let mut failed: Vec<String> = events.iter().filter_map(|e| invoke(e)).collect();
@@ -102,7 +69,7 @@ fn lambda_logs_are_json_with_the_request_id() {
     drop(valkey);
     failed.extend(events[..5].iter().filter_map(|e| invoke(e)));
     let (stdout, stderr) = finish(bootstrap);
-    emulator.kill_now();
+    emulator.stop();
     assert!(
         failed.is_empty(),
         "{failed:?}\nbootstrap's stderr:\n{stderr}"

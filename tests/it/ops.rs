@@ -304,6 +304,18 @@ fn progress_is_throttled() {
     assert_eq!(p.done(), 100);
 }
 
+/// What the binary tests run it with: the store at `url` (first, so
+/// `&env[1..]` leaves it out), the tests' hash key, 3 scans a day, a soft
+/// window of 2.
+fn binary_env(url: &str) -> [(&str, &str); 4] {
+    [
+        ("VALKEY_URL", url),
+        ("QUOTA_HASH_SECRET", std::str::from_utf8(SECRET).unwrap()),
+        ("QUOTA_ANON", "3"),
+        ("QUOTA_SOFT_WINDOW", "2"),
+    ]
+}
+
 /// Runs the real binary with only `env` set and stdin closed (not a terminal).
 fn quota_gate(args: &[&str], env: &[(&str, &str)]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_quota-gate"))
@@ -322,13 +334,7 @@ async fn binary_end_to_end() {
     let gate = gate_on(&server);
     one_at_a_time(&gate, vec![scan_from("192.0.2.10"); 2]).await;
     let url = server.url();
-    let secret = std::str::from_utf8(SECRET).unwrap();
-    let env = [
-        ("VALKEY_URL", url.as_str()),
-        ("QUOTA_HASH_SECRET", secret),
-        ("QUOTA_ANON", "3"),
-        ("QUOTA_SOFT_WINDOW", "2"),
-    ];
+    let env = binary_env(&url);
 
     let out = quota_gate(&["inspect", "--ip", "192.0.2.10", "--json"], &env);
     assert!(
@@ -656,13 +662,7 @@ async fn binary_network() {
     let gate = gate_on(&server);
     one_at_a_time(&gate, vec![scan_from("2001:db8:7:1::1"); 2]).await;
     let url = server.url();
-    let secret = std::str::from_utf8(SECRET).unwrap();
-    let env = [
-        ("VALKEY_URL", url.as_str()),
-        ("QUOTA_HASH_SECRET", secret),
-        ("QUOTA_ANON", "3"),
-        ("QUOTA_SOFT_WINDOW", "2"),
-    ];
+    let env = binary_env(&url);
     let out = quota_gate(&["inspect", "--ip", "2001:db8:7:1::1", "--json"], &env);
     assert!(
         out.status.success(),

@@ -552,30 +552,7 @@ fn init_time_with_references() {
 #[test]
 fn lambda_through_cargo_lambda_reads_references() {
     let (moto, valkey, plain_url) = stores_with_secrets();
-    let port = free_port();
-    let cargo_lambda = || {
-        let mut command = Command::new("cargo-lambda");
-        command.arg("lambda").current_dir(root());
-        command
-    };
-    let mut emulator = KillOnDrop::new(
-        cargo_lambda()
-            .args([
-                "watch",
-                "--only-lambda-apis",
-                "--invoke-address",
-                "127.0.0.1",
-            ])
-            .args(["--invoke-port", &port.to_string()])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("cargo-lambda on PATH"),
-    );
-    assert!(
-        wait_for_port(loopback(port), Duration::from_secs(60)),
-        "the emulator did not listen"
-    );
+    let mut emulator = common::lambda::Emulator::start();
     let mut by_reference = aws_env(&moto);
     by_reference.push(("QUOTA_HASH_SECRET", "secretsmanager:quota/hash".into()));
     by_reference.push(("VALKEY_URL", "ssm:/quota/valkey-url".into()));
@@ -587,10 +564,7 @@ fn lambda_through_cargo_lambda_reads_references() {
         let mut bootstrap = KillOnDrop::new(
             Command::new(bin("bootstrap"))
                 .env_clear()
-                .env(
-                    "AWS_LAMBDA_RUNTIME_API",
-                    format!("http://127.0.0.1:{port}/.rt"),
-                )
+                .env("AWS_LAMBDA_RUNTIME_API", emulator.runtime_api())
                 .env("AWS_LAMBDA_FUNCTION_NAME", "_")
                 .env("AWS_LAMBDA_FUNCTION_VERSION", "1")
                 .env("AWS_LAMBDA_FUNCTION_MEMORY_SIZE", "128")
@@ -600,12 +574,7 @@ fn lambda_through_cargo_lambda_reads_references() {
                 .spawn()
                 .unwrap(),
         );
-        let out = cargo_lambda()
-            .args(["invoke", "_", "--invoke-address", "127.0.0.1"])
-            .args(["--invoke-port", &port.to_string()])
-            .args(["--data-file", "events/http-api-v2-ipv4.json"])
-            .output()
-            .unwrap();
+        let out = emulator.invoke("events/http-api-v2-ipv4.json");
         bootstrap.kill_now();
         let mut printed = String::new();
         bootstrap
@@ -627,7 +596,7 @@ fn lambda_through_cargo_lambda_reads_references() {
             "{printed}"
         );
     }
-    emulator.kill_now();
+    emulator.stop();
     drop(valkey);
 }
 

@@ -243,11 +243,9 @@ fn bad_ca_fails_at_start() {
     }
 }
 
-/// Cluster and TLS together, as on ElastiCache Serverless: every node behind TLS,
-/// announcing its TLS port; counting, queueing and a per-primary purge all work.
-#[tokio::test]
-async fn cluster_over_tls() {
-    let pki = TestPki::new("cluster");
+/// A three-node cluster, every node behind a TLS proxy of `pki` and
+/// announcing the proxy's port: the cluster, the TLS ports, the proxies.
+fn cluster_behind_tls(pki: &TestPki) -> (ValkeyCluster, Vec<u16>, Vec<TlsProxy>) {
     let tls_ports: Vec<u16> = (0..3).map(|_| free_port()).collect();
     let cluster = ValkeyCluster::start_with(|i| {
         vec![
@@ -255,12 +253,21 @@ async fn cluster_over_tls() {
             tls_ports[i].to_string(),
         ]
     });
-    let _proxies: Vec<TlsProxy> = cluster
+    let proxies = cluster
         .nodes
         .iter()
         .zip(&tls_ports)
-        .map(|(node, port)| TlsProxy::start(&pki, *port, node.port))
+        .map(|(node, port)| TlsProxy::start(pki, *port, node.port))
         .collect();
+    (cluster, tls_ports, proxies)
+}
+
+/// Cluster and TLS together, as on ElastiCache Serverless: every node behind TLS,
+/// announcing its TLS port; counting, queueing and a per-primary purge all work.
+#[tokio::test]
+async fn cluster_over_tls() {
+    let pki = TestPki::new("cluster");
+    let (cluster, tls_ports, _proxies) = cluster_behind_tls(&pki);
     let url = format!("rediss://127.0.0.1:{}", tls_ports[0]);
     let ca = pki.ca();
     let gate = stream_gate(&[
@@ -514,19 +521,7 @@ async fn iam_renews_live_connections_and_reconnects_sign_anew() {
 #[tokio::test]
 async fn iam_cluster_over_tls() {
     let pki = TestPki::new("iam-cluster");
-    let tls_ports: Vec<u16> = (0..3).map(|_| free_port()).collect();
-    let cluster = ValkeyCluster::start_with(|i| {
-        vec![
-            "--cluster-announce-port".to_owned(),
-            tls_ports[i].to_string(),
-        ]
-    });
-    let _proxies: Vec<TlsProxy> = cluster
-        .nodes
-        .iter()
-        .zip(&tls_ports)
-        .map(|(node, port)| TlsProxy::start(&pki, *port, node.port))
-        .collect();
+    let (cluster, tls_ports, _proxies) = cluster_behind_tls(&pki);
     let password = format!(">{}", iam_token(T0));
     for node in &cluster.nodes {
         let mut cmd = redis::cmd("ACL");
