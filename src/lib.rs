@@ -1,16 +1,8 @@
-//! # quota-gate
+//! The daily free-tier quota gate in front of the Scanner API's `POST /scan`: it counts each scan
+//! in Valkey in one round trip, paces callers over quota instead of refusing them, forwards
+//! accepted scans to the scan queue and meters what it did as CloudWatch embedded-metric logs.
 //!
-//! The daily free-tier quota gate in front of the Scanner API's `POST /scan`.
-//! It counts each scan in Valkey with one round trip of plain commands, slows
-//! callers who are over quota instead of refusing them (paced, so a parallel
-//! burst waits in line), forwards every accepted scan to the scan queue and
-//! meters what it did as CloudWatch embedded-metric logs.
-//!
-//! # Layout
-//!
-//! The folders are the floors; each imports only the floors below it
-//! (`tests/it/architecture.rs` checks, and that no module imports one that
-//! imports it, no function is over 60 lines and no file over 400):
+//! Each folder is a floor importing only the floors below (`tests/it/architecture.rs` checks):
 //!
 //! | floor | folder | what it holds |
 //! |---|---|---|
@@ -21,16 +13,10 @@
 //! | 4 | [`consume`] | `quota-gate consume`: holds each job until `notBefore`, runs each `scanId` once |
 //! | 5 | [`front`] | the front ends: [`front::lambda`] (and the consumer's, [`front::lambda_consumer`]), [`front::serve`], [`front::cli`] and its operator tools, [`front::ops`] |
 //!
-//! A scan's way through them, in order: validate, identify, digest, count
-//! (the store's one round trip), decide, pace and delay, enqueue, respond,
-//! meter. `bugs` holds the switches that bring past bugs back for the
-//! simulators, compiled only with the `testing` feature the test harness
-//! turns on (elsewhere `bug!` is `false`).
+//! `bugs` holds the switches that bring past bugs back for the simulators; only the `testing`
+//! feature compiles it (elsewhere `bug!` is `false`).
 
-/// Whether the past bug `$bug` (a `bugs::Bug` variant) is switched back
-/// on: the simulators' switch, with the `testing` feature only. A build
-/// without it (every release and Lambda build) has no switch: this is
-/// `false`, and the branch it guards compiles away.
+/// Whether the past bug `$bug` is switched back on; `false` without the `testing` feature.
 #[cfg(feature = "testing")]
 macro_rules! bug {
     ($bug:ident) => {
@@ -62,24 +48,18 @@ pub use gate::{Gate, GateRequest};
 pub enum LogFormat {
     /// `tracing`'s plain lines (the default).
     Text,
-    /// One JSON object a line: `timestamp`, `level`, the event's fields at
-    /// the top level (`message`, `error`, `code`, …) and `span`, the
-    /// current span's fields: a request's lines carry `span.traceId` (and
-    /// under Lambda `span.requestId`), a consumer's job's `span.scanId` and
-    /// `span.traceId`. The end of each of a request's steps (target
-    /// [`gate::trace::STEP_TARGET`]) is a line of its own (`message`
-    /// `close`, with `time.busy` and `time.idle`): its duration.
+    /// One JSON object a line, the event's fields at the top level and the current span's under
+    /// `span`; each step's end (target [`gate::trace::STEP_TARGET`]) is a `close` line of its own.
     Json,
 }
 
 impl LogFormat {
-    /// `QUOTA_LOG_FORMAT` (`text` or `json`, any case; unset: `text`), as
-    /// `quota-gate` reads it. A bad value is an error naming the variable.
+    /// `QUOTA_LOG_FORMAT` (`text` or `json`, any case; unset: `text`); a bad value is an error.
     pub fn from_env() -> Result<Self, String> {
         Self::from_lookup(|k| std::env::var(k).ok())
     }
 
-    /// The same from a lookup function (tests pass a map).
+    /// The same from a lookup function.
     pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Self, String> {
         let name = config::vars::QUOTA_LOG_FORMAT.name;
         match lookup(name) {
@@ -90,18 +70,8 @@ impl LogFormat {
         }
     }
 
-    /// The Lambda function's log format, from `AWS_LAMBDA_LOG_FORMAT`, which
-    /// Lambda sets from the function's `LoggingConfig` (`JSON` or `Text`),
-    /// read as `lambda_runtime`'s own subscriber reads it: `JSON` in any
-    /// case is JSON, anything else text.
-    ///
-    /// That subscriber (`lambda_runtime::tracing::init_default_subscriber`)
-    /// is not used itself: its JSON nests an event's fields under `fields`,
-    /// where our lines carry `message`, `error` and `code` at the top level
-    /// (the schema docs/dashboards.md documents and the log queries read),
-    /// and its filter would let the AWS SDK's own info lines through. So
-    /// the gate reads the same two variables the same way
-    /// (`AWS_LAMBDA_LOG_LEVEL` in [`log_filter`]) into its own subscriber.
+    /// The Lambda function's format, from `AWS_LAMBDA_LOG_FORMAT` as `lambda_runtime` reads it. Its
+    /// own subscriber is not used: it nests event fields under `fields` and lets SDK info through.
     pub fn lambda() -> Self {
         match std::env::var("AWS_LAMBDA_LOG_FORMAT") {
             Ok(v) if v.eq_ignore_ascii_case("json") => Self::Json,
@@ -110,14 +80,12 @@ impl LogFormat {
     }
 }
 
-/// Logs to stderr (stdout carries EMF lines and spooled jobs) in `format`,
-/// filtered by [`log_filter`]. Never logs an IP, a token or a digest.
+/// Logs to stderr (stdout carries EMF lines and spooled jobs). Never logs an IP, token or digest.
 pub fn init_tracing(format: LogFormat) {
     init_tracing_with(format, std::io::stderr);
 }
 
-/// Logs to `writer` in `format`, filtered by [`log_filter`], without ANSI
-/// colours. A second call does nothing.
+/// Logs to `writer` without ANSI colours; a second call does nothing.
 pub fn init_tracing_with<W>(format: LogFormat, writer: W)
 where
     W: for<'w> tracing_subscriber::fmt::MakeWriter<'w> + Clone + Send + Sync + 'static,
@@ -142,9 +110,7 @@ where
                     .with_span_list(false)
                     .with_writer(writer.clone())
             };
-            // The events, in every span; and the end of each step's span
-            // alone (the request's own span ends without a line, so a
-            // request refused before any step writes nothing).
+            // Events in every span, and a line at each step span's end (none at the request's own).
             let step_ends = json().with_span_events(FmtSpan::CLOSE).with_filter(
                 tracing_subscriber::filter::filter_fn(|meta| {
                     meta.is_span() && meta.target() == gate::trace::STEP_TARGET
@@ -155,10 +121,8 @@ where
     };
 }
 
-/// The log level: Lambda's `AWS_LAMBDA_LOG_LEVEL` (set from the function's
-/// `LoggingConfig.ApplicationLogLevel`, and first, as the runtime's own
-/// subscriber takes it), else `RUST_LOG`, else `info`; the AWS SDK's own
-/// chatter only from `error` unless a directive names it.
+/// The log level: `AWS_LAMBDA_LOG_LEVEL` first (as the Lambda runtime takes it), else `RUST_LOG`,
+/// else `info`; the AWS SDK's crates log only errors unless a directive names them.
 pub fn log_filter() -> tracing_subscriber::EnvFilter {
     const QUIET_SDK: &str = "aws_config=error,aws_smithy_runtime=error,\
         aws_smithy_runtime_api=error,aws_sdk_cloudwatch=error,aws_sdk_sqs=error,\

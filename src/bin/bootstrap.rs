@@ -1,15 +1,5 @@
-//! The AWS Lambda entry point: read the configuration, build the clients
-//! once per cold start, and serve invocations: API Gateway events (the
-//! gate), or with `QUOTA_ROLE=consume` the scan queues' SQS events (the
-//! consumer, `quota_gate::front::lambda_consumer`).
-//!
-//! A configuration error (a secret reference that cannot be read among
-//! them), or, with `QUOTA_STORE_EVICTION=refuse`, a store
-//! whose `maxmemory-policy` can evict the gate's keys, is printed and, under
-//! a Lambda runtime, reported to the Runtime API as the function's init
-//! error (`Runtime.ConfigError`, with the variable's name), so the
-//! invocation shows the cause instead of a bare "Runtime exited"; then the
-//! process exits non-zero.
+//! The AWS Lambda entry point: the gate, or with `QUOTA_ROLE=consume` the consumer. A configuration
+//! error is reported to the Runtime API as the init error, so the invocation shows its cause.
 
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -20,18 +10,15 @@ use quota_gate::front::lambda_consumer::{self, Consumer, Role};
 use quota_gate::gate::Gate;
 use quota_gate::io::meter::Meter;
 
-/// mimalloc, as in `quota-gate` (see there).
+/// mimalloc, as in `quota-gate`.
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
-/// One thread: a Lambda sandbox serves one invocation at a time, and the
-/// Valkey connection's task then runs on the thread that sends the commands,
-/// which lets a command a closed connection refused be sent again safely
-/// (`connection::refused_unsent`).
+/// One thread: a sandbox serves one invocation at a time, and the Valkey connection's task on the
+/// sending thread lets a command a closed connection refused be sent again safely.
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> ExitCode {
-    // JSON when the function's LoggingConfig says so; the runtime's span
-    // puts the request id on every line logged during an invocation.
+    // The runtime's span puts the request id on every line logged during an invocation.
     quota_gate::init_tracing(quota_gate::LogFormat::lambda());
     let served = match Role::from_lookup(|k| std::env::var(k).ok()) {
         Ok(Role::Gate) => match start().await {
@@ -53,8 +40,7 @@ async fn main() -> ExitCode {
     }
 }
 
-/// Says why the cold start failed, on stderr and, under a Lambda runtime,
-/// as the function's init error.
+/// Says why the cold start failed, on stderr and as the function's init error.
 async fn init_failed(message: &str) -> ExitCode {
     eprintln!("quota-gate: configuration error: {message}");
     if let Ok(api) = std::env::var("AWS_LAMBDA_RUNTIME_API")

@@ -1,8 +1,6 @@
 //! `quota-gate`: the local server and the operator tools. See `quota-gate --help`.
 
-/// mimalloc: the request path allocates many small, short-lived buffers
-/// across Tokio's worker threads, where glibc's malloc spent ~17 % of
-/// `serve`'s CPU under load (docs/benchmarks.md).
+/// mimalloc: the request path allocates many small, short-lived buffers across worker threads.
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 

@@ -1,7 +1,4 @@
-//! What the request path works on: the request as a front end hands it
-//! over ([`GateRequest`]) and one identified request ([`Attempt`]), with
-//! the levels above its subject, each a [`Level`] that the count fills
-//! in; the scan that goes ahead is [`super::scan`]'s.
+//! The request as a front end hands it over, and one identified request ([`Attempt`]).
 
 use std::collections::HashMap;
 use std::net::IpAddr;
@@ -37,10 +34,7 @@ pub struct GateRequest {
     pub gateway_claims: Option<HashMap<String, String>>,
     /// Time left before the Lambda deadline, when running in Lambda.
     pub remaining: Option<Duration>,
-    /// The trace context the front end was given outside the headers (the
-    /// Lambda invocation's X-Ray context); it wins over any header. The
-    /// gate fills it in from the headers, or starts a trace, when it is
-    /// `None` ([`crate::gate::trace`]).
+    /// Trace context given outside the headers (Lambda's X-Ray context); it wins over any header.
     pub trace: Option<TraceContext>,
     /// The platform's id of the request (Lambda's), logged beside its trace.
     pub request_id: Option<String>,
@@ -51,10 +45,8 @@ pub(super) struct Attempt {
     pub identity: Identity,
     pub key: QuotaKey,
     pub limits: Limits,
-    /// The levels above the subject, counted with it (in the order the
-    /// store is asked and answers), each with what its count did.
+    /// The levels above the subject, counted with it, in the order the store is asked and answers.
     pub levels: Vec<Level>,
-    /// A keyed request's claim on its record.
     pub claim: Option<Claim>,
     /// The one clock reading.
     pub now_ms: UnixMillis,
@@ -64,7 +56,6 @@ pub(super) struct Attempt {
     pub reset: ResetPolicy,
     /// The answer's deadline: min(Lambda's remaining time, gateway timeout).
     pub ceiling: Duration,
-    /// Lambda's remaining time at arrival, if in Lambda.
     pub remaining: Option<Duration>,
     pub started: Instant,
     /// The request's trace: its job carries it, its EMF line its id.
@@ -79,8 +70,6 @@ impl GateRequest {
 }
 
 impl Attempt {
-    /// Everything the later steps need to know about one identified scan
-    /// request, read at `now_ms`.
     pub fn new(
         mut identity: Identity,
         idempotency_key: Option<&str>,
@@ -114,8 +103,7 @@ impl Attempt {
         }
     }
 
-    /// How a counted scan is metered: decided at its subject and at each
-    /// level that answered ([`most_severe`]), whose counts its levels keep.
+    /// How a counted scan is metered: the most severe decision of its subject and answered levels.
     pub fn charge(&mut self, tally: Tally) -> Charge {
         self.counted(tally.levels);
         let count = tally.subject;
@@ -130,31 +118,27 @@ impl Attempt {
         }
     }
 
-    /// What the count did at each level, as the store answered, in the
-    /// order it was asked.
+    /// Records what the count did at each level, in the order the store was asked.
     pub fn counted(&mut self, counts: Vec<LevelCount>) {
         for (level, count) in self.levels.iter_mut().zip(counts) {
             level.count = Some(count);
         }
     }
 
-    /// The levels of a scan whose count failed: each as the store found it
-    /// apart from the subject (a cluster), or else sharing the subject's
-    /// fate, one request with it.
+    /// The levels of a scan whose count failed: each as the store found it, or sharing the
+    /// subject's fate.
     pub fn count_failed(&mut self, levels: Option<Vec<LevelCount>>, may_land: bool) {
         let shared = || vec![Err(NoAnswer { may_land }); self.levels.len()];
         let counts = levels.unwrap_or_else(shared);
         self.counted(counts);
     }
 
-    /// The levels' counts, settled after a failed count: none is left to
-    /// take back.
+    /// Forgets the levels' counts once a failed count is settled: none is left to take back.
     pub fn levels_settled(&mut self) {
         self.levels.iter_mut().for_each(|l| l.count = None);
     }
 
-    /// The lines a counted scan waits in above its subject: each counted
-    /// level's, with its own tier delay (none: within its limit).
+    /// The lines a counted scan waits in above its subject: each level over its limit.
     pub fn pace_lanes(&self) -> Vec<PaceLane<'_>> {
         self.levels
             .iter()
@@ -169,11 +153,8 @@ impl Attempt {
             .collect()
     }
 
-    /// How a fresh scan's `delay` is spent: what fits the sleep budget is
-    /// served in the handler, if the scan took a bed; the rest, or all of
-    /// it, deferred. Both are counted from the arrival: the handler sleeps
-    /// until [`Self::slept_until`], however long the store's round trips
-    /// took before.
+    /// How a fresh scan's `delay` is spent: what fits the sleep budget in the handler if the scan
+    /// took a bed, the rest deferred. Both count from the arrival, not from the store's answers.
     pub fn plan(&self, delay: Duration, policy: &Policy, bed: Option<Bed>) -> DelayPlan {
         let cap = match bed {
             Some(Bed { taken: true, .. }) => self.sleep_budget(policy),
@@ -182,11 +163,8 @@ impl Attempt {
         delay::plan(delay, policy.delay_mode, cap)
     }
 
-    /// What may be served in the handler, counted from the arrival: the
-    /// ceiling less the margin, or less what the store's round trips took
-    /// so far if that is longer (the enqueue and a keyed scan's save,
-    /// after the sleep, may take as long); nothing in `defer` mode. In
-    /// whole milliseconds, as the answer reports what was slept.
+    /// What may be served in the handler from the arrival: the ceiling less the margin, or less the
+    /// store's round trips so far if longer; nothing in `defer` mode. Whole ms, as the answer says.
     fn sleep_budget(&self, policy: &Policy) -> Duration {
         let margin = policy.delay_margin.max(self.started.elapsed());
         let budget = match policy.delay_mode {
@@ -196,20 +174,14 @@ impl Attempt {
         Duration::from_millis(duration_ms(budget))
     }
 
-    /// When the handler's part of the delay is over: `plan.sleep` after
-    /// the arrival. So the answer is never later than the deadline
-    /// (arrival + ceiling − margin) and the sleep ends before the bed's
-    /// lease, which is counted from the arrival too ([`delay::bed_until`]),
-    /// whatever the store's latency within its timeout.
+    /// When the handler's sleep ends: `plan.sleep` after the arrival, so never past the deadline or
+    /// the bed's lease ([`delay::bed_until`]), whatever the store's latency.
     pub fn slept_until(&self, plan: &DelayPlan) -> Instant {
         self.started + plan.sleep
     }
 
-    /// The bed a scan that owes a delay asks for, under its `scan_id`: none
-    /// where it would not sleep (`defer` mode, no budget left,
-    /// `QUOTA_MAX_ASLEEP=0`). Its lease lasts the budget from the arrival,
-    /// at least what [`Self::plan`] serves in the handler later (the
-    /// budget only shrinks).
+    /// The bed a scan owing a delay asks for; none where it would not sleep (`defer`, no budget
+    /// left, `QUOTA_MAX_ASLEEP=0`). Its lease lasts the budget, counted from the arrival.
     pub fn bed_ask(&self, policy: &Policy, scan_id: Uuid) -> Option<BedAsk> {
         let budget = self.sleep_budget(policy);
         let left = budget.saturating_sub(self.started.elapsed());
@@ -228,14 +200,12 @@ impl Attempt {
             .map_or(&self.key, |l| &l.key)
     }
 
-    /// The subject's key and its levels': what a remembered refusal is
-    /// looked up by.
+    /// The subject's key and its levels': what a remembered refusal is looked up by.
     pub fn keys(&self) -> impl Iterator<Item = &QuotaKey> {
         std::iter::once(&self.key).chain(self.levels.iter().map(|l| &l.key))
     }
 
-    /// The longest the first attempt of this key may sleep: what a 409
-    /// waits for.
+    /// The longest the first attempt of this key may sleep: what a 409 waits for.
     pub fn sleep_cap(&self, policy: &Policy) -> Duration {
         match policy.delay_mode {
             DelayMode::Defer => Duration::ZERO,
@@ -245,7 +215,6 @@ impl Attempt {
         }
     }
 
-    /// The clock reading's second.
     pub fn now(&self) -> UnixSecs {
         self.now_ms.secs()
     }
@@ -264,15 +233,13 @@ impl Attempt {
         self.now_ms.saturating_add(self.ceiling)
     }
 
-    /// The answer's deadline: the arrival and the ceiling. Nothing the
-    /// request path awaits runs past it.
+    /// The answer's deadline (arrival plus ceiling); nothing the request path awaits runs past it.
     pub fn deadline(&self) -> Instant {
         self.started + self.ceiling
     }
 
-    /// How long an enqueue may take: at most [`ENQUEUE_TIMEOUT`], and never
-    /// past the answer's deadline: a job queued after the client saw a
-    /// gateway timeout would be retried and counted twice.
+    /// How long an enqueue may take; never past the answer's deadline, since a job queued after
+    /// the client saw a gateway timeout would be retried and counted twice.
     pub fn enqueue_within(&self) -> Duration {
         enqueue_within(self.started, self.ceiling)
     }
@@ -289,14 +256,12 @@ impl Attempt {
         }
     }
 
-    /// The id of the request's trace.
     pub fn trace_id(&self) -> Option<TraceId> {
         self.trace.as_ref().map(|t| t.trace_id)
     }
 }
 
-/// How long an enqueue may take: at most [`ENQUEUE_TIMEOUT`], and never
-/// past `started + ceiling`, the answer's deadline.
+/// How long an enqueue may take: at most [`ENQUEUE_TIMEOUT`], never past `started + ceiling`.
 pub(super) fn enqueue_within(started: Instant, ceiling: Duration) -> Duration {
     ENQUEUE_TIMEOUT.min((started + ceiling).saturating_duration_since(Instant::now()))
 }

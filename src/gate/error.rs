@@ -1,9 +1,4 @@
-//! The one place that maps failures to HTTP.
-//!
-//! Variants are named after what the caller can do about them: fix the
-//! request (4xx; 408 when its body stopped arriving) or retry later (503
-//! with `Retry-After`). Bodies are
-//! `{"error": "<code>", "detail": "<sentence>"}`.
+//! The one place that maps failures to HTTP: 4xx to fix the request, 503 with `Retry-After`.
 
 use std::time::Duration;
 
@@ -50,12 +45,10 @@ pub enum GateError {
     /// The first request with this key has not answered yet.
     #[error("a request with this Idempotency-Key is still in flight; retry after it answers")]
     IdempotencyInProgress { retry_after: u64 },
-    /// The quota store failed and the gate fails closed. A count that may
-    /// still land is taken back after it.
+    /// The quota store failed and the gate fails closed; a count that may still land is taken back.
     #[error("the quota store is unavailable; the scan was not counted; retry shortly")]
     StoreUnavailable,
-    /// The store did not answer a keyed scan's count: it may still land, and
-    /// nothing was queued. The retry with the same key settles it.
+    /// The store did not answer a keyed scan's count: it may still land, and nothing was queued.
     #[error(
         "the quota store did not answer in time: the scan may have been counted and was not queued; \
          retry with the same Idempotency-Key to settle it (one job, one count)"
@@ -66,8 +59,7 @@ pub enum GateError {
         "too many of your scans are already waiting; not counted, nothing queued; retry after Retry-After seconds"
     )]
     BacklogFull { retry_after: u64 },
-    /// The scan could not be queued. Known failure: refunded, not queued.
-    /// Timeout: the job may still land (`"queued": "unknown"`).
+    /// The scan could not be queued: refused (refunded) or timed out (the job may still land).
     #[error("{}", match queued {
         Queued::No => "the scan could not be queued and was not counted; retry shortly",
         Queued::Unknown => "the scan queue did not answer in time: the scan may still be queued; \
@@ -110,9 +102,7 @@ impl GateError {
         }
     }
 
-    /// What the client is told of a failed enqueue, for counted and exempt
-    /// scans alike: a refused job was not queued; one whose fate is
-    /// unknown may still be.
+    /// What the client is told of a failed enqueue, for counted and exempt scans alike.
     pub fn queue_failed(failure: Failure) -> Self {
         let queued = match failure {
             Failure::NotQueued => Queued::No,
@@ -121,18 +111,14 @@ impl GateError {
         Self::QueueFailed { queued }
     }
 
-    /// 503 `backlog_full`, its `Retry-After` by [`crate::rules::pace::retry_after_secs`]:
-    /// when a slot frees up, never past the counter's reset.
+    /// 503 `backlog_full`, retried when a slot frees up, never past the counter's reset.
     pub fn backlog_full(retry_after_ms: u64, seconds_to_reset: Option<u64>) -> Self {
         Self::BacklogFull {
             retry_after: crate::rules::pace::retry_after_secs(retry_after_ms, seconds_to_reset),
         }
     }
 
-    /// Whether the gate's own infrastructure failed (worth a log line): a
-    /// 5xx that is not the client's own doing. A full backlog is the
-    /// client's (it sent faster than it is paced): metered, never logged
-    /// one line each, so a refused flood writes no line of its own.
+    /// Whether the gate's own infrastructure failed (worth a log line); a full backlog is not.
     pub fn is_our_failure(&self) -> bool {
         self.status().is_server_error() && !matches!(self, Self::BacklogFull { .. })
     }

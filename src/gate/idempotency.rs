@@ -1,18 +1,8 @@
-//! `Idempotency-Key` (IETF httpapi draft) on `POST /scan`.
-//!
-//! A client that may retry (after a gateway timeout, a 503, a dropped
-//! connection) sends a key of its choosing; the gate keeps one record per
-//! key beside the subject's counter for 24 h ([`crate::io::store::Record`]):
-//!
-//! | the key is … | answer |
-//! |---|---|
-//! | new | the scan is counted, queued and answered as usual; the answer is saved |
-//! | done, same body | the saved 202 again (`Idempotent-Replayed: true`): not counted, delayed or queued |
-//! | seen with another body | 422 `idempotency_key_mismatch` |
-//! | still in flight | 409 `idempotency_in_progress` + `Retry-After` |
-//! | left pending by an attempt that gave up (timeout) | the same job (same `scanId`) queued once more, then the 202 |
-//!
-//! The body is compared by its SHA-256: a retry must resend the same bytes.
+//! `Idempotency-Key` (IETF httpapi draft) on `POST /scan`. The gate keeps one record per key beside
+//! the subject's counter for 24 h, and compares bodies by SHA-256, so a retry must resend the same
+//! bytes. A repeated key is answered from its record: done with the same body, the saved 202 again
+//! (`Idempotent-Replayed: true`), nothing counted or queued; another body, 422; still in flight,
+//! 409 with `Retry-After`; left pending by an attempt that gave up, its job queued once more.
 
 use http::HeaderMap;
 use sha2::{Digest, Sha256};
@@ -25,8 +15,7 @@ pub const HEADER: &str = "idempotency-key";
 /// The longest key accepted.
 pub const MAX_KEY_LEN: usize = 255;
 
-/// The request's `Idempotency-Key`: `None` when absent, 400 when not 1–255
-/// visible ASCII characters, and a 400 saying so when sent more than once.
+/// The `Idempotency-Key`: `None` when absent, 400 when sent twice or not 1–255 visible ASCII.
 pub fn key(headers: &HeaderMap) -> Result<Option<&str>, GateError> {
     let mut values = headers.get_all(HEADER).iter();
     let Some(value) = values.next() else {

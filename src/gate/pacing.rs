@@ -1,8 +1,6 @@
-//! Step 6 for a fresh scan: the delay it owes (paced, where the pacing
-//! rule applies), the bed it may sleep in (see [`crate::rules::delay::Bed`]), and
-//! a refusal when its line is full, which is remembered
-//! ([`super::refused`]) so the next scans of that line are refused without
-//! the store (a keyed one after one read: its record, if any, answers it).
+//! Step 6 for a fresh scan: its delay (paced where the pacing rule applies), its bed, and the
+//! refusal of a full line, remembered ([`super::refused`]) so the line's next scans are refused
+//! without the store.
 
 use std::time::Duration;
 
@@ -22,9 +20,7 @@ use crate::rules::settle::{self, Charge, DelayRule, Failure};
 use crate::rules::unix::{UnixSecs, duration_ms};
 
 impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
-    /// Step 6: the delay a fresh scan owes, paced by [`settle::delay_rule`],
-    /// and the bed it may sleep in; a scan past the backlog cap is refused
-    /// (and its count taken back).
+    /// A scan past the backlog cap is refused and its count taken back.
     pub(super) async fn delay_of(
         &self,
         attempt: &Attempt,
@@ -32,9 +28,7 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
     ) -> Result<(Duration, Option<Bed>), GateError> {
         match settle::delay_rule(&scan.charge, self.shadow(), self.config.policy.pacing) {
             DelayRule::Fixed(delay) if delay.is_zero() => Ok((delay, None)),
-            // Only an over-quota scan asks for a bed or is paced: its steps
-            // stay off the within-quota scan's future (which is moved whole
-            // into its task).
+            // Only an over-quota scan is paced: those steps stay off a within-quota scan's future.
             DelayRule::Fixed(delay) => {
                 let bed = self.bed(attempt, scan, delay);
                 let span = step!("pace", attempt.trace_id());
@@ -47,10 +41,7 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
         }
     }
 
-    /// The refusal of a scan whose subject or level is known refused
-    /// ([`super::refused`]), with the `Retry-After` it was given; `None`
-    /// when the store must be asked, as for a keyed scan whose record
-    /// exists (a repeat of its key is answered from it, refused or not).
+    /// The refusal of a scan known refused; `None`: ask the store (a keyed scan's record answers).
     pub(super) async fn known_refused(&self, attempt: &Attempt) -> Option<GateError> {
         let until = self.refused.until(attempt.keys(), attempt.now_ms)?;
         if let Some(claim) = &attempt.claim {
@@ -63,8 +54,7 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
         Some(GateError::backlog_full(retry_after_ms, None))
     }
 
-    /// A bed asked alone, for a scan whose fixed `delay` no pacing step
-    /// carries (`QUOTA_PACING=off`): without an answer, none.
+    /// A bed asked alone, for a fixed `delay` no pacing step carries (`QUOTA_PACING=off`).
     async fn bed(&self, attempt: &Attempt, scan: &Scan, delay: Duration) -> Option<Bed> {
         let ask = attempt.bed_ask(&self.config.policy, scan.scan_id)?;
         let bed = self.store.take_bed(LoneBed {
@@ -75,7 +65,6 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
         self.bounded(bed).await.ok()
     }
 
-    /// Step 6 for a scan the pacing rule applies to.
     async fn paced(
         &self,
         attempt: &Attempt,
@@ -111,8 +100,7 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
         };
         let failure = Failure::BacklogFull;
         Box::pin(self.apply(attempt, scan.scan_id, &scan.charge, failure)).await;
-        // Remembered: the subject until its retry, each level full on its
-        // own until its own, never past a counter's reset.
+        // Remembered: the subject and each full level until its own retry, never past its reset.
         let until = |ms: u64, reset_at: UnixSecs| {
             let at = scan.received_ms.saturating_add(Duration::from_millis(ms));
             at.min(reset_at.millis())

@@ -1,16 +1,7 @@
-//! The request path, top to bottom: validate, identify, count, decide,
-//! pace, sleep, queue, answer. Every choice on it is made elsewhere (what a
-//! scan gets by [`crate::rules::decide`], what a failure or a repeated
-//! `Idempotency-Key` leads to by [`crate::rules::settle`]); this driver sends what
-//! they say, in order, on one connection, and returns an [`Exit`] the meter
-//! records once.
-//!
-//! The rare paths (`GET /quota`, exempt scans, repeats, store failures,
-//! pacing, settlements, saving a keyed answer) are awaited through
-//! `Box::pin`: `serve` moves a request's whole future into a task of its
-//! own, so everything inlined in it is copied on every scan. Boxed, they
-//! cost an allocation only when taken, and the within-quota scan's future
-//! stays near 4.1 KB (9.2 KB before; `tests/alloc_budget.rs` holds it).
+//! The request path, top to bottom: validate, identify, count, decide, pace, sleep, queue, answer,
+//! sending what the rules decide, in order, on one connection. The rare paths are awaited through
+//! `Box::pin`: `serve` moves a request's whole future into a task, so everything inlined is copied
+//! on every scan (`tests/alloc_budget.rs` holds its size).
 
 use std::future::Future;
 
@@ -38,15 +29,12 @@ use crate::rules::record;
 use crate::rules::settle::{self, Repeat, on_repeat, on_take_over};
 use crate::rules::unix::UnixMillis;
 
-/// A request's answer, and what the meter is told of it (nothing for a
-/// request refused before it reached the store, or not a counted scan).
+/// A request's answer and its [`Exit`] (none if refused before the store or not a counted scan).
 type Answer = (Result<Response<Bytes>, GateError>, Option<Exit>);
 
-/// A scan request's answer and its [`Exit`].
 type Finished = (Result<Response<Bytes>, GateError>, Exit);
 
-/// What step 4's round trip found: a new count, or the record a keyed
-/// scan's claim found (a repeat of its key).
+/// What step 4's round trip found: a new count, or the record of a repeated key.
 enum Counted<'a> {
     New(Tally),
     Existing(Record, &'a Claim),
@@ -60,9 +48,7 @@ struct Admitted<'r> {
 }
 
 impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
-    /// Runs the whole request path and answers. Never panics on any input.
-    /// Every request that reached the store is metered once, whatever its
-    /// exit. It runs in its trace's `request` span ([`super::trace`]).
+    /// Runs the request path; never panics, and meters once every request that reached the store.
     pub fn handle(&self, mut request: GateRequest) -> impl Future<Output = Response<Bytes>> + '_ {
         // The one clock reading of this request.
         let now_ms = self.clock.now();
@@ -142,9 +128,7 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
         })
     }
 
-    /// Steps 4–5: count (a keyed scan claims its record in the same step)
-    /// and decide; then a repeat is answered, a failure settled, and a scan
-    /// that may go ahead run.
+    /// Steps 4–5: count and decide, then answer a repeat, settle a failure or run the scan.
     async fn scan(&self, attempt: &mut Attempt, body: RequestBody) -> Finished {
         if let Some(refused) = self.known_refused(attempt).await {
             return (
@@ -194,9 +178,7 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
         count.instrument(step!("count", attempt.trace_id())).await
     }
 
-    /// Answers a key seen before (its `claim` found `record`), by
-    /// [`on_repeat`]'s rule; a retry that takes over an abandoned attempt
-    /// finishes its scan.
+    /// Answers a repeated key by [`on_repeat`]; a retry that takes over an abandoned scan runs it.
     async fn repeat(
         &self,
         attempt: &Attempt,
@@ -231,8 +213,7 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
         (result, exit)
     }
 
-    /// Takes over an abandoned attempt's lease, so that only one retry
-    /// finishes it. `None`: taken; otherwise when the retry may come back.
+    /// Takes over an abandoned attempt's lease; `None`: taken, else when the retry may come back.
     async fn take_over(&self, attempt: &Attempt, claim: &Claim, record: &Record) -> Option<u64> {
         let taken = self
             .bounded(self.store.take_over(TakeOver {
@@ -245,8 +226,7 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
         on_take_over(taken.ok())
     }
 
-    /// The scan a take-over goes on with. The record keeps the count, not
-    /// the grant: read it (a rare path; without an answer, no grant).
+    /// The scan a take-over goes on with; the grant, which the record does not keep, is read again.
     async fn resume(&self, attempt: &Attempt, record: &Record) -> Scan {
         let grant = self
             .bounded(self.store.peek(&attempt.key, attempt.now()))
@@ -260,8 +240,7 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
         Scan::resumed(resumed)
     }
 
-    /// Steps 6–8 for a scan that may go ahead: pace, sleep, queue, answer,
-    /// and save the answer for a keyed retry.
+    /// Steps 6–8: pace, sleep, queue, answer, and save the answer for a keyed retry.
     async fn run(&self, attempt: &Attempt, body: RequestBody, scan: Scan) -> Finished {
         let (plan, bed) = match scan.resumed {
             Some(plan) => (plan, None),
@@ -293,23 +272,20 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
                 );
             }
         }
-        // 8: answer, and save the answer for a keyed retry.
+        // 8: answer, and save it for a keyed retry.
         let response = scan
             .accepted(attempt, &job, plan, self.shadow())
             .to_response();
         if let Some(claim) = &attempt.claim {
-            // Not past the deadline: a save left unanswered still lands,
-            // and a retry after the claim's lease takes the scan over under
-            // the same scanId.
+            // Not past the deadline: an unanswered save still lands, and a retry after the lease
+            // takes the scan over under the same scanId.
             let save = self.save(claim, job.scan_id, &response, attempt.now());
             let _ = tokio::time::timeout_at(attempt.deadline(), Box::pin(save)).await;
         }
         (Ok(response), exit(metered, End::Answered))
     }
 
-    /// Step 6's sleep in the handler, until [`Attempt::slept_until`] or
-    /// until the process stops ([`Gate::wake_sleepers`]): then cut short,
-    /// the rest of the delay deferred onto the job.
+    /// Step 6's sleep, cut short when the process stops (the rest of the delay goes onto the job).
     async fn sleep(&self, attempt: &Attempt, plan: DelayPlan) -> DelayPlan {
         if plan.sleep.is_zero() {
             return plan;
@@ -328,11 +304,8 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
         self.config.policy.mode == Mode::Shadow
     }
 
-    /// Step 7: the `scanId` the job is queued under. A keyed scan's job is
-    /// queued once per record, remembered as long as the record lasts (from
-    /// its first request: a take-over's is the record's, not the retry's):
-    /// under an earlier attempt's `scanId` if that one's job landed (its
-    /// claim lost in a failover, its job not), and the answer names it.
+    /// Step 7: the `scanId` the job is queued under. A keyed scan's job is queued once per record,
+    /// so if an earlier attempt's job landed (its claim lost in a failover) the answer names it.
     async fn enqueue(
         &self,
         attempt: &Attempt,
@@ -362,10 +335,8 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
             .unwrap_or(Err(SendError::Unanswered))
     }
 
-    /// One store call of the request path, skipped while the breaker is
-    /// open. A store that bounds its own wait (and keeps a command it gave
-    /// up on in flight) is not given a second timer; any other is bounded
-    /// here, at twice the store timeout.
+    /// One store call, skipped while the breaker is open; bounded at twice the store timeout unless
+    /// the store bounds its own wait (keeping the abandoned command in flight).
     pub(super) async fn bounded<T, E: From<SendError>>(
         &self,
         call: impl Future<Output = Result<T, E>>,

@@ -1,6 +1,5 @@
-//! The two requests that never touch a counter: `GET /quota` (read in one
-//! round trip, nothing spent; the answer is built by [`crate::gate::quota_view`]) and
-//! an exempt scan (queued at once, uncounted, unpaced).
+//! The two requests that never touch a counter: `GET /quota` (one read, nothing spent) and an
+//! exempt scan (queued at once, uncounted, unpaced).
 
 use std::time::Duration;
 
@@ -28,10 +27,8 @@ use crate::rules::settle;
 use crate::rules::unix::UnixMillis;
 
 impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
-    /// `GET /quota`: the caller, identified as for `POST /scan`, and what
-    /// its next scan would get. One read; nothing counted or queued. With
-    /// the store down: 503 and `Retry-After`, never a guess. An exempt
-    /// caller's answer carries the quota headers an exempt 202 does.
+    /// `GET /quota`: the caller and what its next scan would get, from one read. With the store
+    /// down: 503 and `Retry-After`, never a guess.
     pub(super) async fn check(
         &self,
         request: &GateRequest,
@@ -84,9 +81,7 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
         Ok(view.to_response())
     }
 
-    /// The subject's counter and each level's above it, in one request
-    /// (standalone: one round trip; a cluster reads each slot at once);
-    /// a failure is a 503.
+    /// The subject's counter and each level's above it, in one request; a failure is a 503.
     async fn read(
         &self,
         key: &QuotaKey,
@@ -113,9 +108,8 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
         Ok((peek, levels.into_iter().zip(peeks).collect()))
     }
 
-    /// An exempt scan: never counted, delayed or paced; queued at once with
-    /// tier `exempt`. Nothing is recorded for it, so an `Idempotency-Key`
-    /// does not deduplicate it.
+    /// An exempt scan, queued at once with tier `exempt`. Nothing is recorded for it, so an
+    /// `Idempotency-Key` does not deduplicate it.
     pub(super) async fn exempt(
         &self,
         identity: Identity,
@@ -144,8 +138,7 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
         let enqueue = enqueue.instrument(step!("enqueue", request.trace_id()));
         let ceiling = delay::ceiling(request.remaining, self.config.policy.gateway_timeout);
         let within = enqueue_within(started, ceiling);
-        // The read for the headers goes beside the enqueue, so it adds no
-        // wait of its own (the store's timeout is far below the enqueue's).
+        // The read for the headers runs beside the enqueue, so it adds no wait of its own.
         let enqueue = tokio::time::timeout(within, enqueue);
         let (queued, standing) = tokio::join!(enqueue, self.standing(&identity, now_ms));
         if let Err(e) = queued.unwrap_or(Err(SendError::Unanswered)) {
@@ -165,10 +158,7 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
         ))
     }
 
-    /// Where an exempt caller's own quota stands, for the headers every 202
-    /// carries: one read, as `GET /quota` makes. Without the store, the
-    /// whole limit until the period's end, marked unavailable: the scan is
-    /// queued already (or the read is all there is) and does not depend on it.
+    /// Where an exempt caller's own quota stands (without the store: the whole limit, unavailable).
     async fn standing(&self, identity: &Identity, now_ms: UnixMillis) -> Standing {
         let key = QuotaKey::new(identity.scope, &identity.digest);
         let now = now_ms.secs();

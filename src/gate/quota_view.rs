@@ -1,20 +1,6 @@
-//! `GET /quota`: a client's own quota, without spending it (GitHub's
-//! `GET /rate_limit` is the model: it "does not count against your rate
-//! limit").
-//!
-//! The gate reads the subject's counter, its expiry, the pacing slot and
-//! any grant ([`crate::io::store::QuotaStore::peek`]), and each level's above
-//! it beside that read ([`crate::io::store::QuotaStore::peek_levels`]); this
-//! module turns those readings into the answer. It is pure, like
-//! [`crate::rules::decide`]: what the next `POST /scan` would get comes from the
-//! rules the scan itself follows, called, not copied: `decide(used + 1)`
-//! against `limit + grant`, [`settle::decided_delay_rule`] for where its
-//! delay comes from, [`crate::rules::level::most_severe`] for which level sets
-//! it, and [`crate::rules::pace::next_start`] over every line for a paced one.
-//! Its quota headers are every answer's ([`respond::Standing`]).
-//! The answer never guesses: with the store down the gate answers 503.
-//! In shadow mode it carries a [`ShadowVerdict`] (defined with the decision
-//! in [`crate::rules::decide`], re-exported here).
+//! `GET /quota`: a client's own quota, without spending it. Pure, like [`crate::rules::decide`]:
+//! what the next `POST /scan` would get comes from the rules the scan itself follows, called, not
+//! copied. The answer never guesses: with the store down the gate answers 503.
 
 use std::time::Duration;
 
@@ -35,8 +21,7 @@ use crate::rules::scope::Scope;
 use crate::rules::settle::{self, DelayRule};
 use crate::rules::unix::{UnixMillis, duration_ms};
 
-/// Whether `path` names the quota route: `/quota`, or `/<stage>/quota`
-/// when API Gateway keeps a named stage in the path (as for `/scan`).
+/// Whether `path` names the quota route, by the same stage rule as `/scan`.
 pub fn is_quota_path(path: &str) -> bool {
     crate::gate::validate::is_route(path, "/quota")
 }
@@ -63,8 +48,7 @@ pub struct NextScan {
     pub level: Option<LevelName>,
     /// The delay it would be given (0 in shadow mode: nobody waits).
     pub delay_ms: u64,
-    /// Set when it would be refused with 503 `backlog_full`: the seconds
-    /// after which a slot within `QUOTA_MAX_BACKLOG_MS` frees up.
+    /// When it would be refused with 503 `backlog_full`: the seconds until a slot frees up.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub backlog_full_retry_after: Option<u64>,
     /// In shadow mode: what enforcement would do.
@@ -72,11 +56,8 @@ pub struct NextScan {
     pub shadow: Option<ShadowVerdict>,
 }
 
-/// The next scan of a subject whose store reads `peek` at `now_ms`, under
-/// `limits` (before the grant, which this adds), counted at `levels` too
-/// (each as the same read found its counter):
-/// the most severe decision sets its tier, and, paced, it starts after
-/// every line that would delay it (the subject's slot and each level's).
+/// The next scan of a subject whose store reads `peek` (before its grant) and its `levels`' at
+/// `now_ms`: the most severe decision sets its tier; paced, it starts after every line delaying it.
 pub fn next_scan(
     peek: &Peek,
     limits: Limits,
@@ -123,8 +104,7 @@ pub fn next_scan(
 pub struct QuotaView {
     pub scope: Scope,
     pub used: u64,
-    /// The limit with the grant added, what is left, and when the period
-    /// ends: the counter's expiry, or when a new counter would expire.
+    /// The limit with the grant added, what is left, and when the period ends.
     pub standing: Standing,
     /// Each level above the subject (none for a token holder).
     pub levels: Vec<LevelStanding>,
@@ -157,7 +137,6 @@ struct Quota<'a> {
     reset_at: Option<&'a str>,
 }
 
-/// One level in the body's `levels`.
 #[derive(Serialize)]
 struct LevelBody {
     level: String,
@@ -167,8 +146,7 @@ struct LevelBody {
 }
 
 impl QuotaView {
-    /// 200 with the quota, its levels, the next scan, and the IETF
-    /// `RateLimit` headers.
+    /// 200 with the quota, its levels, the next scan, and the IETF `RateLimit` headers.
     pub fn to_response(&self) -> Response<Bytes> {
         let reset_at = rfc3339(self.standing.reset_at);
         let levels: Vec<LevelBody> = self
@@ -197,9 +175,7 @@ impl QuotaView {
     }
 }
 
-/// The `GET /quota` answer for an exempt caller: no limit in the body, and
-/// the next scan is exempt too; the quota headers, as an exempt 202's, say
-/// where its own quota stands (`standing`).
+/// The `GET /quota` answer for an exempt caller, with the quota headers of its own standing.
 pub fn exempt_response(token: Option<TokenStatus>, standing: &Standing) -> Response<Bytes> {
     let body = Body {
         quota: Quota {

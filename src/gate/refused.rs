@@ -1,37 +1,21 @@
-//! Refusals remembered: a subject, or a level above it, whose line the
-//! store found full (503 `backlog_full`) is refused from here, with the
-//! instant it was told it may retry, without a store command.
-//!
-//! A refused flood (a network rotating through its addresses, a client
-//! that ignores `Retry-After`) would otherwise cost a count, a pacing step
-//! and a refund per request. Remembered here, it costs a lookup. The
-//! entries only refuse, never admit: a miss asks the store. An entry may
-//! refuse a little longer than the store would (a refund elsewhere, an
-//! operator's `grant` or `reset`), never shorter, because a line's slot only
-//! moves on without them. So it refuses for at most [`RECHECK`] before the
-//! store is asked again (and, still full, remembered again): an operator's
-//! change reaches every gate within that, and a refused flood still costs
-//! the store one refusal a key a second. `GET /quota` reads the store
-//! itself, and a line it finds open is forgotten at once, so it never says
-//! "within" while this gate would refuse. Each gate keeps its own (a
-//! `serve` worker, a Lambda environment), bounded at [`CAPACITY`] keys, the
-//! least useful going first.
+//! Refusals remembered: a subject or level whose line the store found full is refused from here
+//! with the retry instant it was told, so a refused flood costs a lookup, not a store command.
+//! Entries only refuse, never admit, and may refuse a little longer than the store would (after a
+//! refund, `grant` or `reset`), so each is trusted for at most [`RECHECK`]. A line `GET /quota`
+//! finds open is forgotten, so it never says "within" while this gate would refuse.
 
 use std::time::Duration;
 
 use crate::io::store::QuotaKey;
 use crate::rules::unix::UnixMillis;
 
-/// How many refused subjects and levels a gate remembers at most (about
-/// 100 bytes each).
+/// How many refused subjects and levels a gate remembers at most.
 pub const CAPACITY: usize = 4_096;
 
-/// The longest a refusal is answered from memory before the store is
-/// asked again.
+/// The longest a refusal is answered from memory before the store is asked again.
 pub const RECHECK: Duration = Duration::from_secs(1);
 
-/// One remembered refusal: the retry instant the client is told, and
-/// when the store must be asked again.
+/// One refusal: the retry instant the client is told, and when to ask the store again.
 #[derive(Debug, Clone, Copy)]
 struct Entry {
     until: UnixMillis,
@@ -52,9 +36,7 @@ impl Default for Refused {
 }
 
 impl Refused {
-    /// Until when any of `keys` is known refused at `now` (the latest, if
-    /// several are); `None` when none is, and the store must be asked. An
-    /// empty memory (the usual case) costs no lookup.
+    /// The latest instant any of `keys` is known refused until, at `now`; `None`: ask the store.
     pub fn until<'a>(
         &self,
         keys: impl IntoIterator<Item = &'a QuotaKey>,

@@ -1,6 +1,5 @@
-//! The scan that goes ahead ([`Scan`]): a fresh one or one a retry took
-//! over, with the job and the 202 built from it, and the one construction
-//! of a job ([`scan_job`]) that exempt scans share.
+//! The scan that goes ahead ([`Scan`]), the job and 202 built from it, and the one construction of
+//! a job ([`scan_job`]), which exempt scans share.
 
 use std::time::Duration;
 
@@ -26,8 +25,7 @@ pub(super) struct Scan {
     pub charge: Charge,
     /// When the scan arrived (the first attempt's, when resumed).
     pub received_ms: UnixMillis,
-    /// Taken over from an earlier attempt, with its plan: nothing is slept
-    /// again, and the delay is not paced again.
+    /// Taken over from an earlier attempt, with its plan: not slept or paced again.
     pub resumed: Option<DelayPlan>,
 }
 
@@ -45,9 +43,7 @@ impl Scan {
         }
     }
 
-    /// The scan an abandoned attempt left (see [`crate::rules::settle::resume`]).
-    /// Its levels were counted (or not) by the first attempt, and are
-    /// not counted again: the attempt's levels hold no count.
+    /// The scan an abandoned attempt left; its levels were counted (or not) by the first attempt.
     pub fn resumed(resumed: Resumed) -> Self {
         Self {
             scan_id: resumed.scan_id,
@@ -57,9 +53,8 @@ impl Scan {
         }
     }
 
-    /// What the meter is told of it: a fresh scan that is not counted is
-    /// one whose count failed; a resumed one was counted, if at all, by its
-    /// first attempt.
+    /// What the meter is told: a fresh uncounted scan is one whose count failed; a resumed one was
+    /// counted, if at all, by its first attempt.
     pub fn metered(&self, delay: Duration, shadow: bool) -> Metered {
         match &self.charge {
             Charge::Counted {
@@ -78,10 +73,8 @@ impl Scan {
         }
     }
 
-    /// The job to queue, carrying the scan's `body` and `trace`, held back
-    /// until `received + plan.total`; over quota, its tenant is the line
-    /// of the level whose decision delayed it (the subject's, or a
-    /// network's), so one network's backlog takes its turn as one.
+    /// The job to queue, held back until `received + plan.total`. Over quota, its tenant is the
+    /// line of the level that delayed it, so one network's backlog takes its turn as one.
     pub fn job(
         &self,
         attempt: &Attempt,
@@ -107,8 +100,7 @@ impl Scan {
         job
     }
 
-    /// The 202 for its queued `job`. Uncounted, it reports the whole limit
-    /// until the period's end, as an exempt scan's does without the store.
+    /// The 202 for its queued `job`; uncounted, it reports the whole limit until the period's end.
     pub fn accepted(
         &self,
         attempt: &Attempt,
@@ -161,17 +153,14 @@ impl Scan {
     }
 }
 
-/// When a job may start: its scan's id and arrival, and the delay that
-/// holds it back.
+/// When a job may start: its scan's id and arrival, and the delay that holds it back.
 pub(super) struct Held {
     pub scan_id: Uuid,
     pub received_ms: UnixMillis,
     pub plan: DelayPlan,
 }
 
-/// The one construction of a job (counted, unmetered or exempt): the
-/// subject's, with its `tier` and `count`, held as `held` says, carrying
-/// the scan's `body` and the request's `trace`.
+/// The one construction of a job, counted, unmetered or exempt.
 pub(super) fn scan_job(
     identity: &Identity,
     held: Held,

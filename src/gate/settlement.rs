@@ -1,7 +1,5 @@
-//! The writes that follow a scan's end: a failure's [`Settlement`] carried
-//! out (and retried while that is safe, see [`Gate::apply`]), and a keyed
-//! scan's answer saved for its repeats. Both are sent behind everything the
-//! attempt sent before, on the same connection while it lives.
+//! The writes after a scan's end: a failure's [`Settlement`] carried out, and a keyed scan's answer
+//! saved. Both go behind everything the attempt sent, on the same connection while it lives.
 
 use std::time::Duration;
 
@@ -25,23 +23,17 @@ use crate::rules::settle::{
 };
 use crate::rules::unix::UnixSecs;
 
-/// The longest a failed settlement is retried (less when the answer's
-/// deadline is nearer): the client waits for its answer meanwhile, and a
+/// The longest a failed settlement is retried: the client waits for its answer meanwhile, and a
 /// failover that has not moved the endpoint by then will not soon.
 pub(super) const SETTLE_WITHIN: Duration = Duration::from_secs(5);
 
-/// The wait before the first retry of a settlement, doubling up to
-/// [`RETRY_MOST`]. Each try itself waits up to the store timeout for a
-/// connection, so these only space out tries that fail at once.
+/// The first retry's wait, doubling up to [`RETRY_MOST`]. Each try itself waits up to the store
+/// timeout for a connection, so these only space out tries that fail at once.
 const RETRY_FIRST: Duration = Duration::from_millis(50);
 const RETRY_MOST: Duration = Duration::from_millis(500);
 
 impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
-    /// Settles a failed scan: the subject's [`Settlement`] (retried while
-    /// that is safe, [`Self::settle_subject`]), then its levels. The rule
-    /// is [`settle`]'s for the subject and [`levels_refunded`]'s for the
-    /// levels above it: each level's count is taken back from
-    /// its own period ([`level_refund`]), behind the subject's.
+    /// Settles a failed scan: the subject's [`Settlement`], then each level's refund behind it.
     pub(super) async fn apply(
         &self,
         attempt: &Attempt,
@@ -65,8 +57,7 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
                 Vec::new()
             };
         match settlement {
-            // The levels go with the subject's refund, in its command: a
-            // keyed refund that is not the claim's own takes back nothing.
+            // Levels go in the subject's refund command: a keyed refund not the claim's takes none.
             Settlement::Refund { .. } if !crate::bug!(LevelRefundUnguarded) => {
                 self.settle_subject(attempt, scan_id, settlement, &levels)
                     .await;
@@ -91,8 +82,7 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
         }
     }
 
-    /// The count failed: settle what it may have left, then refuse, or go
-    /// on unmetered (fail open), as [`after_store_failure`] says.
+    /// The count failed: settle what it may have left, then refuse or go on unmetered.
     pub(super) async fn store_failed(
         &self,
         attempt: &mut Attempt,
@@ -112,8 +102,7 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
         attempt.count_failed(failed.levels, e.may_land());
         self.apply(attempt, attempt.scan_id(), &charge, failure)
             .await;
-        // Settled once: a scan that goes on unmetered holds no level count
-        // for a later failure to take back again.
+        // Settled once: no level count is left for a later failure to take back.
         attempt.levels_settled();
         let mut answer = after_store_failure(&charge, attempt.keyed(), mode);
         if crate::bug!(UnknownCountQueuedUnmetered) && answer == AfterStoreFailure::Unsettled {
@@ -126,21 +115,11 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
         }
     }
 
-    /// Carries out the subject's [`Settlement`], and tries again while a failure says
-    /// it did not happen (or that doing it twice changes nothing), until it
-    /// lands or [`settle_by`] passes: a failover that cost the first try
-    /// its connection costs the retry nothing, and a release that lands
-    /// frees the lease before the client's retry, not 29 s later.
-    ///
-    /// Each try is sent by the store, which waits for a fresh connection
-    /// when the last one broke (the connector's); a try whose answer never
-    /// came on a live but hung connection is not cut off, and the next one
-    /// queues behind it. A retry on a fresh connection is no longer ordered
-    /// behind what the attempt sent before: only what [`may_repeat`] allows
-    /// is sent again. A settlement still short at the end is logged: a
-    /// refund that fails leaves the subject one scan short for the day (the
-    /// client got a 503 either way); a release that fails makes the retry
-    /// wait out the lease.
+    /// Carries out the subject's [`Settlement`], retrying while a failure says it did not happen
+    /// (or twice changes nothing) until it lands or [`settle_by`] passes. A retry on a fresh
+    /// connection is not ordered behind what the attempt sent before, so only what [`may_repeat`]
+    /// allows is resent. Still short, it is logged: a failed refund leaves the subject one scan
+    /// short for the day, a failed release makes the retry wait out the lease.
     async fn settle_subject(
         &self,
         attempt: &Attempt,
@@ -158,9 +137,8 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
         let (mut backoff, mut tries) = (RETRY_FIRST, 0u32);
         let error = loop {
             tries += 1;
-            // Every try is bounded by the store's own timeout; the first is
-            // always made, however late the failure came (a stalled queue
-            // can take the whole deadline: its count is still refunded).
+            // Each try is bounded by the store's timeout; the first is always made, however late
+            // (a stalled queue can take the whole deadline, and its count is still refunded).
             let e = match self.settle_once(attempt, scan_id, settlement, levels).await {
                 Ok(()) => return,
                 Err(e) => e,
@@ -204,10 +182,8 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
         }
     }
 
-    /// Saves a keyed scan's answer, for its repeats: the state, the scanId,
-    /// the fingerprint and the answer. If this fails, a repeat finds the
-    /// record pending and queues the same job again once its lease is over
-    /// (which the stream deduplicates).
+    /// Saves a keyed scan's answer for its repeats. If this fails, a repeat finds the record
+    /// pending and queues the same job again after its lease (which the stream deduplicates).
     pub(super) async fn save(
         &self,
         claim: &Claim,
@@ -232,32 +208,16 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
     }
 }
 
-/// When a failed settlement stops being retried: [`SETTLE_WITHIN`] from
-/// `now`, and never past the answer's deadline (a lease ends there anyway,
-/// and an answer later than it is one the client no longer waits for).
+/// Retries stop by the answer's deadline: a lease ends there and the client no longer waits.
 fn settle_by(attempt: &Attempt, now: Instant) -> Instant {
     attempt.deadline().min(now + SETTLE_WITHIN)
 }
 
-/// Whether a settlement that failed with `error` may be sent again.
-///
-/// - Never sent ([`SendError::NotSent`], [`SendError::Skipped`]): it
-///   did not happen, so any settlement may be sent again.
-/// - Sent, unanswered: it may have run, so only what is safe twice.
-///   - A release only sets a pending record's lease to 0 while the record
-///     names the scan (`release.lua`): twice is once. (A repeat that lands
-///     after a concurrent retry took the scan over frees that lease too, as
-///     a late first try would; the scan's job is queued once per scanId.)
-///   - A keyed refund is guarded by its record: it takes the count back
-///     only while the record names the scan, and deletes the record with
-///     it, so a repeat finds none and takes nothing (a retry's new claim
-///     has a new scanId).
-///   - An unkeyed refund is a bare `DECR`: sent again after one that ran,
-///     it would take back a second count, one this scan never made. Not
-///     repeated.
-/// - Refused by the store ([`SendError::Refused`]): final.
+/// Whether a settlement that failed with `error` may be sent again: if never sent, always; if
+/// unanswered, only what is safe twice; if refused, never. A release and a keyed refund act only
+/// while the record names the scan (a keyed refund deletes it), so twice is once; an unkeyed
+/// refund is a bare `DECR`, so a repeat could take a second count.
 fn may_repeat(settlement: Settlement, keyed: bool, error: &SendError) -> bool {
-    // What was never sent did not happen: the one rule, `never_sent`.
     if error.never_sent() {
         return true;
     }
@@ -267,7 +227,6 @@ fn may_repeat(settlement: Settlement, keyed: bool, error: &SendError) -> bool {
             Settlement::Refund { .. } => keyed,
             Settlement::Nothing => false,
         },
-        // Refused by the store: final.
         _ => false,
     }
 }

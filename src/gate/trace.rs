@@ -1,17 +1,7 @@
-//! The trace a request belongs to, and the spans its steps are logged in.
-//!
-//! One [`TraceContext`] per request, the first of: the front end's (the
-//! Lambda invocation's X-Ray context, which a client cannot set), the
-//! client's W3C `traceparent` (with its `tracestate`), an X-Ray header a
-//! proxy set (an ALB's `X-Amzn-Trace-Id`), or a trace the gate starts. A
-//! malformed header is passed over, never refused (the rules are
-//! [`crate::rules::trace`]'s). The job carries it to the scanner, and every
-//! log line and EMF line of the request carries its id.
-//!
-//! The request runs in a `request` span and its steps (count, pace, sleep,
-//! enqueue) in spans of the target [`STEP_TARGET`], each carrying `traceId`,
-//! so a line written inside a step carries it too; in JSON logs each span's
-//! end is a line with its durations (`time.busy`, `time.idle`).
+//! The trace a request belongs to and its steps' spans. A request's [`TraceContext`] is the first
+//! of: the front end's (Lambda's X-Ray context, which a client cannot set), the client's W3C
+//! `traceparent` and `tracestate`, a proxy's `X-Amzn-Trace-Id`, or a new one. A malformed header
+//! is passed over, never refused. Each step's span (target [`STEP_TARGET`]) carries `traceId`.
 
 use std::borrow::Cow;
 
@@ -20,8 +10,7 @@ use http::HeaderMap;
 use crate::rules::trace::{SpanId, TRACEPARENT, TRACESTATE, TraceContext, XRAY_HEADER};
 use crate::rules::unix::UnixMillis;
 
-/// The target of the steps' spans: `RUST_LOG=info,quota_gate::step=off`
-/// leaves their lines out and keeps the rest.
+/// The steps' spans' target: `RUST_LOG=info,quota_gate::step=off` leaves their lines out.
 pub const STEP_TARGET: &str = "quota_gate::step";
 
 /// A step's span (`count`, `pace`, `sleep`, `enqueue`) in the trace `$trace`.
@@ -60,8 +49,7 @@ pub fn from_xray_header(header: &str) -> Option<TraceContext> {
     TraceContext::from_xray(header, SpanId::new(span)?)
 }
 
-/// The client's `traceparent` (exactly one) and its `tracestate` (the
-/// values joined by `,`, as the spec says).
+/// The client's `traceparent` (exactly one) and its `tracestate` values joined by `,`, per spec.
 fn w3c(headers: &HeaderMap) -> Option<TraceContext> {
     let parent = one(headers, TRACEPARENT)?;
     let mut states = headers.get_all(TRACESTATE).iter().map(|v| v.to_str());

@@ -1,9 +1,5 @@
-//! Step 1: is this a scan request at all?
-//!
-//! `POST /scan` with a JSON object body of at most 64 KiB holding a non-empty
-//! string `image` of at most 1024 bytes and no control character. Every other field passes through to
-//! the job untouched. A request that fails here is answered with a clear JSON
-//! error and is never counted.
+//! Step 1: is this a scan request at all? Every field but `image` passes through to the job
+//! untouched; a request that fails here is never counted.
 
 use http::{HeaderMap, Method, header};
 use serde_json::value::RawValue;
@@ -19,8 +15,7 @@ pub const MAX_IMAGE_BYTES: usize = 1024;
 /// A validated scan request body.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ScanRequest {
-    /// The whole JSON object, `image` included, passed through to the job
-    /// as the client wrote it.
+    /// The whole JSON object, passed through to the job as the client wrote it.
     pub body: RequestBody,
 }
 
@@ -30,15 +25,12 @@ impl ScanRequest {
     }
 }
 
-/// Whether `path` names the scan route: `/scan`, or `/<stage>/scan` when API
-/// Gateway keeps a named stage in the path. Nothing else: `/scan/` is 404,
-/// as docs/guide.md's error table says.
+/// Whether `path` names the scan route: `/scan`, or `/<stage>/scan` (`/scan/` is 404).
 pub fn is_scan_path(path: &str) -> bool {
     is_route(path, "/scan")
 }
 
-/// Whether `path` is `route` (`/scan`, `/quota`), or `/<stage>` and
-/// `route`: the one rule for a stage kept in the path, every route's.
+/// Whether `path` is `route`, or `/<stage>` and `route`: the one rule for a stage in the path.
 pub fn is_route(path: &str, route: &str) -> bool {
     match path.strip_suffix(route) {
         Some("") => true,

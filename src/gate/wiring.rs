@@ -1,6 +1,5 @@
-//! The gate's wiring: the [`Gate`] and the backends [`Config`] names,
-//! built once per process (or per `serve` worker). Nothing here is on the
-//! request path, which is `path.rs`.
+//! The [`Gate`] and the backends [`Config`] names, built once per process (or per `serve` worker);
+//! nothing here is on the request path.
 
 use std::sync::Arc;
 
@@ -27,7 +26,7 @@ pub struct Gate<S, Q> {
     pub(super) store: S,
     pub(super) queue: Q,
     pub(super) meter: Meter,
-    /// Skips the store after repeated failures (see [`crate::rules::breaker`]).
+    /// Skips the store after repeated failures.
     pub(super) breaker: Breaker,
     pub(super) clock: Clock,
     /// Subjects and levels the store refused, until their `Retry-After`.
@@ -36,8 +35,7 @@ pub struct Gate<S, Q> {
     pub(super) wake: CancellationToken,
 }
 
-/// What the gates of one process share: the in-memory counters (used when
-/// no Valkey is configured) and the AWS configuration, resolved once.
+/// What the gates of one process share: the in-memory counters and the AWS configuration.
 #[derive(Clone, Default)]
 pub struct Shared {
     memory: MemoryStore,
@@ -50,9 +48,7 @@ impl Gate<AnyStore, AnyQueue> {
         Self::from_config_sharing(config, meter, &Shared::default()).await
     }
 
-    /// Like [`from_config`](Self::from_config), for one of several gates in
-    /// a process (`serve`'s workers): they share what `shared` holds. A
-    /// Valkey connection and an SQS client are each gate's own.
+    /// Like [`from_config`](Self::from_config), for several gates of one process sharing `shared`.
     pub async fn from_config_sharing(
         config: Config,
         meter: Meter,
@@ -76,8 +72,7 @@ impl Gate<AnyStore, AnyQueue> {
                 ));
             }
             (QueueTarget::Sqs(url), _) => {
-                // Once per process: region, credentials and AWS_ENDPOINT_URL
-                // are resolved here, and every invocation reuses them.
+                // Resolved once per process (region, credentials, AWS_ENDPOINT_URL) and reused.
                 let sdk = shared
                     .sdk
                     .get_or_init(
@@ -142,19 +137,13 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
         &self.breaker
     }
 
-    /// Ends every sleep of this gate, now and from now on: a stopping
-    /// `serve` cannot wait out a delay of up to the gateway timeout. Each
-    /// woken scan goes on at once, its job held back by the rest of its
-    /// delay ([`crate::rules::delay::DelayPlan::cut_short`]), so it is queued
-    /// and answered within the drain, never counted and lost. Lambda never
-    /// calls it: an invocation is not stopped from inside.
+    /// Ends every sleep of this gate, now and from now on, so a stopping `serve` need not wait out
+    /// a delay: each woken scan is queued at once with the rest of its delay on its job.
     pub fn wake_sleepers(&self) {
         self.wake.cancel();
     }
 
-    /// Starts the store's connection in the background on the current
-    /// runtime (the stream queue shares it), so the first request finds it
-    /// connected.
+    /// Starts the store's connection in the background, so the first request finds it connected.
     pub fn warm_up(&self) {
         self.store.warm_up();
     }

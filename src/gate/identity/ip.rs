@@ -1,17 +1,12 @@
-//! The anonymous subject: the caller's source IP, normalised.
-//!
-//! The address comes from the platform (the gateway's request context, or the
-//! socket peer locally), never from a client header, unless that direct peer
-//! is a configured trusted proxy. Normalising it stops one host from resetting
-//! its quota by rotating addresses: an IPv6 host owns a whole /64.
+//! The anonymous subject: the caller's source IP from the platform (a client header only via a
+//! trusted proxy), normalised so a host cannot rotate addresses: an IPv6 host owns a /64.
 
 use std::net::{IpAddr, Ipv6Addr};
 
 use http::HeaderMap;
 use ipnet::{IpNet, Ipv6Net};
 
-/// Parses a platform-given source address, tolerating the `/32` and `/128`
-/// suffixes that some events carry.
+/// Parses a platform-given source address, tolerating a `/32` or `/128` suffix.
 pub fn parse_source(raw: &str) -> Option<IpAddr> {
     let raw = raw.trim();
     let addr = match raw.split_once('/') {
@@ -27,17 +22,13 @@ pub fn parse_source(raw: &str) -> Option<IpAddr> {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ClientIp {
     pub addr: IpAddr,
-    /// A trusted proxy's own address, standing in for a client its
-    /// `X-Forwarded-For` did not name usably (no header, a trailing comma,
-    /// `ip:port`, only trusted entries): counted on that proxy-fallback
-    /// counter, and never exempt, whatever network the proxy is in: a
-    /// proxy is never a client.
+    /// A trusted proxy's own address, standing in for a client its `X-Forwarded-For` did not name
+    /// usably: counted on the proxy-fallback counter and never exempt (a proxy is never a client).
     pub proxy_fallback: bool,
 }
 
-/// The client address: the peer itself, or, when the peer is a trusted proxy,
-/// the right-most `X-Forwarded-For` entry that is not itself trusted (the
-/// proxy's own address when there is no usable one).
+/// The client address: the peer, or behind a trusted proxy the right-most `X-Forwarded-For` entry
+/// not itself trusted (else the proxy's own address).
 pub fn client_ip(peer: IpAddr, headers: &HeaderMap, trusted: &[IpNet]) -> ClientIp {
     let peer = peer.to_canonical();
     let is_trusted = |ip: &IpAddr| trusted.iter().any(|net| net.contains(ip));
@@ -66,9 +57,7 @@ pub fn client_ip(peer: IpAddr, headers: &HeaderMap, trusted: &[IpNet]) -> Client
     }
 }
 
-/// The exempt networks that overlap a trusted proxy network, each pair as
-/// `(exempt, trusted)`: what the start warns of. (Through a proxy the
-/// client's own address decides; the proxy's never exempts anyone.)
+/// The exempt networks that overlap a trusted proxy network, as `(exempt, trusted)` pairs.
 pub fn exempt_covering_proxies(exempt: &[IpNet], trusted: &[IpNet]) -> Vec<(IpNet, IpNet)> {
     let overlap = |a: &IpNet, b: &IpNet| a.contains(&b.network()) || b.contains(&a.network());
     exempt

@@ -1,9 +1,6 @@
-//! Step 2: who is asking, and under which quota.
-//!
-//! A valid bearer token puts the request in the token scope (`tid`); anything
-//! else, including an invalid token, falls back to the anonymous scope keyed
-//! by the normalised source IP, and the response says why the token was not
-//! used. The subject leaves this module only as a keyed [`Digest`].
+//! Step 2: who is asking, and under which quota. A valid bearer token puts the request in the
+//! token scope (`tid`); anything else falls back to the anonymous scope keyed by the normalised
+//! source IP. The subject leaves this module only as a keyed [`Digest`].
 
 pub mod ip;
 pub mod jwt;
@@ -40,16 +37,11 @@ pub struct Identity {
     pub limit: NonZeroU32,
     /// `None` when no token was presented.
     pub token: Option<TokenStatus>,
-    /// From an exempt network or with a verified exempt claim: never
-    /// counted, delayed or paced.
+    /// From an exempt network or with a verified exempt claim: never counted, delayed or paced.
     pub exempt: bool,
-    /// The levels above the subject it is counted at too: an anonymous
-    /// subject's networks and the anonymous budget, a token holder's
-    /// networks (its source address's, on the token holders' counters);
-    /// none for an exempt scan.
+    /// The levels above the subject it is also counted at (none when exempt).
     pub levels: Vec<Level>,
-    /// `QUOTA_JWT_ACCOUNT_CLAIM` is set and this verified token names no
-    /// account: it is counted by its `tid` (and metered as such).
+    /// `QUOTA_JWT_ACCOUNT_CLAIM` is set but this token names no account, so it is counted by `tid`.
     pub account_missing: bool,
 }
 
@@ -70,17 +62,12 @@ pub struct Identifier {
     trusted_proxies: Vec<IpNet>,
     ipv6_prefix: u8,
     trust_gateway_claims: bool,
-    /// `QUOTA_EXEMPT_NETWORKS`.
     exempt_networks: Vec<IpNet>,
     /// `QUOTA_EXEMPT_CLAIM`, for the gateway's claims (the verifier has its own copy).
     exempt_claim: Option<String>,
-    /// The quotas, and the levels (`QUOTA_NETWORKS`, `QUOTA_ANON_GLOBAL`)
-    /// with the limits each is decided on.
     policy: Policy,
-    /// `QUOTA_JWT_ACCOUNT_CLAIM`, for the gateway's claims (the verifier
-    /// has its own copy).
+    /// `QUOTA_JWT_ACCOUNT_CLAIM`, for the gateway's claims (the verifier has its own copy).
     account_claim: Option<String>,
-    /// The digests of the network levels seen lately (see [`Self::levels_of`]).
     network_digests: quick_cache::sync::Cache<(LevelName, IpNet), Digest>,
     /// The anonymous budget's digest (its material is a constant).
     anon_digest: Digest,
@@ -90,8 +77,7 @@ pub struct Identifier {
 pub const NETWORK_DIGESTS: usize = 4096;
 
 impl Identifier {
-    /// Builds the identifier: digests keyed with [`Config::hash_secret`]
-    /// (saying so when that is the built-in development secret).
+    /// Builds the identifier, warning when digests use the built-in development secret.
     pub fn new(config: &Config) -> Result<Self, ConfigError> {
         // Once per process, however many gates it builds (`serve`'s workers).
         static WARNED: std::sync::Once = std::sync::Once::new();
@@ -130,12 +116,8 @@ impl Identifier {
         })
     }
 
-    /// Identifies the subject of a request. It is exempt when its client
-    /// address (after the trusted proxies, so a forged `X-Forwarded-For`
-    /// exempts nobody) is in an exempt network, or its verified token (or
-    /// the gateway's verified claims) carries the exempt claim as `true`.
-    /// A trusted proxy's own address, counted when its `X-Forwarded-For`
-    /// names no usable client, is never exempt.
+    /// Identifies the subject of a request. It is exempt when its client address (past the trusted
+    /// proxies, never a proxy's own) is in an exempt network, or its verified claims say so.
     pub fn identify(
         &self,
         headers: &HeaderMap,
@@ -171,10 +153,7 @@ impl Identifier {
         Ok(identity)
     }
 
-    /// The levels above a subject of `scope` at `ip`, keyed by their
-    /// digests. A network's digest is the same for every address in it, so
-    /// it is kept ([`NETWORK_DIGESTS`] of them, the least used going
-    /// first): a busy network's scans compute no HMAC for it.
+    /// The levels above a subject of `scope` at `ip`; network digests are cached, sparing the HMAC.
     pub fn levels_of(&self, scope: Scope, ip: IpAddr) -> Vec<Level> {
         let ip = ip.to_canonical();
         let levels = &self.policy.levels;
@@ -197,23 +176,20 @@ impl Identifier {
         networks.chain(anon).collect()
     }
 
-    /// One level as the store counts it: keyed by its digest, never its
-    /// material.
+    /// One level as the store counts it: keyed by its digest, never its material.
     pub fn level(&self, level: LevelOf) -> Level {
         let key = QuotaKey::level(&self.hasher.level_digest(&level.material));
         let limits = self.policy.level_limits(level.name, level.limit);
         Level::new(level.name, key, limits)
     }
 
-    /// The anonymous subject for an address, as `identify` would make it
-    /// (the operator commands use this to find a client's counter).
+    /// The anonymous subject's digest for an address (the operator commands find counters by it).
     pub fn ip_digest(&self, ip: IpAddr) -> Digest {
         self.hasher
             .digest(Scope::Ip, &ip::material(ip, self.ipv6_prefix))
     }
 
-    /// The anonymous subject of a (direct, already trusted) address, with
-    /// the levels above it.
+    /// The anonymous subject of a direct, already trusted address, with its levels.
     pub fn ip_identity(&self, ip: IpAddr) -> Identity {
         Identity {
             scope: Scope::Ip,
@@ -234,11 +210,7 @@ impl Identifier {
         }
     }
 
-    /// The token holder a verified `subject` names: its account (with
-    /// `QUOTA_JWT_ACCOUNT_CLAIM`) or else its `tid`, its limit from its
-    /// `tier` or `QUOTA_TOKEN`, counted at the token levels of the address
-    /// it scans from (`client`), unless it is exempt (by its claim or its
-    /// network).
+    /// The token holder a verified `subject` names (its account, else its `tid`), at its levels.
     pub fn token_identity(
         &self,
         subject: &TokenSubject,
@@ -265,8 +237,7 @@ impl Identifier {
         }
     }
 
-    /// The token subject an API Gateway JWT authorizer's verified claims
-    /// name (strings all: `true` arrives as "true"), if they carry a `tid`.
+    /// The subject the gateway authorizer's claims (all strings) name, if they carry a `tid`.
     fn gateway_subject(&self, claims: &HashMap<String, String>) -> Option<TokenSubject> {
         let tid = claims.get("tid").filter(|t| !t.is_empty())?;
         let claim = |name: &Option<String>| claims.get(name.as_deref()?);
@@ -292,10 +263,8 @@ impl Identifier {
     }
 }
 
-/// Warns, once per process, of every exempt network that covers a trusted
-/// proxy: the proxy's own address never exempts (a request it forwards
-/// without a usable `X-Forwarded-For` is counted on the proxy-fallback
-/// counter), so such a network exempts only the clients it also names.
+/// Warns once per process of each exempt network covering a trusted proxy: a proxy's own address
+/// never exempts, so such a network exempts only the clients it also names.
 fn warn_of_exempt_proxies(config: &Config) {
     static WARNED: std::sync::Once = std::sync::Once::new();
     let identity = &config.identity;
@@ -318,8 +287,7 @@ fn warn_of_exempt_proxies(config: &Config) {
     });
 }
 
-/// The token of an `Authorization: Bearer <token>` value; `None` for any
-/// other scheme. The scheme is case-insensitive (RFC 9110, section 11.1).
+/// The token of an `Authorization: Bearer <token>` value; the scheme is case-insensitive.
 pub fn bearer(value: &str) -> Option<&str> {
     value
         .trim_start()

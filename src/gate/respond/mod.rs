@@ -1,19 +1,5 @@
-//! Step 8: the 202 Accepted contract. Never 429 under the free tier.
-//!
-//! Headers: `X-Stella-Quota-Remaining`, `X-Stella-Reset` (RFC 3339),
-//! `RateLimit-Policy` and `RateLimit` (IETF httpapi ratelimit-headers
-//! draft: one policy per level the caller is counted at, the subject's
-//! `"daily"` first, and `RateLimit` for the one with the fewest
-//! remaining), `X-Stella-Quota-Delay-Ms`, and, when they apply,
-//! `X-Stella-Quota-Reminder` and `X-Stella-Quota: unavailable`; in shadow
-//! mode `X-Stella-Quota-Shadow` (what enforcement would have done). An
-//! exempt scan's 202 has `quota.scope` `exempt`, and the same quota headers
-//! as every 202: the subject's own quota, which the scan did not spend.
-//! Every answer's quota headers (each 202 and `GET /quota`, exempt or not)
-//! come from one [`Standing`], whose reset instant is the one rule
-//! [`crate::io::store::resets_at`].
-//! Instants are written by [`crate::io::clock`]'s [`rfc3339`] and
-//! [`rfc3339_ms`], re-exported here for the callers that know them here.
+//! Step 8: the 202 Accepted contract (never 429 under the free tier). Every answer's quota headers,
+//! each 202's and `GET /quota`'s, exempt or not, come from one [`Standing`].
 
 use std::time::Duration;
 
@@ -129,9 +115,7 @@ impl From<TokenStatus> for TokenBody {
     }
 }
 
-/// A JSON answer with `status`, `Cache-Control: no-store` and the quota
-/// headers of `standing` and of the `levels` above it (`reset_at` is the
-/// subject's instant, written once by the caller, whose body names it too).
+/// A JSON answer with `status`, `Cache-Control: no-store` and the quota headers.
 pub fn answer(
     status: StatusCode,
     body: Vec<u8>,
@@ -170,8 +154,7 @@ pub fn answer(
     response
 }
 
-/// The 202 of an exempt scan: queued at once, never counted; its quota
-/// headers say where the caller's own quota stands.
+/// The 202 of an exempt scan: queued at once, never counted.
 pub fn exempt(
     scan_id: Uuid,
     received_ms: i64,
@@ -220,8 +203,7 @@ pub fn save(response: &Response<Bytes>) -> String {
     serde_json::to_string(&saved).unwrap_or_default()
 }
 
-/// The saved answer again, marked `Idempotent-Replayed: true`; `None` if
-/// what was saved cannot be read.
+/// The saved answer again, marked `Idempotent-Replayed: true`; `None` if it cannot be read.
 pub fn replay(saved: &str) -> Option<Response<Bytes>> {
     let saved: Saved = serde_json::from_str(saved).ok()?;
     let mut response = Response::new(Bytes::from(saved.body));
@@ -238,10 +220,7 @@ pub fn replay(saved: &str) -> Option<Response<Bytes>> {
 }
 
 impl Accepted {
-    /// The reminder, when one applies: the subject's own count past
-    /// `T_warn`, and a delay set by a level above the subject (its network,
-    /// or all anonymous traffic), which a token lifts. ASCII, so it fits a
-    /// header.
+    /// The reminder: own count past `T_warn`, or a delay a level above set; ASCII, to fit a header.
     pub fn reminder_text(&self, reset_at: &str) -> Option<String> {
         let own = self.used.filter(|_| self.reminder).map(|used| {
             let scans = if used == 1 { "scan" } else { "scans" };
@@ -257,8 +236,7 @@ impl Accepted {
         }
     }
 
-    /// Why a level above the subject delayed this scan, and that a token
-    /// lifts its limit.
+    /// Why a level above the subject delayed this scan, and that a token lifts its limit.
     fn level_reminder(&self) -> Option<String> {
         let level = self.level.filter(|l| *l != LevelName::Subject)?;
         let delayed =
@@ -280,8 +258,6 @@ impl Accepted {
         delayed.then_some(message)
     }
 
-    /// The 202's JSON body, written into a buffer sized for all of it at
-    /// once (some 350 bytes): no regrowth.
     fn body_json(&self, reset_at: &str, reminder: Option<&str>) -> Vec<u8> {
         let not_before = rfc3339_ms(self.not_before_ms);
         let body = Body {

@@ -1,7 +1,5 @@
-//! Where a caller's quota stands, as every answer's quota headers say it:
-//! the subject's [`Standing`], each level's above it ([`LevelStanding`]),
-//! and the IETF `RateLimit-Policy` (one policy per level) and `RateLimit`
-//! (the one with the fewest remaining) written from them.
+//! Where a caller's quota stands, and the IETF `RateLimit-Policy` (one policy per level) and
+//! `RateLimit` (the one with the fewest remaining) headers written from it.
 
 use crate::config::ResetPolicy;
 use crate::io::store::resets_at;
@@ -13,8 +11,7 @@ use crate::rules::unix::UnixSecs;
 /// The seconds in the policy window the headers advertise.
 const WINDOW_SECS: u64 = crate::rules::unix::DAY_SECS.unsigned_abs();
 
-/// A level above the subject and where it stands, as the headers and
-/// `GET /quota` list it.
+/// A level above the subject and where it stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct LevelStanding {
     pub name: LevelName,
@@ -49,8 +46,7 @@ pub fn policy(lines: impl IntoIterator<Item = (LevelName, u32)>) -> String {
     out
 }
 
-/// `RateLimit` for the policy `name`: `remaining` scans for
-/// `seconds_to_reset` more seconds.
+/// `RateLimit` for the policy `name`: `remaining` scans for `seconds_to_reset` more seconds.
 pub fn ratelimit(name: LevelName, remaining: u64, seconds_to_reset: u64) -> String {
     use std::fmt::Write;
     let mut out = String::with_capacity(48);
@@ -62,8 +58,7 @@ pub fn ratelimit(name: LevelName, remaining: u64, seconds_to_reset: u64) -> Stri
     out
 }
 
-/// The line `RateLimit` reports: the one with the fewest remaining, the
-/// subject's on a tie (then the first level listed).
+/// The line `RateLimit` reports: fewest remaining; on a tie the subject's, then the first level's.
 pub fn fewest_remaining(standing: &Standing, levels: &[LevelStanding]) -> (LevelName, Standing) {
     levels
         .iter()
@@ -76,8 +71,7 @@ pub fn fewest_remaining(standing: &Standing, levels: &[LevelStanding]) -> (Level
         })
 }
 
-/// Where a subject's quota stands, as every answer's quota headers say it:
-/// an exempt caller's too (its scan did not spend it).
+/// Where a subject's quota stands, as every answer's quota headers say it (an exempt caller's too).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Standing {
     /// The daily ceiling, with any grant.
@@ -86,15 +80,12 @@ pub struct Standing {
     /// Unix seconds.
     pub reset_at: i64,
     pub seconds_to_reset: u64,
-    /// The store did not answer: `remaining` is the whole limit, and the
-    /// answer says `X-Stella-Quota: unavailable`.
+    /// The store did not answer: the whole limit remains, marked `X-Stella-Quota: unavailable`.
     pub unavailable: bool,
 }
 
 impl Standing {
-    /// Where a subject stands whose store read `peek` at `now` (`None`: the
-    /// store did not answer): its limit with any grant, what is left, and
-    /// when the period ends, by [`resets_at`].
+    /// Where a subject stands whose store read `peek` at `now` (`None`: the store did not answer).
     pub fn of(peek: Option<&Peek>, limits: Limits, reset: ResetPolicy, now: UnixSecs) -> Self {
         let (limit, used, expiry) = match peek {
             Some(p) => (limits.with_grant(p.grant).limit.get(), p.used, p.reset_at),

@@ -1,19 +1,12 @@
-//! Tokens that verified, until their `exp`, keyed by the SHA-256 of the token.
-//!
-//! A client reuses one token for every scan (a CI pipeline all day long), and
-//! a signature check costs 40–330 µs of CPU. The same bytes under the same
-//! keys verify the same way, so only the time-bound claim is checked again on
-//! a hit (`nbf` had passed already). Only successes are kept, at most
-//! [`VERIFIED_CACHE_CAPACITY`], so garbage tokens cannot crowd it; when full,
-//! the least useful entry goes (`quick_cache`), not the whole cache.
+//! Tokens that verified, until their `exp`, by the SHA-256 of the token: the same bytes under the
+//! same keys verify the same way. Only successes are kept, so garbage cannot crowd them out.
 
 /// The most verified tokens remembered at once.
 pub const VERIFIED_CACHE_CAPACITY: usize = 10_000;
 
 /// What verified tokens came to (`T`: their subject), each until its `exp`.
 pub struct VerifiedCache<T> {
-    /// Bounded by `quick_cache`'s eviction (recently and often used tokens
-    /// stay); an entry past its `exp` is never served, and is evicted in time.
+    /// An entry past its `exp` is never served, and is evicted in time.
     entries: quick_cache::sync::Cache<[u8; 32], (T, i64)>,
 }
 
@@ -44,8 +37,7 @@ impl<T: Clone> VerifiedCache<T> {
         (exp > unix_now()).then_some(subject)
     }
 
-    /// Remembers that the token of `key` verified as `subject`, until `exp`
-    /// (unix seconds).
+    /// Remembers that the token of `key` verified as `subject`, until `exp` (unix seconds).
     pub fn put(&self, key: [u8; 32], subject: &T, exp: i64) {
         self.entries.insert(key, (subject.clone(), exp));
     }

@@ -1,9 +1,5 @@
-//! The keys tokens are verified with: `QUOTA_JWT_PUBLIC_KEY` (one PEM) and
-//! `QUOTA_JWT_JWKS` (a key set, for rotation), each inline or a file path.
-//!
-//! Each key is pinned to the one algorithm its type allows (RSA → RS256,
-//! P-256 → ES256, Ed25519 → EdDSA); symmetric keys and other curves are
-//! refused at start, with the variable's name.
+//! The keys tokens are verified with (`QUOTA_JWT_PUBLIC_KEY`, `QUOTA_JWT_JWKS`; inline or a file),
+//! each pinned to the one algorithm its type allows; symmetric keys and other curves are refused.
 
 use jsonwebtoken::jwk::{AlgorithmParameters, EllipticCurve, JwkSet};
 use jsonwebtoken::{Algorithm, DecodingKey};
@@ -18,8 +14,7 @@ pub struct VerificationKey {
     pub key: DecodingKey,
 }
 
-/// The keys `QUOTA_JWT_PUBLIC_KEY` (`public_key`) and `QUOTA_JWT_JWKS`
-/// (`jwks`) hold, the PEM key first; none when neither is set.
+/// The keys of both settings, the PEM key first; none when neither is set.
 pub fn load(
     public_key: Option<&str>,
     jwks: Option<&str>,

@@ -1,15 +1,7 @@
-//! Token holders: JWTs verified locally against configured public keys.
-//!
-//! Each key is pinned to the one algorithm its type allows (RSA → RS256,
-//! P-256 → ES256, Ed25519 → EdDSA), so neither `alg: none` nor an HMAC token
-//! "signed" with the public key can pass: the header's `alg` is checked
-//! against the key before any signature work. `iss` must be one string equal
-//! to ours, `exp` must be in the future and `nbf` not, with no leeway; `aud`
-//! is required and checked when configured; `tid` names the subject. Keys
-//! come from `QUOTA_JWT_PUBLIC_KEY` (one PEM) and/or `QUOTA_JWT_JWKS` (picked
-//! by `kid`, for rotation; a token without one is tried on every key of its
-//! algorithm, all of them the issuer's), loaded by [`keys`]; tokens that
-//! verified are remembered until their `exp` ([`cache`]).
+//! Token holders: JWTs verified locally against configured public keys ([`keys`]). The header's
+//! `alg` must be the key's one algorithm before any signature work, so neither `alg: none` nor an
+//! HMAC token "signed" with the public key passes. `iss` must equal ours, `exp` and `nbf` hold with
+//! no leeway, `aud` is required when configured; a token without a `kid` tries every key.
 
 pub mod cache;
 pub mod keys;
@@ -39,13 +31,11 @@ pub struct TokenSubject {
     pub tier: Option<NonZeroU32>,
     /// Its `QUOTA_EXEMPT_CLAIM` claim is `true`: never counted, delayed or paced.
     pub exempt: bool,
-    /// Its `QUOTA_JWT_ACCOUNT_CLAIM` claim, when that is set and the claim
-    /// is a non-empty string: the account all its tokens are counted as.
+    /// Its `QUOTA_JWT_ACCOUNT_CLAIM` claim: the account all its tokens are counted as.
     pub account: Option<String>,
 }
 
-/// Why a presented token was not used. The string forms are part of the
-/// response contract (`token.reason`).
+/// Why a presented token was not used; the string forms are part of the response contract.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Rejection {
     NotBearer,
@@ -60,8 +50,7 @@ pub enum Rejection {
     WrongIssuer,
     WrongAudience,
     MissingTid,
-    /// A claim the gate counts by is there but not a non-empty string:
-    /// `malformed`, with the claim named in the answer (`token.claim`).
+    /// A claim the gate counts by is not a non-empty string (`malformed`, naming `token.claim`).
     MalformedClaim(Claim),
 }
 
@@ -114,7 +103,6 @@ pub struct Verifier {
     keys: Vec<VerificationKey>,
     issuer: String,
     audience: Option<String>,
-    /// `QUOTA_EXEMPT_CLAIM`: the claim whose `true` makes a token exempt.
     exempt_claim: Option<String>,
     account_claim: Option<String>,
     verified: VerifiedCache<TokenSubject>,
@@ -132,17 +120,14 @@ impl std::fmt::Debug for Verifier {
 struct Claims {
     tid: Option<Value>,
     tier: Option<Value>,
-    /// Every other claim, where `QUOTA_EXEMPT_CLAIM` is looked up.
     #[serde(flatten)]
     rest: serde_json::Map<String, Value>,
-    /// Required by the validation, so present once decoding succeeds (a
-    /// number, possibly fractional).
+    /// Required by the validation, so present once decoded (a number, possibly fractional).
     exp: Option<Value>,
 }
 
-/// A claim the gate counts by: a non-empty JSON string, nothing else. A
-/// number is refused, not read as its digits: `"tid": 12345` is a claim
-/// someone meant differently, and any issuer's 12345 would share a counter.
+/// A claim the gate counts by: a non-empty JSON string. A number is refused, not read as its
+/// digits, or any issuer's 12345 would share a counter.
 fn counting_claim(v: &Value, claim: Claim) -> Result<String, Rejection> {
     match v {
         Value::String(s) if !s.is_empty() => Ok(s.clone()),
@@ -150,9 +135,7 @@ fn counting_claim(v: &Value, claim: Claim) -> Result<String, Rejection> {
     }
 }
 
-/// A token's `tier` claim: a positive whole JSON number, as docs/guide.md says.
-/// Anything else (a string such as `"999999"`, a fraction, 0) is ignored and
-/// the configured ceiling applies.
+/// A token's `tier` claim: a positive whole JSON number; anything else is ignored.
 pub fn tier_from_token_claim(v: &Value) -> Option<NonZeroU32> {
     match v {
         Value::Number(_) => tier_from_claim(v),
@@ -160,8 +143,7 @@ pub fn tier_from_token_claim(v: &Value) -> Option<NonZeroU32> {
     }
 }
 
-/// A positive whole `tier`, as a number or a numeric string (API Gateway
-/// hands its authorizer's claims over as strings).
+/// A positive whole `tier`, as a number or numeric string (API Gateway's claims are strings).
 pub fn tier_from_claim(v: &Value) -> Option<NonZeroU32> {
     match v {
         Value::Number(n) => n
@@ -227,9 +209,8 @@ impl Verifier {
         if candidates.peek().is_none() {
             return Err(Rejection::UnknownKid);
         }
-        // With a JWKS configured, a `kid` none of its keys carries is unknown,
-        // whatever a key-less QUOTA_JWT_PUBLIC_KEY beside it makes of the
-        // token (unless it verifies it): the same answer as the JWKS alone.
+        // With a JWKS configured, a `kid` none of its keys carries is unknown, as with the JWKS
+        // alone, unless a key-less PEM key verifies the token.
         let kid_unknown = kid.is_some_and(|kid| {
             self.keys.iter().any(|k| k.kid.is_some())
                 && !self.keys.iter().any(|k| k.kid.as_deref() == Some(kid))
@@ -262,24 +243,20 @@ impl Verifier {
         Err(rejection)
     }
 
-    /// Who verified `claims` name: their `tid`, tier and exemption.
     fn subject(&self, claims: &Claims) -> Result<TokenSubject, Rejection> {
-        // `jsonwebtoken` also takes an array of issuers holding ours; RFC
-        // 7519 makes `iss` one string, and the spec says it *equals* ours.
+        // RFC 7519 makes `iss` one string; `jsonwebtoken` would also take an array holding ours.
         if claims.rest.get("iss").and_then(Value::as_str) != Some(self.issuer.as_str()) {
             return Err(Rejection::WrongIssuer);
         }
         let tid = claims.tid.as_ref().ok_or(Rejection::MissingTid)?;
         let tid = counting_claim(tid, Claim::Tid)?;
         let tier = claims.tier.as_ref().and_then(tier_from_token_claim);
-        // Only a JSON `true` exempts: a string "true" or a 1 is a
-        // claim someone meant differently.
+        // Only a JSON `true` exempts: a string "true" or a 1 is a claim meant differently.
         let exempt = self
             .exempt_claim
             .as_ref()
             .is_some_and(|name| claims.rest.get(name) == Some(&Value::Bool(true)));
-        // Absent, the token is counted by its `tid`; present, it is read by
-        // the same rule as the `tid`.
+        // Absent, the token is counted by its `tid`; present, read by the same rule.
         let account = self
             .account_claim
             .as_ref()
@@ -300,8 +277,7 @@ impl Verifier {
         v.leeway = 0;
         v.validate_nbf = true;
         v.set_issuer(&[&self.issuer]);
-        // A configured audience is required: a token without `aud` (one
-        // minted for any service of the same issuer) is not for us.
+        // A configured audience is required: a token without `aud` is not for us.
         match &self.audience {
             Some(aud) => {
                 v.set_audience(&[aud]);
@@ -316,7 +292,6 @@ impl Verifier {
     }
 }
 
-/// The header's `alg`, if it is one the gate accepts.
 fn allowed_algorithm(header: &serde_json::Map<String, Value>) -> Result<Algorithm, Rejection> {
     match header.get("alg").and_then(Value::as_str) {
         Some("RS256") => Ok(Algorithm::RS256),
