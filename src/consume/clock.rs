@@ -1,23 +1,9 @@
 //! The queue's clock: `notBefore` is timed against it, not the consumer's.
 //!
-//! The gate writes `notBefore` by its own clock; a consumer whose clock runs
-//! ahead would start scans early by as much. With Valkey (a stream source,
-//! or SQS with `VALKEY_URL` for its markers) the consumer reads the server's
-//! `TIME` at start and every [`SYNC_EVERY`], and keeps what it measured as
-//! an **anchor on the monotonic clock**: the server's reading, taken as late
-//! in the round trip as it can have been (the instant the answer arrived),
-//! so the queue time it yields is never ahead of the server's. Between
-//! measurements the queue's time is that reading plus the monotonic time
-//! since, so a step of this machine's wall clock after start (an operator's
-//! `date -s`, a VM resumed, NTP stepping) changes nothing: no job starts
-//! early by it. Each re-sync replaces the anchor with the new measurement,
-//! which is a lower bound of the server's time again, so it never makes a
-//! start earlier than measured; one that finds the server's clock moved
-//! against the monotonic one by more than the two measurements' error is
-//! logged. The offset from the wall clock is metered
-//! (`stella_consumer_clock_skew_ms`) and logged as a warning past
-//! [`SKEW_WARN_MS`]. Without Valkey (SQS alone, the spool) the local wall
-//! clock is the only one: keep it synchronised (NTP) with the gate's.
+//! With Valkey, the server's `TIME`, read at start and every [`SYNC_EVERY`], is kept as an anchor
+//! on the monotonic clock, taken as the answer arrived: the queue's time is never ahead of the
+//! server's, and a step of the wall clock changes nothing. Without Valkey, keep the local clock
+//! synchronised (NTP) with the gate's.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -36,8 +22,7 @@ pub const SYNC_EVERY: Duration = Duration::from_secs(30);
 /// Local time corrected to the queue's.
 pub struct QueueClock {
     local: Clock,
-    /// The last measurement of the server's clock; `None` before the first
-    /// (and always without a server): the local clock alone.
+    /// The last measurement of the server's clock; `None` before the first: the local clock alone.
     anchor: Mutex<Option<Anchor>>,
     server: Option<Valkey>,
 }
@@ -47,13 +32,11 @@ pub struct QueueClock {
 struct Anchor {
     queue: UnixMillis,
     at: Instant,
-    /// The round trip it was measured in: how far below the server's time
-    /// it may be.
+    /// The round trip it was measured in: how far below the server's time it may be.
     error_ms: i64,
 }
 
 impl Anchor {
-    /// The queue's time at `now`, by this measurement.
     fn at(&self, now: Instant) -> UnixMillis {
         self.queue
             .saturating_add(now.saturating_duration_since(self.at))
@@ -98,8 +81,7 @@ impl QueueClock {
         }
     }
 
-    /// Measures the server's clock once and anchors to it; the offset from
-    /// the local wall clock, or `Ok(None)` without a server.
+    /// Measures the server's clock and anchors to it; the wall clock's offset (`None`: no server).
     pub async fn sync(&self) -> Result<Option<i64>, ConsumeError> {
         let Some(server) = &self.server else {
             return Ok(None);

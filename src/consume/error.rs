@@ -1,6 +1,4 @@
-//! The consumer's errors: what failed (Valkey, SQS, standard input, the
-//! journal, the setup). Why a running scan was stopped is a rule's input,
-//! [`Stop`](super::schedule::Stop).
+//! The consumer's errors: what failed (Valkey, SQS, standard input, the journal, the setup).
 
 use crate::io::connection::{Refusal, SendError};
 
@@ -16,8 +14,7 @@ pub enum ConsumeError {
     /// Valkey did not run it, or may have (see [`SendError`]).
     #[error("Valkey: {0}")]
     Valkey(#[from] SendError),
-    /// The stream's consumer group is gone (Valkey restarted without
-    /// persistence, or the key was removed): create it again.
+    /// The stream's consumer group is gone (Valkey restarted without persistence): create it again.
     #[error("the consumer group is gone (NOGROUP)")]
     NoGroup,
     /// An SQS call failed.
@@ -29,19 +26,15 @@ pub enum ConsumeError {
     /// Writing the spool's journal failed.
     #[error("journal: {0}")]
     Journal(String),
-    /// Valkey took the write, but fewer replicas than `VALKEY_WAIT_REPLICAS`
-    /// acknowledged it in time: a failover may lose it, so it is not relied
-    /// on (the call is made again).
+    /// Fewer replicas than `VALKEY_WAIT_REPLICAS` took the write in time: a failover may lose it.
     #[error("{0} reached fewer replicas than VALKEY_WAIT_REPLICAS in time")]
     NotReplicated(&'static str),
-    /// Setting up (bad options, a missing variable), or an answer that makes
-    /// no sense (`TIME`'s, a poisoned marker table).
+    /// Bad options, a missing variable, or an answer that makes no sense (`TIME`'s).
     #[error("{0}")]
     Setup(String),
 }
 
 impl From<Refusal> for ConsumeError {
-    /// A refusal, with the group's loss told apart by its code.
     fn from(refused: Refusal) -> Self {
         if refused.is(NOGROUP) {
             Self::NoGroup

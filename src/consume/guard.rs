@@ -1,28 +1,8 @@
-//! The scanner's guard: what makes an `--exec` scanner, and everything it
-//! starts, die with its consumer, whatever way the consumer ends.
-//!
-//! The consumer does not run `sh -c <command>` itself. It runs this
-//! binary's hidden `scan-guard` command in a process group of its own, and
-//! the guard runs the scanner as its child, in a second group. The guard is
-//! a **child subreaper** (`PR_SET_CHILD_SUBREAPER`): whatever the scanner
-//! leaves behind when its parent dies, a daemon that called `setsid` in a
-//! new session included, is reparented to the guard, not to pid 1. So the
-//! guard can always reach every descendant of the scanner, and on every way
-//! out it kills and reaps them all before it exits ([`kill_descendants`]):
-//!
-//! - the scanner exits by itself: its leftovers are killed, and the guard
-//!   passes its exit status on (`128 + n` for a signal);
-//! - the consumer stops the scan (its `--scan-timeout`, a lost lease, the
-//!   end of `--grace`, a hand-off dropped): it sends the guard `SIGTERM` and
-//!   waits for it, so no process of that attempt is left when the job is
-//!   let go;
-//! - the consumer dies without a word (`SIGKILL`, OOM, a panic with
-//!   `panic = "abort"`): the kernel sends the guard `SIGTERM`
-//!   (`PR_SET_PDEATHSIG`), with the same effect. A consumer that died before
-//!   the guard armed that signal is caught by comparing the parent pid it
-//!   was given with the one it has.
-//!
-//! Its standard input, output and environment are the scanner's.
+//! The scanner's guard (`scan-guard`, run by the consumer in a process group of its own): it runs
+//! the scanner (`sh -c`) in a second group and, as a child subreaper (`PR_SET_CHILD_SUBREAPER`),
+//! inherits whatever the scanner leaves behind, `setsid` daemons included. However it ends (the
+//! scanner exits, the consumer sends `SIGTERM`, or `PR_SET_PDEATHSIG` does when the consumer dies),
+//! it kills and reaps them all ([`kill_descendants`]).
 
 use std::process::ExitCode;
 
@@ -32,11 +12,9 @@ use rustix::process::{
     set_child_subreaper, wait,
 };
 
-/// Makes this process not dumpable: an `--exec` scanner runs as the same
-/// user, and would otherwise read the consumer's `/proc/<pid>/environ`
-/// (the store's password, the hash key, AWS credentials) and its memory.
-/// Not dumpable, those files are root's; the scanner, started by `exec`,
-/// is dumpable again.
+/// Makes this process not dumpable, so an `--exec` scanner (the same user) cannot read the
+/// consumer's `/proc/<pid>/environ` (secrets, AWS credentials) or memory; the scanner, started by
+/// `exec`, is dumpable again.
 pub fn keep_from_the_scanner() {
     use rustix::process::{DumpableBehavior, set_dumpable_behavior};
     if let Err(e) = set_dumpable_behavior(DumpableBehavior::NotDumpable) {
@@ -50,26 +28,21 @@ pub const COMMAND: &str = "scan-guard";
 /// `quota-gate scan-guard`: not for people; the consumer runs it.
 #[derive(Debug, clap::Args)]
 pub struct GuardArgs {
-    /// The consumer's pid: if the guard's parent is not that process any
-    /// more, the consumer is gone already.
+    /// The consumer's pid: if the guard's parent is not that process, the consumer is gone.
     #[arg(long)]
     pub parent: i32,
     /// The scanner command, run with `sh -c`.
     pub command: String,
 }
 
-/// Kills every descendant of the guard, then exits (`128 + SIGKILL`, as
-/// the scan was killed).
+/// Kills every descendant of the guard, then exits with `128 + SIGKILL`.
 fn kill_all_and_exit(scanner: Option<Pid>) -> ! {
     kill_descendants(scanner);
     std::process::exit(137)
 }
 
-/// Kills and reaps every descendant: the scanner's group, then, until the
-/// guard has no child left, each child it has (and the group it leads).
-/// Orphans of a killed process are reparented to the guard, its subreaper,
-/// so they are children on the next round; when `wait` says there is no
-/// child, nothing the scanner started is alive.
+/// Kills and reaps every descendant: the scanner's group, then each child and its group until
+/// `wait` finds none (orphans are reparented to the guard, so they are children next round).
 fn kill_descendants(scanner: Option<Pid>) {
     if let Some(group) = scanner {
         // ESRCH: the group is gone already.
@@ -88,7 +61,6 @@ fn kill_descendants(scanner: Option<Pid>) {
     }
 }
 
-/// The processes whose parent is `parent`, from `/proc/<pid>/stat`.
 fn children_of(parent: Pid) -> Vec<Pid> {
     let Ok(dir) = std::fs::read_dir("/proc") else {
         return Vec::new();
@@ -103,8 +75,7 @@ fn children_of(parent: Pid) -> Vec<Pid> {
         .collect()
 }
 
-/// The parent pid in a `/proc/<pid>/stat` line: the second field after the
-/// command name, which is in parentheses and may itself hold spaces and `)`.
+/// The parent pid in a `/proc/<pid>/stat` line, after the command name (which may hold `)`).
 fn parent_in_stat(stat: &str) -> Option<i32> {
     let after_name = &stat[stat.rfind(')')? + 1..];
     after_name.split_whitespace().nth(1)?.parse().ok()

@@ -1,30 +1,9 @@
-//! Handing a due job to the scanner: a command (`--exec`) or an HTTP
-//! endpoint (`--post`).
-//!
-//! `--exec <command>` runs `sh -c <command>` under a [`guard`](super::guard)
-//! in a process group of its own, with the job's JSON on standard input and
-//! `SCAN_ID`, `SCAN_ATTEMPT` and `IMAGE` in the environment, and the job's
-//! trace as `TRACEPARENT`, `TRACESTATE` and `_X_AMZN_TRACE_ID`; its standard
-//! output and error are the consumer's. Exit status 0 means done. `--post
-//! <url>` sends the job JSON in a `POST` (`content-type: application/json`,
-//! `x-scan-id`, `x-scan-attempt`, and the trace as `traceparent`,
-//! `tracestate` and `x-amzn-trace-id`) over HTTP/1.1; any 2xx means done.
-//! An `https://` scanner is reached over rustls ([`super::post`]).
-//!
-//! An `--exec` scanner handles untrusted images, so neither it nor its
-//! guard inherits the consumer's environment, which holds the store's
-//! password, the hash secret and AWS credentials: they start from an empty
-//! one with only [`SCANNER_ENV`] and what `--scanner-env` names copied
-//! over ([`scanner_env`], read once at start), then the job's variables,
-//! which win.
-//!
-//! A running hand-off is stopped when its `stop` future ends (the scan
-//! timeout, a lost lease, the end of the shutdown grace): an `--exec`
-//! scanner's guard is told to stop, kills every descendant of the scanner
-//! and is waited for before this returns, so no process of this attempt
-//! still runs when the job is let go. A stopped
-//! or unanswered `--post` may have landed: the scanner gets the same
-//! `scanId` again on the retry, with a higher attempt number.
+//! Handing a due job to the scanner. `--exec` runs `sh -c <command>` under a
+//! [`guard`](super::guard), the job's JSON on standard input, `SCAN_ID`, `SCAN_ATTEMPT`, `IMAGE`
+//! and its trace in an otherwise bare environment (it handles untrusted images: [`scanner_env`]);
+//! exit 0 means done. `--post` POSTs the job JSON; any 2xx means done. A stopped `--exec` returns
+//! once no process of the attempt runs; a stopped or unanswered `--post` may have landed, and the
+//! scanner gets the same `scanId` again with a higher attempt number.
 
 use std::ffi::OsString;
 use std::future::Future;
@@ -59,13 +38,10 @@ impl Handoff {
     }
 }
 
-/// The consumer's variables every `--exec` scanner gets, each if set: what a
-/// shell and its tools need, nothing that reaches the queue, the store or AWS.
+/// The consumer's variables every `--exec` scanner gets, if set: what a shell and its tools need.
 pub const SCANNER_ENV: [&str; 6] = ["PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "TZ"];
 
-/// The variables an `--exec` scanner starts from: [`SCANNER_ENV`] and
-/// `named` (`--scanner-env`), with the consumer's values; one the consumer
-/// does not have is left out.
+/// The variables an `--exec` scanner starts from: [`SCANNER_ENV`] and `named`, those set.
 pub fn scanner_env(named: &[String]) -> Vec<(OsString, OsString)> {
     let names = SCANNER_ENV
         .into_iter()
@@ -106,8 +82,7 @@ pub trait StopSignal: Future<Output = Stop> + Send {}
 
 impl<F: Future<Output = Stop> + Send> StopSignal for F {}
 
-/// Runs one attempt of a job; the worker is generic over it, so its
-/// scheduling is tested without processes.
+/// Runs one attempt of a job; the worker is generic over it so it is tested without processes.
 pub trait Scanner: Send + Sync + 'static {
     /// Hands `attempt` over, until done, failed, or `stop` ends.
     fn run<H: Sync>(
@@ -131,14 +106,10 @@ impl Scanner for Handoff {
     }
 }
 
-/// How long a guard told to stop may take to kill and reap the scanner's
-/// descendants before it is killed itself.
+/// How long a stopped guard may take to reap the scanner's descendants before it is killed.
 const GUARD_STOP: Duration = Duration::from_secs(5);
 
-/// A running guard, told to stop (`SIGTERM`: it kills and reaps every
-/// descendant of the scanner, then exits) when this is dropped: the task
-/// that owns the hand-off ended any way at all. A guard already waited for
-/// is not signalled again (its pid may be another process's by then).
+/// A running guard, told to stop when dropped; cleared once waited for, as its pid may be reused.
 struct Guard(Option<Pid>);
 
 impl Guard {
@@ -149,8 +120,7 @@ impl Guard {
         }
     }
 
-    /// Stops the guard and waits for it; one that has not exited within
-    /// [`GUARD_STOP`] is killed (its group: itself).
+    /// Stops the guard and waits for it; one not gone within [`GUARD_STOP`] has its group killed.
     async fn stop_and_wait(&mut self, child: &mut tokio::process::Child) {
         self.stop();
         if tokio::time::timeout(GUARD_STOP, child.wait())
@@ -208,8 +178,7 @@ async fn exec<H>(
     let stdin = child.stdin.take();
     let scan = async {
         if let Some(mut stdin) = stdin {
-            // A scanner that does not read its input closes the pipe early;
-            // that is its business, its exit status decides.
+            // A scanner may close its input early; its exit status decides.
             let _ = stdin.write_all(d.json.as_bytes()).await;
             let _ = stdin.write_all(b"\n").await;
         }
@@ -232,10 +201,7 @@ async fn exec<H>(
     }
 }
 
-/// The job's trace in the scanner's environment: `TRACEPARENT` and
-/// `TRACESTATE` (OpenTelemetry's environment carrier) and `_X_AMZN_TRACE_ID`
-/// (X-Ray's). A job without one removes the consumer's own, so a scanner
-/// never continues a trace that is not its job's.
+/// The job's trace in the scanner's environment; without one, the consumer's own is removed.
 fn trace_env(command: &mut tokio::process::Command, trace: Option<&TraceContext>) {
     let Some(trace) = trace else {
         for name in [TRACEPARENT_ENV, TRACESTATE_ENV, XRAY_ENV] {

@@ -1,13 +1,7 @@
-//! Holding on to a delivery: the marker tokens that tell one attempt from
-//! another, and the renewals that keep a job this consumer's while it waits
-//! or runs.
-//!
-//! A held job's delivery is renewed every quarter lease ([`Keeper::renewing`]).
-//! A running scan renews its delivery and its marker every quarter lease
-//! ([`Keeper::watch`]); when the marker is lost, or no renewal is known to
-//! have held for ¾ of a lease ([`Silence::must_stop`]), the watch ends and
-//! the worker stops the scanner: at that deadline, even while a renewal
-//! call is still waiting for its answer.
+//! Holding on to a delivery: a marker token per attempt, and the renewals (every quarter lease)
+//! that keep a job this consumer's while it waits or runs. A running scan's watch ends when the
+//! marker is lost or no renewal is known to have held for ¾ of a lease ([`Silence::must_stop`]), at
+//! that deadline even while a renewal call still waits.
 
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -21,10 +15,8 @@ use super::schedule::{self, Renewal, Silence, Stop};
 use super::source::{Delivery, JobSource};
 use crate::rules::unix::UnixMillis;
 
-/// Marker tokens, one per attempt, unique across processes: the consumer's
-/// name, this process's own random id (a consumer restarted under the same
-/// `--consumer` name, or as the same pid in a container, must not take its
-/// predecessor's live marker for its own) and a count.
+/// Marker tokens, one per attempt, unique across processes: the consumer's name, a random id per
+/// process (a restarted consumer must not take its predecessor's live marker) and a count.
 pub struct Tokens {
     prefix: String,
     issued: AtomicU64,
@@ -45,8 +37,7 @@ impl Tokens {
     }
 }
 
-/// What renews a delivery and its marker: the worker's source, markers,
-/// clock and lease, borrowed for one wait or one run.
+/// What renews a delivery and its marker, borrowed from the worker for one wait or one run.
 pub struct Keeper<'a, S: JobSource, M: MarkerStore> {
     pub source: &'a S,
     pub markers: &'a M,
@@ -55,18 +46,15 @@ pub struct Keeper<'a, S: JobSource, M: MarkerStore> {
 }
 
 impl<S: JobSource, M: MarkerStore> Keeper<'_, S, M> {
-    /// Renews the delivery and the marker of attempt `attempt` every
-    /// quarter lease; ends when the scan must stop ([`Silence::must_stop`]).
+    /// Renews the delivery and the marker every quarter lease; ends when the scan must stop.
     pub async fn watch(self, d: &Delivery<S::Handle>, token: &str, attempt: u64) -> Stop {
         let mut tick = tokio::time::interval(self.lease / 4);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         tick.tick().await;
         let mut last_held = Instant::now();
         loop {
-            // The round (the tick, then both renewals) may take longer than
-            // the silence a scan is allowed (a stalled call waits out its
-            // timeout): the scan stops when that silence ends, not when the
-            // call gives up.
+            // A round may outlast the silence a scan is allowed (a stalled call waits out its
+            // timeout): the scan stops when the silence ends, not when the call gives up.
             let mut silence_ends = last_held + Silence::allowed(self.lease);
             if crate::bug!(StopWaitsForStalledRenewal) {
                 silence_ends += Duration::from_secs(crate::rules::unix::DAY_SECS.unsigned_abs());
@@ -92,9 +80,6 @@ impl<S: JobSource, M: MarkerStore> Keeper<'_, S, M> {
         }
     }
 
-    /// Renews the delivery, then the marker of attempt `attempt`: how the
-    /// marker's renewal went.
-    /// The claim that renews attempt `mine` of `d` under `token`.
     fn renewal<'a>(
         &self,
         d: &Delivery<S::Handle>,
@@ -112,6 +97,7 @@ impl<S: JobSource, M: MarkerStore> Keeper<'_, S, M> {
         }
     }
 
+    /// Renews the delivery, then the marker of attempt `attempt`: how the marker's renewal went.
     async fn renew(&self, d: &Delivery<S::Handle>, token: &str, attempt: u64) -> Renewal {
         if let Err(e) = self.source.extend(d).await {
             tracing::warn!(error = %e, "cannot renew a job's lease");
@@ -128,8 +114,7 @@ impl<S: JobSource, M: MarkerStore> Keeper<'_, S, M> {
         }
     }
 
-    /// `fut`, renewing this consumer's hold on `d` (and the marker of
-    /// `attempt`, if given) every quarter lease meanwhile.
+    /// `fut`, renewing the hold on `d` (and the marker of `attempt`, if given) every quarter lease.
     pub async fn renewing<F: Future>(
         self,
         d: &Delivery<S::Handle>,

@@ -1,14 +1,7 @@
-//! What `quota-gate consume` answers on the network, each on a listener
-//! of its own, each only when asked for:
-//!
-//! - `--metrics-listen`: `GET /metrics`, Prometheus text, served by the
-//!   exporter's own HTTP listener (which serves nothing else);
-//! - `--health-listen`: `GET /healthz` (alive: it touches nothing) and
-//!   `GET /readyz` (the Valkey of its stream or markers answers a `PING`
-//!   within a second: [`crate::io::health`]; with no Valkey, reading standard
-//!   input or SQS alone, always ready). A listener of its own rather than a
-//!   route beside the exporter's: the exporter's listener cannot be given
-//!   routes, and a probe never waits behind a scrape.
+//! What `quota-gate consume` serves, each on its own listener when asked: `--metrics-listen`
+//! (Prometheus `GET /metrics` on the exporter's listener) and `--health-listen` (`/healthz`;
+//! `/readyz`: its Valkey answers `PING`, or it has none). Health has its own listener because the
+//! exporter's takes no routes, and a probe never waits behind a scrape.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -28,8 +21,7 @@ use crate::io::health::{ALIVE, READY_TIMEOUT, readiness};
 /// A probe's request head must arrive within this long.
 const HEADER_READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
 
-/// `GET /metrics` as Prometheus text on `addr`, served by the exporter's own
-/// HTTP listener on this runtime.
+/// `GET /metrics` as Prometheus text on `addr`, by the exporter's own HTTP listener.
 pub async fn serve_metrics(addr: SocketAddr) -> Result<(), String> {
     use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
     PrometheusBuilder::new()
@@ -45,8 +37,7 @@ pub async fn serve_metrics(addr: SocketAddr) -> Result<(), String> {
     Ok(())
 }
 
-/// `/healthz` and `/readyz` on `addr`, readiness being `valkey`'s `PING`,
-/// until the handle is dropped (the consumer's end), its connections with it.
+/// `/healthz` and `/readyz` on `addr` (ready: `valkey` answers `PING`) until the handle is dropped.
 pub async fn serve_health(
     addr: SocketAddr,
     valkey: Option<Valkey>,

@@ -1,35 +1,11 @@
-//! The `scanId` markers that make each scan run once.
+//! The `scanId` markers that make each scan run once: before a hand-off an attempt claims the
+//! scan's marker with a lease; on success it is kept as `done` for [`DONE_TTL_SECS`], on failure
+//! released. With Valkey it is a key under the stream's hash tag (`{<stream>}:run:<scanId>`);
+//! without, the markers live in the process.
 //!
-//! Before a hand-off, an attempt claims the scan's marker with a lease
-//! (renewed while the scanner runs); on success the marker is kept as
-//! `done` for [`DONE_TTL_SECS`], on failure released. Any consumer that
-//! meets the same `scanId` later (a redelivery, a reclaimed entry, a job
-//! queued twice) sees `done` and acknowledges without running it.
-//!
-//! With Valkey the marker is a key beside the stream, under its hash tag
-//! (`{<stream>}:run:<scanId>`, or `<stream>:run:<scanId>` when the key has
-//! a tag of its own), so it works on a cluster; an SQS consumer with
-//! `VALKEY_URL` set uses `{sqs:<queue name>}:run:<scanId>`. Without Valkey
-//! (SQS alone, or the spool) the markers live in the process: a scan runs
-//! once per consumer process, and two processes reading one SQS queue
-//! without Valkey may both run a message SQS delivers twice.
-//!
-//! **Durable before it is relied on.** With `VALKEY_WAIT_REPLICAS=N`
-//! (N > 0) every claim (a new attempt's: its number, the fencing token a
-//! scanner may check; and each renewal of a running one) and a done marker
-//! are each followed by `WAIT N` on the same connection, in the same round
-//! trip. A new attempt's claim the replicas do not all hold in time is not
-//! run: [`ConsumeError::NotReplicated`], and the worker claims again (the
-//! same attempt, renewed, until a replica has it), so a failover can never
-//! hand a scanner an attempt number it or another scanner already had. A
-//! renewal short of the replicas counts as no renewal: a running scan is
-//! stopped ¾ of a lease after the last renewal the replicas hold, before a
-//! failover to them could show its marker expired and let another attempt
-//! in (found by `tests/it/consume_sim.rs`: with renewals on the primary only,
-//! a failover after a replication lag of a lease had two attempts run at
-//! once). A done marker short of the replicas is not acked on: the worker
-//! marks it again until one holds it, so a failover cannot make a finished
-//! scan look unfinished to the next consumer.
+//! With `VALKEY_WAIT_REPLICAS=N` a claim or a done marker counts only once `WAIT N` confirms it, so
+//! a failover never reuses an attempt number (the fencing token a scanner may check) or reruns a
+//! finished scan.
 
 use std::collections::{HashMap, VecDeque};
 use std::future::Future;
@@ -44,29 +20,21 @@ use crate::io::connection::Valkey;
 use crate::rules::hash_tag::tagged;
 use crate::rules::unix::UnixMillis;
 
-/// How long a done marker (and a scan's attempt counter) is kept: as long
-/// as the gate keeps a keyed request's record, after which a retry is a new
-/// scan anyway.
+/// How long a done marker (and a scan's attempt counter) is kept: as long as the gate keeps a keyed
+/// request's record, after which a retry is a new scan anyway.
 pub const DONE_TTL_SECS: i64 = crate::io::store::IDEMPOTENCY_TTL_SECS;
 
 /// Done markers an in-process store keeps before forgetting the oldest.
 const LOCAL_DONE: usize = 100_000;
 
-/// A finished scan's marker value (`claim.lua` compares the same word; a
-/// test reads the script and checks).
+/// A finished scan's marker value; `claim.lua` compares the same word.
 pub const DONE: &str = "done";
 
 const CLAIM: &str = include_str!("claim.lua");
 const RELEASE: &str = include_str!("release.lua");
 
-/// The markers as the worker uses them: a claim, a done marker, a release.
-/// [`Markers`] keeps them in Valkey or in the process; a test may keep them
-/// in a simulated store (`tests/it/consume_sim.rs`).
-/// One claim of a scan's marker ([`MarkerStore::claim`]): for the attempt
-/// `token`, as a new attempt (`mine` 0) or renewing attempt `mine`, for
-/// `lease`, at `now` (in-process only: Valkey keeps time by key expiry). A
-/// new attempt of a job read from a stream (`entry`: the stream and the
-/// entry's id) is [`MarkerClaim::Gone`] if the entry is no longer in it.
+/// One claim of a scan's marker by attempt `token`: new (`mine` 0) or renewing `mine`, for `lease`,
+/// at `now` (in-process only). A new attempt of a gone stream `entry` is [`MarkerClaim::Gone`].
 #[derive(Debug, Clone, Copy)]
 pub struct MarkerAsk<'a> {
     pub scan: Uuid,
@@ -77,6 +45,7 @@ pub struct MarkerAsk<'a> {
     pub now: UnixMillis,
 }
 
+/// The markers as the worker uses them; [`Markers`] keeps them in Valkey or in the process.
 pub trait MarkerStore: Send + Sync + 'static {
     /// Claims a scan's marker as `ask` says.
     fn claim(
@@ -95,9 +64,7 @@ pub trait MarkerStore: Send + Sync + 'static {
     ) -> impl Future<Output = Result<(), ConsumeError>> + Send;
 }
 
-/// A claim's answer, relied on only if the replicas hold it: a new
-/// attempt short of them is not run, and a renewal short of them is no
-/// renewal ([`ConsumeError::NotReplicated`]).
+/// A claim's answer, relied on only if the replicas hold it ([`ConsumeError::NotReplicated`]).
 pub fn durable_claim(
     claim: MarkerClaim,
     mine: u64,
@@ -128,8 +95,7 @@ pub enum Markers {
     Valkey {
         valkey: Valkey,
         tag: String,
-        /// `VALKEY_WAIT_REPLICAS`: replicas a claim and a done marker must
-        /// reach before they count (0: none).
+        /// `VALKEY_WAIT_REPLICAS`: replicas a claim and a done marker must reach (0: none).
         wait: u32,
     },
     Local(Arc<Mutex<Local>>),
@@ -158,8 +124,7 @@ impl Markers {
         }
     }
 
-    /// Claims of new attempts and done markers wait until `replicas`
-    /// replicas hold them (`WAIT`); in-process markers have none.
+    /// Claims and done markers wait until `replicas` replicas hold them (`WAIT`); local ones don't.
     pub fn with_wait(mut self, replicas: u32) -> Self {
         if let Self::Valkey { wait, .. } = &mut self {
             *wait = replicas;
@@ -167,8 +132,7 @@ impl Markers {
         self
     }
 
-    /// Markers in Valkey for the SQS queue `url` (`{sqs:<queue name>}`):
-    /// `consume` and the consumer function keep the same ones for a queue.
+    /// Markers in Valkey for the SQS queue `url`, the same ones the consumer function keeps.
     pub fn of_sqs(valkey: Valkey, url: &str) -> Self {
         let name = super::source::sqs::queue_name(url);
         Self::valkey(valkey, &format!("sqs:{name}"))
@@ -179,9 +143,7 @@ impl Markers {
         Self::Local(Arc::default())
     }
 
-    /// Markers in this process only, with scans that already ran as far as
-    /// the given attempt (a replayed journal's): their next attempt is
-    /// numbered after it.
+    /// In-process markers for a replay: each given scan's next attempt is numbered after the given.
     pub fn local_after(attempts: impl IntoIterator<Item = (Uuid, u64)>) -> Self {
         let markers = attempts
             .into_iter()

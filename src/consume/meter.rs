@@ -1,12 +1,6 @@
-//! What the consumer did, as metrics, in the gate's two forms: an EMF line
-//! per event on stdout (through the non-blocking stdout writer, off with
-//! `--no-emf`) and the `metrics` facade, rendered as Prometheus text when
-//! `--metrics-listen` is given. The dimension is `Source` (`stream`,
-//! `sqs`, `stdin`; `lambda` for the consumer function), and for the lateness
-//! (the dwell from due to start) and the backlog (due jobs waiting for a run
-//! slot) also `Lane` (`within`, `over`); no scanId, digest or image in any
-//! metric. Each event is recorded once, through the facade; the EMF lines
-//! are rendered by the gate's one EMF renderer ([`crate::io::meter::emf`]).
+//! What the consumer did, as metrics: EMF lines on stdout (unless `--no-emf`) and Prometheus with
+//! `--metrics-listen`, each event recorded once through the `metrics` facade. Dimensions: `Source`,
+//! plus `Lane` for lateness and backlog; never a scanId, digest or image.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, Ordering};
@@ -27,16 +21,14 @@ pub const HELD: &str = "stella_consumer_held_jobs";
 pub const TIMEOUTS: &str = "stella_consumer_scan_timeouts_total";
 /// Scans stopped because their marker's lease was lost.
 pub const LEASES_LOST: &str = "stella_consumer_leases_lost_total";
-/// Due jobs waiting for a run slot right now (the scanner busy), per lane:
-/// the backlog the lanes' order (`consume::slots`) works through.
+/// Due jobs waiting for a run slot right now (the scanner busy), per lane.
 pub const WAITING: &str = "stella_consumer_waiting_jobs";
 /// Valkey's clock minus this machine's (ms), as last measured.
 pub const CLOCK_SKEW_MS: &str = "stella_consumer_clock_skew_ms";
 /// Start − `notBefore`, per started job.
 pub const LATENESS_MS: &str = "stella_consumer_lateness_ms";
 
-/// Bucket bounds (ms) for the lateness histogram: a consumer keeping up
-/// starts within milliseconds; seconds mean it is short of `--concurrency`.
+/// Lateness buckets (ms): a consumer keeping up starts within ms; seconds mean too few run slots.
 pub const LATENESS_BUCKETS_MS: [f64; 10] = [
     1.0, 5.0, 10.0, 50.0, 100.0, 250.0, 500.0, 1000.0, 5000.0, 30000.0,
 ];
@@ -54,7 +46,6 @@ pub enum Event {
 }
 
 impl Event {
-    /// Its counter.
     const fn metric(self) -> &'static str {
         match self {
             Self::Started { .. } => STARTED,
@@ -68,8 +59,7 @@ impl Event {
     }
 }
 
-/// Records events through the `metrics` facade: Prometheus, and an EMF
-/// line per event when EMF is on.
+/// Records events through the `metrics` facade: Prometheus, and an EMF line per event if on.
 #[derive(Clone)]
 pub struct ConsumeMeter {
     handles: Handles,
@@ -169,10 +159,8 @@ impl ConsumeMeter {
         [("source", self.source), ("lane", lane.as_str())]
     }
 
-    /// Records `event`, as one EMF line stamped now: its counter, the held
-    /// gauge as it stands, and for a started job its lateness and its
-    /// lane's backlog (the gauges set again to their value, so the line
-    /// carries them).
+    /// Records `event` as one EMF line stamped now: its counter, the held gauge, and for a started
+    /// job its lateness and its lane's backlog (gauges set again so the line carries them).
     pub fn record(&self, event: Event) {
         let record = || {
             let source = [("source", self.source)];

@@ -1,44 +1,11 @@
-//! `quota-gate consume`: the consumer that honours `notBefore` and runs each
-//! `scanId` once.
+//! `quota-gate consume`: the consumer that honours `notBefore` and runs each `scanId` once (a
+//! stream or the spool cannot hold a job back, SQS only for 900 s). It holds each job until its
+//! `notBefore` in a task of its own and hands due jobs to the scanner ([`handoff`]), at most
+//! `--concurrency` at once, within-quota ones first ([`slots`]).
 //!
-//! The gate's delay ends here: a Valkey stream or the stdout spool cannot
-//! hold a job back, and SQS only for 900 s. The consumer reads the queue the
-//! gate writes to (the same `SCAN_QUEUE_URL`, `VALKEY_URL`,
-//! `VALKEY_CLUSTER`, … unless `--from` says otherwise), holds each job until
-//! its `notBefore` in a task of its own (so held jobs never block due ones),
-//! and hands due jobs to the scanner, at most `--concurrency` at once,
-//! within-quota ones first ([`slots`]).
-//!
-//! | part | file | what it does |
-//! |---|---|---|
-//! | options | [`options`] | the command line ([`ConsumeArgs`]): where jobs come from ([`SourceSpec`]), the scanner, the retry policy |
-//! | rules | [`schedule`] | pure: hold time, marker claims and attempt numbers, when a running scan must stop, what follows a hand-off ([`schedule::after_hand_off`]: mark done then ack, release and retry, dead-letter, …), SQS visibility, clock offset |
-//! | errors | [`error`] | [`ConsumeError`] (what failed), Valkey's refusals told apart by their code (`NOGROUP`, `BUSYGROUP`) |
-//! | clock | [`clock`] | the queue's clock: local time corrected by Valkey's `TIME` |
-//! | sources | [`source`] | the [`JobSource`] trait: stream (group, reclaim, ack), SQS (long poll, visibility, delete), stdin (with its journal) |
-//! | markers | [`marker`] | one run per `scanId`: a leased, numbered marker in Valkey (or in process), behind the [`MarkerStore`](marker::MarkerStore) trait |
-//! | hand-off | [`handoff`], [`guard`], [`post`] | the [`Scanner`](handoff::Scanner) trait: `--exec` under a guard in its own process group, or `--post` over HTTP or HTTPS |
-//! | leases | [`lease`] | marker tokens, one per attempt; a delivery and its marker renewed every quarter lease, and the watch that stops a scan whose lease is lost |
-//! | run slots | [`slots`] | which due job starts next: within quota first, over-quota tenants in turn, the over lane's share every `--over-every`-th start |
-//! | one job | [`worker`] | hold → run slot → marker → hand-off under a lease watch and a timeout → carries out what [`schedule::after_hand_off`] says |
-//! | metrics | [`meter`] | EMF lines and Prometheus: started, succeeded, failed, dead-lettered, timeouts, leases lost, held, lateness, clock skew |
-//! | listeners | [`listen`] | `--metrics-listen` (Prometheus) and `--health-listen` (`/healthz`, `/readyz`) |
-//!
-//! **Faults.** Every Valkey call goes through the connector
-//! ([`Valkey::send`]), so a dropped connection or a restart costs the time to
-//! reconnect, not the consumer; a consumer group that vanished (a restart
-//! without persistence) is created again. A scanner dies with its consumer
-//! however the consumer ends ([`guard`]), is killed at `--scan-timeout`, and
-//! is killed as soon as its lease is lost ([`worker`]).
-//!
-//! **Stopping.** On SIGTERM (or Ctrl-C) the consumer reads nothing more;
-//! held jobs are given back (stream: marked idle, so any consumer takes
-//! them over at once; SQS: visible again; spool: kept in the journal, or
-//! written back to stdout with the lines still in the pipe); running
-//! hand-offs get `--grace` to finish, then their process groups are killed
-//! and waited for, their markers freed, and the jobs given back. Nothing is
-//! acknowledged that did not run. At the end of standard input the consumer
-//! finishes every job it read, then exits.
+//! A scanner dies with its consumer ([`guard`]) and is killed at `--scan-timeout` or when its lease
+//! is lost. On SIGTERM the consumer reads nothing more, gives held jobs back, and gives running
+//! hand-offs `--grace` before killing them: nothing is acknowledged that did not run.
 
 pub mod clock;
 pub mod error;
@@ -87,7 +54,6 @@ pub use options::{ConsumeArgs, SourceSpec};
 /// How long killed hand-offs get to be reaped after the grace period.
 const KILL_WAIT: Duration = Duration::from_secs(5);
 
-/// The Valkey of `config` with a response timeout of `timeout`.
 fn valkey(config: &Config, timeout: Duration) -> Result<Option<Valkey>, ConsumeError> {
     Valkey::from_config_within(config, timeout).map_err(|e| ConsumeError::Setup(e.to_string()))
 }
@@ -105,9 +71,7 @@ struct Parts {
 }
 
 impl Parts {
-    /// The store's eviction check and evictions watch
-    /// ([`crate::io::eviction_watch::start`]), for a consumer whose stream or
-    /// markers live in `ops`: an evicting store loses jobs and markers too.
+    /// Starts the store's eviction watch: an evicting store loses jobs and markers too.
     async fn watch_store(&self, ops: &Valkey) -> Result<Watch, String> {
         let emf = (!self.args.no_emf).then(|| Sink::Background(LineWriter::stdout(), None));
         let meter = StoreMeter::new(&self.namespace, Process::Consume, emf);
@@ -170,12 +134,9 @@ pub async fn run(
     }
 }
 
-/// This machine's clock, which the queue's clock starts from.
 const LOCAL: crate::io::clock::Clock = crate::io::clock::Clock::System;
 
-/// [`drive`] on the stream `key`'s two lanes (the within lane's stream and
-/// the over lane's, [`lane_key`]): each lane's entries read on one of
-/// `reads`, acked, marked and timed on `ops`.
+/// [`drive`] on the stream `key`'s two lanes ([`lane_key`]), each read on one of `reads`.
 async fn run_stream(
     key: &str,
     reads: Vec<Valkey>,
@@ -199,8 +160,7 @@ async fn run_stream(
     refusal.or(drive(sources, markers, clock, parts, shutdown).await)
 }
 
-/// [`drive`] on the SQS queue `url`, with markers and clock on `ops` if there
-/// is a Valkey.
+/// [`drive`] on the SQS queue `url`, with markers and clock on `ops` if there is a Valkey.
 async fn run_sqs(
     url: &str,
     over: Option<&str>,
@@ -235,8 +195,7 @@ async fn run_sqs(
     refusal.or(drive(sources, markers, clock, parts, shutdown).await)
 }
 
-/// Runs one consumer on `sources` (a queue's lanes, each read with a room
-/// of its own) until `shutdown` (or the sources' end).
+/// Runs one consumer on `sources` (a queue's lanes) until `shutdown` or the sources' end.
 async fn drive<S: JobSource>(
     sources: Vec<S>,
     markers: Markers,
@@ -297,10 +256,8 @@ async fn drive<S: JobSource>(
     Ok(())
 }
 
-/// Reads jobs and starts a task for each, at most `max_held` unfinished,
-/// until stopping (then gives back what the source still buffers) or the
-/// end of input. Public for the consumer's simulator
-/// (`tests/it/consume_sim.rs`), which runs it over a simulated stream.
+/// Reads jobs and starts a task for each, at most `max_held` unfinished, until stopping (then gives
+/// back what the source buffers) or the end of input. Public for the simulator.
 pub async fn intake<S: JobSource, X: handoff::Scanner, M: marker::MarkerStore>(
     worker: Arc<Worker<S, X, M>>,
     max_held: usize,
@@ -345,7 +302,6 @@ pub async fn intake<S: JobSource, X: handoff::Scanner, M: marker::MarkerStore>(
                 None => room.clone().try_acquire_owned().ok(),
             };
             let worker = worker.clone();
-            // Every line about the job carries its scanId and its trace's id.
             let trace_id = d.job.trace.as_ref().map(|t| display(t.trace_id));
             let span = tracing::info_span!("job", scanId = %d.job.scan_id, traceId = trace_id);
             tasks.spawn(
@@ -359,9 +315,7 @@ pub async fn intake<S: JobSource, X: handoff::Scanner, M: marker::MarkerStore>(
     }
 }
 
-/// Waits for the tasks; once stopping, at most `grace` more. Then kills the
-/// scanners still running (each hand-off kills its group and waits for it,
-/// and frees its marker), and gives them [`KILL_WAIT`] to end.
+/// Waits for the tasks, after stopping `grace` more; then kills the rest, waiting [`KILL_WAIT`].
 async fn finish(
     mut tasks: JoinSet<()>,
     grace: Duration,

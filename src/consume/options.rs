@@ -1,6 +1,5 @@
-//! `quota-gate consume`'s options: the command line, read into what the
-//! consumer is built from (the source, the scanner, its name, the retry
-//! policy), every bad combination refused before anything starts.
+//! `quota-gate consume`'s command line, read into what the consumer is built from; every bad
+//! combination is refused before anything starts.
 
 use std::net::SocketAddr;
 use std::num::{NonZeroU32, NonZeroUsize};
@@ -14,22 +13,18 @@ use crate::config::QueueTarget;
 /// `quota-gate consume` options.
 #[derive(Debug, clap::Args)]
 pub struct ConsumeArgs {
-    /// Where jobs come from: `-` (stdin, the spool), `valkey-stream:<key>` or
-    /// an SQS queue URL. Default: the queue the gate writes to (SCAN_QUEUE_URL).
+    /// Jobs' source: `-` (stdin), `valkey-stream:<key>` or an SQS URL. Default: SCAN_QUEUE_URL.
     #[arg(long)]
     pub from: Option<String>,
-    /// The over lane's SQS queue, read beside `--from`'s with a room of its
-    /// own. Default: SCAN_QUEUE_OVER_URL, when reading the gate's own queue.
+    /// The over lane's SQS queue. Default: SCAN_QUEUE_OVER_URL, when reading the gate's own queue.
     #[arg(long)]
     pub from_over: Option<String>,
-    /// The scanner command (`sh -c`, in a process group of its own): job JSON on stdin,
-    /// SCAN_ID, SCAN_ATTEMPT, IMAGE and the job's trace (TRACEPARENT, TRACESTATE,
-    /// _X_AMZN_TRACE_ID) in its environment; exit 0 = done. Of the consumer's own
+    /// The scanner command (`sh -c`, in its own process group): job JSON on stdin, SCAN_ID,
+    /// SCAN_ATTEMPT, IMAGE and the job's trace in its environment; exit 0 = done. Of the consumer's
     /// environment it gets only PATH, HOME, LANG, LC_ALL, TMPDIR, TZ and --scanner-env.
     #[arg(long, required_unless_present = "post", conflicts_with = "post")]
     pub exec: Option<String>,
-    /// A variable of the consumer's environment to pass on to the --exec scanner
-    /// (repeatable, or comma-separated); one the consumer does not have is not passed.
+    /// A consumer variable to pass on to the --exec scanner (repeatable, or comma-separated).
     #[arg(
         long,
         value_name = "NAME",
@@ -38,23 +33,19 @@ pub struct ConsumeArgs {
         conflicts_with = "post"
     )]
     pub scanner_env: Vec<String>,
-    /// The scanner URL (http:// or https://): the job JSON is POSTed with x-scan-id,
-    /// x-scan-attempt and the job's trace (traceparent, tracestate, x-amzn-trace-id); 2xx = done.
+    /// The scanner URL (http:// or https://) the job JSON is POSTed to; 2xx = done.
     #[arg(long)]
     pub post: Option<String>,
-    /// PEM file of the CA certificates an https:// --post scanner is checked against,
-    /// instead of the platform's.
+    /// PEM file of the only CA certificates an https:// --post scanner is checked against.
     #[arg(long, requires = "post")]
     pub post_ca: Option<PathBuf>,
     /// Hand-offs running at once.
     #[arg(long, default_value = "4")]
     pub concurrency: NonZeroUsize,
-    /// While due jobs of both lanes wait for a slot, every Nth start goes
-    /// to an over-quota job (the rest to within-quota ones, which go first).
+    /// While both lanes wait for a slot, every Nth start goes to an over-quota job.
     #[arg(long, default_value = "4")]
     pub over_every: NonZeroU32,
-    /// Jobs read and not yet finished (held or running), at most; on a
-    /// stream, per lane (within quota, over it).
+    /// Jobs read and not yet finished (held or running), at most; on a stream, per lane.
     #[arg(long, default_value = "1024")]
     pub max_held: NonZeroUsize,
     /// The stream's consumer group.
@@ -63,8 +54,7 @@ pub struct ConsumeArgs {
     /// This consumer's name in the group. Default: `<host>-<pid>`.
     #[arg(long)]
     pub consumer: Option<String>,
-    /// How long a job stays with a consumer that stopped renewing it (stream
-    /// entry, SQS visibility, scanId marker). At least 1 s.
+    /// How long a job stays with a consumer that stopped renewing it (at least 1 s).
     #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
     pub lease: Duration,
     /// Failed hand-offs before a job is dead-lettered (`<stream>:dead`).
@@ -79,8 +69,7 @@ pub struct ConsumeArgs {
     /// How long running hand-offs may take to finish after SIGTERM.
     #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
     pub grace: Duration,
-    /// With `--from -`: journal every job read to this file (fsync'd) and
-    /// replay the unfinished ones at start, so a crash loses none it read.
+    /// With `--from -`: journal every job read here (fsync'd) and replay unfinished ones at start.
     #[arg(long)]
     pub journal: Option<PathBuf>,
     /// Serve Prometheus text at GET /metrics on this address.
@@ -94,12 +83,10 @@ pub struct ConsumeArgs {
     pub no_emf: bool,
 }
 
-/// The longest wait between attempts.
 const BACKOFF_CAP: Duration = Duration::from_secs(300);
 
 impl ConsumeArgs {
-    /// Where jobs come from: `--from`, else the gate's own queue; a
-    /// `--journal` only with the spool.
+    /// `--from`, else the gate's own queue; a `--journal` only with the spool.
     pub fn source(&self, queue: &QueueTarget) -> Result<SourceSpec, String> {
         let spec = SourceSpec::resolve(self.from.as_deref(), queue)?;
         if self.journal.is_some() && spec != SourceSpec::Stdin {
@@ -126,8 +113,7 @@ impl ConsumeArgs {
         }
     }
 
-    /// The over lane's SQS queue: `--from-over`, else the gate's own
-    /// (`SCAN_QUEUE_OVER_URL`) when `--from` names no other queue.
+    /// `--from-over`, else the gate's own (`SCAN_QUEUE_OVER_URL`) if `--from` names no other queue.
     pub fn over_lane(&self, config: &crate::Config) -> Result<Option<String>, String> {
         match &self.from_over {
             Some(url) => match QueueTarget::from_url(url) {

@@ -1,13 +1,6 @@
-//! `--post`: the job handed to a scanner over HTTP/1.1, `http://` (a
-//! scanner beside the consumer) or `https://`.
-//!
-//! An `https://` scanner's certificate is checked by rustls (through
-//! `hyper-rustls`, the connector the AWS SDK uses too, so no TLS code of our
-//! own) against the platform's CA certificates (`rustls-native-certs`, which
-//! honours `SSL_CERT_FILE`), or against `--post-ca`'s alone: a scanner with
-//! a private CA is trusted without trusting that CA for anything else, and
-//! an image without a CA bundle can still reach it. The roots are read once,
-//! at start; connections are kept alive between hand-offs.
+//! `--post`: the job handed to a scanner over HTTP/1.1 (`http://` or `https://`). An `https://`
+//! scanner's certificate is checked by rustls against the platform's CA certificates, or against
+//! `--post-ca`'s alone, so a private CA is trusted for nothing else.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -36,8 +29,7 @@ impl std::fmt::Debug for Post {
 }
 
 impl Post {
-    /// `--post`'s URL, `http://` or `https://host[:port]/path`, and for
-    /// `https://` the CA file `--post-ca` names (else the platform's roots).
+    /// `--post`'s URL (`http://` or `https://host[:port]/path`) and `--post-ca`'s file, if any.
     pub fn new(url: &str, ca: Option<&Path>) -> Result<Self, String> {
         let uri: http::Uri = url.parse().map_err(|e| format!("--post {url}: {e}"))?;
         let https = match (uri.scheme_str(), uri.host()) {
@@ -62,8 +54,7 @@ impl Post {
     }
 }
 
-/// The TLS settings of `--post`: rustls on aws-lc-rs, trusting `ca`'s
-/// certificates, else the platform's (none needed for plain HTTP).
+/// rustls on aws-lc-rs, trusting `ca`'s certificates, else the platform's (none for plain HTTP).
 fn tls_config(https: bool, ca: Option<&Path>) -> Result<rustls::ClientConfig, String> {
     let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
     let builder = rustls::ClientConfig::builder_with_provider(provider)
@@ -79,8 +70,7 @@ fn tls_config(https: bool, ca: Option<&Path>) -> Result<rustls::ClientConfig, St
     Ok(builder.with_no_client_auth())
 }
 
-/// The CA certificates of the PEM file at `path`: a file that cannot be
-/// read, or holds none, stops the start.
+/// The CA certificates of the PEM file at `path`; one unreadable or holding none stops the start.
 fn roots_of(path: &Path) -> Result<rustls::RootCertStore, String> {
     use rustls::pki_types::{CertificateDer, pem::PemObject};
     let shown = path.display();
@@ -98,8 +88,7 @@ fn roots_of(path: &Path) -> Result<rustls::RootCertStore, String> {
     Ok(roots)
 }
 
-/// The job's trace as the scanner's request headers: `traceparent`,
-/// `tracestate` and `x-amzn-trace-id`.
+/// The job's trace as the request's `traceparent`, `tracestate` and `x-amzn-trace-id` headers.
 fn trace_headers(
     mut request: http::request::Builder,
     trace: Option<&TraceContext>,
@@ -141,8 +130,7 @@ impl Post {
     }
 }
 
-/// An error and its causes, in one line: the client's own says only
-/// "client error (Connect)", its causes say which certificate or address.
+/// An error and its causes in one line: the client's own says only "client error (Connect)".
 fn causes(e: &(dyn std::error::Error + 'static)) -> String {
     let mut line = e.to_string();
     let mut source = e.source();

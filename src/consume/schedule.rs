@@ -1,6 +1,5 @@
-//! The consumer's rules, pure: when a job may start, what a `scanId` marker
-//! allows, and what follows a hand-off. No clock, no client: the current
-//! time is an argument, and the async code only carries out the answer.
+//! The consumer's rules, pure: when a job may start, what a `scanId` marker allows, and what
+//! follows a hand-off. The current time is an argument; the async code only carries out the answer.
 
 use std::num::NonZeroU32;
 use std::time::Duration;
@@ -10,8 +9,7 @@ use crate::rules::unix::UnixMillis;
 /// SQS's longest visibility timeout (12 h).
 pub const MAX_VISIBILITY_SECS: u64 = 43_200;
 
-/// A job's `notBefore` against a moment by the queue's clock: named
-/// fields, so the two instants cannot be swapped.
+/// A job's `notBefore` against a moment by the queue's clock, named so the two cannot be swapped.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Due {
     pub not_before: UnixMillis,
@@ -25,21 +23,16 @@ impl Due {
         Duration::from_millis(u64::try_from(ms).unwrap_or(0))
     }
 
-    /// How late a start at `now` is (ms past `notBefore`); negative would
-    /// be early, which [`Due::hold`] rules out.
+    /// How late a start at `now` is, in ms past `notBefore` (never negative after [`Due::hold`]).
     pub fn lateness_ms(self) -> i64 {
         self.now.get().saturating_sub(self.not_before.get())
     }
 }
 
-/// How a not-yet-due SQS message is held: by its visibility timeout for
-/// whole seconds (rounded down, so it comes back before `notBefore`, never
-/// after), the last fraction of a second in memory. `None`: less than a
-/// second to go, hold it in memory. Capped at SQS's 12 h; a longer hold
-/// takes several rounds.
+/// How a not-yet-due SQS message is held: invisible for its whole seconds (rounded down, so it
+/// returns before `notBefore`), at most 12 h; `None` under a second (held in memory).
 pub fn sqs_visibility(wait: Duration) -> Option<i32> {
     let secs = wait.as_secs().min(MAX_VISIBILITY_SECS);
-    // At most 43 200, so the conversion cannot fail.
     (secs > 0).then(|| i32::try_from(secs).unwrap_or(i32::MAX))
 }
 
@@ -67,8 +60,7 @@ impl RetryPolicy {
 pub enum Stop {
     /// It ran past `--scan-timeout`: a failed attempt, retried with backoff.
     Timeout,
-    /// Its marker was lost (claimed by another attempt, done, or not
-    /// renewed for ¾ of a lease): it may not be this attempt's scan any more.
+    /// Its marker was lost (another attempt's, done, or not renewed for ¾ of a lease).
     LeaseLost,
     /// `SIGTERM`'s grace period ended.
     Shutdown,
@@ -105,38 +97,26 @@ impl HandOff {
     ];
 }
 
-/// What the worker does after a hand-off. Every variant that frees the
-/// marker says how: `Release…` until it is done (the scanner is gone, so
-/// the next attempt need not wait out the lease), `ReleaseIfMine…` once.
+/// What the worker does after a hand-off: `Release…` frees the marker until done (the scanner is
+/// gone, so the next attempt need not wait out the lease); `ReleaseIfMine…` tries once.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Next {
-    /// Keep the marker as done (renewing the delivery and the marker until
-    /// that is recorded), then acknowledge the job: a crash between the two
+    /// Keep the marker as done (renewing until that is recorded), then ack: a crash between the two
     /// leaves an entry the next consumer acks without running.
     MarkDoneThenAck,
-    /// The lease was lost: not this attempt's scan any more, and no failure
-    /// of the job's. Release the marker once, in case this attempt's token
-    /// still holds it (a renewal that landed late), and come back after the
-    /// wait with a new attempt (a new token); the marker then says what
-    /// (done: ack; another attempt's: later).
+    /// The lease was lost, no failure of the job's: release the marker once in case this attempt's
+    /// token still holds it, and come back after the wait as a new attempt.
     ReleaseIfMineThenLater(Duration),
     /// The shutdown grace ended: release, and give the job back.
     ReleaseThenGiveBack,
-    /// A failed attempt (refused, or timed out), the `failures`-th: release,
-    /// and try again after `after`.
+    /// The `failures`-th failed attempt (refused, or timed out): release, retry after `after`.
     ReleaseThenRetry { failures: u32, after: Duration },
-    /// The failed attempt that reached `--max-attempts`: release, and move
-    /// the job to the dead-letter stream (SQS: leave it to the queue's
-    /// redrive policy).
+    /// The failed attempt that reached `--max-attempts`: release, then dead-letter the job.
     ReleaseThenDeadLetter { failures: u32 },
 }
 
-/// The consumer's recovery, as one rule: what follows a hand-off that
-/// ended as `ended`, after `failures` failed attempts before it, under
-/// `policy`, with the marker's `lease`. A failure counts against
-/// `--max-attempts`; a lost lease and a shutdown do not (the scan was
-/// taken from this attempt, it did not fail). (Not the gate's
-/// [`crate::rules::settle`]: that one puts a failed request right.)
+/// What follows a hand-off that ended as `ended` after `failures` failures. A failure counts
+/// against `--max-attempts`; a lost lease or a shutdown does not (the scan was taken away).
 pub fn after_hand_off(
     ended: HandOff,
     failures: u32,
@@ -162,29 +142,22 @@ pub fn after_hand_off(
     }
 }
 
-/// How long to wait before trying a scan whose marker another attempt may
-/// hold: its lease ends within one lease, and by then it has either
-/// finished (done) or died (free).
+/// The wait before trying a scan another attempt may hold: by its lease's end it is done or free.
 pub fn come_back(lease: Duration) -> Duration {
     lease / 2
 }
 
-/// A `scanId` marker: what a consumer knows about one scan. Beside it a
-/// counter of attempts (the fencing token a scanner sees as `SCAN_ATTEMPT`)
-/// outlives each lease.
+/// A `scanId` marker. Beside it, a counter of attempts (the fencing token a scanner sees as
+/// `SCAN_ATTEMPT`) outlives each lease.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Marker {
     /// Nobody runs it, nobody ran it.
     Free,
-    /// One attempt runs it, under `token`, until its lease ends. Past
-    /// `until` and never released, its attempt may still be alive: a
-    /// failover can lose the renewals and the done marker of an attempt
-    /// that ran to success.
+    /// One attempt runs it under `token` until `until`. Past `until` and never released, its
+    /// attempt may still be alive: a failover can lose a live attempt's renewals and done marker.
     Held { token: String, until: UnixMillis },
-    /// The last attempt's lease ran out unreleased, and a new attempt came:
-    /// it is kept out until `until` (one more lease), while the last
-    /// attempt may renew and mark its scan done (the one rule that closes
-    /// a second run after a failover lost a live attempt's marker).
+    /// The last attempt's lease ran out unreleased and a new attempt came: kept out until `until`
+    /// (one more lease) while the last attempt may still renew or mark the scan done.
     Orphaned { until: UnixMillis },
     /// It ran to success: never again.
     Done,
@@ -193,31 +166,20 @@ pub enum Marker {
 /// The answer to a claim.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum MarkerClaim {
-    /// This attempt may run the scan, as attempt number `.0` (a renewal
-    /// keeps the number).
+    /// This attempt may run the scan as attempt number `.0` (a renewal keeps the number).
     Claimed(u64),
     /// It already ran: acknowledge without running.
     Done,
-    /// Another attempt holds a live lease, or (for a renewal) claimed the
-    /// scan since this one last held it: come back later / stop.
+    /// Another attempt holds a live lease or (for a renewal) claimed it since: later, or stop.
     Busy,
-    /// The job is no longer in its queue (a stream entry a failover lost
-    /// with its landing): not run.
+    /// The job is no longer in its queue (a stream entry a failover lost): not run.
     Gone,
 }
 
-/// Claims `marker` for `token` at `now` for `lease`. `attempts` is
-/// the scan's attempt counter; `mine` is the attempt number this claim
-/// renews (0: a new attempt). A new attempt takes the next number (a claim
-/// that landed unanswered and is sent again keeps it: same token). A
-/// renewal holds only if no other attempt was numbered since, even if its
-/// lease ran out meanwhile: a consumer that was paused past its lease finds
-/// out here. A new attempt that finds the last one's lease run out
-/// unreleased waits one more lease ([`Marker::Orphaned`]): that attempt may
-/// be alive, its marker lost in a failover, and it renews or marks the
-/// scan done meanwhile; one that died costs a lease of delay. The Valkey
-/// script (`claim.lua`) applies the same rule, with key expiry as the
-/// lease. Returns the marker, the counter and the answer.
+/// Claims `marker` for `token` at `now` for `lease`, given the scan's `attempts` counter; `mine` is
+/// the attempt renewed (0: a new one, which takes the next number unless its token already holds
+/// it). A renewal holds only if no attempt was numbered since. A lease run out unreleased keeps a
+/// new attempt out one more lease ([`Marker::Orphaned`]). `claim.lua` applies the same rule.
 pub fn claim(
     marker: &Marker,
     attempts: u64,
@@ -299,8 +261,7 @@ pub enum Renewal {
     Unknown,
 }
 
-/// A running scan's lease, and how long ago the last renewal known to
-/// have held was *sent*: named, so the two durations cannot be swapped.
+/// A running scan's lease, and how long since the last renewal known to have held was *sent*.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Silence {
     pub since_held: Duration,
@@ -308,13 +269,9 @@ pub struct Silence {
 }
 
 impl Silence {
-    /// Whether the scan must be stopped after `renewal`. The marker expires
-    /// one lease after the last held renewal landed, and it landed after it
-    /// was sent, so a scan stopped once ¾ of a lease has passed without a
-    /// held renewal is stopped before anyone else can claim it (the last
-    /// quarter is the margin for the kill and for clock drift). Only a
-    /// consumer that was itself paused longer than that can overlap another
-    /// attempt, and it stops at once when it wakes.
+    /// Whether the scan must stop after `renewal`. The marker expires a lease after the last held
+    /// renewal landed, later than it was sent, so stopping ¾ of a lease after that send beats any
+    /// other claim (the last quarter is the margin for the kill and clock drift).
     pub fn must_stop(self, renewal: Renewal) -> bool {
         match renewal {
             Renewal::Lost => true,
@@ -323,15 +280,13 @@ impl Silence {
         }
     }
 
-    /// The longest a running scan may go without a renewal known to hold:
-    /// ¾ of its lease.
+    /// The longest a running scan may go without a renewal known to hold: ¾ of its lease.
     pub fn allowed(lease: Duration) -> Duration {
         lease.saturating_mul(3) / 4
     }
 }
 
-/// One reading of the server's clock (`server`), taken between `sent` and
-/// `answered` by the local one.
+/// One reading of the server's clock, taken between `sent` and `answered` by the local one.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Reading {
     pub sent: UnixMillis,
@@ -340,19 +295,15 @@ pub struct Reading {
 }
 
 impl Reading {
-    /// The queue clock's offset from the local one (ms to add to local
-    /// time). The server read its clock somewhere in the round trip; taking
-    /// the end of it gives the smallest offset the reading allows, so the
-    /// queue time it yields is never ahead of the server's, and a job timed
-    /// by it never starts early (at worst one round trip late).
+    /// The queue clock's offset from the local one (ms to add), taking the reading at the end of
+    /// the round trip: the smallest offset, so no job timed by it starts early.
     pub fn offset_ms(self) -> i64 {
         debug_assert!(self.sent <= self.answered);
         self.server.get().saturating_sub(self.answered.get())
     }
 }
 
-/// The skew past which the consumer warns (it times jobs by the queue's
-/// clock all the same).
+/// The skew past which the consumer warns (it times jobs by the queue's clock all the same).
 pub const SKEW_WARN_MS: i64 = 1_000;
 
 #[cfg(test)]

@@ -1,24 +1,8 @@
-//! The run slots (`--concurrency`): which due job starts next when the
-//! scanner is busy. A within-quota scan is promised "at once", at the
-//! scanner too, so due jobs do not start first come, first served:
-//!
-//! 1. **Within quota first.** A due job of the within lane takes the next
-//!    free slot before any due over-quota job.
-//! 2. **Tenants in turn.** Over-quota jobs wait in one line per tenant
-//!    (the subject or network whose line paced them, the job's `tenant`),
-//!    and the lines are served round-robin: one network's backlog holds
-//!    back another's over-quota scan by at most one start per waiting
-//!    tenant, not by its whole backlog.
-//! 3. **A share for the over lane.** While within-quota jobs wait without
-//!    a break and over-quota ones wait too, every `over_every`-th start
-//!    goes to the over lane (`--over-every`), so within-quota work that
-//!    never stops still leaves over-quota jobs at least one start in
-//!    `over_every`. A within-quota job that finds no other waiting in its
-//!    lane starts next, whatever waits over quota: its wait is the scan
-//!    that frees the slot, no more.
-//!
-//! The rule is [`next_lane`], pure; [`RunSlots`] carries it out: a slot is
-//! handed from the job that ends straight to the waiter the rule picks.
+//! The run slots (`--concurrency`): which due job starts next when the scanner is busy. A
+//! within-quota scan is promised "at once", so due jobs do not start first come, first served:
+//! within-quota jobs go first; over-quota jobs wait in one line per tenant, served round-robin; and
+//! while both lanes wait without a break, every `--over-every`-th start goes to the over lane.
+//! [`next_lane`] is the rule; [`RunSlots`] hands a freed slot straight to the waiter it picks.
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -27,9 +11,8 @@ use tokio::sync::oneshot;
 
 use crate::rules::job::Lane;
 
-/// Which lane the next free slot goes to: `None` when nobody waits.
-/// `since_over` counts the starts given to the within lane since the over
-/// lane's last, while both lanes waited without a break.
+/// Which lane the next free slot goes to: `None` when nobody waits. `since_over` counts the starts
+/// given to the within lane since the over lane's last, while both lanes waited without a break.
 pub fn next_lane(
     within_waiting: bool,
     over_waiting: bool,
@@ -44,10 +27,8 @@ pub fn next_lane(
     }
 }
 
-/// A job waiting for a slot: where to hand it.
 type Waiter = oneshot::Sender<Slot>;
 
-/// The waiting jobs and the free slots.
 struct State {
     free: usize,
     within: VecDeque<Waiter>,
@@ -68,9 +49,8 @@ impl State {
         match lane {
             Lane::Within => {
                 let waiter = self.within.pop_front();
-                // The share is owed only while the within line never
-                // empties: a within-quota job that finds it empty starts
-                // next, whatever waits over quota.
+                // The share is owed only while the within line never empties: a within-quota job
+                // that finds it empty starts next.
                 self.since_over = if self.within.is_empty() || self.over.is_empty() {
                     0
                 } else {
@@ -124,8 +104,7 @@ impl Drop for Slot {
 }
 
 impl RunSlots {
-    /// `slots` slots, the over lane's share one start in `over_every` (at
-    /// least 1: every start, when nobody within quota waits).
+    /// `slots` slots, the over lane's share one start in `over_every` (at least 1).
     pub fn new(slots: usize, over_every: u32) -> Arc<Self> {
         Arc::new(Self {
             state: Mutex::new(State {
@@ -139,14 +118,12 @@ impl RunSlots {
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
-        // A panic cannot leave the state half-changed: every change is one
-        // push, pop or count, so a poisoned lock's state is still sound.
+        // Every change is one push, pop or count, so a poisoned lock's state is still sound.
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// A slot for a due job of `lane` and `tenant`: at once if one is free
-    /// and nobody waits, else when the rule picks it. Dropping the future
-    /// leaves the line; a slot already handed to it goes on to the next.
+    /// A slot for a due job of `lane` and `tenant`: at once if one is free and nobody waits, else
+    /// when the rule picks it. Dropping the future leaves the line.
     pub async fn acquire(self: &Arc<Self>, lane: Lane, tenant: &str) -> Slot {
         let handed = {
             let mut state = self.lock();
@@ -180,9 +157,7 @@ impl RunSlots {
             };
             match waiter.send(Slot(self.clone())) {
                 Ok(()) => return,
-                // Its job stopped waiting: the slot goes on to the next,
-                // without passing through `Drop` (which would release it
-                // a second time).
+                // Its job stopped waiting: on to the next, without `Drop` releasing it twice.
                 Err(slot) => std::mem::forget(slot),
             }
         }

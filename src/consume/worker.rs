@@ -1,21 +1,7 @@
-//! One delivery's life: held until its `notBefore`, a run slot, the
-//! `scanId` marker, the hand-off, and then what the rule
-//! [`schedule::after_hand_off`] says, carried out ([`Next`]). The worker
-//! decides nothing after a hand-off itself.
-//! Each delivery is a task of its own, so a held job never holds up a due
-//! one; the run slots (`--concurrency`) bound only hand-offs.
-//!
-//! The worker is generic over its [`JobSource`] and its [`Scanner`], and
-//! reads time from the [`QueueClock`] it is given, so its scheduling is
-//! tested with paused Tokio time and no server (`worker_tests.rs`).
-//!
-//! **Leases.** A held job's delivery is renewed every quarter lease. A due
-//! job waiting for a run slot is *not* renewed: if this consumer's scans
-//! keep it busy past a lease, another consumer takes the job over. A
-//! running scan renews its delivery and its marker every quarter lease
-//! ([`Keeper::watch`]); when the marker is lost, or no renewal is
-//! known to have held for ¾ of a lease ([`schedule::Silence::must_stop`]), the
-//! scanner is stopped (its process group killed) at once.
+//! One delivery's life: held until its `notBefore`, a run slot, the `scanId` marker, the hand-off,
+//! then what [`schedule::after_hand_off`] says ([`Next`]). Each delivery is a task of its own, so a
+//! held job never holds up a due one. A held job's delivery is renewed every quarter lease; a due
+//! job waiting for a run slot is not, so another consumer takes it over after a lease.
 
 use std::future::Future;
 use std::ops::ControlFlow::{self, Break, Continue};
@@ -37,9 +23,7 @@ use super::source::{Delivery, GivenUp, JobSource};
 /// How long to wait before trying again when Valkey (markers, acks) fails.
 const STORE_RETRY: Duration = Duration::from_millis(250);
 
-/// How long calls that must not be lost (done, release, ack) are still
-/// tried once the grace period is over (within the consumer's own
-/// `KILL_WAIT`).
+/// How long calls that must not be lost (done, release, ack) are still tried after the grace.
 const LAST_TRIES: Duration = Duration::from_secs(2);
 
 /// Everything a job task needs, shared by all of them.
@@ -61,22 +45,19 @@ pub struct Worker<S: JobSource, X: Scanner, M: MarkerStore = Markers> {
     pub tokens: Tokens,
 }
 
-/// How a wait ended.
 enum Waited<T> {
     Done(T),
     Stopping,
 }
 
-/// Whether a job waits for its `notBefore` (metered as held) or for
-/// something else (a busy marker, a retry's backoff).
+/// Whether a job waits for its `notBefore` (metered as held) or for a busy marker or a backoff.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Held {
     ForNotBefore,
     Otherwise,
 }
 
-/// One attempt's identity: the marker token it claimed with, and the
-/// number the claim gave it.
+/// One attempt: the marker token it claimed with, and the number the claim gave it.
 #[derive(Clone, Copy)]
 struct Run<'a> {
     token: &'a str,
@@ -84,7 +65,6 @@ struct Run<'a> {
 }
 
 impl<S: JobSource, X: Scanner, M: MarkerStore> Worker<S, X, M> {
-    /// What renews this worker's deliveries and markers.
     fn keeper(&self) -> Keeper<'_, S, M> {
         Keeper {
             source: &self.source,
@@ -101,16 +81,11 @@ impl<S: JobSource, X: Scanner, M: MarkerStore> Worker<S, X, M> {
         }
     }
 
-    /// Runs `d` to its end: acked, dead-lettered, handed back to the queue,
-    /// or given back on stop.
+    /// Runs `d` to its end: acked, dead-lettered, handed back to the queue, or given back on stop.
     pub async fn process(&self, d: Delivery<S::Handle>) {
         let mut failures = 0;
-        // One token per attempt, kept until it has run: a claim that timed
-        // out but landed is this task's own, and a retry of it gets in (as
-        // the same attempt). Each run takes a new one (below), so its claim
-        // is a new attempt with the next number, even where the last run's
-        // marker is still there under the old token (a renewal sent during
-        // a stall that landed late).
+        // One token per attempt: a claim that timed out but landed is this task's own, so its retry
+        // gets in. Each run takes a new token: its claim is a new attempt even past a late renewal.
         let mut token = self.tokens.next();
         loop {
             let wait = self.due(&d).hold();
@@ -162,8 +137,7 @@ impl<S: JobSource, X: Scanner, M: MarkerStore> Worker<S, X, M> {
         }
     }
 
-    /// Lets go of a job not to run: one that ran already (a duplicate), or
-    /// one whose entry is gone from its stream.
+    /// Lets go of a job not to run: a duplicate, or one whose entry is gone from its stream.
     async fn let_go(&self, d: &Delivery<S::Handle>, step: Step) {
         if step == Step::AckDuplicate {
             self.meter.record(Event::Duplicate);
@@ -177,8 +151,7 @@ impl<S: JobSource, X: Scanner, M: MarkerStore> Worker<S, X, M> {
         self.ack(d).await
     }
 
-    /// Claims `d`'s marker for a new attempt under `token`: the step the
-    /// answer leads to, or `None` if Valkey did not answer (logged).
+    /// Claims `d`'s marker for a new attempt under `token`; `None` if Valkey did not answer.
     async fn claim(&self, d: &Delivery<S::Handle>, token: &str) -> Option<Step> {
         let now = self.clock.now();
         let ask = MarkerAsk {
@@ -198,9 +171,7 @@ impl<S: JobSource, X: Scanner, M: MarkerStore> Worker<S, X, M> {
         }
     }
 
-    /// Carries out what [`schedule::after_hand_off`] says after `ended`
-    /// (counting `failures`): `Continue` runs the job again here, `Break`
-    /// is done with it.
+    /// Carries out [`schedule::after_hand_off`]'s answer: `Continue` runs the job again here.
     async fn carry_out(
         &self,
         d: &Delivery<S::Handle>,
@@ -249,7 +220,6 @@ impl<S: JobSource, X: Scanner, M: MarkerStore> Worker<S, X, M> {
         }
     }
 
-    /// Meters and logs how a hand-off ended.
     fn record_end(
         &self,
         d: &Delivery<S::Handle>,
@@ -280,8 +250,7 @@ impl<S: JobSource, X: Scanner, M: MarkerStore> Worker<S, X, M> {
         }
     }
 
-    /// Come back after `after`: through the queue (`Break`: forget it) or
-    /// here (`Continue`).
+    /// Come back after `after`: through the queue (`Break`: forget it) or here (`Continue`).
     async fn later(&self, d: &Delivery<S::Handle>, after: Duration, held: Held) -> ControlFlow<()> {
         match self.source.deliver_later(d, after).await {
             Ok(true) => return Break(()),
@@ -327,10 +296,7 @@ impl<S: JobSource, X: Scanner, M: MarkerStore> Worker<S, X, M> {
         self.scanner.run(attempt, stop).await
     }
 
-    /// Keeps the marker as done, until that is recorded (durably, with
-    /// `VALKEY_WAIT_REPLICAS`); meanwhile the delivery and the marker stay
-    /// renewed, so a slow Valkey does not let the finished scan be taken
-    /// over and run again.
+    /// Marks done until recorded, renewing meanwhile so a slow Valkey cannot let the scan rerun.
     async fn mark_done(&self, d: &Delivery<S::Handle>, run: Run<'_>) {
         let scan = d.job.scan_id;
         if crate::bug!(DoneNotAwaitedBeforeAck) {
@@ -342,8 +308,7 @@ impl<S: JobSource, X: Scanner, M: MarkerStore> Worker<S, X, M> {
         self.keeper().renewing(d, renewing, done).await;
     }
 
-    /// Acknowledges `d`, trying for at most one lease: after that the queue
-    /// delivers it again, and its done marker has it acked without running.
+    /// Acknowledges `d`, trying for one lease at most: a redelivery then finds its done marker.
     async fn ack(&self, d: &Delivery<S::Handle>) {
         let acked = tokio::time::timeout(self.lease, self.until_ok("ack", || self.source.ack(d)));
         if acked.await.is_err() {
@@ -351,9 +316,8 @@ impl<S: JobSource, X: Scanner, M: MarkerStore> Worker<S, X, M> {
         }
     }
 
-    /// Retries `op` until it succeeds, or [`LAST_TRIES`] after the grace
-    /// period ended: a stalled Valkey must not turn a run job into a lost
-    /// ack (it would run again) or a lost release.
+    /// Retries `op` until it succeeds, or [`LAST_TRIES`] after the grace period: a stalled Valkey
+    /// must not turn a run job into a lost ack (it would run again) or a lost release.
     async fn until_ok<F, Fut>(&self, what: &str, op: F)
     where
         F: Fn() -> Fut,

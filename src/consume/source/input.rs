@@ -1,40 +1,11 @@
-//! Standard input's lines, read so that a stopping consumer can always exit
-//! and loses no line it took.
+//! Standard input's lines, read so that a stopping consumer can always exit and loses no line it
+//! took (Tokio's own `stdin` blocks in a thread that shutdown waits for).
 //!
-//! Tokio's own `stdin` reads in a thread of the runtime's blocking pool: a
-//! read that cannot be cancelled, and that the runtime waits for when it
-//! shuts down. A consumer told to stop therefore stayed alive until one more
-//! line came, and that line, taken from the pipe, went nowhere. Instead:
-//!
-//! - **A pipe or FIFO** (the spool: `serve | consume`, `< fifo`) is opened
-//!   again through `/proc/self/fd/0`, a file description of the consumer's
-//!   own (so `O_NONBLOCK` is set on it, not on the one a shell may share),
-//!   and read without blocking on the runtime's reactor, through a buffer
-//!   of [`Input`]'s own. A read takes only what the pipe holds at that
-//!   moment (at most a buffer's worth: whole lines and the start of one
-//!   more), and [`Input::next_line`] is cancel-safe: what it took and did
-//!   not return stays in that buffer.
-//! - **Anything else** (a file, a terminal, a socket) is read by a thread of
-//!   its own, outside the runtime, which never keeps the process alive. It
-//!   holds at most one line besides the one waiting to be handed out.
-//!
-//! [`Input::close`] ends the reading and returns every line taken and not
-//! handed out yet:
-//!
-//! - from a pipe, every whole line in the buffer; a line whose start is
-//!   there is first finished, byte by byte (so nothing after its `\n`
-//!   leaves the pipe), for at most the wait it is given. If its end does
-//!   not come by then, that start (its size, never its content, is logged
-//!   as an error) is the one thing dropped: the rest of that line stays in
-//!   the pipe, and the next reader sees a broken line. Everything else the
-//!   pipe holds was never taken, and stays there whole.
-//! - from the thread, the line waiting in the channel and the one the
-//!   thread holds, if it ends within that wait (a file's read always does).
-//!   A thread still blocked then (a terminal or socket where no line comes)
-//!   writes a line it reads later back to standard output (best effort: the
-//!   process may be exiting, and it is not journaled) and logs it. A file's
-//!   lines after those are never handed out: they stay in the file (the
-//!   file offset may be past some of them: standard input reads ahead).
+//! A pipe or FIFO is opened again through `/proc/self/fd/0` (a file description of its own, so
+//! `O_NONBLOCK` does not reach one a shell shares) and read on the reactor, cancel-safe; anything
+//! else is read by a thread outside the runtime, holding at most one line besides the one waiting.
+//! [`Input::close`] returns every line taken and not handed out; only a pipe's line whose end does
+//! not come within the wait loses its start (its rest stays in the pipe).
 
 use std::io::{self, BufRead};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -55,8 +26,7 @@ pub enum Input {
     Thread(ThreadLines),
 }
 
-/// A pipe's lines: what was taken from it and not handed out is in
-/// `reader`'s buffer and in `partial`.
+/// A pipe's lines: what was taken and not handed out is in `reader`'s buffer and `partial`.
 pub struct PipeLines {
     reader: BufReader<pipe::Receiver>,
     /// The start of the line being read (a read cut short leaves it here).
@@ -74,16 +44,14 @@ pub struct ThreadLines {
 struct Hand {
     /// The thread has returned.
     done: bool,
-    /// [`Input::close`] has taken `back`: a line the thread reads from now
-    /// on is written back by the thread.
+    /// [`Input::close`] has taken `back`: a line the thread reads from now on it writes back.
     closed: bool,
     /// The line the thread held when the channel closed.
     back: Option<String>,
 }
 
 impl Input {
-    /// Standard input. Must be called within the runtime (a pipe registers
-    /// with its reactor).
+    /// Standard input. Must be called within the runtime (a pipe registers with its reactor).
     pub fn stdin() -> Self {
         match pipe::OpenOptions::new().open_receiver(OWN_STDIN) {
             Ok(rx) => Self::Pipe(PipeLines {
@@ -94,7 +62,6 @@ impl Input {
         }
     }
 
-    /// What `open` opens, read by a thread of its own.
     fn thread<R: BufRead>(open: impl FnOnce() -> R + Send + 'static) -> Self {
         let (tx, rx) = mpsc::channel(1);
         let hand = Arc::new(Mutex::new(Hand::default()));
@@ -112,8 +79,7 @@ impl Input {
         Self::Thread(ThreadLines { rx, hand })
     }
 
-    /// The next line (without its `\n` or `\r\n`); `None` at the end.
-    /// Cancel-safe: a line is either returned or still to come.
+    /// The next line (without its `\n` or `\r\n`); `None` at the end. Cancel-safe.
     pub async fn next_line(&mut self) -> io::Result<Option<String>> {
         match self {
             Self::Pipe(pipe) => pipe.next_line().await,
@@ -121,9 +87,8 @@ impl Input {
         }
     }
 
-    /// No more lines are taken; returns the lines taken and not handed out,
-    /// having waited at most `wait` for the end of one that was started
-    /// (see the module docs). Standard input is not read again after.
+    /// Stops taking lines and returns those taken and not handed out, waiting at most `wait` for
+    /// the end of a started one.
     pub async fn close(&mut self, wait: Duration) -> Vec<String> {
         match self {
             Self::Pipe(pipe) => pipe.close(wait).await,
@@ -163,9 +128,7 @@ impl PipeLines {
     }
 }
 
-/// Reads the rest of `line` from `rx`, one byte at a time, so nothing
-/// after its `\n` is taken; also done at the end of input.
-/// Cancel-safe: every byte read is in `line`.
+/// Reads the rest of `line` byte by byte, so nothing after its `\n` is taken. Cancel-safe.
 async fn finish_line(rx: &mut pipe::Receiver, line: &mut Vec<u8>) -> io::Result<()> {
     let mut byte = [0u8];
     loop {
@@ -206,9 +169,8 @@ fn lock(hand: &Mutex<Hand>) -> MutexGuard<'_, Hand> {
     hand.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
-/// Sends `input`'s lines to `tx` until the end, an error, or `tx`'s receiver
-/// is closed; a line it then holds goes to `hand` (or, once
-/// [`Input::close`] took that, is written back).
+/// Sends `input`'s lines to `tx` until the end, an error, or `tx`'s receiver is closed; a line it
+/// then holds goes to `hand` (or, once [`Input::close`] took that, is written back).
 fn read_into(mut input: impl BufRead, tx: &mpsc::Sender<io::Result<String>>, hand: &Mutex<Hand>) {
     let mut buf = Vec::new();
     loop {
@@ -235,8 +197,7 @@ fn read_into(mut input: impl BufRead, tx: &mpsc::Sender<io::Result<String>>, han
     }
 }
 
-/// A line read after the consumer stopped taking lines: written back to
-/// standard output (not journaled), so it is not silently dropped.
+/// A line read after the consumer stopped taking lines: written back to stdout (not journaled).
 fn write_back(line: String) {
     let written = write_back_line(line);
     tracing::error!(
@@ -245,8 +206,7 @@ fn write_back(line: String) {
     );
 }
 
-/// `line` written back to standard output, to be piped in again; false when
-/// the stdout queue was full (see docs/consumer.md, "Stopping").
+/// `line` written back to stdout, to be piped in again; false if the stdout queue was full.
 pub(super) fn write_back_line(line: String) -> bool {
     let mut bytes = line.into_bytes();
     bytes.push(b'\n');
@@ -255,8 +215,7 @@ pub(super) fn write_back_line(line: String) -> bool {
         .is_ok()
 }
 
-/// `buf` without its line ending, as text (invalid UTF-8 replaced: such a
-/// line is no job anyway).
+/// `buf` without its line ending, as text (invalid UTF-8 replaced: such a line is no job anyway).
 fn text(buf: &[u8]) -> String {
     let line = buf.strip_suffix(b"\n").unwrap_or(buf);
     let line = line.strip_suffix(b"\r").unwrap_or(line);

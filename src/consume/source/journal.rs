@@ -1,13 +1,7 @@
-//! The spool's journal (`consume --from - --journal PATH`): what makes a
-//! pipe's jobs survive the consumer.
-//!
-//! Every job is appended as it was read, and `fsync`ed before the consumer
-//! acts on it; a `{"started":"<scanId>","attempt":n}` line goes in before
-//! each attempt's scanner starts, and a `{"done":"<scanId>"}` line once the
-//! job ran (or was given up). [`Journal::open`] reads it back at start: the
-//! jobs without a done line, once each, in order, with the highest attempt
-//! each started, and rewrites it with only those (a temporary file renamed
-//! over it), so the journal holds no more than the unfinished jobs.
+//! The spool's journal (`consume --from - --journal PATH`): what makes a pipe's jobs survive the
+//! consumer. Each job as read, a `{"started":"<scanId>","attempt":n}` line before each attempt and
+//! a `{"done":"<scanId>"}` line once it ran or was given up are appended and `fsync`ed before they
+//! count; [`Journal::open`] replays the unfinished jobs and rewrites the file with only those.
 
 use std::collections::{HashMap, HashSet};
 use std::io::Write;
@@ -20,31 +14,26 @@ use uuid::Uuid;
 use super::Delivery;
 use crate::consume::error::ConsumeError;
 
-/// The line that says `scan` is finished.
 fn done_line(scan: Uuid) -> String {
     serde_json::json!({ "done": scan }).to_string()
 }
 
-/// The line that says attempt `attempt` at `scan` started.
 fn started_line(scan: Uuid, attempt: u64) -> String {
     serde_json::json!({ "started": scan, "attempt": attempt }).to_string()
 }
 
-/// A journal line that says a job is finished.
 #[derive(Deserialize)]
 struct Done {
     done: Uuid,
 }
 
-/// A journal line that says an attempt at a job started.
 #[derive(Deserialize)]
 struct Started {
     started: Uuid,
     attempt: u64,
 }
 
-/// What a journal holds at start: its unfinished jobs, in order, and the
-/// highest attempt each started with (if it did).
+/// What a journal holds at start: its unfinished jobs, in order, and each one's highest attempt.
 #[derive(Default)]
 pub struct Replay {
     pub jobs: Vec<Delivery>,
@@ -57,8 +46,7 @@ pub struct Journal {
 }
 
 impl Journal {
-    /// Reads `path` (if it exists), rewrites it with only the unfinished
-    /// jobs, and opens it for appending; returns those jobs, in order.
+    /// Reads `path` if it exists, rewrites it with only the unfinished jobs, opens it to append.
     pub async fn open(path: PathBuf) -> Result<(Self, Replay), ConsumeError> {
         let opened = tokio::task::spawn_blocking(move || compact(&path))
             .await
@@ -87,7 +75,6 @@ impl Journal {
         self.append(started_line(scan, attempt)).await
     }
 
-    /// `line`, `fsync`ed.
     async fn append(&self, mut line: String) -> Result<(), ConsumeError> {
         line.push('\n');
         let file = self.file.clone();
@@ -104,8 +91,7 @@ impl Journal {
     }
 }
 
-/// The journal's unfinished jobs (and the attempts they started), and the
-/// journal rewritten with just them.
+/// The journal's unfinished jobs (and their attempts), and the journal rewritten with just them.
 fn compact(path: &Path) -> std::io::Result<(std::fs::File, Replay)> {
     let text = match std::fs::read_to_string(path) {
         Ok(text) => text,
@@ -134,8 +120,7 @@ fn compact(path: &Path) -> std::io::Result<(std::fs::File, Replay)> {
     Ok((file, replay))
 }
 
-/// The jobs of the journal `text` without a done line, once each, in
-/// order, and the highest attempt each started with.
+/// The jobs of `text` without a done line, once each, in order, with each one's highest attempt.
 fn unfinished(text: &str) -> Replay {
     let done: HashSet<Uuid> = text
         .lines()

@@ -1,8 +1,5 @@
-//! Where jobs come from: a Valkey stream, an SQS queue, standard input or
-//! one Lambda SQS event's batch (the consumer function's), each behind the
-//! one [`JobSource`] trait the worker is generic over. Each source has its
-//! own handle type, so a delivery can only be acknowledged by the source it
-//! came from.
+//! Where jobs come from, behind the one [`JobSource`] trait the worker is generic over. Each source
+//! has its own handle type, so a delivery can only be acknowledged by the source it came from.
 
 pub mod input;
 pub mod journal;
@@ -28,9 +25,8 @@ pub struct Delivery<H = ()> {
 }
 
 impl Delivery {
-    /// The job on a line of the spool (standard input, its journal), if it
-    /// carries one: a line without a `scanId` (an EMF line) is none, and one
-    /// that has it but is not a readable job is logged and skipped.
+    /// The job on a spool line (standard input, its journal): a line without a `scanId` (an EMF
+    /// line) is none, and an unreadable job is logged and skipped.
     pub fn of_spool_line(line: String) -> Option<Self> {
         if !line.contains("\"scanId\"") {
             return None;
@@ -64,8 +60,7 @@ pub trait JobSource: Send + Sync + 'static {
     /// `stream`, `sqs` or `stdin`, for logs and the metrics' `Source` dimension.
     fn name(&self) -> &'static str;
 
-    /// Up to `max` deliveries, waiting a little while for the first; `None`
-    /// once the source has ended (standard input closed).
+    /// Up to `max` deliveries, waiting a little for the first; `None` once the source has ended.
     fn next(
         &self,
         max: usize,
@@ -77,9 +72,8 @@ pub trait JobSource: Send + Sync + 'static {
         d: &Delivery<Self::Handle>,
     ) -> impl Future<Output = Result<(), ConsumeError>> + Send;
 
-    /// `d`'s stream and its entry's id, which a new attempt checks is
-    /// still there ([`super::marker::MarkerStore::claim`]); none for
-    /// other queues.
+    /// `d`'s stream and entry id, which a new attempt checks is still there
+    /// ([`super::marker::MarkerStore::claim`]); none for other queues.
     fn entry<'d>(&'d self, _d: &'d Delivery<Self::Handle>) -> Option<(&'d str, &'d str)> {
         None
     }
@@ -90,8 +84,7 @@ pub trait JobSource: Send + Sync + 'static {
         d: &Delivery<Self::Handle>,
     ) -> impl Future<Output = Result<(), ConsumeError>> + Send;
 
-    /// Asks the queue to deliver `d` again after `wait`. `true`: it will
-    /// (SQS visibility), forget it; `false`: hold it in the process.
+    /// Asks the queue to deliver `d` again after `wait`: `true` if it will (SQS), else hold it.
     fn deliver_later(
         &self,
         _d: &Delivery<Self::Handle>,
@@ -100,8 +93,7 @@ pub trait JobSource: Send + Sync + 'static {
         async { Ok(false) }
     }
 
-    /// Attempt `attempt` at `d` is about to be handed to the scanner (the
-    /// spool's journal records it, so a replay takes a higher number).
+    /// Attempt `attempt` at `d` is about to start (the journal records it for a replay).
     fn started(
         &self,
         _d: &Delivery<Self::Handle>,
@@ -117,16 +109,14 @@ pub trait JobSource: Send + Sync + 'static {
         why: GivenUp<'_>,
     ) -> impl Future<Output = Result<(), ConsumeError>> + Send;
 
-    /// Stopping before `d` started: leave it for another consumer (or the
-    /// next run); `wait` is how long it still has to wait for `notBefore`.
+    /// Stopping before `d` started: leave it to another consumer; `wait` is left until `notBefore`.
     fn give_back(
         &self,
         d: &Delivery<Self::Handle>,
         wait: Duration,
     ) -> impl Future<Output = ()> + Send;
 
-    /// Stopping: the deliveries the source read ahead but did not hand out
-    /// (standard input's buffered lines), so they are given back too.
+    /// Stopping: the deliveries the source read ahead but did not hand out, to be given back too.
     fn drain(&self) -> impl Future<Output = Vec<Delivery<Self::Handle>>> + Send {
         async { Vec::new() }
     }

@@ -1,16 +1,8 @@
-//! An SQS queue, long-polled.
-//!
-//! A received message is invisible to other consumers for one lease
-//! (`VisibilityTimeout`), renewed every quarter lease while this consumer
-//! holds it, and deleted after its scan succeeded. A message whose
-//! `notBefore` is still ahead (only when the deferral was longer than the
-//! 900 s `DelaySeconds` covers, or clocks disagree) is held by its
-//! visibility: made invisible until just before `notBefore`
-//! (`schedule::sqs_visibility`),
-//! the last fraction of a second waited in memory. A failed scan comes back
-//! after its backoff the same way; after `maxReceiveCount` receives the
-//! queue's redrive policy moves it to the dead-letter queue (holds count as
-//! receives too: leave room for them).
+//! An SQS queue, long-polled. A received message stays invisible for one lease, renewed every
+//! quarter lease while held, and is deleted after its scan succeeded. A job not yet due (a deferral
+//! longer than `DelaySeconds`' 900 s, or clocks disagreeing) or waiting out a backoff is held by
+//! its visibility (`schedule::sqs_visibility`); after `maxReceiveCount` receives, holds included,
+//! the redrive policy moves it to the dead-letter queue.
 
 use std::time::Duration;
 
@@ -58,8 +50,7 @@ impl SqsSource {
         }
     }
 
-    /// Up to `max` (at most 10) messages; unreadable bodies are left to the
-    /// redrive policy.
+    /// Up to `max` (at most 10) messages; unreadable bodies are left to the redrive policy.
     async fn receive(&self, max: usize) -> Result<Vec<Delivery<String>>, ConsumeError> {
         let max = i32::try_from(max.clamp(1, 10)).unwrap_or(10);
         let received = self
@@ -93,8 +84,7 @@ impl SqsSource {
         Ok(out)
     }
 
-    /// Makes the message of `receipt` invisible for `secs` from now (0:
-    /// visible again at once).
+    /// Makes the message of `receipt` invisible for `secs` from now (0: visible again at once).
     pub async fn visibility(&self, receipt: &str, secs: i32) -> Result<(), ConsumeError> {
         self.client
             .change_message_visibility()
@@ -118,8 +108,7 @@ impl SqsSource {
     }
 }
 
-/// The queue's name in its URL (`…/<account>/<name>`) or its ARN
-/// (`arn:aws:sqs:<region>:<account>:<name>`).
+/// The queue's name: the last segment of its URL (`…/<account>/<name>`) or ARN (`…:<name>`).
 pub fn queue_name(url_or_arn: &str) -> &str {
     url_or_arn.rsplit(['/', ':']).next().unwrap_or(url_or_arn)
 }
@@ -146,13 +135,11 @@ impl JobSource for SqsSource {
             .map_err(sdk_err)
     }
 
-    /// Another lease of invisibility from now.
     async fn extend(&self, d: &Delivery<String>) -> Result<(), ConsumeError> {
         self.renew(&d.handle).await
     }
 
-    /// Invisible until just before `wait` has passed; `false` when that is
-    /// under a second (the caller waits in memory).
+    /// Invisible until just before `wait` has passed; `false` under a second (waited in memory).
     async fn deliver_later(
         &self,
         d: &Delivery<String>,
@@ -164,8 +151,7 @@ impl JobSource for SqsSource {
         }
     }
 
-    /// The queue's redrive policy moves it once its receive count is
-    /// reached; until then it comes back after the last backoff.
+    /// The redrive policy moves it once its receive count is reached; until then it comes back.
     async fn dead_letter(&self, _: &Delivery<String>, _: GivenUp<'_>) -> Result<(), ConsumeError> {
         Ok(())
     }

@@ -1,20 +1,8 @@
-//! One Lambda SQS event's messages as a [`JobSource`]: what the consumer
-//! function ([`crate::front::lambda_consumer`]) hands the worker.
-//!
-//! Lambda's event source mapping receives the messages, and deletes every
-//! one the function does not name as a batch item failure
-//! (`ReportBatchItemFailures`). So an ack here deletes nothing: it marks the
-//! message as done, and every message not acked when the invocation ends is
-//! reported as a failure and stays on its queue. That is how a message not
-//! yet due is kept: made invisible until just before its `notBefore`
-//! (`ChangeMessageVisibility`, whole seconds rounded down, at most 12 h a
-//! round, [`schedule::sqs_visibility`], as `consume` holds one), then named
-//! a failure, so Lambda leaves it. A failed scan, or one whose marker
-//! another attempt holds, comes back the same way after its wait; the
-//! queue's redrive policy dead-letters a message after `maxReceiveCount`
-//! receives. A message that is not a readable job, or that comes from a
-//! queue the function was not given, is a failure too, left to the redrive
-//! policy.
+//! One Lambda SQS event's messages as a [`JobSource`], for the consumer function
+//! ([`crate::front::lambda_consumer`]). Lambda deletes every message not named as a batch item
+//! failure, so an ack here only marks a message done, and every message not acked is reported and
+//! stays on its queue: a message not yet due is made invisible until just before its `notBefore`
+//! ([`schedule::sqs_visibility`]) and then reported, and so is a failed or busy one.
 
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
@@ -63,8 +51,7 @@ pub struct ItemFailure {
     pub item_identifier: String,
 }
 
-/// How one message of the batch is told apart and held: its id (the batch
-/// item), its receipt and its queue (an index into [`Lanes`]).
+/// One message of the batch: its id (the batch item), its receipt and its lane in [`Lanes`].
 #[derive(Debug, Clone)]
 pub struct Message {
     pub id: String,
@@ -72,13 +59,11 @@ pub struct Message {
     lane: usize,
 }
 
-/// The queues the function reads (the scan queue, and the over lane's), a
-/// client for each, built once per cold start.
+/// The queues the function reads (the scan queue and the over lane's), built once per cold start.
 pub struct Lanes(Vec<SqsSource>);
 
 impl Lanes {
-    /// The queues at `urls`, with clients built from `sdk`; a renewal
-    /// keeps a message invisible for `lease`.
+    /// The queues at `urls`, with clients from `sdk`; a renewal hides a message for `lease`.
     pub fn new<'a>(
         sdk: &aws_config::SdkConfig,
         urls: impl IntoIterator<Item = &'a str>,
@@ -91,7 +76,6 @@ impl Lanes {
         )
     }
 
-    /// The lane whose queue the ARN `arn` names.
     fn of_arn(&self, arn: &str) -> Option<usize> {
         let name = queue_name(arn);
         self.0.iter().position(|q| q.queue_name() == name)
@@ -112,8 +96,7 @@ impl SqsBatch {
         }
     }
 
-    /// The batch's jobs: each record from one of the lanes' queues whose body
-    /// is a readable job. The others are logged, and never acked.
+    /// The batch's readable jobs from the lanes' queues; others are logged and never acked.
     pub fn deliveries(&self, records: Vec<SqsRecord>) -> Vec<Delivery<Message>> {
         let mut out = Vec::with_capacity(records.len());
         for record in records {
@@ -172,9 +155,7 @@ impl SqsBatch {
         &self.lanes.0[d.handle.lane]
     }
 
-    /// Invisible for `secs`; a failure is logged: the message then comes
-    /// back after the queue's own visibility timeout, and is held again if
-    /// it is still not due.
+    /// Invisible for `secs`; if that fails, it returns after the queue's visibility timeout.
     async fn hold(&self, d: &Delivery<Message>, secs: i32) {
         if let Err(e) = self.queue(d).visibility(&d.handle.receipt, secs).await {
             tracing::warn!(scan_id = %d.job.scan_id, error = %e, "cannot change a message's visibility; it comes back after the queue's visibility timeout");
@@ -204,8 +185,7 @@ impl JobSource for SqsBatch {
         self.queue(d).renew(&d.handle.receipt).await
     }
 
-    /// Invisible until just before `wait` has passed, and left on the queue
-    /// (never acked); `false` when that is under a second (held in memory).
+    /// Invisible until just before `wait` has passed, never acked; `false` under a second.
     async fn deliver_later(
         &self,
         d: &Delivery<Message>,

@@ -1,22 +1,9 @@
-//! A Valkey stream read through a consumer group.
-//!
-//! `XREADGROUP … >` hands each entry to one consumer, where it stays
-//! pending until `XACK`. While this consumer holds an entry (waiting for its
-//! `notBefore`, or running) it renews it with `XCLAIM … JUSTID` every
-//! quarter lease, which resets the entry's idle time; a consumer that dies
-//! (or waits for a run slot: a due job is never held behind a busy
-//! consumer's scans) stops renewing, and once an entry has been idle a
-//! whole lease any other consumer takes it over with `XAUTOCLAIM` (checked
-//! every half lease, walking the pending list with its cursor). Every
-//! command names one key, so a cluster routes each by the stream's slot.
-//! The group is created at the stream's start (`0`) if missing, and created
-//! again if it disappears (a Valkey restarted without persistence), so the
-//! consumer carries on with what is queued after.
-//!
-//! Every command goes through [`Valkey::send`], so a dropped connection is
-//! noticed and replaced by the connector in the background. Reads use a
-//! connection of their own: a blocking `XREADGROUP` would hold up every
-//! other command on a shared, multiplexed connection.
+//! A Valkey stream read through a consumer group. While this consumer holds an entry, it resets
+//! the entry's idle time with `XCLAIM … JUSTID` every quarter lease; one idle a whole lease (its
+//! consumer dead, or its job waiting for a run slot) is taken over by any consumer's `XAUTOCLAIM`,
+//! run every half lease. Every command names one key, so a cluster routes it by the stream's slot.
+//! A missing group is created at `0`, also when it disappears. Reads use a connection of their
+//! own: a blocking `XREADGROUP` would hold up every other command on a shared one.
 
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -121,9 +108,8 @@ impl StreamSource {
             .arg("STREAMS")
             .arg(&self.key)
             .arg(">");
-        // A connection first, then the read with its whole time: a read
-        // given up on after the server took it would hand this consumer
-        // entries it never sees until a lease later (`XAUTOCLAIM`).
+        // A connection first, then the read with its whole time: a read given up on after the
+        // server took it would hand this consumer entries it never sees until a lease later.
         let within = BLOCK + self.reads.timeout();
         self.reads.connected(within).await?;
         let reply: Option<StreamReadReply> = self.reads.send_coded(cmd, within).await??;
@@ -172,8 +158,7 @@ impl StreamSource {
         Ok(self.deliveries(reply.claimed).await)
     }
 
-    /// The entries as jobs; one that holds no readable job cannot ever run,
-    /// so it goes to the dead-letter stream at once.
+    /// The entries as jobs; one without a readable job can never run: dead-lettered at once.
     async fn deliveries(&self, entries: Vec<StreamId>) -> Vec<Delivery<String>> {
         let mut out = Vec::with_capacity(entries.len());
         for entry in entries {
@@ -201,8 +186,7 @@ impl StreamSource {
         out
     }
 
-    /// `XCLAIM … IDLE <idle_ms> JUSTID` to this consumer: 0 renews the
-    /// entry, a whole lease offers it to the next `XAUTOCLAIM`.
+    /// `XCLAIM … IDLE <idle_ms> JUSTID`: 0 renews the entry; a whole lease offers it to others.
     async fn xclaim(&self, id: &str, idle_ms: u64) -> Result<(), ConsumeError> {
         let mut cmd = redis::cmd("XCLAIM");
         cmd.arg(&self.key)
@@ -291,9 +275,7 @@ impl JobSource for StreamSource {
             .await
     }
 
-    /// Left pending, but marked idle for a whole lease (`XCLAIM … IDLE`), so
-    /// the next `XAUTOCLAIM` of any consumer takes it over at once. If that
-    /// fails it is still taken over, once its lease ends.
+    /// Left pending but idle for a whole lease, so any consumer's next `XAUTOCLAIM` takes it over.
     async fn give_back(&self, d: &Delivery<String>, _wait: Duration) {
         if let Err(e) = self.xclaim(&d.handle, self.lease_ms()).await {
             tracing::warn!(scan_id = %d.job.scan_id, error = %e, "cannot give a job back; it is taken over after its lease");
