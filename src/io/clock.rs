@@ -1,18 +1,6 @@
-//! The gate's clock, read once per request and passed down.
-//!
-//! Everything the gate decides or stores about a request uses that one
-//! reading: the counter's period, the idempotency record's times and lease,
-//! the pacing arrival, `receivedAt` and `notBefore`, and the in-memory
-//! store's expiries (every store call takes `now`), the EMF line's
-//! `Timestamp` (the meter is handed the instant in its `Exit`) and the
-//! scan's UUIDv7 ([`uuid_v7`]). One reading is not the request's, on
-//! purpose: the JWT check (`jsonwebtoken` compares `exp`/`nbf` with the
-//! system clock itself, and the verified-token cache follows it, so a
-//! cached token expires exactly when a fresh check would refuse it).
-//!
-//! [`Clock::System`] is the wall clock. [`Clock::Tokio`] is the wall clock
-//! at its creation advanced by Tokio's clock, so a test with paused Tokio
-//! time sees the time it skips: a 5 s sleep moves this clock 5 s on.
+//! The gate's clock, read once per request and passed down: all the gate decides or stores about a
+//! request uses that one reading. The JWT check alone reads the system clock (`jsonwebtoken` does);
+//! the verified-token cache follows it, so a cached token expires when a fresh check would fail.
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -66,23 +54,19 @@ impl Clock {
     }
 }
 
-/// A UUIDv7 whose time is `at`, the request's instant (the rest random):
-/// a scan's id and its `receivedAt` carry the same millisecond.
+/// A UUIDv7 carrying `at`'s millisecond (the rest random), as the scan's `receivedAt` does.
 pub fn uuid_v7(at: UnixMillis) -> Uuid {
     let ms = u64::try_from(at.get()).unwrap_or(0);
     let nanos = u32::try_from(ms % 1000).unwrap_or(0) * 1_000_000;
     Uuid::new_v7(Timestamp::from_unix(NoContext, ms / 1000, nanos))
 }
 
-/// An instant as RFC 3339 UTC with second precision (`2026-12-01T00:00:00Z`);
-/// empty outside years 0000–9999, which RFC 3339 cannot write.
+/// RFC 3339 UTC to the second (`2026-12-01T00:00:00Z`); empty outside years 0000–9999.
 pub fn rfc3339(unix_secs: i64) -> String {
     utc(unix_secs, None)
 }
 
-/// An instant in unix milliseconds as RFC 3339 UTC, always with three
-/// fraction digits (`2026-12-01T00:00:05.250Z`, `…:05.000Z`): the same width
-/// for every instant, as the docs show it.
+/// RFC 3339 UTC from unix milliseconds, always with three fraction digits (`…:05.000Z`).
 pub fn rfc3339_ms(unix_ms: i64) -> String {
     // `rem_euclid` is in 0..1000, so the cast cannot truncate.
     utc(
@@ -91,10 +75,7 @@ pub fn rfc3339_ms(unix_ms: i64) -> String {
     )
 }
 
-/// `YYYY-MM-DDTHH:MM:SS[.mmm]Z`, digit by digit: three of these are on every
-/// scan (its 202 and its job), and `time`'s general formatter (a format
-/// description read item by item through `fmt`) was one of the larger
-/// costs of building them. `time` still does the calendar arithmetic.
+/// `YYYY-MM-DDTHH:MM:SS[.mmm]Z` digit by digit: cheaper than `time`'s general formatter.
 fn utc(unix_secs: i64, millis: Option<u32>) -> String {
     let Ok(t) = OffsetDateTime::from_unix_timestamp(unix_secs) else {
         return String::new();

@@ -1,26 +1,8 @@
-//! The quota Valkey's memory, watched off the request path: the driver of
-//! the [`crate::rules::eviction`] rule, which `serve`, the Lambda's init and
-//! `consume` each call at start.
-//!
-//! [`check_at_start`] reads every primary's `maxmemory-policy`
-//! ([`Valkey::eviction_policies`]), judges it ([`eviction::reading`]),
-//! names an evicting one in one error-level line (what breaks, how to fix
-//! it) and in the `stella_quota_store_evicting` gauge, and refuses the
-//! start when `QUOTA_STORE_EVICTION=refuse`. A store that does not answer
-//! does not stop the start: a warning, and the fail mode answers for it.
-//!
-//! [`start`] then watches, every `QUOTA_STORE_STATS_INTERVAL_MS`: it reads
-//! `evicted_keys` into `stella_quota_store_evicted_keys_total`, and the
-//! policy again, so a change (a `CONFIG SET`, a new parameter group) sets
-//! the gauge and is said in one line, and a store that was down at start
-//! and comes up evicting is refused then, under `refuse`
-//! ([`until_refused`]). `serve` and `consume` run it; Lambda leaves it out:
-//! a frozen environment cannot read on a schedule, and every environment
-//! would count the same store-wide evictions again; the cache's own
-//! `Evictions` alarm covers it (`template.yaml`).
-//!
-//! Neither sends anything on the request path: each is an `INFO` or two
-//! on the shared connection, at start or once an interval.
+//! Watches the quota Valkey's eviction policy off the request path ([`crate::rules::eviction`]):
+//! [`check_at_start`] refuses the start under `QUOTA_STORE_EVICTION=refuse`, and [`start`] also
+//! watches every `QUOTA_STORE_STATS_INTERVAL_MS`. A store that does not answer only warns (the fail
+//! mode answers for it). Lambda does not watch: a frozen environment cannot read on a schedule, and
+//! every environment would count the same store-wide evictions (the `Evictions` alarm covers it).
 
 use std::future::Future;
 use std::sync::{Arc, OnceLock};
@@ -35,13 +17,10 @@ use crate::io::connection::Valkey;
 use crate::io::meter::store::StoreMeter;
 use crate::rules::eviction::{self, Reading, evicted_since};
 
-/// The least time the start gives the store: a first connection (a TLS
-/// handshake to a cluster) and then `INFO`.
+/// The least time the start gives the store: a first connection (a TLS handshake) and `INFO`.
 const START_WITHIN: Duration = Duration::from_secs(2);
 
-/// Reads and judges the store's eviction policy, says and meters it, and
-/// refuses the start (an error naming `QUOTA_STORE_EVICTION` and the
-/// policy) when the policy can evict and `store.on_eviction` says refuse.
+/// Reads, says and meters the store's eviction policy; errs when it can evict under `refuse`.
 pub async fn check_at_start(
     valkey: &Valkey,
     store: &StoreConfig,
@@ -50,9 +29,7 @@ pub async fn check_at_start(
     read_policy(valkey, store, meter, None).await.map(|_| ())
 }
 
-/// One reading of the policy after `last` (whether the last reading found
-/// the store evicting; `None`: none yet), said and metered as
-/// [`eviction::reading`] says: the reading's finding, or the refusal.
+/// One policy reading after `last` (whether the last found the store evicting; `None`: none yet).
 async fn read_policy(
     valkey: &Valkey,
     store: &StoreConfig,
@@ -102,12 +79,10 @@ async fn read_policy(
     }
 }
 
-/// The watch [`start`] runs: until dropped, or until it refuses the store,
-/// ending with the reason.
+/// The running watch: it ends only by refusing the store, with the reason.
 pub struct Watch(AbortOnDropHandle<String>);
 
-/// [`check_at_start`], then the watch: what `serve` and `consume` run at
-/// start.
+/// [`check_at_start`], then the watch.
 pub async fn start(
     valkey: &Valkey,
     store: &StoreConfig,
@@ -117,9 +92,8 @@ pub async fn start(
     Ok(watch(valkey.clone(), store.clone(), meter, last))
 }
 
-/// Every `store.stats_interval` (the first reading at once, the base):
-/// the keys evicted since, metered, and the policy, read again. A reading
-/// that fails is skipped: the next one counts what it missed.
+/// Every `store.stats_interval`, from now: evicted keys metered and the policy read again. A failed
+/// reading is skipped; the next one counts what it missed.
 fn watch(valkey: Valkey, store: StoreConfig, meter: StoreMeter, last: Option<bool>) -> Watch {
     let within = store.timeout.max(START_WITHIN);
     Watch(AbortOnDropHandle::new(tokio::spawn(async move {
@@ -159,9 +133,8 @@ impl Refusal {
     }
 }
 
-/// `shutdown`, or `watch` refusing the store (said at error level, and
-/// kept in the [`Refusal`]): what a process that watches runs until. The
-/// watch lives as long as the returned future.
+/// Runs until `shutdown`, or until `watch` refuses the store (kept in the [`Refusal`]); the watch
+/// lives as long as the returned future.
 pub fn until_refused(
     watch: Option<Watch>,
     shutdown: impl Future<Output = ()> + Send + 'static,

@@ -1,10 +1,6 @@
-//! Liveness and readiness, as `serve` and `consume` answer them on their
-//! listeners: `/healthz` says the process is alive (it answers at all and
-//! touches nothing), `/readyz` that the store it depends on answers a
-//! `PING` within [`READY_TIMEOUT`]. An orchestrator restarts a process that
-//! is not alive and stops sending work to one that is not ready: a Valkey
-//! that is away makes the gate not ready, never dead, so it is not
-//! restarted for what a restart cannot mend.
+//! Liveness and readiness for `serve` and `consume`: `/healthz` answers without touching anything,
+//! `/readyz` only when the store answers a `PING` within [`READY_TIMEOUT`]. A Valkey that is away
+//! makes the gate not ready, never dead, so it is not restarted for what a restart cannot mend.
 
 use std::time::Duration;
 
@@ -12,17 +8,13 @@ use http::StatusCode;
 
 use crate::io::store::SendError;
 
-/// How long `/readyz` waits for the store's answer: long enough for a
-/// healthy store across a network, short enough that a probe (Kubernetes'
-/// default timeout is 1 s, the image's `probe` 2 s) hears the 503.
+/// How long `/readyz` waits for the store: under a probe's timeout (1 s by default in Kubernetes).
 pub const READY_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// `/healthz`'s body.
 pub const ALIVE: &str = "ok\n";
 
-/// `/readyz`'s answer to the store's: 200 `{"ready":true}`, or 503 with
-/// why, in a word (`unreachable`, `no_answer`, `refused`): never the
-/// store's own message, which may name its address.
+/// 200, or 503 with why in a word, never the store's own message, which may name its address.
 pub fn readiness(store: &Result<(), SendError>) -> (StatusCode, &'static str) {
     match store {
         Ok(()) => (StatusCode::OK, r#"{"ready":true}"#),

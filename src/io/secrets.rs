@@ -1,20 +1,8 @@
-//! Secrets by reference, read once at start: the front ends (Lambda init,
-//! `quota-gate serve`, `consume` and the operator commands) hand
-//! [`crate::config::Config::from_lookup`] the environment with every
-//! reference ([`crate::config::secret_ref`]) replaced by its secret.
-//!
-//! The AWS SDK reads the stores' (`GetSecretValue`, `GetParameter` with
-//! decryption), with the credentials, region and `AWS_ENDPOINT_URL` of the
-//! process, as the SQS client does; the SDK is loaded only when some
-//! variable names a store, so plain values and files cost the start nothing.
-//! All are read at once. A `file:` reference is read from this machine (a
-//! Docker or Kubernetes secret mounted as a file), its trailing newline
-//! dropped: the editors and `echo` that write such files end them with one,
-//! and a key is never meant to. A reference that cannot be read (missing, not permitted,
-//! deleted, a parameter that is not a `SecureString`), or that holds an empty
-//! or binary secret, stops the start with the variable's name, the reference
-//! and the store's reason: never the value, which no log line, metric or
-//! error carries.
+//! Secrets by reference, read once at start: [`crate::config::Config::from_lookup`] gets the
+//! environment with every reference ([`crate::config::secret_ref`]) replaced by its secret. A
+//! `file:` secret loses its trailing newline (editors and `echo` add one; a key never means one). A
+//! reference that cannot be read, or holds an empty or binary secret, stops the start with the
+//! variable, the reference and the reason, never the value.
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -26,11 +14,9 @@ use aws_sdk_ssm::types::ParameterType;
 use crate::config::secret_ref::{SecretRef, references};
 use crate::config::{Config, ConfigError};
 
-/// A read is one HTTPS request in the function's region; the SDK retries a
-/// throttled or failed one within this bound, well inside Lambda's 10 s init.
+/// The SDK retries within this bound, well inside Lambda's 10 s init.
 const READ_TIMEOUT: Duration = Duration::from_secs(5);
-/// A connect that takes a second means the network path is broken (a VPC
-/// without a route to the service).
+/// A slower connect means a broken network path (a VPC without a route to the service).
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// The environment `base` gives, with each reference replaced by its secret.
@@ -63,8 +49,7 @@ impl<F> std::fmt::Debug for Resolved<F> {
     }
 }
 
-/// The process environment, its references read, parsed: what every front
-/// end starts from. Logs which variables came from a store (names only).
+/// The process environment, references read, parsed; logs the names of variables from a store.
 pub async fn config_from_env() -> Result<Config, ConfigError> {
     let resolved = resolve(|k: &str| std::env::var(k).ok()).await?;
     for variable in resolved.from_store() {
@@ -73,8 +58,7 @@ pub async fn config_from_env() -> Result<Config, ConfigError> {
     Config::from_lookup(|k| resolved.get(k))
 }
 
-/// `base` with its references read, the SDK configured from the process
-/// environment (loaded only when a reference names an AWS store).
+/// `base` with its references read; the SDK is loaded only when one names an AWS store.
 pub async fn resolve<F>(base: F) -> Result<Resolved<F>, ConfigError>
 where
     F: Fn(&str) -> Option<String>,
@@ -87,8 +71,7 @@ where
     resolve_with(base, &sdk).await
 }
 
-/// `base` with its references read through `sdk` (tests point it at an
-/// emulator).
+/// `base` with its references read through `sdk`.
 pub async fn resolve_with<F>(base: F, sdk: &SdkConfig) -> Result<Resolved<F>, ConfigError>
 where
     F: Fn(&str) -> Option<String>,
@@ -111,9 +94,7 @@ where
     })
 }
 
-/// A secret of blanks is no secret (the parser would take it for unset),
-/// and one that reads as a reference or an ARN is not followed: the parser
-/// would refuse it, printing it.
+/// Refuses a blank secret (it would parse as unset) and a reference or ARN (the parser prints it).
 fn usable(secret: String) -> Result<String, String> {
     if secret.trim().is_empty() {
         Err("the secret is empty".to_owned())
@@ -133,7 +114,6 @@ struct Stores {
 impl Stores {
     fn new(sdk: &SdkConfig, wanted: &[(&str, SecretRef)]) -> Self {
         let uses = |f: fn(&SecretRef) -> bool| wanted.iter().any(|(_, r)| f(r));
-        // A file needs no client, nor a configured SDK.
         let timeouts = aws_config::timeout::TimeoutConfig::builder()
             .connect_timeout(CONNECT_TIMEOUT)
             .operation_timeout(READ_TIMEOUT)
@@ -184,9 +164,7 @@ impl Stores {
     }
 }
 
-/// A secret file's text, its trailing newline (`\n` or `\r\n`) dropped;
-/// why not, without its content: a missing or unreadable file, or one that
-/// is not text.
+/// A secret file's text less its trailing newline (`\n` or `\r\n`); errors never show the content.
 fn read_file(path: &str) -> Result<String, String> {
     // Once, at start: a blocking read is what the start wants.
     match std::fs::read(path) {
@@ -201,9 +179,8 @@ fn read_file(path: &str) -> Result<String, String> {
     }
 }
 
-/// What the store said, in one line: a service error's code and message
-/// (not the raw response the SDK's own display appends), or why no answer
-/// came (a timeout, no route, no credentials).
+/// What the store said, in one line: a service error's code and message (not the raw response the
+/// SDK's display appends), or why no answer came.
 fn reason<E, R>(e: &SdkError<E, R>) -> String
 where
     E: ProvideErrorMetadata + std::error::Error + 'static,

@@ -1,23 +1,8 @@
-//! The process's bounded, non-blocking line writer for standard output (and
-//! `serve`'s stderr), shared by the stdout spool, the EMF metrics and the
-//! `quota-gate` command's logs, so their lines never interleave and no
-//! request ever waits on a pipe.
-//!
-//! A pipe that nobody reads fills up after 64 KiB, and a `write` to it then
-//! blocks. So no request writes to stdout itself: lines go through a
-//! [`LineWriter`], a bounded channel ([`LINE_QUEUE`] lines) drained by one
-//! writer thread that batches whatever is waiting into one `write` and one
-//! flush (after a batch of plain lines only it lingers `LINGER`, so a busy
-//! server's lines share writes instead of waking the thread one by one).
-//! When the channel is full:
-//! - a plain line ([`LineWriter::try_line`], an EMF or log line) is given
-//!   back, and the caller drops and counts it;
-//! - an acknowledged line ([`LineWriter::write_acknowledged`], a spooled job)
-//!   fails at once with [`WriteError::Full`].
-//!
-//! An acknowledged line is acknowledged only once the writer thread has
-//! written and flushed it. One whose wait is given up (dropped) before the
-//! writer took it is withdrawn, never written.
+//! The process's bounded, non-blocking line writer for stdout (and `serve`'s stderr), shared by the
+//! spool, the EMF metrics and the logs, so their lines never interleave and no request waits on a
+//! pipe. One thread drains a bounded channel; when it is full a plain line is given back to drop
+//! and count, and an acknowledged one fails at once. An acknowledged line is acknowledged only once
+//! written and flushed; one whose wait is dropped before the writer took it is never written.
 
 use std::io::Write;
 use std::sync::atomic::{AtomicU8, Ordering};
@@ -30,11 +15,8 @@ use tokio::sync::oneshot;
 pub const LINE_QUEUE: usize = 4096;
 /// Most bytes gathered into one `write`.
 const BATCH_BYTES: usize = 256 * 1024;
-/// How long the writer waits after a batch of EMF lines only, so the next
-/// ones gather into one write: a writer thread blocked on the channel is
-/// woken (a futex syscall and a context switch) by every line, which cost
-/// `serve` several µs per request under load. Jobs are never held back by
-/// it: a job unparks the writer.
+/// How long the writer waits after a batch of plain lines only, so the next ones share a write
+/// instead of waking the thread one by one. A job unparks the writer: jobs never wait on it.
 const LINGER: std::time::Duration = std::time::Duration::from_millis(2);
 
 const PENDING: u8 = 0;
@@ -47,8 +29,7 @@ type Ack = oneshot::Sender<Result<(), String>>;
 /// One line for the writer thread.
 struct Entry {
     line: Vec<u8>,
-    /// For a job: the acknowledgement, sent once the line is written and
-    /// flushed (or failed), and the withdrawal flag.
+    /// A job's acknowledgement (sent once written and flushed, or failed) and withdrawal flag.
     ack: Option<(Ack, Arc<AtomicU8>)>,
 }
 
@@ -84,8 +65,7 @@ impl LineWriter {
         let thread = match spawned {
             Ok(handle) => Some(handle.thread().clone()),
             Err(e) => {
-                // Without a thread every line is refused (the channel
-                // disconnects): jobs fail with 503, EMF lines are counted as dropped.
+                // No thread: every line is refused (jobs get 503, EMF lines count as dropped).
                 tracing::error!(error = %e, "cannot start the {name} writer thread");
                 None
             }
@@ -93,8 +73,7 @@ impl LineWriter {
         Self { tx, thread }
     }
 
-    /// The process's one writer for standard output, shared by the spool and
-    /// the EMF lines so their lines never interleave.
+    /// The process's one writer for standard output.
     pub fn stdout() -> Self {
         static STDOUT: OnceLock<LineWriter> = OnceLock::new();
         STDOUT
@@ -102,8 +81,7 @@ impl LineWriter {
             .clone()
     }
 
-    /// Hands `line` (newline included) to the writer, or gives it back when
-    /// the channel is full or the writer is gone. Never blocks.
+    /// Hands `line` (newline included) to the writer, or gives it back if it cannot; never blocks.
     pub fn try_line(&self, line: Vec<u8>) -> Result<(), Vec<u8>> {
         self.tx
             .try_send(Entry { line, ack: None })
@@ -112,9 +90,7 @@ impl LineWriter {
             })
     }
 
-    /// Hands `line` (a job's) to the writer and waits until it is written
-    /// and flushed. Fails at once when the channel is full. Dropping the
-    /// future before the writer took the line withdraws it.
+    /// Hands a job's `line` to the writer and waits until it is flushed; fails at once if full.
     pub async fn write_acknowledged(&self, line: Vec<u8>) -> Result<(), WriteError> {
         let (ack_tx, ack_rx) = oneshot::channel();
         let state = Arc::new(AtomicU8::new(PENDING));
@@ -142,8 +118,7 @@ impl LineWriter {
 }
 
 impl LineWriter {
-    /// Waits (at most `within`) until every line handed over so far is
-    /// written and flushed: for a clean exit. False if the writer is stuck.
+    /// Waits at most `within` until every line handed over so far is flushed; false if stuck.
     pub async fn drain(&self, within: std::time::Duration) -> bool {
         tokio::time::timeout(within, self.write_acknowledged(Vec::new()))
             .await
@@ -162,8 +137,7 @@ impl Drop for Withdraw {
     }
 }
 
-/// The writer thread: waits for a line, gathers what else is waiting, writes
-/// the batch at once, flushes, then acknowledges the batch's jobs.
+/// The writer thread: gathers what waits into one write and flush, then acknowledges the jobs.
 fn drain(rx: Receiver<Entry>, mut out: Box<dyn Write + Send>) {
     let mut batch = Vec::with_capacity(64 * 1024);
     let mut acks = Vec::new();

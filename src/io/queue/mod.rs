@@ -1,12 +1,7 @@
-//! Step 7: forwarding accepted scans, behind one narrow trait.
-//!
-//! Every 202 stands for exactly one queued [`ScanJob`]: the gate counts,
-//! enqueues, and only then answers; a failed enqueue refunds the count and
-//! answers 503. Backends: [`spool::Spool`] (one JSON line per job on stdout,
-//! the local default), [`stream::StreamQueue`] (`XADD` on the quota
-//! Valkey) and [`sqs::SqsQueue`] (one `SendMessage`, held back by
-//! `DelaySeconds`). The trait and what the queues share are in
-//! [`job_queue`]; here only the re-exports and [`AnyQueue`].
+//! Step 7: forwarding accepted scans, behind one narrow trait. Every 202 stands for exactly one
+//! queued [`ScanJob`]: the gate counts, enqueues, and only then answers; a failed enqueue refunds
+//! the count and answers 503. Backends: [`spool::Spool`], [`stream::StreamQueue`] and
+//! [`sqs::SqsQueue`].
 
 pub mod job_queue;
 pub mod spool;

@@ -1,19 +1,7 @@
-//! The local spool: one JSON line per job on standard output.
-//!
-//! For local runs and piping into another tool; `notBefore` on each line
-//! carries the deferral, since a pipe cannot hold a line back.
-//!
-//! # Never blocking a request on a pipe
-//!
-//! Jobs go through the process's non-blocking [`LineWriter`] (see
-//! [`crate::io::stdout`]), shared with the EMF lines. When its queue is full a
-//! job cannot be dropped: [`Spool::enqueue`] fails at once with a
-//! [`SendError`], and the gate refunds the count and answers 503.
-//!
-//! A job is answered 202 only once the writer thread has written and flushed
-//! its line (an acknowledgement per job). A job whose enqueue is given up
-//! (the gate's enqueue timeout) before the writer took it is withdrawn, so a
-//! 503 that says "not queued" stays true when the reader wakes up.
+//! The local spool: one JSON line per job on standard output, through the shared [`LineWriter`];
+//! `notBefore` carries the deferral, as a pipe cannot hold a line back. A job is answered 202 only
+//! once its line is written and flushed; a full writer fails the enqueue at once, and a job given
+//! up before the writer took it is withdrawn, so a 503's "not queued" stays true.
 
 use std::io::Write;
 

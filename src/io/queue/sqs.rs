@@ -1,26 +1,9 @@
-//! An Amazon SQS queue as the scan queue (`SCAN_QUEUE_URL=https://sqs.…/<account>/<name>`).
-//!
-//! One `SendMessage` per accepted scan: the body is the [`ScanJob`] as JSON,
-//! the message attributes `scope` and `tier` (type `String`) let consumers
-//! and subscription filters route without parsing the body, the job's
-//! trace rides as the `AWSTraceHeader` system attribute and the
-//! `traceparent` (and `tracestate`) message attributes, and
-//! `DelaySeconds` holds the message back by the deferred part of the delay,
-//! so the scan cannot start before its delay has passed even when the
-//! handler slept only part of it.
-//!
-//! An over-quota job goes to the over lane's queue (`SCAN_QUEUE_OVER_URL`,
-//! when set), so a consumer always reaches a due within-quota job, and
-//! carries its tenant as `MessageGroupId`: SQS fair queues then keep one
-//! tenant's backlog from crowding out the others' messages.
-//!
-//! The client is built once per cold start from the SDK configuration
-//! (`aws_config`: region, credentials, `AWS_ENDPOINT_URL` for emulators) and
-//! shared by every invocation. Standard queues only: SQS refuses a
-//! per-message `DelaySeconds` on FIFO queues.
-//!
-//! The client makes one attempt per message (no SDK retry): a send that
-//! times out is reported as such (it may land) and never re-sent here.
+//! An Amazon SQS queue as the scan queue: one `SendMessage` per accepted scan, the [`ScanJob`] as
+//! JSON body, with `scope` and `tier` message attributes to route by without parsing it.
+//! `DelaySeconds` holds the message back by the deferred part of the delay (so standard queues
+//! only: FIFO refuses it). An over-quota job goes to `SCAN_QUEUE_OVER_URL` when set, so a consumer
+//! always reaches a due within-quota job, with its tenant as `MessageGroupId`, so SQS fair queues
+//! keep one tenant's backlog from crowding out the others'.
 
 use std::time::Duration;
 
@@ -39,15 +22,11 @@ use crate::rules::delay::MAX_QUEUE_DEFERRAL;
 use crate::rules::job::{Lane, ScanJob};
 use crate::rules::trace::{TRACEPARENT, TRACESTATE};
 
-/// A TCP connect to the regional (or VPC-endpoint) SQS address takes
-/// milliseconds; a second means the network path is broken.
+/// A connect that takes a second means the network path is broken.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
 
-/// Attempts per `SendMessage`: one. The SDK would re-send a message whose
-/// attempt timed out or whose connection broke after sending, and a
-/// standard queue would then hold it twice, behind the gate's back (it
-/// answers `"queued": "unknown"` and settles as if one may land). A keyed
-/// scan's retry is the only re-send, and consumers deduplicate it on `scanId`.
+/// Attempts per `SendMessage`: an SDK re-send after a timeout or a broken connection could queue
+/// the message twice. A keyed scan's retry is the only re-send; consumers deduplicate on `scanId`.
 const MAX_ATTEMPTS: u32 = 1;
 
 /// Sends scan jobs to one SQS queue.
@@ -60,8 +39,7 @@ pub struct SqsQueue {
 }
 
 impl SqsQueue {
-    /// A queue at `url`, with a client built from `sdk` (which carries the
-    /// region, credentials and any `AWS_ENDPOINT_URL`).
+    /// A queue at `url`, with a client built from `sdk` (region, credentials, `AWS_ENDPOINT_URL`).
     pub fn new(sdk: &SdkConfig, url: impl Into<String>) -> Self {
         let timeouts = TimeoutConfig::builder()
             .connect_timeout(CONNECT_TIMEOUT)
@@ -74,9 +52,8 @@ impl SqsQueue {
         Self::with_client(Client::from_conf(config), url)
     }
 
-    /// A queue at `url` over an existing client, with that client's retry
-    /// settings: build it with one attempt, as [`new`](Self::new) does, or
-    /// a timed-out message may be sent twice.
+    /// A queue at `url` over `client`: build it with one attempt, as [`new`](Self::new) does, or a
+    /// timed-out message may be sent twice.
     pub fn with_client(client: Client, url: impl Into<String>) -> Self {
         Self {
             client,
@@ -98,10 +75,8 @@ impl SqsQueue {
     }
 }
 
-/// `DelaySeconds` for a deferral: rounded up, because rounding down would
-/// let the scan start before its delay has passed; capped at SQS's 900 s.
-/// A longer deferral (only with a configured hard delay beyond 15 min) is
-/// still carried whole by the job's `notBefore`, which consumers honour.
+/// `DelaySeconds` for a deferral: rounded up, lest the scan start before its delay has passed;
+/// capped at SQS's 900 s (the job's `notBefore` still carries a longer one whole).
 pub fn delay_seconds(deferred: Duration) -> i32 {
     let secs = deferred.as_nanos().div_ceil(1_000_000_000);
     let capped = secs.min(u128::from(MAX_QUEUE_DEFERRAL.as_secs()));
@@ -117,10 +92,8 @@ fn string_attribute(value: &str) -> Result<MessageAttributeValue, SendError> {
         .map_err(|e| SendError::NotSent(e.to_string()))
 }
 
-/// The job's trace on the message: X-Ray's `AWSTraceHeader` system
-/// attribute (the one `SendMessage` takes; what X-Ray and an SQS-triggered
-/// Lambda continue the trace from), and `traceparent`/`tracestate` message
-/// attributes for any other consumer.
+/// The job's trace on the message: the `AWSTraceHeader` system attribute (what X-Ray and an
+/// SQS-triggered Lambda continue from), and `traceparent`/`tracestate` for any other consumer.
 fn traced(
     send: SendMessageFluentBuilder,
     job: &ScanJob,
@@ -164,11 +137,9 @@ impl ScanQueue for SqsQueue {
     }
 }
 
-/// Sorts a failed `SendMessage` by whether its message may be queued. Not
-/// queued: SQS answered with an error, the request could not be built, or
-/// its connection was never made (refused, or the connect timed out). May
-/// land: it timed out, its answer could not be read, or its connection
-/// broke when the request may already have been written.
+/// Sorts a failed `SendMessage` by whether its message may be queued. Not queued: SQS answered an
+/// error, the request could not be built, or no connection was made. May land: it timed out, its
+/// answer was unreadable, or its connection broke after the request may have been written.
 fn queue_error<E, R>(e: SdkError<E, R>) -> SendError
 where
     E: std::error::Error + 'static,
@@ -181,8 +152,7 @@ where
         }
         _ => false,
     };
-    // The context chain names the cause (QueueDoesNotExist, connection
-    // refused, access denied); the URL is not secret.
+    // The context chain names the cause; the URL is not secret.
     match e {
         _ if sent => SendError::Unanswered,
         SdkError::ServiceError(_) => SendError::Refused(DisplayErrorContext(&e).to_string()),

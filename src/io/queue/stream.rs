@@ -1,33 +1,12 @@
-//! A Valkey stream as the scan queue (`SCAN_QUEUE_URL=valkey-stream:<key>`).
-//!
-//! `XADD <key> * job <json> scanId <uuid>` on the quota Valkey. A stream
-//! cannot hold an entry back, so consumers honour the job's `notBefore`.
-//!
-//! The lanes keep apart ([`lane_key`]): a within-quota job goes to `<key>`,
-//! an over-quota one to `{<key>}:over` (`<key>:over` when the key has a
-//! hash tag of its own: one slot with `<key>` in a cluster). A consumer
-//! reads each with its own room, so over-quota jobs held for their
-//! `notBefore` never leave a within-quota job unread.
-//!
-//! A keyed scan's job is added at most once per idempotency record:
-//! `land.lua` sets a marker key beside the stream (same hash tag, so one
-//! slot in a cluster), named by the record and holding the `scanId`, and
-//! adds the entry only if the marker was new, in one atomic step. A retry
-//! after a timeout can then queue the same job again safely: if the first
-//! attempt landed after all, the second adds nothing and answers the first
-//! one's `scanId`. That holds even when a failover lost the first
-//! attempt's claim (so the retry counts afresh under a new `scanId`) but
-//! not its job: a send that waited out the outage lands on the new
-//! primary.
-//!
-//! With `VALKEY_WAIT_REPLICAS=N` (N > 0) the entry must reach N replicas
-//! before the gate relies on it: each add is followed by a `WAIT N` on the
-//! same connection, in the same round trip. An add that the replicas did
-//! not all acknowledge in time is on the primary only, and a failover may
-//! lose it: it is answered as a queue that did not answer
-//! ([`SendError::Unanswered`], `"queued": "unknown"`), never as a 202. A
-//! retry with the same `Idempotency-Key` settles it: one job, whether the
-//! first entry survived or not.
+//! A Valkey stream as the scan queue (`SCAN_QUEUE_URL=valkey-stream:<key>`). A stream cannot hold
+//! an entry back, so consumers honour the job's `notBefore`; the lanes keep apart ([`lane_key`]),
+//! so over-quota jobs held for it never leave a within-quota job unread. A keyed scan's job is
+//! added at most once per idempotency record: `land.lua` sets a marker key (named by the record,
+//! holding the `scanId`, in the stream's slot) and adds the entry only if the marker was new,
+//! atomically; a retry after a timeout, or after a failover lost the claim but not the job, adds
+//! nothing and answers the first `scanId`. With `VALKEY_WAIT_REPLICAS=N` each add is followed by
+//! `WAIT N` in the same round trip; an add not on N replicas in time may be lost in a failover, so
+//! it is [`SendError::Unanswered`], never a 202.
 
 use super::job_queue::{Once, ScanQueue};
 use crate::io::connection::{NodeInfo, SendError, Valkey, eval, sized_cmd};
@@ -43,8 +22,7 @@ pub struct StreamQueue {
     key: String,
     /// The over lane's stream ([`lane_key`]).
     over_key: String,
-    /// `{<key>}:` (or `<key>:` when the key has a hash tag of its own): the
-    /// marker keys' prefix, in the stream's slot.
+    /// The marker keys' prefix, in the stream's slot.
     marker_prefix: String,
     /// `VALKEY_WAIT_REPLICAS`: the replicas an entry must reach (0: none).
     wait_replicas: u32,
@@ -52,7 +30,7 @@ pub struct StreamQueue {
 
 const LAND: &str = include_str!("land.lua");
 
-/// Room for a job's JSON with a typical request body (500 to 700 bytes).
+/// Room for a job's JSON with a typical request body.
 const JOB_JSON_CAPACITY: usize = 1024;
 
 impl StreamQueue {
@@ -68,17 +46,13 @@ impl StreamQueue {
         }
     }
 
-    /// Every add waits (`WAIT`) until `replicas` replicas have it; one that
-    /// does not get there in time is a job whose fate is unknown.
+    /// Every add waits (`WAIT`) for `replicas` replicas; one that falls short has an unknown fate.
     pub fn with_wait(mut self, replicas: u32) -> Self {
         self.wait_replicas = replicas;
         self
     }
 
-    /// Sends one add, and with [`Self::with_wait`] its `WAIT` behind it in
-    /// the same round trip ([`Valkey::send_replicated`]): short of the
-    /// replicas, the job may be lost in a failover, so it is
-    /// [`SendError::Unanswered`].
+    /// Sends one add, with [`Self::with_wait`] its `WAIT` behind it in the same round trip.
     async fn add<T: redis::FromRedisValue>(&self, cmd: redis::Cmd) -> Result<T, SendError> {
         let (added, replicated) = self
             .valkey
@@ -98,8 +72,7 @@ impl StreamQueue {
         }
     }
 
-    /// The job's JSON, written into a buffer sized for it at once, so it is
-    /// not grown (and copied) three times on the way.
+    /// The job's JSON, in a buffer sized for it at once so it is not grown on the way.
     fn json(job: &ScanJob) -> Result<Vec<u8>, SendError> {
         let mut json = Vec::with_capacity(JOB_JSON_CAPACITY);
         serde_json::to_writer(&mut json, job).map_err(|e| SendError::NotSent(e.to_string()))?;
@@ -107,9 +80,8 @@ impl StreamQueue {
     }
 }
 
-/// The stream of `lane` for the queue `key`: the key itself for the
-/// within lane, `{<key>}:over` (or `<key>:over` when it has a hash tag)
-/// for the over lane, in the same cluster slot.
+/// The stream of `lane` for the queue `key`: the key itself, or `{<key>}:over` (`<key>:over` when
+/// it has a hash tag), in the same cluster slot.
 pub fn lane_key(key: &str, lane: Lane) -> String {
     match lane {
         Lane::Within => key.to_owned(),
@@ -117,22 +89,17 @@ pub fn lane_key(key: &str, lane: Lane) -> String {
     }
 }
 
-/// The entry's field that holds the job's JSON, defined here only:
-/// [`StreamQueue`] and `land.lua` write it (a test reads the script and
-/// checks), the consumer's stream source reads it.
+/// The entry's field holding the job's JSON; `land.lua` writes it too, and the consumer reads it.
 pub const JOB_FIELD: &str = "job";
 
 /// The entry's field that holds the job's `scanId`, for operators' eyes.
 pub const SCAN_ID_FIELD: &str = "scanId";
 
-/// How long the stream waits for its own answer; the gate's bound (never
-/// past the answer's deadline) is usually shorter.
+/// How long the stream waits for its own answer; the gate's bound is usually shorter.
 const SEND_WITHIN: std::time::Duration = super::job_queue::ENQUEUE_TIMEOUT;
 
-/// Warns when the stream's Valkey keeps nothing across a restart (no AOF:
-/// `aof_enabled:0` on some node): a restart there loses every queued job,
-/// the consumer group and the `scanId` markers. `serve` and `consume` call
-/// it at start; it only reads `INFO persistence` (allowed on ElastiCache).
+/// Warns when some node has no AOF: a restart there loses every queued job, the consumer group and
+/// the `scanId` markers. It reads only `INFO persistence`, which ElastiCache allows.
 pub async fn warn_without_persistence(valkey: &Valkey, key: &str) {
     match valkey.read_info("persistence", SEND_WITHIN).await {
         Ok(nodes) if !aof_everywhere(&nodes) => tracing::warn!(
@@ -169,15 +136,14 @@ impl ScanQueue for StreamQueue {
 
     async fn enqueue_once(&self, job: &ScanJob, once: Once<'_>) -> Result<Uuid, SendError> {
         let json = Self::json(job)?;
-        // The record's key names a subject's digest: hashed again, so the
-        // marker's name stays short and says nothing of the subject.
+        // Hashed again: the marker's name stays short and says nothing of the subject.
         let record = Sha256::digest(once.record.as_bytes());
         let marker = format!(
             "{}landed:{}",
             self.marker_prefix,
             hex::encode(&record[..16])
         );
-        // What earlier versions marked, for as long as their markers last.
+        // The older marker form, by scanId, checked until such markers expire.
         let by_scan_id = format!("{}scan:{}", self.marker_prefix, job.scan_id);
         let mut cmd = eval(LAND, &[self.key_of(job), &marker, &by_scan_id]);
         cmd.arg(json)

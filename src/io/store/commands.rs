@@ -1,6 +1,4 @@
-//! The Valkey store's commands and the reading of their replies, with no
-//! I/O: the count's plain commands (the subject's, and each level's), a
-//! pacing step's script call, and a read of a counter.
+//! The Valkey store's commands and the reading of their replies, with no I/O.
 
 use redis::Value;
 
@@ -56,18 +54,11 @@ fn expire_nx(pipe: &mut redis::Pipeline, key: &str, period_end: UnixSecs) {
         .ignore();
 }
 
-/// The subject's count, answering `[used, expiry, grant]`: `INCR`, its
-/// expiry if it has none, the first-seen key, `EXPIRETIME`, and the grant.
-/// Under `rolling` a grant made before the period's first scan has no
-/// expiry (the period starts with that scan) and gets the counter's from
-/// this count (`EXPIREAT …:grant … NX`: the one this count opened is
-/// `period_end`); under `utc-day` the period is known before its first
-/// scan, `grant` gives the grant its expiry itself, and that command is
-/// not sent.
+/// The subject's count, answering `[used, expiry, grant]`. Under `rolling` a grant made before the
+/// period's first scan gets the counter's expiry here; under `utc-day` `grant` gave it one itself.
 pub(super) fn subject_commands(pipe: &mut redis::Pipeline, args: &CountArgs<'_>) {
     let key = args.key;
-    // Plain `INCR`, not `INCRBY 1` (which `pipe().incr` sends): one
-    // argument less to parse, measurably cheaper for Valkey.
+    // Plain `INCR`, not the `INCRBY 1` `pipe().incr` sends: one argument less for Valkey to parse.
     pipe.add_command(sized("INCR", 2, &key.counter))
         .arg(&key.counter);
     expire_nx(pipe, &key.counter, args.period_end);
@@ -87,14 +78,9 @@ pub(super) fn subject_commands(pipe: &mut redis::Pipeline, args: &CountArgs<'_>)
         .arg(&key.grant);
 }
 
-/// A level's count: `INCR` and its expiry if it has none, and under
-/// `rolling` `EXPIRETIME` (a level's rolling period starts with its own
-/// first scan). Under `utc-day` a level's period ends at the same 00:00 UTC
-/// as its subject's, so its end is the subject's, read back in the same
-/// round trip ([`level_of`]). No grant key is read: a network's grant is
-/// held in its counter (`grant --network` takes it off the count, see
-/// `ops/grant_level.lua`), so the count reads used − granted and compares
-/// with the level's limit as it is. Two plain commands under `utc-day`.
+/// A level's count: `INCR`, its expiry if it has none, and under `rolling` `EXPIRETIME` (under
+/// `utc-day` its period ends with the subject's). No grant key is read: a level's grant is held in
+/// its counter (`ops/grant_level.lua`), so the count reads used − granted.
 pub(super) fn level_commands(pipe: &mut redis::Pipeline, key: &QuotaKey, args: &CountArgs<'_>) {
     pipe.add_command(sized("INCR", 2, &key.counter))
         .arg(&key.counter);
@@ -126,10 +112,8 @@ pub(super) fn count_of(reply: &[Value], now: UnixSecs) -> Result<Count, SendErro
     }
 }
 
-/// A level's count from its `[held]` or `[held, expiry]` reply (see
-/// [`level_commands`]; a keyed claim's script always reads the expiry),
-/// `period_end` standing in for an expiry not read. The counter holds
-/// used − granted: a negative one is a grant not yet used up.
+/// A level's count from its `[held]` or `[held, expiry]` reply, `period_end` standing in for an
+/// expiry not read. The counter holds used − granted: a negative one is a grant not yet used up.
 pub(super) fn level_of(
     reply: &[Value],
     period_end: UnixSecs,
@@ -148,8 +132,7 @@ pub(super) fn level_of(
     })
 }
 
-/// A standalone count's reply: the subject's three replies, then `width`
-/// for each level.
+/// A standalone count's reply: the subject's three replies, then `width` for each level.
 pub(super) fn tally(
     reply: &[Value],
     args: &CountArgs<'_>,
@@ -167,10 +150,7 @@ pub(super) fn tally(
     Ok(Tally { subject, levels })
 }
 
-/// Under `utc-day` a level's period ends with its subject's, as the
-/// subject's counter reports it (so its expiry need not be read back, and
-/// every answer reports one reset instant); done once every level has
-/// answered (a cluster's answer apart).
+/// Under `utc-day` a level's period ends with its subject's: one reset instant in every answer.
 pub(super) fn in_subject_period(levels: &mut [LevelCount], subject: &Count, args: &CountArgs<'_>) {
     if args.reset == ResetPolicy::UtcDay {
         for level in levels.iter_mut().flatten() {
@@ -184,8 +164,7 @@ pub(super) fn in_subject_period(levels: &mut [LevelCount], subject: &Count, args
 pub enum GrantHeld {
     /// Beside the counter: a subject's, read with every count.
     Beside,
-    /// Taken off the counter, which holds used − granted: a level's (the
-    /// grant key only says how much).
+    /// Taken off the counter, which holds used − granted: a level's.
     InCounter,
 }
 
@@ -225,8 +204,7 @@ pub(super) fn peek_of(reply: &[Value], held: GrantHeld) -> Result<Peek, SendErro
     })
 }
 
-/// One pacing step over `lanes` (the first may carry `args.record`), as
-/// `pace.lua` takes it, with the bed `args.bed` asks for.
+/// A pacing step over `lanes` (the first may carry `args.record`) and the bed `args.bed` asks for.
 pub(super) fn pace_script(lanes: &[PaceLane<'_>], args: &PaceArgs<'_>) -> redis::Cmd {
     let mut keys: Vec<&str> = lanes.iter().map(|l| l.key.slot.as_str()).collect();
     keys.extend(args.record);
@@ -252,9 +230,8 @@ pub(super) fn pace_script(lanes: &[PaceLane<'_>], args: &PaceArgs<'_>) -> redis:
     cmd
 }
 
-/// A pacing step's reply: `{1, delay, previous, bed taken, asleep}`, or
-/// `{0, retry after, each line's own excess…}`. A refusal's `levels_ms`
-/// are the lines' after the first, in the order sent.
+/// A pacing step's reply: `{1, delay, previous, bed taken, asleep}`, or `{0, retry after, each
+/// line's excess…}`; a refusal's `levels_ms` are the lines' after the first, in the order sent.
 pub(super) fn paced(reply: &[i64]) -> Paced {
     let ms = |i: usize| u64::try_from(reply.get(i).copied().unwrap_or(0)).unwrap_or(0);
     if reply.first() == Some(&1) {
@@ -302,9 +279,7 @@ pub(super) fn bed_of(reply: &[i64]) -> Result<Bed, SendError> {
     }
 }
 
-/// A refusal's `levels_ms` for every level the step was asked about, in
-/// `levels`' order: a level that was not a line (within its limit) had
-/// room (0); the others take `excess` in turn.
+/// `levels_ms` in `levels`' order: 0 for a level that was not a line, the next `excess` otherwise.
 pub(super) fn spread_excess(levels: &[PaceLane<'_>], excess: &[u64]) -> Vec<u64> {
     let mut lines = excess.iter().copied();
     levels
@@ -316,18 +291,15 @@ pub(super) fn spread_excess(levels: &[PaceLane<'_>], excess: &[u64]) -> Vec<u64>
         .collect()
 }
 
-/// Gives back a slot a refused scan took on one line (cluster mode, where
-/// the lines are paced apart): only if nobody took a later one since.
+/// Gives back a slot a refused scan took on one line (cluster mode) if nobody took a later one.
 pub(super) fn unpace(slot: &str, taken: i64, previous: i64) -> redis::Cmd {
     let mut cmd = eval(UNPACE, &[slot]);
     cmd.arg(taken).arg(previous);
     cmd
 }
 
-/// A refund's script: the subject's count, each of `levels` (which must
-/// share the subject's slot: standalone), and the record's guard. Each
-/// counter goes with its grant key (a counter holding a grant is never
-/// removed) and, where it has one, its first-seen key (removed with it).
+/// A refund's script: the subject's count, each of `levels` (standalone: one slot), the record's
+/// guard; each counter with its grant key (one holding a grant stays) and any first-seen key.
 pub(super) fn refund_script(refund: &Refund<'_>, levels: &[(&QuotaKey, UnixSecs)]) -> redis::Cmd {
     let counters = std::iter::once((refund.key, refund.period_end)).chain(levels.iter().copied());
     let mut keys = Vec::with_capacity(3 + 2 * levels.len());

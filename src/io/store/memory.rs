@@ -1,15 +1,8 @@
-//! The embedded store: the Valkey store's semantics in process.
-//!
-//! It is the default when no `VALKEY_URL` is set, so `quota-gate serve` runs
-//! with nothing else installed. Counters, pacing slots and idempotency
-//! records expire exactly as in Valkey; time comes in with each call. Expired
-//! entries are swept whenever the map doubles since the last sweep (so
-//! sweeping costs O(1) amortised) and, at most once a minute, as soon as the
-//! earliest entry has expired (so at 00:00 UTC yesterday's subjects go at
-//! once instead of lingering until the map doubles again). Memory stays
-//! proportional to the subjects seen in one period; after a mass expiry the
-//! table's capacity is given back too.
-//! A std `Mutex` fits: it is never held across an `.await`.
+//! The embedded store: the Valkey store's semantics in process, the default without `VALKEY_URL`.
+//! Entries expire exactly as in Valkey, by the `now` each call brings. Expired entries are swept
+//! when the map doubles since the last sweep (O(1) amortised) and, at most once a minute, once the
+//! earliest entry has expired (so a period's subjects go when it ends); capacity is given back
+//! after a mass expiry. A std `Mutex` fits: it is never held across an `.await`.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -36,9 +29,7 @@ fn live_until(expires: Option<UnixSecs>, now: UnixSecs) -> bool {
     expires.is_none_or(|at| at > now)
 }
 
-/// The least time between two sweeps triggered by expiry rather than size:
-/// with `rolling` counters something expires every second, and an O(n) sweep
-/// per second would be waste.
+/// The least time between expiry-triggered sweeps: under `rolling` something expires each second.
 const SWEEP_INTERVAL: Duration = Duration::from_secs(60);
 
 /// How long a record lives ([`IDEMPOTENCY_TTL_SECS`]).
@@ -56,8 +47,7 @@ struct Inner {
     entries: HashMap<String, Entry>,
     /// Idempotency records and when they expire.
     records: HashMap<String, (Record, UnixSecs)>,
-    /// Grants (extra scans) by grant key, and when they expire (`None`:
-    /// made before the period's first scan, which gives it the counter's).
+    /// Grants by grant key and their expiry (`None` until the period's first scan gives one).
     grants: HashMap<String, (u64, Option<UnixSecs>)>,
     /// The beds' leases ([`take_bed`]): when each ends.
     beds: Vec<UnixMillis>,
@@ -99,7 +89,6 @@ impl Inner {
         }
     }
 
-    /// The subject's count, and each level's.
     fn tally(&mut self, args: CountArgs<'_>) -> Tally {
         let levels = args.levels.iter();
         Tally {
@@ -153,8 +142,7 @@ impl Inner {
         }
     }
 
-    /// As `refund.lua`: DECR of one period only, and a counter taken back
-    /// to 0 removed (grants are kept apart here: none is lost with it).
+    /// As `refund.lua`: DECR of one period only; a counter back at 0 goes (grants live apart here).
     fn refund(&mut self, counter: &str, reset_at: UnixSecs, now: UnixSecs) {
         if let Some(e) = self.live(counter, now).filter(|e| e.reset_at <= reset_at) {
             e.used = e.used.saturating_sub(1);
@@ -204,12 +192,9 @@ impl MemoryStore {
         self.lock().live(&key.counter, now).map(|e| e.used)
     }
 
-    /// Grants `scans` extra scans for the period, as `quota-gate grant`
-    /// does on Valkey (the embedded store has no operator commands: tests
-    /// give grants with this): expiring with the counter, or, before the
-    /// period's first scan, at the period's end when `reset` knows it
-    /// ([`grant_period_end`](crate::rules::key::grant_period_end)), else with the
-    /// counter that scan opens. Returns the expiry, `None` until that scan.
+    /// Grants `scans` extra scans for the period, as `quota-gate grant` does on Valkey (for tests).
+    /// Returns the expiry: the counter's, or before the first scan the period's end if `reset`
+    /// knows it ([`grant_period_end`](crate::rules::key::grant_period_end)), else `None`.
     pub fn grant(
         &self,
         key: &QuotaKey,
@@ -369,8 +354,7 @@ impl QuotaStore for MemoryStore {
         match inner.records.get_mut(record) {
             Some((r, expires)) if *expires > now => r.apply(fields),
             _ => {
-                // Valkey's HSET makes a hash from nothing: a record whose
-                // claim never landed is these fields alone.
+                // As Valkey's HSET: a record whose claim never landed is these fields alone.
                 let mut r = Record::claimed(&Claim::default(), 0, UnixSecs(0));
                 r.apply(fields);
                 inner

@@ -1,25 +1,8 @@
-//! Step 4: counting, behind one narrow trait.
-//!
-//! A [`QuotaStore`] serves the request path: it counts a scan (plain
-//! commands, one round trip), paces an over-quota scan, keeps the
-//! idempotency record of a keyed scan, and takes a count back.
-//! [`valkey::ValkeyStore`] does it on Valkey (standalone or cluster);
-//! [`memory::MemoryStore`] has the same semantics in process, for the local
-//! default and unit tests.
-//!
-//! What the store keeps and answers is defined below it, with no I/O: the
-//! idempotency record and the count in [`crate::rules::record`], the pacing rule
-//! in [`crate::rules::pace`]; both are re-exported here.
-//!
-//! The keys, their values and expiries are written once, in docs/guide.md
-//! ("Key layout"); every key of a subject shares its digest as the hash tag,
-//! so one subject lives in one cluster slot, which ElastiCache Serverless
-//! requires of a multi-key call.
-//!
-//! The parts: [`key`] (the keys and the period's end), [`quota_store`] (the
-//! trait, its arguments and [`SendError`]), the two stores, and here only
-//! [`AnyStore`], the store `VALKEY_URL` chooses. Children import each other,
-//! never this module.
+//! Step 4: counting, behind one narrow trait: a [`QuotaStore`] counts, paces, keeps a keyed scan's
+//! idempotency record and takes a count back, on Valkey ([`valkey::ValkeyStore`]) or in process
+//! with the same semantics ([`memory::MemoryStore`]). Every key of a subject shares its digest as
+//! the hash tag, so one subject lives in one cluster slot, which ElastiCache Serverless requires of
+//! a multi-key call (key layout: docs/guide.md). Children import each other, never this module.
 
 mod commands;
 

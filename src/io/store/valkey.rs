@@ -1,25 +1,9 @@
-//! The Valkey quota store.
-//!
-//! The hot path is plain commands in one pipelined round trip: for the
-//! subject `INCR`, `EXPIREAT … NX`, `SET …:ts NX EXAT`, `EXPIRETIME` and
-//! `GET …:grant` (the extra scans support granted: one cheap command and no
-//! round trip; under `rolling` also `EXPIREAT …:grant … NX`, which gives a
-//! grant made before the period's first scan the counter's expiry, see
-//! [`QuotaKey::grant`]), and for each level above it `INCR` and `EXPIREAT …
-//! NX` (under `rolling` also `EXPIRETIME`; see
-//! [`level_commands`](super::commands::level_commands)). A server-side
-//! script would cost Valkey some 40 INCRs per scan. Scripts (sent whole with
-//! `EVAL`, see [`crate::io::connection::eval`]) run only where a
-//! decision must be atomic and the request is off the hot path anyway: a
-//! keyed scan's claim (`claim.lua`), pacing an over-quota scan (`pace.lua`),
-//! a refund after a failure (`refund.lua`), freeing an abandoned attempt's
-//! lease (`release.lua`) and taking over an abandoned record
-//! (`take_over.lua`); and a bed for a scan that will sleep (`bed.lua`,
-//! inside the pacing step, or alone in `take_bed.lua`). Every key of a subject shares its hash tag, so
-//! each call is single-slot in cluster mode.
-//!
-//! Operator reads and writes (`inspect`, `reset`, `purge`) live with the
-//! operators, in [`crate::front::ops::valkey_admin`].
+//! The Valkey quota store. A count is plain commands in one pipelined round trip (a script would
+//! cost Valkey far more per scan); scripts (sent whole with [`crate::io::connection::eval`]) run
+//! only where a decision must be atomic and the request is off the hot path anyway: a keyed claim,
+//! a pacing step, a refund, freeing or taking over a record's lease, and a bed. Every key of a
+//! subject shares its hash tag, so each call is single-slot in a cluster. Operator commands live in
+//! [`crate::front::ops::valkey_admin`].
 
 use redis::Value;
 use uuid::Uuid;
@@ -48,8 +32,7 @@ const CLAIM: &str = include_str!("claim.lua");
 const RELEASE: &str = include_str!("release.lua");
 const TAKE_OVER: &str = include_str!("take_over.lua");
 
-/// Every script that reads or writes an idempotency record, for the test
-/// that checks they spell the record's fields as [`crate::rules::record::RecordField`] does.
+/// Every script that reads or writes an idempotency record, for the test of their field names.
 pub const RECORD_SCRIPTS: [(&str, &str); 5] = [
     ("claim.lua", CLAIM),
     ("pace.lua", PACE_SCRIPT),
@@ -58,8 +41,7 @@ pub const RECORD_SCRIPTS: [(&str, &str); 5] = [
     ("take_over.lua", TAKE_OVER),
 ];
 
-/// Scripts are sent with [`crate::io::connection::eval`]; the operator tools and
-/// the consumer's markers still name it here.
+/// Re-exported for the operator tools and the consumer's markers.
 pub(crate) use crate::io::connection::eval;
 
 /// A quota store on Valkey.
@@ -86,16 +68,13 @@ impl ValkeyStore {
         }
     }
 
-    /// A keyed claim waits (`WAIT`) until `replicas` replicas have it before
-    /// its scan goes on; one that does not get there in time is a count
-    /// whose fate is unknown (it may be lost in a failover), settled as one.
+    /// A keyed claim waits (`WAIT`) for `replicas` replicas; one short in time has an unknown fate.
     pub fn with_wait(mut self, replicas: u32) -> Self {
         self.wait_replicas = replicas;
         self
     }
 
-    /// `WAIT`s for the claim just sent to reach the replicas, on the same
-    /// connection (so behind it), within half the store timeout.
+    /// `WAIT`s for the claim just sent to reach the replicas, on its connection (so behind it).
     async fn replicated(&self) -> Result<(), SendError> {
         let cmd = crate::io::connection::wait(self.wait_replicas, self.valkey.timeout());
         let reached: u32 = self.send(cmd).await?;
@@ -117,12 +96,10 @@ impl ValkeyStore {
         self.valkey.send(request, self.valkey.timeout()).await
     }
 
-    /// A keyed count: the claim's script, and in a cluster the levels
-    /// after it ([`QuotaStore::count_keyed`]).
+    /// A keyed count: the claim's script, and in a cluster the levels after it.
     async fn claim(&self, args: CountArgs<'_>, claim: &Claim) -> Result<Claimed, SendError> {
         let key = args.key;
-        // Standalone, the levels are counted in the claim's script (one
-        // fate); in a cluster they live in other slots.
+        // Standalone the claim's script counts the levels (one fate); a cluster's live elsewhere.
         let in_claim = if self.valkey.is_cluster() {
             &[][..]
         } else {
@@ -166,9 +143,7 @@ impl ValkeyStore {
         }
     }
 
-    /// A bed asked after a pacing step that could not carry it (a
-    /// cluster's): a bed that cannot be had is none, and the scan sleeps
-    /// nothing, but the step's slot stands.
+    /// A bed asked after a cluster's pacing step: none if it cannot be had; the slot stands.
     async fn bed_after(&self, ask: BedAsk, args: &PaceArgs<'_>, delay_ms: u64) -> Option<Bed> {
         let bed = self.take_bed(LoneBed {
             ask,
@@ -215,9 +190,8 @@ impl QuotaStore for ValkeyStore {
             let reply: Vec<Value> = self.send(pipe).await?;
             return Ok(tally(&reply, &args, level_width(args.reset))?);
         }
-        // Cluster: each level in a slot of its own, one request per slot,
-        // all sent at once; a level that fails does not fail the scan, and
-        // a subject that fails says what each level did.
+        // Cluster: a request per level's slot, all sent at once; a failing level does not fail the
+        // scan, and a failing subject says what each level did.
         let (subject, mut levels) =
             futures_util::join!(self.send::<Vec<Value>>(pipe), self.count_levels(&args));
         let subject = match subject.and_then(|reply| count_of(&reply, args.now)) {
@@ -258,9 +232,8 @@ impl QuotaStore for ValkeyStore {
         args: CountArgs<'_>,
         claim: &Claim,
     ) -> Result<Claimed, CountFailed> {
-        // In a cluster the levels are counted only once the claim is new
-        // (and, with `VALKEY_WAIT_REPLICAS`, replicated): a claim that
-        // fails has sent nothing at any level.
+        // In a cluster the levels are counted only once the claim is new (and replicated, with
+        // `VALKEY_WAIT_REPLICAS`): a failed claim sent nothing at any level.
         let never_sent = |error: SendError| match self.valkey.is_cluster() {
             true => CountFailed {
                 error,

@@ -1,7 +1,5 @@
-//! What a cluster does apart from a standalone Valkey: each level above a
-//! subject lives in a slot of its own, so it is counted, paced and
-//! refunded by a request of its own to its own node, all sent at once, and
-//! each may fail alone.
+//! What a cluster does apart from standalone: each level above a subject lives in its own slot, so
+//! it is counted, paced and refunded by its own request, all sent at once, each failing alone.
 
 use redis::Value;
 
@@ -15,9 +13,7 @@ use crate::rules::pace::Paced;
 use crate::rules::record::RecordField;
 
 impl ValkeyStore {
-    /// Counts each level in a request of its own, all sent at once (a
-    /// cluster, where each level has its own slot): one lane each, a
-    /// level that fails failing alone.
+    /// Counts each level in its own request, all at once; a level that fails fails alone.
     pub(super) async fn count_levels(&self, args: &CountArgs<'_>) -> Vec<LevelCount> {
         let counts = args.levels.iter().map(|level| async move {
             let mut pipe = redis::Pipeline::with_capacity(3);
@@ -34,14 +30,11 @@ impl ValkeyStore {
         futures_util::future::join_all(counts).await
     }
 
-    /// A pacing step in a cluster, where the lines live in different
-    /// slots: each line paced on its own node, all at once; the scan waits
-    /// for the latest. Refused on any line, the lines that took a slot give
-    /// it back ([`unpace`]). A keyed scan's record notes the delay after.
-    /// Not as strict as standalone's one script: a line's slot moves to its
-    /// own start, not the scan's, so a scan another line held back may start
-    /// within a delay of this line's next scan (each line still starts its
-    /// scans one delay apart, so a network's rate holds).
+    /// A pacing step with each line paced on its own node, all at once; the scan waits for the
+    /// latest. Refused on any line, the lines that took a slot give it back ([`unpace`]). Less
+    /// strict than standalone's one script: a line's slot moves to its own start, not the scan's,
+    /// so a scan another line held back may start within a delay of this line's next scan (each
+    /// line still starts its scans one delay apart, so a network's rate holds).
     pub(super) async fn pace_in_cluster(
         &self,
         args: &PaceArgs<'_>,
@@ -103,14 +96,9 @@ impl ValkeyStore {
 
     /// A refund in a cluster, where the levels live in other slots.
     pub(super) async fn refund_in_cluster(&self, refund: &Refund<'_>) -> Result<(), SendError> {
-        // Cluster: the levels live in other slots, each taken back on its
-        // own node once the subject's refund is sent. The subject's answer
-        // is the call's (what the caller may try again by): one never sent
-        // took nothing back, so no level goes yet (the caller sends it all
-        // again); a keyed one takes levels back only as the claim's own
-        // (answered, not -2); an unkeyed one takes every level back,
-        // whatever became of its own (a level counted on a node that
-        // answered while the subject's did not).
+        // The subject's answer is the call's. One never sent took nothing back, so no level goes
+        // yet (the caller sends it all again); a keyed one takes levels back only as the claim's
+        // own (answered, not -2); an unkeyed one takes every level back, whatever its own fate.
         let subject = self.send::<i64>(refund_script(refund, &[])).await;
         let levels_go = match (&subject, refund.record) {
             (Err(e), _) if e.never_sent() => false,
@@ -139,9 +127,8 @@ impl ValkeyStore {
     }
 }
 
-/// Each level's own excess in a refused cluster step, in `args.levels`'
-/// order: a level paced alone answered its line's (`{0, retry, excess}`,
-/// or a slot: 0); a level that was not a line had room.
+/// Each level's own excess in a refused cluster step, in `args.levels`' order: a line's reply
+/// (`{0, retry, excess}`, or a slot: 0); a level that was not a line had room.
 fn levels_excess(args: &PaceArgs<'_>, lines: &[PaceLane<'_>], replies: &[Vec<i64>]) -> Vec<u64> {
     args.levels
         .iter()
