@@ -1,11 +1,6 @@
-//! The connector: one live connection per handle, kept up in the background.
-//!
-//! [`Valkey`] is the handle; its connector task ([`keep_connected`]),
-//! started by [`Valkey::warm_up`] (or by the first command), connects,
-//! publishes the connection with its generation, and reconnects whenever a
-//! sender reports it broken ([`Link::broken`]) or a caller waits for one.
-//! Waiting for the connection and sending on it is `send.rs`; building a
-//! handle from a URL or the configuration is `setup.rs`.
+//! The [`Valkey`] handle and its connector task ([`keep_connected`]): it connects, publishes the
+//! connection with its generation, and reconnects whenever a sender reports it broken
+//! ([`Link::broken`]) or a caller waits for one.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -26,20 +21,16 @@ use tokio::time::timeout;
 use super::iam::IamSigner;
 use crate::config::IamConfig;
 
-/// The least time a connection attempt is given, whatever the store
-/// timeout: a TLS handshake to a cluster can outlast 100 ms, and an attempt
-/// runs in the background, not on a request's clock.
+/// The least time a connection attempt gets: a TLS handshake can outlast the store timeout, and
+/// an attempt runs in the background, not on a request's clock.
 pub(super) const MIN_CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 
-/// Waits between failed connection attempts: doubling from the first to the
-/// second, and cut short whenever a request needs the connection.
+/// Backoff between failed connection attempts, doubling; cut short when a request waits.
 const RETRY_FIRST: Duration = Duration::from_millis(50);
 const RETRY_MOST: Duration = Duration::from_secs(2);
 
-/// Waits after a sign-in that failed (a token refused, or none signed),
-/// doubling, and not cut short by a waiting request: a retry at once would
-/// be refused again until the credentials, the user or its permission
-/// change, and every request of a flood would send one.
+/// Backoff after a failed sign-in, not cut short by waiting requests: a retry would be refused
+/// until the credentials, user or permission change, and every request of a flood would send one.
 const AUTH_RETRY_FIRST: Duration = Duration::from_secs(1);
 const AUTH_RETRY_MOST: Duration = Duration::from_secs(30);
 
@@ -51,27 +42,21 @@ pub struct Valkey {
 
 pub(super) struct Inner {
     kind: Kind,
-    /// The URL's connection settings (credentials, TLS, database), reused
-    /// for the per-primary connections a cluster purge opens (`ops::nodes`).
+    /// The URL's settings, reused for the per-primary connections of a cluster purge.
     info: ConnectionInfo,
     tls: Option<TlsCertificates>,
-    /// ElastiCache IAM authentication, when `VALKEY_AUTH=iam`.
     iam: Option<IamSigner>,
     pub(super) timeout: Duration,
     pub(super) link: Arc<Link>,
     /// Held so the connector sees a reader until the last handle is gone.
     _watching: watch::Receiver<Option<Live>>,
-    /// Whether the connector task runs (it starts on first use, in the
-    /// runtime of the caller, so each `serve` worker's connection is driven
-    /// by that worker's own runtime).
+    /// Whether the connector runs; started in the caller's runtime, as each `serve` worker's own.
     started: AtomicBool,
 }
 
 #[derive(Clone)]
 pub(super) enum Kind {
-    /// One multiplexed connection, shared by every request of the process or
-    /// worker (several used in turn measured worse: fewer commands share
-    /// each socket read and write, see docs/benchmarks.md).
+    /// One multiplexed connection for the process or worker, so commands share socket I/O.
     Standalone(Box<redis::Client>),
     Cluster(Arc<ClusterClient>),
 }
@@ -79,22 +64,18 @@ pub(super) enum Kind {
 /// The live connection, as the connector task keeps it.
 pub(super) struct Link {
     pub(super) current: watch::Sender<Option<Live>>,
-    /// Wakes the connector: the connection broke, or a request is waiting
-    /// for one (so a retry is not held back by the backoff).
+    /// Wakes the connector: the connection broke, or a request waits (skipping the backoff).
     pub(super) wake: Notify,
     /// Why the last connection attempt failed, for the errors callers see.
     last_error: std::sync::Mutex<Option<String>>,
 }
 
-/// One established connection and its generation (so a failure reported
-/// on an old connection does not drop its replacement).
+/// An established connection; its generation keeps a stale failure from dropping a replacement.
 #[derive(Clone)]
 pub(super) struct Live {
     pub(super) generation: u64,
     pub(super) connection: Connection,
-    /// The thread that drives a standalone connection's task, when that is
-    /// a single-threaded runtime's (every `serve` worker, Lambda): see
-    /// `send.rs`.
+    /// The thread driving a standalone connection's task on a single-threaded runtime (`send.rs`).
     pub(super) driver: Option<ThreadId>,
 }
 
@@ -112,8 +93,7 @@ pub(super) fn single_thread() -> Option<ThreadId> {
 }
 
 impl Valkey {
-    /// A handle on `kind`, not connected yet: its connector starts on
-    /// first use.
+    /// A handle on `kind`, not connected yet: its connector starts on first use.
     pub(super) fn assemble(
         kind: Kind,
         info: ConnectionInfo,
@@ -144,13 +124,9 @@ impl Valkey {
         matches!(self.inner.kind, Kind::Cluster(_))
     }
 
-    /// Starts connecting in the background now, on the current Tokio
-    /// runtime, and keeps the connection up from then on (reconnecting with
-    /// a short backoff whenever it breaks). Called at start, so the first
-    /// request finds a connection; otherwise the first use starts it.
+    /// Starts the connector on the current runtime, so the first request finds a connection.
     pub fn warm_up(&self) {
-        // A load first: every command calls this, and a swap would write
-        // the shared flag each time.
+        // A load first: every command calls this, and a swap would write the shared flag.
         if self.inner.started.load(Ordering::Acquire)
             || self.inner.started.swap(true, Ordering::AcqRel)
         {
@@ -172,9 +148,8 @@ impl Valkey {
         self.inner.tls.as_ref()
     }
 
-    /// `config` signing in as this handle's connections do: with a fresh
-    /// IAM token (and renewing it) when `VALKEY_AUTH=iam`, else unchanged
-    /// (the URL's credentials are in [`Self::info`]).
+    /// `config` signing in as this handle's connections do: with renewed IAM tokens when
+    /// `VALKEY_AUTH=iam`, else unchanged (the URL's credentials are in [`Self::info`]).
     pub(crate) fn signed_in(&self, config: AsyncConnectionConfig) -> AsyncConnectionConfig {
         match &self.inner.iam {
             Some(signer) => config.set_credentials_provider(signer.clone()),
@@ -199,8 +174,7 @@ impl Link {
         }
     }
 
-    /// Drops the connection of `generation`, if it is still the current one,
-    /// and wakes the connector.
+    /// Drops the connection of `generation` if it is still current, and wakes the connector.
     pub(super) fn broken(&self, generation: u64) {
         self.current.send_if_modified(|current| {
             let stale = current.as_ref().is_some_and(|l| l.generation == generation);
@@ -221,9 +195,8 @@ impl Kind {
     ) -> RedisResult<Connection> {
         match self {
             Self::Standalone(client) => {
-                // No response timeout on the connection itself: callers bound
-                // their own wait, and a command they gave up on is still
-                // awaited (`Valkey::send`), never cut off.
+                // No response timeout: callers bound their own wait, and a command they gave
+                // up on is still awaited, never cut off.
                 let mut config = AsyncConnectionConfig::new()
                     .set_connection_timeout(Some(connect_timeout))
                     .set_response_timeout(None);
@@ -240,8 +213,8 @@ impl Kind {
     }
 }
 
-/// The connector: connects, and reconnects whenever the connection breaks,
-/// until every handle on the Valkey is gone.
+/// The connector: connects, and reconnects whenever the connection breaks, until every handle
+/// is gone.
 async fn keep_connected(
     kind: Kind,
     link: Arc<Link>,
@@ -293,7 +266,6 @@ async fn keep_connected(
 }
 
 impl Link {
-    /// Makes `connection` the live one.
     fn publish(&self, generation: u64, connection: Connection) {
         let driver = matches!(connection, Connection::Standalone(_))
             .then(single_thread)
@@ -306,9 +278,7 @@ impl Link {
         self.set_last_error(None);
     }
 
-    /// An IAM sign-in failed: the reason, naming the user and the cache,
-    /// becomes what waiting callers see, and is one error line (again only
-    /// when the reason changes).
+    /// An IAM sign-in failed: waiting callers see why; logged once per distinct reason.
     fn sign_in_failed(&self, e: &RedisError, iam: Option<&IamConfig>) {
         let (user, cache) = iam.map_or(("", ""), |i| (i.user.as_str(), i.cache.as_str()));
         let reason = match e.detail() {

@@ -1,49 +1,19 @@
-//! ElastiCache IAM authentication (`VALKEY_AUTH=iam`): each connection signs
-//! in as `VALKEY_USER` with a token signed from the process's AWS
-//! credentials, so no password of the cache is anywhere.
+//! ElastiCache IAM authentication (`VALKEY_AUTH=iam`): each connection signs in as `VALKEY_USER`
+//! with a token signed from the process's AWS credentials, so the cache has no password here.
 //!
-//! **The token** ([`token`]) is ElastiCache's: a SigV4 presigned `GET` of
-//! `https://<cache>/?Action=connect&User=<user>` (with
-//! `&ResourceType=ServerlessCache` for a serverless cache), service
-//! `elasticache`, `X-Amz-Expires=900`, without its `https://`. It is signed
-//! by the `aws-sigv4` crate (the AWS SDK's own signer), never by hand; only
-//! the query is assembled here, in botocore's order, so the token is byte
-//! for byte what the AWS documentation's Python signer makes (a test
-//! compares them). It is a pure function of its time, so tests fix it.
+//! The token ([`token`]) is a SigV4 presigned `GET` (service `elasticache`, expiring in 900 s) of
+//! `https://<cache>/?Action=connect&User=<user>`, plus `&ResourceType=ServerlessCache` for a
+//! serverless cache, without its `https://`. `aws-sigv4` signs it; only the query is assembled
+//! here, in botocore's order, so it matches the AWS documentation's signer byte for byte.
 //!
-//! **Renewal: redis-rs's streaming credentials provider.** redis-rs (its
-//! `token-based-authentication` feature) asks a
-//! [`StreamingCredentialsProvider`] for the first credentials of every new
-//! connection (the standalone one, and each node connection a cluster
-//! client opens, including the ones it reopens after a failover or a
-//! topology change), and re-authenticates that live connection (`AUTH
-//! <user> <token>`) with each later item of its subscription. [`IamSigner`]
-//! is that provider: a subscription yields a token at once, then a newly
-//! signed one every [`RENEW_EVERY`] (10 minutes, inside the token's 15). An
-//! `AUTH` sent on a timer through our own handle was the alternative, and
-//! was rejected: on a cluster it reaches one node, while the client's other
-//! node connections, and every one it reopens itself, would sign in with
-//! the token of the day the client was built. ElastiCache closes a
-//! connection after 12 hours; the connector reconnects, which signs anew.
+//! [`IamSigner`] is redis-rs's [`StreamingCredentialsProvider`]: every new connection (each node
+//! connection of a cluster client too) signs in with its first token and re-`AUTH`s with a new one
+//! every [`RENEW_EVERY`]. A timer of our own would reach one node of a cluster only.
 //!
-//! **Credentials.** Credentials that expire are held until they would expire
-//! within a token's lifetime, then asked for again from the SDK's provider
-//! chain (environment, container or instance role): a token is never signed
-//! with credentials about to expire. If the freshest ones the chain has
-//! still expire within [`LEAST_LEFT`], nothing is signed. Credentials
-//! without an expiry (a Lambda's, from its environment) are read again for
-//! each token, which costs nothing.
-//!
-//! **Failure.** A token that cannot be signed (no credentials, no region)
-//! fails the connection attempt like a refused one: the connector names
-//! the user and the cache with the reason, in one error line, and waits
-//! before it tries again (see `connector.rs`); the store counts as
-//! unreachable and the fail mode applies. A renewal that cannot be signed
-//! is one error line too, and the live connection keeps the session it
-//! has. redis-rs ends the renewals of a connection whose re-`AUTH` the
-//! server refused (saying so only through the `log` crate, which this
-//! process does not print); that connection lives on until it breaks or
-//! ElastiCache closes it, and its replacement signs anew.
+//! Expiring credentials are held until they would expire within a token's life; if the freshest
+//! expire within [`LEAST_LEFT`], nothing is signed. A token that cannot be signed fails the
+//! connection attempt like a refused one; a renewal that cannot is logged, and the connection keeps
+//! its session.
 
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
@@ -72,8 +42,7 @@ pub const RENEW_EVERY: Duration = Duration::from_secs(600);
 /// The least time the freshest credentials must have left to sign with.
 pub const LEAST_LEFT: Duration = Duration::from_secs(60);
 
-/// What a token names, and where it is good: the inputs of [`token`]
-/// besides the credentials and the time.
+/// What a token names and where it is good: [`token`]'s inputs besides credentials and time.
 #[derive(Debug, Clone, Copy)]
 pub struct TokenFor<'a> {
     pub user: &'a str,
@@ -82,8 +51,7 @@ pub struct TokenFor<'a> {
     pub region: &'a str,
 }
 
-/// ElastiCache's IAM authentication token for `request`, signed with
-/// `credentials` as of `at`: the presigned URL without its `https://`.
+/// The IAM token for `request`, signed with `credentials` as of `at`.
 pub fn token(
     request: TokenFor<'_>,
     credentials: &Credentials,
@@ -112,8 +80,7 @@ pub fn token(
     let (instructions, signature) = sign(signable, &params)
         .map_err(|e| e.to_string())?
         .into_parts();
-    // botocore's order: the signing parameters (the session token last),
-    // then the signature.
+    // botocore's order: the signing parameters (the session token last), then the signature.
     for (name, value) in instructions.params() {
         if *name != "X-Amz-Signature" {
             query.push_str(&format!("&{name}={}", encode(value)));
@@ -125,8 +92,7 @@ pub fn token(
     ))
 }
 
-/// RFC 3986 percent-encoding of a query value, as SigV4 (and botocore)
-/// write it: everything but the unreserved characters.
+/// RFC 3986 percent-encoding of a query value, as SigV4 writes it: all but unreserved characters.
 fn encode(value: &str) -> String {
     let mut out = String::with_capacity(value.len());
     for b in value.bytes() {
@@ -139,8 +105,7 @@ fn encode(value: &str) -> String {
     out
 }
 
-/// Whether credentials expiring at `expiry` are still good `span` after
-/// `now` (credentials without an expiry always are).
+/// Whether credentials expiring at `expiry` (`None`: never) are still good `span` after `now`.
 pub fn lasts(expiry: Option<SystemTime>, now: SystemTime, span: Duration) -> bool {
     expiry.is_none_or(|at| at > now + span)
 }
@@ -148,8 +113,7 @@ pub fn lasts(expiry: Option<SystemTime>, now: SystemTime, span: Duration) -> boo
 /// The time a token is signed as of.
 pub type Clock = Arc<dyn Fn() -> SystemTime + Send + Sync>;
 
-/// The signer of one Valkey handle's tokens, and the credentials provider
-/// its connections subscribe to. Cheap to clone.
+/// Signs one Valkey handle's tokens: the credentials provider its connections subscribe to.
 #[derive(Clone)]
 pub struct IamSigner {
     inner: Arc<Signer>,
@@ -173,14 +137,12 @@ struct Aws {
 }
 
 impl IamSigner {
-    /// Tokens for `iam`, from the process's AWS credentials and region
-    /// (loaded when the first connection signs in, so a start does no I/O).
+    /// Tokens for `iam` from the process's AWS credentials, loaded at the first sign-in.
     pub fn new(iam: IamConfig) -> Self {
         Self::assemble(iam, OnceCell::new(), Arc::new(SystemTime::now), RENEW_EVERY)
     }
 
-    /// Tokens from `credentials` in `region`, as of `clock`, renewed every
-    /// `renew_every`: what the tests set instead of the process's.
+    /// Tokens from `credentials` in `region`, as of `clock`, renewed every `renew_every`.
     #[cfg(feature = "testing")]
     pub fn for_tests(
         iam: IamConfig,
@@ -229,8 +191,7 @@ impl IamSigner {
         token(request, &credentials, now)
     }
 
-    /// Credentials good for a whole token from `now`: the held ones while
-    /// they last, else fresh ones from the chain.
+    /// Credentials good for a whole token from `now`: the held ones, else fresh ones.
     async fn credentials(&self, aws: &Aws, now: SystemTime) -> Result<Credentials, String> {
         let held = self.inner.held.lock().ok().and_then(|held| held.clone());
         if let Some(held) = held.filter(|c| lasts(c.expiry(), now, TOKEN_LIFETIME)) {
@@ -266,8 +227,7 @@ impl IamSigner {
         }
     }
 
-    /// A renewal's outcome: a failure is logged once (until one succeeds),
-    /// naming the user and the cache.
+    /// Logs a failed renewal once (until one succeeds).
     fn renewed(&self, outcome: &RedisResult<BasicAuth>) {
         let Ok(mut reported) = self.inner.reported.lock() else {
             return;
@@ -303,8 +263,7 @@ async fn load_aws() -> Result<Aws, String> {
 }
 
 impl StreamingCredentialsProvider for IamSigner {
-    /// A token at once (a connection signing in), then a new one every
-    /// renewal interval (the same connection signing in again).
+    /// A token at once (signing in), then a new one every renewal interval (signing in again).
     fn subscribe(&self) -> Pin<Box<dyn Stream<Item = RedisResult<BasicAuth>> + Send + 'static>> {
         let signer = self.clone();
         Box::pin(futures_util::stream::unfold(false, move |renewing| {

@@ -1,10 +1,6 @@
-//! What the quota Valkey says of its memory, read off the request path:
-//! every primary's `maxmemory_policy` (`INFO memory`; `CONFIG` is disabled
-//! on ElastiCache) and the keys they evicted (`evicted_keys`, `INFO stats`).
-//!
-//! Sent on the shared connection: on a cluster the client sends `INFO` to
-//! every primary and answers with one text per node (a map by address), so
-//! every primary is asked without a connection of its own.
+//! What the quota Valkey says of its memory, read off the request path: every primary's
+//! `maxmemory_policy` (`INFO`, as `CONFIG` is disabled on ElastiCache) and `evicted_keys`. On a
+//! cluster the shared connection sends `INFO` to every primary and answers one text per node.
 
 use std::time::Duration;
 
@@ -14,8 +10,7 @@ use super::connector::Valkey;
 use super::send::SendError;
 use crate::rules::eviction::NodePolicy;
 
-/// One node's `INFO` text: its address (the configured one for a
-/// standalone server) and the text.
+/// One node's `INFO` text and address (the configured one for a standalone server).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NodeInfo {
     pub node: String,
@@ -49,9 +44,7 @@ impl Valkey {
         Ok(texts)
     }
 
-    /// Every primary's `maxmemory_policy` (`None` where `INFO memory` names
-    /// none): the one reading the start-up check judges
-    /// ([`crate::rules::eviction::at_start`]).
+    /// Every primary's `maxmemory_policy` (`None` where `INFO memory` names none).
     pub async fn eviction_policies(&self, within: Duration) -> Result<Vec<NodePolicy>, SendError> {
         let nodes = self.read_info("memory", within).await?;
         Ok(nodes
@@ -63,8 +56,7 @@ impl Valkey {
             .collect())
     }
 
-    /// The keys every primary evicted since it started (`evicted_keys`,
-    /// summed), for [`crate::rules::eviction::evicted_since`].
+    /// The keys every primary evicted since it started, summed.
     pub async fn evicted_keys(&self, within: Duration) -> Result<u64, SendError> {
         let nodes = self.read_info("stats", within).await?;
         Ok(nodes
@@ -84,8 +76,7 @@ impl Valkey {
     }
 }
 
-/// The texts of an `INFO` reply: one for a server (bulk or verbatim
-/// string), one per node for a cluster (a map by address).
+/// The texts of an `INFO` reply: one for a server, one per node for a cluster (a map by address).
 fn node_texts(reply: &Value, standalone: &str) -> Vec<NodeInfo> {
     let text = |v: &Value| match v {
         Value::BulkString(b) => Some(String::from_utf8_lossy(b).into_owned()),

@@ -1,9 +1,4 @@
-//! Sending a command, and knowing whether it was sent.
-//!
-//! [`Valkey::send`] waits for the connector's live connection within the
-//! caller's timeout, hands the command over, and says how it failed
-//! ([`SendError`]): never sent, sent and unanswered, or refused. A command
-//! the caller stops waiting for stays in flight in a task of its own.
+//! Sending a command, and knowing whether it was sent ([`SendError`]).
 
 use std::future::Future;
 use std::pin::Pin;
@@ -15,28 +10,22 @@ use tokio::time::{Instant, timeout, timeout_at};
 
 use super::connector::{Connection, Live, MIN_CONNECT_TIMEOUT, Valkey, single_thread};
 
-/// How long a command the caller stopped waiting for is still awaited in the
-/// background (see [`Valkey::send`]); after that its answer is dropped.
+/// How long a command its caller stopped waiting for is still awaited; then its answer is dropped.
 pub(super) const DETACHED_WAIT: Duration = Duration::from_secs(300);
 
-/// Why a command got no answer, from the quota store or a scan queue alike:
-/// the distinction every recovery rule rests on. Only a command that left
-/// the process can still run.
+/// Why a command got no answer: every recovery rule rests on it. Only a command sent can still run.
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum SendError {
-    /// Never written: no connection within the timeout, or a connection
-    /// attempt failed. The command did not happen and never will.
+    /// Never written (no connection in time, or a failed connect): it did not and will not happen.
     #[error("not sent: {0}")]
     NotSent(String),
     /// Never written: skipped by the gate's open circuit breaker.
     #[error("not sent: skipped after repeated failures")]
     Skipped,
-    /// Written, then no answer in time (or the connection broke before the
-    /// answer): the command may still run when the server wakes up.
+    /// Written, then no answer in time (or the connection broke): it may still run.
     #[error("sent, no answer in time: it may still run")]
     Unanswered,
-    /// The server answered with an error (or an answer of the wrong shape):
-    /// the command ran, or was refused, and that is final.
+    /// The server answered an error (or an answer of the wrong shape): final.
     #[error("refused: {0}")]
     Refused(String),
 }
@@ -47,16 +36,13 @@ impl SendError {
         matches!(self, Self::Unanswered)
     }
 
-    /// Whether the command was never sent: nothing of it happened, and it
-    /// may be sent again (as the gate's settlement retry does).
+    /// Whether the command was never sent: nothing of it happened, and it may be sent again.
     pub fn never_sent(&self) -> bool {
         matches!(self, Self::NotSent(_) | Self::Skipped)
     }
 }
 
-/// A server's refusal of a command (or an answer of the wrong shape), with
-/// the error code redis-rs read from it (`NOGROUP`, `BUSYGROUP`, …), so a
-/// caller tells refusals apart by their code, never by searching the text.
+/// A server's refusal with its error code (`NOGROUP`, …): callers match the code, never the text.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Refusal {
     /// The code, for an error the server sent.
@@ -79,9 +65,7 @@ impl Refusal {
     }
 }
 
-/// What a command that found no connection gets: it was never written, so
-/// it did not happen. The simulator's store reports its own failed connects
-/// through this one definition.
+/// What a command that found no connection gets: it was never written, so it did not happen.
 pub fn not_connected(why: String) -> SendError {
     if crate::bug!(ConnectErrorAsUnanswered) {
         return SendError::Unanswered;
@@ -94,21 +78,15 @@ fn is_connection_error(e: &RedisError) -> bool {
     e.is_unrecoverable_error() || e.is_io_error() || e.is_timeout()
 }
 
-/// Whether a connection error at the first poll of a command proves that it
-/// was never written. redis-rs hands a command to the connection's task
-/// through a channel, and refuses it there once that task has ended. On the
-/// one thread that also drives that task, nothing else runs between the
-/// hand-over and the poll, so the refusal is the only way to fail at once.
-/// Elsewhere (a multi-threaded runtime, the cluster client's own tasks) the
-/// task could write the command and fail meanwhile: it may have run.
+/// Whether a connection error at a command's first poll proves it unwritten: redis-rs refuses a
+/// command once the connection's task has ended, and on the thread driving that task nothing runs
+/// between hand-over and poll. Elsewhere the task could write it and fail meanwhile.
 fn refused_unsent(driver: Option<ThreadId>) -> bool {
     driver.is_some() && driver == single_thread()
 }
 
-/// `request` sent on `connection`, boxed so that a caller who stops waiting
-/// can leave it to finish in a task of its own. It yields the answer, the
-/// request back, and whether the answer came at the first poll (the
-/// connection's task had ended and never took it: [`Valkey::send`]).
+/// `request` sent on `connection`, boxed so a caller who stops waiting can leave it in a task of
+/// its own. Yields the answer, the request back, and whether the answer came at the first poll.
 fn handed_over(
     request: Request,
     mut connection: Connection,
@@ -161,7 +139,6 @@ impl Valkey {
     async fn live(&self, deadline: Instant) -> Result<Live, SendError> {
         self.warm_up();
         let link = &self.inner.link;
-        // The usual case, a connection is up: no subscription, no timer.
         if let Some(live) = link.current.borrow().as_ref() {
             return Ok(live.clone());
         }
@@ -182,25 +159,20 @@ impl Valkey {
         }
     }
 
-    /// Waits at most `within` for a live connection, so that a command sent
-    /// right after has its whole timeout for its answer. (A blocking read
-    /// whose wait for a reconnect ate its time would be given up while it
-    /// may still hand out entries.)
+    /// Waits at most `within` for a live connection, so a command sent right after has its whole
+    /// timeout for its answer.
     pub async fn connected(&self, within: Duration) -> Result<(), SendError> {
         self.live(Instant::now() + within).await.map(|_| ())
     }
 
-    /// `PING`, answered within `within` (a wait for a connection
-    /// included): whether the server is there to answer a command now, for
-    /// a readiness probe.
+    /// `PING` within `within`, a wait for a connection included: for a readiness probe.
     pub async fn ping(&self, within: Duration) -> Result<(), SendError> {
         self.send::<String>(redis::cmd("PING"), within)
             .await
             .map(|_| ())
     }
 
-    /// A connection for commands outside the request path (operator tools,
-    /// tests), waiting for it at most the store timeout.
+    /// A connection for commands outside the request path (operator tools, tests).
     pub async fn connection(&self) -> RedisResult<Connection> {
         let wait = self.inner.timeout.max(MIN_CONNECT_TIMEOUT);
         self.live(Instant::now() + wait)
@@ -209,19 +181,12 @@ impl Valkey {
             .map_err(|e| RedisError::from((redis::ErrorKind::Io, "Valkey", e.to_string())))
     }
 
-    /// Sends `request` and waits for its answer at most `within`, saying
-    /// which of the three ways it failed ([`SendError`]).
+    /// Sends `request` and waits at most `within` for its answer, saying how it failed.
     ///
-    /// A caller that stops waiting does not cancel a command it sent: the
-    /// command stays in flight, awaited in a task of its own, so it is
-    /// written even if the socket was busy, and commands sent after it on
-    /// this connection (a refund after a count) run after it.
-    ///
-    /// A connection the server closed while it was idle (a restart, a
-    /// failover, an idle timeout) is found out by the first command given to
-    /// it, which it refuses before writing a byte ([`refused_unsent`]). That
-    /// command is sent again on the next connection, within the same
-    /// deadline; were that one closed too, it was never sent.
+    /// A caller that stops waiting does not cancel the command: it stays in flight in a task of
+    /// its own, so later commands on the connection (a refund after a count) still run after it.
+    /// A command refused unwritten by a connection the server closed while idle
+    /// ([`refused_unsent`]) is sent once more on the next connection, within the same deadline.
     pub async fn send<T: FromRedisValue>(
         &self,
         request: impl Into<Request>,
@@ -231,9 +196,8 @@ impl Valkey {
         answer.map_err(|refused| SendError::Refused(refused.message))
     }
 
-    /// [`Valkey::send`], with a refusal kept apart and its error code kept
-    /// ([`Refusal`]), for a caller that acts on which refusal it was. The
-    /// outer error is never [`SendError::Refused`].
+    /// [`Valkey::send`], keeping a refusal's error code ([`Refusal`]); the outer error is never
+    /// [`SendError::Refused`].
     pub async fn send_coded<T: FromRedisValue>(
         &self,
         request: impl Into<Request>,
@@ -250,8 +214,7 @@ impl Valkey {
             } = self.live(deadline).await?;
             let mut call = handed_over(request, connection);
             let answer = match timeout_at(deadline, &mut call).await {
-                // The connection's task had ended (it saw the server close
-                // the socket) and refused the command: not sent.
+                // The connection's task had ended and refused the command: not sent.
                 Ok((Err(e), back, true)) if is_connection_error(&e) && refused_unsent(driver) => {
                     self.inner.link.broken(generation);
                     if resent {
@@ -276,8 +239,7 @@ impl Valkey {
                     message: e.to_string(),
                 })),
                 Err(e) if is_connection_error(&e) => {
-                    // The connection broke with the command on it: it may
-                    // have run. The next command waits for a fresh connection.
+                    // The connection broke with the command on it: it may have run.
                     self.inner.link.broken(generation);
                     tracing::debug!(error = %e, "Valkey connection lost");
                     Err(SendError::Unanswered)
@@ -289,18 +251,10 @@ impl Valkey {
 }
 
 impl Valkey {
-    /// Sends the write `cmd` and, when `replicas` > 0, a [`wait`](super::wait)
-    /// for it behind it in the same round trip (one pipeline on this
-    /// connection): its answer, and whether the replicas acknowledged it. A
-    /// write short of them is on the primary only, and a failover may lose
-    /// it: the caller does not rely on it (`VALKEY_WAIT_REPLICAS`).
-    ///
-    /// The two answers are read apart: a refused write is
-    /// [`SendError::Refused`], but a write that ran and a `WAIT` the server
-    /// refused (a node that is no longer a primary answers
-    /// `WAIT cannot be used with replica instances`) is a write that ran,
-    /// short of its replicas, never a refusal of the write: a keyed scan
-    /// whose job landed must not be refunded as one that was not queued.
+    /// Sends the write `cmd` and, when `replicas` > 0, a [`wait`](super::wait) behind it in one
+    /// pipeline: its answer, and whether the replicas acknowledged it (else a failover may lose
+    /// it). A refused `WAIT` (a replica refuses it) means a write that ran short of its replicas,
+    /// never a refused write: a keyed scan whose job landed must not be refunded.
     pub async fn send_replicated<T: FromRedisValue>(
         &self,
         cmd: Cmd,

@@ -1,15 +1,5 @@
-//! Building a handle: the URL, TLS and the configuration.
-//!
-//! TLS (`rediss://`, as ElastiCache Serverless always requires) is rustls
-//! with the aws-lc-rs provider, installed here as the process default so no
-//! rustls user in the process panics for want of one. Servers are verified
-//! against the platform's roots (ElastiCache certificates chain to Amazon's
-//! public roots), or only against `VALKEY_TLS_CA` when set. There is no
-//! switch to skip verification.
-//!
-//! With `VALKEY_AUTH=iam` every connection the handle opens, and every node
-//! connection of a cluster client, signs in with an IAM token from one
-//! [`IamSigner`] (`iam.rs`).
+//! Building a handle from a URL or the configuration. TLS is rustls, verified against the
+//! platform's roots, or only against `VALKEY_TLS_CA` when set; nothing skips verification.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -22,41 +12,29 @@ use super::iam::IamSigner;
 use super::send::DETACHED_WAIT;
 use crate::config::{Config, ConfigError, ValkeyConfig, is_tls_url};
 
-/// The cluster client re-sends nothing. Its retries would re-send a command
-/// whose connection broke after it was written (an `INCR` counted twice, a
-/// refund taken twice), which [`Valkey::send`] reports as unanswered instead.
-/// The price: a command refused with `MOVED`/`ASK`, `TRYAGAIN` or
-/// `CLUSTERDOWN` (during a slot migration or a failover; it did not run) is
-/// not redirected but refused, and the client refreshes its slot map for
-/// the next command.
+/// No retries: one would re-send a command whose connection broke after it was written (an `INCR`
+/// counted twice). So `MOVED`/`ASK`, `TRYAGAIN` and `CLUSTERDOWN` (it did not run) are refused,
+/// not redirected; the client refreshes its slot map for the next command.
 const CLUSTER_RETRIES: u32 = 0;
 
-/// Makes aws-lc-rs the process-wide rustls provider, once. rustls refuses to
-/// pick one itself when more than one is compiled in (the AWS SDK brings its
-/// own rustls), and would panic at the first TLS handshake.
+/// Makes aws-lc-rs the process-wide rustls provider: with more than one compiled in (the AWS SDK
+/// brings its own), rustls would panic at the first TLS handshake. Err: one is installed already.
 fn install_crypto_provider() {
-    // Err means a provider is installed already, which is all we need.
     let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
 }
 
 impl Valkey {
-    /// Prepares a connection to `url` without connecting, trusting the
-    /// platform's roots for `rediss://`. `timeout` bounds each command the
-    /// request path sends.
+    /// A handle on `url`, not connected yet; `timeout` bounds each command of the request path.
     pub fn new(url: &str, cluster: bool, timeout: Duration) -> Result<Self, ConfigError> {
         Self::with_tls_ca(url, cluster, timeout, None, None)
     }
 
-    /// The Valkey named by `config` (`VALKEY_URL`, `VALKEY_CLUSTER`,
-    /// `VALKEY_TLS_CA`, `VALKEY_AUTH`), its commands bound by
-    /// `QUOTA_STORE_TIMEOUT_MS`; `None` when no URL is set.
+    /// The Valkey named by `config`, commands bound by `QUOTA_STORE_TIMEOUT_MS`; `None` if no URL.
     pub fn from_config(config: &Config) -> Result<Option<Self>, ConfigError> {
         Self::from_config_within(config, config.store.timeout)
     }
 
-    /// The Valkey named by `config`, its commands bound by `timeout` (the
-    /// consumer gives its marker and ack calls more room than a request's):
-    /// the one place a handle is built from the configuration.
+    /// The Valkey named by `config`, commands bound by `timeout` (the consumer's acks get more).
     pub fn from_config_within(
         config: &Config,
         timeout: Duration,
@@ -69,9 +47,7 @@ impl Valkey {
             .transpose()
     }
 
-    /// The Valkey named by `config`, signing in with `signer`'s tokens (its
-    /// credentials, region and clock) instead of the process's: the tests'
-    /// way to know each token.
+    /// The Valkey named by `config`, signing in with `signer`'s tokens: the tests know each one.
     #[cfg(feature = "testing")]
     pub fn from_config_signed(
         config: &Config,
@@ -94,8 +70,7 @@ impl Valkey {
         Self::with_tls_ca(&v.url, v.cluster, timeout, ca, iam)
     }
 
-    /// Like [`new`](Self::new), but a `rediss://` server must chain to one of
-    /// the PEM certificates in `ca` (and only to those).
+    /// Like [`new`](Self::new), but a `rediss://` server must chain to `ca`'s PEM certificates.
     fn with_tls_ca(
         url: &str,
         cluster: bool,

@@ -1,12 +1,6 @@
-//! The beds (`QUOTA_MAX_ASLEEP`, see [`crate::rules::delay::Bed`]): how many
-//! requests were asleep fleet-wide when a scan asked for a bed
-//! (`stella_quota_asleep`, a gauge: plot its maximum), and the scans that
-//! found every bed taken and so slept nothing
-//! (`stella_quota_beds_full_total`).
-//!
-//! Only an over-quota scan that would sleep asks; in EMF these go on a
-//! line of their own after the scan's (the scan's directive is shared by
-//! every scan of its outcome).
+//! The beds (`QUOTA_MAX_ASLEEP`, see [`crate::rules::delay::Bed`]): requests asleep fleet-wide
+//! when a scan asked for a bed (a gauge: plot its maximum), and scans that found every bed taken.
+//! In EMF these go on a line of their own: the scan's directive is shared by its whole outcome.
 
 use crate::rules::delay::Bed;
 use crate::rules::scope::Scope;
@@ -18,8 +12,7 @@ pub const ASLEEP: &str = "stella_quota_asleep";
 /// Scans that found every bed taken: their whole delay was deferred.
 pub const BEDS_FULL: &str = "stella_quota_beds_full_total";
 
-/// The handles of the bed metrics: per scope ([`Scope::Ip`],
-/// [`Scope::Tid`]), the gauge and the counter.
+/// Per scope, the gauge and the counter.
 pub(super) struct BedMeter([(metrics::Gauge, metrics::Counter); 2]);
 
 impl BedMeter {

@@ -1,9 +1,5 @@
-//! Every metric the gate publishes: its name, what it counts (its `# HELP`
-//! text), and, for the counters a counted request carries, what one request
-//! adds to it. The per-outcome requests metrics come from
-//! [`Outcome`](crate::rules::outcome::Outcome); the lists the exporters and the
-//! docs tests read ([`COUNTERS`], [`REQUESTS`], [`EVENTS`]) are derived
-//! from the types, never written out a second time.
+//! Every metric the gate publishes: its name, its `# HELP` text, and what one counted request adds
+//! to it. The lists the exporters and docs tests read are derived from the types, never rewritten.
 
 use crate::rules::decide::Tier;
 use crate::rules::outcome::{End, Metered, Outcome};
@@ -15,9 +11,7 @@ pub const STORE_ERRORS: &str = "stella_quota_store_errors_total";
 pub const ENQUEUE_ERRORS: &str = "stella_quota_enqueue_errors_total";
 pub const BACKLOG_REFUSALS: &str = "stella_quota_backlog_refusals_total";
 pub const DELAY_MS: &str = "stella_quota_delay_ms";
-/// What enforcement would have done in shadow mode (`QUOTA_MODE=shadow`):
-/// kept apart from [`SOFT_HITS`] and [`HARD_HITS`] so that the alarms tuned
-/// for enforcement do not page during a rollout.
+/// What enforcement would have done in shadow mode; kept apart so enforcement alarms do not page.
 pub const SHADOW_SOFT_HITS: &str = "stella_quota_shadow_soft_hits_total";
 pub const SHADOW_HARD_HITS: &str = "stella_quota_shadow_hard_hits_total";
 /// The shadow counters, carried by every decided line in shadow mode.
@@ -26,25 +20,18 @@ pub const SHADOW_COUNTERS: [&str; 2] = [SHADOW_SOFT_HITS, SHADOW_HARD_HITS];
 pub const EXEMPT: &str = "stella_quota_exempt_total";
 /// `GET /quota` answers: reads that never touch the quota.
 pub const CHECKS: &str = "stella_quota_checks_total";
-/// Verified tokens that name no account while `QUOTA_JWT_ACCOUNT_CLAIM` is
-/// set: each is counted by its `tid`.
+/// Verified tokens naming no account while `QUOTA_JWT_ACCOUNT_CLAIM` is set, counted by `tid`.
 pub const TOKENS_WITHOUT_ACCOUNT: &str = "stella_quota_tokens_without_account_total";
-/// EMF lines dropped because the output queue was full (`serve` only): a
-/// stdout reader that is slow or gone.
+/// EMF lines dropped because the output queue was full (`serve` only): stdout slow or gone.
 pub const EMF_DROPPED: &str = "stella_quota_emf_dropped_total";
 /// Resident memory of the process, in bytes (`serve`'s `/metrics` only).
 pub const PROCESS_RSS: &str = "process_resident_memory_bytes";
-/// Open file descriptors of the process (`serve`'s `/metrics` only): the
-/// open client connections plus a fixed handful (the listening socket,
-/// stdio, the Valkey connections).
+/// Open file descriptors (`serve`'s `/metrics` only): client connections plus a fixed handful.
 pub const PROCESS_OPEN_FDS: &str = "process_open_fds";
 
-/// 1 when the quota Valkey's `maxmemory-policy` can evict the gate's keys
-/// (anything but `noeviction`), 0 when it cannot: read at start by `serve`,
-/// the Lambda's init and `consume` ([`crate::rules::eviction`]).
+/// 1 when the quota Valkey's `maxmemory-policy` can evict the gate's keys, else 0; read at start.
 pub const STORE_EVICTING: &str = "stella_quota_store_evicting";
-/// Keys the quota Valkey evicted (its `evicted_keys`), as `serve` and
-/// `consume` read them every `QUOTA_STORE_STATS_INTERVAL_MS`.
+/// Keys the quota Valkey evicted (`evicted_keys`), read every `QUOTA_STORE_STATS_INTERVAL_MS`.
 pub const STORE_EVICTED_KEYS: &str = "stella_quota_store_evicted_keys_total";
 /// The store's own metrics, in [`super::store::StoreMetric`] order.
 pub const STORE_METRICS: [&str; 2] = [STORE_EVICTING, STORE_EVICTED_KEYS];
@@ -92,8 +79,7 @@ impl Counter {
         }
     }
 
-    /// What one request that left the gate so adds to this counter. A
-    /// shadow decision is no soft or hard hit: nobody waited.
+    /// What one request adds, by how it left the gate. A shadow decision is no hit: nobody waited.
     pub fn value(self, metered: Metered, end: End) -> u64 {
         let counted =
             |t: Tier| matches!(metered, Metered::Counted { tier, shadow: false, .. } if tier == t);
@@ -108,8 +94,7 @@ impl Counter {
     }
 }
 
-/// [`SHADOW_COUNTERS`]' values for a request decided in shadow mode: what
-/// enforcement would have counted.
+/// [`SHADOW_COUNTERS`]' values in shadow mode: what enforcement would have counted.
 pub(super) fn shadow_values(tier: Tier) -> [u64; 2] {
     [u64::from(tier == Tier::Soft), u64::from(tier == Tier::Hard)]
 }
@@ -124,8 +109,7 @@ pub const COUNTERS: [&str; 6] = [
     BACKLOG_REFUSALS,
 ];
 
-/// Every metered request, one Count per outcome, in [`Outcome::ALL`]
-/// order: `stella_quota_requests_<outcome>_total`.
+/// One Count per outcome, in [`Outcome::ALL`] order: `stella_quota_requests_<outcome>_total`.
 pub const REQUESTS: [&str; 8] = {
     let mut names = [""; Outcome::ALL.len()];
     let mut i = 0;
@@ -177,17 +161,14 @@ impl Event {
     }
 }
 
-/// What is metered on a line of its own, with no outcome (it reached no
-/// counter): in [`Event::ALL`] order.
+/// What is metered on a line of its own, with no outcome: in [`Event::ALL`] order.
 pub const EVENTS: [&str; 3] = [
     Event::ALL[0].metric(),
     Event::ALL[1].metric(),
     Event::ALL[2].metric(),
 ];
 
-/// `# HELP` text for `GET /metrics`, so a scraper's UI says what each series
-/// counts. Called once the recorder is installed (descriptions sent before
-/// that are lost).
+/// `# HELP` texts for `GET /metrics`; call once the recorder is installed (earlier ones are lost).
 pub fn describe() {
     let others = [
         (
@@ -235,8 +216,7 @@ pub fn describe() {
     describe_store();
 }
 
-/// `# HELP` text for the store's own metrics (`serve`'s and `consume`'s
-/// `/metrics`).
+/// `# HELP` texts for the store's own metrics.
 pub fn describe_store() {
     metrics::describe_gauge!(
         STORE_EVICTING,

@@ -1,18 +1,7 @@
-//! Scans whose delay a level above the subject set: a network
-//! (`stella_quota_network_soft_hits_total` / `…_hard_hits_total`, dimension
-//! `Level`: `v4/24`, `v6/48`, … for anonymous scans, `tid:v4/24`, … for
-//! token holders', the configured levels only) or all
-//! anonymous traffic (`stella_quota_global_paced_total`, dimension `Scope`,
-//! always `ip`: only anonymous scans are counted there).
-//!
-//! A level's name is its family and prefix length, never an address or a
-//! digest: one series per configured level. Which level set a scan's delay
-//! comes from [`Metered::Counted`]'s `level`, as the tier does; a shadow
-//! decision is no hit (nobody waited), as for the subject's hits.
-//!
-//! In EMF these go on a line of their own, after the scan's line: a level's
-//! dimension is not the scan's `Scope`, and one directive has one set of
-//! dimensions.
+//! Scans whose delay a level above the subject set: a configured network level (dimension `Level`,
+//! `v4/24` or `tid:v4/24`: family and prefix length, never an address or digest), or the budget
+//! of all anonymous traffic (dimension `Scope`, always `ip`). A shadow decision is no hit. In EMF
+//! these go on a line of their own: one directive has one set of dimensions.
 
 use crate::rules::decide::Tier;
 use crate::rules::level::{LevelName, Levels};
@@ -40,8 +29,7 @@ pub enum LevelHit {
 }
 
 impl LevelHit {
-    /// The hit a scan that left the gate so is counted as: a delay (not a
-    /// shadow decision) set by a network level or the anonymous budget.
+    /// A scan's hit: a delay (not in shadow mode) set by a network level or the anonymous budget.
     pub fn of(metered: Metered) -> Option<Self> {
         let Metered::Counted {
             tier,
@@ -84,14 +72,12 @@ impl LevelHit {
     ];
 }
 
-/// The level metrics, registered where they are counted (a lookup per
-/// hit: only a delayed scan has one).
+/// The level metrics, registered where counted (a lookup per hit: only a delayed scan has one).
 pub(super) struct LevelMeter(Handles);
 
 impl LevelMeter {
-    /// Registers a series for each configured network level (at 0, so a
-    /// query has data from the start) and the global one: registered, not
-    /// incremented, so no EMF line holds a 0 for them.
+    /// Registers each configured network level's series and the global one, so queries have data
+    /// from the start; not incremented, so no EMF line holds a 0 for them.
     pub(super) fn new(handles: Handles, levels: &Levels) -> Self {
         let meter = Self(handles);
         for scope in Scope::ALL {
@@ -117,7 +103,6 @@ impl LevelMeter {
         }
     }
 
-    /// Counts `hit`.
     pub(super) fn increment(&self, hit: LevelHit) {
         self.counter(hit).increment(1);
     }

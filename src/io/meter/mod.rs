@@ -1,38 +1,13 @@
 //! Step 9: what the gate did, as metrics.
 //!
-//! One call, [`Meter::record`], per counted request records each metric
-//! once, through the `metrics` facade, whose handles fan out to two
-//! renderers: `quota-gate serve`'s Prometheus text at `GET /metrics`
-//! ([`prometheus`]), and CloudWatch embedded-metric-format (EMF) lines on
-//! stdout ([`emf`]), which Lambda ships to CloudWatch Logs and CloudWatch
-//! turns into metrics. Every metric has the dimension `Scope` (`ip` or
-//! `tid`) and no other (the spec's step 9): no per-client dimension, and no
-//! IP, token or digest in any line. Every scan's EMF line has one
-//! directive, whose `Dimensions` are exactly `[["Scope"]]`.
+//! [`Meter::record`] records each metric of a counted request once, through the `metrics` facade,
+//! whose handles feed `serve`'s Prometheus text ([`prometheus`]) and CloudWatch EMF lines on
+//! stdout ([`emf`]). Every metric has the one dimension `Scope` (`ip` or `tid`): no per-client
+//! dimension, and no IP, token or digest in any line.
 //!
-//! What a request came to (its [`Outcome`], one rule on the ground floor) is
-//! therefore not a dimension but part of a metric's name: one Count per
-//! outcome, `stella_quota_requests_<outcome>_total` ([`REQUESTS`]), so a
-//! dashboard shows requests by outcome by plotting them all. A request
-//! records (and its line carries, with the value 1) only the metric of its
-//! own outcome. In Prometheus they are counters labelled `scope` only, like
-//! the other quota counters; there every series exists from the start (at
-//! 0), so a query on any of them has data.
-//!
-//! Three ideas, a name each: the [`Meter`] records; an [`Exit`] is what the
-//! gate tells it of one request (its count as [`Metered`], how it ended as
-//! [`End`], its scope and instant); the [`Outcome`] is the one word the
-//! request came to, which the ground floor derives from those two. The
-//! count's [`Charge`](crate::rules::settle::Charge) is the settlement's, not
-//! the meter's: the gate tells the meter of it as a [`Metered`].
-//!
-//! The rooms: [`catalogue`] names every metric and says what it counts,
-//! [`emf`] is the EMF renderer (the consumer's and the store's too),
-//! [`prometheus`] the scrape, [`store`] the quota Valkey's own metrics
-//! (whether it can evict, what it evicted), which describe the process's
-//! store, not a request. A line's `Timestamp` is the request's instant, the
-//! one clock reading of the request ([`Exit::at`]): the meter reads no
-//! clock.
+//! A request's [`Outcome`] is part of a metric's name, not a dimension: one Count per outcome
+//! ([`REQUESTS`]), and a request records only its own. A line's `Timestamp` is the request's
+//! instant ([`Exit::at`]): the meter reads no clock.
 
 pub mod beds;
 pub mod catalogue;
@@ -67,10 +42,8 @@ pub use catalogue::{
 };
 pub use levels::{GLOBAL_PACED, LEVEL_METRICS, NETWORK_HARD_HITS, NETWORK_SOFT_HITS};
 
-/// How one scan request that reached the store left the gate: what the
-/// store made of it, how it ended, and when it arrived. The gate returns
-/// one from its request path; [`Meter::record`] maps it to its
-/// [`Outcome`], once.
+/// How one scan request that reached the store left the gate; [`Meter::record`] maps it to its
+/// [`Outcome`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Exit {
     pub scope: Scope,
@@ -78,38 +51,30 @@ pub struct Exit {
     pub end: End,
     /// The request's instant: the line's `Timestamp`.
     pub at: UnixMillis,
-    /// What the scan found among the beds, when it asked for one (an
-    /// over-quota scan that would sleep).
+    /// What the beds answered, if the scan asked for one (an over-quota scan that would sleep).
     pub bed: Option<Bed>,
-    /// The request's trace: every EMF line of the request carries its id
-    /// as the property `traceId` (never a dimension).
+    /// The request's trace: its EMF lines carry it as the property `traceId`, not a dimension.
     pub trace: Option<TraceId>,
 }
 
-/// Records outcomes through the `metrics` facade: Prometheus, and EMF
-/// lines when a sink is given ([`emf`]).
+/// Records outcomes through the `metrics` facade: Prometheus, and EMF lines when a sink is given.
 #[derive(Clone)]
 pub struct Meter {
-    /// Handles registered once per scope: a lookup per call would cost the
-    /// recorder a key hash and a map probe per metric per request.
+    /// Registered once per scope: a lookup per call would hash a key per metric per request.
     handles: Arc<[ScopeHandles; 2]>,
-    /// The levels above the subject ([`levels`]).
     levels: Arc<LevelMeter>,
-    /// The beds ([`beds`]).
     beds: Arc<BedMeter>,
     /// When refusals held for EMF are due ([`refusals`]).
     refusals: Arc<Refusals>,
     register: Handles,
 }
 
-/// The handles of one scope.
 struct ScopeHandles {
     counters: [metrics::Counter; 6],
     delay: metrics::Histogram,
     /// [`REQUESTS`], in [`Outcome::ALL`] order.
     requests: [metrics::Counter; 8],
     shadow: [metrics::Counter; 2],
-    /// [`EVENTS`].
     events: [metrics::Counter; 3],
 }
 
@@ -128,25 +93,21 @@ impl ScopeHandles {
 }
 
 impl Meter {
-    /// EMF lines to stdout in `namespace`, each written and flushed before
-    /// [`Meter::record`] returns: for Lambda, which freezes the process once
-    /// the response is sent.
+    /// EMF lines to stdout, flushed before [`Meter::record`] returns: Lambda freezes the process
+    /// once the response is sent.
     pub fn stdout(namespace: impl Into<String>) -> Self {
         Self::new(namespace, Some(Box::new(std::io::stdout())))
     }
 
-    /// EMF lines to stdout through the shared non-blocking
-    /// [`LineWriter::stdout`]: for `quota-gate serve`, where no request may
-    /// wait on a pipe. A line that finds the queue full is dropped and
-    /// counted in [`EMF_DROPPED`].
+    /// EMF lines through the non-blocking [`LineWriter::stdout`], for `serve`, where no request
+    /// may wait on a pipe; a line finding the queue full counts in [`EMF_DROPPED`].
     pub fn background_stdout(namespace: impl Into<String>) -> Self {
         let dropped = metrics::counter!(EMF_DROPPED);
         let sink = Sink::Background(LineWriter::stdout(), Some(dropped));
         Self::with_sink(&namespace.into(), Some(sink))
     }
 
-    /// EMF lines to `sink` (or none at all). The handles are registered
-    /// here, so install a recorder (Prometheus) before this.
+    /// EMF lines to `sink`, or none. Registers the handles: install Prometheus first.
     pub fn new(namespace: impl Into<String>, sink: Option<Box<dyn Write + Send>>) -> Self {
         Self::with_sink(&namespace.into(), sink.map(Sink::sync))
     }
@@ -163,17 +124,14 @@ impl Meter {
         }
     }
 
-    /// The same meter with a series registered (at 0) for each configured
-    /// network level (`config.policy.levels`), so a query on one has data
-    /// before its first hit.
+    /// This meter with a series registered at 0 per configured network level, so queries have data.
     pub fn with_levels(mut self, levels: &Levels) -> Self {
         self.levels = Arc::new(LevelMeter::new(self.register.clone(), levels));
         self
     }
 
-    /// Records one request's [`Exit`]: the scan's metrics as one EMF line
-    /// (a refusal's held, see [`refusals`]), then the bed's and the level's
-    /// on lines of their own.
+    /// Records one request's [`Exit`]: the scan's EMF line (a refusal's held, see [`refusals`]),
+    /// then the bed's and the level's on lines of their own.
     pub fn record(&self, exit: &Exit) {
         let outcome = Outcome::of(exit.metered, exit.end);
         let at = exit.at.get();
@@ -224,16 +182,14 @@ impl Meter {
         }
     }
 
-    /// Writes the refusals held for a later line ([`refusals`]) now, at
-    /// `at`: for a process that stops.
+    /// Writes the held refusals now, at `at`: for a process that stops.
     pub fn flush(&self, at: UnixMillis) {
         if let Some(emf) = self.register.emf() {
             emf.flush_held(at.get(), None);
         }
     }
 
-    /// Records one [`Event`] (an exempt scan, a `GET /quota`) of the
-    /// request that arrived `at` in `trace`.
+    /// Records one [`Event`] of the request that arrived `at` in `trace`.
     pub fn record_event(&self, scope: Scope, event: Event, at: UnixMillis, trace: Option<TraceId>) {
         let handle = &self.handles[scope.index()].events[event.index()];
         let at = at.get();
@@ -255,8 +211,8 @@ fn doc<'a>(exit: &Exit, properties: &'a [(&'a str, &'a str)]) -> Doc<'a> {
     }
 }
 
-/// The text members of a scan's line: its tier (`unmetered` when the store
-/// failed open), and `mode` in shadow mode; an empty name is no member.
+/// A scan line's text members: `tier` (`unmetered` if the store failed open), `mode` in shadow
+/// mode; an empty name is no member.
 fn properties(metered: Metered, end: End) -> [(&'static str, &'static str); 2] {
     let none = ("", "");
     match metered {

@@ -1,29 +1,19 @@
-//! `serve`'s `GET /metrics`: the `metrics` facade's Prometheus text, with
-//! the process gauges sampled from `/proc` at each scrape, in a stable
-//! order.
-//!
-//! The exporter renders from hash maps, so its families (and a counter's
-//! or gauge's series) come out in a different order from one scrape to the
-//! next. [`render`] sorts them: families by name, and within a counter or
-//! gauge family its one-line series. A histogram's lines stay as rendered
-//! (its series are kept in insertion order, and its buckets must stay in
-//! `le` order).
+//! `serve`'s `GET /metrics`: the facade's Prometheus text, process gauges sampled at each scrape.
+//! The exporter renders from hash maps, so [`render`] sorts families by name and a counter's or
+//! gauge's series; a histogram's lines stay as rendered (its buckets must stay in `le` order).
 
 use metrics_exporter_prometheus::PrometheusHandle;
 
 use super::catalogue::{PROCESS_OPEN_FDS, PROCESS_RSS};
 
-/// The scrape's text: the process gauges sampled, then every family
-/// rendered, in name order.
+/// The scrape's text: the process gauges sampled, then every family rendered, in name order.
 pub fn render(handle: &PrometheusHandle) -> String {
     sample_process();
     sorted(&handle.render())
 }
 
-/// Sets [`PROCESS_RSS`] and [`PROCESS_OPEN_FDS`] from `/proc/self`, for a
-/// scrape about to be rendered. The names are those of Prometheus's own
-/// process collectors, so stock dashboards find them. Elsewhere than Linux
-/// nothing is set.
+/// Sets [`PROCESS_RSS`] and [`PROCESS_OPEN_FDS`] from `/proc/self` (Linux only); the names are
+/// Prometheus's own process collectors', so stock dashboards find them.
 fn sample_process() {
     let rss_kib = std::fs::read_to_string("/proc/self/status")
         .ok()
@@ -41,8 +31,7 @@ fn sample_process() {
     }
 }
 
-/// The exporter's text with its families (blocks ended by a blank line)
-/// sorted by name, and the series of each counter or gauge family sorted.
+/// Families (blocks ended by a blank line) sorted by name, and each counter's or gauge's series.
 fn sorted(text: &str) -> String {
     let mut families: Vec<(String, Vec<&str>)> = text
         .split("\n\n")

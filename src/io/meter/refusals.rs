@@ -1,26 +1,15 @@
-//! Refusals metered in aggregate: a scan refused with 503 `backlog_full`
-//! is the client's doing (it sent faster than it is paced), and a refused
-//! flood must not cost a log line per request. Prometheus counts each one
-//! as it comes (a counter costs no output); in EMF they are recorded with
-//! no line open, so the renderer holds them ([`super::emf`]), and they are
-//! written as one line per scope and [`INTERVAL_MS`], whose counts are the
-//! refusals since the last (the first refusal after a quiet interval goes
-//! out at once).
-//!
-//! The lines are written by the next request that finds the interval over,
-//! of any outcome, so counts held at the end of a flood go out with the
-//! next request, or when `serve` stops ([`super::Meter::flush`]); those of
-//! a Lambda environment that ends first are lost to EMF (at most one
-//! interval's, of one environment; the alarms sum five minutes). Counting
-//! across requests needs no clock: each request's own instant is compared.
+//! Refusals metered in aggregate: a `backlog_full` 503 is the client's doing, and a refused flood
+//! must not cost a log line per request. In EMF they are held and written as one line per scope
+//! and [`INTERVAL_MS`] (the first after a quiet interval at once), by the next request of any
+//! outcome or when `serve` stops ([`super::Meter::flush`]); a Lambda environment that ends first
+//! loses at most one interval's. No clock is read: each request's own instant is compared.
 
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 
 use crate::rules::scope::Scope;
 use crate::rules::unix::UnixMillis;
 
-/// The shortest time between two refusal lines of one scope: CloudWatch's
-/// standard resolution.
+/// The shortest time between two refusal lines of one scope: CloudWatch's standard resolution.
 pub const INTERVAL_MS: i64 = 60_000;
 
 /// Refusals not yet written, per scope, and when the last line was.
@@ -31,15 +20,12 @@ pub(super) struct Refusals {
 }
 
 impl Refusals {
-    /// Notes one refusal of `scope`.
     pub(super) fn add(&self, scope: Scope) {
         self.pending[scope.index()].fetch_add(1, Ordering::Relaxed);
     }
 
-    /// Whether the refusals held for `scope` are to be written now, at
-    /// `at` (no: none held, or the interval since its last line is not
-    /// over). Whoever is told yes writes them: a second caller in the same
-    /// instant is told no.
+    /// Whether `scope`'s held refusals are to be written now, at `at`; whoever is told yes writes
+    /// them, and a second caller in the same instant is told no.
     pub(super) fn due(&self, scope: Scope, at: UnixMillis) -> bool {
         let i = scope.index();
         if self.pending[i].load(Ordering::Relaxed) == 0 {

@@ -1,12 +1,6 @@
-//! The quota Valkey's own metrics: whether its policy can evict the gate's
-//! keys ([`STORE_EVICTING`], a gauge set at start) and the keys it evicted
-//! ([`STORE_EVICTED_KEYS`], the increase between two readings).
-//!
-//! They describe the process's store, not a request, so they carry no
-//! `Scope`: in Prometheus they have no label, like the process gauges; in
-//! EMF their one dimension is `Process` (`serve`, `lambda`, `consume`: the
-//! front end that read them), as the consumer's lines have `Source`. No
-//! address, policy or key is a dimension.
+//! The quota Valkey's own metrics ([`STORE_EVICTING`], [`STORE_EVICTED_KEYS`]). They describe
+//! the store, not a request, so they carry no `Scope`: no label in Prometheus, and in EMF the one
+//! dimension `Process` (the front end that read them). No address, policy or key is a dimension.
 
 use std::sync::{Arc, OnceLock};
 
@@ -38,15 +32,13 @@ impl Process {
 #[derive(Clone)]
 pub struct StoreMeter {
     handles: Handles,
-    /// Registered at the first reading ([`StoreMeter::evicting`]).
     evicting: Arc<OnceLock<metrics::Gauge>>,
     evicted: metrics::Counter,
 }
 
 impl StoreMeter {
-    /// EMF lines in `namespace` to `emf` (or none). The counter is
-    /// registered here, at 0, so a query has data before the first
-    /// eviction: install the Prometheus recorder before this.
+    /// EMF lines in `namespace` to `emf`, or none. Registers the counter at 0, so a query has data
+    /// before the first eviction: install Prometheus first.
     pub fn new(namespace: &str, process: Process, emf: Option<Sink>) -> Self {
         let process = [(PROCESS_DIMENSION, process.as_str())];
         let emf = emf.map(|sink| Emf::new(namespace, sink, &process));
@@ -58,9 +50,8 @@ impl StoreMeter {
         }
     }
 
-    /// Whether the store can evict the gate's keys, as read. Its gauge is
-    /// registered at the first reading, not before: a store never read
-    /// shows no series, not a 0 that would say `noeviction`.
+    /// Whether the store can evict the gate's keys. The gauge is registered at the first reading:
+    /// a store never read shows no series, not a 0 that would say `noeviction`.
     pub fn evicting(&self, evicting: bool, at_ms: i64) {
         let gauge = self
             .evicting
@@ -69,8 +60,7 @@ impl StoreMeter {
             .line(Doc::at(at_ms), || gauge.set(f64::from(u8::from(evicting))));
     }
 
-    /// `keys` more evicted since the last reading (an EMF line only when
-    /// there were any).
+    /// `keys` more evicted since the last reading (an EMF line only when there were any).
     pub fn evicted(&self, keys: u64, at_ms: i64) {
         match keys {
             0 => self.evicted.increment(0),

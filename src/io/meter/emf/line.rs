@@ -1,18 +1,15 @@
-//! One EMF document as text: the directive under `_aws`, each dimension
-//! once, each metric, then the line's properties.
+//! One EMF document as text.
 
 use std::sync::Arc;
 
 use super::{Doc, Emf, Series, TRACE_ID, Value};
 
-/// Room for a line's members after its directive: the gate's longest (a
-/// shadow decision) needs about 345 bytes with its `traceId`.
+/// Room for a line's members after its directive: enough for the gate's longest line.
 const MEMBERS_ROOM: usize = 384;
 
 impl Emf {
-    /// One document: the directive under `_aws`, each dimension once, each
-    /// metric, then `doc`'s properties. Every name and text is one of our
-    /// own ASCII names, so nothing needs escaping.
+    /// One document: the directive under `_aws`, each dimension once, each metric, then `doc`'s
+    /// properties. Every name and text is our own ASCII, so nothing needs escaping.
     pub(super) fn render(&self, line: &[(Arc<Series>, Value)], doc: Doc<'_>) -> String {
         let directive = self.directive(line);
         let mut out = String::with_capacity(directive.len() + MEMBERS_ROOM);
@@ -52,12 +49,9 @@ impl Emf {
         out
     }
 
-    /// The `CloudWatchMetrics` member of a line of these series, built once
-    /// per kind of line (building it per request was half of the gate's own
-    /// CPU).
+    /// The `CloudWatchMetrics` member of a line of these series, built once per kind of line.
     fn directive(&self, line: &[(Arc<Series>, Value)]) -> Arc<str> {
-        // The key on the stack: a line has a few series (a longer one is
-        // built each time).
+        // The key on the stack: a line has a few series (a longer one is built each time).
         let mut key = [0usize; 32];
         let Some(ids) = key.get_mut(..line.len()) else {
             return directive(&self.0.namespace, line).into();
@@ -76,8 +70,7 @@ impl Emf {
     }
 }
 
-/// The directive of a line of these series in `namespace`: their label
-/// sets as its dimension sets, in order, and each metric with its unit.
+/// The directive: the series' label sets as dimension sets, in order, each metric with its unit.
 fn directive(namespace: &str, line: &[(Arc<Series>, Value)]) -> String {
     let mut sets: Vec<Vec<&str>> = Vec::new();
     for (series, _) in line {

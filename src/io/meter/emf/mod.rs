@@ -1,26 +1,8 @@
-//! CloudWatch's embedded metric format (EMF) as a renderer behind the
-//! `metrics` facade: [`Emf`] is a [`metrics::Recorder`] layered over the
-//! installed one (Prometheus under `serve`), so each handle a meter
-//! registers through it ([`Handles`]) records in both. Each event is recorded once, through
-//! the facade; this renderer turns what one call recorded into one line.
-//!
-//! How a recording becomes a line: [`Emf::line`] runs the caller's
-//! recording with a capture open on its thread; every handle of this
-//! renderer touched meanwhile adds its value to the capture, in order, and
-//! the capture is rendered as one document: one directive, whose dimension
-//! sets are the label sets seen (a label `scope` is the dimension `Scope`),
-//! each metric a member with its value, then the caller's properties and
-//! the request's `traceId`. What is recorded with no capture open (a
-//! refused request, metered in aggregate) is held, summed per series, until
-//! [`Emf::flush_held`] writes one line per label set.
-//!
-//! Our own rather than `metrics_cloudwatch_embedded`, which cannot write
-//! these lines (docs/architecture.md says why).
-//!
-//! Two ways out ([`Sink`]): written and flushed before the call returns
-//! (Lambda freezes the process once the response is sent), or queued for a
-//! writer thread that never holds a request (`serve`, `consume`; a line that
-//! finds the queue full is dropped, and counted when a counter is given).
+//! CloudWatch's embedded metric format (EMF) behind the `metrics` facade: [`Emf`] is a
+//! [`metrics::Recorder`] layered over the installed one, so each handle registered through it
+//! ([`Handles`]) records in both. [`Emf::line`] opens a capture on the caller's thread, and what
+//! its handles record meanwhile becomes one document. What is recorded with no capture open is
+//! held, summed per series, until [`Emf::flush_held`] writes one line per label set.
 
 mod line;
 mod sink;
@@ -39,30 +21,25 @@ use crate::rules::trace::TraceId;
 
 pub use sink::Sink;
 
-/// The property that carries a request's trace id (32 hex digits): a
-/// member of the line, never a dimension.
+/// The property carrying a request's trace id (32 hex digits): a member, never a dimension.
 pub const TRACE_ID: &str = "traceId";
 
-/// The EMF renderer: a recorder whose handles write into the line being
-/// captured on their thread. Cheap to clone (one `Arc`).
+/// The EMF renderer: a recorder whose handles write into their thread's open capture.
 #[derive(Clone)]
 pub struct Emf(Arc<Inner>);
 
 struct Inner {
     namespace: String,
     sink: Sink,
-    /// Dimensions every series of this renderer has besides its labels
-    /// (the store's `Process`).
+    /// Dimensions every series has besides its labels (the store's `Process`).
     defaults: Vec<(String, String)>,
     /// Every series registered, in order: [`Emf::flush_held`] reads them.
     series: Mutex<Vec<Arc<Series>>>,
-    /// The `CloudWatchMetrics` member per list of series: it never changes,
-    /// so it is serialized once per kind of line.
+    /// The `CloudWatchMetrics` member per list of series, serialized once per kind of line.
     directives: RwLock<HashMap<Vec<usize>, Arc<str>>>,
 }
 
-/// One series as EMF sees it: its metric, unit and dimensions, and what is
-/// held of it for a later line.
+/// One series as EMF sees it, and what is held of it for a later line.
 struct Series {
     id: usize,
     key: Key,
@@ -86,13 +63,11 @@ type Captured = Vec<(Arc<Series>, Value)>;
 thread_local! {
     /// The line being captured on this thread (`None`: no capture open).
     static CAPTURE: RefCell<Option<Captured>> = const { RefCell::new(None) };
-    /// The last capture's buffer, emptied, kept for the next: a request
-    /// then allocates for its line's text only.
+    /// The last capture's buffer, emptied, reused so a request allocates only its line's text.
     static SPARE: RefCell<Captured> = const { RefCell::new(Vec::new()) };
 }
 
-/// A series' handle: the installed recorder's handle, and this renderer's
-/// series (into the open capture, else held).
+/// A series' handle: the installed recorder's, and this renderer's series.
 struct Handle<H> {
     inner: H,
     series: Arc<Series>,
@@ -131,8 +106,7 @@ impl CounterFn for Handle<Counter> {
     }
 }
 
-/// A gauge is rendered as it was set in the line's capture; outside one it
-/// is not held (the next line sets it again).
+/// A gauge set outside a capture is not held: the next line sets it again.
 impl GaugeFn for Handle<Gauge> {
     fn set(&self, value: f64) {
         self.inner.set(value);
@@ -155,8 +129,7 @@ impl HistogramFn for Handle<Histogram> {
     }
 }
 
-/// A layer over the installed recorder: each handle it gives records in
-/// both (descriptions go to the installed recorder directly).
+/// Descriptions go to the installed recorder directly.
 impl Recorder for Emf {
     fn describe_counter(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
     fn describe_gauge(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
@@ -180,9 +153,8 @@ impl Recorder for Emf {
 
 static METADATA: Metadata = Metadata::new(module_path!(), metrics::Level::INFO, None);
 
-/// Where a meter registers its handles: through the renderer when EMF is
-/// on, else the installed recorder alone. Register after installing
-/// Prometheus.
+/// Where a meter registers its handles: the renderer when EMF is on, else the installed recorder.
+/// Register after installing Prometheus.
 #[derive(Clone)]
 pub struct Handles(Option<Emf>);
 
@@ -254,8 +226,7 @@ impl Doc<'static> {
 }
 
 impl Emf {
-    /// A renderer of lines in `namespace`, written to `sink`; every series
-    /// also under the dimensions `defaults` (the store's `Process`).
+    /// A renderer of lines in `namespace` to `sink`; every series also gets the `defaults`.
     pub fn new(namespace: &str, sink: Sink, defaults: &[(&str, &str)]) -> Self {
         let defaults = defaults
             .iter()
@@ -274,7 +245,6 @@ impl Emf {
         Arc::new(Handle { inner, series })
     }
 
-    /// Every series registered, in order.
     fn all(&self) -> std::sync::MutexGuard<'_, Vec<Arc<Series>>> {
         self.0.series.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -291,7 +261,6 @@ impl Emf {
         let series = Arc::new(Series {
             id: all.len(),
             key: key.clone(),
-            // Milliseconds for the `_ms` metrics, a Count for every other one.
             unit: if key.name().ends_with("_ms") {
                 "Milliseconds"
             } else {
@@ -305,8 +274,7 @@ impl Emf {
         series
     }
 
-    /// Runs `record` with a capture open, and writes what it recorded
-    /// through this renderer's handles as one line (none if nothing).
+    /// Runs `record` with a capture open and writes what it recorded as one line (if anything).
     pub fn line(&self, doc: Doc<'_>, record: impl FnOnce()) {
         let fresh = SPARE.with(|s| std::mem::take(&mut *s.borrow_mut()));
         let outer = CAPTURE.with(|c| c.borrow_mut().replace(fresh));
@@ -321,9 +289,8 @@ impl Emf {
         }
     }
 
-    /// Writes what was recorded outside a capture since the last call, one
-    /// line per label set, at `at`: of the series with the dimension
-    /// `only` (name, value), or of every series.
+    /// Writes what was recorded outside a capture since the last call, one line per label set, at
+    /// `at`: of the series with the dimension `only` (name, value), or of all.
     pub fn flush_held(&self, at: i64, only: Option<(&str, &str)>) {
         let all = self.all().clone();
         let wanted = |s: &Arc<Series>| match only {

@@ -1,8 +1,5 @@
-//! Where EMF lines go: written and flushed before the call returns
-//! (Lambda freezes the process once the response is sent), or queued for a
-//! writer thread that never holds a request (`serve`, `consume`; a line
-//! that finds the queue full is dropped, and counted when a counter is
-//! given).
+//! Where EMF lines go: flushed before the call returns (Lambda freezes the process after the
+//! response), or queued for a writer thread that never holds a request (`serve`, `consume`).
 
 use std::io::Write;
 use std::sync::{Arc, Mutex};
@@ -16,8 +13,7 @@ use crate::io::stdout::LineWriter;
 pub enum Sink {
     /// Written and flushed before [`Sink::write`] returns.
     Sync(Arc<Mutex<Box<dyn Write + Send>>>),
-    /// Queued for a writer thread; dropped when the queue is full, and
-    /// counted in the counter, if any.
+    /// Queued for a writer thread; dropped when the queue is full, and counted if a counter is set.
     Background(LineWriter, Option<Counter>),
 }
 
@@ -27,9 +23,8 @@ impl Sink {
         Self::Sync(Arc::new(Mutex::new(out)))
     }
 
-    /// Writes one line (the newline added here). Metrics are best effort:
-    /// a closed stdout must not fail a scan, and a full one loses metric
-    /// lines, never jobs.
+    /// Writes one line, adding the newline. Best effort: a closed stdout must not fail a scan, and
+    /// a full one loses metric lines, never jobs.
     pub fn write(&self, mut line: String) {
         line.push('\n');
         match self {
