@@ -44,9 +44,8 @@ pub enum Command {
     ScanGuard(crate::consume::guard::GuardArgs),
 }
 
-/// Bucket bounds (ms) for `stella_quota_delay_ms`: dense around the 1 s
-/// alert threshold and the soft and hard delays, so
-/// `histogram_quantile(0.95, …)` is meaningful.
+/// Bucket bounds (ms) for `stella_quota_delay_ms`, dense around the alert threshold and the soft
+/// and hard delays so that `histogram_quantile(0.95, …)` is meaningful.
 pub const DELAY_BUCKETS_MS: [f64; 12] = [
     0.0, 1.0, 10.0, 100.0, 500.0, 1000.0, 2000.0, 5000.0, 10000.0, 30000.0, 60000.0, 120000.0,
 ];
@@ -86,7 +85,7 @@ pub fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    // References to secret stores are read here, once, before anything starts.
+    // Secret references are read once, before anything starts.
     let config = match runtime.block_on(crate::io::secrets::config_from_env()) {
         Ok(c) => c,
         Err(e) => return config_error(e),
@@ -110,8 +109,7 @@ fn config_error(e: impl std::fmt::Display) -> ExitCode {
     ExitCode::from(2)
 }
 
-/// Why a command failed: its message, and whether it is a usage error
-/// (exit status 2, as clap's and a bad environment's) rather than a failure (1).
+/// Why a command failed; `usage` means exit status 2 rather than 1.
 struct Failure {
     message: String,
     usage: bool,
@@ -126,7 +124,7 @@ impl From<String> for Failure {
     }
 }
 
-/// Runs `command` (any but `scan-guard` and `probe`, which need no configuration).
+/// Runs `command` (`scan-guard` and `probe` are run before any configuration).
 async fn dispatch(command: Command, config: Config) -> Result<(), Failure> {
     use crate::front::ops::command as ops;
     match command {
@@ -144,8 +142,7 @@ async fn dispatch(command: Command, config: Config) -> Result<(), Failure> {
     }
 }
 
-/// An operator command's result: input that names nothing configured is a
-/// usage error.
+/// An operator command's result: input that names nothing configured is a usage error.
 fn operator(result: Result<(), crate::front::ops::OpsError>) -> Result<(), Failure> {
     result.map_err(|e| Failure {
         usage: matches!(e, crate::front::ops::OpsError::BadInput(_)),
@@ -153,13 +150,11 @@ fn operator(result: Result<(), crate::front::ops::OpsError>) -> Result<(), Failu
     })
 }
 
-/// An operator command's error as the text `main` prints.
 fn text<E: std::fmt::Display>(result: Result<(), E>) -> Result<(), String> {
     result.map_err(|e| e.to_string())
 }
 
-/// `quota-gate serve`: a [`Server`] until `SIGTERM` or Ctrl-C, then the
-/// last EMF and log lines out.
+/// `quota-gate serve`: a [`Server`] until `SIGTERM` or Ctrl-C, then the last output lines out.
 async fn serve(config: Config) -> Result<(), String> {
     let metrics = install_prometheus()?;
     // A bad URL is reported by the gates' own wiring, below.
@@ -172,7 +167,6 @@ async fn serve(config: Config) -> Result<(), String> {
         }
         None => None,
     };
-    // Serves until a signal, or the watch refusing the store.
     let (shutdown, refusal) = eviction_watch::until_refused(watch, shutdown_signal());
     if let (crate::config::QueueTarget::ValkeyStream(key), Some(valkey)) = (&config.queue, valkey) {
         let key = key.clone();
@@ -180,13 +174,11 @@ async fn serve(config: Config) -> Result<(), String> {
             crate::io::queue::stream::warn_without_persistence(&valkey, &key).await;
         });
     }
-    // What QUOTA_DRAIN_TIMEOUT_MS keeps for the last lines, after the requests.
     let output = config.serve.drain_timeout - crate::front::serve::drain_timeout(&config);
     let served = Server::bind(config, Some(metrics))
         .await?
         .run(shutdown)
         .await;
-    // The last EMF lines and log lines out, unless nobody is reading.
     let by = tokio::time::Instant::now() + output;
     LineWriter::stdout().drain(output).await;
     if let Some(stderr) = STDERR.get() {
@@ -197,9 +189,7 @@ async fn serve(config: Config) -> Result<(), String> {
     refusal.or(served)
 }
 
-/// `serve`'s meter of the store's own metrics: EMF lines through the
-/// non-blocking stdout, as its requests' (a dropped line is counted), unless
-/// `QUOTA_EMF=off`.
+/// `serve`'s meter of the store's own metrics, through the non-blocking stdout.
 fn store_meter(config: &Config) -> StoreMeter {
     let sink = config
         .serve
@@ -208,12 +198,10 @@ fn store_meter(config: &Config) -> StoreMeter {
     StoreMeter::new(&config.metrics_namespace, Process::Serve, sink)
 }
 
-/// `serve`'s non-blocking stderr, for the logs.
 static STDERR: std::sync::OnceLock<LineWriter> = std::sync::OnceLock::new();
 
-/// Logs to stderr in `format`, filtered by [`crate::log_filter`]. `serve` logs through
-/// a non-blocking writer, like its stdout: a stderr nobody reads loses log
-/// lines, never requests.
+/// Logs to stderr in `format`. `serve` logs through a non-blocking writer: a stderr nobody reads
+/// loses log lines, never requests.
 fn init_tracing(command: &Command, format: crate::LogFormat) {
     match command {
         Command::Serve => {
@@ -228,8 +216,7 @@ fn init_tracing(command: &Command, format: crate::LogFormat) {
     }
 }
 
-/// One formatted log event, handed to the stderr writer thread (dropped
-/// when its queue is full).
+/// One formatted log event for the stderr writer thread (dropped when its queue is full).
 struct LogLine(LineWriter);
 
 impl std::io::Write for LogLine {
@@ -243,8 +230,7 @@ impl std::io::Write for LogLine {
     }
 }
 
-/// Ctrl-C, or SIGTERM as container runtimes and systemd send it (`serve`
-/// and `consume` alike).
+/// Ctrl-C, or SIGTERM as container runtimes and systemd send it.
 pub(crate) async fn shutdown_signal() {
     #[cfg(unix)]
     {

@@ -1,10 +1,5 @@
-//! The Lambda front end: API Gateway events in, [`Gate::handle`] out.
-//!
-//! Accepts HTTP API (payload 2.0), REST API (payload 1.0) and Function URL
-//! events. The source address is taken from the request context, where the
-//! gateway put it, never from a header; the trace context from the
-//! invocation's X-Ray header (`Lambda-Runtime-Trace-Id`, which the runtime
-//! also puts in `_X_AMZN_TRACE_ID` and `lambda_http` in `X-Amzn-Trace-Id`).
+//! The Lambda front end: API Gateway (payload 1.0 and 2.0) and Function URL events in,
+//! [`Gate::handle`] out. The source address comes from the request context, never from a header.
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -66,15 +61,11 @@ pub fn to_gate_request(request: Request) -> GateRequest {
     }
 }
 
-/// The earliest deadline taken for an epoch instant: 2000-01-01T00:00:00Z, in
-/// milliseconds. Anything smaller is not a point in time.
+/// The earliest deadline taken for an epoch instant (2000-01-01T00:00:00Z, in ms).
 pub const EARLIEST_DEADLINE_MS: u64 = 946_684_800_000;
 
-/// Time left before the invocation's deadline. A deadline of 0 means the
-/// runtime gave none (a bare test event). One that cannot be an epoch
-/// instant (before 2000, e.g. `cargo lambda watch` sends the timeout itself,
-/// `600000`) is treated as absent, said once in the log, so a local replay
-/// sleeps as Lambda would. One already passed is zero, so nothing sleeps.
+/// Time left before the invocation's deadline; `None` for no deadline (0) or one that is not an
+/// epoch instant (a local emulator may send the timeout itself). One already passed is zero.
 pub fn time_left(context: &lambda_runtime::Context) -> Option<Duration> {
     let now = duration_ms(
         SystemTime::now()
@@ -84,7 +75,7 @@ pub fn time_left(context: &lambda_runtime::Context) -> Option<Duration> {
     remaining_before(context.deadline, now)
 }
 
-/// Time from `now_ms` to the deadline `deadline_ms` (both epoch milliseconds).
+/// Time from `now_ms` to `deadline_ms` (epoch milliseconds), as [`time_left`].
 pub fn remaining_before(deadline_ms: u64, now_ms: u64) -> Option<Duration> {
     if deadline_ms == 0 {
         return None;
@@ -103,7 +94,7 @@ pub fn remaining_before(deadline_ms: u64, now_ms: u64) -> Option<Duration> {
     Some(Duration::from_millis(deadline_ms.saturating_sub(now_ms)))
 }
 
-/// The gate's answer as a Lambda response (our bodies are always JSON text).
+/// The gate's answer as a Lambda response.
 pub fn to_lambda_response(response: http::Response<Bytes>) -> Response<Body> {
     let (parts, body) = response.into_parts();
     let body = match String::from_utf8(body.to_vec()) {
@@ -116,12 +107,8 @@ pub fn to_lambda_response(response: http::Response<Bytes>) -> Response<Body> {
 /// The error type a configuration error is reported under.
 pub const CONFIG_ERROR_TYPE: &str = "Runtime.ConfigError";
 
-/// Reports a cold-start failure to the Lambda Runtime API
-/// (`POST /2018-06-01/runtime/init/error` on `api`, the value of
-/// `AWS_LAMBDA_RUNTIME_API`), so the invocation's error names the cause
-/// instead of a bare "Runtime exited". Sent with the runtime's own API
-/// client, which takes Lambda's `host:port` and `cargo lambda watch`'s URL
-/// with a path prefix alike. Returns the API's status code.
+/// Reports a cold-start failure to the Lambda Runtime API at `api` (`AWS_LAMBDA_RUNTIME_API`), so
+/// the invocation's error names the cause instead of "Runtime exited". Returns the status code.
 pub async fn report_init_error(
     api: &str,
     error_type: &str,
@@ -143,11 +130,8 @@ pub async fn report_init_error(
     Ok(response.status().as_u16())
 }
 
-/// The Lambda's init check of the store's eviction policy
-/// ([`crate::io::eviction_watch::check_at_start`]): said in the log and in one
-/// EMF line on stdout, or the init refused when `QUOTA_STORE_EVICTION=refuse`.
-/// Evictions during the run are left to the cache's own `Evictions` alarm
-/// (see [`crate::io::eviction_watch`]).
+/// The Lambda's init check of the store's eviction policy: logged and metered, or the init refused
+/// when `QUOTA_STORE_EVICTION=refuse`. Evictions during the run are left to the cache's alarm.
 pub async fn check_store<Q: ScanQueue>(gate: &Gate<AnyStore, Q>) -> Result<(), String> {
     let AnyStore::Valkey(store) = gate.store() else {
         return Ok(());

@@ -1,28 +1,6 @@
-//! The consumer as a Lambda function: the same `bootstrap` binary with
-//! `QUOTA_ROLE=consume`, triggered by SQS on the scan queue and the over
-//! lane's, answering with the messages to leave on their queue
-//! (`ReportBatchItemFailures`).
-//!
-//! Each message of a batch goes through `consume`'s own worker
-//! ([`crate::consume::worker`]): held until its `notBefore` (by visibility,
-//! [`crate::consume::source::sqs_batch`]), the `scanId` marker claimed in
-//! the same Valkey keys `consume` uses for the queue, the job POSTed to the
-//! scanner ([`Handoff::post`]), the marker kept as done, and metered with
-//! `Source` `lambda`. A batch's messages run at once; how many scans run at
-//! once is the event source mappings' concurrency (the over lane's capped,
-//! so within-quota jobs find the scanner free).
-//!
-//! | variable | meaning |
-//! |---|---|
-//! | `QUOTA_ROLE` | `consume` (this function); unset or `gate`: the gate |
-//! | `SCANNER_URL` | where each due job is POSTed (required) |
-//! | `SCAN_QUEUE_URL`, `SCAN_QUEUE_OVER_URL` | the queues the event source mappings read: their names tell a message's lane, and the markers are `{sqs:<SCAN_QUEUE_URL's name>}:run:<scanId>`, as `consume`'s |
-//! | `VALKEY_*`, `QUOTA_STORE_TIMEOUT_MS`, `QUOTA_METRICS_NAMESPACE` | as for the gate |
-//!
-//! Before the invocation's deadline ([`STOP_BEFORE_DEADLINE`]) no new
-//! scan starts and running ones are stopped, their markers released and
-//! their messages handed back: Lambda would otherwise end the invocation
-//! and redeliver the whole batch.
+//! The consumer as a Lambda function (`QUOTA_ROLE=consume`) on SQS events, answering with the
+//! messages to leave on their queue. Each goes through `consume`'s own [`Worker`] and markers; near
+//! the deadline running scans are stopped and handed back, else Lambda redelivers the whole batch.
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -50,25 +28,21 @@ pub const ROLE: &str = "QUOTA_ROLE";
 /// The scanner the consumer function POSTs each due job to.
 pub const SCANNER_URL: &str = "SCANNER_URL";
 
-/// The marker lease and a held message's visibility renewal, as
-/// `consume`'s default `--lease`.
+/// The marker lease and a held message's visibility renewal, as `consume`'s default `--lease`.
 const LEASE: Duration = Duration::from_secs(30);
-/// How long before the invocation's deadline running scans are stopped
-/// (and at most 2 s more spent releasing their markers).
+/// How long before the invocation's deadline running scans are stopped.
 pub const STOP_BEFORE_DEADLINE: Duration = Duration::from_secs(5);
 /// The longest one scan may run: Lambda's own limit.
 const SCAN_TIMEOUT: Duration = Duration::from_secs(900);
-/// A failed scan's message comes back after this (each invocation is a
-/// new worker, so the wait does not grow; the queue's `maxReceiveCount`
-/// bounds the tries).
+/// A failed scan's message comes back after this; the queue's `maxReceiveCount` bounds the tries.
 const RETRY_AFTER: Duration = Duration::from_secs(30);
 
 /// What the `bootstrap` binary is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Role {
-    /// The gate: API Gateway events in ([`crate::front::lambda`]).
+    /// The gate: API Gateway events in.
     Gate,
-    /// The consumer: SQS events in (this module).
+    /// The consumer: SQS events in.
     Consume,
 }
 
@@ -93,8 +67,7 @@ pub struct Consumer {
 }
 
 impl Consumer {
-    /// From the process environment (secret references read), with the
-    /// SDK's own configuration.
+    /// From the process environment (secret references read).
     pub async fn from_env() -> Result<Self, String> {
         let config = crate::io::secrets::config_from_env()
             .await
@@ -105,8 +78,7 @@ impl Consumer {
         Self::new(&config, &scanner, &sdk, meter)
     }
 
-    /// A consumer of `config`'s queues handing jobs to `scanner` (a URL),
-    /// its SQS clients from `sdk`, metered by `meter`.
+    /// A consumer of `config`'s queues handing jobs to the `scanner` URL.
     pub fn new(
         config: &Config,
         scanner: &str,
@@ -150,8 +122,7 @@ impl Consumer {
         })
     }
 
-    /// Runs one SQS event's jobs, each to its end; `remaining` is the time
-    /// left before the invocation's deadline (none: no deadline).
+    /// Runs one SQS event's jobs, each to its end or the deadline `remaining` away.
     pub async fn handle(&self, event: SqsEvent, remaining: Option<Duration>) -> BatchResponse {
         if let Err(e) = self.clock.sync().await {
             tracing::warn!(error = %e, "cannot read Valkey's clock; timing by the last reading");
@@ -187,8 +158,7 @@ impl Consumer {
         worker.source.response(ids.iter().map(String::as_str))
     }
 
-    /// This invocation's worker over `source`'s `jobs` jobs: every one
-    /// runs at once, and stops when `stopping` turns true.
+    /// This invocation's worker: all `jobs` run at once, and stop when `stopping` turns true.
     fn worker(
         &self,
         source: SqsBatch,

@@ -1,8 +1,5 @@
-//! The front ends, on top: the Lambda handlers (the gate's, and the
-//! consumer's), the local HTTP server, the `quota-gate` command, its
-//! operator tools and its health `probe`. Each adapts one way in to
-//! the [gate](crate::gate) (or, for the consumer, to
-//! [`crate::consume`]).
+//! The front ends, each one way in to the [gate](crate::gate) (or, for the consumer, to
+//! [`crate::consume`]): the Lambda handlers, `serve`, the `quota-gate` command and its tools.
 
 pub mod cli;
 pub mod lambda;

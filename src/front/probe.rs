@@ -1,10 +1,6 @@
-//! `quota-gate probe <URL>`: one `GET` of a plain `http://` URL, exit 0 on a
-//! 2xx answer within [`PROBE_TIMEOUT`], 1 on anything else (another status,
-//! no answer, a bad URL). It is the container image's `HEALTHCHECK`
-//! (`quota-gate probe http://127.0.0.1:8080/readyz`): the image has no
-//! shell and no curl. Never 2, which Docker reserves. It reads no
-//! configuration and no secret, and starts no logger: a probe runs every
-//! few seconds and must cost next to nothing.
+//! `quota-gate probe <URL>`: one `GET` of a plain `http://` URL, exit 0 on a 2xx answer within
+//! [`PROBE_TIMEOUT`], else 1 (never 2, which Docker reserves). The image's `HEALTHCHECK` (it has no
+//! curl); it reads no configuration and starts no logger, to cost next to nothing.
 
 use std::process::ExitCode;
 use std::time::Duration;
@@ -12,8 +8,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Empty};
 
-/// The whole probe, connect to last byte: Docker's own default timeout is
-/// 30 s, but a gate that takes 2 s to say it is ready is not.
+/// The whole probe, connect to last byte: a gate that takes this long to say it is ready is not.
 pub const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// `quota-gate probe` options.

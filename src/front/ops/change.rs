@@ -1,6 +1,4 @@
-//! `grant` and `reset`: what an operator changes about one client, found
-//! by [`subject::resolve`](super::subject::resolve). Nothing printed or
-//! logged names its address or token.
+//! `grant` and `reset` of one client. Nothing printed or logged names its address or token.
 
 use serde::Serialize;
 
@@ -16,9 +14,9 @@ use crate::rules::unix::UnixSecs;
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Removal {
-    /// The subject's counter; its first-seen, pacing and idempotency keys share its prefix.
+    /// The subject's counter; its other keys share its prefix.
     pub key: String,
-    /// How many of the subject's keys existed and are now gone.
+    /// How many of its keys existed.
     pub removed: u64,
 }
 
@@ -46,17 +44,14 @@ pub struct Granted {
     pub key: String,
     /// The extra scans the subject now has this period (0 after `--revoke`).
     pub scans: u64,
-    /// When the grant expires, with the counter (RFC 3339, UTC); `None`
-    /// after `--revoke`, or for a grant made before the period's first scan
-    /// (it expires with the counter that scan opens).
+    /// RFC 3339, UTC; `None` after `--revoke` or for a grant made before the period's first scan.
     pub expires_at: Option<String>,
-    /// `--revoke` only: whether there was a grant to take back.
+    /// `--revoke` only: whether there was a grant.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub revoked: Option<bool>,
 }
 
 impl Granted {
-    /// The answer to `--revoke` on `key`: whether there was a grant.
     pub(super) fn revoked(key: String, revoked: bool) -> Self {
         Self {
             key,
@@ -86,7 +81,7 @@ impl Granted {
     }
 }
 
-/// Checks a grant's size: 1 to [`MAX_GRANT`] scans.
+/// Checks a grant's size.
 pub fn check_scans(scans: u64) -> Result<u64, OpsError> {
     if (1..=MAX_GRANT).contains(&scans) {
         Ok(scans)
@@ -97,11 +92,8 @@ pub fn check_scans(scans: u64) -> Result<u64, OpsError> {
     }
 }
 
-/// Gives a client `scans` extra scans for the current period (0 revokes):
-/// the grant expires with the counter, or, before the period's first scan,
-/// when the period ends under `reset` (`utc-day`: tonight), or (`rolling`)
-/// with the counter that scan opens. The log line names the scope and the
-/// number, never the address or token.
+/// Gives a client `scans` extra scans for the current period (0 revokes). Before the period's first
+/// scan the grant expires when the period ends under `reset`, if known.
 pub async fn grant(
     store: &ValkeyStore,
     subject: &Subject,
@@ -130,7 +122,7 @@ pub async fn grant(
     })
 }
 
-/// Removes a client's counter, first-seen key, pacing slot and idempotency records.
+/// Removes every key of a client.
 pub async fn reset(store: &ValkeyStore, subject: &Subject) -> Result<Removal, OpsError> {
     let removed = store.reset(&subject.key).await?;
     Ok(Removal {

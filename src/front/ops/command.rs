@@ -1,6 +1,5 @@
-//! The operator subcommands' arguments and runners, so `cli.rs` stays a
-//! dispatcher. Results go to stdout (text, or JSON with `--json`); warnings
-//! and progress go to stderr.
+//! The operator subcommands' arguments and runners. Results go to stdout; warnings and progress
+//! go to stderr.
 
 use std::io::{IsTerminal, Read};
 
@@ -124,8 +123,7 @@ pub struct StatsArgs {
     pub json: bool,
 }
 
-/// `--since`, checked while the command line is read: a bad window is a
-/// usage error (exit 2), said before any AWS configuration is looked at.
+/// `--since`, checked while the command line is read, so a bad window is a usage error (exit 2).
 fn since_arg(raw: &str) -> Result<std::time::Duration, String> {
     stats::parse_since(raw).map_err(|e| e.to_string().trim_start_matches("--since: ").to_owned())
 }
@@ -200,8 +198,7 @@ pub async fn purge(args: PurgeArgs, config: &Config) -> Result<(), OpsError> {
     print(args.json, &report, purge::PurgeReport::render)
 }
 
-/// `quota-gate stats`, with the AWS configuration from the environment
-/// (`AWS_REGION`, credentials, `AWS_ENDPOINT_URL` for a local endpoint).
+/// `quota-gate stats`, with the AWS configuration from the environment.
 pub async fn stats(args: StatsArgs, config: &Config) -> Result<(), OpsError> {
     let since = args.since;
     let sdk = aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await;

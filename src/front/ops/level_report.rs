@@ -1,6 +1,5 @@
-//! What an operator sees of one level above the subject (a network, or
-//! the anonymous budget): the `level` lines of `inspect --ip` and the report
-//! of `inspect --network` ([`network`](super::network) finds and reads them).
+//! What an operator sees of one level above the subject: the `level` lines of `inspect --ip` and
+//! the report of `inspect --network`.
 
 use serde::Serialize;
 
@@ -14,10 +13,10 @@ use crate::rules::unix::UnixSecs;
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct LevelReport {
-    /// `v4/24`, `v6/48`, `anon`: the level's name, as `quota.level` says it.
+    /// The level's name (`v4/24`, `anon`), as `quota.level` says it.
     pub level: String,
     pub key: String,
-    /// Whether the level's counter exists this period.
+    /// Whether the counter exists this period.
     pub exists: bool,
     pub used: u64,
     /// The ceiling with the grant added.
@@ -26,15 +25,14 @@ pub struct LevelReport {
     pub grant: u64,
     pub grant_expires_at: Option<String>,
     pub remaining: u64,
-    /// When the level's period ends (RFC 3339, UTC): its counter's expiry,
-    /// or, with no counter, when one opened now would expire.
+    /// RFC 3339, UTC; with no counter, when one opened now would expire.
     pub reset_at: Option<String>,
-    /// How far ahead the level's pacing slot is, in ms.
+    /// How far ahead the pacing slot is, in ms.
     pub backlog_ms: u64,
 }
 
 impl LevelReport {
-    /// Builds the report of `level` from a store snapshot read at `now`.
+    /// The report of `level` from a store snapshot read at `now`.
     pub fn new(config: &Config, level: &Level, snapshot: Option<&Snapshot>, now: UnixSecs) -> Self {
         let used = snapshot.map_or(0, |s| s.peek.used);
         let grant = snapshot.map_or(0, |s| s.peek.grant);
@@ -64,7 +62,7 @@ impl LevelReport {
         }
     }
 
-    /// One line: `v4/24  used 3 of 264 (…), remaining 261, resets …`.
+    /// One line: `v4/24: used 3 of 264, remaining 261, resets …`.
     pub fn line(&self) -> String {
         let limit = limit_row(self.limit, self.base_limit, self.grant);
         let reset = self.reset_at.as_deref().unwrap_or("never (reset it)");

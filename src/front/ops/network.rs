@@ -1,23 +1,6 @@
-//! The levels above a subject, for operators: `inspect --ip` shows each
-//! level of the address beside its subject, and `inspect | grant | reset
-//! --network <cidr>` act on one network level.
-//!
-//! A level is found as the handler finds it: its material from
-//! [`Levels::of_network`](crate::rules::level::Levels::of_network) (family, length
-//! and the network's first address), its digest from
-//! [`Identifier::level`], its keys from [`QuotaKey::level`](crate::rules::key::QuotaKey::level). The
-//! CIDR must have one of the configured lengths (`QUOTA_NETWORKS`): any
-//! other names a counter the gate never writes. Nothing printed or logged
-//! names an address: a level is its name (`v4/24`) and its key.
-//!
-//! A level's grant is held in its counter: the request path counts a
-//! level with two plain commands and reads no grant, so `grant --network`
-//! takes the grant off the count (the counter holds used − granted) and
-//! notes how much beside it, for `inspect` and `GET /quota` to add back
-//! (`grant_level.lua`). The grant expires with the counter; a counter with
-//! no expiry, or none at all, gets the end of a period opened now
-//! ([`period_end`]: tonight 00:00 UTC under `utc-day`, 24 h on under
-//! `rolling`, so there a grant opens the network's period).
+//! The levels above a subject, for operators. A `--network` CIDR must have a configured length:
+//! any other names a counter the gate never writes. A level's grant is held in its counter (used −
+//! granted), as the request path reads no grant; a counter without expiry gets [`period_end`].
 
 use std::net::IpAddr;
 
@@ -34,9 +17,8 @@ use crate::rules::level::Level;
 use crate::rules::scope::Scope;
 use crate::rules::unix::UnixSecs;
 
-/// The level `--network <cidr>` names: one of the configured lengths of
-/// `QUOTA_NETWORKS`, or, written `tid:<cidr>`, of `QUOTA_TOKEN_NETWORKS`
-/// (the token holders' level of that network).
+/// The level `--network <cidr>` names: of `QUOTA_NETWORKS`, or, as `tid:<cidr>`, of
+/// `QUOTA_TOKEN_NETWORKS`.
 pub fn resolve(config: &Config, raw: &str) -> Result<Level, OpsError> {
     let (scope, text, var) = match raw.trim().strip_prefix("tid:") {
         Some(cidr) => (Scope::Tid, cidr, "QUOTA_TOKEN_NETWORKS"),
@@ -71,15 +53,14 @@ pub fn resolve(config: &Config, raw: &str) -> Result<Level, OpsError> {
     Ok(Identifier::new(config)?.level(level))
 }
 
-/// The levels an anonymous scan from `--ip <raw>` is counted at, in the
-/// order the gate counts them (none when levels are off).
+/// The levels an anonymous scan from `--ip <raw>` is counted at, in the gate's order.
 pub fn of_ip(config: &Config, raw: &str) -> Result<Vec<Level>, OpsError> {
     let addr: IpAddr =
         ip::parse_source(raw).ok_or_else(|| OpsError::Usage("--ip: not an IP address".into()))?;
     Ok(Identifier::new(config)?.levels_of(Scope::Ip, addr))
 }
 
-/// Reads each of `levels` (one round trip each: an operator's view).
+/// Reads each of `levels`, one round trip each.
 pub async fn inspect(
     store: &ValkeyStore,
     config: &Config,
@@ -104,8 +85,7 @@ pub async fn inspect_network(config: &Config, raw: &str) -> Result<LevelReport, 
         .ok_or_else(|| OpsError::Usage("no level read".into()))
 }
 
-/// `grant --network`: `scans` extra scans for the level's period (0
-/// revokes), always with an expiry (see the module's docs).
+/// `grant --network`: `scans` extra scans for the level's period (0 revokes).
 pub async fn grant(config: &Config, raw: &str, scans: u64) -> Result<Granted, OpsError> {
     let level = resolve(config, raw)?;
     let store = valkey_store(config)?;
@@ -129,7 +109,7 @@ pub async fn grant(config: &Config, raw: &str, scans: u64) -> Result<Granted, Op
     })
 }
 
-/// `reset --network`: removes the level's counter, pacing slot and grant.
+/// `reset --network`.
 pub async fn reset(config: &Config, raw: &str) -> Result<Removal, OpsError> {
     let level = resolve(config, raw)?;
     let store = valkey_store(config)?;

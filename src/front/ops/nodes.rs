@@ -1,8 +1,4 @@
-//! The nodes of the quota Valkey, for operator commands that must visit
-//! every primary (`SCAN` walks one node's keyspace): shard discovery from
-//! `CLUSTER SHARDS`, and a plain connection to one node with the same
-//! credentials, TLS trust and timeouts as `VALKEY_URL`. The request path
-//! never needs either.
+//! The nodes of the quota Valkey, for operator commands that must `SCAN` every primary.
 
 use std::collections::BTreeSet;
 
@@ -10,9 +6,7 @@ use redis::{ConnectionAddr, ErrorKind, RedisError, RedisResult, Value};
 
 use crate::io::connection::{Connection, Valkey, client_for};
 
-/// The address of every primary that serves slots, as the cluster
-/// announces them (`CLUSTER SHARDS`). A standalone server is its own only
-/// primary.
+/// The address of every primary that serves slots; a standalone server is its own only primary.
 pub async fn primaries(valkey: &Valkey) -> RedisResult<Vec<(String, u16)>> {
     if !valkey.is_cluster() {
         return Ok(match valkey.info().addr() {
@@ -33,8 +27,7 @@ pub async fn primaries(valkey: &Valkey) -> RedisResult<Vec<(String, u16)>> {
     )
 }
 
-/// A standalone connection to one node at `host:port`, with the same
-/// credentials (or IAM sign-in), TLS trust and timeouts as the configured URL.
+/// A connection to one node, with the credentials, TLS trust and timeouts of the configured URL.
 pub async fn node_connection(valkey: &Valkey, host: &str, port: u16) -> RedisResult<Connection> {
     let addr = match valkey.info().addr() {
         ConnectionAddr::TcpTls { insecure, .. } => ConnectionAddr::TcpTls {
@@ -88,11 +81,8 @@ fn items(v: &Value) -> &[Value] {
     }
 }
 
-/// The primaries of a `CLUSTER SHARDS` reply: per shard that owns slots, its
-/// healthy `master` node, addressed by its preferred endpoint (hostname or
-/// IP, as the cluster is configured to announce) and its TLS port when the
-/// connection is TLS. A shard that owns slots but has no healthy primary is
-/// an error: skipping it would leave keys behind.
+/// Per shard that owns slots in a `CLUSTER SHARDS` reply, its healthy `master`; a shard without one
+/// is an error, as skipping it would leave keys behind.
 pub fn primaries_from_shards(shards: &Value, tls: bool) -> RedisResult<Vec<(String, u16)>> {
     let mut found = BTreeSet::new();
     for shard in items(shards) {

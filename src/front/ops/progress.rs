@@ -1,18 +1,11 @@
-//! Progress for long purges, on stderr so stdout keeps only the result.
-//!
-//! On a terminal one status line is redrawn in place, at most every 100 ms;
-//! elsewhere (a log, CI) a plain line is written every few seconds, so a
-//! purge of millions of keys shows it is alive without flooding the log.
-//! The total is unknown in advance (SCAN has no count of matches), so this is
-//! a counter with a rate, not a bar.
+//! Progress for long purges, on stderr so stdout keeps only the result. A counter with a rate, not
+//! a bar: SCAN gives no total in advance.
 
 use std::io::{IsTerminal, Write};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-/// Redraw interval on a terminal.
 const TTY_INTERVAL: Duration = Duration::from_millis(100);
-/// Line interval in a log.
 const LOG_INTERVAL: Duration = Duration::from_secs(5);
 
 struct State {
@@ -88,7 +81,7 @@ impl Progress {
         self.state.lock().map_or(0, |s| s.done)
     }
 
-    /// Clears the status line, so the final count stands alone.
+    /// Clears the status line.
     pub fn finish(&self) {
         let Ok(mut s) = self.state.lock() else { return };
         if self.redraw && s.drawn {

@@ -1,12 +1,5 @@
-//! `purge`: the seed's mass expiry. Every `quota:*` key goes, found with
-//! `SCAN MATCH` and removed with `UNLINK` in batches (on every primary of a
-//! cluster), through [`ValkeyStore::purge`](crate::io::store::valkey::ValkeyStore::purge); nothing else on the server is
-//! touched.
-//!
-//! Consent: a real purge always needs `--yes`. On a terminal the refusal
-//! says how to proceed; off a terminal (cron, CI, a pipe) there is nobody to
-//! ask, so a missing `--yes` is a mistake in the script and is refused too.
-//! `--dry-run` only counts, and needs no consent.
+//! `purge`: the seed's mass expiry of every `quota:*` key. A real purge always needs `--yes`, on a
+//! terminal or not; `--dry-run` only counts.
 
 use std::time::Instant;
 
@@ -37,8 +30,7 @@ pub fn check_consent(dry_run: bool, yes: bool, interactive: bool) -> Result<(), 
 #[serde(rename_all = "camelCase")]
 pub struct PurgeReport {
     pub dry_run: bool,
-    /// Keys removed, or in a dry run keys found (SCAN may report a key twice,
-    /// so a dry-run count is an upper bound).
+    /// Keys removed, or found in a dry run (an upper bound: SCAN may report a key twice).
     pub keys: u64,
     pub seconds: f64,
 }
@@ -60,7 +52,7 @@ impl PurgeReport {
     }
 }
 
-/// Purges (or counts) every quota key, reporting batches to `progress`.
+/// Purges (or counts) every quota key.
 pub async fn purge(
     store: ValkeyStore,
     dry_run: bool,

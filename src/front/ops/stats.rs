@@ -1,12 +1,5 @@
-//! `stats`: what the gate metered, read back from CloudWatch.
-//!
-//! The EMF lines of every Lambda become CloudWatch metrics in
-//! `QUOTA_METRICS_NAMESPACE` with the one dimension `Scope` (`ip`, `tid`).
-//! One `GetMetricData` call asks, per scope, for the Sum of each counter, the
-//! SampleCount of `stella_quota_delay_ms` (every decided scan records one
-//! delay sample, so this is the number of scans metered) and its p95, over a
-//! single period spanning the whole window: one datapoint per query, no
-//! client-side merging of percentiles.
+//! `stats`: what the gate metered, read back from CloudWatch. Each query uses one period spanning
+//! the whole window, so percentiles need no merging; the delay's SampleCount counts the scans.
 
 use std::time::Duration;
 
@@ -24,13 +17,11 @@ use crate::rules::scope::Scope;
 /// The longest window: CloudWatch keeps hourly data for 455 days.
 const MAX_WINDOW: Duration = Duration::from_secs(455 * crate::rules::unix::DAY_SECS.unsigned_abs());
 
-/// How long the credential chain may look (instance metadata included)
-/// before `stats` says there are no credentials.
+/// How long the credential chain may look before `stats` says there are no credentials.
 const CREDENTIALS_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// Checks up front that the AWS SDK has a region and credentials, so a
-/// machine without AWS configuration gets one short sentence instead of the
-/// SDK's whole error chain.
+/// Checks that the AWS SDK has a region and credentials, for one short sentence instead of the
+/// SDK's error chain.
 pub async fn preflight() -> Result<(), OpsError> {
     use aws_sdk_cloudwatch::config::ProvideCredentials;
     let sdk = aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await;
@@ -55,7 +46,7 @@ pub async fn preflight() -> Result<(), OpsError> {
     }
 }
 
-/// Parses `--since` with `humantime`: `24h`, `90m`, `7d`, `1h 30m`, `2days`.
+/// Parses `--since` with `humantime` (`24h`, `7d`, `1h 30m`).
 pub fn parse_since(raw: &str) -> Result<Duration, OpsError> {
     let window = humantime::parse_duration(raw.trim()).map_err(|e| {
         OpsError::Usage(format!(
@@ -75,14 +66,14 @@ pub fn parse_since(raw: &str) -> Result<Duration, OpsError> {
 #[serde(rename_all = "camelCase")]
 pub struct ScopeStats {
     pub scope: &'static str,
-    /// Scans with a quota decision (the delay histogram's sample count).
+    /// Scans with a quota decision.
     pub scans: u64,
     pub soft_hits: u64,
     pub hard_hits: u64,
     pub reminders: u64,
     pub store_errors: u64,
     pub enqueue_errors: u64,
-    /// `None` when no delay was recorded, or the backend computes no percentiles.
+    /// `None` when no delay was recorded or the backend computes no percentiles.
     pub p95_delay_ms: Option<f64>,
 }
 
@@ -94,7 +85,7 @@ pub struct Stats {
     pub start: String,
     pub end: String,
     pub scopes: Vec<ScopeStats>,
-    /// Why the p95 figures are missing, when the percentile query failed.
+    /// Why the p95 figures are missing.
     pub p95_error: Option<String>,
 }
 
@@ -116,7 +107,7 @@ pub async fn stats(
     since: Duration,
     end: OffsetDateTime,
 ) -> Result<Stats, OpsError> {
-    // A period is a multiple of 60 s; one period covers the whole window.
+    // A period must be a multiple of 60 s.
     let period = since.as_secs().div_ceil(60).max(1) * 60;
     let end_secs = end.unix_timestamp();
     let start_secs = end_secs - i64::try_from(period).unwrap_or(i64::MAX / 2);
@@ -129,9 +120,7 @@ pub async fn stats(
         DateTime::from_secs(end_secs),
     );
     fetch(client, start, end_dt, counts, &mut values).await?;
-    // Percentiles are asked apart: a CloudWatch-compatible endpoint that
-    // computes no extended statistics (moto, some emulators) still gives the
-    // counts, and the report says why p95 is missing.
+    // Asked apart, so an endpoint without extended statistics still gives the counts.
     let p95_error = fetch(client, start, end_dt, percentiles, &mut values)
         .await
         .err()
@@ -148,7 +137,7 @@ pub async fn stats(
 /// The scopes reported, in the order of the query slots.
 const SCOPES: [Scope; 2] = [Scope::Ip, Scope::Tid];
 
-/// Every query for every scope, the counts apart from the percentiles.
+/// Every query for every scope: the counts, and the percentiles.
 fn queries(namespace: &str, period: i32) -> (Vec<MetricDataQuery>, Vec<MetricDataQuery>) {
     let (mut counts, mut percentiles) = (Vec::new(), Vec::new());
     for scope in SCOPES {
@@ -164,7 +153,6 @@ fn queries(namespace: &str, period: i32) -> (Vec<MetricDataQuery>, Vec<MetricDat
     (counts, percentiles)
 }
 
-/// Each scope's figures from the values fetched into its query slots.
 fn scope_stats(values: &[Vec<f64>]) -> Vec<ScopeStats> {
     let sum = |slot: usize| -> u64 { values[slot].iter().sum::<f64>().round() as u64 };
     SCOPES
@@ -187,7 +175,7 @@ fn scope_stats(values: &[Vec<f64>]) -> Vec<ScopeStats> {
         .collect()
 }
 
-/// Runs `queries` (paginated) and appends each result's values to its slot.
+/// Runs `queries` and appends each result's values to its slot.
 async fn fetch(
     client: &Client,
     start: DateTime,
@@ -219,7 +207,7 @@ async fn fetch(
     Ok(())
 }
 
-/// Query ids are `s<scope index>q<query index>`: CloudWatch wants a lowercase first letter.
+/// `s<scope index>q<query index>`: CloudWatch wants a lowercase first letter.
 fn query_id(scope: Scope, i: usize) -> String {
     let s = match scope {
         Scope::Ip => 0,
@@ -264,7 +252,7 @@ fn query(
 }
 
 impl Stats {
-    /// The human form: a small table, one row per scope.
+    /// The human form: one row per scope.
     pub fn render(&self) -> String {
         let mut out = format!("{} from {} to {}\n", self.namespace, self.start, self.end);
         out.push_str(&format!(

@@ -1,12 +1,5 @@
-//! One client, found as the handler finds it, and `inspect` of its counter
-//! (`grant` and `reset` change it: [`change`](super::change)).
-//!
-//! `--ip` goes through the handler's own parsing ([`ip::parse_source`]) and
-//! normalisation ([`Identifier::ip_digest`]: IPv4-mapped to IPv4, IPv6 to its
-//! prefix). `--token` takes a JWT, verified with the configured keys exactly
-//! as a request's bearer token would be, or a bare `tid`. A token the handler
-//! would reject is refused here too: its requests are counted under their IP,
-//! not its `tid`, so showing the `tid` counter would mislead.
+//! One client, found as the handler finds it, and `inspect` of its counter. A JWT the handler
+//! rejects is refused: its requests are counted under their IP, so its `tid` counter would mislead.
 
 use std::num::NonZeroU32;
 
@@ -43,11 +36,9 @@ pub enum Basis {
     Ip,
     /// A JWT that verified with the configured keys.
     VerifiedToken,
-    /// A bare `tid`: a token's own `tier` claim is unknown, so the default
-    /// token quota is assumed.
+    /// A bare `tid`: its `tier` claim is unknown, so the default token quota is assumed.
     BareTid,
-    /// An account's counter, which all its tokens share; the default
-    /// token quota is assumed.
+    /// An account's counter, shared by its tokens; the default token quota is assumed.
     Account,
 }
 
@@ -61,9 +52,7 @@ pub struct Subject {
     pub basis: Basis,
 }
 
-/// Finds the keys of the client `arg` names, hashing under
-/// [`Config::hash_secret`], through the same
-/// [`Identifier`] functions the handler uses.
+/// Finds the keys of the client `arg` names, through the handler's own [`Identifier`].
 pub fn resolve(config: &Config, arg: &SubjectArg) -> Result<Subject, OpsError> {
     let identifier = Identifier::new(config)?;
     let (identity, basis) = match arg {
@@ -125,7 +114,7 @@ pub fn resolve(config: &Config, arg: &SubjectArg) -> Result<Subject, OpsError> {
     })
 }
 
-/// Three dot-separated parts: a compact JWS. A `tid` is an opaque id.
+/// Three dot-separated parts: a compact JWS.
 fn looks_like_jwt(raw: &str) -> bool {
     raw.split('.').count() == 3
 }
@@ -163,44 +152,36 @@ pub struct Inspection {
     pub basis: Basis,
     pub key: String,
     pub first_seen_key: String,
-    /// Whether the counter exists (it does not before the first scan of
-    /// the period, even when a grant does).
+    /// Whether the counter exists (not before the period's first scan, even with a grant).
     pub exists: bool,
     pub count: u64,
-    /// The daily ceiling with the grant added: what `GET /quota` and every
-    /// 202 report as `limit`.
+    /// The daily ceiling with the grant added, as `GET /quota` reports it.
     pub limit: u32,
     /// The ceiling before the grant (the scope's, or the token's tier).
     pub base_limit: u32,
-    /// Extra scans granted for the period (`quota-gate grant`), on top of `baseLimit`.
+    /// Extra scans granted for the period, on top of `baseLimit`.
     pub grant: u64,
-    /// When the grant expires (RFC 3339, UTC), with the counter; `None`
-    /// with no grant, or one made before the period's first scan (it
-    /// expires with the counter that scan opens).
+    /// RFC 3339, UTC; `None` with no grant, or one made before the period's first scan.
     pub grant_expires_at: Option<String>,
-    /// Scans left in the period (`limit` less the count), as
-    /// `X-Stella-Quota-Remaining` last said.
+    /// Scans left in the period, as `X-Stella-Quota-Remaining` last said.
     pub remaining: u64,
     /// `None` when the counter does not exist or (wrongly) never expires.
     pub ttl_seconds: Option<u64>,
     pub first_seen: Option<String>,
-    /// When the period ends (RFC 3339, UTC), the instant the gate's answers
-    /// report as `resetAt` ([`crate::io::store::resets_at`]): the counter's
-    /// `EXPIRETIME`, or, with no counter, when one opened now would expire;
-    /// `None` for a counter that (wrongly) never expires.
+    /// When the period ends (RFC 3339, UTC), as answers report `resetAt`; with no counter, when one
+    /// opened now would expire; `None` for a counter that (wrongly) never expires.
     pub reset_at: Option<String>,
-    /// When the last paced scan may start (RFC 3339, UTC), if it is still ahead.
+    /// When the last paced scan may start (RFC 3339, UTC), if still ahead.
     pub next_free_slot: Option<String>,
     /// How far ahead that is, in ms: the wait a scan arriving now would add.
     pub backlog_ms: u64,
     pub next: NextScan,
-    /// The levels above the subject an anonymous scan from this address is
-    /// counted at (`QUOTA_NETWORKS`, `QUOTA_ANON_GLOBAL`); none for a token.
+    /// The levels above the subject an anonymous scan is also counted at; none for a token.
     pub levels: Vec<super::level_report::LevelReport>,
 }
 
 impl Inspection {
-    /// Builds the report from a store snapshot read at `now`.
+    /// The report from a store snapshot read at `now`.
     pub fn new(
         config: &Config,
         subject: &Subject,
@@ -253,7 +234,7 @@ impl Inspection {
         }
     }
 
-    /// The human form: one aligned `label  value` line each.
+    /// The human form: one aligned `label  value` line per row.
     pub fn render(&self) -> String {
         let basis = match self.basis {
             Basis::Ip => "source address",
@@ -313,7 +294,6 @@ impl Inspection {
             .collect()
     }
 
-    /// The grant's line: how many, and until when.
     fn grant_row(&self) -> String {
         match (self.grant, &self.grant_expires_at) {
             (0, _) => "-".to_owned(),

@@ -1,9 +1,5 @@
-//! What operators read and change in the store, off the request path:
-//! one subject's keys (`inspect`, `reset`) and every quota key (`purge`, the
-//! seed's mass expiry: `SCAN MATCH quota:*` + `UNLINK` in batches, on every
-//! primary of a cluster). Plain [`ValkeyStore`] methods: the request path's
-//! [`crate::io::store::QuotaStore`] has no operator method, and the in-memory
-//! store, which lives only inside one `serve` process, has none at all.
+//! What operators read and change in the store, off the request path: one subject's keys and every
+//! quota key. Plain [`ValkeyStore`] methods, kept out of [`crate::io::store::QuotaStore`].
 
 use super::nodes;
 use crate::io::connection::Connection;
@@ -14,21 +10,16 @@ use crate::rules::unix::{UnixMillis, UnixSecs};
 /// Keys removed per UNLINK in a purge.
 const PURGE_BATCH: usize = 500;
 
-/// What an operator sees of one subject: what `GET /quota` reads (the
-/// counter, its expiry as Valkey's own `EXPIRETIME`, the instant every 202
-/// reports, the pacing slot and the grant), the period's first scan, and
-/// when the grant expires.
+/// One subject as an operator sees it: what `GET /quota` reads, first-seen, the grant's expiry.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Snapshot {
-    /// With no counter (a grant made before the period's first scan shows
-    /// without one): `used` 0 and no `reset_at`.
+    /// With no counter (a grant before the period's first scan): `used` 0 and no `reset_at`.
     pub peek: Peek,
     /// Whether the counter exists.
     pub counter: bool,
     /// The first scan of the period, ISO 8601.
     pub first_seen: Option<String>,
-    /// When the grant expires; `None` with no grant, or one that waits for
-    /// the period's first scan to give it the counter's expiry.
+    /// `None` with no grant, or one waiting for the period's first scan to get the counter's.
     pub grant_expires_at: Option<UnixSecs>,
 }
 
@@ -37,25 +28,22 @@ const GRANT: &str = include_str!("grant.lua");
 /// Sets a level's grant atomically, held in its counter.
 const GRANT_LEVEL: &str = include_str!("grant_level.lua");
 
-/// What setting a grant did.
+/// When a grant set expires.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum GrantExpiry {
-    /// It expires with the counter, at this instant.
+    /// With the counter, at this instant.
     At(UnixSecs),
-    /// No counter yet: it expires with the one the next scan opens.
+    /// No counter yet: with the one the next scan opens.
     WithNextPeriod,
 }
 
 impl ValkeyStore {
-    /// Reads a subject's counter without changing it; `None` when the
-    /// subject has neither a counter nor a grant.
+    /// Reads a subject's counter; `None` when it has neither a counter nor a grant.
     pub async fn inspect(&self, key: &QuotaKey) -> Result<Option<Snapshot>, SendError> {
         self.snapshot(key, GrantHeld::Beside).await
     }
 
-    /// Reads a level's counter as [`inspect`](Self::inspect) does a
-    /// subject's: its used scans are what the counter holds plus the grant
-    /// taken off it.
+    /// Reads a level's counter; its used scans are the counter plus the grant taken off it.
     pub async fn inspect_level(&self, key: &QuotaKey) -> Result<Option<Snapshot>, SendError> {
         self.snapshot(key, GrantHeld::InCounter).await
     }
@@ -90,7 +78,7 @@ impl ValkeyStore {
         if used.is_none() && grant.is_none() {
             return Ok(None);
         }
-        // -1: no expiry; -2: no key (or gone since the GET).
+        // EXPIRETIME: -1 no expiry, -2 no key.
         let at = |t: i64| Some(t).filter(|t| *t >= 0).map(UnixSecs);
         let used = match held {
             GrantHeld::Beside => used,
@@ -109,11 +97,9 @@ impl ValkeyStore {
         }))
     }
 
-    /// Gives a subject `scans` extra scans for the current period,
-    /// replacing any earlier grant: it expires with the counter, or, before
-    /// the period's first scan, at `period_end` when that is known
-    /// ([`grant_period_end`](crate::io::store::grant_period_end)), else with the
-    /// counter that scan opens.
+    /// Gives a subject `scans` extra scans for the current period, replacing any earlier grant. It
+    /// expires with the counter or, before the period's first scan, at `period_end` if known, else
+    /// with the counter that scan opens.
     pub async fn grant(
         &self,
         key: &QuotaKey,
@@ -133,11 +119,8 @@ impl ValkeyStore {
         })
     }
 
-    /// Gives a level above the subject `scans` extra scans, replacing any
-    /// earlier grant (0 takes it back), held in the level's counter (see
-    /// `grant_level.lua`): the counter's expiry, or `period_end` for one
-    /// without. Returns the expiry, and the grant replaced (0: none); no
-    /// expiry when a revoke found no counter.
+    /// Gives a level `scans` extra scans (0 takes them back), held in its counter, replacing any
+    /// earlier grant. Returns the expiry (none if a revoke found no counter) and the old grant.
     pub async fn grant_level(
         &self,
         key: &QuotaKey,
@@ -164,14 +147,12 @@ impl ValkeyStore {
         Ok(removed > 0)
     }
 
-    /// Removes every key of a subject (counter, first-seen, pacing slot and
-    /// idempotency records); returns how many existed.
+    /// Removes every key of a subject; returns how many existed.
     pub async fn reset(&self, key: &QuotaKey) -> Result<u64, SendError> {
         self.remove_matching(&key.pattern(), false, None).await
     }
 
-    /// Removes every `quota:*` key (or only counts them when `dry_run`),
-    /// reporting each batch to `progress`; returns how many.
+    /// Removes (or, when `dry_run`, counts) every `quota:*` key; returns how many.
     pub async fn purge(
         &self,
         dry_run: bool,
@@ -190,9 +171,7 @@ impl ValkeyStore {
             let mut conn = self.valkey().connection().await?;
             return purge_node(&mut conn, pattern, dry_run, progress).await;
         }
-        // SCAN walks one node's keyspace, and a cluster connection would send
-        // each SCAN to a random node: so every primary is scanned through a
-        // connection of its own. Replicas hold copies and need nothing.
+        // A cluster connection would send each SCAN to a random node: scan every primary directly.
         let mut removed = 0;
         for (host, port) in nodes::primaries(self.valkey()).await? {
             let mut conn = nodes::node_connection(self.valkey(), &host, port).await?;
@@ -202,8 +181,7 @@ impl ValkeyStore {
     }
 }
 
-/// `SCAN MATCH <pattern>` over one node, unlinking in batches (or only
-/// counting, in a dry run); `progress` hears each batch's count.
+/// `SCAN MATCH <pattern>` over one node, unlinking (or counting) in batches reported to `progress`.
 pub async fn purge_node(
     conn: &mut Connection,
     pattern: &str,
@@ -225,9 +203,7 @@ pub async fn purge_node(
             let batch = if dry_run {
                 keys.len() as u64
             } else {
-                // One UNLINK per key, pipelined: a multi-key UNLINK would be
-                // refused with CROSSSLOT by a cluster node, whose keys span
-                // many slots.
+                // One UNLINK per key: a multi-key one would get CROSSSLOT from a cluster node.
                 let mut pipe = redis::pipe();
                 for key in &keys {
                     pipe.unlink(key);

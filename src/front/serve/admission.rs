@@ -1,22 +1,6 @@
-//! The connection cap, and which connection gives way past it.
-//!
-//! A connection is either *waiting* for a request's complete headers (its
-//! first since it opened, or its next since its last answer was sent) or
-//! *busy* (a request being read, run or answered). Only a waiting one
-//! costs nothing to close: no request of it has reached the gate, and its
-//! answers are all sent. So at the cap a new connection takes the slot of
-//! the connection that has waited longest, once that one has had its grace
-//! ([`ServeLimits::new_connection_grace`] from opening,
-//! [`ServeLimits::keep_alive_grace`] from its last answer); only when every
-//! connection is busy or within its grace does it wait for a slot. Clients
-//! that open connections and dribble their headers (slowloris) then hold
-//! slots only until newer clients need them, instead of for the whole
-//! header timeout, and a client between two requests keeps its connection.
-//!
-//! The state is one atomic word per connection ([`Presence`]), written by
-//! the connection's own task as requests start and answers go out; the
-//! list of open connections is locked only to open, close and pick one to
-//! close, which happens at the cap only.
+//! The connection cap, and which connection gives way past it. A connection is *waiting* for
+//! complete headers or *busy*; only a waiting one costs nothing to close. Each state is one atomic
+//! word ([`Presence`]); the list of open connections is locked only to open, close, or pick one.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -27,13 +11,10 @@ use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, TryAcquireError};
 
 use super::limits::ServeLimits;
 
-/// How often a new connection held at the cap looks again for one to
-/// close: one may have come out of its grace since, or another worker may
-/// have taken the slot freed for it.
+/// How often a connection held at the cap looks again: graces end, and other workers take slots.
 const LOOK_AGAIN: Duration = Duration::from_millis(50);
 
-/// [`Presence`] states besides waiting: a request is being read, run or
-/// answered.
+/// A request is being read, run or answered.
 const BUSY: u64 = 0;
 /// Its answer is all with hyper, not yet all written to the socket.
 const SENDING: u64 = 1;
@@ -52,7 +33,6 @@ impl Clock {
     /// The waiting state closable `grace` from now.
     fn waiting_for(self, grace: Duration) -> u64 {
         let from = self.epoch.elapsed() + grace;
-        // Saturating: 584 million years of uptime would be needed.
         WAITING.saturating_add(u64::try_from(from.as_millis()).unwrap_or(CLOSED - 1))
     }
 
@@ -62,8 +42,7 @@ impl Clock {
     }
 }
 
-/// What the cap knows of one open connection: whether it waits for a
-/// request (and since when it may be closed), and the signal to close it.
+/// What the cap knows of one open connection: its state, and the signal to close it.
 #[derive(Debug)]
 pub(super) struct Presence {
     state: AtomicU64,
@@ -73,9 +52,8 @@ pub(super) struct Presence {
 }
 
 impl Presence {
-    /// A request's headers have arrived: the connection is busy until its
-    /// answer is sent. `false` if it was just closed to admit another: the
-    /// request must not reach the gate (its connection is going).
+    /// A request's headers have arrived: busy until its answer is sent. `false` if it was just
+    /// closed for another: the request must not reach the gate.
     pub fn request_started(&self) -> bool {
         let busy = |state| (state != CLOSED).then_some(BUSY);
         self.state
@@ -83,16 +61,14 @@ impl Presence {
             .is_ok()
     }
 
-    /// hyper holds the whole answer (and drops its body): it is sent once
-    /// hyper's buffer is written out ([`Self::flushed`]).
+    /// hyper holds the whole answer; it is sent once hyper's buffer is written ([`Self::flushed`]).
     pub fn answer_handed_over(&self) {
         let _ = self
             .state
             .compare_exchange(BUSY, SENDING, Ordering::AcqRel, Ordering::Acquire);
     }
 
-    /// Everything hyper had to write is written: an answer handed over is
-    /// sent, and the connection waits for its next request.
+    /// Everything hyper had to write is written: the connection waits for its next request.
     pub fn flushed(&self) {
         if self.state.load(Ordering::Acquire) != SENDING {
             return;
@@ -113,7 +89,7 @@ impl Presence {
         (WAITING..=now).contains(&state).then_some(state)
     }
 
-    /// Closes it if it is still in `state`; whether it did.
+    /// Closes it if still in `state`; whether it did.
     fn close_if(&self, state: u64) -> bool {
         let closed = self
             .state
@@ -173,10 +149,8 @@ impl Admission {
         })
     }
 
-    /// A slot for a connection just accepted, and its registration as
-    /// waiting for its first request: a free slot, else the slot of the
-    /// connection that has waited longest (closed for it), else the next
-    /// slot to free. `None` once the slots are closed.
+    /// A slot for a connection just accepted, registered as waiting: a free slot, else that of the
+    /// longest waiting connection (closed for it), else the next to free. `None` once closed.
     pub async fn admit(self: &Arc<Self>) -> Option<(OwnedSemaphorePermit, Registration)> {
         let permit = self.slot().await?;
         let presence = Arc::new(Presence {
@@ -198,9 +172,8 @@ impl Admission {
         ))
     }
 
-    /// A free slot, making one if none is. A closed connection's slot frees
-    /// once its task has run; if another worker takes it first, or none
-    /// could be closed yet, this looks again every [`LOOK_AGAIN`].
+    /// A free slot, making one if none is. A closed connection's slot frees only once its task has
+    /// run, and another worker may take it first.
     async fn slot(&self) -> Option<OwnedSemaphorePermit> {
         loop {
             match self.slots.clone().try_acquire_owned() {
@@ -218,8 +191,7 @@ impl Admission {
         }
     }
 
-    /// Closes the connection that has waited longest for a request, past
-    /// its grace; whether there was one.
+    /// Closes the connection waiting longest past its grace; whether there was one.
     fn close_longest_waiting(&self) -> bool {
         let now = self.clock.now();
         let open = self.open_connections();

@@ -1,8 +1,5 @@
-//! How a connection's [`Presence`] learns that its answer is out: hyper
-//! drops the response body once it holds all of it ([`Answer`]), and
-//! flushes the socket once it has written all it holds ([`Flushed`]). Only
-//! then does the connection wait for its next request, and only then may
-//! it be closed to admit another: an answer is never cut off by that.
+//! How a connection's [`Presence`] learns that its answer is out (body dropped, socket flushed), so
+//! closing it for another never cuts an answer off.
 
 use std::convert::Infallible;
 use std::io::IoSlice;
@@ -17,8 +14,7 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
 use super::admission::Presence;
 
-/// A response body that tells its connection's [`Presence`] when hyper is
-/// done with it.
+/// A response body that tells its [`Presence`] when hyper drops it.
 pub(super) struct Answer {
     body: Full<Bytes>,
     presence: Arc<Presence>,
@@ -56,8 +52,7 @@ impl Drop for Answer {
     }
 }
 
-/// A connection's socket that tells its [`Presence`] of every flush that
-/// completes: hyper flushes the socket only once its own buffer is written.
+/// A socket that tells its [`Presence`] of every completed flush.
 pub(super) struct Flushed<T> {
     io: T,
     presence: Arc<Presence>,

@@ -1,6 +1,5 @@
-//! One worker's accept loop: a connection, then a slot for it (another
-//! connection's, at the cap, see [`Admission`]), then the connection served
-//! by hyper over a socket whose stalled writes time out.
+//! One worker's accept loop: a connection, a slot for it ([`Admission`]), then hyper over a socket
+//! whose stalled writes time out.
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -29,8 +28,7 @@ use crate::io::store::QuotaStore;
 /// The smallest read and write buffer hyper accepts.
 const HYPER_MIN_BUF: usize = 8192;
 
-/// What one worker serves, and the connection slots it shares with the
-/// process's other workers.
+/// What one worker serves; `admission` is shared with the other workers.
 pub(super) struct Worker<S, Q> {
     pub gate: Arc<Gate<S, Q>>,
     pub metrics: Option<PrometheusHandle>,
@@ -38,7 +36,6 @@ pub(super) struct Worker<S, Q> {
     pub admission: Arc<Admission>,
 }
 
-/// A connection accepted and admitted: its slot and its registration.
 struct Accepted {
     stream: TcpStream,
     peer: SocketAddr,
@@ -47,15 +44,14 @@ struct Accepted {
 }
 
 impl<S: QuotaStore, Q: ScanQueue> Worker<S, Q> {
-    /// Accepts on `listener` until `shutdown` completes, then stops
-    /// accepting and drains (see [`drain`]).
+    /// Accepts on `listener` until `shutdown` completes, then drains.
     pub async fn run(
         self,
         listener: TcpListener,
         shutdown: impl Future<Output = ()>,
     ) -> std::io::Result<()> {
         tokio::pin!(shutdown);
-        // This worker's store connection, driven by its own runtime, from now.
+        // The store connection must be driven by this worker's runtime.
         self.gate.warm_up();
         let limits = self.limits;
         let routes = Arc::new(Routes {
@@ -89,7 +85,6 @@ impl<S: QuotaStore, Q: ScanQueue> Worker<S, Q> {
     }
 }
 
-/// What serving one connection takes from its worker.
 struct Connection<'a, S, Q> {
     routes: &'a Arc<Routes<S, Q>>,
     builder: &'a http1::Builder,
@@ -97,8 +92,7 @@ struct Connection<'a, S, Q> {
 }
 
 impl<S: QuotaStore, Q: ScanQueue> Connection<'_, S, Q> {
-    /// Serves `accepted` in a task of its own, until the client or hyper
-    /// ends it, or it is closed to admit another, or the drain ends.
+    /// Serves `accepted` in its own task until it ends, gives way to another, or the drain ends.
     fn spawn(self, accepted: Accepted) {
         let Accepted {
             stream,
@@ -109,16 +103,13 @@ impl<S: QuotaStore, Q: ScanQueue> Connection<'_, S, Q> {
         let limits = &self.routes.limits;
         let _ = stream.set_nodelay(true);
         limit_unsent(&stream, limits.max_unsent);
-        // Shared with the connection's gate tasks: a scan whose client
-        // left holds the slot until it ends, so the cap still bounds
-        // the scans in flight.
+        // Shared with the gate tasks, so the cap also bounds scans whose client left.
         let permit = Arc::new(permit);
         let presence = registration.presence().clone();
         let routes = self.routes.clone();
         let slot = permit.clone();
         let service = service_fn(move |request| {
-            // Synchronously, as the request's head arrives: a connection
-            // closed for another a moment before never lets it in.
+            // Synchronously: a connection just closed for another must not let the request in.
             let started = presence.request_started();
             let routed = started.then(|| routes.clone().route(peer, slot.clone(), request));
             let presence = presence.clone();
@@ -149,17 +140,14 @@ impl<S: QuotaStore, Q: ScanQueue> Connection<'_, S, Q> {
     }
 }
 
-/// The next connection, once admitted (see [`Admission::admit`]): while it
-/// waits for a slot, the worker accepts no other, and the rest wait in the
-/// listen backlog (costing no file descriptor here). `None` once the slots
-/// are closed.
+/// The next connection, once admitted. While it waits for a slot the rest wait in the listen
+/// backlog, costing no file descriptor. `None` once the slots are closed.
 async fn accept(listener: &TcpListener, admission: &Arc<Admission>) -> Option<Accepted> {
     let (stream, peer) = loop {
         match listener.accept().await {
             Ok(accepted) => break accepted,
             Err(e) => {
-                // Out of file descriptors and the like: keep serving the
-                // others, without spinning on the error.
+                // Out of file descriptors and the like: keep serving, without spinning.
                 tracing::warn!(error = %e, "accept failed");
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }
@@ -174,33 +162,22 @@ async fn accept(listener: &TcpListener, admission: &Arc<Admission>) -> Option<Ac
     })
 }
 
-/// hyper's HTTP/1.1 settings: the header read (and idle) timeout,
-/// half-closed requests answered, and
-/// buffers of [`ServeLimits::max_buf_size`]: a request head may be that
-/// large, at most that much of the requests a client pipelines is read ahead,
-/// and the next pipelined request is not read while an answer waits unsent.
+/// hyper's HTTP/1.1 settings. The buffer bounds a request head and pipelined read-ahead, and no
+/// pipelined request is read while an answer waits unsent.
 fn http1_builder(limits: &ServeLimits) -> http1::Builder {
     let mut builder = http1::Builder::new();
     builder
         .timer(TokioTimer::new())
         .header_read_timeout(limits.header_read_timeout)
-        // A client that shuts its side once its request is sent still
-        // reads the answer: without this, hyper takes the end of the
-        // request stream for the client gone and drops the answer, while a
-        // scan it had started is counted and queued.
+        // Else hyper drops the answer to a half-closed request whose scan is counted and queued.
         .half_close(true)
         .keep_alive(true)
         .max_buf_size(limits.max_buf_size.max(HYPER_MIN_BUF));
     builder
 }
 
-/// At most `bytes` written but not yet sent may wait in the kernel for
-/// `stream` (`TCP_NOTSENT_LOWAT`, Linux): past it a write waits, and so the
-/// write timeout can tell a client that does not read. Without it, the
-/// kernel grows a loopback socket's send buffer to megabytes, and a client
-/// that never reads is sent (and costs the server) that much before its
-/// write ever waits. Bytes in flight are not counted: a reading client's
-/// throughput is not limited.
+/// At most `bytes` may wait unsent in the kernel, so a write to a client that does not read soon
+/// waits and times out; bytes in flight are not counted, so a reader's throughput is not limited.
 #[cfg(any(target_os = "linux", target_os = "android"))]
 fn limit_unsent(stream: &TcpStream, bytes: u32) {
     if let Err(e) = socket2::SockRef::from(stream).set_tcp_notsent_lowat(bytes) {
@@ -212,21 +189,15 @@ fn limit_unsent(stream: &TcpStream, bytes: u32) {
 #[cfg(not(any(target_os = "linux", target_os = "android")))]
 fn limit_unsent(_: &TcpStream, _: u32) {}
 
-/// `stream`, whose writes (and flushes) fail with `TimedOut` once one has
-/// made no progress for `after`: a client that does not read its answers
-/// fills its receive window, the write then waits, and the connection (with
-/// its slot) is let go instead of held for as long as the client likes.
+/// `stream`, whose writes and flushes fail with `TimedOut` after no progress for `after`.
 fn write_timeout(stream: TcpStream, after: Duration) -> TimeoutStream<TcpStream> {
     let mut stream = TimeoutStream::new(stream);
     stream.set_write_timeout(Some(after));
     stream
 }
 
-/// Lets the open connections finish their requests in flight (hyper closes
-/// each once idle) and waits for every gate task, a client's that left
-/// included, for at most `within`; past it they are dropped. The sleepers
-/// were woken, so `within` need only cover an enqueue and the store calls
-/// ([`super::drain_timeout`]).
+/// Lets open connections finish their requests and waits for every gate task, those of clients
+/// that left included, for at most `within`; past it they are dropped.
 async fn drain(connections: GracefulShutdown, scans: &TaskTracker, within: Duration) {
     scans.close();
     let drained = tokio::time::timeout(within, async {

@@ -1,8 +1,5 @@
-//! A scan that outlives its client: the gate's handling of a request runs
-//! in a task of its own, which the connection only awaits. When the client
-//! goes away, hyper drops the wait, not the task, so a scan once counted
-//! runs to its end (job queued, keyed answer saved). The simulator
-//! (`tests/it/sim.rs`) drops the same wait at random moments.
+//! A scan that outlives its client: when the client goes away hyper drops the wait, not the task,
+//! so a counted scan runs to its end (job queued, keyed answer saved).
 
 use std::future::Future;
 use std::pin::Pin;
@@ -16,9 +13,8 @@ pub struct Detached<T> {
     task: JoinHandle<T>,
 }
 
-/// Runs `scan` in a task of `scans` (shutdown waits for them) and returns
-/// the wait on its answer. `Err` only if the task panicked or the runtime
-/// is shutting down: whether its job landed is then not known.
+/// Runs `scan` in a task of `scans` and returns the wait on its answer. `Err` only on a panic or
+/// runtime shutdown, when whether its job landed is not known.
 pub fn detach<T, F>(scans: &TaskTracker, scan: F) -> Detached<T>
 where
     T: Send + 'static,

@@ -1,14 +1,5 @@
-//! One request on a connection: `/healthz`, `/readyz` (the store answers a
-//! `PING` within a second, [`crate::io::health`]), `/metrics`, or the gate.
-//!
-//! The gate's handling of a request runs in a task of its own, which the
-//! connection only awaits: when the client goes away, hyper drops the
-//! connection's future and with it the wait, but not the task, so a scan
-//! once counted runs to its end (job queued, keyed answer saved) as it does
-//! in Lambda. The tasks are tracked so that shutdown waits for them, and
-//! each holds its connection's slot until it ends, so a client that sends a
-//! scan and leaves, again and again, cannot pile up more scans in flight than
-//! `QUOTA_MAX_CONNECTIONS`.
+//! One request on a connection: `/healthz`, `/readyz`, `/metrics`, or the gate. The gate runs in a
+//! tracked task that outlives the connection and holds its slot until it ends.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -35,20 +26,17 @@ pub(super) struct Routes<S, Q> {
     pub gate: Arc<Gate<S, Q>>,
     pub metrics: Option<PrometheusHandle>,
     pub limits: ServeLimits,
-    /// The gate's tasks, which outlive their connections; shutdown waits
-    /// for them.
+    /// The gate's tasks; shutdown waits for them.
     pub scans: TaskTracker,
 }
 
-/// A `GET` or `HEAD` of `path` (HEAD gets the same status and headers;
-/// hyper leaves out the body).
+/// A `GET` or `HEAD` of `path` (hyper leaves out a HEAD's body).
 fn is_probe(request: &Request<Incoming>, path: &str) -> bool {
     (request.method() == Method::GET || request.method() == Method::HEAD)
         && request.uri().path() == path
 }
 
-/// `GET /healthz` (alive: it touches nothing) and `GET /metrics`; `None`
-/// for everything else.
+/// `GET /healthz` and `GET /metrics`; `None` for everything else.
 fn endpoint(
     request: &Request<Incoming>,
     metrics: Option<&PrometheusHandle>,
@@ -68,7 +56,7 @@ fn endpoint(
 }
 
 impl<S: QuotaStore, Q: ScanQueue> Routes<S, Q> {
-    /// Answers `request` from `peer`, whose connection holds `slot`.
+    /// Answers `request` from `peer`; `slot` is held until the gate's task ends.
     pub async fn route(
         self: Arc<Self>,
         peer: SocketAddr,
@@ -107,7 +95,6 @@ impl<S: QuotaStore, Q: ScanQueue> Routes<S, Q> {
             trace: None,
             request_id: None,
         };
-        // The gate runs to its end even if this future is dropped.
         let gate = self.gate.clone();
         let handled = super::detach::detach(&self.scans, async move {
             let response = gate.handle(request).await;
@@ -117,8 +104,6 @@ impl<S: QuotaStore, Q: ScanQueue> Routes<S, Q> {
         Ok(match handled.await {
             Ok(response) => response.map(Full::new),
             Err(e) => {
-                // Only a panic (or a runtime shutting down) ends the task
-                // early: whether its job landed is not known.
                 tracing::error!(error = %e, "a scan's task ended before its answer");
                 let unknown = GateError::QueueFailed {
                     queued: Queued::Unknown,
@@ -129,10 +114,7 @@ impl<S: QuotaStore, Q: ScanQueue> Routes<S, Q> {
     }
 }
 
-/// The answer to a request whose head arrived just as its connection was
-/// closed to admit another: it never reached the gate, so nothing was
-/// counted; the client may send it again. (The connection is on its way
-/// out, so this is seldom even written.)
+/// The answer to a request whose connection was just closed for another: nothing was counted.
 pub(super) fn gave_way() -> Response<Full<Bytes>> {
     let mut answer = text(
         StatusCode::SERVICE_UNAVAILABLE,
@@ -145,9 +127,7 @@ pub(super) fn gave_way() -> Response<Full<Bytes>> {
     answer
 }
 
-/// Why a body could not be read: past the limit (413), or cut short or
-/// badly framed by the client (fewer bytes than its `Content-Length`, a
-/// broken chunk), which is the client's mistake too (400), not a size.
+/// Why a body could not be read: past the limit (413), or cut short or badly framed (400).
 fn unreadable_body(e: &(dyn std::error::Error + 'static)) -> GateError {
     if e.is::<http_body_util::LengthLimitError>() {
         return GateError::PayloadTooLarge;
@@ -158,11 +138,8 @@ fn unreadable_body(e: &(dyn std::error::Error + 'static)) -> GateError {
     )
 }
 
-/// A request whose `Content-Length` already says it is too large is answered
-/// without reading the body (hyper sends `100 Continue` only when the body is
-/// polled, so an `Expect: 100-continue` client gets the 413 instead). The
-/// route, method and media type are checked first, in the gate's order, so
-/// the status is the one the whole body would have got.
+/// Answers a too large `Content-Length` without reading the body (so no `100 Continue` is sent).
+/// Route, method and media type are checked first, in the gate's order, for the same status.
 fn refuse_before_body(request: &Request<Incoming>) -> Option<Response<Full<Bytes>>> {
     let length = content_length(request.headers())?;
     if length <= MAX_BODY_BYTES as u64 {
@@ -195,8 +172,7 @@ fn content_length(headers: &HeaderMap) -> Option<u64> {
         .ok()
 }
 
-/// The gate's response, with `Connection: close`: the body was not read to
-/// its end, so the connection cannot carry another request.
+/// The gate's response with `Connection: close`: the body was not read to its end.
 fn closing(response: Response<Bytes>) -> Response<Full<Bytes>> {
     let mut response = response.map(Full::new);
     response

@@ -18,44 +18,29 @@ use crate::io::queue::AnyQueue;
 use crate::io::store::AnyStore;
 use crate::rules::unix::duration_ms;
 
-/// Connections waiting to be accepted once the cap is reached (the kernel
-/// caps it at `net.core.somaxconn`): deep enough that a flood of reconnects
-/// does not overflow it, where a dropped SYN would cost a fresh client a
-/// retransmission (1 s, then 3 s, 7 s…).
+/// Connections waiting to be accepted at the cap (capped by `net.core.somaxconn`): deep enough
+/// that a flood of reconnects does not make a fresh client's SYN wait for a retransmission.
 const LISTEN_BACKLOG: i32 = 4096;
 
-/// File descriptors kept for everything but client connections: the
-/// listener, Valkey and queue connections, stdio, the runtime's own.
+/// File descriptors kept for everything but client connections.
 const RESERVED_FDS: usize = 64;
 
-/// The local server: one single-threaded Tokio runtime per worker
-/// (`QUOTA_SERVE_WORKERS`, one per CPU by default), all accepting on one
-/// listening socket, until a shutdown future completes.
-///
-/// Each worker has its own gate and Valkey connection, so a request, its
-/// connection's tasks and its Valkey replies stay on one thread: no
-/// cross-thread wake-ups, which under load cost a multi-thread runtime about
-/// a fifth of `serve`'s CPU (docs/benchmarks.md). The workers share the
-/// connection cap, the in-memory store (without Valkey), the stdout writer,
-/// the Prometheus recorder and the AWS configuration; each has its own
-/// breaker, as each has its own connection.
+/// The local server: one single-threaded runtime per worker (`QUOTA_SERVE_WORKERS`) on one
+/// listening socket. Each worker has its own gate and Valkey connection, so a request stays on one
+/// thread; they share the connection cap, the in-memory store, stdout and the metrics recorder.
 pub struct Server {
     listener: std::net::TcpListener,
     gates: Vec<Gate<AnyStore, AnyQueue>>,
     metrics: Option<PrometheusHandle>,
-    /// The workers' meter, which writes what it holds once they have ended.
+    /// Flushed once the workers have ended.
     meter: Meter,
     limits: ServeLimits,
     store: &'static str,
 }
 
 impl Server {
-    /// Builds every worker's gate, so a configuration error stops the start
-    /// before anything listens, then listens on `QUOTA_LISTEN`. The gates
-    /// meter through the process's non-blocking stdout (the same EMF line
-    /// per request as in Lambda, besides `metrics` at `/metrics`): a stdout
-    /// nobody reads costs lines (counted), never requests. Install the
-    /// Prometheus recorder before this.
+    /// Builds every worker's gate, so a configuration error stops the start, then listens on
+    /// `QUOTA_LISTEN`. Install the Prometheus recorder before this.
     pub async fn bind(config: Config, metrics: Option<PrometheusHandle>) -> Result<Self, String> {
         let workers = match config.serve.workers {
             0 => std::thread::available_parallelism().map_or(1, usize::from),
@@ -114,9 +99,7 @@ impl Server {
         self.limits
     }
 
-    /// Serves until `shutdown` completes (or a worker stops), then drains
-    /// every worker (see [`super::drain_timeout`]) and returns once all
-    /// have ended.
+    /// Serves until `shutdown` completes (or a worker stops), then drains and joins every worker.
     pub async fn run(self, shutdown: impl Future<Output = ()>) -> Result<(), String> {
         let addr = self.local_addr().map_err(|e| e.to_string())?;
         let workers = self.gates.len();
@@ -161,8 +144,7 @@ impl Server {
 
 type WorkerThread = JoinHandle<std::io::Result<()>>;
 
-/// Starts worker `i` on a thread and runtime of its own, serving until
-/// `stopping` turns true (or its sender is gone).
+/// Starts worker `i` on a thread and runtime of its own, serving until `stopping` turns true.
 fn spawn_worker(
     i: usize,
     worker: Worker<AnyStore, AnyQueue>,
@@ -188,7 +170,6 @@ fn spawn_worker(
         .spawn(run)
 }
 
-/// Waits for every worker thread; the first error, if any.
 fn join_all(threads: Vec<WorkerThread>) -> std::io::Result<()> {
     threads.into_iter().try_for_each(|t| {
         t.join()
@@ -205,10 +186,8 @@ impl Drop for DropSends {
     }
 }
 
-/// One warning at start when clients from other hosts may connect and no
-/// proxy is trusted: behind a reverse proxy, a load balancer or a NAT, the
-/// socket peer of every request is the proxy, so every client behind it
-/// shares one anonymous counter.
+/// Warns when other hosts may connect and no proxy is trusted: behind a proxy every client shares
+/// the proxy's one anonymous counter.
 fn warn_if_proxies_untrusted(config: &Config) {
     if config.serve.listens_beyond_loopback() && config.identity.trusted_proxies.is_empty() {
         tracing::warn!(
@@ -220,13 +199,11 @@ fn warn_if_proxies_untrusted(config: &Config) {
     }
 }
 
-/// A non-blocking listening socket on `addr` with a [`LISTEN_BACKLOG`]-deep
-/// backlog (the standard library's is 128).
+/// A non-blocking listening socket on `addr` with a [`LISTEN_BACKLOG`]-deep backlog.
 fn listen_on(addr: SocketAddr) -> std::io::Result<std::net::TcpListener> {
     use socket2::{Domain, Protocol, Socket, Type};
     let socket = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
-    // As the standard library does: a restart may bind while old
-    // connections sit in TIME_WAIT.
+    // A restart may bind while old connections sit in TIME_WAIT.
     #[cfg(unix)]
     socket.set_reuse_address(true)?;
     socket.bind(&addr.into())?;
@@ -235,8 +212,8 @@ fn listen_on(addr: SocketAddr) -> std::io::Result<std::net::TcpListener> {
     Ok(socket.into())
 }
 
-/// `QUOTA_MAX_CONNECTIONS`, lowered (with a warning) to fit the process's
-/// open-file limit: past that limit `accept` fails, and so would /healthz.
+/// `QUOTA_MAX_CONNECTIONS`, lowered (with a warning) to fit the open-file limit, past which
+/// `accept` fails.
 fn connection_cap(configured: usize) -> usize {
     let Some(limit) = open_file_limit() else {
         return configured;
