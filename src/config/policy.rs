@@ -47,7 +47,7 @@ pub struct Policy {
     pub gateway_timeout: Duration,
     #[serde(rename = "QUOTA_DELAY_MARGIN_MS", deserialize_with = "millis")]
     pub delay_margin: Duration,
-    /// Budgets above the subject ([`Policy::with_levels`]).
+    /// Budgets above the subject (`Policy::with_levels`).
     #[serde(skip)]
     pub levels: Levels,
 }

@@ -1,6 +1,6 @@
 //! The one grammar of a secret given by reference instead of by value.
 //!
-//! A secret variable (a row marked [`super::vars::Variable::secret`]:
+//! A secret variable (a row marked `secret` in [`super::vars`]:
 //! `QUOTA_HASH_SECRET`, `VALKEY_URL`) holds either its value or a reference,
 //! a scheme prefix on the value:
 //!

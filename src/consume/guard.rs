@@ -2,7 +2,7 @@
 //! the scanner (`sh -c`) in a second group and, as a child subreaper (`PR_SET_CHILD_SUBREAPER`),
 //! inherits whatever the scanner leaves behind, `setsid` daemons included. However it ends (the
 //! scanner exits, the consumer sends `SIGTERM`, or `PR_SET_PDEATHSIG` does when the consumer dies),
-//! it kills and reaps them all ([`kill_descendants`]).
+//! it kills and reaps them all (`kill_descendants`).
 
 use std::process::ExitCode;
 

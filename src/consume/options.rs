@@ -130,7 +130,7 @@ impl ConsumeArgs {
         self.consumer.clone().unwrap_or_else(default_consumer)
     }
 
-    /// `--max-attempts` and `--backoff`, the wait capped at [`BACKOFF_CAP`].
+    /// `--max-attempts` and `--backoff`, the wait capped at `BACKOFF_CAP`.
     pub fn retry_policy(&self) -> RetryPolicy {
         RetryPolicy {
             max_attempts: self.max_attempts,

@@ -78,7 +78,7 @@ impl Default for ServeLimits {
 }
 
 /// How long shutdown waits for the requests in flight: `QUOTA_DRAIN_TIMEOUT_MS` less
-/// [`EXIT_OUTPUT`]. Sleeps are woken, so a request needs only its enqueue and store calls.
+/// `EXIT_OUTPUT`. Sleeps are woken, so a request needs only its enqueue and store calls.
 pub fn drain_timeout(config: &Config) -> Duration {
     let total = config.serve.drain_timeout;
     total - EXIT_OUTPUT.min(total / 4)

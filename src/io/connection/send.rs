@@ -186,7 +186,7 @@ impl Valkey {
     /// A caller that stops waiting does not cancel the command: it stays in flight in a task of
     /// its own, so later commands on the connection (a refund after a count) still run after it.
     /// A command refused unwritten by a connection the server closed while idle
-    /// ([`refused_unsent`]) is sent once more on the next connection, within the same deadline.
+    /// (`refused_unsent`) is sent once more on the next connection, within the same deadline.
     pub async fn send<T: FromRedisValue>(
         &self,
         request: impl Into<Request>,

@@ -33,7 +33,7 @@ pub const PROCESS_OPEN_FDS: &str = "process_open_fds";
 pub const STORE_EVICTING: &str = "stella_quota_store_evicting";
 /// Keys the quota Valkey evicted (`evicted_keys`), read every `QUOTA_STORE_STATS_INTERVAL_MS`.
 pub const STORE_EVICTED_KEYS: &str = "stella_quota_store_evicted_keys_total";
-/// The store's own metrics, in [`super::store::StoreMetric`] order.
+/// The store's own metrics: whether it is evicting, and the keys it evicted.
 pub const STORE_METRICS: [&str; 2] = [STORE_EVICTING, STORE_EVICTED_KEYS];
 
 /// The counters every counted request's line carries (0 or 1 each).
@@ -99,7 +99,7 @@ pub(super) fn shadow_values(tier: Tier) -> [u64; 2] {
     [u64::from(tier == Tier::Soft), u64::from(tier == Tier::Hard)]
 }
 
-/// Every counter's name, in EMF declaration order: [`Counter::ALL`]'s.
+/// Every counter's name, in EMF declaration order: `Counter::ALL`'s.
 pub const COUNTERS: [&str; 6] = [
     SOFT_HITS,
     HARD_HITS,

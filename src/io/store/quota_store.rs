@@ -173,7 +173,7 @@ pub trait QuotaStore: Send + Sync + 'static {
         claim: &Claim,
     ) -> impl Future<Output = Result<Claimed, CountFailed>> + Send;
 
-    /// One pacing step ([`crate::rules::pace::next_slot`]). `Full` changes nothing: the caller
+    /// One pacing step ([`crate::rules::pace::next_start`]). `Full` changes nothing: the caller
     /// refunds, as a step landing after the caller gave up and queued the scan would uncount it.
     fn pace(&self, args: PaceArgs<'_>) -> impl Future<Output = Result<Paced, SendError>> + Send;
 
