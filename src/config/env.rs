@@ -1,8 +1,5 @@
-//! The environment as serde reads it: a map from each variable the table
-//! holds to its value, the table's default where it is unset, a number
-//! already checked against its row's range. A group struct is deserialized
-//! from it ([`Env::group`]), and a value its field refuses is an error naming
-//! the variable (the field's path, by `serde_path_to_error`).
+//! The environment as serde reads it: each variable mapped to its value or default, numbers checked
+//! against their ranges; a value a field refuses is an error naming the variable.
 
 use std::str::FromStr;
 use std::time::Duration;
@@ -14,7 +11,6 @@ use serde_json::{Map, Value};
 use super::error::ConfigError;
 use super::vars::{Applies, DefaultValue, VARIABLES, Variable};
 
-/// The configuration's variables, with their defaults.
 pub(super) struct Env {
     values: Map<String, Value>,
     /// The variables set (to something other than blanks).
@@ -22,8 +18,7 @@ pub(super) struct Env {
 }
 
 impl Env {
-    /// Reads every row of the table (the logger's aside) through `lookup`.
-    /// Empty values count as unset.
+    /// Reads every row but the logger's through `lookup`; empty values count as unset.
     pub(super) fn read(lookup: &dyn Fn(&str) -> Option<String>) -> Result<Self, ConfigError> {
         let mut env = Self {
             values: Map::new(),
@@ -39,8 +34,7 @@ impl Env {
                 (None, DefaultValue::Value(default)) => default.to_owned(),
                 (None, DefaultValue::Unset(_)) => continue,
             };
-            // Checked here, once for every numeric variable, so no value
-            // can make a later request overflow.
+            // Checked once here, so no value can make a later request overflow.
             let value = match var.range {
                 Some((min, max)) => Value::from(ranged_number(var.name, &raw, min, max)?),
                 None => Value::String(raw),
@@ -50,12 +44,10 @@ impl Env {
         Ok(env)
     }
 
-    /// Whether `var` is set, rather than at its default.
     pub(super) fn is_set(&self, var: &Variable) -> bool {
         self.set.contains(&var.name)
     }
 
-    /// The group `T`, read from its fields' variables.
     pub(super) fn group<T: DeserializeOwned>(&self) -> Result<T, ConfigError> {
         let map = serde_json::Value::Object(self.values.clone());
         serde_path_to_error::deserialize(map).map_err(|e| {
@@ -69,7 +61,6 @@ impl Env {
     }
 }
 
-/// Parses a whole number in `min..=max` for the variable `var`.
 fn ranged_number(var: &'static str, raw: &str, min: u64, max: u64) -> Result<u64, ConfigError> {
     let expected = || format!("expected a whole number in {min}..={max}, got {raw:?}");
     match raw.parse() {
@@ -78,7 +69,6 @@ fn ranged_number(var: &'static str, raw: &str, min: u64, max: u64) -> Result<u64
     }
 }
 
-/// A number of milliseconds.
 pub(super) fn millis<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
     u64::deserialize(d).map(Duration::from_millis)
 }
@@ -94,7 +84,6 @@ pub(super) fn flag<'de, D: Deserializer<'de>>(d: D) -> Result<bool, D::Error> {
     }
 }
 
-/// A word setting (or anything else whose `FromStr` says what it expects).
 pub(super) fn parsed<'de, D, T>(d: D) -> Result<T, D::Error>
 where
     D: Deserializer<'de>,

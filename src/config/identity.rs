@@ -1,5 +1,4 @@
-//! How a request becomes a subject: the hash secret, the proxies and
-//! networks, and how bearer tokens are verified.
+//! How a request becomes a subject: hash secret, proxies, exempt networks, token verification.
 
 use ipnet::IpNet;
 use serde::Deserialize;
@@ -8,11 +7,9 @@ use serde::de::{Deserializer, Error as _};
 use super::env::{Env, flag};
 use super::error::ConfigError;
 
-/// The secret used by `quota-gate serve` when none is configured. Digests made
-/// with it are not private: it is in the source.
+/// Used when none is configured; it is in the source, so digests made with it are not private.
 pub const DEV_HASH_SECRET: &str = "quota-gate-local-development-secret";
 
-/// The HMAC key for subject digests (`QUOTA_HASH_SECRET`).
 #[derive(Clone, Default, PartialEq, Eq)]
 pub(super) enum HashSecret {
     Configured(String),
@@ -48,7 +45,6 @@ pub struct IdentityConfig {
         deserialize_with = "networks"
     )]
     pub trusted_proxies: Vec<IpNet>,
-    /// Client networks whose scans are exempt.
     #[serde(
         rename = "QUOTA_EXEMPT_NETWORKS",
         default,
@@ -72,15 +68,12 @@ pub struct JwtConfig {
     pub audience: Option<String>,
     #[serde(rename = "QUOTA_TRUST_GATEWAY_CLAIMS", deserialize_with = "flag")]
     pub trust_gateway_claims: bool,
-    /// A verified token whose claim of this name is `true` is exempt.
     #[serde(
         rename = "QUOTA_EXEMPT_CLAIM",
         default,
         deserialize_with = "claim_name"
     )]
     pub exempt_claim: Option<String>,
-    /// A verified token whose claim of this name is a non-empty string is
-    /// counted by that value, its account, not by its `tid`.
     #[serde(
         rename = "QUOTA_JWT_ACCOUNT_CLAIM",
         default,
@@ -90,7 +83,6 @@ pub struct JwtConfig {
 }
 
 impl IdentityConfig {
-    /// The hash secret, proxies and token verification.
     pub(super) fn read(env: &Env) -> Result<Self, ConfigError> {
         let identity: Self = env.group()?;
         Ok(Self {
@@ -100,7 +92,6 @@ impl IdentityConfig {
     }
 }
 
-/// At least 16 bytes (32 random bytes recommended).
 fn hash_secret<'de, D: Deserializer<'de>>(d: D) -> Result<HashSecret, D::Error> {
     match String::deserialize(d)? {
         s if s.len() < 16 => Err(D::Error::custom(
@@ -110,7 +101,6 @@ fn hash_secret<'de, D: Deserializer<'de>>(d: D) -> Result<HashSecret, D::Error> 
     }
 }
 
-/// Comma-separated CIDRs or bare addresses.
 fn networks<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<IpNet>, D::Error> {
     String::deserialize(d)?
         .split(',')
@@ -125,7 +115,6 @@ fn networks<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<IpNet>, D::Error> {
         .collect()
 }
 
-/// A claim name: one word of visible ASCII, and none the gate already reads.
 fn claim_name<'de, D: Deserializer<'de>>(d: D) -> Result<Option<String>, D::Error> {
     let name = String::deserialize(d)?;
     if !name.chars().all(|c| c.is_ascii_graphic()) {

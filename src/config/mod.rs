@@ -1,24 +1,6 @@
-//! Every setting, read once at start from environment variables.
-//!
-//! [`Config::from_lookup`] takes a lookup function instead of reading the
-//! process environment, so tests build configurations without touching
-//! global state. A bad value fails at start with the variable's name.
-//!
-//! One table, [`vars::VARIABLES`], holds the variables, defaults and ranges.
-//! The environment is read into a map of its rows (`env.rs`: defaults
-//! filled, numbers checked against their ranges), and each group of settings
-//! is a serde struct deserialized from it, a field per variable
-//! (`#[serde(rename = "QUOTA_ANON")]`, a special format by
-//! `deserialize_with`); what one field cannot check alone (a CA bundle needs
-//! a TLS URL) is checked as the group is assembled. The groups, a file each,
-//! are read in order, so the first group's error is the one reported:
-//! [`Policy`], [`IdentityConfig`] (with [`JwtConfig`]), [`StoreConfig`], the
-//! [`QueueTarget`] and [`ServeConfig`]. The one-word settings live with the
-//! rules ([`crate::rules::modes`]). A secret variable may hold a reference to
-//! a secret store ([`secret_ref`]), read by the front ends before this parse,
-//! which refuses one left unread. Environment variables rather than clap's
-//! `env` feature: Lambda has no command line, and one parser serves both
-//! binaries.
+//! Every setting, read once at start from environment variables into one serde struct per group
+//! ([`vars::VARIABLES`] holds names, defaults and ranges). Environment variables rather than clap's
+//! `env` feature: Lambda has no command line, and one parser serves both binaries.
 
 mod env;
 mod error;
@@ -49,19 +31,14 @@ pub struct Config {
     pub policy: Policy,
     pub identity: IdentityConfig,
     pub store: StoreConfig,
-    /// A [`QueueTarget::ValkeyStream`] only ever comes with a
-    /// [`StoreConfig::valkey`]: the parser refuses one without the other.
+    /// A [`QueueTarget::ValkeyStream`] only ever comes with a [`StoreConfig::valkey`].
     pub queue: QueueTarget,
-    /// `SCAN_QUEUE_OVER_URL`: the SQS queue of the over lane, beside an SQS
-    /// `queue` (unset: the lanes share it).
     pub queue_over: Option<String>,
-    /// CloudWatch namespace of the EMF lines.
     pub metrics_namespace: String,
     pub serve: ServeConfig,
 }
 
 impl Default for Config {
-    /// The documented defaults: what an empty environment gives.
     fn default() -> Self {
         Self::from_lookup(|_| None).expect("the defaults are valid")
     }
@@ -73,9 +50,7 @@ impl Config {
         Self::from_lookup(|k| std::env::var(k).ok())
     }
 
-    /// Builds the configuration from `lookup`, which returns a variable's
-    /// value. Empty values count as unset; defaults and ranges come from
-    /// [`vars::VARIABLES`].
+    /// Builds the configuration from `lookup`, so tests touch no global state.
     pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Self, ConfigError> {
         secret_ref::refuse_unresolved(&lookup)?;
         let env = Env::read(&lookup)?;
@@ -97,9 +72,7 @@ impl Config {
         })
     }
 
-    /// Refuses a configuration without `QUOTA_HASH_SECRET`: where a real
-    /// deployment runs (Lambda), the built-in development secret would make
-    /// every digest guessable.
+    /// Needs `QUOTA_HASH_SECRET`: in Lambda, the development secret would make digests guessable.
     pub fn require_hash_secret(self) -> Result<Self, ConfigError> {
         match self.identity.hash_secret {
             HashSecret::Configured(_) => Ok(self),
@@ -115,9 +88,7 @@ impl Config {
         self.identity.hash_secret == HashSecret::Development
     }
 
-    /// The HMAC key for digests: `QUOTA_HASH_SECRET`, or the built-in
-    /// [`DEV_HASH_SECRET`] where it is unset (which only Lambda refuses, see
-    /// [`Config::require_hash_secret`]). The one place that decides it.
+    /// The HMAC key for digests: `QUOTA_HASH_SECRET`, or [`DEV_HASH_SECRET`] where it is unset.
     pub fn hash_secret(&self) -> &[u8] {
         match &self.identity.hash_secret {
             HashSecret::Configured(secret) => secret.as_bytes(),
@@ -126,7 +97,6 @@ impl Config {
     }
 }
 
-/// `QUOTA_METRICS_NAMESPACE`, a group of one.
 #[derive(serde::Deserialize)]
 pub(super) struct Namespace {
     #[serde(rename = "QUOTA_METRICS_NAMESPACE")]

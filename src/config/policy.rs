@@ -1,5 +1,4 @@
-//! The quota and what happens past it: the settings [`crate::rules::decide`],
-//! [`crate::rules::delay`] and pacing read.
+//! The quota and what happens past it: the settings the decision, the delay and pacing read.
 
 use std::num::NonZeroU32;
 use std::time::Duration;
@@ -35,12 +34,10 @@ pub struct Policy {
     pub mode: Mode,
     #[serde(rename = "QUOTA_PACING", deserialize_with = "parsed")]
     pub pacing: Pacing,
-    /// The longest delay a paced scan may be given; beyond it, 503 `backlog_full`.
     #[serde(rename = "QUOTA_MAX_BACKLOG_MS", deserialize_with = "millis")]
     pub max_backlog: Duration,
     #[serde(rename = "QUOTA_DELAY_MODE", deserialize_with = "parsed")]
     pub delay_mode: DelayMode,
-    /// Requests asleep at once across every gate process.
     #[serde(rename = "QUOTA_MAX_ASLEEP")]
     pub max_asleep: u32,
     #[serde(rename = "QUOTA_GATEWAY_TIMEOUT_MS", deserialize_with = "millis")]
@@ -52,8 +49,7 @@ pub struct Policy {
     pub levels: Levels,
 }
 
-/// The variables of the budgets above the subject, whose grammar needs the
-/// subject's IPv6 prefix (read with the identity).
+/// The levels' variables: their grammar needs the subject's IPv6 prefix, read with the identity.
 #[derive(Deserialize)]
 pub(super) struct LevelVars {
     #[serde(rename = "QUOTA_NETWORKS")]
@@ -67,7 +63,6 @@ pub(super) struct LevelVars {
 }
 
 impl Policy {
-    /// The levels above the subject: read after the identity.
     pub(super) fn with_levels(self, env: &Env, ipv6_prefix: u8) -> Result<Self, ConfigError> {
         let vars: LevelVars = env.group()?;
         let networks = |var: &Variable, value: &str, base: NonZeroU32| {
@@ -104,17 +99,14 @@ impl Policy {
         }
     }
 
-    /// The limits a level's counter is decided on, for a level `name` of
-    /// ceiling `limit` ([`Levels::limits`]).
+    /// The limits a level `name` of ceiling `limit` is decided on ([`Levels::limits`]).
     pub fn level_limits(&self, name: LevelName, limit: NonZeroU32) -> Limits {
         self.levels.limits(name, limit, self.limits(limit))
     }
 }
 
-/// The default levels, less those a wide `QUOTA_IPV6_PREFIX` leaves no
-/// shorter than the subject (a /48 subject has no /56 or /48 above it): an
-/// operator who widens the subject does not have to restate the levels. A
-/// `QUOTA_NETWORKS` that is set is held to its grammar, and refused whole.
+/// The default levels less those a wide `QUOTA_IPV6_PREFIX` leaves no shorter than the subject, so
+/// widening it needs no restated levels; a set `QUOTA_NETWORKS` is refused whole instead.
 fn default_networks(default: &str, anon: NonZeroU32, ipv6_prefix: u8) -> Vec<NetworkLevel> {
     default
         .split(',')

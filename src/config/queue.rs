@@ -1,5 +1,4 @@
-//! Where accepted scans go, and the one grammar of a queue URL
-//! (`SCAN_QUEUE_URL`, `quota-gate consume --from`).
+//! Where accepted scans go, and the one grammar of a queue URL (`SCAN_QUEUE_URL`, `--from`).
 
 use serde::Deserialize;
 
@@ -15,15 +14,11 @@ pub enum QueueTarget {
     Spool,
     /// `XADD` to this stream key on the quota Valkey.
     ValkeyStream(String),
-    /// An SQS queue URL.
     Sqs(String),
 }
 
 impl QueueTarget {
-    /// A queue URL: `valkey-stream:<key>` or an SQS queue URL (`https://`,
-    /// or `http://` for a local endpoint). The one grammar of
-    /// `SCAN_QUEUE_URL` and of `quota-gate consume --from`; the problem, if
-    /// any, is said without the variable's name.
+    /// `valkey-stream:<key>` or an SQS URL (`https://`, `http://` locally); errors omit the name.
     pub fn from_url(url: &str) -> Result<Self, String> {
         match url.strip_prefix(STREAM) {
             Some("") => Err(format!("{STREAM} needs a key")),
@@ -42,9 +37,7 @@ impl QueueTarget {
     }
 }
 
-/// The queue variables; a stream needs the quota Valkey, an over lane an
-/// SQS queue beside it (a stream keeps its lanes apart by itself, the
-/// spool has one).
+/// A stream needs the quota Valkey; only an SQS queue takes an over lane beside it.
 #[derive(Deserialize)]
 pub(super) struct QueueVars {
     #[serde(rename = "SCAN_QUEUE_URL")]
@@ -53,7 +46,6 @@ pub(super) struct QueueVars {
     over: Option<String>,
 }
 
-/// `SCAN_QUEUE_URL` (unset: the spool) and `SCAN_QUEUE_OVER_URL`.
 pub(super) fn read(
     env: &Env,
     has_valkey: bool,
@@ -81,7 +73,6 @@ pub(super) fn read(
     Ok((queue, over))
 }
 
-/// The scheme of a Valkey stream's queue URL.
 const STREAM: &str = "valkey-stream:";
 
 #[cfg(test)]

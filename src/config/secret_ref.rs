@@ -1,22 +1,8 @@
-//! The one grammar of a secret given by reference instead of by value.
-//!
-//! A secret variable (a row marked `secret` in [`super::vars`]:
-//! `QUOTA_HASH_SECRET`, `VALKEY_URL`) holds either its value or a reference,
-//! a scheme prefix on the value:
-//!
-//! | value | read with |
-//! |---|---|
-//! | `secretsmanager:<secret ARN or name>` | Secrets Manager `GetSecretValue`: the secret's string |
-//! | `ssm:<parameter name or ARN>` | Parameter Store `GetParameter` with decryption: a `SecureString`'s value |
-//! | `file:<path>` | the file's text, its trailing newline dropped (a Docker or Kubernetes secret file ends with one) |
-//!
-//! A prefix on the value, rather than a `_ARN` variable beside each, keeps one
-//! variable per setting (the table, the template's parameters and the docs
-//! stay one row each) and lets the template pass either a value or a
-//! reference through the same variable. The front ends read references once,
-//! at start, before the configuration is parsed (`crate::io::secrets`); the
-//! parser itself refuses a reference it is handed, so an unresolved reference
-//! can never become a hash key.
+//! A secret given by reference instead of by value: a secret variable (`QUOTA_HASH_SECRET`,
+//! `VALKEY_URL`) holds its value, or `secretsmanager:<secret ARN or name>`, `ssm:<SecureString
+//! parameter name or ARN>` or `file:<path>` (its trailing newline dropped). A prefix rather than a
+//! `_ARN` variable keeps one variable per setting. The front ends read references at start; the
+//! parser refuses one left unread, so it never becomes a hash key.
 
 use super::error::ConfigError;
 use super::vars::{VARIABLES, Variable};
@@ -31,18 +17,13 @@ pub const FILE: &str = "file:";
 /// A secret's place in a secret store.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum SecretRef {
-    /// A Secrets Manager secret: its ARN or name.
     SecretsManager(String),
-    /// A Parameter Store `SecureString`: its name or ARN.
     Parameter(String),
-    /// A file on this machine: its path, as given.
     File(String),
 }
 
 impl SecretRef {
-    /// `Ok(None)` for a plain value; the reference a prefixed value names;
-    /// an error (no value) for a prefix with nothing after it, or for a bare
-    /// ARN, which would otherwise be taken for the secret itself.
+    /// `Ok(None)` for a plain value; an error for an empty reference or a bare ARN (not a secret).
     pub fn parse(value: &str) -> Result<Option<Self>, String> {
         let value = value.trim();
         let named = |id: &str, make: fn(String) -> Self| {
@@ -90,8 +71,7 @@ pub fn secret_variables() -> impl Iterator<Item = &'static Variable> {
     VARIABLES.iter().filter(|v| v.secret)
 }
 
-/// The references among the secret variables `lookup` gives, each with its
-/// variable's name; a malformed one is an error naming its variable.
+/// The secret variables `lookup` gives as references; a malformed one is an error naming it.
 pub fn references(
     lookup: &dyn Fn(&str) -> Option<String>,
 ) -> Result<Vec<(&'static str, SecretRef)>, ConfigError> {
@@ -109,9 +89,7 @@ pub fn references(
     Ok(found)
 }
 
-/// Refuses a configuration whose secret variable still holds a reference:
-/// the front ends resolve them before parsing, and a reference taken as a
-/// value would be a hash key anyone can read in the function's settings.
+/// Refuses a reference left unread: as a value it would be a hash key readable in the settings.
 pub(super) fn refuse_unresolved(
     lookup: &dyn Fn(&str) -> Option<String>,
 ) -> Result<(), ConfigError> {

@@ -13,23 +13,18 @@ use super::env::{flag, millis};
 pub struct ServeConfig {
     #[serde(rename = "QUOTA_LISTEN", deserialize_with = "host_port")]
     pub listen: SocketAddr,
-    /// Connections kept open at once.
     #[serde(rename = "QUOTA_MAX_CONNECTIONS")]
     pub max_connections: u32,
-    /// Single-threaded workers; 0: one per CPU.
     #[serde(rename = "QUOTA_SERVE_WORKERS")]
     pub workers: u16,
-    /// EMF lines on stdout.
     #[serde(rename = "QUOTA_EMF", deserialize_with = "flag")]
     pub emf: bool,
-    /// From `SIGTERM` to the exit, at most.
     #[serde(rename = "QUOTA_DRAIN_TIMEOUT_MS", deserialize_with = "millis")]
     pub drain_timeout: Duration,
 }
 
 impl ServeConfig {
-    /// Whether clients may reach the listener from other hosts: anything
-    /// but a loopback address (a wildcard `0.0.0.0` or `::` included).
+    /// Whether other hosts may reach the listener: any non-loopback address, wildcards included.
     pub fn listens_beyond_loopback(&self) -> bool {
         !self.listen.ip().is_loopback()
     }

@@ -1,5 +1,4 @@
-//! The quota store: the Valkey (its URL, cluster mode, replicas, TLS trust,
-//! how it authenticates), its timeout and what to do when it fails.
+//! The quota store's settings: the Valkey, its timeout and what to do when it fails.
 
 use std::time::Duration;
 
@@ -27,20 +26,16 @@ pub struct ValkeyConfig {
     /// Extra trust for `rediss://`: replaces the platform's roots when set.
     #[serde(rename = "VALKEY_TLS_CA", default, deserialize_with = "ca_bundle")]
     pub tls_ca: Option<CaBundle>,
-    /// ElastiCache IAM authentication (`VALKEY_AUTH=iam`); `None`: the URL's
-    /// own credentials, if any.
+    /// ElastiCache IAM authentication; `None`: the URL's own credentials, if any.
     #[serde(skip)]
     pub iam: Option<IamConfig>,
 }
 
-/// Whom an ElastiCache IAM authentication token names: the user (its id,
-/// which is also its name) and the cache. No secret: the token is signed
-/// with the process's AWS credentials when a connection is made.
+/// Whom an IAM token names; no secret: the token is signed with the process's AWS credentials.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct IamConfig {
     pub user: String,
     pub cache: String,
-    /// An ElastiCache Serverless cache: the token names its resource type.
     pub serverless: bool,
 }
 
@@ -66,10 +61,8 @@ impl std::fmt::Debug for ValkeyConfig {
 /// The quota store and what to do when it fails.
 #[derive(Debug, Clone, Deserialize)]
 pub struct StoreConfig {
-    /// `None`: the in-memory store.
     #[serde(skip)]
     pub valkey: Option<ValkeyConfig>,
-    /// Bound on every store call.
     #[serde(rename = "QUOTA_STORE_TIMEOUT_MS", deserialize_with = "millis")]
     pub timeout: Duration,
     #[serde(rename = "QUOTA_FAIL_MODE", deserialize_with = "parsed")]
@@ -79,10 +72,8 @@ pub struct StoreConfig {
     pub breaker_failures: u32,
     #[serde(rename = "QUOTA_BREAKER_COOLDOWN_MS", deserialize_with = "millis")]
     pub breaker_cool_down: Duration,
-    /// What the start does with a store that can evict the gate's keys.
     #[serde(rename = "QUOTA_STORE_EVICTION", deserialize_with = "parsed")]
     pub on_eviction: OnEviction,
-    /// How often `serve` and `consume` read the store's evicted keys.
     #[serde(rename = "QUOTA_STORE_STATS_INTERVAL_MS", deserialize_with = "millis")]
     pub stats_interval: Duration,
 }
@@ -90,7 +81,6 @@ pub struct StoreConfig {
 /// CA certificates (PEM) read from `VALKEY_TLS_CA` at start.
 #[derive(Clone, PartialEq, Eq)]
 pub struct CaBundle {
-    /// Where it was read from, for messages.
     pub path: String,
     pub pem: Vec<u8>,
 }
@@ -103,8 +93,7 @@ impl std::fmt::Debug for CaBundle {
     }
 }
 
-/// Read now, so a missing or unreadable file stops the cold start with the
-/// variable's name instead of failing every connection.
+/// Read now, so a bad file stops the cold start with the variable's name, not every connection.
 fn ca_bundle<'de, D: Deserializer<'de>>(d: D) -> Result<Option<CaBundle>, D::Error> {
     let path = String::deserialize(d)?;
     let pem =
@@ -129,7 +118,6 @@ fn valkey_url<'de, D: Deserializer<'de>>(d: D) -> Result<String, D::Error> {
 }
 
 impl StoreConfig {
-    /// Valkey (or the in-memory store), its timeout and failure handling.
     pub(super) fn read(env: &Env) -> Result<Self, ConfigError> {
         let valkey = ValkeyConfig::read(env)?;
         Ok(Self {
@@ -140,13 +128,11 @@ impl StoreConfig {
 }
 
 impl ValkeyConfig {
-    /// The Valkey variables, checked against each other; `None`: the
-    /// in-memory store. A CA bundle needs a TLS URL.
+    /// The Valkey variables, checked against each other; `None`: the in-memory store.
     fn read(env: &Env) -> Result<Option<Self>, ConfigError> {
         let valkey: Self = env.group()?;
         if valkey.wait_replicas > 0 && valkey.cluster {
-            // WAIT names no key: a cluster client cannot send it to the
-            // claim's primary.
+            // WAIT names no key: a cluster client cannot send it to the claim's primary.
             let problem = "needs a standalone Valkey (VALKEY_CLUSTER=false)";
             return Err(ConfigError::new(VALKEY_WAIT_REPLICAS.name, problem));
         }
@@ -163,9 +149,7 @@ impl ValkeyConfig {
         }
     }
 
-    /// This Valkey, authenticated by IAM: only over TLS (ElastiCache takes a
-    /// token over TLS only, and it must not cross a network in the clear),
-    /// and with no password of the URL's own beside it.
+    /// This Valkey, authenticated by IAM: over TLS only, and without a password of the URL's own.
     fn signed_in(self, iam: IamConfig) -> Result<Self, ConfigError> {
         if !self.is_tls() {
             return Err(ConfigError::new(
@@ -191,7 +175,6 @@ impl ValkeyConfig {
     }
 }
 
-/// `VALKEY_AUTH` and, with `iam`, whom the token names.
 #[derive(Deserialize)]
 pub(super) struct IamVars {
     #[serde(rename = "VALKEY_AUTH", deserialize_with = "parsed")]
@@ -205,9 +188,7 @@ pub(super) struct IamVars {
 }
 
 impl IamVars {
-    /// `VALKEY_USER` and `VALKEY_CACHE_NAME` are refused without `iam`: a
-    /// password user goes in the URL, and a user set beside a URL without
-    /// one would be silently ignored.
+    /// A user or cache name without `iam` is refused: it would be silently ignored.
     fn iam(self) -> Result<Option<IamConfig>, ConfigError> {
         let need = |var: &'static str, value: Option<String>| match (self.auth, value) {
             (ValkeyAuth::Iam, Some(v)) => Ok(Some(v)),

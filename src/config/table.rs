@@ -1,15 +1,12 @@
-//! docs/configuration.md's table, made from [`super::vars::VARIABLES`]
-//! (a test compares the two).
+//! docs/configuration.md's table, made from [`super::vars::VARIABLES`] (a test compares the two).
 
 use super::vars::{DefaultValue, MAX_MILLIS, VARIABLES};
 
-/// What the table adds to a secret variable's meaning: the grammar of
-/// [`super::secret_ref`] (a test there checks every prefix is named).
+/// What the table adds to a secret variable's meaning: the grammar of [`super::secret_ref`].
 pub const SECRET_NOTE: &str = "; or a reference, read once at start: `secretsmanager:<secret ARN or \
      name>`, `ssm:<SecureString parameter name or ARN>` or `file:<path>` (a mounted secret file, its \
      trailing newline dropped) ([Secrets](production.md#secrets))";
 
-/// A number as the table writes it: `86400000 (24 h)` for the longest millis.
 fn bound(n: u64) -> String {
     if n == MAX_MILLIS {
         format!("{n} (24 h)")

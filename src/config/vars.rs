@@ -1,10 +1,6 @@
-//! The table of environment variables, one row each: the one source of the
-//! defaults and ranges the parser applies (`env.rs`), of
-//! docs/configuration.md's table ([`super::table::markdown_table`]) and of the
-//! template test. A row's doc comment is its meaning. A row is read by the
-//! group field that `#[serde(rename)]`s to its name (a test checks that every
-//! row is a field and every field a row). To add a variable: a row here, a
-//! field in the group that uses it.
+//! The environment variables, one row each: the one source of the parser's defaults and ranges and
+//! of docs/configuration.md's table, where a row's doc comment is its meaning. Each row is read by
+//! the group field that `#[serde(rename)]`s to its name (a test checks both ways).
 
 /// The longest delay or timeout: 24 h, in milliseconds.
 pub const MAX_MILLIS: u64 = 86_400_000;
@@ -14,7 +10,6 @@ pub const MAX_LIMIT: u64 = u32::MAX as u64;
 /// What an unset variable means.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum DefaultValue {
-    /// It takes this value.
     Value(&'static str),
     /// It is absent; the words say what that means.
     Unset(&'static str),
@@ -27,11 +22,9 @@ pub enum Applies {
     Everywhere,
     /// Only by `quota-gate serve` (the local server).
     Serve,
-    /// By the long-running commands, `quota-gate serve` and `consume`, not
-    /// in Lambda: `template.yaml` leaves it out.
+    /// By `serve` and `consume`, not in Lambda: `template.yaml` leaves it out.
     LongRunning,
-    /// Everywhere, but names a local file, which a Lambda zip would have to
-    /// ship: `template.yaml` leaves it out.
+    /// A local file, which a Lambda zip would have to ship: `template.yaml` leaves it out.
     LocalFile,
     /// By the logger, not by [`super::Config`].
     Logging,
@@ -46,8 +39,7 @@ pub struct Variable {
     pub range: Option<(u64, u64)>,
     pub meaning: &'static str,
     pub applies: Applies,
-    /// A secret: it may be given as a reference to a secret store
-    /// ([`super::secret_ref`]), which the front ends read at start.
+    /// A secret: it may be given as a reference to a secret store ([`super::secret_ref`]).
     pub secret: bool,
 }
 
@@ -69,12 +61,10 @@ impl Variable {
     }
 }
 
-/// A row with a default and no range; the macro names it and gives its meaning.
 const fn value(default: &'static str) -> Variable {
     row(DefaultValue::Value(default))
 }
 
-/// A whole number in `min..=max`, both ends included.
 const fn number(default: &'static str, min: u64, max: u64) -> Variable {
     Variable {
         range: Some((min, max)),
@@ -82,12 +72,11 @@ const fn number(default: &'static str, min: u64, max: u64) -> Variable {
     }
 }
 
-/// A variable whose absence means something of its own: `words` say what.
 const fn unset(words: &'static str) -> Variable {
     row(DefaultValue::Unset(words))
 }
 
-/// A row read everywhere, neither a number nor a secret.
+/// A row read everywhere, neither a number nor a secret; the macro fills in name and meaning.
 const fn row(default: DefaultValue) -> Variable {
     let (name, meaning, applies) = ("", "", Applies::Everywhere);
     let (range, secret) = (None, false);
@@ -101,9 +90,7 @@ const fn row(default: DefaultValue) -> Variable {
     }
 }
 
-/// The table: a row is its doc comment (the meaning), its name and its
-/// maker with the default (and range); a doc comment's lines each start with
-/// a space, hence the trim. [`VARIABLES`] lists the rows in order.
+/// A row: its doc comment (the meaning), name and maker. Doc lines start with a space: the trim.
 macro_rules! variables {
     ($(
         $(#[doc = $meaning:literal])+
@@ -271,12 +258,10 @@ variables! {
     /// once and answered with the rest of its delay on its job ([Stopping](operations.md#stopping));
     /// keep it below the supervisor's grace (Docker's 10 s)
     QUOTA_DRAIN_TIMEOUT_MS = number("8000", 1000, MAX_MILLIS).applies(Applies::Serve);
-    // Read by the logger (`tracing`'s `EnvFilter`), not by [`super::Config`].
     /// log filter (the AWS SDK's own lines only from `error` unless named); Lambda's
     /// `AWS_LAMBDA_LOG_LEVEL` (the function's `ApplicationLogLevel`) comes first. Logs go to
     /// stderr and never contain an IP, token or digest
     RUST_LOG = value("info").applies(Applies::Logging);
-    // Read by the logger ([`crate::LogFormat`]), not by [`super::Config`].
     /// `text` or `json` (one object a line) for `quota-gate`'s logs; Lambda follows the function's
     /// `LogFormat` (`JSON` in the template) instead
     QUOTA_LOG_FORMAT = value("text").applies(Applies::Logging);

@@ -1,19 +1,8 @@
-//! A circuit breaker in front of the quota store.
-//!
-//! When Valkey hangs, every call costs the whole `QUOTA_STORE_TIMEOUT_MS`
-//! before the gate fails open or closed. After `threshold` consecutive
-//! failures the breaker opens and the gate skips the store for `cool_down`,
-//! so an outage costs microseconds per request instead of the timeout. Once
-//! the cool-down is over, one request is let through as a probe (half-open):
-//! its success closes the breaker, its failure opens it for another cool-down.
-//! Requests arriving while the probe is in flight are still skipped, so a hung
-//! store costs one timeout per cool-down, not one per concurrent request.
-//!
-//! Pure: it reads no clock. Every call is given the instant it happens at
-//! (the gate passes Tokio's clock, so tests with paused time drive it; the
-//! unit tests pass instants of their own), and it imports no I/O. The
-//! state sits behind a std `Mutex`: it is held for a few instructions and
-//! never across an `.await`.
+//! A circuit breaker in front of the quota store. After `threshold` consecutive failures it opens
+//! and the gate skips the store for `cool_down`, so a hung store costs microseconds per request
+//! instead of the timeout. Then one request goes through as a probe (half-open): its success closes
+//! the breaker, its failure reopens it; requests meanwhile are still skipped, so a hung store costs
+//! one timeout per cool-down. The `Mutex` is never held across an `.await`.
 
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -26,8 +15,7 @@ enum State {
     Closed { failures: u32 },
     /// Calls are skipped until `until`.
     Open { until: Instant },
-    /// One probe is in flight. Should it never report (its request was
-    /// dropped), another probe is allowed after `probe_deadline`.
+    /// A probe is in flight; should it never report, another may go after `probe_deadline`.
     HalfOpen { probe_deadline: Instant },
 }
 
@@ -40,8 +28,7 @@ pub struct Breaker {
 }
 
 impl Breaker {
-    /// Opens after `threshold` consecutive failures, for `cool_down`.
-    /// A `threshold` of 0 gives a breaker that never opens.
+    /// Opens after `threshold` consecutive failures (0: never), for `cool_down`.
     pub fn new(threshold: u32, cool_down: Duration) -> Self {
         Self {
             threshold,
@@ -55,8 +42,7 @@ impl Breaker {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Whether the next store call, made at `now`, should be made. Must be
-    /// followed by [`record`](Self::record) when it returns `true`.
+    /// Whether to make the store call at `now`; if so, [`record`](Self::record) must follow.
     pub fn admit(&self, now: Instant) -> bool {
         if self.threshold == 0 {
             return true;

@@ -1,7 +1,4 @@
-//! What the store answers of a counter: one count ([`Count`], with each
-//! level's [`LevelCount`] in a [`Tally`]) and one read that changes nothing
-//! ([`Peek`]). Pure types: [`crate::io::store`] makes them, the rules read
-//! them.
+//! What the store answers of a counter: a count and each level's ([`Tally`]), or a [`Peek`].
 
 use crate::rules::unix::{UnixMillis, UnixSecs};
 
@@ -12,7 +9,6 @@ pub struct Count {
     pub used: u64,
     /// When the counter expires, as the store holds it.
     pub reset_at: UnixSecs,
-    /// The gate's clock when it counted.
     pub now: UnixSecs,
     /// Extra scans granted for this period (0: none), read in the same round trip.
     pub grant: u64,
@@ -24,8 +20,7 @@ impl Count {
     }
 }
 
-/// What one count of a scan answered: the subject's count, and each
-/// level's above it (in the order asked).
+/// What one count of a scan answered: the subject's, and each level's above it, in the order asked.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Tally {
     pub subject: Count,
@@ -42,9 +37,7 @@ impl Tally {
     }
 }
 
-/// One level's count, or no answer. Standalone, every level rides the
-/// subject's round trip and shares its fate; in a cluster a level lives on
-/// another node, whose answer may fail alone.
+/// One level's count; in a cluster a level lives on another node, whose answer may fail alone.
 pub type LevelCount = Result<Count, NoAnswer>;
 
 /// A count that got no answer: `may_land` when it was sent (it may still run).
@@ -58,12 +51,9 @@ pub struct NoAnswer {
 pub struct Peek {
     /// Scans counted this period (0: no counter yet).
     pub used: u64,
-    /// When the counter expires (unix s); `None` without a counter (or one
-    /// that never expires).
+    /// When the counter expires; `None` without one (or one that never expires).
     pub reset_at: Option<UnixSecs>,
-    /// The subject's pacing slot (unix ms), if one was taken.
     pub slot_ms: Option<UnixMillis>,
-    /// Extra scans granted for this period.
     pub grant: u64,
 }
 

@@ -1,7 +1,4 @@
-//! Step 5: the decision. A pure function of the count and the limits: no
-//! client, no clock, so every tier boundary is pinned by table and property
-//! tests. [`ShadowVerdict`] is a decision as a shadow-mode answer shows it
-//! (what enforcement would have done), shared by `GET /quota` and the 202.
+//! Step 5: the decision, a pure function of the count and the limits (pinned by table tests).
 
 use std::num::NonZeroU32;
 use std::time::Duration;
@@ -24,9 +21,7 @@ pub struct Limits {
 }
 
 impl Limits {
-    /// The limits with `grant` extra scans (`quota-gate grant`) on the
-    /// daily ceiling: the tiers, the remaining count and the headers all
-    /// follow the raised ceiling. Saturates at the largest ceiling.
+    /// The limits with `grant` extra scans on the daily ceiling, saturating at the largest.
     pub fn with_grant(self, grant: u64) -> Self {
         let raised = u64::from(self.limit.get()).saturating_add(grant);
         let raised = u32::try_from(raised).unwrap_or(u32::MAX);
@@ -40,11 +35,8 @@ impl Limits {
 /// Which side of the quota a scan falls on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Tier {
-    /// Within the daily quota: no delay.
     Within,
-    /// In the soft window just past the quota.
     Soft,
-    /// Beyond the soft window.
     Hard,
 }
 
@@ -66,7 +58,6 @@ pub struct Decision {
     pub delay: Duration,
     /// Scans left today, after this one.
     pub remaining: u64,
-    /// Whether the response carries the soft reminder.
     pub reminder: bool,
 }
 

@@ -1,16 +1,8 @@
-//! Step 6: spending the delay within the platform's limits.
-//!
-//! An HTTP API cuts every integration off at 30 s and Lambda bills every
-//! millisecond spent asleep, so the handler never sleeps past
-//! `min(Lambda remaining time, gateway timeout) − margin`. Whatever does not
-//! fit is deferred onto the queued job (SQS `DelaySeconds`, `notBefore`), not
-//! dropped: the scan starts no sooner than the full delay after the request.
-//!
-//! Every request asleep holds one Lambda environment, so the number asleep
-//! at once is bounded across every gate process (`QUOTA_MAX_ASLEEP`): a
-//! scan sleeps only in a [`Bed`], a lease in the store that ends by itself
-//! when its sleep does ([`bed_until`]). A scan that finds every bed taken
-//! sleeps nothing and defers its whole delay: its start does not move.
+//! Step 6: spending the delay within the platform's limits. An HTTP API cuts integrations off at
+//! 30 s and Lambda bills every millisecond asleep, so the handler sleeps at most `min(Lambda
+//! remaining time, gateway timeout) − margin` and defers the rest onto the queued job. Each request
+//! asleep holds a Lambda environment, so a scan sleeps only in a [`Bed`] (at most
+//! `QUOTA_MAX_ASLEEP`, leases that end with their sleep); with none free, it defers it all.
 
 use std::time::Duration;
 
@@ -25,22 +17,17 @@ pub const MAX_QUEUE_DEFERRAL: Duration = Duration::from_secs(900);
 /// How one delay is split between sleeping now and deferring the job.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct DelayPlan {
-    /// The whole delay owed.
     pub total: Duration,
-    /// Slept in the handler before answering.
     pub sleep: Duration,
-    /// Held back on the queued job.
     pub deferred: Duration,
 }
 
-/// The time left to answer at all: the earlier of the Lambda deadline and
-/// the gateway timeout.
+/// The time left to answer at all: the earlier of the Lambda deadline and the gateway timeout.
 pub fn ceiling(remaining: Option<Duration>, gateway_timeout: Duration) -> Duration {
     remaining.map_or(gateway_timeout, |r| r.min(gateway_timeout))
 }
 
-/// The budget the handler may sleep: the [`ceiling`] less the margin, which
-/// is kept for the enqueue and the response.
+/// What the handler may sleep: the [`ceiling`] less the margin kept for the enqueue and answer.
 pub fn budget(
     remaining: Option<Duration>,
     gateway_timeout: Duration,
@@ -63,11 +50,7 @@ pub fn plan(total: Duration, mode: DelayMode, budget: Duration) -> DelayPlan {
 }
 
 impl DelayPlan {
-    /// The plan of a sleep woken after `slept` (the process is stopping):
-    /// what was slept, in whole milliseconds rounded down, and the rest of
-    /// the delay deferred onto the job. The total, and so the job's
-    /// `notBefore`, is unchanged: the scan still starts no sooner than its
-    /// delay after the request, however early its answer came.
+    /// The plan of a sleep woken after `slept` (stopping): the rest deferred, the total unchanged.
     pub fn cut_short(self, slept: Duration) -> Self {
         let slept = Duration::from_millis(u64::try_from(slept.as_millis()).unwrap_or(u64::MAX));
         let sleep = self.sleep.min(slept);
@@ -79,28 +62,22 @@ impl DelayPlan {
     }
 }
 
-/// How long a bed is held past its sleep: the sleep starts a little after
-/// the arrival its lease is counted from (the count and the pacing step
-/// come first), so the lease outlasts the sleep.
+/// A bed's lease outlasts its sleep by this: the sleep starts after the count and pacing step.
 pub const BED_GRACE: Duration = Duration::from_secs(1);
 
-/// The store key of the beds every gate process shares: a sorted set of
-/// leases, each scored by the instant it ends ([`bed_until`]).
+/// The beds every gate process shares: a sorted set of leases scored by when each ends.
 pub const BEDS_KEY: &str = "quota:asleep";
 
-/// A scan's ask for a bed: one of `max_asleep`, to sleep at most
-/// `budget_ms` of the delay it owes.
+/// A scan's ask for one of `max_asleep` beds, to sleep at most `budget_ms` of its delay.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct BedAsk {
     /// The lease's name (the scan's id): one lease per scan.
     pub id: Uuid,
     pub budget_ms: u64,
-    /// `QUOTA_MAX_ASLEEP`.
     pub max_asleep: u32,
 }
 
-/// A bed asked alone, outside a pacing step: for a scan that arrived at
-/// `arrival` and owes `wait_ms`.
+/// A bed asked alone, outside a pacing step.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct LoneBed {
     pub ask: BedAsk,
@@ -108,28 +85,21 @@ pub struct LoneBed {
     pub wait_ms: u64,
 }
 
-/// What a scan found among the beds: whether it took one (and may sleep),
-/// and how many requests were asleep fleet-wide then (itself included).
+/// Whether a scan took a bed, and how many requests were asleep fleet-wide (itself included).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Bed {
     pub taken: bool,
     pub asleep: u32,
 }
 
-/// When the bed of a scan that arrived at `arrival` and owes `wait_ms` is
-/// free again: once it has slept what it may (at most `budget_ms`), and
-/// [`BED_GRACE`]. A request killed in its sleep frees its bed then too.
+/// When a bed is free again: once its scan has slept what it may, plus [`BED_GRACE`].
 pub fn bed_until(arrival: UnixMillis, wait_ms: u64, budget_ms: u64) -> UnixMillis {
     arrival
         .saturating_add(Duration::from_millis(wait_ms.min(budget_ms)))
         .saturating_add(BED_GRACE)
 }
 
-/// The beds' answer to `ask`, for a scan that arrived at `arrival` and
-/// owes `wait_ms`: the leases of `leases` that ended by then are dropped,
-/// and a bed is taken (its lease, ending at [`bed_until`], kept) if fewer
-/// than `ask.max_asleep` are held. The in-memory store's rule; `bed.lua`
-/// is the same on Valkey.
+/// The beds' answer to `ask`, dropping ended leases: the in-memory store's rule, as `bed.lua`.
 pub fn take_bed(
     leases: &mut Vec<UnixMillis>,
     ask: &BedAsk,

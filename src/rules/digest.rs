@@ -1,8 +1,5 @@
-//! The keyed digest that names a subject in Valkey.
-//!
-//! A plain SHA-256 of an IPv4 address can be reversed by trying all 2³²
-//! addresses in minutes; an HMAC under a secret cannot, so Valkey (and any
-//! log line that might carry a key) holds no personal data.
+//! The keyed digest that names a subject in Valkey: an HMAC under a secret, since a plain hash of
+//! an IP is reversed by trying every address, so Valkey and the logs hold no personal data.
 
 use std::fmt;
 
@@ -52,22 +49,17 @@ impl Hasher {
         }
     }
 
-    /// hex(HMAC-SHA256(secret, scope ‖ ":" ‖ material)). The scope is part of
-    /// the message, so an IP and a token id that happen to be equal differ.
+    /// hex(HMAC-SHA256(secret, scope ‖ ":" ‖ material)): an IP and an equal token id differ.
     pub fn digest(&self, scope: Scope, material: &str) -> Digest {
         self.keyed(scope.as_str(), material)
     }
 
-    /// The digest of a level above the subject ([`crate::rules::level`]):
-    /// hex(HMAC-SHA256(secret, "net:" ‖ material)), the material naming the
-    /// network (family, prefix, length) or the anonymous budget.
+    /// The digest of a level above the subject: hex(HMAC-SHA256(secret, "net:" ‖ material)).
     pub fn level_digest(&self, material: &str) -> Digest {
         self.keyed("net", material)
     }
 
-    /// The digest of an account (`QUOTA_JWT_ACCOUNT_CLAIM`), whose tokens
-    /// share one counter in the token scope: hex(HMAC-SHA256(secret,
-    /// "account:" ‖ value)), apart from every `tid`'s.
+    /// An account's digest (`QUOTA_JWT_ACCOUNT_CLAIM`), in a domain apart from every `tid`'s.
     pub fn account_digest(&self, account: &str) -> Digest {
         self.keyed("account", account)
     }

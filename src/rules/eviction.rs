@@ -1,34 +1,22 @@
-//! Whether the quota Valkey may evict the gate's keys, and what the start
-//! does about it: the pure rule behind [`crate::io::eviction_watch`].
-//!
-//! Every quota key has a TTL, so any policy but `noeviction` evicts them
-//! when the store is full: a `volatile-*` policy (ElastiCache's default, and
-//! what ElastiCache Serverless does at its data-storage maximum) takes
-//! counters and pacing slots (a client's next scans are free),
-//! idempotency records (a keyed retry is queued a second time) and the
-//! consumer's markers (a finished scan runs again); an `allkeys-*` policy
-//! takes the stream's jobs too. Under `noeviction` a full store refuses writes instead, and the fail
-//! mode answers, metered. The policy is read from `INFO memory` (`CONFIG`
-//! is disabled on ElastiCache), once per primary.
+//! Whether the quota Valkey may evict the gate's keys, and what the start does about it. Every
+//! quota key has a TTL, so any policy but `noeviction` evicts them when the store is full; the
+//! policy is read from each primary's `INFO memory` (`CONFIG` is disabled on ElastiCache).
 
 use crate::rules::modes::OnEviction;
 
-/// What a `maxmemory-policy` can evict of the gate's keys, ordered from
-/// harmless to worst (a cluster is as bad as its worst primary).
+/// What a `maxmemory-policy` can evict of the gate's keys, from harmless to worst.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Eviction {
     /// `noeviction`: a full store refuses writes; nothing is lost.
     Never,
-    /// `volatile-*`, a policy this gate does not know, or none reported:
-    /// keys with a TTL, which every quota key is.
+    /// `volatile-*`, an unknown policy or none reported: keys with a TTL, every quota key.
     KeysWithTtl,
     /// `allkeys-*`: every key, the stream's jobs included.
     AllKeys,
 }
 
 impl Eviction {
-    /// The class of the policy `INFO memory` reported (`None`: not reported,
-    /// taken as evicting, as ElastiCache Serverless does when full).
+    /// The class of the reported policy; none reported is taken as evicting.
     pub fn of(policy: Option<&str>) -> Self {
         match policy {
             Some("noeviction") => Self::Never,
@@ -69,7 +57,6 @@ pub const FIX: &str = "set maxmemory-policy noeviction (on ElastiCache: a parame
 /// One primary's `maxmemory_policy` (`None`: its `INFO memory` has none).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NodePolicy {
-    /// The node's address, for the message.
     pub node: String,
     pub policy: Option<String>,
 }
@@ -77,10 +64,8 @@ pub struct NodePolicy {
 /// An evicting store, as found at start.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Finding {
-    /// The worst class among the primaries.
     pub eviction: Eviction,
-    /// The evicting policies found, each once, in the order read
-    /// (`unreported` for a primary that named none).
+    /// The evicting policies found, each once, in the order read (`unreported`: none named).
     pub policies: String,
 }
 
@@ -98,16 +83,12 @@ impl Finding {
 /// What the start does with the store's policies.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum AtStart {
-    /// `noeviction` on every primary.
     Safe,
-    /// Say it at error level, meter it, and start.
     Warn(Finding),
-    /// `QUOTA_STORE_EVICTION=refuse`: do not start.
     Refuse(Finding),
 }
 
-/// The rule: the store is as bad as its worst primary; an evicting one is
-/// said, or refused when `on_eviction` says so.
+/// The store is as bad as its worst primary: evicting, it is said, or refused per `on_eviction`.
 pub fn at_start(nodes: &[NodePolicy], on_eviction: OnEviction) -> AtStart {
     let mut policies: Vec<&str> = Vec::new();
     let mut worst = Eviction::Never;
@@ -132,26 +113,17 @@ pub fn at_start(nodes: &[NodePolicy], on_eviction: OnEviction) -> AtStart {
     }
 }
 
-/// What a reading of the policies calls for, after the last reading
-/// found the store evicting or not (`None`: none was read yet).
+/// What a policy reading calls for, given the last one's finding (`None`: the first reading).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Reading {
-    /// As before: nothing to say.
     Unchanged,
-    /// `noeviction` now (or at the first reading).
     Safe,
-    /// Evicting now (or at the first reading): said and metered.
     Evicting(Finding),
-    /// Evicting at the first reading, with `QUOTA_STORE_EVICTION=refuse`:
-    /// the process does not run on it, whether it just started or the
-    /// store was down when it did.
+    /// Evicting at the first reading with `QUOTA_STORE_EVICTION=refuse`: the process does not run.
     Refuse(Finding),
 }
 
-/// The rule behind each reading: [`at_start`]'s verdict, said once a
-/// change. A store that turns evicting later is said and metered, not
-/// refused: stopping a running fleet over a setting is an outage of its
-/// own, and the gauge's alarm calls the operator.
+/// Said once a change; evicting later is metered, not refused: stopping a fleet is an outage.
 pub fn reading(last: Option<bool>, nodes: &[NodePolicy], on_eviction: OnEviction) -> Reading {
     match (last, at_start(nodes, on_eviction)) {
         (None, AtStart::Refuse(finding)) => Reading::Refuse(finding),
@@ -163,10 +135,7 @@ pub fn reading(last: Option<bool>, nodes: &[NodePolicy], on_eviction: OnEviction
     }
 }
 
-/// The keys evicted since the last reading of the store's cumulative
-/// `evicted_keys` (`last`; `None` at the first, which only sets the base).
-/// A count that went down means the server restarted (or a primary failed
-/// over) and counts from 0 again: all of it is new.
+/// Keys evicted since the last `evicted_keys` reading (`None`: base only); after a drop, all new.
 pub fn evicted_since(last: Option<u64>, now: u64) -> u64 {
     match last {
         None => 0,

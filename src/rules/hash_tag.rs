@@ -1,24 +1,14 @@
-//! A key's cluster hash tag: the one definition of the rule.
-//!
-//! A Valkey cluster hashes only the part of a key inside its first `{…}`,
-//! when that part is non-empty, so keys that share a tag share a slot (and
-//! one script or transaction may touch them all). The stream queue puts its
-//! scanId markers beside the stream, the consumer its run markers, and the
-//! configuration refuses a stream key whose braces form no tag: all three
-//! ask [`has_hash_tag`].
-//!
-//! Pure: no I/O, nothing above it.
+//! A key's cluster hash tag, defined once: a Valkey cluster hashes only the non-empty part inside a
+//! key's first `{…}`, so keys sharing a tag share a slot (and one script may touch them all).
 
-/// Whether `key` carries a non-empty `{…}` hash tag: the part of the key
-/// a cluster hashes, so keys that share it share a slot.
+/// Whether `key` carries a non-empty `{…}` hash tag.
 pub fn has_hash_tag(key: &str) -> bool {
     key.find('{')
         .and_then(|open| key[open + 1..].find('}'))
         .is_some_and(|len| len > 0)
 }
 
-/// `key` as a hash tag for the keys beside it: `key` itself when it has a
-/// tag of its own, else `{key}`.
+/// `key` as a hash tag for the keys beside it: itself when it has a tag, else `{key}`.
 pub fn tagged(key: &str) -> String {
     if has_hash_tag(key) {
         key.to_owned()

@@ -1,14 +1,7 @@
-//! The scan job: what the gate queues and what a consumer reads, one type.
-//!
-//! The JSON form is a versioned contract, written down as a JSON Schema in
-//! `docs/job.schema.json` (a test validates real jobs against it), so a
-//! consumer in another language can rely on it. `version` is 1; a change
-//! that removes or retypes a field raises it, an added field does not. A
-//! job without `version` was written before the field existed and has the
-//! same shape as version 1.
-//!
-//! `scope` and `tier` are closed sets; a job that names anything else is
-//! refused when read, not passed on.
+//! The scan job the gate queues and a consumer reads. Its JSON is a versioned contract
+//! (`docs/job.schema.json`): removing or retyping a field raises `version`, adding one does not,
+//! and a job without `version` has version 1's shape. `scope` and `tier` are closed sets: anything
+//! else is refused when read.
 
 use std::fmt;
 use std::time::Duration;
@@ -25,21 +18,15 @@ use crate::rules::trace::{self, TraceContext};
 /// The contract version this build writes and reads.
 pub const JOB_VERSION: u32 = 1;
 
-/// The tier a job was decided in: one of a closed set, written as its
-/// lowercase name.
+/// The tier a job was decided in, as its lowercase name; `unmetered`: accepted uncounted (the store
+/// did not answer), `exempt`: never counted, delayed or paced.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum JobTier {
-    /// Within the daily quota.
     Within,
-    /// In the soft window.
     Soft,
-    /// Beyond the soft window.
     Hard,
-    /// Accepted uncounted: the store did not answer.
     Unmetered,
-    /// An exempt caller's scan (`QUOTA_EXEMPT_NETWORKS`, `QUOTA_EXEMPT_CLAIM`):
-    /// never counted, delayed or paced.
     Exempt,
 }
 
@@ -73,7 +60,6 @@ impl From<Tier> for JobTier {
 }
 
 impl From<Charge> for JobTier {
-    /// The decision's tier when counted, `unmetered` otherwise.
     fn from(charge: Charge) -> Self {
         match charge {
             Charge::Counted { decision, .. } => decision.tier.into(),
@@ -86,61 +72,44 @@ impl From<Charge> for JobTier {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct ScanJob {
-    /// The contract version ([`JOB_VERSION`]).
     #[serde(default = "first_version")]
     pub version: u32,
     /// UUID v7: time-ordered, so queues and logs sort by arrival.
     pub scan_id: Uuid,
-    /// When the gate received the request (RFC 3339, UTC).
     pub received_at: String,
-    /// `ip` or `tid`.
     pub scope: Scope,
     /// The subject's keyed digest (never the IP or token itself).
     pub digest: String,
-    /// The decision tier: `within`, `soft` or `hard` (in shadow mode too,
-    /// where the job is not delayed); `unmetered` when the store did not
-    /// answer and the scan was accepted uncounted; `exempt` for an exempt
-    /// caller's scan (never counted).
+    /// The decision tier, in shadow mode too (where the job is not delayed).
     pub tier: JobTier,
-    /// The daily ceiling that applied.
     pub limit: u32,
     /// The subject's count including this scan (0 when `unmetered` or `exempt`).
     pub count: u64,
-    /// The whole delay owed, in milliseconds.
     pub delay_ms: u64,
     /// The part of the delay not slept in the handler, held back on the job.
     pub deferred_ms: u64,
     /// The scan must not start before this instant (RFC 3339, UTC).
     pub not_before: String,
-    /// `not_before` in unix milliseconds (not serialized; [`ScanJob::from_json`]
-    /// computes it from `not_before`).
+    /// `not_before` in unix milliseconds, computed by [`ScanJob::from_json`].
     #[serde(skip)]
     pub not_before_ms: i64,
-    /// The client's request body, untouched ([`RequestBody`]).
     pub request: RequestBody,
-    /// The request's trace context (`traceparent`, and `tracestate` when
-    /// the client sent a valid one): the trace the scan continues. Absent
-    /// in jobs written before it existed; one that is not a valid
-    /// `traceparent` is read as absent ([`trace::lenient`]).
+    /// The trace the scan continues; an invalid `traceparent` is read as absent.
     #[serde(
         default,
         skip_serializing_if = "Option::is_none",
         deserialize_with = "trace::lenient"
     )]
     pub trace: Option<TraceContext>,
-    /// The line it waits in at the scanner; absent in jobs written before
-    /// it existed, which [`ScanJob::lane`] reads from the tier and delay.
+    /// The line it waits in at the scanner; when absent, [`ScanJob::lane`] derives it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lane: Option<Lane>,
-    /// An over-quota job's tenant: an opaque id (a keyed digest) of the
-    /// subject or network whose line paced it; over-quota jobs of one
-    /// tenant take their turn together.
+    /// A keyed digest of the line that paced an over-quota job; one tenant's jobs share a turn.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tenant: Option<String>,
 }
 
-/// Which line a job waits in at the scanner: within quota, which starts
-/// first, or over it ([`crate::consume::slots`]).
+/// Which line a job waits in at the scanner: within quota, which starts first, or over it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Lane {
@@ -149,8 +118,7 @@ pub enum Lane {
 }
 
 impl Lane {
-    /// The lane of a job of `tier` that owes `delay_ms`: over quota only
-    /// where the gate delayed it (a shadow-mode verdict delays nothing).
+    /// Over quota only where the gate delayed it (a shadow-mode verdict delays nothing).
     pub fn of(tier: JobTier, delay_ms: u64) -> Self {
         match tier {
             JobTier::Soft | JobTier::Hard if delay_ms > 0 => Self::Over,
@@ -166,11 +134,8 @@ impl Lane {
     }
 }
 
-/// A scan request's JSON body as the client sent it: key order, repeated
-/// keys, number spellings (`1.0`, `-0`, integers past 2⁵³, `1e400`) and
-/// string escapes are the client's own, passed through byte for byte. Only
-/// the whitespace between tokens is left out, so a job stays one line of a
-/// spool (JSON allows a raw line break nowhere else). Always an object.
+/// A request's JSON body as the client sent it, byte for byte, but without whitespace between
+/// tokens, so a job stays one spool line. Always an object.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(transparent)]
 pub struct RequestBody(Box<RawValue>);
@@ -208,8 +173,7 @@ impl RequestBody {
         self.0.get()
     }
 
-    /// The `image` member of the object `text`; an error when `text` is not
-    /// an object or repeats `image`.
+    /// The object `text`'s `image` member; an error if `text` is no object or repeats `image`.
     pub fn image_of(text: &str) -> Result<Image, serde_json::Error> {
         #[derive(Deserialize)]
         struct Probe<'a> {
@@ -252,7 +216,6 @@ impl PartialEq for RequestBody {
     }
 }
 
-/// JSON's whitespace (RFC 8259: space, tab, line feed, carriage return).
 fn is_json_space(b: u8) -> bool {
     matches!(b, b' ' | b'\t' | b'\n' | b'\r')
 }

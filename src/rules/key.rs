@@ -1,7 +1,5 @@
-//! The keys of one subject, and when its period ends.
-//!
-//! Every key of a subject shares the digest as its hash tag, so one subject
-//! lives in one cluster slot (the layout is the table in [`crate::io::store`]).
+//! The keys of one subject and when its period ends. They share the digest as their hash tag, so a
+//! subject lives in one cluster slot (the layout: [`crate::io::store`]).
 
 use sha2::{Digest as _, Sha256};
 
@@ -22,18 +20,9 @@ pub struct QuotaKey {
     pub counter: String,
     pub first_seen: String,
     pub slot: String,
-    /// A subject's extra scans granted for the period: read with every
-    /// count, in the same round trip, and added to the limit the scan is
-    /// decided against. It expires with the counter: set while the counter
-    /// lives, it gets the counter's expiry; set before the period's first
-    /// scan, under `utc-day` it ends tonight at 00:00 UTC, and under
-    /// `rolling` it has none until the count that opens the period gives it
-    /// the counter's (`EXPIREAT … NX` in the same round trip), so it lasts
-    /// exactly as long as that period under either `QUOTA_RESET`.
-    ///
-    /// A level's grant is held in its counter instead (the counter reads
-    /// used − granted); this key only says how much, for the reads that
-    /// add it back (`GrantHeld::InCounter` in the store).
+    /// Extra scans granted for the period, added to the limit; it lasts as long as the counter's
+    /// period (under `rolling`, set before the first scan, it gets the counter's expiry from the
+    /// count opening it). A level's grant is held in its counter; this key says how much.
     pub grant: String,
 }
 
@@ -43,9 +32,7 @@ impl QuotaKey {
         Self::named(scope.as_str(), digest, true)
     }
 
-    /// The keys of a level above the subject (a network, or the anonymous
-    /// budget): `quota:net:{<digest>}`, its slot and its grant, in a slot
-    /// of their own in a cluster.
+    /// The keys of a level above the subject (`quota:net:{<digest>}`), in a slot of their own.
     pub fn level(digest: &Digest) -> Self {
         Self::named("net", digest, false)
     }
@@ -66,8 +53,7 @@ impl QuotaKey {
         }
     }
 
-    /// The record key of one `Idempotency-Key`: a digest of the client's
-    /// key (which may be anything visible), beside the subject's counter.
+    /// The record key of an `Idempotency-Key`, hashed (the client's key may be anything visible).
     pub fn idempotency(&self, client_key: &str) -> String {
         let hash = Sha256::digest(client_key.as_bytes());
         format!("{}:idem:{}", self.counter, hex::encode(&hash[..16]))
@@ -88,10 +74,7 @@ pub fn period_end(reset: ResetPolicy, now: UnixSecs) -> UnixSecs {
     })
 }
 
-/// When a grant made at `now` for a subject with no counter yet expires:
-/// under `utc-day` the period is the day, known before its first scan;
-/// under `rolling` it starts with that scan, so `None`: the count that opens
-/// the period gives the grant the counter's expiry (`EXPIREAT … NX`).
+/// When a grant made at `now` with no counter expires; `None` under `rolling`: its count sets it.
 pub fn grant_period_end(reset: ResetPolicy, now: UnixSecs) -> Option<UnixSecs> {
     match reset {
         ResetPolicy::UtcDay => Some(period_end(reset, now)),
@@ -99,10 +82,7 @@ pub fn grant_period_end(reset: ResetPolicy, now: UnixSecs) -> Option<UnixSecs> {
     }
 }
 
-/// The one rule for the reset instant every answer reports (each 202,
-/// exempt or not, `GET /quota` and `inspect`): the counter's expiry, or,
-/// with no counter (or no answer from the store), when a counter opened
-/// at `now` would expire ([`period_end`], which honours `QUOTA_RESET`).
+/// The reset every answer reports: the counter's expiry, or when one opened at `now` would expire.
 pub fn resets_at(reset: ResetPolicy, counter_expiry: Option<UnixSecs>, now: UnixSecs) -> UnixSecs {
     counter_expiry.unwrap_or_else(|| period_end(reset, now))
 }

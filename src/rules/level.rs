@@ -1,28 +1,7 @@
-//! Budgets above the subject, as pure rules: the networks that enclose an
-//! anonymous address (`QUOTA_NETWORKS`), the same networks for the token
-//! holders who scan from them (`QUOTA_TOKEN_NETWORKS`), and all anonymous
-//! traffic together (`QUOTA_ANON_GLOBAL`), each counted and paced like one
-//! client.
-//!
-//! A per-address quota is only as strong as the cheapest block of
-//! addresses: one IPv6 /48 holds 65,536 /64s, each with its own quota. So an
-//! anonymous scan is also counted at each configured level: its /24 (IPv4),
-//! its /56 and /48 (IPv6), and, when set, the anonymous budget. Each level
-//! has the subject's tier rule with its own limit (the anonymous budget has
-//! only its interval), its own pacing slot and the backlog cap; the scan
-//! gets the most severe tier of all of them ([`most_severe`]).
-//!
-//! A token is as cheap as an e-mail address, so a token holder's scan is
-//! counted at its source network's levels too, on counters of their own
-//! (`tid:v4/24`): a network's anonymous flood never slows its token
-//! holders, and their scans never use up its anonymous budget. Exempt scans
-//! are never counted at a level.
-//!
-//! Here: the levels of one address ([`Levels::of`], with the material each
-//! level's digest is made from: whose traffic, family, prefix and length,
-//! never the address), the one [`Level`] a scan carries through the gate,
-//! and the rule that picks the scan's decision; the grammar of a list of
-//! networks is [`crate::rules::networks`]'s. No I/O, no clock.
+//! Budgets above the subject, each counted and paced like one client: networks enclosing an address
+//! (`QUOTA_NETWORKS`; `QUOTA_TOKEN_NETWORKS` for token holders, counted apart so an anonymous flood
+//! never slows them) and all anonymous traffic (`QUOTA_ANON_GLOBAL`). A per-address quota is only
+//! as strong as the cheapest block of addresses, and a token is as cheap as an e-mail address.
 
 use std::fmt;
 use std::net::IpAddr;
@@ -41,18 +20,14 @@ use crate::rules::unix::{UnixSecs, duration_ms};
 /// Which counter set a scan's delay, as clients and metrics name it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum LevelName {
-    /// The subject itself: its address (or /64) or its token.
     Subject,
-    /// The anonymous scans of one network (`v4/24`).
     Network(Network),
-    /// The token holders' scans from one network (`tid:v4/24`).
     TokenNetwork(Network),
-    /// All anonymous traffic together.
     Anon,
 }
 
 impl LevelName {
-    /// `subject`, `v4/24`, `tid:v4/24`, `anon`, … (`quota.level`).
+    /// The label (`quota.level`): `subject`, `v4/24`, `tid:v4/24`, `anon`.
     pub fn label(self) -> String {
         self.to_string()
     }
@@ -66,8 +41,6 @@ impl LevelName {
     }
 }
 
-/// The label (`subject`, `v4/24`, `tid:v4/24`, `anon`), written without a
-/// `String`.
 impl fmt::Display for LevelName {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
@@ -79,8 +52,7 @@ impl fmt::Display for LevelName {
     }
 }
 
-/// A level's name in `RateLimit-Policy` (`daily`, `v4-24`, `tid-v4-24`,
-/// `anon`), written without a `String`.
+/// A level's name in `RateLimit-Policy` (`daily`, `v4-24`, `tid-v4-24`, `anon`).
 #[derive(Debug, Clone, Copy)]
 pub struct PolicyName(pub LevelName);
 
@@ -109,16 +81,13 @@ pub struct AnonBudget {
 /// Every level above the subject, as configured.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Levels {
-    /// `QUOTA_NETWORKS`: narrowest first within a family, as
-    /// [`parse_networks`](crate::rules::networks::parse_networks) sorts them.
+    /// Narrowest first within a family.
     pub anon_networks: Vec<NetworkLevel>,
-    /// `QUOTA_TOKEN_NETWORKS`, sorted the same way.
     pub token_networks: Vec<NetworkLevel>,
     pub anon: Option<AnonBudget>,
 }
 
-/// One level of one address: its name, the material its digest is made of
-/// (`v4/24:203.0.113.0`, `anon`: never the address itself), and its limit.
+/// One level of one address: its name, its digest's material (never the address) and its limit.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LevelOf {
     pub name: LevelName,
@@ -126,18 +95,14 @@ pub struct LevelOf {
     pub limit: NonZeroU32,
 }
 
-/// One level above a subject, end to end: its name, its counter's keys,
-/// the limits it is decided on, and what this scan's count did there. A
-/// scan carries one per level it is counted at, in the order the store is
-/// asked (the subject's identity makes them; the count fills in `count`).
+/// A level a scan is counted at, in the order the store is asked.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Level {
     pub name: LevelName,
     pub key: QuotaKey,
-    /// The level's tier rule with its own limit (before any grant).
+    /// Its tier rule with its own limit, before any grant.
     pub limits: Limits,
-    /// What the count answered here: `None` before the count, and for a
-    /// scan resumed from an earlier attempt, which counts at no level again.
+    /// `None` before the count, and for a resumed scan, which counts at no level again.
     pub count: Option<LevelCount>,
 }
 
@@ -152,8 +117,7 @@ impl Level {
         }
     }
 
-    /// Its count and the decision on it (its grant added), where the count
-    /// answered.
+    /// Its count and the decision on it (grant added), where the count answered.
     pub fn counted(&self) -> Option<(Decision, Count)> {
         match self.count? {
             Ok(c) => Some((decide(c.used, &self.limits.with_grant(c.grant)), c)),
@@ -161,9 +125,7 @@ impl Level {
         }
     }
 
-    /// The line a counted scan waits in here: the level's own tier delay
-    /// (0: within its limit) and its counter's expiry, which the line's
-    /// slot shares.
+    /// The line a counted scan waits in here: its tier delay (0: within limit) and counter expiry.
     pub fn line(&self) -> Option<(u64, UnixSecs)> {
         self.counted()
             .map(|(decision, count)| (duration_ms(decision.delay), count.reset_at))
@@ -171,8 +133,7 @@ impl Level {
 }
 
 impl Levels {
-    /// The network levels of `scope`'s traffic: `QUOTA_NETWORKS` for
-    /// anonymous scans, `QUOTA_TOKEN_NETWORKS` for token holders'.
+    /// The network levels of `scope`'s traffic.
     pub fn networks(&self, scope: Scope) -> &[NetworkLevel] {
         match scope {
             Scope::Ip => &self.anon_networks,
@@ -180,9 +141,7 @@ impl Levels {
         }
     }
 
-    /// Each network level of `scope` and of `ip`'s family, named, with the
-    /// network of it that holds `ip` (what a level's digest is made from,
-    /// see [`Levels::of`]).
+    /// Each network level of `scope` and `ip`'s family, with its network that holds `ip`.
     pub fn networks_of(
         &self,
         scope: Scope,
@@ -194,15 +153,12 @@ impl Levels {
         })
     }
 
-    /// The material of one network level's digest: whose traffic, family,
-    /// prefix and length (`v4/24:203.0.113.0`, `tid:v4/24:203.0.113.0`).
+    /// One network level's digest material (`v4/24:203.0.113.0`, `tid:v4/24:203.0.113.0`).
     pub fn material(name: LevelName, net: IpNet) -> String {
         format!("{name}:{}", net.addr())
     }
 
-    /// The levels a scan of `scope` from `ip` is counted at: each network
-    /// level of `scope` and of its family, then, for an anonymous scan, the
-    /// anonymous budget.
+    /// The levels a `scope` scan from `ip` is counted at: its networks, then the anonymous budget.
     pub fn of(&self, scope: Scope, ip: IpAddr) -> impl Iterator<Item = LevelOf> + '_ {
         let networks = self
             .networks_of(scope, ip)
@@ -219,9 +175,7 @@ impl Levels {
         }))
     }
 
-    /// The level `cidr` names for `scope`'s traffic, if it is a configured
-    /// network level (the operator commands' `--network`), with the
-    /// material of its digest.
+    /// The configured level `cidr` names for `scope` (the operator commands' `--network`).
     pub fn of_network(&self, scope: Scope, cidr: IpNet) -> Option<LevelOf> {
         let cidr = cidr.trunc();
         let network = Network {
@@ -237,10 +191,7 @@ impl Levels {
         })
     }
 
-    /// The limits a level's counter is decided on: the subject's rule
-    /// (`base`: W_soft at D_soft, then D_hard) with the level's limit; the
-    /// anonymous budget has only its interval. A level never carries the
-    /// reminder (that is the subject's own count).
+    /// The subject's rule with the level's limit (the anonymous budget: its interval), no reminder.
     pub fn limits(&self, name: LevelName, limit: NonZeroU32, base: Limits) -> Limits {
         let never = NonZeroU32::MAX;
         match (name, self.anon) {
@@ -260,9 +211,8 @@ impl Levels {
     }
 }
 
-/// The scan's decision: the most severe of its subject's and its levels'
-/// (the longest delay, then the higher tier; a tie goes to the first, so
-/// the subject, then the narrowest level), with the level that set it.
+/// The scan's decision: the most severe of its subject's and its levels' (longest delay, then
+/// higher tier; a tie goes to the subject, then the narrowest level), with the level that set it.
 pub fn most_severe(
     subject: Decision,
     levels: impl IntoIterator<Item = (LevelName, Decision)>,

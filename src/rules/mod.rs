@@ -1,9 +1,6 @@
-//! The ground floor: the pure rules and the types they speak.
-//!
-//! Nothing here does I/O or reads a clock: each rule is told the time and
-//! the store's answers, and says what happens. No module here imports one
-//! outside this folder (`tests/it/architecture.rs` checks), so every rule runs,
-//! and is tested, without a server or a runtime.
+//! The ground floor: the pure rules and the types they speak. Nothing here does I/O or reads a
+//! clock, and no module imports one outside this folder (`tests/it/architecture.rs` checks), so
+//! every rule runs and is tested without a server or a runtime.
 
 pub mod breaker;
 pub mod count;

@@ -1,14 +1,8 @@
-//! The settings that are one of a few words (`QUOTA_FAIL_MODE=open`): each
-//! an enum with its words and a `FromStr` that names the words it expects.
-//!
-//! Pure, and below everything else in [`crate::config`]: the rules that
-//! read a setting ([`crate::rules::settle`], [`crate::rules::delay`]) import it from
-//! here, not the configuration that reads the environment.
+//! The settings that are one of a few words (`QUOTA_FAIL_MODE=open`). Pure and below
+//! [`crate::config`], so the rules that read a setting import it from here.
 
 use std::str::FromStr;
 
-/// A setting that is one of a few words: the enum, its variants' words, and
-/// `FromStr` that names the words it expects.
 macro_rules! word_setting {
     ($(#[$doc:meta])* $name:ident { $($(#[$vdoc:meta])* $variant:ident = $word:literal,)+ }) => {
         $(#[$doc])*
@@ -55,10 +49,8 @@ word_setting! {
 word_setting! {
     /// Whether the decisions are carried out.
     Mode {
-        /// Over-quota scans are delayed and paced.
         Enforce = "enforce",
-        /// A dry run: counted, decided and metered, but nobody waits and no
-        /// pacing slot is taken; each answer says what enforcement would do.
+        /// A dry run: counted, decided and metered, but nobody waits or takes a pacing slot.
         Shadow = "shadow",
     }
 }
@@ -68,7 +60,6 @@ word_setting! {
     FailMode {
         /// Accept the scan without delay and say the quota was not checked.
         Open = "open",
-        /// Refuse with 503 and `Retry-After`.
         Closed = "closed",
     }
 }
@@ -94,12 +85,9 @@ word_setting! {
 }
 
 word_setting! {
-    /// What the start does when the store's `maxmemory-policy` can evict the
-    /// gate's keys ([`crate::rules::eviction`]).
+    /// What the start does when the store's `maxmemory-policy` can evict the gate's keys.
     OnEviction {
-        /// Say so in an error-level line and a metric, and start.
         Warn = "warn",
-        /// Refuse to start.
         Refuse = "refuse",
     }
 }
@@ -107,10 +95,7 @@ word_setting! {
 word_setting! {
     /// How a connection to the quota Valkey authenticates.
     ValkeyAuth {
-        /// With whatever `VALKEY_URL` carries (a user and password, or nothing).
         Password = "password",
-        /// ElastiCache IAM authentication: a token signed with the process's
-        /// AWS credentials, fresh for each connection and renewed on live ones.
         Iam = "iam",
     }
 }

@@ -1,7 +1,4 @@
-//! The networks above an address, as `QUOTA_NETWORKS` and
-//! `QUOTA_TOKEN_NETWORKS` write them: an address family and a prefix length
-//! ([`Network`]), a level of one with its limit ([`NetworkLevel`]), and the
-//! grammar that reads a list of them ([`parse_networks`]). Pure.
+//! The networks above an address, and the grammar of a list of them ([`parse_networks`]).
 
 use std::fmt;
 use std::net::IpAddr;
@@ -9,8 +6,7 @@ use std::num::NonZeroU32;
 
 use ipnet::IpNet;
 
-/// The most network levels of one family (`QUOTA_NETWORKS`): each costs
-/// every anonymous scan a few Valkey commands.
+/// The most network levels of one family: each costs every scan a few Valkey commands.
 pub const MAX_PER_FAMILY: usize = 3;
 
 /// An address family.
@@ -65,10 +61,9 @@ pub struct NetworkLevel {
     pub limit: NonZeroU32,
 }
 
-/// `QUOTA_NETWORKS`: `off`, or comma-separated `v4/<len>=<limit>` and
-/// `v6/<len>=<limit>`, the limit a number or `<k>x` (k × `anon`). A level
-/// must be shorter than the subject (IPv4 /32, IPv6 `ipv6_prefix`), and
-/// each at most once. Sorted by family, then from the narrowest.
+/// `QUOTA_NETWORKS`: `off`, or comma-separated `v4/<len>=<limit>` and `v6/<len>=<limit>` (limit: a
+/// number or `<k>x`, k × `anon`), each once and shorter than the subject; sorted by family,
+/// narrowest first.
 pub fn parse_networks(
     text: &str,
     anon: NonZeroU32,
@@ -133,7 +128,6 @@ fn parse_level(item: &str, anon: NonZeroU32, ipv6_prefix: u8) -> Result<NetworkL
     })
 }
 
-/// A level's limit: a number of scans, or `<k>x` of the anonymous quota.
 fn parse_limit(text: &str, anon: NonZeroU32) -> Result<NonZeroU32, String> {
     let (number, times) = match text.strip_suffix(['x', 'X']) {
         Some(k) => (k, true),

@@ -1,14 +1,6 @@
-//! What a scan request that reached the count came to, as one type: the
-//! rule that turns how it left the gate ([`Metered`] and [`End`]) into its
-//! one [`Outcome`], and the outcome's metric and help text.
-//!
-//! Every outcome name the meter writes (the EMF line's requests metric,
-//! Prometheus's per-outcome counter and its `# HELP` line) comes from an
-//! [`Outcome`] variant, so adding an outcome is one variant: the compiler
-//! then asks for its metric, its help text and its place in
-//! [`Outcome::ALL`].
-//!
-//! Pure: no I/O, no clock; the meter applies it.
+//! What a metered scan request came to ([`Outcome`]), and its metric and help text. Every outcome
+//! name the meter writes comes from a variant, so adding one is one variant: the compiler then asks
+//! for its metric, help text and place in [`Outcome::ALL`].
 
 use std::time::Duration;
 
@@ -18,10 +10,7 @@ use crate::rules::level::LevelName;
 /// What the store made of a scan request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Metered {
-    /// Counted and decided: its tier, whether it carries the reminder, the
-    /// whole delay it owes (in shadow mode, what it would have owed), and
-    /// the level whose counter set that tier (the subject, a network, or
-    /// all anonymous traffic).
+    /// `delay`: the whole delay owed (or, in shadow mode, would be); `level`: whose counter set it.
     Counted {
         tier: Tier,
         reminder: bool,
@@ -29,10 +18,8 @@ pub enum Metered {
         shadow: bool,
         level: LevelName,
     },
-    /// The count failed (refused, or accepted unmetered).
     StoreFailed,
-    /// No count of its own stands: a repeat of a key (its first attempt
-    /// was counted), or a count taken back (backlog full).
+    /// No count of its own stands: a repeat of a key, or a count taken back (backlog full).
     Uncounted,
 }
 
@@ -43,29 +30,22 @@ pub enum End {
     Answered,
     /// 503 `store_unavailable` or `store_unsettled`.
     StoreRefused,
-    /// 503 `backlog_full`.
     BacklogFull,
-    /// 503 `queue_unavailable`.
     QueueFailed,
 }
 
-/// What a metered request came to: accepted in a tier, accepted without a
-/// count (the store did not answer, fail-open), refused with a 503's error
-/// code, or a repeat of an `Idempotency-Key` answered from its record.
-/// Bad input is never metered.
+/// What a metered request came to; bad input is never metered.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Outcome {
     /// Accepted within the quota, or decided in shadow mode (nobody waited).
     Within,
     Soft,
     Hard,
-    /// Accepted while the store did not answer (fail open).
     Unmetered,
     BacklogFull,
     StoreUnavailable,
     QueueUnavailable,
-    /// A repeat of an `Idempotency-Key`: the first answer replayed, 409 or
-    /// 422; not counted again.
+    /// A repeat of an `Idempotency-Key` (replayed, 409 or 422), not counted again.
     Repeat,
 }
 
@@ -82,9 +62,7 @@ impl Outcome {
         Self::Repeat,
     ];
 
-    /// The outcome of a request that left the gate so. A refusal wins over
-    /// the tier it had been given (a soft scan whose enqueue failed was
-    /// refused, not slowed); a shadow decision counts as `within`.
+    /// The outcome of a request that left the gate so; a refusal wins over its tier.
     pub const fn of(metered: Metered, end: End) -> Self {
         match (end, metered) {
             (End::QueueFailed, _) => Self::QueueUnavailable,
@@ -101,14 +79,12 @@ impl Outcome {
         }
     }
 
-    /// Its position in [`Outcome::ALL`] (and in the meter's per-outcome
-    /// arrays).
+    /// Its position in [`Outcome::ALL`] and the meter's per-outcome arrays.
     pub const fn index(self) -> usize {
         self as usize
     }
 
-    /// The Count every request of this outcome adds 1 to:
-    /// `stella_quota_requests_<outcome>_total`.
+    /// The counter each request of this outcome adds 1 to.
     pub const fn requests_metric(self) -> &'static str {
         match self {
             Self::Within => "stella_quota_requests_within_total",
@@ -143,9 +119,7 @@ impl Outcome {
     }
 }
 
-/// [`Outcome::ALL`] holds every variant once, in declaration order: the
-/// match fails to compile when a variant is added, and the loop when `ALL`
-/// is out of order.
+/// Fails to compile when a variant is added or [`Outcome::ALL`] is out of order.
 const _: () = {
     match Outcome::Within {
         Outcome::Within

@@ -1,21 +1,8 @@
-//! Pacing, as a pure rule: over-quota scans of one subject start one tier
-//! delay apart, so a parallel burst waits in line instead of all at once.
-//!
-//! This is the generic cell rate algorithm (GCRA, ITU-T I.371; the rule
-//! behind governor's `test_and_update` and redis-cell) with a burst of one:
-//! each line's "slot" is its theoretical arrival time (TAT), the emission
-//! interval is the tier's delay, and where a rate limiter refuses a cell
-//! that arrives before its TAT, the gate delays the scan to it instead and
-//! moves the TAT one interval on. Several lines (the subject's and the
-//! levels above it) are paced at once by taking the latest of their TATs.
-//! The cap (`QUOTA_MAX_BACKLOG_MS`) is GCRA's delay-variation tolerance
-//! turned around: beyond it the scan is refused, not delayed.
-//!
-//! [`next_start`] is the rule; `pace.lua` (through
-//! [`crate::io::store::QuotaStore::pace`]) applies it atomically in Valkey, the
-//! in-memory store calls it directly, and [`crate::gate::quota_view`] uses it to
-//! predict the next scan's delay. A test on a real Valkey
-//! (`tests/it/pacing.rs`) checks the script and this function agree.
+//! Pacing by the generic cell rate algorithm (GCRA) with a burst of one: over-quota scans of one
+//! subject start one tier delay apart. Each line's slot is its theoretical arrival time (TAT), the
+//! emission interval the tier's delay, and a scan before its TAT is delayed to it. Several lines
+//! are paced at once by the latest TAT; beyond the cap (GCRA's delay-variation tolerance) a scan is
+//! refused. `pace.lua` applies [`next_start`] in Valkey.
 
 use crate::rules::delay::Bed;
 use crate::rules::unix::UnixMillis;
@@ -23,30 +10,19 @@ use crate::rules::unix::UnixMillis;
 /// The answer to one pacing step.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Paced {
-    /// The scan may start `delay_ms` after its arrival; the slot moved on.
-    /// `bed`: the bed the step was asked for (see [`crate::rules::delay::Bed`]),
-    /// taken or not; `None` when none was asked.
+    /// The scan may start `delay_ms` after its arrival; `bed`: the bed asked for (`None`: none).
     Slot { delay_ms: u64, bed: Option<Bed> },
-    /// The delay would exceed the cap: nothing changed (the caller takes the
-    /// count back, see [`QuotaStore::pace`](crate::io::store::QuotaStore::pace)); a slot within the cap frees up
-    /// in `retry_after_ms`. `levels_ms`: for each level of the step, in the
-    /// order asked, how long its own line stays past the cap ([`line_excess`];
-    /// 0: that line alone had room), so a level full by itself can be
-    /// refused without asking the store again, and a level with room is not.
+    /// Over the cap; nothing changed. A slot frees up in `retry_after_ms`; `levels_ms`: how long
+    /// each level's own line stays past the cap (0: room), to refuse a full one without the store.
     Full {
         retry_after_ms: u64,
         levels_ms: Vec<u64>,
     },
 }
 
-/// The pacing rule over several lines (the subject's, and each level's
-/// above it that is over its limit), each `(previous slot, tier delay)`:
-/// the scan starts at the latest of `max(arrival, previous) + delay`, and
-/// every line's slot moves to that start, so each line's scans start at
-/// least its delay apart, whichever line held them back. A line with no
-/// delay (within its limit) holds nothing back, and its slot stays. Refused as a whole
-/// (`Err(retry_after_ms)`) when the wait would exceed the cap (or the
-/// longest tier delay, if that is longer); then no slot moves.
+/// The pacing rule over lines of `(previous slot, tier delay)`: the scan starts at the latest
+/// `max(arrival, previous) + delay`, and every delayed line's slot moves there. Refused whole, no
+/// slot moved, when the wait exceeds the cap or the longest tier delay.
 pub fn next_start(
     lines: impl IntoIterator<Item = (UnixMillis, u64)>,
     arrival_ms: UnixMillis,
@@ -61,8 +37,7 @@ pub fn next_start(
         longest = longest.max(delay_ms);
     }
     let wait = u64::try_from(start.get() - arrival_ms.get()).unwrap_or(0);
-    // A scan with nothing queued ahead of it is never refused: the cap bounds
-    // the pile-up, not a tier delay configured longer than the cap.
+    // The cap bounds the pile-up, not a tier delay longer than itself.
     let cap = max_backlog_ms.max(longest);
     if wait > cap {
         // The first arrival at which this delay fits the cap.
@@ -72,23 +47,15 @@ pub fn next_start(
     }
 }
 
-/// The `Retry-After` of a scan refused because its line is full, in whole
-/// seconds: when a slot within the cap frees up (`retry_after_ms`, rounded
-/// up, at least 1 s), but never past its counter's reset
-/// (`seconds_to_reset`, when it has one): the reset clears the slot with
-/// the counter, so a retry then is not refused. The scan's 503 and
-/// `GET /quota`'s `backlogFullRetryAfter` both say this.
+/// A full line's `Retry-After` in whole seconds (at least 1): when a slot within the cap frees up,
+/// but never past the counter's reset, which clears the slot.
 pub fn retry_after_secs(retry_after_ms: u64, seconds_to_reset: Option<u64>) -> u64 {
     let secs = retry_after_ms.div_ceil(1000).max(1);
     seconds_to_reset.map_or(secs, |reset| secs.min(reset.max(1)))
 }
 
-/// How long one line, alone, stays past the cap: a scan arriving at
-/// `arrival_ms` would wait `max(arrival, previous) + delay − arrival` in it,
-/// and the cap is `max_backlog_ms` (or the line's own delay, if longer, as
-/// in [`next_start`]); 0 when the line has room. Every later scan in this
-/// line is refused until this has passed (a slot never moves back), so it
-/// bounds how long a refusal may be remembered without asking the store.
+/// How long one line alone stays past the cap (0: it has room). A slot never moves back, so every
+/// later scan in the line is refused until then: a refusal may be remembered that long.
 pub fn line_excess(
     previous: UnixMillis,
     arrival_ms: UnixMillis,

@@ -1,13 +1,5 @@
-//! The idempotency record: pure types, shared by the store that keeps it
-//! and the rules that read it.
-//!
-//! A keyed scan leaves a [`Record`] (a Valkey hash) beside its subject's
-//! counter. Its field names ([`RecordField`]) and states ([`RecordState`])
-//! are defined once, here; the Lua scripts that write the record spell the
-//! same names, and a test reads the scripts and checks.
-//!
-//! Nothing here does I/O: [`crate::io::store`] reads and writes these types,
-//! [`crate::rules::settle`] decides on them.
+//! The idempotency record: pure types shared by the store that keeps it and the rules that read it.
+//! Its field names and states are defined once here; a test checks the Lua scripts spell the same.
 
 use uuid::Uuid;
 
@@ -18,26 +10,20 @@ use crate::rules::unix::{UnixMillis, UnixSecs};
 /// What a keyed request leaves in its record before it is counted.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Claim {
-    /// The record's key ([`QuotaKey::idempotency`](crate::io::store::QuotaKey::idempotency)).
     pub record: String,
     pub scan_id: Uuid,
     /// SHA-256 of the request body, hex: the same key with another body is refused.
     pub fingerprint: String,
-    /// Unix ms when the gate received the request.
     pub received_ms: UnixMillis,
-    /// Unix ms until which the first request may still be in flight.
+    /// Until when the first request may still be in flight.
     pub lease_until_ms: UnixMillis,
 }
 
-/// When a record written for a request received at `received` expires:
-/// [`IDEMPOTENCY_TTL_SECS`] on (later writes keep the expiry).
+/// When a record for a request received at `received` expires (later writes keep the expiry).
 pub fn expires_at(received: UnixMillis) -> UnixSecs {
     UnixSecs(received.secs().get() + IDEMPOTENCY_TTL_SECS)
 }
 
-/// Declares the fields of an idempotency record once: the enum, its names as
-/// stored, and the list of all of them. The Lua scripts spell the same names
-/// (a test reads them and checks).
 macro_rules! record_fields {
     ($($(#[$doc:meta])* $variant:ident = $name:literal,)+) => {
         /// One field of an idempotency record (a Valkey hash).
@@ -67,13 +53,9 @@ macro_rules! record_fields {
 }
 
 record_fields! {
-    /// [`RecordState`].
     State = "state",
-    /// The scan's UUID: every job of the key carries it.
     ScanId = "scanId",
-    /// SHA-256 of the body, hex.
     Fingerprint = "fp",
-    /// Unix ms when the first request arrived.
     Received = "received",
     /// Unix ms until which an attempt holds the key (0: free to take over).
     Until = "until",
@@ -83,7 +65,6 @@ record_fields! {
     ResetAt = "resetAt",
     /// The paced delay (ms), once pacing decided it.
     DelayMs = "delayMs",
-    /// The saved answer (JSON), once done.
     Response = "response",
 }
 
@@ -116,19 +97,14 @@ pub struct Record {
     pub fingerprint: String,
     pub received_ms: UnixMillis,
     pub lease_until_ms: UnixMillis,
-    /// The count the first request got (0 when it was not counted).
     pub count: u64,
-    /// The counter's expiry the first request saw.
     pub reset_at: UnixSecs,
-    /// The paced delay, once pacing decided it.
     pub delay_ms: Option<u64>,
-    /// The saved answer (JSON), once `done`.
     pub response: Option<String>,
 }
 
 impl Record {
-    /// The record a claim writes, counted `count` with the counter expiring
-    /// at `reset_at`.
+    /// The record a claim writes, counted `count`, its counter expiring at `reset_at`.
     pub fn claimed(claim: &Claim, count: u64, reset_at: UnixSecs) -> Self {
         Self {
             state: RecordState::Pending,
@@ -147,9 +123,7 @@ impl Record {
         self.state == RecordState::Done
     }
 
-    /// Builds a record from a hash's field/value pairs. A record without a
-    /// valid `scanId` or state is an error, never a fresh identity: every
-    /// job of a key must carry the one it was given.
+    /// A record from a hash's pairs; no valid `scanId` or state is an error, not a fresh identity.
     pub fn from_pairs<'a>(
         pairs: impl IntoIterator<Item = (&'a str, &'a str)>,
     ) -> Result<Self, RecordError> {
@@ -218,8 +192,7 @@ pub type Field = (RecordField, String);
 /// The answer to a keyed count.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Claimed {
-    /// The key is new: the record is written and the scan counted (at
-    /// its levels too).
+    /// The key is new: the record is written and the scan counted (at its levels too).
     New(Tally),
     /// The key was seen before: nothing counted; here is its record.
     Existing(Record),

@@ -1,20 +1,7 @@
-//! The rules of recovery, as pure functions: what a repeat of an
-//! `Idempotency-Key` gets ([`on_repeat`], [`on_take_over`]) and how a scan
-//! taken over goes on ([`resume`]); what every failure leaves to put right
-//! ([`settle`]) and what the client is told ([`after_store_failure`]); how a
-//! failed count is metered ([`Charge::after_store_error`]), where a
-//! scan's delay comes from ([`delay_rule`], whose decided part
-//! [`decided_delay_rule`] `GET /quota` asks too, and [`paced_delay`]), and what a
-//! failed enqueue may have left ([`queue_failure`]). Like
-//! [`crate::rules::decide`], they take no client and no clock; [`crate::gate`]
-//! only carries their answers out.
-//!
-//! The one fact they rest on: a command that was never sent did not happen,
-//! and one that was sent and not answered may still run, in order, after
-//! everything sent before it on the same connection. So a count that may
-//! still land is put right by a command sent *behind* it (a refund, or the
-//! release of a keyed scan's lease, which lets its retry settle it with the
-//! true count), never by pretending it did not happen.
+//! The rules of recovery, as pure functions, resting on one fact: a command never sent did not
+//! happen, and one sent and not answered may still run, after everything sent before it on its
+//! connection. So a count that may still land is put right by a command sent behind it (a refund,
+//! or a keyed scan's lease released for its retry to settle), never by pretending otherwise.
 
 use std::time::Duration;
 
@@ -29,18 +16,13 @@ use crate::rules::pace::Paced;
 use crate::rules::record::{Claim, Record};
 use crate::rules::unix::{UnixMillis, UnixSecs, duration_ms};
 
-/// How long after its expected end an attempt is still given, in the
-/// `Retry-After` of a 409: the enqueue and the saving of its answer.
+/// Added to an attempt's expected end in a 409's `Retry-After`: its enqueue and saved answer.
 pub const ATTEMPT_GRACE_MS: i64 = 1_000;
 
-/// What the count charged a scan: counted and decided, accepted uncounted,
-/// or a count sent and not answered. What a failure leads to is settled on
-/// it; the meter is told of it as a [`Metered`](crate::rules::outcome::Metered).
+/// What the count charged a scan; failures are settled on it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Charge {
-    /// Counted: the subject's count, and the scan's decision, the most
-    /// severe of its subject's and its levels' ([`crate::rules::level::most_severe`]),
-    /// with the level that set it.
+    /// `decision`: the most severe of the subject's and its levels', set by `level`.
     Counted {
         count: Count,
         decision: Decision,
@@ -48,15 +30,12 @@ pub enum Charge {
     },
     /// Accepted uncounted: the count was never sent (fail open).
     Unmetered,
-    /// The count was sent and not answered: it may still land, in the
-    /// period that ends at `period_end`.
+    /// Sent and not answered: it may still land, in the period ending at `period_end`.
     Unknown { period_end: UnixSecs },
 }
 
 impl Charge {
-    /// How a scan whose count failed is metered: a count that was sent and
-    /// not answered may still land, in the period ending at `period_end`
-    /// one never sent did not happen.
+    /// A count sent (`may_land`) may still land; one never sent did not happen.
     pub fn after_store_error(may_land: bool, period_end: UnixSecs) -> Self {
         if may_land {
             Self::Unknown { period_end }
@@ -74,24 +53,17 @@ impl Charge {
     }
 }
 
-/// What a repeat of a key gets.
+/// What a repeat of a key gets: the saved answer, a mismatch (another body), come back in
+/// `retry_after` s (still running), or a take-over of the abandoned lease to finish its scan.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Repeat {
-    /// The first attempt answered: replay its answer (saved JSON).
     Replay(String),
-    /// The key was used with another body.
     Mismatch,
-    /// The first attempt is still running: come back in `retry_after` s.
     InProgress { retry_after: u64 },
-    /// The first attempt gave up without settling (or died): take over its
-    /// lease and finish its scan, under its `scanId`.
     TakeOver,
 }
 
-/// The rule for a key seen before. `sleep_cap` is the longest the first
-/// attempt may have slept (nothing in `defer` mode), so a 409's
-/// `Retry-After` says when that attempt will have ended, not when its lease
-/// (the longest it could take) runs out.
+/// The rule for a key seen before; a 409 waits for the first attempt's end, not its lease's.
 pub fn on_repeat(
     record: &Record,
     claim: &Claim,
@@ -122,10 +94,7 @@ pub fn on_repeat(
     Repeat::TakeOver
 }
 
-/// A retry's take-over of an abandoned attempt: `taken` is the store's
-/// answer (`None`: no answer). Lost, or not known to be won, another retry
-/// holds the lease and runs the scan: `Some(retry_after)`, come back in a
-/// second. `None`: won, go on with [`resume`].
+/// A take-over's result (`taken`: the store's answer): `None` when won; else come back in a second.
 pub fn on_take_over(taken: Option<bool>) -> Option<u64> {
     match taken {
         Some(true) => None,
@@ -133,27 +102,17 @@ pub fn on_take_over(taken: Option<bool>) -> Option<u64> {
     }
 }
 
-/// The scan an abandoned attempt left, as the retry that took it over goes
-/// on with it.
+/// An abandoned attempt's scan, as the retry that took it over goes on with it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Resumed {
-    /// The record's: every job of a keyed scan carries it.
     pub scan_id: Uuid,
     pub charge: Charge,
-    /// When the first attempt arrived.
     pub received_ms: UnixMillis,
     /// Nothing is slept again; what is left of the delay holds the job back.
     pub plan: DelayPlan,
 }
 
-/// How a taken-over scan goes on, from its record: its count (0: it was
-/// not counted) and the delay its first attempt was paced to. `limits`
-/// are the subject's, `grant` its grant now (the record does not keep it).
-///
-/// The delay is never paced again: the first attempt's job may be queued
-/// already (its queue did not answer), and refusing the scan now would
-/// refund a count whose job runs. Not paced before, it takes its tier's
-/// delay, as that attempt did when pacing failed; in shadow mode, none.
+/// How a taken-over scan goes on; never paced again, as its job may already be queued and run.
 pub fn resume(
     record: &Record,
     limits: Limits,
@@ -199,14 +158,12 @@ pub fn resume(
     }
 }
 
-/// Where a fresh scan's delay comes from (step 6).
+/// Where a fresh scan's delay comes from: exactly this (none within quota, unmetered or in shadow
+/// mode, so enforce inherits no backlog), or a pacing slot at least this tier delay after the
+/// subject's last.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum DelayRule {
-    /// Exactly this delay: none within quota or unmetered, none in shadow
-    /// mode (nobody waits, no slot is taken, so switching to enforce
-    /// inherits no backlog), the tier's with pacing off.
     Fixed(Duration),
-    /// A pacing slot at least this tier delay after the subject's last.
     Pace(Duration),
 }
 
@@ -218,8 +175,7 @@ pub fn delay_rule(charge: &Charge, shadow: bool, pacing: Pacing) -> DelayRule {
     }
 }
 
-/// The rule for the delay of a scan counted as `decision` decided (what
-/// `GET /quota` predicts of the next scan is this same rule).
+/// The delay rule of a scan counted as `decision` decided (and of `GET /quota`'s prediction).
 pub fn decided_delay_rule(decision: &Decision, shadow: bool, pacing: Pacing) -> DelayRule {
     if shadow || decision.delay.is_zero() {
         return DelayRule::Fixed(Duration::ZERO);
@@ -230,10 +186,7 @@ pub fn decided_delay_rule(decision: &Decision, shadow: bool, pacing: Pacing) -> 
     }
 }
 
-/// What a pacing step comes to: its answer, a slot or a refusal. When the
-/// store did not answer (`None`), the tier's delay and no bed: the scan is
-/// counted, so it is slowed by its tier at least, and it sleeps nothing
-/// (a bed it may have taken frees itself).
+/// A pacing step's result; without an answer, the counted scan gets its tier's delay, no bed.
 pub fn paced_delay(answer: Option<Paced>, tier_delay: Duration) -> Paced {
     answer.unwrap_or(Paced::Slot {
         delay_ms: crate::rules::unix::duration_ms(tier_delay),
@@ -241,10 +194,8 @@ pub fn paced_delay(answer: Option<Paced>, tier_delay: Duration) -> Paced {
     })
 }
 
-/// The failure a failed enqueue is: the queue refused it (`timed_out`
-/// false) or did not answer. A taken-over scan's first attempt may have
-/// queued it (its queue did not answer), so for a `resumed` scan even a
-/// refusal leaves the job's fate unknown: nothing is refunded.
+/// A failed enqueue: refused or unanswered. A `resumed` scan's first attempt may have queued the
+/// job, so even a refusal leaves it unknown.
 pub fn queue_failure(timed_out: bool, resumed: bool) -> Failure {
     if timed_out || resumed {
         Failure::QueueUnknown
@@ -253,30 +204,22 @@ pub fn queue_failure(timed_out: bool, resumed: bool) -> Failure {
     }
 }
 
-/// What went wrong.
+/// What went wrong: the count (`mode` decides between unmetered and refused), a full backlog
+/// (refused, not counted), or a queue that refused the job or did not answer (it may still land).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Failure {
-    /// The count got no answer, or was never sent; `mode` decides whether
-    /// the scan goes on unmetered (open) or is refused (closed).
     Store { mode: FailMode },
-    /// The subject's paced backlog is full: refused, not counted.
     BacklogFull,
-    /// The queue refused the job: nothing was queued.
     NotQueued,
-    /// The queue did not answer: the job may still land.
     QueueUnknown,
 }
 
-/// What a failure leaves to put right, sent behind everything the attempt
-/// sent before.
+/// What a failure leaves to put right, sent behind everything the attempt sent before.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Settlement {
-    /// Take one count of the period ending at `period_end` back (and a
-    /// keyed scan's record, if it is still this attempt's).
+    /// Refund one count of the period ending at `period_end` (and the record, if still ours).
     Refund { period_end: UnixSecs },
-    /// Keep the count and the record, and free the record's lease: the
-    /// outcome is unknown, and the keyed retry settles it (one job, one
-    /// count).
+    /// Keep the count and record, free the lease: the keyed retry settles the unknown outcome.
     Release,
     /// Nothing was counted, or what was counted stands.
     Nothing,
@@ -291,15 +234,12 @@ pub fn settle(charge: &Charge, keyed: bool, failure: Failure) -> Settlement {
         (Counted { count, .. }, _, BacklogFull | NotQueued) => Settlement::Refund {
             period_end: count.reset_at,
         },
-        // The job may land: a keyed scan keeps its count for its retry to
-        // settle; an unkeyed one has no retry to settle it, so a late job
-        // runs uncounted rather than a missing one being charged.
+        // May land: the keyed retry settles it; unkeyed, refund rather than charge for a lost job.
         (Counted { .. }, true, QueueUnknown) => Settlement::Release,
         (Counted { count, .. }, false, QueueUnknown) => Settlement::Refund {
             period_end: count.reset_at,
         },
-        // A count that may land: closed mode promises "not counted"; an
-        // unkeyed scan that goes on unmetered must not be charged either.
+        // May land: closed mode promised "not counted"; an unkeyed unmetered scan is not charged.
         (
             Unknown { period_end },
             _,
@@ -310,25 +250,16 @@ pub fn settle(charge: &Charge, keyed: bool, failure: Failure) -> Settlement {
         | (Unknown { period_end }, false, _) => Settlement::Refund {
             period_end: *period_end,
         },
-        // A keyed one is not queued: its retry finds the landed claim and
-        // queues the scan with its true count and delay.
+        // Keyed, not queued: its retry finds the landed claim and queues it with its true count.
         (Unknown { .. }, true, _) => Settlement::Release,
-        // An uncounted keyed scan's record (taken over) names its scanId;
-        // free it so a retry re-queues that same job.
+        // A taken-over uncounted scan's record names its scanId: freed, a retry re-queues that job.
         (Unmetered, true, QueueUnknown) => Settlement::Release,
         (Unmetered, _, _) | (Counted { .. }, _, Store { .. }) => Settlement::Nothing,
     }
 }
 
-/// Whether a failure takes the scan's counts back at the levels above its
-/// subject too. Where the subject is refunded, every level is; where its
-/// keyed retry will settle it (`Release`), every level keeps its count for
-/// that retry (which counts at no level again); and a scan refused outright
-/// (closed mode, a full backlog, a refused job) is counted at no level,
-/// even where the subject's own count never happened. Which level counts
-/// there are to take back is [`level_refund`]'s, per level: after a failed
-/// count each level has its own fate (the subject's where they shared one
-/// request; in a cluster, as the store found it on the level's node).
+/// Whether a failure refunds the scan's levels too: yes with the subject's refund or an outright
+/// refusal, no when its keyed retry settles it. Which counts to take back is [`level_refund`]'s.
 pub fn levels_refunded(charge: &Charge, keyed: bool, failure: Failure) -> bool {
     match settle(charge, keyed, failure) {
         Settlement::Refund { .. } => true,
@@ -343,9 +274,7 @@ pub fn levels_refunded(charge: &Charge, keyed: bool, failure: Failure) -> bool {
     }
 }
 
-/// Which period a level's refund takes a count back from: a count's own,
-/// or, for one that may still land, the period it would land in
-/// (`period_end`); a count never sent has nothing to take back.
+/// The period a level's refund takes from: the count's own, or `period_end` if it may still land.
 pub fn level_refund(count: &LevelCount, period_end: UnixSecs) -> Option<UnixSecs> {
     match count {
         Ok(count) => Some(count.reset_at),
@@ -357,15 +286,11 @@ pub fn level_refund(count: &LevelCount, period_end: UnixSecs) -> Option<UnixSecs
 /// What the client is told after a store failure, per [`settle`]'s rule.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum AfterStoreFailure {
-    /// Refused with 503: not counted (closed mode; or a keyed scan whose
-    /// count was never sent, which cannot see whether an earlier attempt
-    /// of its key was counted or is still running: going on unmetered
-    /// would queue it a second time, under another `scanId`).
+    /// 503, not counted: closed mode, or a keyed scan whose count was not sent (lest it queue
+    /// twice).
     Refuse,
-    /// Refused with 503: the count may land, nothing queued; the keyed
-    /// retry settles it.
+    /// 503: the count may land, nothing queued; the keyed retry settles it.
     Unsettled,
-    /// Accepted unmetered (open mode).
     Unmetered,
 }
 

@@ -1,30 +1,7 @@
-//! Trace context: the W3C `traceparent`/`tracestate` pair and the AWS
-//! X-Ray header, read, checked and written; one [`TraceContext`] that a
-//! scan carries from the request to its job and on to the scanner.
-//!
-//! Pure: nothing here reads a clock or draws a random number. A trace the
-//! gate starts is made from the instant and the random bytes it is given
-//! ([`TraceContext::start`]).
-//!
-//! **Validation** follows W3C Trace Context (Level 1, with the forward
-//! compatibility of later versions): lowercase hex, neither id all zeros,
-//! version `ff` refused, a version-00 header exactly 55 characters. A
-//! `tracestate` is kept only beside a valid `traceparent`, only when every
-//! member is well formed, the keys are unique, there are at most
-//! [`MAX_TRACESTATE_MEMBERS`] members and at most [`MAX_TRACESTATE_BYTES`]
-//! bytes; otherwise it is dropped whole (the spec allows a vendor to drop
-//! what it cannot carry). Anything malformed is ignored, never an error.
-//!
-//! **X-Ray** (`Root=1-<8 hex>-<24 hex>;Parent=<16 hex>;Sampled=1`): AWS's
-//! documented mapping to W3C is the root's two hex groups joined (the
-//! first 8 digits are the trace's start, epoch seconds), the parent as the
-//! span id, `Sampled=1` as the sampled flag. So every W3C trace id has an
-//! X-Ray form and back; a trace the gate starts puts the epoch seconds
-//! first, as X-Ray requires of the ids it accepts.
-//!
-//! The gate records no spans of its own anywhere but its logs, so it
-//! forwards the parent id as it was given (a pass-through hop, as a proxy
-//! would): the scanner's span is a child of the caller's.
+//! Trace context: the W3C `traceparent`/`tracestate` pair and the X-Ray header, read, checked and
+//! written as one [`TraceContext`] carried from the request to the job and the scanner. A
+//! `tracestate` is kept only whole, beside a valid `traceparent`; anything malformed is ignored,
+//! never an error. The gate records no spans but its logs, so it forwards the parent id as given.
 
 use std::fmt;
 
@@ -35,16 +12,14 @@ pub const TRACEPARENT: &str = "traceparent";
 pub const TRACESTATE: &str = "tracestate";
 /// The X-Ray header (HTTP), as API Gateway, an ALB and `lambda_http` set it.
 pub const XRAY_HEADER: &str = "x-amzn-trace-id";
-/// The environment variables a scanner reads: the OpenTelemetry convention
-/// for environment carriers, and the X-Ray SDKs' variable.
+/// The environment variables a scanner reads (OpenTelemetry's environment carriers, X-Ray SDKs).
 pub const TRACEPARENT_ENV: &str = "TRACEPARENT";
 pub const TRACESTATE_ENV: &str = "TRACESTATE";
 pub const XRAY_ENV: &str = "_X_AMZN_TRACE_ID";
 
 /// The most `tracestate` members carried (the spec's own limit).
 pub const MAX_TRACESTATE_MEMBERS: usize = 32;
-/// The most `tracestate` bytes carried: the 512 the spec asks every vendor
-/// to propagate. A longer one is dropped whole.
+/// The most `tracestate` bytes carried: the 512 the spec asks every vendor to propagate.
 pub const MAX_TRACESTATE_BYTES: usize = 512;
 
 /// A trace id: 16 bytes, not all zero.
@@ -110,7 +85,6 @@ impl<const N: usize> fmt::Display for Text<N> {
     }
 }
 
-/// Lowercase hex of exactly `2 * M` digits, as bytes; `None` otherwise.
 fn hex<const M: usize>(text: &[u8], lowercase_only: bool) -> Option<[u8; M]> {
     if text.len() != 2 * M {
         return None;
@@ -199,8 +173,7 @@ impl fmt::Debug for SpanId {
 }
 
 impl TraceState {
-    /// `raw` (header values joined by `,`) when it is a well-formed list
-    /// within the bounds; blank members are left out.
+    /// `raw` (the header values joined by `,`) if well formed and in bounds; blanks left out.
     pub fn parse(raw: &str) -> Option<Self> {
         if raw.len() > MAX_TRACESTATE_BYTES {
             return None;
@@ -249,8 +222,7 @@ fn valid_key(key: &str) -> bool {
     }
 }
 
-/// A list member's value: up to 256 printable characters but `,` and `=`,
-/// not ending in a space.
+/// A list member's value: 1 to 256 printable characters but `,` and `=`, not ending in a space.
 fn valid_value(value: &str) -> bool {
     let b = value.as_bytes();
     (1..=256).contains(&b.len())
@@ -260,9 +232,7 @@ fn valid_value(value: &str) -> bool {
 }
 
 impl TraceContext {
-    /// A W3C `traceparent` and, beside it, the `tracestate` header values
-    /// joined by `,` (if any). `None` when the `traceparent` is malformed;
-    /// a malformed or oversized `tracestate` alone is dropped.
+    /// A W3C `traceparent` and the joined `tracestate` values; a bad `tracestate` alone is dropped.
     pub fn from_w3c(traceparent: &str, tracestate: Option<&str>) -> Option<Self> {
         let b = traceparent.trim_matches([' ', '\t']).as_bytes();
         if b.len() < 55 {
@@ -286,9 +256,7 @@ impl TraceContext {
         })
     }
 
-    /// An X-Ray header (`Root=…;Parent=…;Sampled=…`, in any order, other
-    /// fields ignored). Its `Root` is required; without a `Parent` (an ALB
-    /// sends none) `parent` is the span the next hop hangs under.
+    /// An X-Ray header, `Root` required; without a `Parent` (ALBs send none) it takes `parent`.
     pub fn from_xray(header: &str, parent: SpanId) -> Option<Self> {
         let (mut root, mut parent_id, mut sampled) = (None, None, false);
         for field in header.split(';') {
@@ -310,9 +278,7 @@ impl TraceContext {
         })
     }
 
-    /// A trace of the gate's own, started at `unix_secs` (X-Ray wants the
-    /// start in the id's first 4 bytes) from 20 random bytes: 12 for the
-    /// rest of the trace id, 8 for the span id. Sampled: its logs record it.
+    /// A trace of the gate's own, sampled (its logs record it); X-Ray wants `unix_secs` first.
     pub fn start(unix_secs: u32, random: [u8; 20]) -> Self {
         let mut trace = [0u8; 16];
         trace[..4].copy_from_slice(&unix_secs.to_be_bytes());
@@ -328,8 +294,7 @@ impl TraceContext {
         }
     }
 
-    /// The `traceparent` to send on: version 00, this trace and parent, and
-    /// the sampled flag only.
+    /// The `traceparent` to send on: version 00, and only the sampled flag.
     pub fn traceparent(&self) -> Text<55> {
         let mut t = Text::new();
         t.push(b"00-");
@@ -361,7 +326,6 @@ impl TraceContext {
     }
 }
 
-/// The job's `trace` member: `{"traceparent": …, "tracestate": …}`.
 impl Serialize for TraceContext {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         use serde::ser::SerializeStruct;
@@ -387,8 +351,7 @@ impl<'de> Deserialize<'de> for TraceContext {
     }
 }
 
-/// A job's `trace`, read leniently: a member that is not a trace context
-/// (a foreign writer's) is no context, not a job refused.
+/// A job's `trace`, read leniently: one that is no trace context is absent, not a refused job.
 pub fn lenient<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<TraceContext>, D::Error> {
     let value = Option::<serde_json::Value>::deserialize(d)?;
     Ok(value.and_then(|v| serde_json::from_value(v).ok()))

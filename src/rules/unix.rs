@@ -1,19 +1,11 @@
-//! Instants as unix seconds and unix milliseconds, as two types, so the
-//! store's arguments and the record's fields cannot mix them up; and a
-//! duration as whole milliseconds ([`duration_ms`]), the one conversion
-//! every header, job field, command argument and metric uses.
-//!
-//! Pure: the clock that reads them is [`crate::io::clock`]. The raw number
-//! ([`UnixSecs::get`], [`UnixMillis::get`]) is only taken where it crosses
-//! into a Lua script, a Valkey command or JSON, so nothing on the wire changes.
+//! Instants as unix seconds and milliseconds, two types that cannot be mixed up, and
+//! [`duration_ms`], the one duration conversion; the raw number is taken only at the wire.
 
 use std::time::Duration;
 
-/// One day in seconds: a rolling period, the `RateLimit` window, a
-/// record's life.
+/// One day in seconds: a rolling period, the `RateLimit` window, a record's life.
 pub const DAY_SECS: i64 = 86_400;
 
-/// Declares one instant type: its wire value and a later instant.
 macro_rules! instant {
     ($name:ident, $unit:literal, $whole:ident) => {
         #[doc = concat!("An instant in unix ", $unit, ".")]
@@ -52,8 +44,7 @@ impl UnixMillis {
     }
 }
 
-/// `d` in whole milliseconds (a fraction dropped), `u64::MAX` past it:
-/// what a header, a job's field or a command argument carries.
+/// `d` in whole milliseconds (a fraction dropped), `u64::MAX` past it.
 pub fn duration_ms(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
