@@ -2,9 +2,10 @@
 //! scripted run sent, the delay histogram supports `histogram_quantile`, and
 //! every alert rule in `prometheus/alerts.yaml` names an exposed series.
 //!
-//! The metrics recorder is process-global, so this binary installs it once
-//! and runs the scripted traffic once ([`scripted_run`]); every test reads
-//! that one snapshot.
+//! The process's metrics recorder would be shared with every other test in this binary (their
+//! gates record too), so no test here installs it: each records into a Prometheus recorder of its
+//! own ([`local_recorder`]), set as the default on its current-thread runtime. The scripted traffic
+//! runs once ([`scripted_run`]); the tests that read it read that one snapshot.
 
 use quota_gate_testkit as common;
 
@@ -30,19 +31,35 @@ fn scripted_run() -> &'static str {
     &scrapes()[0]
 }
 
-/// The process's one Prometheus recorder.
-fn recorder() -> &'static metrics_exporter_prometheus::PrometheusHandle {
-    static HANDLE: OnceLock<metrics_exporter_prometheus::PrometheusHandle> = OnceLock::new();
-    HANDLE.get_or_init(|| quota_gate::front::cli::install_prometheus().unwrap())
+/// A Prometheus recorder of the caller's own, with the gate's buckets and descriptions (what
+/// `quota-gate serve` installs process-wide).
+fn local_recorder() -> metrics_exporter_prometheus::PrometheusRecorder {
+    use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
+    use quota_gate::front::cli::DELAY_BUCKETS_MS;
+    use quota_gate::io::meter::{DELAY_MS, describe, describe_store};
+    let recorder = PrometheusBuilder::new()
+        .set_buckets_for_metric(Matcher::Full(DELAY_MS.into()), &DELAY_BUCKETS_MS)
+        .unwrap()
+        .build_recorder();
+    metrics::with_local_recorder(&recorder, || {
+        describe();
+        describe_store();
+    });
+    recorder
 }
 
 /// The scripted traffic, then two scrapes of `GET /metrics`.
 fn scrapes() -> &'static [String; 2] {
     static TEXT: OnceLock<[String; 2]> = OnceLock::new();
     TEXT.get_or_init(|| {
-        let runtime = tokio::runtime::Runtime::new().unwrap();
+        let recorder = local_recorder();
+        let _local = metrics::set_default_local_recorder(&recorder);
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
         runtime.block_on(async {
-            let handle = recorder().clone();
+            let handle = recorder.handle();
             // The seed's tiers (3 within, 2 soft, then hard); reminders from the 5th.
             let key = fixture("ed25519.pub.pem");
             let extra = [("QUOTA_WARN_AT", "5"), ("QUOTA_JWT_PUBLIC_KEY", &key)];
@@ -369,8 +386,8 @@ fn scrapes_are_in_a_stable_order() {
 #[tokio::test]
 async fn level_hits_by_level() {
     use quota_gate::io::meter::{GLOBAL_PACED, NETWORK_HARD_HITS, NETWORK_SOFT_HITS};
-    // The scripted snapshot first: the traffic below must not show in it.
-    let _ = scripted_run();
+    let recorder = local_recorder();
+    let _local = metrics::set_default_local_recorder(&recorder);
     let nets = with_vars(TIERS, &[("QUOTA_NETWORKS", "v4/24=1,v6/56=5,v6/48=5")]);
     let levels = config(&nets).policy.levels;
     let meter = || Meter::new("test", None).with_levels(&levels);
@@ -391,7 +408,7 @@ async fn level_hits_by_level() {
     for ip in ["192.0.2.1", "192.0.2.2"] {
         assert_eq!(global.handle(scan_from(ip)).await.status(), 202);
     }
-    let text = quota_gate::io::meter::prometheus::render(recorder());
+    let text = quota_gate::io::meter::prometheus::render(&recorder.handle());
     // v4/24 limit 1, soft window 2: within, soft, soft, hard.
     let series = |name: &str, label: &str| format!("{name}{{{label}}}");
     assert_eq!(
@@ -431,13 +448,13 @@ async fn level_hits_by_level() {
 fn store_metrics_are_unlabelled() {
     use quota_gate::io::meter::store::{Process, StoreMeter};
     use quota_gate::io::meter::{STORE_EVICTED_KEYS, STORE_EVICTING};
-    // The scripted snapshot first: these must not show in it.
-    let _ = scripted_run();
+    let recorder = local_recorder();
+    let _local = metrics::set_default_local_recorder(&recorder);
     let meter = StoreMeter::new("test", Process::Serve, None);
     meter.evicting(true, 0);
     meter.evicted(3, 0);
     meter.evicted(4, 0);
-    let text = quota_gate::io::meter::prometheus::render(recorder());
+    let text = quota_gate::io::meter::prometheus::render(&recorder.handle());
     assert_eq!(value(&text, STORE_EVICTING), 1.0);
     assert_eq!(value(&text, STORE_EVICTED_KEYS), 7.0);
     assert!(
