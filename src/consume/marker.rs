@@ -115,27 +115,20 @@ fn lock(local: &Mutex<Local>) -> Result<std::sync::MutexGuard<'_, Local>, Consum
 }
 
 impl Markers {
-    /// Markers in Valkey, beside `key` (a stream key, or `sqs:<name>`).
-    pub fn valkey(valkey: Valkey, key: &str) -> Self {
+    /// Markers in Valkey, beside `key` (a stream key, or `sqs:<name>`); claims and done markers
+    /// wait until `wait` replicas hold them (`WAIT`).
+    pub fn valkey(valkey: Valkey, key: &str, wait: u32) -> Self {
         Self::Valkey {
             valkey,
             tag: tagged(key),
-            wait: 0,
+            wait,
         }
-    }
-
-    /// Claims and done markers wait until `replicas` replicas hold them (`WAIT`); local ones don't.
-    pub fn with_wait(mut self, replicas: u32) -> Self {
-        if let Self::Valkey { wait, .. } = &mut self {
-            *wait = replicas;
-        }
-        self
     }
 
     /// Markers in Valkey for the SQS queue `url`, the same ones the consumer function keeps.
-    pub fn of_sqs(valkey: Valkey, url: &str) -> Self {
+    pub fn of_sqs(valkey: Valkey, url: &str, wait: u32) -> Self {
         let name = super::source::sqs::queue_name(url);
-        Self::valkey(valkey, &format!("sqs:{name}"))
+        Self::valkey(valkey, &format!("sqs:{name}"), wait)
     }
 
     /// Markers in this process only.
@@ -151,7 +144,7 @@ impl Markers {
             .collect();
         Self::Local(Arc::new(Mutex::new(Local {
             markers,
-            done: VecDeque::new(),
+            ..Local::default()
         })))
     }
 

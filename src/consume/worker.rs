@@ -9,10 +9,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::watch;
+use tracing::Instrument;
+use tracing::field::display;
 
 use super::clock::QueueClock;
 use super::error::ConsumeError;
-use super::handoff::{Attempt, Ended, Scanner, error_of, hand_off_of};
+use super::handoff::{Attempt, Ended, Scanner, hand_off_of};
 use super::lease::{Keeper, Tokens};
 use super::marker::{MarkerAsk, MarkerStore, Markers};
 use super::meter::{ConsumeMeter, Event};
@@ -43,11 +45,6 @@ pub struct Worker<S: JobSource, X: Scanner, M: MarkerStore = Markers> {
     /// Turns true when the grace period is over: running scans are killed.
     pub killing: watch::Receiver<bool>,
     pub tokens: Tokens,
-}
-
-enum Waited<T> {
-    Done(T),
-    Stopping,
 }
 
 /// Whether a job waits for its `notBefore` (metered as held) or for a busy marker or a backoff.
@@ -81,8 +78,15 @@ impl<S: JobSource, X: Scanner, M: MarkerStore> Worker<S, X, M> {
         }
     }
 
-    /// Runs `d` to its end: acked, dead-lettered, handed back to the queue, or given back on stop.
+    /// Runs `d` to its end (acked, dead-lettered, handed back to the queue, or given back on stop)
+    /// in a span that names its `scanId` and trace.
     pub async fn process(&self, d: Delivery<S::Handle>) {
+        let trace_id = d.job.trace.as_ref().map(|t| display(t.trace_id));
+        let span = tracing::info_span!("job", scanId = %d.job.scan_id, traceId = trace_id);
+        self.run_to_end(d).instrument(span).await;
+    }
+
+    async fn run_to_end(&self, d: Delivery<S::Handle>) {
         let mut failures = 0;
         // One token per attempt: a claim that timed out but landed is this task's own, so its retry
         // gets in. Each run takes a new token: its claim is a new attempt even past a late renewal.
@@ -99,7 +103,7 @@ impl<S: JobSource, X: Scanner, M: MarkerStore> Worker<S, X, M> {
             let slot = self.run_slots.acquire(d.job.lane(), d.job.tenant());
             let slot = self.unless_stopping(slot).await;
             drop(waiting);
-            let Waited::Done(slot) = slot else {
+            let Some(slot) = slot else {
                 return self.source.give_back(&d, Duration::ZERO).await;
             };
             let Some(step) = self.claim(&d, &token).await else {
@@ -211,7 +215,8 @@ impl<S: JobSource, X: Scanner, M: MarkerStore> Worker<S, X, M> {
             Next::ReleaseThenDeadLetter { failures } => {
                 self.until_ok("release", release).await;
                 self.meter.record(Event::DeadLettered);
-                let error = &error_of(ended);
+                let error = &ended.as_ref().err().map(Ended::to_string);
+                let error = error.as_deref().unwrap_or_default();
                 let why = GivenUp { failures, error };
                 self.until_ok("dead-letter", || self.source.dead_letter(d, why))
                     .await;
@@ -268,7 +273,7 @@ impl<S: JobSource, X: Scanner, M: MarkerStore> Worker<S, X, M> {
         if metered {
             self.meter.held(-1);
         }
-        if let Waited::Stopping = waited {
+        if waited.is_none() {
             self.source.give_back(d, self.due(d).hold()).await;
             return Break(());
         }
@@ -345,14 +350,14 @@ impl<S: JobSource, X: Scanner, M: MarkerStore> Worker<S, X, M> {
         }
     }
 
-    /// `fut`, unless the consumer starts stopping first.
-    async fn unless_stopping<F: Future>(&self, fut: F) -> Waited<F::Output> {
+    /// `fut`, unless the consumer starts stopping first (`None`).
+    async fn unless_stopping<F: Future>(&self, fut: F) -> Option<F::Output> {
         let mut stopping = self.stopping.clone();
         // Stopping first: once it is on, no new hand-off starts.
         tokio::select! {
             biased;
-            _ = stopping.wait_for(|s| *s) => Waited::Stopping,
-            out = fut => Waited::Done(out),
+            _ = stopping.wait_for(|s| *s) => None,
+            out = fut => Some(out),
         }
     }
 }
