@@ -13,7 +13,6 @@ use super::clock::QueueClock;
 use super::marker::{MarkerAsk, MarkerStore};
 use super::schedule::{self, Renewal, Silence, Stop};
 use super::source::{Delivery, JobSource};
-use crate::rules::unix::UnixMillis;
 
 /// Marker tokens, one per attempt, unique across processes: the consumer's name, a random id per
 /// process (a restarted consumer must not take its predecessor's live marker) and a count.
@@ -48,9 +47,7 @@ pub struct Keeper<'a, S: JobSource, M: MarkerStore> {
 impl<S: JobSource, M: MarkerStore> Keeper<'_, S, M> {
     /// Renews the delivery and the marker every quarter lease; ends when the scan must stop.
     pub async fn watch(self, d: &Delivery<S::Handle>, token: &str, attempt: u64) -> Stop {
-        let mut tick = tokio::time::interval(self.lease / 4);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        tick.tick().await;
+        let mut tick = quarter_lease(self.lease);
         let mut last_held = Instant::now();
         loop {
             // A round may outlast the silence a scan is allowed (a stalled call waits out its
@@ -62,7 +59,7 @@ impl<S: JobSource, M: MarkerStore> Keeper<'_, S, M> {
             let round = async {
                 tick.tick().await;
                 let sent = Instant::now();
-                (sent, self.renew(d, token, attempt).await)
+                (sent, self.renew(d, Some((token, attempt))).await)
             };
             let Ok((sent, renewal)) = tokio::time::timeout_at(silence_ends, round).await else {
                 return Stop::LeaseLost;
@@ -80,31 +77,23 @@ impl<S: JobSource, M: MarkerStore> Keeper<'_, S, M> {
         }
     }
 
-    fn renewal<'a>(
-        &self,
-        d: &Delivery<S::Handle>,
-        token: &'a str,
-        mine: u64,
-        now: UnixMillis,
-    ) -> MarkerAsk<'a> {
-        MarkerAsk {
+    /// Renews the delivery, then the marker of `attempt` if given: how the marker's renewal went.
+    async fn renew(&self, d: &Delivery<S::Handle>, attempt: Option<(&str, u64)>) -> Renewal {
+        if let Err(e) = self.source.extend(d).await {
+            tracing::warn!(error = %e, "cannot renew a job's lease");
+        }
+        let Some((token, mine)) = attempt else {
+            return Renewal::Unknown;
+        };
+        let ask = MarkerAsk {
             scan: d.job.scan_id,
             entry: None,
             token,
             mine,
             lease: self.lease,
-            now,
-        }
-    }
-
-    /// Renews the delivery, then the marker of attempt `attempt`: how the marker's renewal went.
-    async fn renew(&self, d: &Delivery<S::Handle>, token: &str, attempt: u64) -> Renewal {
-        if let Err(e) = self.source.extend(d).await {
-            tracing::warn!(error = %e, "cannot renew a job's lease");
-        }
-        let now = self.clock.now();
-        let claim = self.markers.claim(self.renewal(d, token, attempt, now));
-        match claim.await {
+            now: self.clock.now(),
+        };
+        match self.markers.claim(ask).await {
             Ok(schedule::MarkerClaim::Claimed(_)) => Renewal::Held,
             Ok(_) => Renewal::Lost,
             Err(e) => {
@@ -122,24 +111,23 @@ impl<S: JobSource, M: MarkerStore> Keeper<'_, S, M> {
         fut: F,
     ) -> F::Output {
         let mut fut = std::pin::pin!(fut);
-        let mut tick = tokio::time::interval(self.lease / 4);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        tick.tick().await;
+        let mut tick = quarter_lease(self.lease);
         loop {
             tokio::select! {
                 out = &mut fut => return out,
+                // A done marker stays done: claim.lua never overwrites it.
                 _ = tick.tick() => {
-                    if let Err(e) = self.source.extend(d).await {
-                        tracing::warn!(error = %e, "cannot renew a job's lease");
-                    }
-                    if let Some((token, mine)) = attempt {
-                        let now = self.clock.now();
-                        // A done marker stays done: claim.lua never overwrites it.
-                        let renew = self.markers.claim(self.renewal(d, token, mine, now));
-                        let _ = renew.await;
-                    }
+                    self.renew(d, attempt).await;
                 }
             }
         }
     }
+}
+
+/// Ticks every quarter `lease`, the first a quarter lease from now.
+fn quarter_lease(lease: Duration) -> tokio::time::Interval {
+    let quarter = lease / 4;
+    let mut tick = tokio::time::interval_at(Instant::now() + quarter, quarter);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    tick
 }

@@ -10,11 +10,10 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use super::sqs::{SqsSource, queue_name};
+use super::sqs::{SqsSource, job_of, queue_name};
 use super::{Delivery, GivenUp, JobSource};
 use crate::consume::error::ConsumeError;
 use crate::consume::schedule;
-use crate::rules::job::ScanJob;
 
 /// The consumer function's `Source` dimension, in its metrics and logs.
 pub const SOURCE: &str = "lambda";
@@ -109,8 +108,8 @@ impl SqsBatch {
                 );
                 continue;
             };
-            match ScanJob::from_json(&record.body) {
-                Ok(job) => out.push(Delivery {
+            if let Some(job) = job_of(&record.body, &record.message_id) {
+                out.push(Delivery {
                     job,
                     json: record.body,
                     handle: Message {
@@ -118,12 +117,7 @@ impl SqsBatch {
                         receipt: record.receipt_handle,
                         lane,
                     },
-                }),
-                Err(e) => tracing::error!(
-                    message = record.message_id,
-                    error = %e,
-                    "unreadable SQS message: left to the redrive policy"
-                ),
+                });
             }
         }
         out
