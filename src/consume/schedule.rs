@@ -230,26 +230,6 @@ pub fn release(marker: &Marker, token: &str) -> Marker {
     }
 }
 
-/// What a consumer does about a marker it could not claim.
-pub fn on_claim(claim: MarkerClaim, lease: Duration) -> Step {
-    match claim {
-        MarkerClaim::Claimed(attempt) => Step::Run(attempt),
-        MarkerClaim::Done => Step::AckDuplicate,
-        MarkerClaim::Busy => Step::Later(come_back(lease)),
-        MarkerClaim::Gone => Step::Drop,
-    }
-}
-
-/// The step a claim leads to.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Step {
-    Run(u64),
-    AckDuplicate,
-    Later(Duration),
-    /// Let go without running: the job is gone from its queue.
-    Drop,
-}
-
 /// How one renewal of a running scan's marker went.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Renewal {
@@ -415,10 +395,7 @@ mod tests {
         assert_eq!(release(&held, "b"), held);
         assert_eq!(release(&held, "a"), Marker::Free);
         assert_eq!(release(&Marker::Done, "a"), Marker::Done);
-        let lease = Duration::from_secs(4);
-        assert_eq!(on_claim(MarkerClaim::Claimed(2), lease), Step::Run(2));
-        assert_eq!(on_claim(MarkerClaim::Done, lease), Step::AckDuplicate);
-        assert_eq!(on_claim(MarkerClaim::Busy, lease), Step::Later(lease / 2));
+        assert_eq!(come_back(Duration::from_secs(4)), Duration::from_secs(2));
     }
 
     /// A running scan stops when its marker is lost, or when ¾ of a lease

@@ -18,7 +18,7 @@ use super::handoff::{Attempt, Ended, Scanner, hand_off_of};
 use super::lease::{Keeper, Tokens};
 use super::marker::{MarkerAsk, MarkerStore, Markers};
 use super::meter::{ConsumeMeter, Event};
-use super::schedule::{self, Due, Next, RetryPolicy, Step, Stop};
+use super::schedule::{self, Due, MarkerClaim, Next, RetryPolicy, Stop};
 use super::slots::RunSlots;
 use super::source::{Delivery, GivenUp, JobSource};
 
@@ -106,16 +106,17 @@ impl<S: JobSource, X: Scanner, M: MarkerStore> Worker<S, X, M> {
             let Some(slot) = slot else {
                 return self.source.give_back(&d, Duration::ZERO).await;
             };
-            let Some(step) = self.claim(&d, &token).await else {
+            let Some(claim) = self.claim(&d, &token).await else {
                 drop(slot);
                 tokio::time::sleep(STORE_RETRY).await;
                 continue;
             };
-            let number = match step {
-                Step::Run(number) => number,
-                Step::AckDuplicate | Step::Drop => return self.let_go(&d, step).await,
-                Step::Later(after) => {
+            let number = match claim {
+                MarkerClaim::Claimed(number) => number,
+                MarkerClaim::Done | MarkerClaim::Gone => return self.let_go(&d, claim).await,
+                MarkerClaim::Busy => {
                     drop(slot);
+                    let after = schedule::come_back(self.lease);
                     if self.later(&d, after, Held::Otherwise).await.is_break() {
                         return;
                     }
@@ -142,8 +143,8 @@ impl<S: JobSource, X: Scanner, M: MarkerStore> Worker<S, X, M> {
     }
 
     /// Lets go of a job not to run: a duplicate, or one whose entry is gone from its stream.
-    async fn let_go(&self, d: &Delivery<S::Handle>, step: Step) {
-        if step == Step::AckDuplicate {
+    async fn let_go(&self, d: &Delivery<S::Handle>, claim: MarkerClaim) {
+        if claim == MarkerClaim::Done {
             self.meter.record(Event::Duplicate);
         } else {
             tracing::warn!(
@@ -156,7 +157,7 @@ impl<S: JobSource, X: Scanner, M: MarkerStore> Worker<S, X, M> {
     }
 
     /// Claims `d`'s marker for a new attempt under `token`; `None` if Valkey did not answer.
-    async fn claim(&self, d: &Delivery<S::Handle>, token: &str) -> Option<Step> {
+    async fn claim(&self, d: &Delivery<S::Handle>, token: &str) -> Option<MarkerClaim> {
         let now = self.clock.now();
         let ask = MarkerAsk {
             scan: d.job.scan_id,
@@ -166,13 +167,12 @@ impl<S: JobSource, X: Scanner, M: MarkerStore> Worker<S, X, M> {
             lease: self.lease,
             now,
         };
-        match self.markers.claim(ask).await {
-            Ok(claim) => Some(schedule::on_claim(claim, self.lease)),
-            Err(e) => {
-                tracing::warn!(error = %e, "cannot claim a scan's marker; trying again");
-                None
-            }
-        }
+        let claim = self.markers.claim(ask).await;
+        claim
+            .inspect_err(
+                |e| tracing::warn!(error = %e, "cannot claim a scan's marker; trying again"),
+            )
+            .ok()
     }
 
     /// Carries out [`schedule::after_hand_off`]'s answer: `Continue` runs the job again here.

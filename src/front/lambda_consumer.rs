@@ -17,7 +17,8 @@ use crate::consume::marker::Markers;
 use crate::consume::meter::ConsumeMeter;
 use crate::consume::schedule::RetryPolicy;
 use crate::consume::slots::RunSlots;
-use crate::consume::source::sqs_batch::{BatchResponse, Lanes, SOURCE, SqsBatch, SqsEvent};
+use crate::consume::source::sqs::SqsSource;
+use crate::consume::source::sqs_batch::{BatchResponse, SOURCE, SqsBatch, SqsEvent};
 use crate::consume::worker::Worker;
 
 /// Which handler the `bootstrap` binary serves.
@@ -56,7 +57,8 @@ impl Role {
 
 /// The consumer function's parts, built once per cold start.
 pub struct Consumer {
-    lanes: Arc<Lanes>,
+    /// The queues it reads: the scan queue and the over lane's.
+    lanes: Arc<[SqsSource]>,
     markers: Markers,
     clock: Arc<QueueClock>,
     scanner: Handoff,
@@ -92,7 +94,7 @@ impl Consumer {
             ));
         };
         let urls = std::iter::once(within.as_str()).chain(config.queue_over.as_deref());
-        let lanes = Arc::new(Lanes::new(sdk, urls, LEASE));
+        let lanes = urls.map(|url| SqsSource::new(sdk, url, LEASE)).collect();
         let ops = crate::consume::ops_valkey(config)?;
         let alone = "this environment only; a message SQS delivers twice may run twice";
         let (markers, clock) = crate::consume::sqs_markers(ops, within, config, alone);

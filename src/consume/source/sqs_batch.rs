@@ -50,7 +50,7 @@ pub struct ItemFailure {
     pub item_identifier: String,
 }
 
-/// One message of the batch: its id (the batch item), its receipt and its lane in [`Lanes`].
+/// One message of the batch: its id (the batch item), its receipt and its lane's index.
 #[derive(Debug, Clone)]
 pub struct Message {
     pub id: String,
@@ -58,37 +58,15 @@ pub struct Message {
     lane: usize,
 }
 
-/// The queues the function reads (the scan queue and the over lane's), built once per cold start.
-pub struct Lanes(Vec<SqsSource>);
-
-impl Lanes {
-    /// The queues at `urls`, with clients from `sdk`; a renewal hides a message for `lease`.
-    pub fn new<'a>(
-        sdk: &aws_config::SdkConfig,
-        urls: impl IntoIterator<Item = &'a str>,
-        lease: Duration,
-    ) -> Self {
-        Self(
-            urls.into_iter()
-                .map(|url| SqsSource::new(sdk, url, lease))
-                .collect(),
-        )
-    }
-
-    fn of_arn(&self, arn: &str) -> Option<usize> {
-        let name = queue_name(arn);
-        self.0.iter().position(|q| q.queue_name() == name)
-    }
-}
-
-/// One invocation's batch.
+/// One invocation's batch, from the queues the function reads (the scan queue and the over
+/// lane's, built once per cold start).
 pub struct SqsBatch {
-    lanes: Arc<Lanes>,
+    lanes: Arc<[SqsSource]>,
     acked: Mutex<HashSet<String>>,
 }
 
 impl SqsBatch {
-    pub fn new(lanes: Arc<Lanes>) -> Self {
+    pub fn new(lanes: Arc<[SqsSource]>) -> Self {
         Self {
             lanes,
             acked: Mutex::default(),
@@ -99,7 +77,8 @@ impl SqsBatch {
     pub fn deliveries(&self, records: Vec<SqsRecord>) -> Vec<Delivery<Message>> {
         let mut out = Vec::with_capacity(records.len());
         for record in records {
-            let Some(lane) = self.lanes.of_arn(&record.event_source_arn) else {
+            let queue = queue_name(&record.event_source_arn);
+            let Some(lane) = self.lanes.iter().position(|q| q.queue_name() == queue) else {
                 tracing::error!(
                     message = record.message_id,
                     queue = record.event_source_arn,
@@ -146,7 +125,7 @@ impl SqsBatch {
 
     fn queue(&self, d: &Delivery<Message>) -> &SqsSource {
         // `deliveries` only hands out messages of a known lane.
-        &self.lanes.0[d.handle.lane]
+        &self.lanes[d.handle.lane]
     }
 
     /// Invisible for `secs`; if that fails, it returns after the queue's visibility timeout.
