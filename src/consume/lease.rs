@@ -1,52 +1,22 @@
-//! Holding on to a delivery: a marker token per attempt, and the renewals (every quarter lease)
-//! that keep a job this consumer's while it waits or runs. A running scan's watch ends when the
+//! Holding on to a delivery: the worker's renewals (every quarter lease) that keep a job this
+//! consumer's while it waits or runs. A running scan's watch ends when the
 //! marker is lost or no renewal is known to have held for ¾ of a lease ([`Silence::must_stop`]), at
 //! that deadline even while a renewal call still waits.
 
 use std::future::Future;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::clock::QueueClock;
+use super::handoff::Scanner;
 use super::marker::{MarkerAsk, MarkerStore};
 use super::schedule::{self, Renewal, Silence, Stop};
 use super::source::{Delivery, JobSource};
+use super::worker::Worker;
 
-/// Marker tokens, one per attempt, unique across processes: the consumer's name, a random id per
-/// process (a restarted consumer must not take its predecessor's live marker) and a count.
-pub struct Tokens {
-    prefix: String,
-    issued: AtomicU64,
-}
-
-impl Tokens {
-    pub fn new(consumer: String) -> Self {
-        Self {
-            prefix: format!("{consumer}:{}", uuid::Uuid::now_v7().simple()),
-            issued: AtomicU64::new(0),
-        }
-    }
-
-    /// The next token.
-    pub fn next(&self) -> String {
-        let n = self.issued.fetch_add(1, Ordering::Relaxed);
-        format!("{}:{n}", self.prefix)
-    }
-}
-
-/// What renews a delivery and its marker, borrowed from the worker for one wait or one run.
-pub struct Keeper<'a, S: JobSource, M: MarkerStore> {
-    pub source: &'a S,
-    pub markers: &'a M,
-    pub clock: &'a QueueClock,
-    pub lease: Duration,
-}
-
-impl<S: JobSource, M: MarkerStore> Keeper<'_, S, M> {
+impl<S: JobSource, X: Scanner, M: MarkerStore> Worker<S, X, M> {
     /// Renews the delivery and the marker every quarter lease; ends when the scan must stop.
-    pub async fn watch(self, d: &Delivery<S::Handle>, token: &str, attempt: u64) -> Stop {
+    pub(super) async fn watch(&self, d: &Delivery<S::Handle>, token: &str, attempt: u64) -> Stop {
         let mut tick = quarter_lease(self.lease);
         let mut last_held = Instant::now();
         loop {
@@ -104,8 +74,8 @@ impl<S: JobSource, M: MarkerStore> Keeper<'_, S, M> {
     }
 
     /// `fut`, renewing the hold on `d` (and the marker of `attempt`, if given) every quarter lease.
-    pub async fn renewing<F: Future>(
-        self,
+    pub(super) async fn renewing<F: Future>(
+        &self,
         d: &Delivery<S::Handle>,
         attempt: Option<(&str, u64)>,
         fut: F,

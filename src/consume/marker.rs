@@ -9,6 +9,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::future::Future;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -86,6 +87,28 @@ pub fn durable_done(durable: bool) -> Result<(), ConsumeError> {
         Ok(())
     } else {
         Err(ConsumeError::NotReplicated("the done marker"))
+    }
+}
+
+/// Marker tokens, one per attempt, unique across processes: the consumer's name, a random id per
+/// process (a restarted consumer must not take its predecessor's live marker) and a count.
+pub struct Tokens {
+    prefix: String,
+    issued: AtomicU64,
+}
+
+impl Tokens {
+    pub fn new(consumer: String) -> Self {
+        Self {
+            prefix: format!("{consumer}:{}", uuid::Uuid::now_v7().simple()),
+            issued: AtomicU64::new(0),
+        }
+    }
+
+    /// The next token.
+    pub fn next(&self) -> String {
+        let n = self.issued.fetch_add(1, Ordering::Relaxed);
+        format!("{}:{n}", self.prefix)
     }
 }
 

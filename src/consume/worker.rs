@@ -15,8 +15,7 @@ use tracing::field::display;
 use super::clock::QueueClock;
 use super::error::ConsumeError;
 use super::handoff::{Attempt, Ended, Scanner, hand_off_of};
-use super::lease::{Keeper, Tokens};
-use super::marker::{MarkerAsk, MarkerStore, Markers};
+use super::marker::{MarkerAsk, MarkerStore, Markers, Tokens};
 use super::meter::{ConsumeMeter, Event};
 use super::schedule::{self, Due, MarkerClaim, Next, RetryPolicy, Stop};
 use super::slots::RunSlots;
@@ -62,15 +61,6 @@ struct Run<'a> {
 }
 
 impl<S: JobSource, X: Scanner, M: MarkerStore> Worker<S, X, M> {
-    fn keeper(&self) -> Keeper<'_, S, M> {
-        Keeper {
-            source: &self.source,
-            markers: &self.markers,
-            clock: &self.clock,
-            lease: self.lease,
-        }
-    }
-
     fn due(&self, d: &Delivery<S::Handle>) -> Due {
         Due {
             not_before: d.job.not_before_at(),
@@ -269,7 +259,7 @@ impl<S: JobSource, X: Scanner, M: MarkerStore> Worker<S, X, M> {
             self.meter.held(1);
         }
         let wait = self.unless_stopping(tokio::time::sleep(after));
-        let waited = self.keeper().renewing(d, None, wait).await;
+        let waited = self.renewing(d, None, wait).await;
         if metered {
             self.meter.held(-1);
         }
@@ -290,7 +280,7 @@ impl<S: JobSource, X: Scanner, M: MarkerStore> Worker<S, X, M> {
         let stop = async {
             tokio::select! {
                 () = tokio::time::sleep(self.scan_timeout) => Stop::Timeout,
-                stop = self.keeper().watch(d, run.token, run.number) => stop,
+                stop = self.watch(d, run.token, run.number) => stop,
                 _ = killing.wait_for(|k| *k) => Stop::Shutdown,
             }
         };
@@ -310,7 +300,7 @@ impl<S: JobSource, X: Scanner, M: MarkerStore> Worker<S, X, M> {
         }
         let done = self.until_ok("mark done", || self.markers.done(scan));
         let renewing = Some((run.token, run.number));
-        self.keeper().renewing(d, renewing, done).await;
+        self.renewing(d, renewing, done).await;
     }
 
     /// Acknowledges `d`, trying for one lease at most: a redelivery then finds its done marker.
