@@ -12,6 +12,7 @@ use tokio::time::Instant;
 
 use super::error::ConsumeError;
 use super::schedule::{Reading, SKEW_WARN_MS};
+use super::sync::lock;
 use crate::io::clock::Clock;
 use crate::io::connection::Valkey;
 use crate::rules::unix::UnixMillis;
@@ -66,16 +67,9 @@ impl QueueClock {
         })
     }
 
-    fn anchor(&self) -> Option<Anchor> {
-        *self
-            .anchor
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-    }
-
     /// The time by the queue's clock.
     pub fn now(&self) -> UnixMillis {
-        match self.anchor() {
+        match *lock(&self.anchor) {
             Some(anchor) => anchor.at(Instant::now()),
             None => UnixMillis(self.local.now_ms()),
         }
@@ -100,7 +94,8 @@ impl QueueClock {
             at: answered,
             error_ms: millis(answered - sent),
         };
-        if let Some(last) = self.anchor() {
+        let last = lock(&self.anchor).replace(measured);
+        if let Some(last) = last {
             let moved = reading.get() - last.at(answered).get();
             if moved.abs() > last.error_ms + measured.error_ms + 1 {
                 tracing::warn!(
@@ -109,10 +104,6 @@ impl QueueClock {
                 );
             }
         }
-        *self
-            .anchor
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(measured);
         // The wall clock may have stepped back within the round trip.
         let offset = Reading {
             sent: sent_ms.min(answered_ms),

@@ -20,6 +20,7 @@ pub mod post;
 pub mod schedule;
 pub mod slots;
 pub mod source;
+pub mod sync;
 pub mod worker;
 
 use std::future::Future;

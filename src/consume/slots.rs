@@ -5,10 +5,11 @@
 //! [`next_lane`] is the rule; [`RunSlots`] hands a freed slot straight to the waiter it picks.
 
 use std::collections::VecDeque;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 
 use tokio::sync::oneshot;
 
+use super::sync::lock;
 use crate::rules::job::Lane;
 
 /// Which lane the next free slot goes to: `None` when nobody waits. `since_over` counts the starts
@@ -117,16 +118,11 @@ impl RunSlots {
         })
     }
 
-    fn lock(&self) -> MutexGuard<'_, State> {
-        // Every change is one push, pop or count, so a poisoned lock's state is still sound.
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
     /// A slot for a due job of `lane` and `tenant`: at once if one is free and nobody waits, else
     /// when the rule picks it. Dropping the future leaves the line.
     pub async fn acquire(self: &Arc<Self>, lane: Lane, tenant: &str) -> Slot {
         let handed = {
-            let mut state = self.lock();
+            let mut state = lock(&self.state);
             if state.free > 0 && !state.waiting() {
                 state.free -= 1;
                 return Slot(self.clone());
@@ -146,7 +142,7 @@ impl RunSlots {
     fn release(self: &Arc<Self>) {
         loop {
             let waiter = {
-                let mut state = self.lock();
+                let mut state = lock(&self.state);
                 match state.next(self.over_every) {
                     Some(waiter) => waiter,
                     None => {

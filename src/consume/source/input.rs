@@ -8,12 +8,14 @@
 //! not come within the wait loses its start (its rest stays in the pipe).
 
 use std::io::{self, BufRead};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, BufReader};
 use tokio::net::unix::pipe;
 use tokio::sync::mpsc;
+
+use crate::consume::sync::lock;
 
 /// Standard input, as a path that opens a new file description of it.
 const OWN_STDIN: &str = "/proc/self/fd/0";
@@ -163,10 +165,6 @@ impl ThreadLines {
         lines.extend(hand.back.take());
         lines
     }
-}
-
-fn lock(hand: &Mutex<Hand>) -> MutexGuard<'_, Hand> {
-    hand.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 /// Sends `input`'s lines to `tx` until the end, an error, or `tx`'s receiver is closed; a line it

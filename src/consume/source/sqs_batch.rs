@@ -14,6 +14,7 @@ use super::sqs::{SqsSource, job_of, queue_name};
 use super::{Delivery, GivenUp, JobSource};
 use crate::consume::error::ConsumeError;
 use crate::consume::schedule;
+use crate::consume::sync::lock;
 
 /// The consumer function's `Source` dimension, in its metrics and logs.
 pub const SOURCE: &str = "lambda";
@@ -104,7 +105,7 @@ impl SqsBatch {
 
     /// The answer for the messages `ids`: each one not acked is a failure.
     pub fn response<'a>(&self, ids: impl IntoIterator<Item = &'a str>) -> BatchResponse {
-        let acked = self.acked();
+        let acked = lock(&self.acked);
         let batch_item_failures = ids
             .into_iter()
             .filter(|id| !acked.contains(*id))
@@ -115,12 +116,6 @@ impl SqsBatch {
         BatchResponse {
             batch_item_failures,
         }
-    }
-
-    fn acked(&self) -> std::sync::MutexGuard<'_, HashSet<String>> {
-        self.acked
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     fn queue(&self, d: &Delivery<Message>) -> &SqsSource {
@@ -150,7 +145,7 @@ impl JobSource for SqsBatch {
 
     /// Done: Lambda deletes it, once the invocation answers without naming it.
     async fn ack(&self, d: &Delivery<Message>) -> Result<(), ConsumeError> {
-        self.acked().insert(d.handle.id.clone());
+        lock(&self.acked).insert(d.handle.id.clone());
         Ok(())
     }
 

@@ -17,6 +17,7 @@ use super::input::Input;
 use super::journal::{Journal, Replay};
 use super::{Delivery, GivenUp, JobSource};
 use crate::consume::error::ConsumeError;
+use crate::consume::sync::lock;
 
 /// On stop, lines are read until none comes for this long (also the wait for a started line's end)…
 pub const DRAIN_IDLE: Duration = Duration::from_millis(200);
@@ -74,12 +75,6 @@ impl StdinSource {
         self.started.iter().map(|(scan, n)| (*scan, *n))
     }
 
-    fn ahead(&self) -> std::sync::MutexGuard<'_, Ahead> {
-        self.ahead
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-    }
-
     async fn read_line(&self) -> Result<Option<String>, ConsumeError> {
         let mut lines = self.lines.lock().await;
         lines
@@ -90,7 +85,7 @@ impl StdinSource {
 
     /// The next job line, kept in [`Ahead::read`] until handed out; `None` at the end of input.
     async fn read_job(&self) -> Result<Option<Delivery>, ConsumeError> {
-        if let Some(d) = self.ahead().read.clone() {
+        if let Some(d) = lock(&self.ahead).read.clone() {
             return Ok(Some(d));
         }
         loop {
@@ -99,7 +94,7 @@ impl StdinSource {
             };
             if let Some(d) = Delivery::of_spool_line(line) {
                 // No await since the read: a cancelled read took no line or left it here.
-                self.ahead().read = Some(d.clone());
+                lock(&self.ahead).read = Some(d.clone());
                 return Ok(Some(d));
             }
         }
@@ -137,7 +132,7 @@ impl JobSource for StdinSource {
     }
 
     async fn next(&self, _max: usize) -> Result<Option<Vec<Delivery>>, ConsumeError> {
-        let replay = std::mem::take(&mut self.ahead().replay);
+        let replay = std::mem::take(&mut lock(&self.ahead).replay);
         if !replay.is_empty() {
             return Ok(Some(replay));
         }
@@ -147,7 +142,7 @@ impl JobSource for StdinSource {
         // Journaled more than once if a stop cut this short and `drain` journals it again:
         // compaction keeps one per scanId.
         self.keep(&d).await?;
-        self.ahead().read = None;
+        lock(&self.ahead).read = None;
         Ok(Some(vec![d]))
     }
 
@@ -189,7 +184,7 @@ impl JobSource for StdinSource {
     /// in the pipe and those the reading took; standard input is not read again after.
     async fn drain(&self) -> Vec<Delivery> {
         let (mut out, read) = {
-            let mut ahead = self.ahead();
+            let mut ahead = lock(&self.ahead);
             (std::mem::take(&mut ahead.replay), ahead.read.take())
         };
         // A read a stop cut short: its journaling may not have landed.
