@@ -73,10 +73,10 @@ impl<S: JobSource, X: Scanner, M: MarkerStore> Worker<S, X, M> {
     pub async fn process(&self, d: Delivery<S::Handle>) {
         let trace_id = d.job.trace.as_ref().map(|t| display(t.trace_id));
         let span = tracing::info_span!("job", scanId = %d.job.scan_id, traceId = trace_id);
-        self.run_to_end(d).instrument(span).await;
+        let _ = self.run_to_end(d).instrument(span).await;
     }
 
-    async fn run_to_end(&self, d: Delivery<S::Handle>) {
+    async fn run_to_end(&self, d: Delivery<S::Handle>) -> ControlFlow<()> {
         let mut failures = 0;
         // One token per attempt: a claim that timed out but landed is this task's own, so its retry
         // gets in. Each run takes a new token: its claim is a new attempt even past a late renewal.
@@ -84,9 +84,7 @@ impl<S: JobSource, X: Scanner, M: MarkerStore> Worker<S, X, M> {
         loop {
             let wait = self.due(&d).hold();
             if !wait.is_zero() {
-                if self.later(&d, wait, Held::ForNotBefore).await.is_break() {
-                    return;
-                }
+                self.later(&d, wait, Held::ForNotBefore).await?;
                 continue;
             }
             let waiting = self.meter.waiting(d.job.lane());
@@ -94,7 +92,8 @@ impl<S: JobSource, X: Scanner, M: MarkerStore> Worker<S, X, M> {
             let slot = self.unless_stopping(slot).await;
             drop(waiting);
             let Some(slot) = slot else {
-                return self.source.give_back(&d, Duration::ZERO).await;
+                self.source.give_back(&d, Duration::ZERO).await;
+                return Break(());
             };
             let Some(claim) = self.claim(&d, &token).await else {
                 drop(slot);
@@ -107,9 +106,7 @@ impl<S: JobSource, X: Scanner, M: MarkerStore> Worker<S, X, M> {
                 MarkerClaim::Busy => {
                     drop(slot);
                     let after = schedule::come_back(self.lease);
-                    if self.later(&d, after, Held::Otherwise).await.is_break() {
-                        return;
-                    }
+                    self.later(&d, after, Held::Otherwise).await?;
                     continue;
                 }
             };
@@ -119,13 +116,7 @@ impl<S: JobSource, X: Scanner, M: MarkerStore> Worker<S, X, M> {
             };
             let ended = self.hand_off(&d, run).await;
             drop(slot);
-            if self
-                .carry_out(&d, run, &ended, &mut failures)
-                .await
-                .is_break()
-            {
-                return;
-            }
+            self.carry_out(&d, run, &ended, &mut failures).await?;
             if !crate::bug!(SameTokenAfterLostLease) {
                 token = self.tokens.next();
             }
@@ -133,7 +124,7 @@ impl<S: JobSource, X: Scanner, M: MarkerStore> Worker<S, X, M> {
     }
 
     /// Lets go of a job not to run: a duplicate, or one whose entry is gone from its stream.
-    async fn let_go(&self, d: &Delivery<S::Handle>, claim: MarkerClaim) {
+    async fn let_go(&self, d: &Delivery<S::Handle>, claim: MarkerClaim) -> ControlFlow<()> {
         if claim == MarkerClaim::Done {
             self.meter.record(Event::Duplicate);
         } else {
@@ -143,7 +134,8 @@ impl<S: JobSource, X: Scanner, M: MarkerStore> Worker<S, X, M> {
                  not run; the gate's retry of its key queues it again"
             );
         }
-        self.ack(d).await
+        self.ack(d).await;
+        Break(())
     }
 
     /// Claims `d`'s marker for a new attempt under `token`; `None` if Valkey did not answer.

@@ -14,7 +14,7 @@ use tokio::sync::Mutex;
 use uuid::Uuid;
 
 use super::input::Input;
-use super::journal::{Journal, Replay};
+use super::journal::Journal;
 use super::{Delivery, GivenUp, JobSource};
 use crate::consume::error::ConsumeError;
 use crate::consume::sync::lock;
@@ -28,7 +28,7 @@ pub const DRAIN_MAX: Duration = Duration::from_secs(2);
 /// Lines from standard input, journaled if asked.
 pub struct StdinSource {
     lines: Mutex<Input>,
-    journal: Option<Journal>,
+    journal: Journal,
     /// Jobs taken and not handed out yet.
     ahead: std::sync::Mutex<Ahead>,
     /// The highest attempt the journal says each replayed job started.
@@ -46,19 +46,11 @@ struct Ahead {
 impl StdinSource {
     /// Standard input, with the journal at `journal` (replayed now) if any.
     pub async fn open(journal: Option<&Path>) -> Result<Self, ConsumeError> {
-        let (journal, replay) = match journal {
-            None => (None, Replay::default()),
-            Some(path) => {
-                let (journal, replay) = Journal::open(path.to_owned()).await?;
-                if !replay.jobs.is_empty() {
-                    tracing::info!(
-                        jobs = replay.jobs.len(),
-                        "replaying the journal's unfinished jobs"
-                    );
-                }
-                (Some(journal), replay)
-            }
-        };
+        let (journal, replay) = Journal::open(journal).await?;
+        if !replay.jobs.is_empty() {
+            let jobs = replay.jobs.len();
+            tracing::info!(jobs, "replaying the journal's unfinished jobs");
+        }
         Ok(Self {
             lines: Mutex::new(Input::stdin()),
             journal,
@@ -100,14 +92,6 @@ impl StdinSource {
         }
     }
 
-    /// Journals `d` (if there is a journal) before anyone acts on it.
-    async fn keep(&self, d: &Delivery) -> Result<(), ConsumeError> {
-        match &self.journal {
-            Some(journal) => journal.job(d).await,
-            None => Ok(()),
-        }
-    }
-
     /// While stopping: the job on `line` (if any) journaled or written back, and added to `out`.
     async fn keep_line(&self, line: String, out: &mut Vec<Delivery>) {
         if let Some(d) = Delivery::of_spool_line(line) {
@@ -117,7 +101,7 @@ impl StdinSource {
     }
 
     async fn keep_or_write_back(&self, d: &Delivery) {
-        if let Err(e) = self.keep(d).await {
+        if let Err(e) = self.journal.job(d).await {
             tracing::error!(error = %e, scan_id = %d.job.scan_id, "cannot journal a job read while stopping; writing it back");
             write_back(d);
         }
@@ -141,16 +125,13 @@ impl JobSource for StdinSource {
         };
         // Journaled more than once if a stop cut this short and `drain` journals it again:
         // compaction keeps one per scanId.
-        self.keep(&d).await?;
+        self.journal.job(&d).await?;
         lock(&self.ahead).read = None;
         Ok(Some(vec![d]))
     }
 
     async fn ack(&self, d: &Delivery) -> Result<(), ConsumeError> {
-        match &self.journal {
-            Some(journal) => journal.done(d.job.scan_id).await,
-            None => Ok(()),
-        }
+        self.journal.done(d.job.scan_id).await
     }
 
     async fn extend(&self, _d: &Delivery) -> Result<(), ConsumeError> {
@@ -159,10 +140,7 @@ impl JobSource for StdinSource {
 
     /// Journaled before the scanner starts, so a replay after a crash takes a higher attempt.
     async fn started(&self, d: &Delivery, attempt: u64) {
-        let Some(journal) = &self.journal else {
-            return;
-        };
-        if let Err(e) = journal.started(d.job.scan_id, attempt).await {
+        if let Err(e) = self.journal.started(d.job.scan_id, attempt).await {
             tracing::warn!(error = %e, scan_id = %d.job.scan_id, "cannot journal a scan's start; a replay may repeat its attempt number");
         }
     }
@@ -175,7 +153,7 @@ impl JobSource for StdinSource {
 
     /// Journaled: it stays there, and the next start runs it; otherwise written back to stdout.
     async fn give_back(&self, d: &Delivery, _wait: Duration) {
-        if self.journal.is_none() {
+        if !self.journal.is_kept() {
             write_back(d);
         }
     }
