@@ -17,6 +17,7 @@ use uuid::Uuid;
 
 use super::error::ConsumeError;
 use super::schedule::{self, Marker, MarkerClaim};
+use super::sync::lock;
 use crate::io::connection::Valkey;
 use crate::rules::hash_tag::tagged;
 use crate::rules::unix::UnixMillis;
@@ -131,12 +132,6 @@ pub struct Local {
     done: VecDeque<Uuid>,
 }
 
-fn lock(local: &Mutex<Local>) -> Result<std::sync::MutexGuard<'_, Local>, ConsumeError> {
-    local
-        .lock()
-        .map_err(|_| ConsumeError::Setup("marker table poisoned".into()))
-}
-
 impl Markers {
     /// Markers in Valkey, beside `key` (a stream key, or `sqs:<name>`); claims and done markers
     /// wait until `wait` replicas hold them (`WAIT`).
@@ -210,7 +205,7 @@ impl MarkerStore for Markers {
                 durable_claim(claim, mine, durable)
             }
             Self::Local(local) => {
-                let mut local = lock(local)?;
+                let mut local = lock(local);
                 let (current, attempts) = local
                     .markers
                     .get(&scan)
@@ -234,7 +229,7 @@ impl MarkerStore for Markers {
                 durable_done(durable)
             }
             Self::Local(local) => {
-                let mut local = lock(local)?;
+                let mut local = lock(local);
                 let attempts = local.markers.get(&scan).map_or(0, |m| m.1);
                 local.markers.insert(scan, (Marker::Done, attempts));
                 local.done.push_back(scan);
@@ -261,7 +256,7 @@ impl MarkerStore for Markers {
                     .map_err(ConsumeError::from)
             }
             Self::Local(local) => {
-                let mut local = lock(local)?;
+                let mut local = lock(local);
                 if let Some((current, attempts)) = local.markers.get(&scan).cloned() {
                     let next = schedule::release(&current, token);
                     local.markers.insert(scan, (next, attempts));

@@ -87,16 +87,6 @@ pub enum HandOff {
     Stopped(Stop),
 }
 
-impl HandOff {
-    pub const ALL: [Self; 5] = [
-        Self::Took,
-        Self::Refused,
-        Self::Stopped(Stop::Timeout),
-        Self::Stopped(Stop::LeaseLost),
-        Self::Stopped(Stop::Shutdown),
-    ];
-}
-
 /// What the worker does after a hand-off: `Release…` frees the marker until done (the scanner is
 /// gone, so the next attempt need not wait out the lease); `ReleaseIfMine…` tries once.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -348,7 +338,14 @@ mod tests {
                 "{ended:?} after {failures} failures, limit {max}"
             );
         }
-        for ended in HandOff::ALL {
+        let all = [
+            Took,
+            Refused,
+            Stopped(Stop::Timeout),
+            Stopped(Stop::LeaseLost),
+            Stopped(Stop::Shutdown),
+        ];
+        for ended in all {
             assert!(
                 table.iter().any(|row| row.0 == ended),
                 "{ended:?} not in the table"

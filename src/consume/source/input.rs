@@ -39,13 +39,13 @@ pub struct PipeLines {
 pub struct ThreadLines {
     rx: mpsc::Receiver<io::Result<String>>,
     hand: Arc<Mutex<Hand>>,
+    /// None if it could not be started.
+    thread: Option<std::thread::JoinHandle<()>>,
 }
 
 /// What the reading thread and [`Input::close`] agree on.
 #[derive(Default)]
 struct Hand {
-    /// The thread has returned.
-    done: bool,
     /// [`Input::close`] has taken `back`: a line the thread reads from now on it writes back.
     closed: bool,
     /// The line the thread held when the channel closed.
@@ -70,15 +70,13 @@ impl Input {
         let theirs = hand.clone();
         let spawned = std::thread::Builder::new()
             .name("stdin".into())
-            .spawn(move || {
-                read_into(open(), &tx, &theirs);
-                lock(&theirs).done = true;
-            });
-        if let Err(e) = spawned {
-            tracing::error!(error = %e, "cannot start the thread that reads standard input");
-            lock(&hand).done = true;
-        }
-        Self::Thread(ThreadLines { rx, hand })
+            .spawn(move || read_into(open(), &tx, &theirs));
+        let thread = spawned
+            .inspect_err(|e| {
+                tracing::error!(error = %e, "cannot start the thread that reads standard input");
+            })
+            .ok();
+        Self::Thread(ThreadLines { rx, hand, thread })
     }
 
     /// The next line (without its `\n` or `\r\n`); `None` at the end. Cancel-safe.
@@ -155,7 +153,7 @@ impl ThreadLines {
                     Err(e) => tracing::warn!(error = %e, "cannot read standard input"),
                 }
             }
-            while !lock(&self.hand).done {
+            while self.thread.as_ref().is_some_and(|t| !t.is_finished()) {
                 tokio::time::sleep(Duration::from_millis(1)).await;
             }
         };
