@@ -267,9 +267,9 @@ pub async fn intake<S: JobSource, X: handoff::Scanner, M: marker::MarkerStore>(
     loop {
         while tasks.try_join_next().is_some() {}
         let read = async {
-            let permits = room.clone().acquire_many_owned(1).await;
+            let permit = room.clone().acquire_owned().await;
             let free = room.available_permits() + 1;
-            (permits, worker.source.next(free.min(64)).await)
+            (permit, worker.source.next(free.min(64)).await)
         };
         // Stopping first: once it is on, nothing more is read.
         let (first, next) = tokio::select! {
@@ -296,10 +296,9 @@ pub async fn intake<S: JobSource, X: handoff::Scanner, M: marker::MarkerStore>(
         };
         let mut first = first.ok();
         for d in deliveries {
-            let permit = match first.take() {
-                Some(p) => Some(p),
-                None => room.clone().try_acquire_owned().ok(),
-            };
+            let permit = first
+                .take()
+                .or_else(|| room.clone().try_acquire_owned().ok());
             let worker = worker.clone();
             tasks.spawn(async move {
                 let _permit = permit;

@@ -167,10 +167,12 @@ impl<S: JobSource, X: Scanner, M: MarkerStore> Worker<S, X, M> {
     ) -> ControlFlow<()> {
         let next =
             schedule::after_hand_off(hand_off_of(ended), *failures, &self.policy, self.lease);
-        if let Next::ReleaseThenRetry { failures: n, .. } = next {
+        if let Next::ReleaseThenRetry { failures: n, .. }
+        | Next::ReleaseThenDeadLetter { failures: n } = next
+        {
             *failures = n;
         }
-        self.record_end(d, run, ended, next);
+        self.record_end(d, run, ended, *failures);
         let scan = d.job.scan_id;
         let release = || self.markers.release(scan, run.token);
         match next {
@@ -212,7 +214,7 @@ impl<S: JobSource, X: Scanner, M: MarkerStore> Worker<S, X, M> {
         d: &Delivery<S::Handle>,
         run: Run<'_>,
         ended: &Result<(), Ended>,
-        next: Next,
+        failures: u32,
     ) {
         let (scan_id, attempt) = (d.job.scan_id, run.number);
         match ended {
@@ -227,11 +229,6 @@ impl<S: JobSource, X: Scanner, M: MarkerStore> Worker<S, X, M> {
                     self.meter.record(Event::TimedOut);
                 }
                 self.meter.record(Event::Failed);
-                let failures = match next {
-                    Next::ReleaseThenRetry { failures, .. }
-                    | Next::ReleaseThenDeadLetter { failures } => failures,
-                    _ => 0,
-                };
                 tracing::warn!(%scan_id, attempt, failures, error = %e, "scan failed");
             }
         }

@@ -16,6 +16,7 @@ use redis::streams::{
 
 use super::{Delivery, GivenUp, JobSource};
 use crate::consume::error::{BUSYGROUP, ConsumeError};
+use crate::consume::sync::lock;
 use crate::io::connection::Valkey;
 use crate::io::queue::stream::JOB_FIELD;
 use crate::rules::job::ScanJob;
@@ -30,7 +31,6 @@ pub struct StreamSource {
     /// For everything else.
     ops: Valkey,
     key: String,
-    dead_key: String,
     group: String,
     consumer: String,
     lease: Duration,
@@ -57,7 +57,6 @@ impl StreamSource {
             reads,
             ops,
             key: key.to_owned(),
-            dead_key: format!("{key}:dead"),
             group: group.to_owned(),
             consumer: consumer.to_owned(),
             lease,
@@ -112,7 +111,7 @@ impl StreamSource {
 
     /// The cursor to reclaim from, if half a lease has passed since the last time.
     fn reclaim_due(&self) -> Option<String> {
-        let mut state = self.reclaim.lock().ok()?;
+        let mut state = lock(&self.reclaim);
         let due = state.last.is_none_or(|at| at.elapsed() >= self.lease / 2);
         due.then(|| {
             state.last = Some(Instant::now());
@@ -129,9 +128,7 @@ impl StreamSource {
         let options = StreamAutoClaimOptions::default().count(max);
         let cmd = Cmd::xautoclaim_options(key, group, consumer, ms(self.lease), cursor, options);
         let reply: StreamAutoClaimReply = self.call(cmd).await?;
-        if let Ok(mut state) = self.reclaim.lock() {
-            state.cursor = reply.next_stream_id.clone();
-        }
+        lock(&self.reclaim).cursor = reply.next_stream_id.clone();
         if !reply.claimed.is_empty() {
             tracing::info!(
                 entries = reply.claimed.len(),
@@ -196,7 +193,7 @@ impl StreamSource {
             ("failures", &failures),
             ("error", error),
         ];
-        self.call::<String>(Cmd::xadd(&self.dead_key, "*", &fields))
+        self.call::<String>(Cmd::xadd(format!("{}:dead", self.key), "*", &fields))
             .await?;
         self.xack(id).await
     }
