@@ -75,10 +75,10 @@ impl QueueClock {
         }
     }
 
-    /// Measures the server's clock and anchors to it; the wall clock's offset (`None`: no server).
-    pub async fn sync(&self) -> Result<Option<i64>, ConsumeError> {
+    /// Measures the server's clock (if there is a server) and anchors to it.
+    pub async fn sync(&self) -> Result<(), ConsumeError> {
         let Some(server) = &self.server else {
-            return Ok(None);
+            return Ok(());
         };
         let sent = Instant::now();
         let sent_ms = UnixMillis(self.local.now_ms());
@@ -118,7 +118,7 @@ impl QueueClock {
                 "this machine's clock is off from Valkey's: jobs are timed by Valkey's"
             );
         }
-        Ok(Some(offset))
+        Ok(())
     }
 
     /// Measures the offset every [`SYNC_EVERY`] until the task is dropped.

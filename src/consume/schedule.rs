@@ -56,24 +56,17 @@ impl RetryPolicy {
 }
 
 /// Why a running scan was stopped by the consumer (not by the scanner).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum Stop {
     /// It ran past `--scan-timeout`: a failed attempt, retried with backoff.
+    #[error("scan timeout")]
     Timeout,
     /// Its marker was lost (another attempt's, done, or not renewed for ¾ of a lease).
+    #[error("lease lost")]
     LeaseLost,
     /// `SIGTERM`'s grace period ended.
+    #[error("shutdown grace over")]
     Shutdown,
-}
-
-impl std::fmt::Display for Stop {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            Self::Timeout => "scan timeout",
-            Self::LeaseLost => "lease lost",
-            Self::Shutdown => "shutdown grace over",
-        })
-    }
 }
 
 /// How one hand-off ended, as the rule after it sees it.
