@@ -129,8 +129,9 @@ pub async fn run(
     };
     match target {
         QueueTarget::Spool => {
-            let source = source::stdin::StdinSource::open(parts.args.journal.as_deref()).await?;
-            let markers = Markers::local_after(source.started_attempts());
+            let journal = parts.args.journal.as_deref();
+            let (source, started) = source::stdin::StdinSource::open(journal).await?;
+            let markers = Markers::local_after(started);
             let clock = QueueClock::local(LOCAL);
             drive(vec![source], markers, clock, parts, shutdown).await
         }

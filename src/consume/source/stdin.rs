@@ -31,8 +31,6 @@ pub struct StdinSource {
     journal: Journal,
     /// Jobs taken and not handed out yet.
     ahead: std::sync::Mutex<Ahead>,
-    /// The highest attempt the journal says each replayed job started.
-    started: HashMap<Uuid, u64>,
 }
 
 #[derive(Default)]
@@ -44,27 +42,23 @@ struct Ahead {
 }
 
 impl StdinSource {
-    /// Standard input, with the journal at `journal` (replayed now) if any.
-    pub async fn open(journal: Option<&Path>) -> Result<Self, ConsumeError> {
+    /// Standard input, with the journal at `journal` (replayed now) if any; and the highest attempt
+    /// each unfinished journaled job started, so a replay runs a later one.
+    pub async fn open(journal: Option<&Path>) -> Result<(Self, HashMap<Uuid, u64>), ConsumeError> {
         let (journal, replay) = Journal::open(journal).await?;
         if !replay.jobs.is_empty() {
             let jobs = replay.jobs.len();
             tracing::info!(jobs, "replaying the journal's unfinished jobs");
         }
-        Ok(Self {
+        let source = Self {
             lines: Mutex::new(Input::stdin()),
             journal,
             ahead: std::sync::Mutex::new(Ahead {
                 replay: replay.jobs,
                 read: None,
             }),
-            started: replay.started,
-        })
-    }
-
-    /// The highest attempt each unfinished journaled job started, so a replay runs a later one.
-    pub fn started_attempts(&self) -> impl Iterator<Item = (Uuid, u64)> + '_ {
-        self.started.iter().map(|(scan, n)| (*scan, *n))
+        };
+        Ok((source, replay.started))
     }
 
     async fn read_line(&self) -> Result<Option<String>, ConsumeError> {
