@@ -44,10 +44,6 @@ impl Anchor {
     }
 }
 
-fn millis(d: Duration) -> i64 {
-    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
-}
-
 impl QueueClock {
     /// The local clock alone.
     pub fn local(local: Clock) -> Arc<Self> {
@@ -92,7 +88,7 @@ impl QueueClock {
         let measured = Anchor {
             queue: reading,
             at: answered,
-            error_ms: millis(answered - sent),
+            error_ms: i64::try_from((answered - sent).as_millis()).unwrap_or(i64::MAX),
         };
         let last = lock(&self.anchor).replace(measured);
         if let Some(last) = last {

@@ -181,7 +181,12 @@ fn read_into(mut input: impl BufRead, tx: &mpsc::Sender<io::Result<String>>, han
             let mut hand = lock(hand);
             if hand.closed {
                 drop(hand);
-                write_back(line);
+                // Read after the consumer stopped taking lines: written back (not journaled).
+                let written_back = write_back_line(line);
+                tracing::error!(
+                    written_back,
+                    "a line read from standard input after stopping was not handed out"
+                );
             } else {
                 hand.back = Some(line);
             }
@@ -191,15 +196,6 @@ fn read_into(mut input: impl BufRead, tx: &mpsc::Sender<io::Result<String>>, han
             return;
         }
     }
-}
-
-/// A line read after the consumer stopped taking lines: written back to stdout (not journaled).
-fn write_back(line: String) {
-    let written = write_back_line(line);
-    tracing::error!(
-        written_back = written,
-        "a line read from standard input after stopping was not handed out"
-    );
 }
 
 /// `line` written back to stdout, to be piped in again; false if the stdout queue was full.
