@@ -30,6 +30,7 @@ pub fn next_lane(
 
 type Waiter = oneshot::Sender<Slot>;
 
+#[derive(Default)]
 struct State {
     free: usize,
     within: VecDeque<Waiter>,
@@ -110,9 +111,7 @@ impl RunSlots {
         Arc::new(Self {
             state: Mutex::new(State {
                 free: slots,
-                within: VecDeque::new(),
-                over: VecDeque::new(),
-                since_over: 0,
+                ..State::default()
             }),
             over_every: over_every.max(1),
         })

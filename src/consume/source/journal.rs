@@ -112,11 +112,9 @@ fn compact(path: &Path) -> std::io::Result<(std::fs::File, Replay)> {
     {
         let mut out = std::fs::File::create(&tmp)?;
         for d in &replay.jobs {
-            out.write_all(d.json.as_bytes())?;
-            out.write_all(b"\n")?;
+            writeln!(out, "{}", d.json)?;
             if let Some(n) = replay.started.get(&d.job.scan_id) {
-                out.write_all(started_line(d.job.scan_id, *n).as_bytes())?;
-                out.write_all(b"\n")?;
+                writeln!(out, "{}", started_line(d.job.scan_id, *n))?;
             }
         }
         out.sync_all()?;
