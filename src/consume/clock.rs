@@ -12,6 +12,7 @@ use tokio::time::Instant;
 
 use super::error::ConsumeError;
 use super::schedule::{Reading, SKEW_WARN_MS};
+use super::sync::lock;
 use crate::io::clock::Clock;
 use crate::io::connection::Valkey;
 use crate::rules::unix::UnixMillis;
@@ -43,10 +44,6 @@ impl Anchor {
     }
 }
 
-fn millis(d: Duration) -> i64 {
-    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
-}
-
 impl QueueClock {
     /// The local clock alone.
     pub fn local(local: Clock) -> Arc<Self> {
@@ -66,25 +63,18 @@ impl QueueClock {
         })
     }
 
-    fn anchor(&self) -> Option<Anchor> {
-        *self
-            .anchor
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-    }
-
     /// The time by the queue's clock.
     pub fn now(&self) -> UnixMillis {
-        match self.anchor() {
+        match *lock(&self.anchor) {
             Some(anchor) => anchor.at(Instant::now()),
             None => UnixMillis(self.local.now_ms()),
         }
     }
 
-    /// Measures the server's clock and anchors to it; the wall clock's offset (`None`: no server).
-    pub async fn sync(&self) -> Result<Option<i64>, ConsumeError> {
+    /// Measures the server's clock (if there is a server) and anchors to it.
+    pub async fn sync(&self) -> Result<(), ConsumeError> {
         let Some(server) = &self.server else {
-            return Ok(None);
+            return Ok(());
         };
         let sent = Instant::now();
         let sent_ms = UnixMillis(self.local.now_ms());
@@ -98,9 +88,10 @@ impl QueueClock {
         let measured = Anchor {
             queue: reading,
             at: answered,
-            error_ms: millis(answered - sent),
+            error_ms: i64::try_from((answered - sent).as_millis()).unwrap_or(i64::MAX),
         };
-        if let Some(last) = self.anchor() {
+        let last = lock(&self.anchor).replace(measured);
+        if let Some(last) = last {
             let moved = reading.get() - last.at(answered).get();
             if moved.abs() > last.error_ms + measured.error_ms + 1 {
                 tracing::warn!(
@@ -109,10 +100,6 @@ impl QueueClock {
                 );
             }
         }
-        *self
-            .anchor
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(measured);
         // The wall clock may have stepped back within the round trip.
         let offset = Reading {
             sent: sent_ms.min(answered_ms),
@@ -127,7 +114,7 @@ impl QueueClock {
                 "this machine's clock is off from Valkey's: jobs are timed by Valkey's"
             );
         }
-        Ok(Some(offset))
+        Ok(())
     }
 
     /// Measures the offset every [`SYNC_EVERY`] until the task is dropped.

@@ -52,21 +52,14 @@ pub fn scanner_env(named: &[String]) -> Vec<(OsString, OsString)> {
 }
 
 /// How a hand-off ended without the scanner taking the job.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum Ended {
     /// The scanner said no (non-zero exit, non-2xx), or could not be reached.
+    #[error("{0}")]
     Failed(String),
     /// The consumer stopped it; for `--exec` the scanner is gone.
+    #[error("stopped: {0}")]
     Stopped(Stop),
-}
-
-impl std::fmt::Display for Ended {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Self::Failed(why) => f.write_str(why),
-            Self::Stopped(stop) => write!(f, "stopped: {stop}"),
-        }
-    }
 }
 
 /// One attempt at a delivery: what a scanner is handed.
@@ -224,13 +217,5 @@ pub(super) fn hand_off_of(ended: &Result<(), Ended>) -> HandOff {
         Ok(()) => HandOff::Took,
         Err(Ended::Failed(_)) => HandOff::Refused,
         Err(Ended::Stopped(stop)) => HandOff::Stopped(*stop),
-    }
-}
-
-/// The error a dead-lettered job is given up with.
-pub(super) fn error_of(ended: &Result<(), Ended>) -> String {
-    match ended {
-        Ok(()) => String::new(),
-        Err(e) => e.to_string(),
     }
 }

@@ -1,56 +1,23 @@
-//! Holding on to a delivery: a marker token per attempt, and the renewals (every quarter lease)
-//! that keep a job this consumer's while it waits or runs. A running scan's watch ends when the
+//! Holding on to a delivery: the worker's renewals (every quarter lease) that keep a job this
+//! consumer's while it waits or runs. A running scan's watch ends when the
 //! marker is lost or no renewal is known to have held for ¾ of a lease ([`Silence::must_stop`]), at
 //! that deadline even while a renewal call still waits.
 
 use std::future::Future;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::clock::QueueClock;
+use super::handoff::Scanner;
 use super::marker::{MarkerAsk, MarkerStore};
 use super::schedule::{self, Renewal, Silence, Stop};
 use super::source::{Delivery, JobSource};
-use crate::rules::unix::UnixMillis;
+use super::worker::Worker;
 
-/// Marker tokens, one per attempt, unique across processes: the consumer's name, a random id per
-/// process (a restarted consumer must not take its predecessor's live marker) and a count.
-pub struct Tokens {
-    prefix: String,
-    issued: AtomicU64,
-}
-
-impl Tokens {
-    pub fn new(consumer: String) -> Self {
-        Self {
-            prefix: format!("{consumer}:{}", uuid::Uuid::now_v7().simple()),
-            issued: AtomicU64::new(0),
-        }
-    }
-
-    /// The next token.
-    pub fn next(&self) -> String {
-        let n = self.issued.fetch_add(1, Ordering::Relaxed);
-        format!("{}:{n}", self.prefix)
-    }
-}
-
-/// What renews a delivery and its marker, borrowed from the worker for one wait or one run.
-pub struct Keeper<'a, S: JobSource, M: MarkerStore> {
-    pub source: &'a S,
-    pub markers: &'a M,
-    pub clock: &'a QueueClock,
-    pub lease: Duration,
-}
-
-impl<S: JobSource, M: MarkerStore> Keeper<'_, S, M> {
+impl<S: JobSource, X: Scanner, M: MarkerStore> Worker<S, X, M> {
     /// Renews the delivery and the marker every quarter lease; ends when the scan must stop.
-    pub async fn watch(self, d: &Delivery<S::Handle>, token: &str, attempt: u64) -> Stop {
-        let mut tick = tokio::time::interval(self.lease / 4);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        tick.tick().await;
+    pub(super) async fn watch(&self, d: &Delivery<S::Handle>, token: &str, attempt: u64) -> Stop {
+        let mut tick = quarter_lease(self.lease);
         let mut last_held = Instant::now();
         loop {
             // A round may outlast the silence a scan is allowed (a stalled call waits out its
@@ -62,7 +29,7 @@ impl<S: JobSource, M: MarkerStore> Keeper<'_, S, M> {
             let round = async {
                 tick.tick().await;
                 let sent = Instant::now();
-                (sent, self.renew(d, token, attempt).await)
+                (sent, self.renew(d, Some((token, attempt))).await)
             };
             let Ok((sent, renewal)) = tokio::time::timeout_at(silence_ends, round).await else {
                 return Stop::LeaseLost;
@@ -80,31 +47,23 @@ impl<S: JobSource, M: MarkerStore> Keeper<'_, S, M> {
         }
     }
 
-    fn renewal<'a>(
-        &self,
-        d: &Delivery<S::Handle>,
-        token: &'a str,
-        mine: u64,
-        now: UnixMillis,
-    ) -> MarkerAsk<'a> {
-        MarkerAsk {
+    /// Renews the delivery, then the marker of `attempt` if given: how the marker's renewal went.
+    async fn renew(&self, d: &Delivery<S::Handle>, attempt: Option<(&str, u64)>) -> Renewal {
+        if let Err(e) = self.source.extend(d).await {
+            tracing::warn!(error = %e, "cannot renew a job's lease");
+        }
+        let Some((token, mine)) = attempt else {
+            return Renewal::Unknown;
+        };
+        let ask = MarkerAsk {
             scan: d.job.scan_id,
             entry: None,
             token,
             mine,
             lease: self.lease,
-            now,
-        }
-    }
-
-    /// Renews the delivery, then the marker of attempt `attempt`: how the marker's renewal went.
-    async fn renew(&self, d: &Delivery<S::Handle>, token: &str, attempt: u64) -> Renewal {
-        if let Err(e) = self.source.extend(d).await {
-            tracing::warn!(error = %e, "cannot renew a job's lease");
-        }
-        let now = self.clock.now();
-        let claim = self.markers.claim(self.renewal(d, token, attempt, now));
-        match claim.await {
+            now: self.clock.now(),
+        };
+        match self.markers.claim(ask).await {
             Ok(schedule::MarkerClaim::Claimed(_)) => Renewal::Held,
             Ok(_) => Renewal::Lost,
             Err(e) => {
@@ -115,31 +74,30 @@ impl<S: JobSource, M: MarkerStore> Keeper<'_, S, M> {
     }
 
     /// `fut`, renewing the hold on `d` (and the marker of `attempt`, if given) every quarter lease.
-    pub async fn renewing<F: Future>(
-        self,
+    pub(super) async fn renewing<F: Future>(
+        &self,
         d: &Delivery<S::Handle>,
         attempt: Option<(&str, u64)>,
         fut: F,
     ) -> F::Output {
         let mut fut = std::pin::pin!(fut);
-        let mut tick = tokio::time::interval(self.lease / 4);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        tick.tick().await;
+        let mut tick = quarter_lease(self.lease);
         loop {
             tokio::select! {
                 out = &mut fut => return out,
+                // A done marker stays done: claim.lua never overwrites it.
                 _ = tick.tick() => {
-                    if let Err(e) = self.source.extend(d).await {
-                        tracing::warn!(error = %e, "cannot renew a job's lease");
-                    }
-                    if let Some((token, mine)) = attempt {
-                        let now = self.clock.now();
-                        // A done marker stays done: claim.lua never overwrites it.
-                        let renew = self.markers.claim(self.renewal(d, token, mine, now));
-                        let _ = renew.await;
-                    }
+                    self.renew(d, attempt).await;
                 }
             }
         }
     }
+}
+
+/// Ticks every quarter `lease`, the first a quarter lease from now.
+fn quarter_lease(lease: Duration) -> tokio::time::Interval {
+    let quarter = lease / 4;
+    let mut tick = tokio::time::interval_at(Instant::now() + quarter, quarter);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    tick
 }

@@ -9,6 +9,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::future::Future;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -16,6 +17,7 @@ use uuid::Uuid;
 
 use super::error::ConsumeError;
 use super::schedule::{self, Marker, MarkerClaim};
+use super::sync::lock;
 use crate::io::connection::Valkey;
 use crate::rules::hash_tag::tagged;
 use crate::rules::unix::UnixMillis;
@@ -89,6 +91,28 @@ pub fn durable_done(durable: bool) -> Result<(), ConsumeError> {
     }
 }
 
+/// Marker tokens, one per attempt, unique across processes: the consumer's name, a random id per
+/// process (a restarted consumer must not take its predecessor's live marker) and a count.
+pub struct Tokens {
+    prefix: String,
+    issued: AtomicU64,
+}
+
+impl Tokens {
+    pub fn new(consumer: String) -> Self {
+        Self {
+            prefix: format!("{consumer}:{}", uuid::Uuid::now_v7().simple()),
+            issued: AtomicU64::new(0),
+        }
+    }
+
+    /// The next token.
+    pub fn next(&self) -> String {
+        let n = self.issued.fetch_add(1, Ordering::Relaxed);
+        format!("{}:{n}", self.prefix)
+    }
+}
+
 /// Where markers live.
 #[derive(Clone)]
 pub enum Markers {
@@ -108,34 +132,21 @@ pub struct Local {
     done: VecDeque<Uuid>,
 }
 
-fn lock(local: &Mutex<Local>) -> Result<std::sync::MutexGuard<'_, Local>, ConsumeError> {
-    local
-        .lock()
-        .map_err(|_| ConsumeError::Setup("marker table poisoned".into()))
-}
-
 impl Markers {
-    /// Markers in Valkey, beside `key` (a stream key, or `sqs:<name>`).
-    pub fn valkey(valkey: Valkey, key: &str) -> Self {
+    /// Markers in Valkey, beside `key` (a stream key, or `sqs:<name>`); claims and done markers
+    /// wait until `wait` replicas hold them (`WAIT`).
+    pub fn valkey(valkey: Valkey, key: &str, wait: u32) -> Self {
         Self::Valkey {
             valkey,
             tag: tagged(key),
-            wait: 0,
+            wait,
         }
-    }
-
-    /// Claims and done markers wait until `replicas` replicas hold them (`WAIT`); local ones don't.
-    pub fn with_wait(mut self, replicas: u32) -> Self {
-        if let Self::Valkey { wait, .. } = &mut self {
-            *wait = replicas;
-        }
-        self
     }
 
     /// Markers in Valkey for the SQS queue `url`, the same ones the consumer function keeps.
-    pub fn of_sqs(valkey: Valkey, url: &str) -> Self {
+    pub fn of_sqs(valkey: Valkey, url: &str, wait: u32) -> Self {
         let name = super::source::sqs::queue_name(url);
-        Self::valkey(valkey, &format!("sqs:{name}"))
+        Self::valkey(valkey, &format!("sqs:{name}"), wait)
     }
 
     /// Markers in this process only.
@@ -151,7 +162,7 @@ impl Markers {
             .collect();
         Self::Local(Arc::new(Mutex::new(Local {
             markers,
-            done: VecDeque::new(),
+            ..Local::default()
         })))
     }
 
@@ -194,7 +205,7 @@ impl MarkerStore for Markers {
                 durable_claim(claim, mine, durable)
             }
             Self::Local(local) => {
-                let mut local = lock(local)?;
+                let mut local = lock(local);
                 let (current, attempts) = local
                     .markers
                     .get(&scan)
@@ -218,7 +229,7 @@ impl MarkerStore for Markers {
                 durable_done(durable)
             }
             Self::Local(local) => {
-                let mut local = lock(local)?;
+                let mut local = lock(local);
                 let attempts = local.markers.get(&scan).map_or(0, |m| m.1);
                 local.markers.insert(scan, (Marker::Done, attempts));
                 local.done.push_back(scan);
@@ -245,7 +256,7 @@ impl MarkerStore for Markers {
                     .map_err(ConsumeError::from)
             }
             Self::Local(local) => {
-                let mut local = lock(local)?;
+                let mut local = lock(local);
                 if let Some((current, attempts)) = local.markers.get(&scan).cloned() {
                     let next = schedule::release(&current, token);
                     local.markers.insert(scan, (next, attempts));

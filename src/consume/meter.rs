@@ -65,7 +65,7 @@ pub struct ConsumeMeter {
     handles: Handles,
     source: &'static str,
     held: Arc<AtomicI64>,
-    /// [`WAITING`] per lane, indexed by [`lane_index`].
+    /// [`WAITING`] per lane, indexed by [`Lane`] (`Within` first).
     waiting: Arc<[AtomicI64; 2]>,
 }
 
@@ -78,13 +78,6 @@ pub struct Waiting {
 impl Drop for Waiting {
     fn drop(&mut self) {
         self.meter.waiting_by(self.lane, -1);
-    }
-}
-
-fn lane_index(lane: Lane) -> usize {
-    match lane {
-        Lane::Within => 0,
-        Lane::Over => 1,
     }
 }
 
@@ -149,7 +142,7 @@ impl ConsumeMeter {
     }
 
     fn waiting_by(&self, lane: Lane, delta: i64) {
-        let now = self.waiting[lane_index(lane)].fetch_add(delta, Ordering::Relaxed) + delta;
+        let now = self.waiting[lane as usize].fetch_add(delta, Ordering::Relaxed) + delta;
         self.handles
             .gauge(WAITING, &self.lane(lane))
             .set(now as f64);

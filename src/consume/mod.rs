@@ -20,6 +20,7 @@ pub mod post;
 pub mod schedule;
 pub mod slots;
 pub mod source;
+pub mod sync;
 pub mod worker;
 
 use std::future::Future;
@@ -29,10 +30,8 @@ use std::time::Duration;
 use tokio::sync::{Semaphore, watch};
 use tokio::task::JoinSet;
 use tokio_util::task::AbortOnDropHandle;
-use tracing::Instrument;
-use tracing::field::display;
 
-use crate::config::Config;
+use crate::config::{Config, QueueTarget};
 use crate::io::connection::Valkey;
 use crate::io::eviction_watch::{Watch, until_refused};
 use crate::io::meter::emf::Sink;
@@ -41,41 +40,64 @@ use crate::io::queue::stream::lane_key;
 use crate::io::stdout::LineWriter;
 use crate::rules::job::Lane;
 use clock::QueueClock;
-use error::ConsumeError;
 use handoff::Handoff;
-use lease::Tokens;
-use marker::Markers;
+use marker::{Markers, Tokens};
 use meter::ConsumeMeter;
 use source::JobSource;
 use worker::Worker;
 
-pub use options::{ConsumeArgs, SourceSpec};
+pub use options::ConsumeArgs;
 
 /// How long killed hand-offs get to be reaped after the grace period.
 const KILL_WAIT: Duration = Duration::from_secs(5);
 
-fn valkey(config: &Config, timeout: Duration) -> Result<Option<Valkey>, ConsumeError> {
-    Valkey::from_config_within(config, timeout).map_err(|e| ConsumeError::Setup(e.to_string()))
+const LOCAL: crate::io::clock::Clock = crate::io::clock::Clock::System;
+
+/// A connection to `config`'s Valkey for marker and ack calls: the store's bound, with room for a
+/// busy machine.
+pub fn ops_valkey(config: &Config) -> Result<Option<Valkey>, String> {
+    let timeout = config.store.timeout.max(Duration::from_secs(1));
+    Valkey::from_config_within(config, timeout).map_err(|e| e.to_string())
+}
+
+/// `VALKEY_WAIT_REPLICAS`: the replicas a claim and a done marker must reach.
+fn wait_replicas(config: &Config) -> u32 {
+    config.store.valkey.as_ref().map_or(0, |v| v.wait_replicas)
+}
+
+/// The markers and clock of the SQS queue `url`: on `ops` if there is a Valkey, else kept in
+/// `alone` (the text a warning then ends with).
+pub fn sqs_markers(
+    ops: Option<Valkey>,
+    url: &str,
+    config: &Config,
+    alone: &str,
+) -> (Markers, Arc<QueueClock>) {
+    match ops {
+        Some(ops) => (
+            Markers::of_sqs(ops.clone(), url, wait_replicas(config)),
+            QueueClock::of_valkey(LOCAL, ops),
+        ),
+        None => {
+            tracing::warn!("no VALKEY_URL: scanId markers are kept in {alone}");
+            (Markers::local(), QueueClock::local(LOCAL))
+        }
+    }
 }
 
 /// Everything but the source that a consumer is built from.
 struct Parts {
     args: ConsumeArgs,
     handoff: Handoff,
-    consumer: String,
-    namespace: String,
-    /// `VALKEY_WAIT_REPLICAS`, for the markers.
-    wait_replicas: u32,
-    /// The quota Valkey's settings: its eviction check and stats interval.
-    store: crate::config::StoreConfig,
+    config: Config,
 }
 
 impl Parts {
     /// Starts the store's eviction watch: an evicting store loses jobs and markers too.
     async fn watch_store(&self, ops: &Valkey) -> Result<Watch, String> {
         let emf = (!self.args.no_emf).then(|| Sink::Background(LineWriter::stdout(), None));
-        let meter = StoreMeter::new(&self.namespace, Process::Consume, emf);
-        crate::io::eviction_watch::start(ops, &self.store, meter).await
+        let meter = StoreMeter::new(&self.config.metrics_namespace, Process::Consume, emf);
+        crate::io::eviction_watch::start(ops, &self.config.store, meter).await
     }
 }
 
@@ -90,51 +112,42 @@ pub async fn run(
     if let Some(addr) = args.metrics_listen {
         listen::serve_metrics(addr).await?;
     }
-    let spec = args.source(&config.queue)?;
-    let parts = Parts {
-        consumer: args.consumer_name(),
-        namespace: config.metrics_namespace.clone(),
-        wait_replicas: config.store.valkey.as_ref().map_or(0, |v| v.wait_replicas),
-        store: config.store.clone(),
-        handoff,
-        args,
-    };
-    // Marker and ack calls: the store's bound, with room for a busy machine.
-    let ops_timeout = config.store.timeout.max(Duration::from_secs(1));
-    let ops = valkey(&config, ops_timeout)?;
+    let target = args.source(&config.queue)?;
+    let ops = ops_valkey(&config)?;
     // Ready when the Valkey it reads or marks on answers (none for stdin).
-    let _health = match parts.args.health_listen {
+    let _health = match args.health_listen {
         Some(addr) => {
-            let probed = ops.clone().filter(|_| spec != SourceSpec::Stdin);
+            let probed = ops.clone().filter(|_| target != QueueTarget::Spool);
             Some(listen::serve_health(addr, probed).await?)
         }
         None => None,
     };
-    match spec {
-        SourceSpec::Stdin => {
-            let source = source::stdin::StdinSource::open(parts.args.journal.as_deref()).await?;
-            let markers = Markers::local_after(source.started_attempts());
+    let parts = Parts {
+        args,
+        handoff,
+        config,
+    };
+    match target {
+        QueueTarget::Spool => {
+            let journal = parts.args.journal.as_deref();
+            let (source, started) = source::stdin::StdinSource::open(journal).await?;
+            let markers = Markers::local_after(started);
             let clock = QueueClock::local(LOCAL);
             drive(vec![source], markers, clock, parts, shutdown).await
         }
-        SourceSpec::Stream(key) => {
-            let missing = || ConsumeError::Setup("a valkey-stream source needs VALKEY_URL".into());
+        QueueTarget::ValkeyStream(key) => {
+            let missing = || "a valkey-stream source needs VALKEY_URL".to_owned();
             let ops = ops.ok_or_else(missing)?;
             // A blocking read holds its connection: one per lane.
             let mut reads = Vec::new();
             for _ in 0..2 {
-                reads.push(valkey(&config, ops_timeout)?.ok_or_else(missing)?);
+                reads.push(ops_valkey(&parts.config)?.ok_or_else(missing)?);
             }
             run_stream(&key, reads, ops, parts, shutdown).await
         }
-        SourceSpec::Sqs(url) => {
-            let over = parts.args.over_lane(&config)?;
-            run_sqs(&url, over.as_deref(), ops, parts, shutdown).await
-        }
+        QueueTarget::Sqs(url) => run_sqs(&url, ops, parts, shutdown).await,
     }
 }
-
-const LOCAL: crate::io::clock::Clock = crate::io::clock::Clock::System;
 
 /// [`drive`] on the stream `key`'s two lanes ([`lane_key`]), each read on one of `reads`.
 async fn run_stream(
@@ -146,7 +159,7 @@ async fn run_stream(
 ) -> Result<(), String> {
     let watch = parts.watch_store(&ops).await?;
     let (shutdown, refusal) = until_refused(Some(watch), shutdown);
-    let (a, p) = (&parts.args, &parts.consumer);
+    let (a, p) = (&parts.args, &parts.args.consumer_name());
     let mut sources = Vec::new();
     for (lane, reads) in [Lane::Within, Lane::Over].into_iter().zip(reads) {
         let lane_key = lane_key(key, lane);
@@ -155,43 +168,31 @@ async fn run_stream(
         sources.push(source.await?);
     }
     crate::io::queue::stream::warn_without_persistence(&ops, key).await;
-    let markers = Markers::valkey(ops.clone(), key).with_wait(parts.wait_replicas);
+    let markers = Markers::valkey(ops.clone(), key, wait_replicas(&parts.config));
     let clock = QueueClock::of_valkey(LOCAL, ops);
     refusal.or(drive(sources, markers, clock, parts, shutdown).await)
 }
 
-/// [`drive`] on the SQS queue `url`, with markers and clock on `ops` if there is a Valkey.
+/// [`drive`] on the SQS queue `url` (and its over lane), with markers and clock on `ops` if any.
 async fn run_sqs(
     url: &str,
-    over: Option<&str>,
     ops: Option<Valkey>,
     parts: Parts,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), String> {
+    let over = parts.args.over_lane(&parts.config)?;
     let sdk = aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await;
-    let lease = parts.args.lease;
-    let lanes = std::iter::once(url).chain(over);
+    let lanes = std::iter::once(url).chain(over.as_deref());
     let sources = lanes
-        .map(|url| source::sqs::SqsSource::new(&sdk, url, lease))
+        .map(|url| source::sqs::SqsSource::new(&sdk, url, parts.args.lease))
         .collect();
     let watch = match &ops {
         Some(ops) => Some(parts.watch_store(ops).await?),
         None => None,
     };
     let (shutdown, refusal) = until_refused(watch, shutdown);
-    let (markers, clock) = match ops {
-        Some(ops) => (
-            Markers::of_sqs(ops.clone(), url).with_wait(parts.wait_replicas),
-            QueueClock::of_valkey(LOCAL, ops),
-        ),
-        None => {
-            tracing::warn!(
-                "no VALKEY_URL: scanId markers are kept in this process only; \
-                 a message SQS delivers twice to two consumers may run twice"
-            );
-            (Markers::local(), QueueClock::local(LOCAL))
-        }
-    };
+    let alone = "this process only; a message SQS delivers twice to two consumers may run twice";
+    let (markers, clock) = sqs_markers(ops, url, &parts.config, alone);
     refusal.or(drive(sources, markers, clock, parts, shutdown).await)
 }
 
@@ -206,16 +207,15 @@ async fn drive<S: JobSource>(
     let Parts {
         args,
         handoff,
-        consumer,
-        namespace,
-        ..
+        config,
     } = parts;
+    let consumer = args.consumer_name();
     if let Err(e) = clock.sync().await {
         tracing::warn!(error = %e, "cannot read Valkey's clock yet; timing by this machine's until it answers");
     }
     let _sync = AbortOnDropHandle::new(tokio::spawn(clock.clone().keep_in_sync()));
     let name = sources.first().map_or("none", JobSource::name);
-    let meter = ConsumeMeter::new(&namespace, name, !args.no_emf);
+    let meter = ConsumeMeter::new(&config.metrics_namespace, name, !args.no_emf);
     let (stop, stopping) = watch::channel(false);
     let (kill, killing) = watch::channel(false);
     let _signal = AbortOnDropHandle::new(tokio::spawn(async move {
@@ -268,9 +268,9 @@ pub async fn intake<S: JobSource, X: handoff::Scanner, M: marker::MarkerStore>(
     loop {
         while tasks.try_join_next().is_some() {}
         let read = async {
-            let permits = room.clone().acquire_many_owned(1).await;
+            let permit = room.clone().acquire_owned().await;
             let free = room.available_permits() + 1;
-            (permits, worker.source.next(free.min(64)).await)
+            (permit, worker.source.next(free.min(64)).await)
         };
         // Stopping first: once it is on, nothing more is read.
         let (first, next) = tokio::select! {
@@ -297,20 +297,14 @@ pub async fn intake<S: JobSource, X: handoff::Scanner, M: marker::MarkerStore>(
         };
         let mut first = first.ok();
         for d in deliveries {
-            let permit = match first.take() {
-                Some(p) => Some(p),
-                None => room.clone().try_acquire_owned().ok(),
-            };
+            let permit = first
+                .take()
+                .or_else(|| room.clone().try_acquire_owned().ok());
             let worker = worker.clone();
-            let trace_id = d.job.trace.as_ref().map(|t| display(t.trace_id));
-            let span = tracing::info_span!("job", scanId = %d.job.scan_id, traceId = trace_id);
-            tasks.spawn(
-                async move {
-                    let _permit = permit;
-                    worker.process(d).await;
-                }
-                .instrument(span),
-            );
+            tasks.spawn(async move {
+                let _permit = permit;
+                worker.process(d).await;
+            });
         }
     }
 }

@@ -87,15 +87,15 @@ const BACKOFF_CAP: Duration = Duration::from_secs(300);
 
 impl ConsumeArgs {
     /// `--from`, else the gate's own queue; a `--journal` only with the spool.
-    pub fn source(&self, queue: &QueueTarget) -> Result<SourceSpec, String> {
-        let spec = SourceSpec::resolve(self.from.as_deref(), queue)?;
-        if self.journal.is_some() && spec != SourceSpec::Stdin {
+    pub fn source(&self, queue: &QueueTarget) -> Result<QueueTarget, String> {
+        let target = resolve(self.from.as_deref(), queue)?;
+        if self.journal.is_some() && target != QueueTarget::Spool {
             return Err("--journal is for --from - (the spool) only".into());
         }
-        if self.from_over.is_some() && !matches!(spec, SourceSpec::Sqs(_)) {
+        if self.from_over.is_some() && !matches!(target, QueueTarget::Sqs(_)) {
             return Err("--from-over is for an SQS queue only (a stream has its lanes)".into());
         }
-        Ok(spec)
+        Ok(target)
     }
 
     /// The scanner `--exec` or `--post` names, once `--lease` is checked.
@@ -140,27 +140,12 @@ impl ConsumeArgs {
     }
 }
 
-/// What `--from` (or `SCAN_QUEUE_URL`) names.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum SourceSpec {
-    Stdin,
-    Stream(String),
-    Sqs(String),
-}
-
-impl SourceSpec {
-    /// `--from`, else the gate's own queue.
-    pub fn resolve(from: Option<&str>, queue: &QueueTarget) -> Result<Self, String> {
-        let target = match from {
-            None => queue.clone(),
-            Some("-") => QueueTarget::Spool,
-            Some(s) => QueueTarget::from_url(s).map_err(|e| format!("--from {s}: {e}, or -"))?,
-        };
-        Ok(match target {
-            QueueTarget::Spool => Self::Stdin,
-            QueueTarget::ValkeyStream(key) => Self::Stream(key),
-            QueueTarget::Sqs(url) => Self::Sqs(url),
-        })
+/// What `--from` names, else the gate's own queue.
+fn resolve(from: Option<&str>, queue: &QueueTarget) -> Result<QueueTarget, String> {
+    match from {
+        None => Ok(queue.clone()),
+        Some("-") => Ok(QueueTarget::Spool),
+        Some(s) => QueueTarget::from_url(s).map_err(|e| format!("--from {s}: {e}, or -")),
     }
 }
 
@@ -192,28 +177,22 @@ mod tests {
     fn sources() {
         let sqs = "https://sqs.us-east-1.amazonaws.com/1/scans";
         let stream = QueueTarget::ValkeyStream("jobs".into());
+        assert_eq!(resolve(None, &QueueTarget::Spool), Ok(QueueTarget::Spool));
         assert_eq!(
-            SourceSpec::resolve(None, &QueueTarget::Spool),
-            Ok(SourceSpec::Stdin)
+            resolve(None, &stream),
+            Ok(QueueTarget::ValkeyStream("jobs".into()))
+        );
+        assert_eq!(resolve(Some("-"), &stream), Ok(QueueTarget::Spool));
+        assert_eq!(
+            resolve(Some(sqs), &stream),
+            Ok(QueueTarget::Sqs(sqs.into()))
         );
         assert_eq!(
-            SourceSpec::resolve(None, &stream),
-            Ok(SourceSpec::Stream("jobs".into()))
+            resolve(Some("valkey-stream:a{b}"), &QueueTarget::Spool),
+            Ok(QueueTarget::ValkeyStream("a{b}".into()))
         );
-        assert_eq!(
-            SourceSpec::resolve(Some("-"), &stream),
-            Ok(SourceSpec::Stdin)
-        );
-        assert_eq!(
-            SourceSpec::resolve(Some(sqs), &stream),
-            Ok(SourceSpec::Sqs(sqs.into()))
-        );
-        assert_eq!(
-            SourceSpec::resolve(Some("valkey-stream:a{b}"), &QueueTarget::Spool),
-            Ok(SourceSpec::Stream("a{b}".into()))
-        );
-        assert!(SourceSpec::resolve(Some("valkey-stream:"), &stream).is_err());
-        assert!(SourceSpec::resolve(Some("ftp://x"), &stream).is_err());
+        assert!(resolve(Some("valkey-stream:"), &stream).is_err());
+        assert!(resolve(Some("ftp://x"), &stream).is_err());
     }
 
     #[derive(Debug, clap::Parser)]

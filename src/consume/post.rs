@@ -16,16 +16,10 @@ use super::source::Delivery;
 use crate::rules::trace::{TRACEPARENT, TRACESTATE, TraceContext, XRAY_HEADER};
 
 /// `--post`'s scanner: its URL and the client that reaches it, built once.
-#[derive(Clone)]
+#[derive(Clone, Debug)]
 pub struct Post {
     uri: http::Uri,
     client: Client<HttpsConnector<HttpConnector>, Full<Bytes>>,
-}
-
-impl std::fmt::Debug for Post {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_tuple("Post").field(&self.uri).finish()
-    }
 }
 
 impl Post {
@@ -52,59 +46,7 @@ impl Post {
         let client = Client::builder(TokioExecutor::new()).build(connector);
         Ok(Self { uri, client })
     }
-}
 
-/// rustls on aws-lc-rs, trusting `ca`'s certificates, else the platform's (none for plain HTTP).
-fn tls_config(https: bool, ca: Option<&Path>) -> Result<rustls::ClientConfig, String> {
-    let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
-    let builder = rustls::ClientConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .map_err(|e| format!("--post: {e}"))?;
-    let builder = match (https, ca) {
-        (true, Some(path)) => builder.with_root_certificates(roots_of(path)?),
-        (true, None) => builder.with_native_roots().map_err(|e| {
-            format!("--post: no CA certificates on this platform ({e}); give --post-ca")
-        })?,
-        (false, _) => builder.with_root_certificates(rustls::RootCertStore::empty()),
-    };
-    Ok(builder.with_no_client_auth())
-}
-
-/// The CA certificates of the PEM file at `path`; one unreadable or holding none stops the start.
-fn roots_of(path: &Path) -> Result<rustls::RootCertStore, String> {
-    use rustls::pki_types::{CertificateDer, pem::PemObject};
-    let shown = path.display();
-    let pem = std::fs::read(path).map_err(|e| format!("--post-ca {shown}: {e}"))?;
-    let mut roots = rustls::RootCertStore::empty();
-    for cert in CertificateDer::pem_slice_iter(&pem) {
-        let cert = cert.map_err(|e| format!("--post-ca {shown}: {e}"))?;
-        roots
-            .add(cert)
-            .map_err(|e| format!("--post-ca {shown}: {e}"))?;
-    }
-    if roots.is_empty() {
-        return Err(format!("--post-ca {shown}: holds no PEM certificate"));
-    }
-    Ok(roots)
-}
-
-/// The job's trace as the request's `traceparent`, `tracestate` and `x-amzn-trace-id` headers.
-fn trace_headers(
-    mut request: http::request::Builder,
-    trace: Option<&TraceContext>,
-) -> http::request::Builder {
-    if let Some(trace) = trace {
-        request = request
-            .header(TRACEPARENT, trace.traceparent().as_str())
-            .header(XRAY_HEADER, trace.xray_header().as_str());
-        if let Some(state) = trace.tracestate() {
-            request = request.header(TRACESTATE, state);
-        }
-    }
-    request
-}
-
-impl Post {
     /// POSTs `d`'s job as attempt `attempt`; `Ok` on a 2xx.
     pub async fn send<H>(&self, d: &Delivery<H>, attempt: u64) -> Result<(), String> {
         let request = http::Request::post(self.uri.clone())
@@ -130,14 +72,58 @@ impl Post {
     }
 }
 
+/// rustls on aws-lc-rs, trusting `ca`'s certificates, else the platform's (none for plain HTTP).
+fn tls_config(https: bool, ca: Option<&Path>) -> Result<rustls::ClientConfig, String> {
+    let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
+    let builder = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| format!("--post: {e}"))?;
+    let builder = match (https, ca) {
+        (true, Some(path)) => builder.with_root_certificates(roots_of(path)?),
+        (true, None) => builder.with_native_roots().map_err(|e| {
+            format!("--post: no CA certificates on this platform ({e}); give --post-ca")
+        })?,
+        (false, _) => builder.with_root_certificates(rustls::RootCertStore::empty()),
+    };
+    Ok(builder.with_no_client_auth())
+}
+
+/// The CA certificates of the PEM file at `path`; one unreadable or holding none stops the start.
+fn roots_of(path: &Path) -> Result<rustls::RootCertStore, String> {
+    use rustls::pki_types::{CertificateDer, pem::PemObject};
+    let bad = |e: &dyn std::fmt::Display| format!("--post-ca {}: {e}", path.display());
+    let pem = std::fs::read(path).map_err(|e| bad(&e))?;
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in CertificateDer::pem_slice_iter(&pem) {
+        roots.add(cert.map_err(|e| bad(&e))?).map_err(|e| bad(&e))?;
+    }
+    if roots.is_empty() {
+        return Err(bad(&"holds no PEM certificate"));
+    }
+    Ok(roots)
+}
+
+/// The job's trace as the request's `traceparent`, `tracestate` and `x-amzn-trace-id` headers.
+fn trace_headers(
+    mut request: http::request::Builder,
+    trace: Option<&TraceContext>,
+) -> http::request::Builder {
+    if let Some(trace) = trace {
+        request = request
+            .header(TRACEPARENT, trace.traceparent().as_str())
+            .header(XRAY_HEADER, trace.xray_header().as_str());
+        if let Some(state) = trace.tracestate() {
+            request = request.header(TRACESTATE, state);
+        }
+    }
+    request
+}
+
 /// An error and its causes in one line: the client's own says only "client error (Connect)".
 fn causes(e: &(dyn std::error::Error + 'static)) -> String {
-    let mut line = e.to_string();
-    let mut source = e.source();
-    while let Some(cause) = source {
-        line.push_str(": ");
-        line.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    line
+    let chain = std::iter::successors(Some(e), |e| e.source());
+    chain
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join(": ")
 }

@@ -56,24 +56,17 @@ impl RetryPolicy {
 }
 
 /// Why a running scan was stopped by the consumer (not by the scanner).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum Stop {
     /// It ran past `--scan-timeout`: a failed attempt, retried with backoff.
+    #[error("scan timeout")]
     Timeout,
     /// Its marker was lost (another attempt's, done, or not renewed for ¾ of a lease).
+    #[error("lease lost")]
     LeaseLost,
     /// `SIGTERM`'s grace period ended.
+    #[error("shutdown grace over")]
     Shutdown,
-}
-
-impl std::fmt::Display for Stop {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            Self::Timeout => "scan timeout",
-            Self::LeaseLost => "lease lost",
-            Self::Shutdown => "shutdown grace over",
-        })
-    }
 }
 
 /// How one hand-off ended, as the rule after it sees it.
@@ -85,16 +78,6 @@ pub enum HandOff {
     Refused,
     /// The consumer stopped it.
     Stopped(Stop),
-}
-
-impl HandOff {
-    pub const ALL: [Self; 5] = [
-        Self::Took,
-        Self::Refused,
-        Self::Stopped(Stop::Timeout),
-        Self::Stopped(Stop::LeaseLost),
-        Self::Stopped(Stop::Shutdown),
-    ];
 }
 
 /// What the worker does after a hand-off: `Release…` frees the marker until done (the scanner is
@@ -230,26 +213,6 @@ pub fn release(marker: &Marker, token: &str) -> Marker {
     }
 }
 
-/// What a consumer does about a marker it could not claim.
-pub fn on_claim(claim: MarkerClaim, lease: Duration) -> Step {
-    match claim {
-        MarkerClaim::Claimed(attempt) => Step::Run(attempt),
-        MarkerClaim::Done => Step::AckDuplicate,
-        MarkerClaim::Busy => Step::Later(come_back(lease)),
-        MarkerClaim::Gone => Step::Drop,
-    }
-}
-
-/// The step a claim leads to.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Step {
-    Run(u64),
-    AckDuplicate,
-    Later(Duration),
-    /// Let go without running: the job is gone from its queue.
-    Drop,
-}
-
 /// How one renewal of a running scan's marker went.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Renewal {
@@ -368,7 +331,14 @@ mod tests {
                 "{ended:?} after {failures} failures, limit {max}"
             );
         }
-        for ended in HandOff::ALL {
+        let all = [
+            Took,
+            Refused,
+            Stopped(Stop::Timeout),
+            Stopped(Stop::LeaseLost),
+            Stopped(Stop::Shutdown),
+        ];
+        for ended in all {
             assert!(
                 table.iter().any(|row| row.0 == ended),
                 "{ended:?} not in the table"
@@ -415,10 +385,7 @@ mod tests {
         assert_eq!(release(&held, "b"), held);
         assert_eq!(release(&held, "a"), Marker::Free);
         assert_eq!(release(&Marker::Done, "a"), Marker::Done);
-        let lease = Duration::from_secs(4);
-        assert_eq!(on_claim(MarkerClaim::Claimed(2), lease), Step::Run(2));
-        assert_eq!(on_claim(MarkerClaim::Done, lease), Step::AckDuplicate);
-        assert_eq!(on_claim(MarkerClaim::Busy, lease), Step::Later(lease / 2));
+        assert_eq!(come_back(Duration::from_secs(4)), Duration::from_secs(2));
     }
 
     /// A running scan stops when its marker is lost, or when ¾ of a lease

@@ -5,10 +5,11 @@
 //! [`next_lane`] is the rule; [`RunSlots`] hands a freed slot straight to the waiter it picks.
 
 use std::collections::VecDeque;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 
 use tokio::sync::oneshot;
 
+use super::sync::lock;
 use crate::rules::job::Lane;
 
 /// Which lane the next free slot goes to: `None` when nobody waits. `since_over` counts the starts
@@ -29,6 +30,7 @@ pub fn next_lane(
 
 type Waiter = oneshot::Sender<Slot>;
 
+#[derive(Default)]
 struct State {
     free: usize,
     within: VecDeque<Waiter>,
@@ -109,24 +111,17 @@ impl RunSlots {
         Arc::new(Self {
             state: Mutex::new(State {
                 free: slots,
-                within: VecDeque::new(),
-                over: VecDeque::new(),
-                since_over: 0,
+                ..State::default()
             }),
             over_every: over_every.max(1),
         })
-    }
-
-    fn lock(&self) -> MutexGuard<'_, State> {
-        // Every change is one push, pop or count, so a poisoned lock's state is still sound.
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// A slot for a due job of `lane` and `tenant`: at once if one is free and nobody waits, else
     /// when the rule picks it. Dropping the future leaves the line.
     pub async fn acquire(self: &Arc<Self>, lane: Lane, tenant: &str) -> Slot {
         let handed = {
-            let mut state = self.lock();
+            let mut state = lock(&self.state);
             if state.free > 0 && !state.waiting() {
                 state.free -= 1;
                 return Slot(self.clone());
@@ -146,7 +141,7 @@ impl RunSlots {
     fn release(self: &Arc<Self>) {
         loop {
             let waiter = {
-                let mut state = self.lock();
+                let mut state = lock(&self.state);
                 match state.next(self.over_every) {
                     Some(waiter) => waiter,
                     None => {

@@ -9,14 +9,15 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::watch;
+use tracing::Instrument;
+use tracing::field::display;
 
 use super::clock::QueueClock;
 use super::error::ConsumeError;
-use super::handoff::{Attempt, Ended, Scanner, error_of, hand_off_of};
-use super::lease::{Keeper, Tokens};
-use super::marker::{MarkerAsk, MarkerStore, Markers};
+use super::handoff::{Attempt, Ended, Scanner, hand_off_of};
+use super::marker::{MarkerAsk, MarkerStore, Markers, Tokens};
 use super::meter::{ConsumeMeter, Event};
-use super::schedule::{self, Due, Next, RetryPolicy, Step, Stop};
+use super::schedule::{self, Due, MarkerClaim, Next, RetryPolicy, Stop};
 use super::slots::RunSlots;
 use super::source::{Delivery, GivenUp, JobSource};
 
@@ -45,11 +46,6 @@ pub struct Worker<S: JobSource, X: Scanner, M: MarkerStore = Markers> {
     pub tokens: Tokens,
 }
 
-enum Waited<T> {
-    Done(T),
-    Stopping,
-}
-
 /// Whether a job waits for its `notBefore` (metered as held) or for a busy marker or a backoff.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Held {
@@ -65,15 +61,6 @@ struct Run<'a> {
 }
 
 impl<S: JobSource, X: Scanner, M: MarkerStore> Worker<S, X, M> {
-    fn keeper(&self) -> Keeper<'_, S, M> {
-        Keeper {
-            source: &self.source,
-            markers: &self.markers,
-            clock: &self.clock,
-            lease: self.lease,
-        }
-    }
-
     fn due(&self, d: &Delivery<S::Handle>) -> Due {
         Due {
             not_before: d.job.not_before_at(),
@@ -81,8 +68,15 @@ impl<S: JobSource, X: Scanner, M: MarkerStore> Worker<S, X, M> {
         }
     }
 
-    /// Runs `d` to its end: acked, dead-lettered, handed back to the queue, or given back on stop.
+    /// Runs `d` to its end (acked, dead-lettered, handed back to the queue, or given back on stop)
+    /// in a span that names its `scanId` and trace.
     pub async fn process(&self, d: Delivery<S::Handle>) {
+        let trace_id = d.job.trace.as_ref().map(|t| display(t.trace_id));
+        let span = tracing::info_span!("job", scanId = %d.job.scan_id, traceId = trace_id);
+        let _ = self.run_to_end(d).instrument(span).await;
+    }
+
+    async fn run_to_end(&self, d: Delivery<S::Handle>) -> ControlFlow<()> {
         let mut failures = 0;
         // One token per attempt: a claim that timed out but landed is this task's own, so its retry
         // gets in. Each run takes a new token: its claim is a new attempt even past a late renewal.
@@ -90,31 +84,29 @@ impl<S: JobSource, X: Scanner, M: MarkerStore> Worker<S, X, M> {
         loop {
             let wait = self.due(&d).hold();
             if !wait.is_zero() {
-                if self.later(&d, wait, Held::ForNotBefore).await.is_break() {
-                    return;
-                }
+                self.later(&d, wait, Held::ForNotBefore).await?;
                 continue;
             }
             let waiting = self.meter.waiting(d.job.lane());
             let slot = self.run_slots.acquire(d.job.lane(), d.job.tenant());
             let slot = self.unless_stopping(slot).await;
             drop(waiting);
-            let Waited::Done(slot) = slot else {
-                return self.source.give_back(&d, Duration::ZERO).await;
+            let Some(slot) = slot else {
+                self.source.give_back(&d, Duration::ZERO).await;
+                return Break(());
             };
-            let Some(step) = self.claim(&d, &token).await else {
+            let Some(claim) = self.claim(&d, &token).await else {
                 drop(slot);
                 tokio::time::sleep(STORE_RETRY).await;
                 continue;
             };
-            let number = match step {
-                Step::Run(number) => number,
-                Step::AckDuplicate | Step::Drop => return self.let_go(&d, step).await,
-                Step::Later(after) => {
+            let number = match claim {
+                MarkerClaim::Claimed(number) => number,
+                MarkerClaim::Done | MarkerClaim::Gone => return self.let_go(&d, claim).await,
+                MarkerClaim::Busy => {
                     drop(slot);
-                    if self.later(&d, after, Held::Otherwise).await.is_break() {
-                        return;
-                    }
+                    let after = schedule::come_back(self.lease);
+                    self.later(&d, after, Held::Otherwise).await?;
                     continue;
                 }
             };
@@ -124,13 +116,7 @@ impl<S: JobSource, X: Scanner, M: MarkerStore> Worker<S, X, M> {
             };
             let ended = self.hand_off(&d, run).await;
             drop(slot);
-            if self
-                .carry_out(&d, run, &ended, &mut failures)
-                .await
-                .is_break()
-            {
-                return;
-            }
+            self.carry_out(&d, run, &ended, &mut failures).await?;
             if !crate::bug!(SameTokenAfterLostLease) {
                 token = self.tokens.next();
             }
@@ -138,8 +124,8 @@ impl<S: JobSource, X: Scanner, M: MarkerStore> Worker<S, X, M> {
     }
 
     /// Lets go of a job not to run: a duplicate, or one whose entry is gone from its stream.
-    async fn let_go(&self, d: &Delivery<S::Handle>, step: Step) {
-        if step == Step::AckDuplicate {
+    async fn let_go(&self, d: &Delivery<S::Handle>, claim: MarkerClaim) -> ControlFlow<()> {
+        if claim == MarkerClaim::Done {
             self.meter.record(Event::Duplicate);
         } else {
             tracing::warn!(
@@ -148,11 +134,12 @@ impl<S: JobSource, X: Scanner, M: MarkerStore> Worker<S, X, M> {
                  not run; the gate's retry of its key queues it again"
             );
         }
-        self.ack(d).await
+        self.ack(d).await;
+        Break(())
     }
 
     /// Claims `d`'s marker for a new attempt under `token`; `None` if Valkey did not answer.
-    async fn claim(&self, d: &Delivery<S::Handle>, token: &str) -> Option<Step> {
+    async fn claim(&self, d: &Delivery<S::Handle>, token: &str) -> Option<MarkerClaim> {
         let now = self.clock.now();
         let ask = MarkerAsk {
             scan: d.job.scan_id,
@@ -162,13 +149,12 @@ impl<S: JobSource, X: Scanner, M: MarkerStore> Worker<S, X, M> {
             lease: self.lease,
             now,
         };
-        match self.markers.claim(ask).await {
-            Ok(claim) => Some(schedule::on_claim(claim, self.lease)),
-            Err(e) => {
-                tracing::warn!(error = %e, "cannot claim a scan's marker; trying again");
-                None
-            }
-        }
+        let claim = self.markers.claim(ask).await;
+        claim
+            .inspect_err(
+                |e| tracing::warn!(error = %e, "cannot claim a scan's marker; trying again"),
+            )
+            .ok()
     }
 
     /// Carries out [`schedule::after_hand_off`]'s answer: `Continue` runs the job again here.
@@ -181,10 +167,12 @@ impl<S: JobSource, X: Scanner, M: MarkerStore> Worker<S, X, M> {
     ) -> ControlFlow<()> {
         let next =
             schedule::after_hand_off(hand_off_of(ended), *failures, &self.policy, self.lease);
-        if let Next::ReleaseThenRetry { failures: n, .. } = next {
+        if let Next::ReleaseThenRetry { failures: n, .. }
+        | Next::ReleaseThenDeadLetter { failures: n } = next
+        {
             *failures = n;
         }
-        self.record_end(d, run, ended, next);
+        self.record_end(d, run, ended, *failures);
         let scan = d.job.scan_id;
         let release = || self.markers.release(scan, run.token);
         match next {
@@ -211,7 +199,8 @@ impl<S: JobSource, X: Scanner, M: MarkerStore> Worker<S, X, M> {
             Next::ReleaseThenDeadLetter { failures } => {
                 self.until_ok("release", release).await;
                 self.meter.record(Event::DeadLettered);
-                let error = &error_of(ended);
+                let error = &ended.as_ref().err().map(Ended::to_string);
+                let error = error.as_deref().unwrap_or_default();
                 let why = GivenUp { failures, error };
                 self.until_ok("dead-letter", || self.source.dead_letter(d, why))
                     .await;
@@ -225,7 +214,7 @@ impl<S: JobSource, X: Scanner, M: MarkerStore> Worker<S, X, M> {
         d: &Delivery<S::Handle>,
         run: Run<'_>,
         ended: &Result<(), Ended>,
-        next: Next,
+        failures: u32,
     ) {
         let (scan_id, attempt) = (d.job.scan_id, run.number);
         match ended {
@@ -240,11 +229,6 @@ impl<S: JobSource, X: Scanner, M: MarkerStore> Worker<S, X, M> {
                     self.meter.record(Event::TimedOut);
                 }
                 self.meter.record(Event::Failed);
-                let failures = match next {
-                    Next::ReleaseThenRetry { failures, .. }
-                    | Next::ReleaseThenDeadLetter { failures } => failures,
-                    _ => 0,
-                };
                 tracing::warn!(%scan_id, attempt, failures, error = %e, "scan failed");
             }
         }
@@ -264,11 +248,11 @@ impl<S: JobSource, X: Scanner, M: MarkerStore> Worker<S, X, M> {
             self.meter.held(1);
         }
         let wait = self.unless_stopping(tokio::time::sleep(after));
-        let waited = self.keeper().renewing(d, None, wait).await;
+        let waited = self.renewing(d, None, wait).await;
         if metered {
             self.meter.held(-1);
         }
-        if let Waited::Stopping = waited {
+        if waited.is_none() {
             self.source.give_back(d, self.due(d).hold()).await;
             return Break(());
         }
@@ -285,7 +269,7 @@ impl<S: JobSource, X: Scanner, M: MarkerStore> Worker<S, X, M> {
         let stop = async {
             tokio::select! {
                 () = tokio::time::sleep(self.scan_timeout) => Stop::Timeout,
-                stop = self.keeper().watch(d, run.token, run.number) => stop,
+                stop = self.watch(d, run.token, run.number) => stop,
                 _ = killing.wait_for(|k| *k) => Stop::Shutdown,
             }
         };
@@ -305,7 +289,7 @@ impl<S: JobSource, X: Scanner, M: MarkerStore> Worker<S, X, M> {
         }
         let done = self.until_ok("mark done", || self.markers.done(scan));
         let renewing = Some((run.token, run.number));
-        self.keeper().renewing(d, renewing, done).await;
+        self.renewing(d, renewing, done).await;
     }
 
     /// Acknowledges `d`, trying for one lease at most: a redelivery then finds its done marker.
@@ -345,14 +329,14 @@ impl<S: JobSource, X: Scanner, M: MarkerStore> Worker<S, X, M> {
         }
     }
 
-    /// `fut`, unless the consumer starts stopping first.
-    async fn unless_stopping<F: Future>(&self, fut: F) -> Waited<F::Output> {
+    /// `fut`, unless the consumer starts stopping first (`None`).
+    async fn unless_stopping<F: Future>(&self, fut: F) -> Option<F::Output> {
         let mut stopping = self.stopping.clone();
         // Stopping first: once it is on, no new hand-off starts.
         tokio::select! {
             biased;
-            _ = stopping.wait_for(|s| *s) => Waited::Stopping,
-            out = fut => Waited::Done(out),
+            _ = stopping.wait_for(|s| *s) => None,
+            out = fut => Some(out),
         }
     }
 }

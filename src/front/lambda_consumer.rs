@@ -8,20 +8,17 @@ use std::time::Duration;
 
 use lambda_runtime::{LambdaEvent, service_fn};
 use tokio::sync::watch;
-use tracing::Instrument;
-use tracing::field::display;
 
 use crate::config::{Config, QueueTarget};
 use crate::consume::clock::QueueClock;
 use crate::consume::handoff::Handoff;
-use crate::consume::lease::Tokens;
-use crate::consume::marker::Markers;
+use crate::consume::marker::{Markers, Tokens};
 use crate::consume::meter::ConsumeMeter;
 use crate::consume::schedule::RetryPolicy;
 use crate::consume::slots::RunSlots;
-use crate::consume::source::sqs_batch::{BatchResponse, Lanes, SOURCE, SqsBatch, SqsEvent};
+use crate::consume::source::sqs::SqsSource;
+use crate::consume::source::sqs_batch::{BatchResponse, SOURCE, SqsBatch, SqsEvent};
 use crate::consume::worker::Worker;
-use crate::io::connection::Valkey;
 
 /// Which handler the `bootstrap` binary serves.
 pub const ROLE: &str = "QUOTA_ROLE";
@@ -59,7 +56,8 @@ impl Role {
 
 /// The consumer function's parts, built once per cold start.
 pub struct Consumer {
-    lanes: Arc<Lanes>,
+    /// The queues it reads: the scan queue and the over lane's.
+    lanes: Arc<[SqsSource]>,
     markers: Markers,
     clock: Arc<QueueClock>,
     scanner: Handoff,
@@ -95,24 +93,10 @@ impl Consumer {
             ));
         };
         let urls = std::iter::once(within.as_str()).chain(config.queue_over.as_deref());
-        let lanes = Arc::new(Lanes::new(sdk, urls, LEASE));
-        let timeout = config.store.timeout.max(Duration::from_secs(1));
-        let ops = Valkey::from_config_within(config, timeout).map_err(|e| e.to_string())?;
-        let local = crate::io::clock::Clock::System;
-        let (markers, clock) = match ops {
-            Some(ops) => {
-                let wait = config.store.valkey.as_ref().map_or(0, |v| v.wait_replicas);
-                let markers = Markers::of_sqs(ops.clone(), within).with_wait(wait);
-                (markers, QueueClock::of_valkey(local, ops))
-            }
-            None => {
-                tracing::warn!(
-                    "no VALKEY_URL: scanId markers are kept in this environment only; \
-                     a message SQS delivers twice may run twice"
-                );
-                (Markers::local(), QueueClock::local(local))
-            }
-        };
+        let lanes = urls.map(|url| SqsSource::new(sdk, url, LEASE)).collect();
+        let ops = crate::consume::ops_valkey(config)?;
+        let alone = "this environment only; a message SQS delivers twice may run twice";
+        let (markers, clock) = crate::consume::sqs_markers(ops, within, config, alone);
         Ok(Self {
             lanes,
             markers,
@@ -132,11 +116,8 @@ impl Consumer {
         let deliveries = source.deliveries(event.records);
         let (stop, stopping) = watch::channel(false);
         let worker = self.worker(source, deliveries.len(), stopping);
-        let runs = futures_util::future::join_all(deliveries.into_iter().map(|d| {
-            let trace_id = d.job.trace.as_ref().map(|t| display(t.trace_id));
-            let span = tracing::info_span!("job", scanId = %d.job.scan_id, traceId = trace_id);
-            worker.process(d).instrument(span)
-        }));
+        let runs =
+            futures_util::future::join_all(deliveries.into_iter().map(|d| worker.process(d)));
         let deadline = async move {
             match remaining {
                 Some(left) => tokio::time::sleep(left.saturating_sub(STOP_BEFORE_DEADLINE)).await,

@@ -51,7 +51,7 @@ async fn claim(stores: &[Markers; 2], scan: Uuid, token: &str, mine: u64) -> Mar
 async fn valkey_markers_follow_the_rule() {
     let server = ValkeyServer::start();
     let valkey = Valkey::new(&server.url(), false, Duration::from_secs(2)).unwrap();
-    let stores = [Markers::valkey(valkey, "jobs"), Markers::local()];
+    let stores = [Markers::valkey(valkey, "jobs", 0), Markers::local()];
     let scan = Uuid::now_v7();
     let sleep = || tokio::time::sleep(PAST_LEASE);
     assert_eq!(claim(&stores, scan, "a", 0).await, Claimed(1));
@@ -93,7 +93,7 @@ async fn valkey_markers_follow_the_rule() {
 async fn a_job_whose_entry_is_gone_is_not_run() {
     let server = ValkeyServer::start();
     let valkey = Valkey::new(&server.url(), false, Duration::from_secs(2)).unwrap();
-    let markers = Markers::valkey(valkey, "jobs");
+    let markers = Markers::valkey(valkey, "jobs", 0);
     let mut c = server.client().await;
     let entry: String = redis::cmd("XADD")
         .arg("jobs")

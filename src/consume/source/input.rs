@@ -8,12 +8,14 @@
 //! not come within the wait loses its start (its rest stays in the pipe).
 
 use std::io::{self, BufRead};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, BufReader};
 use tokio::net::unix::pipe;
 use tokio::sync::mpsc;
+
+use crate::consume::sync::lock;
 
 /// Standard input, as a path that opens a new file description of it.
 const OWN_STDIN: &str = "/proc/self/fd/0";
@@ -37,13 +39,13 @@ pub struct PipeLines {
 pub struct ThreadLines {
     rx: mpsc::Receiver<io::Result<String>>,
     hand: Arc<Mutex<Hand>>,
+    /// None if it could not be started.
+    thread: Option<std::thread::JoinHandle<()>>,
 }
 
 /// What the reading thread and [`Input::close`] agree on.
 #[derive(Default)]
 struct Hand {
-    /// The thread has returned.
-    done: bool,
     /// [`Input::close`] has taken `back`: a line the thread reads from now on it writes back.
     closed: bool,
     /// The line the thread held when the channel closed.
@@ -68,15 +70,13 @@ impl Input {
         let theirs = hand.clone();
         let spawned = std::thread::Builder::new()
             .name("stdin".into())
-            .spawn(move || {
-                read_into(open(), &tx, &theirs);
-                lock(&theirs).done = true;
-            });
-        if let Err(e) = spawned {
-            tracing::error!(error = %e, "cannot start the thread that reads standard input");
-            lock(&hand).done = true;
-        }
-        Self::Thread(ThreadLines { rx, hand })
+            .spawn(move || read_into(open(), &tx, &theirs));
+        let thread = spawned
+            .inspect_err(|e| {
+                tracing::error!(error = %e, "cannot start the thread that reads standard input");
+            })
+            .ok();
+        Self::Thread(ThreadLines { rx, hand, thread })
     }
 
     /// The next line (without its `\n` or `\r\n`); `None` at the end. Cancel-safe.
@@ -153,7 +153,7 @@ impl ThreadLines {
                     Err(e) => tracing::warn!(error = %e, "cannot read standard input"),
                 }
             }
-            while !lock(&self.hand).done {
+            while self.thread.as_ref().is_some_and(|t| !t.is_finished()) {
                 tokio::time::sleep(Duration::from_millis(1)).await;
             }
         };
@@ -163,10 +163,6 @@ impl ThreadLines {
         lines.extend(hand.back.take());
         lines
     }
-}
-
-fn lock(hand: &Mutex<Hand>) -> MutexGuard<'_, Hand> {
-    hand.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 /// Sends `input`'s lines to `tx` until the end, an error, or `tx`'s receiver is closed; a line it
@@ -185,7 +181,12 @@ fn read_into(mut input: impl BufRead, tx: &mpsc::Sender<io::Result<String>>, han
             let mut hand = lock(hand);
             if hand.closed {
                 drop(hand);
-                write_back(line);
+                // Read after the consumer stopped taking lines: written back (not journaled).
+                let written_back = write_back_line(line);
+                tracing::error!(
+                    written_back,
+                    "a line read from standard input after stopping was not handed out"
+                );
             } else {
                 hand.back = Some(line);
             }
@@ -195,15 +196,6 @@ fn read_into(mut input: impl BufRead, tx: &mpsc::Sender<io::Result<String>>, han
             return;
         }
     }
-}
-
-/// A line read after the consumer stopped taking lines: written back to stdout (not journaled).
-fn write_back(line: String) {
-    let written = write_back_line(line);
-    tracing::error!(
-        written_back = written,
-        "a line read from standard input after stopping was not handed out"
-    );
 }
 
 /// `line` written back to stdout, to be piped in again; false if the stdout queue was full.

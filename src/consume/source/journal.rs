@@ -5,7 +5,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 
 use serde::Deserialize;
@@ -40,24 +40,31 @@ pub struct Replay {
     pub started: HashMap<Uuid, u64>,
 }
 
-/// The append-only journal file; every line is `fsync`ed before it counts.
+/// The append-only journal file (none without `--journal`: nothing is kept); every line is
+/// `fsync`ed before it counts.
 pub struct Journal {
-    file: Arc<std::sync::Mutex<std::fs::File>>,
+    file: Option<Arc<std::sync::Mutex<std::fs::File>>>,
+}
+
+fn journal_error(e: impl ToString) -> ConsumeError {
+    ConsumeError::Journal(e.to_string())
 }
 
 impl Journal {
     /// Reads `path` if it exists, rewrites it with only the unfinished jobs, opens it to append.
-    pub async fn open(path: PathBuf) -> Result<(Self, Replay), ConsumeError> {
-        let opened = tokio::task::spawn_blocking(move || compact(&path))
-            .await
-            .map_err(|e| ConsumeError::Journal(e.to_string()))?;
-        let (file, replay) = opened.map_err(|e| ConsumeError::Journal(e.to_string()))?;
-        Ok((
-            Self {
-                file: Arc::new(std::sync::Mutex::new(file)),
-            },
-            replay,
-        ))
+    pub async fn open(path: Option<&Path>) -> Result<(Self, Replay), ConsumeError> {
+        let Some(path) = path.map(Path::to_owned) else {
+            return Ok((Self { file: None }, Replay::default()));
+        };
+        let opened = tokio::task::spawn_blocking(move || compact(&path)).await;
+        let (file, replay) = opened.map_err(journal_error)?.map_err(journal_error)?;
+        let file = Some(Arc::new(std::sync::Mutex::new(file)));
+        Ok((Self { file }, replay))
+    }
+
+    /// Whether there is a journal file.
+    pub fn is_kept(&self) -> bool {
+        self.file.is_some()
     }
 
     /// `d`, as it was read.
@@ -76,8 +83,10 @@ impl Journal {
     }
 
     async fn append(&self, mut line: String) -> Result<(), ConsumeError> {
+        let Some(file) = self.file.clone() else {
+            return Ok(());
+        };
         line.push('\n');
-        let file = self.file.clone();
         tokio::task::spawn_blocking(move || {
             let mut file = file
                 .lock()
@@ -86,8 +95,8 @@ impl Journal {
             file.sync_data()
         })
         .await
-        .map_err(|e| ConsumeError::Journal(e.to_string()))?
-        .map_err(|e| ConsumeError::Journal(e.to_string()))
+        .map_err(journal_error)?
+        .map_err(journal_error)
     }
 }
 
@@ -103,11 +112,9 @@ fn compact(path: &Path) -> std::io::Result<(std::fs::File, Replay)> {
     {
         let mut out = std::fs::File::create(&tmp)?;
         for d in &replay.jobs {
-            out.write_all(d.json.as_bytes())?;
-            out.write_all(b"\n")?;
+            writeln!(out, "{}", d.json)?;
             if let Some(n) = replay.started.get(&d.job.scan_id) {
-                out.write_all(started_line(d.job.scan_id, *n).as_bytes())?;
-                out.write_all(b"\n")?;
+                writeln!(out, "{}", started_line(d.job.scan_id, *n))?;
             }
         }
         out.sync_all()?;

@@ -31,17 +31,14 @@ impl Delivery {
         if !line.contains("\"scanId\"") {
             return None;
         }
-        match ScanJob::from_json(&line) {
-            Ok(job) => Some(Self {
-                job,
-                json: line,
-                handle: (),
-            }),
-            Err(e) => {
-                tracing::error!(error = %e, "unreadable job line skipped");
-                None
-            }
-        }
+        let job = ScanJob::from_json(&line)
+            .inspect_err(|e| tracing::error!(error = %e, "unreadable job line skipped"))
+            .ok()?;
+        Some(Self {
+            job,
+            json: line,
+            handle: (),
+        })
     }
 }
 

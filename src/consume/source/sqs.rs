@@ -68,17 +68,12 @@ impl SqsSource {
             let (Some(body), Some(receipt)) = (message.body, message.receipt_handle) else {
                 continue;
             };
-            match ScanJob::from_json(&body) {
-                Ok(job) => out.push(Delivery {
+            if let Some(job) = job_of(&body, message.message_id.as_deref().unwrap_or("")) {
+                out.push(Delivery {
                     job,
                     json: body,
                     handle: receipt,
-                }),
-                Err(e) => tracing::error!(
-                    message = message.message_id.as_deref().unwrap_or(""),
-                    error = %e,
-                    "unreadable SQS message: left to the redrive policy"
-                ),
+                });
             }
         }
         Ok(out)
@@ -106,6 +101,16 @@ impl SqsSource {
     pub fn queue_name(&self) -> &str {
         queue_name(&self.url)
     }
+}
+
+/// The job in the body of the SQS message `id`; an unreadable one is logged, left to the redrive
+/// policy.
+pub fn job_of(body: &str, id: &str) -> Option<ScanJob> {
+    let job = ScanJob::from_json(body);
+    job.inspect_err(|e| {
+        tracing::error!(message = id, error = %e, "unreadable SQS message: left to the redrive policy");
+    })
+    .ok()
 }
 
 /// The queue's name: the last segment of its URL (`…/<account>/<name>`) or ARN (`…:<name>`).

@@ -10,11 +10,11 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use super::sqs::{SqsSource, queue_name};
+use super::sqs::{SqsSource, job_of, queue_name};
 use super::{Delivery, GivenUp, JobSource};
 use crate::consume::error::ConsumeError;
 use crate::consume::schedule;
-use crate::rules::job::ScanJob;
+use crate::consume::sync::lock;
 
 /// The consumer function's `Source` dimension, in its metrics and logs.
 pub const SOURCE: &str = "lambda";
@@ -51,7 +51,7 @@ pub struct ItemFailure {
     pub item_identifier: String,
 }
 
-/// One message of the batch: its id (the batch item), its receipt and its lane in [`Lanes`].
+/// One message of the batch: its id (the batch item), its receipt and its lane's index.
 #[derive(Debug, Clone)]
 pub struct Message {
     pub id: String,
@@ -59,37 +59,15 @@ pub struct Message {
     lane: usize,
 }
 
-/// The queues the function reads (the scan queue and the over lane's), built once per cold start.
-pub struct Lanes(Vec<SqsSource>);
-
-impl Lanes {
-    /// The queues at `urls`, with clients from `sdk`; a renewal hides a message for `lease`.
-    pub fn new<'a>(
-        sdk: &aws_config::SdkConfig,
-        urls: impl IntoIterator<Item = &'a str>,
-        lease: Duration,
-    ) -> Self {
-        Self(
-            urls.into_iter()
-                .map(|url| SqsSource::new(sdk, url, lease))
-                .collect(),
-        )
-    }
-
-    fn of_arn(&self, arn: &str) -> Option<usize> {
-        let name = queue_name(arn);
-        self.0.iter().position(|q| q.queue_name() == name)
-    }
-}
-
-/// One invocation's batch.
+/// One invocation's batch, from the queues the function reads (the scan queue and the over
+/// lane's, built once per cold start).
 pub struct SqsBatch {
-    lanes: Arc<Lanes>,
+    lanes: Arc<[SqsSource]>,
     acked: Mutex<HashSet<String>>,
 }
 
 impl SqsBatch {
-    pub fn new(lanes: Arc<Lanes>) -> Self {
+    pub fn new(lanes: Arc<[SqsSource]>) -> Self {
         Self {
             lanes,
             acked: Mutex::default(),
@@ -100,7 +78,8 @@ impl SqsBatch {
     pub fn deliveries(&self, records: Vec<SqsRecord>) -> Vec<Delivery<Message>> {
         let mut out = Vec::with_capacity(records.len());
         for record in records {
-            let Some(lane) = self.lanes.of_arn(&record.event_source_arn) else {
+            let queue = queue_name(&record.event_source_arn);
+            let Some(lane) = self.lanes.iter().position(|q| q.queue_name() == queue) else {
                 tracing::error!(
                     message = record.message_id,
                     queue = record.event_source_arn,
@@ -109,8 +88,8 @@ impl SqsBatch {
                 );
                 continue;
             };
-            match ScanJob::from_json(&record.body) {
-                Ok(job) => out.push(Delivery {
+            if let Some(job) = job_of(&record.body, &record.message_id) {
+                out.push(Delivery {
                     job,
                     json: record.body,
                     handle: Message {
@@ -118,12 +97,7 @@ impl SqsBatch {
                         receipt: record.receipt_handle,
                         lane,
                     },
-                }),
-                Err(e) => tracing::error!(
-                    message = record.message_id,
-                    error = %e,
-                    "unreadable SQS message: left to the redrive policy"
-                ),
+                });
             }
         }
         out
@@ -131,7 +105,7 @@ impl SqsBatch {
 
     /// The answer for the messages `ids`: each one not acked is a failure.
     pub fn response<'a>(&self, ids: impl IntoIterator<Item = &'a str>) -> BatchResponse {
-        let acked = self.acked();
+        let acked = lock(&self.acked);
         let batch_item_failures = ids
             .into_iter()
             .filter(|id| !acked.contains(*id))
@@ -144,15 +118,9 @@ impl SqsBatch {
         }
     }
 
-    fn acked(&self) -> std::sync::MutexGuard<'_, HashSet<String>> {
-        self.acked
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-    }
-
     fn queue(&self, d: &Delivery<Message>) -> &SqsSource {
         // `deliveries` only hands out messages of a known lane.
-        &self.lanes.0[d.handle.lane]
+        &self.lanes[d.handle.lane]
     }
 
     /// Invisible for `secs`; if that fails, it returns after the queue's visibility timeout.
@@ -177,7 +145,7 @@ impl JobSource for SqsBatch {
 
     /// Done: Lambda deletes it, once the invocation answers without naming it.
     async fn ack(&self, d: &Delivery<Message>) -> Result<(), ConsumeError> {
-        self.acked().insert(d.handle.id.clone());
+        lock(&self.acked).insert(d.handle.id.clone());
         Ok(())
     }
 

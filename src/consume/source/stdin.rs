@@ -14,9 +14,10 @@ use tokio::sync::Mutex;
 use uuid::Uuid;
 
 use super::input::Input;
-use super::journal::{Journal, Replay};
+use super::journal::Journal;
 use super::{Delivery, GivenUp, JobSource};
 use crate::consume::error::ConsumeError;
+use crate::consume::sync::lock;
 
 /// On stop, lines are read until none comes for this long (also the wait for a started line's end)…
 pub const DRAIN_IDLE: Duration = Duration::from_millis(200);
@@ -27,11 +28,9 @@ pub const DRAIN_MAX: Duration = Duration::from_secs(2);
 /// Lines from standard input, journaled if asked.
 pub struct StdinSource {
     lines: Mutex<Input>,
-    journal: Option<Journal>,
+    journal: Journal,
     /// Jobs taken and not handed out yet.
     ahead: std::sync::Mutex<Ahead>,
-    /// The highest attempt the journal says each replayed job started.
-    started: HashMap<Uuid, u64>,
 }
 
 #[derive(Default)]
@@ -43,41 +42,23 @@ struct Ahead {
 }
 
 impl StdinSource {
-    /// Standard input, with the journal at `journal` (replayed now) if any.
-    pub async fn open(journal: Option<&Path>) -> Result<Self, ConsumeError> {
-        let (journal, replay) = match journal {
-            None => (None, Replay::default()),
-            Some(path) => {
-                let (journal, replay) = Journal::open(path.to_owned()).await?;
-                if !replay.jobs.is_empty() {
-                    tracing::info!(
-                        jobs = replay.jobs.len(),
-                        "replaying the journal's unfinished jobs"
-                    );
-                }
-                (Some(journal), replay)
-            }
-        };
-        Ok(Self {
+    /// Standard input, with the journal at `journal` (replayed now) if any; and the highest attempt
+    /// each unfinished journaled job started, so a replay runs a later one.
+    pub async fn open(journal: Option<&Path>) -> Result<(Self, HashMap<Uuid, u64>), ConsumeError> {
+        let (journal, replay) = Journal::open(journal).await?;
+        if !replay.jobs.is_empty() {
+            let jobs = replay.jobs.len();
+            tracing::info!(jobs, "replaying the journal's unfinished jobs");
+        }
+        let source = Self {
             lines: Mutex::new(Input::stdin()),
             journal,
             ahead: std::sync::Mutex::new(Ahead {
                 replay: replay.jobs,
                 read: None,
             }),
-            started: replay.started,
-        })
-    }
-
-    /// The highest attempt each unfinished journaled job started, so a replay runs a later one.
-    pub fn started_attempts(&self) -> impl Iterator<Item = (Uuid, u64)> + '_ {
-        self.started.iter().map(|(scan, n)| (*scan, *n))
-    }
-
-    fn ahead(&self) -> std::sync::MutexGuard<'_, Ahead> {
-        self.ahead
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+        };
+        Ok((source, replay.started))
     }
 
     async fn read_line(&self) -> Result<Option<String>, ConsumeError> {
@@ -90,7 +71,7 @@ impl StdinSource {
 
     /// The next job line, kept in [`Ahead::read`] until handed out; `None` at the end of input.
     async fn read_job(&self) -> Result<Option<Delivery>, ConsumeError> {
-        if let Some(d) = self.ahead().read.clone() {
+        if let Some(d) = lock(&self.ahead).read.clone() {
             return Ok(Some(d));
         }
         loop {
@@ -99,17 +80,9 @@ impl StdinSource {
             };
             if let Some(d) = Delivery::of_spool_line(line) {
                 // No await since the read: a cancelled read took no line or left it here.
-                self.ahead().read = Some(d.clone());
+                lock(&self.ahead).read = Some(d.clone());
                 return Ok(Some(d));
             }
-        }
-    }
-
-    /// Journals `d` (if there is a journal) before anyone acts on it.
-    async fn keep(&self, d: &Delivery) -> Result<(), ConsumeError> {
-        match &self.journal {
-            Some(journal) => journal.job(d).await,
-            None => Ok(()),
         }
     }
 
@@ -122,7 +95,7 @@ impl StdinSource {
     }
 
     async fn keep_or_write_back(&self, d: &Delivery) {
-        if let Err(e) = self.keep(d).await {
+        if let Err(e) = self.journal.job(d).await {
             tracing::error!(error = %e, scan_id = %d.job.scan_id, "cannot journal a job read while stopping; writing it back");
             write_back(d);
         }
@@ -137,7 +110,7 @@ impl JobSource for StdinSource {
     }
 
     async fn next(&self, _max: usize) -> Result<Option<Vec<Delivery>>, ConsumeError> {
-        let replay = std::mem::take(&mut self.ahead().replay);
+        let replay = std::mem::take(&mut lock(&self.ahead).replay);
         if !replay.is_empty() {
             return Ok(Some(replay));
         }
@@ -146,16 +119,13 @@ impl JobSource for StdinSource {
         };
         // Journaled more than once if a stop cut this short and `drain` journals it again:
         // compaction keeps one per scanId.
-        self.keep(&d).await?;
-        self.ahead().read = None;
+        self.journal.job(&d).await?;
+        lock(&self.ahead).read = None;
         Ok(Some(vec![d]))
     }
 
     async fn ack(&self, d: &Delivery) -> Result<(), ConsumeError> {
-        match &self.journal {
-            Some(journal) => journal.done(d.job.scan_id).await,
-            None => Ok(()),
-        }
+        self.journal.done(d.job.scan_id).await
     }
 
     async fn extend(&self, _d: &Delivery) -> Result<(), ConsumeError> {
@@ -164,10 +134,7 @@ impl JobSource for StdinSource {
 
     /// Journaled before the scanner starts, so a replay after a crash takes a higher attempt.
     async fn started(&self, d: &Delivery, attempt: u64) {
-        let Some(journal) = &self.journal else {
-            return;
-        };
-        if let Err(e) = journal.started(d.job.scan_id, attempt).await {
+        if let Err(e) = self.journal.started(d.job.scan_id, attempt).await {
             tracing::warn!(error = %e, scan_id = %d.job.scan_id, "cannot journal a scan's start; a replay may repeat its attempt number");
         }
     }
@@ -180,7 +147,7 @@ impl JobSource for StdinSource {
 
     /// Journaled: it stays there, and the next start runs it; otherwise written back to stdout.
     async fn give_back(&self, d: &Delivery, _wait: Duration) {
-        if self.journal.is_none() {
+        if !self.journal.is_kept() {
             write_back(d);
         }
     }
@@ -189,7 +156,7 @@ impl JobSource for StdinSource {
     /// in the pipe and those the reading took; standard input is not read again after.
     async fn drain(&self) -> Vec<Delivery> {
         let (mut out, read) = {
-            let mut ahead = self.ahead();
+            let mut ahead = lock(&self.ahead);
             (std::mem::take(&mut ahead.replay), ahead.read.take())
         };
         // A read a stop cut short: its journaling may not have landed.

@@ -8,14 +8,18 @@
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use redis::streams::{StreamAutoClaimReply, StreamId, StreamReadReply};
+use redis::Cmd;
+use redis::streams::{
+    StreamAutoClaimOptions, StreamAutoClaimReply, StreamClaimOptions, StreamId, StreamReadOptions,
+    StreamReadReply,
+};
 
 use super::{Delivery, GivenUp, JobSource};
 use crate::consume::error::{BUSYGROUP, ConsumeError};
+use crate::consume::sync::lock;
 use crate::io::connection::Valkey;
 use crate::io::queue::stream::JOB_FIELD;
 use crate::rules::job::ScanJob;
-use crate::rules::unix::duration_ms;
 
 /// How long one `XREADGROUP` blocks waiting for new entries.
 pub const BLOCK: Duration = Duration::from_millis(500);
@@ -27,7 +31,6 @@ pub struct StreamSource {
     /// For everything else.
     ops: Valkey,
     key: String,
-    dead_key: String,
     group: String,
     consumer: String,
     lease: Duration,
@@ -54,7 +57,6 @@ impl StreamSource {
             reads,
             ops,
             key: key.to_owned(),
-            dead_key: format!("{key}:dead"),
             group: group.to_owned(),
             consumer: consumer.to_owned(),
             lease,
@@ -69,12 +71,7 @@ impl StreamSource {
 
     /// `XGROUP CREATE … 0 MKSTREAM`; an existing group is fine.
     async fn create_group(&self) -> Result<(), ConsumeError> {
-        let mut cmd = redis::cmd("XGROUP");
-        cmd.arg("CREATE")
-            .arg(&self.key)
-            .arg(&self.group)
-            .arg("0")
-            .arg("MKSTREAM");
+        let cmd = Cmd::xgroup_create_mkstream(&self.key, &self.group, "0");
         match self.ops.send_coded::<()>(cmd, self.ops.timeout()).await? {
             Err(refused) if !refused.is(BUSYGROUP) => Err(refused.into()),
             _ => Ok(()),
@@ -85,10 +82,6 @@ impl StreamSource {
         Ok(self.ops.send_coded(cmd, self.ops.timeout()).await??)
     }
 
-    fn lease_ms(&self) -> u64 {
-        duration_ms(self.lease)
-    }
-
     /// Entries a dead consumer left (every half lease), else new ones.
     async fn read(&self, max: usize) -> Result<Vec<Delivery<String>>, ConsumeError> {
         if let Some(cursor) = self.reclaim_due() {
@@ -97,17 +90,11 @@ impl StreamSource {
                 return Ok(reclaimed);
             }
         }
-        let mut cmd = redis::cmd("XREADGROUP");
-        cmd.arg("GROUP")
-            .arg(&self.group)
-            .arg(&self.consumer)
-            .arg("COUNT")
-            .arg(max)
-            .arg("BLOCK")
-            .arg(duration_ms(BLOCK))
-            .arg("STREAMS")
-            .arg(&self.key)
-            .arg(">");
+        let options = StreamReadOptions::default()
+            .group(&self.group, &self.consumer)
+            .count(max)
+            .block(ms(BLOCK));
+        let cmd = Cmd::xread_options(&[&self.key], &[">"], &options);
         // A connection first, then the read with its whole time: a read given up on after the
         // server took it would hand this consumer entries it never sees until a lease later.
         let within = BLOCK + self.reads.timeout();
@@ -124,7 +111,7 @@ impl StreamSource {
 
     /// The cursor to reclaim from, if half a lease has passed since the last time.
     fn reclaim_due(&self) -> Option<String> {
-        let mut state = self.reclaim.lock().ok()?;
+        let mut state = lock(&self.reclaim);
         let due = state.last.is_none_or(|at| at.elapsed() >= self.lease / 2);
         due.then(|| {
             state.last = Some(Instant::now());
@@ -137,18 +124,11 @@ impl StreamSource {
         cursor: &str,
         max: usize,
     ) -> Result<Vec<Delivery<String>>, ConsumeError> {
-        let mut cmd = redis::cmd("XAUTOCLAIM");
-        cmd.arg(&self.key)
-            .arg(&self.group)
-            .arg(&self.consumer)
-            .arg(self.lease_ms())
-            .arg(cursor)
-            .arg("COUNT")
-            .arg(max);
+        let (key, group, consumer) = (&self.key, &self.group, &self.consumer);
+        let options = StreamAutoClaimOptions::default().count(max);
+        let cmd = Cmd::xautoclaim_options(key, group, consumer, ms(self.lease), cursor, options);
         let reply: StreamAutoClaimReply = self.call(cmd).await?;
-        if let Ok(mut state) = self.reclaim.lock() {
-            state.cursor = reply.next_stream_id.clone();
-        }
+        lock(&self.reclaim).cursor = reply.next_stream_id.clone();
         if !reply.claimed.is_empty() {
             tracing::info!(
                 entries = reply.claimed.len(),
@@ -186,24 +166,17 @@ impl StreamSource {
         out
     }
 
-    /// `XCLAIM … IDLE <idle_ms> JUSTID`: 0 renews the entry; a whole lease offers it to others.
-    async fn xclaim(&self, id: &str, idle_ms: u64) -> Result<(), ConsumeError> {
-        let mut cmd = redis::cmd("XCLAIM");
-        cmd.arg(&self.key)
-            .arg(&self.group)
-            .arg(&self.consumer)
-            .arg(0)
-            .arg(id)
-            .arg("IDLE")
-            .arg(idle_ms)
-            .arg("JUSTID");
+    /// `XCLAIM … IDLE <idle> JUSTID`: 0 renews the entry; a whole lease offers it to others.
+    async fn xclaim(&self, id: &str, idle: Duration) -> Result<(), ConsumeError> {
+        let options = StreamClaimOptions::default().idle(ms(idle)).with_justid();
+        let cmd = Cmd::xclaim_options(&self.key, &self.group, &self.consumer, 0, &[id], options);
         self.call::<redis::Value>(cmd).await.map(drop)
     }
 
     async fn xack(&self, id: &str) -> Result<(), ConsumeError> {
-        let mut cmd = redis::cmd("XACK");
-        cmd.arg(&self.key).arg(&self.group).arg(id);
-        self.call::<i64>(cmd).await.map(drop)
+        self.call::<i64>(Cmd::xack(&self.key, &self.group, &[id]))
+            .await
+            .map(drop)
     }
 
     async fn dead_letter_raw(
@@ -213,18 +186,15 @@ impl StreamSource {
         failures: u32,
         error: &str,
     ) -> Result<(), ConsumeError> {
-        let mut cmd = redis::cmd("XADD");
-        cmd.arg(&self.dead_key)
-            .arg("*")
-            .arg(JOB_FIELD)
-            .arg(json)
-            .arg("entry")
-            .arg(id)
-            .arg("failures")
-            .arg(failures)
-            .arg("error")
-            .arg(error);
-        self.call::<String>(cmd).await?;
+        let failures = failures.to_string();
+        let fields = [
+            (JOB_FIELD, json),
+            ("entry", id),
+            ("failures", &failures),
+            ("error", error),
+        ];
+        self.call::<String>(Cmd::xadd(format!("{}:dead", self.key), "*", &fields))
+            .await?;
         self.xack(id).await
     }
 }
@@ -262,7 +232,7 @@ impl JobSource for StreamSource {
 
     /// Resets the entry's idle time, so nobody reclaims it.
     async fn extend(&self, d: &Delivery<String>) -> Result<(), ConsumeError> {
-        self.xclaim(&d.handle, 0).await
+        self.xclaim(&d.handle, Duration::ZERO).await
     }
 
     /// `XADD <stream>:dead` (the job, its entry id, failures, the last error), then `XACK`.
@@ -277,8 +247,13 @@ impl JobSource for StreamSource {
 
     /// Left pending but idle for a whole lease, so any consumer's next `XAUTOCLAIM` takes it over.
     async fn give_back(&self, d: &Delivery<String>, _wait: Duration) {
-        if let Err(e) = self.xclaim(&d.handle, self.lease_ms()).await {
+        if let Err(e) = self.xclaim(&d.handle, self.lease).await {
             tracing::warn!(scan_id = %d.job.scan_id, error = %e, "cannot give a job back; it is taken over after its lease");
         }
     }
+}
+
+/// `d` in whole milliseconds, as the stream commands' options take it.
+fn ms(d: Duration) -> usize {
+    usize::try_from(d.as_millis()).unwrap_or(usize::MAX)
 }
