@@ -12,14 +12,10 @@ use crate::rules::pace::Paced;
 use crate::rules::unix::{UnixMillis, UnixSecs, duration_ms};
 
 /// `pace.lua` and `take_bed.lua` call `take_bed`, defined once in `bed.lua`.
-const PACE: &str = concat!(include_str!("bed.lua"), include_str!("pace.lua"));
+pub(super) const PACE: &str = concat!(include_str!("bed.lua"), include_str!("pace.lua"));
 const TAKE_BED: &str = concat!(include_str!("bed.lua"), include_str!("take_bed.lua"));
 const UNPACE: &str = include_str!("unpace.lua");
-const REFUND: &str = include_str!("refund.lua");
-
-/// The pacing and refund scripts, for the test that reads every script.
-pub const PACE_SCRIPT: &str = PACE;
-pub const REFUND_SCRIPT: &str = REFUND;
+pub(super) const REFUND: &str = include_str!("refund.lua");
 
 pub(super) fn iso8601(at: UnixSecs) -> String {
     crate::io::clock::rfc3339(at.get())

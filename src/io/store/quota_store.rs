@@ -48,6 +48,17 @@ pub struct PaceArgs<'a> {
     pub bed: Option<BedAsk>,
 }
 
+impl PaceArgs<'_> {
+    /// The subject's own line.
+    pub fn subject(&self) -> PaceLane<'_> {
+        PaceLane {
+            key: self.key,
+            delay_ms: self.delay_ms,
+            reset_at: self.reset_at,
+        }
+    }
+}
+
 /// A level's line in one pacing step.
 #[derive(Debug, Clone, Copy)]
 pub struct PaceLane<'a> {

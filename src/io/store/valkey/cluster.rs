@@ -19,13 +19,12 @@ impl ValkeyStore {
             let mut pipe = redis::Pipeline::with_capacity(3);
             level_commands(&mut pipe, &level.key, args);
             let reply = self.send::<Vec<Value>>(pipe).await;
-            match reply.map(|r| level_of(&r, args.period_end, args.now)) {
-                Ok(Ok(count)) => Ok(count),
-                Ok(Err(_)) => Err(NoAnswer { may_land: false }),
-                Err(e) => Err(NoAnswer {
+            // A reply of the wrong shape is refused: it cannot land.
+            reply
+                .and_then(|r| level_of(&r, args.period_end, args.now))
+                .map_err(|e| NoAnswer {
                     may_land: e.may_land(),
-                }),
-            }
+                })
         });
         futures_util::future::join_all(counts).await
     }
@@ -40,12 +39,7 @@ impl ValkeyStore {
         args: &PaceArgs<'_>,
         levels: &[PaceLane<'_>],
     ) -> Result<Paced, SendError> {
-        let subject = PaceLane {
-            key: args.key,
-            delay_ms: args.delay_ms,
-            reset_at: args.reset_at,
-        };
-        let lines: Vec<PaceLane<'_>> = std::iter::once(subject)
+        let lines: Vec<PaceLane<'_>> = std::iter::once(args.subject())
             .chain(levels.iter().copied())
             .filter(|l| l.delay_ms > 0)
             .collect();
