@@ -28,10 +28,10 @@ pub struct Resolved<F> {
 impl<F: Fn(&str) -> Option<String>> Resolved<F> {
     /// The variable's value: its secret if it was a reference.
     pub fn get(&self, name: &str) -> Option<String> {
-        match self.secrets.get(name) {
-            Some(secret) => Some(secret.clone()),
-            None => (self.base)(name),
-        }
+        self.secrets
+            .get(name)
+            .cloned()
+            .or_else(|| (self.base)(name))
     }
 
     /// The variables read from a secret store, in the table's order.
@@ -167,16 +167,9 @@ impl Stores {
 /// A secret file's text less its trailing newline (`\n` or `\r\n`); errors never show the content.
 fn read_file(path: &str) -> Result<String, String> {
     // Once, at start: a blocking read is what the start wants.
-    match std::fs::read(path) {
-        Ok(bytes) => {
-            let mut text =
-                String::from_utf8(bytes).map_err(|_| "the file is not UTF-8 text".to_owned())?;
-            let kept = text.trim_end_matches(['\n', '\r']).len();
-            text.truncate(kept);
-            Ok(text)
-        }
-        Err(e) => Err(format!("cannot read the file: {e}")),
-    }
+    let bytes = std::fs::read(path).map_err(|e| format!("cannot read the file: {e}"))?;
+    let text = String::from_utf8(bytes).map_err(|_| "the file is not UTF-8 text".to_owned())?;
+    Ok(text.trim_end_matches(['\n', '\r']).to_owned())
 }
 
 /// What the store said, in one line: a service error's code and message (not the raw response the
