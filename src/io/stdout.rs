@@ -62,14 +62,11 @@ impl LineWriter {
         let spawned = std::thread::Builder::new()
             .name(format!("{name}-writer"))
             .spawn(move || drain(rx, out));
-        let thread = match spawned {
-            Ok(handle) => Some(handle.thread().clone()),
-            Err(e) => {
-                // No thread: every line is refused (jobs get 503, EMF lines count as dropped).
-                tracing::error!(error = %e, "cannot start the {name} writer thread");
-                None
-            }
-        };
+        // No thread: every line is refused (jobs get 503, EMF lines count as dropped).
+        let thread = spawned
+            .inspect_err(|e| tracing::error!(error = %e, "cannot start the {name} writer thread"))
+            .ok()
+            .map(|handle| handle.thread().clone());
         Self { tx, thread }
     }
 

@@ -231,13 +231,10 @@ pub(super) fn pace_script(lanes: &[PaceLane<'_>], args: &PaceArgs<'_>) -> redis:
 pub(super) fn paced(reply: &[i64]) -> Paced {
     let ms = |i: usize| u64::try_from(reply.get(i).copied().unwrap_or(0)).unwrap_or(0);
     if reply.first() == Some(&1) {
-        let bed = match reply.get(3) {
-            Some(taken) if *taken >= 0 => Some(Bed {
-                taken: *taken == 1,
-                asleep: u32::try_from(ms(4)).unwrap_or(u32::MAX),
-            }),
-            _ => None,
-        };
+        let bed = reply.get(3).filter(|taken| **taken >= 0).map(|taken| Bed {
+            taken: *taken == 1,
+            asleep: u32::try_from(ms(4)).unwrap_or(u32::MAX),
+        });
         return Paced::Slot {
             delay_ms: ms(1),
             bed,
