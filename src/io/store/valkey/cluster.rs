@@ -94,11 +94,9 @@ impl ValkeyStore {
         // yet (the caller sends it all again); a keyed one takes levels back only as the claim's
         // own (answered, not -2); an unkeyed one takes every level back, whatever its own fate.
         let subject = self.send::<i64>(refund_script(refund, &[])).await;
-        let levels_go = match (&subject, refund.record) {
-            (Err(e), _) if e.never_sent() => false,
-            (_, None) => true,
-            (Ok(taken), Some(_)) => *taken != -2,
-            (Err(_), Some(_)) => false,
+        let levels_go = match refund.record {
+            None => !subject.as_ref().is_err_and(SendError::never_sent),
+            Some(_) => subject.as_ref().is_ok_and(|taken| *taken != -2),
         };
         if levels_go {
             let refunds = refund.levels.iter().map(|&(key, period_end)| {
