@@ -80,12 +80,9 @@ fn utc(unix_secs: i64, millis: Option<u32>) -> String {
     let Ok(t) = OffsetDateTime::from_unix_timestamp(unix_secs) else {
         return String::new();
     };
-    let Ok(year) = u32::try_from(t.year()) else {
+    let Some(year) = u32::try_from(t.year()).ok().filter(|&y| y <= 9999) else {
         return String::new();
     };
-    if year > 9999 {
-        return String::new();
-    }
     let mut text = *b"0000-00-00T00:00:00.000Z";
     let fields = [
         (0..4, year),

@@ -36,10 +36,8 @@ async fn read_policy(
     meter: &StoreMeter,
     last: Option<bool>,
 ) -> Result<Option<bool>, String> {
-    let nodes = match valkey
-        .eviction_policies(store.timeout.max(START_WITHIN))
-        .await
-    {
+    let within = store.timeout.max(START_WITHIN);
+    let nodes = match valkey.eviction_policies(within).await {
         Ok(nodes) => nodes,
         Err(e) if last.is_none() => {
             tracing::warn!(
@@ -89,14 +87,11 @@ pub async fn start(
     meter: StoreMeter,
 ) -> Result<Watch, String> {
     let last = read_policy(valkey, store, &meter, None).await?;
-    Ok(watch(valkey.clone(), store.clone(), meter, last))
-}
-
-/// Every `store.stats_interval`, from now: evicted keys metered and the policy read again. A failed
-/// reading is skipped; the next one counts what it missed.
-fn watch(valkey: Valkey, store: StoreConfig, meter: StoreMeter, last: Option<bool>) -> Watch {
+    // Every `store.stats_interval`, from now: evicted keys metered and the policy read again. A
+    // failed reading is skipped; the next one counts what it missed.
+    let (valkey, store) = (valkey.clone(), store.clone());
     let within = store.timeout.max(START_WITHIN);
-    Watch(AbortOnDropHandle::new(tokio::spawn(async move {
+    Ok(Watch(AbortOnDropHandle::new(tokio::spawn(async move {
         let mut ticks = tokio::time::interval(store.stats_interval);
         ticks.set_missed_tick_behavior(MissedTickBehavior::Delay);
         let (mut evicted, mut evicting) = (None, last);
@@ -116,7 +111,7 @@ fn watch(valkey: Valkey, store: StoreConfig, meter: StoreMeter, last: Option<boo
                 Err(refused) => return refused,
             }
         }
-    })))
+    }))))
 }
 
 /// Why a [`Watch`] refused the store, once it has.

@@ -16,21 +16,15 @@ pub const ALIVE: &str = "ok\n";
 
 /// 200, or 503 with why in a word, never the store's own message, which may name its address.
 pub fn readiness(store: &Result<(), SendError>) -> (StatusCode, &'static str) {
-    match store {
-        Ok(()) => (StatusCode::OK, r#"{"ready":true}"#),
-        Err(SendError::NotSent(_) | SendError::Skipped) => (
-            StatusCode::SERVICE_UNAVAILABLE,
-            r#"{"ready":false,"store":"unreachable"}"#,
-        ),
-        Err(SendError::Unanswered) => (
-            StatusCode::SERVICE_UNAVAILABLE,
-            r#"{"ready":false,"store":"no_answer"}"#,
-        ),
-        Err(SendError::Refused(_)) => (
-            StatusCode::SERVICE_UNAVAILABLE,
-            r#"{"ready":false,"store":"refused"}"#,
-        ),
-    }
+    let body = match store {
+        Ok(()) => return (StatusCode::OK, r#"{"ready":true}"#),
+        Err(SendError::NotSent(_) | SendError::Skipped) => {
+            r#"{"ready":false,"store":"unreachable"}"#
+        }
+        Err(SendError::Unanswered) => r#"{"ready":false,"store":"no_answer"}"#,
+        Err(SendError::Refused(_)) => r#"{"ready":false,"store":"refused"}"#,
+    };
+    (StatusCode::SERVICE_UNAVAILABLE, body)
 }
 
 #[cfg(test)]

@@ -28,10 +28,10 @@ pub struct Resolved<F> {
 impl<F: Fn(&str) -> Option<String>> Resolved<F> {
     /// The variable's value: its secret if it was a reference.
     pub fn get(&self, name: &str) -> Option<String> {
-        match self.secrets.get(name) {
-            Some(secret) => Some(secret.clone()),
-            None => (self.base)(name),
-        }
+        self.secrets
+            .get(name)
+            .cloned()
+            .or_else(|| (self.base)(name))
     }
 
     /// The variables read from a secret store, in the table's order.
@@ -77,11 +77,13 @@ where
     F: Fn(&str) -> Option<String>,
 {
     let wanted = references(&base)?;
-    let stores = Stores::new(sdk, &wanted);
-    let stores = &stores;
+    let timeouts = aws_config::timeout::TimeoutConfig::builder()
+        .connect_timeout(CONNECT_TIMEOUT)
+        .operation_timeout(READ_TIMEOUT)
+        .build();
+    let sdk = &sdk.to_builder().timeout_config(timeouts).build();
     let reads = wanted.iter().map(|(var, reference)| async move {
-        let secret = stores
-            .read(reference)
+        let secret = read(reference, sdk)
             .await
             .and_then(usable)
             .map_err(|reason| ConfigError::new(var, format!("{reference}: {reason}")))?;
@@ -105,61 +107,38 @@ fn usable(secret: String) -> Result<String, String> {
     }
 }
 
-/// The clients of the stores the references name, each built only if used.
-struct Stores {
-    secrets_manager: Option<aws_sdk_secretsmanager::Client>,
-    parameters: Option<aws_sdk_ssm::Client>,
-}
-
-impl Stores {
-    fn new(sdk: &SdkConfig, wanted: &[(&str, SecretRef)]) -> Self {
-        let uses = |f: fn(&SecretRef) -> bool| wanted.iter().any(|(_, r)| f(r));
-        let timeouts = aws_config::timeout::TimeoutConfig::builder()
-            .connect_timeout(CONNECT_TIMEOUT)
-            .operation_timeout(READ_TIMEOUT)
-            .build();
-        let sdk = sdk.to_builder().timeout_config(timeouts).build();
-        Self {
-            secrets_manager: uses(|r| matches!(r, SecretRef::SecretsManager(_)))
-                .then(|| aws_sdk_secretsmanager::Client::new(&sdk)),
-            parameters: uses(|r| matches!(r, SecretRef::Parameter(_)))
-                .then(|| aws_sdk_ssm::Client::new(&sdk)),
+/// The secret `reference` names, or why it cannot be had; a store's client is built for its read.
+async fn read(reference: &SecretRef, sdk: &SdkConfig) -> Result<String, String> {
+    match reference {
+        SecretRef::File(path) => read_file(path),
+        SecretRef::SecretsManager(id) => {
+            let client = aws_sdk_secretsmanager::Client::new(sdk);
+            let got = client.get_secret_value().secret_id(id).send().await;
+            let got = got.map_err(|e| reason(&e))?;
+            match (got.secret_string, got.secret_binary) {
+                (Some(secret), _) => Ok(secret),
+                (None, Some(_)) => Err("the secret is binary; a string is expected".to_owned()),
+                (None, None) => Err("the secret has no value".to_owned()),
+            }
         }
-    }
-
-    /// The secret `reference` names, or why it cannot be had.
-    async fn read(&self, reference: &SecretRef) -> Result<String, String> {
-        match (reference, &self.secrets_manager, &self.parameters) {
-            (SecretRef::File(path), _, _) => read_file(path),
-            (SecretRef::SecretsManager(id), Some(client), _) => {
-                let got = client.get_secret_value().secret_id(id).send().await;
-                let got = got.map_err(|e| reason(&e))?;
-                match (got.secret_string, got.secret_binary) {
-                    (Some(secret), _) => Ok(secret),
-                    (None, Some(_)) => Err("the secret is binary; a string is expected".to_owned()),
-                    (None, None) => Err("the secret has no value".to_owned()),
-                }
+        SecretRef::Parameter(name) => {
+            let client = aws_sdk_ssm::Client::new(sdk);
+            let got = client
+                .get_parameter()
+                .name(name)
+                .with_decryption(true)
+                .send();
+            let parameter = got.await.map_err(|e| reason(&e))?.parameter;
+            let parameter = parameter.ok_or("the store returned no parameter")?;
+            match parameter.r#type {
+                Some(ParameterType::SecureString) => parameter
+                    .value
+                    .ok_or_else(|| "the parameter has no value".to_owned()),
+                other => Err(format!(
+                    "a {} parameter, not a SecureString: a secret is kept encrypted",
+                    other.as_ref().map_or("typeless", |t| t.as_str())
+                )),
             }
-            (SecretRef::Parameter(name), _, Some(client)) => {
-                let got = client
-                    .get_parameter()
-                    .name(name)
-                    .with_decryption(true)
-                    .send()
-                    .await;
-                let parameter = got.map_err(|e| reason(&e))?.parameter;
-                let parameter = parameter.ok_or("the store returned no parameter")?;
-                match parameter.r#type {
-                    Some(ParameterType::SecureString) => parameter
-                        .value
-                        .ok_or_else(|| "the parameter has no value".to_owned()),
-                    other => Err(format!(
-                        "a {} parameter, not a SecureString: a secret is kept encrypted",
-                        other.as_ref().map_or("typeless", |t| t.as_str())
-                    )),
-                }
-            }
-            _ => Err("no client for this store".to_owned()),
         }
     }
 }
@@ -167,16 +146,9 @@ impl Stores {
 /// A secret file's text less its trailing newline (`\n` or `\r\n`); errors never show the content.
 fn read_file(path: &str) -> Result<String, String> {
     // Once, at start: a blocking read is what the start wants.
-    match std::fs::read(path) {
-        Ok(bytes) => {
-            let mut text =
-                String::from_utf8(bytes).map_err(|_| "the file is not UTF-8 text".to_owned())?;
-            let kept = text.trim_end_matches(['\n', '\r']).len();
-            text.truncate(kept);
-            Ok(text)
-        }
-        Err(e) => Err(format!("cannot read the file: {e}")),
-    }
+    let bytes = std::fs::read(path).map_err(|e| format!("cannot read the file: {e}"))?;
+    let text = String::from_utf8(bytes).map_err(|_| "the file is not UTF-8 text".to_owned())?;
+    Ok(text.trim_end_matches(['\n', '\r']).to_owned())
 }
 
 /// What the store said, in one line: a service error's code and message (not the raw response the

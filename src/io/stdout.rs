@@ -6,7 +6,7 @@
 
 use std::io::Write;
 use std::sync::atomic::{AtomicU8, Ordering};
-use std::sync::mpsc::{Receiver, SyncSender, TryRecvError, TrySendError, sync_channel};
+use std::sync::mpsc::{Receiver, SyncSender, TrySendError, sync_channel};
 use std::sync::{Arc, OnceLock};
 
 use tokio::sync::oneshot;
@@ -62,14 +62,11 @@ impl LineWriter {
         let spawned = std::thread::Builder::new()
             .name(format!("{name}-writer"))
             .spawn(move || drain(rx, out));
-        let thread = match spawned {
-            Ok(handle) => Some(handle.thread().clone()),
-            Err(e) => {
-                // No thread: every line is refused (jobs get 503, EMF lines count as dropped).
-                tracing::error!(error = %e, "cannot start the {name} writer thread");
-                None
-            }
-        };
+        // No thread: every line is refused (jobs get 503, EMF lines count as dropped).
+        let thread = spawned
+            .inspect_err(|e| tracing::error!(error = %e, "cannot start the {name} writer thread"))
+            .ok()
+            .map(|handle| handle.thread().clone());
         Self { tx, thread }
     }
 
@@ -109,15 +106,11 @@ impl LineWriter {
         let withdraw = Withdraw(state);
         let written = ack_rx.await;
         std::mem::forget(withdraw);
-        match written {
-            Ok(Ok(())) => Ok(()),
-            Ok(Err(e)) => Err(WriteError::Failed(e)),
-            Err(_) => Err(WriteError::Stopped),
-        }
+        written
+            .map_err(|_| WriteError::Stopped)?
+            .map_err(WriteError::Failed)
     }
-}
 
-impl LineWriter {
     /// Waits at most `within` until every line handed over so far is flushed; false if stuck.
     pub async fn drain(&self, within: std::time::Duration) -> bool {
         tokio::time::timeout(within, self.write_acknowledged(Vec::new()))
@@ -142,18 +135,11 @@ fn drain(rx: Receiver<Entry>, mut out: Box<dyn Write + Send>) {
     let mut batch = Vec::with_capacity(64 * 1024);
     let mut acks = Vec::new();
     while let Ok(first) = rx.recv() {
-        let mut next = Some(first);
-        loop {
-            if let Some(entry) = next.take() {
-                take(entry, &mut batch, &mut acks);
-            }
-            if batch.len() >= BATCH_BYTES {
-                break;
-            }
-            match rx.try_recv() {
-                Ok(entry) => next = Some(entry),
-                Err(TryRecvError::Empty | TryRecvError::Disconnected) => break,
-            }
+        take(first, &mut batch, &mut acks);
+        while batch.len() < BATCH_BYTES
+            && let Ok(entry) = rx.try_recv()
+        {
+            take(entry, &mut batch, &mut acks);
         }
         let result = if batch.is_empty() {
             Ok(())
@@ -174,17 +160,13 @@ fn drain(rx: Receiver<Entry>, mut out: Box<dyn Write + Send>) {
 }
 
 /// Adds `entry` to the batch, unless it is a job already withdrawn.
-fn take(entry: Entry, batch: &mut Vec<u8>, acks: &mut Vec<oneshot::Sender<Result<(), String>>>) {
-    match entry.ack {
-        None => batch.extend_from_slice(&entry.line),
-        Some((ack, state)) => {
-            if state
-                .compare_exchange(PENDING, TAKEN, Ordering::AcqRel, Ordering::Acquire)
-                .is_ok()
-            {
-                batch.extend_from_slice(&entry.line);
-                acks.push(ack);
-            }
+fn take(entry: Entry, batch: &mut Vec<u8>, acks: &mut Vec<Ack>) {
+    if let Some((ack, state)) = entry.ack {
+        let taken = state.compare_exchange(PENDING, TAKEN, Ordering::AcqRel, Ordering::Acquire);
+        if taken.is_err() {
+            return;
         }
+        acks.push(ack);
     }
+    batch.extend_from_slice(&entry.line);
 }

@@ -151,10 +151,7 @@ impl Valkey {
     /// `config` signing in as this handle's connections do: with renewed IAM tokens when
     /// `VALKEY_AUTH=iam`, else unchanged (the URL's credentials are in [`Self::info`]).
     pub(crate) fn signed_in(&self, config: AsyncConnectionConfig) -> AsyncConnectionConfig {
-        match &self.inner.iam {
-            Some(signer) => config.set_credentials_provider(signer.clone()),
-            None => config,
-        }
+        signed_in(config, self.inner.iam.as_ref())
     }
 
     /// The bound on each command of the request path.
@@ -185,6 +182,45 @@ impl Link {
         });
         self.wake.notify_one();
     }
+
+    fn publish(&self, generation: u64, connection: Connection) {
+        let driver = matches!(connection, Connection::Standalone(_))
+            .then(single_thread)
+            .flatten();
+        self.current.send_replace(Some(Live {
+            generation,
+            connection,
+            driver,
+        }));
+        self.set_last_error(None);
+    }
+
+    /// An IAM sign-in failed: waiting callers see why; logged once per distinct reason.
+    fn sign_in_failed(&self, e: &RedisError, iam: Option<&IamConfig>) {
+        let (user, cache) = iam.map_or(("", ""), |i| (i.user.as_str(), i.cache.as_str()));
+        let reason = match e.detail() {
+            // A token that could not be signed: the AWS side's reason.
+            Some(_) => e.to_string(),
+            None => format!(
+                "the server refused the token (WRONGPASS: a token signed wrong or too long ago, a user \
+                 that is not IAM-enabled or not in the cache's user group, or a role without \
+                 elasticache:Connect on the cache and the user; {e})"
+            ),
+        };
+        let why = format!("ElastiCache IAM sign-in as {user} to {cache} failed: {reason}");
+        if self.last_error().as_deref() != Some(why.as_str()) {
+            tracing::error!(user, cache, error = %reason, "ElastiCache IAM sign-in failed; the quota store is unreachable");
+        }
+        self.set_last_error(Some(why));
+    }
+}
+
+/// `config` signing in with `iam`'s renewed tokens, if any.
+fn signed_in(config: AsyncConnectionConfig, iam: Option<&IamSigner>) -> AsyncConnectionConfig {
+    match iam {
+        Some(signer) => config.set_credentials_provider(signer.clone()),
+        None => config,
+    }
 }
 
 impl Kind {
@@ -197,12 +233,10 @@ impl Kind {
             Self::Standalone(client) => {
                 // No response timeout: callers bound their own wait, and a command they gave
                 // up on is still awaited, never cut off.
-                let mut config = AsyncConnectionConfig::new()
+                let config = AsyncConnectionConfig::new()
                     .set_connection_timeout(Some(connect_timeout))
                     .set_response_timeout(None);
-                if let Some(signer) = iam {
-                    config = config.set_credentials_provider(signer.clone());
-                }
+                let config = signed_in(config, iam);
                 let c = client
                     .get_multiplexed_async_connection_with_config(&config)
                     .await?;
@@ -262,39 +296,6 @@ async fn keep_connected(
             () = link.wake.notified() => {}
             () = link.current.closed() => return,
         }
-    }
-}
-
-impl Link {
-    fn publish(&self, generation: u64, connection: Connection) {
-        let driver = matches!(connection, Connection::Standalone(_))
-            .then(single_thread)
-            .flatten();
-        self.current.send_replace(Some(Live {
-            generation,
-            connection,
-            driver,
-        }));
-        self.set_last_error(None);
-    }
-
-    /// An IAM sign-in failed: waiting callers see why; logged once per distinct reason.
-    fn sign_in_failed(&self, e: &RedisError, iam: Option<&IamConfig>) {
-        let (user, cache) = iam.map_or(("", ""), |i| (i.user.as_str(), i.cache.as_str()));
-        let reason = match e.detail() {
-            // A token that could not be signed: the AWS side's reason.
-            Some(_) => e.to_string(),
-            None => format!(
-                "the server refused the token (WRONGPASS: a token signed wrong or too long ago, a user \
-                 that is not IAM-enabled or not in the cache's user group, or a role without \
-                 elasticache:Connect on the cache and the user; {e})"
-            ),
-        };
-        let why = format!("ElastiCache IAM sign-in as {user} to {cache} failed: {reason}");
-        if self.last_error().as_deref() != Some(why.as_str()) {
-            tracing::error!(user, cache, error = %reason, "ElastiCache IAM sign-in failed; the quota store is unreachable");
-        }
-        self.set_last_error(Some(why));
     }
 }
 

@@ -61,7 +61,8 @@ pub fn token(
     if request.serverless {
         query.push_str("&ResourceType=ServerlessCache");
     }
-    let url = format!("https://{}/?{query}", request.cache);
+    let cache = request.cache;
+    let url = format!("https://{cache}/?{query}");
     let signable = SignableRequest::new("GET", &url, std::iter::empty(), SignableBody::Bytes(&[]))
         .map_err(|e| e.to_string())?;
     let mut settings = SigningSettings::default();
@@ -86,10 +87,7 @@ pub fn token(
             query.push_str(&format!("&{name}={}", encode(value)));
         }
     }
-    Ok(format!(
-        "{}/?{query}&X-Amz-Signature={signature}",
-        request.cache
-    ))
+    Ok(format!("{cache}/?{query}&X-Amz-Signature={signature}"))
 }
 
 /// RFC 3986 percent-encoding of a query value, as SigV4 writes it: all but unreserved characters.

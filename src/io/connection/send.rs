@@ -52,13 +52,6 @@ pub struct Refusal {
 }
 
 impl Refusal {
-    fn of(e: &RedisError) -> Self {
-        Self {
-            code: e.code().map(str::to_owned),
-            message: e.to_string(),
-        }
-    }
-
     /// Whether the server refused with `code`.
     pub fn is(&self, code: &str) -> bool {
         self.code.as_deref() == Some(code)
@@ -167,9 +160,7 @@ impl Valkey {
 
     /// `PING` within `within`, a wait for a connection included: for a readiness probe.
     pub async fn ping(&self, within: Duration) -> Result<(), SendError> {
-        self.send::<String>(redis::cmd("PING"), within)
-            .await
-            .map(|_| ())
+        self.send(redis::cmd("PING"), within).await
     }
 
     /// A connection for commands outside the request path (operator tools, tests).
@@ -244,13 +235,14 @@ impl Valkey {
                     tracing::debug!(error = %e, "Valkey connection lost");
                     Err(SendError::Unanswered)
                 }
-                Err(e) => Ok(Err(Refusal::of(&e))),
+                Err(e) => Ok(Err(Refusal {
+                    code: e.code().map(str::to_owned),
+                    message: e.to_string(),
+                })),
             };
         }
     }
-}
 
-impl Valkey {
     /// Sends the write `cmd` and, when `replicas` > 0, a [`wait`](super::wait) behind it in one
     /// pipeline: its answer, and whether the replicas acknowledged it (else a failover may lose
     /// it). A refused `WAIT` (a replica refuses it) means a write that ran short of its replicas,

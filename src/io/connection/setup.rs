@@ -17,12 +17,6 @@ use crate::config::{Config, ConfigError, ValkeyConfig, is_tls_url};
 /// not redirected; the client refreshes its slot map for the next command.
 const CLUSTER_RETRIES: u32 = 0;
 
-/// Makes aws-lc-rs the process-wide rustls provider: with more than one compiled in (the AWS SDK
-/// brings its own), rustls would panic at the first TLS handshake. Err: one is installed already.
-fn install_crypto_provider() {
-    let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
-}
-
 impl Valkey {
     /// A handle on `url`, not connected yet; `timeout` bounds each command of the request path.
     pub fn new(url: &str, cluster: bool, timeout: Duration) -> Result<Self, ConfigError> {
@@ -39,12 +33,7 @@ impl Valkey {
         config: &Config,
         timeout: Duration,
     ) -> Result<Option<Self>, ConfigError> {
-        config
-            .store
-            .valkey
-            .as_ref()
-            .map(|v| Self::configured(v, timeout, v.iam.clone().map(IamSigner::new)))
-            .transpose()
+        Self::configured(config, timeout, |v| v.iam.clone().map(IamSigner::new))
     }
 
     /// The Valkey named by `config`, signing in with `signer`'s tokens: the tests know each one.
@@ -53,21 +42,19 @@ impl Valkey {
         config: &Config,
         signer: IamSigner,
     ) -> Result<Option<Self>, ConfigError> {
-        config
-            .store
-            .valkey
-            .as_ref()
-            .map(|v| Self::configured(v, config.store.timeout, Some(signer.clone())))
-            .transpose()
+        Self::configured(config, config.store.timeout, |_| Some(signer))
     }
 
     fn configured(
-        v: &ValkeyConfig,
+        config: &Config,
         timeout: Duration,
-        iam: Option<IamSigner>,
-    ) -> Result<Self, ConfigError> {
+        iam: impl FnOnce(&ValkeyConfig) -> Option<IamSigner>,
+    ) -> Result<Option<Self>, ConfigError> {
+        let Some(v) = &config.store.valkey else {
+            return Ok(None);
+        };
         let ca = v.tls_ca.as_ref().map(|ca| ca.pem.as_slice());
-        Self::with_tls_ca(&v.url, v.cluster, timeout, ca, iam)
+        Self::with_tls_ca(&v.url, v.cluster, timeout, ca, iam(v)).map(Some)
     }
 
     /// Like [`new`](Self::new), but a `rediss://` server must chain to `ca`'s PEM certificates.
@@ -79,27 +66,28 @@ impl Valkey {
         iam: Option<IamSigner>,
     ) -> Result<Self, ConfigError> {
         if is_tls_url(url) {
-            install_crypto_provider();
+            // aws-lc-rs as the process-wide rustls provider: with more than one compiled in (the
+            // AWS SDK brings its own), rustls would panic at the first TLS handshake. Err: one is
+            // installed already.
+            let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
         }
+        let info = url
+            .into_connection_info()
+            .map_err(|e| ConfigError::new("VALKEY_URL", e.to_string()))?;
         let tls = ca.map(|pem| TlsCertificates {
             client_tls: None,
             root_cert: Some(pem.to_vec()),
         });
-        let (var, info) = match url.into_connection_info() {
-            Ok(info) => ("VALKEY_TLS_CA", info),
-            Err(e) => return Err(ConfigError::new("VALKEY_URL", e.to_string())),
-        };
         // A bad CA surfaces when the client is built; name the right variable.
-        let bad = |e: RedisError| {
-            ConfigError::new(
-                if tls.is_some() { var } else { "VALKEY_URL" },
-                e.to_string(),
-            )
+        let var = if tls.is_some() {
+            "VALKEY_TLS_CA"
+        } else {
+            "VALKEY_URL"
         };
-        let connect_timeout = timeout.max(MIN_CONNECT_TIMEOUT);
+        let bad = |e: RedisError| ConfigError::new(var, e.to_string());
         let kind = if cluster {
             let mut builder = ClusterClient::builder([info.clone()])
-                .connection_timeout(connect_timeout)
+                .connection_timeout(timeout.max(MIN_CONNECT_TIMEOUT))
                 .response_timeout(DETACHED_WAIT)
                 .retries(CLUSTER_RETRIES);
             if let Some(certs) = &tls {

@@ -28,13 +28,8 @@ impl Default for Spool {
 impl Spool {
     /// Jobs to `out`, through a writer thread of their own.
     pub fn new(out: Box<dyn Write + Send>) -> Self {
-        Self::with_capacity(out, LINE_QUEUE)
-    }
-
-    /// The same, with room for `capacity` lines waiting to be written.
-    pub fn with_capacity(out: Box<dyn Write + Send>, capacity: usize) -> Self {
         Self {
-            out: LineWriter::spawn("spool", out, capacity),
+            out: LineWriter::spawn("spool", out, LINE_QUEUE),
         }
     }
 }
@@ -131,7 +126,9 @@ mod tests {
     #[tokio::test]
     async fn full_queue_fails_fast_and_withdrawn_jobs_stay_unwritten() {
         let (sink, open) = Stuck::new();
-        let spool = Spool::with_capacity(Box::new(sink.clone()), 2);
+        let spool = Spool {
+            out: LineWriter::spawn("spool", Box::new(sink.clone()), 2),
+        };
         // The first job is taken by the writer, which blocks writing it.
         let first = tokio::spawn({
             let spool = spool.clone();

@@ -49,14 +49,8 @@ impl SqsQueue {
             .timeout_config(timeouts)
             .retry_config(RetryConfig::standard().with_max_attempts(MAX_ATTEMPTS))
             .build();
-        Self::with_client(Client::from_conf(config), url)
-    }
-
-    /// A queue at `url` over `client`: build it with one attempt, as [`new`](Self::new) does, or a
-    /// timed-out message may be sent twice.
-    pub fn with_client(client: Client, url: impl Into<String>) -> Self {
         Self {
-            client,
+            client: Client::from_conf(config),
             url: url.into(),
             over_url: None,
         }
@@ -118,16 +112,14 @@ fn traced(
 impl ScanQueue for SqsQueue {
     async fn enqueue(&self, job: &ScanJob) -> Result<(), SendError> {
         let body = serde_json::to_string(job).map_err(|e| SendError::NotSent(e.to_string()))?;
-        let (url, group) = match (job.lane(), &self.over_url) {
-            (Lane::Over, Some(over)) => (over, Some(job.tenant())),
-            (Lane::Over, None) => (&self.url, Some(job.tenant())),
-            (Lane::Within, _) => (&self.url, None),
-        };
+        let over = job.lane() == Lane::Over;
+        let url = self.over_url.as_ref().filter(|_| over).unwrap_or(&self.url);
+        let group = over.then(|| job.tenant().to_owned());
         let send = self
             .client
             .send_message()
             .queue_url(url)
-            .set_message_group_id(group.map(str::to_owned))
+            .set_message_group_id(group)
             .message_body(body)
             .delay_seconds(delay_seconds(job.deferred()))
             .message_attributes("scope", string_attribute(job.scope.as_str())?)

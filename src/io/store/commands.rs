@@ -12,14 +12,10 @@ use crate::rules::pace::Paced;
 use crate::rules::unix::{UnixMillis, UnixSecs, duration_ms};
 
 /// `pace.lua` and `take_bed.lua` call `take_bed`, defined once in `bed.lua`.
-const PACE: &str = concat!(include_str!("bed.lua"), include_str!("pace.lua"));
+pub(super) const PACE: &str = concat!(include_str!("bed.lua"), include_str!("pace.lua"));
 const TAKE_BED: &str = concat!(include_str!("bed.lua"), include_str!("take_bed.lua"));
 const UNPACE: &str = include_str!("unpace.lua");
-const REFUND: &str = include_str!("refund.lua");
-
-/// The pacing and refund scripts, for the test that reads every script.
-pub const PACE_SCRIPT: &str = PACE;
-pub const REFUND_SCRIPT: &str = REFUND;
+pub(super) const REFUND: &str = include_str!("refund.lua");
 
 pub(super) fn iso8601(at: UnixSecs) -> String {
     crate::io::clock::rfc3339(at.get())
@@ -235,13 +231,10 @@ pub(super) fn pace_script(lanes: &[PaceLane<'_>], args: &PaceArgs<'_>) -> redis:
 pub(super) fn paced(reply: &[i64]) -> Paced {
     let ms = |i: usize| u64::try_from(reply.get(i).copied().unwrap_or(0)).unwrap_or(0);
     if reply.first() == Some(&1) {
-        let bed = match reply.get(3) {
-            Some(taken) if *taken >= 0 => Some(Bed {
-                taken: *taken == 1,
-                asleep: u32::try_from(ms(4)).unwrap_or(u32::MAX),
-            }),
-            _ => None,
-        };
+        let bed = reply.get(3).filter(|taken| **taken >= 0).map(|taken| Bed {
+            taken: *taken == 1,
+            asleep: u32::try_from(ms(4)).unwrap_or(u32::MAX),
+        });
         return Paced::Slot {
             delay_ms: ms(1),
             bed,

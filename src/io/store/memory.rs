@@ -153,15 +153,9 @@ impl Inner {
     }
 }
 
-/// An in-memory quota store.
-#[derive(Clone)]
-pub struct MemoryStore {
-    inner: Arc<Mutex<Inner>>,
-}
-
-impl Default for MemoryStore {
+impl Default for Inner {
     fn default() -> Self {
-        let inner = Inner {
+        Self {
             entries: HashMap::new(),
             records: HashMap::new(),
             grants: HashMap::new(),
@@ -169,11 +163,14 @@ impl Default for MemoryStore {
             sweep_at_len: MIN_SWEEP_LEN,
             earliest_reset: UnixSecs(i64::MAX),
             last_sweep: UnixSecs(i64::MIN),
-        };
-        Self {
-            inner: Arc::new(Mutex::new(inner)),
         }
     }
+}
+
+/// An in-memory quota store.
+#[derive(Clone, Default)]
+pub struct MemoryStore {
+    inner: Arc<Mutex<Inner>>,
 }
 
 impl MemoryStore {
@@ -265,10 +262,9 @@ impl QuotaStore for MemoryStore {
     async fn pace(&self, args: PaceArgs<'_>) -> Result<Paced, SendError> {
         let now = args.arrival_ms.secs();
         let mut inner = self.lock();
-        let levels = args.levels.iter().map(|l| (l.key, l.delay_ms));
-        let lines: Vec<(&str, u64)> = std::iter::once((args.key, args.delay_ms))
-            .chain(levels)
-            .map(|(key, delay)| (key.counter.as_str(), delay))
+        let lines: Vec<(&str, u64)> = std::iter::once(args.subject())
+            .chain(args.levels.iter().copied())
+            .map(|l| (l.key.counter.as_str(), l.delay_ms))
             .collect();
         let previous = |e: Option<&mut Entry>| e.map_or(UnixMillis(0), |e| e.slot_ms);
         let slots: Vec<(UnixMillis, u64)> = (lines.iter())

@@ -10,6 +10,8 @@ pub mod memory;
 pub mod quota_store;
 pub mod valkey;
 
+use std::time::Duration;
+
 use uuid::Uuid;
 
 use crate::rules::delay::{Bed, LoneBed};
@@ -36,79 +38,47 @@ pub enum AnyStore {
     Valkey(valkey::ValkeyStore),
 }
 
+/// Forwards each method of [`QuotaStore`] to the chosen store.
 macro_rules! dispatch {
-    ($self:ident, $s:ident => $call:expr) => {
-        match $self {
-            Self::Memory($s) => $call.await,
-            Self::Valkey($s) => $call.await,
+    () => {};
+    (fn $name:ident(&self $(, $arg:ident: $ty:ty)*) $(-> $ret:ty)?; $($rest:tt)*) => {
+        fn $name(&self $(, $arg: $ty)*) $(-> $ret)? {
+            match self {
+                Self::Memory(s) => s.$name($($arg),*),
+                Self::Valkey(s) => s.$name($($arg),*),
+            }
         }
+        dispatch!($($rest)*);
+    };
+    (async fn $name:ident(&self $(, $arg:ident: $ty:ty)*) -> $ret:ty; $($rest:tt)*) => {
+        async fn $name(&self $(, $arg: $ty)*) -> $ret {
+            match self {
+                Self::Memory(s) => s.$name($($arg),*).await,
+                Self::Valkey(s) => s.$name($($arg),*).await,
+            }
+        }
+        dispatch!($($rest)*);
     };
 }
 
 impl QuotaStore for AnyStore {
-    fn warm_up(&self) {
-        match self {
-            Self::Memory(s) => s.warm_up(),
-            Self::Valkey(s) => s.warm_up(),
-        }
-    }
-
-    fn bounds_itself(&self) -> bool {
-        match self {
-            Self::Memory(s) => s.bounds_itself(),
-            Self::Valkey(s) => s.bounds_itself(),
-        }
-    }
-
-    async fn ready(&self, within: std::time::Duration) -> Result<(), SendError> {
-        dispatch!(self, s => s.ready(within))
-    }
-
-    async fn count(&self, args: CountArgs<'_>) -> Result<Tally, CountFailed> {
-        dispatch!(self, s => s.count(args))
-    }
-
-    async fn peek_levels(&self, keys: &[QuotaKey], now: UnixSecs) -> Result<Vec<Peek>, SendError> {
-        dispatch!(self, s => s.peek_levels(keys, now))
-    }
-
-    async fn count_keyed(
-        &self,
-        args: CountArgs<'_>,
-        claim: &Claim,
-    ) -> Result<Claimed, CountFailed> {
-        dispatch!(self, s => s.count_keyed(args, claim))
-    }
-
-    async fn peek(&self, key: &QuotaKey, now: UnixSecs) -> Result<Peek, SendError> {
-        dispatch!(self, s => s.peek(key, now))
-    }
-
-    async fn pace(&self, args: PaceArgs<'_>) -> Result<Paced, SendError> {
-        dispatch!(self, s => s.pace(args))
-    }
-
-    async fn take_bed(&self, bed: LoneBed) -> Result<Bed, SendError> {
-        dispatch!(self, s => s.take_bed(bed))
-    }
-
-    async fn refund(&self, refund: Refund<'_>) -> Result<(), SendError> {
-        dispatch!(self, s => s.refund(refund))
-    }
-
-    async fn has_record(&self, record: &str, now: UnixSecs) -> Result<bool, SendError> {
-        dispatch!(self, s => s.has_record(record, now))
-    }
-
-    async fn release(&self, record: &str, scan_id: Uuid, now: UnixSecs) -> Result<(), SendError> {
-        dispatch!(self, s => s.release(record, scan_id, now))
-    }
-
-    async fn update_record(&self, update: RecordUpdate<'_>) -> Result<(), SendError> {
-        dispatch!(self, s => s.update_record(update))
-    }
-
-    async fn take_over(&self, args: TakeOver<'_>) -> Result<bool, SendError> {
-        dispatch!(self, s => s.take_over(args))
+    dispatch! {
+        fn warm_up(&self);
+        fn bounds_itself(&self) -> bool;
+        async fn ready(&self, within: Duration) -> Result<(), SendError>;
+        async fn count(&self, args: CountArgs<'_>) -> Result<Tally, CountFailed>;
+        async fn peek(&self, key: &QuotaKey, now: UnixSecs) -> Result<Peek, SendError>;
+        async fn peek_levels(&self, keys: &[QuotaKey], now: UnixSecs)
+            -> Result<Vec<Peek>, SendError>;
+        async fn count_keyed(&self, args: CountArgs<'_>, claim: &Claim)
+            -> Result<Claimed, CountFailed>;
+        async fn pace(&self, args: PaceArgs<'_>) -> Result<Paced, SendError>;
+        async fn take_bed(&self, bed: LoneBed) -> Result<Bed, SendError>;
+        async fn refund(&self, refund: Refund<'_>) -> Result<(), SendError>;
+        async fn has_record(&self, record: &str, now: UnixSecs) -> Result<bool, SendError>;
+        async fn release(&self, record: &str, scan_id: Uuid, now: UnixSecs)
+            -> Result<(), SendError>;
+        async fn update_record(&self, update: RecordUpdate<'_>) -> Result<(), SendError>;
+        async fn take_over(&self, args: TakeOver<'_>) -> Result<bool, SendError>;
     }
 }

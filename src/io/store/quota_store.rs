@@ -48,6 +48,17 @@ pub struct PaceArgs<'a> {
     pub bed: Option<BedAsk>,
 }
 
+impl PaceArgs<'_> {
+    /// The subject's own line.
+    pub fn subject(&self) -> PaceLane<'_> {
+        PaceLane {
+            key: self.key,
+            delay_ms: self.delay_ms,
+            reset_at: self.reset_at,
+        }
+    }
+}
+
 /// A level's line in one pacing step.
 #[derive(Debug, Clone, Copy)]
 pub struct PaceLane<'a> {
@@ -130,9 +141,8 @@ pub trait QuotaStore: Send + Sync + 'static {
     fn warm_up(&self) {}
 
     /// Whether the store answers a command within `within` now (`GET /readyz`).
-    fn ready(&self, within: Duration) -> impl Future<Output = Result<(), SendError>> + Send {
-        let _ = within;
-        std::future::ready(Ok(()))
+    fn ready(&self, _within: Duration) -> impl Future<Output = Result<(), SendError>> + Send {
+        async { Ok(()) }
     }
 
     /// Whether every call bounds its own wait, so the gate need not arm a second timer around it.

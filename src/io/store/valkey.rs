@@ -12,9 +12,9 @@ use crate::rules::delay::{Bed, BedAsk, LoneBed};
 use crate::rules::unix::UnixSecs;
 
 use super::commands::{
-    GrantHeld, PACE_SCRIPT, REFUND_SCRIPT, bed_of, count_of, in_subject_period, iso8601,
-    level_commands, level_width, pace_script, paced, peek_commands, peek_of, refund_script,
-    spread_excess, subject_commands, take_bed_script, tally, unexpected,
+    GrantHeld, PACE, REFUND, bed_of, count_of, in_subject_period, iso8601, level_commands,
+    level_width, pace_script, paced, peek_commands, peek_of, refund_script, spread_excess,
+    subject_commands, take_bed_script, tally, unexpected,
 };
 use super::quota_store::{
     CountArgs, CountFailed, PaceArgs, PaceLane, QuotaStore, RecordUpdate, Refund, SendError,
@@ -35,8 +35,8 @@ const TAKE_OVER: &str = include_str!("take_over.lua");
 /// Every script that reads or writes an idempotency record, for the test of their field names.
 pub const RECORD_SCRIPTS: [(&str, &str); 5] = [
     ("claim.lua", CLAIM),
-    ("pace.lua", PACE_SCRIPT),
-    ("refund.lua", REFUND_SCRIPT),
+    ("pace.lua", PACE),
+    ("refund.lua", REFUND),
     ("release.lua", RELEASE),
     ("take_over.lua", TAKE_OVER),
 ];
@@ -145,16 +145,15 @@ impl ValkeyStore {
 
     /// A bed asked after a cluster's pacing step: none if it cannot be had; the slot stands.
     async fn bed_after(&self, ask: BedAsk, args: &PaceArgs<'_>, delay_ms: u64) -> Option<Bed> {
-        let bed = self.take_bed(LoneBed {
+        let bed = LoneBed {
             ask,
             arrival: args.arrival_ms,
             wait_ms: delay_ms,
-        });
-        let bed = bed.await;
-        if let Err(e) = &bed {
-            tracing::warn!(error = %e, "no bed: the scan sleeps nothing");
-        }
-        bed.ok()
+        };
+        self.take_bed(bed)
+            .await
+            .inspect_err(|e| tracing::warn!(error = %e, "no bed: the scan sleeps nothing"))
+            .ok()
     }
 
     /// Reads one counter, changing nothing.
@@ -255,12 +254,7 @@ impl QuotaStore for ValkeyStore {
         if cluster && !levels.is_empty() {
             return self.pace_in_cluster(&args, &levels).await;
         }
-        let subject = PaceLane {
-            key: args.key,
-            delay_ms: args.delay_ms,
-            reset_at: args.reset_at,
-        };
-        let lanes: Vec<PaceLane<'_>> = std::iter::once(subject).chain(levels).collect();
+        let lanes: Vec<PaceLane<'_>> = std::iter::once(args.subject()).chain(levels).collect();
         // In a cluster the beds live in a slot of their own: asked after.
         let step = PaceArgs {
             bed: args.bed.filter(|_| !cluster),
@@ -292,8 +286,7 @@ impl QuotaStore for ValkeyStore {
 
     async fn refund(&self, refund: Refund<'_>) -> Result<(), SendError> {
         if refund.levels.is_empty() || !self.valkey.is_cluster() {
-            let _: i64 = self.send(refund_script(&refund, refund.levels)).await?;
-            return Ok(());
+            return self.send(refund_script(&refund, refund.levels)).await;
         }
         self.refund_in_cluster(&refund).await
     }
@@ -307,8 +300,7 @@ impl QuotaStore for ValkeyStore {
     async fn release(&self, record: &str, scan_id: Uuid, _now: UnixSecs) -> Result<(), SendError> {
         let mut cmd = eval(RELEASE, &[record]);
         cmd.arg(scan_id.to_string());
-        let _: i64 = self.send(cmd).await?;
-        Ok(())
+        self.send(cmd).await
     }
 
     async fn update_record(&self, update: RecordUpdate<'_>) -> Result<(), SendError> {
@@ -324,8 +316,7 @@ impl QuotaStore for ValkeyStore {
             .arg(IDEMPOTENCY_TTL_SECS)
             .arg("NX")
             .ignore();
-        let () = self.send(pipe).await?;
-        Ok(())
+        self.send(pipe).await
     }
 
     async fn take_over(&self, args: TakeOver<'_>) -> Result<bool, SendError> {

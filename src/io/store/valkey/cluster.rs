@@ -19,13 +19,12 @@ impl ValkeyStore {
             let mut pipe = redis::Pipeline::with_capacity(3);
             level_commands(&mut pipe, &level.key, args);
             let reply = self.send::<Vec<Value>>(pipe).await;
-            match reply.map(|r| level_of(&r, args.period_end, args.now)) {
-                Ok(Ok(count)) => Ok(count),
-                Ok(Err(_)) => Err(NoAnswer { may_land: false }),
-                Err(e) => Err(NoAnswer {
+            // A reply of the wrong shape is refused: it cannot land.
+            reply
+                .and_then(|r| level_of(&r, args.period_end, args.now))
+                .map_err(|e| NoAnswer {
                     may_land: e.may_land(),
-                }),
-            }
+                })
         });
         futures_util::future::join_all(counts).await
     }
@@ -40,12 +39,7 @@ impl ValkeyStore {
         args: &PaceArgs<'_>,
         levels: &[PaceLane<'_>],
     ) -> Result<Paced, SendError> {
-        let subject = PaceLane {
-            key: args.key,
-            delay_ms: args.delay_ms,
-            reset_at: args.reset_at,
-        };
-        let lines: Vec<PaceLane<'_>> = std::iter::once(subject)
+        let lines: Vec<PaceLane<'_>> = std::iter::once(args.subject())
             .chain(levels.iter().copied())
             .filter(|l| l.delay_ms > 0)
             .collect();
@@ -100,11 +94,9 @@ impl ValkeyStore {
         // yet (the caller sends it all again); a keyed one takes levels back only as the claim's
         // own (answered, not -2); an unkeyed one takes every level back, whatever its own fate.
         let subject = self.send::<i64>(refund_script(refund, &[])).await;
-        let levels_go = match (&subject, refund.record) {
-            (Err(e), _) if e.never_sent() => false,
-            (_, None) => true,
-            (Ok(taken), Some(_)) => *taken != -2,
-            (Err(_), Some(_)) => false,
+        let levels_go = match refund.record {
+            None => !subject.as_ref().is_err_and(SendError::never_sent),
+            Some(_) => subject.as_ref().is_ok_and(|taken| *taken != -2),
         };
         if levels_go {
             let refunds = refund.levels.iter().map(|&(key, period_end)| {
