@@ -200,13 +200,13 @@ pub async fn purge(args: PurgeArgs, config: &Config) -> Result<(), OpsError> {
 
 /// `quota-gate stats`, with the AWS configuration from the environment.
 pub async fn stats(args: StatsArgs, config: &Config) -> Result<(), OpsError> {
-    let since = args.since;
+    stats::preflight().await?;
     let sdk = aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await;
     let client = aws_sdk_cloudwatch::Client::new(&sdk);
     let report = stats::stats(
         &client,
         &config.metrics_namespace,
-        since,
+        args.since,
         OffsetDateTime::now_utc(),
     )
     .await?;

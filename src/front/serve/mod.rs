@@ -46,31 +46,22 @@ pub use server::Server;
 
 use admission::Admission;
 
-/// [`serve_with`] with the default [`ServeLimits`].
+/// Serves `gate` on `listener` (on the calling runtime) with the default [`ServeLimits`] until
+/// `shutdown` completes, then lets the requests in flight finish (at most
+/// [`ServeLimits::drain_timeout`]). [`Server`] runs one per worker.
 pub async fn serve<S: QuotaStore, Q: ScanQueue>(
     listener: TcpListener,
     gate: Arc<Gate<S, Q>>,
     metrics: Option<PrometheusHandle>,
     shutdown: impl Future<Output = ()>,
 ) -> std::io::Result<()> {
-    serve_with(listener, gate, metrics, ServeLimits::default(), shutdown).await
-}
-
-/// Serves `gate` on `listener` (on the calling runtime) until `shutdown` completes, then lets the
-/// requests in flight finish (at most [`ServeLimits::drain_timeout`]). [`Server`] runs one per
-/// worker.
-pub async fn serve_with<S: QuotaStore, Q: ScanQueue>(
-    listener: TcpListener,
-    gate: Arc<Gate<S, Q>>,
-    metrics: Option<PrometheusHandle>,
-    limits: ServeLimits,
-    shutdown: impl Future<Output = ()>,
-) -> std::io::Result<()> {
+    let limits = ServeLimits::default();
+    let admission = Admission::new(&limits);
     let worker = connection::Worker {
         gate,
         metrics,
         limits,
-        admission: Admission::new(&limits),
+        admission,
     };
     worker.run(listener, shutdown).await
 }

@@ -13,7 +13,7 @@ use metrics_exporter_prometheus::PrometheusHandle;
 use tokio::sync::OwnedSemaphorePermit;
 use tokio_util::task::TaskTracker;
 
-use super::limits::ServeLimits;
+use super::limits::BODY_READ_TIMEOUT;
 use crate::gate::error::{GateError, Queued};
 use crate::gate::validate::MAX_BODY_BYTES;
 use crate::gate::{Gate, GateRequest};
@@ -25,34 +25,8 @@ use crate::io::store::QuotaStore;
 pub(super) struct Routes<S, Q> {
     pub gate: Arc<Gate<S, Q>>,
     pub metrics: Option<PrometheusHandle>,
-    pub limits: ServeLimits,
     /// The gate's tasks; shutdown waits for them.
     pub scans: TaskTracker,
-}
-
-/// A `GET` or `HEAD` of `path` (hyper leaves out a HEAD's body).
-fn is_probe(request: &Request<Incoming>, path: &str) -> bool {
-    (request.method() == Method::GET || request.method() == Method::HEAD)
-        && request.uri().path() == path
-}
-
-/// `GET /healthz` and `GET /metrics`; `None` for everything else.
-fn endpoint(
-    request: &Request<Incoming>,
-    metrics: Option<&PrometheusHandle>,
-) -> Option<Response<Full<Bytes>>> {
-    if request.method() != Method::GET && request.method() != Method::HEAD {
-        return None;
-    }
-    match (request.uri().path(), metrics) {
-        ("/healthz", _) => Some(text(StatusCode::OK, "text/plain", ALIVE.into())),
-        ("/metrics", Some(handle)) => Some(text(
-            StatusCode::OK,
-            "text/plain; version=0.0.4",
-            crate::io::meter::prometheus::render(handle),
-        )),
-        _ => None,
-    }
 }
 
 impl<S: QuotaStore, Q: ScanQueue> Routes<S, Q> {
@@ -63,24 +37,31 @@ impl<S: QuotaStore, Q: ScanQueue> Routes<S, Q> {
         slot: Arc<OwnedSemaphorePermit>,
         request: Request<Incoming>,
     ) -> Result<Response<Full<Bytes>>, Infallible> {
-        if let Some(answer) = endpoint(&request, self.metrics.as_ref()) {
-            return Ok(answer);
-        }
-        if is_probe(&request, "/readyz") {
-            let store = self.gate.store().ready(READY_TIMEOUT).await;
-            let (status, body) = readiness(&store);
-            return Ok(text(status, "application/json", body.into()));
+        // A `GET` or `HEAD` (hyper leaves out a HEAD's body) of a probe or the metrics.
+        let probe = matches!(*request.method(), Method::GET | Method::HEAD);
+        match (probe, request.uri().path(), &self.metrics) {
+            (true, "/healthz", _) => return Ok(text(StatusCode::OK, "text/plain", ALIVE.into())),
+            (true, "/metrics", Some(handle)) => {
+                let body = crate::io::meter::prometheus::render(handle);
+                return Ok(text(StatusCode::OK, "text/plain; version=0.0.4", body));
+            }
+            (true, "/readyz", _) => {
+                let store = self.gate.store().ready(READY_TIMEOUT).await;
+                let (status, body) = readiness(&store);
+                return Ok(text(status, "application/json", body.into()));
+            }
+            _ => {}
         }
         if let Some(refusal) = refuse_before_body(&request) {
             return Ok(refusal);
         }
         let (parts, body) = request.into_parts();
         let limited = Limited::new(body, MAX_BODY_BYTES + 1).collect();
-        let body = match tokio::time::timeout(self.limits.body_read_timeout, limited).await {
+        let body = match tokio::time::timeout(BODY_READ_TIMEOUT, limited).await {
             Ok(Ok(collected)) => collected.to_bytes(),
             Ok(Err(e)) => return Ok(closing(unreadable_body(&*e).to_response())),
             Err(_) => {
-                let after = self.limits.body_read_timeout;
+                let after = BODY_READ_TIMEOUT;
                 return Ok(closing(GateError::BodyTimeout { after }.to_response()));
             }
         };

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 
 use metrics_exporter_prometheus::PrometheusHandle;
-use tokio::sync::{mpsc, watch};
+use tokio_util::sync::CancellationToken;
 
 use super::admission::Admission;
 use super::connection::Worker;
@@ -89,24 +89,14 @@ impl Server {
         })
     }
 
-    /// The address it listens on (a port of 0 is chosen by the system).
-    pub fn local_addr(&self) -> std::io::Result<SocketAddr> {
-        self.listener.local_addr()
-    }
-
-    /// The limits in force (the connection cap fitted to the open-file limit).
-    pub fn limits(&self) -> ServeLimits {
-        self.limits
-    }
-
     /// Serves until `shutdown` completes (or a worker stops), then drains and joins every worker.
     pub async fn run(self, shutdown: impl Future<Output = ()>) -> Result<(), String> {
-        let addr = self.local_addr().map_err(|e| e.to_string())?;
+        let addr = self.listener.local_addr().map_err(|e| e.to_string())?;
         let workers = self.gates.len();
         let admission = Admission::new(&self.limits);
-        let (stop, stopping) = watch::channel(false);
-        // A worker that ends before the shutdown (it could not start) stops all.
-        let (ended, mut worker_ended) = mpsc::channel::<()>(workers.max(1));
+        // Cancelled to stop the workers, and by any worker that ends: one that could not start
+        // stops all.
+        let stop = CancellationToken::new();
         let mut threads = Vec::with_capacity(workers);
         for (i, gate) in self.gates.into_iter().enumerate() {
             let worker = Worker {
@@ -116,21 +106,21 @@ impl Server {
                 admission: admission.clone(),
             };
             let listener = self.listener.try_clone().map_err(|e| e.to_string())?;
-            let thread = spawn_worker(i, worker, listener, stopping.clone(), ended.clone())
+            let thread = spawn_worker(i, worker, listener, stop.clone())
                 .map_err(|e| format!("cannot start a serve worker: {e}"))?;
             threads.push(thread);
         }
-        drop((self.listener, ended));
+        drop(self.listener);
         tracing::info!(%addr, store = self.store, workers, "quota-gate serving POST /scan");
         let drain_limit_ms = duration_ms(self.limits.drain_timeout);
         tokio::select! {
             () = shutdown => {
                 tracing::info!(drain_limit_ms, "shutting down: finishing requests in flight, for at most the drain limit");
             }
-            _ = worker_ended.recv() => tracing::error!("a serve worker stopped; shutting down"),
+            () = stop.cancelled() => tracing::error!("a serve worker stopped; shutting down"),
         }
         let draining = std::time::Instant::now();
-        let _ = stop.send(true);
+        stop.cancel();
         let joined = tokio::task::spawn_blocking(move || join_all(threads))
             .await
             .map_err(|e| e.to_string())?
@@ -144,25 +134,22 @@ impl Server {
 
 type WorkerThread = JoinHandle<std::io::Result<()>>;
 
-/// Starts worker `i` on a thread and runtime of its own, serving until `stopping` turns true.
+/// Starts worker `i` on a thread and runtime of its own, serving until `stop` is cancelled, which
+/// it cancels when it ends, however it ends.
 fn spawn_worker(
     i: usize,
     worker: Worker<AnyStore, AnyQueue>,
     listener: std::net::TcpListener,
-    mut stopping: watch::Receiver<bool>,
-    ended: mpsc::Sender<()>,
+    stop: CancellationToken,
 ) -> std::io::Result<WorkerThread> {
     let run = move || -> std::io::Result<()> {
-        let _ended = DropSends(ended);
+        let _ended = stop.clone().drop_guard();
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()?;
         runtime.block_on(async move {
             let listener = tokio::net::TcpListener::from_std(listener)?;
-            let shutdown = async move {
-                let _ = stopping.wait_for(|stop| *stop).await;
-            };
-            worker.run(listener, shutdown).await
+            worker.run(listener, stop.cancelled_owned()).await
         })
     };
     std::thread::Builder::new()
@@ -175,15 +162,6 @@ fn join_all(threads: Vec<WorkerThread>) -> std::io::Result<()> {
         t.join()
             .unwrap_or_else(|_| Err(std::io::Error::other("worker panicked")))
     })
-}
-
-/// Says so on its channel when dropped: a worker thread's end, however it ends.
-struct DropSends(mpsc::Sender<()>);
-
-impl Drop for DropSends {
-    fn drop(&mut self) {
-        let _ = self.0.try_send(());
-    }
 }
 
 /// Warns when other hosts may connect and no proxy is trusted: behind a proxy every client shares
@@ -204,7 +182,6 @@ fn listen_on(addr: SocketAddr) -> std::io::Result<std::net::TcpListener> {
     use socket2::{Domain, Protocol, Socket, Type};
     let socket = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
     // A restart may bind while old connections sit in TIME_WAIT.
-    #[cfg(unix)]
     socket.set_reuse_address(true)?;
     socket.bind(&addr.into())?;
     socket.listen(LISTEN_BACKLOG)?;
