@@ -26,9 +26,9 @@ pub enum Command {
     /// Serve POST /scan, GET /quota, GET /healthz, GET /readyz and GET /metrics on QUOTA_LISTEN (default 127.0.0.1:9000).
     Serve,
     /// Show one client's counter, TTL, first-seen, reset, paced backlog and next tier (needs VALKEY_URL).
-    Inspect(crate::front::ops::command::InspectArgs),
+    Inspect(crate::front::ops::command::ClientArgs),
     /// Remove one client's keys: counter, first-seen, pacing slot, grant, idempotency records (needs VALKEY_URL).
-    Reset(crate::front::ops::command::ResetArgs),
+    Reset(crate::front::ops::command::ClientArgs),
     /// Give one client N extra scans for the current period, or --revoke them (needs VALKEY_URL).
     Grant(crate::front::ops::command::GrantArgs),
     /// Remove every quota:* key, the seed's mass expiry (needs VALKEY_URL and --yes).

@@ -62,17 +62,9 @@ impl SubjectArgs {
     }
 }
 
+/// `inspect` and `reset`: one client or level.
 #[derive(Debug, Args)]
-pub struct InspectArgs {
-    #[command(flatten)]
-    pub subject: SubjectArgs,
-    /// Print JSON, for scripts.
-    #[arg(long)]
-    pub json: bool,
-}
-
-#[derive(Debug, Args)]
-pub struct ResetArgs {
+pub struct ClientArgs {
     #[command(flatten)]
     pub subject: SubjectArgs,
     /// Print JSON, for scripts.
@@ -116,16 +108,11 @@ pub struct PurgeArgs {
 #[derive(Debug, Args)]
 pub struct StatsArgs {
     /// The window to read, ending now: a number and s, m, h or d.
-    #[arg(long, default_value = "24h", value_name = "DURATION", value_parser = since_arg)]
+    #[arg(long, default_value = "24h", value_name = "DURATION", value_parser = stats::parse_since)]
     pub since: std::time::Duration,
     /// Print JSON, for scripts.
     #[arg(long)]
     pub json: bool,
-}
-
-/// `--since`, checked while the command line is read, so a bad window is a usage error (exit 2).
-fn since_arg(raw: &str) -> Result<std::time::Duration, String> {
-    stats::parse_since(raw).map_err(|e| e.to_string().trim_start_matches("--since: ").to_owned())
 }
 
 fn print<T: Serialize>(
@@ -144,7 +131,7 @@ fn print<T: Serialize>(
 }
 
 /// `quota-gate inspect`.
-pub async fn inspect(args: InspectArgs, config: &Config) -> Result<(), OpsError> {
+pub async fn inspect(args: ClientArgs, config: &Config) -> Result<(), OpsError> {
     if let Some(cidr) = &args.subject.network {
         let report = network::inspect_network(config, cidr).await?;
         return print(args.json, &report, super::level_report::LevelReport::render);
@@ -162,7 +149,7 @@ pub async fn inspect(args: InspectArgs, config: &Config) -> Result<(), OpsError>
 }
 
 /// `quota-gate reset`.
-pub async fn reset(args: ResetArgs, config: &Config) -> Result<(), OpsError> {
+pub async fn reset(args: ClientArgs, config: &Config) -> Result<(), OpsError> {
     if let Some(cidr) = &args.subject.network {
         let removal = network::reset(config, cidr).await?;
         return print(args.json, &removal, network::render_removal);
@@ -175,10 +162,7 @@ pub async fn reset(args: ResetArgs, config: &Config) -> Result<(), OpsError> {
 
 /// `quota-gate grant`.
 pub async fn grant(args: GrantArgs, config: &Config) -> Result<(), OpsError> {
-    let scans = match args.scans {
-        Some(n) => change::check_scans(n)?,
-        None => 0,
-    };
+    let scans = args.scans.map_or(Ok(0), change::check_scans)?;
     if let Some(cidr) = &args.subject.network {
         let granted = network::grant(config, cidr, scans).await?;
         return print(args.json, &granted, change::Granted::render);

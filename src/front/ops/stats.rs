@@ -46,17 +46,15 @@ pub async fn preflight() -> Result<(), OpsError> {
     }
 }
 
-/// Parses `--since` with `humantime` (`24h`, `7d`, `1h 30m`).
-pub fn parse_since(raw: &str) -> Result<Duration, OpsError> {
-    let window = humantime::parse_duration(raw.trim()).map_err(|e| {
-        OpsError::Usage(format!(
-            "--since: expected a duration like 24h, 90m or 7d ({e}); got {raw:?}"
-        ))
-    })?;
+/// Parses `--since` with `humantime` (`24h`, `7d`, `1h 30m`) while the command line is read, so a
+/// bad window is a usage error (exit 2).
+pub fn parse_since(raw: &str) -> Result<Duration, String> {
+    let window = humantime::parse_duration(raw.trim())
+        .map_err(|e| format!("expected a duration like 24h, 90m or 7d ({e}); got {raw:?}"))?;
     if window < Duration::from_secs(60) || window > MAX_WINDOW {
-        return Err(OpsError::Usage(format!(
-            "--since: between 1m and 455d (CloudWatch's periods and retention); got {raw:?}"
-        )));
+        return Err(format!(
+            "between 1m and 455d (CloudWatch's periods and retention); got {raw:?}"
+        ));
     }
     Ok(window)
 }
@@ -137,20 +135,12 @@ pub async fn stats(
 /// The scopes reported, in the order of the query slots.
 const SCOPES: [Scope; 2] = [Scope::Ip, Scope::Tid];
 
-/// Every query for every scope: the counts, and the percentiles.
+/// Every query for every scope, by slot: the counts, and the percentiles.
 fn queries(namespace: &str, period: i32) -> (Vec<MetricDataQuery>, Vec<MetricDataQuery>) {
-    let (mut counts, mut percentiles) = (Vec::new(), Vec::new());
-    for scope in SCOPES {
-        for (i, (metric, stat)) in QUERIES.iter().enumerate() {
-            let q = query(namespace, scope, metric, stat, period, i);
-            if stat.starts_with('p') {
-                percentiles.push(q);
-            } else {
-                counts.push(q);
-            }
-        }
-    }
-    (counts, percentiles)
+    let (percentiles, counts): (Vec<usize>, Vec<usize>) = (0..SCOPES.len() * QUERIES.len())
+        .partition(|slot| QUERIES[slot % QUERIES.len()].1.starts_with('p'));
+    let build = |slots: Vec<usize>| slots.into_iter().map(|slot| query(namespace, period, slot));
+    (build(counts).collect(), build(percentiles).collect())
 }
 
 fn scope_stats(values: &[Vec<f64>]) -> Vec<ScopeStats> {
@@ -207,29 +197,18 @@ async fn fetch(
     Ok(())
 }
 
-/// `s<scope index>q<query index>`: CloudWatch wants a lowercase first letter.
-fn query_id(scope: Scope, i: usize) -> String {
-    let s = match scope {
-        Scope::Ip => 0,
-        Scope::Tid => 1,
-    };
-    format!("s{s}q{i}")
+/// `q<slot>`: CloudWatch wants an id with a lowercase first letter.
+fn query_id(slot: usize) -> String {
+    format!("q{slot}")
 }
 
 fn query_index(id: &str) -> Option<usize> {
-    let rest = id.strip_prefix('s')?;
-    let (s, q) = rest.split_once('q')?;
-    Some(s.parse::<usize>().ok()? * QUERIES.len() + q.parse::<usize>().ok()?)
+    id.strip_prefix('q')?.parse().ok()
 }
 
-fn query(
-    namespace: &str,
-    scope: Scope,
-    metric: &str,
-    stat: &str,
-    period: i32,
-    i: usize,
-) -> MetricDataQuery {
+/// The query of `slot`: of scope `slot / QUERIES.len()`, asking query `slot % QUERIES.len()`.
+fn query(namespace: &str, period: i32, slot: usize) -> MetricDataQuery {
+    let (scope, (metric, stat)) = (SCOPES[slot / QUERIES.len()], QUERIES[slot % QUERIES.len()]);
     let dimension = Dimension::builder()
         .name("Scope")
         .value(scope.as_str())
@@ -245,7 +224,7 @@ fn query(
         .stat(stat)
         .build();
     MetricDataQuery::builder()
-        .id(query_id(scope, i))
+        .id(query_id(slot))
         .metric_stat(stat)
         .return_data(true)
         .build()
@@ -255,8 +234,7 @@ impl Stats {
     /// The human form: one row per scope.
     pub fn render(&self) -> String {
         let mut out = format!("{} from {} to {}\n", self.namespace, self.start, self.end);
-        out.push_str(&format!(
-            "{:<5} {:>9} {:>9} {:>9} {:>9} {:>12} {:>14} {:>12}\n",
+        out.push_str(&row([
             "scope",
             "scans",
             "soft hits",
@@ -264,29 +242,31 @@ impl Stats {
             "reminders",
             "store errors",
             "enqueue errors",
-            "p95 delay"
-        ));
+            "p95 delay",
+        ]));
         for s in &self.scopes {
-            let p95 = s
-                .p95_delay_ms
-                .map_or_else(|| "-".to_owned(), |v| format!("{v:.0} ms"));
-            out.push_str(&format!(
-                "{:<5} {:>9} {:>9} {:>9} {:>9} {:>12} {:>14} {:>12}\n",
-                s.scope,
-                s.scans,
-                s.soft_hits,
-                s.hard_hits,
-                s.reminders,
-                s.store_errors,
-                s.enqueue_errors,
-                p95
-            ));
+            let p95 = s.p95_delay_ms.map(|v| format!("{v:.0} ms"));
+            out.push_str(&row([
+                s.scope.to_owned(),
+                s.scans.to_string(),
+                s.soft_hits.to_string(),
+                s.hard_hits.to_string(),
+                s.reminders.to_string(),
+                s.store_errors.to_string(),
+                s.enqueue_errors.to_string(),
+                p95.unwrap_or_else(|| "-".to_owned()),
+            ]));
         }
         if let Some(e) = &self.p95_error {
             out.push_str(&format!("p95 delay unavailable: {e}\n"));
         }
         out
     }
+}
+
+/// One row of the table, in its columns.
+fn row<T: std::fmt::Display>([a, b, c, d, e, f, g, h]: [T; 8]) -> String {
+    format!("{a:<5} {b:>9} {c:>9} {d:>9} {e:>9} {f:>12} {g:>14} {h:>12}\n")
 }
 
 #[cfg(test)]
@@ -313,12 +293,8 @@ mod tests {
     /// Query ids round-trip to their slot.
     #[test]
     fn ids() {
-        for scope in [Scope::Ip, Scope::Tid] {
-            for i in 0..QUERIES.len() {
-                let slot = query_index(&query_id(scope, i)).unwrap();
-                let base = if scope == Scope::Ip { 0 } else { QUERIES.len() };
-                assert_eq!(slot, base + i);
-            }
+        for slot in 0..SCOPES.len() * QUERIES.len() {
+            assert_eq!(query_index(&query_id(slot)), Some(slot));
         }
         assert_eq!(query_index("x1"), None);
     }
