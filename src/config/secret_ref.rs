@@ -47,9 +47,7 @@ impl SecretRef {
             Ok(None)
         }
     }
-}
 
-impl SecretRef {
     /// Whether it is read through the AWS SDK (a file is not).
     pub fn in_aws(&self) -> bool {
         !matches!(self, Self::File(_))
@@ -95,12 +93,10 @@ pub(super) fn refuse_unresolved(
 ) -> Result<(), ConfigError> {
     match references(lookup)?.first() {
         None => Ok(()),
-        Some((var, reference)) => Err(ConfigError::new(
-            var,
-            format!(
-                "{reference} is a reference that was not read (the front ends read them at start)"
-            ),
-        )),
+        Some((var, reference)) => {
+            let problem = "is a reference that was not read (the front ends read them at start)";
+            Err(ConfigError::new(var, format!("{reference} {problem}")))
+        }
     }
 }
 

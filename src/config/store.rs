@@ -137,7 +137,7 @@ impl ValkeyConfig {
             return Err(ConfigError::new(VALKEY_WAIT_REPLICAS.name, problem));
         }
         let iam = env.group::<IamVars>()?.iam()?;
-        if valkey.tls_ca.is_some() && !valkey.is_tls() {
+        if valkey.tls_ca.is_some() && !is_tls_url(&valkey.url) {
             let problem = "needs a rediss:// or valkeys:// VALKEY_URL";
             return Err(ConfigError::new(VALKEY_TLS_CA.name, problem));
         }
@@ -151,7 +151,7 @@ impl ValkeyConfig {
 
     /// This Valkey, authenticated by IAM: over TLS only, and without a password of the URL's own.
     fn signed_in(self, iam: IamConfig) -> Result<Self, ConfigError> {
-        if !self.is_tls() {
+        if !is_tls_url(&self.url) {
             return Err(ConfigError::new(
                 VALKEY_AUTH.name,
                 "iam needs a rediss:// or valkeys:// VALKEY_URL (ElastiCache takes a token over TLS only)",
@@ -168,10 +168,6 @@ impl ValkeyConfig {
             iam: Some(iam),
             ..self
         })
-    }
-
-    fn is_tls(&self) -> bool {
-        is_tls_url(&self.url)
     }
 }
 
