@@ -67,11 +67,8 @@ impl LevelReport {
 
     /// The human form of `inspect --network`.
     pub fn render(&self) -> String {
-        let grant = match (self.grant, &self.grant_expires_at) {
-            (0, _) => "-".to_owned(),
-            (n, Some(at)) => format!("+{n} scans this period, until {at}"),
-            (n, None) => format!("+{n} scans (no expiry: grant it again)"),
-        };
+        let unknown = " (no expiry: grant it again)";
+        let grant = grant_row(self.grant, self.grant_expires_at.as_deref(), unknown);
         format!(
             "{:<11} {}\n{:<11} {}\n{:<11} {}\n",
             "level",
@@ -81,6 +78,15 @@ impl LevelReport {
             "grant",
             grant
         )
+    }
+}
+
+/// A `grant` line: the extra scans and until when (`unknown`: what is said with no expiry).
+pub(super) fn grant_row(grant: u64, expires_at: Option<&str>, unknown: &str) -> String {
+    match (grant, expires_at) {
+        (0, _) => "-".to_owned(),
+        (n, Some(at)) => format!("+{n} scans this period, until {at}"),
+        (n, None) => format!("+{n} scans{unknown}"),
     }
 }
 

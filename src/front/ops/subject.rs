@@ -7,7 +7,7 @@ use serde::Serialize;
 use time::OffsetDateTime;
 
 use super::OpsError;
-use super::level_report::{LevelReport, limit_row, rfc3339};
+use super::level_report::{LevelReport, grant_row, limit_row, rfc3339};
 use super::valkey_admin::Snapshot;
 use crate::config::Config;
 use crate::gate::identity::jwt::{Rejection, TokenSubject};
@@ -68,7 +68,8 @@ pub fn resolve(config: &Config, arg: &SubjectArg) -> Result<Subject, OpsError> {
         }
         SubjectArg::Token(raw) => {
             let token = non_empty("--token", identity::bearer(raw).unwrap_or(raw))?;
-            let (subject, basis) = if looks_like_jwt(token) {
+            // Three dot-separated parts: a compact JWS.
+            let (subject, basis) = if token.split('.').count() == 3 {
                 let verified = identifier.verify(token).map_err(refused)?;
                 (verified, Basis::VerifiedToken)
             } else {
@@ -108,11 +109,6 @@ fn unverified(tid: &str, account: Option<&str>) -> TokenSubject {
         exempt: false,
         account: account.map(str::to_owned),
     }
-}
-
-/// Three dot-separated parts: a compact JWS.
-fn looks_like_jwt(raw: &str) -> bool {
-    raw.split('.').count() == 3
 }
 
 /// Why a JWT given to `--token` names no counter.
@@ -245,7 +241,10 @@ impl Inspection {
             ("key", self.key.clone()),
             ("count", self.count.to_string()),
             ("limit", limit),
-            ("grant", self.grant_row()),
+            (
+                "grant",
+                grant_row(self.grant, self.grant_expires_at.as_deref(), UNTIL_NEXT),
+            ),
             ("remaining", self.remaining.to_string()),
             ("ttl", ttl),
             (
@@ -277,17 +276,10 @@ impl Inspection {
             .map(|(label, value)| format!("{label:<11} {value}\n"))
             .collect()
     }
-
-    fn grant_row(&self) -> String {
-        match (self.grant, &self.grant_expires_at) {
-            (0, _) => "-".to_owned(),
-            (n, Some(at)) => format!("+{n} scans this period, until {at}"),
-            (n, None) => {
-                format!("+{n} scans, until the end of the period the next scan opens (no scan yet)")
-            }
-        }
-    }
 }
+
+/// Until when a grant made before the period's first scan lasts.
+const UNTIL_NEXT: &str = ", until the end of the period the next scan opens (no scan yet)";
 
 /// Reads a client's counter.
 pub async fn inspect(

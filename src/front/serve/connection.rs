@@ -93,7 +93,7 @@ fn spawn_connection<S: QuotaStore, Q: ScanQueue>(
         let presence = presence.clone();
         async move {
             let response = match routed {
-                Some(routed) => routed.await?,
+                Some(routed) => routed.await,
                 None => super::route::gave_way(),
             };
             Ok::<_, Infallible>(response.map(|body| Answer { body, presence }))

@@ -1,7 +1,6 @@
 //! One request on a connection: `/healthz`, `/readyz`, `/metrics`, or the gate. The gate runs in a
 //! tracked task that outlives the connection and holds its slot until it ends.
 
-use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
@@ -36,33 +35,33 @@ impl<S: QuotaStore, Q: ScanQueue> Routes<S, Q> {
         peer: SocketAddr,
         slot: Arc<OwnedSemaphorePermit>,
         request: Request<Incoming>,
-    ) -> Result<Response<Full<Bytes>>, Infallible> {
+    ) -> Response<Full<Bytes>> {
         // A `GET` or `HEAD` (hyper leaves out a HEAD's body) of a probe or the metrics.
         let probe = matches!(*request.method(), Method::GET | Method::HEAD);
         match (probe, request.uri().path(), &self.metrics) {
-            (true, "/healthz", _) => return Ok(text(StatusCode::OK, "text/plain", ALIVE.into())),
+            (true, "/healthz", _) => return text(StatusCode::OK, "text/plain", ALIVE.into()),
             (true, "/metrics", Some(handle)) => {
                 let body = crate::io::meter::prometheus::render(handle);
-                return Ok(text(StatusCode::OK, "text/plain; version=0.0.4", body));
+                return text(StatusCode::OK, "text/plain; version=0.0.4", body);
             }
             (true, "/readyz", _) => {
                 let store = self.gate.store().ready(READY_TIMEOUT).await;
                 let (status, body) = readiness(&store);
-                return Ok(text(status, "application/json", body.into()));
+                return text(status, "application/json", body.into());
             }
             _ => {}
         }
         if let Some(refusal) = refuse_before_body(&request) {
-            return Ok(refusal);
+            return refusal;
         }
         let (parts, body) = request.into_parts();
         let limited = Limited::new(body, MAX_BODY_BYTES + 1).collect();
         let body = match tokio::time::timeout(BODY_READ_TIMEOUT, limited).await {
             Ok(Ok(collected)) => collected.to_bytes(),
-            Ok(Err(e)) => return Ok(closing(unreadable_body(&*e).to_response())),
+            Ok(Err(e)) => return closing(unreadable_body(&*e).to_response()),
             Err(_) => {
                 let after = BODY_READ_TIMEOUT;
-                return Ok(closing(GateError::BodyTimeout { after }.to_response()));
+                return closing(GateError::BodyTimeout { after }.to_response());
             }
         };
         let request = GateRequest {
@@ -82,7 +81,7 @@ impl<S: QuotaStore, Q: ScanQueue> Routes<S, Q> {
             drop(slot);
             response
         });
-        Ok(match handled.await {
+        match handled.await {
             Ok(response) => response.map(Full::new),
             Err(e) => {
                 tracing::error!(error = %e, "a scan's task ended before its answer");
@@ -91,7 +90,7 @@ impl<S: QuotaStore, Q: ScanQueue> Routes<S, Q> {
                 };
                 unknown.to_response().map(Full::new)
             }
-        })
+        }
     }
 }
 

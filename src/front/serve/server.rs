@@ -167,7 +167,8 @@ fn join_all(threads: Vec<WorkerThread>) -> std::io::Result<()> {
 /// Warns when other hosts may connect and no proxy is trusted: behind a proxy every client shares
 /// the proxy's one anonymous counter.
 fn warn_if_proxies_untrusted(config: &Config) {
-    if config.serve.listens_beyond_loopback() && config.identity.trusted_proxies.is_empty() {
+    // Other hosts may reach any non-loopback address, wildcards included.
+    if !config.serve.listen.ip().is_loopback() && config.identity.trusted_proxies.is_empty() {
         tracing::warn!(
             listen = %config.serve.listen,
             "QUOTA_TRUSTED_PROXIES is empty: behind a proxy, load balancer or NAT every client \
