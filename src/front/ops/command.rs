@@ -38,26 +38,21 @@ pub struct SubjectArgs {
 }
 
 impl SubjectArgs {
+    /// The client named; clap lets exactly one of the group through, and `--network` is taken
+    /// before this.
     fn into_arg(self) -> Result<SubjectArg, OpsError> {
-        if self.network.is_some() {
-            return Err(OpsError::Usage(
-                "--network names a level, not a client".into(),
-            ));
-        }
-        if let Some(account) = self.account {
-            return Ok(SubjectArg::Account(account));
-        }
-        match (self.ip, self.token) {
-            (Some(ip), _) => Ok(SubjectArg::Ip(ip)),
-            (None, Some(t)) if t == "-" => {
+        match (self.ip, self.token, self.account) {
+            (Some(ip), ..) => Ok(SubjectArg::Ip(ip)),
+            (_, Some(t), _) if t == "-" => {
                 let mut token = String::new();
                 std::io::stdin()
                     .read_to_string(&mut token)
                     .map_err(|e| OpsError::Usage(format!("--token -: cannot read stdin: {e}")))?;
                 Ok(SubjectArg::Token(token))
             }
-            (None, Some(t)) => Ok(SubjectArg::Token(t)),
-            (None, None) => Err(OpsError::Usage("give --ip, --token or --account".into())),
+            (_, Some(t), _) => Ok(SubjectArg::Token(t)),
+            (_, _, Some(account)) => Ok(SubjectArg::Account(account)),
+            _ => Err(OpsError::Usage("give --ip, --token or --account".into())),
         }
     }
 }

@@ -69,16 +69,19 @@ impl LevelReport {
     pub fn render(&self) -> String {
         let unknown = " (no expiry: grant it again)";
         let grant = grant_row(self.grant, self.grant_expires_at.as_deref(), unknown);
-        format!(
-            "{:<11} {}\n{:<11} {}\n{:<11} {}\n",
-            "level",
-            self.line(),
-            "key",
-            self.key,
-            "grant",
-            grant
-        )
+        aligned([
+            ("level", self.line()),
+            ("key", self.key.clone()),
+            ("grant", grant),
+        ])
     }
+}
+
+/// One aligned `label  value` line per row.
+pub(super) fn aligned<'a>(rows: impl IntoIterator<Item = (&'a str, String)>) -> String {
+    rows.into_iter()
+        .map(|(label, value)| format!("{label:<11} {value}\n"))
+        .collect()
 }
 
 /// A `grant` line: the extra scans and until when (`unknown`: what is said with no expiry).

@@ -7,7 +7,7 @@ use serde::Serialize;
 use time::OffsetDateTime;
 
 use super::OpsError;
-use super::level_report::{LevelReport, grant_row, limit_row, rfc3339};
+use super::level_report::{LevelReport, aligned, grant_row, limit_row, rfc3339};
 use super::valkey_admin::Snapshot;
 use crate::config::Config;
 use crate::gate::identity::jwt::{Rejection, TokenSubject};
@@ -235,46 +235,31 @@ impl Inspection {
             next.push_str(", with reminder");
         }
         let limit = limit_row(self.limit, self.base_limit, self.grant);
-        let reset_at = self.reset_at.as_deref().unwrap_or("-");
+        let grant = grant_row(self.grant, self.grant_expires_at.as_deref(), UNTIL_NEXT);
+        let first_seen = self.first_seen.clone().unwrap_or_else(|| "-".into());
+        let mut resets = self.reset_at.clone().unwrap_or_else(|| "-".into());
+        if !self.exists {
+            resets.push_str(" if a scan came now (no counter: the next scan starts a period)");
+        }
+        let slot = match &self.next_free_slot {
+            Some(at) => format!("{at} (backlog {} ms)", self.backlog_ms),
+            None => "- (no paced backlog)".into(),
+        };
         let rows = [
             ("scope", format!("{} ({basis})", self.scope)),
             ("key", self.key.clone()),
             ("count", self.count.to_string()),
             ("limit", limit),
-            (
-                "grant",
-                grant_row(self.grant, self.grant_expires_at.as_deref(), UNTIL_NEXT),
-            ),
+            ("grant", grant),
             ("remaining", self.remaining.to_string()),
             ("ttl", ttl),
-            (
-                "first seen",
-                self.first_seen.clone().unwrap_or_else(|| "-".into()),
-            ),
-            (
-                "resets at",
-                if self.exists {
-                    reset_at.to_owned()
-                } else {
-                    format!(
-                        "{reset_at} if a scan came now (no counter: the next scan starts a period)"
-                    )
-                },
-            ),
-            (
-                "next slot",
-                match &self.next_free_slot {
-                    Some(at) => format!("{at} (backlog {} ms)", self.backlog_ms),
-                    None => "- (no paced backlog)".into(),
-                },
-            ),
+            ("first seen", first_seen),
+            ("resets at", resets),
+            ("next slot", slot),
             ("next", next),
         ];
         let levels = self.levels.iter().map(|l| ("level", l.line()));
-        rows.into_iter()
-            .chain(levels)
-            .map(|(label, value)| format!("{label:<11} {value}\n"))
-            .collect()
+        aligned(rows.into_iter().chain(levels))
     }
 }
 

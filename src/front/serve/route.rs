@@ -36,20 +36,8 @@ impl<S: QuotaStore, Q: ScanQueue> Routes<S, Q> {
         slot: Arc<OwnedSemaphorePermit>,
         request: Request<Incoming>,
     ) -> Response<Full<Bytes>> {
-        // A `GET` or `HEAD` (hyper leaves out a HEAD's body) of a probe or the metrics.
-        let probe = matches!(*request.method(), Method::GET | Method::HEAD);
-        match (probe, request.uri().path(), &self.metrics) {
-            (true, "/healthz", _) => return text(StatusCode::OK, "text/plain", ALIVE.into()),
-            (true, "/metrics", Some(handle)) => {
-                let body = crate::io::meter::prometheus::render(handle);
-                return text(StatusCode::OK, "text/plain; version=0.0.4", body);
-            }
-            (true, "/readyz", _) => {
-                let store = self.gate.store().ready(READY_TIMEOUT).await;
-                let (status, body) = readiness(&store);
-                return text(status, "application/json", body.into());
-            }
-            _ => {}
+        if let Some(answer) = self.probe(&request).await {
+            return answer;
         }
         if let Some(refusal) = refuse_before_body(&request) {
             return refusal;
@@ -90,6 +78,29 @@ impl<S: QuotaStore, Q: ScanQueue> Routes<S, Q> {
                 };
                 unknown.to_response().map(Full::new)
             }
+        }
+    }
+}
+
+impl<S: QuotaStore, Q: ScanQueue> Routes<S, Q> {
+    /// The answer to a `GET` or `HEAD` (hyper leaves out a HEAD's body) of a probe or the metrics;
+    /// `None` for everything else.
+    async fn probe(&self, request: &Request<Incoming>) -> Option<Response<Full<Bytes>>> {
+        if !matches!(*request.method(), Method::GET | Method::HEAD) {
+            return None;
+        }
+        match (request.uri().path(), &self.metrics) {
+            ("/healthz", _) => Some(text(StatusCode::OK, "text/plain", ALIVE.into())),
+            ("/metrics", Some(handle)) => {
+                let body = crate::io::meter::prometheus::render(handle);
+                Some(text(StatusCode::OK, "text/plain; version=0.0.4", body))
+            }
+            ("/readyz", _) => {
+                let store = self.gate.store().ready(READY_TIMEOUT).await;
+                let (status, body) = readiness(&store);
+                Some(text(status, "application/json", body.into()))
+            }
+            _ => None,
         }
     }
 }
