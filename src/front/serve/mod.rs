@@ -22,7 +22,6 @@
 mod admission;
 mod answer;
 mod connection;
-mod detach;
 mod limits;
 mod route;
 mod server;
@@ -37,11 +36,11 @@ use crate::gate::Gate;
 use crate::io::queue::ScanQueue;
 use crate::io::store::QuotaStore;
 
-pub use detach::{Detached, detach};
 pub use limits::{
     BODY_READ_TIMEOUT, HEADER_READ_TIMEOUT, KEEP_ALIVE_GRACE, MAX_BUF_SIZE, MAX_UNSENT,
     NEW_CONNECTION_GRACE, ServeLimits, WRITE_TIMEOUT, drain_timeout,
 };
+pub use route::{Detached, detach};
 pub use server::Server;
 
 use admission::Admission;

@@ -1,8 +1,11 @@
 //! One request on a connection: `/healthz`, `/readyz`, `/metrics`, or the gate. The gate runs in a
 //! tracked task that outlives the connection and holds its slot until it ends.
 
+use std::future::Future;
 use std::net::SocketAddr;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 
 use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, Method, Request, Response, StatusCode, header};
@@ -10,6 +13,7 @@ use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
 use metrics_exporter_prometheus::PrometheusHandle;
 use tokio::sync::OwnedSemaphorePermit;
+use tokio::task::{JoinError, JoinHandle};
 use tokio_util::task::TaskTracker;
 
 use super::limits::BODY_READ_TIMEOUT;
@@ -64,7 +68,7 @@ impl<S: QuotaStore, Q: ScanQueue> Routes<S, Q> {
             request_id: None,
         };
         let gate = self.gate.clone();
-        let handled = super::detach::detach(&self.scans, async move {
+        let handled = detach(&self.scans, async move {
             let response = gate.handle(request).await;
             drop(slot);
             response
@@ -178,4 +182,37 @@ fn text(status: StatusCode, content_type: &'static str, body: String) -> Respons
     r.headers_mut()
         .insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
     r
+}
+
+/// The wait on a detached scan; dropping it leaves the scan running.
+pub struct Detached<T> {
+    task: JoinHandle<T>,
+}
+
+/// Runs `scan` in a task of `scans` and returns the wait on its answer. `Err` only on a panic or
+/// runtime shutdown, when whether its job landed is not known.
+pub fn detach<T, F>(scans: &TaskTracker, scan: F) -> Detached<T>
+where
+    T: Send + 'static,
+    F: Future<Output = T> + Send + 'static,
+{
+    Detached {
+        task: scans.spawn(scan),
+    }
+}
+
+impl<T> Future for Detached<T> {
+    type Output = Result<T, JoinError>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        Pin::new(&mut self.task).poll(cx)
+    }
+}
+
+impl<T> Drop for Detached<T> {
+    fn drop(&mut self) {
+        if crate::bug!(DisconnectDropsScan) {
+            self.task.abort();
+        }
+    }
 }
