@@ -179,8 +179,8 @@ pub async fn purge(args: PurgeArgs, config: &Config) -> Result<(), OpsError> {
 
 /// `quota-gate stats`, with the AWS configuration from the environment.
 pub async fn stats(args: StatsArgs, config: &Config) -> Result<(), OpsError> {
-    stats::preflight().await?;
     let sdk = aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await;
+    stats::preflight(&sdk).await?;
     let client = aws_sdk_cloudwatch::Client::new(&sdk);
     let report = stats::stats(
         &client,

@@ -22,9 +22,8 @@ const CREDENTIALS_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Checks that the AWS SDK has a region and credentials, for one short sentence instead of the
 /// SDK's error chain.
-pub async fn preflight() -> Result<(), OpsError> {
+pub async fn preflight(sdk: &aws_config::SdkConfig) -> Result<(), OpsError> {
     use aws_sdk_cloudwatch::config::ProvideCredentials;
-    let sdk = aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await;
     if sdk.region().is_none() {
         return Err(OpsError::Usage(
             "stats reads CloudWatch and needs an AWS region: set AWS_REGION \
@@ -107,19 +106,16 @@ pub async fn stats(
 ) -> Result<Stats, OpsError> {
     // A period must be a multiple of 60 s.
     let period = since.as_secs().div_ceil(60).max(1) * 60;
-    let end_secs = end.unix_timestamp();
-    let start_secs = end_secs - i64::try_from(period).unwrap_or(i64::MAX / 2);
     let period =
         i32::try_from(period).map_err(|_| OpsError::Usage("--since: window too long".into()))?;
+    let end_secs = end.unix_timestamp();
+    let start_secs = end_secs - i64::from(period);
     let (counts, percentiles) = queries(namespace, period);
     let mut values: Vec<Vec<f64>> = vec![Vec::new(); SCOPES.len() * QUERIES.len()];
-    let (start, end_dt) = (
-        DateTime::from_secs(start_secs),
-        DateTime::from_secs(end_secs),
-    );
-    fetch(client, start, end_dt, counts, &mut values).await?;
+    let window = (start_secs, end_secs);
+    fetch(client, window, counts, &mut values).await?;
     // Asked apart, so an endpoint without extended statistics still gives the counts.
-    let p95_error = fetch(client, start, end_dt, percentiles, &mut values)
+    let p95_error = fetch(client, window, percentiles, &mut values)
         .await
         .err()
         .map(|e| e.to_string());
@@ -165,18 +161,18 @@ fn scope_stats(values: &[Vec<f64>]) -> Vec<ScopeStats> {
         .collect()
 }
 
-/// Runs `queries` and appends each result's values to its slot.
+/// Runs `queries` over the `(start, end)` window (unix seconds) and appends each result's values
+/// to its slot.
 async fn fetch(
     client: &Client,
-    start: DateTime,
-    end: DateTime,
+    (start, end): (i64, i64),
     queries: Vec<MetricDataQuery>,
     values: &mut [Vec<f64>],
 ) -> Result<(), OpsError> {
     let mut pages = client
         .get_metric_data()
-        .start_time(start)
-        .end_time(end)
+        .start_time(DateTime::from_secs(start))
+        .end_time(DateTime::from_secs(end))
         .set_metric_data_queries(Some(queries))
         .into_paginator()
         .send();
