@@ -182,7 +182,9 @@ impl Inspection {
     ) -> Self {
         let s = snapshot.cloned().unwrap_or_default();
         let count = s.peek.used;
-        let ttl = (s.peek.reset_at)
+        let ttl = s
+            .peek
+            .reset_at
             .map(|at| u64::try_from(at.get().saturating_sub(now.get())).unwrap_or(0));
         let limits = config.policy.limits(subject.limit).with_grant(s.peek.grant);
         let next = decide(count + 1, &limits);

@@ -121,18 +121,21 @@ impl Server {
         }
         let draining = std::time::Instant::now();
         stop.cancel();
-        let joined = tokio::task::spawn_blocking(move || join_all(threads))
-            .await
-            .map_err(|e| e.to_string())?
-            .map_err(|e| e.to_string());
+        let joined = tokio::task::spawn_blocking(move || {
+            let panicked = || std::io::Error::other("worker panicked");
+            threads
+                .into_iter()
+                .try_for_each(|t| t.join().unwrap_or_else(|_| Err(panicked())))
+        })
+        .await
+        .map_err(|e| e.to_string())?
+        .map_err(|e| e.to_string());
         let drained_ms = duration_ms(draining.elapsed());
         self.meter.flush(crate::io::clock::Clock::System.now());
         tracing::info!(drained_ms, "stopped: every request in flight answered");
         joined
     }
 }
-
-type WorkerThread = JoinHandle<std::io::Result<()>>;
 
 /// Starts worker `i` on a thread and runtime of its own, serving until `stop` is cancelled, which
 /// it cancels when it ends, however it ends.
@@ -141,7 +144,7 @@ fn spawn_worker(
     worker: Worker<AnyStore, AnyQueue>,
     listener: std::net::TcpListener,
     stop: CancellationToken,
-) -> std::io::Result<WorkerThread> {
+) -> std::io::Result<JoinHandle<std::io::Result<()>>> {
     let run = move || -> std::io::Result<()> {
         let _ended = stop.clone().drop_guard();
         let runtime = tokio::runtime::Builder::new_current_thread()
@@ -155,13 +158,6 @@ fn spawn_worker(
     std::thread::Builder::new()
         .name(format!("serve-{i}"))
         .spawn(run)
-}
-
-fn join_all(threads: Vec<WorkerThread>) -> std::io::Result<()> {
-    threads.into_iter().try_for_each(|t| {
-        t.join()
-            .unwrap_or_else(|_| Err(std::io::Error::other("worker panicked")))
-    })
 }
 
 /// Warns when other hosts may connect and no proxy is trusted: behind a proxy every client shares
@@ -190,12 +186,14 @@ fn listen_on(addr: SocketAddr) -> std::io::Result<std::net::TcpListener> {
     Ok(socket.into())
 }
 
-/// `QUOTA_MAX_CONNECTIONS`, lowered (with a warning) to fit the open-file limit, past which
-/// `accept` fails.
+/// `QUOTA_MAX_CONNECTIONS`, lowered (with a warning) to fit the soft open-file limit
+/// (`RLIMIT_NOFILE`), past which `accept` fails.
 fn connection_cap(configured: usize) -> usize {
-    let Some(limit) = open_file_limit() else {
+    use rustix::process::{Resource, getrlimit};
+    let Some(limit) = getrlimit(Resource::Nofile).current else {
         return configured;
     };
+    let limit = usize::try_from(limit).unwrap_or(usize::MAX);
     let fits = limit.saturating_sub(RESERVED_FDS).max(1);
     if configured > fits {
         tracing::warn!(
@@ -207,16 +205,4 @@ fn connection_cap(configured: usize) -> usize {
     } else {
         configured
     }
-}
-
-/// The soft `RLIMIT_NOFILE`, from `/proc/self/limits` (Linux; `None` elsewhere).
-fn open_file_limit() -> Option<usize> {
-    let limits = std::fs::read_to_string("/proc/self/limits").ok()?;
-    limits
-        .lines()
-        .find_map(|l| l.strip_prefix("Max open files"))?
-        .split_whitespace()
-        .next()?
-        .parse()
-        .ok()
 }
