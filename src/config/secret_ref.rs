@@ -5,7 +5,7 @@
 //! parser refuses one left unread, so it never becomes a hash key.
 
 use super::error::ConfigError;
-use super::vars::{VARIABLES, Variable};
+use super::vars::VARIABLES;
 
 /// The prefix of a Secrets Manager reference.
 pub const SECRETS_MANAGER: &str = "secretsmanager:";
@@ -64,17 +64,12 @@ impl std::fmt::Display for SecretRef {
     }
 }
 
-/// The variables that may be given by reference.
-pub fn secret_variables() -> impl Iterator<Item = &'static Variable> {
-    VARIABLES.iter().filter(|v| v.secret)
-}
-
 /// The secret variables `lookup` gives as references; a malformed one is an error naming it.
 pub fn references(
     lookup: &dyn Fn(&str) -> Option<String>,
 ) -> Result<Vec<(&'static str, SecretRef)>, ConfigError> {
     let mut found = Vec::new();
-    for var in secret_variables() {
+    for var in VARIABLES.iter().filter(|v| v.secret) {
         let Some(value) = lookup(var.name) else {
             continue;
         };
@@ -152,7 +147,8 @@ mod tests {
     /// left unread stops the parse naming its variable.
     #[test]
     fn only_secret_rows() {
-        let names: Vec<_> = secret_variables().map(|v| v.name).collect();
+        let secret = VARIABLES.iter().filter(|v| v.secret);
+        let names: Vec<_> = secret.map(|v| v.name).collect();
         assert_eq!(names, ["QUOTA_HASH_SECRET", "VALKEY_URL"]);
         let lookup = |k: &str| match k {
             "VALKEY_URL" => Some("ssm:/quota/valkey".to_owned()),

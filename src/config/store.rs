@@ -117,19 +117,9 @@ fn valkey_url<'de, D: Deserializer<'de>>(d: D) -> Result<String, D::Error> {
     Ok(url)
 }
 
-impl StoreConfig {
-    pub(super) fn read(env: &Env) -> Result<Self, ConfigError> {
-        let valkey = ValkeyConfig::read(env)?;
-        Ok(Self {
-            valkey,
-            ..env.group()?
-        })
-    }
-}
-
 impl ValkeyConfig {
     /// The Valkey variables, checked against each other; `None`: the in-memory store.
-    fn read(env: &Env) -> Result<Option<Self>, ConfigError> {
+    pub(super) fn read(env: &Env) -> Result<Option<Self>, ConfigError> {
         let valkey: Self = env.group()?;
         if valkey.wait_replicas > 0 && valkey.cluster {
             // WAIT names no key: a cluster client cannot send it to the claim's primary.
