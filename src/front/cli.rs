@@ -71,45 +71,34 @@ pub fn main() -> ExitCode {
     }
     match run(cli.command) {
         Ok(()) => ExitCode::SUCCESS,
-        Err(Failure { message, usage }) => {
+        Err(Failure(message, status)) => {
             eprintln!("quota-gate: {message}");
-            ExitCode::from(if usage { 2 } else { 1 })
+            status
         }
     }
 }
 
-/// Why a command failed; `usage` means exit status 2 rather than 1.
-struct Failure {
-    message: String,
-    usage: bool,
-}
+/// Why a command failed, and the exit status that says so: 2 for a usage error, else 1.
+struct Failure(String, ExitCode);
 
 impl Failure {
-    /// A bad environment: exit status 2.
+    /// A bad environment: a usage error.
     fn config(e: impl std::fmt::Display) -> Self {
-        Self {
-            message: format!("configuration error: {e}"),
-            usage: true,
-        }
+        Self(format!("configuration error: {e}"), ExitCode::from(2))
     }
 }
 
 impl From<String> for Failure {
     fn from(message: String) -> Self {
-        Self {
-            message,
-            usage: false,
-        }
+        Self(message, ExitCode::FAILURE)
     }
 }
 
 /// An operator command's failure: input that names nothing configured is a usage error.
 impl From<crate::front::ops::OpsError> for Failure {
     fn from(e: crate::front::ops::OpsError) -> Self {
-        Self {
-            usage: matches!(e, crate::front::ops::OpsError::BadInput(_)),
-            message: e.to_string(),
-        }
+        let usage = matches!(e, crate::front::ops::OpsError::BadInput(_));
+        Self(e.to_string(), ExitCode::from(if usage { 2 } else { 1 }))
     }
 }
 
