@@ -94,9 +94,10 @@ impl Server {
         let addr = self.listener.local_addr().map_err(|e| e.to_string())?;
         let workers = self.gates.len();
         let admission = Admission::new(&self.limits);
-        // Cancelled to stop the workers, and by any worker that ends: one that could not start
-        // stops all.
+        // Cancelled to stop the workers, by any worker that ends (one that could not start stops
+        // all), and however this returns.
         let stop = CancellationToken::new();
+        let stop_all = stop.clone().drop_guard();
         let mut threads = Vec::with_capacity(workers);
         for (i, gate) in self.gates.into_iter().enumerate() {
             let worker = Worker {
@@ -120,7 +121,7 @@ impl Server {
             () = stop.cancelled() => tracing::error!("a serve worker stopped; shutting down"),
         }
         let draining = std::time::Instant::now();
-        stop.cancel();
+        drop(stop_all);
         let joined = tokio::task::spawn_blocking(move || {
             let panicked = || std::io::Error::other("worker panicked");
             threads
