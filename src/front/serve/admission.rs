@@ -106,13 +106,7 @@ pub(super) struct Admission {
 pub(super) struct Registration {
     admission: Arc<Admission>,
     id: u64,
-    presence: Arc<Presence>,
-}
-
-impl Registration {
-    pub fn presence(&self) -> &Arc<Presence> {
-        &self.presence
-    }
+    pub presence: Arc<Presence>,
 }
 
 impl Drop for Registration {
@@ -223,7 +217,7 @@ mod tests {
 
     /// Whether `connection` is closed within `within`.
     async fn closed_within(connection: &Admitted, within: u64) -> bool {
-        let closed = connection.1.presence().closed();
+        let closed = connection.1.presence.closed();
         tokio::time::timeout(Duration::from_millis(within), closed)
             .await
             .is_ok()
@@ -251,8 +245,8 @@ mod tests {
         let oldest = admitted(&admission).await;
         tokio::time::sleep(Duration::from_millis(5)).await;
         let newer = admitted(&admission).await;
-        assert!(busy.1.presence().request_started());
-        let presence = oldest.1.presence().clone();
+        assert!(busy.1.presence.request_started());
+        let presence = oldest.1.presence.clone();
         let _new = admitted_for(&admission, oldest, 500).await;
         assert!(!presence.request_started(), "closed for another");
         assert!(!closed_within(&busy, 10).await);
@@ -277,7 +271,7 @@ mod tests {
     async fn a_keep_alive_connection_gives_way_after_its_grace() {
         let admission = admission(1, 0, 200);
         let client = admitted(&admission).await;
-        let presence = client.1.presence().clone();
+        let presence = client.1.presence.clone();
         assert!(presence.request_started());
         let admitting = tokio::spawn({
             let admission = admission.clone();

@@ -83,7 +83,7 @@ fn spawn_connection<S: QuotaStore, Q: ScanQueue>(
     limit_unsent(&stream);
     // Shared with the gate tasks, so the cap also bounds scans whose client left.
     let permit = Arc::new(permit);
-    let presence = registration.presence().clone();
+    let presence = registration.presence.clone();
     let routes = routes.clone();
     let slot = permit.clone();
     let service = service_fn(move |request| {
@@ -104,7 +104,7 @@ fn spawn_connection<S: QuotaStore, Q: ScanQueue>(
     let socket = Box::pin(socket);
     let io = TokioIo::new(Flushed {
         io: socket,
-        presence: registration.presence().clone(),
+        presence: registration.presence.clone(),
     });
     let connection = watcher.watch(builder.serve_connection(io, service));
     tokio::spawn(async move {
@@ -112,7 +112,7 @@ fn spawn_connection<S: QuotaStore, Q: ScanQueue>(
             ended = connection => if let Err(e) = ended {
                 tracing::debug!(error = %e, "connection closed with an error");
             },
-            () = registration.presence().closed() => {
+            () = registration.presence.closed() => {
                 tracing::debug!("closed while waiting for a request, to admit another");
             }
         }
