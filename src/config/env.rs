@@ -11,6 +11,7 @@ use serde_json::{Map, Value};
 use super::error::ConfigError;
 use super::vars::{Applies, DefaultValue, VARIABLES, Variable};
 
+#[derive(Default)]
 pub(super) struct Env {
     values: Map<String, Value>,
     /// The variables set (to something other than blanks).
@@ -20,10 +21,7 @@ pub(super) struct Env {
 impl Env {
     /// Reads every row but the logger's through `lookup`; empty values count as unset.
     pub(super) fn read(lookup: &dyn Fn(&str) -> Option<String>) -> Result<Self, ConfigError> {
-        let mut env = Self {
-            values: Map::new(),
-            set: Vec::new(),
-        };
+        let mut env = Self::default();
         for var in VARIABLES.iter().filter(|v| v.applies != Applies::Logging) {
             let raw = lookup(var.name).map(|v| v.trim().to_owned());
             let raw = match (raw.filter(|v| !v.is_empty()), var.default) {
@@ -62,10 +60,12 @@ impl Env {
 }
 
 fn ranged_number(var: &'static str, raw: &str, min: u64, max: u64) -> Result<u64, ConfigError> {
-    let expected = || format!("expected a whole number in {min}..={max}, got {raw:?}");
     match raw.parse() {
         Ok(n) if (min..=max).contains(&n) => Ok(n),
-        _ => Err(ConfigError::new(var, expected())),
+        _ => Err(ConfigError::new(
+            var,
+            format!("expected a whole number in {min}..={max}, got {raw:?}"),
+        )),
     }
 }
 

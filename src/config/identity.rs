@@ -4,8 +4,7 @@ use ipnet::IpNet;
 use serde::Deserialize;
 use serde::de::{Deserializer, Error as _};
 
-use super::env::{Env, flag};
-use super::error::ConfigError;
+use super::env::flag;
 
 /// Used when none is configured; it is in the source, so digests made with it are not private.
 pub const DEV_HASH_SECRET: &str = "quota-gate-local-development-secret";
@@ -80,16 +79,6 @@ pub struct JwtConfig {
         deserialize_with = "claim_name"
     )]
     pub account_claim: Option<String>,
-}
-
-impl IdentityConfig {
-    pub(super) fn read(env: &Env) -> Result<Self, ConfigError> {
-        let identity: Self = env.group()?;
-        Ok(Self {
-            jwt: env.group()?,
-            ..identity
-        })
-    }
 }
 
 fn hash_secret<'de, D: Deserializer<'de>>(d: D) -> Result<HashSecret, D::Error> {

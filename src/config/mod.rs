@@ -55,9 +55,16 @@ impl Config {
         secret_ref::refuse_unresolved(&lookup)?;
         let env = Env::read(&lookup)?;
         let policy: Policy = env.group()?;
-        let identity = IdentityConfig::read(&env)?;
+        let identity: IdentityConfig = env.group()?;
+        let identity = IdentityConfig {
+            jwt: env.group()?,
+            ..identity
+        };
         let policy = policy.with_levels(&env, identity.ipv6_prefix)?;
-        let store = StoreConfig::read(&env)?;
+        let store = StoreConfig {
+            valkey: ValkeyConfig::read(&env)?,
+            ..env.group()?
+        };
         let (queue, queue_over) = queue::read(&env, store.valkey.is_some())?;
         let serve = env.group()?;
         let metrics_namespace = env.group::<Namespace>()?.name;

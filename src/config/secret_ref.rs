@@ -5,7 +5,7 @@
 //! parser refuses one left unread, so it never becomes a hash key.
 
 use super::error::ConfigError;
-use super::vars::{VARIABLES, Variable};
+use super::vars::VARIABLES;
 
 /// The prefix of a Secrets Manager reference.
 pub const SECRETS_MANAGER: &str = "secretsmanager:";
@@ -47,9 +47,7 @@ impl SecretRef {
             Ok(None)
         }
     }
-}
 
-impl SecretRef {
     /// Whether it is read through the AWS SDK (a file is not).
     pub fn in_aws(&self) -> bool {
         !matches!(self, Self::File(_))
@@ -66,17 +64,12 @@ impl std::fmt::Display for SecretRef {
     }
 }
 
-/// The variables that may be given by reference.
-pub fn secret_variables() -> impl Iterator<Item = &'static Variable> {
-    VARIABLES.iter().filter(|v| v.secret)
-}
-
 /// The secret variables `lookup` gives as references; a malformed one is an error naming it.
 pub fn references(
     lookup: &dyn Fn(&str) -> Option<String>,
 ) -> Result<Vec<(&'static str, SecretRef)>, ConfigError> {
     let mut found = Vec::new();
-    for var in secret_variables() {
+    for var in VARIABLES.iter().filter(|v| v.secret) {
         let Some(value) = lookup(var.name) else {
             continue;
         };
@@ -95,12 +88,10 @@ pub(super) fn refuse_unresolved(
 ) -> Result<(), ConfigError> {
     match references(lookup)?.first() {
         None => Ok(()),
-        Some((var, reference)) => Err(ConfigError::new(
-            var,
-            format!(
-                "{reference} is a reference that was not read (the front ends read them at start)"
-            ),
-        )),
+        Some((var, reference)) => {
+            let problem = "is a reference that was not read (the front ends read them at start)";
+            Err(ConfigError::new(var, format!("{reference} {problem}")))
+        }
     }
 }
 
@@ -156,7 +147,8 @@ mod tests {
     /// left unread stops the parse naming its variable.
     #[test]
     fn only_secret_rows() {
-        let names: Vec<_> = secret_variables().map(|v| v.name).collect();
+        let secret = VARIABLES.iter().filter(|v| v.secret);
+        let names: Vec<_> = secret.map(|v| v.name).collect();
         assert_eq!(names, ["QUOTA_HASH_SECRET", "VALKEY_URL"]);
         let lookup = |k: &str| match k {
             "VALKEY_URL" => Some("ssm:/quota/valkey".to_owned()),

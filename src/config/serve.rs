@@ -23,13 +23,6 @@ pub struct ServeConfig {
     pub drain_timeout: Duration,
 }
 
-impl ServeConfig {
-    /// Whether other hosts may reach the listener: any non-loopback address, wildcards included.
-    pub fn listens_beyond_loopback(&self) -> bool {
-        !self.listen.ip().is_loopback()
-    }
-}
-
 fn host_port<'de, D: Deserializer<'de>>(d: D) -> Result<SocketAddr, D::Error> {
     let listen = String::deserialize(d)?;
     listen

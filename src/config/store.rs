@@ -117,19 +117,9 @@ fn valkey_url<'de, D: Deserializer<'de>>(d: D) -> Result<String, D::Error> {
     Ok(url)
 }
 
-impl StoreConfig {
-    pub(super) fn read(env: &Env) -> Result<Self, ConfigError> {
-        let valkey = ValkeyConfig::read(env)?;
-        Ok(Self {
-            valkey,
-            ..env.group()?
-        })
-    }
-}
-
 impl ValkeyConfig {
     /// The Valkey variables, checked against each other; `None`: the in-memory store.
-    fn read(env: &Env) -> Result<Option<Self>, ConfigError> {
+    pub(super) fn read(env: &Env) -> Result<Option<Self>, ConfigError> {
         let valkey: Self = env.group()?;
         if valkey.wait_replicas > 0 && valkey.cluster {
             // WAIT names no key: a cluster client cannot send it to the claim's primary.
@@ -137,7 +127,7 @@ impl ValkeyConfig {
             return Err(ConfigError::new(VALKEY_WAIT_REPLICAS.name, problem));
         }
         let iam = env.group::<IamVars>()?.iam()?;
-        if valkey.tls_ca.is_some() && !valkey.is_tls() {
+        if valkey.tls_ca.is_some() && !is_tls_url(&valkey.url) {
             let problem = "needs a rediss:// or valkeys:// VALKEY_URL";
             return Err(ConfigError::new(VALKEY_TLS_CA.name, problem));
         }
@@ -151,7 +141,7 @@ impl ValkeyConfig {
 
     /// This Valkey, authenticated by IAM: over TLS only, and without a password of the URL's own.
     fn signed_in(self, iam: IamConfig) -> Result<Self, ConfigError> {
-        if !self.is_tls() {
+        if !is_tls_url(&self.url) {
             return Err(ConfigError::new(
                 VALKEY_AUTH.name,
                 "iam needs a rediss:// or valkeys:// VALKEY_URL (ElastiCache takes a token over TLS only)",
@@ -168,10 +158,6 @@ impl ValkeyConfig {
             iam: Some(iam),
             ..self
         })
-    }
-
-    fn is_tls(&self) -> bool {
-        is_tls_url(&self.url)
     }
 }
 

@@ -78,15 +78,13 @@ const fn unset(words: &'static str) -> Variable {
 
 /// A row read everywhere, neither a number nor a secret; the macro fills in name and meaning.
 const fn row(default: DefaultValue) -> Variable {
-    let (name, meaning, applies) = ("", "", Applies::Everywhere);
-    let (range, secret) = (None, false);
     Variable {
-        name,
+        name: "",
         default,
-        range,
-        meaning,
-        applies,
-        secret,
+        range: None,
+        meaning: "",
+        applies: Applies::Everywhere,
+        secret: false,
     }
 }
 

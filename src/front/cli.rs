@@ -26,9 +26,9 @@ pub enum Command {
     /// Serve POST /scan, GET /quota, GET /healthz, GET /readyz and GET /metrics on QUOTA_LISTEN (default 127.0.0.1:9000).
     Serve,
     /// Show one client's counter, TTL, first-seen, reset, paced backlog and next tier (needs VALKEY_URL).
-    Inspect(crate::front::ops::command::InspectArgs),
+    Inspect(crate::front::ops::command::ClientArgs),
     /// Remove one client's keys: counter, first-seen, pacing slot, grant, idempotency records (needs VALKEY_URL).
-    Reset(crate::front::ops::command::ResetArgs),
+    Reset(crate::front::ops::command::ClientArgs),
     /// Give one client N extra scans for the current period, or --revoke them (needs VALKEY_URL).
     Grant(crate::front::ops::command::GrantArgs),
     /// Remove every quota:* key, the seed's mass expiry (needs VALKEY_URL and --yes).
@@ -63,65 +63,58 @@ pub fn install_prometheus() -> Result<PrometheusHandle, String> {
 /// Parses the command line and runs it.
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
-    if let Command::ScanGuard(args) = &cli.command {
-        return crate::consume::guard::run(args);
+    match &cli.command {
+        Command::ScanGuard(args) => return crate::consume::guard::run(args),
+        // No configuration, secret or logger: a probe runs every few seconds.
+        Command::Probe(args) => return crate::front::probe::run(args),
+        _ => {}
     }
-    // No configuration, secret or logger: a probe runs every few seconds.
-    if let Command::Probe(args) = &cli.command {
-        return crate::front::probe::run(args);
-    }
-    let format = match crate::LogFormat::from_env() {
-        Ok(f) => f,
-        Err(e) => return config_error(e),
-    };
-    init_tracing(&cli.command, format);
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(r) => r,
-        Err(e) => {
-            eprintln!("quota-gate: cannot start the runtime: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
-    // Secret references are read once, before anything starts.
-    let config = match runtime.block_on(crate::io::secrets::config_from_env()) {
-        Ok(c) => c,
-        Err(e) => return config_error(e),
-    };
-    match runtime.block_on(dispatch(cli.command, config)) {
+    match run(cli.command) {
         Ok(()) => ExitCode::SUCCESS,
-        Err(Failure { message, usage }) => {
+        Err(Failure(message, status)) => {
             eprintln!("quota-gate: {message}");
-            if usage {
-                ExitCode::from(2)
-            } else {
-                ExitCode::FAILURE
-            }
+            status
         }
     }
 }
 
-/// A bad environment: said on stderr, exit status 2.
-fn config_error(e: impl std::fmt::Display) -> ExitCode {
-    eprintln!("quota-gate: configuration error: {e}");
-    ExitCode::from(2)
-}
+/// Why a command failed, and the exit status that says so: 2 for a usage error, else 1.
+struct Failure(String, ExitCode);
 
-/// Why a command failed; `usage` means exit status 2 rather than 1.
-struct Failure {
-    message: String,
-    usage: bool,
+impl Failure {
+    /// A bad environment: a usage error.
+    fn config(e: impl std::fmt::Display) -> Self {
+        Self(format!("configuration error: {e}"), ExitCode::from(2))
+    }
 }
 
 impl From<String> for Failure {
     fn from(message: String) -> Self {
-        Self {
-            message,
-            usage: false,
-        }
+        Self(message, ExitCode::FAILURE)
     }
+}
+
+/// An operator command's failure: input that names nothing configured is a usage error.
+impl From<crate::front::ops::OpsError> for Failure {
+    fn from(e: crate::front::ops::OpsError) -> Self {
+        let usage = matches!(e, crate::front::ops::OpsError::BadInput(_));
+        Self(e.to_string(), ExitCode::from(if usage { 2 } else { 1 }))
+    }
+}
+
+/// Runs `command` with its logger, runtime and configuration.
+fn run(command: Command) -> Result<(), Failure> {
+    let format = crate::LogFormat::from_env().map_err(Failure::config)?;
+    init_tracing(&command, format);
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| format!("cannot start the runtime: {e}"))?;
+    // Secret references are read once, before anything starts.
+    let config = runtime
+        .block_on(crate::io::secrets::config_from_env())
+        .map_err(Failure::config)?;
+    runtime.block_on(dispatch(command, config))
 }
 
 /// Runs `command` (`scan-guard` and `probe` are run before any configuration).
@@ -129,29 +122,14 @@ async fn dispatch(command: Command, config: Config) -> Result<(), Failure> {
     use crate::front::ops::command as ops;
     match command {
         Command::Serve => Ok(serve(config).await?),
-        Command::Inspect(args) => operator(ops::inspect(args, &config).await),
-        Command::Reset(args) => operator(ops::reset(args, &config).await),
-        Command::Grant(args) => operator(ops::grant(args, &config).await),
-        Command::Purge(args) => operator(ops::purge(args, &config).await),
+        Command::Inspect(args) => Ok(ops::inspect(args, &config).await?),
+        Command::Reset(args) => Ok(ops::reset(args, &config).await?),
+        Command::Grant(args) => Ok(ops::grant(args, &config).await?),
+        Command::Purge(args) => Ok(ops::purge(args, &config).await?),
+        Command::Stats(args) => Ok(ops::stats(args, &config).await?),
         Command::Consume(args) => Ok(crate::consume::run(*args, config, shutdown_signal()).await?),
         Command::ScanGuard(_) | Command::Probe(_) => Ok(()),
-        Command::Stats(args) => {
-            text(crate::front::ops::stats::preflight().await)?;
-            operator(ops::stats(args, &config).await)
-        }
     }
-}
-
-/// An operator command's result: input that names nothing configured is a usage error.
-fn operator(result: Result<(), crate::front::ops::OpsError>) -> Result<(), Failure> {
-    result.map_err(|e| Failure {
-        usage: matches!(e, crate::front::ops::OpsError::BadInput(_)),
-        message: e.to_string(),
-    })
-}
-
-fn text<E: std::fmt::Display>(result: Result<(), E>) -> Result<(), String> {
-    result.map_err(|e| e.to_string())
 }
 
 /// `quota-gate serve`: a [`Server`] until `SIGTERM` or Ctrl-C, then the last output lines out.
@@ -232,23 +210,14 @@ impl std::io::Write for LogLine {
 
 /// Ctrl-C, or SIGTERM as container runtimes and systemd send it.
 pub(crate) async fn shutdown_signal() {
-    #[cfg(unix)]
-    {
-        use tokio::signal::unix::{SignalKind, signal};
-        match signal(SignalKind::terminate()) {
-            Ok(mut term) => {
-                tokio::select! {
-                    _ = tokio::signal::ctrl_c() => {}
-                    _ = term.recv() => {}
-                }
-            }
-            Err(_) => {
-                let _ = tokio::signal::ctrl_c().await;
-            }
+    use tokio::signal::unix::{SignalKind, signal};
+    match signal(SignalKind::terminate()) {
+        Ok(mut term) => tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = term.recv() => {}
+        },
+        Err(_) => {
+            let _ = tokio::signal::ctrl_c().await;
         }
-    }
-    #[cfg(not(unix))]
-    {
-        let _ = tokio::signal::ctrl_c().await;
     }
 }

@@ -3,7 +3,7 @@
 
 use std::convert::Infallible;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use bytes::Bytes;
 use lambda_http::request::RequestContext;
@@ -15,24 +15,20 @@ use crate::io::meter::emf::Sink;
 use crate::io::meter::store::{Process, StoreMeter};
 use crate::io::queue::ScanQueue;
 use crate::io::store::{AnyStore, QuotaStore};
-use crate::rules::unix::duration_ms;
 
 /// Turns a Lambda HTTP event into a gate request.
 pub fn to_gate_request(request: Request) -> GateRequest {
-    let mut gateway_claims = None;
-    let peer = match request.request_context_ref() {
+    let (peer, gateway_claims) = match request.request_context_ref() {
         Some(RequestContext::ApiGatewayV2(ctx)) => {
-            gateway_claims = ctx
-                .authorizer
-                .as_ref()
-                .and_then(|a| a.jwt.as_ref())
-                .map(|j| j.claims.clone());
-            ctx.http.source_ip.as_deref().and_then(parse_source)
+            let jwt = ctx.authorizer.as_ref().and_then(|a| a.jwt.as_ref());
+            let peer = ctx.http.source_ip.as_deref().and_then(parse_source);
+            (peer, jwt.map(|j| j.claims.clone()))
         }
-        Some(RequestContext::ApiGatewayV1(ctx)) => {
-            ctx.identity.source_ip.as_deref().and_then(parse_source)
-        }
-        _ => None,
+        Some(RequestContext::ApiGatewayV1(ctx)) => (
+            ctx.identity.source_ip.as_deref().and_then(parse_source),
+            None,
+        ),
+        _ => (None, None),
     };
     let context = request.lambda_context_ref();
     let remaining = context.and_then(time_left);
@@ -43,7 +39,6 @@ pub fn to_gate_request(request: Request) -> GateRequest {
     let request_id = context.map(|c| c.request_id.clone());
     let (parts, body) = request.into_parts();
     let body = match body {
-        Body::Empty => Bytes::new(),
         Body::Text(t) => Bytes::from(t),
         Body::Binary(b) => Bytes::from(b),
         _ => Bytes::new(),
@@ -67,11 +62,7 @@ pub const EARLIEST_DEADLINE_MS: u64 = 946_684_800_000;
 /// Time left before the invocation's deadline; `None` for no deadline (0) or one that is not an
 /// epoch instant (a local emulator may send the timeout itself). One already passed is zero.
 pub fn time_left(context: &lambda_runtime::Context) -> Option<Duration> {
-    let now = duration_ms(
-        SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .unwrap_or_default(),
-    );
+    let now = u64::try_from(crate::io::clock::wall_ms()).unwrap_or(0);
     remaining_before(context.deadline, now)
 }
 

@@ -30,29 +30,19 @@ pub fn run(args: &ProbeArgs) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let answer =
-        runtime.block_on(async { tokio::time::timeout(PROBE_TIMEOUT, get(&args.url)).await });
-    match answer {
-        Ok(Ok(status)) if status.is_success() => {
+    let answer = runtime
+        .block_on(async { tokio::time::timeout(PROBE_TIMEOUT, get(&args.url)).await })
+        .unwrap_or_else(|_| Err(format!("no answer within {PROBE_TIMEOUT:?}")));
+    let why = match answer {
+        Ok(status) if status.is_success() => {
             println!("{}: {status}", args.url);
-            ExitCode::SUCCESS
+            return ExitCode::SUCCESS;
         }
-        Ok(Ok(status)) => {
-            eprintln!("quota-gate probe: {}: {status}", args.url);
-            ExitCode::FAILURE
-        }
-        Ok(Err(why)) => {
-            eprintln!("quota-gate probe: {}: {why}", args.url);
-            ExitCode::FAILURE
-        }
-        Err(_) => {
-            eprintln!(
-                "quota-gate probe: {}: no answer within {PROBE_TIMEOUT:?}",
-                args.url
-            );
-            ExitCode::FAILURE
-        }
-    }
+        Ok(status) => status.to_string(),
+        Err(why) => why,
+    };
+    eprintln!("quota-gate probe: {}: {why}", args.url);
+    ExitCode::FAILURE
 }
 
 /// The status of a `GET` of `url`, its body read to the end.

@@ -4,7 +4,6 @@ use serde::Serialize;
 
 use super::OpsError;
 use super::subject::Subject;
-use super::valkey_admin::GrantExpiry;
 use crate::config::ResetPolicy;
 use crate::io::store::grant_period_end;
 use crate::io::store::valkey::ValkeyStore;
@@ -22,12 +21,19 @@ pub struct Removal {
 
 impl Removal {
     pub fn render(&self) -> String {
+        self.render_of(
+            "counter, first-seen, pacing slot, grant, idempotency records",
+            "the next scan",
+        )
+    }
+
+    /// The human form, naming the `keys` a key removed may be and whose `next` scan counts 1.
+    pub(super) fn render_of(&self, keys: &str, next: &str) -> String {
         match self.removed {
             0 => format!("nothing to remove: no key of {} exists\n", self.key),
+            1 => format!("removed 1 key of {} ({keys}); {next} counts 1\n", self.key),
             n => format!(
-                "removed {n} key{} of {} (counter, first-seen, pacing slot, grant, idempotency records); \
-                 the next scan counts 1\n",
-                if n == 1 { "" } else { "s" },
+                "removed {n} keys of {} ({keys}); {next} counts 1\n",
                 self.key
             ),
         }
@@ -52,17 +58,17 @@ pub struct Granted {
 }
 
 impl Granted {
-    pub(super) fn revoked(key: String, revoked: bool) -> Self {
+    /// `scans` granted to `key` until `at` (`None`: the end of the period the next scan opens);
+    /// 0 scans is a revoke, `revoked` whether there was a grant.
+    pub(super) fn new(key: String, scans: u64, at: Option<UnixSecs>, revoked: bool) -> Self {
         Self {
             key,
-            scans: 0,
-            expires_at: None,
-            revoked: Some(revoked),
+            scans,
+            expires_at: at.filter(|_| scans > 0).map(super::level_report::rfc3339),
+            revoked: (scans == 0).then_some(revoked),
         }
     }
-}
 
-impl Granted {
     pub fn render(&self) -> String {
         let plural = if self.scans == 1 { "" } else { "s" };
         match (self.revoked, &self.expires_at) {
@@ -104,22 +110,14 @@ pub async fn grant(
     if scans == 0 {
         let revoked = store.revoke(&subject.key).await?;
         tracing::info!(scope = %subject.scope, revoked, "quota grant revoked");
-        return Ok(Granted::revoked(key, revoked));
+        return Ok(Granted::new(key, 0, None, revoked));
     }
     let now = UnixSecs(crate::io::clock::wall_ms() / 1000);
-    let expiry = store
+    let at = store
         .grant(&subject.key, scans, grant_period_end(reset, now))
         .await?;
     tracing::info!(scope = %subject.scope, scans, "quota grant set");
-    Ok(Granted {
-        key,
-        scans,
-        expires_at: match expiry {
-            GrantExpiry::At(at) => Some(crate::gate::respond::rfc3339(at.get())),
-            GrantExpiry::WithNextPeriod => None,
-        },
-        revoked: None,
-    })
+    Ok(Granted::new(key, scans, at, false))
 }
 
 /// Removes every key of a client.

@@ -38,41 +38,28 @@ pub struct SubjectArgs {
 }
 
 impl SubjectArgs {
+    /// The client named; clap lets exactly one of the group through, and `--network` is taken
+    /// before this.
     fn into_arg(self) -> Result<SubjectArg, OpsError> {
-        if self.network.is_some() {
-            return Err(OpsError::Usage(
-                "--network names a level, not a client".into(),
-            ));
-        }
-        if let Some(account) = self.account {
-            return Ok(SubjectArg::Account(account));
-        }
-        match (self.ip, self.token) {
-            (Some(ip), _) => Ok(SubjectArg::Ip(ip)),
-            (None, Some(t)) if t == "-" => {
+        match (self.ip, self.token, self.account) {
+            (Some(ip), ..) => Ok(SubjectArg::Ip(ip)),
+            (_, Some(t), _) if t == "-" => {
                 let mut token = String::new();
                 std::io::stdin()
                     .read_to_string(&mut token)
                     .map_err(|e| OpsError::Usage(format!("--token -: cannot read stdin: {e}")))?;
                 Ok(SubjectArg::Token(token))
             }
-            (None, Some(t)) => Ok(SubjectArg::Token(t)),
-            (None, None) => Err(OpsError::Usage("give --ip, --token or --account".into())),
+            (_, Some(t), _) => Ok(SubjectArg::Token(t)),
+            (_, _, Some(account)) => Ok(SubjectArg::Account(account)),
+            _ => Err(OpsError::Usage("give --ip, --token or --account".into())),
         }
     }
 }
 
+/// `inspect` and `reset`: one client or level.
 #[derive(Debug, Args)]
-pub struct InspectArgs {
-    #[command(flatten)]
-    pub subject: SubjectArgs,
-    /// Print JSON, for scripts.
-    #[arg(long)]
-    pub json: bool,
-}
-
-#[derive(Debug, Args)]
-pub struct ResetArgs {
+pub struct ClientArgs {
     #[command(flatten)]
     pub subject: SubjectArgs,
     /// Print JSON, for scripts.
@@ -116,16 +103,11 @@ pub struct PurgeArgs {
 #[derive(Debug, Args)]
 pub struct StatsArgs {
     /// The window to read, ending now: a number and s, m, h or d.
-    #[arg(long, default_value = "24h", value_name = "DURATION", value_parser = since_arg)]
+    #[arg(long, default_value = "24h", value_name = "DURATION", value_parser = stats::parse_since)]
     pub since: std::time::Duration,
     /// Print JSON, for scripts.
     #[arg(long)]
     pub json: bool,
-}
-
-/// `--since`, checked while the command line is read, so a bad window is a usage error (exit 2).
-fn since_arg(raw: &str) -> Result<std::time::Duration, String> {
-    stats::parse_since(raw).map_err(|e| e.to_string().trim_start_matches("--since: ").to_owned())
 }
 
 fn print<T: Serialize>(
@@ -144,7 +126,7 @@ fn print<T: Serialize>(
 }
 
 /// `quota-gate inspect`.
-pub async fn inspect(args: InspectArgs, config: &Config) -> Result<(), OpsError> {
+pub async fn inspect(args: ClientArgs, config: &Config) -> Result<(), OpsError> {
     if let Some(cidr) = &args.subject.network {
         let report = network::inspect_network(config, cidr).await?;
         return print(args.json, &report, super::level_report::LevelReport::render);
@@ -162,7 +144,7 @@ pub async fn inspect(args: InspectArgs, config: &Config) -> Result<(), OpsError>
 }
 
 /// `quota-gate reset`.
-pub async fn reset(args: ResetArgs, config: &Config) -> Result<(), OpsError> {
+pub async fn reset(args: ClientArgs, config: &Config) -> Result<(), OpsError> {
     if let Some(cidr) = &args.subject.network {
         let removal = network::reset(config, cidr).await?;
         return print(args.json, &removal, network::render_removal);
@@ -175,10 +157,7 @@ pub async fn reset(args: ResetArgs, config: &Config) -> Result<(), OpsError> {
 
 /// `quota-gate grant`.
 pub async fn grant(args: GrantArgs, config: &Config) -> Result<(), OpsError> {
-    let scans = match args.scans {
-        Some(n) => change::check_scans(n)?,
-        None => 0,
-    };
+    let scans = args.scans.map_or(Ok(0), change::check_scans)?;
     if let Some(cidr) = &args.subject.network {
         let granted = network::grant(config, cidr, scans).await?;
         return print(args.json, &granted, change::Granted::render);
@@ -200,13 +179,13 @@ pub async fn purge(args: PurgeArgs, config: &Config) -> Result<(), OpsError> {
 
 /// `quota-gate stats`, with the AWS configuration from the environment.
 pub async fn stats(args: StatsArgs, config: &Config) -> Result<(), OpsError> {
-    let since = args.since;
     let sdk = aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await;
+    stats::preflight(&sdk).await?;
     let client = aws_sdk_cloudwatch::Client::new(&sdk);
     let report = stats::stats(
         &client,
         &config.metrics_namespace,
-        since,
+        args.since,
         OffsetDateTime::now_utc(),
     )
     .await?;

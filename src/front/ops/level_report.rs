@@ -34,31 +34,20 @@ pub struct LevelReport {
 impl LevelReport {
     /// The report of `level` from a store snapshot read at `now`.
     pub fn new(config: &Config, level: &Level, snapshot: Option<&Snapshot>, now: UnixSecs) -> Self {
-        let used = snapshot.map_or(0, |s| s.peek.used);
-        let grant = snapshot.map_or(0, |s| s.peek.grant);
-        let exists = snapshot.is_some_and(|s| s.counter);
-        let expires_at = snapshot.and_then(|s| s.peek.reset_at);
-        let limit = u64::from(level.limits.limit.get()).saturating_add(grant);
-        let reset_at = match (exists, expires_at) {
-            (true, None) => None,
-            _ => Some(resets_at(config.policy.reset, expires_at, now)),
-        };
-        let backlog_ms = snapshot.and_then(|s| s.peek.slot_ms).map_or(0, |slot| {
-            u64::try_from(slot.get() - now.millis().get()).unwrap_or(0)
-        });
-        let rfc3339 = |at: UnixSecs| crate::gate::respond::rfc3339(at.get());
+        let s = snapshot.cloned().unwrap_or_default();
+        let limit = u64::from(level.limits.limit.get()).saturating_add(s.peek.grant);
         Self {
             level: level.name.label(),
             key: level.key.counter.clone(),
-            exists,
-            used,
+            exists: s.counter,
+            used: s.peek.used,
             limit: u32::try_from(limit).unwrap_or(u32::MAX),
             base_limit: level.limits.limit.get(),
-            grant,
-            grant_expires_at: snapshot.and_then(|s| s.grant_expires_at).map(rfc3339),
-            remaining: limit.saturating_sub(used),
-            reset_at: reset_at.map(rfc3339),
-            backlog_ms,
+            grant: s.peek.grant,
+            grant_expires_at: s.grant_expires_at.map(rfc3339),
+            remaining: limit.saturating_sub(s.peek.used),
+            reset_at: s.reset_at(config, now),
+            backlog_ms: s.backlog_ms(now),
         }
     }
 
@@ -78,20 +67,29 @@ impl LevelReport {
 
     /// The human form of `inspect --network`.
     pub fn render(&self) -> String {
-        let grant = match (self.grant, &self.grant_expires_at) {
-            (0, _) => "-".to_owned(),
-            (n, Some(at)) => format!("+{n} scans this period, until {at}"),
-            (n, None) => format!("+{n} scans (no expiry: grant it again)"),
-        };
-        format!(
-            "{:<11} {}\n{:<11} {}\n{:<11} {}\n",
-            "level",
-            self.line(),
-            "key",
-            self.key,
-            "grant",
-            grant
-        )
+        let unknown = " (no expiry: grant it again)";
+        let grant = grant_row(self.grant, self.grant_expires_at.as_deref(), unknown);
+        aligned([
+            ("level", self.line()),
+            ("key", self.key.clone()),
+            ("grant", grant),
+        ])
+    }
+}
+
+/// One aligned `label  value` line per row.
+pub(super) fn aligned<'a>(rows: impl IntoIterator<Item = (&'a str, String)>) -> String {
+    rows.into_iter()
+        .map(|(label, value)| format!("{label:<11} {value}\n"))
+        .collect()
+}
+
+/// A `grant` line: the extra scans and until when (`unknown`: what is said with no expiry).
+pub(super) fn grant_row(grant: u64, expires_at: Option<&str>, unknown: &str) -> String {
+    match (grant, expires_at) {
+        (0, _) => "-".to_owned(),
+        (n, Some(at)) => format!("+{n} scans this period, until {at}"),
+        (n, None) => format!("+{n} scans{unknown}"),
     }
 }
 
@@ -100,5 +98,29 @@ pub fn limit_row(limit: u32, base: u32, grant: u64) -> String {
     match grant {
         0 => limit.to_string(),
         n => format!("{limit} ({base} + {n} granted)"),
+    }
+}
+
+/// An instant as reports give it: RFC 3339, UTC.
+pub(super) fn rfc3339(at: UnixSecs) -> String {
+    crate::gate::respond::rfc3339(at.get())
+}
+
+impl Snapshot {
+    /// When the period ends, as answers report `resetAt`: with no counter, when one opened `now`
+    /// would expire; `None` for a counter that (wrongly) never expires.
+    pub(super) fn reset_at(&self, config: &Config, now: UnixSecs) -> Option<String> {
+        let expires_at = self.peek.reset_at;
+        if self.counter && expires_at.is_none() {
+            return None;
+        }
+        Some(rfc3339(resets_at(config.policy.reset, expires_at, now)))
+    }
+
+    /// How far ahead of `now` the pacing slot is, in ms: the wait a scan arriving now would add.
+    pub(super) fn backlog_ms(&self, now: UnixSecs) -> u64 {
+        self.peek.slot_ms.map_or(0, |slot| {
+            u64::try_from(slot.get() - now.millis().get()).unwrap_or(0)
+        })
     }
 }

@@ -79,10 +79,9 @@ pub async fn inspect(
 pub async fn inspect_network(config: &Config, raw: &str) -> Result<LevelReport, OpsError> {
     let level = resolve(config, raw)?;
     let store = valkey_store(config)?;
-    let mut reports = inspect(&store, config, std::slice::from_ref(&level)).await?;
-    reports
-        .pop()
-        .ok_or_else(|| OpsError::Usage("no level read".into()))
+    let now = UnixSecs(crate::io::clock::wall_ms() / 1000);
+    let snapshot = store.inspect_level(&level.key).await?;
+    Ok(LevelReport::new(config, &level, snapshot.as_ref(), now))
 }
 
 /// `grant --network`: `scans` extra scans for the level's period (0 revokes).
@@ -95,18 +94,13 @@ pub async fn grant(config: &Config, raw: &str, scans: u64) -> Result<Granted, Op
     let (at, earlier) = store
         .grant_level(&level.key, scans, period_end(config.policy.reset, now))
         .await?;
+    let revoked = earlier > 0;
     if scans == 0 {
-        let revoked = earlier > 0;
         tracing::info!(level = %label, revoked, "level grant revoked");
-        return Ok(Granted::revoked(key, revoked));
+    } else {
+        tracing::info!(level = %label, scans, "level grant set");
     }
-    tracing::info!(level = %label, scans, "level grant set");
-    Ok(Granted {
-        key,
-        scans,
-        expires_at: at.map(|at| crate::gate::respond::rfc3339(at.get())),
-        revoked: None,
-    })
+    Ok(Granted::new(key, scans, at, revoked))
 }
 
 /// `reset --network`.
@@ -122,14 +116,7 @@ pub async fn reset(config: &Config, raw: &str) -> Result<Removal, OpsError> {
 
 /// The human form of `reset --network`.
 pub fn render_removal(removal: &Removal) -> String {
-    match removal.removed {
-        0 => format!("nothing to remove: no key of {} exists\n", removal.key),
-        n => format!(
-            "removed {n} key{} of {} (counter, pacing slot, grant); the network's next scan counts 1\n",
-            if n == 1 { "" } else { "s" },
-            removal.key
-        ),
-    }
+    removal.render_of("counter, pacing slot, grant", "the network's next scan")
 }
 
 #[cfg(test)]

@@ -53,16 +53,17 @@ pub async fn node_connection(valkey: &Valkey, host: &str, port: u16) -> RedisRes
 
 /// A reply that is a map in RESP3 or a flat key/value array in RESP2, as pairs.
 fn pairs(v: &Value) -> Vec<(String, &Value)> {
-    let key = |k: &Value| match k {
-        Value::BulkString(b) => String::from_utf8_lossy(b).into_owned(),
-        Value::SimpleString(s) => s.clone(),
-        _ => String::new(),
-    };
+    let key = |k: &Value| text(k).unwrap_or_default();
     match v {
         Value::Map(m) => m.iter().map(|(k, v)| (key(k), v)).collect(),
         Value::Array(a) => a.chunks_exact(2).map(|p| (key(&p[0]), &p[1])).collect(),
         _ => Vec::new(),
     }
+}
+
+/// The value of field `name` among `fields`.
+fn field<'a>(fields: &[(String, &'a Value)], name: &str) -> Option<&'a Value> {
+    fields.iter().find(|(k, _)| k == name).map(|(_, v)| *v)
 }
 
 fn text(v: &Value) -> Option<String> {
@@ -87,54 +88,43 @@ pub fn primaries_from_shards(shards: &Value, tls: bool) -> RedisResult<Vec<(Stri
     let mut found = BTreeSet::new();
     for shard in items(shards) {
         let fields = pairs(shard);
-        let field = |name: &str| fields.iter().find(|(k, _)| k == name).map(|(_, v)| *v);
-        if field("slots").is_none_or(|s| items(s).is_empty()) {
+        if field(&fields, "slots").is_none_or(|s| items(s).is_empty()) {
             continue;
         }
-        let primary = field("nodes")
-            .map(items)
-            .unwrap_or_default()
-            .iter()
-            .find_map(|node| {
-                let node = pairs(node);
-                let get = |name: &str| {
-                    node.iter()
-                        .find(|(k, _)| k == name)
-                        .and_then(|(_, v)| text(v))
-                };
-                if get("role").as_deref() != Some("master")
-                    || get("health").as_deref() == Some("fail")
-                {
-                    return None;
-                }
-                let host = ["endpoint", "hostname", "ip"]
-                    .iter()
-                    .filter_map(|k| get(k))
-                    .find(|h| !h.is_empty() && h != "?")?;
-                let ports = if tls {
-                    ["tls-port", "port"]
-                } else {
-                    ["port", "tls-port"]
-                };
-                let port = ports
-                    .iter()
-                    .filter_map(|k| get(k))
-                    .find_map(|p| p.parse::<u16>().ok().filter(|p| *p != 0))?;
-                Some((host, port))
-            });
-        match primary {
-            Some(p) => {
-                found.insert(p);
-            }
-            None => {
-                return Err(RedisError::from((
-                    ErrorKind::ClusterConnectionNotFound,
-                    "a shard that owns slots has no healthy primary",
-                )));
-            }
-        }
+        let nodes = field(&fields, "nodes").map(items).unwrap_or_default();
+        let primary = nodes.iter().find_map(|node| healthy_primary(node, tls));
+        found.insert(primary.ok_or_else(|| {
+            RedisError::from((
+                ErrorKind::ClusterConnectionNotFound,
+                "a shard that owns slots has no healthy primary",
+            ))
+        })?);
     }
     Ok(found.into_iter().collect())
+}
+
+/// The address of a `CLUSTER SHARDS` node that is a healthy `master`: its preferred host, and its
+/// TLS port first when `tls`.
+fn healthy_primary(node: &Value, tls: bool) -> Option<(String, u16)> {
+    let fields = pairs(node);
+    let get = |name: &str| field(&fields, name).and_then(text);
+    if get("role").as_deref() != Some("master") || get("health").as_deref() == Some("fail") {
+        return None;
+    }
+    let host = ["endpoint", "hostname", "ip"]
+        .iter()
+        .filter_map(|k| get(k))
+        .find(|h| !h.is_empty() && h != "?")?;
+    let ports = if tls {
+        ["tls-port", "port"]
+    } else {
+        ["port", "tls-port"]
+    };
+    let port = ports
+        .iter()
+        .filter_map(|k| get(k))
+        .find_map(|p| p.parse::<u16>().ok().filter(|p| *p != 0))?;
+    Some((host, port))
 }
 
 #[cfg(test)]

@@ -59,13 +59,7 @@ pub async fn purge(
     progress: Option<Progress>,
 ) -> Result<PurgeReport, OpsError> {
     let started = Instant::now();
-    let report = progress.clone().map(|p| move |batch| p.add(batch));
-    let result = store
-        .purge(
-            dry_run,
-            report.as_ref().map(|r| r as &(dyn Fn(u64) + Send + Sync)),
-        )
-        .await;
+    let result = store.purge(dry_run, progress.as_ref()).await;
     if let Some(p) = &progress {
         p.finish();
     }

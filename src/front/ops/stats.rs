@@ -22,9 +22,8 @@ const CREDENTIALS_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Checks that the AWS SDK has a region and credentials, for one short sentence instead of the
 /// SDK's error chain.
-pub async fn preflight() -> Result<(), OpsError> {
+pub async fn preflight(sdk: &aws_config::SdkConfig) -> Result<(), OpsError> {
     use aws_sdk_cloudwatch::config::ProvideCredentials;
-    let sdk = aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await;
     if sdk.region().is_none() {
         return Err(OpsError::Usage(
             "stats reads CloudWatch and needs an AWS region: set AWS_REGION \
@@ -46,17 +45,15 @@ pub async fn preflight() -> Result<(), OpsError> {
     }
 }
 
-/// Parses `--since` with `humantime` (`24h`, `7d`, `1h 30m`).
-pub fn parse_since(raw: &str) -> Result<Duration, OpsError> {
-    let window = humantime::parse_duration(raw.trim()).map_err(|e| {
-        OpsError::Usage(format!(
-            "--since: expected a duration like 24h, 90m or 7d ({e}); got {raw:?}"
-        ))
-    })?;
+/// Parses `--since` with `humantime` (`24h`, `7d`, `1h 30m`) while the command line is read, so a
+/// bad window is a usage error (exit 2).
+pub fn parse_since(raw: &str) -> Result<Duration, String> {
+    let window = humantime::parse_duration(raw.trim())
+        .map_err(|e| format!("expected a duration like 24h, 90m or 7d ({e}); got {raw:?}"))?;
     if window < Duration::from_secs(60) || window > MAX_WINDOW {
-        return Err(OpsError::Usage(format!(
-            "--since: between 1m and 455d (CloudWatch's periods and retention); got {raw:?}"
-        )));
+        return Err(format!(
+            "between 1m and 455d (CloudWatch's periods and retention); got {raw:?}"
+        ));
     }
     Ok(window)
 }
@@ -109,19 +106,16 @@ pub async fn stats(
 ) -> Result<Stats, OpsError> {
     // A period must be a multiple of 60 s.
     let period = since.as_secs().div_ceil(60).max(1) * 60;
-    let end_secs = end.unix_timestamp();
-    let start_secs = end_secs - i64::try_from(period).unwrap_or(i64::MAX / 2);
     let period =
         i32::try_from(period).map_err(|_| OpsError::Usage("--since: window too long".into()))?;
+    let end_secs = end.unix_timestamp();
+    let start_secs = end_secs - i64::from(period);
     let (counts, percentiles) = queries(namespace, period);
     let mut values: Vec<Vec<f64>> = vec![Vec::new(); SCOPES.len() * QUERIES.len()];
-    let (start, end_dt) = (
-        DateTime::from_secs(start_secs),
-        DateTime::from_secs(end_secs),
-    );
-    fetch(client, start, end_dt, counts, &mut values).await?;
+    let window = (start_secs, end_secs);
+    fetch(client, window, counts, &mut values).await?;
     // Asked apart, so an endpoint without extended statistics still gives the counts.
-    let p95_error = fetch(client, start, end_dt, percentiles, &mut values)
+    let p95_error = fetch(client, window, percentiles, &mut values)
         .await
         .err()
         .map(|e| e.to_string());
@@ -137,20 +131,12 @@ pub async fn stats(
 /// The scopes reported, in the order of the query slots.
 const SCOPES: [Scope; 2] = [Scope::Ip, Scope::Tid];
 
-/// Every query for every scope: the counts, and the percentiles.
+/// Every query for every scope, by slot: the counts, and the percentiles.
 fn queries(namespace: &str, period: i32) -> (Vec<MetricDataQuery>, Vec<MetricDataQuery>) {
-    let (mut counts, mut percentiles) = (Vec::new(), Vec::new());
-    for scope in SCOPES {
-        for (i, (metric, stat)) in QUERIES.iter().enumerate() {
-            let q = query(namespace, scope, metric, stat, period, i);
-            if stat.starts_with('p') {
-                percentiles.push(q);
-            } else {
-                counts.push(q);
-            }
-        }
-    }
-    (counts, percentiles)
+    let (percentiles, counts): (Vec<usize>, Vec<usize>) = (0..SCOPES.len() * QUERIES.len())
+        .partition(|slot| QUERIES[slot % QUERIES.len()].1.starts_with('p'));
+    let build = |slots: Vec<usize>| slots.into_iter().map(|slot| query(namespace, period, slot));
+    (build(counts).collect(), build(percentiles).collect())
 }
 
 fn scope_stats(values: &[Vec<f64>]) -> Vec<ScopeStats> {
@@ -175,18 +161,18 @@ fn scope_stats(values: &[Vec<f64>]) -> Vec<ScopeStats> {
         .collect()
 }
 
-/// Runs `queries` and appends each result's values to its slot.
+/// Runs `queries` over the `(start, end)` window (unix seconds) and appends each result's values
+/// to its slot.
 async fn fetch(
     client: &Client,
-    start: DateTime,
-    end: DateTime,
+    (start, end): (i64, i64),
     queries: Vec<MetricDataQuery>,
     values: &mut [Vec<f64>],
 ) -> Result<(), OpsError> {
     let mut pages = client
         .get_metric_data()
-        .start_time(start)
-        .end_time(end)
+        .start_time(DateTime::from_secs(start))
+        .end_time(DateTime::from_secs(end))
         .set_metric_data_queries(Some(queries))
         .into_paginator()
         .send();
@@ -207,29 +193,18 @@ async fn fetch(
     Ok(())
 }
 
-/// `s<scope index>q<query index>`: CloudWatch wants a lowercase first letter.
-fn query_id(scope: Scope, i: usize) -> String {
-    let s = match scope {
-        Scope::Ip => 0,
-        Scope::Tid => 1,
-    };
-    format!("s{s}q{i}")
+/// `q<slot>`: CloudWatch wants an id with a lowercase first letter.
+fn query_id(slot: usize) -> String {
+    format!("q{slot}")
 }
 
 fn query_index(id: &str) -> Option<usize> {
-    let rest = id.strip_prefix('s')?;
-    let (s, q) = rest.split_once('q')?;
-    Some(s.parse::<usize>().ok()? * QUERIES.len() + q.parse::<usize>().ok()?)
+    id.strip_prefix('q')?.parse().ok()
 }
 
-fn query(
-    namespace: &str,
-    scope: Scope,
-    metric: &str,
-    stat: &str,
-    period: i32,
-    i: usize,
-) -> MetricDataQuery {
+/// The query of `slot`: of scope `slot / QUERIES.len()`, asking query `slot % QUERIES.len()`.
+fn query(namespace: &str, period: i32, slot: usize) -> MetricDataQuery {
+    let (scope, (metric, stat)) = (SCOPES[slot / QUERIES.len()], QUERIES[slot % QUERIES.len()]);
     let dimension = Dimension::builder()
         .name("Scope")
         .value(scope.as_str())
@@ -245,7 +220,7 @@ fn query(
         .stat(stat)
         .build();
     MetricDataQuery::builder()
-        .id(query_id(scope, i))
+        .id(query_id(slot))
         .metric_stat(stat)
         .return_data(true)
         .build()
@@ -255,8 +230,7 @@ impl Stats {
     /// The human form: one row per scope.
     pub fn render(&self) -> String {
         let mut out = format!("{} from {} to {}\n", self.namespace, self.start, self.end);
-        out.push_str(&format!(
-            "{:<5} {:>9} {:>9} {:>9} {:>9} {:>12} {:>14} {:>12}\n",
+        out.push_str(&row([
             "scope",
             "scans",
             "soft hits",
@@ -264,29 +238,31 @@ impl Stats {
             "reminders",
             "store errors",
             "enqueue errors",
-            "p95 delay"
-        ));
+            "p95 delay",
+        ]));
         for s in &self.scopes {
-            let p95 = s
-                .p95_delay_ms
-                .map_or_else(|| "-".to_owned(), |v| format!("{v:.0} ms"));
-            out.push_str(&format!(
-                "{:<5} {:>9} {:>9} {:>9} {:>9} {:>12} {:>14} {:>12}\n",
-                s.scope,
-                s.scans,
-                s.soft_hits,
-                s.hard_hits,
-                s.reminders,
-                s.store_errors,
-                s.enqueue_errors,
-                p95
-            ));
+            let p95 = s.p95_delay_ms.map(|v| format!("{v:.0} ms"));
+            out.push_str(&row([
+                s.scope.to_owned(),
+                s.scans.to_string(),
+                s.soft_hits.to_string(),
+                s.hard_hits.to_string(),
+                s.reminders.to_string(),
+                s.store_errors.to_string(),
+                s.enqueue_errors.to_string(),
+                p95.unwrap_or_else(|| "-".to_owned()),
+            ]));
         }
         if let Some(e) = &self.p95_error {
             out.push_str(&format!("p95 delay unavailable: {e}\n"));
         }
         out
     }
+}
+
+/// One row of the table, in its columns.
+fn row<T: std::fmt::Display>([a, b, c, d, e, f, g, h]: [T; 8]) -> String {
+    format!("{a:<5} {b:>9} {c:>9} {d:>9} {e:>9} {f:>12} {g:>14} {h:>12}\n")
 }
 
 #[cfg(test)]
@@ -313,12 +289,8 @@ mod tests {
     /// Query ids round-trip to their slot.
     #[test]
     fn ids() {
-        for scope in [Scope::Ip, Scope::Tid] {
-            for i in 0..QUERIES.len() {
-                let slot = query_index(&query_id(scope, i)).unwrap();
-                let base = if scope == Scope::Ip { 0 } else { QUERIES.len() };
-                assert_eq!(slot, base + i);
-            }
+        for slot in 0..SCOPES.len() * QUERIES.len() {
+            assert_eq!(query_index(&query_id(slot)), Some(slot));
         }
         assert_eq!(query_index("x1"), None);
     }

@@ -7,12 +7,13 @@ use serde::Serialize;
 use time::OffsetDateTime;
 
 use super::OpsError;
+use super::level_report::{LevelReport, aligned, grant_row, limit_row, rfc3339};
 use super::valkey_admin::Snapshot;
 use crate::config::Config;
 use crate::gate::identity::jwt::{Rejection, TokenSubject};
 use crate::gate::identity::{self, Identifier, ip};
+use crate::io::store::QuotaKey;
 use crate::io::store::valkey::ValkeyStore;
-use crate::io::store::{QuotaKey, resets_at};
 use crate::rules::decide::decide;
 use crate::rules::scope::Scope;
 use crate::rules::unix::UnixSecs;
@@ -66,40 +67,18 @@ pub fn resolve(config: &Config, arg: &SubjectArg) -> Result<Subject, OpsError> {
             (identifier.ip_identity(addr), Basis::Ip)
         }
         SubjectArg::Token(raw) => {
-            let token = identity::bearer(raw).unwrap_or(raw.trim());
-            if token.is_empty() {
-                return Err(OpsError::Usage("--token: empty".into()));
-            }
-            if looks_like_jwt(token) {
-                let subject = identifier.verify(token).map_err(refused)?;
-                (
-                    identifier.token_identity(&subject, None, false),
-                    Basis::VerifiedToken,
-                )
+            let token = non_empty("--token", identity::bearer(raw).unwrap_or(raw))?;
+            // Three dot-separated parts: a compact JWS.
+            let (subject, basis) = if token.split('.').count() == 3 {
+                let verified = identifier.verify(token).map_err(refused)?;
+                (verified, Basis::VerifiedToken)
             } else {
-                let subject = TokenSubject {
-                    tid: token.to_owned(),
-                    tier: None,
-                    exempt: false,
-                    account: None,
-                };
-                (
-                    identifier.token_identity(&subject, None, false),
-                    Basis::BareTid,
-                )
-            }
+                (unverified(token, None), Basis::BareTid)
+            };
+            (identifier.token_identity(&subject, None, false), basis)
         }
         SubjectArg::Account(raw) => {
-            let account = raw.trim();
-            if account.is_empty() {
-                return Err(OpsError::Usage("--account: empty".into()));
-            }
-            let subject = TokenSubject {
-                tid: String::new(),
-                tier: None,
-                exempt: false,
-                account: Some(account.to_owned()),
-            };
+            let subject = unverified("", Some(non_empty("--account", raw)?));
             (
                 identifier.token_identity(&subject, None, false),
                 Basis::Account,
@@ -114,9 +93,22 @@ pub fn resolve(config: &Config, arg: &SubjectArg) -> Result<Subject, OpsError> {
     })
 }
 
-/// Three dot-separated parts: a compact JWS.
-fn looks_like_jwt(raw: &str) -> bool {
-    raw.split('.').count() == 3
+/// `value` trimmed; an error naming `flag` when that leaves nothing.
+fn non_empty<'a>(flag: &str, value: &'a str) -> Result<&'a str, OpsError> {
+    match value.trim() {
+        "" => Err(OpsError::Usage(format!("{flag}: empty"))),
+        value => Ok(value),
+    }
+}
+
+/// A token subject known by its `tid` or account alone: no `tier`, not exempt.
+fn unverified(tid: &str, account: Option<&str>) -> TokenSubject {
+    TokenSubject {
+        tid: tid.to_owned(),
+        tier: None,
+        exempt: false,
+        account: account.map(str::to_owned),
+    }
 }
 
 /// Why a JWT given to `--token` names no counter.
@@ -177,7 +169,7 @@ pub struct Inspection {
     pub backlog_ms: u64,
     pub next: NextScan,
     /// The levels above the subject an anonymous scan is also counted at; none for a token.
-    pub levels: Vec<super::level_report::LevelReport>,
+    pub levels: Vec<LevelReport>,
 }
 
 impl Inspection {
@@ -188,42 +180,32 @@ impl Inspection {
         snapshot: Option<&Snapshot>,
         now: UnixSecs,
     ) -> Self {
-        let slot = snapshot
-            .and_then(|s| s.peek.slot_ms)
-            .filter(|slot| *slot > now.millis());
-        let backlog_ms = slot.map_or(0, |slot| {
-            u64::try_from(slot.get() - now.millis().get()).unwrap_or(0)
-        });
-        let exists = snapshot.is_some_and(|s| s.counter);
-        let count = snapshot.map_or(0, |s| s.peek.used);
-        let expires_at = snapshot.and_then(|s| s.peek.reset_at);
-        let ttl =
-            expires_at.map(|at| u64::try_from(at.get().saturating_sub(now.get())).unwrap_or(0));
-        let grant = snapshot.map_or(0, |s| s.peek.grant);
-        let limits = config.policy.limits(subject.limit).with_grant(grant);
+        let s = snapshot.cloned().unwrap_or_default();
+        let count = s.peek.used;
+        let ttl = s
+            .peek
+            .reset_at
+            .map(|at| u64::try_from(at.get().saturating_sub(now.get())).unwrap_or(0));
+        let limits = config.policy.limits(subject.limit).with_grant(s.peek.grant);
         let next = decide(count + 1, &limits);
-        let reset_at = match (exists, expires_at) {
-            (true, None) => None,
-            _ => Some(resets_at(config.policy.reset, expires_at, now)),
-        };
-        let rfc3339 = |at: UnixSecs| crate::gate::respond::rfc3339(at.get());
+        let slot = s.peek.slot_ms.filter(|slot| *slot > now.millis());
         Self {
             scope: subject.scope.as_str(),
             basis: subject.basis,
             key: subject.key.counter.clone(),
             first_seen_key: subject.key.first_seen.clone(),
-            exists,
+            exists: s.counter,
             count,
             limit: limits.limit.get(),
             base_limit: subject.limit.get(),
-            grant,
-            grant_expires_at: snapshot.and_then(|s| s.grant_expires_at).map(rfc3339),
+            grant: s.peek.grant,
+            grant_expires_at: s.grant_expires_at.map(rfc3339),
             remaining: u64::from(limits.limit.get()).saturating_sub(count),
             ttl_seconds: ttl,
-            first_seen: snapshot.and_then(|s| s.first_seen.clone()),
-            reset_at: reset_at.map(rfc3339),
+            first_seen: s.first_seen.clone(),
+            reset_at: s.reset_at(config, now),
             next_free_slot: slot.map(|at| crate::gate::respond::rfc3339_ms(at.get())),
-            backlog_ms,
+            backlog_ms: s.backlog_ms(now),
             next: NextScan {
                 count: count + 1,
                 tier: next.tier.as_str(),
@@ -254,56 +236,37 @@ impl Inspection {
         if self.next.reminder {
             next.push_str(", with reminder");
         }
-        let limit = super::level_report::limit_row(self.limit, self.base_limit, self.grant);
-        let reset_at = self.reset_at.as_deref().unwrap_or("-");
+        let limit = limit_row(self.limit, self.base_limit, self.grant);
+        let grant = grant_row(self.grant, self.grant_expires_at.as_deref(), UNTIL_NEXT);
+        let first_seen = self.first_seen.clone().unwrap_or_else(|| "-".into());
+        let mut resets = self.reset_at.clone().unwrap_or_else(|| "-".into());
+        if !self.exists {
+            resets.push_str(" if a scan came now (no counter: the next scan starts a period)");
+        }
+        let slot = match &self.next_free_slot {
+            Some(at) => format!("{at} (backlog {} ms)", self.backlog_ms),
+            None => "- (no paced backlog)".into(),
+        };
         let rows = [
             ("scope", format!("{} ({basis})", self.scope)),
             ("key", self.key.clone()),
             ("count", self.count.to_string()),
             ("limit", limit),
-            ("grant", self.grant_row()),
+            ("grant", grant),
             ("remaining", self.remaining.to_string()),
             ("ttl", ttl),
-            (
-                "first seen",
-                self.first_seen.clone().unwrap_or_else(|| "-".into()),
-            ),
-            (
-                "resets at",
-                if self.exists {
-                    reset_at.to_owned()
-                } else {
-                    format!(
-                        "{reset_at} if a scan came now (no counter: the next scan starts a period)"
-                    )
-                },
-            ),
-            (
-                "next slot",
-                match &self.next_free_slot {
-                    Some(at) => format!("{at} (backlog {} ms)", self.backlog_ms),
-                    None => "- (no paced backlog)".into(),
-                },
-            ),
+            ("first seen", first_seen),
+            ("resets at", resets),
+            ("next slot", slot),
             ("next", next),
         ];
         let levels = self.levels.iter().map(|l| ("level", l.line()));
-        rows.into_iter()
-            .chain(levels)
-            .map(|(label, value)| format!("{label:<11} {value}\n"))
-            .collect()
-    }
-
-    fn grant_row(&self) -> String {
-        match (self.grant, &self.grant_expires_at) {
-            (0, _) => "-".to_owned(),
-            (n, Some(at)) => format!("+{n} scans this period, until {at}"),
-            (n, None) => {
-                format!("+{n} scans, until the end of the period the next scan opens (no scan yet)")
-            }
-        }
+        aligned(rows.into_iter().chain(levels))
     }
 }
+
+/// Until when a grant made before the period's first scan lasts.
+const UNTIL_NEXT: &str = ", until the end of the period the next scan opens (no scan yet)";
 
 /// Reads a client's counter.
 pub async fn inspect(

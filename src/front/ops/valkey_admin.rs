@@ -2,6 +2,7 @@
 //! quota key. Plain [`ValkeyStore`] methods, kept out of [`crate::io::store::QuotaStore`].
 
 use super::nodes;
+use super::progress::Progress;
 use crate::io::connection::Connection;
 use crate::io::store::valkey::ValkeyStore;
 use crate::io::store::{GrantHeld, KEY_PATTERN, Peek, QuotaKey, SendError};
@@ -11,7 +12,8 @@ use crate::rules::unix::{UnixMillis, UnixSecs};
 const PURGE_BATCH: usize = 500;
 
 /// One subject as an operator sees it: what `GET /quota` reads, first-seen, the grant's expiry.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// The default: no key at all.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Snapshot {
     /// With no counter (a grant before the period's first scan): `used` 0 and no `reset_at`.
     pub peek: Peek,
@@ -27,15 +29,6 @@ pub struct Snapshot {
 const GRANT: &str = include_str!("grant.lua");
 /// Sets a level's grant atomically, held in its counter.
 const GRANT_LEVEL: &str = include_str!("grant_level.lua");
-
-/// When a grant set expires.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum GrantExpiry {
-    /// With the counter, at this instant.
-    At(UnixSecs),
-    /// No counter yet: with the one the next scan opens.
-    WithNextPeriod,
-}
 
 impl ValkeyStore {
     /// Reads a subject's counter; `None` when it has neither a counter nor a grant.
@@ -78,8 +71,6 @@ impl ValkeyStore {
         if used.is_none() && grant.is_none() {
             return Ok(None);
         }
-        // EXPIRETIME: -1 no expiry, -2 no key.
-        let at = |t: i64| Some(t).filter(|t| *t >= 0).map(UnixSecs);
         let used = match held {
             GrantHeld::Beside => used,
             GrantHeld::InCounter => used.map(|h| h.saturating_add_unsigned(grant.unwrap_or(0))),
@@ -87,36 +78,32 @@ impl ValkeyStore {
         Ok(Some(Snapshot {
             peek: Peek {
                 used: used.map_or(0, |u| u.max(0).unsigned_abs()),
-                reset_at: used.and(at(expires_at)),
+                reset_at: used.and(instant(expires_at)),
                 slot_ms: slot.map(UnixMillis),
                 grant: grant.unwrap_or(0),
             },
             counter: used.is_some(),
             first_seen,
-            grant_expires_at: grant.and(at(grant_expires_at)),
+            grant_expires_at: grant.and(instant(grant_expires_at)),
         }))
     }
 
     /// Gives a subject `scans` extra scans for the current period, replacing any earlier grant. It
     /// expires with the counter or, before the period's first scan, at `period_end` if known, else
-    /// with the counter that scan opens.
+    /// (`None`) with the counter that scan opens.
     pub async fn grant(
         &self,
         key: &QuotaKey,
         scans: u64,
         period_end: Option<UnixSecs>,
-    ) -> Result<GrantExpiry, SendError> {
+    ) -> Result<Option<UnixSecs>, SendError> {
         let mut conn = self.valkey().connection().await?;
         let at: i64 = crate::io::store::valkey::eval(GRANT, &[&key.counter, &key.grant])
             .arg(scans)
             .arg(period_end.map_or(0, UnixSecs::get))
             .query_async(&mut conn)
             .await?;
-        Ok(if at >= 0 {
-            GrantExpiry::At(UnixSecs(at))
-        } else {
-            GrantExpiry::WithNextPeriod
-        })
+        Ok(instant(at))
     }
 
     /// Gives a level `scans` extra scans (0 takes them back), held in its counter, replacing any
@@ -134,7 +121,7 @@ impl ValkeyStore {
                 .arg(period_end.get())
                 .query_async(&mut conn)
                 .await?;
-        Ok((Some(at).filter(|at| *at >= 0).map(UnixSecs), earlier))
+        Ok((instant(at), earlier))
     }
 
     /// Takes a subject's grant back; whether there was one.
@@ -156,7 +143,7 @@ impl ValkeyStore {
     pub async fn purge(
         &self,
         dry_run: bool,
-        progress: Option<&(dyn Fn(u64) + Send + Sync)>,
+        progress: Option<&Progress>,
     ) -> Result<u64, SendError> {
         self.remove_matching(KEY_PATTERN, dry_run, progress).await
     }
@@ -165,7 +152,7 @@ impl ValkeyStore {
         &self,
         pattern: &str,
         dry_run: bool,
-        progress: Option<&(dyn Fn(u64) + Send + Sync)>,
+        progress: Option<&Progress>,
     ) -> Result<u64, SendError> {
         if !self.valkey().is_cluster() {
             let mut conn = self.valkey().connection().await?;
@@ -181,12 +168,18 @@ impl ValkeyStore {
     }
 }
 
+/// An instant the store or a script gave in unix seconds; a negative one is none (EXPIRETIME: -1 no
+/// expiry, -2 no key).
+fn instant(secs: i64) -> Option<UnixSecs> {
+    Some(secs).filter(|t| *t >= 0).map(UnixSecs)
+}
+
 /// `SCAN MATCH <pattern>` over one node, unlinking (or counting) in batches reported to `progress`.
-pub async fn purge_node(
+async fn purge_node(
     conn: &mut Connection,
     pattern: &str,
     dry_run: bool,
-    progress: Option<&(dyn Fn(u64) + Send + Sync)>,
+    progress: Option<&Progress>,
 ) -> Result<u64, SendError> {
     let mut cursor: u64 = 0;
     let mut removed = 0u64;
@@ -211,8 +204,8 @@ pub async fn purge_node(
                 pipe.query_async::<Vec<u64>>(conn).await?.iter().sum()
             };
             removed += batch;
-            if let Some(report) = progress {
-                report(batch);
+            if let Some(progress) = progress {
+                progress.add(batch);
             }
         }
         if next == 0 {

@@ -23,23 +23,10 @@ const CLOSED: u64 = u64::MAX;
 /// Waiting, closable from `(state - WAITING)` ms after the epoch.
 const WAITING: u64 = 2;
 
-/// The milliseconds since a shared instant, which the states count in.
-#[derive(Debug, Clone, Copy)]
-struct Clock {
-    epoch: Instant,
-}
-
-impl Clock {
-    /// The waiting state closable `grace` from now.
-    fn waiting_for(self, grace: Duration) -> u64 {
-        let from = self.epoch.elapsed() + grace;
-        WAITING.saturating_add(u64::try_from(from.as_millis()).unwrap_or(CLOSED - 1))
-    }
-
-    /// The latest waiting state closable now.
-    fn now(self) -> u64 {
-        self.waiting_for(Duration::ZERO)
-    }
+/// The waiting state closable `grace` from now, in milliseconds since `epoch` (shared by the states).
+fn waiting_for(epoch: Instant, grace: Duration) -> u64 {
+    let from = epoch.elapsed() + grace;
+    WAITING.saturating_add(u64::try_from(from.as_millis()).unwrap_or(CLOSED - 1))
 }
 
 /// What the cap knows of one open connection: its state, and the signal to close it.
@@ -47,7 +34,7 @@ impl Clock {
 pub(super) struct Presence {
     state: AtomicU64,
     closed: Notify,
-    clock: Clock,
+    epoch: Instant,
     keep_alive_grace: Duration,
 }
 
@@ -73,7 +60,7 @@ impl Presence {
         if self.state.load(Ordering::Acquire) != SENDING {
             return;
         }
-        let waiting = self.clock.waiting_for(self.keep_alive_grace);
+        let waiting = waiting_for(self.epoch, self.keep_alive_grace);
         let _ =
             (self.state).compare_exchange(SENDING, waiting, Ordering::AcqRel, Ordering::Acquire);
     }
@@ -109,7 +96,7 @@ pub(super) struct Admission {
     slots: Arc<Semaphore>,
     open: Mutex<HashMap<u64, Arc<Presence>>>,
     next_id: AtomicU64,
-    clock: Clock,
+    epoch: Instant,
     new_connection_grace: Duration,
     keep_alive_grace: Duration,
 }
@@ -119,13 +106,7 @@ pub(super) struct Admission {
 pub(super) struct Registration {
     admission: Arc<Admission>,
     id: u64,
-    presence: Arc<Presence>,
-}
-
-impl Registration {
-    pub fn presence(&self) -> &Arc<Presence> {
-        &self.presence
-    }
+    pub presence: Arc<Presence>,
 }
 
 impl Drop for Registration {
@@ -141,9 +122,7 @@ impl Admission {
             slots: Arc::new(Semaphore::new(limits.max_connections.max(1))),
             open: Mutex::default(),
             next_id: AtomicU64::new(0),
-            clock: Clock {
-                epoch: Instant::now(),
-            },
+            epoch: Instant::now(),
             new_connection_grace: limits.new_connection_grace,
             keep_alive_grace: limits.keep_alive_grace,
         })
@@ -154,9 +133,9 @@ impl Admission {
     pub async fn admit(self: &Arc<Self>) -> Option<(OwnedSemaphorePermit, Registration)> {
         let permit = self.slot().await?;
         let presence = Arc::new(Presence {
-            state: AtomicU64::new(self.clock.waiting_for(self.new_connection_grace)),
+            state: AtomicU64::new(waiting_for(self.epoch, self.new_connection_grace)),
             closed: Notify::new(),
-            clock: self.clock,
+            epoch: self.epoch,
             keep_alive_grace: self.keep_alive_grace,
         });
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
@@ -193,7 +172,8 @@ impl Admission {
 
     /// Closes the connection waiting longest past its grace; whether there was one.
     fn close_longest_waiting(&self) -> bool {
-        let now = self.clock.now();
+        // The latest waiting state closable now.
+        let now = waiting_for(self.epoch, Duration::ZERO);
         let open = self.open_connections();
         loop {
             let longest = open
@@ -237,7 +217,7 @@ mod tests {
 
     /// Whether `connection` is closed within `within`.
     async fn closed_within(connection: &Admitted, within: u64) -> bool {
-        let closed = connection.1.presence().closed();
+        let closed = connection.1.presence.closed();
         tokio::time::timeout(Duration::from_millis(within), closed)
             .await
             .is_ok()
@@ -265,8 +245,8 @@ mod tests {
         let oldest = admitted(&admission).await;
         tokio::time::sleep(Duration::from_millis(5)).await;
         let newer = admitted(&admission).await;
-        assert!(busy.1.presence().request_started());
-        let presence = oldest.1.presence().clone();
+        assert!(busy.1.presence.request_started());
+        let presence = oldest.1.presence.clone();
         let _new = admitted_for(&admission, oldest, 500).await;
         assert!(!presence.request_started(), "closed for another");
         assert!(!closed_within(&busy, 10).await);
@@ -291,7 +271,7 @@ mod tests {
     async fn a_keep_alive_connection_gives_way_after_its_grace() {
         let admission = admission(1, 0, 200);
         let client = admitted(&admission).await;
-        let presence = client.1.presence().clone();
+        let presence = client.1.presence.clone();
         assert!(presence.request_started());
         let admitting = tokio::spawn({
             let admission = admission.clone();

@@ -16,14 +16,8 @@ use super::admission::Presence;
 
 /// A response body that tells its [`Presence`] when hyper drops it.
 pub(super) struct Answer {
-    body: Full<Bytes>,
-    presence: Arc<Presence>,
-}
-
-impl Answer {
-    pub fn new(body: Full<Bytes>, presence: Arc<Presence>) -> Self {
-        Self { body, presence }
-    }
+    pub body: Full<Bytes>,
+    pub presence: Arc<Presence>,
 }
 
 impl Body for Answer {
@@ -54,14 +48,8 @@ impl Drop for Answer {
 
 /// A socket that tells its [`Presence`] of every completed flush.
 pub(super) struct Flushed<T> {
-    io: T,
-    presence: Arc<Presence>,
-}
-
-impl<T> Flushed<T> {
-    pub fn new(io: T, presence: Arc<Presence>) -> Self {
-        Self { io, presence }
-    }
+    pub io: T,
+    pub presence: Arc<Presence>,
 }
 
 impl<T: AsyncRead + Unpin> AsyncRead for Flushed<T> {

@@ -19,14 +19,11 @@ use tokio_util::task::TaskTracker;
 
 use super::admission::{Admission, Registration};
 use super::answer::{Answer, Flushed};
-use super::limits::ServeLimits;
+use super::limits::{HEADER_READ_TIMEOUT, MAX_BUF_SIZE, MAX_UNSENT, ServeLimits, WRITE_TIMEOUT};
 use super::route::Routes;
 use crate::gate::Gate;
 use crate::io::queue::ScanQueue;
 use crate::io::store::QuotaStore;
-
-/// The smallest read and write buffer hyper accepts.
-const HYPER_MIN_BUF: usize = 8192;
 
 /// What one worker serves; `admission` is shared with the other workers.
 pub(super) struct Worker<S, Q> {
@@ -36,12 +33,11 @@ pub(super) struct Worker<S, Q> {
     pub admission: Arc<Admission>,
 }
 
-struct Accepted {
-    stream: TcpStream,
-    peer: SocketAddr,
-    permit: OwnedSemaphorePermit,
-    registration: Registration,
-}
+/// A connection just accepted, and its slot.
+type Accepted = (
+    (TcpStream, SocketAddr),
+    (OwnedSemaphorePermit, Registration),
+);
 
 impl<S: QuotaStore, Q: ScanQueue> Worker<S, Q> {
     /// Accepts on `listener` until `shutdown` completes, then drains.
@@ -53,91 +49,75 @@ impl<S: QuotaStore, Q: ScanQueue> Worker<S, Q> {
         tokio::pin!(shutdown);
         // The store connection must be driven by this worker's runtime.
         self.gate.warm_up();
-        let limits = self.limits;
         let routes = Arc::new(Routes {
             gate: self.gate,
             metrics: self.metrics,
-            limits,
             scans: TaskTracker::new(),
         });
         let connections = GracefulShutdown::new();
-        let builder = http1_builder(&limits);
+        let builder = http1_builder();
         loop {
             let accepted = tokio::select! {
-                accepted = accept(&listener, &self.admission) => match accepted {
-                    Some(accepted) => accepted,
-                    None => break,
-                },
-                () = &mut shutdown => break,
+                accepted = accept(&listener, &self.admission) => accepted,
+                () = &mut shutdown => None,
             };
-            let connection = Connection {
-                routes: &routes,
-                builder: &builder,
-                watcher: &connections,
-            };
-            connection.spawn(accepted);
+            let Some(accepted) = accepted else { break };
+            spawn_connection(&routes, &builder, &connections, accepted);
         }
         drop(listener);
         // No sleep outlasts the drain: the sleepers go on to their jobs now.
         routes.gate.wake_sleepers();
-        drain(connections, &routes.scans, limits.drain_timeout).await;
+        drain(connections, &routes.scans, self.limits.drain_timeout).await;
         Ok(())
     }
 }
 
-struct Connection<'a, S, Q> {
-    routes: &'a Arc<Routes<S, Q>>,
-    builder: &'a http1::Builder,
-    watcher: &'a GracefulShutdown,
-}
-
-impl<S: QuotaStore, Q: ScanQueue> Connection<'_, S, Q> {
-    /// Serves `accepted` in its own task until it ends, gives way to another, or the drain ends.
-    fn spawn(self, accepted: Accepted) {
-        let Accepted {
-            stream,
-            peer,
-            permit,
-            registration,
-        } = accepted;
-        let limits = &self.routes.limits;
-        let _ = stream.set_nodelay(true);
-        limit_unsent(&stream, limits.max_unsent);
-        // Shared with the gate tasks, so the cap also bounds scans whose client left.
-        let permit = Arc::new(permit);
-        let presence = registration.presence().clone();
-        let routes = self.routes.clone();
-        let slot = permit.clone();
-        let service = service_fn(move |request| {
-            // Synchronously: a connection just closed for another must not let the request in.
-            let started = presence.request_started();
-            let routed = started.then(|| routes.clone().route(peer, slot.clone(), request));
-            let presence = presence.clone();
-            async move {
-                let response = match routed {
-                    Some(routed) => routed.await?,
-                    None => super::route::gave_way(),
-                };
-                Ok::<_, Infallible>(response.map(|body| Answer::new(body, presence)))
+/// Serves `accepted` in its own task until it ends, gives way to another, or the drain ends.
+fn spawn_connection<S: QuotaStore, Q: ScanQueue>(
+    routes: &Arc<Routes<S, Q>>,
+    builder: &http1::Builder,
+    watcher: &GracefulShutdown,
+    ((stream, peer), (permit, registration)): Accepted,
+) {
+    let _ = stream.set_nodelay(true);
+    limit_unsent(&stream);
+    // Shared with the gate tasks, so the cap also bounds scans whose client left.
+    let permit = Arc::new(permit);
+    let presence = registration.presence.clone();
+    let routes = routes.clone();
+    let slot = permit.clone();
+    let service = service_fn(move |request| {
+        // Synchronously: a connection just closed for another must not let the request in.
+        let started = presence.request_started();
+        let routed = started.then(|| routes.clone().route(peer, slot.clone(), request));
+        let presence = presence.clone();
+        async move {
+            let response = match routed {
+                Some(routed) => routed.await,
+                None => super::route::gave_way(),
+            };
+            Ok::<_, Infallible>(response.map(|body| Answer { body, presence }))
+        }
+    });
+    let mut socket = TimeoutStream::new(stream);
+    socket.set_write_timeout(Some(WRITE_TIMEOUT));
+    let socket = Box::pin(socket);
+    let io = TokioIo::new(Flushed {
+        io: socket,
+        presence: registration.presence.clone(),
+    });
+    let connection = watcher.watch(builder.serve_connection(io, service));
+    tokio::spawn(async move {
+        tokio::select! {
+            ended = connection => if let Err(e) = ended {
+                tracing::debug!(error = %e, "connection closed with an error");
+            },
+            () = registration.presence.closed() => {
+                tracing::debug!("closed while waiting for a request, to admit another");
             }
-        });
-        let socket = Box::pin(write_timeout(stream, limits.write_timeout));
-        let io = TokioIo::new(Flushed::new(socket, registration.presence().clone()));
-        let connection = self
-            .watcher
-            .watch(self.builder.serve_connection(io, service));
-        tokio::spawn(async move {
-            tokio::select! {
-                ended = connection => if let Err(e) = ended {
-                    tracing::debug!(error = %e, "connection closed with an error");
-                },
-                () = registration.presence().closed() => {
-                    tracing::debug!("closed while waiting for a request, to admit another");
-                }
-            }
-            drop((permit, registration));
-        });
-    }
+        }
+        drop((permit, registration));
+    });
 }
 
 /// The next connection, once admitted. While it waits for a slot the rest wait in the listen
@@ -153,47 +133,29 @@ async fn accept(listener: &TcpListener, admission: &Arc<Admission>) -> Option<Ac
             }
         }
     };
-    let (permit, registration) = admission.admit().await?;
-    Some(Accepted {
-        stream,
-        peer,
-        permit,
-        registration,
-    })
+    Some(((stream, peer), admission.admit().await?))
 }
 
 /// hyper's HTTP/1.1 settings. The buffer bounds a request head and pipelined read-ahead, and no
 /// pipelined request is read while an answer waits unsent.
-fn http1_builder(limits: &ServeLimits) -> http1::Builder {
+fn http1_builder() -> http1::Builder {
     let mut builder = http1::Builder::new();
     builder
         .timer(TokioTimer::new())
-        .header_read_timeout(limits.header_read_timeout)
+        .header_read_timeout(HEADER_READ_TIMEOUT)
         // Else hyper drops the answer to a half-closed request whose scan is counted and queued.
         .half_close(true)
         .keep_alive(true)
-        .max_buf_size(limits.max_buf_size.max(HYPER_MIN_BUF));
+        .max_buf_size(MAX_BUF_SIZE);
     builder
 }
 
-/// At most `bytes` may wait unsent in the kernel, so a write to a client that does not read soon
+/// At most [`MAX_UNSENT`] bytes may wait unsent in the kernel, so a write to a client that does not read soon
 /// waits and times out; bytes in flight are not counted, so a reader's throughput is not limited.
-#[cfg(any(target_os = "linux", target_os = "android"))]
-fn limit_unsent(stream: &TcpStream, bytes: u32) {
-    if let Err(e) = socket2::SockRef::from(stream).set_tcp_notsent_lowat(bytes) {
+fn limit_unsent(stream: &TcpStream) {
+    if let Err(e) = socket2::SockRef::from(stream).set_tcp_notsent_lowat(MAX_UNSENT) {
         tracing::debug!(error = %e, "cannot set TCP_NOTSENT_LOWAT");
     }
-}
-
-/// Elsewhere the write timeout alone lets go of a client that does not read.
-#[cfg(not(any(target_os = "linux", target_os = "android")))]
-fn limit_unsent(_: &TcpStream, _: u32) {}
-
-/// `stream`, whose writes and flushes fail with `TimedOut` after no progress for `after`.
-fn write_timeout(stream: TcpStream, after: Duration) -> TimeoutStream<TcpStream> {
-    let mut stream = TimeoutStream::new(stream);
-    stream.set_write_timeout(Some(after));
-    stream
 }
 
 /// Lets open connections finish their requests and waits for every gate task, those of clients

@@ -32,23 +32,15 @@ pub const EXIT_OUTPUT: Duration = Duration::from_secs(1);
 /// Store calls a request may make besides its enqueue, with room to spare.
 const STORE_CALLS_PER_REQUEST: u32 = 8;
 
-/// Connection limits of the local server.
+/// Connection limits of the local server; the other limits are the constants above.
 #[derive(Debug, Clone, Copy)]
 pub struct ServeLimits {
     /// Connections open at once.
     pub max_connections: usize,
-    pub header_read_timeout: Duration,
     /// See [`NEW_CONNECTION_GRACE`].
     pub new_connection_grace: Duration,
     /// See [`KEEP_ALIVE_GRACE`].
     pub keep_alive_grace: Duration,
-    pub body_read_timeout: Duration,
-    /// See [`WRITE_TIMEOUT`].
-    pub write_timeout: Duration,
-    /// At least 8 KiB, hyper's minimum.
-    pub max_buf_size: usize,
-    /// See [`MAX_UNSENT`].
-    pub max_unsent: u32,
     /// How long shutdown waits for requests in flight.
     pub drain_timeout: Duration,
 }
@@ -58,13 +50,8 @@ impl ServeLimits {
     pub fn from_config(config: &Config) -> Self {
         Self {
             max_connections: config.serve.max_connections as usize,
-            header_read_timeout: HEADER_READ_TIMEOUT,
             new_connection_grace: NEW_CONNECTION_GRACE,
             keep_alive_grace: KEEP_ALIVE_GRACE,
-            body_read_timeout: BODY_READ_TIMEOUT,
-            write_timeout: WRITE_TIMEOUT,
-            max_buf_size: MAX_BUF_SIZE,
-            max_unsent: MAX_UNSENT,
             drain_timeout: drain_timeout(config),
         }
     }

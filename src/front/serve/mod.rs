@@ -22,7 +22,6 @@
 mod admission;
 mod answer;
 mod connection;
-mod detach;
 mod limits;
 mod route;
 mod server;
@@ -37,40 +36,31 @@ use crate::gate::Gate;
 use crate::io::queue::ScanQueue;
 use crate::io::store::QuotaStore;
 
-pub use detach::{Detached, detach};
 pub use limits::{
     BODY_READ_TIMEOUT, HEADER_READ_TIMEOUT, KEEP_ALIVE_GRACE, MAX_BUF_SIZE, MAX_UNSENT,
     NEW_CONNECTION_GRACE, ServeLimits, WRITE_TIMEOUT, drain_timeout,
 };
+pub use route::{Detached, detach};
 pub use server::Server;
 
 use admission::Admission;
 
-/// [`serve_with`] with the default [`ServeLimits`].
+/// Serves `gate` on `listener` (on the calling runtime) with the default [`ServeLimits`] until
+/// `shutdown` completes, then lets the requests in flight finish (at most
+/// [`ServeLimits::drain_timeout`]). [`Server`] runs one per worker.
 pub async fn serve<S: QuotaStore, Q: ScanQueue>(
     listener: TcpListener,
     gate: Arc<Gate<S, Q>>,
     metrics: Option<PrometheusHandle>,
     shutdown: impl Future<Output = ()>,
 ) -> std::io::Result<()> {
-    serve_with(listener, gate, metrics, ServeLimits::default(), shutdown).await
-}
-
-/// Serves `gate` on `listener` (on the calling runtime) until `shutdown` completes, then lets the
-/// requests in flight finish (at most [`ServeLimits::drain_timeout`]). [`Server`] runs one per
-/// worker.
-pub async fn serve_with<S: QuotaStore, Q: ScanQueue>(
-    listener: TcpListener,
-    gate: Arc<Gate<S, Q>>,
-    metrics: Option<PrometheusHandle>,
-    limits: ServeLimits,
-    shutdown: impl Future<Output = ()>,
-) -> std::io::Result<()> {
+    let limits = ServeLimits::default();
+    let admission = Admission::new(&limits);
     let worker = connection::Worker {
         gate,
         metrics,
         limits,
-        admission: Admission::new(&limits),
+        admission,
     };
     worker.run(listener, shutdown).await
 }

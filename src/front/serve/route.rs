@@ -1,9 +1,11 @@
 //! One request on a connection: `/healthz`, `/readyz`, `/metrics`, or the gate. The gate runs in a
 //! tracked task that outlives the connection and holds its slot until it ends.
 
-use std::convert::Infallible;
+use std::future::Future;
 use std::net::SocketAddr;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 
 use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, Method, Request, Response, StatusCode, header};
@@ -11,9 +13,10 @@ use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
 use metrics_exporter_prometheus::PrometheusHandle;
 use tokio::sync::OwnedSemaphorePermit;
+use tokio::task::{JoinError, JoinHandle};
 use tokio_util::task::TaskTracker;
 
-use super::limits::ServeLimits;
+use super::limits::BODY_READ_TIMEOUT;
 use crate::gate::error::{GateError, Queued};
 use crate::gate::validate::MAX_BODY_BYTES;
 use crate::gate::{Gate, GateRequest};
@@ -25,34 +28,8 @@ use crate::io::store::QuotaStore;
 pub(super) struct Routes<S, Q> {
     pub gate: Arc<Gate<S, Q>>,
     pub metrics: Option<PrometheusHandle>,
-    pub limits: ServeLimits,
     /// The gate's tasks; shutdown waits for them.
     pub scans: TaskTracker,
-}
-
-/// A `GET` or `HEAD` of `path` (hyper leaves out a HEAD's body).
-fn is_probe(request: &Request<Incoming>, path: &str) -> bool {
-    (request.method() == Method::GET || request.method() == Method::HEAD)
-        && request.uri().path() == path
-}
-
-/// `GET /healthz` and `GET /metrics`; `None` for everything else.
-fn endpoint(
-    request: &Request<Incoming>,
-    metrics: Option<&PrometheusHandle>,
-) -> Option<Response<Full<Bytes>>> {
-    if request.method() != Method::GET && request.method() != Method::HEAD {
-        return None;
-    }
-    match (request.uri().path(), metrics) {
-        ("/healthz", _) => Some(text(StatusCode::OK, "text/plain", ALIVE.into())),
-        ("/metrics", Some(handle)) => Some(text(
-            StatusCode::OK,
-            "text/plain; version=0.0.4",
-            crate::io::meter::prometheus::render(handle),
-        )),
-        _ => None,
-    }
 }
 
 impl<S: QuotaStore, Q: ScanQueue> Routes<S, Q> {
@@ -62,26 +39,21 @@ impl<S: QuotaStore, Q: ScanQueue> Routes<S, Q> {
         peer: SocketAddr,
         slot: Arc<OwnedSemaphorePermit>,
         request: Request<Incoming>,
-    ) -> Result<Response<Full<Bytes>>, Infallible> {
-        if let Some(answer) = endpoint(&request, self.metrics.as_ref()) {
-            return Ok(answer);
-        }
-        if is_probe(&request, "/readyz") {
-            let store = self.gate.store().ready(READY_TIMEOUT).await;
-            let (status, body) = readiness(&store);
-            return Ok(text(status, "application/json", body.into()));
+    ) -> Response<Full<Bytes>> {
+        if let Some(answer) = self.probe(&request).await {
+            return answer;
         }
         if let Some(refusal) = refuse_before_body(&request) {
-            return Ok(refusal);
+            return refusal;
         }
         let (parts, body) = request.into_parts();
         let limited = Limited::new(body, MAX_BODY_BYTES + 1).collect();
-        let body = match tokio::time::timeout(self.limits.body_read_timeout, limited).await {
+        let body = match tokio::time::timeout(BODY_READ_TIMEOUT, limited).await {
             Ok(Ok(collected)) => collected.to_bytes(),
-            Ok(Err(e)) => return Ok(closing(unreadable_body(&*e).to_response())),
+            Ok(Err(e)) => return closing(unreadable_body(&*e).to_response()),
             Err(_) => {
-                let after = self.limits.body_read_timeout;
-                return Ok(closing(GateError::BodyTimeout { after }.to_response()));
+                let after = BODY_READ_TIMEOUT;
+                return closing(GateError::BodyTimeout { after }.to_response());
             }
         };
         let request = GateRequest {
@@ -96,12 +68,12 @@ impl<S: QuotaStore, Q: ScanQueue> Routes<S, Q> {
             request_id: None,
         };
         let gate = self.gate.clone();
-        let handled = super::detach::detach(&self.scans, async move {
+        let handled = detach(&self.scans, async move {
             let response = gate.handle(request).await;
             drop(slot);
             response
         });
-        Ok(match handled.await {
+        match handled.await {
             Ok(response) => response.map(Full::new),
             Err(e) => {
                 tracing::error!(error = %e, "a scan's task ended before its answer");
@@ -110,7 +82,30 @@ impl<S: QuotaStore, Q: ScanQueue> Routes<S, Q> {
                 };
                 unknown.to_response().map(Full::new)
             }
-        })
+        }
+    }
+}
+
+impl<S: QuotaStore, Q: ScanQueue> Routes<S, Q> {
+    /// The answer to a `GET` or `HEAD` (hyper leaves out a HEAD's body) of a probe or the metrics;
+    /// `None` for everything else.
+    async fn probe(&self, request: &Request<Incoming>) -> Option<Response<Full<Bytes>>> {
+        if !matches!(*request.method(), Method::GET | Method::HEAD) {
+            return None;
+        }
+        match (request.uri().path(), &self.metrics) {
+            ("/healthz", _) => Some(text(StatusCode::OK, "text/plain", ALIVE.into())),
+            ("/metrics", Some(handle)) => {
+                let body = crate::io::meter::prometheus::render(handle);
+                Some(text(StatusCode::OK, "text/plain; version=0.0.4", body))
+            }
+            ("/readyz", _) => {
+                let store = self.gate.store().ready(READY_TIMEOUT).await;
+                let (status, body) = readiness(&store);
+                Some(text(status, "application/json", body.into()))
+            }
+            _ => None,
+        }
     }
 }
 
@@ -187,4 +182,37 @@ fn text(status: StatusCode, content_type: &'static str, body: String) -> Respons
     r.headers_mut()
         .insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
     r
+}
+
+/// The wait on a detached scan; dropping it leaves the scan running.
+pub struct Detached<T> {
+    task: JoinHandle<T>,
+}
+
+/// Runs `scan` in a task of `scans` and returns the wait on its answer. `Err` only on a panic or
+/// runtime shutdown, when whether its job landed is not known.
+pub fn detach<T, F>(scans: &TaskTracker, scan: F) -> Detached<T>
+where
+    T: Send + 'static,
+    F: Future<Output = T> + Send + 'static,
+{
+    Detached {
+        task: scans.spawn(scan),
+    }
+}
+
+impl<T> Future for Detached<T> {
+    type Output = Result<T, JoinError>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        Pin::new(&mut self.task).poll(cx)
+    }
+}
+
+impl<T> Drop for Detached<T> {
+    fn drop(&mut self) {
+        if crate::bug!(DisconnectDropsScan) {
+            self.task.abort();
+        }
+    }
 }

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 
 use metrics_exporter_prometheus::PrometheusHandle;
-use tokio::sync::{mpsc, watch};
+use tokio_util::sync::CancellationToken;
 
 use super::admission::Admission;
 use super::connection::Worker;
@@ -89,24 +89,15 @@ impl Server {
         })
     }
 
-    /// The address it listens on (a port of 0 is chosen by the system).
-    pub fn local_addr(&self) -> std::io::Result<SocketAddr> {
-        self.listener.local_addr()
-    }
-
-    /// The limits in force (the connection cap fitted to the open-file limit).
-    pub fn limits(&self) -> ServeLimits {
-        self.limits
-    }
-
     /// Serves until `shutdown` completes (or a worker stops), then drains and joins every worker.
     pub async fn run(self, shutdown: impl Future<Output = ()>) -> Result<(), String> {
-        let addr = self.local_addr().map_err(|e| e.to_string())?;
+        let addr = self.listener.local_addr().map_err(|e| e.to_string())?;
         let workers = self.gates.len();
         let admission = Admission::new(&self.limits);
-        let (stop, stopping) = watch::channel(false);
-        // A worker that ends before the shutdown (it could not start) stops all.
-        let (ended, mut worker_ended) = mpsc::channel::<()>(workers.max(1));
+        // Cancelled to stop the workers, by any worker that ends (one that could not start stops
+        // all), and however this returns.
+        let stop = CancellationToken::new();
+        let stop_all = stop.clone().drop_guard();
         let mut threads = Vec::with_capacity(workers);
         for (i, gate) in self.gates.into_iter().enumerate() {
             let worker = Worker {
@@ -116,25 +107,30 @@ impl Server {
                 admission: admission.clone(),
             };
             let listener = self.listener.try_clone().map_err(|e| e.to_string())?;
-            let thread = spawn_worker(i, worker, listener, stopping.clone(), ended.clone())
+            let thread = spawn_worker(i, worker, listener, stop.clone())
                 .map_err(|e| format!("cannot start a serve worker: {e}"))?;
             threads.push(thread);
         }
-        drop((self.listener, ended));
+        drop(self.listener);
         tracing::info!(%addr, store = self.store, workers, "quota-gate serving POST /scan");
         let drain_limit_ms = duration_ms(self.limits.drain_timeout);
         tokio::select! {
             () = shutdown => {
                 tracing::info!(drain_limit_ms, "shutting down: finishing requests in flight, for at most the drain limit");
             }
-            _ = worker_ended.recv() => tracing::error!("a serve worker stopped; shutting down"),
+            () = stop.cancelled() => tracing::error!("a serve worker stopped; shutting down"),
         }
         let draining = std::time::Instant::now();
-        let _ = stop.send(true);
-        let joined = tokio::task::spawn_blocking(move || join_all(threads))
-            .await
-            .map_err(|e| e.to_string())?
-            .map_err(|e| e.to_string());
+        drop(stop_all);
+        let joined = tokio::task::spawn_blocking(move || {
+            let panicked = || std::io::Error::other("worker panicked");
+            threads
+                .into_iter()
+                .try_for_each(|t| t.join().unwrap_or_else(|_| Err(panicked())))
+        })
+        .await
+        .map_err(|e| e.to_string())?
+        .map_err(|e| e.to_string());
         let drained_ms = duration_ms(draining.elapsed());
         self.meter.flush(crate::io::clock::Clock::System.now());
         tracing::info!(drained_ms, "stopped: every request in flight answered");
@@ -142,27 +138,22 @@ impl Server {
     }
 }
 
-type WorkerThread = JoinHandle<std::io::Result<()>>;
-
-/// Starts worker `i` on a thread and runtime of its own, serving until `stopping` turns true.
+/// Starts worker `i` on a thread and runtime of its own, serving until `stop` is cancelled, which
+/// it cancels when it ends, however it ends.
 fn spawn_worker(
     i: usize,
     worker: Worker<AnyStore, AnyQueue>,
     listener: std::net::TcpListener,
-    mut stopping: watch::Receiver<bool>,
-    ended: mpsc::Sender<()>,
-) -> std::io::Result<WorkerThread> {
+    stop: CancellationToken,
+) -> std::io::Result<JoinHandle<std::io::Result<()>>> {
     let run = move || -> std::io::Result<()> {
-        let _ended = DropSends(ended);
+        let _ended = stop.clone().drop_guard();
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()?;
         runtime.block_on(async move {
             let listener = tokio::net::TcpListener::from_std(listener)?;
-            let shutdown = async move {
-                let _ = stopping.wait_for(|stop| *stop).await;
-            };
-            worker.run(listener, shutdown).await
+            worker.run(listener, stop.cancelled_owned()).await
         })
     };
     std::thread::Builder::new()
@@ -170,26 +161,11 @@ fn spawn_worker(
         .spawn(run)
 }
 
-fn join_all(threads: Vec<WorkerThread>) -> std::io::Result<()> {
-    threads.into_iter().try_for_each(|t| {
-        t.join()
-            .unwrap_or_else(|_| Err(std::io::Error::other("worker panicked")))
-    })
-}
-
-/// Says so on its channel when dropped: a worker thread's end, however it ends.
-struct DropSends(mpsc::Sender<()>);
-
-impl Drop for DropSends {
-    fn drop(&mut self) {
-        let _ = self.0.try_send(());
-    }
-}
-
 /// Warns when other hosts may connect and no proxy is trusted: behind a proxy every client shares
 /// the proxy's one anonymous counter.
 fn warn_if_proxies_untrusted(config: &Config) {
-    if config.serve.listens_beyond_loopback() && config.identity.trusted_proxies.is_empty() {
+    // Other hosts may reach any non-loopback address, wildcards included.
+    if !config.serve.listen.ip().is_loopback() && config.identity.trusted_proxies.is_empty() {
         tracing::warn!(
             listen = %config.serve.listen,
             "QUOTA_TRUSTED_PROXIES is empty: behind a proxy, load balancer or NAT every client \
@@ -204,7 +180,6 @@ fn listen_on(addr: SocketAddr) -> std::io::Result<std::net::TcpListener> {
     use socket2::{Domain, Protocol, Socket, Type};
     let socket = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
     // A restart may bind while old connections sit in TIME_WAIT.
-    #[cfg(unix)]
     socket.set_reuse_address(true)?;
     socket.bind(&addr.into())?;
     socket.listen(LISTEN_BACKLOG)?;
@@ -212,12 +187,14 @@ fn listen_on(addr: SocketAddr) -> std::io::Result<std::net::TcpListener> {
     Ok(socket.into())
 }
 
-/// `QUOTA_MAX_CONNECTIONS`, lowered (with a warning) to fit the open-file limit, past which
-/// `accept` fails.
+/// `QUOTA_MAX_CONNECTIONS`, lowered (with a warning) to fit the soft open-file limit
+/// (`RLIMIT_NOFILE`), past which `accept` fails.
 fn connection_cap(configured: usize) -> usize {
-    let Some(limit) = open_file_limit() else {
+    use rustix::process::{Resource, getrlimit};
+    let Some(limit) = getrlimit(Resource::Nofile).current else {
         return configured;
     };
+    let limit = usize::try_from(limit).unwrap_or(usize::MAX);
     let fits = limit.saturating_sub(RESERVED_FDS).max(1);
     if configured > fits {
         tracing::warn!(
@@ -229,16 +206,4 @@ fn connection_cap(configured: usize) -> usize {
     } else {
         configured
     }
-}
-
-/// The soft `RLIMIT_NOFILE`, from `/proc/self/limits` (Linux; `None` elsewhere).
-fn open_file_limit() -> Option<usize> {
-    let limits = std::fs::read_to_string("/proc/self/limits").ok()?;
-    limits
-        .lines()
-        .find_map(|l| l.strip_prefix("Max open files"))?
-        .split_whitespace()
-        .next()?
-        .parse()
-        .ok()
 }
