@@ -11,7 +11,7 @@ use uuid::Uuid;
 
 use crate::config::{DelayMode, Policy, ResetPolicy};
 use crate::gate::identity::Identity;
-use crate::io::meter::{End, Exit, Metered};
+use crate::io::meter::{Exit, Metered, Outcome};
 use crate::io::queue::ENQUEUE_TIMEOUT;
 use crate::io::store::{Claim, LevelCount, NoAnswer, PaceLane, QuotaKey, Tally, period_end};
 use crate::rules::decide::{Limits, decide};
@@ -245,11 +245,11 @@ impl Attempt {
     }
 
     /// The meter's record of this request.
-    pub fn exit(&self, metered: Metered, end: End) -> Exit {
+    pub fn exit(&self, metered: Metered, outcome: Outcome) -> Exit {
         Exit {
             scope: self.identity.scope,
+            outcome,
             metered,
-            end,
             at: self.now_ms,
             bed: None,
             trace: self.trace_id(),

@@ -7,7 +7,6 @@ use std::time::Duration;
 use tracing::Instrument;
 
 use super::attempt::Attempt;
-use super::scan::Scan;
 use super::trace::step;
 use super::wiring::Gate;
 use crate::gate::error::GateError;
@@ -16,6 +15,7 @@ use crate::io::store::{PaceArgs, QuotaStore};
 use crate::rules::decide::decide;
 use crate::rules::delay::{Bed, LoneBed};
 use crate::rules::pace::Paced;
+use crate::rules::settle::Scan;
 use crate::rules::settle::{self, Charge, DelayRule, Failure};
 use crate::rules::unix::{UnixSecs, duration_ms};
 

@@ -13,20 +13,19 @@ use tracing::Instrument;
 use uuid::Uuid;
 
 use super::attempt::{Attempt, GateRequest};
-use super::scan::Scan;
 use super::trace::step;
 use super::wiring::Gate;
 use crate::config::Mode;
 use crate::gate::error::GateError;
 use crate::gate::identity::{Identity, Origin};
-use crate::io::meter::{End, Exit, Metered};
+use crate::io::meter::{Exit, Metered, Outcome};
 use crate::io::queue::{Once, ScanJob, ScanQueue, SendError};
 use crate::io::store::{
     Claim, Claimed, CountArgs, CountFailed, QuotaStore, Record, TakeOver, Tally,
 };
 use crate::rules::delay::DelayPlan;
 use crate::rules::record;
-use crate::rules::settle::{self, Repeat, on_repeat, on_take_over};
+use crate::rules::settle::{self, Repeat, Scan, on_repeat, on_take_over};
 use crate::rules::unix::UnixMillis;
 
 /// A request's answer and its [`Exit`] (none if refused before the store or not a counted scan).
@@ -131,10 +130,8 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
     /// Steps 4–5: count and decide, then answer a repeat, settle a failure or run the scan.
     async fn scan(&self, attempt: &mut Attempt, body: RequestBody) -> Finished {
         if let Some(refused) = self.known_refused(attempt).await {
-            return (
-                Err(refused),
-                attempt.exit(Metered::Uncounted, End::BacklogFull),
-            );
+            let exit = attempt.exit(Metered::Uncounted, Outcome::BacklogFull);
+            return (Err(refused), exit);
         }
         let charge = match self.count(attempt).await {
             Ok(Counted::New(tally)) => attempt.charge(tally),
@@ -145,10 +142,8 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
             Err(e) => match Box::pin(self.store_failed(attempt, e)).await {
                 Ok(charge) => charge,
                 Err(e) => {
-                    return (
-                        Err(e),
-                        attempt.exit(Metered::StoreFailed, End::StoreRefused),
-                    );
+                    let exit = attempt.exit(Metered::StoreFailed, Outcome::StoreUnavailable);
+                    return (Err(e), exit);
                 }
             },
         };
@@ -186,7 +181,7 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
         body: RequestBody,
         record: Record,
     ) -> Finished {
-        let exit = attempt.exit(Metered::Uncounted, End::Answered);
+        let exit = attempt.exit(Metered::Uncounted, Outcome::Repeat);
         let result = match on_repeat(
             &record,
             claim,
@@ -232,12 +227,11 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
             .bounded(self.store.peek(&attempt.key, attempt.now()))
             .await
             .map_or(0, |p| p.grant);
-        let mut resumed =
-            settle::resume(record, attempt.limits, grant, attempt.now_ms, self.shadow());
+        let mut scan = settle::resume(record, attempt.limits, grant, attempt.now_ms, self.shadow());
         if crate::bug!(TakeOverUnderFreshId) {
-            resumed.scan_id = Uuid::now_v7();
+            scan.scan_id = Uuid::now_v7();
         }
-        Scan::resumed(resumed)
+        scan
     }
 
     /// Steps 6–8: pace, sleep, queue, answer, and save the answer for a keyed retry.
@@ -246,17 +240,20 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
             Some(plan) => (plan, None),
             None => match self.delay_of(attempt, &scan).await {
                 Ok((delay, bed)) => (attempt.plan(delay, &self.config.policy, bed), bed),
-                Err(e) => return (Err(e), attempt.exit(Metered::Uncounted, End::BacklogFull)),
+                Err(e) => {
+                    let exit = attempt.exit(Metered::Uncounted, Outcome::BacklogFull);
+                    return (Err(e), exit);
+                }
             },
         };
-        let exit = |metered, end| Exit {
+        let exit = |metered, outcome| Exit {
             bed,
-            ..attempt.exit(metered, end)
+            ..attempt.exit(metered, outcome)
         };
         let metered = scan.metered(plan.total, self.shadow());
         let plan = self.sleep(attempt, plan).await;
         // 7: forward, within the answer's deadline.
-        let mut job = scan.job(attempt, body, plan, attempt.trace.clone());
+        let mut job = scan.job(attempt, body, plan);
         match self.enqueue(attempt, &scan, &job).await {
             Ok(landed) => job.scan_id = landed,
             Err(e) => {
@@ -268,7 +265,7 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
                 Box::pin(self.apply(attempt, scan.scan_id, &scan.charge, failure)).await;
                 return (
                     Err(GateError::queue_failed(failure)),
-                    exit(metered, End::QueueFailed),
+                    exit(metered, Outcome::QueueUnavailable),
                 );
             }
         }
@@ -282,7 +279,7 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
             let save = self.save(claim, job.scan_id, &response, attempt.now());
             let _ = tokio::time::timeout_at(attempt.deadline(), Box::pin(save)).await;
         }
-        (Ok(response), exit(metered, End::Answered))
+        (Ok(response), exit(metered, Outcome::answered(metered)))
     }
 
     /// Step 6's sleep, cut short when the process stops (the rest of the delay goes onto the job).

@@ -2,7 +2,7 @@
 //! to it. The lists the exporters and docs tests read are derived from the types, never rewritten.
 
 use crate::rules::decide::Tier;
-use crate::rules::outcome::{End, Metered, Outcome};
+use crate::rules::outcome::{Metered, Outcome};
 
 pub const SOFT_HITS: &str = "stella_quota_soft_hits_total";
 pub const HARD_HITS: &str = "stella_quota_hard_hits_total";
@@ -80,7 +80,7 @@ impl Counter {
     }
 
     /// What one request adds, by how it left the gate. A shadow decision is no hit: nobody waited.
-    pub fn value(self, metered: Metered, end: End) -> u64 {
+    pub fn value(self, metered: Metered, outcome: Outcome) -> u64 {
         let counted =
             |t: Tier| matches!(metered, Metered::Counted { tier, shadow: false, .. } if tier == t);
         u64::from(match self {
@@ -88,8 +88,8 @@ impl Counter {
             Self::HardHits => counted(Tier::Hard),
             Self::Reminders => matches!(metered, Metered::Counted { reminder: true, .. }),
             Self::StoreErrors => metered == Metered::StoreFailed,
-            Self::EnqueueErrors => end == End::QueueFailed,
-            Self::BacklogRefusals => end == End::BacklogFull,
+            Self::EnqueueErrors => outcome == Outcome::QueueUnavailable,
+            Self::BacklogRefusals => outcome == Outcome::BacklogFull,
         })
     }
 }
