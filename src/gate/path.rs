@@ -108,7 +108,7 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
 
     /// Steps 1–3: the scan's body, the caller, and its `Idempotency-Key`.
     fn admit<'r>(&self, request: &'r GateRequest) -> Result<Admitted<'r>, GateError> {
-        let scan = crate::gate::validate::validate(
+        let body = crate::gate::validate::validate(
             &request.method,
             &request.path,
             &request.headers,
@@ -122,7 +122,7 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
         let identity = self.identifier.identify(&request.headers, &origin)?;
         Ok(Admitted {
             identity,
-            body: scan.body,
+            body,
             idempotency_key,
         })
     }

@@ -127,12 +127,6 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
         settlement: Settlement,
         levels: &[(&QuotaKey, UnixSecs)],
     ) {
-        if matches!(
-            (settlement, &attempt.claim),
-            (Settlement::Nothing, _) | (Settlement::Release, None)
-        ) {
-            return;
-        }
         let until = settle_by(attempt, Instant::now());
         let (mut backoff, mut tries) = (RETRY_FIRST, 0u32);
         let error = loop {
@@ -154,7 +148,7 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
         tracing::warn!(error = %error, ?settlement, tries, "could not settle a failed scan");
     }
 
-    /// One try at `settlement` (neither `Nothing` nor a release unclaimed).
+    /// One try at `settlement`; `Nothing` and a release unclaimed have nothing to send.
     async fn settle_once(
         &self,
         attempt: &Attempt,
