@@ -5,7 +5,6 @@
 
 use std::future::Future;
 
-use crate::rules::job::RequestBody;
 use bytes::Bytes;
 use http::{Method, Response};
 use tokio::time::{Instant, timeout};
@@ -15,15 +14,15 @@ use uuid::Uuid;
 use super::attempt::{Attempt, GateRequest};
 use super::trace::step;
 use super::wiring::Gate;
-use crate::config::Mode;
 use crate::gate::error::GateError;
-use crate::gate::identity::{Identity, Origin};
+use crate::gate::validate::validate;
 use crate::io::meter::{Exit, Metered, Outcome};
 use crate::io::queue::{Once, ScanJob, ScanQueue, SendError};
 use crate::io::store::{
     Claim, Claimed, CountArgs, CountFailed, QuotaStore, Record, TakeOver, Tally,
 };
 use crate::rules::delay::DelayPlan;
+use crate::rules::job::RequestBody;
 use crate::rules::record;
 use crate::rules::settle::{self, Repeat, Scan, on_repeat, on_take_over};
 use crate::rules::unix::UnixMillis;
@@ -37,13 +36,6 @@ type Finished = (Result<Response<Bytes>, GateError>, Exit);
 enum Counted<'a> {
     New(Tally),
     Existing(Record, &'a Claim),
-}
-
-/// A scan request that passed steps 1–3.
-struct Admitted<'r> {
-    identity: Identity,
-    body: RequestBody,
-    idempotency_key: Option<&'r str>,
 }
 
 impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
@@ -82,11 +74,14 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
             return (Box::pin(self.check(&request, now_ms)).await, None);
         }
         // 1–3: validate, identify, hash.
-        let Admitted {
-            identity,
-            body,
-            idempotency_key,
-        } = match self.admit(&request) {
+        let admit = || -> Result<_, GateError> {
+            let headers = &request.headers;
+            let body = validate(&request.method, &request.path, headers, &request.body)?;
+            let idempotency_key = crate::gate::idempotency::key(headers)?;
+            let identity = self.identifier.identify(headers, &request.origin())?;
+            Ok((identity, body, idempotency_key))
+        };
+        let (identity, body, idempotency_key) = match admit() {
             Ok(admitted) => admitted,
             Err(e) => return (Err(e), None),
         };
@@ -104,27 +99,6 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
             Attempt::new(identity, idempotency_key, &request, policy, now_ms, started);
         let (result, exit) = self.scan(&mut attempt, body).await;
         (result, Some(exit))
-    }
-
-    /// Steps 1–3: the scan's body, the caller, and its `Idempotency-Key`.
-    fn admit<'r>(&self, request: &'r GateRequest) -> Result<Admitted<'r>, GateError> {
-        let body = crate::gate::validate::validate(
-            &request.method,
-            &request.path,
-            &request.headers,
-            &request.body,
-        )?;
-        let idempotency_key = crate::gate::idempotency::key(&request.headers)?;
-        let origin = Origin {
-            peer: request.peer,
-            gateway_claims: request.gateway_claims.as_ref(),
-        };
-        let identity = self.identifier.identify(&request.headers, &origin)?;
-        Ok(Admitted {
-            identity,
-            body,
-            idempotency_key,
-        })
     }
 
     /// Steps 4–5: count and decide, then answer a repeat, settle a failure or run the scan.
@@ -296,11 +270,6 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
         sleep.instrument(step!("sleep", attempt.trace_id())).await
     }
 
-    /// Whether decisions are only reported, not carried out (`QUOTA_MODE=shadow`).
-    pub(super) fn shadow(&self) -> bool {
-        self.config.policy.mode == Mode::Shadow
-    }
-
     /// Step 7: the `scanId` the job is queued under. A keyed scan's job is queued once per record,
     /// so if an earlier attempt's job landed (its claim lost in a failover) the answer names it.
     async fn enqueue(
@@ -330,26 +299,5 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
             .instrument(step!("enqueue", attempt.trace_id()))
             .await
             .unwrap_or(Err(SendError::Unanswered))
-    }
-
-    /// One store call, skipped while the breaker is open; bounded at twice the store timeout unless
-    /// the store bounds its own wait (keeping the abandoned command in flight).
-    pub(super) async fn bounded<T, E: From<SendError>>(
-        &self,
-        call: impl Future<Output = Result<T, E>>,
-    ) -> Result<T, E> {
-        if !self.breaker.admit(Instant::now().into_std()) {
-            return Err(SendError::Skipped.into());
-        }
-        let result = if self.store.bounds_itself() {
-            call.await
-        } else {
-            timeout(self.config.store.timeout * 2, call)
-                .await
-                .unwrap_or(Err(SendError::Unanswered.into()))
-        };
-        self.breaker
-            .record(result.is_ok(), Instant::now().into_std());
-        result
     }
 }
