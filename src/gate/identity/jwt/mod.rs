@@ -137,14 +137,6 @@ fn counting_claim(v: &Value, claim: Claim) -> Result<String, Rejection> {
     }
 }
 
-/// A token's `tier` claim: a positive whole JSON number; anything else is ignored.
-pub fn tier_from_token_claim(v: &Value) -> Option<NonZeroU32> {
-    match v {
-        Value::Number(_) => tier_from_claim(v),
-        _ => None,
-    }
-}
-
 /// A positive whole `tier`, as a number or numeric string (API Gateway's claims are strings).
 pub fn tier_from_claim(v: &Value) -> Option<NonZeroU32> {
     match v {
@@ -235,7 +227,9 @@ impl Verifier {
         }
         let tid = claims.tid.as_ref().ok_or(Rejection::MissingTid)?;
         let tid = counting_claim(tid, Claim::Tid)?;
-        let tier = claims.tier.as_ref().and_then(tier_from_token_claim);
+        // A token's `tier`: a positive whole JSON number; anything else is ignored.
+        let tier = claims.tier.as_ref().filter(|v| v.is_number());
+        let tier = tier.and_then(tier_from_claim);
         // Only a JSON `true` exempts: a string "true" or a 1 is a claim meant differently.
         let exempt = self
             .exempt_claim
