@@ -33,6 +33,12 @@ pub const PROCESS_OPEN_FDS: &str = "process_open_fds";
 pub const STORE_EVICTING: &str = "stella_quota_store_evicting";
 /// Keys the quota Valkey evicted (`evicted_keys`), read every `QUOTA_STORE_STATS_INTERVAL_MS`.
 pub const STORE_EVICTED_KEYS: &str = "stella_quota_store_evicted_keys_total";
+/// Requests asleep fleet-wide, as the beds (`QUOTA_MAX_ASLEEP`, see [`crate::rules::delay::Bed`])
+/// answered the last scan that asked (a gauge: plot its maximum).
+pub const ASLEEP: &str = "stella_quota_asleep";
+/// Scans that found every bed taken: their whole delay was deferred.
+pub const BEDS_FULL: &str = "stella_quota_beds_full_total";
+
 /// The store's own metrics: whether it is evicting, and the keys it evicted.
 pub const STORE_METRICS: [&str; 2] = [STORE_EVICTING, STORE_EVICTED_KEYS];
 
@@ -198,7 +204,14 @@ pub fn describe() {
     for (name, help) in counters {
         metrics::describe_counter!(name, help);
     }
-    super::beds::BedMeter::describe();
+    metrics::describe_gauge!(
+        ASLEEP,
+        "Requests asleep at once across every gate process (QUOTA_MAX_ASLEEP caps it), as last read."
+    );
+    metrics::describe_counter!(
+        BEDS_FULL,
+        "Over-quota scans that found QUOTA_MAX_ASLEEP requests asleep: they slept nothing, their whole delay deferred."
+    );
     metrics::describe_gauge!(
         PROCESS_RSS,
         metrics::Unit::Bytes,

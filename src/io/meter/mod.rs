@@ -9,7 +9,6 @@
 //! ([`REQUESTS`]), and a request records only its own. A line's `Timestamp` is the request's
 //! instant ([`Exit::at`]): the meter reads no clock.
 
-pub mod beds;
 pub mod catalogue;
 pub mod emf;
 pub mod levels;
@@ -25,19 +24,17 @@ use crate::rules::level::Levels;
 use crate::rules::scope::Scope;
 use crate::rules::trace::TraceId;
 use crate::rules::unix::UnixMillis;
-use beds::BedMeter;
 use catalogue::{Counter, shadow_values};
 use emf::{Doc, Emf, Handles, Sink};
 use levels::{LevelHit, LevelMeter};
 use refusals::Refusals;
 
 pub use crate::rules::outcome::{Exit, Metered, Outcome};
-pub use beds::{ASLEEP, BEDS_FULL};
 pub use catalogue::{
-    BACKLOG_REFUSALS, CHECKS, COUNTERS, DELAY_MS, EMF_DROPPED, ENQUEUE_ERRORS, EVENTS, EXEMPT,
-    Event, HARD_HITS, PROCESS_OPEN_FDS, PROCESS_RSS, REMINDERS, REQUESTS, SHADOW_COUNTERS,
-    SHADOW_HARD_HITS, SHADOW_SOFT_HITS, SOFT_HITS, STORE_ERRORS, STORE_EVICTED_KEYS,
-    STORE_EVICTING, STORE_METRICS, describe, describe_store,
+    ASLEEP, BACKLOG_REFUSALS, BEDS_FULL, CHECKS, COUNTERS, DELAY_MS, EMF_DROPPED, ENQUEUE_ERRORS,
+    EVENTS, EXEMPT, Event, HARD_HITS, PROCESS_OPEN_FDS, PROCESS_RSS, REMINDERS, REQUESTS,
+    SHADOW_COUNTERS, SHADOW_HARD_HITS, SHADOW_SOFT_HITS, SOFT_HITS, STORE_ERRORS,
+    STORE_EVICTED_KEYS, STORE_EVICTING, STORE_METRICS, describe, describe_store,
 };
 pub use levels::{GLOBAL_PACED, LEVEL_METRICS, NETWORK_HARD_HITS, NETWORK_SOFT_HITS};
 
@@ -47,7 +44,6 @@ pub struct Meter {
     /// Registered once per scope: a lookup per call would hash a key per metric per request.
     handles: Arc<[ScopeHandles; 2]>,
     levels: Arc<LevelMeter>,
-    beds: Arc<BedMeter>,
     /// When refusals held for EMF are due ([`refusals`]).
     refusals: Arc<Refusals>,
     register: Handles,
@@ -60,6 +56,10 @@ struct ScopeHandles {
     requests: [metrics::Counter; 8],
     shadow: [metrics::Counter; 2],
     events: [metrics::Counter; 3],
+    /// The beds: requests asleep fleet-wide, as the last scan that asked found them, and scans
+    /// that found every bed taken. In EMF on a line of their own.
+    asleep: metrics::Gauge,
+    beds_full: metrics::Counter,
 }
 
 impl ScopeHandles {
@@ -72,6 +72,8 @@ impl ScopeHandles {
             requests: REQUESTS.map(counter),
             shadow: SHADOW_COUNTERS.map(counter),
             events: EVENTS.map(counter),
+            asleep: register.gauge(ASLEEP, &scope),
+            beds_full: counter(BEDS_FULL),
         }
     }
 }
@@ -102,7 +104,6 @@ impl Meter {
         Self {
             handles: Arc::new(Scope::ALL.map(|scope| ScopeHandles::new(&register, scope))),
             levels: Arc::new(LevelMeter::new(register.clone(), &Levels::default())),
-            beds: Arc::new(BedMeter::new(&register)),
             refusals: Arc::default(),
             register,
         }
@@ -132,8 +133,11 @@ impl Meter {
             emf.flush_held(exit.at.get(), Some(("Scope", exit.scope.as_str())));
         }
         if let Some(bed) = exit.bed {
-            let beds = || self.beds.record(exit.scope, bed);
-            self.register.line(doc(exit, &[]), beds);
+            let handles = &self.handles[exit.scope.index()];
+            self.register.line(doc(exit, &[]), || {
+                handles.asleep.set(f64::from(bed.asleep));
+                handles.beds_full.increment(u64::from(!bed.taken));
+            });
         }
         if let Some(hit) = LevelHit::of(exit.metered) {
             let levels = || self.levels.increment(hit);
