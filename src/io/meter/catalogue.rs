@@ -29,16 +29,16 @@ pub const PROCESS_RSS: &str = "process_resident_memory_bytes";
 /// Open file descriptors (`serve`'s `/metrics` only): client connections plus a fixed handful.
 pub const PROCESS_OPEN_FDS: &str = "process_open_fds";
 
-/// 1 when the quota Valkey's `maxmemory-policy` can evict the gate's keys, else 0; read at start.
-pub const STORE_EVICTING: &str = "stella_quota_store_evicting";
-/// Keys the quota Valkey evicted (`evicted_keys`), read every `QUOTA_STORE_STATS_INTERVAL_MS`.
-pub const STORE_EVICTED_KEYS: &str = "stella_quota_store_evicted_keys_total";
 /// Requests asleep fleet-wide, as the beds (`QUOTA_MAX_ASLEEP`, see [`crate::rules::delay::Bed`])
 /// answered the last scan that asked (a gauge: plot its maximum).
 pub const ASLEEP: &str = "stella_quota_asleep";
 /// Scans that found every bed taken: their whole delay was deferred.
 pub const BEDS_FULL: &str = "stella_quota_beds_full_total";
 
+/// 1 when the quota Valkey's `maxmemory-policy` can evict the gate's keys, else 0; read at start.
+pub const STORE_EVICTING: &str = "stella_quota_store_evicting";
+/// Keys the quota Valkey evicted (`evicted_keys`), read every `QUOTA_STORE_STATS_INTERVAL_MS`.
+pub const STORE_EVICTED_KEYS: &str = "stella_quota_store_evicted_keys_total";
 /// The store's own metrics: whether it is evicting, and the keys it evicted.
 pub const STORE_METRICS: [&str; 2] = [STORE_EVICTING, STORE_EVICTED_KEYS];
 
