@@ -1,6 +1,6 @@
 //! Step 6 for a fresh scan: its delay (paced where the pacing rule applies), its bed, and the
 //! refusal of a full line, remembered ([`super::refused`]) so the line's next scans are refused
-//! without the store.
+//! without the store (`known_refused`, on the request path).
 
 use std::time::Duration;
 
@@ -39,19 +39,6 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
                 Box::pin(paced.instrument(step!("pace", attempt.trace_id()))).await
             }
         }
-    }
-
-    /// The refusal of a scan known refused; `None`: ask the store (a keyed scan's record answers).
-    pub(super) async fn known_refused(&self, attempt: &Attempt) -> Option<GateError> {
-        let until = self.refused.until(attempt.keys(), attempt.now_ms)?;
-        if let Some(claim) = &attempt.claim {
-            let exists = self.store.has_record(&claim.record, attempt.now());
-            if Box::pin(self.bounded(exists)).await.unwrap_or(false) {
-                return None;
-            }
-        }
-        let retry_after_ms = u64::try_from(until.get() - attempt.now_ms.get()).unwrap_or(0);
-        Some(GateError::backlog_full(retry_after_ms, None))
     }
 
     /// A bed asked alone, for a fixed `delay` no pacing step carries (`QUOTA_PACING=off`).

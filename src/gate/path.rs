@@ -124,6 +124,19 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
         self.run(attempt, body, Scan::fresh(attempt, charge)).await
     }
 
+    /// The refusal of a scan known refused; `None`: ask the store (a keyed scan's record answers).
+    pub(super) async fn known_refused(&self, attempt: &Attempt) -> Option<GateError> {
+        let until = self.refused.until(attempt.keys(), attempt.now_ms)?;
+        if let Some(claim) = &attempt.claim {
+            let exists = self.store.has_record(&claim.record, attempt.now());
+            if Box::pin(self.bounded(exists)).await.unwrap_or(false) {
+                return None;
+            }
+        }
+        let retry_after_ms = u64::try_from(until.get() - attempt.now_ms.get()).unwrap_or(0);
+        Some(GateError::backlog_full(retry_after_ms, None))
+    }
+
     /// Step 4's one round trip; a keyed scan claims its record with it.
     async fn count<'a>(&self, attempt: &'a Attempt) -> Result<Counted<'a>, CountFailed> {
         let args = CountArgs {
