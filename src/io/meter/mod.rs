@@ -26,7 +26,7 @@ use crate::rules::trace::TraceId;
 use crate::rules::unix::UnixMillis;
 use catalogue::{Counter, shadow_values};
 use emf::{Doc, Emf, Handles, Sink};
-use levels::{LevelHit, LevelMeter};
+use levels::LevelHit;
 use refusals::Refusals;
 
 pub use crate::rules::outcome::{Exit, Metered, Outcome};
@@ -43,7 +43,6 @@ pub use levels::{GLOBAL_PACED, LEVEL_METRICS, NETWORK_HARD_HITS, NETWORK_SOFT_HI
 pub struct Meter {
     /// Registered once per scope: a lookup per call would hash a key per metric per request.
     handles: Arc<[ScopeHandles; 2]>,
-    levels: Arc<LevelMeter>,
     /// When refusals held for EMF are due ([`refusals`]).
     refusals: Arc<Refusals>,
     register: Handles,
@@ -101,17 +100,17 @@ impl Meter {
     fn with_sink(namespace: &str, sink: Option<Sink>) -> Self {
         let emf = sink.map(|sink| Emf::new(namespace, sink, &[]));
         let register = Handles::new(emf.as_ref());
-        Self {
+        let meter = Self {
             handles: Arc::new(Scope::ALL.map(|scope| ScopeHandles::new(&register, scope))),
-            levels: Arc::new(LevelMeter::new(register.clone(), &Levels::default())),
             refusals: Arc::default(),
             register,
-        }
+        };
+        meter.with_levels(&Levels::default())
     }
 
     /// This meter with a series registered at 0 per configured network level, so queries have data.
-    pub fn with_levels(mut self, levels: &Levels) -> Self {
-        self.levels = Arc::new(LevelMeter::new(self.register.clone(), levels));
+    pub fn with_levels(self, levels: &Levels) -> Self {
+        levels::register(&self.register, levels);
         self
     }
 
@@ -140,7 +139,7 @@ impl Meter {
             });
         }
         if let Some(hit) = LevelHit::of(exit.metered) {
-            let levels = || self.levels.increment(hit);
+            let levels = || hit.counter(&self.register).increment(1);
             self.register.line(doc(exit, &[]), levels);
         }
     }
