@@ -226,11 +226,6 @@ impl Attempt {
         self.now_ms.secs()
     }
 
-    /// The claim's scanId (nil for an unkeyed scan, whose refunds name none).
-    pub fn scan_id(&self) -> Uuid {
-        self.claim.as_ref().map_or(Uuid::nil(), |c| c.scan_id)
-    }
-
     pub fn keyed(&self) -> bool {
         self.claim.is_some()
     }

@@ -86,7 +86,7 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
             } => (retry_after_ms, levels_ms),
         };
         let failure = Failure::BacklogFull;
-        Box::pin(self.apply(attempt, scan.scan_id, &scan.charge, failure)).await;
+        Box::pin(self.apply(attempt, scan, failure)).await;
         // Remembered: the subject and each full level until its own retry, never past its reset.
         let until = |ms: u64, reset_at: UnixSecs| {
             let at = scan.received_ms.saturating_add(Duration::from_millis(ms));

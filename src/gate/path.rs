@@ -249,7 +249,7 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
                     matches!(e, SendError::Unanswered),
                     scan.resumed.is_some(),
                 );
-                Box::pin(self.apply(attempt, scan.scan_id, &scan.charge, failure)).await;
+                Box::pin(self.apply(attempt, &scan, failure)).await;
                 return (
                     Err(GateError::queue_failed(failure)),
                     exit(metered, Outcome::QueueUnavailable),
