@@ -10,8 +10,8 @@ use tokio::time::Instant;
 use uuid::Uuid;
 
 use crate::config::{DelayMode, Policy, ResetPolicy};
-use crate::gate::identity::Identity;
-use crate::io::meter::{End, Exit, Metered};
+use crate::gate::identity::{Identity, Origin};
+use crate::io::meter::{Exit, Metered, Outcome};
 use crate::io::queue::ENQUEUE_TIMEOUT;
 use crate::io::store::{Claim, LevelCount, NoAnswer, PaceLane, QuotaKey, Tally, period_end};
 use crate::rules::decide::{Limits, decide};
@@ -63,6 +63,14 @@ pub(super) struct Attempt {
 }
 
 impl GateRequest {
+    /// What the platform says of the request besides its headers.
+    pub fn origin(&self) -> Origin<'_> {
+        Origin {
+            peer: self.peer,
+            gateway_claims: self.gateway_claims.as_ref(),
+        }
+    }
+
     /// The id of the request's trace, once the gate has given it one.
     pub fn trace_id(&self) -> Option<TraceId> {
         self.trace.as_ref().map(|t| t.trace_id)
@@ -167,11 +175,15 @@ impl Attempt {
     /// store's round trips so far if longer; nothing in `defer` mode. Whole ms, as the answer says.
     fn sleep_budget(&self, policy: &Policy) -> Duration {
         let margin = policy.delay_margin.max(self.started.elapsed());
-        let budget = match policy.delay_mode {
+        Duration::from_millis(duration_ms(self.sleep_within(policy, margin)))
+    }
+
+    /// What the handler may sleep, keeping `margin` (nothing in `defer` mode).
+    fn sleep_within(&self, policy: &Policy, margin: Duration) -> Duration {
+        match policy.delay_mode {
             DelayMode::Defer => Duration::ZERO,
             DelayMode::Sleep => delay::budget(self.remaining, policy.gateway_timeout, margin),
-        };
-        Duration::from_millis(duration_ms(budget))
+        }
     }
 
     /// When the handler's sleep ends: `plan.sleep` after the arrival, so never past the deadline or
@@ -207,21 +219,11 @@ impl Attempt {
 
     /// The longest the first attempt of this key may sleep: what a 409 waits for.
     pub fn sleep_cap(&self, policy: &Policy) -> Duration {
-        match policy.delay_mode {
-            DelayMode::Defer => Duration::ZERO,
-            DelayMode::Sleep => {
-                delay::budget(self.remaining, policy.gateway_timeout, policy.delay_margin)
-            }
-        }
+        self.sleep_within(policy, policy.delay_margin)
     }
 
     pub fn now(&self) -> UnixSecs {
         self.now_ms.secs()
-    }
-
-    /// The claim's scanId (nil for an unkeyed scan, whose refunds name none).
-    pub fn scan_id(&self) -> Uuid {
-        self.claim.as_ref().map_or(Uuid::nil(), |c| c.scan_id)
     }
 
     pub fn keyed(&self) -> bool {
@@ -245,11 +247,11 @@ impl Attempt {
     }
 
     /// The meter's record of this request.
-    pub fn exit(&self, metered: Metered, end: End) -> Exit {
+    pub fn exit(&self, metered: Metered, outcome: Outcome) -> Exit {
         Exit {
             scope: self.identity.scope,
+            outcome,
             metered,
-            end,
             at: self.now_ms,
             bed: None,
             trace: self.trace_id(),

@@ -124,47 +124,40 @@ impl GateError {
     }
 
     pub fn status(&self) -> StatusCode {
-        match self {
-            Self::NotFound => StatusCode::NOT_FOUND,
-            Self::MethodNotAllowed | Self::QuotaMethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
-            Self::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
-            Self::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
-            Self::BodyTimeout { .. } => StatusCode::REQUEST_TIMEOUT,
-            Self::BadRequest { .. } => StatusCode::BAD_REQUEST,
-            Self::InvalidIdempotencyKey | Self::RepeatedIdempotencyKey { .. } => {
-                StatusCode::BAD_REQUEST
-            }
-            Self::IdempotencyMismatch => StatusCode::UNPROCESSABLE_ENTITY,
-            Self::IdempotencyInProgress { .. } => StatusCode::CONFLICT,
-            Self::StoreUnavailable
-            | Self::QuotaUnavailable
-            | Self::StoreUnsettled
-            | Self::QueueFailed { .. }
-            | Self::BacklogFull { .. } => StatusCode::SERVICE_UNAVAILABLE,
-            Self::NoSourceAddress => StatusCode::INTERNAL_SERVER_ERROR,
-        }
+        self.kind().0
     }
 
     /// A stable, machine-readable code.
     pub fn code(&self) -> &'static str {
+        self.kind().1
+    }
+
+    /// The status and the code, by variant.
+    fn kind(&self) -> (StatusCode, &'static str) {
         match self {
-            Self::NotFound => "not_found",
-            Self::MethodNotAllowed | Self::QuotaMethodNotAllowed => "method_not_allowed",
-            Self::UnsupportedMediaType => "unsupported_media_type",
-            Self::PayloadTooLarge => "payload_too_large",
-            Self::BodyTimeout { .. } => "request_timeout",
-            Self::BadRequest { code, .. } => code,
+            Self::NotFound => (StatusCode::NOT_FOUND, "not_found"),
+            Self::MethodNotAllowed | Self::QuotaMethodNotAllowed => {
+                (StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed")
+            }
+            Self::UnsupportedMediaType => {
+                (StatusCode::UNSUPPORTED_MEDIA_TYPE, "unsupported_media_type")
+            }
+            Self::PayloadTooLarge => (StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large"),
+            Self::BodyTimeout { .. } => (StatusCode::REQUEST_TIMEOUT, "request_timeout"),
+            Self::BadRequest { code, .. } => (StatusCode::BAD_REQUEST, code),
             Self::InvalidIdempotencyKey | Self::RepeatedIdempotencyKey { .. } => {
-                "invalid_idempotency_key"
+                (StatusCode::BAD_REQUEST, "invalid_idempotency_key")
             }
-            Self::IdempotencyMismatch => "idempotency_key_mismatch",
-            Self::IdempotencyInProgress { .. } => "idempotency_in_progress",
+            Self::IdempotencyMismatch => {
+                (StatusCode::UNPROCESSABLE_ENTITY, "idempotency_key_mismatch")
+            }
+            Self::IdempotencyInProgress { .. } => (StatusCode::CONFLICT, "idempotency_in_progress"),
             Self::StoreUnavailable | Self::StoreUnsettled | Self::QuotaUnavailable => {
-                "store_unavailable"
+                (StatusCode::SERVICE_UNAVAILABLE, "store_unavailable")
             }
-            Self::BacklogFull { .. } => "backlog_full",
-            Self::QueueFailed { .. } => "queue_unavailable",
-            Self::NoSourceAddress => "no_source_address",
+            Self::BacklogFull { .. } => (StatusCode::SERVICE_UNAVAILABLE, "backlog_full"),
+            Self::QueueFailed { .. } => (StatusCode::SERVICE_UNAVAILABLE, "queue_unavailable"),
+            Self::NoSourceAddress => (StatusCode::INTERNAL_SERVER_ERROR, "no_source_address"),
         }
     }
 

@@ -1,13 +1,12 @@
 //! Step 6 for a fresh scan: its delay (paced where the pacing rule applies), its bed, and the
 //! refusal of a full line, remembered ([`super::refused`]) so the line's next scans are refused
-//! without the store.
+//! without the store (`known_refused`, on the request path).
 
 use std::time::Duration;
 
 use tracing::Instrument;
 
 use super::attempt::Attempt;
-use super::scan::Scan;
 use super::trace::step;
 use super::wiring::Gate;
 use crate::gate::error::GateError;
@@ -16,6 +15,7 @@ use crate::io::store::{PaceArgs, QuotaStore};
 use crate::rules::decide::decide;
 use crate::rules::delay::{Bed, LoneBed};
 use crate::rules::pace::Paced;
+use crate::rules::settle::Scan;
 use crate::rules::settle::{self, Charge, DelayRule, Failure};
 use crate::rules::unix::{UnixSecs, duration_ms};
 
@@ -39,19 +39,6 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
                 Box::pin(paced.instrument(step!("pace", attempt.trace_id()))).await
             }
         }
-    }
-
-    /// The refusal of a scan known refused; `None`: ask the store (a keyed scan's record answers).
-    pub(super) async fn known_refused(&self, attempt: &Attempt) -> Option<GateError> {
-        let until = self.refused.until(attempt.keys(), attempt.now_ms)?;
-        if let Some(claim) = &attempt.claim {
-            let exists = self.store.has_record(&claim.record, attempt.now());
-            if Box::pin(self.bounded(exists)).await.unwrap_or(false) {
-                return None;
-            }
-        }
-        let retry_after_ms = u64::try_from(until.get() - attempt.now_ms.get()).unwrap_or(0);
-        Some(GateError::backlog_full(retry_after_ms, None))
     }
 
     /// A bed asked alone, for a fixed `delay` no pacing step carries (`QUOTA_PACING=off`).
@@ -99,7 +86,7 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
             } => (retry_after_ms, levels_ms),
         };
         let failure = Failure::BacklogFull;
-        Box::pin(self.apply(attempt, scan.scan_id, &scan.charge, failure)).await;
+        Box::pin(self.apply(attempt, scan, failure)).await;
         // Remembered: the subject and each full level until its own retry, never past its reset.
         let until = |ms: u64, reset_at: UnixSecs| {
             let at = scan.received_ms.saturating_add(Duration::from_millis(ms));

@@ -5,7 +5,6 @@
 
 use std::future::Future;
 
-use crate::rules::job::RequestBody;
 use bytes::Bytes;
 use http::{Method, Response};
 use tokio::time::{Instant, timeout};
@@ -13,20 +12,19 @@ use tracing::Instrument;
 use uuid::Uuid;
 
 use super::attempt::{Attempt, GateRequest};
-use super::scan::Scan;
 use super::trace::step;
 use super::wiring::Gate;
-use crate::config::Mode;
 use crate::gate::error::GateError;
-use crate::gate::identity::{Identity, Origin};
-use crate::io::meter::{End, Exit, Metered};
+use crate::gate::validate::validate;
+use crate::io::meter::{Exit, Metered, Outcome};
 use crate::io::queue::{Once, ScanJob, ScanQueue, SendError};
 use crate::io::store::{
     Claim, Claimed, CountArgs, CountFailed, QuotaStore, Record, TakeOver, Tally,
 };
 use crate::rules::delay::DelayPlan;
+use crate::rules::job::RequestBody;
 use crate::rules::record;
-use crate::rules::settle::{self, Repeat, on_repeat, on_take_over};
+use crate::rules::settle::{self, Repeat, Scan, on_repeat, on_take_over};
 use crate::rules::unix::UnixMillis;
 
 /// A request's answer and its [`Exit`] (none if refused before the store or not a counted scan).
@@ -38,13 +36,6 @@ type Finished = (Result<Response<Bytes>, GateError>, Exit);
 enum Counted<'a> {
     New(Tally),
     Existing(Record, &'a Claim),
-}
-
-/// A scan request that passed steps 1–3.
-struct Admitted<'r> {
-    identity: Identity,
-    body: RequestBody,
-    idempotency_key: Option<&'r str>,
 }
 
 impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
@@ -83,11 +74,14 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
             return (Box::pin(self.check(&request, now_ms)).await, None);
         }
         // 1–3: validate, identify, hash.
-        let Admitted {
-            identity,
-            body,
-            idempotency_key,
-        } = match self.admit(&request) {
+        let admit = || -> Result<_, GateError> {
+            let headers = &request.headers;
+            let body = validate(&request.method, &request.path, headers, &request.body)?;
+            let idempotency_key = crate::gate::idempotency::key(headers)?;
+            let identity = self.identifier.identify(headers, &request.origin())?;
+            Ok((identity, body, idempotency_key))
+        };
+        let (identity, body, idempotency_key) = match admit() {
             Ok(admitted) => admitted,
             Err(e) => return (Err(e), None),
         };
@@ -107,34 +101,11 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
         (result, Some(exit))
     }
 
-    /// Steps 1–3: the scan's body, the caller, and its `Idempotency-Key`.
-    fn admit<'r>(&self, request: &'r GateRequest) -> Result<Admitted<'r>, GateError> {
-        let scan = crate::gate::validate::validate(
-            &request.method,
-            &request.path,
-            &request.headers,
-            &request.body,
-        )?;
-        let idempotency_key = crate::gate::idempotency::key(&request.headers)?;
-        let origin = Origin {
-            peer: request.peer,
-            gateway_claims: request.gateway_claims.as_ref(),
-        };
-        let identity = self.identifier.identify(&request.headers, &origin)?;
-        Ok(Admitted {
-            identity,
-            body: scan.body,
-            idempotency_key,
-        })
-    }
-
     /// Steps 4–5: count and decide, then answer a repeat, settle a failure or run the scan.
     async fn scan(&self, attempt: &mut Attempt, body: RequestBody) -> Finished {
         if let Some(refused) = self.known_refused(attempt).await {
-            return (
-                Err(refused),
-                attempt.exit(Metered::Uncounted, End::BacklogFull),
-            );
+            let exit = attempt.exit(Metered::Uncounted, Outcome::BacklogFull);
+            return (Err(refused), exit);
         }
         let charge = match self.count(attempt).await {
             Ok(Counted::New(tally)) => attempt.charge(tally),
@@ -145,14 +116,25 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
             Err(e) => match Box::pin(self.store_failed(attempt, e)).await {
                 Ok(charge) => charge,
                 Err(e) => {
-                    return (
-                        Err(e),
-                        attempt.exit(Metered::StoreFailed, End::StoreRefused),
-                    );
+                    let exit = attempt.exit(Metered::StoreFailed, Outcome::StoreUnavailable);
+                    return (Err(e), exit);
                 }
             },
         };
         self.run(attempt, body, Scan::fresh(attempt, charge)).await
+    }
+
+    /// The refusal of a scan known refused; `None`: ask the store (a keyed scan's record answers).
+    pub(super) async fn known_refused(&self, attempt: &Attempt) -> Option<GateError> {
+        let until = self.refused.until(attempt.keys(), attempt.now_ms)?;
+        if let Some(claim) = &attempt.claim {
+            let exists = self.store.has_record(&claim.record, attempt.now());
+            if Box::pin(self.bounded(exists)).await.unwrap_or(false) {
+                return None;
+            }
+        }
+        let retry_after_ms = u64::try_from(until.get() - attempt.now_ms.get()).unwrap_or(0);
+        Some(GateError::backlog_full(retry_after_ms, None))
     }
 
     /// Step 4's one round trip; a keyed scan claims its record with it.
@@ -186,7 +168,7 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
         body: RequestBody,
         record: Record,
     ) -> Finished {
-        let exit = attempt.exit(Metered::Uncounted, End::Answered);
+        let exit = attempt.exit(Metered::Uncounted, Outcome::Repeat);
         let result = match on_repeat(
             &record,
             claim,
@@ -232,12 +214,11 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
             .bounded(self.store.peek(&attempt.key, attempt.now()))
             .await
             .map_or(0, |p| p.grant);
-        let mut resumed =
-            settle::resume(record, attempt.limits, grant, attempt.now_ms, self.shadow());
+        let mut scan = settle::resume(record, attempt.limits, grant, attempt.now_ms, self.shadow());
         if crate::bug!(TakeOverUnderFreshId) {
-            resumed.scan_id = Uuid::now_v7();
+            scan.scan_id = Uuid::now_v7();
         }
-        Scan::resumed(resumed)
+        scan
     }
 
     /// Steps 6–8: pace, sleep, queue, answer, and save the answer for a keyed retry.
@@ -246,17 +227,20 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
             Some(plan) => (plan, None),
             None => match self.delay_of(attempt, &scan).await {
                 Ok((delay, bed)) => (attempt.plan(delay, &self.config.policy, bed), bed),
-                Err(e) => return (Err(e), attempt.exit(Metered::Uncounted, End::BacklogFull)),
+                Err(e) => {
+                    let exit = attempt.exit(Metered::Uncounted, Outcome::BacklogFull);
+                    return (Err(e), exit);
+                }
             },
         };
-        let exit = |metered, end| Exit {
+        let exit = |metered, outcome| Exit {
             bed,
-            ..attempt.exit(metered, end)
+            ..attempt.exit(metered, outcome)
         };
         let metered = scan.metered(plan.total, self.shadow());
         let plan = self.sleep(attempt, plan).await;
         // 7: forward, within the answer's deadline.
-        let mut job = scan.job(attempt, body, plan, attempt.trace.clone());
+        let mut job = scan.job(attempt, body, plan);
         match self.enqueue(attempt, &scan, &job).await {
             Ok(landed) => job.scan_id = landed,
             Err(e) => {
@@ -265,10 +249,10 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
                     matches!(e, SendError::Unanswered),
                     scan.resumed.is_some(),
                 );
-                Box::pin(self.apply(attempt, scan.scan_id, &scan.charge, failure)).await;
+                Box::pin(self.apply(attempt, &scan, failure)).await;
                 return (
                     Err(GateError::queue_failed(failure)),
-                    exit(metered, End::QueueFailed),
+                    exit(metered, Outcome::QueueUnavailable),
                 );
             }
         }
@@ -282,7 +266,7 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
             let save = self.save(claim, job.scan_id, &response, attempt.now());
             let _ = tokio::time::timeout_at(attempt.deadline(), Box::pin(save)).await;
         }
-        (Ok(response), exit(metered, End::Answered))
+        (Ok(response), exit(metered, Outcome::answered(metered)))
     }
 
     /// Step 6's sleep, cut short when the process stops (the rest of the delay goes onto the job).
@@ -297,11 +281,6 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
             }
         };
         sleep.instrument(step!("sleep", attempt.trace_id())).await
-    }
-
-    /// Whether decisions are only reported, not carried out (`QUOTA_MODE=shadow`).
-    pub(super) fn shadow(&self) -> bool {
-        self.config.policy.mode == Mode::Shadow
     }
 
     /// Step 7: the `scanId` the job is queued under. A keyed scan's job is queued once per record,
@@ -333,26 +312,5 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
             .instrument(step!("enqueue", attempt.trace_id()))
             .await
             .unwrap_or(Err(SendError::Unanswered))
-    }
-
-    /// One store call, skipped while the breaker is open; bounded at twice the store timeout unless
-    /// the store bounds its own wait (keeping the abandoned command in flight).
-    pub(super) async fn bounded<T, E: From<SendError>>(
-        &self,
-        call: impl Future<Output = Result<T, E>>,
-    ) -> Result<T, E> {
-        if !self.breaker.admit(Instant::now().into_std()) {
-            return Err(SendError::Skipped.into());
-        }
-        let result = if self.store.bounds_itself() {
-            call.await
-        } else {
-            timeout(self.config.store.timeout * 2, call)
-                .await
-                .unwrap_or(Err(SendError::Unanswered.into()))
-        };
-        self.breaker
-            .record(result.is_ok(), Instant::now().into_std());
-        result
     }
 }

@@ -1,8 +1,6 @@
 //! The two requests that never touch a counter: `GET /quota` (one read, nothing spent) and an
 //! exempt scan (queued at once, uncounted, unpaced).
 
-use std::time::Duration;
-
 use bytes::Bytes;
 use http::Response;
 use tokio::time::Instant;
@@ -13,7 +11,7 @@ use super::scan::{Held, scan_job};
 use super::trace::step;
 use super::wiring::Gate;
 use crate::gate::error::GateError;
-use crate::gate::identity::{Identity, Origin};
+use crate::gate::identity::Identity;
 use crate::gate::quota_view::{NextScanRules, QuotaView, exempt_response, next_scan};
 use crate::gate::respond::{self, LevelStanding, Standing};
 use crate::io::meter::Event;
@@ -34,11 +32,9 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
         request: &GateRequest,
         now_ms: UnixMillis,
     ) -> Result<Response<Bytes>, GateError> {
-        let origin = Origin {
-            peer: request.peer,
-            gateway_claims: request.gateway_claims.as_ref(),
-        };
-        let mut identity = self.identifier.identify(&request.headers, &origin)?;
+        let mut identity = self
+            .identifier
+            .identify(&request.headers, &request.origin())?;
         self.meter
             .record_event(identity.scope, Event::Check, now_ms, request.trace_id());
         if identity.exempt {
@@ -121,11 +117,7 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
         let held = Held {
             scan_id: crate::io::clock::uuid_v7(now_ms),
             received_ms: now_ms,
-            plan: DelayPlan {
-                total: Duration::ZERO,
-                sleep: Duration::ZERO,
-                deferred: Duration::ZERO,
-            },
+            plan: DelayPlan::default(),
         };
         let job = scan_job(
             &identity,

@@ -1,7 +1,5 @@
-//! The scan that goes ahead ([`Scan`]), the job and 202 built from it, and the one construction of
-//! a job ([`scan_job`]), which exempt scans share.
-
-use std::time::Duration;
+//! The job and 202 built from the scan that goes ahead ([`Scan`]), and the one construction of a
+//! job ([`scan_job`]), which exempt scans share.
 
 use uuid::Uuid;
 
@@ -9,29 +7,18 @@ use super::attempt::Attempt;
 use crate::gate::identity::Identity;
 use crate::gate::quota_view::ShadowVerdict;
 use crate::gate::respond::{self, Accepted, LevelStanding, Standing};
-use crate::io::meter::Metered;
 use crate::io::queue::ScanJob;
 use crate::io::store::Peek;
 use crate::rules::delay::DelayPlan;
 use crate::rules::job::{JobTier, Lane, RequestBody};
-use crate::rules::settle::{Charge, Resumed};
+use crate::rules::settle::{Charge, Scan};
 use crate::rules::trace::TraceContext;
 use crate::rules::unix::{UnixMillis, duration_ms};
 
-/// The scan that goes ahead: a fresh one, or one a retry took over.
-pub(super) struct Scan {
-    /// Every job of a keyed scan carries its record's scanId.
-    pub scan_id: Uuid,
-    pub charge: Charge,
-    /// When the scan arrived (the first attempt's, when resumed).
-    pub received_ms: UnixMillis,
-    /// Taken over from an earlier attempt, with its plan: not slept or paced again.
-    pub resumed: Option<DelayPlan>,
-}
-
+/// The gate's side of a [`Scan`]: its job and its 202.
 impl Scan {
     /// This request's scan: a keyed one under its claim's scanId.
-    pub fn fresh(attempt: &Attempt, charge: Charge) -> Self {
+    pub(super) fn fresh(attempt: &Attempt, charge: Charge) -> Self {
         Self {
             scan_id: attempt
                 .claim
@@ -43,45 +30,9 @@ impl Scan {
         }
     }
 
-    /// The scan an abandoned attempt left; its levels were counted (or not) by the first attempt.
-    pub fn resumed(resumed: Resumed) -> Self {
-        Self {
-            scan_id: resumed.scan_id,
-            charge: resumed.charge,
-            received_ms: resumed.received_ms,
-            resumed: Some(resumed.plan),
-        }
-    }
-
-    /// What the meter is told: a fresh uncounted scan is one whose count failed; a resumed one was
-    /// counted, if at all, by its first attempt.
-    pub fn metered(&self, delay: Duration, shadow: bool) -> Metered {
-        match &self.charge {
-            Charge::Counted {
-                decision, level, ..
-            } => Metered::Counted {
-                tier: decision.tier,
-                reminder: decision.reminder,
-                delay,
-                shadow,
-                level: *level,
-            },
-            Charge::Unmetered | Charge::Unknown { .. } if self.resumed.is_none() => {
-                Metered::StoreFailed
-            }
-            Charge::Unmetered | Charge::Unknown { .. } => Metered::Uncounted,
-        }
-    }
-
     /// The job to queue, held back until `received + plan.total`. Over quota, its tenant is the
     /// line of the level that delayed it, so one network's backlog takes its turn as one.
-    pub fn job(
-        &self,
-        attempt: &Attempt,
-        body: RequestBody,
-        plan: DelayPlan,
-        trace: Option<TraceContext>,
-    ) -> ScanJob {
+    pub(super) fn job(&self, attempt: &Attempt, body: RequestBody, plan: DelayPlan) -> ScanJob {
         let held = Held {
             scan_id: self.scan_id,
             received_ms: self.received_ms,
@@ -92,7 +43,7 @@ impl Scan {
             held,
             self.charge.into(),
             self.charge.used(),
-            (body, trace),
+            (body, attempt.trace.clone()),
         );
         if let (Some(Lane::Over), Charge::Counted { level, .. }) = (job.lane, self.charge) {
             job.tenant = Some(attempt.key_of(level).counter.clone());
@@ -101,7 +52,7 @@ impl Scan {
     }
 
     /// The 202 for its queued `job`; uncounted, it reports the whole limit until the period's end.
-    pub fn accepted(
+    pub(super) fn accepted(
         &self,
         attempt: &Attempt,
         job: &ScanJob,

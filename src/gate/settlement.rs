@@ -18,7 +18,7 @@ use crate::io::store::{
 };
 use crate::rules::level::Level;
 use crate::rules::settle::{
-    AfterStoreFailure, Charge, Failure, Settlement, after_store_failure, level_refund,
+    AfterStoreFailure, Charge, Failure, Scan, Settlement, after_store_failure, level_refund,
     levels_refunded, settle,
 };
 use crate::rules::unix::UnixSecs;
@@ -34,13 +34,8 @@ const RETRY_MOST: Duration = Duration::from_millis(500);
 
 impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
     /// Settles a failed scan: the subject's [`Settlement`], then each level's refund behind it.
-    pub(super) async fn apply(
-        &self,
-        attempt: &Attempt,
-        scan_id: Uuid,
-        charge: &Charge,
-        failure: Failure,
-    ) {
+    pub(super) async fn apply(&self, attempt: &Attempt, scan: &Scan, failure: Failure) {
+        let (scan_id, charge) = (scan.scan_id, &scan.charge);
         let keyed = attempt.keyed();
         let mut settlement = settle(charge, keyed, failure);
         if crate::bug!(RefundOfUnsentCount) && *charge == Charge::Unmetered {
@@ -100,7 +95,7 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
         let mode = self.config.store.fail_mode;
         let failure = Failure::Store { mode };
         attempt.count_failed(failed.levels, e.may_land());
-        self.apply(attempt, attempt.scan_id(), &charge, failure)
+        self.apply(attempt, &Scan::fresh(attempt, charge), failure)
             .await;
         // Settled once: no level count is left for a later failure to take back.
         attempt.levels_settled();
@@ -127,12 +122,6 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
         settlement: Settlement,
         levels: &[(&QuotaKey, UnixSecs)],
     ) {
-        if matches!(
-            (settlement, &attempt.claim),
-            (Settlement::Nothing, _) | (Settlement::Release, None)
-        ) {
-            return;
-        }
         let until = settle_by(attempt, Instant::now());
         let (mut backoff, mut tries) = (RETRY_FIRST, 0u32);
         let error = loop {
@@ -154,7 +143,7 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
         tracing::warn!(error = %error, ?settlement, tries, "could not settle a failed scan");
     }
 
-    /// One try at `settlement` (neither `Nothing` nor a release unclaimed).
+    /// One try at `settlement`; `Nothing` and a release unclaimed have nothing to send.
     async fn settle_once(
         &self,
         attempt: &Attempt,

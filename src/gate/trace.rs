@@ -3,8 +3,6 @@
 //! `traceparent` and `tracestate`, a proxy's `X-Amzn-Trace-Id`, or a new one. A malformed header
 //! is passed over, never refused. Each step's span (target [`STEP_TARGET`]) carries `traceId`.
 
-use std::borrow::Cow;
-
 use http::HeaderMap;
 
 use crate::rules::trace::{SpanId, TRACEPARENT, TRACESTATE, TraceContext, XRAY_HEADER};
@@ -52,19 +50,12 @@ pub fn from_xray_header(header: &str) -> Option<TraceContext> {
 /// The client's `traceparent` (exactly one) and its `tracestate` values joined by `,`, per spec.
 fn w3c(headers: &HeaderMap) -> Option<TraceContext> {
     let parent = one(headers, TRACEPARENT)?;
-    let mut states = headers.get_all(TRACESTATE).iter().map(|v| v.to_str());
-    let state: Option<Cow<'_, str>> = match (states.next(), states.next()) {
-        (None, _) => None,
-        (Some(Ok(one)), None) => Some(Cow::Borrowed(one)),
-        _ => {
-            let all: Result<Vec<&str>, _> = headers
-                .get_all(TRACESTATE)
-                .iter()
-                .map(|v| v.to_str())
-                .collect();
-            all.ok().map(|all| Cow::Owned(all.join(",")))
-        }
-    };
+    let states: Result<Vec<&str>, _> = headers
+        .get_all(TRACESTATE)
+        .iter()
+        .map(|v| v.to_str())
+        .collect();
+    let state = states.ok().filter(|s| !s.is_empty()).map(|s| s.join(","));
     TraceContext::from_w3c(parent, state.as_deref())
 }
 

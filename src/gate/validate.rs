@@ -12,24 +12,6 @@ pub const MAX_BODY_BYTES: usize = 64 * 1024;
 /// The longest `image` accepted.
 pub const MAX_IMAGE_BYTES: usize = 1024;
 
-/// A validated scan request body.
-#[derive(Debug, Clone, PartialEq)]
-pub struct ScanRequest {
-    /// The whole JSON object, passed through to the job as the client wrote it.
-    pub body: RequestBody,
-}
-
-impl ScanRequest {
-    pub fn image(&self) -> String {
-        self.body.image().unwrap_or_default()
-    }
-}
-
-/// Whether `path` names the scan route: `/scan`, or `/<stage>/scan` (`/scan/` is 404).
-pub fn is_scan_path(path: &str) -> bool {
-    is_route(path, "/scan")
-}
-
 /// Whether `path` is `route`, or `/<stage>` and `route`: the one rule for a stage in the path.
 pub fn is_route(path: &str, route: &str) -> bool {
     match path.strip_suffix(route) {
@@ -45,8 +27,9 @@ pub fn validate(
     path: &str,
     headers: &HeaderMap,
     body: &[u8],
-) -> Result<ScanRequest, GateError> {
-    if !is_scan_path(path) {
+) -> Result<RequestBody, GateError> {
+    // The scan route: `/scan`, or `/<stage>/scan` (`/scan/` is 404).
+    if !is_route(path, "/scan") {
         return Err(GateError::NotFound);
     }
     if method != Method::POST {
@@ -78,8 +61,9 @@ fn is_json(headers: &HeaderMap) -> bool {
         || (essence.starts_with("application/") && essence.ends_with("+json"))
 }
 
-/// Parses and checks the body (the size was checked by the caller).
-pub fn parse_body(body: &[u8]) -> Result<ScanRequest, GateError> {
+/// Parses and checks the body (the size was checked by the caller): the whole JSON object, passed
+/// through to the job as the client wrote it.
+pub fn parse_body(body: &[u8]) -> Result<RequestBody, GateError> {
     if body.is_empty() {
         return Err(GateError::bad_request(
             "empty_body",
@@ -121,9 +105,7 @@ pub fn parse_body(body: &[u8]) -> Result<ScanRequest, GateError> {
             "image_control_character",
             "`image` must not contain control characters",
         )),
-        Image::Text(_) => Ok(ScanRequest {
-            body: RequestBody::new(raw),
-        }),
+        Image::Text(_) => Ok(RequestBody::new(raw)),
         Image::NotAString => Err(GateError::bad_request(
             "invalid_image",
             "`image` must be a string",
@@ -145,7 +127,7 @@ mod tests {
         h
     }
 
-    fn code(r: Result<ScanRequest, GateError>) -> String {
+    fn code(r: Result<RequestBody, GateError>) -> String {
         match r {
             Ok(_) => "ok".into(),
             Err(e) => format!("{} {}", e.status().as_u16(), e.code()),
@@ -253,9 +235,9 @@ mod tests {
     #[test]
     fn passthrough() {
         let r = parse_body(br#"{"image":"alpine:3","policy":{"severity":"high"}}"#).unwrap();
-        assert_eq!(r.image(), "alpine:3");
+        assert_eq!(r.image().unwrap(), "alpine:3");
         assert_eq!(
-            r.body.get(),
+            r.get(),
             r#"{"image":"alpine:3","policy":{"severity":"high"}}"#
         );
         let sent = concat!(
@@ -264,9 +246,9 @@ mod tests {
             " \"s\": \"two  spaces, \\\" a quote\\n\", \"a\": [ 1 , {} ], \"z\": 2 } ",
         );
         let r = parse_body(sent.as_bytes()).unwrap();
-        assert_eq!(r.image(), "alpine:3");
+        assert_eq!(r.image().unwrap(), "alpine:3");
         assert_eq!(
-            r.body.get(),
+            r.get(),
             concat!(
                 r#"{"z":1.0,"image":"alp\u0069ne:3","n":12345678901234567890123,"neg":-0,"#,
                 r#""e":1e400,"s":"two  spaces, \" a quote\n","a":[1,{}],"z":2}"#,

@@ -1,19 +1,21 @@
 //! The [`Gate`] and the backends [`Config`] names, built once per process (or per `serve` worker);
 //! nothing here is on the request path.
 
+use std::future::Future;
 use std::sync::Arc;
 
+use tokio::time::{Instant, timeout};
 use tokio_util::sync::CancellationToken;
 
 use super::refused::Refused;
-use crate::config::{Config, ConfigError, QueueTarget, vars};
+use crate::config::{Config, ConfigError, Mode, QueueTarget, vars};
 use crate::gate::identity::Identifier;
 use crate::io::clock::Clock;
 use crate::io::connection::Valkey;
 use crate::io::meter::Meter;
 use crate::io::queue::spool::Spool;
 use crate::io::queue::stream::StreamQueue;
-use crate::io::queue::{AnyQueue, ScanQueue};
+use crate::io::queue::{AnyQueue, ScanQueue, SendError};
 use crate::io::store::memory::MemoryStore;
 use crate::io::store::valkey::ValkeyStore;
 use crate::io::store::{AnyStore, QuotaStore};
@@ -146,5 +148,31 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
     /// Starts the store's connection in the background, so the first request finds it connected.
     pub fn warm_up(&self) {
         self.store.warm_up();
+    }
+
+    /// Whether decisions are only reported, not carried out (`QUOTA_MODE=shadow`).
+    pub(super) fn shadow(&self) -> bool {
+        self.config.policy.mode == Mode::Shadow
+    }
+
+    /// One store call, skipped while the breaker is open; bounded at twice the store timeout unless
+    /// the store bounds its own wait (keeping the abandoned command in flight).
+    pub(super) async fn bounded<T, E: From<SendError>>(
+        &self,
+        call: impl Future<Output = Result<T, E>>,
+    ) -> Result<T, E> {
+        if !self.breaker.admit(Instant::now().into_std()) {
+            return Err(SendError::Skipped.into());
+        }
+        let result = if self.store.bounds_itself() {
+            call.await
+        } else {
+            timeout(self.config.store.timeout * 2, call)
+                .await
+                .unwrap_or(Err(SendError::Unanswered.into()))
+        };
+        self.breaker
+            .record(result.is_ok(), Instant::now().into_std());
+        result
     }
 }

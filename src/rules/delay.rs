@@ -15,7 +15,7 @@ use crate::rules::unix::UnixMillis;
 pub const MAX_QUEUE_DEFERRAL: Duration = Duration::from_secs(900);
 
 /// How one delay is split between sleeping now and deferring the job.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct DelayPlan {
     pub total: Duration,
     pub sleep: Duration,
@@ -53,12 +53,7 @@ impl DelayPlan {
     /// The plan of a sleep woken after `slept` (stopping): the rest deferred, the total unchanged.
     pub fn cut_short(self, slept: Duration) -> Self {
         let slept = Duration::from_millis(u64::try_from(slept.as_millis()).unwrap_or(u64::MAX));
-        let sleep = self.sleep.min(slept);
-        Self {
-            total: self.total,
-            sleep,
-            deferred: self.total - sleep,
-        }
+        plan(self.total, DelayMode::Sleep, self.sleep.min(slept))
     }
 }
 

@@ -1,11 +1,16 @@
-//! What a metered scan request came to ([`Outcome`]), and its metric and help text. Every outcome
+//! What a metered scan request came to ([`Exit`]), the one record the gate hands the meter: what
+//! the store made of it and its [`Outcome`], whose metric and help text are here. Every outcome
 //! name the meter writes comes from a variant, so adding one is one variant: the compiler then asks
 //! for its metric, help text and place in [`Outcome::ALL`].
 
 use std::time::Duration;
 
 use crate::rules::decide::Tier;
+use crate::rules::delay::Bed;
 use crate::rules::level::LevelName;
+use crate::rules::scope::Scope;
+use crate::rules::trace::TraceId;
+use crate::rules::unix::UnixMillis;
 
 /// What the store made of a scan request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -23,18 +28,22 @@ pub enum Metered {
     Uncounted,
 }
 
-/// How a scan request ended.
+/// What one scan request that reached the store came to; bad input is never metered.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum End {
-    /// 202, or a replayed or refused repeat of a key (409, 422).
-    Answered,
-    /// 503 `store_unavailable` or `store_unsettled`.
-    StoreRefused,
-    BacklogFull,
-    QueueFailed,
+pub struct Exit {
+    pub scope: Scope,
+    pub outcome: Outcome,
+    /// Beside the outcome: a refused scan's counters still say whether it was counted.
+    pub metered: Metered,
+    /// The request's instant: the line's `Timestamp`.
+    pub at: UnixMillis,
+    /// What the beds answered, if the scan asked for one (an over-quota scan that would sleep).
+    pub bed: Option<Bed>,
+    /// The request's trace: its EMF lines carry it as the property `traceId`, not a dimension.
+    pub trace: Option<TraceId>,
 }
 
-/// What a metered request came to; bad input is never metered.
+/// How a metered request ended, as its requests metric names it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Outcome {
     /// Accepted within the quota, or decided in shadow mode (nobody waited).
@@ -62,20 +71,17 @@ impl Outcome {
         Self::Repeat,
     ];
 
-    /// The outcome of a request that left the gate so; a refusal wins over its tier.
-    pub const fn of(metered: Metered, end: End) -> Self {
-        match (end, metered) {
-            (End::QueueFailed, _) => Self::QueueUnavailable,
-            (End::BacklogFull, _) => Self::BacklogFull,
-            (End::StoreRefused, _) => Self::StoreUnavailable,
-            (End::Answered, Metered::Counted { shadow: true, .. }) => Self::Within,
-            (End::Answered, Metered::Counted { tier, .. }) => match tier {
+    /// The outcome of an answered request (a 202, or a repeat's replay, 409 or 422).
+    pub const fn answered(metered: Metered) -> Self {
+        match metered {
+            Metered::Counted { shadow: true, .. } => Self::Within,
+            Metered::Counted { tier, .. } => match tier {
                 Tier::Within => Self::Within,
                 Tier::Soft => Self::Soft,
                 Tier::Hard => Self::Hard,
             },
-            (End::Answered, Metered::StoreFailed) => Self::Unmetered,
-            (End::Answered, Metered::Uncounted) => Self::Repeat,
+            Metered::StoreFailed => Self::Unmetered,
+            Metered::Uncounted => Self::Repeat,
         }
     }
 
@@ -119,18 +125,9 @@ impl Outcome {
     }
 }
 
-/// Fails to compile when a variant is added or [`Outcome::ALL`] is out of order.
+/// Fails to compile when [`Outcome::ALL`] is out of order (a new variant already fails to compile
+/// in [`Outcome::requests_metric`]).
 const _: () = {
-    match Outcome::Within {
-        Outcome::Within
-        | Outcome::Soft
-        | Outcome::Hard
-        | Outcome::Unmetered
-        | Outcome::BacklogFull
-        | Outcome::StoreUnavailable
-        | Outcome::QueueUnavailable
-        | Outcome::Repeat => {}
-    }
     let mut i = 0;
     while i < Outcome::ALL.len() {
         assert!(Outcome::ALL[i].index() == i);
@@ -142,15 +139,7 @@ const _: () = {
 mod tests {
     use super::*;
 
-    const COUNTED: Metered = Metered::Counted {
-        tier: Tier::Soft,
-        reminder: false,
-        delay: Duration::from_secs(5),
-        shadow: false,
-        level: LevelName::Subject,
-    };
-
-    /// Each way out maps to its outcome; a refusal wins over the tier; shadow is within.
+    /// An answer's outcome is its tier's; shadow is within; uncounted, a repeat or unmetered.
     #[test]
     fn outcomes() {
         let counted = |tier, shadow| Metered::Counted {
@@ -160,23 +149,13 @@ mod tests {
             shadow,
             level: LevelName::Subject,
         };
-        let answered = |m| Outcome::of(m, End::Answered);
+        let answered = Outcome::answered;
         assert_eq!(answered(counted(Tier::Within, false)), Outcome::Within);
         assert_eq!(answered(counted(Tier::Soft, false)), Outcome::Soft);
         assert_eq!(answered(counted(Tier::Hard, false)), Outcome::Hard);
         assert_eq!(answered(counted(Tier::Hard, true)), Outcome::Within);
         assert_eq!(answered(Metered::StoreFailed), Outcome::Unmetered);
         assert_eq!(answered(Metered::Uncounted), Outcome::Repeat);
-        let refused = [
-            (End::QueueFailed, Outcome::QueueUnavailable),
-            (End::BacklogFull, Outcome::BacklogFull),
-            (End::StoreRefused, Outcome::StoreUnavailable),
-        ];
-        for (end, outcome) in refused {
-            for metered in [COUNTED, Metered::StoreFailed, Metered::Uncounted] {
-                assert_eq!(Outcome::of(metered, end), outcome, "{metered:?} {end:?}");
-            }
-        }
     }
 
     /// Every outcome has its own requests metric, named `stella_quota_requests_<word>_total`, and a help text.

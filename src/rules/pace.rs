@@ -62,13 +62,10 @@ pub fn line_excess(
     delay_ms: u64,
     max_backlog_ms: u64,
 ) -> u64 {
-    if delay_ms == 0 {
-        return 0;
-    }
-    match next_start([(previous, delay_ms)], arrival_ms, max_backlog_ms) {
-        Ok(_) => 0,
-        Err(excess) => excess,
-    }
+    // A line without a delay starts at the arrival: always room.
+    next_start([(previous, delay_ms)], arrival_ms, max_backlog_ms)
+        .err()
+        .unwrap_or(0)
 }
 
 #[cfg(test)]

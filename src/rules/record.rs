@@ -127,61 +127,55 @@ impl Record {
     pub fn from_pairs<'a>(
         pairs: impl IntoIterator<Item = (&'a str, &'a str)>,
     ) -> Result<Self, RecordError> {
-        let mut text: [Option<&str>; RecordField::ALL.len()] = Default::default();
+        let mut record = Self::claimed(&Claim::default(), 0, UnixSecs(0));
+        let (mut state, mut scan_id) = (None, None);
         for (name, value) in pairs {
-            if let Some(field) = RecordField::parse(name) {
-                text[field as usize] = Some(value);
+            let Some(field) = RecordField::parse(name) else {
+                continue;
+            };
+            match field {
+                RecordField::State => {
+                    state = RecordState::ALL.iter().copied().find(|s| s.name() == value);
+                }
+                RecordField::ScanId => scan_id = value.parse().ok(),
+                _ => record.set(field, value),
             }
         }
-        let get = |f: RecordField| text[f as usize];
-        let int = |f: RecordField| get(f).and_then(|v| v.parse::<i64>().ok()).unwrap_or(0);
-        let bad = |what: &'static str| RecordError(what);
-        let state = match get(RecordField::State) {
-            Some(s) if s == RecordState::Done.name() => RecordState::Done,
-            Some(s) if s == RecordState::Pending.name() => RecordState::Pending,
-            _ => return Err(bad("no valid state")),
-        };
-        let scan_id = get(RecordField::ScanId)
-            .and_then(|v| v.parse().ok())
-            .ok_or_else(|| bad("no valid scanId"))?;
-        Ok(Self {
-            state,
-            scan_id,
-            fingerprint: get(RecordField::Fingerprint).unwrap_or_default().to_owned(),
-            received_ms: UnixMillis(int(RecordField::Received)),
-            lease_until_ms: UnixMillis(int(RecordField::Until)),
-            count: u64::try_from(int(RecordField::Count)).unwrap_or(0),
-            reset_at: UnixSecs(int(RecordField::ResetAt)),
-            delay_ms: get(RecordField::DelayMs).and_then(|v| v.parse().ok()),
-            response: get(RecordField::Response).map(str::to_owned),
-        })
+        record.state = state.ok_or(RecordError("no valid state"))?;
+        record.scan_id = scan_id.ok_or(RecordError("no valid scanId"))?;
+        Ok(record)
     }
 
     /// Sets fields as [`QuotaStore::update_record`](crate::io::store::QuotaStore::update_record) writes them.
     pub fn apply(&mut self, fields: &[Field]) {
         for (field, value) in fields {
-            let int = || value.parse::<i64>().unwrap_or(0);
-            match field {
-                RecordField::State => {
-                    self.state = if value == RecordState::Done.name() {
-                        RecordState::Done
-                    } else {
-                        RecordState::Pending
-                    }
+            self.set(*field, value);
+        }
+    }
+
+    /// Sets one field from its text; a number that does not parse is 0.
+    fn set(&mut self, field: RecordField, value: &str) {
+        let int = || value.parse::<i64>().unwrap_or(0);
+        match field {
+            RecordField::State => {
+                self.state = if value == RecordState::Done.name() {
+                    RecordState::Done
+                } else {
+                    RecordState::Pending
                 }
-                RecordField::ScanId => {
-                    if let Ok(id) = value.parse() {
-                        self.scan_id = id;
-                    }
-                }
-                RecordField::Fingerprint => self.fingerprint.clone_from(value),
-                RecordField::Received => self.received_ms = UnixMillis(int()),
-                RecordField::Until => self.lease_until_ms = UnixMillis(int()),
-                RecordField::Count => self.count = u64::try_from(int()).unwrap_or(0),
-                RecordField::ResetAt => self.reset_at = UnixSecs(int()),
-                RecordField::DelayMs => self.delay_ms = value.parse().ok(),
-                RecordField::Response => self.response = Some(value.clone()),
             }
+            RecordField::ScanId => {
+                if let Ok(id) = value.parse() {
+                    self.scan_id = id;
+                }
+            }
+            RecordField::Fingerprint => value.clone_into(&mut self.fingerprint),
+            RecordField::Received => self.received_ms = UnixMillis(int()),
+            RecordField::Until => self.lease_until_ms = UnixMillis(int()),
+            RecordField::Count => self.count = u64::try_from(int()).unwrap_or(0),
+            RecordField::ResetAt => self.reset_at = UnixSecs(int()),
+            RecordField::DelayMs => self.delay_ms = value.parse().ok(),
+            RecordField::Response => self.response = Some(value.to_owned()),
         }
     }
 }

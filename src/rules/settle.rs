@@ -12,6 +12,7 @@ use crate::rules::decide::{Decision, Limits, decide};
 use crate::rules::delay::DelayPlan;
 use crate::rules::level::LevelName;
 use crate::rules::modes::{FailMode, Pacing};
+use crate::rules::outcome::Metered;
 use crate::rules::pace::Paced;
 use crate::rules::record::{Claim, Record};
 use crate::rules::unix::{UnixMillis, UnixSecs, duration_ms};
@@ -102,14 +103,39 @@ pub fn on_take_over(taken: Option<bool>) -> Option<u64> {
     }
 }
 
-/// An abandoned attempt's scan, as the retry that took it over goes on with it.
+/// The scan that goes ahead: a fresh one, or one a retry took over from an abandoned attempt.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Resumed {
+pub struct Scan {
+    /// Every job of a keyed scan carries its record's scanId.
     pub scan_id: Uuid,
     pub charge: Charge,
+    /// When the scan arrived (the first attempt's, when resumed).
     pub received_ms: UnixMillis,
-    /// Nothing is slept again; what is left of the delay holds the job back.
-    pub plan: DelayPlan,
+    /// Taken over, with its plan: not slept or paced again; what is left of the delay holds the
+    /// job back.
+    pub resumed: Option<DelayPlan>,
+}
+
+impl Scan {
+    /// What the meter is told: a fresh uncounted scan is one whose count failed; a resumed one was
+    /// counted, if at all, by its first attempt.
+    pub fn metered(&self, delay: Duration, shadow: bool) -> Metered {
+        match self.charge {
+            Charge::Counted {
+                decision, level, ..
+            } => Metered::Counted {
+                tier: decision.tier,
+                reminder: decision.reminder,
+                delay,
+                shadow,
+                level,
+            },
+            Charge::Unmetered | Charge::Unknown { .. } if self.resumed.is_none() => {
+                Metered::StoreFailed
+            }
+            Charge::Unmetered | Charge::Unknown { .. } => Metered::Uncounted,
+        }
+    }
 }
 
 /// How a taken-over scan goes on; never paced again, as its job may already be queued and run.
@@ -119,7 +145,7 @@ pub fn resume(
     grant: u64,
     now_ms: UnixMillis,
     shadow: bool,
-) -> Resumed {
+) -> Scan {
     let charge = if record.count == 0 {
         Charge::Unmetered
     } else {
@@ -146,15 +172,15 @@ pub fn resume(
         .saturating_add(total)
         .get()
         .saturating_sub(now_ms.get());
-    Resumed {
+    Scan {
         scan_id: record.scan_id,
         charge,
         received_ms: record.received_ms,
-        plan: DelayPlan {
+        resumed: Some(DelayPlan {
             total,
             sleep: Duration::ZERO,
             deferred: Duration::from_millis(u64::try_from(owed).unwrap_or(0)).min(total),
-        },
+        }),
     }
 }
 
@@ -679,12 +705,12 @@ mod tests {
             assert_eq!(resumed.charge.used(), count, "{row}");
             assert_eq!(tier_of(&resumed.charge), tier, "{row}");
             assert_eq!(
-                resumed.plan,
-                DelayPlan {
+                resumed.resumed,
+                Some(DelayPlan {
                     total,
                     sleep: Duration::ZERO,
                     deferred
-                },
+                }),
                 "{row}"
             );
         }

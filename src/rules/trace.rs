@@ -85,20 +85,13 @@ impl<const N: usize> fmt::Display for Text<N> {
     }
 }
 
+/// The `M` bytes `text` spells in hex digits (lowercase only, if so asked).
 fn hex<const M: usize>(text: &[u8], lowercase_only: bool) -> Option<[u8; M]> {
-    if text.len() != 2 * M {
+    if lowercase_only && text.iter().any(u8::is_ascii_uppercase) {
         return None;
     }
-    let digit = |c: u8| match c {
-        b'0'..=b'9' => Some(c - b'0'),
-        b'a'..=b'f' => Some(c - b'a' + 10),
-        b'A'..=b'F' if !lowercase_only => Some(c - b'A' + 10),
-        _ => None,
-    };
     let mut out = [0u8; M];
-    for (i, pair) in text.chunks_exact(2).enumerate() {
-        out[i] = digit(pair[0])? << 4 | digit(pair[1])?;
-    }
+    hex::decode_to_slice(text, &mut out).ok()?;
     Some(out)
 }
 

@@ -438,7 +438,7 @@ fn timestamp_is_the_requests_instant() {
             shadow: false,
             level: quota_gate::rules::level::LevelName::Subject,
         },
-        end: meter::End::Answered,
+        outcome: meter::Outcome::Hard,
         at: quota_gate::rules::unix::UnixMillis(1_796_032_800_123),
         bed: None,
         trace: None,

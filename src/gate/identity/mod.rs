@@ -93,22 +93,13 @@ impl Identifier {
         let jwt = &config.identity.jwt;
         Ok(Self {
             hasher: Hasher::new(config.hash_secret()),
-            verifier: Verifier::from_config(
-                jwt.public_key.as_deref(),
-                jwt.jwks.as_deref(),
-                &jwt.issuer,
-                jwt.audience.as_deref(),
-            )?
-            .map(|v| {
-                v.with_exempt_claim(jwt.exempt_claim.clone())
-                    .with_account_claim(jwt.account_claim.clone())
-            }),
+            verifier: Verifier::from_config(jwt)?,
             exempt_networks: config.identity.exempt_networks.clone(),
             exempt_claim: jwt.exempt_claim.clone(),
             account_claim: jwt.account_claim.clone(),
             trusted_proxies: config.identity.trusted_proxies.clone(),
             ipv6_prefix: config.identity.ipv6_prefix,
-            trust_gateway_claims: config.identity.jwt.trust_gateway_claims,
+            trust_gateway_claims: jwt.trust_gateway_claims,
             policy: config.policy.clone(),
             network_digests: quick_cache::sync::Cache::new(NETWORK_DIGESTS),
             anon_digest: Hasher::new(config.hash_secret())

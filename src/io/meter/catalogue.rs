@@ -2,7 +2,7 @@
 //! to it. The lists the exporters and docs tests read are derived from the types, never rewritten.
 
 use crate::rules::decide::Tier;
-use crate::rules::outcome::{End, Metered, Outcome};
+use crate::rules::outcome::{Metered, Outcome};
 
 pub const SOFT_HITS: &str = "stella_quota_soft_hits_total";
 pub const HARD_HITS: &str = "stella_quota_hard_hits_total";
@@ -28,6 +28,12 @@ pub const EMF_DROPPED: &str = "stella_quota_emf_dropped_total";
 pub const PROCESS_RSS: &str = "process_resident_memory_bytes";
 /// Open file descriptors (`serve`'s `/metrics` only): client connections plus a fixed handful.
 pub const PROCESS_OPEN_FDS: &str = "process_open_fds";
+
+/// Requests asleep fleet-wide, as the beds (`QUOTA_MAX_ASLEEP`, see [`crate::rules::delay::Bed`])
+/// answered the last scan that asked (a gauge: plot its maximum).
+pub const ASLEEP: &str = "stella_quota_asleep";
+/// Scans that found every bed taken: their whole delay was deferred.
+pub const BEDS_FULL: &str = "stella_quota_beds_full_total";
 
 /// 1 when the quota Valkey's `maxmemory-policy` can evict the gate's keys, else 0; read at start.
 pub const STORE_EVICTING: &str = "stella_quota_store_evicting";
@@ -80,7 +86,7 @@ impl Counter {
     }
 
     /// What one request adds, by how it left the gate. A shadow decision is no hit: nobody waited.
-    pub fn value(self, metered: Metered, end: End) -> u64 {
+    pub fn value(self, metered: Metered, outcome: Outcome) -> u64 {
         let counted =
             |t: Tier| matches!(metered, Metered::Counted { tier, shadow: false, .. } if tier == t);
         u64::from(match self {
@@ -88,8 +94,8 @@ impl Counter {
             Self::HardHits => counted(Tier::Hard),
             Self::Reminders => matches!(metered, Metered::Counted { reminder: true, .. }),
             Self::StoreErrors => metered == Metered::StoreFailed,
-            Self::EnqueueErrors => end == End::QueueFailed,
-            Self::BacklogRefusals => end == End::BacklogFull,
+            Self::EnqueueErrors => outcome == Outcome::QueueUnavailable,
+            Self::BacklogRefusals => outcome == Outcome::BacklogFull,
         })
     }
 }
@@ -198,7 +204,14 @@ pub fn describe() {
     for (name, help) in counters {
         metrics::describe_counter!(name, help);
     }
-    super::beds::BedMeter::describe();
+    metrics::describe_gauge!(
+        ASLEEP,
+        "Requests asleep at once across every gate process (QUOTA_MAX_ASLEEP caps it), as last read."
+    );
+    metrics::describe_counter!(
+        BEDS_FULL,
+        "Over-quota scans that found QUOTA_MAX_ASLEEP requests asleep: they slept nothing, their whole delay deferred."
+    );
     metrics::describe_gauge!(
         PROCESS_RSS,
         metrics::Unit::Bytes,

@@ -64,6 +64,17 @@ impl LevelHit {
         LEVEL_METRICS[self.index()]
     }
 
+    /// The counter of this hit's series, registered where counted (a lookup per hit: only a
+    /// delayed scan has one).
+    pub(super) fn counter(self, handles: &Handles) -> metrics::Counter {
+        match self {
+            Self::GlobalPaced => handles.counter(GLOBAL_PACED, &[("scope", Scope::Ip.as_str())]),
+            Self::NetworkSoft(n) | Self::NetworkHard(n) => {
+                handles.counter(self.metric(), &[("level", &n.to_string())])
+            }
+        }
+    }
+
     /// The `# HELP` text of each level metric, in [`LEVEL_METRICS`] order.
     pub const HELP: [&str; 3] = [
         "Scans given the soft delay by a network level (QUOTA_NETWORKS, QUOTA_TOKEN_NETWORKS), by level.",
@@ -72,40 +83,17 @@ impl LevelHit {
     ];
 }
 
-/// The level metrics, registered where counted (a lookup per hit: only a delayed scan has one).
-pub(super) struct LevelMeter(Handles);
-
-impl LevelMeter {
-    /// Registers each configured network level's series and the global one, so queries have data
-    /// from the start; not incremented, so no EMF line holds a 0 for them.
-    pub(super) fn new(handles: Handles, levels: &Levels) -> Self {
-        let meter = Self(handles);
-        for scope in Scope::ALL {
-            for level in levels.networks(scope) {
-                let name = LevelName::network(scope, level.network);
-                let _ = meter.counter(LevelHit::NetworkSoft(name));
-                let _ = meter.counter(LevelHit::NetworkHard(name));
-            }
-        }
-        let _ = meter.counter(LevelHit::GlobalPaced);
-        meter
-    }
-
-    /// The counter of `hit`'s series.
-    fn counter(&self, hit: LevelHit) -> metrics::Counter {
-        match hit {
-            LevelHit::GlobalPaced => self
-                .0
-                .counter(GLOBAL_PACED, &[("scope", Scope::Ip.as_str())]),
-            LevelHit::NetworkSoft(n) | LevelHit::NetworkHard(n) => {
-                self.0.counter(hit.metric(), &[("level", &n.to_string())])
-            }
+/// Registers each configured network level's series and the global one, so queries have data
+/// from the start; not incremented, so no EMF line holds a 0 for them.
+pub(super) fn register(handles: &Handles, levels: &Levels) {
+    for scope in Scope::ALL {
+        for level in levels.networks(scope) {
+            let name = LevelName::network(scope, level.network);
+            let _ = LevelHit::NetworkSoft(name).counter(handles);
+            let _ = LevelHit::NetworkHard(name).counter(handles);
         }
     }
-
-    pub(super) fn increment(&self, hit: LevelHit) {
-        self.counter(hit).increment(1);
-    }
+    let _ = LevelHit::GlobalPaced.counter(handles);
 }
 
 #[cfg(test)]

@@ -9,7 +9,6 @@
 //! ([`REQUESTS`]), and a request records only its own. A line's `Timestamp` is the request's
 //! instant ([`Exit::at`]): the meter reads no clock.
 
-pub mod beds;
 pub mod catalogue;
 pub mod emf;
 pub mod levels;
@@ -21,49 +20,29 @@ use std::io::Write;
 use std::sync::Arc;
 
 use crate::io::stdout::LineWriter;
-use crate::rules::delay::Bed;
 use crate::rules::level::Levels;
 use crate::rules::scope::Scope;
 use crate::rules::trace::TraceId;
 use crate::rules::unix::UnixMillis;
-use beds::BedMeter;
 use catalogue::{Counter, shadow_values};
 use emf::{Doc, Emf, Handles, Sink};
-use levels::{LevelHit, LevelMeter};
+use levels::LevelHit;
 use refusals::Refusals;
 
-pub use crate::rules::outcome::{End, Metered, Outcome};
-pub use beds::{ASLEEP, BEDS_FULL};
+pub use crate::rules::outcome::{Exit, Metered, Outcome};
 pub use catalogue::{
-    BACKLOG_REFUSALS, CHECKS, COUNTERS, DELAY_MS, EMF_DROPPED, ENQUEUE_ERRORS, EVENTS, EXEMPT,
-    Event, HARD_HITS, PROCESS_OPEN_FDS, PROCESS_RSS, REMINDERS, REQUESTS, SHADOW_COUNTERS,
-    SHADOW_HARD_HITS, SHADOW_SOFT_HITS, SOFT_HITS, STORE_ERRORS, STORE_EVICTED_KEYS,
-    STORE_EVICTING, STORE_METRICS, describe, describe_store,
+    ASLEEP, BACKLOG_REFUSALS, BEDS_FULL, CHECKS, COUNTERS, DELAY_MS, EMF_DROPPED, ENQUEUE_ERRORS,
+    EVENTS, EXEMPT, Event, HARD_HITS, PROCESS_OPEN_FDS, PROCESS_RSS, REMINDERS, REQUESTS,
+    SHADOW_COUNTERS, SHADOW_HARD_HITS, SHADOW_SOFT_HITS, SOFT_HITS, STORE_ERRORS,
+    STORE_EVICTED_KEYS, STORE_EVICTING, STORE_METRICS, describe, describe_store,
 };
 pub use levels::{GLOBAL_PACED, LEVEL_METRICS, NETWORK_HARD_HITS, NETWORK_SOFT_HITS};
-
-/// How one scan request that reached the store left the gate; [`Meter::record`] maps it to its
-/// [`Outcome`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Exit {
-    pub scope: Scope,
-    pub metered: Metered,
-    pub end: End,
-    /// The request's instant: the line's `Timestamp`.
-    pub at: UnixMillis,
-    /// What the beds answered, if the scan asked for one (an over-quota scan that would sleep).
-    pub bed: Option<Bed>,
-    /// The request's trace: its EMF lines carry it as the property `traceId`, not a dimension.
-    pub trace: Option<TraceId>,
-}
 
 /// Records outcomes through the `metrics` facade: Prometheus, and EMF lines when a sink is given.
 #[derive(Clone)]
 pub struct Meter {
     /// Registered once per scope: a lookup per call would hash a key per metric per request.
     handles: Arc<[ScopeHandles; 2]>,
-    levels: Arc<LevelMeter>,
-    beds: Arc<BedMeter>,
     /// When refusals held for EMF are due ([`refusals`]).
     refusals: Arc<Refusals>,
     register: Handles,
@@ -76,6 +55,10 @@ struct ScopeHandles {
     requests: [metrics::Counter; 8],
     shadow: [metrics::Counter; 2],
     events: [metrics::Counter; 3],
+    /// The beds: requests asleep fleet-wide, as the last scan that asked found them, and scans
+    /// that found every bed taken. In EMF on a line of their own.
+    asleep: metrics::Gauge,
+    beds_full: metrics::Counter,
 }
 
 impl ScopeHandles {
@@ -88,6 +71,8 @@ impl ScopeHandles {
             requests: REQUESTS.map(counter),
             shadow: SHADOW_COUNTERS.map(counter),
             events: EVENTS.map(counter),
+            asleep: register.gauge(ASLEEP, &scope),
+            beds_full: counter(BEDS_FULL),
         }
     }
 }
@@ -115,55 +100,55 @@ impl Meter {
     fn with_sink(namespace: &str, sink: Option<Sink>) -> Self {
         let emf = sink.map(|sink| Emf::new(namespace, sink, &[]));
         let register = Handles::new(emf.as_ref());
-        Self {
+        let meter = Self {
             handles: Arc::new(Scope::ALL.map(|scope| ScopeHandles::new(&register, scope))),
-            levels: Arc::new(LevelMeter::new(register.clone(), &Levels::default())),
-            beds: Arc::new(BedMeter::new(&register)),
             refusals: Arc::default(),
             register,
-        }
+        };
+        meter.with_levels(&Levels::default())
     }
 
     /// This meter with a series registered at 0 per configured network level, so queries have data.
-    pub fn with_levels(mut self, levels: &Levels) -> Self {
-        self.levels = Arc::new(LevelMeter::new(self.register.clone(), levels));
+    pub fn with_levels(self, levels: &Levels) -> Self {
+        levels::register(&self.register, levels);
         self
     }
 
     /// Records one request's [`Exit`]: the scan's EMF line (a refusal's held, see [`refusals`]),
     /// then the bed's and the level's on lines of their own.
     pub fn record(&self, exit: &Exit) {
-        let outcome = Outcome::of(exit.metered, exit.end);
-        let at = exit.at.get();
-        let scan = || self.record_scan(exit, outcome);
-        if outcome == Outcome::BacklogFull {
+        let scan = || self.record_scan(exit);
+        if exit.outcome == Outcome::BacklogFull {
             // No line open: the renderer holds it for its interval's line.
             self.refusals.add(exit.scope);
             scan();
         } else {
             self.register
-                .line(doc(exit, &properties(exit.metered, exit.end)), scan);
+                .line(doc(exit, &properties(exit.metered, exit.outcome)), scan);
         }
         if let Some(emf) = self.register.emf()
             && self.refusals.due(exit.scope, exit.at)
         {
-            emf.flush_held(at, Some(("Scope", exit.scope.as_str())));
+            emf.flush_held(exit.at.get(), Some(("Scope", exit.scope.as_str())));
         }
         if let Some(bed) = exit.bed {
-            let beds = || self.beds.record(exit.scope, bed);
-            self.register.line(doc(exit, &[]), beds);
+            let handles = &self.handles[exit.scope.index()];
+            self.register.line(doc(exit, &[]), || {
+                handles.asleep.set(f64::from(bed.asleep));
+                handles.beds_full.increment(u64::from(!bed.taken));
+            });
         }
         if let Some(hit) = LevelHit::of(exit.metered) {
-            let levels = || self.levels.increment(hit);
+            let levels = || hit.counter(&self.register).increment(1);
             self.register.line(doc(exit, &[]), levels);
         }
     }
 
     /// The scan's metrics, in the order its EMF line declares them.
-    fn record_scan(&self, exit: &Exit, outcome: Outcome) {
+    fn record_scan(&self, exit: &Exit) {
         let handles = &self.handles[exit.scope.index()];
         for (handle, counter) in handles.counters.iter().zip(Counter::ALL) {
-            handle.increment(counter.value(exit.metered, exit.end));
+            handle.increment(counter.value(exit.metered, exit.outcome));
         }
         if let Metered::Counted {
             tier, shadow: true, ..
@@ -173,7 +158,7 @@ impl Meter {
                 handle.increment(value);
             }
         }
-        handles.requests[outcome.index()].increment(1);
+        handles.requests[exit.outcome.index()].increment(1);
         // No decision, no delay sample: an outage must not drag p95 down.
         if let Metered::Counted { delay, .. } = exit.metered {
             handles
@@ -213,14 +198,16 @@ fn doc<'a>(exit: &Exit, properties: &'a [(&'a str, &'a str)]) -> Doc<'a> {
 
 /// A scan line's text members: `tier` (`unmetered` if the store failed open), `mode` in shadow
 /// mode; an empty name is no member.
-fn properties(metered: Metered, end: End) -> [(&'static str, &'static str); 2] {
+fn properties(metered: Metered, outcome: Outcome) -> [(&'static str, &'static str); 2] {
     let none = ("", "");
     match metered {
         Metered::Counted {
             shadow: true, tier, ..
         } => [("tier", tier.as_str()), ("mode", "shadow")],
         Metered::Counted { tier, .. } => [("tier", tier.as_str()), none],
-        Metered::StoreFailed if end != End::StoreRefused => [("tier", "unmetered"), none],
+        Metered::StoreFailed if outcome != Outcome::StoreUnavailable => {
+            [("tier", "unmetered"), none]
+        }
         Metered::StoreFailed | Metered::Uncounted => [none, none],
     }
 }
@@ -235,11 +222,11 @@ mod tests {
     use crate::io::meter::emf::testing::Buffer;
     use crate::rules::decide::Tier;
 
-    fn exit(scope: Scope, metered: Metered, end: End) -> Exit {
+    fn exit(scope: Scope, metered: Metered, outcome: Outcome) -> Exit {
         Exit {
             scope,
             metered,
-            end,
+            outcome,
             at: UnixMillis(1_796_032_800_000),
             bed: None,
             trace: None,
@@ -265,13 +252,13 @@ mod tests {
                 metered.extend([counted(tier, 5000, false), counted(tier, 0, true)]);
             }
             for m in metered {
-                for end in [
-                    End::Answered,
-                    End::StoreRefused,
-                    End::BacklogFull,
-                    End::QueueFailed,
+                for outcome in [
+                    Outcome::answered(m),
+                    Outcome::StoreUnavailable,
+                    Outcome::BacklogFull,
+                    Outcome::QueueUnavailable,
                 ] {
-                    all.push(exit(scope, m, end));
+                    all.push(exit(scope, m, outcome));
                 }
             }
         }
@@ -296,7 +283,7 @@ mod tests {
             assert_eq!(directives.len(), 1, "{doc}");
             assert_eq!(directives[0]["Dimensions"], json!([["Scope"]]), "{doc}");
             assert!(doc.get("Outcome").is_none(), "{doc}");
-            seen.push(Outcome::of(e.metered, e.end));
+            seen.push(e.outcome);
         }
         for o in Outcome::ALL {
             assert!(seen.contains(&o), "{o:?} was not tried");
@@ -308,7 +295,7 @@ mod tests {
     fn one_requests_metric_per_line() {
         for e in every_kind() {
             let doc = line(&e);
-            let own = Outcome::of(e.metered, e.end).requests_metric();
+            let own = e.outcome.requests_metric();
             let named: Vec<&str> = doc["_aws"]["CloudWatchMetrics"][0]["Metrics"]
                 .as_array()
                 .unwrap()
@@ -350,7 +337,7 @@ mod tests {
         let hard = line(&exit(
             Scope::Ip,
             counted(Tier::Hard, 60_000, false),
-            End::Answered,
+            Outcome::Hard,
         ));
         assert_eq!(hard[HARD_HITS], 1);
         assert_eq!(hard[SOFT_HITS], 0);
@@ -359,7 +346,7 @@ mod tests {
         let shadow = line(&exit(
             Scope::Ip,
             counted(Tier::Soft, 0, true),
-            End::Answered,
+            Outcome::Within,
         ));
         assert_eq!(
             (
@@ -369,11 +356,15 @@ mod tests {
             (Some(0), Some(1))
         );
         assert_eq!(shadow["mode"], "shadow");
-        let open = line(&exit(Scope::Tid, Metered::StoreFailed, End::Answered));
+        let open = line(&exit(Scope::Tid, Metered::StoreFailed, Outcome::Unmetered));
         assert_eq!(open[STORE_ERRORS], 1);
         assert_eq!(open["tier"], "unmetered");
         assert!(open.get(DELAY_MS).is_none());
-        let closed = line(&exit(Scope::Tid, Metered::StoreFailed, End::StoreRefused));
+        let closed = line(&exit(
+            Scope::Tid,
+            Metered::StoreFailed,
+            Outcome::StoreUnavailable,
+        ));
         assert_eq!(closed["stella_quota_requests_store_unavailable_total"], 1);
         assert!(closed.get("tier").is_none(), "{closed}");
         assert_eq!(closed["Scope"], "tid");
@@ -390,9 +381,9 @@ mod tests {
         let out = Buffer::default();
         let meter =
             metrics::with_local_recorder(&recorder, || Meter::with_sink("ns", Some(out.sink())));
-        let hard = exit(Scope::Ip, counted(Tier::Hard, 60_000, false), End::Answered);
+        let hard = exit(Scope::Ip, counted(Tier::Hard, 60_000, false), Outcome::Hard);
         meter.record(&hard);
-        meter.record(&exit(Scope::Tid, Metered::Uncounted, End::BacklogFull));
+        meter.record(&exit(Scope::Tid, Metered::Uncounted, Outcome::BacklogFull));
         let values = snapshotter.snapshot().into_vec();
         let value = |name: &str, scope: &str| {
             let found = values.iter().find(|(key, ..)| {

@@ -15,7 +15,7 @@ use jsonwebtoken::{Algorithm, Validation};
 use serde::Deserialize;
 use serde_json::Value;
 
-use crate::config::ConfigError;
+use crate::config::{ConfigError, JwtConfig};
 use cache::VerifiedCache;
 use keys::VerificationKey;
 
@@ -103,7 +103,9 @@ pub struct Verifier {
     keys: Vec<VerificationKey>,
     issuer: String,
     audience: Option<String>,
+    /// A verified token whose claim of this name is `true` is exempt.
     exempt_claim: Option<String>,
+    /// The claim a verified token's account is read from.
     account_claim: Option<String>,
     verified: VerifiedCache<TokenSubject>,
 }
@@ -135,14 +137,6 @@ fn counting_claim(v: &Value, claim: Claim) -> Result<String, Rejection> {
     }
 }
 
-/// A token's `tier` claim: a positive whole JSON number; anything else is ignored.
-pub fn tier_from_token_claim(v: &Value) -> Option<NonZeroU32> {
-    match v {
-        Value::Number(_) => tier_from_claim(v),
-        _ => None,
-    }
-}
-
 /// A positive whole `tier`, as a number or numeric string (API Gateway's claims are strings).
 pub fn tier_from_claim(v: &Value) -> Option<NonZeroU32> {
     match v {
@@ -156,37 +150,20 @@ pub fn tier_from_claim(v: &Value) -> Option<NonZeroU32> {
 }
 
 impl Verifier {
-    /// Loads the keys named by the configuration; `None` when no key is set.
-    pub fn from_config(
-        public_key: Option<&str>,
-        jwks: Option<&str>,
-        issuer: &str,
-        audience: Option<&str>,
-    ) -> Result<Option<Self>, ConfigError> {
-        let keys = keys::load(public_key, jwks)?;
+    /// Loads the keys `jwt` names; `None` when no key is set.
+    pub fn from_config(jwt: &JwtConfig) -> Result<Option<Self>, ConfigError> {
+        let keys = keys::load(jwt.public_key.as_deref(), jwt.jwks.as_deref())?;
         if keys.is_empty() {
             return Ok(None);
         }
         Ok(Some(Self {
             keys,
-            issuer: issuer.to_owned(),
-            audience: audience.map(str::to_owned),
-            exempt_claim: None,
-            account_claim: None,
+            issuer: jwt.issuer.clone(),
+            audience: jwt.audience.clone(),
+            exempt_claim: jwt.exempt_claim.clone(),
+            account_claim: jwt.account_claim.clone(),
             verified: VerifiedCache::default(),
         }))
-    }
-
-    /// Marks a verified token whose claim `name` is `true` as exempt.
-    pub fn with_exempt_claim(mut self, name: Option<String>) -> Self {
-        self.exempt_claim = name;
-        self
-    }
-
-    /// Reads a verified token's account from its claim `name`.
-    pub fn with_account_claim(mut self, name: Option<String>) -> Self {
-        self.account_claim = name;
-        self
     }
 
     /// Verifies `token` (the part after `Bearer `).
@@ -250,7 +227,9 @@ impl Verifier {
         }
         let tid = claims.tid.as_ref().ok_or(Rejection::MissingTid)?;
         let tid = counting_claim(tid, Claim::Tid)?;
-        let tier = claims.tier.as_ref().and_then(tier_from_token_claim);
+        // A token's `tier`: a positive whole JSON number; anything else is ignored.
+        let tier = claims.tier.as_ref().filter(|v| v.is_number());
+        let tier = tier.and_then(tier_from_claim);
         // Only a JSON `true` exempts: a string "true" or a 1 is a claim meant differently.
         let exempt = self
             .exempt_claim
