@@ -437,7 +437,10 @@ fn probe(
     });
     let mut answers = Vec::new();
     while Instant::now() < until {
-        let (status, took, _) = timed_scan_within(addr, within);
+        let (status, took, response) = timed_scan_within(addr, within);
+        if status != 202 {
+            eprintln!("POST /scan after {took:?}: {response}");
+        }
         answers.push(("POST /scan", status, took));
         std::thread::sleep(Duration::from_millis(200));
     }
