@@ -417,7 +417,7 @@ fn read_stdout_away(serve: &mut KillOnDrop) {
 /// Fresh clients for `during`, on two threads: `GET /healthz` and
 /// `POST /scan`, each on a new connection, one after another. Every answer:
 /// what was asked, the status (0 for none within `within`) and how long it
-/// took.
+/// took (a scan's from its first connection).
 fn probe(
     addr: SocketAddr,
     during: Duration,
@@ -437,11 +437,17 @@ fn probe(
     });
     let mut answers = Vec::new();
     while Instant::now() < until {
-        let (status, took, response) = timed_scan_within(addr, within);
-        if status != 202 {
-            eprintln!("POST /scan after {took:?}: {response}");
-        }
-        answers.push(("POST /scan", status, took));
+        // As a client would, a scan whose connection closed unanswered is sent again, its
+        // clock running on: the bound is on the answer, not on each connection.
+        let started = Instant::now();
+        let status = loop {
+            let (status, _, response) = timed_scan_within(addr, within);
+            if status != 0 || started.elapsed() >= within {
+                break status;
+            }
+            eprintln!("POST /scan: {response} after {:?}; sent again", started.elapsed());
+        };
+        answers.push(("POST /scan", status, started.elapsed()));
         std::thread::sleep(Duration::from_millis(200));
     }
     answers.extend(health.join().unwrap());
