@@ -445,7 +445,10 @@ fn probe(
             if status != 0 || started.elapsed() >= within {
                 break status;
             }
-            eprintln!("POST /scan: {response} after {:?}; sent again", started.elapsed());
+            eprintln!(
+                "POST /scan: {response} after {:?}; sent again",
+                started.elapsed()
+            );
         };
         answers.push(("POST /scan", status, started.elapsed()));
         std::thread::sleep(Duration::from_millis(200));
