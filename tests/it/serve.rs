@@ -417,44 +417,53 @@ fn read_stdout_away(serve: &mut KillOnDrop) {
 /// Fresh clients for `during`, on two threads: `GET /healthz` and
 /// `POST /scan`, each on a new connection, one after another. Every answer:
 /// what was asked, the status (0 for none within `within`) and how long it
-/// took (a scan's from its first connection).
+/// took from its first connection ([`answered`]).
 fn probe(
     addr: SocketAddr,
     during: Duration,
     within: Duration,
 ) -> Vec<(&'static str, u16, Duration)> {
     let until = Instant::now() + during;
-    let health = std::thread::spawn(move || {
+    let asked = move |what: &'static str| {
         let mut answers = Vec::new();
         while Instant::now() < until {
-            let started = Instant::now();
-            let asked = request("GET", "/healthz");
-            let status = common::client::once(addr, asked.as_bytes(), within).unwrap_or(0);
-            answers.push(("/healthz", status, started.elapsed()));
+            let (status, took) = answered(within, || match what {
+                "/healthz" => {
+                    let health = request("GET", "/healthz");
+                    common::client::once(addr, health.as_bytes(), within)
+                }
+                _ => match timed_scan_within(addr, within) {
+                    (0, _, response) => Err(response),
+                    (status, _, _) => Ok(status),
+                },
+            });
+            answers.push((what, status, took));
             std::thread::sleep(Duration::from_millis(200));
         }
         answers
-    });
-    let mut answers = Vec::new();
-    while Instant::now() < until {
-        // As a client would, a scan whose connection closed unanswered is sent again, its
-        // clock running on: the bound is on the answer, not on each connection.
-        let started = Instant::now();
-        let status = loop {
-            let (status, _, response) = timed_scan_within(addr, within);
-            if status != 0 || started.elapsed() >= within {
-                break status;
-            }
-            eprintln!(
-                "POST /scan: {response} after {:?}; sent again",
-                started.elapsed()
-            );
-        };
-        answers.push(("POST /scan", status, started.elapsed()));
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    };
+    let health = std::thread::spawn(move || asked("/healthz"));
+    let mut answers = asked("POST /scan");
     answers.extend(health.join().unwrap());
     answers
+}
+
+/// A request sent as a client sends it: on a connection closed unanswered, again, the clock
+/// running on (at the cap, `serve` may close a connection whose headers are late for a new one,
+/// `NEW_CONNECTION_GRACE`, which a test client starved of CPU can miss). The status (0: none
+/// within `within`) and the time from the first connection.
+fn answered(within: Duration, send: impl Fn() -> Result<u16, String>) -> (u16, Duration) {
+    let started = Instant::now();
+    loop {
+        match send() {
+            Ok(status) => return (status, started.elapsed()),
+            Err(_) if started.elapsed() >= within => return (0, started.elapsed()),
+            Err(e) => {
+                eprintln!("unanswered after {:?} ({e}); sent again", started.elapsed());
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+    }
 }
 
 /// The longest `what` of `answers` took.
