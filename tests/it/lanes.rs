@@ -160,10 +160,12 @@ fn noisy_address(a: usize) -> String {
 }
 
 /// The scanner turns quick and the consumer drains what is left; then
-/// every job ran once, none before its `notBefore`.
+/// every job ran once, none before its `notBefore`. The drain's bound only
+/// stops a hung run: on moto under load, jobs whose visibility renewals came
+/// late return a visibility timeout (30 s) later, a few times over.
 fn drained_once_on_time(scanner: &Scanner, expected: &HashMap<String, i64>) {
     scanner.quick();
-    scanner.wait_for("end", expected.len(), Duration::from_secs(120));
+    scanner.wait_for("end", expected.len(), Duration::from_secs(300));
     std::thread::sleep(Duration::from_millis(1500));
     scanner.assert_once_on_time(expected, false);
 }
