@@ -9,7 +9,7 @@
 
 FROM rust:1.95-slim-bookworm AS build
 # The cargo profile: `release` for what runs; scripts/container-check builds
-# with `--build-arg PROFILE=dev`, which checks the same steps in a third of the time.
+# with `--build-arg PROFILE=dev`, which checks the same steps without LTO's wait.
 ARG PROFILE=release
 WORKDIR /src
 COPY . .

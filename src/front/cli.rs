@@ -50,11 +50,17 @@ pub const DELAY_BUCKETS_MS: [f64; 12] = [
     0.0, 1.0, 10.0, 100.0, 500.0, 1000.0, 2000.0, 5000.0, 10000.0, 30000.0, 60000.0, 120000.0,
 ];
 
+/// The Prometheus exporter behind `GET /metrics`, its delay buckets set.
+pub fn prometheus_builder() -> Result<PrometheusBuilder, String> {
+    PrometheusBuilder::new()
+        .set_buckets_for_metric(Matcher::Full(DELAY_MS.into()), &DELAY_BUCKETS_MS)
+        .map_err(|e| e.to_string())
+}
+
 /// Installs the Prometheus recorder behind `GET /metrics`.
 pub fn install_prometheus() -> Result<PrometheusHandle, String> {
-    let handle = PrometheusBuilder::new()
-        .set_buckets_for_metric(Matcher::Full(DELAY_MS.into()), &DELAY_BUCKETS_MS)
-        .and_then(|b| b.install_recorder())
+    let handle = prometheus_builder()?
+        .install_recorder()
         .map_err(|e| e.to_string())?;
     crate::io::meter::describe();
     Ok(handle)

@@ -34,11 +34,8 @@ fn scripted_run() -> &'static str {
 /// A Prometheus recorder of the caller's own, with the gate's buckets and descriptions (what
 /// `quota-gate serve` installs process-wide).
 fn local_recorder() -> metrics_exporter_prometheus::PrometheusRecorder {
-    use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
-    use quota_gate::front::cli::DELAY_BUCKETS_MS;
-    use quota_gate::io::meter::{DELAY_MS, describe, describe_store};
-    let recorder = PrometheusBuilder::new()
-        .set_buckets_for_metric(Matcher::Full(DELAY_MS.into()), &DELAY_BUCKETS_MS)
+    use quota_gate::io::meter::{describe, describe_store};
+    let recorder = quota_gate::front::cli::prometheus_builder()
         .unwrap()
         .build_recorder();
     metrics::with_local_recorder(&recorder, || {
