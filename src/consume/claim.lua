@@ -14,11 +14,14 @@
 -- found the last one's lease run out unreleased, and waits until then
 -- while that attempt may still renew (a failover can lose a live
 -- attempt's renewals and its done marker).
+-- A done marker read is written again, so that WAIT confirms the replicas
+-- hold it before the job is acked on it.
 -- Returns the attempt number (>= 1) when claimed or renewed, 0 done, -1 busy
 -- (another live attempt, one more lease for a run-out one, or for a
 -- renewal: another attempt was numbered since), -2 gone.
 local v = redis.call('GET', KEYS[1])
 if v == 'done' then
+  redis.call('SET', KEYS[1], 'done', 'KEEPTTL')
   return 0
 end
 local mine = tonumber(ARGV[3])

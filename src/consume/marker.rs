@@ -66,7 +66,9 @@ pub trait MarkerStore: Send + Sync + 'static {
     ) -> impl Future<Output = Result<(), ConsumeError>> + Send;
 }
 
-/// A claim's answer, relied on only if the replicas hold it ([`ConsumeError::NotReplicated`]).
+/// A claim's answer, relied on only if the replicas hold it ([`ConsumeError::NotReplicated`]):
+/// a new or renewed claim, and a done marker (a job is acked on it, and a failover to a replica
+/// without it would leave the job unrun).
 pub fn durable_claim(
     claim: MarkerClaim,
     mine: u64,
@@ -78,6 +80,7 @@ pub fn durable_claim(
         MarkerClaim::Claimed(_) if !durable => {
             Err(ConsumeError::NotReplicated("the attempt's claim"))
         }
+        MarkerClaim::Done if !durable => Err(ConsumeError::NotReplicated("the done marker")),
         claim => Ok(claim),
     }
 }

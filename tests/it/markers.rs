@@ -9,6 +9,7 @@ use quota_gate_testkit as common;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use common::ValkeyServer;
+use quota_gate::consume::error::ConsumeError;
 use quota_gate::consume::marker::{MarkerAsk, MarkerStore, Markers};
 use quota_gate::consume::schedule::MarkerClaim::{self, Busy, Claimed, Done};
 use quota_gate::io::connection::Valkey;
@@ -128,4 +129,35 @@ async fn a_job_whose_entry_is_gone_is_not_run() {
     );
     markers.done(kept).await.unwrap();
     assert_eq!(claim(kept, "1-1", 0).await, Done);
+}
+
+/// With `VALKEY_WAIT_REPLICAS`, a job is acked on a done marker only once
+/// the replicas hold it: one read from the primary while the replica's link
+/// is frozen is not relied on (a failover to that replica would lose it and
+/// leave the job unrun), and it is once the replica has caught up.
+#[tokio::test]
+async fn a_done_marker_counts_only_once_replicated() {
+    let primary = ValkeyServer::start();
+    let replica = ValkeyServer::replica_of(primary.addr()).await;
+    let markers = |wait| {
+        let valkey = Valkey::new(&primary.url(), false, Duration::from_millis(500)).unwrap();
+        Markers::valkey(valkey, "jobs", wait)
+    };
+    let (writer, reader) = (markers(0), markers(1));
+    let ask = |scan| MarkerAsk {
+        scan,
+        entry: None,
+        token: "b",
+        mine: 0,
+        lease: LEASE,
+        now: now(),
+    };
+    let (earlier, scan) = (Uuid::now_v7(), Uuid::now_v7());
+    assert_eq!(reader.claim(ask(earlier)).await.unwrap(), Claimed(1));
+    replica.signal("STOP");
+    writer.done(scan).await.unwrap();
+    let e = reader.claim(ask(scan)).await.unwrap_err();
+    assert!(matches!(e, ConsumeError::NotReplicated(_)), "{e:?}");
+    replica.signal("CONT");
+    assert_eq!(reader.claim(ask(scan)).await.unwrap(), Done);
 }
