@@ -219,7 +219,7 @@ mod tests {
     use serde_json::{Value, json};
 
     use super::*;
-    use crate::io::meter::emf::testing::Buffer;
+    use crate::io::meter::emf::Buffer;
     use crate::rules::decide::Tier;
 
     fn exit(scope: Scope, metered: Metered, outcome: Outcome) -> Exit {
