@@ -280,14 +280,6 @@ impl StreamingCredentialsProvider for IamSigner {
     }
 }
 
-impl std::fmt::Debug for IamSigner {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("IamSigner")
-            .field("iam", &self.inner.iam)
-            .finish()
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

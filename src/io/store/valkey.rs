@@ -74,16 +74,6 @@ impl ValkeyStore {
         self
     }
 
-    /// `WAIT`s for the claim just sent to reach the replicas, on its connection (so behind it).
-    async fn replicated(&self) -> Result<(), SendError> {
-        let cmd = crate::io::connection::wait(self.wait_replicas, self.valkey.timeout());
-        let reached: u32 = self.send(cmd).await?;
-        if reached < self.wait_replicas {
-            return Err(SendError::Unanswered);
-        }
-        Ok(())
-    }
-
     pub fn valkey(&self) -> &Valkey {
         &self.valkey
     }
@@ -131,7 +121,12 @@ impl ValkeyStore {
                 // The script reads each level's expiry: two replies a level.
                 let mut tally = tally(counts, &args, 2)?;
                 if self.wait_replicas > 0 {
-                    self.replicated().await?;
+                    // `WAIT` for the claim to reach the replicas, on its connection (so behind it).
+                    let wait =
+                        crate::io::connection::wait(self.wait_replicas, self.valkey.timeout());
+                    if self.send::<u32>(wait).await? < self.wait_replicas {
+                        return Err(SendError::Unanswered);
+                    }
                 }
                 if in_claim.is_empty() && !args.levels.is_empty() {
                     // Cluster: the levels are counted once the claim is new.
