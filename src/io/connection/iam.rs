@@ -169,7 +169,6 @@ impl IamSigner {
         }
     }
 
-    /// Whom the tokens name.
     pub fn iam(&self) -> &IamConfig {
         &self.inner.iam
     }

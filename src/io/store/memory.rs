@@ -155,7 +155,6 @@ impl Inner {
     }
 }
 
-/// An in-memory quota store.
 #[derive(Clone, Default)]
 pub struct MemoryStore {
     inner: Arc<Mutex<Inner>>,

@@ -135,7 +135,6 @@ impl From<RecordError> for SendError {
     }
 }
 
-/// The request path's store.
 pub trait QuotaStore: Send + Sync + 'static {
     /// Starts connecting on the current runtime, so the first request finds a connection.
     fn warm_up(&self) {}
