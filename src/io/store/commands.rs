@@ -270,8 +270,11 @@ pub(super) fn bed_of(reply: &[i64]) -> Result<Bed, SendError> {
 }
 
 /// `levels_ms` in `levels`' order: 0 for a level that was not a line, the next `excess` otherwise.
-pub(super) fn spread_excess(levels: &[PaceLane<'_>], excess: &[u64]) -> Vec<u64> {
-    let mut lines = excess.iter().copied();
+pub(super) fn spread_excess(
+    levels: &[PaceLane<'_>],
+    excess: impl IntoIterator<Item = u64>,
+) -> Vec<u64> {
+    let mut lines = excess.into_iter();
     levels
         .iter()
         .map(|l| match l.delay_ms {

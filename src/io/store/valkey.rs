@@ -257,7 +257,7 @@ impl QuotaStore for ValkeyStore {
                 levels_ms,
             } => Ok(Paced::Full {
                 retry_after_ms,
-                levels_ms: spread_excess(args.levels, &levels_ms),
+                levels_ms: spread_excess(args.levels, levels_ms),
             }),
             Paced::Slot { delay_ms, bed } => {
                 let bed = match args.bed {
