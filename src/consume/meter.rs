@@ -176,7 +176,7 @@ mod tests {
     use serde_json::{Value, json};
 
     use super::*;
-    use crate::io::meter::emf::testing::Buffer;
+    use crate::io::meter::emf::Buffer;
 
     /// A started job's line declares its counter, the held gauge, the
     /// lateness and its lane's backlog, by Source and by Source and Lane.

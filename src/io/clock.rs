@@ -38,12 +38,10 @@ impl Clock {
         }
     }
 
-    /// The instant now.
     pub fn now(&self) -> UnixMillis {
         UnixMillis(self.now_ms())
     }
 
-    /// Unix milliseconds.
     pub fn now_ms(&self) -> i64 {
         match self {
             Self::System => wall_ms(),

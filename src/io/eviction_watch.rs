@@ -52,29 +52,25 @@ async fn read_policy(
             return Ok(last);
         }
     };
-    match eviction::reading(last, &nodes, store.on_eviction) {
-        Reading::Unchanged => Ok(last),
-        Reading::Safe => {
-            meter.evicting(false, wall_ms());
-            if last == Some(true) {
-                tracing::info!("the quota Valkey's maxmemory-policy is noeviction now");
-            }
-            Ok(Some(false))
+    let evicting = match eviction::reading(last, &nodes, store.on_eviction) {
+        Reading::Unchanged => return Ok(last),
+        Reading::Safe if last == Some(true) => {
+            tracing::info!("the quota Valkey's maxmemory-policy is noeviction now");
+            false
         }
+        Reading::Safe => false,
         Reading::Evicting(finding) => {
-            meter.evicting(true, wall_ms());
             tracing::error!(maxmemory_policy = %finding.policies, "{}", finding.message());
-            Ok(Some(true))
+            true
         }
         Reading::Refuse(finding) => {
             meter.evicting(true, wall_ms());
-            Err(format!(
-                "{}=refuse: {}",
-                vars::QUOTA_STORE_EVICTION.name(),
-                finding.message()
-            ))
+            let refuse = vars::QUOTA_STORE_EVICTION.name();
+            return Err(format!("{refuse}=refuse: {}", finding.message()));
         }
-    }
+    };
+    meter.evicting(evicting, wall_ms());
+    Ok(Some(evicting))
 }
 
 /// The running watch: it ends only by refusing the store, with the reason.

@@ -5,7 +5,7 @@
 //! written and flushed; one whose wait is dropped before the writer took it is never written.
 
 use std::io::Write;
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{Receiver, SyncSender, TrySendError, sync_channel};
 use std::sync::{Arc, OnceLock};
 
@@ -19,18 +19,15 @@ const BATCH_BYTES: usize = 256 * 1024;
 /// instead of waking the thread one by one. A job unparks the writer: jobs never wait on it.
 const LINGER: std::time::Duration = std::time::Duration::from_millis(2);
 
-const PENDING: u8 = 0;
-const TAKEN: u8 = 1;
-const WITHDRAWN: u8 = 2;
-
 /// Tells a waiting enqueue whether its line was written and flushed.
 type Ack = oneshot::Sender<Result<(), String>>;
 
 /// One line for the writer thread.
 struct Entry {
     line: Vec<u8>,
-    /// A job's acknowledgement (sent once written and flushed, or failed) and withdrawal flag.
-    ack: Option<(Ack, Arc<AtomicU8>)>,
+    /// A job's acknowledgement (sent once written and flushed, or failed), and whether the writer
+    /// took it or its enqueue withdrew it (whichever sets it first).
+    ack: Option<(Ack, Arc<AtomicBool>)>,
 }
 
 /// Why an acknowledged line was not written.
@@ -90,11 +87,11 @@ impl LineWriter {
     /// Hands a job's `line` to the writer and waits until it is flushed; fails at once if full.
     pub async fn write_acknowledged(&self, line: Vec<u8>) -> Result<(), WriteError> {
         let (ack_tx, ack_rx) = oneshot::channel();
-        let state = Arc::new(AtomicU8::new(PENDING));
+        let settled = Arc::new(AtomicBool::new(false));
         self.tx
             .try_send(Entry {
                 line,
-                ack: Some((ack_tx, state.clone())),
+                ack: Some((ack_tx, settled.clone())),
             })
             .map_err(|e| match e {
                 TrySendError::Full(_) => WriteError::Full,
@@ -103,10 +100,10 @@ impl LineWriter {
         if let Some(thread) = &self.thread {
             thread.unpark();
         }
-        let withdraw = Withdraw(state);
-        let written = ack_rx.await;
-        std::mem::forget(withdraw);
-        written
+        // Dropped after the writer took the line, it finds the flag set already.
+        let _withdraw = Withdraw(settled);
+        ack_rx
+            .await
             .map_err(|_| WriteError::Stopped)?
             .map_err(WriteError::Failed)
     }
@@ -120,13 +117,11 @@ impl LineWriter {
 }
 
 /// Withdraws a job not yet taken by the writer when its enqueue is dropped.
-struct Withdraw(Arc<AtomicU8>);
+struct Withdraw(Arc<AtomicBool>);
 
 impl Drop for Withdraw {
     fn drop(&mut self) {
-        let _ = self
-            .0
-            .compare_exchange(PENDING, WITHDRAWN, Ordering::AcqRel, Ordering::Acquire);
+        self.0.store(true, Ordering::Release);
     }
 }
 
@@ -161,9 +156,8 @@ fn drain(rx: Receiver<Entry>, mut out: Box<dyn Write + Send>) {
 
 /// Adds `entry` to the batch, unless it is a job already withdrawn.
 fn take(entry: Entry, batch: &mut Vec<u8>, acks: &mut Vec<Ack>) {
-    if let Some((ack, state)) = entry.ack {
-        let taken = state.compare_exchange(PENDING, TAKEN, Ordering::AcqRel, Ordering::Acquire);
-        if taken.is_err() {
+    if let Some((ack, settled)) = entry.ack {
+        if settled.swap(true, Ordering::AcqRel) {
             return;
         }
         acks.push(ack);

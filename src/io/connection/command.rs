@@ -28,12 +28,17 @@ pub fn wait(replicas: u32, timeout: std::time::Duration) -> redis::Cmd {
     cmd
 }
 
-/// The quoted words of a Lua script, comments skipped, for tests against the Rust names.
 #[cfg(test)]
-pub(crate) fn quoted_words(script: &str) -> Vec<&str> {
-    script
-        .lines()
-        .filter(|l| !l.trim_start().starts_with("--"))
-        .flat_map(|l| l.split('\'').skip(1).step_by(2))
-        .collect()
+pub(crate) use tests::quoted_words;
+
+#[cfg(test)]
+mod tests {
+    /// The quoted words of a Lua script, comments skipped, for tests against the Rust names.
+    pub(crate) fn quoted_words(script: &str) -> Vec<&str> {
+        script
+            .lines()
+            .filter(|l| !l.trim_start().starts_with("--"))
+            .flat_map(|l| l.split('\'').skip(1).step_by(2))
+            .collect()
+    }
 }

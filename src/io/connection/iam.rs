@@ -169,7 +169,6 @@ impl IamSigner {
         }
     }
 
-    /// Whom the tokens name.
     pub fn iam(&self) -> &IamConfig {
         &self.inner.iam
     }
@@ -277,14 +276,6 @@ impl StreamingCredentialsProvider for IamSigner {
                 Some((outcome, true))
             }
         }))
-    }
-}
-
-impl std::fmt::Debug for IamSigner {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("IamSigner")
-            .field("iam", &self.inner.iam)
-            .finish()
     }
 }
 

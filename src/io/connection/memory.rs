@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use redis::{ConnectionAddr, Value};
+use redis::Value;
 
 use super::connector::Valkey;
 use super::send::SendError;
@@ -37,7 +37,8 @@ impl Valkey {
         let mut cmd = redis::cmd("INFO");
         cmd.arg(section);
         let reply: Value = self.send(cmd, within).await?;
-        let texts = node_texts(&reply, &self.address());
+        // A standalone server's text is named by its configured `host:port`.
+        let texts = node_texts(&reply, &self.info().addr().to_string());
         if texts.is_empty() {
             return Err(SendError::Refused(format!("INFO {section}: no text")));
         }
@@ -63,16 +64,6 @@ impl Valkey {
             .iter()
             .filter_map(|n| n.field("evicted_keys")?.parse::<u64>().ok())
             .sum())
-    }
-
-    /// The configured `host:port`, naming a standalone server's text.
-    fn address(&self) -> String {
-        match self.info().addr() {
-            ConnectionAddr::Tcp(host, port) | ConnectionAddr::TcpTls { host, port, .. } => {
-                format!("{host}:{port}")
-            }
-            other => other.to_string(),
-        }
     }
 }
 

@@ -16,7 +16,7 @@ pub const NETWORK_SOFT_HITS: &str = "stella_quota_network_soft_hits_total";
 pub const NETWORK_HARD_HITS: &str = "stella_quota_network_hard_hits_total";
 /// Anonymous scans paced by the budget of all anonymous traffic.
 pub const GLOBAL_PACED: &str = "stella_quota_global_paced_total";
-/// The level metrics, in [`LevelHit::index`] order.
+/// The level metrics, one per kind of [`LevelHit`].
 pub const LEVEL_METRICS: [&str; 3] = [NETWORK_SOFT_HITS, NETWORK_HARD_HITS, GLOBAL_PACED];
 
 /// What a level did to one scan, if it set the scan's delay.
@@ -52,16 +52,12 @@ impl LevelHit {
         }
     }
 
-    pub const fn index(self) -> usize {
-        match self {
-            Self::NetworkSoft(_) => 0,
-            Self::NetworkHard(_) => 1,
-            Self::GlobalPaced => 2,
-        }
-    }
-
     pub const fn metric(self) -> &'static str {
-        LEVEL_METRICS[self.index()]
+        match self {
+            Self::NetworkSoft(_) => NETWORK_SOFT_HITS,
+            Self::NetworkHard(_) => NETWORK_HARD_HITS,
+            Self::GlobalPaced => GLOBAL_PACED,
+        }
     }
 
     /// The counter of this hit's series, registered where counted (a lookup per hit: only a
@@ -144,7 +140,7 @@ mod tests {
         assert_eq!(of(counted(Tier::Hard, LevelName::Subject, false)), None);
         assert_eq!(of(Metered::StoreFailed), None);
         for hit in [LevelHit::NetworkSoft(net), LevelHit::GlobalPaced] {
-            assert_eq!(LEVEL_METRICS[hit.index()], hit.metric());
+            assert!(LEVEL_METRICS.contains(&hit.metric()));
         }
     }
 }

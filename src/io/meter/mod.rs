@@ -177,11 +177,9 @@ impl Meter {
     /// Records one [`Event`] of the request that arrived `at` in `trace`.
     pub fn record_event(&self, scope: Scope, event: Event, at: UnixMillis, trace: Option<TraceId>) {
         let handle = &self.handles[scope.index()].events[event.index()];
-        let at = at.get();
         let doc = Doc {
-            at,
-            properties: &[],
             trace,
+            ..Doc::at(at.get())
         };
         self.register.line(doc, || handle.increment(1));
     }
@@ -219,7 +217,7 @@ mod tests {
     use serde_json::{Value, json};
 
     use super::*;
-    use crate::io::meter::emf::testing::Buffer;
+    use crate::io::meter::emf::Buffer;
     use crate::rules::decide::Tier;
 
     fn exit(scope: Scope, metered: Metered, outcome: Outcome) -> Exit {

@@ -38,7 +38,8 @@ fn sorted(text: &str) -> String {
         .filter(|block| !block.trim().is_empty())
         .map(|block| {
             let mut lines: Vec<&str> = block.lines().collect();
-            let (header, series) = lines.split_at_mut(comments(block));
+            let comments = block.lines().take_while(|l| l.starts_with('#')).count();
+            let (header, series) = lines.split_at_mut(comments);
             let one_line = header.iter().any(|l| {
                 l.starts_with("# TYPE ") && (l.ends_with(" counter") || l.ends_with(" gauge"))
             });
@@ -58,11 +59,6 @@ fn sorted(text: &str) -> String {
         out.push('\n');
     }
     out
-}
-
-/// How many `#` lines open a block.
-fn comments(block: &str) -> usize {
-    block.lines().take_while(|l| l.starts_with('#')).count()
 }
 
 /// A block's family: the name its `# TYPE` (or first) line names.

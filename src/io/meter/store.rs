@@ -76,7 +76,7 @@ mod tests {
     use serde_json::json;
 
     use super::*;
-    use crate::io::meter::emf::testing::Buffer;
+    use crate::io::meter::emf::Buffer;
 
     /// Each line declares its one metric (Count) under the dimension Process only, and carries it.
     #[test]

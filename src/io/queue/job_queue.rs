@@ -13,7 +13,6 @@ use crate::rules::unix::UnixSecs;
 /// or Lambda deadline is nearer).
 pub const ENQUEUE_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// A scan queue.
 pub trait ScanQueue: Send + Sync + 'static {
     /// Queues `job`, held back by `job.deferred_ms` where the backend can.
     fn enqueue(&self, job: &ScanJob) -> impl Future<Output = Result<(), SendError>> + Send;

@@ -10,7 +10,6 @@ use crate::io::stdout::{LINE_QUEUE, LineWriter, WriteError};
 use super::job_queue::{ScanQueue, SendError};
 use crate::rules::job::ScanJob;
 
-/// Writes jobs as JSON lines.
 #[derive(Clone)]
 pub struct Spool {
     out: LineWriter,

@@ -29,7 +29,6 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
 /// the message twice. A keyed scan's retry is the only re-send; consumers deduplicate on `scanId`.
 const MAX_ATTEMPTS: u32 = 1;
 
-/// Sends scan jobs to one SQS queue.
 #[derive(Clone, Debug)]
 pub struct SqsQueue {
     client: Client,

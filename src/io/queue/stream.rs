@@ -15,7 +15,6 @@ use crate::rules::job::{Lane, ScanJob};
 use sha2::{Digest, Sha256};
 use uuid::Uuid;
 
-/// Appends jobs to a stream.
 #[derive(Clone)]
 pub struct StreamQueue {
     valkey: Valkey,

@@ -4,6 +4,7 @@ use redis::Value;
 
 use super::quota_store::{CountArgs, PaceArgs, PaceLane, Refund, SendError};
 use crate::config::ResetPolicy;
+use crate::io::clock::rfc3339;
 use crate::io::connection::{eval, sized_cmd};
 use crate::rules::count::{Count, LevelCount, Peek, Tally};
 use crate::rules::delay::{BED_GRACE, BEDS_KEY, Bed, LoneBed, bed_until};
@@ -16,10 +17,6 @@ pub(super) const PACE: &str = concat!(include_str!("bed.lua"), include_str!("pac
 const TAKE_BED: &str = concat!(include_str!("bed.lua"), include_str!("take_bed.lua"));
 const UNPACE: &str = include_str!("unpace.lua");
 pub(super) const REFUND: &str = include_str!("refund.lua");
-
-pub(super) fn iso8601(at: UnixSecs) -> String {
-    crate::io::clock::rfc3339(at.get())
-}
 
 pub(super) fn int(v: &Value) -> i64 {
     match v {
@@ -60,7 +57,7 @@ pub(super) fn subject_commands(pipe: &mut redis::Pipeline, args: &CountArgs<'_>)
     expire_nx(pipe, &key.counter, args.period_end);
     pipe.add_command(sized("SET", 7, &key.first_seen))
         .arg(&key.first_seen)
-        .arg(iso8601(args.now))
+        .arg(rfc3339(args.now.get()))
         .arg("EXAT")
         .arg(args.period_end.get())
         .arg("NX")
@@ -273,8 +270,11 @@ pub(super) fn bed_of(reply: &[i64]) -> Result<Bed, SendError> {
 }
 
 /// `levels_ms` in `levels`' order: 0 for a level that was not a line, the next `excess` otherwise.
-pub(super) fn spread_excess(levels: &[PaceLane<'_>], excess: &[u64]) -> Vec<u64> {
-    let mut lines = excess.iter().copied();
+pub(super) fn spread_excess(
+    levels: &[PaceLane<'_>],
+    excess: impl IntoIterator<Item = u64>,
+) -> Vec<u64> {
+    let mut lines = excess.into_iter();
     levels
         .iter()
         .map(|l| match l.delay_ms {

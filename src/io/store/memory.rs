@@ -43,6 +43,7 @@ struct Entry {
     slot_ms: UnixMillis,
 }
 
+#[derive(Default)]
 struct Inner {
     entries: HashMap<String, Entry>,
     /// Idempotency records and when they expire.
@@ -51,6 +52,7 @@ struct Inner {
     grants: HashMap<String, (u64, Option<UnixSecs>)>,
     /// The beds' leases ([`take_bed`]): when each ends.
     beds: Vec<UnixMillis>,
+    /// The map's length that triggers a sweep (0 at first: the first count sweeps and sets it).
     sweep_at_len: usize,
     /// No entry expires before this (exact after a sweep, lowered on insert).
     earliest_reset: UnixSecs,
@@ -153,21 +155,6 @@ impl Inner {
     }
 }
 
-impl Default for Inner {
-    fn default() -> Self {
-        Self {
-            entries: HashMap::new(),
-            records: HashMap::new(),
-            grants: HashMap::new(),
-            beds: Vec::new(),
-            sweep_at_len: MIN_SWEEP_LEN,
-            earliest_reset: UnixSecs(i64::MAX),
-            last_sweep: UnixSecs(i64::MIN),
-        }
-    }
-}
-
-/// An in-memory quota store.
 #[derive(Clone, Default)]
 pub struct MemoryStore {
     inner: Arc<Mutex<Inner>>,
@@ -217,11 +204,6 @@ impl MemoryStore {
 impl QuotaStore for MemoryStore {
     async fn count(&self, args: CountArgs<'_>) -> Result<Tally, CountFailed> {
         Ok(self.lock().tally(args))
-    }
-
-    /// Every call answers at once: there is nothing to wait for.
-    fn bounds_itself(&self) -> bool {
-        true
     }
 
     async fn peek(&self, key: &QuotaKey, now: UnixSecs) -> Result<Peek, SendError> {

@@ -41,15 +41,6 @@ pub enum AnyStore {
 /// Forwards each method of [`QuotaStore`] to the chosen store.
 macro_rules! dispatch {
     () => {};
-    (fn $name:ident(&self $(, $arg:ident: $ty:ty)*) $(-> $ret:ty)?; $($rest:tt)*) => {
-        fn $name(&self $(, $arg: $ty)*) $(-> $ret)? {
-            match self {
-                Self::Memory(s) => s.$name($($arg),*),
-                Self::Valkey(s) => s.$name($($arg),*),
-            }
-        }
-        dispatch!($($rest)*);
-    };
     (async fn $name:ident(&self $(, $arg:ident: $ty:ty)*) -> $ret:ty; $($rest:tt)*) => {
         async fn $name(&self $(, $arg: $ty)*) -> $ret {
             match self {
@@ -61,10 +52,15 @@ macro_rules! dispatch {
     };
 }
 
+/// Both stores bound their own calls ([`QuotaStore::bounds_itself`]'s default).
 impl QuotaStore for AnyStore {
+    fn warm_up(&self) {
+        if let Self::Valkey(s) = self {
+            s.warm_up();
+        }
+    }
+
     dispatch! {
-        fn warm_up(&self);
-        fn bounds_itself(&self) -> bool;
         async fn ready(&self, within: Duration) -> Result<(), SendError>;
         async fn count(&self, args: CountArgs<'_>) -> Result<Tally, CountFailed>;
         async fn peek(&self, key: &QuotaKey, now: UnixSecs) -> Result<Peek, SendError>;

@@ -135,7 +135,6 @@ impl From<RecordError> for SendError {
     }
 }
 
-/// The request path's store.
 pub trait QuotaStore: Send + Sync + 'static {
     /// Starts connecting on the current runtime, so the first request finds a connection.
     fn warm_up(&self) {}
@@ -145,8 +144,12 @@ pub trait QuotaStore: Send + Sync + 'static {
         async { Ok(()) }
     }
 
-    /// Whether every call bounds its own wait, so the gate need not arm a second timer around it.
-    fn bounds_itself(&self) -> bool;
+    /// Whether every call bounds its own wait, so the gate need not arm a second timer around it:
+    /// the in-memory store answers at once, and Valkey's [`crate::io::connection::Valkey::send`]
+    /// waits within the store timeout.
+    fn bounds_itself(&self) -> bool {
+        true
+    }
 
     /// INCRs the counter (expiring at `period_end` if it has none), writes the first-seen key if
     /// missing and reads the expiry back; at each of `args.levels` too, in the same round trip.

@@ -12,14 +12,15 @@ use crate::rules::delay::{Bed, BedAsk, LoneBed};
 use crate::rules::unix::UnixSecs;
 
 use super::commands::{
-    GrantHeld, PACE, REFUND, bed_of, count_of, in_subject_period, iso8601, level_commands,
-    level_width, pace_script, paced, peek_commands, peek_of, refund_script, spread_excess,
-    subject_commands, take_bed_script, tally, unexpected,
+    GrantHeld, PACE, REFUND, bed_of, count_of, in_subject_period, level_commands, level_width,
+    pace_script, paced, peek_commands, peek_of, refund_script, spread_excess, subject_commands,
+    take_bed_script, tally, unexpected,
 };
 use super::quota_store::{
     CountArgs, CountFailed, PaceArgs, PaceLane, QuotaStore, RecordUpdate, Refund, SendError,
     TakeOver,
 };
+use crate::io::clock::rfc3339;
 use crate::io::connection::{Request, Valkey};
 use crate::rules::count::{NoAnswer, Peek, Tally};
 use crate::rules::key::{IDEMPOTENCY_TTL_SECS, QuotaKey};
@@ -44,7 +45,6 @@ pub const RECORD_SCRIPTS: [(&str, &str); 5] = [
 /// Re-exported for the operator tools and the consumer's markers.
 pub(crate) use crate::io::connection::eval;
 
-/// A quota store on Valkey.
 #[derive(Clone)]
 pub struct ValkeyStore {
     valkey: Valkey,
@@ -72,16 +72,6 @@ impl ValkeyStore {
     pub fn with_wait(mut self, replicas: u32) -> Self {
         self.wait_replicas = replicas;
         self
-    }
-
-    /// `WAIT`s for the claim just sent to reach the replicas, on its connection (so behind it).
-    async fn replicated(&self) -> Result<(), SendError> {
-        let cmd = crate::io::connection::wait(self.wait_replicas, self.valkey.timeout());
-        let reached: u32 = self.send(cmd).await?;
-        if reached < self.wait_replicas {
-            return Err(SendError::Unanswered);
-        }
-        Ok(())
     }
 
     pub fn valkey(&self) -> &Valkey {
@@ -114,7 +104,7 @@ impl ValkeyStore {
         keys.extend(in_claim.iter().map(|l| l.key.counter.as_str()));
         let mut cmd = eval(CLAIM, &keys);
         cmd.arg(args.period_end.get())
-            .arg(iso8601(args.now))
+            .arg(rfc3339(args.now.get()))
             .arg(claim.scan_id.to_string())
             .arg(&claim.fingerprint)
             .arg(claim.received_ms.get())
@@ -131,7 +121,12 @@ impl ValkeyStore {
                 // The script reads each level's expiry: two replies a level.
                 let mut tally = tally(counts, &args, 2)?;
                 if self.wait_replicas > 0 {
-                    self.replicated().await?;
+                    // `WAIT` for the claim to reach the replicas, on its connection (so behind it).
+                    let wait =
+                        crate::io::connection::wait(self.wait_replicas, self.valkey.timeout());
+                    if self.send::<u32>(wait).await? < self.wait_replicas {
+                        return Err(SendError::Unanswered);
+                    }
                 }
                 if in_claim.is_empty() && !args.levels.is_empty() {
                     // Cluster: the levels are counted once the claim is new.
@@ -167,11 +162,6 @@ impl ValkeyStore {
 impl QuotaStore for ValkeyStore {
     fn warm_up(&self) {
         self.valkey.warm_up();
-    }
-
-    /// Each command is sent by [`Valkey::send`] within the store timeout.
-    fn bounds_itself(&self) -> bool {
-        true
     }
 
     async fn ready(&self, within: std::time::Duration) -> Result<(), SendError> {
@@ -267,7 +257,7 @@ impl QuotaStore for ValkeyStore {
                 levels_ms,
             } => Ok(Paced::Full {
                 retry_after_ms,
-                levels_ms: spread_excess(args.levels, &levels_ms),
+                levels_ms: spread_excess(args.levels, levels_ms),
             }),
             Paced::Slot { delay_ms, bed } => {
                 let bed = match args.bed {

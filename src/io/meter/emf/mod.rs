@@ -325,15 +325,18 @@ fn dimension(label: &str) -> String {
     })
 }
 
-/// A sink the unit tests read back.
 #[cfg(test)]
-pub(crate) mod testing {
+pub(crate) use tests::Buffer;
+
+#[cfg(test)]
+mod tests {
     use std::io::Write;
-    use std::sync::{Arc, Mutex};
 
-    use super::Sink;
+    use serde_json::json;
 
-    /// Lines written, shared with the sink it hands out.
+    use super::*;
+
+    /// A sink the unit tests read back: the lines written, shared with the sink it hands out.
     #[derive(Clone, Default)]
     pub(crate) struct Buffer(Arc<Mutex<Vec<u8>>>);
 
@@ -362,14 +365,6 @@ pub(crate) mod testing {
             Ok(())
         }
     }
-}
-
-#[cfg(test)]
-mod tests {
-    use serde_json::json;
-
-    use super::testing::Buffer;
-    use super::*;
 
     /// A capture is one line: its label sets as dimension sets, each
     /// dimension once, each metric with its unit, the properties after.

@@ -5,7 +5,7 @@ use redis::Value;
 
 use super::ValkeyStore;
 use crate::io::store::commands::{
-    level_commands, level_of, pace_script, paced, refund_script, unpace,
+    level_commands, level_of, pace_script, paced, refund_script, spread_excess, unpace,
 };
 use crate::io::store::quota_store::{CountArgs, PaceArgs, PaceLane, Refund, SendError};
 use crate::rules::count::{LevelCount, NoAnswer};
@@ -68,7 +68,7 @@ impl ValkeyStore {
             }
             return Ok(Paced::Full {
                 retry_after_ms,
-                levels_ms: levels_excess(args, &lines, &replies),
+                levels_ms: levels_excess(args, &replies),
             });
         }
         let wait = replies.iter().map(|r| r.get(1).copied().unwrap_or(0)).max();
@@ -119,21 +119,14 @@ impl ValkeyStore {
     }
 }
 
-/// Each level's own excess in a refused cluster step, in `args.levels`' order: a line's reply
+/// Each level's own excess in a refused cluster step, in `args.levels`' order: its line's reply
 /// (`{0, retry, excess}`, or a slot: 0); a level that was not a line had room.
-fn levels_excess(args: &PaceArgs<'_>, lines: &[PaceLane<'_>], replies: &[Vec<i64>]) -> Vec<u64> {
-    args.levels
-        .iter()
-        .map(|level| {
-            lines
-                .iter()
-                .zip(replies)
-                .find(|(line, _)| std::ptr::eq(line.key, level.key))
-                .and_then(|(_, reply)| match reply[..] {
-                    [0, _, excess] => u64::try_from(excess).ok(),
-                    _ => None,
-                })
-                .unwrap_or(0)
-        })
-        .collect()
+fn levels_excess(args: &PaceArgs<'_>, replies: &[Vec<i64>]) -> Vec<u64> {
+    // The subject's line, when it is one, comes first.
+    let lines = replies.iter().skip(usize::from(args.delay_ms > 0));
+    let excess = lines.map(|reply| match reply[..] {
+        [0, _, excess] => u64::try_from(excess).unwrap_or(0),
+        _ => 0,
+    });
+    spread_excess(args.levels, excess)
 }
