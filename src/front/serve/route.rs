@@ -16,7 +16,7 @@ use tokio::sync::OwnedSemaphorePermit;
 use tokio::task::{JoinError, JoinHandle};
 use tokio_util::task::TaskTracker;
 
-use super::limits::BODY_READ_TIMEOUT;
+use super::BODY_READ_TIMEOUT;
 use crate::gate::error::{GateError, Queued};
 use crate::gate::validate::MAX_BODY_BYTES;
 use crate::gate::{Gate, GateRequest};
@@ -84,9 +84,7 @@ impl<S: QuotaStore, Q: ScanQueue> Routes<S, Q> {
             }
         }
     }
-}
 
-impl<S: QuotaStore, Q: ScanQueue> Routes<S, Q> {
     /// The answer to a `GET` or `HEAD` (hyper leaves out a HEAD's body) of a probe or the metrics;
     /// `None` for everything else.
     async fn probe(&self, request: &Request<Incoming>) -> Option<Response<Full<Bytes>>> {
