@@ -4,11 +4,11 @@
 use std::num::NonZeroU32;
 
 use serde::Serialize;
-use time::OffsetDateTime;
 
 use super::OpsError;
-use super::level_report::{LevelReport, aligned, grant_row, limit_row, rfc3339};
+use super::network::LevelReport;
 use super::valkey_admin::Snapshot;
+use super::{aligned, grant_row, limit_row, rfc3339};
 use crate::config::Config;
 use crate::gate::identity::jwt::{Rejection, TokenSubject};
 use crate::gate::identity::{self, Identifier, ip};
@@ -279,7 +279,7 @@ pub async fn inspect(
         config,
         subject,
         snapshot.as_ref(),
-        UnixSecs(OffsetDateTime::now_utc().unix_timestamp()),
+        super::now(),
     ))
 }
 

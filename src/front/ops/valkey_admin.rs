@@ -3,9 +3,11 @@
 
 use super::nodes;
 use super::progress::Progress;
+use super::rfc3339;
+use crate::config::Config;
 use crate::io::connection::Connection;
 use crate::io::store::valkey::ValkeyStore;
-use crate::io::store::{GrantHeld, KEY_PATTERN, Peek, QuotaKey, SendError};
+use crate::io::store::{GrantHeld, KEY_PATTERN, Peek, QuotaKey, SendError, resets_at};
 use crate::rules::unix::{UnixMillis, UnixSecs};
 
 /// Keys removed per UNLINK in a purge.
@@ -23,6 +25,25 @@ pub struct Snapshot {
     pub first_seen: Option<String>,
     /// `None` with no grant, or one waiting for the period's first scan to get the counter's.
     pub grant_expires_at: Option<UnixSecs>,
+}
+
+impl Snapshot {
+    /// When the period ends, as answers report `resetAt`: with no counter, when one opened `now`
+    /// would expire; `None` for a counter that (wrongly) never expires.
+    pub(super) fn reset_at(&self, config: &Config, now: UnixSecs) -> Option<String> {
+        let expires_at = self.peek.reset_at;
+        if self.counter && expires_at.is_none() {
+            return None;
+        }
+        Some(rfc3339(resets_at(config.policy.reset, expires_at, now)))
+    }
+
+    /// How far ahead of `now` the pacing slot is, in ms: the wait a scan arriving now would add.
+    pub(super) fn backlog_ms(&self, now: UnixSecs) -> u64 {
+        self.peek.slot_ms.map_or(0, |slot| {
+            u64::try_from(slot.get() - now.millis().get()).unwrap_or(0)
+        })
+    }
 }
 
 /// Sets a subject's grant atomically, expiring with its counter.
