@@ -1,6 +1,8 @@
 //! What operators read and change in the store, off the request path: one subject's keys and every
 //! quota key. Plain [`ValkeyStore`] methods, kept out of [`crate::io::store::QuotaStore`].
 
+use redis::AsyncCommands;
+
 use super::nodes;
 use super::progress::Progress;
 use super::rfc3339;
@@ -82,12 +84,7 @@ impl ValkeyStore {
         // A level has no first-seen key (and an empty name is another slot).
         let first_seen: Option<String> = match key.first_seen.is_empty() {
             true => None,
-            false => {
-                redis::cmd("GET")
-                    .arg(&key.first_seen)
-                    .query_async(&mut conn)
-                    .await?
-            }
+            false => conn.get(&key.first_seen).await?,
         };
         if used.is_none() && grant.is_none() {
             return Ok(None);
@@ -148,10 +145,7 @@ impl ValkeyStore {
     /// Takes a subject's grant back; whether there was one.
     pub async fn revoke(&self, key: &QuotaKey) -> Result<bool, SendError> {
         let mut conn = self.valkey().connection().await?;
-        let removed: u64 = redis::cmd("DEL")
-            .arg(&key.grant)
-            .query_async(&mut conn)
-            .await?;
+        let removed: u64 = conn.del(&key.grant).await?;
         Ok(removed > 0)
     }
 
