@@ -8,7 +8,7 @@ use serde::Deserialize;
 use serde::de::{DeserializeOwned, Deserializer, Error as _};
 use serde_json::{Map, Value};
 
-use super::ConfigError;
+use super::error::ConfigError;
 use super::vars::{Applies, DefaultValue, VARIABLES, Variable};
 
 #[derive(Default)]

@@ -3,6 +3,7 @@
 //! `env` feature: Lambda has no command line, and one parser serves both binaries.
 
 mod env;
+mod error;
 mod identity;
 mod policy;
 mod queue;
@@ -18,6 +19,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use env::{Env, flag, millis};
+pub use error::ConfigError;
 use identity::HashSecret;
 pub use identity::{DEV_HASH_SECRET, IdentityConfig, JwtConfig};
 pub use policy::Policy;
@@ -97,23 +99,6 @@ impl Config {
         match &self.identity.hash_secret {
             HashSecret::Configured(secret) => secret.as_bytes(),
             HashSecret::Development => DEV_HASH_SECRET.as_bytes(),
-        }
-    }
-}
-
-/// A configuration error, naming the variable at fault.
-#[derive(Debug, thiserror::Error)]
-#[error("{var}: {problem}")]
-pub struct ConfigError {
-    pub var: &'static str,
-    pub problem: String,
-}
-
-impl ConfigError {
-    pub fn new(var: &'static str, problem: impl Into<String>) -> Self {
-        Self {
-            var,
-            problem: problem.into(),
         }
     }
 }

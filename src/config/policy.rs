@@ -5,8 +5,8 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use super::ConfigError;
 use super::env::{Env, millis, parsed};
+use super::error::ConfigError;
 use super::vars::{QUOTA_NETWORKS, QUOTA_TOKEN_NETWORKS, Variable};
 use crate::rules::decide::Limits;
 use crate::rules::level::{AnonBudget, LevelName, Levels};

@@ -2,8 +2,8 @@
 
 use serde::Deserialize;
 
-use super::ConfigError;
 use super::env::Env;
+use super::error::ConfigError;
 use super::vars::{SCAN_QUEUE_OVER_URL, SCAN_QUEUE_URL};
 use crate::rules::hash_tag::has_hash_tag;
 

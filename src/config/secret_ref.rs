@@ -4,7 +4,7 @@
 //! `_ARN` variable keeps one variable per setting. The front ends read references at start; the
 //! parser refuses one left unread, so it never becomes a hash key.
 
-use super::ConfigError;
+use super::error::ConfigError;
 use super::vars::VARIABLES;
 
 /// The prefix of a Secrets Manager reference.

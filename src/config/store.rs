@@ -5,8 +5,8 @@ use std::time::Duration;
 use serde::Deserialize;
 use serde::de::{Deserializer, Error as _};
 
-use super::ConfigError;
 use super::env::{Env, flag, millis, parsed};
+use super::error::ConfigError;
 use super::vars::{
     VALKEY_AUTH, VALKEY_CACHE_NAME, VALKEY_TLS_CA, VALKEY_URL, VALKEY_USER, VALKEY_WAIT_REPLICAS,
 };

@@ -125,7 +125,7 @@ fn print<T: Serialize>(
 pub async fn inspect(args: ClientArgs, config: &Config) -> Result<(), OpsError> {
     if let Some(cidr) = &args.subject.network {
         let report = network::inspect_network(config, cidr).await?;
-        return print(args.json, &report, network::LevelReport::render);
+        return print(args.json, &report, super::level_report::LevelReport::render);
     }
     let arg = args.subject.into_arg()?;
     let subject = subject::resolve(config, &arg)?;

@@ -4,6 +4,7 @@
 
 pub mod change;
 pub mod command;
+pub mod level_report;
 pub mod network;
 pub mod nodes;
 pub mod progress;

@@ -6,7 +6,7 @@ use std::num::NonZeroU32;
 use serde::Serialize;
 
 use super::OpsError;
-use super::network::LevelReport;
+use super::level_report::LevelReport;
 use super::valkey_admin::Snapshot;
 use super::{aligned, grant_row, limit_row, rfc3339};
 use crate::config::Config;

@@ -19,7 +19,7 @@ use hyper::body::{Body, Frame, SizeHint};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, TryAcquireError};
 
-use super::ServeLimits;
+use super::limits::ServeLimits;
 
 /// How often a connection held at the cap looks again: graces end, and other workers take slots.
 const LOOK_AGAIN: Duration = Duration::from_millis(50);

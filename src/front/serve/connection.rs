@@ -18,8 +18,8 @@ use tokio_io_timeout::TimeoutStream;
 use tokio_util::task::TaskTracker;
 
 use super::admission::{Admission, Answer, Flushed, Registration};
+use super::limits::{HEADER_READ_TIMEOUT, MAX_BUF_SIZE, MAX_UNSENT, ServeLimits, WRITE_TIMEOUT};
 use super::route::Routes;
-use super::{HEADER_READ_TIMEOUT, MAX_BUF_SIZE, MAX_UNSENT, ServeLimits, WRITE_TIMEOUT};
 use crate::gate::Gate;
 use crate::io::queue::ScanQueue;
 use crate::io::store::QuotaStore;

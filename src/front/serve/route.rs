@@ -16,7 +16,7 @@ use tokio::sync::OwnedSemaphorePermit;
 use tokio::task::{JoinError, JoinHandle};
 use tokio_util::task::TaskTracker;
 
-use super::BODY_READ_TIMEOUT;
+use super::limits::BODY_READ_TIMEOUT;
 use crate::gate::error::{GateError, Queued};
 use crate::gate::validate::MAX_BODY_BYTES;
 use crate::gate::{Gate, GateRequest};

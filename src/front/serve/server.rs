@@ -8,9 +8,9 @@ use std::thread::JoinHandle;
 use metrics_exporter_prometheus::PrometheusHandle;
 use tokio_util::sync::CancellationToken;
 
-use super::ServeLimits;
 use super::admission::Admission;
 use super::connection::Worker;
+use super::limits::ServeLimits;
 use crate::config::Config;
 use crate::gate::{Gate, Shared};
 use crate::io::meter::Meter;
@@ -55,7 +55,7 @@ impl Server {
         warn_if_proxies_untrusted(&config);
         let mut limits = ServeLimits::from_config(&config);
         limits.max_connections = connection_cap(limits.max_connections);
-        let woken = super::longest_woken_request(&config);
+        let woken = super::limits::longest_woken_request(&config);
         if limits.drain_timeout < woken {
             tracing::warn!(
                 drain_ms = duration_ms(limits.drain_timeout),
