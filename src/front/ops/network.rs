@@ -2,8 +2,6 @@
 //! any other names a counter the gate never writes. A level's grant is held in its counter (used −
 //! granted), as the request path reads no grant; a counter without expiry gets [`period_end`].
 
-use std::net::IpAddr;
-
 use ipnet::IpNet;
 
 use super::change::{Granted, Removal};
@@ -54,7 +52,7 @@ pub fn resolve(config: &Config, raw: &str) -> Result<Level, OpsError> {
 
 /// The levels an anonymous scan from `--ip <raw>` is counted at, in the gate's order.
 pub fn of_ip(config: &Config, raw: &str) -> Result<Vec<Level>, OpsError> {
-    let addr: IpAddr =
+    let addr =
         ip::parse_source(raw).ok_or_else(|| OpsError::Usage("--ip: not an IP address".into()))?;
     Ok(Identifier::new(config)?.levels_of(Scope::Ip, addr))
 }
