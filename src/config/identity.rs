@@ -30,25 +30,16 @@ impl std::fmt::Debug for HashSecret {
 #[derive(Debug, Clone, Deserialize)]
 pub struct IdentityConfig {
     /// Read it through [`super::Config::hash_secret`].
-    #[serde(
-        rename = "QUOTA_HASH_SECRET",
-        default,
-        deserialize_with = "hash_secret"
-    )]
+    #[serde(rename = "QUOTA_HASH_SECRET")]
+    #[serde(default, deserialize_with = "hash_secret")]
     pub(super) hash_secret: HashSecret,
     #[serde(rename = "QUOTA_IPV6_PREFIX")]
     pub ipv6_prefix: u8,
-    #[serde(
-        rename = "QUOTA_TRUSTED_PROXIES",
-        default,
-        deserialize_with = "networks"
-    )]
+    #[serde(rename = "QUOTA_TRUSTED_PROXIES")]
+    #[serde(default, deserialize_with = "networks")]
     pub trusted_proxies: Vec<IpNet>,
-    #[serde(
-        rename = "QUOTA_EXEMPT_NETWORKS",
-        default,
-        deserialize_with = "networks"
-    )]
+    #[serde(rename = "QUOTA_EXEMPT_NETWORKS")]
+    #[serde(default, deserialize_with = "networks")]
     pub exempt_networks: Vec<IpNet>,
     #[serde(skip)]
     pub jwt: JwtConfig,
@@ -67,17 +58,11 @@ pub struct JwtConfig {
     pub audience: Option<String>,
     #[serde(rename = "QUOTA_TRUST_GATEWAY_CLAIMS", deserialize_with = "flag")]
     pub trust_gateway_claims: bool,
-    #[serde(
-        rename = "QUOTA_EXEMPT_CLAIM",
-        default,
-        deserialize_with = "claim_name"
-    )]
+    #[serde(rename = "QUOTA_EXEMPT_CLAIM")]
+    #[serde(default, deserialize_with = "claim_name")]
     pub exempt_claim: Option<String>,
-    #[serde(
-        rename = "QUOTA_JWT_ACCOUNT_CLAIM",
-        default,
-        deserialize_with = "claim_name"
-    )]
+    #[serde(rename = "QUOTA_JWT_ACCOUNT_CLAIM")]
+    #[serde(default, deserialize_with = "claim_name")]
     pub account_claim: Option<String>,
 }
 

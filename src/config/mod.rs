@@ -8,7 +8,6 @@ mod identity;
 mod policy;
 mod queue;
 pub mod secret_ref;
-mod serve;
 mod store;
 pub mod table;
 pub mod vars;
@@ -16,13 +15,17 @@ pub mod vars;
 pub use crate::rules::modes::{
     DelayMode, FailMode, Mode, OnEviction, Pacing, ResetPolicy, ValkeyAuth,
 };
-use env::Env;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use env::{Env, flag, millis};
 pub use error::ConfigError;
 use identity::HashSecret;
 pub use identity::{DEV_HASH_SECRET, IdentityConfig, JwtConfig};
 pub use policy::Policy;
 pub use queue::QueueTarget;
-pub use serve::ServeConfig;
+use serde::Deserialize;
+use serde::de::{Deserializer, Error as _};
 pub use store::{CaBundle, IamConfig, StoreConfig, ValkeyConfig, is_tls_url};
 
 /// Every setting of the gate.
@@ -45,7 +48,6 @@ impl Default for Config {
 }
 
 impl Config {
-    /// Reads the process environment.
     pub fn from_env() -> Result<Self, ConfigError> {
         Self::from_lookup(|k| std::env::var(k).ok())
     }
@@ -55,11 +57,8 @@ impl Config {
         secret_ref::refuse_unresolved(&lookup)?;
         let env = Env::read(&lookup)?;
         let policy: Policy = env.group()?;
-        let identity: IdentityConfig = env.group()?;
-        let identity = IdentityConfig {
-            jwt: env.group()?,
-            ..identity
-        };
+        let mut identity: IdentityConfig = env.group()?;
+        identity.jwt = env.group()?;
         let policy = policy.with_levels(&env, identity.ipv6_prefix)?;
         let store = StoreConfig {
             valkey: ValkeyConfig::read(&env)?,
@@ -104,8 +103,30 @@ impl Config {
     }
 }
 
-#[derive(serde::Deserialize)]
-pub(super) struct Namespace {
+/// The local server (`quota-gate serve`).
+#[derive(Debug, Clone, Deserialize)]
+pub struct ServeConfig {
+    #[serde(rename = "QUOTA_LISTEN", deserialize_with = "host_port")]
+    pub listen: SocketAddr,
+    #[serde(rename = "QUOTA_MAX_CONNECTIONS")]
+    pub max_connections: u32,
+    #[serde(rename = "QUOTA_SERVE_WORKERS")]
+    pub workers: u16,
+    #[serde(rename = "QUOTA_EMF", deserialize_with = "flag")]
+    pub emf: bool,
+    #[serde(rename = "QUOTA_DRAIN_TIMEOUT_MS", deserialize_with = "millis")]
+    pub drain_timeout: Duration,
+}
+
+fn host_port<'de, D: Deserializer<'de>>(d: D) -> Result<SocketAddr, D::Error> {
+    let listen = String::deserialize(d)?;
+    listen
+        .parse()
+        .map_err(|_| D::Error::custom(format!("expected host:port, got {listen:?}")))
+}
+
+#[derive(Deserialize)]
+struct Namespace {
     #[serde(rename = "QUOTA_METRICS_NAMESPACE")]
     name: String,
 }

@@ -61,31 +61,28 @@ impl Variable {
     }
 }
 
-const fn value(default: &'static str) -> Variable {
-    row(DefaultValue::Value(default))
-}
-
-const fn number(default: &'static str, min: u64, max: u64) -> Variable {
-    Variable {
-        range: Some((min, max)),
-        ..value(default)
-    }
-}
-
-const fn unset(words: &'static str) -> Variable {
-    row(DefaultValue::Unset(words))
-}
-
 /// A row read everywhere, neither a number nor a secret; the macro fills in name and meaning.
-const fn row(default: DefaultValue) -> Variable {
+const fn row(default: DefaultValue, range: Option<(u64, u64)>) -> Variable {
     Variable {
         name: "",
         default,
-        range: None,
+        range,
         meaning: "",
         applies: Applies::Everywhere,
         secret: false,
     }
+}
+
+const fn value(default: &'static str) -> Variable {
+    row(DefaultValue::Value(default), None)
+}
+
+const fn number(default: &'static str, min: u64, max: u64) -> Variable {
+    row(DefaultValue::Value(default), Some((min, max)))
+}
+
+const fn unset(words: &'static str) -> Variable {
+    row(DefaultValue::Unset(words), None)
 }
 
 /// A row: its doc comment (the meaning), name and maker. Doc lines start with a space: the trim.

@@ -3,7 +3,7 @@
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
 
 use crate::config::Config;
 use crate::front::serve::Server;
@@ -57,15 +57,6 @@ pub fn prometheus_builder() -> Result<PrometheusBuilder, String> {
         .map_err(|e| e.to_string())
 }
 
-/// Installs the Prometheus recorder behind `GET /metrics`.
-pub fn install_prometheus() -> Result<PrometheusHandle, String> {
-    let handle = prometheus_builder()?
-        .install_recorder()
-        .map_err(|e| e.to_string())?;
-    crate::io::meter::describe();
-    Ok(handle)
-}
-
 /// Parses the command line and runs it.
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
@@ -108,46 +99,54 @@ impl From<crate::front::ops::OpsError> for Failure {
     }
 }
 
-/// Runs `command` with its logger, runtime and configuration.
+/// Runs `command` with its logger, runtime and configuration (`scan-guard` and `probe` are run
+/// before any of these).
 fn run(command: Command) -> Result<(), Failure> {
+    use crate::front::ops::command as ops;
     let format = crate::LogFormat::from_env().map_err(Failure::config)?;
     init_tracing(&command, format);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .map_err(|e| format!("cannot start the runtime: {e}"))?;
-    // Secret references are read once, before anything starts.
-    let config = runtime
-        .block_on(crate::io::secrets::config_from_env())
-        .map_err(Failure::config)?;
-    runtime.block_on(dispatch(command, config))
-}
-
-/// Runs `command` (`scan-guard` and `probe` are run before any configuration).
-async fn dispatch(command: Command, config: Config) -> Result<(), Failure> {
-    use crate::front::ops::command as ops;
-    match command {
-        Command::Serve => Ok(serve(config).await?),
-        Command::Inspect(args) => Ok(ops::inspect(args, &config).await?),
-        Command::Reset(args) => Ok(ops::reset(args, &config).await?),
-        Command::Grant(args) => Ok(ops::grant(args, &config).await?),
-        Command::Purge(args) => Ok(ops::purge(args, &config).await?),
-        Command::Stats(args) => Ok(ops::stats(args, &config).await?),
-        Command::Consume(args) => Ok(crate::consume::run(*args, config, shutdown_signal()).await?),
-        Command::ScanGuard(_) | Command::Probe(_) => Ok(()),
-    }
+    runtime.block_on(async {
+        // Secret references are read once, before anything starts.
+        let config = crate::io::secrets::config_from_env()
+            .await
+            .map_err(Failure::config)?;
+        match command {
+            Command::Serve => Ok(serve(config).await?),
+            Command::Inspect(args) => Ok(ops::inspect(args, &config).await?),
+            Command::Reset(args) => Ok(ops::reset(args, &config).await?),
+            Command::Grant(args) => Ok(ops::grant(args, &config).await?),
+            Command::Purge(args) => Ok(ops::purge(args, &config).await?),
+            Command::Stats(args) => Ok(ops::stats(args, &config).await?),
+            Command::Consume(args) => {
+                Ok(crate::consume::run(*args, config, shutdown_signal()).await?)
+            }
+            Command::ScanGuard(_) | Command::Probe(_) => Ok(()),
+        }
+    })
 }
 
 /// `quota-gate serve`: a [`Server`] until `SIGTERM` or Ctrl-C, then the last output lines out.
 async fn serve(config: Config) -> Result<(), String> {
-    let metrics = install_prometheus()?;
+    let metrics = prometheus_builder()?
+        .install_recorder()
+        .map_err(|e| e.to_string())?;
+    crate::io::meter::describe();
     // A bad URL is reported by the gates' own wiring, below.
     let valkey = crate::io::connection::Valkey::from_config(&config)
         .ok()
         .flatten();
     let watch = match &valkey {
         Some(valkey) => {
-            Some(eviction_watch::start(valkey, &config.store, store_meter(&config)).await?)
+            // The store's own metrics, through the non-blocking stdout.
+            let sink = (config.serve.emf).then(|| {
+                Sink::Background(LineWriter::stdout(), Some(metrics::counter!(EMF_DROPPED)))
+            });
+            let meter = StoreMeter::new(&config.metrics_namespace, Process::Serve, sink);
+            Some(eviction_watch::start(valkey, &config.store, meter).await?)
         }
         None => None,
     };
@@ -171,15 +170,6 @@ async fn serve(config: Config) -> Result<(), String> {
             .await;
     }
     refusal.or(served)
-}
-
-/// `serve`'s meter of the store's own metrics, through the non-blocking stdout.
-fn store_meter(config: &Config) -> StoreMeter {
-    let sink = config
-        .serve
-        .emf
-        .then(|| Sink::Background(LineWriter::stdout(), Some(metrics::counter!(EMF_DROPPED))));
-    StoreMeter::new(&config.metrics_namespace, Process::Serve, sink)
 }
 
 static STDERR: std::sync::OnceLock<LineWriter> = std::sync::OnceLock::new();

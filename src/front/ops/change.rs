@@ -64,7 +64,7 @@ impl Granted {
         Self {
             key,
             scans,
-            expires_at: at.filter(|_| scans > 0).map(super::level_report::rfc3339),
+            expires_at: at.filter(|_| scans > 0).map(super::rfc3339),
             revoked: (scans == 0).then_some(revoked),
         }
     }
@@ -112,9 +112,8 @@ pub async fn grant(
         tracing::info!(scope = %subject.scope, revoked, "quota grant revoked");
         return Ok(Granted::new(key, 0, None, revoked));
     }
-    let now = UnixSecs(crate::io::clock::wall_ms() / 1000);
     let at = store
-        .grant(&subject.key, scans, grant_period_end(reset, now))
+        .grant(&subject.key, scans, grant_period_end(reset, super::now()))
         .await?;
     tracing::info!(scope = %subject.scope, scans, "quota grant set");
     Ok(Granted::new(key, scans, at, false))

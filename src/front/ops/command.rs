@@ -1,7 +1,7 @@
 //! The operator subcommands' arguments and runners. Results go to stdout; warnings and progress
 //! go to stderr.
 
-use std::io::{IsTerminal, Read};
+use std::io::IsTerminal;
 
 use clap::Args;
 use serde::Serialize;
@@ -43,13 +43,9 @@ impl SubjectArgs {
     fn into_arg(self) -> Result<SubjectArg, OpsError> {
         match (self.ip, self.token, self.account) {
             (Some(ip), ..) => Ok(SubjectArg::Ip(ip)),
-            (_, Some(t), _) if t == "-" => {
-                let mut token = String::new();
-                std::io::stdin()
-                    .read_to_string(&mut token)
-                    .map_err(|e| OpsError::Usage(format!("--token -: cannot read stdin: {e}")))?;
-                Ok(SubjectArg::Token(token))
-            }
+            (_, Some(t), _) if t == "-" => std::io::read_to_string(std::io::stdin())
+                .map(SubjectArg::Token)
+                .map_err(|e| OpsError::Usage(format!("--token -: cannot read stdin: {e}"))),
             (_, Some(t), _) => Ok(SubjectArg::Token(t)),
             (_, _, Some(account)) => Ok(SubjectArg::Account(account)),
             _ => Err(OpsError::Usage("give --ip, --token or --account".into())),

@@ -4,8 +4,8 @@
 use serde::Serialize;
 
 use super::valkey_admin::Snapshot;
+use super::{aligned, grant_row, limit_row, rfc3339};
 use crate::config::Config;
-use crate::io::store::resets_at;
 use crate::rules::level::Level;
 use crate::rules::unix::UnixSecs;
 
@@ -74,53 +74,5 @@ impl LevelReport {
             ("key", self.key.clone()),
             ("grant", grant),
         ])
-    }
-}
-
-/// One aligned `label  value` line per row.
-pub(super) fn aligned<'a>(rows: impl IntoIterator<Item = (&'a str, String)>) -> String {
-    rows.into_iter()
-        .map(|(label, value)| format!("{label:<11} {value}\n"))
-        .collect()
-}
-
-/// A `grant` line: the extra scans and until when (`unknown`: what is said with no expiry).
-pub(super) fn grant_row(grant: u64, expires_at: Option<&str>, unknown: &str) -> String {
-    match (grant, expires_at) {
-        (0, _) => "-".to_owned(),
-        (n, Some(at)) => format!("+{n} scans this period, until {at}"),
-        (n, None) => format!("+{n} scans{unknown}"),
-    }
-}
-
-/// A `limit` line: the ceiling, and with a grant what it is made of.
-pub fn limit_row(limit: u32, base: u32, grant: u64) -> String {
-    match grant {
-        0 => limit.to_string(),
-        n => format!("{limit} ({base} + {n} granted)"),
-    }
-}
-
-/// An instant as reports give it: RFC 3339, UTC.
-pub(super) fn rfc3339(at: UnixSecs) -> String {
-    crate::gate::respond::rfc3339(at.get())
-}
-
-impl Snapshot {
-    /// When the period ends, as answers report `resetAt`: with no counter, when one opened `now`
-    /// would expire; `None` for a counter that (wrongly) never expires.
-    pub(super) fn reset_at(&self, config: &Config, now: UnixSecs) -> Option<String> {
-        let expires_at = self.peek.reset_at;
-        if self.counter && expires_at.is_none() {
-            return None;
-        }
-        Some(rfc3339(resets_at(config.policy.reset, expires_at, now)))
-    }
-
-    /// How far ahead of `now` the pacing slot is, in ms: the wait a scan arriving now would add.
-    pub(super) fn backlog_ms(&self, now: UnixSecs) -> u64 {
-        self.peek.slot_ms.map_or(0, |slot| {
-            u64::try_from(slot.get() - now.millis().get()).unwrap_or(0)
-        })
     }
 }

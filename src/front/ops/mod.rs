@@ -19,6 +19,7 @@ use crate::config::{Config, ConfigError};
 use crate::io::connection::Valkey;
 use crate::io::store::SendError;
 use crate::io::store::valkey::ValkeyStore;
+use crate::rules::unix::UnixSecs;
 
 /// Each operator Valkey call's bound: an operator unlinking a batch on a busy primary can wait.
 pub const OPS_TIMEOUT: Duration = Duration::from_secs(10);
@@ -53,4 +54,38 @@ pub fn valkey_store(config: &Config) -> Result<ValkeyStore, OpsError> {
         )
     })?;
     Ok(ValkeyStore::new(valkey))
+}
+
+/// One aligned `label  value` line per row.
+fn aligned<'a>(rows: impl IntoIterator<Item = (&'a str, String)>) -> String {
+    rows.into_iter()
+        .map(|(label, value)| format!("{label:<11} {value}\n"))
+        .collect()
+}
+
+/// A `grant` line: the extra scans and until when (`unknown`: what is said with no expiry).
+fn grant_row(grant: u64, expires_at: Option<&str>, unknown: &str) -> String {
+    match (grant, expires_at) {
+        (0, _) => "-".to_owned(),
+        (n, Some(at)) => format!("+{n} scans this period, until {at}"),
+        (n, None) => format!("+{n} scans{unknown}"),
+    }
+}
+
+/// A `limit` line: the ceiling, and with a grant what it is made of.
+pub fn limit_row(limit: u32, base: u32, grant: u64) -> String {
+    match grant {
+        0 => limit.to_string(),
+        n => format!("{limit} ({base} + {n} granted)"),
+    }
+}
+
+/// The wall clock, to the second.
+fn now() -> UnixSecs {
+    crate::io::clock::Clock::System.now().secs()
+}
+
+/// An instant as reports give it: RFC 3339, UTC.
+fn rfc3339(at: UnixSecs) -> String {
+    crate::gate::respond::rfc3339(at.get())
 }

@@ -2,20 +2,17 @@
 //! any other names a counter the gate never writes. A level's grant is held in its counter (used −
 //! granted), as the request path reads no grant; a counter without expiry gets [`period_end`].
 
-use std::net::IpAddr;
-
 use ipnet::IpNet;
 
 use super::change::{Granted, Removal};
 use super::level_report::LevelReport;
-use super::{OpsError, valkey_store};
+use super::{OpsError, now, valkey_store};
 use crate::config::Config;
 use crate::gate::identity::{Identifier, ip};
 use crate::io::store::period_end;
 use crate::io::store::valkey::ValkeyStore;
 use crate::rules::level::Level;
 use crate::rules::scope::Scope;
-use crate::rules::unix::UnixSecs;
 
 /// The level `--network <cidr>` names: of `QUOTA_NETWORKS`, or, as `tid:<cidr>`, of
 /// `QUOTA_TOKEN_NETWORKS`.
@@ -55,7 +52,7 @@ pub fn resolve(config: &Config, raw: &str) -> Result<Level, OpsError> {
 
 /// The levels an anonymous scan from `--ip <raw>` is counted at, in the gate's order.
 pub fn of_ip(config: &Config, raw: &str) -> Result<Vec<Level>, OpsError> {
-    let addr: IpAddr =
+    let addr =
         ip::parse_source(raw).ok_or_else(|| OpsError::Usage("--ip: not an IP address".into()))?;
     Ok(Identifier::new(config)?.levels_of(Scope::Ip, addr))
 }
@@ -66,7 +63,7 @@ pub async fn inspect(
     config: &Config,
     levels: &[Level],
 ) -> Result<Vec<LevelReport>, OpsError> {
-    let now = UnixSecs(crate::io::clock::wall_ms() / 1000);
+    let now = now();
     let mut reports = Vec::with_capacity(levels.len());
     for level in levels {
         let snapshot = store.inspect_level(&level.key).await?;
@@ -78,21 +75,17 @@ pub async fn inspect(
 /// `inspect --network`.
 pub async fn inspect_network(config: &Config, raw: &str) -> Result<LevelReport, OpsError> {
     let level = resolve(config, raw)?;
-    let store = valkey_store(config)?;
-    let now = UnixSecs(crate::io::clock::wall_ms() / 1000);
-    let snapshot = store.inspect_level(&level.key).await?;
-    Ok(LevelReport::new(config, &level, snapshot.as_ref(), now))
+    let snapshot = valkey_store(config)?.inspect_level(&level.key).await?;
+    Ok(LevelReport::new(config, &level, snapshot.as_ref(), now()))
 }
 
 /// `grant --network`: `scans` extra scans for the level's period (0 revokes).
 pub async fn grant(config: &Config, raw: &str, scans: u64) -> Result<Granted, OpsError> {
     let level = resolve(config, raw)?;
     let store = valkey_store(config)?;
-    let key = level.key.counter.clone();
     let label = level.name.label();
-    let now = UnixSecs(crate::io::clock::wall_ms() / 1000);
     let (at, earlier) = store
-        .grant_level(&level.key, scans, period_end(config.policy.reset, now))
+        .grant_level(&level.key, scans, period_end(config.policy.reset, now()))
         .await?;
     let revoked = earlier > 0;
     if scans == 0 {
@@ -100,14 +93,13 @@ pub async fn grant(config: &Config, raw: &str, scans: u64) -> Result<Granted, Op
     } else {
         tracing::info!(level = %label, scans, "level grant set");
     }
-    Ok(Granted::new(key, scans, at, revoked))
+    Ok(Granted::new(level.key.counter, scans, at, revoked))
 }
 
 /// `reset --network`.
 pub async fn reset(config: &Config, raw: &str) -> Result<Removal, OpsError> {
     let level = resolve(config, raw)?;
-    let store = valkey_store(config)?;
-    let removed = store.reset(&level.key).await?;
+    let removed = valkey_store(config)?.reset(&level.key).await?;
     Ok(Removal {
         key: level.key.counter,
         removed,

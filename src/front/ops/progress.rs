@@ -66,12 +66,12 @@ impl Progress {
         }
         s.last = now;
         let line = self.line(s.done, now);
-        let end = if self.redraw { "\r" } else { "\n" };
-        let _ = write!(
-            s.out,
-            "{}{line}{end}",
-            if self.redraw { "\x1b[2K" } else { "" }
-        );
+        let (clear, end) = if self.redraw {
+            ("\x1b[2K", "\r")
+        } else {
+            ("", "\n")
+        };
+        let _ = write!(s.out, "{clear}{line}{end}");
         let _ = s.out.flush();
         s.drawn = true;
     }

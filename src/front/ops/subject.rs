@@ -4,11 +4,11 @@
 use std::num::NonZeroU32;
 
 use serde::Serialize;
-use time::OffsetDateTime;
 
 use super::OpsError;
-use super::level_report::{LevelReport, aligned, grant_row, limit_row, rfc3339};
+use super::level_report::LevelReport;
 use super::valkey_admin::Snapshot;
+use super::{aligned, grant_row, limit_row, rfc3339};
 use crate::config::Config;
 use crate::gate::identity::jwt::{Rejection, TokenSubject};
 use crate::gate::identity::{self, Identifier, ip};
@@ -56,6 +56,7 @@ pub struct Subject {
 /// Finds the keys of the client `arg` names, through the handler's own [`Identifier`].
 pub fn resolve(config: &Config, arg: &SubjectArg) -> Result<Subject, OpsError> {
     let identifier = Identifier::new(config)?;
+    let token = |subject: TokenSubject| identifier.token_identity(&subject, None, false);
     let (identity, basis) = match arg {
         SubjectArg::Ip(raw) => {
             let addr = ip::parse_source(raw).ok_or_else(|| {
@@ -67,22 +68,18 @@ pub fn resolve(config: &Config, arg: &SubjectArg) -> Result<Subject, OpsError> {
             (identifier.ip_identity(addr), Basis::Ip)
         }
         SubjectArg::Token(raw) => {
-            let token = non_empty("--token", identity::bearer(raw).unwrap_or(raw))?;
+            let raw = non_empty("--token", identity::bearer(raw).unwrap_or(raw))?;
             // Three dot-separated parts: a compact JWS.
-            let (subject, basis) = if token.split('.').count() == 3 {
-                let verified = identifier.verify(token).map_err(refused)?;
-                (verified, Basis::VerifiedToken)
+            if raw.split('.').count() == 3 {
+                let verified = identifier.verify(raw).map_err(refused)?;
+                (token(verified), Basis::VerifiedToken)
             } else {
-                (unverified(token, None), Basis::BareTid)
-            };
-            (identifier.token_identity(&subject, None, false), basis)
+                (token(unverified(raw, None)), Basis::BareTid)
+            }
         }
         SubjectArg::Account(raw) => {
-            let subject = unverified("", Some(non_empty("--account", raw)?));
-            (
-                identifier.token_identity(&subject, None, false),
-                Basis::Account,
-            )
+            let account = non_empty("--account", raw)?;
+            (token(unverified("", Some(account))), Basis::Account)
         }
     };
     Ok(Subject {
@@ -279,7 +276,7 @@ pub async fn inspect(
         config,
         subject,
         snapshot.as_ref(),
-        UnixSecs(OffsetDateTime::now_utc().unix_timestamp()),
+        super::now(),
     ))
 }
 

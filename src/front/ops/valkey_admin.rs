@@ -1,11 +1,15 @@
 //! What operators read and change in the store, off the request path: one subject's keys and every
 //! quota key. Plain [`ValkeyStore`] methods, kept out of [`crate::io::store::QuotaStore`].
 
+use redis::AsyncCommands;
+
 use super::nodes;
 use super::progress::Progress;
+use super::rfc3339;
+use crate::config::Config;
 use crate::io::connection::Connection;
 use crate::io::store::valkey::ValkeyStore;
-use crate::io::store::{GrantHeld, KEY_PATTERN, Peek, QuotaKey, SendError};
+use crate::io::store::{GrantHeld, KEY_PATTERN, Peek, QuotaKey, SendError, resets_at};
 use crate::rules::unix::{UnixMillis, UnixSecs};
 
 /// Keys removed per UNLINK in a purge.
@@ -23,6 +27,25 @@ pub struct Snapshot {
     pub first_seen: Option<String>,
     /// `None` with no grant, or one waiting for the period's first scan to get the counter's.
     pub grant_expires_at: Option<UnixSecs>,
+}
+
+impl Snapshot {
+    /// When the period ends, as answers report `resetAt`: with no counter, when one opened `now`
+    /// would expire; `None` for a counter that (wrongly) never expires.
+    pub(super) fn reset_at(&self, config: &Config, now: UnixSecs) -> Option<String> {
+        let expires_at = self.peek.reset_at;
+        if self.counter && expires_at.is_none() {
+            return None;
+        }
+        Some(rfc3339(resets_at(config.policy.reset, expires_at, now)))
+    }
+
+    /// How far ahead of `now` the pacing slot is, in ms: the wait a scan arriving now would add.
+    pub(super) fn backlog_ms(&self, now: UnixSecs) -> u64 {
+        self.peek.slot_ms.map_or(0, |slot| {
+            u64::try_from(slot.get() - now.millis().get()).unwrap_or(0)
+        })
+    }
 }
 
 /// Sets a subject's grant atomically, expiring with its counter.
@@ -61,12 +84,7 @@ impl ValkeyStore {
         // A level has no first-seen key (and an empty name is another slot).
         let first_seen: Option<String> = match key.first_seen.is_empty() {
             true => None,
-            false => {
-                redis::cmd("GET")
-                    .arg(&key.first_seen)
-                    .query_async(&mut conn)
-                    .await?
-            }
+            false => conn.get(&key.first_seen).await?,
         };
         if used.is_none() && grant.is_none() {
             return Ok(None);
@@ -127,10 +145,7 @@ impl ValkeyStore {
     /// Takes a subject's grant back; whether there was one.
     pub async fn revoke(&self, key: &QuotaKey) -> Result<bool, SendError> {
         let mut conn = self.valkey().connection().await?;
-        let removed: u64 = redis::cmd("DEL")
-            .arg(&key.grant)
-            .query_async(&mut conn)
-            .await?;
+        let removed: u64 = conn.del(&key.grant).await?;
         Ok(removed > 0)
     }
 

@@ -1,12 +1,22 @@
 //! The connection cap, and which connection gives way past it. A connection is *waiting* for
 //! complete headers or *busy*; only a waiting one costs nothing to close. Each state is one atomic
 //! word ([`Presence`]); the list of open connections is locked only to open, close, or pick one.
+//! The presence learns that its answer is out from the body ([`Answer`], dropped) and the socket
+//! ([`Flushed`]), so closing it for another never cuts an answer off.
 
 use std::collections::HashMap;
+use std::convert::Infallible;
+use std::io::IoSlice;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::task::{Context, Poll, ready};
 use std::time::{Duration, Instant};
 
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper::body::{Body, Frame, SizeHint};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, TryAcquireError};
 
 use super::limits::ServeLimits;
@@ -192,6 +202,86 @@ impl Admission {
 
     fn open_connections(&self) -> MutexGuard<'_, HashMap<u64, Arc<Presence>>> {
         self.open.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// A response body that tells its [`Presence`] when hyper drops it.
+pub(super) struct Answer {
+    pub body: Full<Bytes>,
+    pub presence: Arc<Presence>,
+}
+
+impl Body for Answer {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        Pin::new(&mut self.body).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.body.size_hint()
+    }
+}
+
+impl Drop for Answer {
+    fn drop(&mut self) {
+        self.presence.answer_handed_over();
+    }
+}
+
+/// A socket that tells its [`Presence`] of every completed flush.
+pub(super) struct Flushed<T> {
+    pub io: T,
+    pub presence: Arc<Presence>,
+}
+
+impl<T: AsyncRead + Unpin> AsyncRead for Flushed<T> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.io).poll_read(cx, buf)
+    }
+}
+
+impl<T: AsyncWrite + Unpin> AsyncWrite for Flushed<T> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.io).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.io).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        ready!(Pin::new(&mut self.io).poll_flush(cx))?;
+        self.presence.flushed();
+        Poll::Ready(Ok(()))
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.io).poll_shutdown(cx)
     }
 }
 

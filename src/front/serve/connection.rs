@@ -17,8 +17,7 @@ use tokio::sync::OwnedSemaphorePermit;
 use tokio_io_timeout::TimeoutStream;
 use tokio_util::task::TaskTracker;
 
-use super::admission::{Admission, Registration};
-use super::answer::{Answer, Flushed};
+use super::admission::{Admission, Answer, Flushed, Registration};
 use super::limits::{HEADER_READ_TIMEOUT, MAX_BUF_SIZE, MAX_UNSENT, ServeLimits, WRITE_TIMEOUT};
 use super::route::Routes;
 use crate::gate::Gate;

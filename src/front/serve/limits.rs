@@ -46,7 +46,6 @@ pub struct ServeLimits {
 }
 
 impl ServeLimits {
-    /// The limits `config` sets.
     pub fn from_config(config: &Config) -> Self {
         Self {
             max_connections: config.serve.max_connections as usize,
@@ -58,7 +57,6 @@ impl ServeLimits {
 }
 
 impl Default for ServeLimits {
-    /// The default configuration's limits.
     fn default() -> Self {
         Self::from_config(&Config::default())
     }
@@ -72,7 +70,7 @@ pub fn drain_timeout(config: &Config) -> Duration {
 }
 
 /// A woken request's worst remaining time; a shorter drain may leave it counted without its job.
-pub fn longest_woken_request(config: &Config) -> Duration {
+pub(super) fn longest_woken_request(config: &Config) -> Duration {
     crate::gate::ENQUEUE_TIMEOUT + config.store.timeout * STORE_CALLS_PER_REQUEST
 }
 

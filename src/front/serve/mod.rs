@@ -20,7 +20,6 @@
 //! early, so the requests in flight need only [`drain_timeout`] whatever the delays.
 
 mod admission;
-mod answer;
 mod connection;
 mod limits;
 mod route;

@@ -84,9 +84,7 @@ impl<S: QuotaStore, Q: ScanQueue> Routes<S, Q> {
             }
         }
     }
-}
 
-impl<S: QuotaStore, Q: ScanQueue> Routes<S, Q> {
     /// The answer to a `GET` or `HEAD` (hyper leaves out a HEAD's body) of a probe or the metrics;
     /// `None` for everything else.
     async fn probe(&self, request: &Request<Incoming>) -> Option<Response<Full<Bytes>>> {

@@ -64,11 +64,11 @@ impl Server {
                  enqueue and the store calls may take: one cut off is counted without its job"
             );
         }
-        let store = if config.store.valkey.is_some() {
-            "valkey"
-        } else {
-            "in-memory"
-        };
+        let store = config
+            .store
+            .valkey
+            .as_ref()
+            .map_or("in-memory", |_| "valkey");
         let shared = Shared::default();
         let mut gates = Vec::with_capacity(workers);
         for _ in 0..workers {
