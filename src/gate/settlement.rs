@@ -181,7 +181,7 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
         now: UnixSecs,
     ) {
         let fields = [
-            (RecordField::State, RecordState::Done.name().to_owned()),
+            (RecordField::State, RecordState::Done.as_str().to_owned()),
             (RecordField::ScanId, scan_id.to_string()),
             (RecordField::Fingerprint, claim.fingerprint.clone()),
             (RecordField::Response, crate::gate::respond::save(response)),

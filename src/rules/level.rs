@@ -60,8 +60,8 @@ impl fmt::Display for PolicyName {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self.0 {
             LevelName::Subject => f.write_str("daily"),
-            LevelName::Network(n) => write!(f, "{}-{}", n.family.as_str(), n.len),
-            LevelName::TokenNetwork(n) => write!(f, "tid-{}-{}", n.family.as_str(), n.len),
+            LevelName::Network(n) => write!(f, "{}-{}", n.family, n.len),
+            LevelName::TokenNetwork(n) => write!(f, "tid-{}-{}", n.family, n.len),
             LevelName::Anon => f.write_str("anon"),
         }
     }

@@ -54,20 +54,12 @@ pub enum Rejection {
     MalformedClaim(Claim),
 }
 
-/// The claims a token is counted by.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Claim {
-    Tid,
-    /// The claim `QUOTA_JWT_ACCOUNT_CLAIM` names.
-    Account,
-}
-
-impl Claim {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Tid => "tid",
-            Self::Account => "account",
-        }
+crate::rules::words! {
+    /// The claims a token is counted by.
+    Claim {
+        Tid = "tid",
+        /// The claim `QUOTA_JWT_ACCOUNT_CLAIM` names.
+        Account = "account",
     }
 }
 
