@@ -51,28 +51,25 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
             } else {
                 Vec::new()
             };
-        match settlement {
-            // Levels go in the subject's refund command: a keyed refund not the claim's takes none.
-            Settlement::Refund { .. } if !crate::bug!(LevelRefundUnguarded) => {
-                self.settle_subject(attempt, scan_id, settlement, &levels)
-                    .await;
-            }
-            // Refused outright while the subject's count never happened:
-            // what a level counted alone (a cluster node) goes back.
-            Settlement::Refund { .. } | Settlement::Nothing | Settlement::Release => {
-                self.settle_subject(attempt, scan_id, settlement, &[]).await;
-                for &(key, period_end) in &levels {
-                    let refund = Refund {
-                        key,
-                        period_end,
-                        levels: &[],
-                        record: None,
-                        now: attempt.now(),
-                    };
-                    if let Err(e) = self.store.refund(refund).await {
-                        tracing::warn!(error = %e, "could not take a level's count back");
-                    }
-                }
+        // Levels go in the subject's refund command: a keyed refund not the claim's takes none.
+        if matches!(settlement, Settlement::Refund { .. }) && !crate::bug!(LevelRefundUnguarded) {
+            return self
+                .settle_subject(attempt, scan_id, settlement, &levels)
+                .await;
+        }
+        // Refused outright while the subject's count never happened:
+        // what a level counted alone (a cluster node) goes back.
+        self.settle_subject(attempt, scan_id, settlement, &[]).await;
+        for (key, period_end) in levels {
+            let refund = Refund {
+                key,
+                period_end,
+                levels: &[],
+                record: None,
+                now: attempt.now(),
+            };
+            if let Err(e) = self.store.refund(refund).await {
+                tracing::warn!(error = %e, "could not take a level's count back");
             }
         }
     }

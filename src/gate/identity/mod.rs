@@ -6,6 +6,7 @@ pub mod ip;
 pub mod jwt;
 
 use std::collections::HashMap;
+use std::convert::Infallible;
 use std::net::IpAddr;
 use std::num::NonZeroU32;
 
@@ -121,13 +122,12 @@ impl Identifier {
             !c.proxy_fallback && self.exempt_networks.iter().any(|net| net.contains(&c.addr))
         });
         let client = client.map(|c| c.addr);
-        if self.trust_gateway_claims
-            && let Some(claims) = origin.gateway_claims
-            && let Some(subject) = self.gateway_subject(claims)
-        {
-            return Ok(self.token_identity(&subject, client, from_exempt_network));
-        }
-        let token = match self.check_token(headers) {
+        let gateway = origin.gateway_claims.filter(|_| self.trust_gateway_claims);
+        let token = match gateway.and_then(|claims| self.gateway_subject(claims)) {
+            Some(subject) => Some(Ok(subject)),
+            None => self.check_token(headers),
+        };
+        let token = match token {
             None => None,
             Some(Ok(subject)) => {
                 return Ok(self.token_identity(&subject, client, from_exempt_network));
@@ -149,16 +149,11 @@ impl Identifier {
         let ip = ip.to_canonical();
         let levels = &self.policy.levels;
         let networks = levels.networks_of(scope, ip).map(|(name, level, net)| {
-            let key = match self.network_digests.get(&(name, net)) {
-                Some(digest) => QuotaKey::level(&digest),
-                None => {
-                    let digest = self.hasher.level_digest(&Levels::material(name, net));
-                    let key = QuotaKey::level(&digest);
-                    self.network_digests.insert((name, net), digest);
-                    key
-                }
-            };
-            Level::new(name, key, self.policy.level_limits(name, level.limit))
+            let Ok(digest) = self.network_digests.get_or_insert_with(&(name, net), || {
+                Ok::<_, Infallible>(self.hasher.level_digest(&Levels::material(name, net)))
+            });
+            let limits = self.policy.level_limits(name, level.limit);
+            Level::new(name, QuotaKey::level(&digest), limits)
         });
         let anon = levels.anon.filter(|_| scope == Scope::Ip).map(|budget| {
             let limits = self.policy.level_limits(LevelName::Anon, budget.limit);
@@ -190,14 +185,6 @@ impl Identifier {
             exempt: false,
             levels: self.levels_of(Scope::Ip, ip),
             account_missing: false,
-        }
-    }
-
-    /// Verifies a bearer token (without its scheme) with the configured keys.
-    pub fn verify(&self, token: &str) -> Result<jwt::TokenSubject, Rejection> {
-        match &self.verifier {
-            None => Err(Rejection::NoVerificationKey),
-            Some(v) => v.verify(token),
         }
     }
 
@@ -244,13 +231,23 @@ impl Identifier {
         })
     }
 
+    /// Verifies a bearer token (without its scheme) with the configured keys.
+    pub fn verify(&self, token: &str) -> Result<TokenSubject, Rejection> {
+        self.verifier
+            .as_ref()
+            .ok_or(Rejection::NoVerificationKey)?
+            .verify(token)
+    }
+
     /// `None` when no `Authorization` header was sent.
-    fn check_token(&self, headers: &HeaderMap) -> Option<Result<jwt::TokenSubject, Rejection>> {
+    fn check_token(&self, headers: &HeaderMap) -> Option<Result<TokenSubject, Rejection>> {
         let value = headers.get(header::AUTHORIZATION)?;
-        let Some(token) = value.to_str().ok().and_then(bearer) else {
-            return Some(Err(Rejection::NotBearer));
-        };
-        Some(self.verify(token))
+        let token = value
+            .to_str()
+            .ok()
+            .and_then(bearer)
+            .ok_or(Rejection::NotBearer);
+        Some(token.and_then(|token| self.verify(token)))
     }
 }
 

@@ -5,7 +5,7 @@ use crate::config::ResetPolicy;
 use crate::io::store::resets_at;
 use crate::rules::count::Peek;
 use crate::rules::decide::Limits;
-use crate::rules::level::{LevelName, PolicyName};
+use crate::rules::level::{Level, LevelName, PolicyName};
 use crate::rules::unix::UnixSecs;
 
 /// The seconds in the policy window the headers advertise.
@@ -17,6 +17,17 @@ pub struct LevelStanding {
     pub name: LevelName,
     pub used: u64,
     pub standing: Standing,
+}
+
+impl LevelStanding {
+    /// Where `level` stands when its store reads `peek` at `now`.
+    pub fn of(level: &Level, peek: &Peek, reset: ResetPolicy, now: UnixSecs) -> Self {
+        Self {
+            name: level.name,
+            used: peek.used,
+            standing: Standing::of(Some(peek), level.limits, reset, now),
+        }
+    }
 }
 
 /// `quota.level` and `nextScan.level`: `subject`, `v4/24`, `anon`, …
