@@ -13,8 +13,8 @@ use super::wiring::Gate;
 use crate::gate::error::GateError;
 use crate::io::queue::ScanQueue;
 use crate::io::store::{
-    Claim, CountFailed, QuotaKey, QuotaStore, RecordField, RecordState, RecordUpdate, Refund,
-    SendError,
+    Claim, CountFailed, NoAnswer, QuotaKey, QuotaStore, RecordField, RecordState, RecordUpdate,
+    Refund, SendError,
 };
 use crate::rules::level::Level;
 use crate::rules::settle::{
@@ -91,11 +91,20 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
         let charge = Charge::after_store_error(e.may_land(), attempt.period_end);
         let mode = self.config.store.fail_mode;
         let failure = Failure::Store { mode };
-        attempt.count_failed(failed.levels, e.may_land());
+        // Each level as the store found it, or sharing the subject's fate.
+        let shared = || {
+            vec![
+                Err(NoAnswer {
+                    may_land: e.may_land()
+                });
+                attempt.levels.len()
+            ]
+        };
+        attempt.counted(failed.levels.unwrap_or_else(shared));
         self.apply(attempt, &Scan::fresh(attempt, charge), failure)
             .await;
         // Settled once: no level count is left for a later failure to take back.
-        attempt.levels_settled();
+        attempt.levels.iter_mut().for_each(|l| l.count = None);
         let mut answer = after_store_failure(&charge, attempt.keyed(), mode);
         if crate::bug!(UnknownCountQueuedUnmetered) && answer == AfterStoreFailure::Unsettled {
             answer = AfterStoreFailure::Unmetered;
