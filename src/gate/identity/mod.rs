@@ -14,7 +14,7 @@ use http::{HeaderMap, header};
 use ipnet::IpNet;
 use serde_json::Value;
 
-use crate::config::{Config, ConfigError, Policy};
+use crate::config::{Config, ConfigError, JwtConfig, Policy};
 use crate::gate::error::GateError;
 use crate::rules::digest::{Digest, Hasher};
 use crate::rules::key::QuotaKey;
@@ -62,13 +62,10 @@ pub struct Identifier {
     verifier: Option<Verifier>,
     trusted_proxies: Vec<IpNet>,
     ipv6_prefix: u8,
-    trust_gateway_claims: bool,
     exempt_networks: Vec<IpNet>,
-    /// `QUOTA_EXEMPT_CLAIM`, for the gateway's claims (the verifier has its own copy).
-    exempt_claim: Option<String>,
+    /// For the gateway's claims (`QUOTA_EXEMPT_CLAIM`, …; the verifier has its own copy).
+    jwt: JwtConfig,
     policy: Policy,
-    /// `QUOTA_JWT_ACCOUNT_CLAIM`, for the gateway's claims (the verifier has its own copy).
-    account_claim: Option<String>,
     network_digests: quick_cache::sync::Cache<(LevelName, IpNet), Digest>,
     /// The anonymous budget's digest (its material is a constant).
     anon_digest: Digest,
@@ -91,20 +88,17 @@ impl Identifier {
             });
         }
         warn_of_exempt_proxies(config);
-        let jwt = &config.identity.jwt;
+        let hasher = Hasher::new(config.hash_secret());
         Ok(Self {
-            hasher: Hasher::new(config.hash_secret()),
-            verifier: Verifier::from_config(jwt)?,
+            anon_digest: hasher.level_digest(crate::rules::level::ANON_MATERIAL),
+            hasher,
+            verifier: Verifier::from_config(&config.identity.jwt)?,
             exempt_networks: config.identity.exempt_networks.clone(),
-            exempt_claim: jwt.exempt_claim.clone(),
-            account_claim: jwt.account_claim.clone(),
             trusted_proxies: config.identity.trusted_proxies.clone(),
             ipv6_prefix: config.identity.ipv6_prefix,
-            trust_gateway_claims: jwt.trust_gateway_claims,
+            jwt: config.identity.jwt.clone(),
             policy: config.policy.clone(),
             network_digests: quick_cache::sync::Cache::new(NETWORK_DIGESTS),
-            anon_digest: Hasher::new(config.hash_secret())
-                .level_digest(crate::rules::level::ANON_MATERIAL),
         })
     }
 
@@ -122,7 +116,9 @@ impl Identifier {
             !c.proxy_fallback && self.exempt_networks.iter().any(|net| net.contains(&c.addr))
         });
         let client = client.map(|c| c.addr);
-        let gateway = origin.gateway_claims.filter(|_| self.trust_gateway_claims);
+        let gateway = origin
+            .gateway_claims
+            .filter(|_| self.jwt.trust_gateway_claims);
         let token = match gateway.and_then(|claims| self.gateway_subject(claims)) {
             Some(subject) => Some(Ok(subject)),
             None => self.check_token(headers),
@@ -211,7 +207,7 @@ impl Identifier {
             token: Some(TokenStatus::Accepted),
             exempt,
             levels,
-            account_missing: self.account_claim.is_some() && subject.account.is_none(),
+            account_missing: self.jwt.account_claim.is_some() && subject.account.is_none(),
         }
     }
 
@@ -224,8 +220,8 @@ impl Identifier {
             tier: claims
                 .get("tier")
                 .and_then(|t| jwt::tier_from_claim(&Value::from(t.as_str()))),
-            exempt: claim(&self.exempt_claim).is_some_and(|v| v == "true"),
-            account: claim(&self.account_claim)
+            exempt: claim(&self.jwt.exempt_claim).is_some_and(|v| v == "true"),
+            account: claim(&self.jwt.account_claim)
                 .filter(|a| !a.is_empty())
                 .cloned(),
         })
