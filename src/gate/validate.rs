@@ -7,9 +7,7 @@ use serde_json::value::RawValue;
 use crate::gate::error::GateError;
 use crate::rules::job::{Image, RequestBody};
 
-/// The largest body accepted.
 pub const MAX_BODY_BYTES: usize = 64 * 1024;
-/// The longest `image` accepted.
 pub const MAX_IMAGE_BYTES: usize = 1024;
 
 /// Whether `path` is `route`, or `/<stage>` and `route`: the one rule for a stage in the path.

@@ -55,7 +55,6 @@ pub struct Origin<'a> {
     pub gateway_claims: Option<&'a HashMap<String, String>>,
 }
 
-/// Turns requests into counted subjects.
 #[derive(Debug)]
 pub struct Identifier {
     hasher: Hasher,

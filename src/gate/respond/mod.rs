@@ -11,6 +11,7 @@ use uuid::Uuid;
 mod standing;
 
 use crate::gate::identity::TokenStatus;
+use crate::gate::identity::jwt::{Claim, Rejection};
 pub use crate::io::clock::{rfc3339, rfc3339_ms};
 use crate::rules::decide::ShadowVerdict;
 use crate::rules::delay::DelayPlan;
@@ -100,17 +101,14 @@ pub struct TokenBody {
 
 impl From<TokenStatus> for TokenBody {
     fn from(t: TokenStatus) -> Self {
-        match t {
-            TokenStatus::Accepted => Self {
-                accepted: true,
-                reason: None,
-                claim: None,
-            },
-            TokenStatus::Rejected(r) => Self {
-                accepted: false,
-                reason: Some(r.as_str()),
-                claim: r.claim().map(|c| c.as_str()),
-            },
+        let rejection = match t {
+            TokenStatus::Accepted => None,
+            TokenStatus::Rejected(r) => Some(r),
+        };
+        Self {
+            accepted: rejection.is_none(),
+            reason: rejection.map(Rejection::as_str),
+            claim: rejection.and_then(Rejection::claim).map(Claim::as_str),
         }
     }
 }
@@ -190,7 +188,6 @@ struct Saved {
     body: String,
 }
 
-/// Saves an answer for replay.
 pub fn save(response: &Response<Bytes>) -> String {
     let saved = Saved {
         headers: response
@@ -301,10 +298,8 @@ impl Accepted {
         let h = response.headers_mut();
         h.insert(DELAY, HeaderValue::from(duration_ms(self.plan.total)));
         if let Some(r) = reminder {
-            h.insert(
-                REMINDER,
-                HeaderValue::from_str(&r).unwrap_or(HeaderValue::from_static("")),
-            );
+            let empty = HeaderValue::from_static("");
+            h.insert(REMINDER, HeaderValue::from_str(&r).unwrap_or(empty));
         }
         if let Some(shadow) = &self.shadow {
             h.insert(SHADOW, HeaderValue::from_static(shadow.tier));

@@ -22,7 +22,6 @@ use keys::VerificationKey;
 /// Tokens longer than this are not parsed at all.
 pub const MAX_TOKEN_BYTES: usize = 8 * 1024;
 
-/// A verified token's subject.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TokenSubject {
     /// The token id claim: the counting material.
@@ -90,7 +89,6 @@ impl Rejection {
     }
 }
 
-/// Verifies tokens against the configured keys.
 pub struct Verifier {
     keys: Vec<VerificationKey>,
     issuer: String,
