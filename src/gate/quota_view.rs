@@ -10,7 +10,7 @@ use serde::Serialize;
 
 use crate::config::{Mode, Pacing};
 use crate::gate::identity::TokenStatus;
-use crate::gate::respond::{self, LevelStanding, Standing, serialize_level};
+use crate::gate::respond::{self, LevelStanding, Standing};
 use crate::io::clock::rfc3339;
 use crate::rules::count::Peek;
 pub use crate::rules::decide::ShadowVerdict;
@@ -41,10 +41,7 @@ pub struct NextScan {
     /// `within`, `soft`, `hard` (the decided tier) or `exempt`.
     pub tier: &'static str,
     /// The level whose decision sets it (`subject`, `v4/24`, …; none when exempt).
-    #[serde(
-        skip_serializing_if = "Option::is_none",
-        serialize_with = "serialize_level"
-    )]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub level: Option<LevelName>,
     /// The delay it would be given (0 in shadow mode: nobody waits).
     pub delay_ms: u64,
@@ -136,7 +133,7 @@ struct Quota<'a> {
 
 #[derive(Serialize)]
 struct LevelBody {
-    level: String,
+    level: LevelName,
     limit: u32,
     used: u64,
     remaining: u64,
@@ -150,7 +147,7 @@ impl QuotaView {
             .levels
             .iter()
             .map(|l| LevelBody {
-                level: l.name.label(),
+                level: l.name,
                 limit: l.standing.limit,
                 used: l.used,
                 remaining: l.standing.remaining,

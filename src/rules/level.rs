@@ -52,6 +52,13 @@ impl fmt::Display for LevelName {
     }
 }
 
+/// In JSON, its label (`quota.level`, `nextScan.level`).
+impl serde::Serialize for LevelName {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
 /// A level's name in `RateLimit-Policy` (`daily`, `v4-24`, `tid-v4-24`, `anon`).
 #[derive(Debug, Clone, Copy)]
 pub struct PolicyName(pub LevelName);

@@ -18,7 +18,7 @@ use crate::rules::delay::DelayPlan;
 use crate::rules::level::LevelName;
 use crate::rules::scope::Scope;
 use crate::rules::unix::duration_ms;
-pub use standing::{LevelStanding, Standing, fewest_remaining, policy, ratelimit, serialize_level};
+pub use standing::{LevelStanding, Standing, fewest_remaining, policy, ratelimit};
 
 pub const REMAINING: HeaderName = HeaderName::from_static("x-stella-quota-remaining");
 pub const RESET: HeaderName = HeaderName::from_static("x-stella-reset");
@@ -75,10 +75,7 @@ struct Body<'a, Q> {
 #[serde(rename_all = "camelCase")]
 struct Quota<'a> {
     scope: &'static str,
-    #[serde(
-        skip_serializing_if = "Option::is_none",
-        serialize_with = "serialize_level"
-    )]
+    #[serde(skip_serializing_if = "Option::is_none")]
     level: Option<LevelName>,
     limit: u32,
     used: Option<u64>,

@@ -30,17 +30,6 @@ impl LevelStanding {
     }
 }
 
-/// `quota.level` and `nextScan.level`: `subject`, `v4/24`, `anon`, …
-pub fn serialize_level<S: serde::Serializer>(
-    level: &Option<LevelName>,
-    s: S,
-) -> Result<S::Ok, S::Error> {
-    match level {
-        Some(l) => s.collect_str(l),
-        None => s.serialize_none(),
-    }
-}
-
 /// `RateLimit-Policy`: one policy per line, `(name, limit)`, as
 /// `"daily";q=33;w=86400, "v4-24";q=264;w=86400`.
 pub fn policy(lines: impl IntoIterator<Item = (LevelName, u32)>) -> String {
