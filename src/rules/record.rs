@@ -114,10 +114,6 @@ impl Record {
         }
     }
 
-    pub fn is_done(&self) -> bool {
-        self.state == RecordState::Done
-    }
-
     /// A record from a hash's pairs; no valid `scanId` or state is an error, not a fresh identity.
     pub fn from_pairs<'a>(
         pairs: impl IntoIterator<Item = (&'a str, &'a str)>,

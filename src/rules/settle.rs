@@ -14,7 +14,7 @@ use crate::rules::level::LevelName;
 use crate::rules::modes::{FailMode, Pacing};
 use crate::rules::outcome::Metered;
 use crate::rules::pace::Paced;
-use crate::rules::record::{Claim, Record};
+use crate::rules::record::{Claim, Record, RecordState};
 use crate::rules::unix::{UnixMillis, UnixSecs, duration_ms};
 
 /// Added to an attempt's expected end in a 409's `Retry-After`: its enqueue and saved answer.
@@ -74,7 +74,7 @@ pub fn on_repeat(
     if record.fingerprint != claim.fingerprint {
         return Repeat::Mismatch;
     }
-    if record.is_done()
+    if record.state == RecordState::Done
         && let Some(saved) = &record.response
     {
         return Repeat::Replay(saved.clone());
