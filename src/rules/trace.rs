@@ -192,20 +192,17 @@ impl TraceState {
 
 /// A list member's key: `simple-key` or `tenant@system`.
 fn valid_key(key: &str) -> bool {
-    let rest = |c: u8| matches!(c, b'a'..=b'z' | b'0'..=b'9' | b'_' | b'-' | b'*' | b'/');
-    let b = key.as_bytes();
+    // One part: 1 to `most` of `a-z0-9_-*/`, its first as `first` allows.
+    let part = |s: &str, most: usize, first: fn(&u8) -> bool| {
+        let b = s.as_bytes();
+        let rest = |c: &u8| matches!(c, b'a'..=b'z' | b'0'..=b'9' | b'_' | b'-' | b'*' | b'/');
+        (1..=most).contains(&b.len()) && first(&b[0]) && b.iter().all(rest)
+    };
     match key.split_once('@') {
-        None => {
-            (1..=256).contains(&b.len()) && b[0].is_ascii_lowercase() && b.iter().all(|&c| rest(c))
-        }
+        None => part(key, 256, u8::is_ascii_lowercase),
         Some((tenant, system)) => {
-            let (t, s) = (tenant.as_bytes(), system.as_bytes());
-            (1..=241).contains(&t.len())
-                && (t[0].is_ascii_lowercase() || t[0].is_ascii_digit())
-                && t.iter().all(|&c| rest(c))
-                && (1..=14).contains(&s.len())
-                && s[0].is_ascii_lowercase()
-                && s.iter().all(|&c| rest(c))
+            let lower_or_digit = |c: &u8| c.is_ascii_lowercase() || c.is_ascii_digit();
+            part(tenant, 241, lower_or_digit) && part(system, 14, u8::is_ascii_lowercase)
         }
     }
 }

@@ -182,7 +182,11 @@ impl Verifier {
             self.keys.iter().any(|k| k.kid.is_some())
                 && !self.keys.iter().any(|k| k.kid.as_deref() == Some(kid))
         });
-        let mut rejection = Rejection::AlgorithmNotAllowed;
+        let mut rejection = if kid_unknown {
+            Rejection::UnknownKid
+        } else {
+            Rejection::AlgorithmNotAllowed
+        };
         for key in candidates.filter(|k| k.algorithm == algorithm) {
             match jsonwebtoken::decode::<Claims>(token, &key.key, &self.validation(algorithm)) {
                 Ok(data) => {
@@ -192,20 +196,13 @@ impl Verifier {
                     }
                     return Ok(subject);
                 }
-                Err(e) => {
-                    rejection = map_error(e.kind());
-                    if rejection == Rejection::BadSignature && kid_unknown {
-                        rejection = Rejection::UnknownKid;
-                    }
-                    if rejection != Rejection::BadSignature && rejection != Rejection::UnknownKid {
-                        // The signature held: the claims are at fault, whatever other key we try.
-                        return Err(rejection);
-                    }
-                }
+                Err(e) => match map_error(e.kind()) {
+                    Rejection::BadSignature if !kid_unknown => rejection = Rejection::BadSignature,
+                    Rejection::BadSignature => {}
+                    // The signature held: the claims are at fault, whatever other key we try.
+                    other => return Err(other),
+                },
             }
-        }
-        if kid_unknown && rejection == Rejection::AlgorithmNotAllowed {
-            return Err(Rejection::UnknownKid);
         }
         Err(rejection)
     }
