@@ -242,7 +242,7 @@ mod tests {
     use crate::rules::count::NoAnswer;
     use crate::rules::decide::{Tier, decide};
     use crate::rules::networks::parse_networks;
-    use crate::rules::networks::tests::{n, v};
+    use crate::rules::networks::{n, v};
 
     fn levels() -> Levels {
         Levels {

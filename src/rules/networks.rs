@@ -141,19 +141,21 @@ fn parse_limit(text: &str, anon: NonZeroU32) -> Result<NonZeroU32, String> {
     NonZeroU32::new(limit).ok_or_else(|| format!("{text:?} is not a limit"))
 }
 
+/// A limit, in tests.
 #[cfg(test)]
-pub(crate) mod tests {
+pub(crate) fn n(k: u32) -> NonZeroU32 {
+    NonZeroU32::new(k).unwrap()
+}
+
+/// A network level of `family` and prefix `len`, in tests.
+#[cfg(test)]
+pub(crate) fn v(family: Family, len: u8) -> Network {
+    Network { family, len }
+}
+
+#[cfg(test)]
+mod tests {
     use super::*;
-
-    /// A limit, in tests.
-    pub(crate) fn n(k: u32) -> NonZeroU32 {
-        NonZeroU32::new(k).unwrap()
-    }
-
-    /// A network level of `family` and prefix `len`, in tests.
-    pub(crate) fn v(family: Family, len: u8) -> Network {
-        Network { family, len }
-    }
 
     /// The default, and every way a level can be written wrong.
     #[test]
