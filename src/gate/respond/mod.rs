@@ -235,21 +235,19 @@ impl Accepted {
         let level = self.level.filter(|l| *l != LevelName::Subject)?;
         let delayed =
             self.plan.total > Duration::ZERO || self.shadow.is_some_and(|v| v.delay_ms > 0);
-        let line = self.levels.iter().find(|l| l.name == level)?;
-        let limit = line.standing.limit;
-        let label = level.label();
-        let message = match level {
+        let line = self.levels.iter().find(|l| l.name == level);
+        let limit = line.filter(|_| delayed)?.standing.limit;
+        Some(match level {
             LevelName::Anon => format!(
-                "All anonymous scans together ({label}) are over their shared limit of {limit} scans today, so their scans start one delay apart; scanning with a token lifts this limit."
+                "All anonymous scans together ({level}) are over their shared limit of {limit} scans today, so their scans start one delay apart; scanning with a token lifts this limit."
             ),
             LevelName::TokenNetwork(_) => format!(
-                "The token holders of your network ({label}) are over their shared limit of {limit} scans today, so their scans start one delay apart."
+                "The token holders of your network ({level}) are over their shared limit of {limit} scans today, so their scans start one delay apart."
             ),
             _ => format!(
-                "Your network ({label}) is over its shared limit of {limit} scans today, so its scans start one delay apart; scanning with a token lifts the network's limit."
+                "Your network ({level}) is over its shared limit of {limit} scans today, so its scans start one delay apart; scanning with a token lifts the network's limit."
             ),
-        };
-        delayed.then_some(message)
+        })
     }
 
     fn body_json(&self, reset_at: &str, reminder: Option<&str>) -> Vec<u8> {
