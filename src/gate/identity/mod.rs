@@ -115,14 +115,10 @@ impl Identifier {
             !c.proxy_fallback && self.exempt_networks.iter().any(|net| net.contains(&c.addr))
         });
         let client = client.map(|c| c.addr);
-        let gateway = origin
-            .gateway_claims
-            .filter(|_| self.jwt.trust_gateway_claims);
-        let token = match gateway.and_then(|claims| self.gateway_subject(claims)) {
-            Some(subject) => Some(Ok(subject)),
-            None => self.check_token(headers),
-        };
-        let token = match token {
+        let trusted = self.jwt.trust_gateway_claims;
+        let gateway = origin.gateway_claims.filter(|_| trusted);
+        let gateway = gateway.and_then(|claims| self.gateway_subject(claims));
+        let token = match gateway.map(Ok).or_else(|| self.check_token(headers)) {
             None => None,
             Some(Ok(subject)) => {
                 return Ok(self.token_identity(&subject, client, from_exempt_network));
