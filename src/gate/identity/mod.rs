@@ -14,7 +14,7 @@ use http::{HeaderMap, header};
 use ipnet::IpNet;
 use serde_json::Value;
 
-use crate::config::{Config, ConfigError, JwtConfig, Policy};
+use crate::config::{Config, ConfigError, IdentityConfig, Policy};
 use crate::gate::error::GateError;
 use crate::rules::digest::{Digest, Hasher};
 use crate::rules::key::QuotaKey;
@@ -59,11 +59,8 @@ pub struct Origin<'a> {
 pub struct Identifier {
     hasher: Hasher,
     verifier: Option<Verifier>,
-    trusted_proxies: Vec<IpNet>,
-    ipv6_prefix: u8,
-    exempt_networks: Vec<IpNet>,
-    /// For the gateway's claims (`QUOTA_EXEMPT_CLAIM`, …; the verifier has its own copy).
-    jwt: JwtConfig,
+    /// The proxies, exempt networks, IPv6 prefix, and the claim names read of the gateway's claims.
+    config: IdentityConfig,
     policy: Policy,
     network_digests: quick_cache::sync::Cache<(LevelName, IpNet), Digest>,
     /// The anonymous budget's digest (its material is a constant).
@@ -92,10 +89,7 @@ impl Identifier {
             anon_digest: hasher.level_digest(crate::rules::level::ANON_MATERIAL),
             hasher,
             verifier: Verifier::from_config(&config.identity.jwt)?,
-            exempt_networks: config.identity.exempt_networks.clone(),
-            trusted_proxies: config.identity.trusted_proxies.clone(),
-            ipv6_prefix: config.identity.ipv6_prefix,
-            jwt: config.identity.jwt.clone(),
+            config: config.identity.clone(),
             policy: config.policy.clone(),
             network_digests: quick_cache::sync::Cache::new(NETWORK_DIGESTS),
         })
@@ -110,12 +104,17 @@ impl Identifier {
     ) -> Result<Identity, GateError> {
         let client = origin
             .peer
-            .map(|peer| ip::client_ip(peer, headers, &self.trusted_proxies));
+            .map(|peer| ip::client_ip(peer, headers, &self.config.trusted_proxies));
         let from_exempt_network = client.is_some_and(|c| {
-            !c.proxy_fallback && self.exempt_networks.iter().any(|net| net.contains(&c.addr))
+            !c.proxy_fallback
+                && self
+                    .config
+                    .exempt_networks
+                    .iter()
+                    .any(|net| net.contains(&c.addr))
         });
         let client = client.map(|c| c.addr);
-        let trusted = self.jwt.trust_gateway_claims;
+        let trusted = self.config.jwt.trust_gateway_claims;
         let gateway = origin.gateway_claims.filter(|_| trusted);
         let gateway = gateway.and_then(|claims| self.gateway_subject(claims));
         let token = match gateway.map(Ok).or_else(|| self.check_token(headers)) {
@@ -163,7 +162,7 @@ impl Identifier {
     /// The anonymous subject's digest for an address (the operator commands find counters by it).
     pub fn ip_digest(&self, ip: IpAddr) -> Digest {
         self.hasher
-            .digest(Scope::Ip, &ip::material(ip, self.ipv6_prefix))
+            .digest(Scope::Ip, &ip::material(ip, self.config.ipv6_prefix))
     }
 
     /// The anonymous subject of a direct, already trusted address, with its levels.
@@ -202,7 +201,7 @@ impl Identifier {
             token: Some(TokenStatus::Accepted),
             exempt,
             levels,
-            account_missing: self.jwt.account_claim.is_some() && subject.account.is_none(),
+            account_missing: self.config.jwt.account_claim.is_some() && subject.account.is_none(),
         }
     }
 
@@ -215,8 +214,8 @@ impl Identifier {
             tier: claims
                 .get("tier")
                 .and_then(|t| jwt::tier_from_claim(&Value::from(t.as_str()))),
-            exempt: claim(&self.jwt.exempt_claim).is_some_and(|v| v == "true"),
-            account: claim(&self.jwt.account_claim)
+            exempt: claim(&self.config.jwt.exempt_claim).is_some_and(|v| v == "true"),
+            account: claim(&self.config.jwt.account_claim)
                 .filter(|a| !a.is_empty())
                 .cloned(),
         })
