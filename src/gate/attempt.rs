@@ -13,7 +13,7 @@ use crate::config::{DelayMode, Policy, ResetPolicy};
 use crate::gate::identity::{Identity, Origin};
 use crate::io::meter::{Exit, Metered, Outcome};
 use crate::io::queue::ENQUEUE_TIMEOUT;
-use crate::io::store::{Claim, LevelCount, NoAnswer, PaceLane, QuotaKey, Tally, period_end};
+use crate::io::store::{Claim, LevelCount, PaceLane, QuotaKey, Tally, period_end};
 use crate::rules::decide::{Limits, decide};
 use crate::rules::delay::{self, Bed, BedAsk, DelayPlan};
 use crate::rules::level::{Level, LevelName, most_severe};
@@ -131,19 +131,6 @@ impl Attempt {
         for (level, count) in self.levels.iter_mut().zip(counts) {
             level.count = Some(count);
         }
-    }
-
-    /// The levels of a scan whose count failed: each as the store found it, or sharing the
-    /// subject's fate.
-    pub fn count_failed(&mut self, levels: Option<Vec<LevelCount>>, may_land: bool) {
-        let shared = || vec![Err(NoAnswer { may_land }); self.levels.len()];
-        let counts = levels.unwrap_or_else(shared);
-        self.counted(counts);
-    }
-
-    /// Forgets the levels' counts once a failed count is settled: none is left to take back.
-    pub fn levels_settled(&mut self) {
-        self.levels.iter_mut().for_each(|l| l.count = None);
     }
 
     /// The lines a counted scan waits in above its subject: each level over its limit.

@@ -18,7 +18,6 @@ pub enum GateError {
     NotFound,
     #[error("only POST is allowed on /scan")]
     MethodNotAllowed,
-    /// `/quota` is read with `GET` (or `HEAD`).
     #[error("only GET and HEAD are allowed on /quota")]
     QuotaMethodNotAllowed,
     #[error("the body must be JSON: send Content-Type: application/json")]
@@ -31,7 +30,6 @@ pub enum GateError {
     /// The body is not a valid scan request; `code` says which rule it broke.
     #[error("{detail}")]
     BadRequest { code: &'static str, detail: String },
-    /// `Idempotency-Key` is not 1–255 visible ASCII characters.
     #[error("Idempotency-Key must be 1 to 255 visible ASCII characters")]
     InvalidIdempotencyKey,
     /// `Idempotency-Key` was sent more than once: which one is meant is unknown.
@@ -39,10 +37,8 @@ pub enum GateError {
         "Idempotency-Key was sent {count} times; send it once (1 to 255 visible ASCII characters)"
     )]
     RepeatedIdempotencyKey { count: usize },
-    /// The key was used before with another body.
     #[error("this Idempotency-Key was used with a different request body")]
     IdempotencyMismatch,
-    /// The first request with this key has not answered yet.
     #[error("a request with this Idempotency-Key is still in flight; retry after it answers")]
     IdempotencyInProgress { retry_after: u64 },
     /// The quota store failed and the gate fails closed; a count that may still land is taken back.
@@ -66,7 +62,6 @@ pub enum GateError {
             retry with the same Idempotency-Key to settle it (one job, one count)",
     })]
     QueueFailed { queued: Queued },
-    /// `GET /quota` could not read the store: no guess is given.
     #[error("the quota store is unavailable; your quota cannot be read now; retry shortly")]
     QuotaUnavailable,
     /// The platform gave no source address; a deployment fault, not the client's.

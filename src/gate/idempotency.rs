@@ -9,10 +9,8 @@ use sha2::{Digest, Sha256};
 
 use crate::gate::error::GateError;
 
-/// The request header.
 pub const HEADER: &str = "idempotency-key";
 
-/// The longest key accepted.
 pub const MAX_KEY_LEN: usize = 255;
 
 /// The `Idempotency-Key`: `None` when absent, 400 when sent twice or not 1–255 visible ASCII.

@@ -54,11 +54,7 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
         let now = now_ms.secs();
         let standings = levels
             .iter()
-            .map(|(l, peek)| LevelStanding {
-                name: l.name,
-                used: peek.used,
-                standing: Standing::of(Some(peek), l.limits, policy.reset, now),
-            })
+            .map(|(l, peek)| LevelStanding::of(l, peek, policy.reset, now))
             .collect();
         let next = next_scan(&peek, limits, &levels, rules, now_ms);
         if next.backlog_full_retry_after.is_none() {

@@ -10,7 +10,7 @@ use serde::Serialize;
 
 use crate::config::{Mode, Pacing};
 use crate::gate::identity::TokenStatus;
-use crate::gate::respond::{self, LevelStanding, Standing, serialize_level};
+use crate::gate::respond::{self, LevelStanding, Standing};
 use crate::io::clock::rfc3339;
 use crate::rules::count::Peek;
 pub use crate::rules::decide::ShadowVerdict;
@@ -41,10 +41,7 @@ pub struct NextScan {
     /// `within`, `soft`, `hard` (the decided tier) or `exempt`.
     pub tier: &'static str,
     /// The level whose decision sets it (`subject`, `v4/24`, …; none when exempt).
-    #[serde(
-        skip_serializing_if = "Option::is_none",
-        serialize_with = "serialize_level"
-    )]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub level: Option<LevelName>,
     /// The delay it would be given (0 in shadow mode: nobody waits).
     pub delay_ms: u64,
@@ -112,10 +109,11 @@ pub struct QuotaView {
     pub token: Option<TokenStatus>,
 }
 
+/// The answer's body; `Q` is its `quota` (an exempt caller's is only its scope).
 #[derive(Serialize)]
 #[serde(rename_all = "camelCase")]
-struct Body<'a> {
-    quota: Quota<'a>,
+struct Body<'a, Q> {
+    quota: Q,
     #[serde(skip_serializing_if = "<[_]>::is_empty")]
     levels: &'a [LevelBody],
     next_scan: NextScan,
@@ -127,19 +125,15 @@ struct Body<'a> {
 #[serde(rename_all = "camelCase")]
 struct Quota<'a> {
     scope: &'static str,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    limit: Option<u32>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    used: Option<u64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    remaining: Option<u64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    reset_at: Option<&'a str>,
+    limit: u32,
+    used: u64,
+    remaining: u64,
+    reset_at: &'a str,
 }
 
 #[derive(Serialize)]
 struct LevelBody {
-    level: String,
+    level: LevelName,
     limit: u32,
     used: u64,
     remaining: u64,
@@ -153,7 +147,7 @@ impl QuotaView {
             .levels
             .iter()
             .map(|l| LevelBody {
-                level: l.name.label(),
+                level: l.name,
                 limit: l.standing.limit,
                 used: l.used,
                 remaining: l.standing.remaining,
@@ -163,10 +157,10 @@ impl QuotaView {
             levels: &levels,
             quota: Quota {
                 scope: self.scope.as_str(),
-                limit: Some(self.standing.limit),
-                used: Some(self.used),
-                remaining: Some(self.standing.remaining),
-                reset_at: Some(&reset_at),
+                limit: self.standing.limit,
+                used: self.used,
+                remaining: self.standing.remaining,
+                reset_at: &reset_at,
             },
             next_scan: self.next,
             token: self.token.map(respond::TokenBody::from),
@@ -178,13 +172,7 @@ impl QuotaView {
 /// The `GET /quota` answer for an exempt caller, with the quota headers of its own standing.
 pub fn exempt_response(token: Option<TokenStatus>, standing: &Standing) -> Response<Bytes> {
     let body = Body {
-        quota: Quota {
-            scope: "exempt",
-            limit: None,
-            used: None,
-            remaining: None,
-            reset_at: None,
-        },
+        quota: serde_json::json!({"scope": "exempt"}),
         levels: &[],
         next_scan: NextScan {
             tier: "exempt",
@@ -198,7 +186,11 @@ pub fn exempt_response(token: Option<TokenStatus>, standing: &Standing) -> Respo
     ok(&body, standing, &[])
 }
 
-fn ok(body: &Body<'_>, standing: &Standing, levels: &[LevelStanding]) -> Response<Bytes> {
+fn ok<Q: Serialize>(
+    body: &Body<'_, Q>,
+    standing: &Standing,
+    levels: &[LevelStanding],
+) -> Response<Bytes> {
     let json = serde_json::to_vec(body).unwrap_or_default();
     let reset_at = rfc3339(standing.reset_at);
     respond::answer(StatusCode::OK, json, standing, levels, &reset_at)

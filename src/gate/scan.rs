@@ -75,19 +75,15 @@ impl Scan {
             Charge::Unmetered | Charge::Unknown { .. } => (None, None, false, None, None),
         };
         // Each level counted with it, where it stands after this scan.
-        let levels = attempt
-            .levels
-            .iter()
-            .filter_map(|level| {
-                let (_, count) = level.counted()?;
-                let peek = Peek::from(count);
-                Some(LevelStanding {
-                    name: level.name,
-                    used: count.used,
-                    standing: Standing::of(Some(&peek), level.limits, attempt.reset, attempt.now()),
-                })
-            })
-            .collect();
+        let levels = attempt.levels.iter().filter_map(|level| {
+            let peek = Peek::from(level.counted()?.1);
+            Some(LevelStanding::of(
+                level,
+                &peek,
+                attempt.reset,
+                attempt.now(),
+            ))
+        });
         Accepted {
             scan_id: job.scan_id,
             scope: attempt.identity.scope,
@@ -99,7 +95,7 @@ impl Scan {
             reminder,
             shadow: verdict,
             level,
-            levels,
+            levels: levels.collect(),
         }
     }
 }

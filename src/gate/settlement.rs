@@ -13,8 +13,8 @@ use super::wiring::Gate;
 use crate::gate::error::GateError;
 use crate::io::queue::ScanQueue;
 use crate::io::store::{
-    Claim, CountFailed, QuotaKey, QuotaStore, RecordField, RecordState, RecordUpdate, Refund,
-    SendError,
+    Claim, CountFailed, NoAnswer, QuotaKey, QuotaStore, RecordField, RecordState, RecordUpdate,
+    Refund, SendError,
 };
 use crate::rules::level::Level;
 use crate::rules::settle::{
@@ -51,28 +51,25 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
             } else {
                 Vec::new()
             };
-        match settlement {
-            // Levels go in the subject's refund command: a keyed refund not the claim's takes none.
-            Settlement::Refund { .. } if !crate::bug!(LevelRefundUnguarded) => {
-                self.settle_subject(attempt, scan_id, settlement, &levels)
-                    .await;
-            }
-            // Refused outright while the subject's count never happened:
-            // what a level counted alone (a cluster node) goes back.
-            Settlement::Refund { .. } | Settlement::Nothing | Settlement::Release => {
-                self.settle_subject(attempt, scan_id, settlement, &[]).await;
-                for &(key, period_end) in &levels {
-                    let refund = Refund {
-                        key,
-                        period_end,
-                        levels: &[],
-                        record: None,
-                        now: attempt.now(),
-                    };
-                    if let Err(e) = self.store.refund(refund).await {
-                        tracing::warn!(error = %e, "could not take a level's count back");
-                    }
-                }
+        // Levels go in the subject's refund command: a keyed refund not the claim's takes none.
+        if matches!(settlement, Settlement::Refund { .. }) && !crate::bug!(LevelRefundUnguarded) {
+            return self
+                .settle_subject(attempt, scan_id, settlement, &levels)
+                .await;
+        }
+        // Refused outright while the subject's count never happened:
+        // what a level counted alone (a cluster node) goes back.
+        self.settle_subject(attempt, scan_id, settlement, &[]).await;
+        for (key, period_end) in levels {
+            let refund = Refund {
+                key,
+                period_end,
+                levels: &[],
+                record: None,
+                now: attempt.now(),
+            };
+            if let Err(e) = self.store.refund(refund).await {
+                tracing::warn!(error = %e, "could not take a level's count back");
             }
         }
     }
@@ -94,11 +91,20 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
         let charge = Charge::after_store_error(e.may_land(), attempt.period_end);
         let mode = self.config.store.fail_mode;
         let failure = Failure::Store { mode };
-        attempt.count_failed(failed.levels, e.may_land());
+        // Each level as the store found it, or sharing the subject's fate.
+        let shared = || {
+            vec![
+                Err(NoAnswer {
+                    may_land: e.may_land()
+                });
+                attempt.levels.len()
+            ]
+        };
+        attempt.counted(failed.levels.unwrap_or_else(shared));
         self.apply(attempt, &Scan::fresh(attempt, charge), failure)
             .await;
         // Settled once: no level count is left for a later failure to take back.
-        attempt.levels_settled();
+        attempt.levels.iter_mut().for_each(|l| l.count = None);
         let mut answer = after_store_failure(&charge, attempt.keyed(), mode);
         if crate::bug!(UnknownCountQueuedUnmetered) && answer == AfterStoreFailure::Unsettled {
             answer = AfterStoreFailure::Unmetered;
@@ -181,7 +187,7 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
         now: UnixSecs,
     ) {
         let fields = [
-            (RecordField::State, RecordState::Done.name().to_owned()),
+            (RecordField::State, RecordState::Done.as_str().to_owned()),
             (RecordField::ScanId, scan_id.to_string()),
             (RecordField::Fingerprint, claim.fingerprint.clone()),
             (RecordField::Response, crate::gate::respond::save(response)),

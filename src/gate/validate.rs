@@ -7,9 +7,7 @@ use serde_json::value::RawValue;
 use crate::gate::error::GateError;
 use crate::rules::job::{Image, RequestBody};
 
-/// The largest body accepted.
 pub const MAX_BODY_BYTES: usize = 64 * 1024;
-/// The longest `image` accepted.
 pub const MAX_IMAGE_BYTES: usize = 1024;
 
 /// Whether `path` is `route`, or `/<stage>` and `route`: the one rule for a stage in the path.
@@ -45,18 +43,15 @@ pub fn validate(
 }
 
 fn is_json(headers: &HeaderMap) -> bool {
-    let Some(value) = headers
+    let value = headers
         .get(header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-    else {
-        return false;
-    };
+        .and_then(|v| v.to_str().ok());
     let essence = value
+        .unwrap_or_default()
         .split(';')
         .next()
-        .unwrap_or_default()
-        .trim()
-        .to_ascii_lowercase();
+        .unwrap_or_default();
+    let essence = essence.trim().to_ascii_lowercase();
     essence == "application/json"
         || (essence.starts_with("application/") && essence.ends_with("+json"))
 }
@@ -64,52 +59,41 @@ fn is_json(headers: &HeaderMap) -> bool {
 /// Parses and checks the body (the size was checked by the caller): the whole JSON object, passed
 /// through to the job as the client wrote it.
 pub fn parse_body(body: &[u8]) -> Result<RequestBody, GateError> {
-    if body.is_empty() {
-        return Err(GateError::bad_request(
-            "empty_body",
-            "the body must be a JSON object",
-        ));
+    fn bad(code: &'static str, detail: impl Into<String>) -> Result<RequestBody, GateError> {
+        Err(GateError::bad_request(code, detail))
     }
-    let text = std::str::from_utf8(body)
-        .map_err(|_| GateError::bad_request("invalid_utf8", "the body is not valid UTF-8"))?;
+    if body.is_empty() {
+        return bad("empty_body", "the body must be a JSON object");
+    }
+    let Ok(text) = std::str::from_utf8(body) else {
+        return bad("invalid_utf8", "the body is not valid UTF-8");
+    };
     let invalid_json = |e: serde_json::Error| {
         GateError::bad_request("invalid_json", format!("the body is not valid JSON: {e}"))
     };
     // Checked as JSON but not converted: the job carries the client's text.
     let raw: &RawValue = serde_json::from_str(text).map_err(invalid_json)?;
     if !raw.get().starts_with('{') {
-        return Err(GateError::bad_request(
-            "not_an_object",
-            "the body must be a JSON object",
-        ));
+        return bad("not_an_object", "the body must be a JSON object");
     }
     match RequestBody::image_of(raw.get()).map_err(invalid_json)? {
-        Image::Missing => Err(GateError::bad_request(
-            "missing_image",
-            "the body needs a string field `image`",
-        )),
-        Image::Text(s) if s.trim().is_empty() => Err(GateError::bad_request(
-            "empty_image",
-            "`image` must not be empty",
-        )),
-        Image::Text(s) if s.len() > MAX_IMAGE_BYTES => Err(GateError::bad_request(
+        Image::Missing => bad("missing_image", "the body needs a string field `image`"),
+        Image::Text(s) if s.trim().is_empty() => bad("empty_image", "`image` must not be empty"),
+        Image::Text(s) if s.len() > MAX_IMAGE_BYTES => bad(
             "image_too_long",
             format!(
                 "`image` is {} bytes; at most {MAX_IMAGE_BYTES} are accepted",
                 s.len()
             ),
-        )),
+        ),
         // A NUL no consumer can pass on; CR, LF and ESC would reach the
         // scanner's `IMAGE` and its logs as the client sent them.
-        Image::Text(s) if s.chars().any(char::is_control) => Err(GateError::bad_request(
+        Image::Text(s) if s.chars().any(char::is_control) => bad(
             "image_control_character",
             "`image` must not contain control characters",
-        )),
+        ),
         Image::Text(_) => Ok(RequestBody::new(raw)),
-        Image::NotAString => Err(GateError::bad_request(
-            "invalid_image",
-            "`image` must be a string",
-        )),
+        Image::NotAString => bad("invalid_image", "`image` must be a string"),
     }
 }
 

@@ -21,7 +21,6 @@ use crate::io::store::valkey::ValkeyStore;
 use crate::io::store::{AnyStore, QuotaStore};
 use crate::rules::breaker::Breaker;
 
-/// The quota gate.
 pub struct Gate<S, Q> {
     pub(super) config: Config,
     pub(super) identifier: Identifier,

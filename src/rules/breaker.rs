@@ -19,7 +19,6 @@ enum State {
     HalfOpen { probe_deadline: Instant },
 }
 
-/// A consecutive-failure circuit breaker.
 #[derive(Debug)]
 pub struct Breaker {
     threshold: u32,

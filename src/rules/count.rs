@@ -27,16 +27,6 @@ pub struct Tally {
     pub levels: Vec<LevelCount>,
 }
 
-impl Tally {
-    /// A count with no level above the subject.
-    pub fn subject(count: Count) -> Self {
-        Self {
-            subject: count,
-            levels: Vec::new(),
-        }
-    }
-}
-
 /// One level's count; in a cluster a level lives on another node, whose answer may fail alone.
 pub type LevelCount = Result<Count, NoAnswer>;
 

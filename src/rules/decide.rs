@@ -32,21 +32,13 @@ impl Limits {
     }
 }
 
-/// Which side of the quota a scan falls on.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Tier {
-    Within,
-    Soft,
-    Hard,
-}
-
-impl Tier {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Within => "within",
-            Self::Soft => "soft",
-            Self::Hard => "hard",
-        }
+words! {
+    /// Which side of the quota a scan falls on.
+    #[derive(Hash)]
+    Tier {
+        Within = "within",
+        Soft = "soft",
+        Hard = "hard",
     }
 }
 

@@ -3,7 +3,6 @@
 //! and a job without `version` has version 1's shape. `scope` and `tier` are closed sets: anything
 //! else is refused when read.
 
-use std::fmt;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
@@ -18,34 +17,17 @@ use crate::rules::trace::{self, TraceContext};
 /// The contract version this build writes and reads.
 pub const JOB_VERSION: u32 = 1;
 
-/// The tier a job was decided in, as its lowercase name; `unmetered`: accepted uncounted (the store
-/// did not answer), `exempt`: never counted, delayed or paced.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum JobTier {
-    Within,
-    Soft,
-    Hard,
-    Unmetered,
-    Exempt,
-}
-
-impl JobTier {
-    /// The wire word: `within`, `soft`, `hard`, `unmetered` or `exempt`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Within => "within",
-            Self::Soft => "soft",
-            Self::Hard => "hard",
-            Self::Unmetered => "unmetered",
-            Self::Exempt => "exempt",
-        }
-    }
-}
-
-impl fmt::Display for JobTier {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
+words! {
+    /// The tier a job was decided in, as its lowercase name; `unmetered`: accepted uncounted (the
+    /// store did not answer), `exempt`: never counted, delayed or paced.
+    #[derive(Hash, Serialize, Deserialize)]
+    #[serde(rename_all = "lowercase")]
+    JobTier {
+        Within = "within",
+        Soft = "soft",
+        Hard = "hard",
+        Unmetered = "unmetered",
+        Exempt = "exempt",
     }
 }
 
@@ -109,12 +91,14 @@ pub struct ScanJob {
     pub tenant: Option<String>,
 }
 
-/// Which line a job waits in at the scanner: within quota, which starts first, or over it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Lane {
-    Within,
-    Over,
+words! {
+    /// Which line a job waits in at the scanner: within quota, which starts first, or over it.
+    #[derive(Hash, Serialize, Deserialize)]
+    #[serde(rename_all = "lowercase")]
+    Lane {
+        Within = "within",
+        Over = "over",
+    }
 }
 
 impl Lane {
@@ -123,13 +107,6 @@ impl Lane {
         match tier {
             JobTier::Soft | JobTier::Hard if delay_ms > 0 => Self::Over,
             _ => Self::Within,
-        }
-    }
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Within => "within",
-            Self::Over => "over",
         }
     }
 }

@@ -14,7 +14,6 @@ pub const KEY_PATTERN: &str = "quota:*";
 /// How long an idempotency record answers repeats of its key.
 pub const IDEMPOTENCY_TTL_SECS: i64 = DAY_SECS;
 
-/// The keys of one subject.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct QuotaKey {
     pub counter: String,

@@ -52,6 +52,13 @@ impl fmt::Display for LevelName {
     }
 }
 
+/// In JSON, its label (`quota.level`, `nextScan.level`).
+impl serde::Serialize for LevelName {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
 /// A level's name in `RateLimit-Policy` (`daily`, `v4-24`, `tid-v4-24`, `anon`).
 #[derive(Debug, Clone, Copy)]
 pub struct PolicyName(pub LevelName);
@@ -60,8 +67,8 @@ impl fmt::Display for PolicyName {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self.0 {
             LevelName::Subject => f.write_str("daily"),
-            LevelName::Network(n) => write!(f, "{}-{}", n.family.as_str(), n.len),
-            LevelName::TokenNetwork(n) => write!(f, "tid-{}-{}", n.family.as_str(), n.len),
+            LevelName::Network(n) => write!(f, "{}-{}", n.family, n.len),
+            LevelName::TokenNetwork(n) => write!(f, "tid-{}-{}", n.family, n.len),
             LevelName::Anon => f.write_str("anon"),
         }
     }
@@ -235,7 +242,7 @@ mod tests {
     use crate::rules::count::NoAnswer;
     use crate::rules::decide::{Tier, decide};
     use crate::rules::networks::parse_networks;
-    use crate::rules::networks::tests::{n, v};
+    use crate::rules::networks::{n, v};
 
     fn levels() -> Levels {
         Levels {

@@ -2,6 +2,48 @@
 //! clock, and no module imports one outside this folder (`tests/it/architecture.rs` checks), so
 //! every rule runs and is tested without a server or a runtime.
 
+/// A closed set of words: the enum, each variant's word (`as_str`, `Display`) and the parse of one
+/// (`FromStr`, naming the words it expected). Attributes before the name go on the enum.
+macro_rules! words {
+    ($(#[$attr:meta])* $name:ident { $($(#[$vattr:meta])* $variant:ident = $word:literal,)+ }) => {
+        $(#[$attr])*
+        #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+        pub enum $name {
+            $($(#[$vattr])* $variant,)+
+        }
+
+        impl $name {
+            /// Its word.
+            pub const fn as_str(self) -> &'static str {
+                match self {
+                    $(Self::$variant => $word,)+
+                }
+            }
+        }
+
+        impl std::fmt::Display for $name {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str(self.as_str())
+            }
+        }
+
+        impl std::str::FromStr for $name {
+            type Err = String;
+
+            fn from_str(word: &str) -> Result<Self, String> {
+                match word {
+                    $($word => Ok(Self::$variant),)+
+                    other => Err(format!(
+                        "expected {}, got {other:?}",
+                        [$($word),+].join(" or ")
+                    )),
+                }
+            }
+        }
+    };
+}
+pub(crate) use words;
+
 pub mod breaker;
 pub mod count;
 pub mod decide;

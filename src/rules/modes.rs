@@ -1,42 +1,7 @@
 //! The settings that are one of a few words (`QUOTA_FAIL_MODE=open`). Pure and below
 //! [`crate::config`], so the rules that read a setting import it from here.
 
-use std::str::FromStr;
-
-macro_rules! word_setting {
-    ($(#[$doc:meta])* $name:ident { $($(#[$vdoc:meta])* $variant:ident = $word:literal,)+ }) => {
-        $(#[$doc])*
-        #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-        pub enum $name {
-            $($(#[$vdoc])* $variant,)+
-        }
-
-        impl $name {
-            /// The word that names it in the environment.
-            pub fn as_str(self) -> &'static str {
-                match self {
-                    $(Self::$variant => $word,)+
-                }
-            }
-        }
-
-        impl FromStr for $name {
-            type Err = String;
-
-            fn from_str(word: &str) -> Result<Self, String> {
-                match word {
-                    $($word => Ok(Self::$variant),)+
-                    other => Err(format!(
-                        "expected {}, got {other:?}",
-                        [$($word),+].join(" or ")
-                    )),
-                }
-            }
-        }
-    };
-}
-
-word_setting! {
+words! {
     /// When a counter expires.
     ResetPolicy {
         /// At the next 00:00 UTC after the first scan.
@@ -46,7 +11,7 @@ word_setting! {
     }
 }
 
-word_setting! {
+words! {
     /// Whether the decisions are carried out.
     Mode {
         Enforce = "enforce",
@@ -55,7 +20,7 @@ word_setting! {
     }
 }
 
-word_setting! {
+words! {
     /// What to do when the quota store cannot answer in time.
     FailMode {
         /// Accept the scan without delay and say the quota was not checked.
@@ -64,7 +29,7 @@ word_setting! {
     }
 }
 
-word_setting! {
+words! {
     /// Where over-quota delay is spent.
     DelayMode {
         /// Sleep in the handler as far as the gateway allows; defer the rest onto the job.
@@ -74,7 +39,7 @@ word_setting! {
     }
 }
 
-word_setting! {
+words! {
     /// Whether a subject's over-quota scans are spread out one delay apart.
     Pacing {
         /// `slot_k = max(arrival_k, slot_(k-1)) + D(tier_k)`: a burst is spread out.
@@ -84,7 +49,7 @@ word_setting! {
     }
 }
 
-word_setting! {
+words! {
     /// What the start does when the store's `maxmemory-policy` can evict the gate's keys.
     OnEviction {
         Warn = "warn",
@@ -92,7 +57,7 @@ word_setting! {
     }
 }
 
-word_setting! {
+words! {
     /// How a connection to the quota Valkey authenticates.
     ValkeyAuth {
         Password = "password",

@@ -9,11 +9,13 @@ use ipnet::IpNet;
 /// The most network levels of one family: each costs every scan a few Valkey commands.
 pub const MAX_PER_FAMILY: usize = 3;
 
-/// An address family.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum Family {
-    V4,
-    V6,
+words! {
+    /// An address family.
+    #[derive(Hash, PartialOrd, Ord)]
+    Family {
+        V4 = "v4",
+        V6 = "v6",
+    }
 }
 
 impl Family {
@@ -21,13 +23,6 @@ impl Family {
         match ip {
             IpAddr::V4(_) => Self::V4,
             IpAddr::V6(_) => Self::V6,
-        }
-    }
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::V4 => "v4",
-            Self::V6 => "v6",
         }
     }
 }
@@ -50,7 +45,7 @@ impl Network {
 
 impl fmt::Display for Network {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}/{}", self.family.as_str(), self.len)
+        write!(f, "{}/{}", self.family, self.len)
     }
 }
 
@@ -90,8 +85,7 @@ pub fn parse_networks(
     for family in [Family::V4, Family::V6] {
         if levels.iter().filter(|l| l.network.family == family).count() > MAX_PER_FAMILY {
             return Err(format!(
-                "at most {MAX_PER_FAMILY} levels of {} (each costs every scan)",
-                family.as_str()
+                "at most {MAX_PER_FAMILY} levels of {family} (each costs every scan)"
             ));
         }
     }
@@ -147,19 +141,21 @@ fn parse_limit(text: &str, anon: NonZeroU32) -> Result<NonZeroU32, String> {
     NonZeroU32::new(limit).ok_or_else(|| format!("{text:?} is not a limit"))
 }
 
+/// A limit, in tests.
 #[cfg(test)]
-pub(crate) mod tests {
+pub(crate) fn n(k: u32) -> NonZeroU32 {
+    NonZeroU32::new(k).unwrap()
+}
+
+/// A network level of `family` and prefix `len`, in tests.
+#[cfg(test)]
+pub(crate) fn v(family: Family, len: u8) -> Network {
+    Network { family, len }
+}
+
+#[cfg(test)]
+mod tests {
     use super::*;
-
-    /// A limit, in tests.
-    pub(crate) fn n(k: u32) -> NonZeroU32 {
-        NonZeroU32::new(k).unwrap()
-    }
-
-    /// A network level of `family` and prefix `len`, in tests.
-    pub(crate) fn v(family: Family, len: u8) -> Network {
-        Network { family, len }
-    }
 
     /// The default, and every way a level can be written wrong.
     #[test]

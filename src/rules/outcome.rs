@@ -1,7 +1,7 @@
 //! What a metered scan request came to ([`Exit`]), the one record the gate hands the meter: what
 //! the store made of it and its [`Outcome`], whose metric and help text are here. Every outcome
-//! name the meter writes comes from a variant, so adding one is one variant: the compiler then asks
-//! for its metric, help text and place in [`Outcome::ALL`].
+//! name the meter writes comes from a variant, so adding one is one line of the table below, which
+//! gives its metric, help text and place in [`Outcome::ALL`].
 
 use std::time::Duration;
 
@@ -43,34 +43,55 @@ pub struct Exit {
     pub trace: Option<TraceId>,
 }
 
-/// How a metered request ended, as its requests metric names it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Outcome {
+macro_rules! outcomes {
+    ($($(#[$doc:meta])* $variant:ident => $metric:literal, $help:literal;)+) => {
+        /// How a metered request ended, as its requests metric names it.
+        #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+        pub enum Outcome {
+            $($(#[$doc])* $variant,)+
+        }
+
+        impl Outcome {
+            /// Every outcome, in declaration order: `ALL[o.index()] == o`.
+            pub const ALL: [Self; [$(Self::$variant),+].len()] = [$(Self::$variant),+];
+
+            /// The counter each request of this outcome adds 1 to.
+            pub const fn requests_metric(self) -> &'static str {
+                match self {
+                    $(Self::$variant => $metric,)+
+                }
+            }
+
+            /// What [`Outcome::requests_metric`] counts, for its `# HELP` line.
+            pub const fn help(self) -> &'static str {
+                match self {
+                    $(Self::$variant => $help,)+
+                }
+            }
+        }
+    };
+}
+
+outcomes! {
     /// Accepted within the quota, or decided in shadow mode (nobody waited).
-    Within,
-    Soft,
-    Hard,
-    Unmetered,
-    BacklogFull,
-    StoreUnavailable,
-    QueueUnavailable,
+    Within => "stella_quota_requests_within_total", "Scans accepted within the daily quota.";
+    Soft => "stella_quota_requests_soft_total", "Scans accepted in the soft window (soft delay).";
+    Hard => "stella_quota_requests_hard_total",
+        "Scans accepted beyond the soft window (hard delay).";
+    Unmetered => "stella_quota_requests_unmetered_total",
+        "Scans accepted without a count: the quota store did not answer (fail-open).";
+    BacklogFull => "stella_quota_requests_backlog_full_total",
+        "Scans refused with 503 backlog_full.";
+    StoreUnavailable => "stella_quota_requests_store_unavailable_total",
+        "Scans refused with 503 store_unavailable (fail-closed, or a keyed scan whose count is unknown).";
+    QueueUnavailable => "stella_quota_requests_queue_unavailable_total",
+        "Scans refused with 503 queue_unavailable.";
     /// A repeat of an `Idempotency-Key` (replayed, 409 or 422), not counted again.
-    Repeat,
+    Repeat => "stella_quota_requests_repeat_total",
+        "Repeats of an Idempotency-Key answered from its record (not counted again).";
 }
 
 impl Outcome {
-    /// Every outcome, in declaration order: `ALL[o.index()] == o`.
-    pub const ALL: [Self; 8] = [
-        Self::Within,
-        Self::Soft,
-        Self::Hard,
-        Self::Unmetered,
-        Self::BacklogFull,
-        Self::StoreUnavailable,
-        Self::QueueUnavailable,
-        Self::Repeat,
-    ];
-
     /// The outcome of an answered request (a 202, or a repeat's replay, 409 or 422).
     pub const fn answered(metered: Metered) -> Self {
         match metered {
@@ -89,51 +110,7 @@ impl Outcome {
     pub const fn index(self) -> usize {
         self as usize
     }
-
-    /// The counter each request of this outcome adds 1 to.
-    pub const fn requests_metric(self) -> &'static str {
-        match self {
-            Self::Within => "stella_quota_requests_within_total",
-            Self::Soft => "stella_quota_requests_soft_total",
-            Self::Hard => "stella_quota_requests_hard_total",
-            Self::Unmetered => "stella_quota_requests_unmetered_total",
-            Self::BacklogFull => "stella_quota_requests_backlog_full_total",
-            Self::StoreUnavailable => "stella_quota_requests_store_unavailable_total",
-            Self::QueueUnavailable => "stella_quota_requests_queue_unavailable_total",
-            Self::Repeat => "stella_quota_requests_repeat_total",
-        }
-    }
-
-    /// What [`Outcome::requests_metric`] counts, for its `# HELP` line.
-    pub const fn help(self) -> &'static str {
-        match self {
-            Self::Within => "Scans accepted within the daily quota.",
-            Self::Soft => "Scans accepted in the soft window (soft delay).",
-            Self::Hard => "Scans accepted beyond the soft window (hard delay).",
-            Self::Unmetered => {
-                "Scans accepted without a count: the quota store did not answer (fail-open)."
-            }
-            Self::BacklogFull => "Scans refused with 503 backlog_full.",
-            Self::StoreUnavailable => {
-                "Scans refused with 503 store_unavailable (fail-closed, or a keyed scan whose count is unknown)."
-            }
-            Self::QueueUnavailable => "Scans refused with 503 queue_unavailable.",
-            Self::Repeat => {
-                "Repeats of an Idempotency-Key answered from its record (not counted again)."
-            }
-        }
-    }
 }
-
-/// Fails to compile when [`Outcome::ALL`] is out of order (a new variant already fails to compile
-/// in [`Outcome::requests_metric`]).
-const _: () = {
-    let mut i = 0;
-    while i < Outcome::ALL.len() {
-        assert!(Outcome::ALL[i].index() == i);
-        i += 1;
-    }
-};
 
 #[cfg(test)]
 mod tests {

@@ -68,25 +68,20 @@ record_fields! {
     Response = "response",
 }
 
-/// Where a keyed scan stands.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum RecordState {
-    /// An attempt holds it (or gave up on it without knowing its outcome).
-    #[default]
-    Pending,
-    /// The job is queued and the answer saved.
-    Done,
+words! {
+    /// Where a keyed scan stands.
+    #[derive(Default)]
+    RecordState {
+        /// An attempt holds it (or gave up on it without knowing its outcome).
+        #[default]
+        Pending = "pending",
+        /// The job is queued and the answer saved.
+        Done = "done",
+    }
 }
 
 impl RecordState {
     pub const ALL: &[Self] = &[Self::Pending, Self::Done];
-
-    pub const fn name(self) -> &'static str {
-        match self {
-            Self::Pending => "pending",
-            Self::Done => "done",
-        }
-    }
 }
 
 /// An idempotency record as the store holds it.
@@ -119,10 +114,6 @@ impl Record {
         }
     }
 
-    pub fn is_done(&self) -> bool {
-        self.state == RecordState::Done
-    }
-
     /// A record from a hash's pairs; no valid `scanId` or state is an error, not a fresh identity.
     pub fn from_pairs<'a>(
         pairs: impl IntoIterator<Item = (&'a str, &'a str)>,
@@ -134,9 +125,7 @@ impl Record {
                 continue;
             };
             match field {
-                RecordField::State => {
-                    state = RecordState::ALL.iter().copied().find(|s| s.name() == value);
-                }
+                RecordField::State => state = value.parse().ok(),
                 RecordField::ScanId => scan_id = value.parse().ok(),
                 _ => record.set(field, value),
             }
@@ -157,13 +146,7 @@ impl Record {
     fn set(&mut self, field: RecordField, value: &str) {
         let int = || value.parse::<i64>().unwrap_or(0);
         match field {
-            RecordField::State => {
-                self.state = if value == RecordState::Done.name() {
-                    RecordState::Done
-                } else {
-                    RecordState::Pending
-                }
-            }
+            RecordField::State => self.state = value.parse().unwrap_or_default(),
             RecordField::ScanId => {
                 if let Ok(id) = value.parse() {
                     self.scan_id = id;
@@ -220,7 +203,7 @@ mod tests {
         let names: Vec<&str> = RecordField::ALL
             .iter()
             .map(|f| f.name())
-            .chain(RecordState::ALL.iter().map(|s| s.name()))
+            .chain(RecordState::ALL.iter().map(|s| s.as_str()))
             .collect();
         let mut seen = std::collections::HashSet::new();
         for (file, script) in RECORD_SCRIPTS {
@@ -245,6 +228,6 @@ mod tests {
             );
         }
         assert!(quoted(script("pace.lua")).contains(&RecordField::DelayMs.name()));
-        assert!(seen.contains(RecordState::Pending.name()));
+        assert!(seen.contains(RecordState::Pending.as_str()));
     }
 }

@@ -14,11 +14,11 @@ use crate::rules::level::LevelName;
 use crate::rules::modes::{FailMode, Pacing};
 use crate::rules::outcome::Metered;
 use crate::rules::pace::Paced;
-use crate::rules::record::{Claim, Record};
-use crate::rules::unix::{UnixMillis, UnixSecs, duration_ms};
+use crate::rules::record::{Claim, Record, RecordState};
+use crate::rules::unix::{UnixMillis, UnixSecs};
 
 /// Added to an attempt's expected end in a 409's `Retry-After`: its enqueue and saved answer.
-pub const ATTEMPT_GRACE_MS: i64 = 1_000;
+pub const ATTEMPT_GRACE: Duration = Duration::from_secs(1);
 
 /// What the count charged a scan; failures are settled on it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -74,20 +74,16 @@ pub fn on_repeat(
     if record.fingerprint != claim.fingerprint {
         return Repeat::Mismatch;
     }
-    if record.is_done()
+    if record.state == RecordState::Done
         && let Some(saved) = &record.response
     {
         return Repeat::Replay(saved.clone());
     }
     if now_ms < record.lease_until_ms {
-        let slept = record.delay_ms.map_or(0, |d| d.min(duration_ms(sleep_cap)));
-        let expected_end = record
-            .received_ms
-            .get()
-            .saturating_add(i64::try_from(slept).unwrap_or(i64::MAX))
-            .saturating_add(ATTEMPT_GRACE_MS)
-            .min(record.lease_until_ms.get());
-        let wait_ms = u64::try_from(expected_end - now_ms.get()).unwrap_or(0);
+        let slept = Duration::from_millis(record.delay_ms.unwrap_or(0)).min(sleep_cap);
+        let end = record.received_ms.saturating_add(slept + ATTEMPT_GRACE);
+        let end = end.min(record.lease_until_ms);
+        let wait_ms = u64::try_from(end.get() - now_ms.get()).unwrap_or(0);
         return Repeat::InProgress {
             retry_after: wait_ms.div_ceil(1000).max(1),
         };

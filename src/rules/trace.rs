@@ -60,17 +60,20 @@ impl<const N: usize> Text<N> {
         }
     }
 
-    fn push(&mut self, s: &[u8]) {
+    /// The text with `s` appended.
+    fn push(mut self, s: &[u8]) -> Self {
         let end = (self.len + s.len()).min(N);
         self.buf[self.len..end].copy_from_slice(&s[..end - self.len]);
         self.len = end;
+        self
     }
 
-    fn push_hex(&mut self, bytes: &[u8]) {
+    /// The text with `bytes` appended as lowercase hex digits.
+    fn hex(self, bytes: &[u8]) -> Self {
         const DIGITS: &[u8; 16] = b"0123456789abcdef";
-        for b in bytes {
-            self.push(&[DIGITS[usize::from(b >> 4)], DIGITS[usize::from(b & 15)]]);
-        }
+        bytes.iter().fold(self, |t, b| {
+            t.push(&[DIGITS[usize::from(b >> 4)], DIGITS[usize::from(b & 15)]])
+        })
     }
 
     /// The text (only ASCII is ever pushed).
@@ -103,19 +106,13 @@ impl TraceId {
 
     /// 32 lowercase hex digits: the W3C form, and the logs' and EMF's `traceId`.
     pub fn hex(&self) -> Text<32> {
-        let mut t = Text::new();
-        t.push_hex(&self.0);
-        t
+        Text::new().hex(&self.0)
     }
 
     /// The X-Ray form: `1-<first 8 digits>-<last 24>`.
     pub fn xray(&self) -> Text<35> {
-        let mut t = Text::new();
-        t.push(b"1-");
-        t.push_hex(&self.0[..4]);
-        t.push(b"-");
-        t.push_hex(&self.0[4..]);
-        t
+        let t = Text::new().push(b"1-").hex(&self.0[..4]);
+        t.push(b"-").hex(&self.0[4..])
     }
 
     /// An X-Ray root (`1-5759e988-bd862e3fe1be46a994272793`, either case).
@@ -153,9 +150,7 @@ impl SpanId {
 
     /// 16 lowercase hex digits.
     pub fn hex(&self) -> Text<16> {
-        let mut t = Text::new();
-        t.push_hex(&self.0);
-        t
+        Text::new().hex(&self.0)
     }
 }
 
@@ -197,20 +192,17 @@ impl TraceState {
 
 /// A list member's key: `simple-key` or `tenant@system`.
 fn valid_key(key: &str) -> bool {
-    let rest = |c: u8| matches!(c, b'a'..=b'z' | b'0'..=b'9' | b'_' | b'-' | b'*' | b'/');
-    let b = key.as_bytes();
+    // One part: 1 to `most` of `a-z0-9_-*/`, its first as `first` allows.
+    let part = |s: &str, most: usize, first: fn(&u8) -> bool| {
+        let b = s.as_bytes();
+        let rest = |c: &u8| matches!(c, b'a'..=b'z' | b'0'..=b'9' | b'_' | b'-' | b'*' | b'/');
+        (1..=most).contains(&b.len()) && first(&b[0]) && b.iter().all(rest)
+    };
     match key.split_once('@') {
-        None => {
-            (1..=256).contains(&b.len()) && b[0].is_ascii_lowercase() && b.iter().all(|&c| rest(c))
-        }
+        None => part(key, 256, u8::is_ascii_lowercase),
         Some((tenant, system)) => {
-            let (t, s) = (tenant.as_bytes(), system.as_bytes());
-            (1..=241).contains(&t.len())
-                && (t[0].is_ascii_lowercase() || t[0].is_ascii_digit())
-                && t.iter().all(|&c| rest(c))
-                && (1..=14).contains(&s.len())
-                && s[0].is_ascii_lowercase()
-                && s.iter().all(|&c| rest(c))
+            let lower_or_digit = |c: &u8| c.is_ascii_lowercase() || c.is_ascii_digit();
+            part(tenant, 241, lower_or_digit) && part(system, 14, u8::is_ascii_lowercase)
         }
     }
 }
@@ -289,28 +281,22 @@ impl TraceContext {
 
     /// The `traceparent` to send on: version 00, and only the sampled flag.
     pub fn traceparent(&self) -> Text<55> {
-        let mut t = Text::new();
-        t.push(b"00-");
-        t.push_hex(&self.trace_id.0);
-        t.push(b"-");
-        t.push_hex(&self.parent_id.0);
-        t.push(if self.sampled { b"-01" } else { b"-00" });
-        t
+        let t = Text::new().push(b"00-").hex(&self.trace_id.0);
+        let t = t.push(b"-").hex(&self.parent_id.0);
+        t.push(if self.sampled { b"-01" } else { b"-00" })
     }
 
     /// The X-Ray header to send on (SQS's `AWSTraceHeader`, `_X_AMZN_TRACE_ID`).
     pub fn xray_header(&self) -> Text<74> {
-        let mut t = Text::new();
-        t.push(b"Root=");
-        t.push(self.trace_id.xray().as_str().as_bytes());
-        t.push(b";Parent=");
-        t.push_hex(&self.parent_id.0);
+        let t = Text::new()
+            .push(b"Root=")
+            .push(self.trace_id.xray().as_str().as_bytes());
+        let t = t.push(b";Parent=").hex(&self.parent_id.0);
         t.push(if self.sampled {
             b";Sampled=1"
         } else {
             b";Sampled=0"
-        });
-        t
+        })
     }
 
     /// The `tracestate` to send on, if any.

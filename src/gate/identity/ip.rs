@@ -38,16 +38,12 @@ pub fn client_ip(peer: IpAddr, headers: &HeaderMap, trusted: &[IpNet]) -> Client
             proxy_fallback: false,
         };
     }
-    let forwarded = headers
-        .get_all("x-forwarded-for")
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .collect::<Vec<_>>();
+    let values = headers.get_all("x-forwarded-for");
+    let forwarded = values.iter().filter_map(|v| v.to_str().ok());
     let client = forwarded
-        .iter()
+        .flat_map(|v| v.split(','))
         .rev()
-        .map(|s| parse_source(s))
+        .map(parse_source)
         .take_while(Option::is_some)
         .flatten()
         .find(|ip| !is_trusted(ip));

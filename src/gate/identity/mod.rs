@@ -6,6 +6,7 @@ pub mod ip;
 pub mod jwt;
 
 use std::collections::HashMap;
+use std::convert::Infallible;
 use std::net::IpAddr;
 use std::num::NonZeroU32;
 
@@ -13,7 +14,7 @@ use http::{HeaderMap, header};
 use ipnet::IpNet;
 use serde_json::Value;
 
-use crate::config::{Config, ConfigError, Policy};
+use crate::config::{Config, ConfigError, IdentityConfig, Policy};
 use crate::gate::error::GateError;
 use crate::rules::digest::{Digest, Hasher};
 use crate::rules::key::QuotaKey;
@@ -54,20 +55,13 @@ pub struct Origin<'a> {
     pub gateway_claims: Option<&'a HashMap<String, String>>,
 }
 
-/// Turns requests into counted subjects.
 #[derive(Debug)]
 pub struct Identifier {
     hasher: Hasher,
     verifier: Option<Verifier>,
-    trusted_proxies: Vec<IpNet>,
-    ipv6_prefix: u8,
-    trust_gateway_claims: bool,
-    exempt_networks: Vec<IpNet>,
-    /// `QUOTA_EXEMPT_CLAIM`, for the gateway's claims (the verifier has its own copy).
-    exempt_claim: Option<String>,
+    /// The proxies, exempt networks, IPv6 prefix, and the claim names read of the gateway's claims.
+    config: IdentityConfig,
     policy: Policy,
-    /// `QUOTA_JWT_ACCOUNT_CLAIM`, for the gateway's claims (the verifier has its own copy).
-    account_claim: Option<String>,
     network_digests: quick_cache::sync::Cache<(LevelName, IpNet), Digest>,
     /// The anonymous budget's digest (its material is a constant).
     anon_digest: Digest,
@@ -90,20 +84,14 @@ impl Identifier {
             });
         }
         warn_of_exempt_proxies(config);
-        let jwt = &config.identity.jwt;
+        let hasher = Hasher::new(config.hash_secret());
         Ok(Self {
-            hasher: Hasher::new(config.hash_secret()),
-            verifier: Verifier::from_config(jwt)?,
-            exempt_networks: config.identity.exempt_networks.clone(),
-            exempt_claim: jwt.exempt_claim.clone(),
-            account_claim: jwt.account_claim.clone(),
-            trusted_proxies: config.identity.trusted_proxies.clone(),
-            ipv6_prefix: config.identity.ipv6_prefix,
-            trust_gateway_claims: jwt.trust_gateway_claims,
+            anon_digest: hasher.level_digest(crate::rules::level::ANON_MATERIAL),
+            hasher,
+            verifier: Verifier::from_config(&config.identity.jwt)?,
+            config: config.identity.clone(),
             policy: config.policy.clone(),
             network_digests: quick_cache::sync::Cache::new(NETWORK_DIGESTS),
-            anon_digest: Hasher::new(config.hash_secret())
-                .level_digest(crate::rules::level::ANON_MATERIAL),
         })
     }
 
@@ -116,18 +104,20 @@ impl Identifier {
     ) -> Result<Identity, GateError> {
         let client = origin
             .peer
-            .map(|peer| ip::client_ip(peer, headers, &self.trusted_proxies));
+            .map(|peer| ip::client_ip(peer, headers, &self.config.trusted_proxies));
         let from_exempt_network = client.is_some_and(|c| {
-            !c.proxy_fallback && self.exempt_networks.iter().any(|net| net.contains(&c.addr))
+            !c.proxy_fallback
+                && self
+                    .config
+                    .exempt_networks
+                    .iter()
+                    .any(|net| net.contains(&c.addr))
         });
         let client = client.map(|c| c.addr);
-        if self.trust_gateway_claims
-            && let Some(claims) = origin.gateway_claims
-            && let Some(subject) = self.gateway_subject(claims)
-        {
-            return Ok(self.token_identity(&subject, client, from_exempt_network));
-        }
-        let token = match self.check_token(headers) {
+        let trusted = self.config.jwt.trust_gateway_claims;
+        let gateway = origin.gateway_claims.filter(|_| trusted);
+        let gateway = gateway.and_then(|claims| self.gateway_subject(claims));
+        let token = match gateway.map(Ok).or_else(|| self.check_token(headers)) {
             None => None,
             Some(Ok(subject)) => {
                 return Ok(self.token_identity(&subject, client, from_exempt_network));
@@ -149,16 +139,11 @@ impl Identifier {
         let ip = ip.to_canonical();
         let levels = &self.policy.levels;
         let networks = levels.networks_of(scope, ip).map(|(name, level, net)| {
-            let key = match self.network_digests.get(&(name, net)) {
-                Some(digest) => QuotaKey::level(&digest),
-                None => {
-                    let digest = self.hasher.level_digest(&Levels::material(name, net));
-                    let key = QuotaKey::level(&digest);
-                    self.network_digests.insert((name, net), digest);
-                    key
-                }
-            };
-            Level::new(name, key, self.policy.level_limits(name, level.limit))
+            let Ok(digest) = self.network_digests.get_or_insert_with(&(name, net), || {
+                Ok::<_, Infallible>(self.hasher.level_digest(&Levels::material(name, net)))
+            });
+            let limits = self.policy.level_limits(name, level.limit);
+            Level::new(name, QuotaKey::level(&digest), limits)
         });
         let anon = levels.anon.filter(|_| scope == Scope::Ip).map(|budget| {
             let limits = self.policy.level_limits(LevelName::Anon, budget.limit);
@@ -177,7 +162,7 @@ impl Identifier {
     /// The anonymous subject's digest for an address (the operator commands find counters by it).
     pub fn ip_digest(&self, ip: IpAddr) -> Digest {
         self.hasher
-            .digest(Scope::Ip, &ip::material(ip, self.ipv6_prefix))
+            .digest(Scope::Ip, &ip::material(ip, self.config.ipv6_prefix))
     }
 
     /// The anonymous subject of a direct, already trusted address, with its levels.
@@ -190,14 +175,6 @@ impl Identifier {
             exempt: false,
             levels: self.levels_of(Scope::Ip, ip),
             account_missing: false,
-        }
-    }
-
-    /// Verifies a bearer token (without its scheme) with the configured keys.
-    pub fn verify(&self, token: &str) -> Result<jwt::TokenSubject, Rejection> {
-        match &self.verifier {
-            None => Err(Rejection::NoVerificationKey),
-            Some(v) => v.verify(token),
         }
     }
 
@@ -224,7 +201,7 @@ impl Identifier {
             token: Some(TokenStatus::Accepted),
             exempt,
             levels,
-            account_missing: self.account_claim.is_some() && subject.account.is_none(),
+            account_missing: self.config.jwt.account_claim.is_some() && subject.account.is_none(),
         }
     }
 
@@ -237,20 +214,30 @@ impl Identifier {
             tier: claims
                 .get("tier")
                 .and_then(|t| jwt::tier_from_claim(&Value::from(t.as_str()))),
-            exempt: claim(&self.exempt_claim).is_some_and(|v| v == "true"),
-            account: claim(&self.account_claim)
+            exempt: claim(&self.config.jwt.exempt_claim).is_some_and(|v| v == "true"),
+            account: claim(&self.config.jwt.account_claim)
                 .filter(|a| !a.is_empty())
                 .cloned(),
         })
     }
 
+    /// Verifies a bearer token (without its scheme) with the configured keys.
+    pub fn verify(&self, token: &str) -> Result<TokenSubject, Rejection> {
+        self.verifier
+            .as_ref()
+            .ok_or(Rejection::NoVerificationKey)?
+            .verify(token)
+    }
+
     /// `None` when no `Authorization` header was sent.
-    fn check_token(&self, headers: &HeaderMap) -> Option<Result<jwt::TokenSubject, Rejection>> {
+    fn check_token(&self, headers: &HeaderMap) -> Option<Result<TokenSubject, Rejection>> {
         let value = headers.get(header::AUTHORIZATION)?;
-        let Some(token) = value.to_str().ok().and_then(bearer) else {
-            return Some(Err(Rejection::NotBearer));
-        };
-        Some(self.verify(token))
+        let token = value
+            .to_str()
+            .ok()
+            .and_then(bearer)
+            .ok_or(Rejection::NotBearer);
+        Some(token.and_then(|token| self.verify(token)))
     }
 }
 

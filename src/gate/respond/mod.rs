@@ -11,13 +11,14 @@ use uuid::Uuid;
 mod standing;
 
 use crate::gate::identity::TokenStatus;
+use crate::gate::identity::jwt::{Claim, Rejection};
 pub use crate::io::clock::{rfc3339, rfc3339_ms};
 use crate::rules::decide::ShadowVerdict;
 use crate::rules::delay::DelayPlan;
 use crate::rules::level::LevelName;
 use crate::rules::scope::Scope;
 use crate::rules::unix::duration_ms;
-pub use standing::{LevelStanding, Standing, fewest_remaining, policy, ratelimit, serialize_level};
+pub use standing::{LevelStanding, Standing, fewest_remaining, policy, ratelimit};
 
 pub const REMAINING: HeaderName = HeaderName::from_static("x-stella-quota-remaining");
 pub const RESET: HeaderName = HeaderName::from_static("x-stella-reset");
@@ -74,10 +75,7 @@ struct Body<'a, Q> {
 #[serde(rename_all = "camelCase")]
 struct Quota<'a> {
     scope: &'static str,
-    #[serde(
-        skip_serializing_if = "Option::is_none",
-        serialize_with = "serialize_level"
-    )]
+    #[serde(skip_serializing_if = "Option::is_none")]
     level: Option<LevelName>,
     limit: u32,
     used: Option<u64>,
@@ -100,17 +98,14 @@ pub struct TokenBody {
 
 impl From<TokenStatus> for TokenBody {
     fn from(t: TokenStatus) -> Self {
-        match t {
-            TokenStatus::Accepted => Self {
-                accepted: true,
-                reason: None,
-                claim: None,
-            },
-            TokenStatus::Rejected(r) => Self {
-                accepted: false,
-                reason: Some(r.as_str()),
-                claim: r.claim().map(|c| c.as_str()),
-            },
+        let rejection = match t {
+            TokenStatus::Accepted => None,
+            TokenStatus::Rejected(r) => Some(r),
+        };
+        Self {
+            accepted: rejection.is_none(),
+            reason: rejection.map(Rejection::as_str),
+            claim: rejection.and_then(Rejection::claim).map(Claim::as_str),
         }
     }
 }
@@ -190,7 +185,6 @@ struct Saved {
     body: String,
 }
 
-/// Saves an answer for replay.
 pub fn save(response: &Response<Bytes>) -> String {
     let saved = Saved {
         headers: response
@@ -241,21 +235,19 @@ impl Accepted {
         let level = self.level.filter(|l| *l != LevelName::Subject)?;
         let delayed =
             self.plan.total > Duration::ZERO || self.shadow.is_some_and(|v| v.delay_ms > 0);
-        let line = self.levels.iter().find(|l| l.name == level)?;
-        let limit = line.standing.limit;
-        let label = level.label();
-        let message = match level {
+        let line = self.levels.iter().find(|l| l.name == level);
+        let limit = line.filter(|_| delayed)?.standing.limit;
+        Some(match level {
             LevelName::Anon => format!(
-                "All anonymous scans together ({label}) are over their shared limit of {limit} scans today, so their scans start one delay apart; scanning with a token lifts this limit."
+                "All anonymous scans together ({level}) are over their shared limit of {limit} scans today, so their scans start one delay apart; scanning with a token lifts this limit."
             ),
             LevelName::TokenNetwork(_) => format!(
-                "The token holders of your network ({label}) are over their shared limit of {limit} scans today, so their scans start one delay apart."
+                "The token holders of your network ({level}) are over their shared limit of {limit} scans today, so their scans start one delay apart."
             ),
             _ => format!(
-                "Your network ({label}) is over its shared limit of {limit} scans today, so its scans start one delay apart; scanning with a token lifts the network's limit."
+                "Your network ({level}) is over its shared limit of {limit} scans today, so its scans start one delay apart; scanning with a token lifts the network's limit."
             ),
-        };
-        delayed.then_some(message)
+        })
     }
 
     fn body_json(&self, reset_at: &str, reminder: Option<&str>) -> Vec<u8> {
@@ -301,10 +293,8 @@ impl Accepted {
         let h = response.headers_mut();
         h.insert(DELAY, HeaderValue::from(duration_ms(self.plan.total)));
         if let Some(r) = reminder {
-            h.insert(
-                REMINDER,
-                HeaderValue::from_str(&r).unwrap_or(HeaderValue::from_static("")),
-            );
+            let empty = HeaderValue::from_static("");
+            h.insert(REMINDER, HeaderValue::from_str(&r).unwrap_or(empty));
         }
         if let Some(shadow) = &self.shadow {
             h.insert(SHADOW, HeaderValue::from_static(shadow.tier));

@@ -5,7 +5,7 @@ use crate::config::ResetPolicy;
 use crate::io::store::resets_at;
 use crate::rules::count::Peek;
 use crate::rules::decide::Limits;
-use crate::rules::level::{LevelName, PolicyName};
+use crate::rules::level::{Level, LevelName, PolicyName};
 use crate::rules::unix::UnixSecs;
 
 /// The seconds in the policy window the headers advertise.
@@ -19,14 +19,14 @@ pub struct LevelStanding {
     pub standing: Standing,
 }
 
-/// `quota.level` and `nextScan.level`: `subject`, `v4/24`, `anon`, …
-pub fn serialize_level<S: serde::Serializer>(
-    level: &Option<LevelName>,
-    s: S,
-) -> Result<S::Ok, S::Error> {
-    match level {
-        Some(l) => s.collect_str(l),
-        None => s.serialize_none(),
+impl LevelStanding {
+    /// Where `level` stands when its store reads `peek` at `now`.
+    pub fn of(level: &Level, peek: &Peek, reset: ResetPolicy, now: UnixSecs) -> Self {
+        Self {
+            name: level.name,
+            used: peek.used,
+            standing: Standing::of(Some(peek), level.limits, reset, now),
+        }
     }
 }
 

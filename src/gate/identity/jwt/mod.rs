@@ -22,7 +22,6 @@ use keys::VerificationKey;
 /// Tokens longer than this are not parsed at all.
 pub const MAX_TOKEN_BYTES: usize = 8 * 1024;
 
-/// A verified token's subject.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TokenSubject {
     /// The token id claim: the counting material.
@@ -54,20 +53,12 @@ pub enum Rejection {
     MalformedClaim(Claim),
 }
 
-/// The claims a token is counted by.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Claim {
-    Tid,
-    /// The claim `QUOTA_JWT_ACCOUNT_CLAIM` names.
-    Account,
-}
-
-impl Claim {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Tid => "tid",
-            Self::Account => "account",
-        }
+crate::rules::words! {
+    /// The claims a token is counted by.
+    Claim {
+        Tid = "tid",
+        /// The claim `QUOTA_JWT_ACCOUNT_CLAIM` names.
+        Account = "account",
     }
 }
 
@@ -98,15 +89,10 @@ impl Rejection {
     }
 }
 
-/// Verifies tokens against the configured keys.
 pub struct Verifier {
     keys: Vec<VerificationKey>,
-    issuer: String,
-    audience: Option<String>,
-    /// A verified token whose claim of this name is `true` is exempt.
-    exempt_claim: Option<String>,
-    /// The claim a verified token's account is read from.
-    account_claim: Option<String>,
+    /// The issuer, audience and claim names tokens are checked and read by.
+    jwt: JwtConfig,
     verified: VerifiedCache<TokenSubject>,
 }
 
@@ -158,10 +144,7 @@ impl Verifier {
         }
         Ok(Some(Self {
             keys,
-            issuer: jwt.issuer.clone(),
-            audience: jwt.audience.clone(),
-            exempt_claim: jwt.exempt_claim.clone(),
-            account_claim: jwt.account_claim.clone(),
+            jwt: jwt.clone(),
             verified: VerifiedCache::default(),
         }))
     }
@@ -192,7 +175,11 @@ impl Verifier {
             self.keys.iter().any(|k| k.kid.is_some())
                 && !self.keys.iter().any(|k| k.kid.as_deref() == Some(kid))
         });
-        let mut rejection = Rejection::AlgorithmNotAllowed;
+        let mut rejection = if kid_unknown {
+            Rejection::UnknownKid
+        } else {
+            Rejection::AlgorithmNotAllowed
+        };
         for key in candidates.filter(|k| k.algorithm == algorithm) {
             match jsonwebtoken::decode::<Claims>(token, &key.key, &self.validation(algorithm)) {
                 Ok(data) => {
@@ -202,27 +189,20 @@ impl Verifier {
                     }
                     return Ok(subject);
                 }
-                Err(e) => {
-                    rejection = map_error(e.kind());
-                    if rejection == Rejection::BadSignature && kid_unknown {
-                        rejection = Rejection::UnknownKid;
-                    }
-                    if rejection != Rejection::BadSignature && rejection != Rejection::UnknownKid {
-                        // The signature held: the claims are at fault, whatever other key we try.
-                        return Err(rejection);
-                    }
-                }
+                Err(e) => match map_error(e.kind()) {
+                    Rejection::BadSignature if !kid_unknown => rejection = Rejection::BadSignature,
+                    Rejection::BadSignature => {}
+                    // The signature held: the claims are at fault, whatever other key we try.
+                    other => return Err(other),
+                },
             }
-        }
-        if kid_unknown && rejection == Rejection::AlgorithmNotAllowed {
-            return Err(Rejection::UnknownKid);
         }
         Err(rejection)
     }
 
     fn subject(&self, claims: &Claims) -> Result<TokenSubject, Rejection> {
         // RFC 7519 makes `iss` one string; `jsonwebtoken` would also take an array holding ours.
-        if claims.rest.get("iss").and_then(Value::as_str) != Some(self.issuer.as_str()) {
+        if claims.rest.get("iss").and_then(Value::as_str) != Some(self.jwt.issuer.as_str()) {
             return Err(Rejection::WrongIssuer);
         }
         let tid = claims.tid.as_ref().ok_or(Rejection::MissingTid)?;
@@ -230,19 +210,12 @@ impl Verifier {
         // A token's `tier`: a positive whole JSON number; anything else is ignored.
         let tier = claims.tier.as_ref().filter(|v| v.is_number());
         let tier = tier.and_then(tier_from_claim);
+        let claim = |name: &Option<String>| claims.rest.get(name.as_deref()?);
         // Only a JSON `true` exempts: a string "true" or a 1 is a claim meant differently.
-        let exempt = self
-            .exempt_claim
-            .as_ref()
-            .is_some_and(|name| claims.rest.get(name) == Some(&Value::Bool(true)));
+        let exempt = claim(&self.jwt.exempt_claim) == Some(&Value::Bool(true));
         // Absent, the token is counted by its `tid`; present, read by the same rule.
-        let account = self
-            .account_claim
-            .as_ref()
-            .and_then(|name| claims.rest.get(name));
-        let account = account
-            .map(|v| counting_claim(v, Claim::Account))
-            .transpose()?;
+        let account = claim(&self.jwt.account_claim).map(|v| counting_claim(v, Claim::Account));
+        let account = account.transpose()?;
         Ok(TokenSubject {
             tid,
             tier,
@@ -255,9 +228,9 @@ impl Verifier {
         let mut v = Validation::new(algorithm);
         v.leeway = 0;
         v.validate_nbf = true;
-        v.set_issuer(&[&self.issuer]);
+        v.set_issuer(&[&self.jwt.issuer]);
         // A configured audience is required: a token without `aud` is not for us.
-        match &self.audience {
+        match &self.jwt.audience {
             Some(aud) => {
                 v.set_audience(&[aud]);
                 v.set_required_spec_claims(&["exp", "iss", "aud"]);
