@@ -13,7 +13,6 @@ use aws_sdk_sqs::error::DisplayErrorContext;
 use super::{Delivery, GivenUp, JobSource};
 use crate::consume::error::ConsumeError;
 use crate::consume::schedule;
-use crate::rules::job::ScanJob;
 
 /// The long poll: `ReceiveMessage` waits this long for a first message.
 const WAIT_SECS: i32 = 5;
@@ -64,16 +63,10 @@ impl SqsSource {
             .await
             .map_err(sdk_err)?;
         let mut out = Vec::new();
-        for message in received.messages.unwrap_or_default() {
-            let (Some(body), Some(receipt)) = (message.body, message.receipt_handle) else {
-                continue;
-            };
-            if let Some(job) = job_of(&body, message.message_id.as_deref().unwrap_or("")) {
-                out.push(Delivery {
-                    job,
-                    json: body,
-                    handle: receipt,
-                });
+        for m in received.messages.unwrap_or_default() {
+            let id = m.message_id.unwrap_or_default();
+            if let (Some(body), Some(receipt)) = (m.body, m.receipt_handle) {
+                out.extend(read(body, &id, receipt));
             }
         }
         Ok(out)
@@ -103,11 +96,10 @@ impl SqsSource {
     }
 }
 
-/// The job in the body of the SQS message `id`; an unreadable one is logged, left to the redrive
-/// policy.
-pub fn job_of(body: &str, id: &str) -> Option<ScanJob> {
-    let job = ScanJob::from_json(body);
-    job.inspect_err(|e| {
+/// The job in the `body` of the SQS message `id`, received as `handle`; an unreadable one is
+/// logged, left to the redrive policy.
+pub fn read<H>(body: String, id: &str, handle: H) -> Option<Delivery<H>> {
+    Delivery::read(body, handle).inspect_err(|e| {
         tracing::error!(message = id, error = %e, "unreadable SQS message: left to the redrive policy");
     })
     .ok()
