@@ -163,11 +163,7 @@ async fn exec<H>(
         .process_group(0)
         .spawn()
         .map_err(|e| Ended::Failed(format!("cannot run the scanner: {e}")))?;
-    let mut guard = Guard(
-        child
-            .id()
-            .and_then(|id| Pid::from_raw(i32::try_from(id).ok()?)),
-    );
+    let mut guard = Guard(super::guard::pid_of(&child));
     let stdin = child.stdin.take();
     let scan = async {
         if let Some(mut stdin) = stdin {

@@ -81,7 +81,7 @@ pub fn sqs_markers(
         return (Markers::local(), QueueClock::local(LOCAL));
     };
     let markers = Markers::of_sqs(ops.clone(), url, wait_replicas(config));
-    (markers, QueueClock::of_valkey(LOCAL, ops))
+    (markers, QueueClock::new(LOCAL, Some(ops)))
 }
 
 /// Everything but the source that a consumer is built from.
@@ -161,7 +161,7 @@ impl Parts {
         }
         crate::io::queue::stream::warn_without_persistence(&ops, key).await;
         let markers = Markers::valkey(ops.clone(), key, wait_replicas(&self.config));
-        let clock = QueueClock::of_valkey(LOCAL, ops);
+        let clock = QueueClock::new(LOCAL, Some(ops));
         self.drive(sources, markers, clock, Some(watch), shutdown)
             .await
     }
