@@ -197,14 +197,10 @@ impl MarkerStore for Markers {
             }
             Self::Local(local) => {
                 let mut local = lock(local);
-                let (current, attempts) = local
-                    .markers
-                    .get(&scan)
-                    .cloned()
-                    .unwrap_or((Marker::Free, 0));
-                let (next, attempts, answer) =
-                    schedule::claim(&current, attempts, ask.token, mine, ask.now, ask.lease);
-                local.markers.insert(scan, (next, attempts));
+                let (marker, attempts) = local.markers.entry(scan).or_insert((Marker::Free, 0));
+                let (next, number, answer) =
+                    schedule::claim(marker, *attempts, ask.token, mine, ask.now, ask.lease);
+                (*marker, *attempts) = (next, number);
                 Ok(answer)
             }
         }
@@ -221,8 +217,7 @@ impl MarkerStore for Markers {
             }
             Self::Local(local) => {
                 let mut local = lock(local);
-                let attempts = local.markers.get(&scan).map_or(0, |m| m.1);
-                local.markers.insert(scan, (Marker::Done, attempts));
+                local.markers.entry(scan).or_insert((Marker::Free, 0)).0 = Marker::Done;
                 local.done.push_back(scan);
                 while local.done.len() > LOCAL_DONE {
                     if let Some(old) = local.done.pop_front() {
@@ -248,9 +243,8 @@ impl MarkerStore for Markers {
             }
             Self::Local(local) => {
                 let mut local = lock(local);
-                if let Some((current, attempts)) = local.markers.get(&scan).cloned() {
-                    let next = schedule::release(&current, token);
-                    local.markers.insert(scan, (next, attempts));
+                if let Some((marker, _)) = local.markers.get_mut(&scan) {
+                    *marker = schedule::release(marker, token);
                 }
                 Ok(())
             }

@@ -29,13 +29,10 @@ fn sdk_err<E: std::error::Error + 'static>(e: E) -> ConsumeError {
 }
 
 impl SqsSource {
-    /// A consumer of `url`, with a client built from `sdk`.
     pub fn new(sdk: &aws_config::SdkConfig, url: &str, lease: Duration) -> Self {
         let timeouts = TimeoutConfig::builder()
             .connect_timeout(Duration::from_secs(2))
-            .operation_attempt_timeout(Duration::from_secs(
-                u64::try_from(WAIT_SECS).unwrap_or(5) + 5,
-            ))
+            .operation_attempt_timeout(Duration::from_secs(WAIT_SECS as u64 + 5))
             .build();
         let config = aws_sdk_sqs::config::Builder::from(sdk)
             .timeout_config(timeouts)
@@ -90,7 +87,6 @@ impl SqsSource {
         self.visibility(receipt, self.lease_secs).await
     }
 
-    /// The queue's name: the last segment of its URL (of its ARN too).
     pub fn queue_name(&self) -> &str {
         queue_name(&self.url)
     }

@@ -154,13 +154,11 @@ impl JobSource for SqsBatch {
         d: &Delivery<Message>,
         wait: Duration,
     ) -> Result<bool, ConsumeError> {
-        match schedule::sqs_visibility(wait) {
-            None => Ok(false),
-            Some(secs) => {
-                self.hold(d, secs).await;
-                Ok(true)
-            }
-        }
+        let Some(secs) = schedule::sqs_visibility(wait) else {
+            return Ok(false);
+        };
+        self.hold(d, secs).await;
+        Ok(true)
     }
 
     /// The queue's redrive policy moves it after `maxReceiveCount` receives.
