@@ -60,7 +60,6 @@ impl QueueClock {
         })
     }
 
-    /// The time by the queue's clock.
     pub fn now(&self) -> UnixMillis {
         match *lock(&self.anchor) {
             Some(anchor) => anchor.at(Instant::now()),

@@ -105,11 +105,9 @@ pub async fn run(
     let target = args.source(&config.queue)?;
     let ops = ops_valkey(&config)?;
     // Ready when the Valkey it reads or marks on answers (none for stdin).
+    let probed = ops.clone().filter(|_| target != QueueTarget::Spool);
     let _health = match args.health_listen {
-        Some(addr) => {
-            let probed = ops.clone().filter(|_| target != QueueTarget::Spool);
-            Some(listen::serve_health(addr, probed).await?)
-        }
+        Some(addr) => Some(listen::serve_health(addr, probed).await?),
         None => None,
     };
     let parts = Parts {
