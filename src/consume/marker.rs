@@ -141,12 +141,6 @@ impl Markers {
         }
     }
 
-    /// Markers in Valkey for the SQS queue `url`, the same ones the consumer function keeps.
-    pub fn of_sqs(valkey: Valkey, url: &str, wait: u32) -> Self {
-        let name = super::source::sqs::queue_name(url);
-        Self::valkey(valkey, &format!("sqs:{name}"), wait)
-    }
-
     /// Markers in this process only.
     pub fn local() -> Self {
         Self::local_after([])

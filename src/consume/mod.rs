@@ -68,8 +68,9 @@ fn wait_replicas(config: &Config) -> u32 {
     config.store.valkey.as_ref().map_or(0, |v| v.wait_replicas)
 }
 
-/// The markers and clock of the SQS queue `url`: on `ops` if there is a Valkey, else kept in
-/// `alone` (the text a warning then ends with).
+/// The markers and clock of the SQS queue `url` (`sqs:<name>`, the same for the consumer and the
+/// consumer function): on `ops` if there is a Valkey, else kept in `alone` (the text a warning
+/// then ends with).
 pub fn sqs_markers(
     ops: Option<Valkey>,
     url: &str,
@@ -80,7 +81,8 @@ pub fn sqs_markers(
         tracing::warn!("no VALKEY_URL: scanId markers are kept in {alone}");
         return (Markers::local(), QueueClock::local(LOCAL));
     };
-    let markers = Markers::of_sqs(ops.clone(), url, wait_replicas(config));
+    let key = format!("sqs:{}", source::sqs::queue_name(url));
+    let markers = Markers::valkey(ops.clone(), &key, wait_replicas(config));
     (markers, QueueClock::new(LOCAL, Some(ops)))
 }
 
