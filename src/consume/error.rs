@@ -41,12 +41,6 @@ impl From<Refusal> for ConsumeError {
     }
 }
 
-impl From<ConsumeError> for String {
-    fn from(e: ConsumeError) -> Self {
-        e.to_string()
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

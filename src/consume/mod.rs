@@ -120,7 +120,8 @@ pub async fn run(
     match target {
         QueueTarget::Spool => {
             let journal = parts.args.journal.as_deref();
-            let (source, started) = source::stdin::StdinSource::open(journal).await?;
+            let open = source::stdin::StdinSource::open(journal).await;
+            let (source, started) = open.map_err(|e| e.to_string())?;
             let (markers, clock) = (Markers::local_after(started), QueueClock::local(LOCAL));
             parts
                 .drive(vec![source], markers, clock, None, shutdown)
@@ -157,7 +158,7 @@ impl Parts {
             let reads = ops_valkey(&self.config)?.ok_or(NO_VALKEY)?;
             let key = lane_key(key, lane);
             let open = StreamSource::open(reads, ops.clone(), &key, &a.group, consumer, a.lease);
-            sources.push(open.await?);
+            sources.push(open.await.map_err(|e| e.to_string())?);
         }
         crate::io::queue::stream::warn_without_persistence(&ops, key).await;
         let markers = Markers::valkey(ops.clone(), key, wait_replicas(&self.config));
