@@ -50,12 +50,9 @@ impl QueueClock {
         Self::new(local, None)
     }
 
-    /// Time by `server`'s `TIME`, once measured ([`QueueClock::sync`]).
-    pub fn of_valkey(local: Clock, server: Valkey) -> Arc<Self> {
-        Self::new(local, Some(server))
-    }
-
-    fn new(local: Clock, server: Option<Valkey>) -> Arc<Self> {
+    /// Time by `server`'s `TIME` once measured ([`QueueClock::sync`]); before, or without a server,
+    /// by `local`.
+    pub fn new(local: Clock, server: Option<Valkey>) -> Arc<Self> {
         Arc::new(Self {
             local,
             anchor: Mutex::new(None),
@@ -63,7 +60,6 @@ impl QueueClock {
         })
     }
 
-    /// The time by the queue's clock.
     pub fn now(&self) -> UnixMillis {
         match *lock(&self.anchor) {
             Some(anchor) => anchor.at(Instant::now()),

@@ -17,13 +17,10 @@ pub enum ConsumeError {
     /// The stream's consumer group is gone (Valkey restarted without persistence): create it again.
     #[error("the consumer group is gone (NOGROUP)")]
     NoGroup,
-    /// An SQS call failed.
     #[error("SQS: {0}")]
     Sqs(String),
-    /// Reading standard input failed.
     #[error("standard input: {0}")]
     Stdin(String),
-    /// Writing the spool's journal failed.
     #[error("journal: {0}")]
     Journal(String),
     /// Fewer replicas than `VALKEY_WAIT_REPLICAS` took the write in time: a failover may lose it.
@@ -41,12 +38,6 @@ impl From<Refusal> for ConsumeError {
         } else {
             Self::Valkey(SendError::Refused(refused.message))
         }
-    }
-}
-
-impl From<ConsumeError> for String {
-    fn from(e: ConsumeError) -> Self {
-        e.to_string()
     }
 }
 

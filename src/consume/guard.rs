@@ -11,6 +11,7 @@ use rustix::process::{
     Pid, Signal, WaitOptions, getpid, getppid, kill_process, kill_process_group,
     set_child_subreaper, wait,
 };
+use tokio::runtime::Builder;
 
 /// Makes this process not dumpable, so an `--exec` scanner (the same user) cannot read the
 /// consumer's `/proc/<pid>/environ` (secrets, AWS credentials) or memory; the scanner, started by
@@ -90,20 +91,23 @@ pub fn run(args: &GuardArgs) -> ExitCode {
         std::process::exit(137);
     }
     if let Err(e) = set_child_subreaper(Some(getpid())) {
-        eprintln!("quota-gate scan-guard: cannot become the scanner's subreaper: {e}");
-        return ExitCode::from(125);
+        return failed(format!("cannot become the scanner's subreaper: {e}"), 125);
     }
-    let runtime = match tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("quota-gate scan-guard: {e}");
-            return ExitCode::from(125);
-        }
-    };
-    runtime.block_on(guard(&args.command))
+    match Builder::new_current_thread().enable_all().build() {
+        Ok(runtime) => runtime.block_on(guard(&args.command)),
+        Err(e) => failed(e, 125),
+    }
+}
+
+/// `child`'s pid, until it has been waited for.
+pub(super) fn pid_of(child: &tokio::process::Child) -> Option<Pid> {
+    Pid::from_raw(i32::try_from(child.id()?).ok()?)
+}
+
+/// Says on standard error why the guard cannot run the scanner, and exits with `code`.
+fn failed(why: impl std::fmt::Display, code: u8) -> ExitCode {
+    eprintln!("quota-gate scan-guard: {why}");
+    ExitCode::from(code)
 }
 
 async fn guard(command: &str) -> ExitCode {
@@ -113,25 +117,18 @@ async fn guard(command: &str) -> ExitCode {
         signal(SignalKind::hangup()),
         signal(SignalKind::interrupt()),
     ) else {
-        eprintln!("quota-gate scan-guard: cannot handle signals");
-        return ExitCode::from(125);
+        return failed("cannot handle signals", 125);
     };
-    let mut scanner = match tokio::process::Command::new("sh")
-        .arg("-c")
-        .arg(command)
+    let sh = tokio::process::Command::new("sh")
+        .args(["-c", command])
         .process_group(0)
-        .spawn()
-    {
+        .spawn();
+    let mut scanner = match sh {
         Ok(child) => child,
-        Err(e) => {
-            eprintln!("quota-gate scan-guard: cannot run the scanner: {e}");
-            return ExitCode::from(127);
-        }
+        Err(e) => return failed(format!("cannot run the scanner: {e}"), 127),
     };
     // The scanner leads its group: its pid is the group's id.
-    let group = scanner
-        .id()
-        .and_then(|id| Pid::from_raw(i32::try_from(id).ok()?));
+    let group = pid_of(&scanner);
     let code = tokio::select! {
         status = scanner.wait() => match status {
             Ok(status) => exit_code(status),

@@ -116,10 +116,8 @@ impl Guard {
     /// Stops the guard and waits for it; one not gone within [`GUARD_STOP`] has its group killed.
     async fn stop_and_wait(&mut self, child: &mut tokio::process::Child) {
         self.stop();
-        if tokio::time::timeout(GUARD_STOP, child.wait())
-            .await
-            .is_err()
-        {
+        let waited = tokio::time::timeout(GUARD_STOP, child.wait()).await;
+        if waited.is_err() {
             if let Some(pid) = self.0 {
                 let _ = kill_process_group(pid, Signal::KILL);
             }
@@ -144,13 +142,10 @@ async fn exec<H>(
 ) -> Result<(), Ended> {
     let exe = std::env::current_exe()
         .map_err(|e| Ended::Failed(format!("cannot find quota-gate's own binary: {e}")))?;
+    let parent = std::process::id().to_string();
     let mut child = tokio::process::Command::new(exe);
     child
-        .arg(super::guard::COMMAND)
-        .arg("--parent")
-        .arg(std::process::id().to_string())
-        .arg("--")
-        .arg(command)
+        .args([super::guard::COMMAND, "--parent", &parent, "--", command])
         // The job's variables after the allowed ones: the job's win.
         .env_clear()
         .envs(env.iter().map(|(k, v)| (k, v)))
@@ -163,11 +158,7 @@ async fn exec<H>(
         .process_group(0)
         .spawn()
         .map_err(|e| Ended::Failed(format!("cannot run the scanner: {e}")))?;
-    let mut guard = Guard(
-        child
-            .id()
-            .and_then(|id| Pid::from_raw(i32::try_from(id).ok()?)),
-    );
+    let mut guard = Guard(super::guard::pid_of(&child));
     let stdin = child.stdin.take();
     let scan = async {
         if let Some(mut stdin) = stdin {

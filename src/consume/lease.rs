@@ -9,7 +9,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::handoff::Scanner;
-use super::marker::{MarkerAsk, MarkerStore};
+use super::marker::MarkerStore;
 use super::schedule::{self, Renewal, Silence, Stop};
 use super::source::{Delivery, JobSource};
 use super::worker::Worker;
@@ -55,15 +55,7 @@ impl<S: JobSource, X: Scanner, M: MarkerStore> Worker<S, X, M> {
         let Some((token, mine)) = attempt else {
             return Renewal::Unknown;
         };
-        let ask = MarkerAsk {
-            scan: d.job.scan_id,
-            entry: None,
-            token,
-            mine,
-            lease: self.lease,
-            now: self.clock.now(),
-        };
-        match self.markers.claim(ask).await {
+        match self.markers.claim(self.ask(d, token, mine)).await {
             Ok(schedule::MarkerClaim::Claimed(_)) => Renewal::Held,
             Ok(_) => Renewal::Lost,
             Err(e) => {

@@ -87,11 +87,7 @@ pub fn durable_claim(
 
 /// A done marker, relied on (acked after) only if the replicas hold it.
 pub fn durable_done(durable: bool) -> Result<(), ConsumeError> {
-    if durable {
-        Ok(())
-    } else {
-        Err(ConsumeError::NotReplicated("the done marker"))
-    }
+    durable_claim(MarkerClaim::Done, 0, durable).map(drop)
 }
 
 /// Marker tokens, one per attempt, unique across processes: the consumer's name, a random id per
@@ -109,7 +105,6 @@ impl Tokens {
         }
     }
 
-    /// The next token.
     pub fn next(&self) -> String {
         let n = self.issued.fetch_add(1, Ordering::Relaxed);
         format!("{}:{n}", self.prefix)
@@ -146,15 +141,9 @@ impl Markers {
         }
     }
 
-    /// Markers in Valkey for the SQS queue `url`, the same ones the consumer function keeps.
-    pub fn of_sqs(valkey: Valkey, url: &str, wait: u32) -> Self {
-        let name = super::source::sqs::queue_name(url);
-        Self::valkey(valkey, &format!("sqs:{name}"), wait)
-    }
-
     /// Markers in this process only.
     pub fn local() -> Self {
-        Self::Local(Arc::default())
+        Self::local_after([])
     }
 
     /// In-process markers for a replay: each given scan's next attempt is numbered after the given.
@@ -176,25 +165,18 @@ impl Markers {
 
 impl MarkerStore for Markers {
     async fn claim(&self, ask: MarkerAsk<'_>) -> Result<MarkerClaim, ConsumeError> {
-        let MarkerAsk {
-            scan,
-            entry,
-            token,
-            mine,
-            lease,
-            now,
-        } = ask;
+        let MarkerAsk { scan, mine, .. } = ask;
         match self {
             Self::Valkey { valkey, tag, wait } => {
                 let (marker, attempts) = Self::keys(tag, scan);
                 let mut keys = vec![marker.as_str(), attempts.as_str()];
-                keys.extend(entry.map(|(stream, _)| stream));
+                keys.extend(ask.entry.map(|(stream, _)| stream));
                 let mut cmd = crate::io::store::valkey::eval(CLAIM, &keys);
-                cmd.arg(token)
-                    .arg(crate::rules::unix::duration_ms(lease))
+                cmd.arg(ask.token)
+                    .arg(crate::rules::unix::duration_ms(ask.lease))
                     .arg(mine)
                     .arg(DONE_TTL_SECS);
-                if let Some((_, id)) = entry {
+                if let Some((_, id)) = ask.entry {
                     cmd.arg(id);
                 }
                 let (answer, durable): (i64, bool) =
@@ -209,14 +191,10 @@ impl MarkerStore for Markers {
             }
             Self::Local(local) => {
                 let mut local = lock(local);
-                let (current, attempts) = local
-                    .markers
-                    .get(&scan)
-                    .cloned()
-                    .unwrap_or((Marker::Free, 0));
-                let (next, attempts, answer) =
-                    schedule::claim(&current, attempts, token, mine, now, lease);
-                local.markers.insert(scan, (next, attempts));
+                let (marker, attempts) = local.markers.entry(scan).or_insert((Marker::Free, 0));
+                let (next, number, answer) =
+                    schedule::claim(marker, *attempts, ask.token, mine, ask.now, ask.lease);
+                (*marker, *attempts) = (next, number);
                 Ok(answer)
             }
         }
@@ -233,8 +211,7 @@ impl MarkerStore for Markers {
             }
             Self::Local(local) => {
                 let mut local = lock(local);
-                let attempts = local.markers.get(&scan).map_or(0, |m| m.1);
-                local.markers.insert(scan, (Marker::Done, attempts));
+                local.markers.entry(scan).or_insert((Marker::Free, 0)).0 = Marker::Done;
                 local.done.push_back(scan);
                 while local.done.len() > LOCAL_DONE {
                     if let Some(old) = local.done.pop_front() {
@@ -260,9 +237,8 @@ impl MarkerStore for Markers {
             }
             Self::Local(local) => {
                 let mut local = lock(local);
-                if let Some((current, attempts)) = local.markers.get(&scan).cloned() {
-                    let next = schedule::release(&current, token);
-                    local.markers.insert(scan, (next, attempts));
+                if let Some((marker, _)) = local.markers.get_mut(&scan) {
+                    *marker = schedule::release(marker, token);
                 }
                 Ok(())
             }

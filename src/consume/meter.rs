@@ -9,26 +9,22 @@ use crate::io::meter::emf::{Doc, Emf, Handles, Sink};
 use crate::io::stdout::LineWriter;
 use crate::rules::job::Lane;
 
+// What each counts: [`ConsumeMeter::describe`].
 pub const STARTED: &str = "stella_consumer_jobs_started_total";
 pub const SUCCEEDED: &str = "stella_consumer_jobs_succeeded_total";
 pub const FAILED: &str = "stella_consumer_jobs_failed_total";
 pub const DEAD_LETTERED: &str = "stella_consumer_jobs_dead_lettered_total";
-/// Deliveries of a scan that had already run: acknowledged, not run.
+/// Acknowledged, not run.
 pub const DUPLICATES: &str = "stella_consumer_duplicates_total";
-/// Jobs waiting for their `notBefore` right now.
 pub const HELD: &str = "stella_consumer_held_jobs";
-/// Scans stopped at `--scan-timeout` (each also counts as failed).
+/// Each also counts as failed.
 pub const TIMEOUTS: &str = "stella_consumer_scan_timeouts_total";
-/// Scans stopped because their marker's lease was lost.
 pub const LEASES_LOST: &str = "stella_consumer_leases_lost_total";
-/// Due jobs waiting for a run slot right now (the scanner busy), per lane.
 pub const WAITING: &str = "stella_consumer_waiting_jobs";
-/// Valkey's clock minus this machine's (ms), as last measured.
 pub const CLOCK_SKEW_MS: &str = "stella_consumer_clock_skew_ms";
-/// Start − `notBefore`, per started job.
 pub const LATENESS_MS: &str = "stella_consumer_lateness_ms";
 
-/// Lateness buckets (ms): a consumer keeping up starts within ms; seconds mean too few run slots.
+/// [`LATENESS_MS`]'s buckets: a consumer keeping up starts within ms; seconds mean too few run slots.
 pub const LATENESS_BUCKETS_MS: [f64; 10] = [
     1.0, 5.0, 10.0, 50.0, 100.0, 250.0, 500.0, 1000.0, 5000.0, 30000.0,
 ];

@@ -44,6 +44,7 @@ use handoff::Handoff;
 use marker::{Markers, Tokens};
 use meter::ConsumeMeter;
 use source::JobSource;
+use source::stream::StreamSource;
 use worker::Worker;
 
 pub use options::ConsumeArgs;
@@ -52,6 +53,8 @@ pub use options::ConsumeArgs;
 const KILL_WAIT: Duration = Duration::from_secs(5);
 
 const LOCAL: crate::io::clock::Clock = crate::io::clock::Clock::System;
+
+const NO_VALKEY: &str = "a valkey-stream source needs VALKEY_URL";
 
 /// A connection to `config`'s Valkey for marker and ack calls: the store's bound, with room for a
 /// busy machine.
@@ -65,24 +68,22 @@ fn wait_replicas(config: &Config) -> u32 {
     config.store.valkey.as_ref().map_or(0, |v| v.wait_replicas)
 }
 
-/// The markers and clock of the SQS queue `url`: on `ops` if there is a Valkey, else kept in
-/// `alone` (the text a warning then ends with).
+/// The markers and clock of the SQS queue `url` (`sqs:<name>`, the same for the consumer and the
+/// consumer function): on `ops` if there is a Valkey, else kept in `alone` (the text a warning
+/// then ends with).
 pub fn sqs_markers(
     ops: Option<Valkey>,
     url: &str,
     config: &Config,
     alone: &str,
 ) -> (Markers, Arc<QueueClock>) {
-    match ops {
-        Some(ops) => (
-            Markers::of_sqs(ops.clone(), url, wait_replicas(config)),
-            QueueClock::of_valkey(LOCAL, ops),
-        ),
-        None => {
-            tracing::warn!("no VALKEY_URL: scanId markers are kept in {alone}");
-            (Markers::local(), QueueClock::local(LOCAL))
-        }
-    }
+    let Some(ops) = ops else {
+        tracing::warn!("no VALKEY_URL: scanId markers are kept in {alone}");
+        return (Markers::local(), QueueClock::local(LOCAL));
+    };
+    let key = format!("sqs:{}", source::sqs::queue_name(url));
+    let markers = Markers::valkey(ops.clone(), &key, wait_replicas(config));
+    (markers, QueueClock::new(LOCAL, Some(ops)))
 }
 
 /// Everything but the source that a consumer is built from.
@@ -90,15 +91,6 @@ struct Parts {
     args: ConsumeArgs,
     handoff: Handoff,
     config: Config,
-}
-
-impl Parts {
-    /// Starts the store's eviction watch: an evicting store loses jobs and markers too.
-    async fn watch_store(&self, ops: &Valkey) -> Result<Watch, String> {
-        let emf = (!self.args.no_emf).then(|| Sink::Background(LineWriter::stdout(), None));
-        let meter = StoreMeter::new(&self.config.metrics_namespace, Process::Consume, emf);
-        crate::io::eviction_watch::start(ops, &self.config.store, meter).await
-    }
 }
 
 /// Runs the consumer until `shutdown` ends (or the end of standard input).
@@ -115,11 +107,9 @@ pub async fn run(
     let target = args.source(&config.queue)?;
     let ops = ops_valkey(&config)?;
     // Ready when the Valkey it reads or marks on answers (none for stdin).
+    let probed = ops.clone().filter(|_| target != QueueTarget::Spool);
     let _health = match args.health_listen {
-        Some(addr) => {
-            let probed = ops.clone().filter(|_| target != QueueTarget::Spool);
-            Some(listen::serve_health(addr, probed).await?)
-        }
+        Some(addr) => Some(listen::serve_health(addr, probed).await?),
         None => None,
     };
     let parts = Parts {
@@ -130,130 +120,133 @@ pub async fn run(
     match target {
         QueueTarget::Spool => {
             let journal = parts.args.journal.as_deref();
-            let (source, started) = source::stdin::StdinSource::open(journal).await?;
-            let markers = Markers::local_after(started);
-            let clock = QueueClock::local(LOCAL);
-            drive(vec![source], markers, clock, parts, shutdown).await
+            let open = source::stdin::StdinSource::open(journal).await;
+            let (source, started) = open.map_err(|e| e.to_string())?;
+            let (markers, clock) = (Markers::local_after(started), QueueClock::local(LOCAL));
+            parts
+                .drive(vec![source], markers, clock, None, shutdown)
+                .await
         }
         QueueTarget::ValkeyStream(key) => {
-            let missing = || "a valkey-stream source needs VALKEY_URL".to_owned();
-            let ops = ops.ok_or_else(missing)?;
+            let ops = ops.ok_or(NO_VALKEY)?;
+            parts.run_stream(&key, ops, shutdown).await
+        }
+        QueueTarget::Sqs(url) => parts.run_sqs(&url, ops, shutdown).await,
+    }
+}
+
+impl Parts {
+    /// Starts the store's eviction watch: an evicting store loses jobs and markers too.
+    async fn watch_store(&self, ops: &Valkey) -> Result<Watch, String> {
+        let emf = (!self.args.no_emf).then(|| Sink::Background(LineWriter::stdout(), None));
+        let meter = StoreMeter::new(&self.config.metrics_namespace, Process::Consume, emf);
+        crate::io::eviction_watch::start(ops, &self.config.store, meter).await
+    }
+
+    /// [`Parts::drive`] on the stream `key`'s two lanes ([`lane_key`]).
+    async fn run_stream(
+        self,
+        key: &str,
+        ops: Valkey,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+    ) -> Result<(), String> {
+        let watch = self.watch_store(&ops).await?;
+        let (a, consumer) = (&self.args, &self.args.consumer_name());
+        let mut sources = Vec::new();
+        for lane in [Lane::Within, Lane::Over] {
             // A blocking read holds its connection: one per lane.
-            let mut reads = Vec::new();
-            for _ in 0..2 {
-                reads.push(ops_valkey(&parts.config)?.ok_or_else(missing)?);
+            let reads = ops_valkey(&self.config)?.ok_or(NO_VALKEY)?;
+            let key = lane_key(key, lane);
+            let open = StreamSource::open(reads, ops.clone(), &key, &a.group, consumer, a.lease);
+            sources.push(open.await.map_err(|e| e.to_string())?);
+        }
+        crate::io::queue::stream::warn_without_persistence(&ops, key).await;
+        let markers = Markers::valkey(ops.clone(), key, wait_replicas(&self.config));
+        let clock = QueueClock::new(LOCAL, Some(ops));
+        self.drive(sources, markers, clock, Some(watch), shutdown)
+            .await
+    }
+
+    /// [`Parts::drive`] on the SQS queue `url` (and its over lane), with markers and clock on `ops`
+    /// if any.
+    async fn run_sqs(
+        self,
+        url: &str,
+        ops: Option<Valkey>,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+    ) -> Result<(), String> {
+        let over = self.args.over_lane(&self.config)?;
+        let sdk = aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await;
+        let lanes = std::iter::once(url).chain(over.as_deref());
+        let sources = lanes
+            .map(|url| source::sqs::SqsSource::new(&sdk, url, self.args.lease))
+            .collect();
+        let watch = match &ops {
+            Some(ops) => Some(self.watch_store(ops).await?),
+            None => None,
+        };
+        let alone =
+            "this process only; a message SQS delivers twice to two consumers may run twice";
+        let (markers, clock) = sqs_markers(ops, url, &self.config, alone);
+        self.drive(sources, markers, clock, watch, shutdown).await
+    }
+
+    /// Runs one consumer on `sources` (a queue's lanes) until `shutdown`, the sources' end, or
+    /// `watch` refusing the store.
+    async fn drive<S: JobSource>(
+        self,
+        sources: Vec<S>,
+        markers: Markers,
+        clock: Arc<QueueClock>,
+        watch: Option<Watch>,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+    ) -> Result<(), String> {
+        let (shutdown, refusal) = until_refused(watch, shutdown);
+        let (args, handoff) = (&self.args, &self.handoff);
+        let consumer = args.consumer_name();
+        if let Err(e) = clock.sync().await {
+            tracing::warn!(error = %e, "cannot read Valkey's clock yet; timing by this machine's until it answers");
+        }
+        let _sync = AbortOnDropHandle::new(tokio::spawn(clock.clone().keep_in_sync()));
+        let name = sources.first().map_or("none", JobSource::name);
+        let meter = ConsumeMeter::new(&self.config.metrics_namespace, name, !args.no_emf);
+        let (stop, stopping) = watch::channel(false);
+        let (kill, killing) = watch::channel(false);
+        let _signal = AbortOnDropHandle::new(tokio::spawn(async move {
+            shutdown.await;
+            tracing::info!("stopping: no new jobs; running ones get the grace period");
+            let _ = stop.send(true);
+            // Held until the consumer ends: a closed channel would read as "not stopping".
+            std::future::pending::<()>().await;
+        }));
+        tracing::info!(source = name, consumer, "quota-gate consuming");
+        // The lanes share the run slots (within quota first) and the markers.
+        let run_slots = slots::RunSlots::new(args.concurrency.get(), args.over_every.get());
+        let lanes = sources.into_iter().map(|source| {
+            let worker = Arc::new(Worker {
+                source,
+                markers: markers.clone(),
+                scanner: handoff.clone(),
+                run_slots: run_slots.clone(),
+                policy: args.retry_policy(),
+                lease: args.lease,
+                scan_timeout: args.scan_timeout,
+                meter: meter.clone(),
+                clock: clock.clone(),
+                stopping: stopping.clone(),
+                killing: killing.clone(),
+                tokens: Tokens::new(consumer.clone()),
+            });
+            let (stopping, kill) = (stopping.clone(), &kill);
+            async move {
+                let tasks = intake(worker, args.max_held.get(), stopping.clone()).await;
+                finish(tasks, args.grace, stopping, kill).await;
             }
-            run_stream(&key, reads, ops, parts, shutdown).await
-        }
-        QueueTarget::Sqs(url) => run_sqs(&url, ops, parts, shutdown).await,
-    }
-}
-
-/// [`drive`] on the stream `key`'s two lanes ([`lane_key`]), each read on one of `reads`.
-async fn run_stream(
-    key: &str,
-    reads: Vec<Valkey>,
-    ops: Valkey,
-    parts: Parts,
-    shutdown: impl Future<Output = ()> + Send + 'static,
-) -> Result<(), String> {
-    let watch = parts.watch_store(&ops).await?;
-    let (shutdown, refusal) = until_refused(Some(watch), shutdown);
-    let (a, p) = (&parts.args, &parts.args.consumer_name());
-    let mut sources = Vec::new();
-    for (lane, reads) in [Lane::Within, Lane::Over].into_iter().zip(reads) {
-        let lane_key = lane_key(key, lane);
-        let source =
-            source::stream::StreamSource::open(reads, ops.clone(), &lane_key, &a.group, p, a.lease);
-        sources.push(source.await?);
-    }
-    crate::io::queue::stream::warn_without_persistence(&ops, key).await;
-    let markers = Markers::valkey(ops.clone(), key, wait_replicas(&parts.config));
-    let clock = QueueClock::of_valkey(LOCAL, ops);
-    refusal.or(drive(sources, markers, clock, parts, shutdown).await)
-}
-
-/// [`drive`] on the SQS queue `url` (and its over lane), with markers and clock on `ops` if any.
-async fn run_sqs(
-    url: &str,
-    ops: Option<Valkey>,
-    parts: Parts,
-    shutdown: impl Future<Output = ()> + Send + 'static,
-) -> Result<(), String> {
-    let over = parts.args.over_lane(&parts.config)?;
-    let sdk = aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await;
-    let lanes = std::iter::once(url).chain(over.as_deref());
-    let sources = lanes
-        .map(|url| source::sqs::SqsSource::new(&sdk, url, parts.args.lease))
-        .collect();
-    let watch = match &ops {
-        Some(ops) => Some(parts.watch_store(ops).await?),
-        None => None,
-    };
-    let (shutdown, refusal) = until_refused(watch, shutdown);
-    let alone = "this process only; a message SQS delivers twice to two consumers may run twice";
-    let (markers, clock) = sqs_markers(ops, url, &parts.config, alone);
-    refusal.or(drive(sources, markers, clock, parts, shutdown).await)
-}
-
-/// Runs one consumer on `sources` (a queue's lanes) until `shutdown` or the sources' end.
-async fn drive<S: JobSource>(
-    sources: Vec<S>,
-    markers: Markers,
-    clock: Arc<QueueClock>,
-    parts: Parts,
-    shutdown: impl Future<Output = ()> + Send + 'static,
-) -> Result<(), String> {
-    let Parts {
-        args,
-        handoff,
-        config,
-    } = parts;
-    let consumer = args.consumer_name();
-    if let Err(e) = clock.sync().await {
-        tracing::warn!(error = %e, "cannot read Valkey's clock yet; timing by this machine's until it answers");
-    }
-    let _sync = AbortOnDropHandle::new(tokio::spawn(clock.clone().keep_in_sync()));
-    let name = sources.first().map_or("none", JobSource::name);
-    let meter = ConsumeMeter::new(&config.metrics_namespace, name, !args.no_emf);
-    let (stop, stopping) = watch::channel(false);
-    let (kill, killing) = watch::channel(false);
-    let _signal = AbortOnDropHandle::new(tokio::spawn(async move {
-        shutdown.await;
-        tracing::info!("stopping: no new jobs; running ones get the grace period");
-        let _ = stop.send(true);
-        // Held until the consumer ends: a closed channel would read as "not stopping".
-        std::future::pending::<()>().await;
-    }));
-    tracing::info!(source = name, consumer, "quota-gate consuming");
-    // The lanes share the run slots (within quota first) and the markers.
-    let run_slots = slots::RunSlots::new(args.concurrency.get(), args.over_every.get());
-    let lanes = sources.into_iter().map(|source| {
-        let worker = Arc::new(Worker {
-            source,
-            markers: markers.clone(),
-            scanner: handoff.clone(),
-            run_slots: run_slots.clone(),
-            policy: args.retry_policy(),
-            lease: args.lease,
-            scan_timeout: args.scan_timeout,
-            meter: meter.clone(),
-            clock: clock.clone(),
-            stopping: stopping.clone(),
-            killing: killing.clone(),
-            tokens: Tokens::new(consumer.clone()),
         });
-        let (stopping, kill) = (stopping.clone(), &kill);
-        async move {
-            let tasks = intake(worker, args.max_held.get(), stopping.clone()).await;
-            finish(tasks, args.grace, stopping, kill).await;
-        }
-    });
-    futures_util::future::join_all(lanes).await;
-    crate::io::stdout::LineWriter::stdout()
-        .drain(Duration::from_secs(2))
-        .await;
-    Ok(())
+        futures_util::future::join_all(lanes).await;
+        LineWriter::stdout().drain(Duration::from_secs(2)).await;
+        refusal.or(Ok(()))
+    }
 }
 
 /// Reads jobs and starts a task for each, at most `max_held` unfinished, until stopping (then gives

@@ -140,21 +140,27 @@ impl<S: JobSource, X: Scanner, M: MarkerStore> Worker<S, X, M> {
 
     /// Claims `d`'s marker for a new attempt under `token`; `None` if Valkey did not answer.
     async fn claim(&self, d: &Delivery<S::Handle>, token: &str) -> Option<MarkerClaim> {
-        let now = self.clock.now();
-        let ask = MarkerAsk {
+        let claim = self.markers.claim(self.ask(d, token, 0)).await;
+        let warn = |e: &_| tracing::warn!(error = %e, "cannot claim a scan's marker; trying again");
+        claim.inspect_err(warn).ok()
+    }
+
+    /// `token`'s claim of `d`'s marker: a new attempt (`mine` 0) names the stream entry it checks
+    /// is still there; a renewal of attempt `mine` does not.
+    pub(super) fn ask<'a>(
+        &'a self,
+        d: &'a Delivery<S::Handle>,
+        token: &'a str,
+        mine: u64,
+    ) -> MarkerAsk<'a> {
+        MarkerAsk {
             scan: d.job.scan_id,
-            entry: self.source.entry(d),
+            entry: self.source.entry(d).filter(|_| mine == 0),
             token,
-            mine: 0,
+            mine,
             lease: self.lease,
-            now,
-        };
-        let claim = self.markers.claim(ask).await;
-        claim
-            .inspect_err(
-                |e| tracing::warn!(error = %e, "cannot claim a scan's marker; trying again"),
-            )
-            .ok()
+            now: self.clock.now(),
+        }
     }
 
     /// Carries out [`schedule::after_hand_off`]'s answer: `Continue` runs the job again here.

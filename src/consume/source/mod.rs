@@ -12,7 +12,7 @@ use std::future::Future;
 use std::time::Duration;
 
 use super::error::ConsumeError;
-use crate::rules::job::ScanJob;
+use crate::rules::job::{JobError, ScanJob};
 
 /// One job as received.
 #[derive(Debug, Clone)]
@@ -24,6 +24,14 @@ pub struct Delivery<H = ()> {
     pub handle: H,
 }
 
+impl<H> Delivery<H> {
+    /// The job `json` holds, received as `handle`.
+    pub fn read(json: String, handle: H) -> Result<Self, JobError> {
+        let job = ScanJob::from_json(&json)?;
+        Ok(Self { job, json, handle })
+    }
+}
+
 impl Delivery {
     /// The job on a spool line (standard input, its journal): a line without a `scanId` (an EMF
     /// line) is none, and an unreadable job is logged and skipped.
@@ -31,14 +39,8 @@ impl Delivery {
         if !line.contains("\"scanId\"") {
             return None;
         }
-        let job = ScanJob::from_json(&line)
-            .inspect_err(|e| tracing::error!(error = %e, "unreadable job line skipped"))
-            .ok()?;
-        Some(Self {
-            job,
-            json: line,
-            handle: (),
-        })
+        let skipped = |e: &_| tracing::error!(error = %e, "unreadable job line skipped");
+        Self::read(line, ()).inspect_err(skipped).ok()
     }
 }
 

@@ -13,7 +13,6 @@ use aws_sdk_sqs::error::DisplayErrorContext;
 use super::{Delivery, GivenUp, JobSource};
 use crate::consume::error::ConsumeError;
 use crate::consume::schedule;
-use crate::rules::job::ScanJob;
 
 /// The long poll: `ReceiveMessage` waits this long for a first message.
 const WAIT_SECS: i32 = 5;
@@ -30,13 +29,10 @@ fn sdk_err<E: std::error::Error + 'static>(e: E) -> ConsumeError {
 }
 
 impl SqsSource {
-    /// A consumer of `url`, with a client built from `sdk`.
     pub fn new(sdk: &aws_config::SdkConfig, url: &str, lease: Duration) -> Self {
         let timeouts = TimeoutConfig::builder()
             .connect_timeout(Duration::from_secs(2))
-            .operation_attempt_timeout(Duration::from_secs(
-                u64::try_from(WAIT_SECS).unwrap_or(5) + 5,
-            ))
+            .operation_attempt_timeout(Duration::from_secs(WAIT_SECS as u64 + 5))
             .build();
         let config = aws_sdk_sqs::config::Builder::from(sdk)
             .timeout_config(timeouts)
@@ -64,16 +60,10 @@ impl SqsSource {
             .await
             .map_err(sdk_err)?;
         let mut out = Vec::new();
-        for message in received.messages.unwrap_or_default() {
-            let (Some(body), Some(receipt)) = (message.body, message.receipt_handle) else {
-                continue;
-            };
-            if let Some(job) = job_of(&body, message.message_id.as_deref().unwrap_or("")) {
-                out.push(Delivery {
-                    job,
-                    json: body,
-                    handle: receipt,
-                });
+        for m in received.messages.unwrap_or_default() {
+            let id = m.message_id.unwrap_or_default();
+            if let (Some(body), Some(receipt)) = (m.body, m.receipt_handle) {
+                out.extend(read(body, &id, receipt));
             }
         }
         Ok(out)
@@ -97,17 +87,15 @@ impl SqsSource {
         self.visibility(receipt, self.lease_secs).await
     }
 
-    /// The queue's name: the last segment of its URL (of its ARN too).
     pub fn queue_name(&self) -> &str {
         queue_name(&self.url)
     }
 }
 
-/// The job in the body of the SQS message `id`; an unreadable one is logged, left to the redrive
-/// policy.
-pub fn job_of(body: &str, id: &str) -> Option<ScanJob> {
-    let job = ScanJob::from_json(body);
-    job.inspect_err(|e| {
+/// The job in the `body` of the SQS message `id`, received as `handle`; an unreadable one is
+/// logged, left to the redrive policy.
+pub fn read<H>(body: String, id: &str, handle: H) -> Option<Delivery<H>> {
+    Delivery::read(body, handle).inspect_err(|e| {
         tracing::error!(message = id, error = %e, "unreadable SQS message: left to the redrive policy");
     })
     .ok()

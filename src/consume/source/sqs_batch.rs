@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use super::sqs::{SqsSource, job_of, queue_name};
+use super::sqs::{SqsSource, queue_name, read};
 use super::{Delivery, GivenUp, JobSource};
 use crate::consume::error::ConsumeError;
 use crate::consume::schedule;
@@ -88,17 +88,12 @@ impl SqsBatch {
                 );
                 continue;
             };
-            if let Some(job) = job_of(&record.body, &record.message_id) {
-                out.push(Delivery {
-                    job,
-                    json: record.body,
-                    handle: Message {
-                        id: record.message_id,
-                        receipt: record.receipt_handle,
-                        lane,
-                    },
-                });
-            }
+            let handle = Message {
+                id: record.message_id.clone(),
+                receipt: record.receipt_handle,
+                lane,
+            };
+            out.extend(read(record.body, &record.message_id, handle));
         }
         out
     }
@@ -159,13 +154,11 @@ impl JobSource for SqsBatch {
         d: &Delivery<Message>,
         wait: Duration,
     ) -> Result<bool, ConsumeError> {
-        match schedule::sqs_visibility(wait) {
-            None => Ok(false),
-            Some(secs) => {
-                self.hold(d, secs).await;
-                Ok(true)
-            }
-        }
+        let Some(secs) = schedule::sqs_visibility(wait) else {
+            return Ok(false);
+        };
+        self.hold(d, secs).await;
+        Ok(true)
     }
 
     /// The queue's redrive policy moves it after `maxReceiveCount` receives.

@@ -62,11 +62,8 @@ impl StdinSource {
     }
 
     async fn read_line(&self) -> Result<Option<String>, ConsumeError> {
-        let mut lines = self.lines.lock().await;
-        lines
-            .next_line()
-            .await
-            .map_err(|e| ConsumeError::Stdin(e.to_string()))
+        let line = self.lines.lock().await.next_line().await;
+        line.map_err(|e| ConsumeError::Stdin(e.to_string()))
     }
 
     /// The next job line, kept in [`Ahead::read`] until handed out; `None` at the end of input.
@@ -86,19 +83,14 @@ impl StdinSource {
         }
     }
 
-    /// While stopping: the job on `line` (if any) journaled or written back, and added to `out`.
-    async fn keep_line(&self, line: String, out: &mut Vec<Delivery>) {
-        if let Some(d) = Delivery::of_spool_line(line) {
-            self.keep_or_write_back(&d).await;
-            out.push(d);
-        }
-    }
-
-    async fn keep_or_write_back(&self, d: &Delivery) {
-        if let Err(e) = self.journal.job(d).await {
+    /// While stopping: the job `d` (if any) journaled or written back, and added to `out`.
+    async fn keep(&self, d: Option<Delivery>, out: &mut Vec<Delivery>) {
+        let Some(d) = d else { return };
+        if let Err(e) = self.journal.job(&d).await {
             tracing::error!(error = %e, scan_id = %d.job.scan_id, "cannot journal a job read while stopping; writing it back");
-            write_back(d);
+            write_back(&d);
         }
+        out.push(d);
     }
 }
 
@@ -160,21 +152,18 @@ impl JobSource for StdinSource {
             (std::mem::take(&mut ahead.replay), ahead.read.take())
         };
         // A read a stop cut short: its journaling may not have landed.
-        if let Some(d) = read {
-            self.keep_or_write_back(&d).await;
-            out.push(d);
-        }
+        self.keep(read, &mut out).await;
         // New lines until quiet or the cap, keeping DRAIN_IDLE to finish a started line.
         let until = tokio::time::Instant::now() + DRAIN_MAX.saturating_sub(DRAIN_IDLE);
         while let Some(quiet) = drain_wait(until) {
             let Ok(Ok(Some(line))) = tokio::time::timeout(quiet, self.read_line()).await else {
                 break;
             };
-            self.keep_line(line, &mut out).await;
+            self.keep(Delivery::of_spool_line(line), &mut out).await;
         }
         let taken = self.lines.lock().await.close(DRAIN_IDLE).await;
         for line in taken {
-            self.keep_line(line, &mut out).await;
+            self.keep(Delivery::of_spool_line(line), &mut out).await;
         }
         out
     }

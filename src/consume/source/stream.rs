@@ -19,7 +19,6 @@ use crate::consume::error::{BUSYGROUP, ConsumeError};
 use crate::consume::sync::lock;
 use crate::io::connection::Valkey;
 use crate::io::queue::stream::JOB_FIELD;
-use crate::rules::job::ScanJob;
 
 /// How long one `XREADGROUP` blocks waiting for new entries.
 pub const BLOCK: Duration = Duration::from_millis(500);
@@ -143,18 +142,11 @@ impl StreamSource {
         let mut out = Vec::with_capacity(entries.len());
         for entry in entries {
             let json: Option<String> = entry.get(JOB_FIELD);
-            let parsed = json
+            let read = json
                 .ok_or_else(|| "no job field".to_owned())
-                .and_then(|json| match ScanJob::from_json(&json) {
-                    Ok(job) => Ok((job, json)),
-                    Err(e) => Err(e.to_string()),
-                });
-            match parsed {
-                Ok((job, json)) => out.push(Delivery {
-                    job,
-                    json,
-                    handle: entry.id,
-                }),
+                .and_then(|json| Delivery::read(json, entry.id.clone()).map_err(|e| e.to_string()));
+            match read {
+                Ok(d) => out.push(d),
                 Err(e) => {
                     tracing::error!(entry = %entry.id, error = %e, "unreadable stream entry");
                     if let Err(e) = self.dead_letter_raw(&entry.id, "", 0, &e).await {
