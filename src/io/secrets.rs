@@ -34,7 +34,7 @@ impl<F: Fn(&str) -> Option<String>> Resolved<F> {
             .or_else(|| (self.base)(name))
     }
 
-    /// The variables read from a secret store, in the table's order.
+    /// The variables read from a secret store, by name.
     pub fn from_store(&self) -> Vec<&'static str> {
         let mut names: Vec<_> = self.secrets.keys().copied().collect();
         names.sort_unstable();

@@ -159,12 +159,18 @@ fn noisy_address(a: usize) -> String {
     format!("198.18.{}.{}", a / 200, a % 200 + 1)
 }
 
-/// The scanner turns quick and the consumer drains what is left; then
-/// every job ran once, none before its `notBefore`. The drain's bound only
-/// stops a hung run: on moto under load, jobs whose visibility renewals came
-/// late return a visibility timeout (30 s) later, a few times over.
-fn drained_once_on_time(scanner: &Scanner, expected: &HashMap<String, i64>) {
+/// The scanner turns quick and the consumer, joined by `drainer` (a second
+/// one, four scans at a time), drains what is left; then every job ran once,
+/// none before its `notBefore`. The drain's bound only stops a hung run: on
+/// moto under load, jobs whose visibility renewals came late return a
+/// visibility timeout (30 s) later, a few times over.
+fn drained_once_on_time(
+    scanner: &Scanner,
+    expected: &HashMap<String, i64>,
+    drainer: impl FnOnce(&[&str]) -> KillOnDrop,
+) {
     scanner.quick();
+    let _drainer = drainer(&["--concurrency", "4"]);
     scanner.wait_for("end", expected.len(), Duration::from_secs(300));
     std::thread::sleep(Duration::from_millis(1500));
     scanner.assert_once_on_time(expected, false);
@@ -198,14 +204,17 @@ async fn on_a_stream(flood: Flood) {
     // The over lane's whole backlog fits the room: tenants take turns
     // among the jobs read (docs/guarantees.md).
     let held = (flood.noisy * 15 + 64).max(1024).to_string();
-    let args = ["--concurrency", "1", "--max-held", &held];
-    let _consumer = rig.consume("a", &args, &[("SLEEP", &sleep)]);
+    let held = ["--max-held", &held];
+    let one = [&held[..], &["--concurrency", "1"]].concat();
+    let _consumer = rig.consume("a", &one, &[("SLEEP", &sleep)]);
     let expected = busy_scanner(&rig.scanner, &flood, |ip| {
         let gate = &gate;
         async move { answered(gate, &ip).await }
     })
     .await;
-    drained_once_on_time(&rig.scanner, &expected);
+    drained_once_on_time(&rig.scanner, &expected, |more| {
+        rig.consume("b", &[&held[..], more].concat(), &[])
+    });
 }
 
 /// On a Valkey stream, 40 noisy addresses, 0.2 s a scan.
@@ -257,8 +266,8 @@ async fn within_quota_starts_at_once_at_a_busy_scanner_on_sqs() {
     env.extend([("VALKEY_URL", url.as_str()), ("SLEEP", "0.2")]);
     let scanner = Scanner::new();
     let args = ["--from", &within_url, "--from-over", &over_url];
-    let args = [&args[..], &["--concurrency", "1"]].concat();
-    let _consumer = scanner.consume("a", &args, &env, std::process::Stdio::null());
+    let one = [&args[..], &["--concurrency", "1"]].concat();
+    let _consumer = scanner.consume("a", &one, &env, std::process::Stdio::null());
     let flood = Flood {
         noisy: 40,
         scan: Duration::from_millis(200),
@@ -269,7 +278,10 @@ async fn within_quota_starts_at_once_at_a_busy_scanner_on_sqs() {
         async move { answered(gate, &ip).await }
     })
     .await;
-    drained_once_on_time(&scanner, &expected);
+    drained_once_on_time(&scanner, &expected, |more| {
+        let args = [&args[..], more].concat();
+        scanner.consume("b", &args, &env, std::process::Stdio::null())
+    });
 }
 
 /// Within-quota work alone saturates the consumer (40 due within-quota jobs,

@@ -162,7 +162,7 @@ fn stuck_stdout_never_holds_a_request_with_a_stream_queue() {
 #[test]
 fn stuck_stdout_spool_answers_503_in_time_and_refunds() {
     let (valkey, mut child, addr) = serve_on_valkey(&[("QUOTA_GATEWAY_TIMEOUT_MS", "2000")]);
-    let answers = burst(addr, 16, 300);
+    let answers = burst(addr, 64, 300);
     assert_healthy(addr);
     let accepted = answers.iter().filter(|a| a.0 == 202).count();
     let refused: Vec<_> = answers.iter().filter(|a| a.0 == 503).collect();

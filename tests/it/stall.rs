@@ -3,10 +3,10 @@
 //! scan queue a stream on that same Valkey: the matrix of timings, worker
 //! counts and fail modes, each case run several times.
 //!
-//! A case: a warm-up, Valkey stopped, keyed and unkeyed scans sent one after
-//! another with a gap, Valkey resumed when the stall is over, every key
-//! retried (at once or after a wait) until 202, then the stream and the
-//! counter read. What must hold afterwards:
+//! A case: a warm-up, Valkey stopped, keyed and unkeyed scans sent by
+//! clients of their own a gap apart, Valkey resumed when the stall is over
+//! (their answers still awaited), every key retried (at once or after a
+//! wait) until 202, then the stream and the counter read. What must hold afterwards:
 //! - keyed: exactly one job per key, under the scanId the retry returned,
 //!   with the retry's tier and delay; the count grew by one per key;
 //! - unkeyed: every 202 has exactly one job, a 503 that said `"queued":
@@ -140,26 +140,43 @@ fn run(case: Case, round: usize) {
 
     server.signal("STOP");
     let stopped = Instant::now();
-    let mut first: HashMap<String, Answer> = HashMap::new();
-    let mut unkeyed = Vec::new();
-    for i in 0..KEYED + UNKEYED {
-        if i % 3 == 2 {
-            unkeyed.push(scan(addr, None));
-        } else {
-            let key = format!("stall-{}", first.len());
-            first.insert(key.clone(), scan(addr, Some(&key)));
+    // Clients of their own, sent `gap` apart, each waiting for its answer
+    // while the store is stopped and as it comes back.
+    let (first, unkeyed, resumed) = std::thread::scope(|s| {
+        let mut sent = Vec::new();
+        for i in 0..KEYED + UNKEYED {
+            let key = (i % 3 != 2).then(|| format!("stall-{}", i - i / 3));
+            sent.push(s.spawn(move || {
+                let answer = scan(addr, key.as_deref());
+                (key, answer)
+            }));
+            std::thread::sleep(case.gap);
         }
-        std::thread::sleep(case.gap);
-    }
-    std::thread::sleep(case.stall.saturating_sub(stopped.elapsed()));
-    server.signal("CONT");
-    let resumed = Instant::now();
-    std::thread::sleep(case.retry_after);
+        std::thread::sleep(case.stall.saturating_sub(stopped.elapsed()));
+        server.signal("CONT");
+        let resumed = Instant::now();
+        let mut first = HashMap::new();
+        let mut unkeyed = Vec::new();
+        for client in sent {
+            match client.join().unwrap() {
+                (Some(key), answer) => {
+                    first.insert(key, answer);
+                }
+                (None, answer) => unkeyed.push(answer),
+            }
+        }
+        (first, unkeyed, resumed)
+    });
+    std::thread::sleep(case.retry_after.saturating_sub(resumed.elapsed()));
 
-    let mut settled = HashMap::new();
-    for key in first.keys() {
-        settled.insert(key.clone(), settle(addr, key));
-    }
+    // Each key's client retries on its own, as real ones do, all at once.
+    let settled: HashMap<String, Answer> = std::thread::scope(|s| {
+        let retries: Vec<_> = first
+            .keys()
+            .map(|key| s.spawn(move || (key.clone(), settle(addr, key))))
+            .collect();
+        retries.into_iter().map(|r| r.join().unwrap()).collect()
+    });
     // Unkeyed scans once the store is back are counted, not unmetered.
     let after: Vec<Answer> = (0..2).map(|_| scan(addr, None)).collect();
     // Late commands have landed by now (they ran as the server woke).
