@@ -1,8 +1,9 @@
 //! Step 6: spending the delay within the platform's limits. An HTTP API cuts integrations off at
 //! 30 s and Lambda bills every millisecond asleep, so the handler sleeps at most `min(Lambda
 //! remaining time, gateway timeout) − margin` and defers the rest onto the queued job. Each request
-//! asleep holds a Lambda environment, so a scan sleeps only in a [`Bed`] (at most
-//! `QUOTA_MAX_ASLEEP`, leases that end with their sleep); with none free, it defers it all.
+//! asleep holds a Lambda environment, so a scan sleeps only in a [`Bed`]: a lease of a fleet-wide
+//! counting semaphore of `QUOTA_MAX_ASLEEP`, which ends with its sleep, so a killed process leaks
+//! none. With none free, it defers it all.
 
 use std::time::Duration;
 

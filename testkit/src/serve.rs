@@ -52,6 +52,16 @@ fn spawn(command: &mut Command, vars: &[(&str, &str)]) -> (KillOnDrop, SocketAdd
     (child, addr)
 }
 
+/// Everything `child` (a `serve`) wrote to its stderr, once a `SIGTERM` has
+/// ended it: a clean stop flushes its log writer, where a `SIGKILL` may lose
+/// the last lines.
+pub fn stderr_after_term(child: &mut Child) -> String {
+    crate::consumer::signal(child.id(), "TERM");
+    let stderr = stderr_of(child);
+    let _ = child.wait();
+    stderr
+}
+
 /// Everything `child` wrote to its (piped) stderr, once it has closed it.
 pub fn stderr_of(child: &mut Child) -> String {
     let mut stderr = String::new();

@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 
 use common::client::{http, scan_request};
 use common::consumer::{Scanner, job, now_ms};
-use common::serve::{spawn_serve, stderr_of};
+use common::serve::{spawn_serve, stderr_after_term};
 use common::*;
 use jsonwebtoken::Algorithm;
 use quota_gate::gate::Gate;
@@ -862,8 +862,7 @@ fn grafana_queries_return_data_from_prometheus() {
         }
     }
 
-    serve.kill_now();
-    let logs = stderr_of(&mut serve);
+    let logs = stderr_after_term(&mut serve);
     assert!(logs.lines().count() >= 2, "{logs}");
     for line in logs.lines() {
         let doc: Value = serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}: {line}"));

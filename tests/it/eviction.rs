@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use common::client::{get_request, http};
 use common::consumer::StreamRig;
-use common::serve::{spawn_serve, stderr_of};
+use common::serve::{spawn_serve, stderr_after_term, stderr_of};
 use common::*;
 use http::HeaderValue;
 use quota_gate::gate::Gate;
@@ -86,8 +86,7 @@ fn evicting_policies_are_said_and_metered() {
             text.contains(&format!("# HELP {STORE_EVICTING} ")),
             "{text}"
         );
-        serve.kill_now();
-        let stderr = stderr_of(&mut serve);
+        let stderr = stderr_after_term(&mut serve);
         let lines = policy_lines(&stderr);
         assert_eq!(lines.len(), 1, "{policy}: one line:\n{stderr}");
         let line = lines[0];
@@ -151,8 +150,7 @@ fn noeviction_is_quiet() {
     let text = scrape(addr);
     assert_eq!(metric(&text, STORE_EVICTING), Some(0.0), "{text}");
     assert_eq!(metric(&text, STORE_EVICTED_KEYS), Some(0.0), "{text}");
-    serve.kill_now();
-    let stderr = stderr_of(&mut serve);
+    let stderr = stderr_after_term(&mut serve);
     assert!(policy_lines(&stderr).is_empty(), "{stderr}");
     assert!(!stderr.contains("ERROR"), "{stderr}");
 }
@@ -170,8 +168,7 @@ fn a_store_that_is_down_does_not_stop_the_start() {
         None,
         "unknown, not 0: {text}"
     );
-    serve.kill_now();
-    let stderr = stderr_of(&mut serve);
+    let stderr = stderr_after_term(&mut serve);
     let lines = policy_lines(&stderr);
     assert_eq!(lines.len(), 1, "{stderr}");
     assert!(
@@ -212,8 +209,7 @@ fn a_policy_changed_while_running_is_said_and_metered() {
     gauge_becomes(1.0);
     set("noeviction");
     gauge_becomes(0.0);
-    serve.kill_now();
-    let stderr = stderr_of(&mut serve);
+    let stderr = stderr_after_term(&mut serve);
     let lines = policy_lines(&stderr);
     assert_eq!(lines.len(), 2, "{stderr}");
     assert!(

@@ -17,7 +17,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use common::client::{get_request, http, post_scan, request, send};
-use common::serve::{Dribble, Flood, spawn_serve, spawn_serve_with_open_files, stderr_of};
+use common::serve::{
+    Dribble, Flood, spawn_serve, spawn_serve_with_open_files, stderr_after_term, stderr_of,
+};
 use common::{KillOnDrop, ValkeyServer, stream_jobs, with_vars};
 
 /// One scan on its own connection: the status code (0 for no answer), how
@@ -356,8 +358,7 @@ fn open_file_limit_lowers_the_connection_cap() {
     let (status, _, response) = timed_scan(addr);
     assert_eq!(status, 202, "{response}");
     drop(idle);
-    child.kill_now();
-    let stderr = stderr_of(&mut child);
+    let stderr = stderr_after_term(&mut child);
     assert!(stderr.contains("open-file limit"), "{stderr}");
     assert!(!stderr.contains("Too many open files"), "{stderr}");
 }
