@@ -173,6 +173,17 @@ async fn failover(wait: u32, queue_apart: bool) -> Loss {
         note(&json(&r), &mut answered);
         plain += 1;
     }
+    // Replication is asynchronous: the replica is made to hold all of it
+    // (a write of the test's own, then `WAIT`) before its link is cut.
+    let mut c = primary.client().await;
+    let () = c.set("replicated", 1).await.unwrap();
+    let acked: i64 = redis::cmd("WAIT")
+        .arg(1)
+        .arg(5000)
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    assert_eq!(acked, 1, "the replica caught up before the lag");
     // The lag: the replica is cut off from the primary's writes.
     link.cut();
     let mut lagged = Vec::new();
