@@ -54,12 +54,26 @@ fn spawn(command: &mut Command, vars: &[(&str, &str)]) -> (KillOnDrop, SocketAdd
 
 /// Everything `child` (a `serve`) wrote to its stderr, once a `SIGTERM` has
 /// ended it: a clean stop flushes its log writer, where a `SIGKILL` may lose
-/// the last lines.
+/// the last lines. One that has not stopped within 20 s (past its drain
+/// bound) is killed, so a hung stop fails the test instead of holding it.
 pub fn stderr_after_term(child: &mut Child) -> String {
+    let mut pipe = child.stderr.take().expect("stderr piped");
+    let reader = std::thread::spawn(move || {
+        let mut stderr = String::new();
+        let _ = pipe.read_to_string(&mut stderr);
+        stderr
+    });
     crate::consumer::signal(child.id(), "TERM");
-    let stderr = stderr_of(child);
-    let _ = child.wait();
-    stderr
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while child.try_wait().ok().flatten().is_none() {
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("serve did not stop within 20 s of SIGTERM");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    reader.join().expect("the stderr reader")
 }
 
 /// Everything `child` wrote to its (piped) stderr, once it has closed it.
