@@ -3,8 +3,8 @@
 //!
 //! The scanner appends `start <unix ms> <scanId> <consumer> <attempt>` to
 //! a log when it starts, and `end …` when it finishes. Its work (`sleep
-//! $SLEEP`, or `$HANG` seconds for an image named `hang`) runs in a
-//! background subshell it waits for, so a consumer that killed only the
+//! $SLEEP`, or `$HANG` seconds for an image named `hang`), when it has
+//! any, runs in a background subshell it waits for, so a consumer that killed only the
 //! `sh` it started would leave the subshell to write `end`: only a kill of
 //! the whole process group stops it. A start that finds another live
 //! attempt of the same `scanId` writes `overlap …` first (a pid file per
@@ -25,7 +25,8 @@ use crate::{KillOnDrop, ValkeyServer, bin};
 
 /// The scanner script.
 const SCANNER: &str = r#"#!/bin/sh
-now() { env -u LD_PRELOAD date +%s%3N; }
+# The wall clock in ms, outside libfaketime where a test runs the consumer under it.
+now() { if [ -n "$LD_PRELOAD" ]; then env -u LD_PRELOAD date +%s%3N; else date +%s%3N; fi; }
 pidfile="$RUNS/$SCAN_ID"
 # Alive: a process that is not a zombie (killed, not yet reaped).
 if [ -f "$pidfile" ] && state=$(cut -d' ' -f3 "/proc/$(cat "$pidfile")/stat" 2>/dev/null) \
@@ -37,6 +38,10 @@ echo "start $(now) $SCAN_ID $TAG $SCAN_ATTEMPT" >> "$LOG"
 work="${SLEEP:-0}"
 if [ -e "$LOG.quick" ]; then work=0; fi
 if [ "$IMAGE" = hang ]; then work="${HANG:-3600}"; fi
+if [ "$work" = 0 ]; then
+  echo "end $(now) $SCAN_ID $TAG $SCAN_ATTEMPT $IMAGE" >> "$LOG"
+  exit
+fi
 ( sleep "$work"; echo "end $(now) $SCAN_ID $TAG $SCAN_ATTEMPT $IMAGE" >> "$LOG" ) &
 wait $!
 "#;
@@ -470,4 +475,29 @@ pub fn signal(pid: u32, signal: &str) {
         .status()
         .unwrap();
     assert!(status.success(), "kill -{signal} {pid} failed");
+    if signal == "STOP" {
+        wait_stopped(pid);
+    }
+}
+
+/// Returns once every thread of `pid` is stopped: kill(2) only queues a
+/// `SIGSTOP`, and a thread running on another core can still answer a
+/// request before it takes it.
+fn wait_stopped(pid: u32) {
+    let stopped = || {
+        let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+            return true; // gone: nothing left to answer
+        };
+        tasks.flatten().all(|task| {
+            let stat = std::fs::read_to_string(task.path().join("stat")).unwrap_or_default();
+            // The state follows the command's closing parenthesis.
+            let state = stat.rsplit_once(") ").map(|(_, rest)| &rest[..1]);
+            matches!(state, None | Some("T" | "t"))
+        })
+    };
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !stopped() {
+        assert!(Instant::now() < deadline, "{pid} did not stop");
+        std::thread::sleep(Duration::from_millis(1));
+    }
 }
