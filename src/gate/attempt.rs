@@ -15,7 +15,7 @@ use crate::io::meter::{Exit, Metered, Outcome};
 use crate::io::queue::ENQUEUE_TIMEOUT;
 use crate::io::store::{Claim, LevelCount, PaceLane, QuotaKey, Tally, period_end};
 use crate::rules::decide::{Limits, decide};
-use crate::rules::delay::{self, Bed, BedAsk, DelayPlan};
+use crate::rules::delay::{self, DelayPlan, SleepAsk, SleepLease};
 use crate::rules::level::{Level, LevelName, most_severe};
 use crate::rules::settle::Charge;
 use crate::rules::trace::{TraceContext, TraceId};
@@ -149,10 +149,15 @@ impl Attempt {
     }
 
     /// How a fresh scan's `delay` is spent: what fits the sleep budget in the handler if the scan
-    /// took a bed, the rest deferred. Both count from the arrival, not from the store's answers.
-    pub fn plan(&self, delay: Duration, policy: &Policy, bed: Option<Bed>) -> DelayPlan {
-        let cap = match bed {
-            Some(Bed { taken: true, .. }) => self.sleep_budget(policy),
+    /// took a sleep lease, the rest deferred. Both count from the arrival, not from the store's answers.
+    pub fn plan(
+        &self,
+        delay: Duration,
+        policy: &Policy,
+        sleep_lease: Option<SleepLease>,
+    ) -> DelayPlan {
+        let cap = match sleep_lease {
+            Some(SleepLease { taken: true, .. }) => self.sleep_budget(policy),
             _ => Duration::ZERO,
         };
         delay::plan(delay, policy.delay_mode, cap)
@@ -174,17 +179,17 @@ impl Attempt {
     }
 
     /// When the handler's sleep ends: `plan.sleep` after the arrival, so never past the deadline or
-    /// the bed's lease ([`delay::bed_until`]), whatever the store's latency.
+    /// the sleep lease ([`delay::sleep_lease_until`]), whatever the store's latency.
     pub fn slept_until(&self, plan: &DelayPlan) -> Instant {
         self.started + plan.sleep
     }
 
-    /// The bed a scan owing a delay asks for; none where it would not sleep (`defer`, no budget
+    /// The sleep lease a scan owing a delay asks for; none where it would not sleep (`defer`, no budget
     /// left, `QUOTA_MAX_ASLEEP=0`). Its lease lasts the budget, counted from the arrival.
-    pub fn bed_ask(&self, policy: &Policy, scan_id: Uuid) -> Option<BedAsk> {
+    pub fn sleep_ask(&self, policy: &Policy, scan_id: Uuid) -> Option<SleepAsk> {
         let budget = self.sleep_budget(policy);
         let left = budget.saturating_sub(self.started.elapsed());
-        (policy.max_asleep > 0 && !left.is_zero()).then(|| BedAsk {
+        (policy.max_asleep > 0 && !left.is_zero()).then(|| SleepAsk {
             id: scan_id,
             budget_ms: duration_ms(budget),
             max_asleep: policy.max_asleep,
@@ -240,7 +245,7 @@ impl Attempt {
             outcome,
             metered,
             at: self.now_ms,
-            bed: None,
+            sleep_lease: None,
             trace: self.trace_id(),
         }
     }

@@ -1,4 +1,4 @@
-//! Step 6 for a fresh scan: its delay (paced where the pacing rule applies), its bed, and the
+//! Step 6 for a fresh scan: its delay (paced where the pacing rule applies), its sleep lease, and the
 //! refusal of a full line, remembered ([`super::refused`]) so the line's next scans are refused
 //! without the store (`known_refused`, on the request path).
 
@@ -13,7 +13,7 @@ use crate::gate::error::GateError;
 use crate::io::queue::ScanQueue;
 use crate::io::store::{PaceArgs, QuotaStore};
 use crate::rules::decide::decide;
-use crate::rules::delay::{Bed, LoneBed};
+use crate::rules::delay::{LoneSleepAsk, SleepLease};
 use crate::rules::pace::Paced;
 use crate::rules::settle::Scan;
 use crate::rules::settle::{self, Charge, DelayRule, Failure};
@@ -25,14 +25,14 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
         &self,
         attempt: &Attempt,
         scan: &Scan,
-    ) -> Result<(Duration, Option<Bed>), GateError> {
+    ) -> Result<(Duration, Option<SleepLease>), GateError> {
         match settle::delay_rule(&scan.charge, self.shadow(), self.config.policy.pacing) {
             DelayRule::Fixed(delay) if delay.is_zero() => Ok((delay, None)),
             // Only an over-quota scan is paced: those steps stay off a within-quota scan's future.
             DelayRule::Fixed(delay) => {
-                let bed = self.bed(attempt, scan, delay);
+                let sleep_lease = self.sleep_lease(attempt, scan, delay);
                 let span = step!("pace", attempt.trace_id());
-                Ok((delay, Box::pin(bed.instrument(span)).await))
+                Ok((delay, Box::pin(sleep_lease.instrument(span)).await))
             }
             DelayRule::Pace(tier_delay) => {
                 let paced = self.paced(attempt, scan, tier_delay);
@@ -41,15 +41,20 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
         }
     }
 
-    /// A bed asked alone, for a fixed `delay` no pacing step carries (`QUOTA_PACING=off`).
-    async fn bed(&self, attempt: &Attempt, scan: &Scan, delay: Duration) -> Option<Bed> {
-        let ask = attempt.bed_ask(&self.config.policy, scan.scan_id)?;
-        let bed = self.store.take_bed(LoneBed {
+    /// A sleep lease asked alone, for a fixed `delay` no pacing step carries (`QUOTA_PACING=off`).
+    async fn sleep_lease(
+        &self,
+        attempt: &Attempt,
+        scan: &Scan,
+        delay: Duration,
+    ) -> Option<SleepLease> {
+        let ask = attempt.sleep_ask(&self.config.policy, scan.scan_id)?;
+        let sleep_lease = self.store.take_sleep_lease(LoneSleepAsk {
             ask,
             arrival: scan.received_ms,
             wait_ms: duration_ms(delay),
         });
-        self.bounded(bed).await.ok()
+        self.bounded(sleep_lease).await.ok()
     }
 
     async fn paced(
@@ -57,7 +62,7 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
         attempt: &Attempt,
         scan: &Scan,
         tier_delay: Duration,
-    ) -> Result<(Duration, Option<Bed>), GateError> {
+    ) -> Result<(Duration, Option<SleepLease>), GateError> {
         let Charge::Counted { count, .. } = &scan.charge else {
             return Ok((tier_delay, None));
         };
@@ -72,14 +77,17 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
             delay_ms: duration_ms(subject.delay),
             max_backlog_ms: duration_ms(self.config.policy.max_backlog),
             reset_at: count.reset_at,
-            bed: attempt.bed_ask(&self.config.policy, scan.scan_id),
+            sleep_ask: attempt.sleep_ask(&self.config.policy, scan.scan_id),
         };
         let paced = self.bounded(self.store.pace(args)).await;
         if let Err(e) = &paced {
             tracing::warn!(error = %e, "pacing failed; using the tier's delay");
         }
         let (retry_after_ms, levels_ms) = match settle::paced_delay(paced.ok(), tier_delay) {
-            Paced::Slot { delay_ms, bed } => return Ok((Duration::from_millis(delay_ms), bed)),
+            Paced::Slot {
+                delay_ms,
+                sleep_lease,
+            } => return Ok((Duration::from_millis(delay_ms), sleep_lease)),
             Paced::Full {
                 retry_after_ms,
                 levels_ms,

@@ -223,10 +223,13 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
 
     /// Steps 6–8: pace, sleep, queue, answer, and save the answer for a keyed retry.
     async fn run(&self, attempt: &Attempt, body: RequestBody, scan: Scan) -> Finished {
-        let (plan, bed) = match scan.resumed {
+        let (plan, sleep_lease) = match scan.resumed {
             Some(plan) => (plan, None),
             None => match self.delay_of(attempt, &scan).await {
-                Ok((delay, bed)) => (attempt.plan(delay, &self.config.policy, bed), bed),
+                Ok((delay, sleep_lease)) => (
+                    attempt.plan(delay, &self.config.policy, sleep_lease),
+                    sleep_lease,
+                ),
                 Err(e) => {
                     let exit = attempt.exit(Metered::Uncounted, Outcome::BacklogFull);
                     return (Err(e), exit);
@@ -234,7 +237,7 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
             },
         };
         let exit = |metered, outcome| Exit {
-            bed,
+            sleep_lease,
             ..attempt.exit(metered, outcome)
         };
         let metered = scan.metered(plan.total, self.shadow());

@@ -1,7 +1,7 @@
 //! Step 6: spending the delay within the platform's limits. An HTTP API cuts integrations off at
 //! 30 s and Lambda bills every millisecond asleep, so the handler sleeps at most `min(Lambda
 //! remaining time, gateway timeout) − margin` and defers the rest onto the queued job. Each request
-//! asleep holds a Lambda environment, so a scan sleeps only in a [`Bed`]: a lease of a fleet-wide
+//! asleep holds a Lambda environment, so a scan sleeps only in a [`SleepLease`]: a lease of a fleet-wide
 //! counting semaphore of `QUOTA_MAX_ASLEEP`, which ends with its sleep, so a killed process leaks
 //! none. With none free, it defers it all.
 
@@ -58,60 +58,60 @@ impl DelayPlan {
     }
 }
 
-/// A bed's lease outlasts its sleep by this: the sleep starts after the count and pacing step.
-pub const BED_GRACE: Duration = Duration::from_secs(1);
+/// A sleep lease outlasts its sleep by this: the sleep starts after the count and pacing step.
+pub const LEASE_GRACE: Duration = Duration::from_secs(1);
 
-/// The beds every gate process shares: a sorted set of leases scored by when each ends.
-pub const BEDS_KEY: &str = "quota:asleep";
+/// The sleep leases every gate process shares: a sorted set of leases scored by when each ends.
+pub const ASLEEP_KEY: &str = "quota:asleep";
 
-/// A scan's ask for one of `max_asleep` beds, to sleep at most `budget_ms` of its delay.
+/// A scan's ask for one of `max_asleep` sleep leases, to sleep at most `budget_ms` of its delay.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct BedAsk {
+pub struct SleepAsk {
     /// The lease's name (the scan's id): one lease per scan.
     pub id: Uuid,
     pub budget_ms: u64,
     pub max_asleep: u32,
 }
 
-/// A bed asked alone, outside a pacing step.
+/// A sleep lease asked alone, outside a pacing step.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct LoneBed {
-    pub ask: BedAsk,
+pub struct LoneSleepAsk {
+    pub ask: SleepAsk,
     pub arrival: UnixMillis,
     pub wait_ms: u64,
 }
 
-/// Whether a scan took a bed, and how many requests were asleep fleet-wide (itself included).
+/// Whether a scan took a sleep lease, and how many requests were asleep fleet-wide (itself included).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Bed {
+pub struct SleepLease {
     pub taken: bool,
     pub asleep: u32,
 }
 
-/// When a bed is free again: once its scan has slept what it may, plus [`BED_GRACE`].
-pub fn bed_until(arrival: UnixMillis, wait_ms: u64, budget_ms: u64) -> UnixMillis {
+/// When a sleep lease is free again: once its scan has slept what it may, plus [`LEASE_GRACE`].
+pub fn sleep_lease_until(arrival: UnixMillis, wait_ms: u64, budget_ms: u64) -> UnixMillis {
     arrival
         .saturating_add(Duration::from_millis(wait_ms.min(budget_ms)))
-        .saturating_add(BED_GRACE)
+        .saturating_add(LEASE_GRACE)
 }
 
-/// The beds' answer to `ask`, dropping ended leases: the in-memory store's rule, as `bed.lua`.
-pub fn take_bed(
+/// The sleep leases' answer to `ask`, dropping ended leases: the in-memory store's rule, as `sleep_lease.lua`.
+pub fn take_sleep_lease(
     leases: &mut Vec<UnixMillis>,
-    ask: &BedAsk,
+    ask: &SleepAsk,
     arrival: UnixMillis,
     wait_ms: u64,
-) -> Bed {
+) -> SleepLease {
     leases.retain(|end| *end > arrival);
     let held = u32::try_from(leases.len()).unwrap_or(u32::MAX);
     if held >= ask.max_asleep {
-        return Bed {
+        return SleepLease {
             taken: false,
             asleep: held,
         };
     }
-    leases.push(bed_until(arrival, wait_ms, ask.budget_ms));
-    Bed {
+    leases.push(sleep_lease_until(arrival, wait_ms, ask.budget_ms));
+    SleepLease {
         taken: true,
         asleep: held + 1,
     }
@@ -202,47 +202,47 @@ mod tests {
         );
     }
 
-    /// Beds: taken up to the cap, refused beyond it, and free again once
+    /// Sleep leases: taken up to the cap, refused beyond it, and free again once
     /// a lease ends (its sleep, at most the budget, and a second), whether
     /// or not its sleeper woke.
     #[test]
-    fn beds_are_leases() {
+    fn sleep_leases_are_bounded() {
         let mut leases = Vec::new();
         let at = |ms| UnixMillis(ms);
-        let ask = |max_asleep| BedAsk {
+        let ask = |max_asleep| SleepAsk {
             id: Uuid::nil(),
             budget_ms: 28_000,
             max_asleep,
         };
-        assert_eq!(bed_until(at(0), 5_000, 28_000), at(6_000));
-        assert_eq!(bed_until(at(0), 60_000, 28_000), at(29_000));
+        assert_eq!(sleep_lease_until(at(0), 5_000, 28_000), at(6_000));
+        assert_eq!(sleep_lease_until(at(0), 60_000, 28_000), at(29_000));
         for asleep in 1..=2 {
-            let bed = take_bed(&mut leases, &ask(2), at(0), 5_000);
+            let sleep_lease = take_sleep_lease(&mut leases, &ask(2), at(0), 5_000);
             assert_eq!(
-                bed,
-                Bed {
+                sleep_lease,
+                SleepLease {
                     taken: true,
                     asleep
                 }
             );
         }
-        let full = take_bed(&mut leases, &ask(2), at(5_999), 5_000);
+        let full = take_sleep_lease(&mut leases, &ask(2), at(5_999), 5_000);
         assert_eq!(
             full,
-            Bed {
+            SleepLease {
                 taken: false,
                 asleep: 2
             }
         );
-        let freed = take_bed(&mut leases, &ask(2), at(6_000), 5_000);
+        let freed = take_sleep_lease(&mut leases, &ask(2), at(6_000), 5_000);
         assert_eq!(
             freed,
-            Bed {
+            SleepLease {
                 taken: true,
                 asleep: 1
             }
         );
-        assert!(!take_bed(&mut leases, &ask(0), at(6_000), 5_000).taken);
+        assert!(!take_sleep_lease(&mut leases, &ask(0), at(6_000), 5_000).taken);
     }
 
     proptest! {

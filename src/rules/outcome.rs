@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use crate::rules::decide::Tier;
-use crate::rules::delay::Bed;
+use crate::rules::delay::SleepLease;
 use crate::rules::level::LevelName;
 use crate::rules::scope::Scope;
 use crate::rules::trace::TraceId;
@@ -37,8 +37,8 @@ pub struct Exit {
     pub metered: Metered,
     /// The request's instant: the line's `Timestamp`.
     pub at: UnixMillis,
-    /// What the beds answered, if the scan asked for one (an over-quota scan that would sleep).
-    pub bed: Option<Bed>,
+    /// What the sleep leases answered, if the scan asked for one (an over-quota scan that would sleep).
+    pub sleep_lease: Option<SleepLease>,
     /// The request's trace: its EMF lines carry it as the property `traceId`, not a dimension.
     pub trace: Option<TraceId>,
 }

@@ -4,14 +4,17 @@
 //! are paced at once by the latest TAT; beyond the cap (GCRA's delay-variation tolerance) a scan is
 //! refused. `pace.lua` applies [`next_start`] in Valkey.
 
-use crate::rules::delay::Bed;
+use crate::rules::delay::SleepLease;
 use crate::rules::unix::UnixMillis;
 
 /// The answer to one pacing step.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Paced {
-    /// The scan may start `delay_ms` after its arrival; `bed`: the bed asked for (`None`: none).
-    Slot { delay_ms: u64, bed: Option<Bed> },
+    /// The scan may start `delay_ms` after its arrival; `sleep_lease`: the sleep lease asked for (`None`: none).
+    Slot {
+        delay_ms: u64,
+        sleep_lease: Option<SleepLease>,
+    },
     /// Over the cap; nothing changed. A slot frees up in `retry_after_ms`; `levels_ms`: how long
     /// each level's own line stays past the cap (0: room), to refuse a full one without the store.
     Full {

@@ -208,11 +208,11 @@ pub fn decided_delay_rule(decision: &Decision, shadow: bool, pacing: Pacing) -> 
     }
 }
 
-/// A pacing step's result; without an answer, the counted scan gets its tier's delay, no bed.
+/// A pacing step's result; without an answer, the counted scan gets its tier's delay, no sleep lease.
 pub fn paced_delay(answer: Option<Paced>, tier_delay: Duration) -> Paced {
     answer.unwrap_or(Paced::Slot {
         delay_ms: crate::rules::unix::duration_ms(tier_delay),
-        bed: None,
+        sleep_lease: None,
     })
 }
 
@@ -744,13 +744,13 @@ mod tests {
     #[test]
     fn paced_delay_table() {
         let tier = Duration::from_secs(5);
-        let bed = Some(crate::rules::delay::Bed {
+        let sleep_lease = Some(crate::rules::delay::SleepLease {
             taken: true,
             asleep: 3,
         });
         let slot = Paced::Slot {
             delay_ms: 12_000,
-            bed,
+            sleep_lease,
         };
         let full = Paced::Full {
             retry_after_ms: 900,
@@ -758,7 +758,7 @@ mod tests {
         };
         let tier_slot = Paced::Slot {
             delay_ms: 5_000,
-            bed: None,
+            sleep_lease: None,
         };
         let table = [
             (Some(slot.clone()), slot),

@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 use quota_gate::io::meter::Meter;
 use quota_gate::io::queue::{ScanJob, ScanQueue, SendError};
 use quota_gate::io::store::{PaceArgs, PaceLane, QuotaKey};
-use quota_gate::rules::delay::BedAsk;
+use quota_gate::rules::delay::SleepAsk;
 use quota_gate::rules::unix::{UnixMillis, UnixSecs};
 
 /// A pacing step's [`PaceArgs`], owned: a store wrapper moves it into a
@@ -23,7 +23,7 @@ pub struct OwnedPace {
     delay_ms: u64,
     max_backlog_ms: u64,
     reset_at: UnixSecs,
-    bed: Option<BedAsk>,
+    sleep_ask: Option<SleepAsk>,
 }
 
 impl OwnedPace {
@@ -40,7 +40,7 @@ impl OwnedPace {
             delay_ms: args.delay_ms,
             max_backlog_ms: args.max_backlog_ms,
             reset_at: args.reset_at,
-            bed: args.bed,
+            sleep_ask: args.sleep_ask,
         }
     }
 
@@ -65,7 +65,7 @@ impl OwnedPace {
             delay_ms: self.delay_ms,
             max_backlog_ms: self.max_backlog_ms,
             reset_at: self.reset_at,
-            bed: self.bed,
+            sleep_ask: self.sleep_ask,
         }
     }
 }

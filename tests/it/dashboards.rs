@@ -153,7 +153,7 @@ fn emf_metrics(text: &str) -> BTreeSet<MetricId> {
 }
 
 /// The scripted run through the library gate, per scope: within, soft,
-/// hard, backlog refusal; a soft scan asleep in a bed; a queue failure; a keyed scan and its repeat; then a real Valkey that counts
+/// hard, backlog refusal; a soft scan asleep on a sleep lease; a queue failure; a keyed scan and its repeat; then a real Valkey that counts
 /// one scan and is stopped: fail open, then fail closed. Returns the EMF text.
 async fn scripted_emf_run() -> String {
     let sink = Capture::default();
@@ -189,7 +189,7 @@ async fn scripted_emf_run() -> String {
         assert_eq!(again.headers()["idempotent-replayed"], "true");
     }
 
-    // Over-quota scans that sleep (briefly), each in a bed, in each scope.
+    // Over-quota scans that sleep (briefly), each on a sleep lease, in each scope.
     let sleeping = with_vars(
         &vars,
         &[("QUOTA_DELAY_MODE", "sleep"), ("QUOTA_SOFT_DELAY_MS", "10")],

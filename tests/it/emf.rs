@@ -114,11 +114,11 @@ fn check_emf(line: &str) -> Value {
     let requests = declared_of(&meter::REQUESTS);
     let events = declared_of(&meter::EVENTS);
     let levels = declared_of(&meter::LEVEL_METRICS);
-    let beds = declared_of(&[meter::ASLEEP, meter::BEDS_FULL]);
+    let sleep_leases = declared_of(&[meter::ASLEEP, meter::BEDS_FULL]);
     let store = declared_of(&meter::STORE_METRICS);
     let by_level = levels.iter().any(|n| *n != meter::GLOBAL_PACED);
-    if !beds.is_empty() {
-        assert_eq!(beds, [meter::ASLEEP, meter::BEDS_FULL], "{line}");
+    if !sleep_leases.is_empty() {
+        assert_eq!(sleep_leases, [meter::ASLEEP, meter::BEDS_FULL], "{line}");
         assert!(requests.is_empty() && events.is_empty() && levels.is_empty());
         assert!(root[meter::ASLEEP].as_u64().is_some(), "{line}");
         assert!(root[meter::BEDS_FULL].as_u64().unwrap() <= 1, "{line}");
@@ -242,11 +242,14 @@ fn check_emf(line: &str) -> Value {
     doc
 }
 
-/// The lines of `sink` that are a request's own: not a bed's line, which
-/// follows each scan that asked for a bed.
+/// The lines of `sink` that are a request's own: not a sleep lease's line, which
+/// follows each scan that asked for a sleep lease.
 fn request_lines(sink: &Capture) -> Vec<Value> {
-    let beds = |d: &Value| d.get(meter::ASLEEP).is_some();
-    documents(sink).into_iter().filter(|d| !beds(d)).collect()
+    let sleep_leases = |d: &Value| d.get(meter::ASLEEP).is_some();
+    documents(sink)
+        .into_iter()
+        .filter(|d| !sleep_leases(d))
+        .collect()
 }
 
 /// The metric names one directive declares.
@@ -440,7 +443,7 @@ fn timestamp_is_the_requests_instant() {
         },
         outcome: meter::Outcome::Hard,
         at: quota_gate::rules::unix::UnixMillis(1_796_032_800_123),
-        bed: None,
+        sleep_lease: None,
         trace: None,
     });
     let line = sink.text();
@@ -452,15 +455,15 @@ fn timestamp_is_the_requests_instant() {
     );
 }
 
-/// Each scan that would sleep asks for a bed, and its bed's line follows
-/// its own: how many were asleep, and whether it found every bed taken
+/// Each scan that would sleep asks for a sleep lease, and its sleep lease's line follows
+/// its own: how many were asleep, and whether it found every sleep lease taken
 /// (then it slept nothing). A within scan, a deferring gate and a shadow
 /// decision ask for none.
 #[tokio::test(start_paused = true)]
 async fn bed_lines() {
     let (_gate, sink) = after_three_scans(&[("QUOTA_MAX_ASLEEP", "1")]).await;
     let docs = documents(&sink);
-    let beds: Vec<(u64, u64)> = docs
+    let sleep_leases: Vec<(u64, u64)> = docs
         .iter()
         .filter(|d| d.get(meter::ASLEEP).is_some())
         .map(|d| {
@@ -470,9 +473,9 @@ async fn bed_lines() {
             )
         })
         .collect();
-    // The soft scan slept 5 s in the one bed, held a second longer (its
+    // The soft scan slept 5 s in the one sleep lease, held a second longer (its
     // grace): the hard scan, 5 s later, found it taken and slept nothing.
-    assert_eq!(beds, [(1, 0), (1, 1)], "{docs:?}");
+    assert_eq!(sleep_leases, [(1, 0), (1, 1)], "{docs:?}");
     assert!(
         docs[2].get(meter::ASLEEP).is_some(),
         "after the soft scan's own line"

@@ -532,11 +532,11 @@ impl QuotaStore for LatePace {
     async fn has_record(&self, record: &str, now: UnixSecs) -> Result<bool, SendError> {
         self.inner.has_record(record, now).await
     }
-    async fn take_bed(
+    async fn take_sleep_lease(
         &self,
-        bed: quota_gate::rules::delay::LoneBed,
-    ) -> Result<quota_gate::rules::delay::Bed, SendError> {
-        self.inner.take_bed(bed).await
+        sleep_lease: quota_gate::rules::delay::LoneSleepAsk,
+    ) -> Result<quota_gate::rules::delay::SleepLease, SendError> {
+        self.inner.take_sleep_lease(sleep_lease).await
     }
     async fn refund(&self, refund: Refund<'_>) -> Result<(), SendError> {
         self.inner.refund(refund).await

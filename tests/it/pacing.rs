@@ -268,7 +268,7 @@ fn pace_script_matches_the_pure_rule() {
                 delay_ms: delay,
                 max_backlog_ms: cap,
                 reset_at: UnixSecs(0),
-                bed: None,
+                sleep_ask: None,
             };
             let paced = store.pace(args).await.unwrap();
             let slot: i64 = redis::cmd("GET").arg(&key.slot).query_async(&mut c).await.unwrap();
@@ -277,7 +277,7 @@ fn pace_script_matches_the_pure_rule() {
         match next_start([(UnixMillis(previous), delay)], UnixMillis(arrival), cap).map(UnixMillis::get) {
             Ok(slot) => {
                 let wait = u64::try_from(slot - arrival).unwrap();
-                prop_assert_eq!(reply, (Paced::Slot { delay_ms: wait, bed: None }, slot));
+                prop_assert_eq!(reply, (Paced::Slot { delay_ms: wait, sleep_lease: None }, slot));
             }
             Err(retry_after_ms) => {
                 let levels_ms = Vec::new();

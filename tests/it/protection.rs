@@ -1,6 +1,6 @@
 //! What any number of addresses can cost the gate's own infrastructure,
 //! on a real Valkey: requests asleep (each a Lambda environment) are
-//! bounded fleet-wide by `QUOTA_MAX_ASLEEP`, a bed a killed sleeper held
+//! bounded fleet-wide by `QUOTA_MAX_ASLEEP`, a sleep lease a killed sleeper held
 //! comes back by itself, a refused scan leaves no key behind, a refused
 //! flood sends the store one refusal a second at most, and writes no log
 //! line of its own.
@@ -228,7 +228,7 @@ async fn sleepers_are_bounded_across_networks_and_gates() {
             .filter(|s| s.body["delayMs"].as_u64() > Some(0) && s.body["sleptMs"] == 0)
             .count();
         assert!(denied >= 200 - cap, "{denied} deferred whole, cap {cap}");
-        assert!(most >= cap.min(5), "the beds were used: {most}");
+        assert!(most >= cap.min(5), "the sleep_leases were used: {most}");
         every_accepted_scan_is_queued(&stream_jobs(&server, "jobs").await, &seen);
     }
 }
@@ -264,10 +264,10 @@ fn scan_through(addr: std::net::SocketAddr, ip: &str) -> (u16, Value) {
 }
 
 /// A sleeper killed with its `serve` (SIGKILL: nothing cleans up) holds its
-/// bed only until its lease ends (its sleep and a second): a scan then
+/// sleep lease only until its lease ends (its sleep and a second): a scan then
 /// finds it taken and sleeps nothing, one after the lease sleeps again.
 #[test]
-fn a_killed_sleepers_bed_comes_back_by_itself() {
+fn a_killed_sleepers_lease_comes_back_by_itself() {
     let server = ValkeyServer::start();
     let vars = [
         ("QUOTA_ANON", "1"),
@@ -279,7 +279,7 @@ fn a_killed_sleepers_bed_comes_back_by_itself() {
     let ip = "198.51.100.1";
     let (mut first, addr) = serve_on(&server, &vars);
     assert_eq!(scan_through(addr, ip).0, 202, "within quota");
-    // Over quota: it takes the one bed and sleeps 6 s, until its serve is killed.
+    // Over quota: it takes the one sleep lease and sleeps 6 s, until its serve is killed.
     let asleep_at = Instant::now();
     let sleeper = std::thread::spawn(move || scan_through(addr, ip));
     std::thread::sleep(Duration::from_millis(500));
@@ -298,7 +298,10 @@ fn a_killed_sleepers_bed_comes_back_by_itself() {
         "slow start: the lease ended already"
     );
     assert!(taken["delayMs"].as_u64() > Some(0), "{taken}");
-    assert_eq!(taken["sleptMs"], 0, "the bed is still leased: {taken}");
+    assert_eq!(
+        taken["sleptMs"], 0,
+        "the sleep_lease is still leased: {taken}"
+    );
     // The lease ends 6 s (the sleep) and 1 s after the killed scan's arrival.
     let lease_end = asleep_at + Duration::from_millis(7_200);
     std::thread::sleep(lease_end.saturating_duration_since(Instant::now()));
@@ -306,7 +309,7 @@ fn a_killed_sleepers_bed_comes_back_by_itself() {
     assert_eq!(status, 202);
     assert!(
         back["sleptMs"].as_u64() > Some(0),
-        "the bed came back: {back}"
+        "the sleep_lease came back: {back}"
     );
 }
 
@@ -466,8 +469,8 @@ fn refused_flood_output(format: &str) {
     assert!(lines.len() <= 3, "{lines:?}");
 }
 
-/// On a 3-primary cluster, where the beds, each network and each subject
-/// live in slots of their own (the bed asked after the pacing step, each
+/// On a 3-primary cluster, where the sleep leases, each network and each subject
+/// live in slots of their own (the sleep lease asked after the pacing step, each
 /// level paced and refunded on its own node): a /48's parallel burst of
 /// 60 /64s sleeps at most two at once, every 202 has its job and start,
 /// and the refused scans leave no key. Twice.

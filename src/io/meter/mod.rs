@@ -55,8 +55,8 @@ struct ScopeHandles {
     requests: [metrics::Counter; 8],
     shadow: [metrics::Counter; 2],
     events: [metrics::Counter; 3],
-    /// The beds: requests asleep fleet-wide, as the last scan that asked found them, and scans
-    /// that found every bed taken. In EMF on a line of their own.
+    /// The sleep leases: requests asleep fleet-wide, as the last scan that asked found them, and scans
+    /// that found every sleep lease taken. In EMF on a line of their own.
     asleep: metrics::Gauge,
     beds_full: metrics::Counter,
 }
@@ -115,7 +115,7 @@ impl Meter {
     }
 
     /// Records one request's [`Exit`]: the scan's EMF line (a refusal's held, see [`refusals`]),
-    /// then the bed's and the level's on lines of their own.
+    /// then the sleep lease's and the level's on lines of their own.
     pub fn record(&self, exit: &Exit) {
         let scan = || self.record_scan(exit);
         if exit.outcome == Outcome::BacklogFull {
@@ -131,11 +131,11 @@ impl Meter {
         {
             emf.flush_held(exit.at.get(), Some(("Scope", exit.scope.as_str())));
         }
-        if let Some(bed) = exit.bed {
+        if let Some(sleep_lease) = exit.sleep_lease {
             let handles = &self.handles[exit.scope.index()];
             self.register.line(doc(exit, &[]), || {
-                handles.asleep.set(f64::from(bed.asleep));
-                handles.beds_full.increment(u64::from(!bed.taken));
+                handles.asleep.set(f64::from(sleep_lease.asleep));
+                handles.beds_full.increment(u64::from(!sleep_lease.taken));
             });
         }
         if let Some(hit) = LevelHit::of(exit.metered) {
@@ -226,7 +226,7 @@ mod tests {
             metered,
             outcome,
             at: UnixMillis(1_796_032_800_000),
-            bed: None,
+            sleep_lease: None,
             trace: None,
         }
     }

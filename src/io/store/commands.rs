@@ -7,14 +7,17 @@ use crate::config::ResetPolicy;
 use crate::io::clock::rfc3339;
 use crate::io::connection::{eval, sized_cmd};
 use crate::rules::count::{Count, LevelCount, Peek, Tally};
-use crate::rules::delay::{BED_GRACE, BEDS_KEY, Bed, LoneBed, bed_until};
+use crate::rules::delay::{ASLEEP_KEY, LEASE_GRACE, LoneSleepAsk, SleepLease, sleep_lease_until};
 use crate::rules::key::QuotaKey;
 use crate::rules::pace::Paced;
 use crate::rules::unix::{UnixMillis, UnixSecs, duration_ms};
 
-/// `pace.lua` and `take_bed.lua` call `take_bed`, defined once in `bed.lua`.
-pub(super) const PACE: &str = concat!(include_str!("bed.lua"), include_str!("pace.lua"));
-const TAKE_BED: &str = concat!(include_str!("bed.lua"), include_str!("take_bed.lua"));
+/// `pace.lua` and `take_sleep_lease.lua` call `take_sleep_lease`, defined once in `sleep_lease.lua`.
+pub(super) const PACE: &str = concat!(include_str!("sleep_lease.lua"), include_str!("pace.lua"));
+const TAKE_LEASE: &str = concat!(
+    include_str!("sleep_lease.lua"),
+    include_str!("take_sleep_lease.lua")
+);
 const UNPACE: &str = include_str!("unpace.lua");
 pub(super) const REFUND: &str = include_str!("refund.lua");
 
@@ -197,12 +200,12 @@ pub(super) fn peek_of(reply: &[Value], held: GrantHeld) -> Result<Peek, SendErro
     })
 }
 
-/// A pacing step over `lanes` (the first may carry `args.record`) and the bed `args.bed` asks for.
+/// A pacing step over `lanes` (the first may carry `args.record`) and the sleep lease `args.sleep_ask` asks for.
 pub(super) fn pace_script(lanes: &[PaceLane<'_>], args: &PaceArgs<'_>) -> redis::Cmd {
     let mut keys: Vec<&str> = lanes.iter().map(|l| l.key.slot.as_str()).collect();
     keys.extend(args.record);
-    if args.bed.is_some() {
-        keys.push(BEDS_KEY);
+    if args.sleep_ask.is_some() {
+        keys.push(ASLEEP_KEY);
     }
     let mut cmd = eval(PACE, &keys);
     cmd.arg(lanes.len())
@@ -212,29 +215,32 @@ pub(super) fn pace_script(lanes: &[PaceLane<'_>], args: &PaceArgs<'_>) -> redis:
         cmd.arg(lane.delay_ms).arg(lane.reset_at.get());
     }
     cmd.arg(u8::from(args.record.is_some()));
-    match args.bed {
+    match args.sleep_ask {
         Some(ask) => cmd
             .arg(ask.budget_ms)
             .arg(ask.max_asleep)
             .arg(ask.id.to_string())
-            .arg(duration_ms(BED_GRACE)),
+            .arg(duration_ms(LEASE_GRACE)),
         None => cmd.arg(0).arg(0).arg("").arg(0),
     };
     cmd
 }
 
-/// A pacing step's reply: `{1, delay, previous, bed taken, asleep}`, or `{0, retry after, each
+/// A pacing step's reply: `{1, delay, previous, sleep lease taken, asleep}`, or `{0, retry after, each
 /// line's excess…}`; a refusal's `levels_ms` are the lines' after the first, in the order sent.
 pub(super) fn paced(reply: &[i64]) -> Paced {
     let ms = |i: usize| u64::try_from(reply.get(i).copied().unwrap_or(0)).unwrap_or(0);
     if reply.first() == Some(&1) {
-        let bed = reply.get(3).filter(|taken| **taken >= 0).map(|taken| Bed {
-            taken: *taken == 1,
-            asleep: u32::try_from(ms(4)).unwrap_or(u32::MAX),
-        });
+        let sleep_lease = reply
+            .get(3)
+            .filter(|taken| **taken >= 0)
+            .map(|taken| SleepLease {
+                taken: *taken == 1,
+                asleep: u32::try_from(ms(4)).unwrap_or(u32::MAX),
+            });
         return Paced::Slot {
             delay_ms: ms(1),
-            bed,
+            sleep_lease,
         };
     }
     Paced::Full {
@@ -243,29 +249,29 @@ pub(super) fn paced(reply: &[i64]) -> Paced {
     }
 }
 
-/// A bed asked alone (`take_bed.lua`).
-pub(super) fn take_bed_script(bed: &LoneBed) -> redis::Cmd {
-    let LoneBed {
+/// A sleep lease asked alone (`take_sleep_lease.lua`).
+pub(super) fn take_lease_script(sleep_lease: &LoneSleepAsk) -> redis::Cmd {
+    let LoneSleepAsk {
         ask,
         arrival,
         wait_ms,
-    } = bed;
-    let mut cmd = eval(TAKE_BED, &[BEDS_KEY]);
+    } = sleep_lease;
+    let mut cmd = eval(TAKE_LEASE, &[ASLEEP_KEY]);
     cmd.arg(arrival.get())
-        .arg(bed_until(*arrival, *wait_ms, ask.budget_ms).get())
+        .arg(sleep_lease_until(*arrival, *wait_ms, ask.budget_ms).get())
         .arg(ask.max_asleep)
         .arg(ask.id.to_string());
     cmd
 }
 
-/// `take_bed.lua`'s `{taken, asleep}` reply.
-pub(super) fn bed_of(reply: &[i64]) -> Result<Bed, SendError> {
+/// `take_sleep_lease.lua`'s `{taken, asleep}` reply.
+pub(super) fn sleep_lease_of(reply: &[i64]) -> Result<SleepLease, SendError> {
     match reply {
-        [taken, asleep] => Ok(Bed {
+        [taken, asleep] => Ok(SleepLease {
             taken: *taken == 1,
             asleep: u32::try_from(*asleep).unwrap_or(u32::MAX),
         }),
-        _ => Err(unexpected("a bed")),
+        _ => Err(unexpected("a sleep lease")),
     }
 }
 

@@ -17,7 +17,7 @@ use super::quota_store::{
     CountArgs, CountFailed, PaceArgs, QuotaStore, RecordUpdate, Refund, SendError, TakeOver,
 };
 use crate::rules::count::{Count, Peek, Tally};
-use crate::rules::delay::{Bed, LoneBed, take_bed};
+use crate::rules::delay::{LoneSleepAsk, SleepLease, take_sleep_lease};
 use crate::rules::key::{IDEMPOTENCY_TTL_SECS, QuotaKey};
 use crate::rules::pace::{Paced, line_excess, next_start};
 use crate::rules::record::{Claim, Claimed, Record, RecordState};
@@ -50,8 +50,8 @@ struct Inner {
     records: HashMap<String, (Record, UnixSecs)>,
     /// Grants by grant key and their expiry (`None` until the period's first scan gives one).
     grants: HashMap<String, (u64, Option<UnixSecs>)>,
-    /// The beds' leases ([`take_bed`]): when each ends.
-    beds: Vec<UnixMillis>,
+    /// The sleep leases ([`take_sleep_lease`]): when each ends.
+    sleep_leases: Vec<UnixMillis>,
     /// The map's length that triggers a sweep (0 at first: the first count sweeps and sets it).
     sweep_at_len: usize,
     /// No entry expires before this (exact after a sweep, lowered on insert).
@@ -263,9 +263,13 @@ impl QuotaStore for MemoryStore {
                 if let Some(record) = args.record.and_then(|r| inner.record(r, now)) {
                     record.delay_ms = Some(delay_ms);
                 }
-                let beds = &mut inner.beds;
-                let bed = (args.bed).map(|ask| take_bed(beds, &ask, args.arrival_ms, delay_ms));
-                Ok(Paced::Slot { delay_ms, bed })
+                let sleep_leases = &mut inner.sleep_leases;
+                let sleep_lease = (args.sleep_ask)
+                    .map(|ask| take_sleep_lease(sleep_leases, &ask, args.arrival_ms, delay_ms));
+                Ok(Paced::Slot {
+                    delay_ms,
+                    sleep_lease,
+                })
             }
             Err(retry_after_ms) => Ok(Paced::Full {
                 retry_after_ms,
@@ -278,12 +282,12 @@ impl QuotaStore for MemoryStore {
         }
     }
 
-    async fn take_bed(&self, bed: LoneBed) -> Result<Bed, SendError> {
-        Ok(take_bed(
-            &mut self.lock().beds,
-            &bed.ask,
-            bed.arrival,
-            bed.wait_ms,
+    async fn take_sleep_lease(&self, sleep_lease: LoneSleepAsk) -> Result<SleepLease, SendError> {
+        Ok(take_sleep_lease(
+            &mut self.lock().sleep_leases,
+            &sleep_lease.ask,
+            sleep_lease.arrival,
+            sleep_lease.wait_ms,
         ))
     }
 

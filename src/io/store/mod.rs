@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use uuid::Uuid;
 
-use crate::rules::delay::{Bed, LoneBed};
+use crate::rules::delay::{LoneSleepAsk, SleepLease};
 use crate::rules::unix::UnixSecs;
 
 pub use crate::rules::count::{Count, LevelCount, NoAnswer, Peek, Tally};
@@ -69,7 +69,7 @@ impl QuotaStore for AnyStore {
         async fn count_keyed(&self, args: CountArgs<'_>, claim: &Claim)
             -> Result<Claimed, CountFailed>;
         async fn pace(&self, args: PaceArgs<'_>) -> Result<Paced, SendError>;
-        async fn take_bed(&self, bed: LoneBed) -> Result<Bed, SendError>;
+        async fn take_sleep_lease(&self, sleep_lease: LoneSleepAsk) -> Result<SleepLease, SendError>;
         async fn refund(&self, refund: Refund<'_>) -> Result<(), SendError>;
         async fn has_record(&self, record: &str, now: UnixSecs) -> Result<bool, SendError>;
         async fn release(&self, record: &str, scan_id: Uuid, now: UnixSecs)

@@ -1,16 +1,16 @@
 -- One pacing step over one or more lines (the subject's, and each level's
 -- above it that is over its limit): start = the latest of
 -- max(arrival, previous slot) + delay, and every line's slot moves to it
--- (crate::pace::next_start is the same rule); and, when asked, a bed to
--- sleep in (take_bed, prepended from bed.lua).
+-- (crate::pace::next_start is the same rule); and, when asked, a sleep
+-- lease (take_sleep_lease, prepended from sleep_lease.lua).
 --
 -- KEYS[1..n] the lines' slot keys, then a keyed scan's record (when
--- ARGV[4+2n] is 1), then the beds (when a bed is asked). ARGV: n, arrival
+-- ARGV[4+2n] is 1), then the sleep leases (when one is asked). ARGV: n, arrival
 -- (unix ms), the backlog cap (ms), then for each line its tier delay (ms)
 -- and its counter's expiry (unix s, 0: none known); then the record flag,
--- and the bed's sleep budget (ms, 0: no bed asked), cap, lease name and
+-- and the sleep budget (ms, 0: no sleep lease asked), cap, lease name and
 -- grace (ms).
--- Returns {1, delay, the first line's previous slot, bed taken (0/1, -1:
+-- Returns {1, delay, the first line's previous slot, sleep lease taken (0/1, -1:
 -- none asked), requests asleep} and moves the slots on (the previous slot
 -- lets a cluster give a line back); or, when the delay would exceed the
 -- cap, {0, ms until it would fit, then each line's own ms past the cap
@@ -65,9 +65,9 @@ end
 local budget = tonumber(ARGV[extra + 1])
 if budget > 0 then
   local ends = arrival + math.min(wait, budget) + tonumber(ARGV[extra + 4])
-  local beds = KEYS[keyed and n + 2 or n + 1]
-  local bed = take_bed(beds, ARGV[2], string.format('%.0f', ends),
+  local sleep_leases = KEYS[keyed and n + 2 or n + 1]
+  local sleep_lease = take_sleep_lease(sleep_leases, ARGV[2], string.format('%.0f', ends),
     tonumber(ARGV[extra + 2]), ARGV[extra + 3])
-  return {1, wait, first, bed[1], bed[2]}
+  return {1, wait, first, sleep_lease[1], sleep_lease[2]}
 end
 return {1, wait, first, -1, 0}

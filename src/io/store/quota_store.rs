@@ -9,7 +9,7 @@ use uuid::Uuid;
 use crate::config::ResetPolicy;
 pub use crate::io::connection::SendError;
 use crate::rules::count::{LevelCount, Peek, Tally};
-use crate::rules::delay::{Bed, BedAsk, LoneBed};
+use crate::rules::delay::{LoneSleepAsk, SleepAsk, SleepLease};
 use crate::rules::key::QuotaKey;
 use crate::rules::level::Level;
 use crate::rules::pace::Paced;
@@ -44,8 +44,8 @@ pub struct PaceArgs<'a> {
     pub max_backlog_ms: u64,
     /// The counter's expiry: the slot key expires with it.
     pub reset_at: UnixSecs,
-    /// A bed to ask for in the same step (`None`: the scan will not sleep, as in `defer` mode).
-    pub bed: Option<BedAsk>,
+    /// A sleep lease to ask for in the same step (`None`: the scan will not sleep, as in `defer` mode).
+    pub sleep_ask: Option<SleepAsk>,
 }
 
 impl PaceArgs<'_> {
@@ -190,9 +190,12 @@ pub trait QuotaStore: Send + Sync + 'static {
     /// refunds, as a step landing after the caller gave up and queued the scan would uncount it.
     fn pace(&self, args: PaceArgs<'_>) -> impl Future<Output = Result<Paced, SendError>> + Send;
 
-    /// Asks for a bed alone ([`crate::rules::delay::take_bed`]) where no pacing step can carry the
-    /// ask (`QUOTA_PACING=off`, or a cluster, whose beds live in a slot of their own).
-    fn take_bed(&self, bed: LoneBed) -> impl Future<Output = Result<Bed, SendError>> + Send;
+    /// Asks for a sleep lease alone ([`crate::rules::delay::take_sleep_lease`]) where no pacing step can carry the
+    /// ask (`QUOTA_PACING=off`, or a cluster, whose sleep leases live in a slot of their own).
+    fn take_sleep_lease(
+        &self,
+        sleep_lease: LoneSleepAsk,
+    ) -> impl Future<Output = Result<SleepLease, SendError>> + Send;
 
     /// Takes back one count of its period (none if the counter is gone or of a later period), and
     /// removes the record if it still names the scan.

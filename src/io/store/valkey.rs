@@ -1,20 +1,20 @@
 //! The Valkey quota store. A count is plain commands in one pipelined round trip (a script would
 //! cost Valkey far more per scan); scripts (sent whole with [`crate::io::connection::eval`]) run
 //! only where a decision must be atomic and the request is off the hot path anyway: a keyed claim,
-//! a pacing step, a refund, freeing or taking over a record's lease, and a bed. Every key of a
+//! a pacing step, a refund, freeing or taking over a record's lease, and a sleep lease. Every key of a
 //! subject shares its hash tag, so each call is single-slot in a cluster. Operator commands live in
 //! [`crate::front::ops::valkey_admin`].
 
 use redis::Value;
 use uuid::Uuid;
 
-use crate::rules::delay::{Bed, BedAsk, LoneBed};
+use crate::rules::delay::{LoneSleepAsk, SleepAsk, SleepLease};
 use crate::rules::unix::UnixSecs;
 
 use super::commands::{
-    GrantHeld, PACE, REFUND, bed_of, count_of, in_subject_period, level_commands, level_width,
-    pace_script, paced, peek_commands, peek_of, refund_script, spread_excess, subject_commands,
-    take_bed_script, tally, unexpected,
+    GrantHeld, PACE, REFUND, count_of, in_subject_period, level_commands, level_width, pace_script,
+    paced, peek_commands, peek_of, refund_script, sleep_lease_of, spread_excess, subject_commands,
+    take_lease_script, tally, unexpected,
 };
 use super::quota_store::{
     CountArgs, CountFailed, PaceArgs, PaceLane, QuotaStore, RecordUpdate, Refund, SendError,
@@ -138,16 +138,21 @@ impl ValkeyStore {
         }
     }
 
-    /// A bed asked after a cluster's pacing step: none if it cannot be had; the slot stands.
-    async fn bed_after(&self, ask: BedAsk, args: &PaceArgs<'_>, delay_ms: u64) -> Option<Bed> {
-        let bed = LoneBed {
+    /// A sleep lease asked after a cluster's pacing step: none if it cannot be had; the slot stands.
+    async fn sleep_lease_after(
+        &self,
+        ask: SleepAsk,
+        args: &PaceArgs<'_>,
+        delay_ms: u64,
+    ) -> Option<SleepLease> {
+        let sleep_lease = LoneSleepAsk {
             ask,
             arrival: args.arrival_ms,
             wait_ms: delay_ms,
         };
-        self.take_bed(bed)
+        self.take_sleep_lease(sleep_lease)
             .await
-            .inspect_err(|e| tracing::warn!(error = %e, "no bed: the scan sleeps nothing"))
+            .inspect_err(|e| tracing::warn!(error = %e, "no sleep lease: the scan sleeps nothing"))
             .ok()
     }
 
@@ -245,9 +250,9 @@ impl QuotaStore for ValkeyStore {
             return self.pace_in_cluster(&args, &levels).await;
         }
         let lanes: Vec<PaceLane<'_>> = std::iter::once(args.subject()).chain(levels).collect();
-        // In a cluster the beds live in a slot of their own: asked after.
+        // In a cluster the sleep leases live in a slot of their own: asked after.
         let step = PaceArgs {
-            bed: args.bed.filter(|_| !cluster),
+            sleep_ask: args.sleep_ask.filter(|_| !cluster),
             ..args
         };
         let reply: Vec<i64> = self.send(pace_script(&lanes, &step)).await?;
@@ -259,19 +264,25 @@ impl QuotaStore for ValkeyStore {
                 retry_after_ms,
                 levels_ms: spread_excess(args.levels, levels_ms),
             }),
-            Paced::Slot { delay_ms, bed } => {
-                let bed = match args.bed {
-                    Some(ask) if cluster => self.bed_after(ask, &args, delay_ms).await,
-                    _ => bed,
+            Paced::Slot {
+                delay_ms,
+                sleep_lease,
+            } => {
+                let sleep_lease = match args.sleep_ask {
+                    Some(ask) if cluster => self.sleep_lease_after(ask, &args, delay_ms).await,
+                    _ => sleep_lease,
                 };
-                Ok(Paced::Slot { delay_ms, bed })
+                Ok(Paced::Slot {
+                    delay_ms,
+                    sleep_lease,
+                })
             }
         }
     }
 
-    async fn take_bed(&self, bed: LoneBed) -> Result<Bed, SendError> {
-        let reply: Vec<i64> = self.send(take_bed_script(&bed)).await?;
-        bed_of(&reply)
+    async fn take_sleep_lease(&self, sleep_lease: LoneSleepAsk) -> Result<SleepLease, SendError> {
+        let reply: Vec<i64> = self.send(take_lease_script(&sleep_lease)).await?;
+        sleep_lease_of(&reply)
     }
 
     async fn refund(&self, refund: Refund<'_>) -> Result<(), SendError> {

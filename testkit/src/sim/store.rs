@@ -13,7 +13,7 @@ use quota_gate::io::store::{
     Claim, Claimed, CountArgs, CountFailed, PaceArgs, Paced, QuotaKey, QuotaStore, RecordUpdate,
     Refund, SendError, TakeOver, Tally,
 };
-use quota_gate::rules::delay::{Bed, LoneBed};
+use quota_gate::rules::delay::{LoneSleepAsk, SleepLease};
 use quota_gate::rules::level::Level;
 use quota_gate::rules::unix::{UnixMillis, UnixSecs};
 use uuid::Uuid;
@@ -335,10 +335,10 @@ impl QuotaStore for SimStore {
         .await
     }
 
-    async fn take_bed(&self, bed: LoneBed) -> Result<Bed, SendError> {
+    async fn take_sleep_lease(&self, sleep_lease: LoneSleepAsk) -> Result<SleepLease, SendError> {
         self.call(
-            "take_bed",
-            move |m, _| ready(m.take_bed(bed)).expect("memory store"),
+            "take_sleep_lease",
+            move |m, _| ready(m.take_sleep_lease(sleep_lease)).expect("memory store"),
             Kind::Other,
         )
         .await

@@ -45,7 +45,7 @@ impl ValkeyStore {
             .collect();
         let alone = PaceArgs {
             record: None,
-            bed: None,
+            sleep_ask: None,
             ..*args
         };
         let steps = lines
@@ -80,12 +80,15 @@ impl ValkeyStore {
                 .arg(delay_ms);
             let _: i64 = self.send(cmd).await?;
         }
-        // The beds live in a slot of their own: asked once the wait is known.
-        let bed = match args.bed {
-            Some(ask) => self.bed_after(ask, args, delay_ms).await,
+        // The sleep leases live in a slot of their own: asked once the wait is known.
+        let sleep_lease = match args.sleep_ask {
+            Some(ask) => self.sleep_lease_after(ask, args, delay_ms).await,
             None => None,
         };
-        Ok(Paced::Slot { delay_ms, bed })
+        Ok(Paced::Slot {
+            delay_ms,
+            sleep_lease,
+        })
     }
 
     /// A refund in a cluster, where the levels live in other slots.
