@@ -1123,6 +1123,13 @@ fn print_valkey_time(t: &ValkeyTime) {
     }
 }
 
+/// Empties the bench's Valkey (its loaded scripts stay).
+async fn flush_all(url: &str) {
+    if let Some(mut c) = admin(url).await {
+        let _: Result<(), _> = redis::cmd("FLUSHALL").query_async(&mut c).await;
+    }
+}
+
 /// Drops the job stream between lines so it never grows large.
 async fn clear_stream(url: &str) {
     if let Ok(client) = redis::Client::open(url)
