@@ -34,7 +34,14 @@ impl Env {
             };
             // Checked once here, so no value can make a later request overflow.
             let value = match var.range {
-                Some((min, max)) => Value::from(ranged_number(var.name, &raw, min, max)?),
+                Some((min, max)) => match raw.parse() {
+                    Ok(n) if (min..=max).contains(&n) => Value::from(n),
+                    _ => {
+                        let problem =
+                            format!("expected a whole number in {min}..={max}, got {raw:?}");
+                        return Err(ConfigError::new(var.name, problem));
+                    }
+                },
                 None => Value::String(raw),
             };
             env.values.insert(var.name.to_owned(), value);
@@ -56,16 +63,6 @@ impl Env {
                 e.into_inner().to_string(),
             )
         })
-    }
-}
-
-fn ranged_number(var: &'static str, raw: &str, min: u64, max: u64) -> Result<u64, ConfigError> {
-    match raw.parse() {
-        Ok(n) if (min..=max).contains(&n) => Ok(n),
-        _ => Err(ConfigError::new(
-            var,
-            format!("expected a whole number in {min}..={max}, got {raw:?}"),
-        )),
     }
 }
 

@@ -65,16 +65,14 @@ impl Config {
             ..env.group()?
         };
         let (queue, queue_over) = queue::read(&env, store.valkey.is_some())?;
-        let serve = env.group()?;
-        let metrics_namespace = env.group::<Namespace>()?.name;
         Ok(Self {
             policy,
             identity,
             store,
             queue,
             queue_over,
-            metrics_namespace,
-            serve,
+            serve: env.group()?,
+            metrics_namespace: env.group::<Namespace>()?.name,
         })
     }
 

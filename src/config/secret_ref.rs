@@ -26,26 +26,24 @@ impl SecretRef {
     /// `Ok(None)` for a plain value; an error for an empty reference or a bare ARN (not a secret).
     pub fn parse(value: &str) -> Result<Option<Self>, String> {
         let value = value.trim();
-        let named = |id: &str, make: fn(String) -> Self| {
-            if id.is_empty() {
-                Err("names no secret after its prefix".to_owned())
-            } else {
-                Ok(Some(make(id.to_owned())))
+        let kinds = [
+            (SECRETS_MANAGER, Self::SecretsManager as fn(String) -> Self),
+            (PARAMETER, Self::Parameter),
+            (FILE, Self::File),
+        ];
+        for (prefix, make) in kinds {
+            match value.strip_prefix(prefix) {
+                Some("") => return Err("names no secret after its prefix".to_owned()),
+                Some(id) => return Ok(Some(make(id.to_owned()))),
+                None => {}
             }
-        };
-        if let Some(id) = value.strip_prefix(SECRETS_MANAGER) {
-            named(id, Self::SecretsManager)
-        } else if let Some(id) = value.strip_prefix(PARAMETER) {
-            named(id, Self::Parameter)
-        } else if let Some(path) = value.strip_prefix(FILE) {
-            named(path, Self::File)
-        } else if value.starts_with("arn:") {
-            Err(format!(
-                "an ARN is not a value: write {SECRETS_MANAGER}<ARN> or {PARAMETER}<ARN>"
-            ))
-        } else {
-            Ok(None)
         }
+        if value.starts_with("arn:") {
+            return Err(format!(
+                "an ARN is not a value: write {SECRETS_MANAGER}<ARN> or {PARAMETER}<ARN>"
+            ));
+        }
+        Ok(None)
     }
 
     /// Whether it is read through the AWS SDK (a file is not).

@@ -44,11 +44,6 @@ pub struct Variable {
 }
 
 impl Variable {
-    /// The variable's name, as errors and the docs spell it.
-    pub const fn name(&self) -> &'static str {
-        self.name
-    }
-
     const fn applies(self, applies: Applies) -> Self {
         Self { applies, ..self }
     }

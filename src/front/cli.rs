@@ -179,11 +179,8 @@ static STDERR: std::sync::OnceLock<LineWriter> = std::sync::OnceLock::new();
 fn init_tracing(command: &Command, format: crate::LogFormat) {
     match command {
         Command::Serve => {
-            let stderr = STDERR
-                .get_or_init(|| {
-                    LineWriter::spawn("stderr", Box::new(std::io::stderr()), LINE_QUEUE)
-                })
-                .clone();
+            let stderr = LineWriter::spawn("stderr", Box::new(std::io::stderr()), LINE_QUEUE);
+            let _ = STDERR.set(stderr.clone());
             crate::init_tracing_with(format, move || LogLine(stderr.clone()));
         }
         _ => crate::init_tracing(format),

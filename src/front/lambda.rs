@@ -140,9 +140,8 @@ pub async fn run<S: QuotaStore, Q: ScanQueue>(
     lambda_http::run(service_fn(move |request: Request| {
         let gate = gate.clone();
         async move {
-            Ok::<_, Infallible>(to_lambda_response(
-                gate.handle(to_gate_request(request)).await,
-            ))
+            let response = gate.handle(to_gate_request(request)).await;
+            Ok::<_, Infallible>(to_lambda_response(response))
         }
     }))
     .await

@@ -68,7 +68,7 @@ impl Gate<AnyStore, AnyQueue> {
             }
             (QueueTarget::ValkeyStream(_), None) => {
                 return Err(ConfigError::new(
-                    vars::SCAN_QUEUE_URL.name(),
+                    vars::SCAN_QUEUE_URL.name,
                     "valkey-stream: needs VALKEY_URL",
                 ));
             }

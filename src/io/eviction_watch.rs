@@ -65,7 +65,7 @@ async fn read_policy(
         }
         Reading::Refuse(finding) => {
             meter.evicting(true, wall_ms());
-            let refuse = vars::QUOTA_STORE_EVICTION.name();
+            let refuse = vars::QUOTA_STORE_EVICTION.name;
             return Err(format!("{refuse}=refuse: {}", finding.message()));
         }
     };

@@ -29,13 +29,11 @@ impl Removal {
 
     /// The human form, naming the `keys` a key removed may be and whose `next` scan counts 1.
     pub(super) fn render_of(&self, keys: &str, next: &str) -> String {
-        match self.removed {
-            0 => format!("nothing to remove: no key of {} exists\n", self.key),
-            1 => format!("removed 1 key of {} ({keys}); {next} counts 1\n", self.key),
-            n => format!(
-                "removed {n} keys of {} ({keys}); {next} counts 1\n",
-                self.key
-            ),
+        let (n, key) = (self.removed, &self.key);
+        let plural = if n == 1 { "" } else { "s" };
+        match n {
+            0 => format!("nothing to remove: no key of {key} exists\n"),
+            n => format!("removed {n} key{plural} of {key} ({keys}); {next} counts 1\n"),
         }
     }
 }
@@ -70,18 +68,16 @@ impl Granted {
     }
 
     pub fn render(&self) -> String {
-        let plural = if self.scans == 1 { "" } else { "s" };
+        let (n, key) = (self.scans, &self.key);
+        let plural = if n == 1 { "" } else { "s" };
+        let granted = format!("granted {n} extra scan{plural} to {key}");
         match (self.revoked, &self.expires_at) {
-            (Some(true), _) => format!("revoked the grant of {}\n", self.key),
-            (Some(false), _) => format!("nothing to revoke: {} has no grant\n", self.key),
-            (None, Some(at)) => format!(
-                "granted {} extra scan{plural} to {} until {at} (replaces any earlier grant)\n",
-                self.scans, self.key
-            ),
+            (Some(true), _) => format!("revoked the grant of {key}\n"),
+            (Some(false), _) => format!("nothing to revoke: {key} has no grant\n"),
+            (None, Some(at)) => format!("{granted} until {at} (replaces any earlier grant)\n"),
             (None, None) => format!(
-                "granted {} extra scan{plural} to {} until the end of the period its next scan \
-                 opens (no scan yet this period; replaces any earlier grant)\n",
-                self.scans, self.key
+                "{granted} until the end of the period its next scan opens (no scan yet this \
+                 period; replaces any earlier grant)\n"
             ),
         }
     }

@@ -30,9 +30,8 @@ pub struct SubjectArgs {
     /// tokens share.
     #[arg(long, value_name = "ACCOUNT")]
     pub account: Option<String>,
-    /// One network level: a CIDR of a configured length of QUOTA_NETWORKS
-    /// (`203.0.113.0/24`, `2001:db8:1::/48`), or `tid:<CIDR>` for its token
-    /// holders' level (QUOTA_TOKEN_NETWORKS).
+    /// One network level: a CIDR of a configured length of QUOTA_NETWORKS (`203.0.113.0/24`,
+    /// `2001:db8:1::/48`), or `tid:<CIDR>` for its token holders' level (QUOTA_TOKEN_NETWORKS).
     #[arg(long, value_name = "CIDR")]
     pub network: Option<String>,
 }
@@ -178,12 +177,7 @@ pub async fn stats(args: StatsArgs, config: &Config) -> Result<(), OpsError> {
     let sdk = aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await;
     stats::preflight(&sdk).await?;
     let client = aws_sdk_cloudwatch::Client::new(&sdk);
-    let report = stats::stats(
-        &client,
-        &config.metrics_namespace,
-        args.since,
-        OffsetDateTime::now_utc(),
-    )
-    .await?;
+    let namespace = &config.metrics_namespace;
+    let report = stats::stats(&client, namespace, args.since, OffsetDateTime::now_utc()).await?;
     print(args.json, &report, stats::Stats::render)
 }

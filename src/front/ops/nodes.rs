@@ -21,10 +21,8 @@ pub async fn primaries(valkey: &Valkey) -> RedisResult<Vec<(String, u16)>> {
         .arg("SHARDS")
         .query_async(&mut conn)
         .await?;
-    primaries_from_shards(
-        &shards,
-        matches!(valkey.info().addr(), ConnectionAddr::TcpTls { .. }),
-    )
+    let tls = matches!(valkey.info().addr(), ConnectionAddr::TcpTls { .. });
+    primaries_from_shards(&shards, tls)
 }
 
 /// A connection to one node, with the credentials, TLS trust and timeouts of the configured URL.
@@ -44,11 +42,8 @@ pub async fn node_connection(valkey: &Valkey, host: &str, port: u16) -> RedisRes
             .set_connection_timeout(Some(valkey.timeout()))
             .set_response_timeout(Some(valkey.timeout())),
     );
-    Ok(Connection::Standalone(
-        client
-            .get_multiplexed_async_connection_with_config(&config)
-            .await?,
-    ))
+    let conn = client.get_multiplexed_async_connection_with_config(&config);
+    Ok(Connection::Standalone(conn.await?))
 }
 
 /// A reply that is a map in RESP3 or a flat key/value array in RESP2, as pairs.
@@ -61,7 +56,6 @@ fn pairs(v: &Value) -> Vec<(String, &Value)> {
     }
 }
 
-/// The value of field `name` among `fields`.
 fn field<'a>(fields: &[(String, &'a Value)], name: &str) -> Option<&'a Value> {
     fields.iter().find(|(k, _)| k == name).map(|(_, v)| *v)
 }
@@ -115,11 +109,10 @@ fn healthy_primary(node: &Value, tls: bool) -> Option<(String, u16)> {
         .iter()
         .filter_map(|k| get(k))
         .find(|h| !h.is_empty() && h != "?")?;
-    let ports = if tls {
-        ["tls-port", "port"]
-    } else {
-        ["port", "tls-port"]
-    };
+    let mut ports = ["port", "tls-port"];
+    if tls {
+        ports.reverse();
+    }
     let port = ports
         .iter()
         .filter_map(|k| get(k))

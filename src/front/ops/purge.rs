@@ -37,17 +37,12 @@ pub struct PurgeReport {
 
 impl PurgeReport {
     pub fn render(&self) -> String {
-        let keys = if self.keys == 1 { "key" } else { "keys" };
+        let (n, secs) = (self.keys, self.seconds);
+        let keys = if n == 1 { "key" } else { "keys" };
         if self.dry_run {
-            format!(
-                "dry run: {} quota:* {keys} would be removed (found in {:.1} s)\n",
-                self.keys, self.seconds
-            )
+            format!("dry run: {n} quota:* {keys} would be removed (found in {secs:.1} s)\n")
         } else {
-            format!(
-                "removed {} quota:* {keys} in {:.1} s\n",
-                self.keys, self.seconds
-            )
+            format!("removed {n} quota:* {keys} in {secs:.1} s\n")
         }
     }
 }

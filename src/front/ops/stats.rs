@@ -181,11 +181,8 @@ async fn fetch(
             OpsError::CloudWatch(aws_sdk_cloudwatch::error::DisplayErrorContext(e).to_string())
         })?;
         for result in page.metric_data_results() {
-            if let Some(v) = result
-                .id()
-                .and_then(query_index)
-                .and_then(|slot| values.get_mut(slot))
-            {
+            let slot = result.id().and_then(query_index);
+            if let Some(v) = slot.and_then(|slot| values.get_mut(slot)) {
                 v.extend_from_slice(result.values());
             }
         }

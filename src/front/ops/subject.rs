@@ -59,12 +59,8 @@ pub fn resolve(config: &Config, arg: &SubjectArg) -> Result<Subject, OpsError> {
     let token = |subject: TokenSubject| identifier.token_identity(&subject, None, false);
     let (identity, basis) = match arg {
         SubjectArg::Ip(raw) => {
-            let addr = ip::parse_source(raw).ok_or_else(|| {
-                OpsError::Usage(
-                    "--ip: not an IP address (a /32 or /128 suffix is allowed, no other prefix)"
-                        .into(),
-                )
-            })?;
+            let why = "--ip: not an IP address (a /32 or /128 suffix is allowed, no other prefix)";
+            let addr = ip::parse_source(raw).ok_or_else(|| OpsError::Usage(why.into()))?;
             (identifier.ip_identity(addr), Basis::Ip)
         }
         SubjectArg::Token(raw) => {
@@ -272,12 +268,8 @@ pub async fn inspect(
     subject: &Subject,
 ) -> Result<Inspection, OpsError> {
     let snapshot = store.inspect(&subject.key).await?;
-    Ok(Inspection::new(
-        config,
-        subject,
-        snapshot.as_ref(),
-        super::now(),
-    ))
+    let now = super::now();
+    Ok(Inspection::new(config, subject, snapshot.as_ref(), now))
 }
 
 #[cfg(test)]

@@ -8,7 +8,7 @@ use super::progress::Progress;
 use super::rfc3339;
 use crate::config::Config;
 use crate::io::connection::Connection;
-use crate::io::store::valkey::ValkeyStore;
+use crate::io::store::valkey::{ValkeyStore, eval};
 use crate::io::store::{GrantHeld, KEY_PATTERN, Peek, QuotaKey, SendError, resets_at};
 use crate::rules::unix::{UnixMillis, UnixSecs};
 
@@ -116,7 +116,7 @@ impl ValkeyStore {
         period_end: Option<UnixSecs>,
     ) -> Result<Option<UnixSecs>, SendError> {
         let mut conn = self.valkey().connection().await?;
-        let at: i64 = crate::io::store::valkey::eval(GRANT, &[&key.counter, &key.grant])
+        let at: i64 = eval(GRANT, &[&key.counter, &key.grant])
             .arg(scans)
             .arg(period_end.map_or(0, UnixSecs::get))
             .query_async(&mut conn)
@@ -133,12 +133,11 @@ impl ValkeyStore {
         period_end: UnixSecs,
     ) -> Result<(Option<UnixSecs>, u64), SendError> {
         let mut conn = self.valkey().connection().await?;
-        let (at, earlier): (i64, u64) =
-            crate::io::store::valkey::eval(GRANT_LEVEL, &[&key.counter, &key.grant])
-                .arg(scans)
-                .arg(period_end.get())
-                .query_async(&mut conn)
-                .await?;
+        let (at, earlier): (i64, u64) = eval(GRANT_LEVEL, &[&key.counter, &key.grant])
+            .arg(scans)
+            .arg(period_end.get())
+            .query_async(&mut conn)
+            .await?;
         Ok((instant(at), earlier))
     }
 

@@ -67,12 +67,9 @@ impl Presence {
 
     /// Everything hyper had to write is written: the connection waits for its next request.
     pub fn flushed(&self) {
-        if self.state.load(Ordering::Acquire) != SENDING {
-            return;
-        }
-        let waiting = waiting_for(self.epoch, self.keep_alive_grace);
-        let _ =
-            (self.state).compare_exchange(SENDING, waiting, Ordering::AcqRel, Ordering::Acquire);
+        let waiting =
+            |state| (state == SENDING).then(|| waiting_for(self.epoch, self.keep_alive_grace));
+        let _ = (self.state).fetch_update(Ordering::AcqRel, Ordering::Acquire, waiting);
     }
 
     /// Completes once the connection is closed to admit another.
@@ -150,11 +147,10 @@ impl Admission {
         });
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         self.open_connections().insert(id, presence.clone());
-        let admission = self.clone();
         Some((
             permit,
             Registration {
-                admission,
+                admission: self.clone(),
                 id,
                 presence,
             },

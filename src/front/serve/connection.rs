@@ -100,9 +100,8 @@ fn spawn_connection<S: QuotaStore, Q: ScanQueue>(
     });
     let mut socket = TimeoutStream::new(stream);
     socket.set_write_timeout(Some(WRITE_TIMEOUT));
-    let socket = Box::pin(socket);
     let io = TokioIo::new(Flushed {
-        io: socket,
+        io: Box::pin(socket),
         presence: registration.presence.clone(),
     });
     let connection = watcher.watch(builder.serve_connection(io, service));

@@ -39,7 +39,7 @@ pub use limits::{
     BODY_READ_TIMEOUT, HEADER_READ_TIMEOUT, KEEP_ALIVE_GRACE, MAX_BUF_SIZE, MAX_UNSENT,
     NEW_CONNECTION_GRACE, ServeLimits, WRITE_TIMEOUT, drain_timeout,
 };
-pub use route::{Detached, detach};
+pub use route::detach;
 pub use server::Server;
 
 use admission::Admission;

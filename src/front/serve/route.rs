@@ -3,9 +3,7 @@
 
 use std::future::Future;
 use std::net::SocketAddr;
-use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
 
 use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, Method, Request, Response, StatusCode, header};
@@ -13,12 +11,12 @@ use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
 use metrics_exporter_prometheus::PrometheusHandle;
 use tokio::sync::OwnedSemaphorePermit;
-use tokio::task::{JoinError, JoinHandle};
-use tokio_util::task::TaskTracker;
+use tokio::task::JoinError;
+use tokio_util::task::{AbortOnDropHandle, TaskTracker};
 
 use super::limits::BODY_READ_TIMEOUT;
 use crate::gate::error::{GateError, Queued};
-use crate::gate::validate::MAX_BODY_BYTES;
+use crate::gate::validate::{MAX_BODY_BYTES, validate};
 use crate::gate::{Gate, GateRequest};
 use crate::io::health::{ALIVE, READY_TIMEOUT, readiness};
 use crate::io::queue::ScanQueue;
@@ -62,10 +60,7 @@ impl<S: QuotaStore, Q: ScanQueue> Routes<S, Q> {
             headers: parts.headers,
             body,
             peer: Some(peer.ip().to_canonical()),
-            gateway_claims: None,
-            remaining: None,
-            trace: None,
-            request_id: None,
+            ..GateRequest::default()
         };
         let gate = self.gate.clone();
         let handled = detach(&self.scans, async move {
@@ -77,10 +72,10 @@ impl<S: QuotaStore, Q: ScanQueue> Routes<S, Q> {
             Ok(response) => response.map(Full::new),
             Err(e) => {
                 tracing::error!(error = %e, "a scan's task ended before its answer");
-                let unknown = GateError::QueueFailed {
-                    queued: Queued::Unknown,
-                };
-                unknown.to_response().map(Full::new)
+                let queued = Queued::Unknown;
+                GateError::QueueFailed { queued }
+                    .to_response()
+                    .map(Full::new)
             }
         }
     }
@@ -138,12 +133,8 @@ fn refuse_before_body(request: &Request<Incoming>) -> Option<Response<Full<Bytes
     if length <= MAX_BODY_BYTES as u64 {
         return None;
     }
-    let error = match crate::gate::validate::validate(
-        request.method(),
-        request.uri().path(),
-        request.headers(),
-        b"",
-    ) {
+    let (method, path, headers) = (request.method(), request.uri().path(), request.headers());
+    let error = match validate(method, path, headers, b"") {
         Err(
             e @ (GateError::NotFound
             | GateError::MethodNotAllowed
@@ -182,35 +173,21 @@ fn text(status: StatusCode, content_type: &'static str, body: String) -> Respons
     r
 }
 
-/// The wait on a detached scan; dropping it leaves the scan running.
-pub struct Detached<T> {
-    task: JoinHandle<T>,
-}
-
-/// Runs `scan` in a task of `scans` and returns the wait on its answer. `Err` only on a panic or
-/// runtime shutdown, when whether its job landed is not known.
-pub fn detach<T, F>(scans: &TaskTracker, scan: F) -> Detached<T>
+/// Runs `scan` in a task of `scans` and returns the wait on its answer; dropping the wait leaves the
+/// scan running. `Err` only on a panic or runtime shutdown, when whether its job landed is not known.
+pub fn detach<T, F>(
+    scans: &TaskTracker,
+    scan: F,
+) -> impl Future<Output = Result<T, JoinError>> + use<T, F>
 where
     T: Send + 'static,
     F: Future<Output = T> + Send + 'static,
 {
-    Detached {
-        task: scans.spawn(scan),
-    }
-}
-
-impl<T> Future for Detached<T> {
-    type Output = Result<T, JoinError>;
-
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        Pin::new(&mut self.task).poll(cx)
-    }
-}
-
-impl<T> Drop for Detached<T> {
-    fn drop(&mut self) {
+    let task = scans.spawn(scan);
+    async move {
         if crate::bug!(DisconnectDropsScan) {
-            self.task.abort();
+            return AbortOnDropHandle::new(task).await;
         }
+        task.await
     }
 }
