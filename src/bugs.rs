@@ -53,27 +53,7 @@ impl Bug {
         Self::RenewalsOnThePrimaryOnly,
         Self::OrphanClaimedAtOnce,
     ];
-}
 
-const fn join<const A: usize, const B: usize, const N: usize>(
-    a: [Bug; A],
-    b: [Bug; B],
-) -> [Bug; N] {
-    assert!(A + B == N, "the lengths add up");
-    let mut out = [Bug::RefundOfUnsentCount; N];
-    let mut i = 0;
-    while i < A {
-        out[i] = a[i];
-        i += 1;
-    }
-    while i < N {
-        out[i] = b[i - A];
-        i += 1;
-    }
-    out
-}
-
-impl Bug {
     /// A later fix that also closes this bug, switched off with it so the first fix still shows.
     pub const fn covered_by(self) -> Option<Self> {
         match self {
@@ -93,6 +73,20 @@ impl Bug {
             )),
         }
     }
+}
+
+const fn join<const A: usize, const B: usize, const N: usize>(
+    a: [Bug; A],
+    b: [Bug; B],
+) -> [Bug; N] {
+    assert!(A + B == N, "the lengths add up");
+    let mut out = [Bug::RefundOfUnsentCount; N];
+    let mut i = 0;
+    while i < N {
+        out[i] = if i < A { a[i] } else { b[i - A] };
+        i += 1;
+    }
+    out
 }
 
 thread_local! {

@@ -178,12 +178,6 @@ impl Attempt {
         }
     }
 
-    /// When the handler's sleep ends: `plan.sleep` after the arrival, so never past the deadline or
-    /// the sleep lease ([`delay::sleep_lease_until`]), whatever the store's latency.
-    pub fn slept_until(&self, plan: &DelayPlan) -> Instant {
-        self.started + plan.sleep
-    }
-
     /// The sleep lease a scan owing a delay asks for; none where it would not sleep (`defer`, no budget
     /// left, `QUOTA_MAX_ASLEEP=0`). Its lease lasts the budget, counted from the arrival.
     pub fn sleep_ask(&self, policy: &Policy, scan_id: Uuid) -> Option<SleepAsk> {

@@ -15,8 +15,7 @@ use crate::io::store::{PaceArgs, QuotaStore};
 use crate::rules::decide::decide;
 use crate::rules::delay::{LoneSleepAsk, SleepLease};
 use crate::rules::pace::Paced;
-use crate::rules::settle::Scan;
-use crate::rules::settle::{self, Charge, DelayRule, Failure};
+use crate::rules::settle::{self, Charge, DelayRule, Failure, Scan};
 use crate::rules::unix::{UnixSecs, duration_ms};
 
 impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
@@ -93,8 +92,7 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
                 levels_ms,
             } => (retry_after_ms, levels_ms),
         };
-        let failure = Failure::BacklogFull;
-        Box::pin(self.apply(attempt, scan, failure)).await;
+        Box::pin(self.apply(attempt, scan, Failure::BacklogFull)).await;
         // Remembered: the subject and each full level until its own retry, never past its reset.
         let until = |ms: u64, reset_at: UnixSecs| {
             let at = scan.received_ms.saturating_add(Duration::from_millis(ms));

@@ -278,8 +278,9 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
             return plan;
         }
         let sleep = async {
+            // From the arrival: never past the deadline or sleep lease, however slow the store.
             tokio::select! {
-                () = tokio::time::sleep_until(attempt.slept_until(&plan)) => plan,
+                () = tokio::time::sleep_until(attempt.started + plan.sleep) => plan,
                 () = self.wake.cancelled() => plan.cut_short(attempt.started.elapsed()),
             }
         };

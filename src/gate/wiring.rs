@@ -90,15 +90,13 @@ impl Gate<AnyStore, AnyQueue> {
 
 impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
     pub fn new(config: Config, store: S, queue: Q, meter: Meter) -> Result<Self, ConfigError> {
-        let identifier = Identifier::new(&config)?;
-        let breaker = Breaker::new(
-            config.store.breaker_failures,
-            config.store.breaker_cool_down,
-        );
         Ok(Self {
-            breaker,
+            identifier: Identifier::new(&config)?,
+            breaker: Breaker::new(
+                config.store.breaker_failures,
+                config.store.breaker_cool_down,
+            ),
             config,
-            identifier,
             store,
             queue,
             meter,

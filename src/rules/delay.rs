@@ -10,7 +10,7 @@ use std::time::Duration;
 use uuid::Uuid;
 
 use crate::rules::modes::DelayMode;
-use crate::rules::unix::UnixMillis;
+use crate::rules::unix::{UnixMillis, duration_ms};
 
 /// The most SQS can hold a message back.
 pub const MAX_QUEUE_DEFERRAL: Duration = Duration::from_secs(900);
@@ -53,7 +53,7 @@ pub fn plan(total: Duration, mode: DelayMode, budget: Duration) -> DelayPlan {
 impl DelayPlan {
     /// The plan of a sleep woken after `slept` (stopping): the rest deferred, the total unchanged.
     pub fn cut_short(self, slept: Duration) -> Self {
-        let slept = Duration::from_millis(u64::try_from(slept.as_millis()).unwrap_or(u64::MAX));
+        let slept = Duration::from_millis(duration_ms(slept));
         plan(self.total, DelayMode::Sleep, self.sleep.min(slept))
     }
 }

@@ -29,6 +29,14 @@ words! {
         Unmetered = "unmetered",
         Exempt = "exempt",
     }
+
+    /// Which line a job waits in at the scanner: within quota, which starts first, or over it.
+    #[derive(Hash, Serialize, Deserialize)]
+    #[serde(rename_all = "lowercase")]
+    Lane {
+        Within = "within",
+        Over = "over",
+    }
 }
 
 impl From<Tier> for JobTier {
@@ -89,16 +97,6 @@ pub struct ScanJob {
     /// A keyed digest of the line that paced an over-quota job; one tenant's jobs share a turn.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tenant: Option<String>,
-}
-
-words! {
-    /// Which line a job waits in at the scanner: within quota, which starts first, or over it.
-    #[derive(Hash, Serialize, Deserialize)]
-    #[serde(rename_all = "lowercase")]
-    Lane {
-        Within = "within",
-        Over = "over",
-    }
 }
 
 impl Lane {

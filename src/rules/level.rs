@@ -224,16 +224,12 @@ pub fn most_severe(
     subject: Decision,
     levels: impl IntoIterator<Item = (LevelName, Decision)>,
 ) -> (LevelName, Decision) {
+    let severity = |(_, d): &(LevelName, Decision)| (d.delay, d.tier as u8);
+    // `max_by_key` keeps its second argument on a tie: the one found first.
+    let worse = |worst, next| std::cmp::max_by_key(next, worst, severity);
     levels
         .into_iter()
-        .fold((LevelName::Subject, subject), |worst, next| {
-            let key = |d: &Decision| (d.delay, d.tier as u8);
-            if key(&next.1) > key(&worst.1) {
-                next
-            } else {
-                worst
-            }
-        })
+        .fold((LevelName::Subject, subject), worse)
 }
 
 #[cfg(test)]

@@ -2,10 +2,11 @@
 //! clock, and no module imports one outside this folder (`tests/it/architecture.rs` checks), so
 //! every rule runs and is tested without a server or a runtime.
 
-/// A closed set of words: the enum, each variant's word (`as_str`, `Display`) and the parse of one
-/// (`FromStr`, naming the words it expected). Attributes before the name go on the enum.
+/// Closed sets of words: each enum, its variants in order (`ALL`), each variant's word (`as_str`,
+/// `Display`) and the parse of one (`FromStr`, naming the words it expected). Attributes before a
+/// name go on its enum.
 macro_rules! words {
-    ($(#[$attr:meta])* $name:ident { $($(#[$vattr:meta])* $variant:ident = $word:literal,)+ }) => {
+    ($($(#[$attr:meta])* $name:ident { $($(#[$vattr:meta])* $variant:ident = $word:literal,)+ })+) => {$(
         $(#[$attr])*
         #[derive(Debug, Clone, Copy, PartialEq, Eq)]
         pub enum $name {
@@ -13,6 +14,8 @@ macro_rules! words {
         }
 
         impl $name {
+            pub const ALL: [Self; [$(Self::$variant),+].len()] = [$(Self::$variant),+];
+
             /// Its word.
             pub const fn as_str(self) -> &'static str {
                 match self {
@@ -40,7 +43,7 @@ macro_rules! words {
                 }
             }
         }
-    };
+    )+};
 }
 pub(crate) use words;
 

@@ -9,27 +9,21 @@ words! {
         /// 24 hours after the first scan.
         Rolling = "rolling",
     }
-}
 
-words! {
     /// Whether the decisions are carried out.
     Mode {
         Enforce = "enforce",
         /// A dry run: counted, decided and metered, but nobody waits or takes a pacing slot.
         Shadow = "shadow",
     }
-}
 
-words! {
     /// What to do when the quota store cannot answer in time.
     FailMode {
         /// Accept the scan without delay and say the quota was not checked.
         Open = "open",
         Closed = "closed",
     }
-}
 
-words! {
     /// Where over-quota delay is spent.
     DelayMode {
         /// Sleep in the handler as far as the gateway allows; defer the rest onto the job.
@@ -37,9 +31,7 @@ words! {
         /// Answer at once; the whole delay holds the queued job back.
         Defer = "defer",
     }
-}
 
-words! {
     /// Whether a subject's over-quota scans are spread out one delay apart.
     Pacing {
         /// `slot_k = max(arrival_k, slot_(k-1)) + D(tier_k)`: a burst is spread out.
@@ -47,17 +39,13 @@ words! {
         /// The seed's fixed per-request delays.
         Off = "off",
     }
-}
 
-words! {
     /// What the start does when the store's `maxmemory-policy` can evict the gate's keys.
     OnEviction {
         Warn = "warn",
         Refuse = "refuse",
     }
-}
 
-words! {
     /// How a connection to the quota Valkey authenticates.
     ValkeyAuth {
         Password = "password",

@@ -68,13 +68,10 @@ pub fn parse_networks(
     if text.eq_ignore_ascii_case("off") {
         return Ok(Vec::new());
     }
-    let mut levels = Vec::new();
+    let mut levels: Vec<NetworkLevel> = Vec::new();
     for item in text.split(',').map(str::trim).filter(|s| !s.is_empty()) {
         let level = parse_level(item, anon, ipv6_prefix)?;
-        if levels
-            .iter()
-            .any(|l: &NetworkLevel| l.network == level.network)
-        {
+        if levels.iter().any(|l| l.network == level.network) {
             return Err(format!("{} is listed twice", level.network));
         }
         levels.push(level);
@@ -123,22 +120,15 @@ fn parse_level(item: &str, anon: NonZeroU32, ipv6_prefix: u8) -> Result<NetworkL
 }
 
 fn parse_limit(text: &str, anon: NonZeroU32) -> Result<NonZeroU32, String> {
-    let (number, times) = match text.strip_suffix(['x', 'X']) {
-        Some(k) => (k, true),
-        None => (text, false),
+    let (number, factor) = match text.strip_suffix(['x', 'X']) {
+        Some(k) => (k, anon),
+        None => (text, NonZeroU32::MIN),
     };
-    let n: u32 = number
+    let n: NonZeroU32 = number
         .parse()
-        .ok()
-        .filter(|n| *n > 0)
-        .ok_or_else(|| format!("{text:?} is not a limit (a whole number ≥ 1, or `<k>x`)"))?;
-    let limit = if times {
-        n.checked_mul(anon.get())
-            .ok_or_else(|| format!("{text:?} × {anon} is too large"))?
-    } else {
-        n
-    };
-    NonZeroU32::new(limit).ok_or_else(|| format!("{text:?} is not a limit"))
+        .map_err(|_| format!("{text:?} is not a limit (a whole number ≥ 1, or `<k>x`)"))?;
+    n.checked_mul(factor)
+        .ok_or_else(|| format!("{text:?} × {anon} is too large"))
 }
 
 /// A limit, in tests.

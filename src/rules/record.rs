@@ -24,51 +24,24 @@ pub fn expires_at(received: UnixMillis) -> UnixSecs {
     UnixSecs(received.secs().get() + IDEMPOTENCY_TTL_SECS)
 }
 
-macro_rules! record_fields {
-    ($($(#[$doc:meta])* $variant:ident = $name:literal,)+) => {
-        /// One field of an idempotency record (a Valkey hash).
-        #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-        pub enum RecordField {
-            $($(#[$doc])* $variant,)+
-        }
-
-        impl RecordField {
-            pub const ALL: &[Self] = &[$(Self::$variant),+];
-
-            /// The hash field's name.
-            pub const fn name(self) -> &'static str {
-                match self {
-                    $(Self::$variant => $name,)+
-                }
-            }
-
-            pub fn parse(name: &str) -> Option<Self> {
-                match name {
-                    $($name => Some(Self::$variant),)+
-                    _ => None,
-                }
-            }
-        }
-    };
-}
-
-record_fields! {
-    State = "state",
-    ScanId = "scanId",
-    Fingerprint = "fp",
-    Received = "received",
-    /// Unix ms until which an attempt holds the key (0: free to take over).
-    Until = "until",
-    /// The count the claim got (0: not counted).
-    Count = "count",
-    /// The counter's expiry (unix s) the claim saw.
-    ResetAt = "resetAt",
-    /// The paced delay (ms), once pacing decided it.
-    DelayMs = "delayMs",
-    Response = "response",
-}
-
 words! {
+    /// One field of an idempotency record (a Valkey hash).
+    RecordField {
+        State = "state",
+        ScanId = "scanId",
+        Fingerprint = "fp",
+        Received = "received",
+        /// Unix ms until which an attempt holds the key (0: free to take over).
+        Until = "until",
+        /// The count the claim got (0: not counted).
+        Count = "count",
+        /// The counter's expiry (unix s) the claim saw.
+        ResetAt = "resetAt",
+        /// The paced delay (ms), once pacing decided it.
+        DelayMs = "delayMs",
+        Response = "response",
+    }
+
     /// Where a keyed scan stands.
     #[derive(Default)]
     RecordState {
@@ -78,10 +51,6 @@ words! {
         /// The job is queued and the answer saved.
         Done = "done",
     }
-}
-
-impl RecordState {
-    pub const ALL: &[Self] = &[Self::Pending, Self::Done];
 }
 
 /// An idempotency record as the store holds it.
@@ -121,7 +90,7 @@ impl Record {
         let mut record = Self::claimed(&Claim::default(), 0, UnixSecs(0));
         let (mut state, mut scan_id) = (None, None);
         for (name, value) in pairs {
-            let Some(field) = RecordField::parse(name) else {
+            let Ok(field) = name.parse::<RecordField>() else {
                 continue;
             };
             match field {
@@ -147,11 +116,7 @@ impl Record {
         let int = || value.parse::<i64>().unwrap_or(0);
         match field {
             RecordField::State => self.state = value.parse().unwrap_or_default(),
-            RecordField::ScanId => {
-                if let Ok(id) = value.parse() {
-                    self.scan_id = id;
-                }
-            }
+            RecordField::ScanId => self.scan_id = value.parse().unwrap_or(self.scan_id),
             RecordField::Fingerprint => value.clone_into(&mut self.fingerprint),
             RecordField::Received => self.received_ms = UnixMillis(int()),
             RecordField::Until => self.lease_until_ms = UnixMillis(int()),
@@ -202,7 +167,7 @@ mod tests {
     fn scripts_use_the_record_names() {
         let names: Vec<&str> = RecordField::ALL
             .iter()
-            .map(|f| f.name())
+            .map(|f| f.as_str())
             .chain(RecordState::ALL.iter().map(|s| s.as_str()))
             .collect();
         let mut seen = std::collections::HashSet::new();
@@ -222,12 +187,12 @@ mod tests {
         for field in RecordField::ALL {
             let written_later = matches!(field, RecordField::Response | RecordField::DelayMs);
             assert!(
-                written_later || quoted(script("claim.lua")).contains(&field.name()),
+                written_later || quoted(script("claim.lua")).contains(&field.as_str()),
                 "claim.lua does not write {}",
-                field.name()
+                field.as_str()
             );
         }
-        assert!(quoted(script("pace.lua")).contains(&RecordField::DelayMs.name()));
+        assert!(quoted(script("pace.lua")).contains(&RecordField::DelayMs.as_str()));
         assert!(seen.contains(RecordState::Pending.as_str()));
     }
 }

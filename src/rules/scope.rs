@@ -13,9 +13,6 @@ words! {
 }
 
 impl Scope {
-    /// Both scopes, in [`Scope::index`] order.
-    pub const ALL: [Self; 2] = [Self::Ip, Self::Tid];
-
     /// Its place in [`Scope::ALL`] (and in per-scope arrays).
     pub const fn index(self) -> usize {
         self as usize

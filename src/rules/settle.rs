@@ -93,10 +93,7 @@ pub fn on_repeat(
 
 /// A take-over's result (`taken`: the store's answer): `None` when won; else come back in a second.
 pub fn on_take_over(taken: Option<bool>) -> Option<u64> {
-    match taken {
-        Some(true) => None,
-        Some(false) | None => Some(1),
-    }
+    (taken != Some(true)).then_some(1)
 }
 
 /// The scan that goes ahead: a fresh one, or one a retry took over from an abandoned attempt.

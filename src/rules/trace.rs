@@ -121,11 +121,9 @@ impl TraceId {
         if rest.len() != 33 || rest[8] != b'-' {
             return None;
         }
-        let time: [u8; 4] = hex(&rest[..8], false)?;
-        let random: [u8; 12] = hex(&rest[9..], false)?;
         let mut bytes = [0u8; 16];
-        bytes[..4].copy_from_slice(&time);
-        bytes[4..].copy_from_slice(&random);
+        hex::decode_to_slice(&rest[..8], &mut bytes[..4]).ok()?;
+        hex::decode_to_slice(&rest[9..], &mut bytes[4..]).ok()?;
         Self::new(bytes)
     }
 }
@@ -292,11 +290,8 @@ impl TraceContext {
             .push(b"Root=")
             .push(self.trace_id.xray().as_str().as_bytes());
         let t = t.push(b";Parent=").hex(&self.parent_id.0);
-        t.push(if self.sampled {
-            b";Sampled=1"
-        } else {
-            b";Sampled=0"
-        })
+        t.push(b";Sampled=")
+            .push(if self.sampled { b"1" } else { b"0" })
     }
 
     /// The `tracestate` to send on, if any.

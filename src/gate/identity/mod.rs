@@ -105,13 +105,9 @@ impl Identifier {
         let client = origin
             .peer
             .map(|peer| ip::client_ip(peer, headers, &self.config.trusted_proxies));
+        let exempt_networks = &self.config.exempt_networks;
         let from_exempt_network = client.is_some_and(|c| {
-            !c.proxy_fallback
-                && self
-                    .config
-                    .exempt_networks
-                    .iter()
-                    .any(|net| net.contains(&c.addr))
+            !c.proxy_fallback && exempt_networks.iter().any(|net| net.contains(&c.addr))
         });
         let client = client.map(|c| c.addr);
         let trusted = self.config.jwt.trust_gateway_claims;

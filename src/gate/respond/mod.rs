@@ -131,18 +131,12 @@ pub fn answer(
     h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
     h.insert(REMAINING, HeaderValue::from(standing.remaining));
     h.insert(RESET, text(reset_at));
-    let lines = levels.iter().map(|l| (l.name, l.standing.limit));
-    h.insert(
-        POLICY,
-        text(&policy(
-            std::iter::once((LevelName::Subject, standing.limit)).chain(lines),
-        )),
-    );
+    let lines = std::iter::once((LevelName::Subject, standing.limit));
+    let lines = lines.chain(levels.iter().map(|l| (l.name, l.standing.limit)));
+    h.insert(POLICY, text(&policy(lines)));
     let (name, least) = fewest_remaining(standing, levels);
-    h.insert(
-        RATELIMIT,
-        text(&ratelimit(name, least.remaining, least.seconds_to_reset)),
-    );
+    let line = ratelimit(name, least.remaining, least.seconds_to_reset);
+    h.insert(RATELIMIT, text(&line));
     if standing.unavailable {
         h.insert(QUOTA_STATE, HeaderValue::from_static("unavailable"));
     }

@@ -60,15 +60,11 @@ pub fn ratelimit(name: LevelName, remaining: u64, seconds_to_reset: u64) -> Stri
 
 /// The line `RateLimit` reports: fewest remaining; on a tie the subject's, then the first level's.
 pub fn fewest_remaining(standing: &Standing, levels: &[LevelStanding]) -> (LevelName, Standing) {
-    levels
-        .iter()
-        .fold((LevelName::Subject, *standing), |least, l| {
-            if l.standing.remaining < least.1.remaining {
-                (l.name, l.standing)
-            } else {
-                least
-            }
-        })
+    let remaining = |(_, s): &(LevelName, Standing)| s.remaining;
+    // `min_by_key` keeps its first argument on a tie: the one found first.
+    let fewer =
+        |least, l: &LevelStanding| std::cmp::min_by_key(least, (l.name, l.standing), remaining);
+    levels.iter().fold((LevelName::Subject, *standing), fewer)
 }
 
 /// Where a subject's quota stands, as every answer's quota headers say it (an exempt caller's too).

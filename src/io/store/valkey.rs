@@ -309,7 +309,7 @@ impl QuotaStore for ValkeyStore {
         let mut pipe = redis::pipe();
         pipe.cmd("HSET").arg(record);
         for (field, value) in fields {
-            pipe.arg(field.name()).arg(value);
+            pipe.arg(field.as_str()).arg(value);
         }
         pipe.ignore()
             .cmd("EXPIRE")

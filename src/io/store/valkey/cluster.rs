@@ -76,7 +76,7 @@ impl ValkeyStore {
         if let Some(record) = args.record {
             let mut cmd = redis::cmd("HSET");
             cmd.arg(record)
-                .arg(RecordField::DelayMs.name())
+                .arg(RecordField::DelayMs.as_str())
                 .arg(delay_ms);
             let _: i64 = self.send(cmd).await?;
         }
