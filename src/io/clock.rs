@@ -67,10 +67,8 @@ pub fn rfc3339(unix_secs: i64) -> String {
 /// RFC 3339 UTC from unix milliseconds, always with three fraction digits (`…:05.000Z`).
 pub fn rfc3339_ms(unix_ms: i64) -> String {
     // `rem_euclid` is in 0..1000, so the cast cannot truncate.
-    utc(
-        unix_ms.div_euclid(1000),
-        Some(unix_ms.rem_euclid(1000) as u32),
-    )
+    let ms = unix_ms.rem_euclid(1000) as u32;
+    utc(unix_ms.div_euclid(1000), Some(ms))
 }
 
 /// `YYYY-MM-DDTHH:MM:SS[.mmm]Z` digit by digit: cheaper than `time`'s general formatter.

@@ -83,11 +83,10 @@ where
         .build();
     let sdk = &sdk.to_builder().timeout_config(timeouts).build();
     let reads = wanted.iter().map(|(var, reference)| async move {
-        let secret = read(reference, sdk)
-            .await
-            .and_then(usable)
-            .map_err(|reason| ConfigError::new(var, format!("{reference}: {reason}")))?;
-        Ok::<_, ConfigError>((*var, secret))
+        match read(reference, sdk).await.and_then(usable) {
+            Ok(secret) => Ok((*var, secret)),
+            Err(reason) => Err(ConfigError::new(var, format!("{reference}: {reason}"))),
+        }
     });
     let secrets = futures_util::future::try_join_all(reads).await?;
     Ok(Resolved {
@@ -160,10 +159,8 @@ where
 {
     match (e.code(), e.message()) {
         (Some(code), Some(message)) => {
-            format!(
-                "{code}: {}",
-                message.split_whitespace().collect::<Vec<_>>().join(" ")
-            )
+            let words: Vec<_> = message.split_whitespace().collect();
+            format!("{code}: {}", words.join(" "))
         }
         (Some(code), None) => code.to_owned(),
         _ => DisplayErrorContext(e).to_string(),

@@ -62,6 +62,7 @@ pub(super) enum Kind {
 }
 
 /// The live connection, as the connector task keeps it.
+#[derive(Default)]
 pub(super) struct Link {
     pub(super) current: watch::Sender<Option<Live>>,
     /// Wakes the connector: the connection broke, or a request waits (skipping the backoff).
@@ -101,7 +102,7 @@ impl Valkey {
         iam: Option<IamSigner>,
         timeout: Duration,
     ) -> Self {
-        let (current, watching) = watch::channel(None);
+        let link = Arc::new(Link::default());
         Self {
             inner: Arc::new(Inner {
                 kind,
@@ -109,13 +110,9 @@ impl Valkey {
                 tls,
                 iam,
                 timeout,
-                link: Arc::new(Link {
-                    current,
-                    wake: Notify::new(),
-                    last_error: std::sync::Mutex::new(None),
-                }),
-                _watching: watching,
-                started: AtomicBool::new(false),
+                _watching: link.current.subscribe(),
+                link,
+                started: AtomicBool::default(),
             }),
         }
     }
@@ -237,10 +234,8 @@ impl Kind {
                     .set_connection_timeout(Some(connect_timeout))
                     .set_response_timeout(None);
                 let config = signed_in(config, iam);
-                let c = client
-                    .get_multiplexed_async_connection_with_config(&config)
-                    .await?;
-                Ok(Connection::Standalone(c))
+                let c = client.get_multiplexed_async_connection_with_config(&config);
+                Ok(Connection::Standalone(c.await?))
             }
             Self::Cluster(client) => Ok(Connection::Cluster(client.get_async_connection().await?)),
         }

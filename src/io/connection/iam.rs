@@ -214,14 +214,11 @@ impl IamSigner {
 
     /// The user and a token, as a connection signs in with them.
     async fn sign_in(&self) -> RedisResult<BasicAuth> {
-        match self.sign().await {
-            Ok(token) => Ok(BasicAuth::new(self.inner.iam.user.clone(), token)),
-            Err(why) => Err(RedisError::from((
-                ErrorKind::AuthenticationFailed,
-                "cannot sign an ElastiCache IAM token",
-                why,
-            ))),
-        }
+        let token = self.sign().await.map_err(|why| {
+            let what = "cannot sign an ElastiCache IAM token";
+            RedisError::from((ErrorKind::AuthenticationFailed, what, why))
+        })?;
+        Ok(BasicAuth::new(self.inner.iam.user.clone(), token))
     }
 
     /// Logs a failed renewal once (until one succeeds).

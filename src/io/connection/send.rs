@@ -85,17 +85,16 @@ fn handed_over(
     mut connection: Connection,
 ) -> Pin<Box<impl Future<Output = (RedisResult<Value>, Request, bool)> + Send>> {
     Box::pin(async move {
-        let (answer, first_poll) = {
+        let mut polls = 0u32;
+        let answer = {
             let mut send = std::pin::pin!(request.send(&mut connection));
-            let mut polls = 0u32;
-            let answer = std::future::poll_fn(|cx| {
+            std::future::poll_fn(|cx| {
                 polls += 1;
                 send.as_mut().poll(cx)
             })
-            .await;
-            (answer, polls == 1)
+            .await
         };
-        (answer, request, first_poll)
+        (answer, request, polls == 1)
     })
 }
 

@@ -79,11 +79,7 @@ impl Valkey {
             root_cert: Some(pem.to_vec()),
         });
         // A bad CA surfaces when the client is built; name the right variable.
-        let var = if tls.is_some() {
-            "VALKEY_TLS_CA"
-        } else {
-            "VALKEY_URL"
-        };
+        let var = ca.map_or("VALKEY_URL", |_| "VALKEY_TLS_CA");
         let bad = |e: RedisError| ConfigError::new(var, e.to_string());
         let kind = if cluster {
             let mut builder = ClusterClient::builder([info.clone()])

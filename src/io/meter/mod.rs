@@ -100,12 +100,12 @@ impl Meter {
     fn with_sink(namespace: &str, sink: Option<Sink>) -> Self {
         let emf = sink.map(|sink| Emf::new(namespace, sink, &[]));
         let register = Handles::new(emf.as_ref());
-        let meter = Self {
+        Self {
             handles: Arc::new(Scope::ALL.map(|scope| ScopeHandles::new(&register, scope))),
             refusals: Arc::default(),
             register,
-        };
-        meter.with_levels(&Levels::default())
+        }
+        .with_levels(&Levels::default())
     }
 
     /// This meter with a series registered at 0 per configured network level, so queries have data.

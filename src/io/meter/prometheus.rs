@@ -15,15 +15,9 @@ pub fn render(handle: &PrometheusHandle) -> String {
 /// Sets [`PROCESS_RSS`] and [`PROCESS_OPEN_FDS`] from `/proc/self` (Linux only); the names are
 /// Prometheus's own process collectors', so stock dashboards find them.
 fn sample_process() {
-    let rss_kib = std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|status| {
-            status
-                .lines()
-                .find_map(|l| l.strip_prefix("VmRSS:"))
-                .and_then(|v| v.split_whitespace().next()?.parse::<u64>().ok())
-        });
-    if let Some(kib) = rss_kib {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let vm_rss = status.lines().find_map(|l| l.strip_prefix("VmRSS:"));
+    if let Some(kib) = vm_rss.and_then(|v| v.split_whitespace().next()?.parse::<u64>().ok()) {
         metrics::gauge!(PROCESS_RSS).set((kib * 1024) as f64);
     }
     if let Ok(fds) = std::fs::read_dir("/proc/self/fd") {

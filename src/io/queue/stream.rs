@@ -35,12 +35,11 @@ const JOB_JSON_CAPACITY: usize = 1024;
 impl StreamQueue {
     pub fn new(valkey: Valkey, key: impl Into<String>) -> Self {
         let key = key.into();
-        let marker_prefix = format!("{}:", tagged(&key));
         Self {
             valkey,
             over_key: lane_key(&key, Lane::Over),
+            marker_prefix: format!("{}:", tagged(&key)),
             key,
-            marker_prefix,
             wait_replicas: 0,
         }
     }
@@ -57,13 +56,9 @@ impl StreamQueue {
             .valkey
             .send_replicated(cmd, self.wait_replicas, SEND_WITHIN)
             .await?;
-        if !replicated {
-            return Err(SendError::Unanswered);
-        }
-        Ok(added)
+        replicated.then_some(added).ok_or(SendError::Unanswered)
     }
 
-    /// The stream of `job`'s lane.
     fn key_of(&self, job: &ScanJob) -> &str {
         match job.lane() {
             Lane::Within => &self.key,
@@ -111,7 +106,6 @@ pub async fn warn_without_persistence(valkey: &Valkey, key: &str) {
     }
 }
 
-/// Whether every node's `INFO persistence` says AOF is on.
 fn aof_everywhere(nodes: &[NodeInfo]) -> bool {
     !nodes.is_empty() && nodes.iter().all(|n| n.field("aof_enabled") == Some("1"))
 }
@@ -136,12 +130,8 @@ impl ScanQueue for StreamQueue {
     async fn enqueue_once(&self, job: &ScanJob, once: Once<'_>) -> Result<Uuid, SendError> {
         let json = Self::json(job)?;
         // Hashed again: the marker's name stays short and says nothing of the subject.
-        let record = Sha256::digest(once.record.as_bytes());
-        let marker = format!(
-            "{}landed:{}",
-            self.marker_prefix,
-            hex::encode(&record[..16])
-        );
+        let record = hex::encode(&Sha256::digest(once.record.as_bytes())[..16]);
+        let marker = format!("{}landed:{record}", self.marker_prefix);
         // The older marker form, by scanId, checked until such markers expire.
         let by_scan_id = format!("{}scan:{}", self.marker_prefix, job.scan_id);
         let mut cmd = eval(LAND, &[self.key_of(job), &marker, &by_scan_id]);

@@ -87,12 +87,9 @@ pub(super) fn level_commands(pipe: &mut redis::Pipeline, key: &QuotaKey, args: &
     }
 }
 
-/// How many replies [`level_commands`] answers.
+/// How many replies [`level_commands`] answers: `EXPIRETIME`'s too under `rolling`.
 pub(super) fn level_width(reset: ResetPolicy) -> usize {
-    match reset {
-        ResetPolicy::UtcDay => 1,
-        ResetPolicy::Rolling => 2,
-    }
+    1 + usize::from(reset == ResetPolicy::Rolling)
 }
 
 /// One count from its `[used, expiry, grant]` reply, read at `now`.
@@ -250,15 +247,11 @@ pub(super) fn paced(reply: &[i64]) -> Paced {
 }
 
 /// A sleep lease asked alone (`take_sleep_lease.lua`).
-pub(super) fn take_lease_script(sleep_lease: &LoneSleepAsk) -> redis::Cmd {
-    let LoneSleepAsk {
-        ask,
-        arrival,
-        wait_ms,
-    } = sleep_lease;
+pub(super) fn take_lease_script(lone: &LoneSleepAsk) -> redis::Cmd {
+    let ask = &lone.ask;
     let mut cmd = eval(TAKE_LEASE, &[ASLEEP_KEY]);
-    cmd.arg(arrival.get())
-        .arg(sleep_lease_until(*arrival, *wait_ms, ask.budget_ms).get())
+    cmd.arg(lone.arrival.get())
+        .arg(sleep_lease_until(lone.arrival, lone.wait_ms, ask.budget_ms).get())
         .arg(ask.max_asleep)
         .arg(ask.id.to_string());
     cmd
@@ -312,14 +305,9 @@ pub(super) fn refund_script(refund: &Refund<'_>, levels: &[(&QuotaKey, UnixSecs)
         periods.push((period_end, u8::from(first_seen)));
     }
     keys.extend(refund.record.map(|(r, _)| r));
+    let scan_id = refund.record.map(|(_, id)| id.to_string());
     let mut cmd = eval(REFUND, &keys);
-    cmd.arg(
-        refund
-            .record
-            .map(|(_, id)| id.to_string())
-            .unwrap_or_default(),
-    )
-    .arg(periods.len());
+    cmd.arg(scan_id.unwrap_or_default()).arg(periods.len());
     for (period_end, first_seen) in periods {
         cmd.arg(period_end.get()).arg(first_seen);
     }

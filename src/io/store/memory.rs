@@ -85,10 +85,8 @@ impl Inner {
     }
 
     fn record(&mut self, key: &str, now: UnixSecs) -> Option<&mut Record> {
-        match self.records.get_mut(key) {
-            Some((record, expires)) if *expires > now => Some(record),
-            _ => None,
-        }
+        let (record, expires) = self.records.get_mut(key)?;
+        (*expires > now).then_some(record)
     }
 
     fn tally(&mut self, args: CountArgs<'_>) -> Tally {
@@ -208,18 +206,12 @@ impl QuotaStore for MemoryStore {
 
     async fn peek(&self, key: &QuotaKey, now: UnixSecs) -> Result<Peek, SendError> {
         let mut inner = self.lock();
-        let grant = inner.grant(key, now);
-        Ok(match inner.live(&key.counter, now) {
-            Some(e) => Peek {
-                used: e.used,
-                reset_at: Some(e.reset_at),
-                slot_ms: Some(e.slot_ms).filter(|s| s.get() > 0),
-                grant,
-            },
-            None => Peek {
-                grant,
-                ..Peek::default()
-            },
+        let e = inner.live(&key.counter, now).copied();
+        Ok(Peek {
+            used: e.map_or(0, |e| e.used),
+            reset_at: e.map(|e| e.reset_at),
+            slot_ms: e.map(|e| e.slot_ms).filter(|s| s.get() > 0),
+            grant: inner.grant(key, now),
         })
     }
 
@@ -327,38 +319,28 @@ impl QuotaStore for MemoryStore {
     }
 
     async fn update_record(&self, update: RecordUpdate<'_>) -> Result<(), SendError> {
-        let RecordUpdate {
-            record,
-            fields,
-            now,
-        } = update;
         let mut inner = self.lock();
-        match inner.records.get_mut(record) {
-            Some((r, expires)) if *expires > now => r.apply(fields),
-            _ => {
-                // As Valkey's HSET: a record whose claim never landed is these fields alone.
-                let mut r = Record::claimed(&Claim::default(), 0, UnixSecs(0));
-                r.apply(fields);
-                inner
-                    .records
-                    .insert(record.to_owned(), (r, now.saturating_add(RECORD_TTL)));
-            }
+        if let Some(r) = inner.record(update.record, update.now) {
+            r.apply(update.fields);
+        } else {
+            // As Valkey's HSET: a record whose claim never landed is these fields alone.
+            let mut r = Record::claimed(&Claim::default(), 0, UnixSecs(0));
+            r.apply(update.fields);
+            let expires = update.now.saturating_add(RECORD_TTL);
+            inner.records.insert(update.record.to_owned(), (r, expires));
         }
         Ok(())
     }
 
     async fn take_over(&self, args: TakeOver<'_>) -> Result<bool, SendError> {
-        let mut inner = self.lock();
-        match inner.record(args.record, args.now) {
-            Some(r)
-                if r.state == RecordState::Pending
-                    && r.lease_until_ms == args.expected_until_ms =>
-            {
-                r.lease_until_ms = args.lease_until_ms;
-                Ok(true)
-            }
-            _ => Ok(false),
+        if let Some(r) = self.lock().record(args.record, args.now)
+            && r.state == RecordState::Pending
+            && r.lease_until_ms == args.expected_until_ms
+        {
+            r.lease_until_ms = args.lease_until_ms;
+            return Ok(true);
         }
+        Ok(false)
     }
 }
 

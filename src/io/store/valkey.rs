@@ -8,7 +8,7 @@
 use redis::Value;
 use uuid::Uuid;
 
-use crate::rules::delay::{LoneSleepAsk, SleepAsk, SleepLease};
+use crate::rules::delay::{LoneSleepAsk, SleepLease};
 use crate::rules::unix::UnixSecs;
 
 use super::commands::{
@@ -138,15 +138,11 @@ impl ValkeyStore {
         }
     }
 
-    /// A sleep lease asked after a cluster's pacing step: none if it cannot be had; the slot stands.
-    async fn sleep_lease_after(
-        &self,
-        ask: SleepAsk,
-        args: &PaceArgs<'_>,
-        delay_ms: u64,
-    ) -> Option<SleepLease> {
+    /// The sleep lease `args` asks for, asked after a cluster's pacing step: none if it cannot be
+    /// had; the slot stands.
+    async fn sleep_lease_after(&self, args: &PaceArgs<'_>, delay_ms: u64) -> Option<SleepLease> {
         let sleep_lease = LoneSleepAsk {
-            ask,
+            ask: args.sleep_ask?,
             arrival: args.arrival_ms,
             wait_ms: delay_ms,
         };
@@ -188,17 +184,16 @@ impl QuotaStore for ValkeyStore {
         // scan, and a failing subject says what each level did.
         let (subject, mut levels) =
             futures_util::join!(self.send::<Vec<Value>>(pipe), self.count_levels(&args));
-        let subject = match subject.and_then(|reply| count_of(&reply, args.now)) {
-            Ok(subject) => subject,
-            Err(error) => {
-                return Err(CountFailed {
-                    error,
-                    levels: Some(levels),
-                });
+        match subject.and_then(|reply| count_of(&reply, args.now)) {
+            Ok(subject) => {
+                in_subject_period(&mut levels, &subject, &args);
+                Ok(Tally { subject, levels })
             }
-        };
-        in_subject_period(&mut levels, &subject, &args);
-        Ok(Tally { subject, levels })
+            Err(error) => Err(CountFailed {
+                error,
+                levels: Some(levels),
+            }),
+        }
     }
 
     async fn peek(&self, key: &QuotaKey, _now: UnixSecs) -> Result<Peek, SendError> {
@@ -256,28 +251,20 @@ impl QuotaStore for ValkeyStore {
             ..args
         };
         let reply: Vec<i64> = self.send(pace_script(&lanes, &step)).await?;
-        match paced(&reply) {
-            Paced::Full {
-                retry_after_ms,
-                levels_ms,
-            } => Ok(Paced::Full {
-                retry_after_ms,
-                levels_ms: spread_excess(args.levels, levels_ms),
-            }),
+        let mut answer = paced(&reply);
+        match &mut answer {
+            Paced::Full { levels_ms, .. } => {
+                *levels_ms = spread_excess(args.levels, std::mem::take(levels_ms));
+            }
             Paced::Slot {
                 delay_ms,
                 sleep_lease,
-            } => {
-                let sleep_lease = match args.sleep_ask {
-                    Some(ask) if cluster => self.sleep_lease_after(ask, &args, delay_ms).await,
-                    _ => sleep_lease,
-                };
-                Ok(Paced::Slot {
-                    delay_ms,
-                    sleep_lease,
-                })
+            } if cluster => {
+                *sleep_lease = self.sleep_lease_after(&args, *delay_ms).await;
             }
+            Paced::Slot { .. } => {}
         }
+        Ok(answer)
     }
 
     async fn take_sleep_lease(&self, sleep_lease: LoneSleepAsk) -> Result<SleepLease, SendError> {

@@ -81,13 +81,9 @@ impl ValkeyStore {
             let _: i64 = self.send(cmd).await?;
         }
         // The sleep leases live in a slot of their own: asked once the wait is known.
-        let sleep_lease = match args.sleep_ask {
-            Some(ask) => self.sleep_lease_after(ask, args, delay_ms).await,
-            None => None,
-        };
         Ok(Paced::Slot {
             delay_ms,
-            sleep_lease,
+            sleep_lease: self.sleep_lease_after(args, delay_ms).await,
         })
     }
 
@@ -112,10 +108,9 @@ impl ValkeyStore {
                 };
                 self.send::<i64>(refund_script(&level, &[]))
             });
-            for result in futures_util::future::join_all(refunds).await {
-                if let Err(e) = result {
-                    tracing::warn!(error = %e, "could not take a level's count back");
-                }
+            let results = futures_util::future::join_all(refunds).await;
+            for e in results.into_iter().filter_map(Result::err) {
+                tracing::warn!(error = %e, "could not take a level's count back");
             }
         }
         subject.map(drop)
