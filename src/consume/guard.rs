@@ -55,9 +55,8 @@ fn kill_descendants(scanner: Option<Pid>) {
             // A child that called `setsid` leads a group of its own.
             let _ = kill_process_group(child, Signal::KILL);
         }
-        match wait(WaitOptions::empty()) {
-            Ok(_) | Err(Errno::INTR) => {}
-            Err(_) => return, // ECHILD: none left.
+        if wait(WaitOptions::empty()).is_err_and(|e| e != Errno::INTR) {
+            return; // ECHILD: none left.
         }
     }
 }
@@ -130,10 +129,7 @@ async fn guard(command: &str) -> ExitCode {
     // The scanner leads its group: its pid is the group's id.
     let group = pid_of(&scanner);
     let code = tokio::select! {
-        status = scanner.wait() => match status {
-            Ok(status) => exit_code(status),
-            Err(_) => 125,
-        },
+        status = scanner.wait() => status.map_or(125, exit_code),
         _ = term.recv() => kill_all_and_exit(group),
         _ = hup.recv() => kill_all_and_exit(group),
         _ = int.recv() => kill_all_and_exit(group),

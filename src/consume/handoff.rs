@@ -89,12 +89,10 @@ impl Scanner for Handoff {
     async fn run<H: Sync>(&self, a: Attempt<'_, H>, stop: impl StopSignal) -> Result<(), Ended> {
         match self {
             Self::Exec { command, env } => exec(command, env, a.delivery, a.number, stop).await,
-            Self::Post(target) => {
-                tokio::select! {
-                    done = target.send(a.delivery, a.number) => done.map_err(Ended::Failed),
-                    why = stop => Err(Ended::Stopped(why)),
-                }
-            }
+            Self::Post(target) => tokio::select! {
+                done = target.send(a.delivery, a.number) => done.map_err(Ended::Failed),
+                why = stop => Err(Ended::Stopped(why)),
+            },
         }
     }
 }
@@ -151,11 +149,11 @@ async fn exec<H>(
         .envs(env.iter().map(|(k, v)| (k, v)))
         .env("SCAN_ID", d.job.scan_id.to_string())
         .env("SCAN_ATTEMPT", attempt.to_string())
-        .env("IMAGE", d.job.image().unwrap_or_default());
+        .env("IMAGE", d.job.image().unwrap_or_default())
+        .stdin(Stdio::piped())
+        .process_group(0);
     trace_env(&mut child, d.job.trace.as_ref());
     let mut child = child
-        .stdin(Stdio::piped())
-        .process_group(0)
         .spawn()
         .map_err(|e| Ended::Failed(format!("cannot run the scanner: {e}")))?;
     let mut guard = Guard(super::guard::pid_of(&child));
@@ -187,19 +185,16 @@ async fn exec<H>(
 
 /// The job's trace in the scanner's environment; without one, the consumer's own is removed.
 fn trace_env(command: &mut tokio::process::Command, trace: Option<&TraceContext>) {
-    let Some(trace) = trace else {
-        for name in [TRACEPARENT_ENV, TRACESTATE_ENV, XRAY_ENV] {
-            command.env_remove(name);
-        }
-        return;
-    };
+    for name in [TRACEPARENT_ENV, TRACESTATE_ENV, XRAY_ENV] {
+        command.env_remove(name);
+    }
+    let Some(trace) = trace else { return };
     command
         .env(TRACEPARENT_ENV, trace.traceparent().as_str())
         .env(XRAY_ENV, trace.xray_header().as_str());
-    match trace.tracestate() {
-        Some(state) => command.env(TRACESTATE_ENV, state),
-        None => command.env_remove(TRACESTATE_ENV),
-    };
+    if let Some(state) = trace.tracestate() {
+        command.env(TRACESTATE_ENV, state);
+    }
 }
 
 /// How a hand-off ended, as [`schedule::after_hand_off`] takes it.

@@ -74,9 +74,8 @@ pub fn durable_claim(
     mine: u64,
     durable: bool,
 ) -> Result<MarkerClaim, ConsumeError> {
-    let renewal = mine > 0;
     match claim {
-        MarkerClaim::Claimed(_) if renewal && crate::bug!(RenewalsOnThePrimaryOnly) => Ok(claim),
+        MarkerClaim::Claimed(_) if mine > 0 && crate::bug!(RenewalsOnThePrimaryOnly) => Ok(claim),
         MarkerClaim::Claimed(_) if !durable => {
             Err(ConsumeError::NotReplicated("the attempt's claim"))
         }
@@ -213,10 +212,10 @@ impl MarkerStore for Markers {
                 let mut local = lock(local);
                 local.markers.entry(scan).or_insert((Marker::Free, 0)).0 = Marker::Done;
                 local.done.push_back(scan);
-                while local.done.len() > LOCAL_DONE {
-                    if let Some(old) = local.done.pop_front() {
-                        local.markers.remove(&old);
-                    }
+                while local.done.len() > LOCAL_DONE
+                    && let Some(old) = local.done.pop_front()
+                {
+                    local.markers.remove(&old);
                 }
                 Ok(())
             }
@@ -229,11 +228,8 @@ impl MarkerStore for Markers {
                 let (marker, _) = Self::keys(tag, scan);
                 let mut cmd = crate::io::store::valkey::eval(RELEASE, &[&marker]);
                 cmd.arg(token).arg(DONE_TTL_SECS);
-                valkey
-                    .send::<i64>(cmd, valkey.timeout())
-                    .await
-                    .map(drop)
-                    .map_err(ConsumeError::from)
+                valkey.send::<i64>(cmd, valkey.timeout()).await?;
+                Ok(())
             }
             Self::Local(local) => {
                 let mut local = lock(local);

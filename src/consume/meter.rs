@@ -156,8 +156,7 @@ impl ConsumeMeter {
             self.handles.counter(event.metric(), &source).increment(1);
             self.held(0);
             if let Event::Started { lateness_ms, lane } = event {
-                let lane_labels = self.lane(lane);
-                let lateness = self.handles.histogram(LATENESS_MS, &lane_labels);
+                let lateness = self.handles.histogram(LATENESS_MS, &self.lane(lane));
                 lateness.record(lateness_ms as f64);
                 self.waiting_by(lane, 0);
             }

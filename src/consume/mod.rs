@@ -119,38 +119,37 @@ pub async fn run(
     };
     match target {
         QueueTarget::Spool => {
-            let journal = parts.args.journal.as_deref();
-            let open = source::stdin::StdinSource::open(journal).await;
+            let open = source::stdin::StdinSource::open(parts.args.journal.as_deref()).await;
             let (source, started) = open.map_err(|e| e.to_string())?;
             let (markers, clock) = (Markers::local_after(started), QueueClock::local(LOCAL));
             parts
                 .drive(vec![source], markers, clock, None, shutdown)
                 .await
         }
-        QueueTarget::ValkeyStream(key) => {
-            let ops = ops.ok_or(NO_VALKEY)?;
-            parts.run_stream(&key, ops, shutdown).await
-        }
+        QueueTarget::ValkeyStream(key) => parts.run_stream(&key, ops, shutdown).await,
         QueueTarget::Sqs(url) => parts.run_sqs(&url, ops, shutdown).await,
     }
 }
 
 impl Parts {
-    /// Starts the store's eviction watch: an evicting store loses jobs and markers too.
-    async fn watch_store(&self, ops: &Valkey) -> Result<Watch, String> {
+    /// Starts the store's eviction watch, if any: an evicting store loses jobs and markers too.
+    async fn watch_store(&self, ops: Option<&Valkey>) -> Result<Option<Watch>, String> {
+        let Some(ops) = ops else { return Ok(None) };
         let emf = (!self.args.no_emf).then(|| Sink::Background(LineWriter::stdout(), None));
         let meter = StoreMeter::new(&self.config.metrics_namespace, Process::Consume, emf);
-        crate::io::eviction_watch::start(ops, &self.config.store, meter).await
+        let watch = crate::io::eviction_watch::start(ops, &self.config.store, meter).await?;
+        Ok(Some(watch))
     }
 
     /// [`Parts::drive`] on the stream `key`'s two lanes ([`lane_key`]).
     async fn run_stream(
         self,
         key: &str,
-        ops: Valkey,
+        ops: Option<Valkey>,
         shutdown: impl Future<Output = ()> + Send + 'static,
     ) -> Result<(), String> {
-        let watch = self.watch_store(&ops).await?;
+        let ops = ops.ok_or(NO_VALKEY)?;
+        let watch = self.watch_store(Some(&ops)).await?;
         let (a, consumer) = (&self.args, &self.args.consumer_name());
         let mut sources = Vec::new();
         for lane in [Lane::Within, Lane::Over] {
@@ -163,8 +162,7 @@ impl Parts {
         crate::io::queue::stream::warn_without_persistence(&ops, key).await;
         let markers = Markers::valkey(ops.clone(), key, wait_replicas(&self.config));
         let clock = QueueClock::new(LOCAL, Some(ops));
-        self.drive(sources, markers, clock, Some(watch), shutdown)
-            .await
+        self.drive(sources, markers, clock, watch, shutdown).await
     }
 
     /// [`Parts::drive`] on the SQS queue `url` (and its over lane), with markers and clock on `ops`
@@ -181,10 +179,7 @@ impl Parts {
         let sources = lanes
             .map(|url| source::sqs::SqsSource::new(&sdk, url, self.args.lease))
             .collect();
-        let watch = match &ops {
-            Some(ops) => Some(self.watch_store(ops).await?),
-            None => None,
-        };
+        let watch = self.watch_store(ops.as_ref()).await?;
         let alone =
             "this process only; a message SQS delivers twice to two consumers may run twice";
         let (markers, clock) = sqs_markers(ops, url, &self.config, alone);

@@ -26,15 +26,12 @@ impl Post {
     /// `--post`'s URL (`http://` or `https://host[:port]/path`) and `--post-ca`'s file, if any.
     pub fn new(url: &str, ca: Option<&Path>) -> Result<Self, String> {
         let uri: http::Uri = url.parse().map_err(|e| format!("--post {url}: {e}"))?;
-        let https = match (uri.scheme_str(), uri.host()) {
-            (Some("http"), Some(_)) => false,
-            (Some("https"), Some(_)) => true,
-            _ => {
-                return Err(format!(
-                    "--post {url}: expected an http:// or https://host[:port]/path URL"
-                ));
-            }
+        let (Some(scheme @ ("http" | "https")), Some(_)) = (uri.scheme_str(), uri.host()) else {
+            return Err(format!(
+                "--post {url}: expected an http:// or https://host[:port]/path URL"
+            ));
         };
+        let https = scheme == "https";
         if ca.is_some() && !https {
             return Err("--post-ca is for an https:// --post".into());
         }

@@ -106,22 +106,18 @@ pub fn after_hand_off(
     policy: &RetryPolicy,
     lease: Duration,
 ) -> Next {
-    let failed = |failures: u32| {
-        let failures = failures.saturating_add(1);
-        if failures >= policy.max_attempts.get() {
-            Next::ReleaseThenDeadLetter { failures }
-        } else {
-            Next::ReleaseThenRetry {
-                failures,
-                after: policy.backoff(failures),
-            }
-        }
-    };
     match ended {
         HandOff::Took => Next::MarkDoneThenAck,
         HandOff::Stopped(Stop::LeaseLost) => Next::ReleaseIfMineThenLater(come_back(lease)),
         HandOff::Stopped(Stop::Shutdown) => Next::ReleaseThenGiveBack,
-        HandOff::Refused | HandOff::Stopped(Stop::Timeout) => failed(failures),
+        HandOff::Refused | HandOff::Stopped(Stop::Timeout) => {
+            let failures = failures.saturating_add(1);
+            if failures >= policy.max_attempts.get() {
+                return Next::ReleaseThenDeadLetter { failures };
+            }
+            let after = policy.backoff(failures);
+            Next::ReleaseThenRetry { failures, after }
+        }
     }
 }
 
@@ -176,10 +172,7 @@ pub fn claim(
         Marker::Held { token: t, until } if *until > now => Some(t.as_str()),
         _ => None,
     };
-    let kept_out = match marker {
-        Marker::Orphaned { until } => *until > now,
-        _ => false,
-    };
+    let kept_out = matches!(marker, Marker::Orphaned { until } if *until > now);
     if live_holder.is_some_and(|t| t != token)
         || (mine > 0 && mine != attempts)
         || (mine == 0 && kept_out)
@@ -187,21 +180,14 @@ pub fn claim(
         return (marker.clone(), attempts, MarkerClaim::Busy);
     }
     let run_out = matches!(marker, Marker::Held { .. }) && live_holder.is_none();
+    let until = now.saturating_add(lease);
     if mine == 0 && run_out && !crate::bug!(OrphanClaimedAtOnce) {
-        let orphaned = Marker::Orphaned {
-            until: now.saturating_add(lease),
-        };
-        return (orphaned, attempts, MarkerClaim::Busy);
+        return (Marker::Orphaned { until }, attempts, MarkerClaim::Busy);
     }
-    let number = if mine > 0 || live_holder == Some(token) {
-        attempts
-    } else {
-        attempts + 1
-    };
-    let held = Marker::Held {
-        token: token.to_owned(),
-        until: now.saturating_add(lease),
-    };
+    let new_attempt = mine == 0 && live_holder != Some(token);
+    let number = if new_attempt { attempts + 1 } else { attempts };
+    let token = token.to_owned();
+    let held = Marker::Held { token, until };
     (held, number, MarkerClaim::Claimed(number))
 }
 

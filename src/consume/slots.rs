@@ -53,11 +53,8 @@ impl State {
                 let waiter = self.within.pop_front();
                 // The share is owed only while the within line never empties: a within-quota job
                 // that finds it empty starts next.
-                self.since_over = if self.within.is_empty() || self.over.is_empty() {
-                    0
-                } else {
-                    self.since_over + 1
-                };
+                let both_wait = !self.within.is_empty() && !self.over.is_empty();
+                self.since_over = if both_wait { self.since_over + 1 } else { 0 };
                 waiter
             }
             Lane::Over => {
@@ -78,9 +75,7 @@ impl State {
             Lane::Within => self.within.push_back(waiter),
             Lane::Over => match self.over.iter_mut().find(|(t, _)| t == tenant) {
                 Some((_, line)) => line.push_back(waiter),
-                None => self
-                    .over
-                    .push_back((tenant.to_owned(), VecDeque::from([waiter]))),
+                None => self.over.push_back((tenant.to_owned(), [waiter].into())),
             },
         }
     }
@@ -140,16 +135,12 @@ impl RunSlots {
     /// A slot given back: to the next waiter the rule picks, or free.
     fn release(self: &Arc<Self>) {
         loop {
-            let waiter = {
-                let mut state = lock(&self.state);
-                match state.next(self.over_every) {
-                    Some(waiter) => waiter,
-                    None => {
-                        state.free += 1;
-                        return;
-                    }
-                }
+            let mut state = lock(&self.state);
+            let Some(waiter) = state.next(self.over_every) else {
+                state.free += 1;
+                return;
             };
+            drop(state);
             match waiter.send(Slot(self.clone())) {
                 Ok(()) => return,
                 // Its job stopped waiting: on to the next, without `Drop` releasing it twice.

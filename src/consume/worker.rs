@@ -95,18 +95,21 @@ impl<S: JobSource, X: Scanner, M: MarkerStore> Worker<S, X, M> {
                 self.source.give_back(&d, Duration::ZERO).await;
                 return Break(());
             };
-            let Some(claim) = self.claim(&d, &token).await else {
-                drop(slot);
-                tokio::time::sleep(STORE_RETRY).await;
-                continue;
-            };
-            let number = match claim {
-                MarkerClaim::Claimed(number) => number,
-                MarkerClaim::Done | MarkerClaim::Gone => return self.let_go(&d, claim).await,
-                MarkerClaim::Busy => {
+            let number = match self.markers.claim(self.ask(&d, &token, 0)).await {
+                Ok(MarkerClaim::Claimed(number)) => number,
+                Ok(claim @ (MarkerClaim::Done | MarkerClaim::Gone)) => {
+                    return self.let_go(&d, claim).await;
+                }
+                Ok(MarkerClaim::Busy) => {
                     drop(slot);
                     let after = schedule::come_back(self.lease);
                     self.later(&d, after, Held::Otherwise).await?;
+                    continue;
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot claim a scan's marker; trying again");
+                    drop(slot);
+                    tokio::time::sleep(STORE_RETRY).await;
                     continue;
                 }
             };
@@ -136,13 +139,6 @@ impl<S: JobSource, X: Scanner, M: MarkerStore> Worker<S, X, M> {
         }
         self.ack(d).await;
         Break(())
-    }
-
-    /// Claims `d`'s marker for a new attempt under `token`; `None` if Valkey did not answer.
-    async fn claim(&self, d: &Delivery<S::Handle>, token: &str) -> Option<MarkerClaim> {
-        let claim = self.markers.claim(self.ask(d, token, 0)).await;
-        let warn = |e: &_| tracing::warn!(error = %e, "cannot claim a scan's marker; trying again");
-        claim.inspect_err(warn).ok()
     }
 
     /// `token`'s claim of `d`'s marker: a new attempt (`mine` 0) names the stream entry it checks
@@ -179,8 +175,7 @@ impl<S: JobSource, X: Scanner, M: MarkerStore> Worker<S, X, M> {
             *failures = n;
         }
         self.record_end(d, run, ended, *failures);
-        let scan = d.job.scan_id;
-        let release = || self.markers.release(scan, run.token);
+        let release = || self.markers.release(d.job.scan_id, run.token);
         match next {
             Next::MarkDoneThenAck => {
                 self.mark_done(d, run).await;
@@ -294,8 +289,7 @@ impl<S: JobSource, X: Scanner, M: MarkerStore> Worker<S, X, M> {
             return;
         }
         let done = self.until_ok("mark done", || self.markers.done(scan));
-        let renewing = Some((run.token, run.number));
-        self.renewing(d, renewing, done).await;
+        self.renewing(d, Some((run.token, run.number)), done).await;
     }
 
     /// Acknowledges `d`, trying for one lease at most: a redelivery then finds its done marker.
@@ -314,11 +308,10 @@ impl<S: JobSource, X: Scanner, M: MarkerStore> Worker<S, X, M> {
         Fut: Future<Output = Result<(), ConsumeError>>,
     {
         let mut killing = self.killing.clone();
-        let give_up = async {
+        let mut give_up = std::pin::pin!(async {
             let _ = killing.wait_for(|k| *k).await;
             tokio::time::sleep(LAST_TRIES).await;
-        };
-        let mut give_up = std::pin::pin!(give_up);
+        });
         loop {
             let e = tokio::select! {
                 done = op() => match done {

@@ -71,11 +71,10 @@ impl Input {
         let spawned = std::thread::Builder::new()
             .name("stdin".into())
             .spawn(move || read_into(open(), &tx, &theirs));
-        let thread = spawned
-            .inspect_err(|e| {
-                tracing::error!(error = %e, "cannot start the thread that reads standard input");
-            })
-            .ok();
+        let failed = |e: &_| {
+            tracing::error!(error = %e, "cannot start the thread that reads standard input");
+        };
+        let thread = spawned.inspect_err(failed).ok();
         Self::Thread(ThreadLines { rx, hand, thread })
     }
 
@@ -131,15 +130,13 @@ impl PipeLines {
 /// Reads the rest of `line` byte by byte, so nothing after its `\n` is taken. Cancel-safe.
 async fn finish_line(rx: &mut pipe::Receiver, line: &mut Vec<u8>) -> io::Result<()> {
     let mut byte = [0u8];
-    loop {
-        if rx.read(&mut byte).await? == 0 {
-            return Ok(());
-        }
+    while rx.read(&mut byte).await? > 0 {
         line.push(byte[0]);
         if byte[0] == b'\n' {
-            return Ok(());
+            break;
         }
     }
+    Ok(())
 }
 
 impl ThreadLines {
@@ -173,8 +170,7 @@ fn read_into(mut input: impl BufRead, tx: &mpsc::Sender<io::Result<String>>, han
         buf.clear();
         let line = match input.read_until(b'\n', &mut buf) {
             Ok(0) => return,
-            Ok(_) => Ok(text(&buf)),
-            Err(e) => Err(e),
+            read => read.map(|_| text(&buf)),
         };
         let failed = line.is_err();
         if let Err(mpsc::error::SendError(Ok(line))) = tx.blocking_send(line) {

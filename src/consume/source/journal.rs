@@ -141,14 +141,13 @@ fn unfinished(text: &str) -> Replay {
         .filter(|d| !done.contains(&d.job.scan_id) && seen.insert(d.job.scan_id))
         .collect();
     let mut started = HashMap::new();
-    for s in text
+    let starts = text
         .lines()
-        .filter_map(|l| serde_json::from_str::<Started>(l).ok())
-    {
-        if seen.contains(&s.started) && !done.contains(&s.started) {
-            let n: &mut u64 = started.entry(s.started).or_default();
-            *n = (*n).max(s.attempt);
-        }
+        .filter_map(|l| serde_json::from_str::<Started>(l).ok());
+    // `seen` holds only unfinished jobs.
+    for s in starts.filter(|s| seen.contains(&s.started)) {
+        let n: &mut u64 = started.entry(s.started).or_default();
+        *n = (*n).max(s.attempt);
     }
     Replay { jobs, started }
 }

@@ -61,9 +61,8 @@ impl SqsSource {
             .map_err(sdk_err)?;
         let mut out = Vec::new();
         for m in received.messages.unwrap_or_default() {
-            let id = m.message_id.unwrap_or_default();
             if let (Some(body), Some(receipt)) = (m.body, m.receipt_handle) {
-                out.extend(read(body, &id, receipt));
+                out.extend(read(body, &m.message_id.unwrap_or_default(), receipt));
             }
         }
         Ok(out)

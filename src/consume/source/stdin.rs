@@ -71,16 +71,14 @@ impl StdinSource {
         if let Some(d) = lock(&self.ahead).read.clone() {
             return Ok(Some(d));
         }
-        loop {
-            let Some(line) = self.read_line().await? else {
-                return Ok(None);
-            };
+        while let Some(line) = self.read_line().await? {
             if let Some(d) = Delivery::of_spool_line(line) {
                 // No await since the read: a cancelled read took no line or left it here.
                 lock(&self.ahead).read = Some(d.clone());
                 return Ok(Some(d));
             }
         }
+        Ok(None)
     }
 
     /// While stopping: the job `d` (if any) journaled or written back, and added to `out`.

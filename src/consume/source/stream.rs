@@ -83,11 +83,9 @@ impl StreamSource {
 
     /// Entries a dead consumer left (every half lease), else new ones.
     async fn read(&self, max: usize) -> Result<Vec<Delivery<String>>, ConsumeError> {
-        if let Some(cursor) = self.reclaim_due() {
-            let reclaimed = self.reclaim(&cursor, max).await?;
-            if !reclaimed.is_empty() {
-                return Ok(reclaimed);
-            }
+        let reclaimed = self.reclaim(max).await?;
+        if !reclaimed.is_empty() {
+            return Ok(reclaimed);
         }
         let options = StreamReadOptions::default()
             .group(&self.group, &self.consumer)
@@ -108,24 +106,19 @@ impl StreamSource {
         Ok(self.deliveries(entries).await)
     }
 
-    /// The cursor to reclaim from, if half a lease has passed since the last time.
-    fn reclaim_due(&self) -> Option<String> {
-        let mut state = lock(&self.reclaim);
-        let due = state.last.is_none_or(|at| at.elapsed() >= self.lease / 2);
-        due.then(|| {
+    /// `XAUTOCLAIM` from where the last one ended, if half a lease has passed since it ran.
+    async fn reclaim(&self, max: usize) -> Result<Vec<Delivery<String>>, ConsumeError> {
+        let cursor = {
+            let mut state = lock(&self.reclaim);
+            if state.last.is_some_and(|at| at.elapsed() < self.lease / 2) {
+                return Ok(Vec::new());
+            }
             state.last = Some(Instant::now());
             state.cursor.clone()
-        })
-    }
-
-    async fn reclaim(
-        &self,
-        cursor: &str,
-        max: usize,
-    ) -> Result<Vec<Delivery<String>>, ConsumeError> {
+        };
         let (key, group, consumer) = (&self.key, &self.group, &self.consumer);
         let options = StreamAutoClaimOptions::default().count(max);
-        let cmd = Cmd::xautoclaim_options(key, group, consumer, ms(self.lease), cursor, options);
+        let cmd = Cmd::xautoclaim_options(key, group, consumer, ms(self.lease), &cursor, options);
         let reply: StreamAutoClaimReply = self.call(cmd).await?;
         lock(&self.reclaim).cursor = reply.next_stream_id.clone();
         if !reply.claimed.is_empty() {
