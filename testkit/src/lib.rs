@@ -228,11 +228,16 @@ impl ValkeyServer {
         format!("redis://127.0.0.1:{}", self.port)
     }
 
-    /// A plain client connection for assertions.
+    /// A plain client connection for assertions, patient where redis-rs's
+    /// defaults (1 s to connect, 500 ms an answer) are not: a loaded test
+    /// machine, or a server just resumed, can take longer to answer.
     pub async fn client(&self) -> redis::aio::MultiplexedConnection {
+        let patient = redis::AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(Duration::from_secs(10)))
+            .set_response_timeout(Some(Duration::from_secs(10)));
         redis::Client::open(self.url())
             .unwrap()
-            .get_multiplexed_async_connection()
+            .get_multiplexed_async_connection_with_config(&patient)
             .await
             .unwrap()
     }
