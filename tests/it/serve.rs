@@ -81,13 +81,14 @@ fn block_on<F: std::future::Future>(future: F) -> F::Output {
     tokio::runtime::Runtime::new().unwrap().block_on(future)
 }
 
-/// A health check that must answer quickly.
+/// A health check that must answer quickly: within 5 s, which a loaded
+/// test machine's scheduling alone can take 2 s of.
 fn assert_healthy(addr: SocketAddr) {
     let started = Instant::now();
     let health = http(addr, &request("GET", "/healthz"));
     assert!(health.starts_with("HTTP/1.1 200"), "{health}");
     assert!(
-        started.elapsed() < Duration::from_secs(2),
+        started.elapsed() < Duration::from_secs(5),
         "/healthz took {:?}",
         started.elapsed()
     );
