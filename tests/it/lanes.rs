@@ -13,10 +13,11 @@
 //! the over lane still gets its share (one start in `--over-every`), its
 //! tenants in turn.
 //!
-//! The scenarios run beside the other tests: a dwell's bound keeps a quarter
+//! The scenarios run one at a time: a flood of thousands of scans loads a
+//! 2-core machine enough to crowd another scenario's dwells and the flood
+//! tests of `serve` running beside it. A dwell's bound keeps a quarter
 //! second of slack for a loaded machine, and a round is counted in starts,
-//! not timed. The two stream floods run one after the other, in one test,
-//! so the larger one's flood does not crowd the smaller one's dwells.
+//! not timed.
 
 use quota_gate_testkit as common;
 
@@ -35,6 +36,9 @@ use quota_gate::io::meter::Meter;
 use quota_gate::io::queue::sqs::SqsQueue;
 use quota_gate::io::store::valkey::ValkeyStore;
 use serde_json::{Value, json};
+
+/// One scenario at a time.
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 /// The gate's settings in every scenario: one scan a day within quota, the
 /// next 100 over it 1 s apart, deferred onto the queue.
@@ -270,6 +274,7 @@ async fn on_a_stream(flood: Flood) {
 /// the other.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn within_quota_starts_at_once_at_a_busy_scanner() {
+    let _one = ONE_AT_A_TIME.lock().await;
     for (noisy, scan_ms) in [(40, 200), (160, 50)] {
         on_a_stream(Flood {
             noisy,
@@ -285,6 +290,7 @@ async fn within_quota_starts_at_once_at_a_busy_scanner() {
 /// (`--from`, `--from-over`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn within_quota_starts_at_once_at_a_busy_scanner_on_sqs() {
+    let _one = ONE_AT_A_TIME.lock().await;
     let moto = MotoServer::start();
     let valkey = ValkeyServer::start();
     let within_url = moto.create_queue("scans").await;
@@ -330,6 +336,7 @@ async fn within_quota_starts_at_once_at_a_busy_scanner_on_sqs() {
 /// gets one start in `--over-every` (4) while both wait, its tenants in turn.
 #[tokio::test(flavor = "multi_thread")]
 async fn the_over_lane_keeps_its_share_when_within_quota_work_saturates() {
+    let _one = ONE_AT_A_TIME.lock().await;
     let rig = StreamRig::start();
     let due = now_ms();
     let within: Vec<Value> = (0..40).map(|_| job(due)).collect();
