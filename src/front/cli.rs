@@ -179,8 +179,9 @@ static STDERR: std::sync::OnceLock<LineWriter> = std::sync::OnceLock::new();
 fn init_tracing(command: &Command, format: crate::LogFormat) {
     match command {
         Command::Serve => {
-            let stderr = LineWriter::spawn("stderr", Box::new(std::io::stderr()), LINE_QUEUE);
-            let _ = STDERR.set(stderr.clone());
+            let stderr = STDERR.get_or_init(|| {
+                LineWriter::spawn("stderr", Box::new(std::io::stderr()), LINE_QUEUE)
+            });
             crate::init_tracing_with(format, move || LogLine(stderr.clone()));
         }
         _ => crate::init_tracing(format),

@@ -149,7 +149,8 @@ impl Attempt {
     }
 
     /// How a fresh scan's `delay` is spent: what fits the sleep budget in the handler if the scan
-    /// took a sleep lease, the rest deferred. Both count from the arrival, not from the store's answers.
+    /// took a sleep lease, the rest deferred. Both count from the arrival, not from the store's
+    /// answers.
     pub fn plan(
         &self,
         delay: Duration,
@@ -178,8 +179,8 @@ impl Attempt {
         }
     }
 
-    /// The sleep lease a scan owing a delay asks for; none where it would not sleep (`defer`, no budget
-    /// left, `QUOTA_MAX_ASLEEP=0`). Its lease lasts the budget, counted from the arrival.
+    /// The sleep lease a scan owing a delay asks for; none where it would not sleep (`defer`, no
+    /// budget left, `QUOTA_MAX_ASLEEP=0`). Its lease lasts the budget, counted from the arrival.
     pub fn sleep_ask(&self, policy: &Policy, scan_id: Uuid) -> Option<SleepAsk> {
         let budget = self.sleep_budget(policy);
         let left = budget.saturating_sub(self.started.elapsed());

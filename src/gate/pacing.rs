@@ -1,5 +1,5 @@
-//! Step 6 for a fresh scan: its delay (paced where the pacing rule applies), its sleep lease, and the
-//! refusal of a full line, remembered ([`super::refused`]) so the line's next scans are refused
+//! Step 6 for a fresh scan: its delay (paced where the pacing rule applies), its sleep lease, and
+//! the refusal of a full line, remembered ([`super::refused`]) so the line's next scans are refused
 //! without the store (`known_refused`, on the request path).
 
 use std::time::Duration;
@@ -48,12 +48,12 @@ impl<S: QuotaStore, Q: ScanQueue> Gate<S, Q> {
         delay: Duration,
     ) -> Option<SleepLease> {
         let ask = attempt.sleep_ask(&self.config.policy, scan.scan_id)?;
-        let sleep_lease = self.store.take_sleep_lease(LoneSleepAsk {
+        let taken = self.store.take_sleep_lease(LoneSleepAsk {
             ask,
             arrival: scan.received_ms,
             wait_ms: duration_ms(delay),
         });
-        self.bounded(sleep_lease).await.ok()
+        self.bounded(taken).await.ok()
     }
 
     async fn paced(

@@ -1,9 +1,9 @@
-//! Step 6: spending the delay within the platform's limits. An HTTP API cuts integrations off at
-//! 30 s and Lambda bills every millisecond asleep, so the handler sleeps at most `min(Lambda
+//! Step 6: spending the delay within the platform's limits. An HTTP API cuts integrations off
+//! at 30 s and Lambda bills every millisecond asleep, so the handler sleeps at most `min(Lambda
 //! remaining time, gateway timeout) − margin` and defers the rest onto the queued job. Each request
-//! asleep holds a Lambda environment, so a scan sleeps only in a [`SleepLease`]: a lease of a fleet-wide
-//! counting semaphore of `QUOTA_MAX_ASLEEP`, which ends with its sleep, so a killed process leaks
-//! none. With none free, it defers it all.
+//! asleep holds a Lambda environment, so a scan sleeps only on a [`SleepLease`]: a lease of a
+//! fleet-wide counting semaphore of `QUOTA_MAX_ASLEEP`, which ends with its sleep, so a killed
+//! process leaks none. With none free, it defers it all.
 
 use std::time::Duration;
 
@@ -59,7 +59,7 @@ impl DelayPlan {
 }
 
 /// A sleep lease outlasts its sleep by this: the sleep starts after the count and pacing step.
-pub const LEASE_GRACE: Duration = Duration::from_secs(1);
+pub const SLEEP_LEASE_GRACE: Duration = Duration::from_secs(1);
 
 /// The sleep leases every gate process shares: a sorted set of leases scored by when each ends.
 pub const ASLEEP_KEY: &str = "quota:asleep";
@@ -81,21 +81,24 @@ pub struct LoneSleepAsk {
     pub wait_ms: u64,
 }
 
-/// Whether a scan took a sleep lease, and how many requests were asleep fleet-wide (itself included).
+/// Whether a scan took a sleep lease, and how many requests were asleep fleet-wide (itself
+/// included).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SleepLease {
     pub taken: bool,
     pub asleep: u32,
 }
 
-/// When a sleep lease is free again: once its scan has slept what it may, plus [`LEASE_GRACE`].
+/// When a sleep lease is free again: once its scan has slept what it may, plus
+/// [`SLEEP_LEASE_GRACE`].
 pub fn sleep_lease_until(arrival: UnixMillis, wait_ms: u64, budget_ms: u64) -> UnixMillis {
     arrival
         .saturating_add(Duration::from_millis(wait_ms.min(budget_ms)))
-        .saturating_add(LEASE_GRACE)
+        .saturating_add(SLEEP_LEASE_GRACE)
 }
 
-/// The sleep leases' answer to `ask`, dropping ended leases: the in-memory store's rule, as `sleep_lease.lua`.
+/// The sleep leases' answer to `ask`, dropping ended leases: the in-memory store's rule, as
+/// `sleep_lease.lua`.
 pub fn take_sleep_lease(
     leases: &mut Vec<UnixMillis>,
     ask: &SleepAsk,

@@ -37,7 +37,8 @@ pub struct Exit {
     pub metered: Metered,
     /// The request's instant: the line's `Timestamp`.
     pub at: UnixMillis,
-    /// What the sleep leases answered, if the scan asked for one (an over-quota scan that would sleep).
+    /// What the sleep leases answered, if the scan asked for one (an over-quota scan that would
+    /// sleep).
     pub sleep_lease: Option<SleepLease>,
     /// The request's trace: its EMF lines carry it as the property `traceId`, not a dimension.
     pub trace: Option<TraceId>,

@@ -10,7 +10,8 @@ use crate::rules::unix::UnixMillis;
 /// The answer to one pacing step.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Paced {
-    /// The scan may start `delay_ms` after its arrival; `sleep_lease`: the sleep lease asked for (`None`: none).
+    /// The scan may start `delay_ms` after its arrival; `sleep_lease`: the sleep lease asked for
+    /// (`None`: none).
     Slot {
         delay_ms: u64,
         sleep_lease: Option<SleepLease>,

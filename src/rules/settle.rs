@@ -205,7 +205,8 @@ pub fn decided_delay_rule(decision: &Decision, shadow: bool, pacing: Pacing) -> 
     }
 }
 
-/// A pacing step's result; without an answer, the counted scan gets its tier's delay, no sleep lease.
+/// A pacing step's result; without an answer, the counted scan gets its tier's delay, no sleep
+/// lease.
 pub fn paced_delay(answer: Option<Paced>, tier_delay: Duration) -> Paced {
     answer.unwrap_or(Paced::Slot {
         delay_ms: crate::rules::unix::duration_ms(tier_delay),

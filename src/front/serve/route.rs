@@ -173,8 +173,9 @@ fn text(status: StatusCode, content_type: &'static str, body: String) -> Respons
     r
 }
 
-/// Runs `scan` in a task of `scans` and returns the wait on its answer; dropping the wait leaves the
-/// scan running. `Err` only on a panic or runtime shutdown, when whether its job landed is not known.
+/// Runs `scan` in a task of `scans` and returns the wait on its answer; dropping the wait leaves
+/// the scan running. `Err` only on a panic or runtime shutdown, when whether its job landed is not
+/// known.
 pub fn detach<T, F>(
     scans: &TaskTracker,
     scan: F,

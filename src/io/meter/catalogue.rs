@@ -29,8 +29,9 @@ pub const PROCESS_RSS: &str = "process_resident_memory_bytes";
 /// Open file descriptors (`serve`'s `/metrics` only): client connections plus a fixed handful.
 pub const PROCESS_OPEN_FDS: &str = "process_open_fds";
 
-/// Requests asleep fleet-wide, as the sleep leases (`QUOTA_MAX_ASLEEP`, see [`crate::rules::delay::SleepLease`])
-/// answered the last scan that asked (a gauge: plot its maximum).
+/// Requests asleep fleet-wide, as the sleep leases (`QUOTA_MAX_ASLEEP`, see
+/// [`crate::rules::delay::SleepLease`]) answered the last scan that asked (a gauge: plot its
+/// maximum).
 pub const ASLEEP: &str = "stella_quota_asleep";
 /// Scans that found every sleep lease taken: their whole delay was deferred.
 pub const BEDS_FULL: &str = "stella_quota_beds_full_total";

@@ -55,8 +55,8 @@ struct ScopeHandles {
     requests: [metrics::Counter; 8],
     shadow: [metrics::Counter; 2],
     events: [metrics::Counter; 3],
-    /// The sleep leases: requests asleep fleet-wide, as the last scan that asked found them, and scans
-    /// that found every sleep lease taken. In EMF on a line of their own.
+    /// The sleep leases: requests asleep fleet-wide, as the last scan that asked found them, and
+    /// scans that found every sleep lease taken. In EMF on a line of their own.
     asleep: metrics::Gauge,
     beds_full: metrics::Counter,
 }

@@ -7,14 +7,17 @@ use crate::config::ResetPolicy;
 use crate::io::clock::rfc3339;
 use crate::io::connection::{eval, sized_cmd};
 use crate::rules::count::{Count, LevelCount, Peek, Tally};
-use crate::rules::delay::{ASLEEP_KEY, LEASE_GRACE, LoneSleepAsk, SleepLease, sleep_lease_until};
+use crate::rules::delay::{
+    ASLEEP_KEY, LoneSleepAsk, SLEEP_LEASE_GRACE, SleepLease, sleep_lease_until,
+};
 use crate::rules::key::QuotaKey;
 use crate::rules::pace::Paced;
 use crate::rules::unix::{UnixMillis, UnixSecs, duration_ms};
 
-/// `pace.lua` and `take_sleep_lease.lua` call `take_sleep_lease`, defined once in `sleep_lease.lua`.
+/// `pace.lua` and `take_sleep_lease.lua` call `take_sleep_lease`, defined once in
+/// `sleep_lease.lua`.
 pub(super) const PACE: &str = concat!(include_str!("sleep_lease.lua"), include_str!("pace.lua"));
-const TAKE_LEASE: &str = concat!(
+const TAKE_SLEEP_LEASE: &str = concat!(
     include_str!("sleep_lease.lua"),
     include_str!("take_sleep_lease.lua")
 );
@@ -197,7 +200,8 @@ pub(super) fn peek_of(reply: &[Value], held: GrantHeld) -> Result<Peek, SendErro
     })
 }
 
-/// A pacing step over `lanes` (the first may carry `args.record`) and the sleep lease `args.sleep_ask` asks for.
+/// A pacing step over `lanes` (the first may carry `args.record`) and the sleep lease
+/// `args.sleep_ask` asks for.
 pub(super) fn pace_script(lanes: &[PaceLane<'_>], args: &PaceArgs<'_>) -> redis::Cmd {
     let mut keys: Vec<&str> = lanes.iter().map(|l| l.key.slot.as_str()).collect();
     keys.extend(args.record);
@@ -217,14 +221,15 @@ pub(super) fn pace_script(lanes: &[PaceLane<'_>], args: &PaceArgs<'_>) -> redis:
             .arg(ask.budget_ms)
             .arg(ask.max_asleep)
             .arg(ask.id.to_string())
-            .arg(duration_ms(LEASE_GRACE)),
+            .arg(duration_ms(SLEEP_LEASE_GRACE)),
         None => cmd.arg(0).arg(0).arg("").arg(0),
     };
     cmd
 }
 
-/// A pacing step's reply: `{1, delay, previous, sleep lease taken, asleep}`, or `{0, retry after, each
-/// line's excess…}`; a refusal's `levels_ms` are the lines' after the first, in the order sent.
+/// A pacing step's reply: `{1, delay, previous, sleep lease taken, asleep}`, or `{0, retry after,
+/// each line's excess…}`; a refusal's `levels_ms` are the lines' after the first, in the order
+/// sent.
 pub(super) fn paced(reply: &[i64]) -> Paced {
     let ms = |i: usize| u64::try_from(reply.get(i).copied().unwrap_or(0)).unwrap_or(0);
     if reply.first() == Some(&1) {
@@ -247,9 +252,9 @@ pub(super) fn paced(reply: &[i64]) -> Paced {
 }
 
 /// A sleep lease asked alone (`take_sleep_lease.lua`).
-pub(super) fn take_lease_script(lone: &LoneSleepAsk) -> redis::Cmd {
+pub(super) fn take_sleep_lease_script(lone: &LoneSleepAsk) -> redis::Cmd {
     let ask = &lone.ask;
-    let mut cmd = eval(TAKE_LEASE, &[ASLEEP_KEY]);
+    let mut cmd = eval(TAKE_SLEEP_LEASE, &[ASLEEP_KEY]);
     cmd.arg(lone.arrival.get())
         .arg(sleep_lease_until(lone.arrival, lone.wait_ms, ask.budget_ms).get())
         .arg(ask.max_asleep)

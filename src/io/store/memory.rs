@@ -274,12 +274,12 @@ impl QuotaStore for MemoryStore {
         }
     }
 
-    async fn take_sleep_lease(&self, sleep_lease: LoneSleepAsk) -> Result<SleepLease, SendError> {
+    async fn take_sleep_lease(&self, ask: LoneSleepAsk) -> Result<SleepLease, SendError> {
         Ok(take_sleep_lease(
             &mut self.lock().sleep_leases,
-            &sleep_lease.ask,
-            sleep_lease.arrival,
-            sleep_lease.wait_ms,
+            &ask.ask,
+            ask.arrival,
+            ask.wait_ms,
         ))
     }
 

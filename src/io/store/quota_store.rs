@@ -44,7 +44,8 @@ pub struct PaceArgs<'a> {
     pub max_backlog_ms: u64,
     /// The counter's expiry: the slot key expires with it.
     pub reset_at: UnixSecs,
-    /// A sleep lease to ask for in the same step (`None`: the scan will not sleep, as in `defer` mode).
+    /// A sleep lease to ask for in the same step (`None`: the scan will not sleep, as in `defer`
+    /// mode).
     pub sleep_ask: Option<SleepAsk>,
 }
 
@@ -190,11 +191,12 @@ pub trait QuotaStore: Send + Sync + 'static {
     /// refunds, as a step landing after the caller gave up and queued the scan would uncount it.
     fn pace(&self, args: PaceArgs<'_>) -> impl Future<Output = Result<Paced, SendError>> + Send;
 
-    /// Asks for a sleep lease alone ([`crate::rules::delay::take_sleep_lease`]) where no pacing step can carry the
-    /// ask (`QUOTA_PACING=off`, or a cluster, whose sleep leases live in a slot of their own).
+    /// Asks for a sleep lease alone ([`crate::rules::delay::take_sleep_lease`]) where no pacing
+    /// step can carry the ask (`QUOTA_PACING=off`, or a cluster, whose sleep leases live in a slot
+    /// of their own).
     fn take_sleep_lease(
         &self,
-        sleep_lease: LoneSleepAsk,
+        ask: LoneSleepAsk,
     ) -> impl Future<Output = Result<SleepLease, SendError>> + Send;
 
     /// Takes back one count of its period (none if the counter is gone or of a later period), and

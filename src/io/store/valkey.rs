@@ -1,9 +1,9 @@
 //! The Valkey quota store. A count is plain commands in one pipelined round trip (a script would
 //! cost Valkey far more per scan); scripts (sent whole with [`crate::io::connection::eval`]) run
 //! only where a decision must be atomic and the request is off the hot path anyway: a keyed claim,
-//! a pacing step, a refund, freeing or taking over a record's lease, and a sleep lease. Every key of a
-//! subject shares its hash tag, so each call is single-slot in a cluster. Operator commands live in
-//! [`crate::front::ops::valkey_admin`].
+//! a pacing step, a refund, freeing or taking over a record's lease, and a sleep lease. Every key
+//! of a subject shares its hash tag, so each call is single-slot in a cluster. Operator commands
+//! live in [`crate::front::ops::valkey_admin`].
 
 use redis::Value;
 use uuid::Uuid;
@@ -14,7 +14,7 @@ use crate::rules::unix::UnixSecs;
 use super::commands::{
     GrantHeld, PACE, REFUND, count_of, in_subject_period, level_commands, level_width, pace_script,
     paced, peek_commands, peek_of, refund_script, sleep_lease_of, spread_excess, subject_commands,
-    take_lease_script, tally, unexpected,
+    take_sleep_lease_script, tally, unexpected,
 };
 use super::quota_store::{
     CountArgs, CountFailed, PaceArgs, PaceLane, QuotaStore, RecordUpdate, Refund, SendError,
@@ -141,12 +141,12 @@ impl ValkeyStore {
     /// The sleep lease `args` asks for, asked after a cluster's pacing step: none if it cannot be
     /// had; the slot stands.
     async fn sleep_lease_after(&self, args: &PaceArgs<'_>, delay_ms: u64) -> Option<SleepLease> {
-        let sleep_lease = LoneSleepAsk {
+        let ask = LoneSleepAsk {
             ask: args.sleep_ask?,
             arrival: args.arrival_ms,
             wait_ms: delay_ms,
         };
-        self.take_sleep_lease(sleep_lease)
+        self.take_sleep_lease(ask)
             .await
             .inspect_err(|e| tracing::warn!(error = %e, "no sleep lease: the scan sleeps nothing"))
             .ok()
@@ -267,8 +267,8 @@ impl QuotaStore for ValkeyStore {
         Ok(answer)
     }
 
-    async fn take_sleep_lease(&self, sleep_lease: LoneSleepAsk) -> Result<SleepLease, SendError> {
-        let reply: Vec<i64> = self.send(take_lease_script(&sleep_lease)).await?;
+    async fn take_sleep_lease(&self, ask: LoneSleepAsk) -> Result<SleepLease, SendError> {
+        let reply: Vec<i64> = self.send(take_sleep_lease_script(&ask)).await?;
         sleep_lease_of(&reply)
     }
 
