@@ -484,16 +484,21 @@ pub fn signal(pid: u32, signal: &str) {
 /// `SIGSTOP`, and a thread running on another core can still answer a
 /// request before it takes it.
 fn wait_stopped(pid: u32) {
+    // Gone counts as stopped (nothing left to answer); any other error of
+    // reading /proc does not.
+    let gone = |e: &std::io::Error| e.kind() == std::io::ErrorKind::NotFound;
     let stopped = || {
-        let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
-            return true; // gone: nothing left to answer
-        };
-        tasks.flatten().all(|task| {
-            let stat = std::fs::read_to_string(task.path().join("stat")).unwrap_or_default();
-            // The state follows the command's closing parenthesis.
-            let state = stat.rsplit_once(") ").map(|(_, rest)| &rest[..1]);
-            matches!(state, None | Some("T" | "t"))
-        })
+        match std::fs::read_dir(format!("/proc/{pid}/task")) {
+        Err(e) => gone(&e),
+        Ok(tasks) => tasks.into_iter().all(|task| {
+            let Ok(task) = task else { return false };
+            match std::fs::read_to_string(task.path().join("stat")) {
+                // The state follows the command's closing parenthesis.
+                Ok(stat) => matches!(stat.rsplit_once(") "), Some((_, rest)) if rest.starts_with(['T', 't'])),
+                Err(e) => gone(&e),
+            }
+        }),
+    }
     };
     let deadline = Instant::now() + Duration::from_secs(5);
     while !stopped() {

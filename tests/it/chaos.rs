@@ -405,7 +405,13 @@ async fn hung_store_latency_and_breaker() {
         for task in round {
             let (took, r) = task.await.expect("no panic");
             assert_eq!(r.status(), 202);
-            assert_eq!(r.headers()["x-stella-quota"], "unavailable");
+            let state = r.headers().get("x-stella-quota");
+            assert_eq!(
+                state.map(|v| v.as_bytes()),
+                Some(&b"unavailable"[..]),
+                "{}",
+                json(&r)
+            );
             hung.push(took);
         }
     }

@@ -1,7 +1,7 @@
 //! Within quota means at once, also at the scanner: one consumer
 //! (`--concurrency 1`) behind a flood of addresses, each with one scan within
-//! quota and 14 over it (paced 1 s apart onto their `notBefore`), on a Valkey
-//! stream and on SQS (moto) with the over lane's queue. Once the flood's own
+//! quota and several over it (paced 1 s apart onto their `notBefore`), on a
+//! Valkey stream and on SQS (moto) with the over lane's queue. Once the flood's own
 //! within-quota scans ran, the over-quota backlog is long, and within-quota
 //! scans of fresh addresses sent 3 s apart each start within the idle dwell
 //! and one scan of their 202 (first come, first served, the same scans
@@ -58,8 +58,10 @@ type Answer = (i64, String, Value);
 
 /// How loud the flood is.
 struct Flood {
-    /// Noisy addresses, 15 scans each.
+    /// Noisy addresses.
     noisy: usize,
+    /// Scans from each noisy address: one within quota, the rest over it.
+    scans: usize,
     /// How long the scanner takes per scan.
     scan: Duration,
     /// Whether the modest tenant's over-quota scan is held to a round of
@@ -100,7 +102,8 @@ where
     let (at, id, body) = scan("192.0.2.250".into()).await;
     let idle = dwell(scanner, at, &id).await;
     answers.push(body);
-    let noise = (0..flood.noisy).flat_map(|a| (0..15).map(move |_| noisy_address(a)));
+    let scans = flood.scans;
+    let noise = (0..flood.noisy).flat_map(|a| (0..scans).map(move |_| noisy_address(a)));
     // 100 in flight at once: as many clients as a small fleet of Lambda
     // environments answers together.
     let flooded: Vec<Answer> = futures_util::stream::iter(noise.map(&scan))
@@ -254,7 +257,7 @@ async fn on_a_stream(flood: Flood) {
     let sleep = format!("{}", flood.scan.as_secs_f64());
     // The over lane's whole backlog fits the room: tenants take turns
     // among the jobs read (docs/guarantees.md).
-    let held = (flood.noisy * 15 + 64).max(1024).to_string();
+    let held = (flood.noisy * flood.scans + 64).max(1024).to_string();
     let held = ["--max-held", &held];
     let one = [&held[..], &["--concurrency", "1"]].concat();
     let _consumer = rig.consume("a", &one, &[("SLEEP", &sleep)]);
@@ -269,29 +272,38 @@ async fn on_a_stream(flood: Flood) {
     });
 }
 
-/// On a Valkey stream: 40 noisy addresses at 0.2 s a scan, then four times
-/// the noise (160 noisy addresses, 2,400 scans) at 50 ms a scan, one after
-/// the other.
+/// On a Valkey stream: 40 noisy addresses at 0.2 s a scan (600 scans), then
+/// four times the tenants (160 noisy addresses, six scans each: a backlog of
+/// 800, five times a round) at 50 ms a scan; then on SQS. One scenario after
+/// the other, in one test: a test waiting for the lock would hold a test
+/// thread idle.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn within_quota_starts_at_once_at_a_busy_scanner() {
     let _one = ONE_AT_A_TIME.lock().await;
-    for (noisy, scan_ms) in [(40, 200), (160, 50)] {
+    for (noisy, scans, scan_ms) in [(40, 15, 200), (160, 6, 50)] {
         on_a_stream(Flood {
             noisy,
+            scans,
             scan: Duration::from_millis(scan_ms),
             modest_in_a_round: true,
         })
         .await;
     }
+    on_sqs(Flood {
+        noisy: 40,
+        scans: 8,
+        scan: Duration::from_millis(200),
+        modest_in_a_round: false,
+    })
+    .await;
 }
 
 /// On SQS: the scan queue and the over lane's (`SCAN_QUEUE_OVER_URL`, each
 /// over-quota message in its tenant's group), read by one consumer
 /// (`--from`, `--from-over`).
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn within_quota_starts_at_once_at_a_busy_scanner_on_sqs() {
-    let _one = ONE_AT_A_TIME.lock().await;
+async fn on_sqs(flood: Flood) {
     let moto = MotoServer::start();
+    let sleep = format!("{}", flood.scan.as_secs_f64());
     let valkey = ValkeyServer::start();
     let within_url = moto.create_queue("scans").await;
     let over_url = moto.create_queue("scans-over").await;
@@ -309,16 +321,11 @@ async fn within_quota_starts_at_once_at_a_busy_scanner_on_sqs() {
     let gate = Gate::new(config, store, queue, Meter::new("test", None)).unwrap();
     let aws = moto.process_env();
     let mut env: Vec<(&str, &str)> = aws.iter().map(|(k, v)| (*k, v.as_str())).collect();
-    env.extend([("VALKEY_URL", url.as_str()), ("SLEEP", "0.2")]);
+    env.extend([("VALKEY_URL", url.as_str()), ("SLEEP", &sleep)]);
     let scanner = Scanner::new();
     let args = ["--from", &within_url, "--from-over", &over_url];
     let one = [&args[..], &["--concurrency", "1"]].concat();
     let _consumer = scanner.consume("a", &one, &env, std::process::Stdio::null());
-    let flood = Flood {
-        noisy: 40,
-        scan: Duration::from_millis(200),
-        modest_in_a_round: false,
-    };
     let unknown = AtomicUsize::new(0);
     let expected = busy_scanner(&scanner, &flood, |ip| {
         let (gate, unknown) = (&gate, &unknown);

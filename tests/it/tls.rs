@@ -208,7 +208,11 @@ async fn untrusted_server_is_refused() {
         ],
     ] {
         let mut vars = vars;
-        vars.push(("QUOTA_STORE_TIMEOUT_MS", "1000"));
+        // The count gives up after 1 s, the enqueue at the 2.5 s ceiling.
+        vars.extend([
+            ("QUOTA_STORE_TIMEOUT_MS", "1000"),
+            ("QUOTA_GATEWAY_TIMEOUT_MS", "2500"),
+        ]);
         let gate = stream_gate(&vars);
         let r = gate.handle(scan_from("203.0.113.8")).await;
         // The queue shares the refused connection, so the scan is not accepted either.
