@@ -1,3 +1,5 @@
+//! A binary of its own: its counting global allocator counts every allocation of the process.
+//!
 //! The gate's heap allocations per within-quota `POST /scan`, in process:
 //! the real `Gate::handle` over the in-memory store, the stdout spool's
 //! line writer (into a sink) and the EMF meter, so the response JSON, the
