@@ -486,19 +486,20 @@ pub fn signal(pid: u32, signal: &str) {
 fn wait_stopped(pid: u32) {
     // Gone counts as stopped (nothing left to answer); any other error of
     // reading /proc does not.
-    let gone = |e: &std::io::Error| e.kind() == std::io::ErrorKind::NotFound;
-    let stopped = || {
-        match std::fs::read_dir(format!("/proc/{pid}/task")) {
-        Err(e) => gone(&e),
-        Ok(tasks) => tasks.into_iter().all(|task| {
-            let Ok(task) = task else { return false };
-            match std::fs::read_to_string(task.path().join("stat")) {
-                // The state follows the command's closing parenthesis.
-                Ok(stat) => matches!(stat.rsplit_once(") "), Some((_, rest)) if rest.starts_with(['T', 't'])),
-                Err(e) => gone(&e),
-            }
-        }),
-    }
+    let gone = |e: std::io::Error| e.kind() == std::io::ErrorKind::NotFound;
+    let thread_stopped = |task: std::io::Result<std::fs::DirEntry>| {
+        let Ok(task) = task else { return false };
+        match std::fs::read_to_string(task.path().join("stat")) {
+            // The state follows the command's closing parenthesis.
+            Ok(stat) => stat
+                .rsplit_once(") ")
+                .is_some_and(|(_, rest)| rest.starts_with(['T', 't'])),
+            Err(e) => gone(e),
+        }
+    };
+    let stopped = || match std::fs::read_dir(format!("/proc/{pid}/task")) {
+        Ok(mut tasks) => tasks.all(thread_stopped),
+        Err(e) => gone(e),
     };
     let deadline = Instant::now() + Duration::from_secs(5);
     while !stopped() {

@@ -1,11 +1,11 @@
 //! Within quota means at once, also at the scanner: one consumer
 //! (`--concurrency 1`) behind a flood of addresses, each with one scan within
 //! quota and several over it (paced 1 s apart onto their `notBefore`), on a
-//! Valkey stream and on SQS (moto) with the over lane's queue. Once the flood's own
-//! within-quota scans ran, the over-quota backlog is long, and within-quota
-//! scans of fresh addresses sent 3 s apart each start within the idle dwell
-//! and one scan of their 202 (first come, first served, the same scans
-//! started 22–89 s late). A modest tenant's over-quota scan takes its turn
+//! Valkey stream and on SQS (moto) with the over lane's queue. Once the
+//! flood's own within-quota scans ran, the over-quota backlog is long, and
+//! within-quota scans of fresh addresses sent 3 s apart each start within the
+//! idle dwell and one scan of their 202 (first come, first served, the same
+//! scans started 22–89 s late). A modest tenant's over-quota scan takes its turn
 //! within a round of the noisy tenants, not behind their backlog. Then the
 //! scanner turns quick and the consumer drains the rest: every job ran once,
 //! none before its `notBefore`. Clients act as real ones: a non-2xx answer
@@ -303,7 +303,6 @@ async fn within_quota_starts_at_once_at_a_busy_scanner() {
 /// (`--from`, `--from-over`).
 async fn on_sqs(flood: Flood) {
     let moto = MotoServer::start();
-    let sleep = format!("{}", flood.scan.as_secs_f64());
     let valkey = ValkeyServer::start();
     let within_url = moto.create_queue("scans").await;
     let over_url = moto.create_queue("scans-over").await;
@@ -320,6 +319,7 @@ async fn on_sqs(flood: Flood) {
     let store = ValkeyStore::new(Valkey::new(&url, false, config.store.timeout).unwrap());
     let gate = Gate::new(config, store, queue, Meter::new("test", None)).unwrap();
     let aws = moto.process_env();
+    let sleep = format!("{}", flood.scan.as_secs_f64());
     let mut env: Vec<(&str, &str)> = aws.iter().map(|(k, v)| (*k, v.as_str())).collect();
     env.extend([("VALKEY_URL", url.as_str()), ("SLEEP", &sleep)]);
     let scanner = Scanner::new();
