@@ -9,8 +9,10 @@ use super::rfc3339;
 use crate::config::Config;
 use crate::io::connection::Connection;
 use crate::io::store::valkey::{ValkeyStore, eval};
-use crate::io::store::{GrantHeld, KEY_PATTERN, Peek, QuotaKey, SendError, resets_at};
-use crate::rules::unix::{UnixMillis, UnixSecs};
+use crate::io::store::{
+    GrantHeld, KEY_PATTERN, Peek, QuotaKey, SendError, peek_commands, peek_of, resets_at,
+};
+use crate::rules::unix::UnixSecs;
 
 /// Keys removed per UNLINK in a purge.
 const PURGE_BATCH: usize = 500;
@@ -70,39 +72,32 @@ impl ValkeyStore {
         held: GrantHeld,
     ) -> Result<Option<Snapshot>, SendError> {
         let mut conn = self.valkey().connection().await?;
-        type Reply = (Option<i64>, i64, Option<i64>, Option<u64>, i64);
-        let (used, expires_at, slot, grant, grant_expires_at): Reply = redis::pipe()
-            .get(&key.counter)
-            .cmd("EXPIRETIME")
-            .arg(&key.counter)
-            .get(&key.slot)
-            .get(&key.grant)
-            .cmd("EXPIRETIME")
-            .arg(&key.grant)
-            .query_async(&mut conn)
-            .await?;
+        // The request path's read of `[used, expiry, slot, grant]`, and the grant's expiry.
+        let mut pipe = redis::pipe();
+        peek_commands(&mut pipe, key);
+        pipe.cmd("EXPIRETIME").arg(&key.grant);
+        let reply: Vec<redis::Value> = pipe.query_async(&mut conn).await?;
+        let (grant_expiry, read) = reply.split_last().unwrap_or((&redis::Value::Nil, &[]));
+        let peek = peek_of(read, held)?; // four replies, or an error
+        let present = |v: &redis::Value| !matches!(v, redis::Value::Nil);
+        let (counter, grant) = (present(&read[0]), present(&read[3]));
+        if !counter && !grant {
+            return Ok(None);
+        }
+        let grant_expires_at = match grant_expiry {
+            redis::Value::Int(at) => instant(*at), // -2 with no grant
+            _ => None,
+        };
         // A level has no first-seen key (and an empty name is another slot).
         let first_seen: Option<String> = match key.first_seen.is_empty() {
             true => None,
             false => conn.get(&key.first_seen).await?,
         };
-        if used.is_none() && grant.is_none() {
-            return Ok(None);
-        }
-        let used = match held {
-            GrantHeld::Beside => used,
-            GrantHeld::InCounter => used.map(|h| h.saturating_add_unsigned(grant.unwrap_or(0))),
-        };
         Ok(Some(Snapshot {
-            peek: Peek {
-                used: used.map_or(0, |u| u.max(0).unsigned_abs()),
-                reset_at: used.and(instant(expires_at)),
-                slot_ms: slot.map(UnixMillis),
-                grant: grant.unwrap_or(0),
-            },
-            counter: used.is_some(),
+            peek,
+            counter,
             first_seen,
-            grant_expires_at: grant.and(instant(grant_expires_at)),
+            grant_expires_at,
         }))
     }
 

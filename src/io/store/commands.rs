@@ -165,7 +165,7 @@ pub enum GrantHeld {
 }
 
 /// A read of a counter, answering `[used, expiry, slot, grant]`, changing nothing.
-pub(super) fn peek_commands(pipe: &mut redis::Pipeline, key: &QuotaKey) {
+pub(crate) fn peek_commands(pipe: &mut redis::Pipeline, key: &QuotaKey) {
     pipe.cmd("GET")
         .arg(&key.counter)
         .cmd("EXPIRETIME")
@@ -177,7 +177,7 @@ pub(super) fn peek_commands(pipe: &mut redis::Pipeline, key: &QuotaKey) {
 }
 
 /// A read from its `[used, expiry, slot, grant]` reply.
-pub(super) fn peek_of(reply: &[Value], held: GrantHeld) -> Result<Peek, SendError> {
+pub(crate) fn peek_of(reply: &[Value], held: GrantHeld) -> Result<Peek, SendError> {
     let [used, reset_at, slot, grant] = reply else {
         return Err(unexpected("a read"));
     };

@@ -26,6 +26,7 @@ pub use crate::rules::record::{
     Claim, Claimed, Field, Record, RecordError, RecordField, RecordState,
 };
 pub use commands::GrantHeld;
+pub(crate) use commands::{peek_commands, peek_of};
 pub use quota_store::{
     CountArgs, CountFailed, PaceArgs, PaceLane, QuotaStore, RecordUpdate, Refund, SendError,
     TakeOver,
