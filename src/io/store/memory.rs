@@ -274,12 +274,12 @@ impl QuotaStore for MemoryStore {
         }
     }
 
-    async fn take_sleep_lease(&self, ask: LoneSleepAsk) -> Result<SleepLease, SendError> {
+    async fn take_sleep_lease(&self, lone: LoneSleepAsk) -> Result<SleepLease, SendError> {
         Ok(take_sleep_lease(
             &mut self.lock().sleep_leases,
-            &ask.ask,
-            ask.arrival,
-            ask.wait_ms,
+            &lone.ask,
+            lone.arrival,
+            lone.wait_ms,
         ))
     }
 

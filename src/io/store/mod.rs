@@ -70,7 +70,7 @@ impl QuotaStore for AnyStore {
         async fn count_keyed(&self, args: CountArgs<'_>, claim: &Claim)
             -> Result<Claimed, CountFailed>;
         async fn pace(&self, args: PaceArgs<'_>) -> Result<Paced, SendError>;
-        async fn take_sleep_lease(&self, ask: LoneSleepAsk) -> Result<SleepLease, SendError>;
+        async fn take_sleep_lease(&self, lone: LoneSleepAsk) -> Result<SleepLease, SendError>;
         async fn refund(&self, refund: Refund<'_>) -> Result<(), SendError>;
         async fn has_record(&self, record: &str, now: UnixSecs) -> Result<bool, SendError>;
         async fn release(&self, record: &str, scan_id: Uuid, now: UnixSecs)

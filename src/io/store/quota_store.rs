@@ -196,7 +196,7 @@ pub trait QuotaStore: Send + Sync + 'static {
     /// of their own).
     fn take_sleep_lease(
         &self,
-        ask: LoneSleepAsk,
+        lone: LoneSleepAsk,
     ) -> impl Future<Output = Result<SleepLease, SendError>> + Send;
 
     /// Takes back one count of its period (none if the counter is gone or of a later period), and

@@ -141,12 +141,12 @@ impl ValkeyStore {
     /// The sleep lease `args` asks for, asked after a cluster's pacing step: none if it cannot be
     /// had; the slot stands.
     async fn sleep_lease_after(&self, args: &PaceArgs<'_>, delay_ms: u64) -> Option<SleepLease> {
-        let ask = LoneSleepAsk {
+        let lone = LoneSleepAsk {
             ask: args.sleep_ask?,
             arrival: args.arrival_ms,
             wait_ms: delay_ms,
         };
-        self.take_sleep_lease(ask)
+        self.take_sleep_lease(lone)
             .await
             .inspect_err(|e| tracing::warn!(error = %e, "no sleep lease: the scan sleeps nothing"))
             .ok()
@@ -267,8 +267,8 @@ impl QuotaStore for ValkeyStore {
         Ok(answer)
     }
 
-    async fn take_sleep_lease(&self, ask: LoneSleepAsk) -> Result<SleepLease, SendError> {
-        let reply: Vec<i64> = self.send(take_sleep_lease_script(&ask)).await?;
+    async fn take_sleep_lease(&self, lone: LoneSleepAsk) -> Result<SleepLease, SendError> {
+        let reply: Vec<i64> = self.send(take_sleep_lease_script(&lone)).await?;
         sleep_lease_of(&reply)
     }
 

@@ -335,10 +335,10 @@ impl QuotaStore for SimStore {
         .await
     }
 
-    async fn take_sleep_lease(&self, ask: LoneSleepAsk) -> Result<SleepLease, SendError> {
+    async fn take_sleep_lease(&self, lone: LoneSleepAsk) -> Result<SleepLease, SendError> {
         self.call(
             "take_sleep_lease",
-            move |m, _| ready(m.take_sleep_lease(ask)).expect("memory store"),
+            move |m, _| ready(m.take_sleep_lease(lone)).expect("memory store"),
             Kind::Other,
         )
         .await
