@@ -22,16 +22,15 @@ use common::serve::{
 };
 use common::{KillOnDrop, ValkeyServer, stream_jobs, with_vars};
 
+/// What `serve` answers (503) on a connection it closed for another before reading its request.
+const GAVE_WAY: &str = "connection closed for another";
+
 /// One scan on its own connection: the status code (0 for no answer), how
 /// long it took, and the response (or what went wrong).
 fn timed_scan(addr: SocketAddr) -> (u16, Duration, String) {
-    timed_scan_within(addr, Duration::from_secs(30))
-}
-
-/// The same, giving up (status 0) after `within`.
-fn timed_scan_within(addr: SocketAddr, within: Duration) -> (u16, Duration, String) {
     let started = Instant::now();
     let scan = post_scan(r#"{"image":"alpine:3.20"}"#);
+    let within = Duration::from_secs(30);
     let (status, response) = send(addr, scan.as_bytes(), within).unwrap_or_else(|e| (0, e));
     (status, started.elapsed(), response)
 }
@@ -427,18 +426,13 @@ fn probe(
 ) -> Vec<(&'static str, u16, Duration)> {
     let until = Instant::now() + during;
     let asked = move |what: &'static str| {
+        let asked = match what {
+            "/healthz" => request("GET", "/healthz"),
+            _ => post_scan(r#"{"image":"alpine:3.20"}"#),
+        };
         let mut answers = Vec::new();
         while Instant::now() < until {
-            let (status, took) = answered(within, || match what {
-                "/healthz" => {
-                    let health = request("GET", "/healthz");
-                    common::client::once(addr, health.as_bytes(), within)
-                }
-                _ => match timed_scan_within(addr, within) {
-                    (0, _, response) => Err(response),
-                    (status, _, _) => Ok(status),
-                },
-            });
+            let (status, took) = answered(within, || send(addr, asked.as_bytes(), within));
             answers.push((what, status, took));
             std::thread::sleep(Duration::from_millis(200));
         }
@@ -450,21 +444,25 @@ fn probe(
     answers
 }
 
-/// A request sent as a client sends it: on a connection closed unanswered, again, the clock
-/// running on (at the cap, `serve` may close a connection whose headers are late for a new one,
-/// `NEW_CONNECTION_GRACE`, which a test client starved of CPU can miss). The status (0: none
-/// within `within`) and the time from the first connection.
-fn answered(within: Duration, send: impl Fn() -> Result<u16, String>) -> (u16, Duration) {
+/// A request sent as a client sends it: again, the clock running on, when its connection was
+/// closed unanswered or answered 503 "closed for another" ([`GAVE_WAY`]). At the cap, `serve` may
+/// close a connection whose request it has not read within `NEW_CONNECTION_GRACE` for a new one,
+/// which a client or a `serve` starved of CPU can miss. The status (0: none within `within`) and
+/// the time from the first connection.
+fn answered(within: Duration, send: impl Fn() -> Result<(u16, String), String>) -> (u16, Duration) {
     let started = Instant::now();
     loop {
-        match send() {
-            Ok(status) => return (status, started.elapsed()),
+        let why = match send() {
+            Ok((503, body)) if body.contains(GAVE_WAY) => body,
+            Ok((status, _)) => return (status, started.elapsed()),
             Err(_) if started.elapsed() >= within => return (0, started.elapsed()),
-            Err(e) => {
-                eprintln!("unanswered after {:?} ({e}); sent again", started.elapsed());
-                std::thread::sleep(Duration::from_millis(50));
-            }
-        }
+            Err(e) => e,
+        };
+        eprintln!(
+            "not served after {:?} ({why}); sent again",
+            started.elapsed()
+        );
+        std::thread::sleep(Duration::from_millis(50));
     }
 }
 
