@@ -2,7 +2,8 @@
 //! complete headers or *busy*; only a waiting one costs nothing to close. Each state is one atomic
 //! word ([`Presence`]); the list of open connections is locked only to open, close, or pick one.
 //! The presence learns that its answer is out from the body ([`Answer`], dropped) and the socket
-//! ([`Flushed`]), so closing it for another never cuts an answer off.
+//! ([`Flushed`]), so closing it for another never cuts an answer off; and from the socket when
+//! `serve` first reads it, where a new connection's grace starts.
 
 use std::collections::HashMap;
 use std::convert::Infallible;
@@ -45,10 +46,24 @@ pub(super) struct Presence {
     state: AtomicU64,
     closed: Notify,
     epoch: Instant,
+    new_connection_grace: Duration,
     keep_alive_grace: Duration,
 }
 
 impl Presence {
+    /// `serve` reads the socket for the first time: a new connection's grace runs from here, so
+    /// time the connection spent waiting for a busy `serve` to get to it is not the client's.
+    pub fn first_read(&self) {
+        let from_now = |state| {
+            (WAITING..CLOSED)
+                .contains(&state)
+                .then(|| waiting_for(self.epoch, self.new_connection_grace))
+        };
+        let _ = self
+            .state
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, from_now);
+    }
+
     /// A request's headers have arrived: busy until its answer is sent. `false` if it was just
     /// closed for another: the request must not reach the gate.
     pub fn request_started(&self) -> bool {
@@ -143,6 +158,7 @@ impl Admission {
             state: AtomicU64::new(waiting_for(self.epoch, self.new_connection_grace)),
             closed: Notify::new(),
             epoch: self.epoch,
+            new_connection_grace: self.new_connection_grace,
             keep_alive_grace: self.keep_alive_grace,
         });
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
@@ -233,10 +249,21 @@ impl Drop for Answer {
     }
 }
 
-/// A socket that tells its [`Presence`] of every completed flush.
+/// A socket that tells its [`Presence`] of its first read and of every completed flush.
 pub(super) struct Flushed<T> {
-    pub io: T,
-    pub presence: Arc<Presence>,
+    io: T,
+    presence: Arc<Presence>,
+    read: bool,
+}
+
+impl<T> Flushed<T> {
+    pub fn new(io: T, presence: Arc<Presence>) -> Self {
+        Self {
+            io,
+            presence,
+            read: false,
+        }
+    }
 }
 
 impl<T: AsyncRead + Unpin> AsyncRead for Flushed<T> {
@@ -245,6 +272,10 @@ impl<T: AsyncRead + Unpin> AsyncRead for Flushed<T> {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<std::io::Result<()>> {
+        if !self.read {
+            self.read = true;
+            self.presence.first_read();
+        }
         Pin::new(&mut self.io).poll_read(cx, buf)
     }
 }
@@ -348,6 +379,19 @@ mod tests {
         let started = Instant::now();
         let _new = admitted_for(&admission, young, 1_000).await;
         let waited = started.elapsed();
+        assert!(waited >= Duration::from_millis(200), "{waited:?}");
+    }
+
+    /// A new connection's grace runs from `serve`'s first read of it, not from its admission.
+    #[tokio::test]
+    async fn a_new_connections_grace_runs_from_the_first_read() {
+        let admission = admission(1, 200, 0);
+        let young = admitted(&admission).await;
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        young.1.presence.first_read();
+        let read = Instant::now();
+        let _new = admitted_for(&admission, young, 1_000).await;
+        let waited = read.elapsed();
         assert!(waited >= Duration::from_millis(200), "{waited:?}");
     }
 

@@ -100,10 +100,10 @@ fn spawn_connection<S: QuotaStore, Q: ScanQueue>(
     });
     let mut socket = TimeoutStream::new(stream);
     socket.set_write_timeout(Some(WRITE_TIMEOUT));
-    let io = TokioIo::new(Flushed {
-        io: Box::pin(socket),
-        presence: registration.presence.clone(),
-    });
+    let io = TokioIo::new(Flushed::new(
+        Box::pin(socket),
+        registration.presence.clone(),
+    ));
     let connection = watcher.watch(builder.serve_connection(io, service));
     tokio::spawn(async move {
         tokio::select! {

@@ -7,8 +7,8 @@ use crate::config::Config;
 /// Headers must be complete this long after opening or the previous answer (also the idle timeout).
 pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// At the cap, a connection without complete headers may be closed for a new one once open this
-/// long: ample for a real client, which sends its request at once.
+/// At the cap, a connection without complete headers may be closed for a new one this long after
+/// `serve` first reads it: ample for a real client, which sends its request at once.
 pub const NEW_CONNECTION_GRACE: Duration = Duration::from_millis(250);
 
 /// At the cap, a keep-alive connection may be closed for a new one once idle this long.
