@@ -534,9 +534,9 @@ impl QuotaStore for LatePace {
     }
     async fn take_sleep_lease(
         &self,
-        ask: quota_gate::rules::delay::LoneSleepAsk,
+        lone: quota_gate::rules::delay::LoneSleepAsk,
     ) -> Result<quota_gate::rules::delay::SleepLease, SendError> {
-        self.inner.take_sleep_lease(ask).await
+        self.inner.take_sleep_lease(lone).await
     }
     async fn refund(&self, refund: Refund<'_>) -> Result<(), SendError> {
         self.inner.refund(refund).await
