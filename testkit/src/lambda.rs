@@ -5,7 +5,7 @@
 use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
-use crate::{KillOnDrop, free_port, loopback, root, wait_for_port};
+use crate::{KillOnDrop, free_port, loopback, root, wait_for_listener};
 
 /// The emulator on a free loopback port, stopped when dropped.
 pub struct Emulator {
@@ -24,7 +24,7 @@ impl Emulator {
     /// Starts it and waits until it listens.
     pub fn start() -> Self {
         let port = free_port();
-        let process = KillOnDrop::new(
+        let mut process = KillOnDrop::new(
             cargo_lambda()
                 .args([
                     "watch",
@@ -39,7 +39,7 @@ impl Emulator {
                 .expect("cargo-lambda on PATH"),
         );
         assert!(
-            wait_for_port(loopback(port), Duration::from_secs(60)),
+            wait_for_listener(&mut process, loopback(port), Duration::from_secs(60)),
             "the emulator did not listen"
         );
         Self { port, process }

@@ -43,7 +43,7 @@ mod fakes;
 pub use fakes::{Capture, Discard, OwnedPace, RecordingQueue, Refuse};
 
 use std::collections::HashMap;
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpListener};
 use std::ops::{Deref, DerefMut};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -96,13 +96,22 @@ pub fn valkey_server_bin() -> PathBuf {
         .unwrap_or_else(|| root().join(".tools/bin/valkey-server"))
 }
 
-/// A port nobody listens on right now.
+/// A port nobody listens on right now, and one this process never handed out before: tests run
+/// in parallel in one process, and two servers given the same port would race for it, the loser
+/// exiting while the winner answers its tests (another test's gate, another store).
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    static GIVEN: std::sync::Mutex<std::collections::BTreeSet<u16>> =
+        std::sync::Mutex::new(std::collections::BTreeSet::new());
+    loop {
+        let port = TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        if GIVEN.lock().unwrap().insert(port) {
+            return port;
+        }
+    }
 }
 
 /// `127.0.0.1:port`.
@@ -110,16 +119,84 @@ pub fn loopback(port: u16) -> SocketAddr {
     SocketAddr::from(([127, 0, 0, 1], port))
 }
 
-/// Waits until something accepts TCP connections on `addr`.
-pub fn wait_for_port(addr: SocketAddr, within: Duration) -> bool {
+/// Waits until `child`, or a process it started, listens on `addr`; `false` once it has exited or
+/// `within` has passed. A port that merely accepts proves nothing: another process (the container
+/// check's, beside the tests) may hold it, and `child` then failed to bind.
+pub fn wait_for_listener(child: &mut Child, addr: SocketAddr, within: Duration) -> bool {
     let deadline = Instant::now() + within;
     while Instant::now() < deadline {
-        if TcpStream::connect_timeout(&addr, Duration::from_millis(100)).is_ok() {
+        if matches!(child.try_wait(), Ok(Some(_))) {
+            return false;
+        }
+        if listener_inode(addr).is_some_and(|inode| held_by(child.id(), inode)) {
             return true;
         }
         std::thread::sleep(Duration::from_millis(20));
     }
     false
+}
+
+/// The inode of the socket listening on `addr` (or on every address at its port), from
+/// `/proc/net/tcp`, where 127.0.0.1:6379 reads `0100007F:18EB` on a little-endian host.
+fn listener_inode(addr: SocketAddr) -> Option<u64> {
+    let SocketAddr::V4(v4) = addr else {
+        return None;
+    };
+    let exact = format!(
+        "{:08X}:{:04X}",
+        u32::from_le_bytes(v4.ip().octets()),
+        v4.port()
+    );
+    let any = format!("00000000:{:04X}", v4.port());
+    let table = std::fs::read_to_string("/proc/net/tcp").ok()?;
+    table.lines().skip(1).find_map(|line| {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        let listening = fields.get(3) == Some(&"0A");
+        let local = fields.get(1).copied()?;
+        (listening && (local == exact || local == any)).then(|| fields.get(9)?.parse().ok())?
+    })
+}
+
+/// Whether process `pid` or one of its descendants holds the socket `inode` open.
+fn held_by(pid: u32, inode: u64) -> bool {
+    let socket = format!("socket:[{inode}]");
+    let holds = |pid: u32| {
+        std::fs::read_dir(format!("/proc/{pid}/fd")).is_ok_and(|fds| {
+            fds.flatten().any(|fd| {
+                std::fs::read_link(fd.path()).is_ok_and(|l| l.as_os_str() == socket.as_str())
+            })
+        })
+    };
+    let parents: Vec<(u32, u32)> = std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|entry| {
+            let pid: u32 = entry.file_name().to_str()?.parse().ok()?;
+            let stat = std::fs::read_to_string(entry.path().join("stat")).ok()?;
+            // `pid (comm) state ppid ...`; comm may hold spaces and parentheses.
+            let ppid = stat
+                .rsplit_once(')')?
+                .1
+                .split_whitespace()
+                .nth(1)?
+                .parse()
+                .ok()?;
+            Some((pid, ppid))
+        })
+        .collect();
+    let mut family = vec![pid];
+    let mut i = 0;
+    while let Some(&p) = family.get(i) {
+        family.extend(
+            parents
+                .iter()
+                .filter(|&&(_, ppid)| ppid == p)
+                .map(|&(c, _)| c),
+        );
+        i += 1;
+    }
+    family.into_iter().any(holds)
 }
 
 /// A child process that is killed and reaped when dropped, so a failing

@@ -7,7 +7,7 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use crate::client::{http, request};
-use crate::{KillOnDrop, free_port, loopback, root, wait_for_port};
+use crate::{KillOnDrop, free_port, loopback, root, wait_for_listener};
 
 /// `moto_server` from `.tools/venv` (installed by `scripts/test`), or `$MOTO_SERVER`.
 pub fn moto_server_bin() -> PathBuf {
@@ -42,12 +42,9 @@ impl MotoServer {
                 .unwrap_or_else(|e| {
                     panic!("cannot start {bin:?} (run scripts/test once to install it): {e}")
                 });
-            let server = Self {
-                port,
-                child: KillOnDrop::new(child),
-            };
-            if wait_for_port(server.addr(), Duration::from_secs(30)) {
-                return server;
+            let mut child = KillOnDrop::new(child);
+            if wait_for_listener(&mut child, loopback(port), Duration::from_secs(30)) {
+                return Self { port, child };
             }
         }
         panic!("moto_server did not start");

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use crate::{KillOnDrop, bin, free_port, loopback, wait_for_port};
+use crate::{KillOnDrop, bin, free_port, loopback, wait_for_listener};
 
 /// `quota-gate serve` with nothing configured but `vars`, on a free port,
 /// listening; stdout and stderr are piped for the test to read (a test that
@@ -44,9 +44,9 @@ fn spawn(command: &mut Command, vars: &[(&str, &str)]) -> (KillOnDrop, SocketAdd
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let child = KillOnDrop::new(child);
+    let mut child = KillOnDrop::new(child);
     assert!(
-        wait_for_port(addr, Duration::from_secs(10)),
+        wait_for_listener(&mut child, addr, Duration::from_secs(10)),
         "serve did not listen"
     );
     (child, addr)

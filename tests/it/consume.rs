@@ -494,7 +494,7 @@ async fn metrics_listen_serves_prometheus_text() {
     let mut stdin = child.stdin.take().unwrap();
     std::io::Write::write_all(&mut stdin, format!("{}\n", job(now_ms())).as_bytes()).unwrap();
     scanner.wait_for_ends(1, Duration::from_secs(10));
-    assert!(wait_for_port(addr, Duration::from_secs(10)));
+    assert!(wait_for_listener(&mut child, addr, Duration::from_secs(10)));
     let request = common::client::get_request("/metrics");
     let (status, text) = send(addr, request.as_bytes(), Duration::from_secs(10)).unwrap();
     assert_eq!(status, 200, "{text}");

@@ -761,9 +761,11 @@ fn start_prometheus(targets: &[SocketAddr], dir: &std::path::Path) -> (KillOnDro
                 prometheus_bin()
             )
         });
-    let child = KillOnDrop::new(child);
+    let mut child = KillOnDrop::new(child);
     let deadline = Instant::now() + Duration::from_secs(30);
-    while !(wait_for_port(addr, Duration::from_millis(200)) && get(addr, "/-/ready").0 == 200) {
+    while !(wait_for_listener(&mut child, addr, Duration::from_millis(200))
+        && get(addr, "/-/ready").0 == 200)
+    {
         assert!(Instant::now() < deadline, "prometheus did not get ready");
         std::thread::sleep(Duration::from_millis(200));
     }
@@ -817,7 +819,11 @@ fn grafana_queries_return_data_from_prometheus() {
     let mut jobs = consume.stdin.take().unwrap();
     writeln!(jobs, "{}", job(now_ms())).unwrap();
     scanner.wait_for_ends(1, Duration::from_secs(10));
-    assert!(wait_for_port(consumer, Duration::from_secs(10)));
+    assert!(wait_for_listener(
+        &mut consume,
+        consumer,
+        Duration::from_secs(10)
+    ));
     let dir = tempfile::tempdir().unwrap();
     let (_prometheus, prometheus) = start_prometheus(&[addr, consumer], dir.path());
 

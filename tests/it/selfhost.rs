@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use common::client::{http, post_scan, request};
 use common::consumer::StreamRig;
 use common::serve::{spawn_serve, stderr_of};
-use common::{KillOnDrop, ValkeyServer, bin, free_port, loopback, wait_for_port};
+use common::{KillOnDrop, ValkeyServer, bin, free_port, loopback, wait_for_listener};
 
 /// `quota-gate probe url`: its exit status and how long it took.
 fn probe(url: &str) -> (Option<i32>, Duration) {
@@ -91,9 +91,9 @@ fn consume_is_ready_while_its_valkey_answers() {
     let rig = StreamRig::start();
     let addr = loopback(free_port());
     let listen = addr.to_string();
-    let _consumer = rig.consume("c", &["--health-listen", &listen], &[]);
+    let mut consumer = rig.consume("c", &["--health-listen", &listen], &[]);
     assert!(
-        wait_for_port(addr, Duration::from_secs(10)),
+        wait_for_listener(&mut consumer, addr, Duration::from_secs(10)),
         "no health listener"
     );
     assert!(get(addr, "/healthz").0.starts_with("HTTP/1.1 200"));
@@ -181,7 +181,11 @@ fn start_log(vars: &[(&str, &str)]) -> String {
         .spawn()
         .unwrap();
     let mut child = KillOnDrop::new(child);
-    assert!(wait_for_port(loopback(port), Duration::from_secs(10)));
+    assert!(wait_for_listener(
+        &mut child,
+        loopback(port),
+        Duration::from_secs(10)
+    ));
     common::consumer::signal(child.id(), "TERM");
     let log = stderr_of(&mut child);
     let _ = child.wait();

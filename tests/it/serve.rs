@@ -764,3 +764,37 @@ fn a_scan_left_behind_keeps_its_slot() {
     assert!(waited >= Duration::from_millis(1800), "{waited:?}");
     assert!(waited < Duration::from_secs(5), "{waited:?}");
 }
+
+/// A test's server is known by the socket it holds, not by a port that answers: a `serve` whose
+/// port another process took is not mistaken for one that listens (it exited, unable to bind),
+/// and one that did bind is found.
+#[test]
+fn a_server_is_known_by_its_own_listener() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = taken.local_addr().unwrap();
+    let start = |addr: SocketAddr| {
+        let child = std::process::Command::new(common::bin("quota-gate"))
+            .arg("serve")
+            .env_clear()
+            .env("QUOTA_LISTEN", addr.to_string())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        KillOnDrop::new(child)
+    };
+    let mut loser = start(addr);
+    assert!(!common::wait_for_listener(
+        &mut loser,
+        addr,
+        Duration::from_secs(10)
+    ));
+    assert!(TcpStream::connect(addr).is_ok(), "the port still answers");
+    let free = common::loopback(common::free_port());
+    let mut winner = start(free);
+    assert!(common::wait_for_listener(
+        &mut winner,
+        free,
+        Duration::from_secs(10)
+    ));
+}

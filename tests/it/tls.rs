@@ -151,15 +151,15 @@ impl TlsProxy {
             .stderr(Stdio::null())
             .spawn()
             .expect("stunnel4 is installed (scripts/test installs it)");
-        let proxy = Self {
-            port,
-            _child: KillOnDrop::new(child),
-        };
+        let mut child = KillOnDrop::new(child);
         assert!(
-            wait_for_port(loopback(port), Duration::from_secs(10)),
+            wait_for_listener(&mut child, loopback(port), Duration::from_secs(10)),
             "stunnel did not start"
         );
-        proxy
+        Self {
+            port,
+            _child: child,
+        }
     }
 
     fn url(&self) -> String {
