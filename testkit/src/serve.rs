@@ -35,21 +35,24 @@ pub fn spawn_serve_with_open_files(
 }
 
 fn spawn(command: &mut Command, vars: &[(&str, &str)]) -> (KillOnDrop, SocketAddr) {
-    let addr = loopback(free_port());
-    let child = command
-        .env_clear()
-        .env("QUOTA_LISTEN", addr.to_string())
-        .envs(vars.iter().copied())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut child = KillOnDrop::new(child);
-    assert!(
-        wait_for_listener(&mut child, addr, Duration::from_secs(10)),
-        "serve did not listen"
-    );
-    (child, addr)
+    // A port is free when handed out, and may be taken before serve binds it (a listener a test
+    // binds to port 0): serve then exits, and starts again on another.
+    for _ in 0..5 {
+        let addr = loopback(free_port());
+        let child = command
+            .env_clear()
+            .env("QUOTA_LISTEN", addr.to_string())
+            .envs(vars.iter().copied())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut child = KillOnDrop::new(child);
+        if wait_for_listener(&mut child, addr, Duration::from_secs(10)) {
+            return (child, addr);
+        }
+    }
+    panic!("serve did not listen");
 }
 
 /// Everything `child` (a `serve`) wrote to its stderr, once a `SIGTERM` has
