@@ -158,6 +158,19 @@ impl Scanner {
         }
     }
 
+    /// Waits until consumer `tag` has logged `text`.
+    pub fn wait_for_log(&self, tag: &str, text: &str, within: Duration) {
+        let deadline = Instant::now() + within;
+        while !self.errors_of(tag).contains(text) {
+            assert!(
+                Instant::now() < deadline,
+                "consumer {tag} never logged {text:?}\n{}",
+                self.all_errors()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
     /// What consumer `tag` logged (for failure messages).
     pub fn errors_of(&self, tag: &str) -> String {
         std::fs::read_to_string(self.dir.path().join(format!("{tag}.err"))).unwrap_or_default()

@@ -121,6 +121,12 @@ async fn valkey_restarted_without_aof_recovers_for_new_jobs() {
     let mut rig = StreamRig::start();
     let _a = rig.consume("a", &args(&[]), &[]);
     let _b = rig.consume("b", &args(&[]), &[]);
+    // Both consume (their group made) before the crash: one started after would make the group
+    // at its start, and neither would meet it gone.
+    for tag in ["a", "b"] {
+        rig.scanner
+            .wait_for_log(tag, "quota-gate consuming", Duration::from_secs(15));
+    }
     let before = rig.queue(&jobs(3, 0)).await;
     rig.scanner.wait_for("end", 3, Duration::from_secs(15));
     rig.valkey
