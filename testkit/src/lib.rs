@@ -119,9 +119,10 @@ pub fn loopback(port: u16) -> SocketAddr {
     SocketAddr::from(([127, 0, 0, 1], port))
 }
 
-/// Waits until `child`, or a process it started, listens on `addr`; `false` once it has exited or
-/// `within` has passed. A port that merely accepts proves nothing: another process (the container
-/// check's, beside the tests) may hold it, and `child` then failed to bind.
+/// Waits until `child` itself listens on `addr` (every server the tests start listens in its own
+/// process); `false` once it has exited or `within` has passed. A port that merely accepts proves
+/// nothing: another process (the container check's, beside the tests) may hold it, and `child`
+/// then failed to bind.
 pub fn wait_for_listener(child: &mut Child, addr: SocketAddr, within: Duration) -> bool {
     let deadline = Instant::now() + within;
     while Instant::now() < deadline {
@@ -157,46 +158,13 @@ fn listener_inode(addr: SocketAddr) -> Option<u64> {
     })
 }
 
-/// Whether process `pid` or one of its descendants holds the socket `inode` open.
+/// Whether process `pid` holds the socket `inode` open.
 fn held_by(pid: u32, inode: u64) -> bool {
     let socket = format!("socket:[{inode}]");
-    let holds = |pid: u32| {
-        std::fs::read_dir(format!("/proc/{pid}/fd")).is_ok_and(|fds| {
-            fds.flatten().any(|fd| {
-                std::fs::read_link(fd.path()).is_ok_and(|l| l.as_os_str() == socket.as_str())
-            })
-        })
-    };
-    let parents: Vec<(u32, u32)> = std::fs::read_dir("/proc")
-        .into_iter()
-        .flatten()
-        .flatten()
-        .filter_map(|entry| {
-            let pid: u32 = entry.file_name().to_str()?.parse().ok()?;
-            let stat = std::fs::read_to_string(entry.path().join("stat")).ok()?;
-            // `pid (comm) state ppid ...`; comm may hold spaces and parentheses.
-            let ppid = stat
-                .rsplit_once(')')?
-                .1
-                .split_whitespace()
-                .nth(1)?
-                .parse()
-                .ok()?;
-            Some((pid, ppid))
-        })
-        .collect();
-    let mut family = vec![pid];
-    let mut i = 0;
-    while let Some(&p) = family.get(i) {
-        family.extend(
-            parents
-                .iter()
-                .filter(|&&(_, ppid)| ppid == p)
-                .map(|&(c, _)| c),
-        );
-        i += 1;
-    }
-    family.into_iter().any(holds)
+    std::fs::read_dir(format!("/proc/{pid}/fd")).is_ok_and(|fds| {
+        fds.flatten()
+            .any(|fd| std::fs::read_link(fd.path()).is_ok_and(|l| l.as_os_str() == socket.as_str()))
+    })
 }
 
 /// A child process that is killed and reaped when dropped, so a failing

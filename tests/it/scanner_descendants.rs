@@ -123,10 +123,8 @@ fn run(end: End) {
     }
     if let End::TimedOut = end {
         // It was the timeout that ended it (logged once the guard is gone).
-        while !scanner.errors_of("a").contains("scan timeout") {
-            assert!(Instant::now() < deadline, "{}", scanner.errors_of("a"));
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        let left = deadline.saturating_duration_since(Instant::now());
+        scanner.wait_for_log("a", "scan timeout", left);
     }
 }
 

@@ -651,15 +651,9 @@ async fn consume_posts_over_https() {
     let refused: Vec<&str> = refused.iter().map(String::as_str).collect();
     let _refused = untrusted.consume("x", &refused, &[]);
     untrusted.queue(&[job(now_ms())]).await;
-    let deadline = Instant::now() + Duration::from_secs(15);
-    while !untrusted.scanner.errors_of("x").contains("scan failed") {
-        assert!(
-            Instant::now() < deadline,
-            "{}",
-            untrusted.scanner.errors_of("x")
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    untrusted
+        .scanner
+        .wait_for_log("x", "scan failed", Duration::from_secs(15));
     let errors = untrusted.scanner.errors_of("x");
     assert!(errors.contains("certificate"), "{errors}");
     assert_eq!(scanner.posts(), 0);
